@@ -1,0 +1,141 @@
+# train_gpt — build. `make` builds ./train_gpt; `make test` runs the whole CPU suite.
+#
+# What the build can use is detected, printed (✓ / ✗), and used:
+#   OpenMP    required for threads (a build without it runs on one core)
+#   BLAS      OpenBLAS (the OpenMP flavour preferred), else any CBLAS, else a slow built-in gemm
+#   PCRE2     the tokenizer's pre-tokenizer (without it: no `train_gpt prepare`)
+#   nvcc      the CUDA backend
+#   MPI       multi-process runs
+# Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NATIVE=0, ...
+
+CC      ?= gcc
+NATIVE  ?= 1
+BUILD   := build
+PYTHON  ?= /usr/bin/python3
+
+CFLAGS_BASE := -std=c11 -O3 -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -MMD -MP
+ifeq ($(NATIVE),1)
+  ifneq ($(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo ok),)
+    CFLAGS_BASE += -march=native
+  endif
+endif
+LDLIBS := -lm
+
+# ---------------------------------------------------------------- OpenMP
+HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo 1)
+ifeq ($(HAVE_OPENMP),1)
+  CFLAGS_BASE += -fopenmp
+  LDLIBS += -fopenmp
+  MSG_OPENMP := ✓ OpenMP
+else
+  CFLAGS_BASE += -Wno-unknown-pragmas
+  MSG_OPENMP := ✗ OpenMP (single-threaded build)
+endif
+
+# ---------------------------------------------------------------- BLAS
+OPENBLAS_OMP_DIR := $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-openmp))
+ifndef BLAS_LIBS
+  ifneq ($(OPENBLAS_OMP_DIR),)
+    BLAS_INC := $(firstword $(wildcard /usr/include/*-linux-gnu/openblas-openmp))
+    BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS -I$(BLAS_INC)
+    BLAS_LIBS := -L$(OPENBLAS_OMP_DIR) -Wl,-rpath,$(OPENBLAS_OMP_DIR) -lopenblas
+    MSG_BLAS := ✓ BLAS: OpenBLAS (OpenMP) in $(OPENBLAS_OMP_DIR)
+  else ifneq ($(shell pkg-config --exists openblas 2>/dev/null && echo 1),)
+    BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS $(shell pkg-config --cflags openblas)
+    BLAS_LIBS := $(shell pkg-config --libs openblas)
+    MSG_BLAS := ✓ BLAS: OpenBLAS (pkg-config)
+  else ifneq ($(shell echo 'int main(void){return 0;}' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo 1),)
+    BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS
+    BLAS_LIBS := -lopenblas
+    MSG_BLAS := ✓ BLAS: -lopenblas
+  else ifneq ($(shell echo 'int main(void){return 0;}' | $(CC) -x c - -lcblas -o /dev/null 2>/dev/null && echo 1),)
+    BLAS_CFLAGS := -DUSE_CBLAS
+    BLAS_LIBS := -lcblas
+    MSG_BLAS := ✓ BLAS: -lcblas
+  else
+    BLAS_CFLAGS :=
+    BLAS_LIBS :=
+    MSG_BLAS := ✗ BLAS (using the slow built-in gemm; install libopenblas-openmp-dev)
+  endif
+else
+  MSG_BLAS := ✓ BLAS: $(BLAS_LIBS) (from the command line)
+endif
+CFLAGS_BASE += $(BLAS_CFLAGS)
+LDLIBS += $(BLAS_LIBS)
+
+# ---------------------------------------------------------------- PCRE2
+ifneq ($(shell pkg-config --exists libpcre2-8 2>/dev/null && echo 1),)
+  HAVE_PCRE2 := 1
+  CFLAGS_BASE += -DHAVE_PCRE2 $(shell pkg-config --cflags libpcre2-8)
+  LDLIBS += $(shell pkg-config --libs libpcre2-8)
+  MSG_PCRE2 := ✓ PCRE2 (tokenizer)
+else
+  MSG_PCRE2 := ✗ PCRE2 (no tokenizer: install libpcre2-dev)
+endif
+
+# ---------------------------------------------------------------- nvcc, MPI
+NVCC := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+ifneq ($(NVCC),)
+  MSG_NVCC := ✓ nvcc $(NVCC) (CUDA backend: not part of this version yet)
+else
+  MSG_NVCC := ✗ nvcc (CPU-only build)
+endif
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+  MSG_MPI := ✓ MPI $(MPICC) (not used by this version yet)
+else
+  MSG_MPI := ✗ MPI
+endif
+
+CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
+
+# ---------------------------------------------------------------- sources
+# LIB_SRC: everything but main(); linked into train_gpt and every test binary.
+LIB_SRC := common.c checksum.c json.c config.c model.c dataloader.c safetensors.c \
+           gemm.c cpu_ops.c cpu_model.c optim.c checkpoint.c metrics.c train.c
+MAIN_SRC := train_gpt.c
+# C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
+TESTS_C := test/test_units.c test/test_ops.c
+# Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
+TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh
+
+# The tokenizer and data preparation add their own files here.
+-include tokenizer.mk
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
+
+.PHONY: all test clean info bench
+all: info train_gpt
+
+info:
+	@echo "train_gpt build:"
+	@echo "  $(MSG_OPENMP)"
+	@echo "  $(MSG_BLAS)"
+	@echo "  $(MSG_PCRE2)"
+	@echo "  $(MSG_NVCC)"
+	@echo "  $(MSG_MPI)"
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. -c $< -o $@
+
+$(BUILD)/libtrain_gpt.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+train_gpt: $(BUILD)/train_gpt.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+test: all $(TEST_BINS)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+	@set -e; for t in $(TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
+	@echo "make test: all passed"
+
+clean:
+	rm -rf $(BUILD) train_gpt
+
+-include $(wildcard $(BUILD)/*.d $(BUILD)/*/*.d)

@@ -1,0 +1,209 @@
+// common.c — fatal errors, checked allocation and I/O helpers, time. See common.h.
+#define _GNU_SOURCE
+#include "common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
+    char line[4096];
+    vsnprintf(line, sizeof line, fmt, ap);
+    // One line per message: the whole point is that a log grep finds it.
+    for (char *p = line; *p; p++)
+        if (*p == '\n') *p = ' ';
+    fprintf(stderr, "train_gpt: %s%s\n", prefix, line);
+    fflush(stderr);
+}
+
+void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line("error: ", fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line("warning: ", fmt, ap);
+    va_end(ap);
+}
+
+void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line("", fmt, ap);
+    va_end(ap);
+}
+
+void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fail("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) fail("out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) fail("out of memory reallocating %zu bytes", bytes);
+    return q;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+float *alloc_floats(size_t count) {
+    size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        fail("out of memory allocating %zu floats (%.2f GiB)", count, bytes / 1073741824.0);
+    memset(p, 0, bytes);
+    return p;
+}
+
+bool read_exact(int fd, void *buf, size_t bytes) {
+    char *p = buf;
+    while (bytes > 0) {
+        ssize_t n = read(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EIO;
+            return false;
+        }
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return true;
+}
+
+bool write_exact(int fd, const void *buf, size_t bytes) {
+    const char *p = buf;
+    while (bytes > 0) {
+        ssize_t n = write(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return true;
+}
+
+bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset) {
+    char *p = buf;
+    while (bytes > 0) {
+        ssize_t n = pread(fd, p, bytes, (off_t)offset);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EIO;
+            return false;
+        }
+        p += n;
+        bytes -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return true;
+}
+
+char *read_file_or_null(const char *path, size_t *bytes_out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (errno == 0 || S_ISDIR(st.st_mode)) errno = EISDIR;
+        close(fd);
+        return NULL;
+    }
+    size_t bytes = (size_t)st.st_size;
+    char *buf = xmalloc(bytes + 1);
+    if (!read_exact(fd, buf, bytes)) {
+        int e = errno;
+        free(buf);
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    close(fd);
+    buf[bytes] = '\0';
+    if (bytes_out) *bytes_out = bytes;
+    return buf;
+}
+
+bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool dir_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool make_dirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return false;
+    }
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return false;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return false;
+    if (!dir_exists(buf)) {
+        errno = ENOTDIR;
+        return false;
+    }
+    return true;
+}
+
+bool fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = fsync(fd) == 0;
+    close(fd);
+    return ok;
+}
+
+double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *format_duration(double seconds, char *buf, size_t bytes) {
+    if (!(seconds >= 0) || seconds > 1e9) {
+        snprintf(buf, bytes, "?");
+        return buf;
+    }
+    long s = (long)(seconds + 0.5);
+    if (s >= 86400)
+        snprintf(buf, bytes, "%ldd%02ldh", s / 86400, s % 86400 / 3600);
+    else if (s >= 3600)
+        snprintf(buf, bytes, "%ldh%02ldm", s / 3600, s % 3600 / 60);
+    else if (s >= 60)
+        snprintf(buf, bytes, "%ldm%02lds", s / 60, s % 60);
+    else
+        snprintf(buf, bytes, "%lds", s);
+    return buf;
+}

@@ -1,0 +1,64 @@
+// common.h — what every file of train_gpt needs: fatal errors that name their cause,
+// checked allocation and I/O, wall-clock time, and a few small integer helpers.
+//
+// Errors a user can cause (config, data, checkpoint, peers) go through fail(): one line on
+// stderr, "train_gpt: error: ...", then exit(1). Internal invariants use CHECK(), which
+// also names file:line because reaching it is a bug, not a user mistake.
+#ifndef TRAIN_GPT_COMMON_H
+#define TRAIN_GPT_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdbool.h>
+
+#if defined(__GNUC__)
+#define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#define NORETURN __attribute__((noreturn))
+#else
+#define PRINTF_LIKE(f, a)
+#define NORETURN
+#endif
+
+// One-line user-facing error, then exit(1).
+NORETURN void fail(const char *fmt, ...) PRINTF_LIKE(1, 2);
+// Prints "train_gpt: warning: ..." and carries on.
+void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);
+// Prints "train_gpt: ..." to stderr (progress and notices; stdout stays for step lines).
+void note(const char *fmt, ...) PRINTF_LIKE(1, 2);
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) fail("internal error at %s:%d: %s", __FILE__, __LINE__, #cond); \
+    } while (0)
+
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t bytes);
+char *xstrdup(const char *s);
+// 64-byte aligned, zeroed; free with free().
+float *alloc_floats(size_t count);
+
+// Whole-file and exact-length I/O. The *_or_null/_ok variants report failure to the caller
+// (who knows what the file is for and can say so); errno is left set.
+bool read_exact(int fd, void *buf, size_t bytes);
+bool write_exact(int fd, const void *buf, size_t bytes);
+bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset);
+// Reads a whole file into a NUL-terminated buffer; NULL on failure (errno set).
+char *read_file_or_null(const char *path, size_t *bytes_out);
+bool file_exists(const char *path);
+bool dir_exists(const char *path);
+// mkdir -p; false on failure (errno set).
+bool make_dirs(const char *path);
+// fsync of a directory so that a rename inside it is durable.
+bool fsync_dir(const char *path);
+
+double wall_seconds(void);
+// "1h02m", "3m10s", "12s" into buf.
+const char *format_duration(double seconds, char *buf, size_t bytes);
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#endif

@@ -1,0 +1,449 @@
+// config.c — the key table and the parser for config files and command-line overrides.
+//
+// Each key is one row: name, type, where it lives in train_config, its default (as the text
+// a user would write; NULL = required), bounds, and the line of documentation that --help
+// prints. Values are parsed strictly: "12abc" is not an integer, "yes" is a boolean only if
+// listed below. The source of every value (file:line, --flag, or default) is kept so that
+// the later cross-key checks can still say where a bad value came from.
+#define _GNU_SOURCE
+#include "config.h"
+#include "common.h"
+#include "json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_STRING, KEY_CHOICE } key_type;
+
+typedef struct {
+    const char *name;
+    key_type type;
+    size_t offset;        // into train_config
+    const char *fallback; // default as text; NULL = required
+    double min, max;      // inclusive bounds for KEY_INT / KEY_FLOAT
+    const char *choices;  // KEY_CHOICE: "a|b|c"
+    bool is_model;        // part of model_config (written into checkpoints)
+    const char *doc;
+} key_spec;
+
+#define M(field) offsetof(train_config, model.field)
+#define T(field) offsetof(train_config, field)
+#define BIG 9.0e18
+#define REQUIRED NULL
+
+static const key_spec KEYS[] = {
+    // --- model ---
+    {"vocab_size", KEY_INT, M(vocab_size), REQUIRED, 2, 1 << 30, NULL, true, "vocabulary size (token ids are 0..vocab_size-1)"},
+    {"n_layer", KEY_INT, M(n_layer), REQUIRED, 1, 1024, NULL, true, "number of transformer blocks"},
+    {"d_model", KEY_INT, M(d_model), REQUIRED, 1, 1 << 20, NULL, true, "residual stream width C"},
+    {"n_head", KEY_INT, M(n_head), REQUIRED, 1, 4096, NULL, true, "query heads Hq"},
+    {"n_kv_head", KEY_INT, M(n_kv_head), "0", 0, 4096, NULL, true, "key/value heads Hkv (GQA); 0 = n_head"},
+    {"head_dim", KEY_INT, M(head_dim), "0", 0, 65536, NULL, true, "per-head dim D (even); 0 = d_model / n_head"},
+    {"d_ff", KEY_INT, M(d_ff), REQUIRED, 1, 1 << 22, NULL, true, "SwiGLU hidden width F"},
+    {"seq_len", KEY_INT, M(seq_len), REQUIRED, 2, 1 << 22, NULL, true, "tokens per sequence T"},
+    {"rope_theta", KEY_FLOAT, M(rope_theta), "10000", 1, 1e12, NULL, true, "RoPE base"},
+    {"nope_every", KEY_INT, M(nope_every), "4", 0, 1024, NULL, true, "layer l has no RoPE when (l+1) % nope_every == 0; 0 = RoPE everywhere"},
+    {"qk_norm", KEY_BOOL, M(qk_norm), "1", 0, 1, NULL, true, "per-head RMSNorm of q and k before RoPE"},
+    {"tie_embeddings", KEY_BOOL, M(tie_embeddings), "1", 0, 1, NULL, true, "LM head shares the token embedding"},
+    {"norm_eps", KEY_FLOAT, M(norm_eps), "1e-6", 0, 1, NULL, true, "epsilon inside every RMSNorm"},
+    {"init_std", KEY_FLOAT, M(init_std), "0.02", 0, 10, NULL, true, "std of the normal init of every matrix"},
+    {"doc_masking", KEY_BOOL, M(doc_masking), "1", 0, 1, NULL, true, "attend only within a document; RoPE positions restart per document"},
+    {"doc_token", KEY_INT, M(doc_token), "-1", -1, 1 << 30, NULL, true, "token that starts a document; -1 = the train shards' doc_token"},
+    // --- optimization ---
+    {"device", KEY_CHOICE, T(device), "auto", 0, 0, "auto|cpu|cuda", false, "where to train: auto uses a GPU if there is one"},
+    {"batch_size", KEY_INT, T(batch_size), REQUIRED, 1, 1 << 20, NULL, false, "sequences per micro-batch, per process"},
+    {"grad_accum", KEY_INT, T(grad_accum), "1", 1, 1 << 20, NULL, false, "micro-batches per optimizer step"},
+    {"max_steps", KEY_INT, T(max_steps), REQUIRED, 1, BIG, NULL, false, "optimizer steps in the whole run (the schedule's length)"},
+    {"lr", KEY_FLOAT, T(lr), REQUIRED, 0, 10, NULL, false, "peak learning rate"},
+    {"min_lr_frac", KEY_FLOAT, T(min_lr_frac), "0.1", 0, 1, NULL, false, "final lr as a fraction of lr"},
+    {"warmup_steps", KEY_INT, T(warmup_steps), "0", 0, BIG, NULL, false, "linear warmup steps"},
+    {"decay_frac", KEY_FLOAT, T(decay_frac), "0.2", 0, 1, NULL, false, "fraction of max_steps spent in the final decay"},
+    {"decay_shape", KEY_CHOICE, T(decay_shape), "linear", 0, 0, "linear|sqrt", false, "shape of the final decay"},
+    {"beta1", KEY_FLOAT, T(beta1), "0.9", 0, 0.999999, NULL, false, "AdamW beta1"},
+    {"beta2", KEY_FLOAT, T(beta2), "0.95", 0, 0.999999999, NULL, false, "AdamW beta2"},
+    {"adam_eps", KEY_FLOAT, T(adam_eps), "1e-8", 0, 1, NULL, false, "AdamW epsilon"},
+    {"weight_decay", KEY_FLOAT, T(weight_decay), "0.1", 0, 10, NULL, false, "decoupled weight decay on 2-D weights (never the embedding)"},
+    {"grad_clip", KEY_FLOAT, T(grad_clip), "1.0", 0, 1e30, NULL, false, "clip the global gradient norm to this; 0 = off"},
+    {"z_loss", KEY_FLOAT, T(z_loss), "1e-4", 0, 10, NULL, false, "weight of mean(logsumexp(logits)^2) in the objective"},
+    {"seed", KEY_INT, T(seed), "1337", 0, BIG, NULL, false, "seed of the weight init and the data shuffle"},
+    {"max_bad_steps", KEY_INT, T(max_bad_steps), "5", 1, 1 << 30, NULL, false, "stop after this many NaN/Inf steps in a row"},
+    {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = known GPU table, else mfu null"},
+    // --- data, checkpoints, logging ---
+    {"train_data", KEY_STRING, T(train_data), REQUIRED, 0, 0, NULL, false, "train shards: a file, a glob, or a comma-separated list"},
+    {"val_data", KEY_STRING, T(val_data), "", 0, 0, NULL, false, "validation shards (same forms); empty = no validation"},
+    {"shuffle", KEY_BOOL, T(shuffle), "1", 0, 1, NULL, false, "visit sequences in a seeded random order each epoch"},
+    {"val_every", KEY_INT, T(val_every), "0", 0, BIG, NULL, false, "validate every N steps (and at the end); 0 = only at the end"},
+    {"val_steps", KEY_INT, T(val_steps), "20", 1, 1 << 30, NULL, false, "micro-batches per validation"},
+    {"out_dir", KEY_STRING, T(out_dir), "out", 0, 0, NULL, false, "where metrics.jsonl and checkpoints go"},
+    {"ckpt_every", KEY_INT, T(ckpt_every), "0", 0, BIG, NULL, false, "checkpoint every N steps (and at the end); 0 = only at the end"},
+    {"ckpt_keep", KEY_INT, T(ckpt_keep), "3", 0, 1 << 30, NULL, false, "newest checkpoints to keep; 0 = keep all"},
+    {"resume", KEY_STRING, T(resume), "auto", 0, 0, NULL, false, "auto (newest valid checkpoint in out_dir), never, or a checkpoint directory"},
+    {"init_from", KEY_STRING, T(init_from), "", 0, 0, NULL, false, "start from these weights (a model.safetensors) instead of a random init"},
+    {"log_every", KEY_INT, T(log_every), "1", 1, BIG, NULL, false, "print a progress line every N steps (metrics.jsonl gets every step)"},
+    {"threads", KEY_INT, T(threads), "0", 0, 4096, NULL, false, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
+};
+#define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+
+// Where each key's current value came from, for error messages.
+static char key_source[N_KEYS][512];
+
+static const key_spec *find_key(const char *name, int *index) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].name, name) == 0) {
+            if (index) *index = i;
+            return &KEYS[i];
+        }
+    return NULL;
+}
+
+static bool choice_allowed(const char *choices, const char *value) {
+    size_t n = strlen(value);
+    for (const char *c = choices; *c;) {
+        const char *bar = strchr(c, '|');
+        size_t len = bar ? (size_t)(bar - c) : strlen(c);
+        if (len == n && strncmp(c, value, n) == 0) return true;
+        if (!bar) break;
+        c = bar + 1;
+    }
+    return false;
+}
+
+// Parses `text` into the key's field; on failure returns a message (static buffer).
+static const char *set_value(train_config *cfg, const key_spec *k, const char *text) {
+    static char why[256];
+    void *field = (char *)cfg + k->offset;
+    switch (k->type) {
+    case KEY_INT: {
+        errno = 0;
+        char *end;
+        long long v = strtoll(text, &end, 10);
+        if (errno || end == text || *end != '\0') {
+            snprintf(why, sizeof why, "expected an integer, got '%s'", text);
+            return why;
+        }
+        if ((double)v < k->min || (double)v > k->max) {
+            snprintf(why, sizeof why, "expected an integer in [%.0f, %.0f], got '%s'", k->min, k->max, text);
+            return why;
+        }
+        *(int64_t *)field = v;
+        return NULL;
+    }
+    case KEY_FLOAT: {
+        errno = 0;
+        char *end;
+        double v = strtod(text, &end);
+        if (errno || end == text || *end != '\0' || !isfinite(v)) {
+            snprintf(why, sizeof why, "expected a number, got '%s'", text);
+            return why;
+        }
+        if (v < k->min || v > k->max) {
+            snprintf(why, sizeof why, "expected a number in [%g, %g], got '%s'", k->min, k->max, text);
+            return why;
+        }
+        *(double *)field = v;
+        return NULL;
+    }
+    case KEY_BOOL:
+        if (!strcmp(text, "1") || !strcmp(text, "true")) {
+            *(bool *)field = true;
+            return NULL;
+        }
+        if (!strcmp(text, "0") || !strcmp(text, "false")) {
+            *(bool *)field = false;
+            return NULL;
+        }
+        snprintf(why, sizeof why, "expected 0, 1, true or false, got '%s'", text);
+        return why;
+    case KEY_CHOICE:
+        if (!choice_allowed(k->choices, text)) {
+            snprintf(why, sizeof why, "expected one of %s, got '%s'", k->choices, text);
+            return why;
+        }
+        __attribute__((fallthrough));  // a valid choice is stored as a string
+    case KEY_STRING: {
+        char **slot = field;
+        free(*slot);
+        *slot = xstrdup(text);
+        return NULL;
+    }
+    }
+    return "unknown key type";
+}
+
+static void apply(train_config *cfg, const char *name, const char *value, const char *source) {
+    int index;
+    const key_spec *k = find_key(name, &index);
+    if (!k) fail("%s: unknown key '%s' (see ./train_gpt --help)", source, name);
+    const char *why = set_value(cfg, k, value);
+    if (why) fail("%s: %s: %s", source, name, why);
+    snprintf(key_source[index], sizeof key_source[index], "%s", source);
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n')) *--e = '\0';
+    return s;
+}
+
+// Strips one pair of matching double quotes; a '#' inside quotes is not a comment.
+static char *split_comment_and_unquote(char *value, const char *where) {
+    if (*value == '"') {
+        char *close = strchr(value + 1, '"');
+        if (!close) fail("%s: unterminated quoted value", where);
+        char *rest = trim(close + 1);
+        if (*rest && *rest != '#') fail("%s: text after the closing quote", where);
+        *close = '\0';
+        return value + 1;
+    }
+    char *hash = strchr(value, '#');
+    if (hash) *hash = '\0';
+    return trim(value);
+}
+
+static void read_config_file(train_config *cfg, const char *path) {
+    size_t bytes;
+    char *text = read_file_or_null(path, &bytes);
+    if (!text) fail("cannot read config file '%s': %s", path, strerror(errno));
+    if (memchr(text, '\0', bytes)) fail("%s: not a text file (contains a NUL byte)", path);
+    int line_no = 0;
+    bool seen[N_KEYS] = {0};
+    int seen_line[N_KEYS] = {0};
+    // Split by hand: strtok would skip empty lines and lose the line count.
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        line_no++;
+        char where[512];
+        snprintf(where, sizeof where, "%s:%d", path, line_no);
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#') {
+            line = next;
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) fail("%s: expected 'key = value', got '%s'", where, s);
+        *eq = '\0';
+        char *name = trim(s);
+        char *value = split_comment_and_unquote(trim(eq + 1), where);
+        if (*name == '\0') fail("%s: missing key before '='", where);
+        int index;
+        if (find_key(name, &index)) {
+            if (seen[index]) fail("%s: %s is set twice (first at line %d)", where, name, seen_line[index]);
+            seen[index] = true;
+            seen_line[index] = line_no;
+        }
+        apply(cfg, name, value, where);
+        line = next;
+    }
+    free(text);
+}
+
+static void set_defaults(train_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < N_KEYS; i++) {
+        key_source[i][0] = '\0';
+        if (KEYS[i].fallback) {
+            const char *why = set_value(cfg, &KEYS[i], KEYS[i].fallback);
+            CHECK(why == NULL);
+            snprintf(key_source[i], sizeof key_source[i], "default");
+        }
+    }
+}
+
+static const char *source_of(const char *name) {
+    int index;
+    CHECK(find_key(name, &index));
+    return key_source[index][0] ? key_source[index] : "config";
+}
+
+// A cross-key rule broke: name the first key and where it was set.
+#define RULE(ok, key, ...)                                                   \
+    do {                                                                     \
+        if (!(ok)) {                                                         \
+            char msg_[512];                                                  \
+            snprintf(msg_, sizeof msg_, __VA_ARGS__);                        \
+            fail("%s: %s: %s", source_of(key), key, msg_);                   \
+        }                                                                    \
+    } while (0)
+
+void config_finish(train_config *cfg) {
+    model_config *m = &cfg->model;
+    if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
+    RULE(m->n_head % m->n_kv_head == 0, "n_kv_head", "n_head (%lld) must be a multiple of n_kv_head (%lld)",
+         (long long)m->n_head, (long long)m->n_kv_head);
+    if (m->head_dim == 0) {
+        RULE(m->d_model % m->n_head == 0, "head_dim",
+             "d_model (%lld) is not divisible by n_head (%lld); set head_dim explicitly", (long long)m->d_model,
+             (long long)m->n_head);
+        m->head_dim = m->d_model / m->n_head;
+    }
+    RULE(m->head_dim % 2 == 0, "head_dim", "must be even for RoPE, got %lld", (long long)m->head_dim);
+    RULE(m->doc_token < m->vocab_size, "doc_token", "%lld is not below vocab_size %lld", (long long)m->doc_token,
+         (long long)m->vocab_size);
+    RULE(m->norm_eps > 0, "norm_eps", "must be > 0");
+    RULE(cfg->warmup_steps <= cfg->max_steps, "warmup_steps", "%lld is more than max_steps %lld",
+         (long long)cfg->warmup_steps, (long long)cfg->max_steps);
+    RULE(cfg->lr > 0, "lr", "must be > 0");
+    RULE(cfg->out_dir[0] != '\0', "out_dir", "must not be empty");
+    if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never")) {
+        RULE(dir_exists(cfg->resume), "resume", "'%s' is not auto, never, or an existing checkpoint directory",
+             cfg->resume);
+        RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
+    }
+    if (cfg->init_from[0]) RULE(file_exists(cfg->init_from), "init_from", "no such file '%s'", cfg->init_from);
+}
+
+static void check_required(void) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (!KEYS[i].fallback && key_source[i][0] == '\0')
+            fail("missing required key '%s' (%s); set it in the config or with --%s", KEYS[i].name, KEYS[i].doc,
+                 KEYS[i].name);
+}
+
+void config_load(train_config *cfg, const char *path, int argc, char **argv) {
+    set_defaults(cfg);
+    if (path) read_config_file(cfg, path);
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            fail("command line: expected --key value or --key=value, got '%s'", arg);
+        char name[256];
+        const char *value;
+        const char *eq = strchr(arg, '=');
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - arg - 2), arg + 2);
+            value = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg + 2);
+            if (i + 1 >= argc) fail("--%s: missing value", name);
+            value = argv[++i];
+        }
+        char where[300];
+        snprintf(where, sizeof where, "--%s", name);
+        apply(cfg, name, value, where);
+    }
+    check_required();
+    config_finish(cfg);
+}
+
+void config_free(train_config *cfg) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (KEYS[i].type == KEY_STRING || KEYS[i].type == KEY_CHOICE) {
+            char **slot = (char **)((char *)cfg + KEYS[i].offset);
+            free(*slot);
+            *slot = NULL;
+        }
+}
+
+static void append_value(strbuf *sb, const train_config *cfg, const key_spec *k, bool json) {
+    const void *field = (const char *)cfg + k->offset;
+    switch (k->type) {
+    case KEY_INT: sb_printf(sb, "%lld", (long long)*(const int64_t *)field); break;
+    case KEY_FLOAT: sb_json_number(sb, *(const double *)field); break;
+    case KEY_BOOL: sb_append(sb, *(const bool *)field ? (json ? "true" : "1") : (json ? "false" : "0")); break;
+    case KEY_STRING:
+    case KEY_CHOICE: {
+        const char *s = *(char *const *)field;
+        if (json) sb_json_string(sb, s ? s : "");
+        else sb_printf(sb, "\"%s\"", s ? s : "");
+        break;
+    }
+    }
+}
+
+char *model_config_to_json(const model_config *m) {
+    train_config wrapper;
+    memset(&wrapper, 0, sizeof wrapper);
+    wrapper.model = *m;
+    strbuf sb = {0};
+    sb_append(&sb, "{");
+    bool first = true;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (!KEYS[i].is_model) continue;
+        sb_printf(&sb, "%s\"%s\":", first ? "" : ",", KEYS[i].name);
+        append_value(&sb, &wrapper, &KEYS[i], true);
+        first = false;
+    }
+    sb_append(&sb, "}");
+    return sb.data;
+}
+
+bool model_config_from_json(const char *json, model_config *m, const char **why) {
+    static char msg[256];
+    json_doc doc;
+    if (!json_parse(json, strlen(json), &doc)) {
+        snprintf(msg, sizeof msg, "model config JSON: %s", doc.error);
+        *why = msg;
+        return false;
+    }
+    train_config wrapper;
+    memset(&wrapper, 0, sizeof wrapper);
+    bool ok = doc.root.type == JSON_OBJECT;
+    if (!ok) snprintf(msg, sizeof msg, "model config is not a JSON object");
+    for (int i = 0; ok && i < N_KEYS; i++) {
+        const key_spec *k = &KEYS[i];
+        if (!k->is_model) continue;
+        const json_value *v = json_get(&doc.root, k->name);
+        void *field = (char *)&wrapper + k->offset;
+        if (!v) {
+            snprintf(msg, sizeof msg, "model config lacks '%s'", k->name);
+            ok = false;
+        } else if (k->type == KEY_INT && v->type == JSON_NUMBER && v->is_integer) {
+            *(int64_t *)field = v->integer;
+        } else if (k->type == KEY_FLOAT && v->type == JSON_NUMBER) {
+            *(double *)field = v->number;
+        } else if (k->type == KEY_BOOL && v->type == JSON_BOOL) {
+            *(bool *)field = v->boolean;
+        } else {
+            snprintf(msg, sizeof msg, "model config has a bad value for '%s'", k->name);
+            ok = false;
+        }
+    }
+    json_free(&doc);
+    if (ok) *m = wrapper.model;
+    else *why = msg;
+    return ok;
+}
+
+bool model_config_equal(const model_config *a, const model_config *b) {
+    return a->vocab_size == b->vocab_size && a->n_layer == b->n_layer && a->d_model == b->d_model &&
+           a->n_head == b->n_head && a->n_kv_head == b->n_kv_head && a->head_dim == b->head_dim &&
+           a->d_ff == b->d_ff && a->seq_len == b->seq_len && a->rope_theta == b->rope_theta &&
+           a->nope_every == b->nope_every && a->qk_norm == b->qk_norm && a->tie_embeddings == b->tie_embeddings &&
+           a->norm_eps == b->norm_eps && a->init_std == b->init_std && a->doc_masking == b->doc_masking &&
+           a->doc_token == b->doc_token;
+}
+
+char *config_to_text(const train_config *cfg) {
+    strbuf sb = {0};
+    sb_append(&sb, "");
+    for (int i = 0; i < N_KEYS; i++) {
+        sb_printf(&sb, "%s = ", KEYS[i].name);
+        append_value(&sb, cfg, &KEYS[i], false);
+        sb_append(&sb, "\n");
+    }
+    return sb.data;
+}
+
+void config_print_help(void) {
+    printf("usage: train_gpt CONFIG [--key value | --key=value]...\n"
+           "       train_gpt --help\n\n"
+           "keys (default in brackets; 'required' has none):\n");
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *k = &KEYS[i];
+        char def[64];
+        if (!k->fallback) snprintf(def, sizeof def, "required");
+        else snprintf(def, sizeof def, "%s", k->fallback[0] ? k->fallback : "\"\"");
+        printf("  %-15s [%s]  %s\n", k->name, def, k->doc);
+    }
+}
+
+int config_key_names(const char **names, int max_names) {
+    int n = 0;
+    for (int i = 0; i < N_KEYS && n < max_names; i++) names[n++] = KEYS[i].name;
+    return n;
+}

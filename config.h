@@ -1,0 +1,89 @@
+// config.h — every setting of a run, where it came from, and how it is checked.
+//
+// A run is configured by one file of `key = value` lines (with `#` comments) and then by
+// command-line overrides (`--key value` or `--key=value`). All keys live in one table in
+// config.c (name, type, default, bounds, one-line doc); the parser, `--help`, the JSON
+// written into checkpoints and the docs test all iterate over that table, so a key cannot
+// exist in one place and be missing in another.
+//
+// Errors name the key and where it was set: "configs/x.conf:12: lr: expected a number,
+// got 'fast'" or "--n_layer: expected an integer >= 1, got '0'".
+#ifndef TRAIN_GPT_CONFIG_H
+#define TRAIN_GPT_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+// The architecture: everything a model.safetensors needs to be read back.
+typedef struct {
+    int64_t vocab_size;
+    int64_t n_layer;
+    int64_t d_model;
+    int64_t n_head;
+    int64_t n_kv_head;   // 0 in a config means "= n_head"; resolved by config_finish()
+    int64_t head_dim;    // 0 means "= d_model / n_head"; resolved by config_finish()
+    int64_t d_ff;
+    int64_t seq_len;
+    double rope_theta;
+    int64_t nope_every;  // 0 = RoPE on every layer
+    bool qk_norm;
+    bool tie_embeddings;
+    double norm_eps;
+    double init_std;
+    bool doc_masking;
+    int64_t doc_token;   // -1 = take it from the train shards' header
+} model_config;
+
+typedef struct {
+    model_config model;
+    // training
+    char *device;        // auto | cpu | cuda
+    int64_t batch_size;  // sequences per micro-batch (per process)
+    int64_t grad_accum;
+    int64_t max_steps;
+    double lr;
+    double min_lr_frac;
+    int64_t warmup_steps;
+    double decay_frac;
+    char *decay_shape;   // linear | sqrt
+    double beta1, beta2, adam_eps, weight_decay, grad_clip, z_loss;
+    int64_t seed;
+    int64_t max_bad_steps;
+    double peak_tflops;  // 0 = unknown: mfu is logged as null
+    // data, checkpoints, logging
+    char *train_data;
+    char *val_data;
+    bool shuffle;
+    int64_t val_every;
+    int64_t val_steps;
+    char *out_dir;
+    int64_t ckpt_every;
+    int64_t ckpt_keep;
+    char *resume;        // auto | never | path of a checkpoint directory
+    char *init_from;
+    int64_t log_every;
+    int64_t threads;     // 0 = all cores (or OMP_NUM_THREADS)
+} train_config;
+
+// Fills defaults, reads `path` (may be NULL: defaults and overrides only), applies the
+// command-line overrides argv[0..argc), checks every value and the relations between
+// them. Any problem is fatal with a one-line error naming the key and its source.
+void config_load(train_config *cfg, const char *path, int argc, char **argv);
+// Resolves derived values (n_kv_head, head_dim defaults) and checks cross-key rules.
+void config_finish(train_config *cfg);
+void config_free(train_config *cfg);
+
+// The model section as a JSON object (keys in table order); caller frees.
+char *model_config_to_json(const model_config *m);
+// Parses the JSON written by model_config_to_json; false (with *why set) on a problem.
+bool model_config_from_json(const char *json, model_config *m, const char **why);
+bool model_config_equal(const model_config *a, const model_config *b);
+
+// The whole configuration as `key = value` lines, as a config file could hold them.
+char *config_to_text(const train_config *cfg);
+// Prints every key with its default and doc line (for --help).
+void config_print_help(void);
+// Key names, for the docs test: returns the count and fills names[0..count).
+int config_key_names(const char **names, int max_names);
+
+#endif
