@@ -97,7 +97,10 @@ MAIN_SRC := train_gpt.c
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
 TESTS_C := test/test_units.c test/test_ops.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
-TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh
+TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
+            test/test_docs.sh
+# Helper programs the shell tests call.
+TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
 # The tokenizer and data preparation add their own files here.
 -include tokenizer.mk
@@ -106,6 +109,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
 
 .PHONY: all test clean info bench
+.SECONDARY:
 all: info train_gpt
 
 info:
@@ -130,7 +134,13 @@ train_gpt: $(BUILD)/train_gpt.o $(BUILD)/libtrain_gpt.a
 $(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-test: all $(TEST_BINS)
+$(BUILD)/test_tool: $(BUILD)/test/tool.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/reference_dump: $(BUILD)/test/reference_dump.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+test: all $(TEST_BINS) $(TOOLS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	@set -e; for t in $(TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
 	@echo "make test: all passed"

@@ -1,5 +1,4 @@
 // common.c — fatal errors, checked allocation and I/O helpers, time. See common.h.
-#define _GNU_SOURCE
 #include "common.h"
 
 #include <errno.h>

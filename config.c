@@ -5,7 +5,6 @@
 // prints. Values are parsed strictly: "12abc" is not an integer, "yes" is a boolean only if
 // listed below. The source of every value (file:line, --flag, or default) is kept so that
 // the later cross-key checks can still say where a bad value came from.
-#define _GNU_SOURCE
 #include "config.h"
 #include "common.h"
 #include "json.h"
@@ -79,11 +78,18 @@ static const key_spec KEYS[] = {
     {"val_steps", KEY_INT, T(val_steps), "20", 1, 1 << 30, NULL, false, "micro-batches per validation"},
     {"out_dir", KEY_STRING, T(out_dir), "out", 0, 0, NULL, false, "where metrics.jsonl and checkpoints go"},
     {"ckpt_every", KEY_INT, T(ckpt_every), "0", 0, BIG, NULL, false, "checkpoint every N steps (and at the end); 0 = only at the end"},
+    {"stop_at_step", KEY_INT, T(stop_at_step), "0", 0, BIG, NULL, false, "checkpoint and exit cleanly after this step (split a run into jobs); 0 = run to max_steps"},
     {"ckpt_keep", KEY_INT, T(ckpt_keep), "3", 0, 1 << 30, NULL, false, "newest checkpoints to keep; 0 = keep all"},
     {"resume", KEY_STRING, T(resume), "auto", 0, 0, NULL, false, "auto (newest valid checkpoint in out_dir), never, or a checkpoint directory"},
     {"init_from", KEY_STRING, T(init_from), "", 0, 0, NULL, false, "start from these weights (a model.safetensors) instead of a random init"},
     {"log_every", KEY_INT, T(log_every), "1", 1, BIG, NULL, false, "print a progress line every N steps (metrics.jsonl gets every step)"},
     {"threads", KEY_INT, T(threads), "0", 0, 4096, NULL, false, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
+    // --- samples ---
+    {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},
+    {"sample_every", KEY_INT, T(sample_every), "0", 0, BIG, NULL, false, "print a sampled continuation every N steps (and at the end); 0 = never"},
+    {"sample_prompt", KEY_STRING, T(sample_prompt), "The", 0, 0, NULL, false, "text the samples continue"},
+    {"sample_tokens", KEY_INT, T(sample_tokens), "48", 1, 1 << 20, NULL, false, "tokens generated per sample"},
+    {"sample_temperature", KEY_FLOAT, T(sample_temperature), "0.8", 0, 100, NULL, false, "sampling temperature; 0 = greedy"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -178,6 +184,8 @@ static void apply(train_config *cfg, const char *name, const char *value, const 
     const key_spec *k = find_key(name, &index);
     if (!k) fail("%s: unknown key '%s' (see ./train_gpt --help)", source, name);
     const char *why = set_value(cfg, k, value);
+    // "--lr" already names the key; "file:line" does not.
+    if (why && strncmp(source, "--", 2) == 0) fail("%s: %s", source, why);
     if (why) fail("%s: %s: %s", source, name, why);
     snprintf(key_source[index], sizeof key_source[index], "%s", source);
 }
@@ -266,7 +274,9 @@ static const char *source_of(const char *name) {
         if (!(ok)) {                                                         \
             char msg_[512];                                                  \
             snprintf(msg_, sizeof msg_, __VA_ARGS__);                        \
-            fail("%s: %s: %s", source_of(key), key, msg_);                   \
+            const char *src_ = source_of(key);                               \
+            if (strncmp(src_, "--", 2) == 0) fail("%s: %s", src_, msg_);     \
+            fail("%s: %s: %s", src_, key, msg_);                             \
         }                                                                    \
     } while (0)
 
@@ -295,6 +305,8 @@ void config_finish(train_config *cfg) {
         RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
     }
     if (cfg->init_from[0]) RULE(file_exists(cfg->init_from), "init_from", "no such file '%s'", cfg->init_from);
+    if (cfg->tokenizer[0]) RULE(file_exists(cfg->tokenizer), "tokenizer", "no such file '%s'", cfg->tokenizer);
+    RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
 }
 
 static void check_required(void) {

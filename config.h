@@ -58,11 +58,18 @@ typedef struct {
     int64_t val_steps;
     char *out_dir;
     int64_t ckpt_every;
+    int64_t stop_at_step;
     int64_t ckpt_keep;
     char *resume;        // auto | never | path of a checkpoint directory
     char *init_from;
     int64_t log_every;
     int64_t threads;     // 0 = all cores (or OMP_NUM_THREADS)
+    // samples
+    char *tokenizer;
+    int64_t sample_every;
+    char *sample_prompt;
+    int64_t sample_tokens;
+    double sample_temperature;
 } train_config;
 
 // Fills defaults, reads `path` (may be NULL: defaults and overrides only), applies the

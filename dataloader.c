@@ -5,7 +5,6 @@
 // one open file at a time. Each shard's payload checksum is verified the first time this
 // process reads from it (a full pass over that shard, at disk speed), so corruption is
 // found before any of its tokens reach the model, without reading terabytes at start-up.
-#define _GNU_SOURCE
 #include "dataloader.h"
 #include "checksum.h"
 #include "common.h"
@@ -352,7 +351,7 @@ dataloader *dataloader_open(const char *spec, const char *key, int64_t batch_siz
     }
     d->batches_per_epoch = d->global_batches / world;
     if (d->batches_per_epoch < 1)
-        fail("%s: %llu tokens are too few for one micro-batch of %lld x %lld tokens per process (%d processes)", key,
+        fail("%s: %llu tokens are too few for one micro-batch of %lld x %lld tokens for each of %d process(es)", key,
              (unsigned long long)d->total_tokens, (long long)batch_size, (long long)seq_len, world);
     d->raw = xmalloc((size_t)(seq_len + 1) * 4);
     d->row = xmalloc((size_t)(seq_len + 1) * sizeof *d->row);

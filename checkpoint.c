@@ -1,0 +1,475 @@
+// checkpoint.c — atomic, checksummed checkpoints (format in checkpoint.h, docs/formats.md).
+#include "checkpoint.h"
+#include "checksum.h"
+#include "common.h"
+#include "fault.h"
+#include "json.h"
+#include "optim.h"
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STATE_FORMAT "train_gpt-state"
+#define STATE_VERSION 1
+static const char *const CHECKPOINT_FILES[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+#define N_CHECKPOINT_FILES 3
+
+// ---------------------------------------------------------------- helpers
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool hash_file(const char *path, uint64_t *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    size_t chunk = 16 << 20;
+    char *buf = xmalloc(chunk);
+    xxh64_state h;
+    xxh64_init(&h, 0);
+    bool ok = true;
+    while (true) {
+        ssize_t n = read(fd, buf, chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) ok = false;
+        if (n <= 0) break;
+        xxh64_update(&h, buf, (size_t)n);
+    }
+    free(buf);
+    close(fd);
+    *out = xxh64_digest(&h);
+    return ok;
+}
+
+static void maybe_inject_fault(int64_t step) {
+    if (fault_requested("kill_in_checkpoint", step)) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+}
+
+static int open_new_file(const char *dir, const char *name, char *path, size_t path_bytes) {
+    snprintf(path, path_bytes, "%s/%s", dir, name);
+    return open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+}
+
+static bool finish_file(int fd, bool ok) {
+    ok = ok && fsync(fd) == 0;
+    int e = errno;
+    ok = close(fd) == 0 && ok;
+    if (!ok && errno == 0) errno = e;
+    return ok;
+}
+
+static bool write_weights_fd(int fd, const param_table *t, const float *params, uint64_t *hash) {
+    st_tensor_out *out = xcalloc((size_t)t->count, sizeof *out);
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        out[i] = (st_tensor_out){p->name, params + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
+    }
+    char *config_json = model_config_to_json(&t->cfg);
+    const char *keys[] = {"format", "model_config", "written_by"};
+    const char *values[] = {"pt", config_json, "train_gpt"};
+    bool ok = safetensors_write(fd, out, t->count, keys, values, 3, hash);
+    free(config_json);
+    free(out);
+    return ok;
+}
+
+static bool write_model_file(const char *dir, const model_buffers *b, uint64_t *hash) {
+    char path[4200];
+    int fd = open_new_file(dir, "model.safetensors", path, sizeof path);
+    return fd >= 0 && finish_file(fd, write_weights_fd(fd, b->table, b->params, hash));
+}
+
+bool save_weights(const char *path, const param_table *t, const float *params) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    uint64_t hash;
+    bool ok = fd >= 0 && finish_file(fd, write_weights_fd(fd, t, params, &hash)) && rename(tmp, path) == 0;
+    if (!ok) unlink(tmp);
+    return ok;
+}
+
+static bool write_optimizer_file(const char *dir, const model_buffers *b, int64_t adam_step, uint64_t *hash) {
+    const param_table *t = b->table;
+    st_tensor_out *out = xcalloc((size_t)t->count * 2, sizeof *out);
+    char (*names)[128] = xcalloc((size_t)t->count * 2, sizeof *names);
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        snprintf(names[2 * i], sizeof names[0], "exp_avg.%s", p->name);
+        snprintf(names[2 * i + 1], sizeof names[0], "exp_avg_sq.%s", p->name);
+        out[2 * i] = (st_tensor_out){names[2 * i], b->exp_avg + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
+        out[2 * i + 1] =
+            (st_tensor_out){names[2 * i + 1], b->exp_avg_sq + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
+    }
+    char step_text[32];
+    snprintf(step_text, sizeof step_text, "%lld", (long long)adam_step);
+    const char *keys[] = {"optimizer", "adam_step"};
+    const char *values[] = {"AdamW", step_text};
+    char path[4200];
+    int fd = open_new_file(dir, "optimizer.safetensors", path, sizeof path);
+    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, t->count * 2, keys, values, 2, hash));
+    free(names);
+    free(out);
+    return ok;
+}
+
+static bool write_text_file(const char *dir, const char *name, const char *text, uint64_t *hash) {
+    char path[4200];
+    int fd = open_new_file(dir, name, path, sizeof path);
+    if (fd < 0) return false;
+    if (hash) *hash = xxh64(text, strlen(text), 0);
+    return finish_file(fd, write_exact(fd, text, strlen(text)));
+}
+
+static char *state_to_json(const train_state *s, const train_config *cfg) {
+    char *config_text = config_to_text(cfg);
+    strbuf sb = {0};
+    sb_printf(&sb, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n", STATE_FORMAT, STATE_VERSION);
+    sb_printf(&sb, "  \"step\": %lld,\n  \"adam_step\": %lld,\n", (long long)s->step, (long long)s->adam_step);
+    sb_printf(&sb, "  \"data_epoch\": %lld,\n  \"data_index\": %lld,\n", (long long)s->data.epoch,
+              (long long)s->data.index);
+    sb_printf(&sb, "  \"bad_steps\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)s->bad_steps,
+              (long long)s->tokens_seen);
+    sb_printf(&sb, "  \"batch_size\": %lld,\n  \"seq_len\": %lld,\n  \"grad_accum\": %lld,\n",
+              (long long)cfg->batch_size, (long long)cfg->model.seq_len, (long long)cfg->grad_accum);
+    sb_printf(&sb, "  \"shuffle\": %s,\n  \"seed\": %lld,\n  \"saved_at_unix\": %lld,\n  \"config\": ",
+              cfg->shuffle ? "true" : "false", (long long)cfg->seed, (long long)time(NULL));
+    sb_json_string(&sb, config_text);
+    sb_append(&sb, "\n}\n");
+    free(config_text);
+    return sb.data;
+}
+
+// ---------------------------------------------------------------- save
+
+bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
+    int64_t numel = b->table->numel;
+    if (!all_finite(b->params, numel) || !all_finite(b->exp_avg, numel) || !all_finite(b->exp_avg_sq, numel)) {
+        warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
+        return false;
+    }
+    char final_dir[4096], tmp_dir[4096];
+    snprintf(final_dir, sizeof final_dir, "%s/step_%08lld", out_dir, (long long)s->step);
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/.tmp-step_%08lld", out_dir, (long long)s->step);
+    if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
+    if (!make_dirs(out_dir) || mkdir(tmp_dir, 0755) != 0) {
+        warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
+        return false;
+    }
+    uint64_t hashes[N_CHECKPOINT_FILES];
+    char *state_json = state_to_json(s, cfg);
+    bool ok = write_model_file(tmp_dir, b, &hashes[0]);
+    if (ok) maybe_inject_fault(s->step);
+    ok = ok && write_optimizer_file(tmp_dir, b, s->adam_step, &hashes[1]);
+    ok = ok && write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
+    free(state_json);
+    if (ok) {
+        strbuf sums = {0};
+        for (int i = 0; i < N_CHECKPOINT_FILES; i++)
+            sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
+        ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
+        sb_free(&sums);
+    }
+    ok = ok && fsync_dir(tmp_dir);
+    if (!ok) {
+        warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
+             strerror(errno));
+        remove_tree(tmp_dir);
+        return false;
+    }
+    if (dir_exists(final_dir)) {
+        // Only reachable when a newer checkpoint was skipped as corrupt on resume: keep it
+        // for inspection rather than delete it.
+        char aside[4200];
+        snprintf(aside, sizeof aside, "%s.replaced-%lld", final_dir, (long long)time(NULL));
+        if (rename(final_dir, aside) != 0) {
+            warn("cannot move the old '%s' aside: %s", final_dir, strerror(errno));
+            remove_tree(tmp_dir);
+            return false;
+        }
+        warn("an older '%s' was moved to '%s'", final_dir, aside);
+    }
+    if (rename(tmp_dir, final_dir) != 0 || !fsync_dir(out_dir)) {
+        warn("cannot commit checkpoint '%s': %s", final_dir, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- load
+
+static bool verify_checksums(const char *dir, char *why, size_t why_bytes) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/checksums.xxh64", dir);
+    size_t bytes;
+    char *text = read_file_or_null(path, &bytes);
+    if (!text) {
+        snprintf(why, why_bytes, "no checksums.xxh64 (%s)", strerror(errno));
+        return false;
+    }
+    bool seen[N_CHECKPOINT_FILES] = {false};
+    bool ok = true;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); ok && line; line = strtok_r(NULL, "\n", &save)) {
+        char hex[17], name[256];
+        int consumed = 0;
+        if (sscanf(line, "%16[0-9a-f]  %255s%n", hex, name, &consumed) != 2 || strlen(hex) != 16 ||
+            line[consumed] != '\0') {
+            snprintf(why, why_bytes, "checksums.xxh64 is malformed");
+            ok = false;
+            break;
+        }
+        int which = -1;
+        for (int i = 0; i < N_CHECKPOINT_FILES; i++)
+            if (strcmp(name, CHECKPOINT_FILES[i]) == 0) which = i;
+        if (which < 0 || seen[which]) {
+            snprintf(why, why_bytes, "checksums.xxh64 names an unexpected file '%s'", name);
+            ok = false;
+            break;
+        }
+        seen[which] = true;
+        uint64_t expected = strtoull(hex, NULL, 16), actual;
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (!hash_file(path, &actual)) {
+            snprintf(why, why_bytes, "cannot read %s: %s", name, strerror(errno));
+            ok = false;
+        } else if (actual != expected) {
+            snprintf(why, why_bytes, "%s fails its checksum (corrupt or modified)", name);
+            ok = false;
+        }
+    }
+    free(text);
+    for (int i = 0; ok && i < N_CHECKPOINT_FILES; i++)
+        if (!seen[i]) {
+            snprintf(why, why_bytes, "checksums.xxh64 does not cover %s", CHECKPOINT_FILES[i]);
+            ok = false;
+        }
+    return ok;
+}
+
+// Reads every tensor of the table from f, named prefix + table name, into flat.
+static bool read_table_tensors(const st_file *f, const param_table *t, const char *prefix, float *flat, char *why,
+                               size_t why_bytes) {
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const st_entry *e = safetensors_find(f, name);
+        if (!e) {
+            snprintf(why, why_bytes, "tensor '%s' is missing", name);
+            return false;
+        }
+        bool shape_ok = e->ndim == p->ndim && e->shape[0] == p->shape[0] && (p->ndim == 1 || e->shape[1] == p->shape[1]);
+        if (!shape_ok) {
+            snprintf(why, why_bytes, "tensor '%s' has shape [%lld%s%lld], the config needs [%lld%s%lld]", name,
+                     (long long)e->shape[0], e->ndim > 1 ? "," : "", e->ndim > 1 ? (long long)e->shape[1] : 0LL,
+                     (long long)p->shape[0], p->ndim > 1 ? "," : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+            return false;
+        }
+        if (!safetensors_read(f, e, flat + p->offset)) {
+            snprintf(why, why_bytes, "cannot read tensor '%s': %s", name, strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+// The checkpoint's architecture must be the config's; other model keys only warn.
+static bool check_model_config(const st_file *f, const model_config *want, char *why, size_t why_bytes) {
+    const char *json = safetensors_meta(f, "model_config");
+    if (!json) {
+        snprintf(why, why_bytes, "model.safetensors has no model_config metadata");
+        return false;
+    }
+    model_config have;
+    const char *reason;
+    if (!model_config_from_json(json, &have, &reason)) {
+        snprintf(why, why_bytes, "%s", reason);
+        return false;
+    }
+    struct {
+        const char *name;
+        long long have, want;
+    } shape_keys[] = {
+        {"vocab_size", have.vocab_size, want->vocab_size}, {"n_layer", have.n_layer, want->n_layer},
+        {"d_model", have.d_model, want->d_model},          {"n_head", have.n_head, want->n_head},
+        {"n_kv_head", have.n_kv_head, want->n_kv_head},    {"head_dim", have.head_dim, want->head_dim},
+        {"d_ff", have.d_ff, want->d_ff},                   {"qk_norm", have.qk_norm, want->qk_norm},
+        {"tie_embeddings", have.tie_embeddings, want->tie_embeddings},
+    };
+    for (size_t i = 0; i < sizeof shape_keys / sizeof shape_keys[0]; i++)
+        if (shape_keys[i].have != shape_keys[i].want) {
+            snprintf(why, why_bytes, "it was trained with %s = %lld, the config says %lld", shape_keys[i].name,
+                     shape_keys[i].have, shape_keys[i].want);
+            return false;
+        }
+    if (!model_config_equal(&have, want))
+        warn("the checkpoint's model config differs from the config in a non-shape key (seq_len, rope_theta, "
+             "nope_every, norm_eps, doc_masking or doc_token); continuing with the config's values");
+    return true;
+}
+
+static bool read_state(const char *dir, train_state *s, char *why, size_t why_bytes) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    size_t bytes;
+    char *text = read_file_or_null(path, &bytes);
+    if (!text) {
+        snprintf(why, why_bytes, "cannot read state.json: %s", strerror(errno));
+        return false;
+    }
+    json_doc doc;
+    bool ok = json_parse(text, bytes, &doc);
+    free(text);
+    if (!ok) {
+        snprintf(why, why_bytes, "state.json: %s", doc.error);
+        return false;
+    }
+    const json_value *format = json_get(&doc.root, "format"), *version = json_get(&doc.root, "version");
+    if (!format || format->type != JSON_STRING || strcmp(format->string, STATE_FORMAT) != 0 || !version ||
+        !version->is_integer || version->integer != STATE_VERSION) {
+        snprintf(why, why_bytes, "state.json is not a version-%d train_gpt state", STATE_VERSION);
+        json_free(&doc);
+        return false;
+    }
+    struct {
+        const char *key;
+        int64_t *field;
+    } fields[] = {{"step", &s->step},           {"adam_step", &s->adam_step}, {"data_epoch", &s->data.epoch},
+                  {"data_index", &s->data.index}, {"bad_steps", &s->bad_steps}, {"tokens_seen", &s->tokens_seen}};
+    for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++) {
+        const json_value *v = json_get(&doc.root, fields[i].key);
+        if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0) {
+            snprintf(why, why_bytes, "state.json: bad or missing '%s'", fields[i].key);
+            ok = false;
+        } else {
+            *fields[i].field = v->integer;
+        }
+    }
+    json_free(&doc);
+    return ok;
+}
+
+bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
+    if (!verify_checksums(dir, why, why_bytes)) return false;
+    char path[4200];
+    st_file f;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!safetensors_open(path, &f, why, why_bytes)) return false;
+    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) &&
+              read_table_tensors(&f, b->table, "", b->params, why, why_bytes);
+    if (ok && f.count != b->table->count) {
+        snprintf(why, why_bytes, "model.safetensors holds %d tensors, the config has %d", f.count, b->table->count);
+        ok = false;
+    }
+    safetensors_close(&f);
+    if (!ok) return false;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (!safetensors_open(path, &f, why, why_bytes)) return false;
+    ok = read_table_tensors(&f, b->table, "exp_avg.", b->exp_avg, why, why_bytes) &&
+         read_table_tensors(&f, b->table, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
+    safetensors_close(&f);
+    if (!ok || !read_state(dir, s, why, why_bytes)) return false;
+    if (!all_finite(b->params, b->table->numel)) {
+        snprintf(why, why_bytes, "the weights hold NaN/Inf");
+        return false;
+    }
+    return true;
+}
+
+// Checkpoint directories in out_dir, newest first. Names are step_ + digits only.
+typedef struct {
+    int64_t step;
+    char path[4200];
+} checkpoint_dir;
+
+static int newer_first(const void *a, const void *b) {
+    const checkpoint_dir *x = a, *y = b;
+    return x->step > y->step ? -1 : x->step < y->step;
+}
+
+static int list_checkpoints(const char *out_dir, checkpoint_dir **out) {
+    DIR *d = opendir(out_dir);
+    int count = 0, capacity = 0;
+    checkpoint_dir *dirs = NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strncmp(n, "step_", 5) != 0 || n[5] == '\0' || strspn(n + 5, "0123456789") != strlen(n + 5)) continue;
+        if (count == capacity) {
+            capacity = capacity ? capacity * 2 : 16;
+            dirs = xrealloc(dirs, (size_t)capacity * sizeof *dirs);
+        }
+        dirs[count].step = atoll(n + 5);
+        snprintf(dirs[count].path, sizeof dirs[count].path, "%s/%s", out_dir, n);
+        if (dir_exists(dirs[count].path)) count++;
+    }
+    if (d) closedir(d);
+    if (count > 1) qsort(dirs, (size_t)count, sizeof *dirs, newer_first);
+    *out = dirs;
+    return count;
+}
+
+char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s) {
+    checkpoint_dir *dirs;
+    int count = list_checkpoints(out_dir, &dirs);
+    for (int i = 0; i < count; i++) {
+        char why[512];
+        if (checkpoint_load(dirs[i].path, b, s, why, sizeof why)) {
+            char *found = xstrdup(dirs[i].path);
+            free(dirs);
+            return found;
+        }
+        warn("skipping checkpoint '%s': %s", dirs[i].path, why);
+    }
+    free(dirs);
+    if (count > 0)
+        fail("resume = auto: none of the %d checkpoints in '%s' is valid (see the warnings above); nothing was "
+             "deleted. Fix or move them, or set resume = never to start over",
+             count, out_dir);
+    return NULL;
+}
+
+int checkpoint_count(const char *out_dir) {
+    checkpoint_dir *dirs;
+    int count = list_checkpoints(out_dir, &dirs);
+    free(dirs);
+    return count;
+}
+
+void checkpoint_prune(const char *out_dir, int64_t keep) {
+    if (keep <= 0) return;
+    checkpoint_dir *dirs;
+    int count = list_checkpoints(out_dir, &dirs);
+    for (int i = (int)keep; i < count; i++) remove_tree(dirs[i].path);
+    free(dirs);
+}
+
+bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes) {
+    st_file f;
+    if (!safetensors_open(path, &f, why, why_bytes)) return false;
+    bool ok = read_table_tensors(&f, t, "", params, why, why_bytes);
+    safetensors_close(&f);
+    if (ok && !all_finite(params, t->numel)) {
+        snprintf(why, why_bytes, "the weights hold NaN/Inf");
+        ok = false;
+    }
+    return ok;
+}

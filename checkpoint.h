@@ -1,0 +1,64 @@
+// checkpoint.h — saving and restoring everything a run needs to continue bit-exactly.
+//
+// A checkpoint is a directory OUT_DIR/step_NNNNNNNN (N = optimizer steps done) holding
+//   model.safetensors      fp32 master weights, Hugging Face names, "model_config" (JSON)
+//                          in __metadata__ — loadable by any safetensors reader
+//   optimizer.safetensors  AdamW moments: "exp_avg.<name>" and "exp_avg_sq.<name>"
+//   state.json             step, AdamW step, data position, outlier-guard count, the config
+//   checksums.xxh64        XXH64 of the three files above, in `xxhsum -H64` format
+// It is written into OUT_DIR/.tmp-step_NNNNNNNN, every file fsynced, then the directory is
+// renamed into place and OUT_DIR fsynced: a crash at any moment leaves either the complete
+// checkpoint or none (a stale .tmp-* directory, which is never read and is cleared by the
+// next save of the same step). On load every file is checked against checksums.xxh64
+// before anything is used.
+#ifndef TRAIN_GPT_CHECKPOINT_H
+#define TRAIN_GPT_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "dataloader.h"
+#include "model.h"
+
+typedef struct {
+    int64_t step;          // optimizer steps done (the next step to run, 0-based)
+    int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
+    data_position data;    // train loader position after the last step
+    int64_t bad_steps;     // consecutive NaN/Inf steps so far
+    int64_t tokens_seen;   // train tokens consumed by all processes
+} train_state;
+
+typedef struct {
+    const param_table *table;
+    float *params, *exp_avg, *exp_avg_sq;   // flat buffers in the table's layout
+} model_buffers;
+
+// Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on
+// failure; nothing half-written is ever left under the final name.
+bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg);
+
+// Verifies and loads one checkpoint directory. false with a one-line reason in why; the
+// buffers may then hold partial data and must not be used.
+bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes);
+
+// Loads the newest checkpoint in out_dir that verifies, warning about each one skipped.
+// Returns its path (caller frees), or NULL if out_dir has no checkpoint at all.
+// If checkpoints exist but none verifies, that is a fatal error: the user decides.
+char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s);
+
+// Number of checkpoint directories (step_*) in out_dir, valid or not.
+int checkpoint_count(const char *out_dir);
+
+// Removes all but the newest `keep` checkpoints (keep 0 = remove none).
+void checkpoint_prune(const char *out_dir, int64_t keep);
+
+// Writes a model.safetensors (weights + model_config metadata) atomically to path.
+bool save_weights(const char *path, const param_table *t, const float *params);
+
+// Loads weights only from a model.safetensors (init_from): every tensor of the table must
+// be present with its shape. false with a reason in why.
+bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes);
+
+#endif

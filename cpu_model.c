@@ -1,0 +1,264 @@
+// cpu_model.c — forward and backward of the whole model on the CPU (see cpu_model.h).
+//
+// Saved for the backward pass, per layer: the residual stream entering the layer and
+// after attention, both norm outputs and their 1/rms, q and k before and after QK-norm
+// (before is needed by QK-norm's backward), q/k after RoPE, v, the attention output and
+// its log-sum-exp, and the three SwiGLU tensors. Everything else is scratch shared by all
+// layers.
+#include "cpu_model.h"
+#include "common.h"
+#include "cpu_ops.h"
+#include "gemm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    float *resid_mid;             // (N,C) after the attention residual add
+    float *attn_in, *attn_rstd;   // (N,C), (N)
+    float *q_raw, *k_raw;         // (N,Hq·D), (N,Hkv·D) before QK-norm (qk_norm only)
+    float *q_rstd, *k_rstd;       // (N·Hq), (N·Hkv)
+    float *q, *k, *v;             // after QK-norm and RoPE
+    float *att, *lse;             // (N,Hq·D), (B,Hq,T)
+    float *mlp_in, *mlp_rstd;     // (N,C), (N)
+    float *gate, *up, *act;       // (N,F)
+} layer_acts;
+
+struct cpu_model {
+    const param_table *table;
+    int64_t B, T, N;
+    int64_t C, F, V, Hq, Hkv, D, L;
+    float eps;
+    float *rope_cos, *rope_sin;   // (T, D/2)
+    float **resid;                // L+1 buffers (N,C): resid[l] enters layer l
+    layer_acts *layers;
+    float *final_out, *final_rstd;
+    int32_t *start, *pos;         // (N)
+    // backward scratch
+    float *d_resid, *d_norm, *d_att, *dq, *dk, *dv, *d_act, *d_gate, *d_up, *d_final;
+    float *logits;                // (chunk_rows, V)
+    int64_t chunk_rows;
+    int64_t activation_floats;
+};
+
+static float *take(cpu_model *m, int64_t count) {
+    m->activation_floats += count;
+    return alloc_floats((size_t)count);
+}
+
+cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) {
+    const model_config *c = &t->cfg;
+    CHECK(T <= c->seq_len);
+    cpu_model *m = xcalloc(1, sizeof *m);
+    m->table = t;
+    m->B = B;
+    m->T = T;
+    m->N = B * T;
+    m->C = c->d_model;
+    m->F = c->d_ff;
+    m->V = c->vocab_size;
+    m->Hq = c->n_head;
+    m->Hkv = c->n_kv_head;
+    m->D = c->head_dim;
+    m->L = c->n_layer;
+    m->eps = (float)c->norm_eps;
+    int64_t N = m->N, C = m->C, F = m->F, QD = m->Hq * m->D, KD = m->Hkv * m->D;
+    m->rope_cos = alloc_floats((size_t)(T * m->D / 2));
+    m->rope_sin = alloc_floats((size_t)(T * m->D / 2));
+    rope_tables(m->rope_cos, m->rope_sin, T, m->D, c->rope_theta);
+    m->resid = xcalloc((size_t)m->L + 1, sizeof *m->resid);
+    for (int64_t l = 0; l <= m->L; l++) m->resid[l] = take(m, N * C);
+    m->layers = xcalloc((size_t)m->L, sizeof *m->layers);
+    for (int64_t l = 0; l < m->L; l++) {
+        layer_acts *a = &m->layers[l];
+        a->resid_mid = take(m, N * C);
+        a->attn_in = take(m, N * C);
+        a->attn_rstd = take(m, N);
+        if (c->qk_norm) {
+            a->q_raw = take(m, N * QD);
+            a->k_raw = take(m, N * KD);
+            a->q_rstd = take(m, N * m->Hq);
+            a->k_rstd = take(m, N * m->Hkv);
+        }
+        a->q = take(m, N * QD);
+        a->k = take(m, N * KD);
+        a->v = take(m, N * KD);
+        a->att = take(m, N * QD);
+        a->lse = take(m, N * m->Hq);
+        a->mlp_in = take(m, N * C);
+        a->mlp_rstd = take(m, N);
+        a->gate = take(m, N * F);
+        a->up = take(m, N * F);
+        a->act = take(m, N * F);
+    }
+    m->final_out = take(m, N * C);
+    m->final_rstd = take(m, N);
+    m->start = xmalloc((size_t)N * sizeof *m->start);
+    m->pos = xmalloc((size_t)N * sizeof *m->pos);
+    m->d_resid = take(m, N * C);
+    m->d_norm = take(m, N * C);
+    m->d_final = take(m, N * C);
+    m->d_att = take(m, N * QD);
+    m->dq = take(m, N * QD);
+    m->dk = take(m, N * KD);
+    m->dv = take(m, N * KD);
+    m->d_act = take(m, N * F);
+    m->d_gate = take(m, N * F);
+    m->d_up = take(m, N * F);
+    // Logits in chunks of at most 2^24 floats (64 MiB), whatever the vocabulary.
+    m->chunk_rows = max_i64(1, min_i64(N, (1 << 24) / m->V));
+    m->logits = take(m, m->chunk_rows * m->V);
+    return m;
+}
+
+void cpu_model_free(cpu_model *m) {
+    if (!m) return;
+    for (int64_t l = 0; l <= m->L; l++) free(m->resid[l]);
+    free(m->resid);
+    for (int64_t l = 0; l < m->L; l++) {
+        layer_acts *a = &m->layers[l];
+        float *bufs[] = {a->resid_mid, a->attn_in, a->attn_rstd, a->q_raw, a->k_raw, a->q_rstd, a->k_rstd, a->q,
+                         a->k, a->v, a->att, a->lse, a->mlp_in, a->mlp_rstd, a->gate, a->up, a->act};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    }
+    free(m->layers);
+    float *bufs[] = {m->rope_cos, m->rope_sin, m->final_out, m->final_rstd, m->d_resid, m->d_norm, m->d_final,
+                     m->d_att, m->dq, m->dk, m->dv, m->d_act, m->d_gate, m->d_up, m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->start);
+    free(m->pos);
+    free(m);
+}
+
+int64_t cpu_model_activation_bytes(const cpu_model *m) { return m->activation_floats * (int64_t)sizeof(float); }
+
+#define W(kind, layer) param_ptr(m->table, (float *)params, kind, layer)
+
+// Runs the blocks and the final norm; leaves final_out ready for the classifier.
+static void forward_blocks(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T) {
+    CHECK(B * T <= m->N && T <= m->T);
+    const model_config *c = &m->table->cfg;
+    int64_t N = B * T, C = m->C, F = m->F, Hq = m->Hq, Hkv = m->Hkv, D = m->D;
+    for (int64_t i = 0; i < N; i++)
+        if (inputs[i] < 0 || inputs[i] >= m->V) fail("input token %d is outside the vocabulary (vocab_size %lld)",
+                                                     inputs[i], (long long)m->V);
+    document_positions(m->start, m->pos, inputs, B, T, c->doc_masking, c->doc_token);
+    embedding_forward(m->resid[0], inputs, W(P_EMBED, -1), N, C);
+    for (int l = 0; l < (int)m->L; l++) {
+        layer_acts *a = &m->layers[l];
+        float *x = m->resid[l];
+        rmsnorm_forward(a->attn_in, a->attn_rstd, x, W(P_ATTN_NORM, l), N, C, m->eps);
+        if (c->qk_norm) {
+            matmul_forward(a->q_raw, a->attn_in, W(P_WQ, l), N, C, Hq * D, false);
+            matmul_forward(a->k_raw, a->attn_in, W(P_WK, l), N, C, Hkv * D, false);
+            rmsnorm_forward(a->q, a->q_rstd, a->q_raw, W(P_Q_NORM, l), N * Hq, D, m->eps);
+            rmsnorm_forward(a->k, a->k_rstd, a->k_raw, W(P_K_NORM, l), N * Hkv, D, m->eps);
+        } else {
+            matmul_forward(a->q, a->attn_in, W(P_WQ, l), N, C, Hq * D, false);
+            matmul_forward(a->k, a->attn_in, W(P_WK, l), N, C, Hkv * D, false);
+        }
+        matmul_forward(a->v, a->attn_in, W(P_WV, l), N, C, Hkv * D, false);
+        if (layer_uses_rope(c, l)) {
+            rope_forward(a->q, m->pos, m->rope_cos, m->rope_sin, N, Hq, D);
+            rope_forward(a->k, m->pos, m->rope_cos, m->rope_sin, N, Hkv, D);
+        }
+        attention_forward(a->att, a->lse, a->q, a->k, a->v, m->start, B, T, Hq, Hkv, D);
+        memcpy(a->resid_mid, x, (size_t)(N * C) * sizeof(float));
+        matmul_forward(a->resid_mid, a->att, W(P_WO, l), N, Hq * D, C, true);
+        rmsnorm_forward(a->mlp_in, a->mlp_rstd, a->resid_mid, W(P_MLP_NORM, l), N, C, m->eps);
+        matmul_forward(a->gate, a->mlp_in, W(P_W_GATE, l), N, C, F, false);
+        matmul_forward(a->up, a->mlp_in, W(P_W_UP, l), N, C, F, false);
+        swiglu_forward(a->act, a->gate, a->up, N, F);
+        memcpy(m->resid[l + 1], a->resid_mid, (size_t)(N * C) * sizeof(float));
+        matmul_forward(m->resid[l + 1], a->act, W(P_W_DOWN, l), N, F, C, true);
+    }
+    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->L], W(P_FINAL_NORM, -1), N, C, m->eps);
+}
+
+// Classifier and loss over chunks of rows; with grads, also the head's backward into
+// d_final and the head weight gradient.
+static loss_sums classifier(cpu_model *m, const float *params, float *grads, const int32_t *targets, int64_t N,
+                            float grad_scale, float z_loss) {
+    const float *head = W(P_LM_HEAD, -1);
+    float *dhead = grads ? param_ptr(m->table, grads, P_LM_HEAD, -1) : NULL;
+    loss_sums sums = {0, 0, N};
+    for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
+        int64_t n = min_i64(m->chunk_rows, N - r0);
+        for (int64_t i = r0; i < r0 + n; i++)
+            if (targets[i] < 0 || targets[i] >= m->V)
+                fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->V);
+        matmul_forward(m->logits, m->final_out + r0 * m->C, head, n, m->C, m->V, false);
+        cross_entropy_forward_backward(m->logits, targets + r0, n, m->V, z_loss, grads ? grad_scale : 0.0f,
+                                       &sums.ce_sum, &sums.lse_sq_sum);
+        if (grads) {
+            matmul_backward_input(m->d_final + r0 * m->C, m->logits, head, n, m->C, m->V, false);
+            matmul_backward_weight(dhead, m->logits, m->final_out + r0 * m->C, n, m->C, m->V);
+        }
+    }
+    return sums;
+}
+
+#define G(kind, layer) param_ptr(m->table, grads, kind, layer)
+
+static void backward_blocks(cpu_model *m, const float *params, float *grads, const int32_t *inputs, int64_t B,
+                            int64_t T) {
+    const model_config *c = &m->table->cfg;
+    int64_t N = B * T, C = m->C, F = m->F, Hq = m->Hq, Hkv = m->Hkv, D = m->D;
+    rmsnorm_backward(m->d_resid, G(P_FINAL_NORM, -1), m->d_final, m->resid[m->L], W(P_FINAL_NORM, -1),
+                     m->final_rstd, N, C, false);
+    for (int l = (int)m->L - 1; l >= 0; l--) {
+        layer_acts *a = &m->layers[l];
+        // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
+        matmul_backward_input(m->d_act, m->d_resid, W(P_W_DOWN, l), N, F, C, false);
+        matmul_backward_weight(G(P_W_DOWN, l), m->d_resid, a->act, N, F, C);
+        swiglu_backward(m->d_gate, m->d_up, m->d_act, a->gate, a->up, N, F);
+        matmul_backward_input(m->d_norm, m->d_gate, W(P_W_GATE, l), N, C, F, false);
+        matmul_backward_input(m->d_norm, m->d_up, W(P_W_UP, l), N, C, F, true);
+        matmul_backward_weight(G(P_W_GATE, l), m->d_gate, a->mlp_in, N, C, F);
+        matmul_backward_weight(G(P_W_UP, l), m->d_up, a->mlp_in, N, C, F);
+        rmsnorm_backward(m->d_resid, G(P_MLP_NORM, l), m->d_norm, a->resid_mid, W(P_MLP_NORM, l), a->mlp_rstd, N,
+                         C, true);
+        // Attention: resid_mid = resid_in + o(attention(q, k, v))
+        matmul_backward_input(m->d_att, m->d_resid, W(P_WO, l), N, Hq * D, C, false);
+        matmul_backward_weight(G(P_WO, l), m->d_resid, a->att, N, Hq * D, C);
+        attention_backward(m->dq, m->dk, m->dv, m->d_att, a->att, a->lse, a->q, a->k, a->v, m->start, B, T, Hq,
+                           Hkv, D);
+        if (layer_uses_rope(c, l)) {
+            rope_backward(m->dq, m->pos, m->rope_cos, m->rope_sin, N, Hq, D);
+            rope_backward(m->dk, m->pos, m->rope_cos, m->rope_sin, N, Hkv, D);
+        }
+        if (c->qk_norm) {
+            rmsnorm_backward(m->dq, G(P_Q_NORM, l), m->dq, a->q_raw, W(P_Q_NORM, l), a->q_rstd, N * Hq, D, false);
+            rmsnorm_backward(m->dk, G(P_K_NORM, l), m->dk, a->k_raw, W(P_K_NORM, l), a->k_rstd, N * Hkv, D, false);
+        }
+        matmul_backward_input(m->d_norm, m->dq, W(P_WQ, l), N, C, Hq * D, false);
+        matmul_backward_input(m->d_norm, m->dk, W(P_WK, l), N, C, Hkv * D, true);
+        matmul_backward_input(m->d_norm, m->dv, W(P_WV, l), N, C, Hkv * D, true);
+        matmul_backward_weight(G(P_WQ, l), m->dq, a->attn_in, N, C, Hq * D);
+        matmul_backward_weight(G(P_WK, l), m->dk, a->attn_in, N, C, Hkv * D);
+        matmul_backward_weight(G(P_WV, l), m->dv, a->attn_in, N, C, Hkv * D);
+        rmsnorm_backward(m->d_resid, G(P_ATTN_NORM, l), m->d_norm, m->resid[l], W(P_ATTN_NORM, l), a->attn_rstd,
+                         N, C, true);
+    }
+    embedding_backward(G(P_EMBED, -1), inputs, m->d_resid, N, C);
+}
+
+loss_sums cpu_forward_backward(cpu_model *m, const float *params, float *grads, const int32_t *inputs,
+                               const int32_t *targets, int64_t B, int64_t T, float grad_scale, float z_loss) {
+    forward_blocks(m, params, inputs, B, T);
+    loss_sums sums = classifier(m, params, grads, targets, B * T, grad_scale, z_loss);
+    backward_blocks(m, params, grads, inputs, B, T);
+    return sums;
+}
+
+loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inputs, const int32_t *targets,
+                           int64_t B, int64_t T) {
+    forward_blocks(m, params, inputs, B, T);
+    return classifier(m, params, NULL, targets, B * T, 0.0f, 0.0f);
+}
+
+void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
+                        float *logits) {
+    forward_blocks(m, params, inputs, B, T);
+    matmul_forward(logits, m->final_out, W(P_LM_HEAD, -1), B * T, m->C, m->V, false);
+}

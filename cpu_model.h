@@ -1,0 +1,42 @@
+// cpu_model.h — the model's forward and backward pass on the CPU in fp32, assembled from
+// cpu_ops over the parameter table.
+//
+// A cpu_model owns the activations for micro-batches of up to B × T tokens (any smaller
+// B', T' can be run through the same buffers: validation, sampling). Parameters and
+// gradients are flat buffers in the parameter table's layout, owned by the caller.
+//
+// The classifier never materializes B·T·V logits: it runs over chunks of rows, turning
+// each chunk of logits into its gradient in place and folding it into the gradients of
+// the final norm's output and of the head weights before the next chunk.
+#ifndef TRAIN_GPT_CPU_MODEL_H
+#define TRAIN_GPT_CPU_MODEL_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct cpu_model cpu_model;
+
+typedef struct {
+    double ce_sum;      // Σ cross-entropy over the rows (nats)
+    double lse_sq_sum;  // Σ logsumexp(logits)² over the rows
+    int64_t rows;
+} loss_sums;
+
+cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T);
+void cpu_model_free(cpu_model *m);
+// Activation memory of the model in bytes (for the start-up banner).
+int64_t cpu_model_activation_bytes(const cpu_model *m);
+
+// Forward and backward of one micro-batch: inputs, targets (B,T). Gradients of
+// grad_scale · Σ_rows (ce + z_loss·lse²) are ADDED to grads. Returns the loss sums.
+loss_sums cpu_forward_backward(cpu_model *m, const float *params, float *grads, const int32_t *inputs,
+                               const int32_t *targets, int64_t B, int64_t T, float grad_scale, float z_loss);
+// Forward only: the loss sums of a micro-batch.
+loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inputs, const int32_t *targets,
+                           int64_t B, int64_t T);
+// Forward only: all logits (B·T, V) into `logits` (tests, sampling).
+void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
+                        float *logits);
+
+#endif

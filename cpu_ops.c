@@ -1,0 +1,291 @@
+// cpu_ops.c — fp32 reference operations (see cpu_ops.h for shapes and conventions).
+#include "cpu_ops.h"
+#include "common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// Eight independent partial sums: GCC turns the unrolled body into one 8-wide vector FMA
+// without -ffast-math, and the fixed combination order keeps the result deterministic.
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+static inline void axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+// Column blocks for reductions over rows: each thread owns whole columns.
+#define COLUMN_BLOCK 64
+
+// ---------------------------------------------------------------- embedding
+
+void embedding_forward(float *out, const int32_t *tokens, const float *E, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) memcpy(out + n * C, E + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
+}
+
+void embedding_backward(float *dE, const int32_t *tokens, const float *dout, int64_t N, int64_t C) {
+    int64_t blocks = ceil_div(C, COLUMN_BLOCK);
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t c0 = blk * COLUMN_BLOCK, c1 = min_i64(C, c0 + COLUMN_BLOCK);
+        for (int64_t n = 0; n < N; n++) {
+            float *dst = dE + (int64_t)tokens[n] * C;
+            const float *src = dout + n * C;
+            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *g, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        double ss = 0.0;
+        for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+        rstd[n] = r;
+        float *y = out + n * C;
+        for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * g[c];
+    }
+}
+
+// y = x·r·g with r = (mean(x²)+eps)^-1/2. With u = dy·g:
+//   dx = r·u − x · r³ · mean(u·x)      dg = Σ_rows dy·x·r
+void rmsnorm_backward(float *dinp, float *dg, const float *dout, const float *inp, const float *g,
+                      const float *rstd, int64_t N, int64_t C, bool accumulate) {
+    // dg first: it reads dout, and dinp may be the same buffer as dout (in-place use).
+    int64_t blocks = ceil_div(C, COLUMN_BLOCK);
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t c0 = blk * COLUMN_BLOCK, c1 = min_i64(C, c0 + COLUMN_BLOCK);
+        float acc[COLUMN_BLOCK] = {0};
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * C, *dy = dout + n * C;
+            float r = rstd[n];
+            for (int64_t c = c0; c < c1; c++) acc[c - c0] += dy[c] * x[c] * r;
+        }
+        for (int64_t c = c0; c < c1; c++) dg[c] += acc[c - c0];
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *dy = dout + n * C;
+        float r = rstd[n];
+        double ux = 0.0;
+        for (int64_t c = 0; c < C; c++) ux += (double)(dy[c] * g[c]) * x[c];
+        float k = (float)(ux / (double)C) * r * r * r;
+        float *dx = dinp + n * C;
+        if (accumulate)
+            for (int64_t c = 0; c < C; c++) dx[c] += r * dy[c] * g[c] - x[c] * k;
+        else
+            for (int64_t c = 0; c < C; c++) dx[c] = r * dy[c] * g[c] - x[c] * k;
+    }
+}
+
+// ---------------------------------------------------------------- documents and RoPE
+
+void document_positions(int32_t *start, int32_t *pos, const int32_t *tokens, int64_t B, int64_t T,
+                        bool doc_masking, int64_t doc_token) {
+    for (int64_t b = 0; b < B; b++) {
+        int32_t s0 = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (doc_masking && t >= 1 && tokens[b * T + t] == doc_token) s0 = (int32_t)t;
+            start[b * T + t] = s0;
+            pos[b * T + t] = (int32_t)t - s0;
+        }
+    }
+}
+
+void rope_tables(float *cos_t, float *sin_t, int64_t T, int64_t D, double theta) {
+    int64_t half = D / 2;
+    for (int64_t p = 0; p < T; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = (double)p * pow(theta, -2.0 * (double)i / (double)D);
+            cos_t[p * half + i] = (float)cos(angle);
+            sin_t[p * half + i] = (float)sin(angle);
+        }
+}
+
+static void rope_rotate(float *x, const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int64_t H,
+                        int64_t D, float direction) {
+    int64_t half = D / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *c = cos_t + (int64_t)pos[n] * half, *s = sin_t + (int64_t)pos[n] * half;
+        for (int64_t h = 0; h < H; h++) {
+            float *x1 = x + (n * H + h) * D, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i], sn = direction * s[i];
+                x1[i] = a * c[i] - b * sn;
+                x2[i] = b * c[i] + a * sn;
+            }
+        }
+    }
+}
+
+void rope_forward(float *x, const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int64_t H,
+                  int64_t D) {
+    rope_rotate(x, pos, cos_t, sin_t, N, H, D, 1.0f);
+}
+
+// The rotation is orthogonal, so its backward is the rotation by the opposite angle.
+void rope_backward(float *dx, const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int64_t H,
+                   int64_t D) {
+    rope_rotate(dx, pos, cos_t, sin_t, N, H, D, -1.0f);
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+void swiglu_forward(float *out, const float *gate, const float *up, int64_t N, int64_t F) {
+    int64_t total = N * F;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total; i++) {
+        float x = gate[i];
+        out[i] = x / (1.0f + expf(-x)) * up[i];
+    }
+}
+
+// silu'(x) = σ(x)·(1 + x·(1 − σ(x)))
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t N,
+                     int64_t F) {
+    int64_t total = N * F;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total; i++) {
+        float x = gate[i];
+        float sig = 1.0f / (1.0f + expf(-x));
+        float silu = x * sig;
+        dup[i] = dout[i] * silu;
+        dgate[i] = dout[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+    }
+}
+
+// ---------------------------------------------------------------- attention
+//
+// Scores are recomputed in the backward pass from q, k and the saved log-sum-exp, as
+// flash attention does, so no (T,T) matrix per head is ever kept.
+
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                       const int32_t *start, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+    int64_t group = Hq / Hkv;
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel
+    {
+        float *p = xmalloc((size_t)T * sizeof *p);
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Hq; j++) {
+                int64_t g = j / group;
+                for (int64_t t = 0; t < T; t++) {
+                    int64_t lo = start[b * T + t];
+                    const float *qt = q + ((b * T + t) * Hq + j) * D;
+                    float mx = -INFINITY;
+                    for (int64_t s = lo; s <= t; s++) {
+                        float sc = dot(qt, k + ((b * T + s) * Hkv + g) * D, D) * scale;
+                        p[s - lo] = sc;
+                        if (sc > mx) mx = sc;
+                    }
+                    float sum = 0.0f;
+                    for (int64_t s = lo; s <= t; s++) {
+                        float e = expf(p[s - lo] - mx);
+                        p[s - lo] = e;
+                        sum += e;
+                    }
+                    float inv = 1.0f / sum;
+                    float *o = out + ((b * T + t) * Hq + j) * D;
+                    memset(o, 0, (size_t)D * sizeof *o);
+                    for (int64_t s = lo; s <= t; s++) axpy(o, p[s - lo] * inv, v + ((b * T + s) * Hkv + g) * D, D);
+                    lse[(b * Hq + j) * T + t] = mx + logf(sum);
+                }
+            }
+        free(p);
+    }
+}
+
+// With P = softmax(S), S = q·kᵀ/√D, O = P·v:
+//   dv_s += P_ts · dO_t ;  dP_ts = dO_t · v_s ;  dS_ts = P_ts (dP_ts − dO_t·O_t)
+//   dq_t += dS_ts k_s / √D ;  dk_s += dS_ts q_t / √D
+// One thread owns a (batch, kv head) pair, so dk and dv need no atomics.
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                        const float *q, const float *k, const float *v, const int32_t *start, int64_t B,
+                        int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+    int64_t group = Hq / Hkv;
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < Hkv; g++) {
+            for (int64_t t = 0; t < T; t++) {
+                memset(dk + ((b * T + t) * Hkv + g) * D, 0, (size_t)D * sizeof(float));
+                memset(dv + ((b * T + t) * Hkv + g) * D, 0, (size_t)D * sizeof(float));
+            }
+            for (int64_t j = g * group; j < (g + 1) * group; j++)
+                for (int64_t t = 0; t < T; t++) {
+                    int64_t lo = start[b * T + t];
+                    int64_t row = (b * T + t) * Hq + j;
+                    const float *qt = q + row * D, *dot_ = dout + row * D;
+                    float delta = dot(dot_, out + row * D, D);
+                    float l = lse[(b * Hq + j) * T + t];
+                    float *dqt = dq + row * D;
+                    memset(dqt, 0, (size_t)D * sizeof *dqt);
+                    for (int64_t s = lo; s <= t; s++) {
+                        int64_t kv = ((b * T + s) * Hkv + g) * D;
+                        float pr = expf(dot(qt, k + kv, D) * scale - l);
+                        float dp = dot(dot_, v + kv, D);
+                        float ds = pr * (dp - delta) * scale;
+                        axpy(dqt, ds, k + kv, D);
+                        axpy(dk + kv, ds, qt, D);
+                        axpy(dv + kv, pr, dot_, D);
+                    }
+                }
+        }
+}
+
+// ---------------------------------------------------------------- classifier loss
+
+void cross_entropy_forward_backward(float *logits, const int32_t *targets, int64_t n, int64_t V, float z_loss,
+                                    float grad_scale, double *ce_sum, double *lse_sq_sum) {
+    double *row_ce = xmalloc((size_t)n * sizeof *row_ce);
+    double *row_lse = xmalloc((size_t)n * sizeof *row_lse);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        float *x = logits + r * V;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < V; i++)
+            if (x[i] > mx) mx = x[i];
+        double sum = 0.0;
+        for (int64_t i = 0; i < V; i++) sum += expf(x[i] - mx);
+        double lse = (double)mx + log(sum);
+        row_lse[r] = lse;
+        row_ce[r] = lse - (double)x[targets[r]];
+        if (grad_scale != 0.0f) {
+            float coef = (float)(1.0 + 2.0 * (double)z_loss * lse) * grad_scale;
+            float flse = (float)lse;
+            for (int64_t i = 0; i < V; i++) x[i] = expf(x[i] - flse) * coef;
+            x[targets[r]] -= grad_scale;
+        }
+    }
+    for (int64_t r = 0; r < n; r++) {
+        *ce_sum += row_ce[r];
+        *lse_sq_sum += row_lse[r] * row_lse[r];
+    }
+    free(row_ce);
+    free(row_lse);
+}
+
+void add_inplace(float *y, const float *x, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}

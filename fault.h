@@ -1,0 +1,22 @@
+// fault.h — fault injection for the crash and outlier tests, off unless the environment
+// asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
+//   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
+//   nan_grad            poison one gradient with NaN on that (0-based) step
+// A real run never sets the variable; the cost when unset is one getenv per query.
+#ifndef TRAIN_GPT_FAULT_H
+#define TRAIN_GPT_FAULT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline bool fault_requested(const char *kind, int64_t step) {
+    const char *spec = getenv("TRAIN_GPT_FAULT");
+    size_t n = strlen(kind);
+    for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) == step) return true;
+    return false;
+}
+
+#endif

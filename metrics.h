@@ -1,0 +1,38 @@
+// metrics.h — out_dir/metrics.jsonl, one JSON object per line, flushed after each line
+// so a crash loses nothing already reported. Line kinds (docs/formats.md):
+//   step:   {"step", "loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms",
+//            "tokens", "skipped"}            mfu is null when the peak is unknown (CPU)
+//   val:    {"step", "val_loss", "val_tokens"}
+//   event:  {"event", "step", ...}            start, resume, checkpoint, stop
+// Numbers that are not finite are written as null (JSON has no NaN).
+#ifndef TRAIN_GPT_METRICS_H
+#define TRAIN_GPT_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct metrics_log metrics_log;
+
+typedef struct {
+    int64_t step;        // optimizer steps done, 1-based
+    double loss;         // mean cross-entropy (nats) over the step's tokens
+    double z_loss;       // z_loss · mean(lse²): the term added to the objective
+    double lr;
+    double grad_norm;    // global norm before clipping
+    double tok_per_s;
+    double mfu;          // fraction of peak; NaN = unknown (null)
+    double step_ms;
+    int64_t tokens;      // train tokens consumed so far, all processes
+    bool skipped;        // the outlier guard skipped the update
+} step_metrics;
+
+// Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.
+metrics_log *metrics_open(const char *out_dir);
+void metrics_close(metrics_log *log);
+void metrics_step(metrics_log *log, const step_metrics *m);
+void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_tokens);
+// {"event": name, "step": step} plus extra members given as a JSON fragment ("" for none),
+// e.g. "\"path\":\"out/step_00000100\"".
+void metrics_event(metrics_log *log, const char *name, int64_t step, const char *extra_json);
+
+#endif

@@ -1,0 +1,90 @@
+# Bad input never crashes and never destroys anything: each case must exit non-zero with
+# exactly one "train_gpt: error:" line that names the problem, no crash signature, and
+# (where files are involved) leave every file as it was. Also the outlier guard: a NaN
+# gradient skips one update; max_bad_steps NaNs in a row stop the run with only finite
+# weights in its checkpoints.
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$TOOL" shard "$tmp/train.bin" 64 0 20000 21
+base=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 4 --log_every 100)
+
+expect_error() {  # expect_error DESCRIPTION PATTERN COMMAND...
+    local what=$1 pattern=$2; shift 2
+    local rc=0
+    "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+    local errors
+    errors=$(grep -c '^train_gpt: error:' "$tmp/err.txt" || true)
+    if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] && [ "$errors" -eq 1 ] && grep -q -- "$pattern" "$tmp/err.txt" &&
+        ! grep -qiE 'segmentation|assert|core dumped|internal error' "$tmp/err.txt"; then
+        say "  ok   $what: $(grep '^train_gpt: error:' "$tmp/err.txt")"
+    else
+        say "  FAIL $what (rc $rc, $errors error lines):"; sed 's/^/       /' "$tmp/err.txt"
+        TESTS_FAILED=$((TESTS_FAILED + 1))
+    fi
+}
+
+# --- configuration
+printf 'vocab_size = 64\nfoo = 1\n' >"$tmp/unknown.conf"
+expect_error "unknown key in a file (names file:line)" "unknown.conf:2: unknown key 'foo'" "$TRAIN_GPT" "$tmp/unknown.conf"
+expect_error "unknown key on the command line" "\-\-nope: unknown key" "$TRAIN_GPT" "${base[@]}" --nope 3
+expect_error "malformed number" "lr: expected a number, got 'fast'" "$TRAIN_GPT" "${base[@]}" --lr fast
+expect_error "malformed integer" "n_layer: expected an integer, got '2x'" "$TRAIN_GPT" "${base[@]}" --n_layer 2x
+expect_error "out-of-range value" "batch_size: expected an integer in" "$TRAIN_GPT" "${base[@]}" --batch_size 0
+expect_error "bad choice" "decay_shape: expected one of linear|sqrt" "$TRAIN_GPT" "${base[@]}" --decay_shape cosine
+expect_error "GQA divisibility" "n_kv_head: n_head (4) must be a multiple of n_kv_head (3)" "$TRAIN_GPT" "${base[@]}" --n_kv_head 3
+expect_error "odd head_dim" "head_dim: must be even" "$TRAIN_GPT" "${base[@]}" --head_dim 7
+expect_error "missing required key" "missing required key 'lr'" "$TRAIN_GPT" --vocab_size 64 --n_layer 1 --d_model 8 \
+    --n_head 2 --d_ff 8 --seq_len 8 --batch_size 1 --max_steps 1 --train_data x
+printf 'lr = 1\nlr = 2\n' >"$tmp/dup.conf"
+expect_error "key set twice in a file" "dup.conf:2: lr is set twice (first at line 1)" "$TRAIN_GPT" "$tmp/dup.conf"
+printf 'just some words\n' >"$tmp/garbage.conf"
+expect_error "line without '='" "garbage.conf:1: expected 'key = value'" "$TRAIN_GPT" "$tmp/garbage.conf"
+expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'" "$TRAIN_GPT" "$tmp/nothere.conf"
+expect_error "device = cuda without a CUDA backend" "device: cuda" "$TRAIN_GPT" "${base[@]}" --device cuda
+expect_error "init_from a missing file" "init_from: no such file" "$TRAIN_GPT" "${base[@]}" --init_from "$tmp/none.safetensors"
+
+# --- data
+expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
+    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/absent.bin" --out_dir "$tmp/o1"
+expect_error "glob with no match" "train_data: no file matches" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/none_*.bin" --out_dir "$tmp/o1"
+cp "$tmp/train.bin" "$tmp/trunc.bin"; "$TOOL" truncate "$tmp/trunc.bin" -3
+expect_error "truncated shard" "truncated shard" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/trunc.bin" --out_dir "$tmp/o1"
+cp "$tmp/train.bin" "$tmp/magic.bin"; "$TOOL" flip "$tmp/magic.bin" 2
+expect_error "wrong magic" "bad magic" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/magic.bin" --out_dir "$tmp/o1"
+cp "$tmp/train.bin" "$tmp/payload.bin"; "$TOOL" flip "$tmp/payload.bin" 1000
+expect_error "corrupt payload" "payload checksum mismatch" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/payload.bin" --out_dir "$tmp/o1"
+expect_error "shard vocabulary above vocab_size" "vocab_size: the train shards hold token ids up to 63" \
+    "$TRAIN_GPT" "${base[@]}" --vocab_size 32 --out_dir "$tmp/o1"
+"$TOOL" shard "$tmp/nodoc.bin" 64 -1 20000 22
+expect_error "no doc_token anywhere" "doc_token: not set" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/nodoc.bin" \
+    --doc_token -1 --out_dir "$tmp/o1"
+"$TOOL" shard "$tmp/tiny.bin" 64 0 50 23
+expect_error "too few tokens for a batch" "too few for one micro-batch" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/tiny.bin" --out_dir "$tmp/o1"
+
+# --- checkpoints: a flipped byte is refused and nothing is deleted
+"$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/ck" >/dev/null 2>&1
+"$TOOL" flip "$tmp/ck/step_00000004/model.safetensors" 200
+before=$(tree_digest "$tmp/ck")
+expect_error "resume = auto with one corrupt checkpoint" "none of the 1 checkpoints" "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck"
+expect_error "resume = PATH with a corrupt checkpoint" "model.safetensors fails its checksum" \
+    "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck2" --resume "$tmp/ck/step_00000004"
+check "no checkpoint file was changed or deleted" test "$before" = "$(tree_digest "$tmp/ck")"
+expect_error "resume = never over another run's checkpoints" "already holds checkpoints" \
+    "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/ck" --resume never
+"$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/good" >/dev/null 2>&1
+expect_error "resume with another architecture" "d_model = 64, the config says 32" \
+    "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck3" --resume "$tmp/good/step_00000004" --d_model 32
+
+# --- outlier guard
+TRAIN_GPT_FAULT=nan_grad:2 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/nan1" >/dev/null 2>"$tmp/nan1.err"
+check "one NaN gradient: step 3 skipped and logged" grep -q '"step":3,.*"skipped":true' "$tmp/nan1/metrics.jsonl"
+check "one NaN gradient: training goes on and finishes" grep -q '"step":4,.*"skipped":false' "$tmp/nan1/metrics.jsonl"
+export TRAIN_GPT_FAULT=nan_grad:4,nan_grad:5
+expect_error "max_bad_steps NaN steps in a row stop the run" "stopping: 2 steps in a row" \
+    "$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 2 --max_bad_steps 2 --out_dir "$tmp/nan2"
+unset TRAIN_GPT_FAULT
+check "the checkpoints before the NaNs are intact" test -d "$tmp/nan2/step_00000004"
+check "no checkpoint was written after them" test ! -e "$tmp/nan2/step_00000006"
+"$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 2 --out_dir "$tmp/nan2" >/dev/null 2>&1
+check "the run resumes from them and finishes" test -d "$tmp/nan2/step_00000008"
+finish test_bad_input

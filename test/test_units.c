@@ -1,0 +1,430 @@
+// test/test_units.c — unit tests of the pieces around the model: checksum, JSON, the
+// learning-rate schedule, the parameter table and FLOP count, token shards and the
+// loader's three orders (contiguous, shuffled, split across ranks), safetensors and
+// checkpoints (round trip and every corruption they must refuse).
+#include "check.h"
+#include "checkpoint.h"
+#include "checksum.h"
+#include "common.h"
+#include "config.h"
+#include "dataloader.h"
+#include "json.h"
+#include "model.h"
+#include "optim.h"
+#include "safetensors.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmp_root[256];
+
+static void path_in_tmp(char *out, size_t bytes, const char *name) { snprintf(out, bytes, "%s/%s", tmp_root, name); }
+
+static void flip_byte_at(const char *path, long offset) {
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    fstat(fd, &st);
+    if (offset < 0) offset += st.st_size;
+    unsigned char b;
+    pread(fd, &b, 1, offset);
+    b ^= 0x01;
+    pwrite(fd, &b, 1, offset);
+    close(fd);
+}
+
+// ---------------------------------------------------------------- checksum
+
+static void test_xxh64(void) {
+    // The published test vector of XXH64 for the empty input, seed 0.
+    EXPECT(xxh64("", 0, 0) == 0xEF46DB3751D8E999ULL, "empty-input vector");
+    char buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (char)(i * 31 + 7);
+    uint64_t whole = xxh64(buf, sizeof buf, 0);
+    for (size_t piece = 1; piece < 70; piece += 7) {
+        xxh64_state s;
+        xxh64_init(&s, 0);
+        for (size_t at = 0; at < sizeof buf; at += piece)
+            xxh64_update(&s, buf + at, at + piece > sizeof buf ? sizeof buf - at : piece);
+        EXPECT(xxh64_digest(&s) == whole, "streaming in pieces of %zu matches one shot", piece);
+    }
+    buf[500] ^= 1;
+    EXPECT(xxh64(buf, sizeof buf, 0) != whole, "a flipped bit changes the hash");
+    EXPECT(xxh64(buf, sizeof buf, 1) != xxh64(buf, sizeof buf, 0), "the seed matters");
+}
+
+// ---------------------------------------------------------------- JSON
+
+static void test_json(void) {
+    const char *good = "{\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\ud83d\\ude00\\n\"], \"b\": {\"c\": 9007199254740993}}";
+    json_doc doc;
+    EXPECT(json_parse(good, strlen(good), &doc), "parses: %s", doc.error);
+    const json_value *a = json_get(&doc.root, "a");
+    EXPECT(a && a->type == JSON_ARRAY && a->count == 5, "array of 5");
+    if (a && a->count == 5) {
+        EXPECT(a->items[0].is_integer && a->items[0].integer == 1, "integer");
+        EXPECT(a->items[1].number == -2500.0 && !a->items[1].is_integer, "float");
+        EXPECT(a->items[2].type == JSON_BOOL && a->items[2].boolean, "true");
+        EXPECT(a->items[3].type == JSON_NULL, "null");
+        EXPECT(strcmp(a->items[4].string, "x\xc3\xa9\xf0\x9f\x98\x80\n") == 0, "escapes and a surrogate pair");
+    }
+    const json_value *c = json_get(json_get(&doc.root, "b"), "c");
+    EXPECT(c && c->is_integer && c->integer == 9007199254740993LL, "int64 beyond 2^53 is exact");
+    json_free(&doc);
+    const char *bad[] = {"{\"a\":1,}", "[1 2]", "{\"a\" 1}", "\"unterminated", "{\"a\":01}", "[1.]", "tru",
+                         "{\"a\":1} x", "\"\\ud800\"", "[\"\x01\"]", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bool ok = json_parse(bad[i], strlen(bad[i]), &doc);
+        EXPECT(!ok, "rejects %s", bad[i]);
+        if (ok) json_free(&doc);
+    }
+    char deep[200];
+    memset(deep, '[', 100);
+    memset(deep + 100, ']', 100);
+    EXPECT(!json_parse(deep, 200, &doc), "rejects nesting deeper than 64");
+    strbuf sb = {0};
+    sb_json_number(&sb, 0.1);
+    EXPECT(strcmp(sb.data, "0.1") == 0, "shortest round-trip number, got %s", sb.data);
+    sb_free(&sb);
+}
+
+// ---------------------------------------------------------------- schedule
+
+static void test_schedule(void) {
+    train_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.lr = 1.0;
+    cfg.min_lr_frac = 0.1;
+    cfg.max_steps = 100;
+    cfg.warmup_steps = 10;
+    cfg.decay_frac = 0.2;
+    cfg.decay_shape = "linear";
+    // By hand from DESIGN.md: warmup peak·(s+1)/10; decay starts at 100 − 20 = 80.
+    EXPECT(fabs(lr_at_step(&cfg, 0) - 0.1) < 1e-15, "warmup step 0");
+    EXPECT(fabs(lr_at_step(&cfg, 9) - 1.0) < 1e-15, "warmup reaches the peak at step 9");
+    EXPECT(lr_at_step(&cfg, 50) == 1.0, "stable phase");
+    EXPECT(lr_at_step(&cfg, 79) == 1.0, "last stable step");
+    EXPECT(fabs(lr_at_step(&cfg, 80) - 1.0) < 1e-15, "decay starts at the peak (p = 0)");
+    EXPECT(fabs(lr_at_step(&cfg, 90) - (1.0 + (0.1 - 1.0) * 0.5)) < 1e-15, "linear decay midway");
+    EXPECT(fabs(lr_at_step(&cfg, 99) - (1.0 + (0.1 - 1.0) * 0.95)) < 1e-15, "linear decay last step");
+    cfg.decay_shape = "sqrt";
+    EXPECT(fabs(lr_at_step(&cfg, 90) - (0.1 + 0.9 * (1.0 - sqrt(0.5)))) < 1e-15, "sqrt decay midway");
+    cfg.decay_frac = 0.125;  // 12.5 steps: rounds half away from zero to 13, decay from 87
+    EXPECT(lr_at_step(&cfg, 86) == 1.0 && lr_at_step(&cfg, 88) < 1.0, "round(12.5) = 13");
+    cfg.decay_frac = 0.0;
+    EXPECT(lr_at_step(&cfg, 99) == 1.0, "no decay phase when decay_frac = 0");
+}
+
+// ---------------------------------------------------------------- parameter table
+
+static model_config small_model(bool tied, bool qk_norm) {
+    model_config m = {.vocab_size = 50, .n_layer = 3, .d_model = 16, .n_head = 4, .n_kv_head = 2, .head_dim = 8,
+                      .d_ff = 40, .seq_len = 32, .rope_theta = 10000, .nope_every = 4, .qk_norm = qk_norm,
+                      .tie_embeddings = tied, .norm_eps = 1e-6, .init_std = 0.02, .doc_masking = true,
+                      .doc_token = 0};
+    return m;
+}
+
+static void test_param_table(void) {
+    for (int variant = 0; variant < 4; variant++) {
+        bool tied = variant & 1, qk = variant & 2;
+        model_config m = small_model(tied, qk);
+        param_table t;
+        param_table_build(&t, &m);
+        int per_layer = qk ? 11 : 9;
+        EXPECT(t.count == 2 + 3 * per_layer + (tied ? 0 : 1), "tensor count for tied=%d qk=%d", tied, qk);
+        int64_t offset = 0, decayed = 0;
+        for (int i = 0; i < t.count; i++) {
+            const param_info *p = &t.params[i];
+            EXPECT(p->offset == offset, "%s is contiguous", p->name);
+            offset += p->numel;
+            bool should_decay = p->ndim == 2 && p->kind != P_EMBED;
+            EXPECT(p->decay == should_decay, "%s decay flag", p->name);
+            decayed += p->decay;
+        }
+        EXPECT(offset == t.numel, "numel adds up");
+        // per layer: q 32x16, k 16x16, v 16x16, o 16x32, gate 40x16, up 40x16, down 16x40
+        int64_t per_layer_matmul = 32 * 16 + 16 * 16 * 2 + 16 * 32 + 40 * 16 * 3;
+        int64_t n = 3 * per_layer_matmul + 50 * 16;
+        EXPECT(model_matmul_params(&t) == n, "matmul parameters %lld vs %lld", (long long)model_matmul_params(&t),
+               (long long)n);
+        double flops = 6.0 * (double)n + 12.0 * 3 * 4 * 8 * 32;
+        EXPECT(model_flops_per_token(&t) == flops, "PaLM FLOPs per token");
+        EXPECT(decayed == 3 * 7 + (tied ? 0 : 1), "decayed tensors are the 2-D weights and an untied head");
+        const param_info *q = param_find(&t, P_WQ, 1);
+        EXPECT(q && strcmp(q->name, "model.layers.1.self_attn.q_proj.weight") == 0 && q->shape[0] == 32 &&
+                   q->shape[1] == 16,
+               "q_proj name and shape");
+        EXPECT((param_find(&t, P_Q_NORM, 0) != NULL) == qk, "q_norm exists iff qk_norm");
+        float *flat = alloc_floats((size_t)t.numel);
+        EXPECT(param_ptr(&t, flat, P_LM_HEAD, -1) == (tied ? flat : flat + param_find(&t, P_LM_HEAD, -1)->offset),
+               "the tied head is the embedding");
+        free(flat);
+        param_table_free(&t);
+    }
+    model_config m = small_model(true, true);
+    m.nope_every = 4;
+    EXPECT(layer_uses_rope(&m, 0) && layer_uses_rope(&m, 2) && !layer_uses_rope(&m, 3) && !layer_uses_rope(&m, 7),
+           "NoPE on layers 3, 7, ...");
+    m.nope_every = 0;
+    EXPECT(layer_uses_rope(&m, 3), "nope_every = 0: RoPE everywhere");
+    char *json = model_config_to_json(&m);
+    model_config back;
+    const char *why;
+    EXPECT(model_config_from_json(json, &back, &why) && model_config_equal(&m, &back), "model config JSON round trip");
+    free(json);
+}
+
+// ---------------------------------------------------------------- shards and loader
+
+static void write_shard(const char *path, uint32_t vocab, const uint32_t *tokens, uint64_t n) {
+    shard_writer *w = shard_writer_open(path, vocab, 0);
+    CHECK(w && shard_writer_append(w, tokens, n) && shard_writer_close(w));
+}
+
+static void test_shards(void) {
+    char p1[300], p2[300], spec[700];
+    path_in_tmp(p1, sizeof p1, "a.bin");
+    path_in_tmp(p2, sizeof p2, "b.bin");
+    uint32_t tokens[1000];
+    for (int i = 0; i < 1000; i++) tokens[i] = (uint32_t)i;
+    write_shard(p1, 70000, tokens, 600);  // vocab > 65536: 4-byte tokens
+    write_shard(p2, 70000, tokens + 600, 400);
+    shard_header h;
+    char why[256];
+    uint32_t *back = shard_read_all(p1, &h, why, sizeof why);
+    EXPECT(back && h.token_bytes == 4 && h.n_tokens == 600 && back[599] == 599, "4-byte shard round trip");
+    free(back);
+    char small[300];
+    path_in_tmp(small, sizeof small, "small.bin");
+    write_shard(small, 1000, tokens, 1000);
+    back = shard_read_all(small, &h, why, sizeof why);
+    EXPECT(back && h.token_bytes == 2 && back[999] == 999, "2-byte shard round trip");
+    free(back);
+    shard_writer *w = shard_writer_open(small, 10, 0);
+    uint32_t too_big = 10;
+    EXPECT(!shard_writer_append(w, &too_big, 1), "writer refuses a token >= vocab_size");
+    shard_writer_abort(w);
+
+    // Contiguous order across the two shards: micro-batch i = tokens [i·B·T, (i+1)·B·T + 1).
+    snprintf(spec, sizeof spec, "%s,%s", p1, p2);
+    int64_t B = 2, T = 7;
+    dataloader *d = dataloader_open(spec, "test", B, T, false, 0, 0, 1);
+    int32_t in[14], tg[14];
+    int64_t per_epoch = dataloader_batches_per_epoch(d);
+    EXPECT(per_epoch == 999 / 14, "batches per epoch");
+    bool contiguous = true;
+    for (int64_t i = 0; i < per_epoch; i++) {
+        dataloader_next(d, in, tg);
+        for (int64_t k = 0; k < B * T; k++)
+            contiguous &= in[k] == (int32_t)(i * B * T + k) && tg[k] == (int32_t)(i * B * T + k + 1);
+    }
+    EXPECT(contiguous, "shuffle = 0 reads the concatenated shards contiguously (across the shard boundary)");
+    dataloader_next(d, in, tg);
+    EXPECT(in[0] == 0 && dataloader_position(d).epoch == 1, "wraps to a new epoch");
+    dataloader_close(d);
+
+    // Ranks take disjoint micro-batches: rank r gets global batches r, r + world, ...
+    int world = 3;
+    bool disjoint = true;
+    for (int r = 0; r < world; r++) {
+        d = dataloader_open(spec, "test", B, T, false, 0, r, world);
+        for (int64_t j = 0; j < dataloader_batches_per_epoch(d); j++) {
+            dataloader_next(d, in, tg);
+            disjoint &= in[0] == (int32_t)((j * world + r) * B * T);
+        }
+        dataloader_close(d);
+    }
+    EXPECT(disjoint, "rank split");
+
+    // Shuffled: every window of T + 1 tokens once per epoch, a new order each epoch, and a
+    // position that replays exactly.
+    d = dataloader_open(spec, "test", B, T, true, 7, 0, 1);
+    int64_t windows = 999 / T, batches = dataloader_batches_per_epoch(d);
+    EXPECT(batches == windows / B, "shuffled batches per epoch");
+    int *seen = xcalloc((size_t)windows, sizeof *seen);
+    int32_t first_epoch_first = -1;
+    bool windows_ok = true;
+    for (int64_t i = 0; i < batches; i++) {
+        dataloader_next(d, in, tg);
+        if (i == 0) first_epoch_first = in[0];
+        for (int64_t b = 0; b < B; b++) {
+            int32_t start = in[b * T];
+            windows_ok &= start % T == 0 && tg[b * T + T - 1] == start + (int32_t)T;
+            if (start % T == 0 && start / T < windows) seen[start / T]++;
+        }
+    }
+    int64_t covered = 0, repeated = 0;
+    for (int64_t w2 = 0; w2 < windows; w2++) {
+        covered += seen[w2] > 0;
+        repeated += seen[w2] > 1;
+    }
+    EXPECT(windows_ok, "shuffled rows are whole windows starting at multiples of T");
+    EXPECT(repeated == 0 && covered == batches * B, "each window at most once per epoch (%lld repeated)",
+           (long long)repeated);
+    data_position pos = dataloader_position(d);
+    dataloader_next(d, in, tg);
+    int32_t next_first = in[0];
+    EXPECT(next_first != first_epoch_first || in[T] != 0, "epoch 1 starts differently from epoch 0");
+    dataloader_seek(d, pos);
+    dataloader_next(d, in, tg);
+    EXPECT(in[0] == next_first, "seek replays the same micro-batch");
+    free(seen);
+    dataloader_close(d);
+
+    // Header problems are refused with a reason.
+    char bad[300];
+    path_in_tmp(bad, sizeof bad, "bad.bin");
+    write_shard(bad, 1000, tokens, 100);
+    flip_byte_at(bad, 0);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "magic"), "wrong magic: %s", why);
+    write_shard(bad, 1000, tokens, 100);
+    truncate(bad, 64 + 150);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "truncated"), "truncated: %s", why);
+    write_shard(bad, 1000, tokens, 100);
+    flip_byte_at(bad, 16);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "header checksum"), "bad header: %s", why);
+    write_shard(bad, 1000, tokens, 100);
+    flip_byte_at(bad, -1);
+    EXPECT(shard_read_header(bad, &h, why, sizeof why), "a flipped payload byte passes the header check");
+    EXPECT(!shard_read_all(bad, &h, why, sizeof why) && strstr(why, "payload checksum"), "payload: %s", why);
+}
+
+// ---------------------------------------------------------------- safetensors and checkpoints
+
+static void test_safetensors(void) {
+    char path[300], why[256];
+    path_in_tmp(path, sizeof path, "t.safetensors");
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {-1, 0.5f, 7};
+    st_tensor_out out[] = {{"a", a, 2, {2, 3}}, {"b", b, 1, {3, 0}}};
+    const char *k[] = {"k"}, *v[] = {"v \"quoted\""};
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    uint64_t hash;
+    EXPECT(safetensors_write(fd, out, 2, k, v, 1, &hash), "write");
+    close(fd);
+    st_file f;
+    EXPECT(safetensors_open(path, &f, why, sizeof why), "open: %s", why);
+    const st_entry *e = safetensors_find(&f, "a");
+    float back[6] = {0};
+    EXPECT(e && e->ndim == 2 && e->shape[1] == 3 && safetensors_read(&f, e, back) && back[5] == 6, "tensor a");
+    EXPECT(f.data_start % 8 == 0, "data section is 8-byte aligned");
+    const char *meta = safetensors_meta(&f, "k");
+    EXPECT(meta && strcmp(meta, "v \"quoted\"") == 0, "metadata round trip");
+    safetensors_close(&f);
+    uint64_t check;
+    size_t bytes;
+    char *raw = read_file_or_null(path, &bytes);
+    check = xxh64(raw, bytes, 0);
+    free(raw);
+    EXPECT(check == hash, "the hash returned by the writer is the file's");
+    truncate(path, (off_t)bytes - 4);
+    EXPECT(!safetensors_open(path, &f, why, sizeof why), "truncated file refused");
+    fd = open(path, O_WRONLY | O_TRUNC);
+    uint64_t huge = 1ULL << 62;
+    write(fd, &huge, 8);
+    close(fd);
+    EXPECT(!safetensors_open(path, &f, why, sizeof why) && strstr(why, "header length"), "huge header length: %s",
+           why);
+}
+
+static void test_checkpoints(void) {
+    model_config m = small_model(false, true);
+    param_table t;
+    param_table_build(&t, &m);
+    size_t n = (size_t)t.numel;
+    float *p = alloc_floats(n), *mm = alloc_floats(n), *vv = alloc_floats(n);
+    param_init(&t, p, 5);
+    for (size_t i = 0; i < n; i++) {
+        mm[i] = (float)i * 1e-3f;
+        vv[i] = (float)i * 1e-6f;
+    }
+    train_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.model = m;
+    cfg.device = "cpu";
+    cfg.decay_shape = "linear";
+    cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
+    model_buffers b = {&t, p, mm, vv};
+    char out_dir[300];
+    path_in_tmp(out_dir, sizeof out_dir, "ckpt");
+    train_state s = {.step = 7, .adam_step = 6, .data = {1, 2}, .bad_steps = 1, .tokens_seen = 99};
+    EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step 7");
+    s.step = 9;
+    EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step 9");
+    float *p2 = alloc_floats(n), *m2 = alloc_floats(n), *v2 = alloc_floats(n);
+    model_buffers b2 = {&t, p2, m2, v2};
+    train_state s2;
+    char *from = checkpoint_load_latest(out_dir, &b2, &s2);
+    EXPECT(from && strstr(from, "step_00000009"), "newest checkpoint chosen");
+    free(from);
+    EXPECT(memcmp(p, p2, n * 4) == 0 && memcmp(mm, m2, n * 4) == 0 && memcmp(vv, v2, n * 4) == 0,
+           "weights and moments round trip bit for bit");
+    EXPECT(s2.step == 9 && s2.adam_step == 6 && s2.data.epoch == 1 && s2.data.index == 2 && s2.bad_steps == 1 &&
+               s2.tokens_seen == 99,
+           "state round trip");
+    // A flipped byte anywhere in the newest makes resume fall back to the older one.
+    char victim[400], why[512];
+    snprintf(victim, sizeof victim, "%s/step_00000009/optimizer.safetensors", out_dir);
+    flip_byte_at(victim, -3);
+    char dir9[400];
+    snprintf(dir9, sizeof dir9, "%s/step_00000009", out_dir);
+    EXPECT(!checkpoint_load(dir9, &b2, &s2, why, sizeof why) && strstr(why, "checksum"), "flip detected: %s", why);
+    from = checkpoint_load_latest(out_dir, &b2, &s2);
+    EXPECT(from && strstr(from, "step_00000007") && s2.step == 7, "falls back to the previous checkpoint");
+    free(from);
+    EXPECT(dir_exists(dir9), "the corrupt checkpoint is left in place");
+    // A different architecture is refused by name.
+    model_config other = m;
+    other.d_ff = 48;
+    param_table t3;
+    param_table_build(&t3, &other);
+    float *p3 = alloc_floats((size_t)t3.numel), *m3 = alloc_floats((size_t)t3.numel), *v3 = alloc_floats((size_t)t3.numel);
+    model_buffers b3 = {&t3, p3, m3, v3};
+    char dir7[400];
+    snprintf(dir7, sizeof dir7, "%s/step_00000007", out_dir);
+    EXPECT(!checkpoint_load(dir7, &b3, &s2, why, sizeof why) && strstr(why, "d_ff"), "architecture mismatch: %s", why);
+    // Weights only (init_from).
+    char weights[400];
+    snprintf(weights, sizeof weights, "%s/model.safetensors", dir7);
+    memset(p2, 0, n * 4);
+    EXPECT(load_weights(weights, &t, p2, why, sizeof why) && memcmp(p, p2, n * 4) == 0, "load_weights");
+    // Pruning keeps the newest.
+    s.step = 11;
+    checkpoint_save(out_dir, &b, &s, &cfg);
+    checkpoint_prune(out_dir, 2);
+    EXPECT(checkpoint_count(out_dir) == 2 && !dir_exists(dir7), "prune to 2 removes the oldest");
+    // A NaN never reaches a checkpoint.
+    p[3] = NAN;
+    s.step = 12;
+    EXPECT(!checkpoint_save(out_dir, &b, &s, &cfg), "refuses to save NaN weights");
+    free(p);
+    free(mm);
+    free(vv);
+    free(p2);
+    free(m2);
+    free(v2);
+    free(p3);
+    free(m3);
+    free(v3);
+    param_table_free(&t);
+    param_table_free(&t3);
+}
+
+int main(void) {
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/train_gpt_units_%d", (int)getpid());
+    CHECK(make_dirs(tmp_root));
+    test_xxh64();
+    test_json();
+    test_schedule();
+    test_param_table();
+    test_shards();
+    test_safetensors();
+    test_checkpoints();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
+    if (system(cmd) != 0) warn("could not remove %s", tmp_root);
+    return check_summary("test_units");
+}

@@ -1,0 +1,107 @@
+// test/tool.c — helpers for the shell tests, built as build/test_tool.
+//
+//   test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD]
+//       Writes a shard of N_TOKENS tokens through the real shard writer. Tokens follow a
+//       learnable pattern (a noisy repeating sequence of PERIOD tokens, default 17) with a
+//       document token every 50–150 tokens; DOC_TOKEN -1 writes none.
+//   test_tool flip FILE OFFSET
+//       Flips every bit of the byte at OFFSET (negative: from the end).
+//   test_tool truncate FILE BYTES
+//       Cuts FILE to BYTES bytes (negative: remove that many from the end).
+//   test_tool tokens SHARD
+//       Prints the shard's tokens, one per line (after full verification).
+#include "common.h"
+#include "dataloader.h"
+#include "rng.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int write_pattern_shard(int argc, char **argv) {
+    if (argc < 6) fail("usage: test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD]");
+    const char *out = argv[1];
+    uint32_t vocab = (uint32_t)atoll(argv[2]);
+    long long doc = atoll(argv[3]);
+    uint64_t n = (uint64_t)atoll(argv[4]);
+    uint64_t seed = (uint64_t)atoll(argv[5]);
+    int64_t period = argc > 6 ? atoll(argv[6]) : 17;
+    shard_writer *w = shard_writer_open(out, vocab, doc < 0 ? SHARD_NO_DOC_TOKEN : (uint32_t)doc);
+    if (!w) fail("cannot create '%s': %s", out, strerror(errno));
+    rng_state r;
+    rng_seed(&r, seed, 7);
+    uint32_t *pattern = xmalloc((size_t)period * sizeof *pattern);
+    for (int64_t i = 0; i < period; i++) {
+        uint32_t t;
+        do t = (uint32_t)(rng_next(&r) % vocab);
+        while ((long long)t == doc);
+        pattern[i] = t;
+    }
+    int64_t until_doc = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t t;
+        if (doc >= 0 && until_doc-- <= 0) {
+            t = (uint32_t)doc;
+            until_doc = 50 + (int64_t)(rng_next(&r) % 101);
+        } else if (rng_next(&r) % 10 == 0) {
+            do t = (uint32_t)(rng_next(&r) % vocab);
+            while ((long long)t == doc);
+        } else {
+            t = pattern[i % (uint64_t)period];
+        }
+        if (!shard_writer_append(w, &t, 1)) fail("write failed: %s", strerror(errno));
+    }
+    free(pattern);
+    if (!shard_writer_close(w)) fail("cannot finish '%s': %s", out, strerror(errno));
+    return 0;
+}
+
+static int flip_byte(int argc, char **argv) {
+    if (argc < 3) fail("usage: test_tool flip FILE OFFSET");
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) fail("cannot open '%s': %s", argv[1], strerror(errno));
+    struct stat st;
+    fstat(fd, &st);
+    long long off = atoll(argv[2]);
+    if (off < 0) off += st.st_size;
+    if (off < 0 || off >= st.st_size) fail("offset outside the file");
+    unsigned char b;
+    if (!pread_exact(fd, &b, 1, (uint64_t)off)) fail("read failed");
+    b ^= 0xFF;
+    if (pwrite(fd, &b, 1, off) != 1) fail("write failed");
+    close(fd);
+    return 0;
+}
+
+static int truncate_file(int argc, char **argv) {
+    if (argc < 3) fail("usage: test_tool truncate FILE BYTES");
+    struct stat st;
+    if (stat(argv[1], &st) != 0) fail("cannot stat '%s'", argv[1]);
+    long long bytes = atoll(argv[2]);
+    if (bytes < 0) bytes += st.st_size;
+    if (truncate(argv[1], bytes) != 0) fail("truncate failed: %s", strerror(errno));
+    return 0;
+}
+
+static int print_tokens(int argc, char **argv) {
+    if (argc < 2) fail("usage: test_tool tokens SHARD");
+    shard_header h;
+    char why[256];
+    uint32_t *tokens = shard_read_all(argv[1], &h, why, sizeof why);
+    if (!tokens) fail("%s: %s", argv[1], why);
+    for (uint64_t i = 0; i < h.n_tokens; i++) printf("%u\n", tokens[i]);
+    free(tokens);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) fail("usage: test_tool shard|flip|truncate|tokens ...");
+    if (!strcmp(argv[1], "shard")) return write_pattern_shard(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "flip")) return flip_byte(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "truncate")) return truncate_file(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);
+    fail("unknown test_tool command '%s'", argv[1]);
+}

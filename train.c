@@ -1,0 +1,337 @@
+// train.c — the training loop (see train.h).
+#include "train.h"
+#include "checkpoint.h"
+#include "common.h"
+#include "cpu_model.h"
+#include "dataloader.h"
+#include "fault.h"
+#include "gemm.h"
+#include "json.h"
+#include "metrics.h"
+#include "model.h"
+#include "optim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// The one piece of process-wide state the loop needs: which stop signal arrived.
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) {
+    stop_signal = sig;
+    // A second Ctrl-C should not wait for the checkpoint.
+    if (sig == SIGINT) signal(SIGINT, SIG_DFL);
+}
+
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+typedef struct {
+    train_config *cfg;
+    param_table table;
+    float *params, *grads, *exp_avg, *exp_avg_sq;
+    cpu_model *model;
+    dataloader *train, *val;
+    int32_t *inputs, *targets;
+    train_state state;
+    metrics_log *log;
+    double flops_per_token;
+    int threads;
+    int rank, world;
+} trainer;
+
+static int setup_threads(const train_config *cfg) {
+    int threads = 1;
+#ifdef _OPENMP
+    if (cfg->threads > 0) omp_set_num_threads((int)cfg->threads);
+    threads = omp_get_max_threads();
+#endif
+    gemm_set_threads(threads);
+    return threads;
+}
+
+static void select_device(const train_config *cfg) {
+    if (strcmp(cfg->device, "cuda") == 0)
+        fail("device: cuda was asked for, but this build has no CUDA backend (it is CPU-only); "
+             "set device = cpu or auto");
+    if (strcmp(cfg->device, "auto") == 0) note("device = auto: this build has no CUDA backend; training on the CPU");
+}
+
+// doc_token = -1 means "whatever the train shards were written with".
+static void resolve_doc_token(train_config *cfg, const dataloader *train) {
+    model_config *m = &cfg->model;
+    uint32_t shard_vocab = dataloader_vocab_size(train);
+    if ((int64_t)shard_vocab > m->vocab_size)
+        fail("vocab_size: the train shards hold token ids up to %u, above vocab_size %lld", shard_vocab - 1,
+             (long long)m->vocab_size);
+    if (m->doc_token >= 0) return;
+    uint32_t from_shards = dataloader_doc_token(train);
+    if (from_shards == SHARD_NO_DOC_TOKEN) {
+        if (m->doc_masking)
+            fail("doc_token: not set, and the train shards were written without one; set doc_token or "
+                 "doc_masking = 0");
+        m->doc_token = -1;
+        return;
+    }
+    if ((int64_t)from_shards >= m->vocab_size)
+        fail("doc_token: the shards' doc_token %u is not below vocab_size %lld", from_shards, (long long)m->vocab_size);
+    m->doc_token = from_shards;
+}
+
+static void print_banner(const trainer *tr) {
+    const train_config *cfg = tr->cfg;
+    const model_config *m = &cfg->model;
+    int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * tr->world;
+    printf("train_gpt | model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
+           (long long)m->n_layer, (long long)m->d_model, (long long)m->n_head, (long long)m->n_kv_head,
+           (long long)m->head_dim, (long long)m->d_ff, (long long)m->vocab_size, (long long)m->seq_len);
+    printf("train_gpt | parameters: %.3fM (%.3fM in matmuls); %.3f GFLOP/token (6N + 12·L·Hq·D·T)\n",
+           (double)tr->table.numel / 1e6, (double)model_matmul_params(&tr->table) / 1e6, tr->flops_per_token / 1e9);
+    printf("train_gpt | memory: %.1f MiB weights+grads+AdamW, %.1f MiB activations\n",
+           (double)tr->table.numel * 16 / 1048576.0, (double)cpu_model_activation_bytes(tr->model) / 1048576.0);
+    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps\n",
+           (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, tr->world,
+           (long long)tokens_per_step, (long long)cfg->max_steps);
+    printf("train_gpt | data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
+           (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
+           tr->val ? "" : ", no validation set");
+    printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
+    fflush(stdout);
+}
+
+static void allocate(trainer *tr) {
+    train_config *cfg = tr->cfg;
+    param_table_build(&tr->table, &cfg->model);
+    size_t n = (size_t)tr->table.numel;
+    tr->params = alloc_floats(n);
+    tr->grads = alloc_floats(n);
+    tr->exp_avg = alloc_floats(n);
+    tr->exp_avg_sq = alloc_floats(n);
+    tr->model = cpu_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
+    size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
+    tr->inputs = xmalloc(tokens * sizeof *tr->inputs);
+    tr->targets = xmalloc(tokens * sizeof *tr->targets);
+    tr->flops_per_token = model_flops_per_token(&tr->table);
+}
+
+static model_buffers buffers_of(trainer *tr) {
+    return (model_buffers){&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq};
+}
+
+// Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say.
+static void restore_or_init(trainer *tr) {
+    train_config *cfg = tr->cfg;
+    model_buffers b = buffers_of(tr);
+    memset(&tr->state, 0, sizeof tr->state);
+    char *from = NULL;
+    if (strcmp(cfg->resume, "auto") == 0) {
+        from = checkpoint_load_latest(cfg->out_dir, &b, &tr->state);
+    } else if (strcmp(cfg->resume, "never") != 0) {
+        char why[512];
+        if (!checkpoint_load(cfg->resume, &b, &tr->state, why, sizeof why))
+            fail("resume: checkpoint '%s' cannot be used: %s", cfg->resume, why);
+        from = xstrdup(cfg->resume);
+    }
+    if (from) {
+        note("resuming from '%s' at step %lld", from, (long long)tr->state.step);
+        dataloader_seek(tr->train, tr->state.data);
+        strbuf extra = {0};
+        sb_append(&extra, "\"checkpoint\":");
+        sb_json_string(&extra, from);
+        metrics_event(tr->log, "resume", tr->state.step, extra.data);
+        sb_free(&extra);
+        free(from);
+        return;
+    }
+    // Starting over in a directory that holds another run's checkpoints would mix the two
+    // runs and let ckpt_keep prune the old run's files.
+    if (strcmp(cfg->resume, "never") == 0 && checkpoint_count(cfg->out_dir) > 0)
+        fail("resume = never, but out_dir '%s' already holds checkpoints of another run; choose a new out_dir or "
+             "move them",
+             cfg->out_dir);
+    if (cfg->init_from[0]) {
+        char why[512];
+        if (!load_weights(cfg->init_from, &tr->table, tr->params, why, sizeof why))
+            fail("init_from: '%s': %s", cfg->init_from, why);
+        note("initialized from '%s'", cfg->init_from);
+    } else {
+        param_init(&tr->table, tr->params, (uint64_t)cfg->seed);
+    }
+    metrics_event(tr->log, "start", 0, "");
+}
+
+static double validate(trainer *tr) {
+    const train_config *cfg = tr->cfg;
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len;
+    int64_t batches = min_i64(cfg->val_steps, dataloader_batches_per_epoch(tr->val));
+    dataloader_rewind(tr->val);
+    double ce = 0.0;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < batches; i++) {
+        dataloader_next(tr->val, tr->inputs, tr->targets);
+        loss_sums s = cpu_forward_loss(tr->model, tr->params, tr->inputs, tr->targets, B, T);
+        ce += s.ce_sum;
+        rows += s.rows;
+    }
+    double loss = ce / (double)rows;
+    metrics_val(tr->log, tr->state.step, loss, rows);
+    printf("step %6lld | val_loss %.4f (%lld tokens)\n", (long long)tr->state.step, loss, (long long)rows);
+    fflush(stdout);
+    return loss;
+}
+
+static bool save_checkpoint(trainer *tr) {
+    model_buffers b = buffers_of(tr);
+    double t0 = wall_seconds();
+    if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
+    checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"seconds\":%.3f", wall_seconds() - t0);
+    metrics_event(tr->log, "checkpoint", tr->state.step, extra);
+    note("checkpoint step_%08lld written in %.2f s", (long long)tr->state.step, wall_seconds() - t0);
+    return true;
+}
+
+static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
+
+// One optimizer step; returns its metrics.
+static step_metrics train_step(trainer *tr) {
+    const train_config *cfg = tr->cfg;
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
+    int64_t numel = tr->table.numel;
+    double t0 = wall_seconds();
+    memset(tr->grads, 0, (size_t)numel * sizeof(float));
+    float grad_scale = 1.0f / (float)(B * T * cfg->grad_accum);
+    loss_sums total = {0, 0, 0};
+    for (int64_t a = 0; a < cfg->grad_accum; a++) {
+        dataloader_next(tr->train, tr->inputs, tr->targets);
+        loss_sums ls = cpu_forward_backward(tr->model, tr->params, tr->grads, tr->inputs, tr->targets, B, T,
+                                            grad_scale, (float)cfg->z_loss);
+        total.ce_sum += ls.ce_sum;
+        total.lse_sq_sum += ls.lse_sq_sum;
+        total.rows += ls.rows;
+    }
+    if (fault_requested("nan_grad", s)) tr->grads[0] = NAN;
+    step_metrics m = {0};
+    m.loss = total.ce_sum / (double)total.rows;
+    m.z_loss = cfg->z_loss * total.lse_sq_sum / (double)total.rows;
+    m.grad_norm = grad_global_norm(tr->grads, numel);
+    m.lr = lr_at_step(cfg, s);
+    if (!isfinite(m.loss) || !isfinite(m.z_loss) || !isfinite(m.grad_norm)) {
+        m.skipped = true;
+        tr->state.bad_steps++;
+        warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
+             (long long)s + 1, m.loss, m.grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+        if (tr->state.bad_steps >= cfg->max_bad_steps)
+            fail("stopping: %lld steps in a row had a NaN/Inf loss or gradient norm (last at step %lld); the "
+                 "checkpoints in '%s' hold only finite weights",
+                 (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
+    } else {
+        optimizer_apply(&tr->table, tr->params, tr->grads, tr->exp_avg, tr->exp_avg_sq, &tr->state.adam_step,
+                        m.grad_norm, m.lr, cfg);
+        tr->state.bad_steps = 0;
+    }
+    int64_t step_tokens = B * T * cfg->grad_accum * tr->world;
+    tr->state.step++;
+    tr->state.tokens_seen += step_tokens;
+    tr->state.data = dataloader_position(tr->train);
+    double dt = wall_seconds() - t0;
+    m.step = tr->state.step;
+    m.step_ms = dt * 1e3;
+    m.tok_per_s = (double)step_tokens / dt;
+    m.mfu = cfg->peak_tflops > 0 ? tr->flops_per_token * m.tok_per_s / (cfg->peak_tflops * 1e12) : NAN;
+    m.tokens = tr->state.tokens_seen;
+    return m;
+}
+
+static void print_progress(const trainer *tr, const step_metrics *m, double mean_step_s) {
+    char eta[32];
+    format_duration(mean_step_s * (double)(tr->cfg->max_steps - m->step), eta, sizeof eta);
+    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.0f ms | ETA %s%s\n",
+           (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, m->tok_per_s, m->step_ms,
+           eta, m->skipped ? " | SKIPPED" : "");
+    fflush(stdout);
+}
+
+int train_run(train_config *cfg) {
+    trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.cfg = cfg;
+    tr.rank = 0;
+    tr.world = 1;
+    select_device(cfg);
+    tr.threads = setup_threads(cfg);
+    tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
+                               (uint64_t)cfg->seed, tr.rank, tr.world);
+    resolve_doc_token(cfg, tr.train);
+    if (cfg->val_data[0])
+        tr.val = dataloader_open(cfg->val_data, "val_data", cfg->batch_size, cfg->model.seq_len, false, 0, tr.rank,
+                                 tr.world);
+    tr.log = metrics_open(cfg->out_dir);
+    allocate(&tr);
+    restore_or_init(&tr);
+    print_banner(&tr);
+    install_signal_handlers();
+
+    double step_time_sum = 0.0;
+    int64_t timed_steps = 0;
+    int64_t first_step = tr.state.step;
+    while (tr.state.step < cfg->max_steps) {
+        step_metrics m = train_step(&tr);
+        metrics_step(tr.log, &m);
+        if (m.step > 1 || cfg->max_steps == 1) {  // the first step includes warm-up costs
+            step_time_sum += m.step_ms / 1e3;
+            timed_steps++;
+        }
+        double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
+        if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
+        if (tr.val && due(m.step, cfg->val_every, cfg->max_steps)) validate(&tr);
+        bool stop_here = stop_signal || m.step == cfg->stop_at_step;
+        if (due(m.step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
+            if (!save_checkpoint(&tr) && (stop_here || m.step == cfg->max_steps))
+                fail("the checkpoint at step %lld could not be written (see above); the run stops with an error so "
+                     "that the job is not counted as finished",
+                     (long long)m.step);
+        }
+        if (stop_here) {
+            if (stop_signal)
+                note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
+                     (int)stop_signal, (long long)m.step);
+            else
+                note("stopped after step %lld (stop_at_step); checkpoint written, run again to resume",
+                     (long long)m.step);
+            metrics_event(tr.log, "stop", m.step, stop_signal ? "\"reason\":\"signal\"" : "\"reason\":\"stop_at_step\"");
+            break;
+        }
+    }
+    if (tr.state.step == first_step)
+        note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
+    metrics_close(tr.log);
+    cpu_model_free(tr.model);
+    dataloader_close(tr.train);
+    dataloader_close(tr.val);
+    free(tr.params);
+    free(tr.grads);
+    free(tr.exp_avg);
+    free(tr.exp_avg_sq);
+    free(tr.inputs);
+    free(tr.targets);
+    param_table_free(&tr.table);
+    return 0;
+}

@@ -1,0 +1,43 @@
+// train_gpt.c — the command line. One binary, a few modes:
+//
+//   train_gpt CONFIG [--key value | --key=value]...   train (the usual case)
+//   train_gpt prepare [options] INPUT...              tokenize text into shards (docs/data.md)
+//   train_gpt --help                                  list every config key
+//   train_gpt --version
+//
+// Everything else lives in the subsystems; this file only routes.
+#include "common.h"
+#include "config.h"
+#include "train.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define TRAIN_GPT_VERSION "0.1.0"
+
+static void usage_error(void) {
+    fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt prepare ...  |  train_gpt --help");
+}
+
+int main(int argc, char **argv) {
+    // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2) usage_error();
+    const char *first = argv[1];
+    if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {
+        config_print_help();
+        return 0;
+    }
+    if (strcmp(first, "--version") == 0) {
+        printf("train_gpt %s\n", TRAIN_GPT_VERSION);
+        return 0;
+    }
+    // A config file is optional when every required key comes from the command line.
+    const char *config_path = strncmp(first, "--", 2) == 0 ? NULL : first;
+    int rest = config_path ? 2 : 1;
+    train_config cfg;
+    config_load(&cfg, config_path, argc - rest, argv + rest);
+    int rc = train_run(&cfg);
+    config_free(&cfg);
+    return rc;
+}
