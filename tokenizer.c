@@ -127,6 +127,7 @@ bool tok_index_tokens(tokenizer *t, char *why, size_t why_bytes) {
     return true;
 }
 
+#ifdef HAVE_PCRE2
 // Rewrites \s and \S to the Unicode White_Space set (see the top comment). Inside a
 // character class \s becomes the bare ranges; \S inside a class cannot be expressed that way
 // and is left to PCRE2 (no pattern we know of uses it).
@@ -181,6 +182,7 @@ static char *rewrite_white_space(const char *pattern) {
     }
     return out.data;
 }
+#endif
 
 bool tok_add_stage(tokenizer *t, const char *pattern, bool literal, char *why, size_t why_bytes) {
     if (t->n_stages == TOK_MAX_STAGES) {
@@ -395,6 +397,7 @@ static bool encode_stage(const tokenizer *t, tokenizer_scratch *s, int stage, co
 }
 #endif
 
+#ifdef HAVE_PCRE2
 // The first special token at or after `from`: its position (bytes if none) and index.
 static size_t find_special(const tokenizer *t, const uint8_t *text, size_t bytes, size_t from, size_t *which) {
     for (size_t i = from; i < bytes; i++) {
@@ -409,6 +412,7 @@ static size_t find_special(const tokenizer *t, const uint8_t *text, size_t bytes
     }
     return bytes;
 }
+#endif
 
 bool tokenizer_encode_append(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t bytes,
                              bool allow_special, token_list *out, char *why, size_t why_bytes) {
