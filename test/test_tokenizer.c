@@ -16,11 +16,17 @@
 //                                                   {"text", "allow_special", "ids"} lines made
 //                                                   by a JS tokenizer
 //   test_tokenizer roundtrip TOKENIZER [ENCODING]   random byte strings round-trip
+//   test_tokenizer shards TOKENIZER ENCODING|- MANIFEST TRAIN_SHARDS VAL_SHARDS DOC_TOKEN
+//                                                   what `prepare` wrote, read back with
+//                                                   dataloader.h, against encoding each document
+//                                                   of MANIFEST (one hex string per line) alone
 #include "common.h"
+#include "dataloader.h"
 #include "json.h"
 #include "tok_internal.h"
 #include "tokenizer.h"
 
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -687,11 +693,124 @@ static int run_roundtrip(const char *tokenizer_path, const char *encoding) {
     return summary("test_tokenizer roundtrip");
 }
 
+// ---------------------------------------------------------------- prepare's shards
+
+typedef struct {
+    uint32_t *ids;
+    size_t count;
+    shard_header header;
+    int shards;
+} shard_stream;
+
+// All shards matching a glob, in sorted order, as one stream (what the loader reads).
+static shard_stream read_shards(const char *pattern) {
+    shard_stream s = {0};
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0) return s;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char why[300];
+        shard_header h;
+        uint32_t *ids = shard_read_all(g.gl_pathv[i], &h, why, sizeof why);
+        if (!ids) fail("%s: %s", g.gl_pathv[i], why);
+        EXPECT(i == 0 || (h.vocab_size == s.header.vocab_size && h.doc_token == s.header.doc_token),
+               "%s: header differs from the first shard's", g.gl_pathv[i]);
+        s.header = h;
+        s.ids = xrealloc(s.ids, (s.count + h.n_tokens + 1) * sizeof *s.ids);
+        memcpy(s.ids + s.count, ids, h.n_tokens * sizeof *ids);
+        s.count += h.n_tokens;
+        s.shards++;
+        free(ids);
+    }
+    globfree(&g);
+    return s;
+}
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+// The manifest lists every non-empty document in input order, one lowercase hex line each.
+// Each must appear, whole and in order, in exactly one of the two streams: the streams are
+// the documents of their split interleaved back into input order.
+static int run_shards(const char *tokenizer_path, const char *encoding, const char *manifest, const char *train_glob,
+                      const char *val_glob, uint32_t doc_token) {
+    tokenizer *t = load_or_die(tokenizer_path, strcmp(encoding, "-") ? encoding : NULL);
+    shard_stream split[2] = {read_shards(train_glob), read_shards(val_glob)};
+    uint32_t expected_width = tokenizer_vocab_size(t) <= 65536 ? 2 : 4;
+    for (int k = 0; k < 2; k++) {
+        if (!split[k].shards) continue;
+        EXPECT(split[k].header.vocab_size == tokenizer_vocab_size(t), "%s: vocab_size %u, want %u",
+               k ? "val" : "train", split[k].header.vocab_size, tokenizer_vocab_size(t));
+        EXPECT(split[k].header.doc_token == doc_token, "%s: doc_token %u, want %u", k ? "val" : "train",
+               split[k].header.doc_token, doc_token);
+        EXPECT(split[k].header.token_bytes == expected_width, "%s: %u-byte tokens, want %u", k ? "val" : "train",
+               split[k].header.token_bytes, expected_width);
+    }
+    size_t n;
+    char *text = read_file_or_null(manifest, &n);
+    if (!text) fail("cannot read %s", manifest);
+    size_t at[2] = {0, 0}, docs[2] = {0, 0}, line_no = 0;
+    int misplaced = 0;
+    tokenizer_scratch *scratch = tokenizer_scratch_new(t);
+    for (char *line = text; *line;) {
+        char *eol = strchr(line, '\n');
+        if (eol) *eol = '\0';
+        line_no++;
+        size_t hex_len = strlen(line);
+        uint8_t *doc = xmalloc(hex_len / 2 + 1);
+        for (size_t i = 0; i + 1 < hex_len; i += 2) {
+            int hi = hex_value(line[i]), lo = hex_value(line[i + 1]);
+            if (hi < 0 || lo < 0) fail("%s:%zu: not hex", manifest, line_no);
+            doc[i / 2] = (uint8_t)(hi << 4 | lo);
+        }
+        token_list want = {0};
+        if (doc_token != SHARD_NO_DOC_TOKEN) token_list_push(&want, doc_token);
+        char why[300];
+        EXPECT(tokenizer_encode_append(t, scratch, (const char *)doc, hex_len / 2, false, &want, why, sizeof why),
+               "%s", why);
+        int found = -1;
+        for (int k = 0; k < 2 && found < 0; k++) {
+            if (at[k] + want.count > split[k].count) continue;
+            if (memcmp(split[k].ids + at[k], want.ids, want.count * sizeof *want.ids) != 0) continue;
+            // Without document tokens the next document must start right after this one.
+            found = k;
+        }
+        if (found < 0) misplaced++;
+        else {
+            at[found] += want.count;
+            docs[found]++;
+        }
+        free(want.ids);
+        free(doc);
+        line = eol ? eol + 1 : line + strlen(line);
+    }
+    tokenizer_scratch_free(scratch);
+    EXPECT(misplaced == 0, "%d of %zu documents are not where they belong in the shards", misplaced, line_no);
+    EXPECT(at[0] == split[0].count && at[1] == split[1].count,
+           "tokens left over: train %zu of %zu used, val %zu of %zu used", at[0], split[0].count, at[1],
+           split[1].count);
+    printf("  %zu documents: train %zu (%zu tokens, %d shards), val %zu (%zu tokens, %d shards)\n", line_no, docs[0],
+           split[0].count, split[0].shards, docs[1], split[1].count, split[1].shards);
+    printf("DOCS train=%zu val=%zu\n", docs[0], docs[1]);
+    free(text);
+    free(split[0].ids);
+    free(split[1].ids);
+    tokenizer_free(t);
+    return summary("test_tokenizer shards");
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "plans") == 0) return run_plans(argv[2], argv[3]);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) return run_compare(argv[2], argv[3], argc > 4 ? argv[4] : NULL);
     if (argc >= 3 && strcmp(argv[1], "roundtrip") == 0) return run_roundtrip(argv[2], argc > 3 ? argv[3] : NULL);
-    if (argc != 1) fail("usage: test_tokenizer [plans FILE DIR | compare TOKENIZER VECTORS [ENC] | roundtrip TOKENIZER [ENC]]");
+    if (argc == 8 && strcmp(argv[1], "shards") == 0)
+        return run_shards(argv[2], argv[3], argv[4], argv[5], argv[6],
+                          strcmp(argv[7], "none") == 0 ? SHARD_NO_DOC_TOKEN : (uint32_t)strtoul(argv[7], NULL, 10));
+    if (argc != 1)
+        fail("usage: test_tokenizer [plans FILE DIR | compare TOKENIZER VECTORS [ENC] | roundtrip TOKENIZER [ENC] | "
+             "shards TOKENIZER ENC|- MANIFEST TRAIN_GLOB VAL_GLOB DOC_TOKEN|none]");
 
     snprintf(temp_dir, sizeof temp_dir, "/tmp/test_tokenizer.XXXXXX");
     if (!mkdtemp(temp_dir)) fail("cannot make a temporary directory");

