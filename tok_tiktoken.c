@@ -26,9 +26,9 @@ typedef struct {
     special_def specials[8];
 } encoding_def;
 
-// GPT-2's split regex; tiktoken writes it '(?:[sdmt]|ll|ve|re)|...|\s+$|\s+(?!\S)|\s, which
-// cuts every text the same way.
-#define R50K_PATTERN "'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+// GPT-2's split regex as tiktoken writes it (possessive, so PCRE2 never backtracks into
+// the runs; it cuts every text exactly as GPT-2's original '...|\s+(?!\S)|\s+ does).
+#define R50K_PATTERN "'(?:[sdmt]|ll|ve|re)| ?\\p{L}++| ?\\p{N}++| ?[^\\s\\p{L}\\p{N}]++|\\s++$|\\s+(?!\\S)|\\s"
 #define CL100K_PATTERN                                                                                         \
     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|" \
     "\\s*[\\r\\n]|\\s+(?!\\S)|\\s"
