@@ -98,6 +98,7 @@ MAIN_SRC := train_gpt.c
 TESTS_C := test/test_units.c test/test_ops.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
+            test/test_configs.sh \
             test/test_docs.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump

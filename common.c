@@ -190,6 +190,14 @@ double wall_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+const char *format_count(double n, char *buf, size_t bytes) {
+    if (n >= 1e9) snprintf(buf, bytes, "%.2fB", n / 1e9);
+    else if (n >= 1e6) snprintf(buf, bytes, "%.2fM", n / 1e6);
+    else if (n >= 1e3) snprintf(buf, bytes, "%.2fK", n / 1e3);
+    else snprintf(buf, bytes, "%.0f", n);
+    return buf;
+}
+
 const char *format_duration(double seconds, char *buf, size_t bytes) {
     if (!(seconds >= 0) || seconds > 1e9) {
         snprintf(buf, bytes, "?");

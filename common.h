@@ -54,6 +54,8 @@ bool make_dirs(const char *path);
 bool fsync_dir(const char *path);
 
 double wall_seconds(void);
+// 14.53B, 121.19M, 7.21K into buf.
+const char *format_count(double n, char *buf, size_t bytes);
 // "1h02m", "3m10s", "12s" into buf.
 const char *format_duration(double seconds, char *buf, size_t bytes);
 

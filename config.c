@@ -299,14 +299,17 @@ void config_finish(train_config *cfg) {
          (long long)cfg->warmup_steps, (long long)cfg->max_steps);
     RULE(cfg->lr > 0, "lr", "must be > 0");
     RULE(cfg->out_dir[0] != '\0', "out_dir", "must not be empty");
-    if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never")) {
+    if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
+        RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
+    RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
+}
+
+void config_check_files(const train_config *cfg) {
+    if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
         RULE(dir_exists(cfg->resume), "resume", "'%s' is not auto, never, or an existing checkpoint directory",
              cfg->resume);
-        RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
-    }
     if (cfg->init_from[0]) RULE(file_exists(cfg->init_from), "init_from", "no such file '%s'", cfg->init_from);
     if (cfg->tokenizer[0]) RULE(file_exists(cfg->tokenizer), "tokenizer", "no such file '%s'", cfg->tokenizer);
-    RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
 }
 
 static void check_required(void) {

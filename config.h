@@ -78,6 +78,9 @@ typedef struct {
 void config_load(train_config *cfg, const char *path, int argc, char **argv);
 // Resolves derived values (n_kv_head, head_dim defaults) and checks cross-key rules.
 void config_finish(train_config *cfg);
+// Checks that the files the config names (resume, init_from, tokenizer) exist; fatal
+// otherwise. Separate from config_load so that `train_gpt plan` works without them.
+void config_check_files(const train_config *cfg);
 void config_free(train_config *cfg);
 
 // The model section as a JSON object (keys in table order); caller frees.

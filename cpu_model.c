@@ -39,17 +39,19 @@ struct cpu_model {
     float *logits;                // (chunk_rows, V)
     int64_t chunk_rows;
     int64_t activation_floats;
+    bool sizing_only;             // count the floats, allocate nothing (memory plans)
 };
 
 static float *take(cpu_model *m, int64_t count) {
     m->activation_floats += count;
-    return alloc_floats((size_t)count);
+    return m->sizing_only ? NULL : alloc_floats((size_t)count);
 }
 
-cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) {
+static cpu_model *create(const param_table *t, int64_t B, int64_t T, bool sizing_only) {
     const model_config *c = &t->cfg;
     CHECK(T <= c->seq_len);
     cpu_model *m = xcalloc(1, sizeof *m);
+    m->sizing_only = sizing_only;
     m->table = t;
     m->B = B;
     m->T = T;
@@ -63,9 +65,9 @@ cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) {
     m->L = c->n_layer;
     m->eps = (float)c->norm_eps;
     int64_t N = m->N, C = m->C, F = m->F, QD = m->Hq * m->D, KD = m->Hkv * m->D;
-    m->rope_cos = alloc_floats((size_t)(T * m->D / 2));
-    m->rope_sin = alloc_floats((size_t)(T * m->D / 2));
-    rope_tables(m->rope_cos, m->rope_sin, T, m->D, c->rope_theta);
+    m->rope_cos = take(m, T * m->D / 2);
+    m->rope_sin = take(m, T * m->D / 2);
+    if (!sizing_only) rope_tables(m->rope_cos, m->rope_sin, T, m->D, c->rope_theta);
     m->resid = xcalloc((size_t)m->L + 1, sizeof *m->resid);
     for (int64_t l = 0; l <= m->L; l++) m->resid[l] = take(m, N * C);
     m->layers = xcalloc((size_t)m->L, sizeof *m->layers);
@@ -93,8 +95,8 @@ cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) {
     }
     m->final_out = take(m, N * C);
     m->final_rstd = take(m, N);
-    m->start = xmalloc((size_t)N * sizeof *m->start);
-    m->pos = xmalloc((size_t)N * sizeof *m->pos);
+    m->start = (int32_t *)take(m, N);  // int32 and float are both 4 bytes
+    m->pos = (int32_t *)take(m, N);
     m->d_resid = take(m, N * C);
     m->d_norm = take(m, N * C);
     m->d_final = take(m, N * C);
@@ -109,6 +111,17 @@ cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) {
     m->chunk_rows = max_i64(1, min_i64(N, (1 << 24) / m->V));
     m->logits = take(m, m->chunk_rows * m->V);
     return m;
+}
+
+cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T) { return create(t, B, T, false); }
+
+int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
+    cpu_model *m = create(t, B, T, true);
+    int64_t bytes = cpu_model_activation_bytes(m);
+    free(m->resid);
+    free(m->layers);
+    free(m);
+    return bytes;
 }
 
 void cpu_model_free(cpu_model *m) {

@@ -27,6 +27,8 @@ cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T);
 void cpu_model_free(cpu_model *m);
 // Activation memory of the model in bytes (for the start-up banner).
 int64_t cpu_model_activation_bytes(const cpu_model *m);
+// The same figure for a model that is not allocated (memory plans).
+int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T);
 
 // Forward and backward of one micro-batch: inputs, targets (B,T). Gradients of
 // grad_scale · Σ_rows (ce + z_loss·lse²) are ADDED to grads. Returns the loss sums.

@@ -24,6 +24,13 @@ void matmul_backward_input(float *dinp, const float *dout, const float *W, int64
 void matmul_backward_weight(float *dW, const float *dout, const float *inp, int64_t rows, int64_t n_in,
                             int64_t n_out);
 
+// OpenBLAS built with DYNAMIC_ARCH picks its kernels by CPU model, and a CPU newer than
+// the library (or one a hypervisor reports oddly) gets the generic SSE3 "Prescott"
+// kernels, 2-3x slower than the AVX2/AVX-512 ones it could run. Called first thing in
+// main(): in that case it sets OPENBLAS_CORETYPE and re-executes the program once. A user
+// who sets OPENBLAS_CORETYPE keeps their choice.
+void gemm_fix_cpu_kernels(char **argv);
+
 // Threads for the BLAS (OpenBLAS keeps its own count beside OpenMP's).
 void gemm_set_threads(int threads);
 

@@ -94,25 +94,52 @@ static void resolve_doc_token(train_config *cfg, const dataloader *train) {
     m->doc_token = from_shards;
 }
 
-static void print_banner(const trainer *tr) {
-    const train_config *cfg = tr->cfg;
+// Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
+static void print_model_summary(const param_table *t, const train_config *cfg, int world) {
     const model_config *m = &cfg->model;
-    int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * tr->world;
+    int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * world;
+    double state_gib = (double)t->numel * 16 / 1073741824.0;
+    double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len) / 1073741824.0;
     printf("train_gpt | model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
            (long long)m->n_layer, (long long)m->d_model, (long long)m->n_head, (long long)m->n_kv_head,
            (long long)m->head_dim, (long long)m->d_ff, (long long)m->vocab_size, (long long)m->seq_len);
-    printf("train_gpt | parameters: %.3fM (%.3fM in matmuls); %.3f GFLOP/token (6N + 12·L·Hq·D·T)\n",
-           (double)tr->table.numel / 1e6, (double)model_matmul_params(&tr->table) / 1e6, tr->flops_per_token / 1e9);
-    printf("train_gpt | memory: %.1f MiB weights+grads+AdamW, %.1f MiB activations\n",
-           (double)tr->table.numel * 16 / 1048576.0, (double)cpu_model_activation_bytes(tr->model) / 1048576.0);
-    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps\n",
-           (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, tr->world,
-           (long long)tokens_per_step, (long long)cfg->max_steps);
+    char all[32], matmul[32];
+    printf("train_gpt | parameters: %s (%s in matmuls, LM head counted once); %.3f GFLOP/token "
+           "(6N + 12·L·Hq·D·T)\n",
+           format_count((double)t->numel, all, sizeof all), format_count((double)model_matmul_params(t), matmul,
+           sizeof matmul), model_flops_per_token(t) / 1e9);
+    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations = %.2f GiB\n",
+           state_gib, act_gib, state_gib + act_gib);
+    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps = "
+           "%.3gB tokens\n",
+           (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, world,
+           (long long)tokens_per_step, (long long)cfg->max_steps,
+           (double)tokens_per_step * (double)cfg->max_steps / 1e9);
+}
+
+static void print_banner(const trainer *tr) {
+    print_model_summary(&tr->table, tr->cfg, tr->world);
     printf("train_gpt | data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
            (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
            tr->val ? "" : ", no validation set");
     printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
     fflush(stdout);
+}
+
+int train_plan(train_config *cfg) {
+    param_table t;
+    param_table_build(&t, &cfg->model);
+    print_model_summary(&t, cfg, 1);
+    if (cfg->peak_tflops > 0) {
+        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
+        double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
+        char d[32];
+        printf("train_gpt | at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s, the run takes %s on one device\n",
+               cfg->peak_tflops, 0.4 * cfg->peak_tflops * 1e12 / model_flops_per_token(&t),
+               format_duration(seconds_at_40, d, sizeof d));
+    }
+    param_table_free(&t);
+    return 0;
 }
 
 static void allocate(trainer *tr) {
@@ -275,6 +302,7 @@ int train_run(train_config *cfg) {
     tr.cfg = cfg;
     tr.rank = 0;
     tr.world = 1;
+    config_check_files(cfg);
     select_device(cfg);
     tr.threads = setup_threads(cfg);
     tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,

@@ -16,4 +16,8 @@
 // with a checkpoint). User errors are fatal inside (one line, exit 1).
 int train_run(train_config *cfg);
 
+// Prints the model's size, FLOPs per token and memory plan without touching any data
+// (`train_gpt plan CONFIG`).
+int train_plan(train_config *cfg);
+
 #endif

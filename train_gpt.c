@@ -2,12 +2,14 @@
 //
 //   train_gpt CONFIG [--key value | --key=value]...   train (the usual case)
 //   train_gpt prepare [options] INPUT...              tokenize text into shards (docs/data.md)
+//   train_gpt plan CONFIG [--key value]...            size, FLOPs and memory plan; reads no data
 //   train_gpt --help                                  list every config key
 //   train_gpt --version
 //
 // Everything else lives in the subsystems; this file only routes.
 #include "common.h"
 #include "config.h"
+#include "gemm.h"
 #include "train.h"
 
 #include <stdio.h>
@@ -16,12 +18,14 @@
 #define TRAIN_GPT_VERSION "0.1.0"
 
 static void usage_error(void) {
-    fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt prepare ...  |  train_gpt --help");
+    fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
+         "train_gpt --help");
 }
 
 int main(int argc, char **argv) {
     // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
     setvbuf(stdout, NULL, _IOLBF, 0);
+    gemm_fix_cpu_kernels(argv);
     if (argc < 2) usage_error();
     const char *first = argv[1];
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {
@@ -32,12 +36,15 @@ int main(int argc, char **argv) {
         printf("train_gpt %s\n", TRAIN_GPT_VERSION);
         return 0;
     }
+    bool plan = strcmp(first, "plan") == 0;
+    int at = plan ? 2 : 1;
+    if (at >= argc) usage_error();
     // A config file is optional when every required key comes from the command line.
-    const char *config_path = strncmp(first, "--", 2) == 0 ? NULL : first;
-    int rest = config_path ? 2 : 1;
+    const char *config_path = strncmp(argv[at], "--", 2) == 0 ? NULL : argv[at];
+    int rest = config_path ? at + 1 : at;
     train_config cfg;
     config_load(&cfg, config_path, argc - rest, argv + rest);
-    int rc = train_run(&cfg);
+    int rc = plan ? train_plan(&cfg) : train_run(&cfg);
     config_free(&cfg);
     return rc;
 }
