@@ -1,12 +1,12 @@
 // prepare.c — `train_gpt prepare`: tokenizes text and JSONL files into train and val token
 // shards. Usage and examples: docs/data.md; `train_gpt prepare --help`.
 //
-// The pipeline is batch-synchronous, which keeps the output independent of the thread
-// count: the reader (one thread) fills a batch with whole documents (~32 MiB); the workers
-// (OpenMP, all cores by default) encode its documents in any order, each into its own token
-// buffer; then one thread appends the documents, in input order, to the train or val shard
-// stream, starting a new shard every --shard_tokens tokens. Reading and writing run at disk
-// speed, encoding at tens of MB/s per core, so the serial parts cost little.
+// The pipeline works in batches of whole documents (~32 MiB), which keeps the output
+// independent of the thread count: all threads (OpenMP, all cores by default) encode the
+// documents of batch k in any order, each into its own token buffer, while one of them first
+// appends batch k-1's documents, in input order, to the train or val shard stream (a new shard
+// every --shard_tokens tokens) and reads batch k+1, then joins the encoding. So reading and
+// writing overlap encoding, and on a many-core node the cores do not wait for the disk.
 //
 // Each document becomes [doc_token] + encode(text), with the spellings of special tokens
 // kept as plain text (a document that contains "<|endoftext|>" must not end early). The
@@ -39,7 +39,6 @@
 #include <omp.h>
 #endif
 
-#define BATCH_TARGET_BYTES ((size_t)32 << 20)
 
 static const char usage[] =
     "usage: train_gpt prepare --tokenizer PATH --out PREFIX [options] INPUT...\n"
@@ -63,6 +62,8 @@ static const char usage[] =
     "                        or none (default: <|begin_of_text|>, <|endoftext|> or <s>)\n"
     "  --shard_tokens N      tokens per shard (default 100000000)\n"
     "  --threads N           encoding threads (default: all cores)\n"
+    "  --batch_bytes N       text per batch of the pipeline (default 33554432); the output\n"
+    "                        does not depend on it\n"
     "  --overwrite           replace shards of an earlier run with the same PREFIX\n"
     "  --quiet               no progress lines\n";
 
@@ -71,7 +72,7 @@ typedef struct {
     char *separator;
     size_t separator_bytes;
     double val_frac;
-    uint64_t seed, shard_tokens;
+    uint64_t seed, shard_tokens, batch_bytes;
     int threads;
     bool overwrite, quiet;
     char **inputs;
@@ -123,6 +124,7 @@ static prepare_options parse_options(int argc, char **argv) {
     o.text_key = "text";
     o.seed = 1337;
     o.shard_tokens = 100000000;
+    o.batch_bytes = (uint64_t)32 << 20;
     o.inputs = xcalloc((size_t)argc, sizeof *o.inputs);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -168,6 +170,7 @@ static prepare_options parse_options(int argc, char **argv) {
         } else if (strcmp(name, "seed") == 0) o.seed = parse_count(name, value, 0);
         else if (strcmp(name, "shard_tokens") == 0) o.shard_tokens = parse_count(name, value, 1);
         else if (strcmp(name, "threads") == 0) o.threads = (int)parse_count(name, value, 1);
+        else if (strcmp(name, "batch_bytes") == 0) o.batch_bytes = parse_count(name, value, 1);
         else if (strcmp(name, "val_frac") == 0) {
             char *end = NULL;
             o.val_frac = strtod(value, &end);
@@ -347,76 +350,129 @@ static double unigram_cross_entropy(const uint64_t *model, uint64_t model_total,
     return h;
 }
 
-// ---------------------------------------------------------------- encoding a batch
+// ---------------------------------------------------------------- the pipeline
 
 typedef struct {
     int thread;
     uint64_t start, count;   // in that thread's token buffer
 } doc_tokens;
 
+// The ids of one batch: per document, where its ids are in the per-thread buffers.
+typedef struct {
+    token_list *buffer;      // per thread
+    doc_tokens *docs;
+    size_t docs_capacity;
+} batch_tokens;
+
 typedef struct {
     const tokenizer *tok;
     const prepare_options *opt;
+    const prep_input *inputs;
     uint32_t doc_token;
     int threads;
     tokenizer_scratch **scratch;   // per thread
-    token_list *buffer;            // per thread
     strbuf *json_text;             // per thread
-    doc_tokens *docs;
-    size_t docs_capacity;
-    // First failure of the batch (lowest document index), reported after the parallel loop.
+    // The first failure of the batch being encoded (lowest document index).
     size_t error_doc;
     char error[400];
 } encoder;
 
-static void encode_batch(encoder *e, const prep_batch *b, const prep_input *inputs) {
-    if (b->n_docs > e->docs_capacity) {
-        e->docs_capacity = b->n_docs;
-        e->docs = xrealloc(e->docs, e->docs_capacity * sizeof *e->docs);
+typedef struct {
+    prep_reader *reader;
+    split_output *train, *val;
+    uint64_t total_bytes;
+    double start, last_note;
+} writer_state;
+
+static void encode_doc(encoder *e, const prep_batch *b, long i, int thread, token_list *out, strbuf *json,
+                       doc_tokens *dt) {
+    const prep_doc *d = &b->docs[i];
+    const char *text = b->text + d->offset;
+    size_t bytes = d->bytes;
+    char why[300];
+    dt->thread = thread;
+    dt->start = out->count;
+    bool ok = true;
+    if (d->is_json) {
+        json->length = 0;
+        ok = prep_json_text(text, bytes, e->opt->text_key, json, why, sizeof why);
+        text = json->data;
+        bytes = json->length;
     }
-    for (int t = 0; t < e->threads; t++) e->buffer[t].count = 0;
+    if (ok && bytes > 0) {
+        if (e->doc_token != SHARD_NO_DOC_TOKEN) token_list_push(out, e->doc_token);
+        ok = tokenizer_encode_append(e->tok, e->scratch[thread], text, bytes, false, out, why, sizeof why);
+    }
+    dt->count = out->count - dt->start;
+    if (!ok) {
+#pragma omp critical(prepare_error)
+        if ((size_t)i < e->error_doc) {
+            e->error_doc = (size_t)i;
+            snprintf(e->error, sizeof e->error, "%s:%llu: %s", e->inputs[d->input].path, (unsigned long long)d->line,
+                     why);
+        }
+    }
+}
+
+// Appends an encoded batch to the shards, in input order, and notes progress.
+static void write_batch(writer_state *w, const prepare_options *opt, const prep_batch *b, const batch_tokens *bt) {
+    for (size_t i = 0; i < b->n_docs; i++) {
+        const prep_doc *d = &b->docs[i];
+        const doc_tokens *dt = &bt->docs[i];
+        if (dt->count == 0) continue;   // empty text
+        bool to_val = d->is_val || (opt->val_frac > 0 && picked_for_val(opt->seed, d->ordinal, opt->val_frac));
+        split_output *o = to_val ? w->val : w->train;
+        o->documents++;
+        output_append(o, bt->buffer[dt->thread].ids + dt->start, dt->count);
+    }
+    double now = wall_seconds();
+    if (!opt->quiet && now - w->last_note >= 2.0) {
+        uint64_t done = prep_reader_bytes_done(w->reader);
+        double rate = (double)done / (now - w->start);
+        char eta[32];
+        format_duration(rate > 0 ? (double)(w->total_bytes - done) / rate : -1, eta, sizeof eta);
+        note("prepare: %.1f of %.1f MB (%.0f%%), %.2fM tokens, %.1f MB/s, ETA %s", (double)done / 1e6,
+             (double)w->total_bytes / 1e6, w->total_bytes ? 100.0 * (double)done / (double)w->total_bytes : 100.0,
+             (double)(w->train->tokens + w->val->tokens) / 1e6, rate / 1e6, eta);
+        w->last_note = now;
+    }
+}
+
+// One step of the pipeline, on all threads: one thread writes the previous batch (if any)
+// and reads the next while the others encode the current one; it joins the encoding when its
+// I/O is done. Returns whether the next batch has documents.
+static bool pipeline_step(encoder *e, writer_state *w, const prep_batch *current, batch_tokens *current_tokens,
+                          const prep_batch *previous, const batch_tokens *previous_tokens, prep_batch *next) {
+    if (current->n_docs > current_tokens->docs_capacity) {
+        current_tokens->docs_capacity = current->n_docs;
+        current_tokens->docs = xrealloc(current_tokens->docs, current->n_docs * sizeof *current_tokens->docs);
+    }
+    for (int t = 0; t < e->threads; t++) current_tokens->buffer[t].count = 0;
     e->error_doc = SIZE_MAX;
-    long n_docs = (long)b->n_docs;
+    bool more = false;
+    long n_docs = (long)current->n_docs;
 #pragma omp parallel num_threads(e->threads)
     {
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        token_list *out = &e->buffer[thread];
-        strbuf *json = &e->json_text[thread];
-        char why[300];
-#pragma omp for schedule(dynamic, 1)
-        for (long i = 0; i < n_docs; i++) {
-            const prep_doc *d = &b->docs[i];
-            const char *text = b->text + d->offset;
-            size_t bytes = d->bytes;
-            doc_tokens *dt = &e->docs[i];
-            dt->thread = thread;
-            dt->start = out->count;
-            bool ok = true;
-            if (d->is_json) {
-                json->length = 0;
-                ok = prep_json_text(text, bytes, e->opt->text_key, json, why, sizeof why);
-                text = json->data;
-                bytes = json->length;
-            }
-            if (ok && bytes > 0) {
-                if (e->doc_token != SHARD_NO_DOC_TOKEN) token_list_push(out, e->doc_token);
-                ok = tokenizer_encode_append(e->tok, e->scratch[thread], text, bytes, false, out, why, sizeof why);
-            }
-            dt->count = out->count - dt->start;
-            if (!ok) {
-#pragma omp critical(prepare_error)
-                if ((size_t)i < e->error_doc) {
-                    e->error_doc = (size_t)i;
-                    snprintf(e->error, sizeof e->error, "%s:%llu: %s", inputs[d->input].path,
-                             (unsigned long long)d->line, why);
-                }
-            }
+        // Thread-local copies: the per-thread structs share cache lines, and writing their
+        // counts on every token from two cores would bounce those lines between them.
+        token_list out = current_tokens->buffer[thread];
+        strbuf json = e->json_text[thread];
+#pragma omp single nowait
+        {
+            if (previous) write_batch(w, e->opt, previous, previous_tokens);
+            more = prep_reader_fill(w->reader, next, (size_t)e->opt->batch_bytes);
         }
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < n_docs; i++) encode_doc(e, current, i, thread, &out, &json, &current_tokens->docs[i]);
+        current_tokens->buffer[thread] = out;
+        e->json_text[thread] = json;
     }
     if (e->error_doc != SIZE_MAX) fail("%s", e->error);
+    return more;
 }
 
 // ---------------------------------------------------------------- main
@@ -528,39 +584,29 @@ int prepare_main(int argc, char **argv) {
     encoder enc = {0};
     enc.tok = tok;
     enc.opt = &opt;
+    enc.inputs = inputs;
     enc.doc_token = doc_token;
     enc.threads = opt.threads;
     enc.scratch = xcalloc((size_t)opt.threads, sizeof *enc.scratch);
-    enc.buffer = xcalloc((size_t)opt.threads, sizeof *enc.buffer);
     enc.json_text = xcalloc((size_t)opt.threads, sizeof *enc.json_text);
     for (int t = 0; t < opt.threads; t++) enc.scratch[t] = tokenizer_scratch_new(tok);
 
+    // Three batches rotate (being written, being encoded, being read) and two sets of token
+    // buffers (the written batch's and the encoded batch's).
     prep_reader *reader = prep_reader_open(inputs, n_inputs, opt.separator, opt.separator_bytes);
-    prep_batch batch = {0};
-    double last_note = start;
-    while (prep_reader_fill(reader, &batch, BATCH_TARGET_BYTES)) {
-        encode_batch(&enc, &batch, inputs);
-        for (size_t i = 0; i < batch.n_docs; i++) {
-            const prep_doc *d = &batch.docs[i];
-            const doc_tokens *dt = &enc.docs[i];
-            if (dt->count == 0) continue;   // empty text
-            bool to_val = d->is_val || (opt.val_frac > 0 && picked_for_val(opt.seed, d->ordinal, opt.val_frac));
-            split_output *o = to_val ? &val : &train;
-            o->documents++;
-            output_append(o, enc.buffer[dt->thread].ids + dt->start, dt->count);
-        }
-        double now = wall_seconds();
-        if (!opt.quiet && now - last_note >= 2.0) {
-            uint64_t done = prep_reader_bytes_done(reader);
-            double rate = (double)done / (now - start);
-            char eta[32];
-            format_duration(rate > 0 ? (double)(total_bytes - done) / rate : -1, eta, sizeof eta);
-            note("prepare: %.1f of %.1f MB (%.0f%%), %.2fM tokens, %.1f MB/s, ETA %s", (double)done / 1e6,
-                 (double)total_bytes / 1e6, total_bytes ? 100.0 * (double)done / (double)total_bytes : 100.0,
-                 (double)(train.tokens + val.tokens) / 1e6, rate / 1e6, eta);
-            last_note = now;
-        }
+    prep_batch batch[3] = {{0}};
+    batch_tokens tokens[2] = {{0}};
+    for (int k = 0; k < 2; k++) tokens[k].buffer = xcalloc((size_t)opt.threads, sizeof *tokens[k].buffer);
+    writer_state ws = {reader, &train, &val, total_bytes, start, start};
+    bool have = prep_reader_fill(reader, &batch[0], (size_t)opt.batch_bytes);
+    long step = 0;
+    while (have) {
+        const prep_batch *previous = step > 0 ? &batch[(step + 2) % 3] : NULL;
+        have = pipeline_step(&enc, &ws, &batch[step % 3], &tokens[step % 2], previous, &tokens[(step + 1) % 2],
+                             &batch[(step + 1) % 3]);
+        step++;
     }
+    if (step > 0) write_batch(&ws, &opt, &batch[(step + 2) % 3], &tokens[(step + 1) % 2]);
     output_finish(&train);
     output_finish(&val);
     double seconds = wall_seconds() - start;
@@ -586,16 +632,18 @@ int prepare_main(int argc, char **argv) {
     fflush(stdout);
 
     prep_reader_close(reader);
-    prep_batch_free(&batch);
+    for (int k = 0; k < 3; k++) prep_batch_free(&batch[k]);
+    for (int k = 0; k < 2; k++) {
+        for (int t = 0; t < opt.threads; t++) free(tokens[k].buffer[t].ids);
+        free(tokens[k].buffer);
+        free(tokens[k].docs);
+    }
     for (int t = 0; t < opt.threads; t++) {
         tokenizer_scratch_free(enc.scratch[t]);
-        free(enc.buffer[t].ids);
         sb_free(&enc.json_text[t]);
     }
     free(enc.scratch);
-    free(enc.buffer);
     free(enc.json_text);
-    free(enc.docs);
     outputs_to_abort[0] = outputs_to_abort[1] = NULL;
     free(train.counts);
     free(val.counts);

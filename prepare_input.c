@@ -146,6 +146,7 @@ struct prep_reader {
     uint64_t line;           // documents (or lines) of the current file so far
     uint64_t ordinal;
     uint64_t bytes_done;
+    size_t block_bytes;      // read size: the smaller of READ_BLOCK_BYTES and the batch size
 };
 
 prep_reader *prep_reader_open(const prep_input *inputs, size_t n_inputs, const char *separator, size_t separator_bytes) {
@@ -232,6 +233,8 @@ static void emit(prep_reader *r, prep_batch *b, size_t start, size_t end) {
 bool prep_reader_fill(prep_reader *r, prep_batch *b, size_t target_bytes) {
     b->bytes = 0;
     b->n_docs = 0;
+    // Small batches read small blocks (tests use this to cut separators across reads).
+    r->block_bytes = target_bytes < READ_BLOCK_BYTES ? (target_bytes > 16 ? target_bytes : 16) : READ_BLOCK_BYTES;
     while (b->bytes < target_bytes) {
         if (r->fd < 0 && !open_next_input(r)) break;
         const prep_input *in = &r->inputs[r->current];
@@ -239,7 +242,7 @@ bool prep_reader_fill(prep_reader *r, prep_batch *b, size_t target_bytes) {
         size_t delimiter_bytes = in->format == PREP_JSONL ? 1 : r->separator_bytes;
         if (!delimiter) {
             // One document per file: read it whole.
-            while (!r->at_eof) read_more(r, READ_BLOCK_BYTES);
+            while (!r->at_eof) read_more(r, r->block_bytes);
             emit(r, b, r->pending_start, r->pending_end);
             r->bytes_done += r->pending_end - r->pending_start;
             close_input(r);
@@ -261,7 +264,7 @@ bool prep_reader_fill(prep_reader *r, prep_batch *b, size_t target_bytes) {
             r->scan_from = r->pending_end >= delimiter_bytes - 1 + r->pending_start
                                ? r->pending_end - (delimiter_bytes - 1)
                                : r->pending_start;
-            read_more(r, READ_BLOCK_BYTES);
+            read_more(r, r->block_bytes);
             continue;
         }
         emit(r, b, r->pending_start, r->pending_end);

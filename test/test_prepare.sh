@@ -5,7 +5,8 @@
 #     and in input order: text files, nested directories, JSONL (escapes, NUL, surrogates,
 #     CRLF, blank lines), a separator, invalid UTF-8; uint16 (r50k) and uint32 (o200k,
 #     Llama 3) shards; several shards per split.
-#   - The output does not depend on the thread count (byte-identical shards).
+#   - The output does not depend on the thread count or the batch size (byte-identical
+#     shards); tiny batches also cut separators and JSONL lines across reads.
 #   - --val_files puts exactly the named file in val; --val_frac 0.3 of 100 documents puts
 #     between 12 and 48 there (4 binomial standard deviations around 30).
 #   - Broken or truncated tokenizer files, unreadable inputs, malformed JSONL, bad options
@@ -39,17 +40,21 @@ grep -q "DOCS train=.* val=1$" "$T/a.check" && ok "val holds exactly b.txt" || b
 grep -q '"val_unigram_entropy_nats"' "$T/a/run_summary.json" && ok "summary has the val entropy" ||
     bad "summary lacks the val entropy"
 
-echo "-- the same with 1 thread: byte-identical shards"
+echo "-- 1 thread, or 3 threads and 2 KiB batches (many pipeline steps): byte-identical shards"
 prepare --tokenizer "$DATA/r50k_base.tiktoken" --out "$T/a1/run" --val_files b.txt --shard_tokens 500 \
     --threads 1 "$T/corpus" >/dev/null
-same=1
-for f in "$T"/a/run_*.bin; do cmp -s "$f" "$T/a1/$(basename "$f")" || same=0; done
-[ "$(ls "$T"/a/*.bin | wc -l)" = "$(ls "$T"/a1/*.bin | wc -l)" ] || same=0
-[ $same = 1 ] && ok "1 and 2 threads write the same shards" || bad "shards differ between 1 and 2 threads"
+prepare --tokenizer "$DATA/r50k_base.tiktoken" --out "$T/a3/run" --val_files b.txt --shard_tokens 500 \
+    --threads 3 --batch_bytes 2048 "$T/corpus" >/dev/null
+for other in a1 a3; do
+    same=1
+    for f in "$T"/a/run_*.bin; do cmp -s "$f" "$T/$other/$(basename "$f")" || same=0; done
+    [ "$(ls "$T"/a/*.bin | wc -l)" = "$(ls "$T/$other"/*.bin | wc -l)" ] || same=0
+    [ $same = 1 ] && ok "$other writes the same shards" || bad "$other: shards differ from the 2-thread run"
+done
 
 echo "-- o200k_base (uint32 tokens), --separator, --val_frac, --doc_token by name"
 prepare --tokenizer "$DATA/o200k_base.tiktoken" --out "$T/b/run" --separator '\n\n=====\n\n' --val_frac 0.3 \
-    --seed 7 --doc_token '<|endoftext|>' "$T/separated.txt" >/dev/null
+    --seed 7 --doc_token '<|endoftext|>' --batch_bytes 37 "$T/separated.txt" >/dev/null
 "$CHECK" shards "$DATA/o200k_base.tiktoken" - "$T/manifest_separated.txt" "$T/b/run_train_*.bin" \
     "$T/b/run_val_*.bin" 199999 | tee "$T/b.check"
 val_docs=$(sed -n 's/^DOCS train=[0-9]* val=\([0-9]*\)$/\1/p' "$T/b.check")
@@ -57,7 +62,7 @@ val_docs=$(sed -n 's/^DOCS train=[0-9]* val=\([0-9]*\)$/\1/p' "$T/b.check")
     bad "val_frac 0.3: ${val_docs:-?} of 100 documents in val"
 
 echo "-- Llama 3 tokenizer.json, JSONL, --doc_token none"
-prepare --tokenizer "$LLAMA3" --out "$T/c/run" --doc_token none "$T/corpus/docs.jsonl" >/dev/null
+prepare --tokenizer "$LLAMA3" --out "$T/c/run" --doc_token none --batch_bytes 41 "$T/corpus/docs.jsonl" >/dev/null
 "$CHECK" shards "$LLAMA3" - "$T/manifest_jsonl.txt" "$T/c/run_train_*.bin" "$T/c/run_val_*.bin" none
 
 echo "-- Llama 3 default document token is <|begin_of_text|>"
