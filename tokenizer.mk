@@ -5,6 +5,9 @@ TESTS_C += test/test_tokenizer.c
 # The vector tests fetch their npm packages into $(BUILD)/npm (cached across runs).
 TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh
 
+# This file is included before the Makefile's `all`; keep `all` the default goal.
+.DEFAULT_GOAL := all
+
 # The encoder benchmark against gpt-tokenizer (JS): `make bench-tokenizer`.
 .PHONY: bench-tokenizer
 $(BUILD)/bench_tokenizer: $(BUILD)/bench/tokenizer/bench_tokenizer.o $(BUILD)/libtrain_gpt.a
