@@ -6,7 +6,8 @@
 #   PCRE2     the tokenizer's pre-tokenizer (without it: no `train_gpt prepare`)
 #   nvcc      the CUDA backend
 #   MPI       multi-process runs
-# Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NATIVE=0, ...
+# Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NO_BLAS=1,
+# make NATIVE=0 (no -march=native: for a binary that must run on older CPUs), BUILD=dir.
 
 CC      ?= gcc
 NATIVE  ?= 1
@@ -34,7 +35,11 @@ endif
 
 # ---------------------------------------------------------------- BLAS
 OPENBLAS_OMP_DIR := $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-openmp))
-ifndef BLAS_LIBS
+ifeq ($(NO_BLAS),1)
+  BLAS_CFLAGS :=
+  BLAS_LIBS :=
+  MSG_BLAS := ✗ BLAS (NO_BLAS=1: the slow built-in gemm)
+else ifndef BLAS_LIBS
   ifneq ($(OPENBLAS_OMP_DIR),)
     BLAS_INC := $(firstword $(wildcard /usr/include/*-linux-gnu/openblas-openmp))
     BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS -I$(BLAS_INC)
@@ -92,13 +97,13 @@ CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
 # ---------------------------------------------------------------- sources
 # LIB_SRC: everything but main(); linked into train_gpt and every test binary.
 LIB_SRC := common.c checksum.c json.c config.c model.c dataloader.c safetensors.c \
-           gemm.c cpu_ops.c cpu_model.c optim.c checkpoint.c metrics.c train.c
+           gemm.c cpu_ops.c cpu_model.c optim.c checkpoint.c metrics.c sample.c train.c
 MAIN_SRC := train_gpt.c
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
 TESTS_C := test/test_units.c test/test_ops.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
-            test/test_configs.sh \
+            test/test_configs.sh test/test_builtin_gemm.sh \
             test/test_docs.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump

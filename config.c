@@ -69,7 +69,7 @@ static const key_spec KEYS[] = {
     {"z_loss", KEY_FLOAT, T(z_loss), "1e-4", 0, 10, NULL, false, "weight of mean(logsumexp(logits)^2) in the objective"},
     {"seed", KEY_INT, T(seed), "1337", 0, BIG, NULL, false, "seed of the weight init and the data shuffle"},
     {"max_bad_steps", KEY_INT, T(max_bad_steps), "5", 1, 1 << 30, NULL, false, "stop after this many NaN/Inf steps in a row"},
-    {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = known GPU table, else mfu null"},
+    {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = unknown (on the CPU: mfu is logged as null)"},
     // --- data, checkpoints, logging ---
     {"train_data", KEY_STRING, T(train_data), REQUIRED, 0, 0, NULL, false, "train shards: a file, a glob, or a comma-separated list"},
     {"val_data", KEY_STRING, T(val_data), "", 0, 0, NULL, false, "validation shards (same forms); empty = no validation"},
@@ -453,7 +453,7 @@ void config_print_help(void) {
         char def[64];
         if (!k->fallback) snprintf(def, sizeof def, "required");
         else snprintf(def, sizeof def, "%s", k->fallback[0] ? k->fallback : "\"\"");
-        printf("  %-15s [%s]  %s\n", k->name, def, k->doc);
+        printf("  %-18s [%s]  %s\n", k->name, def, k->doc);
     }
 }
 

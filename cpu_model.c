@@ -270,6 +270,11 @@ loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inp
     return classifier(m, params, NULL, targets, B * T, 0.0f, 0.0f);
 }
 
+void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t T, float *logits) {
+    forward_blocks(m, params, inputs, 1, T);
+    matmul_forward(logits, m->final_out + (T - 1) * m->C, W(P_LM_HEAD, -1), 1, m->C, m->V, false);
+}
+
 void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
                         float *logits) {
     forward_blocks(m, params, inputs, B, T);

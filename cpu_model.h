@@ -41,4 +41,7 @@ loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inp
 void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
                         float *logits);
 
+// Forward only: the logits (V) of the last position of one sequence (1,T) (sampling).
+void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t T, float *logits);
+
 #endif

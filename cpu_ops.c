@@ -48,7 +48,8 @@ static inline float exp_vec(float x) {
     return p * scale;
 }
 
-static inline void axpy(float *y, float a, const float *x, int64_t n) {
+// y (n) += a · x (n); restrict (y and x never overlap) lets GCC vectorize it unversioned.
+static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
@@ -202,7 +203,34 @@ void swiglu_backward(float *dgate, float *dup, const float *dout, const float *g
 // ---------------------------------------------------------------- attention
 //
 // Scores are recomputed in the backward pass from q, k and the saved log-sum-exp, as
-// flash attention does, so no (T,T) matrix per head is ever kept.
+// flash attention does, so no (T,T) matrix per head is ever kept. Work goes in tiles of
+// ATT_TILE queries against the keys they can see, with K and V transposed to (D, T) so
+// that the inner loops run along keys (contiguous, vectorized) instead of ending every
+// score in a horizontal sum over D. A query row t sees keys [start[t], t].
+
+#define ATT_TILE 32
+
+// (T, H, D) rows of one (batch, head) → (D, T)
+static void transpose_head(float *out, const float *x, int64_t T, int64_t H, int64_t h, int64_t D) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + (t * H + h) * D;
+        for (int64_t d = 0; d < D; d++) out[d * T + t] = row[d];
+    }
+}
+
+// Scores of query rows [t0, t1) of one (batch, head): s[i * T + s] = q_t·k_s / √D for the
+// keys each row sees (other entries untouched). kt is (D, T).
+static void tile_scores(float *s, const float *q, int64_t Hq, int64_t j, const float *kt, const int32_t *start,
+                        int64_t t0, int64_t t1, int64_t T, int64_t D, float scale) {
+    for (int64_t t = t0; t < t1; t++) {
+        float *row = s + (t - t0) * T;
+        int64_t lo = start[t];
+        int64_t n = t - lo + 1;
+        memset(row + lo, 0, (size_t)n * sizeof *row);
+        const float *qt = q + (t * Hq + j) * D;
+        for (int64_t d = 0; d < D; d++) axpy(row + lo, qt[d] * scale, kt + d * T + lo, n);
+    }
+}
 
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        const int32_t *start, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
@@ -210,73 +238,100 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
-        float *p = xmalloc((size_t)T * sizeof *p);
+        float *kt = xmalloc((size_t)(D * T) * sizeof *kt);
+        float *s = xmalloc((size_t)(ATT_TILE * T) * sizeof *s);
 #pragma omp for collapse(2) schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t j = 0; j < Hq; j++) {
                 int64_t g = j / group;
-                for (int64_t t = 0; t < T; t++) {
-                    int64_t lo = start[b * T + t];
-                    const float *qt = q + ((b * T + t) * Hq + j) * D;
-                    float mx = -INFINITY;
-                    for (int64_t s = lo; s <= t; s++) {
-                        float sc = dot(qt, k + ((b * T + s) * Hkv + g) * D, D) * scale;
-                        p[s - lo] = sc;
-                        if (sc > mx) mx = sc;
+                const float *qb = q + b * T * Hq * D, *vb = v + b * T * Hkv * D;
+                const int32_t *sb = start + b * T;
+                transpose_head(kt, k + b * T * Hkv * D, T, Hkv, g, D);
+                for (int64_t t0 = 0; t0 < T; t0 += ATT_TILE) {
+                    int64_t t1 = min_i64(T, t0 + ATT_TILE);
+                    tile_scores(s, qb, Hq, j, kt, sb, t0, t1, T, D, scale);
+                    for (int64_t t = t0; t < t1; t++) {
+                        float *row = s + (t - t0) * T;
+                        int64_t lo = sb[t];
+                        float mx = -INFINITY;
+                        for (int64_t kk = lo; kk <= t; kk++) mx = row[kk] > mx ? row[kk] : mx;
+                        for (int64_t kk = lo; kk <= t; kk++) row[kk] = exp_vec(row[kk] - mx);
+                        float sum = 0.0f;
+                        for (int64_t kk = lo; kk <= t; kk++) sum += row[kk];
+                        float inv = 1.0f / sum;
+                        float *o = out + ((b * T + t) * Hq + j) * D;
+                        memset(o, 0, (size_t)D * sizeof *o);
+                        for (int64_t kk = lo; kk <= t; kk++) axpy(o, row[kk] * inv, vb + (kk * Hkv + g) * D, D);
+                        lse[(b * Hq + j) * T + t] = mx + logf(sum);
                     }
-                    float sum = 0.0f;
-                    for (int64_t s = lo; s <= t; s++) {
-                        float e = exp_vec(p[s - lo] - mx);
-                        p[s - lo] = e;
-                        sum += e;
-                    }
-                    float inv = 1.0f / sum;
-                    float *o = out + ((b * T + t) * Hq + j) * D;
-                    memset(o, 0, (size_t)D * sizeof *o);
-                    for (int64_t s = lo; s <= t; s++) axpy(o, p[s - lo] * inv, v + ((b * T + s) * Hkv + g) * D, D);
-                    lse[(b * Hq + j) * T + t] = mx + logf(sum);
                 }
             }
-        free(p);
+        free(kt);
+        free(s);
     }
 }
 
 // With P = softmax(S), S = q·kᵀ/√D, O = P·v:
 //   dv_s += P_ts · dO_t ;  dP_ts = dO_t · v_s ;  dS_ts = P_ts (dP_ts − dO_t·O_t)
 //   dq_t += dS_ts k_s / √D ;  dk_s += dS_ts q_t / √D
-// One thread owns a (batch, kv head) pair, so dk and dv need no atomics.
+// One thread owns a (batch, kv head) pair and all its query heads, so dk and dv need no
+// atomics; they are accumulated transposed, (D, T), and written back at the end.
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                         const float *q, const float *k, const float *v, const int32_t *start, int64_t B,
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
     int64_t group = Hq / Hkv;
     float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t g = 0; g < Hkv; g++) {
-            for (int64_t t = 0; t < T; t++) {
-                memset(dk + ((b * T + t) * Hkv + g) * D, 0, (size_t)D * sizeof(float));
-                memset(dv + ((b * T + t) * Hkv + g) * D, 0, (size_t)D * sizeof(float));
-            }
-            for (int64_t j = g * group; j < (g + 1) * group; j++)
+#pragma omp parallel
+    {
+        float *kt = xmalloc((size_t)(D * T) * sizeof *kt), *vt = xmalloc((size_t)(D * T) * sizeof *vt);
+        float *dkt = xmalloc((size_t)(D * T) * sizeof *dkt), *dvt = xmalloc((size_t)(D * T) * sizeof *dvt);
+        float *p = xmalloc((size_t)(ATT_TILE * T) * sizeof *p), *dp = xmalloc((size_t)(ATT_TILE * T) * sizeof *dp);
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t g = 0; g < Hkv; g++) {
+                const float *qb = q + b * T * Hq * D, *kb = k + b * T * Hkv * D;
+                const int32_t *sb = start + b * T;
+                transpose_head(kt, kb, T, Hkv, g, D);
+                transpose_head(vt, v + b * T * Hkv * D, T, Hkv, g, D);
+                memset(dkt, 0, (size_t)(D * T) * sizeof *dkt);
+                memset(dvt, 0, (size_t)(D * T) * sizeof *dvt);
+                for (int64_t j = g * group; j < (g + 1) * group; j++)
+                    for (int64_t t0 = 0; t0 < T; t0 += ATT_TILE) {
+                        int64_t t1 = min_i64(T, t0 + ATT_TILE);
+                        tile_scores(p, qb, Hq, j, kt, sb, t0, t1, T, D, scale);
+                        for (int64_t t = t0; t < t1; t++) {
+                            int64_t lo = sb[t], row_index = (b * T + t) * Hq + j;
+                            float *pr = p + (t - t0) * T, *dpr = dp + (t - t0) * T;
+                            const float *dot_ = dout + row_index * D;
+                            float l = lse[(b * Hq + j) * T + t];
+                            for (int64_t kk = lo; kk <= t; kk++) pr[kk] = exp_vec(pr[kk] - l);
+                            // dP = dO · vᵀ, along keys
+                            int64_t n = t - lo + 1;
+                            memset(dpr + lo, 0, (size_t)n * sizeof *dpr);
+                            for (int64_t d = 0; d < D; d++) axpy(dpr + lo, dot_[d], vt + d * T + lo, n);
+                            float delta = dot(dot_, out + row_index * D, D);
+                            // dS (in dp), scaled by 1/√D for both dq and dk
+                            for (int64_t kk = lo; kk <= t; kk++) dpr[kk] = pr[kk] * (dpr[kk] - delta) * scale;
+                            float *dqt = dq + row_index * D;
+                            memset(dqt, 0, (size_t)D * sizeof *dqt);
+                            for (int64_t kk = lo; kk <= t; kk++) axpy(dqt, dpr[kk], kb + (kk * Hkv + g) * D, D);
+                            const float *qt = qb + (t * Hq + j) * D;
+                            for (int64_t d = 0; d < D; d++) {
+                                axpy(dkt + d * T + lo, qt[d], dpr + lo, n);
+                                axpy(dvt + d * T + lo, dot_[d], pr + lo, n);
+                            }
+                        }
+                    }
                 for (int64_t t = 0; t < T; t++) {
-                    int64_t lo = start[b * T + t];
-                    int64_t row = (b * T + t) * Hq + j;
-                    const float *qt = q + row * D, *dot_ = dout + row * D;
-                    float delta = dot(dot_, out + row * D, D);
-                    float l = lse[(b * Hq + j) * T + t];
-                    float *dqt = dq + row * D;
-                    memset(dqt, 0, (size_t)D * sizeof *dqt);
-                    for (int64_t s = lo; s <= t; s++) {
-                        int64_t kv = ((b * T + s) * Hkv + g) * D;
-                        float pr = exp_vec(dot(qt, k + kv, D) * scale - l);
-                        float dp = dot(dot_, v + kv, D);
-                        float ds = pr * (dp - delta) * scale;
-                        axpy(dqt, ds, k + kv, D);
-                        axpy(dk + kv, ds, qt, D);
-                        axpy(dv + kv, pr, dot_, D);
+                    float *dkr = dk + ((b * T + t) * Hkv + g) * D, *dvr = dv + ((b * T + t) * Hkv + g) * D;
+                    for (int64_t d = 0; d < D; d++) {
+                        dkr[d] = dkt[d * T + t];
+                        dvr[d] = dvt[d * T + t];
                     }
                 }
-        }
+            }
+        free(kt), free(vt), free(dkt), free(dvt), free(p), free(dp);
+    }
 }
 
 // ---------------------------------------------------------------- classifier loss

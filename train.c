@@ -10,6 +10,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "optim.h"
+#include "sample.h"
 
 #include <errno.h>
 #include <math.h>
@@ -51,6 +52,7 @@ typedef struct {
     int32_t *inputs, *targets;
     train_state state;
     metrics_log *log;
+    sampler *sampler;
     double flops_per_token;
     int threads;
     int rank, world;
@@ -110,11 +112,12 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            sizeof matmul), model_flops_per_token(t) / 1e9);
     printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations = %.2f GiB\n",
            state_gib, act_gib, state_gib + act_gib);
+    char run_tokens[32];
     printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps = "
-           "%.3gB tokens\n",
+           "%s tokens\n",
            (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, world,
            (long long)tokens_per_step, (long long)cfg->max_steps,
-           (double)tokens_per_step * (double)cfg->max_steps / 1e9);
+           format_count((double)tokens_per_step * (double)cfg->max_steps, run_tokens, sizeof run_tokens));
 }
 
 static void print_banner(const trainer *tr) {
@@ -313,6 +316,7 @@ int train_run(train_config *cfg) {
                                  tr.world);
     tr.log = metrics_open(cfg->out_dir);
     allocate(&tr);
+    if (cfg->sample_every > 0) tr.sampler = sampler_create(cfg, &tr.table);
     restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
@@ -330,6 +334,8 @@ int train_run(train_config *cfg) {
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
         if (tr.val && due(m.step, cfg->val_every, cfg->max_steps)) validate(&tr);
+        if (tr.sampler && due(m.step, cfg->sample_every, cfg->max_steps))
+            sampler_run(tr.sampler, tr.model, tr.params, m.step, tr.log);
         bool stop_here = stop_signal || m.step == cfg->stop_at_step;
         if (due(m.step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
             if (!save_checkpoint(&tr) && (stop_here || m.step == cfg->max_steps))
@@ -350,6 +356,7 @@ int train_run(train_config *cfg) {
     }
     if (tr.state.step == first_step)
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
+    sampler_free(tr.sampler);
     metrics_close(tr.log);
     cpu_model_free(tr.model);
     dataloader_close(tr.train);

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "config.h"
 #include "gemm.h"
+#include "prepare.h"
 #include "train.h"
 
 #include <stdio.h>
@@ -25,9 +26,11 @@ static void usage_error(void) {
 int main(int argc, char **argv) {
     // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
     setvbuf(stdout, NULL, _IOLBF, 0);
-    gemm_fix_cpu_kernels(argv);
     if (argc < 2) usage_error();
     const char *first = argv[1];
+    // prepare uses no BLAS: no need for the kernel check (and its possible restart).
+    if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
+    gemm_fix_cpu_kernels(argv);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {
         config_print_help();
         return 0;

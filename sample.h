@@ -1,0 +1,26 @@
+// sample.h — text samples during training: every sample_every steps the model continues
+// sample_prompt for sample_tokens tokens, and the decoded text goes to stdout and to
+// metrics.jsonl ({"event":"sample", "step", "text"}), so a user sees what it has learned.
+//
+// The prompt is preceded by the document token (training data puts one before every
+// document), sampling uses its own random stream seeded by (seed, step) so it never
+// changes the training, and it stops early at the end of a document.
+#ifndef TRAIN_GPT_SAMPLE_H
+#define TRAIN_GPT_SAMPLE_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "cpu_model.h"
+#include "metrics.h"
+#include "model.h"
+
+typedef struct sampler sampler;
+
+// Loads the tokenizer and encodes the prompt; fatal (naming the key) if either fails.
+sampler *sampler_create(const train_config *cfg, const param_table *t);
+void sampler_free(sampler *s);
+// Generates and reports one sample with the current weights.
+void sampler_run(sampler *s, cpu_model *m, const float *params, int64_t step, metrics_log *log);
+
+#endif
