@@ -16,7 +16,7 @@ export OMP_NUM_THREADS=$threads
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
 make -s build/test_tool train_gpt >/dev/null
 
-ours() {  # ours CONFIG SHARD -> steps/s (median step time of steps 3..)
+ours() {  # ours CONFIG SHARD -> steps/s (mean step time of steps 3.., as the PyTorch side)
     local out="$tmp/out"; rm -rf "$out"
     ./train_gpt "$1" --train_data "$2" --val_data "" --tokenizer "" --sample_every 0 --max_steps "$steps" \
         --warmup_steps 2 --shuffle 0 --threads "$threads" --out_dir "$out" --ckpt_every 0 --log_every 1000 \
@@ -24,7 +24,7 @@ ours() {  # ours CONFIG SHARD -> steps/s (median step time of steps 3..)
     "$python" - "$out/metrics.jsonl" <<'PY'
 import json, statistics, sys
 ms = [d["step_ms"] for d in map(json.loads, open(sys.argv[1])) if "step_ms" in d and d["step"] > 2]
-print(f"{1000.0 / statistics.median(ms):.4f}")
+print(f"{1000.0 / statistics.mean(ms):.4f}")
 PY
 }
 theirs() {
@@ -32,15 +32,15 @@ theirs() {
 }
 
 echo "# train_gpt vs PyTorch $("$python" -c 'import torch; print(torch.__version__)') on CPU"
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | $threads threads | $steps steps (median of steps 3..$steps; torch: mean after 2)"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | $threads threads | $steps steps (each side: mean step time of steps 3..$steps)"
 echo "# OpenBLAS kernels: ${OPENBLAS_CORETYPE:-auto} | train_gpt: $(./train_gpt --version)"
-printf '%-10s %-44s %14s %14s %8s\n' config shape "train_gpt it/s" "pytorch it/s" ratio
-for conf in configs/tiny.conf bench/cpu/small.conf; do
+printf '%-14s %-62s %14s %14s %8s\n' config shape "train_gpt it/s" "pytorch it/s" ratio
+for conf in configs/tiny.conf bench/cpu/small.conf bench/cpu/gpt124m-short.conf; do
     vocab=$(awk -F= '$1 ~ /^vocab_size/ {gsub(/ /, "", $2); print $2}' "$conf")
     doc=$(awk -F= '$1 ~ /^doc_token/ {split($2, a, "#"); gsub(/ /, "", a[1]); print a[1]}' "$conf")
     build/test_tool shard "$tmp/data.bin" "$vocab" "$doc" 3000000 7 100003
     a=$(ours "$conf" "$tmp/data.bin")
     b=$(theirs "$conf" "$tmp/data.bin")
-    shape=$(awk -F= '/^(n_layer|d_model|seq_len|batch_size|vocab_size) /{split($2,a,"#"); gsub(/ /,"",a[1]); printf "%s=%s ", $1, a[1]}' "$conf" | sed 's/  */ /g')
-    printf '%-10s %-44s %14s %14s %7.2fx\n' "$(basename "$conf" .conf)" "$shape" "$a" "$b" "$(echo "$a / $b" | bc -l)"
+    shape=$(awk -F= '/^(n_layer|d_model|seq_len|batch_size|vocab_size) /{split($2,a,"#"); gsub(/ /,"",a[1]); gsub(/ /,"",$1); printf "%s=%s ", $1, a[1]}' "$conf")
+    printf '%-14s %-62s %14s %14s %7.2fx\n' "$(basename "$conf" .conf)" "$shape" "$a" "$b" "$(echo "$a / $b" | bc -l)"
 done
