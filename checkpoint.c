@@ -216,15 +216,20 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
 
 // ---------------------------------------------------------------- load
 
+// The whole of DIR/NAME, NUL-terminated (caller frees), or NULL with a reason in why.
+static char *read_checkpoint_file(const char *dir, const char *name, size_t *bytes, char *why, size_t why_bytes) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = read_file_or_null(path, bytes);
+    if (!text) snprintf(why, why_bytes, "cannot read %s: %s", name, strerror(errno));
+    return text;
+}
+
 static bool verify_checksums(const char *dir, char *why, size_t why_bytes) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/checksums.xxh64", dir);
     size_t bytes;
-    char *text = read_file_or_null(path, &bytes);
-    if (!text) {
-        snprintf(why, why_bytes, "no checksums.xxh64 (%s)", strerror(errno));
-        return false;
-    }
+    char *text = read_checkpoint_file(dir, "checksums.xxh64", &bytes, why, why_bytes);
+    if (!text) return false;
     bool seen[N_CHECKPOINT_FILES] = {false};
     bool ok = true;
     char *save = NULL;
@@ -328,14 +333,9 @@ static bool check_model_config(const st_file *f, const model_config *want, char 
 }
 
 static bool read_state(const char *dir, train_state *s, char *why, size_t why_bytes) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/state.json", dir);
     size_t bytes;
-    char *text = read_file_or_null(path, &bytes);
-    if (!text) {
-        snprintf(why, why_bytes, "cannot read state.json: %s", strerror(errno));
-        return false;
-    }
+    char *text = read_checkpoint_file(dir, "state.json", &bytes, why, why_bytes);
+    if (!text) return false;
     json_doc doc;
     bool ok = json_parse(text, bytes, &doc);
     free(text);

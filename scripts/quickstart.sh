@@ -22,9 +22,11 @@ as_root() {
 }
 
 missing=()
-for p in build-essential pkg-config libopenblas-openmp-dev libpcre2-dev nodejs npm; do
+for p in build-essential pkg-config libopenblas-openmp-dev libpcre2-dev; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+command -v node >/dev/null || missing+=(nodejs)   # by command: nodesource's nodejs bundles npm
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "quickstart: installing ${missing[*]}"
     as_root apt-get update -qq
