@@ -383,11 +383,11 @@ static void test_checkpoints(void) {
     param_table_build(&t3, &other);
     float *p3 = alloc_floats((size_t)t3.numel), *m3 = alloc_floats((size_t)t3.numel), *v3 = alloc_floats((size_t)t3.numel);
     model_buffers b3 = {&t3, p3, m3, v3};
-    char dir7[400];
+    char dir7[320];
     snprintf(dir7, sizeof dir7, "%s/step_00000007", out_dir);
     EXPECT(!checkpoint_load(dir7, &b3, &s2, why, sizeof why) && strstr(why, "d_ff"), "architecture mismatch: %s", why);
     // Weights only (init_from).
-    char weights[400];
+    char weights[512];
     snprintf(weights, sizeof weights, "%s/model.safetensors", dir7);
     memset(p2, 0, n * 4);
     EXPECT(load_weights(weights, &t, p2, why, sizeof why) && memcmp(p, p2, n * 4) == 0, "load_weights");
