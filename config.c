@@ -456,9 +456,3 @@ void config_print_help(void) {
         printf("  %-18s [%s]  %s\n", k->name, def, k->doc);
     }
 }
-
-int config_key_names(const char **names, int max_names) {
-    int n = 0;
-    for (int i = 0; i < N_KEYS && n < max_names; i++) names[n++] = KEYS[i].name;
-    return n;
-}

@@ -93,7 +93,5 @@ bool model_config_equal(const model_config *a, const model_config *b);
 char *config_to_text(const train_config *cfg);
 // Prints every key with its default and doc line (for --help).
 void config_print_help(void);
-// Key names, for the docs test: returns the count and fills names[0..count).
-int config_key_names(const char **names, int max_names);
 
 #endif

@@ -379,8 +379,3 @@ void cross_entropy_forward_backward(float *logits, const int32_t *targets, int64
     free(row_ce);
     free(row_lse);
 }
-
-void add_inplace(float *y, const float *x, int64_t n) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}

@@ -69,7 +69,4 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 void cross_entropy_forward_backward(float *logits, const int32_t *targets, int64_t n, int64_t V, float z_loss,
                                     float grad_scale, double *ce_sum, double *lse_sq_sum);
 
-// y (n) += x (n)
-void add_inplace(float *y, const float *x, int64_t n);
-
 #endif

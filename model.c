@@ -82,12 +82,6 @@ float *param_ptr(const param_table *t, float *flat, param_kind kind, int layer) 
     return p ? flat + p->offset : NULL;
 }
 
-int param_index(const param_table *t, const char *name) {
-    for (int i = 0; i < t->count; i++)
-        if (strcmp(t->params[i].name, name) == 0) return i;
-    return -1;
-}
-
 bool layer_uses_rope(const model_config *m, int layer) {
     return !(m->nope_every > 0 && (layer + 1) % m->nope_every == 0);
 }

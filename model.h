@@ -60,8 +60,6 @@ void param_table_free(param_table *t);
 const param_info *param_find(const param_table *t, param_kind kind, int layer);
 // Pointer to that tensor inside a flat buffer (params, grads or moments).
 float *param_ptr(const param_table *t, float *flat, param_kind kind, int layer);
-// Index by Hugging Face name, or -1.
-int param_index(const param_table *t, const char *name);
 
 // Whether layer l applies RoPE (false on NoPE layers).
 bool layer_uses_rope(const model_config *m, int layer);
