@@ -108,8 +108,13 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
-# The tokenizer and data preparation add their own files here.
--include tokenizer.mk
+# Each subsystem adds its own sources, tests and detection in a fragment:
+#   tokenizer.mk  the tokenizer and `train_gpt prepare`
+#   quant.mk      DiLoCo's int8/int4 quantization
+#   net.mk        the TCP transport, its relay, OpenSSL detection, the frame fuzzer
+#   diloco.mk     the DiLoCo outer loop and the MPI transport
+#   cuda.mk       the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu`
+-include tokenizer.mk quant.mk net.mk diloco.mk cuda.mk
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)

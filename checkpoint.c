@@ -21,8 +21,12 @@
 
 #define STATE_FORMAT "train_gpt-state"
 #define STATE_VERSION 1
-static const char *const CHECKPOINT_FILES[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
-#define N_CHECKPOINT_FILES 3
+// The first three are in every checkpoint; outer.safetensors only in DiLoCo runs.
+static const char *const CHECKPOINT_FILES[] = {"model.safetensors", "optimizer.safetensors", "state.json",
+                                               "outer.safetensors"};
+#define N_CHECKPOINT_FILES 4
+#define N_REQUIRED_FILES 3
+#define OUTER_FILE 3
 
 // ---------------------------------------------------------------- helpers
 
@@ -131,6 +135,32 @@ static bool write_optimizer_file(const char *dir, const model_buffers *b, int64_
     return ok;
 }
 
+static bool write_outer_file(const char *dir, const model_buffers *b, int64_t outer_step, uint64_t *hash) {
+    const param_table *t = b->table;
+    const char *prefixes[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
+    float *buffers[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
+    int kinds = b->outer_residual ? 3 : 2;
+    st_tensor_out *out = xcalloc((size_t)t->count * 3, sizeof *out);
+    char (*names)[160] = xcalloc((size_t)t->count * 3, sizeof *names);
+    int n = 0;
+    for (int k = 0; k < kinds; k++)
+        for (int i = 0; i < t->count; i++, n++) {
+            const param_info *p = &t->params[i];
+            snprintf(names[n], sizeof names[0], "%s%s", prefixes[k], p->name);
+            out[n] = (st_tensor_out){names[n], buffers[k] + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
+        }
+    char step_text[32];
+    snprintf(step_text, sizeof step_text, "%lld", (long long)outer_step);
+    const char *keys[] = {"optimizer", "outer_step"};
+    const char *values[] = {"DiLoCo outer Nesterov SGD", step_text};
+    char path[4200];
+    int fd = open_new_file(dir, "outer.safetensors", path, sizeof path);
+    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, n, keys, values, 2, hash));
+    free(names);
+    free(out);
+    return ok;
+}
+
 static bool write_text_file(const char *dir, const char *name, const char *text, uint64_t *hash) {
     char path[4200];
     int fd = open_new_file(dir, name, path, sizeof path);
@@ -148,6 +178,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
               (long long)s->data.index);
     sb_printf(&sb, "  \"bad_steps\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)s->bad_steps,
               (long long)s->tokens_seen);
+    sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
     sb_printf(&sb, "  \"batch_size\": %lld,\n  \"seq_len\": %lld,\n  \"grad_accum\": %lld,\n",
               (long long)cfg->batch_size, (long long)cfg->model.seq_len, (long long)cfg->grad_accum);
     sb_printf(&sb, "  \"shuffle\": %s,\n  \"seed\": %lld,\n  \"saved_at_unix\": %lld,\n  \"config\": ",
@@ -162,7 +193,9 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
 
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
     int64_t numel = b->table->numel;
-    if (!all_finite(b->params, numel) || !all_finite(b->exp_avg, numel) || !all_finite(b->exp_avg_sq, numel)) {
+    bool finite = all_finite(b->params, numel) && all_finite(b->exp_avg, numel) && all_finite(b->exp_avg_sq, numel);
+    if (b->outer_theta) finite = finite && all_finite(b->outer_theta, numel) && all_finite(b->outer_momentum, numel);
+    if (!finite) {
         warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
         return false;
     }
@@ -180,10 +213,15 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
     if (ok) maybe_inject_fault(s->step);
     ok = ok && write_optimizer_file(tmp_dir, b, s->adam_step, &hashes[1]);
     ok = ok && write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
+    int files = N_REQUIRED_FILES;
+    if (b->outer_theta) {
+        ok = ok && write_outer_file(tmp_dir, b, s->outer_step, &hashes[OUTER_FILE]);
+        files = N_CHECKPOINT_FILES;
+    }
     free(state_json);
     if (ok) {
         strbuf sums = {0};
-        for (int i = 0; i < N_CHECKPOINT_FILES; i++)
+        for (int i = 0; i < files; i++)
             sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
         ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
         sb_free(&sums);
@@ -225,7 +263,8 @@ static char *read_checkpoint_file(const char *dir, const char *name, size_t *byt
     return text;
 }
 
-static bool verify_checksums(const char *dir, char *why, size_t why_bytes) {
+// Checks every file checksums.xxh64 lists; *has_outer tells whether outer.safetensors is one.
+static bool verify_checksums(const char *dir, bool *has_outer, char *why, size_t why_bytes) {
     char path[4200];
     size_t bytes;
     char *text = read_checkpoint_file(dir, "checksums.xxh64", &bytes, why, why_bytes);
@@ -262,7 +301,8 @@ static bool verify_checksums(const char *dir, char *why, size_t why_bytes) {
         }
     }
     free(text);
-    for (int i = 0; ok && i < N_CHECKPOINT_FILES; i++)
+    *has_outer = seen[OUTER_FILE];
+    for (int i = 0; ok && i < N_REQUIRED_FILES; i++)
         if (!seen[i]) {
             snprintf(why, why_bytes, "checksums.xxh64 does not cover %s", CHECKPOINT_FILES[i]);
             ok = false;
@@ -364,12 +404,40 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
             *fields[i].field = v->integer;
         }
     }
+    // Absent in checkpoints written before DiLoCo existed.
+    const json_value *outer = json_get(&doc.root, "outer_step");
+    s->outer_step = outer && outer->type == JSON_NUMBER && outer->is_integer && outer->integer >= 0 ? outer->integer : 0;
     json_free(&doc);
     return ok;
 }
 
+static bool read_outer_state(const char *dir, const model_buffers *b, char *why, size_t why_bytes) {
+    char path[4200];
+    st_file f;
+    snprintf(path, sizeof path, "%s/outer.safetensors", dir);
+    if (!safetensors_open(path, &f, why, why_bytes)) return false;
+    bool ok = read_table_tensors(&f, b->table, "outer.theta.", b->outer_theta, why, why_bytes) &&
+              read_table_tensors(&f, b->table, "outer.momentum.", b->outer_momentum, why, why_bytes);
+    if (ok && b->outer_residual) {
+        size_t bytes = (size_t)b->table->numel * sizeof(float);
+        char first[160];
+        snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
+        if (safetensors_find(&f, first))
+            ok = read_table_tensors(&f, b->table, "outer.residual.", b->outer_residual, why, why_bytes);
+        else
+            memset(b->outer_residual, 0, bytes);  // written without error feedback: start with none
+    }
+    safetensors_close(&f);
+    if (ok && (!all_finite(b->outer_theta, b->table->numel) || !all_finite(b->outer_momentum, b->table->numel))) {
+        snprintf(why, why_bytes, "the outer state holds NaN/Inf");
+        ok = false;
+    }
+    return ok;
+}
+
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
-    if (!verify_checksums(dir, why, why_bytes)) return false;
+    bool has_outer = false;
+    if (!verify_checksums(dir, &has_outer, why, why_bytes)) return false;
     char path[4200];
     st_file f;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -391,6 +459,15 @@ bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, ch
     if (!all_finite(b->params, b->table->numel)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
         return false;
+    }
+    if (b->outer_theta && has_outer) return read_outer_state(dir, b, why, why_bytes);
+    if (b->outer_theta) {
+        size_t bytes = (size_t)b->table->numel * sizeof(float);
+        note("'%s' has no DiLoCo outer state: θ starts from its weights, with zero momentum", dir);
+        memcpy(b->outer_theta, b->params, bytes);
+        memset(b->outer_momentum, 0, bytes);
+        if (b->outer_residual) memset(b->outer_residual, 0, bytes);
+        s->outer_step = 0;
     }
     return true;
 }

@@ -4,8 +4,12 @@
 //   model.safetensors      fp32 master weights, Hugging Face names, "model_config" (JSON)
 //                          in __metadata__ — loadable by any safetensors reader
 //   optimizer.safetensors  AdamW moments: "exp_avg.<name>" and "exp_avg_sq.<name>"
-//   state.json             step, AdamW step, data position, outlier-guard count, the config
-//   checksums.xxh64        XXH64 of the three files above, in `xxhsum -H64` format
+//   state.json             step, AdamW step, data position, outlier-guard count, DiLoCo
+//                          outer step, the config
+//   outer.safetensors      DiLoCo runs only: the outer state, "outer.theta.<name>" (θ, the
+//                          global weights of the last outer step), "outer.momentum.<name>"
+//                          and, with error feedback, "outer.residual.<name>"
+//   checksums.xxh64        XXH64 of the files above, in `xxhsum -H64` format
 // It is written into OUT_DIR/.tmp-step_NNNNNNNN, every file fsynced, then the directory is
 // renamed into place and OUT_DIR fsynced: a crash at any moment leaves either the complete
 // checkpoint or none (a stale .tmp-* directory, which is never read and is cleared by the
@@ -28,11 +32,14 @@ typedef struct {
     data_position data;    // train loader position after the last step
     int64_t bad_steps;     // consecutive NaN/Inf steps so far
     int64_t tokens_seen;   // train tokens consumed by all processes
+    int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
 } train_state;
 
 typedef struct {
     const param_table *table;
     float *params, *exp_avg, *exp_avg_sq;   // flat buffers in the table's layout
+    // DiLoCo's outer state, NULL without DiLoCo (residual: NULL without error feedback).
+    float *outer_theta, *outer_momentum, *outer_residual;
 } model_buffers;
 
 // Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on
@@ -40,7 +47,9 @@ typedef struct {
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg);
 
 // Verifies and loads one checkpoint directory. false with a one-line reason in why; the
-// buffers may then hold partial data and must not be used.
+// buffers may then hold partial data and must not be used. When b has outer buffers and
+// the checkpoint has no outer state (it was written without DiLoCo), θ is set to the
+// weights, the momentum and residual to zero, and s->outer_step to 0, with a notice.
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes);
 
 // Loads the newest checkpoint in out_dir that verifies, warning about each one skipped.

@@ -90,6 +90,23 @@ static const key_spec KEYS[] = {
     {"sample_prompt", KEY_STRING, T(sample_prompt), "The", 0, 0, NULL, false, "text the samples continue"},
     {"sample_tokens", KEY_INT, T(sample_tokens), "48", 1, 1 << 20, NULL, false, "tokens generated per sample"},
     {"sample_temperature", KEY_FLOAT, T(sample_temperature), "0.8", 0, 100, NULL, false, "sampling temperature; 0 = greedy"},
+    // --- DiLoCo (docs/diloco.md) ---
+    {"diloco_replicas", KEY_INT, T(diloco_replicas), "0", 0, 256, NULL, false, "DiLoCo replicas M taking part in the run; 0 = DiLoCo off"},
+    {"diloco_replica_id", KEY_INT, T(diloco_replica_id), "-1", -1, 255, NULL, false, "this replica's id in [0, M); -1 = the MPI rank (mpi transport)"},
+    {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
+    {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "0.7", 0, 10, NULL, false, "outer Nesterov SGD learning rate"},
+    {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "0.9", 0, 0.999999, NULL, false, "outer Nesterov momentum"},
+    {"diloco_transport", KEY_CHOICE, T(diloco_transport), "tcp", 0, 0, "tcp|mpi", false, "tcp: replicas meet at a hub (relay); mpi: replicas are the ranks of one MPI job"},
+    {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
+    {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
+    {"diloco_streams", KEY_INT, T(diloco_streams), "4", 1, 64, NULL, false, "tcp: parallel TCP connections per replica for outer gradients"},
+    {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4", false, "how outer gradients travel: fp32, or blockwise int8 / int4"},
+    {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 24, NULL, false, "values per quantization block (one fp32 scale each)"},
+    {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
+    {"diloco_timeout_s", KEY_FLOAT, T(diloco_timeout_s), "60", 0.1, 1e6, NULL, false, "a replica silent or late this long is dropped from the round"},
+    {"diloco_connect_timeout_s", KEY_FLOAT, T(diloco_connect_timeout_s), "300", 0.1, 1e6, NULL, false, "how long a replica keeps trying to reach the hub at start"},
+    {"diloco_secret_file", KEY_STRING, T(diloco_secret_file), "", 0, 0, NULL, false, "tcp: file holding the shared secret (>= 16 bytes) that authenticates replicas"},
+    {"diloco_min_replicas", KEY_INT, T(diloco_min_replicas), "1", 1, 256, NULL, false, "fewer contributors than this: the outer step is skipped"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -302,6 +319,19 @@ void config_finish(train_config *cfg) {
     if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
         RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
     RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
+    if (cfg->diloco_replicas > 0) {
+        bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
+        RULE(cfg->diloco_replica_id < cfg->diloco_replicas, "diloco_replica_id", "%lld is not below diloco_replicas %lld",
+             (long long)cfg->diloco_replica_id, (long long)cfg->diloco_replicas);
+        RULE(!tcp || cfg->diloco_replica_id >= 0, "diloco_replica_id",
+             "must be set (0 .. diloco_replicas-1) with diloco_transport = tcp");
+        RULE(!tcp || cfg->diloco_rendezvous[0], "diloco_rendezvous", "must be set (host:port of the hub) with "
+             "diloco_transport = tcp");
+        RULE(!tcp || cfg->diloco_secret_file[0], "diloco_secret_file", "must be set with diloco_transport = tcp: "
+             "replicas authenticate with a shared secret");
+        RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
+             "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
+    }
 }
 
 void config_check_files(const train_config *cfg) {
@@ -310,6 +340,8 @@ void config_check_files(const train_config *cfg) {
              cfg->resume);
     if (cfg->init_from[0]) RULE(file_exists(cfg->init_from), "init_from", "no such file '%s'", cfg->init_from);
     if (cfg->tokenizer[0]) RULE(file_exists(cfg->tokenizer), "tokenizer", "no such file '%s'", cfg->tokenizer);
+    if (cfg->diloco_replicas > 0 && cfg->diloco_secret_file[0] && strcmp(cfg->diloco_transport, "tcp") == 0)
+        RULE(file_exists(cfg->diloco_secret_file), "diloco_secret_file", "no such file '%s'", cfg->diloco_secret_file);
 }
 
 static void check_required(void) {

@@ -70,6 +70,23 @@ typedef struct {
     char *sample_prompt;
     int64_t sample_tokens;
     double sample_temperature;
+    // DiLoCo (docs/diloco.md); diloco_replicas = 0 turns it off
+    int64_t diloco_replicas;        // M
+    int64_t diloco_replica_id;      // -1 = the MPI rank (mpi) ; required for tcp
+    int64_t diloco_inner_steps;     // H
+    double diloco_outer_lr;
+    double diloco_outer_momentum;
+    char *diloco_transport;         // tcp | mpi
+    char *diloco_rendezvous;        // tcp: host:port of the hub
+    bool diloco_serve;              // tcp: this replica runs the hub itself
+    int64_t diloco_streams;
+    char *diloco_quant;             // none | int8 | int4
+    int64_t diloco_quant_block;
+    bool diloco_error_feedback;
+    double diloco_timeout_s;
+    double diloco_connect_timeout_s;
+    char *diloco_secret_file;
+    int64_t diloco_min_replicas;
 } train_config;
 
 // Fills defaults, reads `path` (may be NULL: defaults and overrides only), applies the

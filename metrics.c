@@ -73,3 +73,9 @@ void metrics_event(metrics_log *log, const char *name, int64_t step, const char 
     if (extra_json && *extra_json) sb_printf(&sb, ",%s", extra_json);
     write_line(log, &sb);
 }
+
+void metrics_object(metrics_log *log, const char *members_json) {
+    strbuf sb = {0};
+    sb_printf(&sb, "{%s", members_json);
+    write_line(log, &sb);
+}

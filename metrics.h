@@ -3,7 +3,8 @@
 //   step:   {"step", "loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms",
 //            "tokens", "skipped"}            mfu is null when the peak is unknown (CPU)
 //   val:    {"step", "val_loss", "val_tokens"}
-//   event:  {"event", "step", ...}            start, resume, checkpoint, stop
+//   event:  {"event", "step", ...}            start, resume, checkpoint, stop, diloco_*
+//   outer:  {"outer_step", "step", "contributors", ...}   one per DiLoCo outer step (diloco.h)
 // Numbers that are not finite are written as null (JSON has no NaN).
 #ifndef TRAIN_GPT_METRICS_H
 #define TRAIN_GPT_METRICS_H
@@ -34,5 +35,7 @@ void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_to
 // {"event": name, "step": step} plus extra members given as a JSON fragment ("" for none),
 // e.g. "\"path\":\"out/step_00000100\"".
 void metrics_event(metrics_log *log, const char *name, int64_t step, const char *extra_json);
+// A line made of the given members, a JSON fragment such as "\"outer_step\":3,\"step\":15".
+void metrics_object(metrics_log *log, const char *members_json);
 
 #endif

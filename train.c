@@ -4,6 +4,8 @@
 #include "common.h"
 #include "cpu_model.h"
 #include "dataloader.h"
+#include "diloco.h"
+#include "transport.h"
 #include "fault.h"
 #include "gemm.h"
 #include "json.h"
@@ -55,7 +57,8 @@ typedef struct {
     sampler *sampler;
     double flops_per_token;
     int threads;
-    int rank, world;
+    int rank, world;     // the data split: DiLoCo replica id and replica count, or 0 and 1
+    diloco *outer;       // NULL without DiLoCo
 } trainer;
 
 static int setup_threads(const train_config *cfg) {
@@ -126,6 +129,13 @@ static void print_banner(const trainer *tr) {
            (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
            tr->val ? "" : ", no validation set");
     printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
+    const train_config *cfg = tr->cfg;
+    if (tr->outer)
+        printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
+               "transport, %s outer gradients%s\n",
+               tr->rank, tr->world, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
+               cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant,
+               cfg->diloco_error_feedback ? " with error feedback" : "");
     fflush(stdout);
 }
 
@@ -161,11 +171,14 @@ static void allocate(trainer *tr) {
 }
 
 static model_buffers buffers_of(trainer *tr) {
-    return (model_buffers){&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq};
+    model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL};
+    if (tr->outer) diloco_attach_buffers(tr->outer, &b);
+    return b;
 }
 
-// Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say.
-static void restore_or_init(trainer *tr) {
+// Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say. Returns whether
+// a checkpoint was loaded.
+static bool restore_or_init(trainer *tr) {
     train_config *cfg = tr->cfg;
     model_buffers b = buffers_of(tr);
     memset(&tr->state, 0, sizeof tr->state);
@@ -187,7 +200,7 @@ static void restore_or_init(trainer *tr) {
         metrics_event(tr->log, "resume", tr->state.step, extra.data);
         sb_free(&extra);
         free(from);
-        return;
+        return true;
     }
     // Starting over in a directory that holds another run's checkpoints would mix the two
     // runs and let ckpt_keep prune the old run's files.
@@ -204,6 +217,7 @@ static void restore_or_init(trainer *tr) {
         param_init(&tr->table, tr->params, (uint64_t)cfg->seed);
     }
     metrics_event(tr->log, "start", 0, "");
+    return false;
 }
 
 static double validate(trainer *tr) {
@@ -277,9 +291,10 @@ static step_metrics train_step(trainer *tr) {
                         m.grad_norm, m.lr, cfg);
         tr->state.bad_steps = 0;
     }
-    int64_t step_tokens = B * T * cfg->grad_accum * tr->world;
+    // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
+    int64_t step_tokens = B * T * cfg->grad_accum;
     tr->state.step++;
-    tr->state.tokens_seen += step_tokens;
+    tr->state.tokens_seen += step_tokens * tr->world;
     tr->state.data = dataloader_position(tr->train);
     double dt = wall_seconds() - t0;
     m.step = tr->state.step;
@@ -299,27 +314,47 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
     fflush(stdout);
 }
 
+// The data split: with DiLoCo each replica reads its own 1/M of the data.
+static void choose_data_split(trainer *tr) {
+    train_config *cfg = tr->cfg;
+    tr->rank = 0;
+    tr->world = 1;
+    if (cfg->diloco_replicas <= 0) return;
+    if (cfg->diloco_replica_id < 0) cfg->diloco_replica_id = transport_mpi_world_rank();
+    tr->rank = (int)cfg->diloco_replica_id;
+    tr->world = (int)cfg->diloco_replicas;
+}
+
+// Checkpoint, then say where the run stands.
+static void checkpoint_now(trainer *tr, bool must_succeed) {
+    if (!save_checkpoint(tr) && must_succeed)
+        fail("the checkpoint at step %lld could not be written (see above); the run stops with an error so that "
+             "the job is not counted as finished",
+             (long long)tr->state.step);
+}
+
 int train_run(train_config *cfg) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
-    tr.rank = 0;
-    tr.world = 1;
     config_check_files(cfg);
     select_device(cfg);
     tr.threads = setup_threads(cfg);
+    choose_data_split(&tr);
     tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                (uint64_t)cfg->seed, tr.rank, tr.world);
     resolve_doc_token(cfg, tr.train);
+    // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
-        tr.val = dataloader_open(cfg->val_data, "val_data", cfg->batch_size, cfg->model.seq_len, false, 0, tr.rank,
-                                 tr.world);
+        tr.val = dataloader_open(cfg->val_data, "val_data", cfg->batch_size, cfg->model.seq_len, false, 0, 0, 1);
     tr.log = metrics_open(cfg->out_dir);
     allocate(&tr);
+    tr.outer = diloco_open(cfg, &tr.table, tr.log);
     if (cfg->sample_every > 0) tr.sampler = sampler_create(cfg, &tr.table);
-    restore_or_init(&tr);
+    bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
+    if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
 
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
@@ -333,29 +368,34 @@ int train_run(train_config *cfg) {
         }
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
-        if (tr.val && due(m.step, cfg->val_every, cfg->max_steps)) validate(&tr);
-        if (tr.sampler && due(m.step, cfg->sample_every, cfg->max_steps))
-            sampler_run(tr.sampler, tr.model, tr.params, m.step, tr.log);
-        bool stop_here = stop_signal || m.step == cfg->stop_at_step;
-        if (due(m.step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
-            if (!save_checkpoint(&tr) && (stop_here || m.step == cfg->max_steps))
-                fail("the checkpoint at step %lld could not be written (see above); the run stops with an error so "
-                     "that the job is not counted as finished",
-                     (long long)m.step);
-        }
+        // The outer step comes first, so that validation, samples and checkpoints at an outer
+        // boundary see the global weights. A replica that had to rejoin may jump to the
+        // group's step here.
+        if (tr.outer && diloco_outer_step_due(tr.outer, m.step, cfg->max_steps))
+            diloco_outer_step(tr.outer, tr.params, &tr.state, tr.train);
+        int64_t step = tr.state.step;
+        if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
+        if (tr.sampler && due(step, cfg->sample_every, cfg->max_steps))
+            sampler_run(tr.sampler, tr.model, tr.params, step, tr.log);
+        bool stop_here = stop_signal || step == cfg->stop_at_step;
+        if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
+        if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here)
+            checkpoint_now(&tr, stop_here || step == cfg->max_steps);
         if (stop_here) {
             if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
-                     (int)stop_signal, (long long)m.step);
+                     (int)stop_signal, (long long)step);
             else
-                note("stopped after step %lld (stop_at_step); checkpoint written, run again to resume",
-                     (long long)m.step);
-            metrics_event(tr.log, "stop", m.step, stop_signal ? "\"reason\":\"signal\"" : "\"reason\":\"stop_at_step\"");
+                note("stopped after step %lld (%s); checkpoint written, run again to resume", (long long)step,
+                     step == cfg->stop_at_step ? "stop_at_step" : "another replica was stopped");
+            metrics_event(tr.log, "stop", step, stop_signal ? "\"reason\":\"signal\"" : "\"reason\":\"stop_at_step\"");
             break;
         }
     }
     if (tr.state.step == first_step)
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
+    diloco_leave(tr.outer);
+    diloco_close(tr.outer);
     sampler_free(tr.sampler);
     metrics_close(tr.log);
     cpu_model_free(tr.model);

@@ -1,0 +1,49 @@
+// quant.h — blockwise quantization of DiLoCo outer gradients (int8 / int4), with optional
+// error feedback. The same functions exist in C (quant.c, the reference, used on the CPU
+// and for every decode) and in CUDA (quant.cu, encode on the GPU).
+//
+// Layout of an encoded buffer of n values in blocks of `block` values (the last block may
+// be short), little-endian, byte for byte (docs/diloco.md repeats it):
+//   n_blocks = ceil(n / block) float32 scales, one per block, then the codes:
+//   int8: n int8 codes, value = code * scale, code in [-127, 127]
+//   int4: ceil(n / 2) bytes, two 4-bit two's-complement codes per byte (element 2i in the
+//         low nibble, 2i+1 in the high nibble), code in [-7, 7], value = code * scale
+//   none: n float32 values (no scales)
+// scale = max|x| over the block / 127 (int8) or / 7 (int4); a block of zeros has scale 0.
+// Rounding is to nearest, ties away from zero (roundf), so encode is deterministic and the
+// C and CUDA encoders produce the same bytes. Decoding is one fp32 multiply per value, so
+// every replica that decodes the same bytes gets the same bits.
+#ifndef TRAIN_GPT_QUANT_H
+#define TRAIN_GPT_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { QUANT_NONE = 0, QUANT_INT8 = 1, QUANT_INT4 = 2 } quant_kind;
+
+// "none" | "int8" | "int4" -> kind; -1 for anything else.
+int quant_kind_from_name(const char *name);
+const char *quant_kind_name(quant_kind k);
+
+// Bytes of the encoded form of n values.
+size_t quant_encoded_bytes(quant_kind k, int64_t n, int64_t block);
+
+// Encodes x[n] into out[quant_encoded_bytes(k, n, block)].
+void quant_encode(quant_kind k, const float *x, int64_t n, int64_t block, uint8_t *out);
+
+// Decodes in[] into x[n].
+void quant_decode(quant_kind k, const uint8_t *in, int64_t n, int64_t block, float *x);
+
+// Adds the decoded values times `weight` to acc[n] (double): acc[i] += weight * value_i.
+// The outer step averages contributions this way, always in ascending replica order.
+void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t block, double weight,
+                             double *acc);
+
+// Error feedback around encode. x[n] is this round's true outer gradient, residual[n] the
+// part of earlier rounds that quantization did not send (NULL = no error feedback).
+// Encodes x + residual into out, then sets residual = (x + residual) - decode(out).
+// Returns the relative L2 error of the sent values against x alone:
+// ||decode(out) - x|| / ||x|| (0 when x is all zeros).
+double quant_encode_feedback(quant_kind k, const float *x, float *residual, int64_t n, int64_t block, uint8_t *out);
+
+#endif

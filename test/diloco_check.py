@@ -1,0 +1,92 @@
+"""Independent check of DiLoCo's outer step from the tensors train_gpt dumps.
+
+usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR]
+
+TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>.f32 at outer
+step k: θ before, θᵢ (its local weights), Δ, m before, m after, θ after, each NUMEL fp32.
+This script recomputes, in float64 and without any train_gpt code:
+  Δ      = θ_before − mean over replicas of θᵢ      (the sign convention)
+  m      = μ·m_before + Δ
+  θ      = θ_before − lr·(Δ + μ·m)                  (torch.optim.SGD, nesterov=True)
+and checks each against the dump, plus that all replicas hold the same bits.
+Tolerances: Δ, m and θ are fp32 roundings of float64 results, so each is within one
+fp32 rounding (6e-8 relative to the tensor's largest value) of the float64 value; 1e-6
+leaves margin for the double-rounding of m that feeds θ, and still catches a flipped
+sign (an error of ~2·lr·|Δ+μm|, 1e-4..1e-2 of |θ| here). With quantization the Δ check
+compares against the mean of the true Δᵢ with the stated relative L2 bound instead.
+"""
+import glob
+import os
+import re
+import sys
+
+import numpy as np
+
+
+def main():
+    dump_dir = sys.argv[1]
+    lr, mu, quant = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    max_quant_err = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    files = glob.glob(os.path.join(dump_dir, "outer_*_*.f32"))
+    assert files, "no dumps found"
+    numel = os.path.getsize(files[0]) // 24
+    steps = {}
+    for path in files:
+        m = re.match(r"outer_(\d+)_(\d+)\.f32$", os.path.basename(path))
+        replica, k = int(m.group(1)), int(m.group(2))
+        data = np.fromfile(path, dtype=np.float32)
+        assert data.size == 6 * numel, f"{path}: {data.size} values, expected {6 * numel}"
+        steps.setdefault(k, {})[replica] = data.reshape(6, numel)
+    assert steps, "no dumps found"
+    failures = 0
+    worst = {"delta": 0.0, "momentum": 0.0, "theta": 0.0}
+    prev_after = None
+    for k in sorted(steps):
+        reps = steps[k]
+        ids = sorted(reps)
+        first = reps[ids[0]]
+        for r in ids[1:]:
+            for i, name in [(0, "θ before"), (2, "Δ"), (4, "m after"), (5, "θ after")]:
+                if not np.array_equal(first[i].view(np.uint32), reps[r][i].view(np.uint32)):
+                    print(f"FAIL outer step {k}: replica {r}'s {name} differs from replica {ids[0]}'s")
+                    failures += 1
+        theta_b, delta, m_b, m_a, theta_a = (first[i].astype(np.float64) for i in (0, 2, 3, 4, 5))
+        locals_mean = np.mean([reps[r][1].astype(np.float64) for r in ids], axis=0)
+        delta_true = theta_b - locals_mean
+        scale = max(np.max(np.abs(delta_true)), 1e-30)
+        if quant == "none":
+            err = np.max(np.abs(delta - delta_true)) / scale
+            worst["delta"] = max(worst["delta"], err)
+            if err > 1e-6:
+                print(f"FAIL outer step {k}: Δ differs from θ − mean θᵢ by {err:.3g} of max|Δ|")
+                failures += 1
+        else:
+            err = np.linalg.norm(delta - delta_true) / max(np.linalg.norm(delta_true), 1e-30)
+            worst["delta"] = max(worst["delta"], err)
+            if err > max_quant_err:
+                print(f"FAIL outer step {k}: quantized Δ is {err:.3g} (relative L2) from θ − mean θᵢ, "
+                      f"bound {max_quant_err}")
+                failures += 1
+        m_exp = mu * m_b + delta
+        err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
+        worst["momentum"] = max(worst["momentum"], err)
+        if err > 1e-6:
+            print(f"FAIL outer step {k}: momentum off by {err:.3g} of max|m|")
+            failures += 1
+        theta_exp = theta_b - lr * (delta + mu * m_exp)
+        err = np.max(np.abs(theta_a - theta_exp)) / max(np.max(np.abs(theta_exp)), 1e-30)
+        worst["theta"] = max(worst["theta"], err)
+        if err > 1e-6:
+            print(f"FAIL outer step {k}: θ after off by {err:.3g} of max|θ| (sign or formula)")
+            failures += 1
+        if prev_after is not None and k - 1 in steps and not np.array_equal(prev_after, first[0]):
+            print(f"FAIL outer step {k}: θ before is not the previous outer step's θ after")
+            failures += 1
+        prev_after = first[5]
+    print(f"diloco_check: {len(steps)} outer steps, replicas {sorted({r for s in steps.values() for r in s})}, "
+          f"worst relative errors: Δ {worst['delta']:.2e}, m {worst['momentum']:.2e}, θ {worst['theta']:.2e}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

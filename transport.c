@@ -1,0 +1,47 @@
+// transport.c — the public transport calls, forwarded to the implementation (see transport.h).
+#include "transport_impl.h"
+#include "common.h"
+
+#include <stdlib.h>
+
+struct transport {
+    const transport_ops *ops;
+    void *impl;
+};
+
+transport *transport_wrap(const transport_ops *ops, void *impl) {
+    transport *t = xcalloc(1, sizeof *t);
+    t->ops = ops;
+    t->impl = impl;
+    return t;
+}
+
+join_result transport_join(transport *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                           size_t *state_bytes) {
+    return t->ops->join(t->impl, s, state, state_capacity, state_bytes);
+}
+
+join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                             size_t *state_bytes) {
+    return t->ops->rejoin(t->impl, s, state, state_capacity, state_bytes);
+}
+
+bool transport_exchange(transport *t, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r) {
+    return t->ops->exchange(t->impl, outer_step, payload, bytes, r);
+}
+
+void transport_send_state(transport *t, const uint8_t *state, size_t bytes) { t->ops->send_state(t->impl, state, bytes); }
+
+bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }
+
+void transport_leave(transport *t) {
+    if (!t) return;
+    t->ops->leave(t->impl);
+    free(t);
+}
+
+void transport_close(transport *t) {
+    if (!t) return;
+    t->ops->close(t->impl);
+    free(t);
+}

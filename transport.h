@@ -1,0 +1,117 @@
+// transport.h — how DiLoCo replicas exchange their outer gradients.
+//
+// The outer loop (diloco.c) sees the replicas through this one interface; two transports
+// implement it:
+//   tcp  (transport_tcp.c, relay.c, wire.c): separate jobs, possibly on separate clusters.
+//        Every replica connects out to a hub (the "relay": `train_gpt relay CONFIG` on a
+//        login or gateway node, or a thread inside one replica when diloco_serve = 1 and
+//        that replica's node accepts inbound connections). Frames are length-prefixed,
+//        versioned, bounded, and authenticated with HMAC-SHA256 over a shared secret
+//        (docs/protocol.md). The hub keeps the membership: heartbeats, eviction of a dead
+//        or silent replica within timeout_s, joins at outer boundaries.
+//   mpi  (transport_mpi.c): the replicas are the ranks of one MPI world (one job). The
+//        membership is fixed; a rank that dies ends the job (MPI offers no recovery), so
+//        fault tolerance needs tcp.
+//
+// An exchange is an all-gather: each replica hands in its encoded outer gradient for outer
+// step k, and gets back the encoded outer gradients of every replica that contributed to
+// step k (its own included), in ascending replica id. Every replica then decodes and
+// averages the same bytes in the same order, so all end with the same bits.
+//
+// A replica is one process today. Later a replica will be a group of ranks (an FSDP
+// island); then only the group's leader opens a transport and the group broadcasts what it
+// returns — nothing here assumes a replica is one process.
+#ifndef TRAIN_GPT_TRANSPORT_H
+#define TRAIN_GPT_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRANSPORT_MAX_REPLICAS 256
+
+typedef struct transport transport;
+
+typedef struct {
+    int replica_id;             // 0 .. replicas-1
+    int replicas;               // M, the number of replicas the run is configured for
+    int min_replicas;           // fewer contributors than this: the outer step is skipped
+    double timeout_s;           // eviction, round deadline, and every blocking socket call
+    double connect_timeout_s;   // how long a replica keeps trying to reach the hub at start
+    // tcp only
+    const char *rendezvous;     // "host:port" of the hub
+    bool serve;                 // this process also runs the hub, listening on rendezvous
+    int streams;                // parallel TCP connections per replica for payloads
+    const uint8_t *secret;      // shared secret (HMAC key)
+    size_t secret_bytes;
+    // Everything a joining replica must agree on with the group: a mismatch is refused at
+    // the handshake with a one-line reason (different model, different quantization, ...).
+    uint64_t run_fingerprint;
+} transport_options;
+
+// What a replica says about itself when it (re)joins the group.
+typedef struct {
+    int64_t outer_step;         // outer steps applied to its θ
+    uint64_t param_hash;        // XXH64 of its θ (fp32 bytes)
+} replica_status;
+
+typedef enum {
+    JOIN_MEMBER = 1,            // in sync with the group: train and contribute
+    JOIN_GOT_STATE = 2,         // out of sync: *state now holds a donor's state (see below)
+} join_result;
+
+typedef struct {
+    int64_t outer_step;         // the step this result is for
+    int n;                      // replicas that contributed (this one included)
+    int ids[TRANSPORT_MAX_REPLICAS];              // ascending
+    const uint8_t *payload[TRANSPORT_MAX_REPLICAS]; // owned by the transport, valid until the next call
+    size_t bytes[TRANSPORT_MAX_REPLICAS];
+    bool apply;                 // false: fewer than min_replicas contributed, skip the outer step
+    bool evicted;               // this replica was too late for the round and was dropped: it must
+                                // call transport_rejoin() before contributing again
+    bool send_state;            // this replica is the donor for joiners: after applying the outer
+                                // step it must call transport_send_state()
+    uint64_t bytes_sent, bytes_recv;   // payload + framing bytes of this exchange, this replica
+    double wait_s;              // time from handing in the payload until the last contributor's arrived
+    double sync_s;              // whole call, wall time
+} round_result;
+
+// Opens the transport (tcp: connects to the hub, starting it first when serve; mpi: the
+// world must have exactly `replicas` ranks and replica_id = rank). Fatal with a one-line
+// error when the hub cannot be reached within connect_timeout_s or the handshake fails.
+transport *transport_tcp_open(const transport_options *o);
+transport *transport_mpi_open(const transport_options *o);
+// This process's rank in the MPI world (initializing MPI); fatal without MPI in the build.
+int transport_mpi_world_rank(void);
+
+// Joins the group with this status. If the status matches the group's (same outer step and
+// param_hash), or this replica is the first, it is a member: returns JOIN_MEMBER. Otherwise
+// blocks until the group's next outer boundary, receives the donor's state (at most
+// state_capacity bytes, opaque to the transport: diloco.c defines it) into state, sets
+// *state_bytes, and returns JOIN_GOT_STATE; the replica is then a member.
+join_result transport_join(transport *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                           size_t *state_bytes);
+
+// After result.evicted: the same as transport_join.
+join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                             size_t *state_bytes);
+
+// Contributes payload for outer step `outer_step` and waits for the round to close (every
+// live member contributed, or the round deadline passed). false only when the transport
+// itself is gone (hub unreachable past timeout_s): the caller skips the outer step and
+// says so; it never applies its own Δ alone.
+bool transport_exchange(transport *t, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r);
+
+// The donor's state for the replicas joining at this boundary (after result.send_state).
+void transport_send_state(transport *t, const uint8_t *state, size_t bytes);
+
+// tcp: local_stop. mpi: true on every rank when any rank saw a stop signal (an all-reduce),
+// so that all ranks stop at the same step instead of deadlocking in the next exchange.
+bool transport_agree_stop(transport *t, bool local_stop);
+
+// Says goodbye (the hub drops this replica at once instead of waiting for a timeout) and
+// closes. transport_close alone just closes.
+void transport_leave(transport *t);
+void transport_close(transport *t);
+
+#endif

@@ -1,0 +1,24 @@
+// transport_impl.h — what a transport implementation provides (private to transport*.c).
+// transport.c forwards each public call of transport.h to the implementation's function.
+#ifndef TRAIN_GPT_TRANSPORT_IMPL_H
+#define TRAIN_GPT_TRANSPORT_IMPL_H
+
+#include "transport.h"
+
+typedef struct {
+    const char *name;
+    join_result (*join)(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
+                        size_t *state_bytes);
+    join_result (*rejoin)(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
+                          size_t *state_bytes);
+    bool (*exchange)(void *impl, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r);
+    void (*send_state)(void *impl, const uint8_t *state, size_t bytes);
+    bool (*agree_stop)(void *impl, bool local_stop);
+    void (*leave)(void *impl);   // says goodbye and frees
+    void (*close)(void *impl);   // frees
+} transport_ops;
+
+// Wraps an implementation in the public handle.
+transport *transport_wrap(const transport_ops *ops, void *impl);
+
+#endif
