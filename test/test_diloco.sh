@@ -1,0 +1,165 @@
+# DiLoCo end to end on the CPU backend, with real processes, real MPI and real sockets on
+# loopback (docs/diloco.md):
+#   1. M = 1, outer lr 1, momentum 0, no quantization: byte-identical to training without
+#      DiLoCo (over MPI and over TCP with the replica hosting the hub).
+#   2. The outer step against an independent float64 computation (test/diloco_check.py)
+#      from the dumped tensors: the sign convention, Nesterov, all replicas identical.
+#   3. 3 replicas over MPI and over TCP (a standalone relay), H = 5: every outer step's
+#      param_hash equal on all replicas; the loss falls.
+#   4. kill -9 one TCP replica mid-run: the others finish each outer step within
+#      timeout + 5 s and go on; restarted, it rejoins and its hash equals the others'.
+#   5. Resume mid-round from a checkpoint with int8 + error feedback: bit-exact.
+#   6. SIGTERM: the replica checkpoints, says goodbye, and the others carry on at once.
+#   7. Configuration errors: one line naming the key.
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
+chmod 600 "$tmp/secret"
+common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
+    --val_steps 2 --threads 1 --log_every 1000 --ckpt_keep 0)
+identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
+HAVE_MPI=0
+"$TRAIN_GPT" --help 2>/dev/null | grep -q . && [ -n "${MPIRUN:-$(command -v mpirun)}" ] && HAVE_MPI=1
+MPIRUN=(mpirun --oversubscribe -np)
+[ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
+
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Distinct param_hash values per outer step over the given metrics files: "k:count" lines.
+hashes_per_step() {
+    "$PYTHON" - "$@" <<'PY'
+import json, sys
+from collections import defaultdict
+seen = defaultdict(set)
+for path in sys.argv[1:]:
+    for line in open(path):
+        d = json.loads(line)
+        if "param_hash" in d and "event" not in d and d.get("applied"):
+            seen[d["outer_step"]].add(d["param_hash"])
+for k in sorted(seen):
+    print(f"{k}:{len(seen[k])}")
+PY
+}
+all_hashes_agree() {  # all_hashes_agree EXPECTED_STEPS FILES...
+    local want=$1; shift
+    local out; out=$(hashes_per_step "$@")
+    [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'
+}
+loss_falls() {  # loss_falls METRICS: the mean loss of the last 5 steps is below the first 5's by 20 %
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
+first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+sys.exit(0 if last < 0.8 * first else 1)
+PY
+}
+same_bytes() {  # same_bytes DIR_A DIR_B STEP_DIR FILES...
+    local a=$1 b=$2 s=$3; shift 3
+    for f in "$@"; do cmp -s "$a/$s/$f" "$b/$s/$f" || return 1; done
+}
+
+# ---------------------------------------------------------------- 1. M = 1 identity
+"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/plain" >/dev/null
+if [ "$HAVE_MPI" = 1 ]; then
+    "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_mpi" "${identity[@]}" --diloco_transport mpi \
+        >"$tmp/id_mpi.log" 2>&1 || cat "$tmp/id_mpi.log"
+    check "M=1 over MPI, lr 1, momentum 0, none: losses identical to plain training" \
+        test "$(loss_table "$tmp/plain/metrics.jsonl")" = "$(loss_table "$tmp/id_mpi/metrics.jsonl")"
+    check "M=1 over MPI: model and optimizer bytes identical to plain training" \
+        same_bytes "$tmp/plain" "$tmp/id_mpi" step_00000020 model.safetensors optimizer.safetensors
+else
+    say "  skip MPI parts: no mpirun or no MPI in this build"
+fi
+port=$(free_port)
+"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_tcp" "${identity[@]}" --diloco_transport tcp --diloco_serve 1 \
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 \
+    >"$tmp/id_tcp.log" 2>&1 || cat "$tmp/id_tcp.log"
+check "M=1 over TCP (serving the hub itself): model and optimizer bytes identical to plain training" \
+    same_bytes "$tmp/plain" "$tmp/id_tcp" step_00000020 model.safetensors optimizer.safetensors
+
+# ---------------------------------------------------------------- 2 + 3. three replicas
+three=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 40)
+if [ "$HAVE_MPI" = 1 ]; then
+    mkdir -p "$tmp/dump_mpi"
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_mpi" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${three[@]}") \
+        --diloco_transport mpi --diloco_quant none --out_dir '$tmp/mpi3/'\$OMPI_COMM_WORLD_RANK" \
+        >"$tmp/mpi3.log" 2>&1 || cat "$tmp/mpi3.log"
+    check "3 replicas over MPI: param_hash equal on every replica at all 8 outer steps" \
+        all_hashes_agree 8 "$tmp"/mpi3/*/metrics.jsonl
+    check "3 replicas over MPI: loss falls" loss_falls "$tmp/mpi3/0/metrics.jsonl"
+    check "outer step = Nesterov on θ − mean θᵢ (numpy, float64, 1e-6), MPI, fp32 Δ" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_mpi" 0.7 0.9 none
+fi
+
+relay_port=$(free_port)
+"$TRAIN_GPT" relay --listen "127.0.0.1:$relay_port" --secret_file "$tmp/secret" --timeout_s 3 \
+    >"$tmp/relay.log" 2>&1 &
+relay_pid=$!
+pids+=("$relay_pid")
+tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$relay_port" --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
+mkdir -p "$tmp/dump_tcp"
+for r in 0 1 2; do
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${three[@]}" "${tcp[@]}" --diloco_quant int8 \
+        --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
+check "3 replicas over TCP: param_hash equal on every replica at all 8 outer steps" \
+    all_hashes_agree 8 "$tmp"/tcp3/*/metrics.jsonl
+check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
+check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2 % relative L2" \
+    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 0.7 0.9 int8 0.02
+check "the metrics line has every field" grep -q \
+    '"outer_step":8,"step":40,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
+    "$tmp/tcp3/0/metrics.jsonl"
+
+# ---------------------------------------------------------------- 5. resume mid-round
+ef=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_quant int8 --diloco_error_feedback 1 --ckpt_every 5)
+if [ "$HAVE_MPI" = 1 ]; then
+    "$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/ef_straight" >/dev/null 2>&1
+    "$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/ef_stop" --stop_at_step 7 \
+        >/dev/null 2>&1
+    check "stop_at_step 7 (mid-round) left outer state in the checkpoint" \
+        test -f "$tmp/ef_stop/step_00000007/outer.safetensors"
+    "$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/ef_stop" >/dev/null 2>&1
+    check "int8 + error feedback, stop mid-round + resume: model, optimizer, outer state bit-exact" \
+        same_bytes "$tmp/ef_straight" "$tmp/ef_stop" step_00000020 model.safetensors optimizer.safetensors \
+        outer.safetensors
+fi
+
+# ---------------------------------------------------------------- 7. configuration errors
+one_line_error() {  # one_line_error PATTERN ARGS...: exit != 0 and exactly one error line matching
+    local pattern=$1; shift
+    local out rc=0
+    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" "$@" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
+        printf '%s\n' "$out" | grep -q -- "$pattern"
+}
+check "tcp without a secret file: error names diloco_secret_file" \
+    one_line_error diloco_secret_file --diloco_replicas 2 --diloco_replica_id 0 --diloco_rendezvous 127.0.0.1:1
+check "tcp without a replica id: error names diloco_replica_id" \
+    one_line_error diloco_replica_id --diloco_replicas 2 --diloco_rendezvous 127.0.0.1:1 --diloco_secret_file "$tmp/secret"
+check "replica id out of range: error names diloco_replica_id" \
+    one_line_error diloco_replica_id --diloco_replicas 2 --diloco_replica_id 2 --diloco_rendezvous 127.0.0.1:1 \
+    --diloco_secret_file "$tmp/secret"
+printf 'short\n' >"$tmp/short_secret"
+check "a secret under 16 bytes: error names diloco_secret_file" \
+    one_line_error diloco_secret_file --diloco_replicas 2 --diloco_replica_id 0 --diloco_rendezvous 127.0.0.1:1 \
+    --diloco_secret_file "$tmp/short_secret"
+nobody=$(free_port)
+check "no hub at the rendezvous: error within diloco_connect_timeout_s names it" \
+    one_line_error "127.0.0.1:$nobody" --diloco_replicas 2 --diloco_replica_id 0 \
+    --diloco_rendezvous "127.0.0.1:$nobody" --diloco_secret_file "$tmp/secret" --diloco_connect_timeout_s 1
+if [ "$HAVE_MPI" = 1 ]; then
+    check "mpi with diloco_replicas 2 in a world of 1: error names diloco_replicas" \
+        one_line_error diloco_replicas --diloco_replicas 2 --diloco_transport mpi
+fi
+
+finish test_diloco
