@@ -1,18 +1,24 @@
 // quant.h — blockwise quantization of DiLoCo outer gradients (int8 / int4), with optional
 // error feedback. The same functions exist in C (quant.c, the reference, used on the CPU
-// and for every decode) and in CUDA (quant.cu, encode on the GPU).
+// and for every decode) and in CUDA (quant.cu / quant_cuda.h, encode on the GPU).
 //
 // Layout of an encoded buffer of n values in blocks of `block` values (the last block may
-// be short), little-endian, byte for byte (docs/diloco.md repeats it):
+// be short), little-endian, byte for byte (docs/quant.md repeats it, with the error bounds):
 //   n_blocks = ceil(n / block) float32 scales, one per block, then the codes:
 //   int8: n int8 codes, value = code * scale, code in [-127, 127]
 //   int4: ceil(n / 2) bytes, two 4-bit two's-complement codes per byte (element 2i in the
-//         low nibble, 2i+1 in the high nibble), code in [-7, 7], value = code * scale
+//         low nibble, 2i+1 in the high nibble; for odd n the last high nibble is 0), code in
+//         [-7, 7], value = code * scale; a byte may hold the last code of one block and the
+//         first of the next
 //   none: n float32 values (no scales)
-// scale = max|x| over the block / 127 (int8) or / 7 (int4); a block of zeros has scale 0.
-// Rounding is to nearest, ties away from zero (roundf), so encode is deterministic and the
-// C and CUDA encoders produce the same bytes. Decoding is one fp32 multiply per value, so
-// every replica that decodes the same bytes gets the same bits.
+// scale = max|x| over the block / 127 (int8) or / 7 (int4), an fp32 division; a block of
+// zeros (or of values so tiny that the division underflows to 0) has scale 0 and codes 0.
+// code = round(clamp(x / scale, ±127 or ±7)), an fp32 division, rounding to nearest with
+// ties away from zero (roundf), so encode is deterministic and the C and CUDA encoders
+// produce the same bytes, on any number of threads. Decoding is one fp32 multiply per
+// value, so every replica that decodes the same bytes gets the same bits.
+// A block holding a NaN or an Inf gets scale NaN (bits 0x7FC00000) and codes 0, so that it
+// decodes to NaN and cannot pass for an update (callers check finiteness first anyway).
 #ifndef TRAIN_GPT_QUANT_H
 #define TRAIN_GPT_QUANT_H
 

@@ -1,0 +1,574 @@
+// test/test_quant.c — quant.c, the blockwise int8 / int4 quantizer of DiLoCo's outer
+// gradients, against hand-made bytes, a naive reference encoder, derived error bounds, and
+// the error-feedback identity.
+//
+// Tolerances, and where they come from (s is a block's scale, max|y| / qmax):
+//   - Elementwise, a decoded value is within (1/2 + 2^-15)·s of what was encoded. Rounding to
+//     the nearest code costs at most s/2; the division y/s is off by at most 2^-24·|y/s| <=
+//     2^-24·128 codes and the decode multiply by 2^-24·|code·s| <= 2^-24·127·s, together
+//     < 2^-16·s, so 2^-15·s leaves room.
+//   - Relative L2 on Gaussian data: with a step s small against the spread of the data the
+//     rounding error is close to uniform on [-s/2, s/2], of mean square s²/12, so the
+//     expected squared error is Σ_blocks len·s²/12 (the "uniform model"). The measured error
+//     must lie within [0.85, 1.05] of the model's (measured: 0.985 .. 1.000 for both int8
+//     and int4, a bit under 1 because each block's largest element is exact), and under
+//     fixed ceilings: the model with E max|x| of a block of N(0, 1) (about 2.2, 2.8, 3.4 for
+//     32, 128, 1024 values) gives 0.0050 / 0.0064 / 0.0077 (int8) and 0.091 / 0.115 / 0.140
+//     (int4); measured 0.00535 / 0.00646 / 0.00786 and 0.0969 / 0.1172 / 0.1426 (E max² >
+//     (E max)²); the ceilings are the measured values plus 10%.
+//   - Error feedback: Σ_t applied_t = Σ_t true_t − residual_T exactly in real arithmetic;
+//     in fp32 each round rounds y = g + r and r' = y − value once each, at most 2^-24·|y|
+//     and 2^-24·|r'| <= 2^-24·s/2 apiece, so over T rounds an element may drift from the
+//     identity by 2·T·2^-24·Y, Y the largest |y| of any element and round, and the norms by
+//     √n times that (| ||a|| − ||b|| | <= ||a − b||).
+#include "check.h"
+#include "common.h"
+#include "quant.h"
+#include "rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static rng_state rng;
+
+static float *gaussian(int64_t n, double sigma) {
+    float *x = alloc_floats((size_t)n);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(rng_normal(&rng) * sigma);
+    return x;
+}
+
+static float float_of_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint32_t bits_of_float(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+static float qmax_of(quant_kind k) { return k == QUANT_INT8 ? 127.0f : 7.0f; }
+static int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+static float scale_at(const uint8_t *buf, int64_t b) {
+    float s;
+    memcpy(&s, buf + 4 * b, 4);
+    return s;
+}
+
+static uint8_t *encode_new(quant_kind k, const float *x, int64_t n, int64_t block) {
+    uint8_t *out = xmalloc(quant_encoded_bytes(k, n, block) + 1);
+    quant_encode(k, x, n, block, out);
+    return out;
+}
+
+// ---------------------------------------------------------------- the naive reference
+// Written the obvious way, element by element: fmaxf and isfinite for the block max, roundf
+// after the division, clamp after rounding, each nibble placed by its own index.
+
+static void reference_encode(quant_kind k, const float *x, int64_t n, int64_t block, uint8_t *out) {
+    if (k == QUANT_NONE) {
+        memcpy(out, x, (size_t)n * 4);
+        return;
+    }
+    int64_t nb = blocks_of(n, block);
+    memset(out, 0, quant_encoded_bytes(k, n, block));
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t start = b * block, end = start + block < n ? start + block : n;
+        float m = 0;
+        bool finite = true;
+        for (int64_t i = start; i < end; i++) {
+            if (!isfinite(x[i])) finite = false;
+            m = fmaxf(m, fabsf(x[i]));
+        }
+        float s = finite ? m / qmax_of(k) : float_of_bits(0x7FC00000u);
+        memcpy(out + 4 * b, &s, 4);
+        for (int64_t i = start; i < end; i++) {
+            int code = 0;
+            if (finite && s != 0.0f) {
+                float q = roundf(x[i] / s);
+                code = (int)fminf(fmaxf(q, -qmax_of(k)), qmax_of(k));
+            }
+            if (k == QUANT_INT8)
+                out[4 * nb + i] = (uint8_t)(int8_t)code;
+            else
+                out[4 * nb + i / 2] |= (uint8_t)((code & 15) << (i % 2 == 0 ? 0 : 4));
+        }
+    }
+}
+
+static void reference_decode(quant_kind k, const uint8_t *in, int64_t n, int64_t block, float *x) {
+    int64_t nb = blocks_of(n, block);
+    for (int64_t i = 0; i < n; i++) {
+        if (k == QUANT_NONE) {
+            memcpy(&x[i], in + 4 * i, 4);
+            continue;
+        }
+        int code = k == QUANT_INT8 ? (int8_t)in[4 * nb + i] : (in[4 * nb + i / 2] >> (i % 2 ? 4 : 0)) & 15;
+        if (k == QUANT_INT4 && code > 7) code -= 16;
+        x[i] = (float)code * scale_at(in, i / block);
+    }
+}
+
+// ---------------------------------------------------------------- names and sizes
+
+static void test_names_and_sizes(void) {
+    EXPECT(quant_kind_from_name("none") == QUANT_NONE, "none");
+    EXPECT(quant_kind_from_name("int8") == QUANT_INT8, "int8");
+    EXPECT(quant_kind_from_name("int4") == QUANT_INT4, "int4");
+    EXPECT(quant_kind_from_name("int2") == -1 && quant_kind_from_name("INT8") == -1 &&
+               quant_kind_from_name("") == -1 && quant_kind_from_name(NULL) == -1,
+           "unknown names are -1");
+    for (int k = 0; k < 3; k++)
+        EXPECT(quant_kind_from_name(quant_kind_name((quant_kind)k)) == k, "name of %d round-trips", k);
+    EXPECT(quant_encoded_bytes(QUANT_NONE, 10, 4) == 40, "none: 4 bytes a value");
+    EXPECT(quant_encoded_bytes(QUANT_INT8, 10, 4) == 3 * 4 + 10, "int8: 3 scales + 10 codes");
+    EXPECT(quant_encoded_bytes(QUANT_INT4, 10, 4) == 3 * 4 + 5, "int4: 3 scales + 5 bytes");
+    EXPECT(quant_encoded_bytes(QUANT_INT4, 11, 4) == 3 * 4 + 6, "int4, odd n: 3 scales + 6 bytes");
+    EXPECT(quant_encoded_bytes(QUANT_INT8, 0, 4) == 0, "n = 0: nothing");
+    EXPECT(quant_encoded_bytes(QUANT_INT8, 128, 128) == 4 + 128, "one whole block");
+    uint8_t none[1] = {0xEE};
+    float nothing[1] = {1.0f};
+    for (int k = 0; k < 3; k++) {
+        quant_encode((quant_kind)k, nothing, 0, 32, none);
+        EXPECT(quant_encode_feedback((quant_kind)k, nothing, nothing, 0, 32, none) == 0.0 && none[0] == 0xEE &&
+                   nothing[0] == 1.0f,
+               "%s: n = 0 writes nothing", quant_kind_name((quant_kind)k));
+    }
+}
+
+// ---------------------------------------------------------------- exact bytes
+
+static void expect_bytes(const uint8_t *got, const uint8_t *want, size_t bytes, const char *what) {
+    size_t i = 0;
+    while (i < bytes && got[i] == want[i]) i++;
+    EXPECT(i == bytes, "%s: byte %zu is %02x, want %02x", what, i, i < bytes ? got[i] : 0, i < bytes ? want[i] : 0);
+}
+
+static void test_hand_made_layout(void) {
+    // int8, block 3, n 5: scales first (1.0, 2.0), then the codes. 2.5 -> 3 and -63.5 -> -64
+    // are ties, rounded away from zero (to even they would be 2 and -64); the last block is
+    // short (2 values).
+    const float x8[5] = {127.0f, -63.5f, 2.5f, 0.0f, -254.0f};
+    const uint8_t want8[13] = {0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x40, 0x7F, 0xC0, 0x03, 0x00, 0x81};
+    EXPECT(quant_encoded_bytes(QUANT_INT8, 5, 3) == sizeof want8, "int8 example size");
+    uint8_t got[32];
+    memset(got, 0xEE, sizeof got);
+    quant_encode(QUANT_INT8, x8, 5, 3, got);
+    expect_bytes(got, want8, sizeof want8, "int8 example");
+    EXPECT(got[sizeof want8] == 0xEE, "int8 encode writes past its size");
+    float back[5];
+    quant_decode(QUANT_INT8, want8, 5, 3, back);
+    const float want_back8[5] = {127.0f, -64.0f, 3.0f, 0.0f, -254.0f};
+    EXPECT(memcmp(back, want_back8, sizeof back) == 0, "int8 example decodes to code * scale");
+
+    // int4, block 2, n 5: scales 1.0, 0.25, 2.0; codes 7, -4 | 7, -1 | -7. Element 2i in the
+    // low nibble: bytes 0xC7, 0xF7, and 0x09 with the unused high nibble zero.
+    const float x4[5] = {7.0f, -3.5f, 1.75f, -0.25f, -14.0f};
+    const uint8_t want4[15] = {0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x80, 0x3E, 0x00,
+                               0x00, 0x00, 0x40, 0xC7, 0xF7, 0x09};
+    EXPECT(quant_encoded_bytes(QUANT_INT4, 5, 2) == sizeof want4, "int4 example size");
+    memset(got, 0xEE, sizeof got);
+    quant_encode(QUANT_INT4, x4, 5, 2, got);
+    expect_bytes(got, want4, sizeof want4, "int4 example");
+    EXPECT(got[sizeof want4] == 0xEE, "int4 encode writes past its size");
+    quant_decode(QUANT_INT4, want4, 5, 2, back);
+    const float want_back4[5] = {7.0f, -4.0f, 1.75f, -0.25f, -14.0f};
+    EXPECT(memcmp(back, want_back4, sizeof back) == 0, "int4 example decodes to code * scale");
+
+    // none: the float32 values as they are.
+    memset(got, 0xEE, sizeof got);
+    quant_encode(QUANT_NONE, x8, 5, 3, got);
+    EXPECT(memcmp(got, x8, sizeof x8) == 0 && got[sizeof x8] == 0xEE, "none is the raw floats");
+    quant_decode(QUANT_NONE, got, 5, 3, back);
+    EXPECT(memcmp(back, x8, sizeof x8) == 0, "none decodes to the raw floats");
+}
+
+// ---------------------------------------------------------------- against the reference
+
+// Data that exercises the corners: Gaussian; exact ties (halves of a power-of-two scale);
+// subnormals, whose max/qmax may underflow to 0 or round so far that y/s passes qmax.
+static void fill(float *x, int64_t n, int64_t block, int pattern) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (pattern) {
+        case 0: x[i] = (float)rng_normal(&rng); break;
+        case 1: // block max 127·2^-3 (int8) so the scale is 2^-3 exactly and y/s = j/2: ties
+            x[i] = i % block == 0 ? 127.0f / 8 : (float)((int)(rng_next(&rng) % 509) - 254) / 16.0f;
+            break;
+        case 2: x[i] = i % block == 0 ? 7.0f / 4 : (float)((int)(rng_next(&rng) % 29) - 14) / 8.0f; break;
+        default: x[i] = float_of_bits((uint32_t)(rng_next(&rng) % 400)) * (rng_next(&rng) % 2 ? 1.0f : -1.0f);
+        }
+    }
+}
+
+static void test_against_reference(void) {
+    const int64_t sizes[] = {1, 2, 31, 32, 33, 1000, 8191, 8192, 8193, 20001};
+    const int64_t blocks[] = {1, 2, 3, 7, 32, 128, 1024, 5000};
+    int mismatches = 0, decode_mismatches = 0, cases = 0;
+    for (int k = 0; k < 3; k++)
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+            for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
+                for (int pattern = 0; pattern < 4; pattern++) {
+                    int64_t n = sizes[si], block = blocks[bi];
+                    float *x = alloc_floats((size_t)n);
+                    fill(x, n, block, pattern);
+                    size_t bytes = quant_encoded_bytes((quant_kind)k, n, block);
+                    uint8_t *want = xmalloc(bytes), *got = encode_new((quant_kind)k, x, n, block);
+                    reference_encode((quant_kind)k, x, n, block, want);
+                    cases++;
+                    if (memcmp(got, want, bytes) != 0 && ++mismatches <= 5)
+                        EXPECT(0, "%s n=%lld block=%lld pattern %d differs from the reference",
+                               quant_kind_name((quant_kind)k), (long long)n, (long long)block, pattern);
+                    float *back = alloc_floats((size_t)n), *want_back = alloc_floats((size_t)n);
+                    quant_decode((quant_kind)k, want, n, block, back);
+                    reference_decode((quant_kind)k, want, n, block, want_back);
+                    if (memcmp(back, want_back, sizeof(float) * n) != 0 && ++decode_mismatches <= 5)
+                        EXPECT(0, "%s n=%lld block=%lld pattern %d decodes unlike the reference",
+                               quant_kind_name((quant_kind)k), (long long)n, (long long)block, pattern);
+                    free(x), free(want), free(got), free(back), free(want_back);
+                }
+    EXPECT(mismatches == 0, "%d of %d cases differ from the reference", mismatches, cases);
+    EXPECT(decode_mismatches == 0, "%d of %d cases decode unlike the reference", decode_mismatches, cases);
+}
+
+// ---------------------------------------------------------------- error bounds
+
+static double dot_error(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return s;
+}
+
+static double norm2(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+// Number of elements whose decoded value is further than (1/2 + 2^-15)·s from x.
+static int64_t outside_elementwise_bound(const uint8_t *enc, const float *x, const float *back, int64_t n,
+                                         int64_t block) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float s = scale_at(enc, i / block);
+        if (fabs((double)back[i] - x[i]) > (0.5 + 1.0 / 32768) * s) bad++;
+    }
+    return bad;
+}
+
+static void test_round_trip_bounds(void) {
+    // n is not a multiple of any block size, and odd (the int4 tail byte).
+    const int64_t n = (1 << 20) + 333, block_sizes[3] = {32, 128, 1024};
+    const double ceiling[2][3] = {{0.0059, 0.0071, 0.0087}, {0.107, 0.129, 0.157}};
+    float *x = gaussian(n, 1.0), *back = alloc_floats((size_t)n);
+    for (int ki = 0; ki < 2; ki++)
+        for (int bi = 0; bi < 3; bi++) {
+            quant_kind k = ki == 0 ? QUANT_INT8 : QUANT_INT4;
+            int64_t block = block_sizes[bi];
+            uint8_t *enc = encode_new(k, x, n, block);
+            quant_decode(k, enc, n, block, back);
+            int64_t bad = outside_elementwise_bound(enc, x, back, n, block);
+            EXPECT(bad == 0, "%s block %lld: %lld elements beyond s/2", quant_kind_name(k), (long long)block,
+                   (long long)bad);
+            double model = 0; // Σ len·s²/12
+            for (int64_t b = 0; b < blocks_of(n, block); b++) {
+                double s = scale_at(enc, b), len = (double)(b * block + block <= n ? block : n - b * block);
+                model += len * s * s / 12;
+            }
+            double rel = sqrt(dot_error(back, x, n) / norm2(x, n)), rel_model = sqrt(model / norm2(x, n));
+            printf("  %s block %4lld: relative L2 error %.5f (uniform model %.5f, ratio %.3f)\n", quant_kind_name(k),
+                   (long long)block, rel, rel_model, rel / rel_model);
+            EXPECT(rel >= 0.85 * rel_model && rel <= 1.05 * rel_model, "%s block %lld: %.5f vs model %.5f",
+                   quant_kind_name(k), (long long)block, rel, rel_model);
+            EXPECT(rel <= ceiling[ki][bi], "%s block %lld: %.5f over the ceiling %.4f", quant_kind_name(k),
+                   (long long)block, rel, ceiling[ki][bi]);
+            free(enc);
+        }
+    free(x), free(back);
+}
+
+static void test_zero_blocks(void) {
+    const int64_t n = 1000, block = 100;
+    for (int k = 1; k < 3; k++) {
+        float *x = gaussian(n, 1.0), back[1000];
+        for (int64_t i = 300; i < 500; i++) x[i] = (i % 2) ? 0.0f : -0.0f; // blocks 3 and 4
+        uint8_t *enc = encode_new((quant_kind)k, x, n, block);
+        EXPECT(bits_of_float(scale_at(enc, 3)) == 0 && bits_of_float(scale_at(enc, 4)) == 0,
+               "%s: a zero block has scale +0", quant_kind_name((quant_kind)k));
+        const uint8_t *codes = enc + 4 * 10;
+        bool codes_zero = true;
+        for (int64_t i = 300; i < 500; i++)
+            if ((k == QUANT_INT8 ? codes[i] : (codes[i / 2] >> (4 * (i % 2))) & 15) != 0) codes_zero = false;
+        EXPECT(codes_zero, "%s: a zero block has codes 0", quant_kind_name((quant_kind)k));
+        quant_decode((quant_kind)k, enc, n, block, back);
+        bool back_zero = true;
+        for (int64_t i = 300; i < 500; i++) back_zero &= back[i] == 0.0f;
+        EXPECT(back_zero, "%s: a zero block decodes to zeros", quant_kind_name((quant_kind)k));
+        memset(x, 0, sizeof(float) * n);
+        float residual[1000] = {0};
+        EXPECT(quant_encode_feedback((quant_kind)k, x, residual, n, block, enc) == 0.0,
+               "%s: all zeros has relative error 0", quant_kind_name((quant_kind)k));
+        free(x), free(enc);
+    }
+}
+
+static void test_outlier(void) {
+    // One value of 1e6 among N(0, 1): its block's scale becomes 1e6/127 (int8), every other
+    // value of that block (|x| << s/2 ≈ 3937) decodes to 0, the outlier itself within the
+    // elementwise bound, and the other blocks' bytes do not change at all.
+    const int64_t n = 4096, block = 128, at = 1000;
+    for (int k = 1; k < 3; k++) {
+        float *x = gaussian(n, 1.0), back[4096];
+        uint8_t *plain = encode_new((quant_kind)k, x, n, block);
+        x[at] = 1e6f;
+        uint8_t *enc = encode_new((quant_kind)k, x, n, block);
+        quant_decode((quant_kind)k, enc, n, block, back);
+        int64_t b = at / block;
+        EXPECT(scale_at(enc, b) == 1e6f / qmax_of((quant_kind)k), "outlier block scale");
+        EXPECT(fabs(back[at] - 1e6) <= 1e6 * 1e-6, "outlier decodes to %g", back[at]);
+        bool rest_zero = true;
+        for (int64_t i = b * block; i < (b + 1) * block; i++)
+            if (i != at) rest_zero &= back[i] == 0.0f;
+        EXPECT(rest_zero, "%s: the outlier's block neighbours decode to 0", quant_kind_name((quant_kind)k));
+        bool others_same = memcmp(enc, plain, 4 * (size_t)b) == 0 &&
+                           memcmp(enc + 4 * (b + 1), plain + 4 * (b + 1), 4 * (size_t)(n / block - b - 1)) == 0;
+        size_t per = k == QUANT_INT8 ? 1 : 2; // values per code byte; block is even
+        const uint8_t *c1 = enc + 4 * (n / block), *c0 = plain + 4 * (n / block);
+        others_same &= memcmp(c1, c0, (size_t)(b * block) / per) == 0;
+        others_same &= memcmp(c1 + (b + 1) * block / per, c0 + (b + 1) * block / per,
+                              (size_t)(n - (b + 1) * block) / per) == 0;
+        EXPECT(others_same, "%s: an outlier changes only its own block", quant_kind_name((quant_kind)k));
+        free(x), free(plain), free(enc);
+    }
+}
+
+static void test_odd_tail(void) {
+    // int4 with odd n: the last byte holds one code in its low nibble, the high nibble is 0.
+    float x[7] = {1, 2, 3, 4, 5, 6, -7};
+    uint8_t enc[4 + 4];
+    quant_encode(QUANT_INT4, x, 7, 7, enc);
+    EXPECT(enc[4 + 3] == 0x09, "odd tail byte %02x, want 09", enc[4 + 3]);
+}
+
+static void test_non_finite(void) {
+    // A block holding NaN or Inf: scale NaN (0x7FC00000), codes 0, decodes to NaN; the
+    // other blocks are untouched; no crash; with feedback the error comes back NaN.
+    const int64_t n = 300, block = 100;
+    for (int k = 1; k < 3; k++)
+        for (int which = 0; which < 3; which++) {
+            float *x = gaussian(n, 1.0), back[300];
+            uint8_t *plain = encode_new((quant_kind)k, x, n, block);
+            x[150] = which == 0 ? NAN : which == 1 ? INFINITY : -INFINITY;
+            uint8_t *enc = encode_new((quant_kind)k, x, n, block);
+            EXPECT(bits_of_float(scale_at(enc, 1)) == 0x7FC00000u, "%s: bad block scale %08x",
+                   quant_kind_name((quant_kind)k), bits_of_float(scale_at(enc, 1)));
+            EXPECT(scale_at(enc, 0) == scale_at(plain, 0) && scale_at(enc, 2) == scale_at(plain, 2),
+                   "good blocks keep their scale");
+            quant_decode((quant_kind)k, enc, n, block, back);
+            bool nan_block = true, finite_rest = true;
+            for (int64_t i = 0; i < n; i++) {
+                if (i / block == 1) nan_block &= isnan(back[i]) != 0;
+                else finite_rest &= isfinite(back[i]) != 0;
+            }
+            EXPECT(nan_block && finite_rest, "%s: the bad block decodes to NaN, only it", quant_kind_name((quant_kind)k));
+            float residual[300] = {0};
+            EXPECT(isnan(quant_encode_feedback((quant_kind)k, x, residual, n, block, enc)), "feedback error NaN");
+            free(x), free(plain), free(enc);
+        }
+}
+
+// ---------------------------------------------------------------- accumulate, threads
+
+static void test_decode_accumulate(void) {
+    const int64_t n = 20001, block = 33;
+    float *x = gaussian(n, 2.0), *back = alloc_floats((size_t)n);
+    double *acc = xmalloc(sizeof(double) * n), *want = xmalloc(sizeof(double) * n);
+    for (int k = 0; k < 3; k++) {
+        uint8_t *enc = encode_new((quant_kind)k, x, n, block);
+        for (int64_t i = 0; i < n; i++) acc[i] = want[i] = rng_normal(&rng);
+        quant_decode((quant_kind)k, enc, n, block, back);
+        for (int64_t i = 0; i < n; i++) want[i] += 0.37 * (double)back[i];
+        quant_decode_accumulate((quant_kind)k, enc, n, block, 0.37, acc);
+        EXPECT(memcmp(acc, want, sizeof(double) * n) == 0, "%s: accumulate != decode then add",
+               quant_kind_name((quant_kind)k));
+        free(enc);
+    }
+    free(x), free(back), free(acc), free(want);
+}
+
+static void test_threads(void) {
+#ifdef _OPENMP
+    const int64_t n = 100003;
+    const int64_t blocks[] = {32, 1001, 100003};
+    float *x = gaussian(n, 1.0), *r1 = gaussian(n, 0.01), *r2 = alloc_floats((size_t)n);
+    float *d1 = alloc_floats((size_t)n), *d2 = alloc_floats((size_t)n);
+    double *a1 = xcalloc((size_t)n, sizeof(double)), *a2 = xcalloc((size_t)n, sizeof(double));
+    memcpy(r2, r1, sizeof(float) * n);
+    int threads = omp_get_max_threads();
+    for (int k = 0; k < 3; k++)
+        for (int bi = 0; bi < 3; bi++) {
+            int64_t block = blocks[bi];
+            size_t bytes = quant_encoded_bytes((quant_kind)k, n, block);
+            uint8_t *e1 = xmalloc(bytes), *e2 = xmalloc(bytes), *f1 = xmalloc(bytes), *f2 = xmalloc(bytes);
+            omp_set_num_threads(1);
+            quant_encode((quant_kind)k, x, n, block, e1);
+            double err1 = quant_encode_feedback((quant_kind)k, x, r1, n, block, f1);
+            quant_decode((quant_kind)k, e1, n, block, d1);
+            quant_decode_accumulate((quant_kind)k, e1, n, block, 0.5, a1);
+            omp_set_num_threads(2);
+            quant_encode((quant_kind)k, x, n, block, e2);
+            double err2 = quant_encode_feedback((quant_kind)k, x, r2, n, block, f2);
+            quant_decode((quant_kind)k, e2, n, block, d2);
+            quant_decode_accumulate((quant_kind)k, e2, n, block, 0.5, a2);
+            const char *name = quant_kind_name((quant_kind)k);
+            EXPECT(memcmp(e1, e2, bytes) == 0, "%s block %lld: encode differs on 1 and 2 threads", name, (long long)block);
+            EXPECT(memcmp(f1, f2, bytes) == 0, "%s block %lld: feedback encode differs", name, (long long)block);
+            EXPECT(memcmp(r1, r2, sizeof(float) * n) == 0, "%s block %lld: residual differs", name, (long long)block);
+            EXPECT(memcmp(&err1, &err2, sizeof err1) == 0, "%s block %lld: returned error differs", name,
+                   (long long)block);
+            EXPECT(memcmp(d1, d2, sizeof(float) * n) == 0, "%s block %lld: decode differs", name, (long long)block);
+            EXPECT(memcmp(a1, a2, sizeof(double) * n) == 0, "%s block %lld: accumulate differs", name,
+                   (long long)block);
+            free(e1), free(e2), free(f1), free(f2);
+        }
+    omp_set_num_threads(threads);
+    free(x), free(r1), free(r2), free(d1), free(d2), free(a1), free(a2);
+#else
+    printf("  (no OpenMP: thread-count test skipped)\n");
+#endif
+}
+
+// ---------------------------------------------------------------- error feedback
+
+// The returned error equals ||decode(out) - x|| / ||x|| computed here.
+static void test_feedback_return(void) {
+    const int64_t n = 5003, block = 61; // segments of every length mod 8
+    float *x = gaussian(n, 1.0), *r = gaussian(n, 0.05), *back = alloc_floats((size_t)n);
+    for (int k = 0; k < 3; k++) {
+        float *r_copy = alloc_floats((size_t)n);
+        memcpy(r_copy, r, sizeof(float) * n);
+        uint8_t *enc = xmalloc(quant_encoded_bytes((quant_kind)k, n, block));
+        double got = quant_encode_feedback((quant_kind)k, x, r_copy, n, block, enc);
+        quant_decode((quant_kind)k, enc, n, block, back);
+        double want = sqrt(dot_error(back, x, n) / norm2(x, n));
+        EXPECT(fabs(got - want) <= 1e-9 * want, "%s: returned %.12g, recomputed %.12g", quant_kind_name((quant_kind)k),
+               got, want);
+        // The residual is what was not sent: (x + r) - decoded, to the rounding of fp32.
+        bool identity = true;
+        for (int64_t i = 0; i < n; i++) {
+            float y = x[i] + r[i];
+            identity &= r_copy[i] == y - back[i];
+        }
+        EXPECT(identity, "%s: residual != (x + r) - decode(out)", quant_kind_name((quant_kind)k));
+        if (k == QUANT_NONE) {
+            bool zero = true;
+            for (int64_t i = 0; i < n; i++) zero &= r_copy[i] == 0.0f;
+            EXPECT(zero, "none: the residual becomes 0");
+        }
+        free(r_copy), free(enc);
+    }
+    free(x), free(r), free(back);
+}
+
+typedef struct {
+    double err_at_25, err_at_100; // ||Σ applied − Σ true|| after 25 and 100 rounds
+    double residual_norm;         // ||residual_100|| (EF only)
+    double max_round_err;         // max over rounds of ||applied_t − (g_t + r_{t-1})||
+    int64_t identity_bad;         // elements where Σ applied − Σ true + residual drifts past 2·T·2^-24·Y
+    double identity_slack;        // √n · 2·T·2^-24·Y: the most the two norms may differ
+    int64_t last_round_bad;       // elements where |residual_100| exceeds the elementwise bound
+} feedback_run;
+
+// 100 rounds of g_t = mean(t) + N(0, 1): the mean drifts slowly (a sine of period 200 rounds,
+// amplitude 0.3, a different phase per element), like the slowly turning direction of
+// DiLoCo's outer gradients under their noise.
+static feedback_run run_rounds(quant_kind k, bool feedback) {
+    const int64_t n = 16384, block = 128;
+    const int rounds = 100;
+    feedback_run out = {0};
+    double max_y = 0;
+    float *g = alloc_floats(n), *r = alloc_floats(n), *y = alloc_floats(n), *applied = alloc_floats(n);
+    double *sum_applied = xcalloc(n, sizeof(double)), *sum_true = xcalloc(n, sizeof(double)),
+           *phase = xmalloc(sizeof(double) * n);
+    uint8_t *enc = xmalloc(quant_encoded_bytes(k, n, block));
+    for (int64_t i = 0; i < n; i++) phase[i] = 6.283185307179586 * rng_uniform(&rng);
+    for (int t = 1; t <= rounds; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            g[i] = (float)(0.3 * sin(6.283185307179586 * t / 200 + phase[i]) + rng_normal(&rng));
+            y[i] = feedback ? g[i] + r[i] : g[i];
+            max_y = fmax(max_y, fabs(y[i]));
+        }
+        quant_encode_feedback(k, g, feedback ? r : NULL, n, block, enc);
+        quant_decode(k, enc, n, block, applied);
+        out.max_round_err = fmax(out.max_round_err, sqrt(dot_error(applied, y, n)));
+        double err = 0;
+        for (int64_t i = 0; i < n; i++) {
+            sum_applied[i] += applied[i];
+            sum_true[i] += g[i];
+            err += (sum_applied[i] - sum_true[i]) * (sum_applied[i] - sum_true[i]);
+        }
+        if (t == 25) out.err_at_25 = sqrt(err);
+        if (t == rounds) out.err_at_100 = sqrt(err);
+    }
+    double slack = 2.0 * rounds * max_y / 16777216.0;
+    out.identity_slack = sqrt((double)n) * slack;
+    for (int64_t i = 0; i < n; i++) {
+        out.residual_norm += (double)r[i] * r[i];
+        double drift = sum_applied[i] - sum_true[i] + r[i];
+        if (fabs(drift) > slack) out.identity_bad++;
+        if (fabs(r[i]) > (0.5 + 1.0 / 32768) * scale_at(enc, i / block)) out.last_round_bad++;
+    }
+    out.residual_norm = sqrt(out.residual_norm);
+    free(g), free(r), free(y), free(applied), free(sum_applied), free(sum_true), free(phase), free(enc);
+    return out;
+}
+
+static void test_error_feedback(void) {
+    for (int k = 1; k < 3; k++) {
+        const char *name = quant_kind_name((quant_kind)k);
+        feedback_run ef = run_rounds((quant_kind)k, true), plain = run_rounds((quant_kind)k, false);
+        printf("  %s, 100 rounds: ||Σ applied − Σ true|| with EF %.4g (25 rounds: %.4g), without %.4g (25 rounds: "
+               "%.4g); one round's error up to %.4g\n",
+               name, ef.err_at_100, ef.err_at_25, plain.err_at_100, plain.err_at_25, ef.max_round_err);
+        // With EF the error of the sums is the last residual, to fp32 rounding...
+        EXPECT(ef.identity_bad == 0, "%s: Σ applied − Σ true != −residual at %lld elements", name,
+               (long long)ef.identity_bad);
+        EXPECT(fabs(ef.err_at_100 - ef.residual_norm) <= ef.identity_slack, "%s: %.8g vs ||residual|| %.8g", name,
+               ef.err_at_100, ef.residual_norm);
+        // ...which is one round's quantization error: elementwise within s/2 of the last round,
+        // and in norm no more than the largest single-round error.
+        EXPECT(ef.last_round_bad == 0, "%s: residual beyond s/2 at %lld elements", name, (long long)ef.last_round_bad);
+        EXPECT(ef.err_at_100 <= ef.max_round_err, "%s: EF error %.4g > one round's %.4g", name, ef.err_at_100,
+               ef.max_round_err);
+        // Without EF the errors of the rounds add up: about √T times one round's (independent
+        // errors), so 100 rounds hold about 2x the error of 25 and 10x the EF error.
+        EXPECT(plain.err_at_100 >= 1.6 * plain.err_at_25, "%s: without EF the error does not grow (%.4g -> %.4g)",
+               name, plain.err_at_25, plain.err_at_100);
+        EXPECT(plain.err_at_100 >= 5 * ef.err_at_100, "%s: EF %.4g is not much better than none %.4g", name,
+               ef.err_at_100, plain.err_at_100);
+    }
+}
+
+int main(void) {
+    rng_seed(&rng, 20261122, 0);
+    test_names_and_sizes();
+    test_hand_made_layout();
+    test_against_reference();
+    test_round_trip_bounds();
+    test_zero_blocks();
+    test_outlier();
+    test_odd_tail();
+    test_non_finite();
+    test_decode_accumulate();
+    test_threads();
+    test_feedback_return();
+    test_error_feedback();
+    return check_summary("test_quant");
+}
