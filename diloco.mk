@@ -24,7 +24,3 @@ ifeq ($(wildcard transport_tcp.c),)
   LIB_SRC += transport_pending.c
   $(BUILD)/transport_pending.o: CFLAGS += -DPENDING_TCP
 endif
-ifeq ($(wildcard quant.mk),)
-  LIB_SRC += transport_pending.c
-  $(BUILD)/transport_pending.o: CFLAGS += -DPENDING_QUANT
-endif
