@@ -1,0 +1,87 @@
+// device.c — choosing the device and the MFU peak table (see device.h).
+//
+// The probe of the CUDA runtime lives in cuda/probe.cu (built when nvcc is found) or in
+// cuda_stub.c (CPU-only builds); this file only interprets its answer, so it compiles
+// and is tested the same way in both builds.
+#include "device.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+// ---------------------------------------------------------------- peak table
+
+// Dense bf16 TFLOP/s (no sparsity), BACKGROUND.md §4: torchtitan's table, llm.c for H100
+// SXM, nanochat for MI300X. Matched as substrings of the name the driver reports, first
+// match wins, so the more specific names come first ("H100 NVL" and "H100 PCIe" before
+// the bare "H100", which is the SXM part: "NVIDIA H100 80GB HBM3").
+typedef struct {
+    const char *needle;
+    double tflops;
+} peak_row;
+
+static const peak_row peak_table[] = {
+    {"GH200", 989.0},       // NVIDIA GH200 480GB / 144G HBM3e: the H100 SXM tensor peak
+    {"H100 NVL", 835.0},
+    {"H100 PCIe", 756.0},
+    {"H100", 989.0},        // NVIDIA H100 80GB HBM3, H100 SXM5 ...
+    {"H200", 989.0},        // NVIDIA H200
+    {"B200", 2250.0},
+    {"A100", 312.0},        // A100-SXM4-40GB/80GB, A100-PCIE-40GB, A100 80GB PCIe: same tensor peak
+    {"MI250X", 191.5},      // per GCD: each GCD is one device to the runtime
+    {"MI250", 191.5},
+    {"MI300X", 1307.4},
+};
+
+bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflops) {
+    (void)cc_minor;
+    if (!name) return false;
+    for (size_t i = 0; i < sizeof peak_table / sizeof peak_table[0]; i++) {
+        if (!strcasestr(name, peak_table[i].needle)) continue;
+        // A name that says H100 on something that is not Hopper is not a row of this table.
+        if (strstr(peak_table[i].needle, "H100") && cc_major > 0 && cc_major != 9) return false;
+        *tflops = peak_table[i].tflops;
+        return true;
+    }
+    return false;
+}
+
+// ---------------------------------------------------------------- choosing
+
+const gpu_info *device_gpu_info(void) {
+    // The process has one set of GPUs; the runtime is asked once.
+    static gpu_info info;
+    static bool probed = false;
+    if (!probed) {
+        memset(&info, 0, sizeof info);
+        cuda_probe_device(&info);
+        probed = true;
+    }
+    return &info;
+}
+
+bool device_has_cuda_backend(void) { return cuda_probe_compiled(); }
+
+device_kind device_choose(const char *key, char *why, size_t why_bytes) {
+    if (!key || strcmp(key, "cpu") == 0) {
+        snprintf(why, why_bytes, "device = cpu: training on the CPU");
+        return DEVICE_CPU;
+    }
+    bool want_auto = strcmp(key, "auto") == 0;
+    if (!want_auto && strcmp(key, "cuda") != 0) {
+        snprintf(why, why_bytes, "device: expected auto, cpu or cuda, got '%s'", key);
+        return DEVICE_ERROR;
+    }
+    const gpu_info *g = device_gpu_info();
+    if (g->usable) {
+        snprintf(why, why_bytes, "device = %s: GPU 0 is %s (sm_%d%d, %.1f GiB, %d SMs)", key, g->name, g->cc_major,
+                 g->cc_minor, (double)g->memory_bytes / 1073741824.0, g->sm_count);
+        return DEVICE_CUDA;
+    }
+    if (want_auto) {
+        snprintf(why, why_bytes, "device = auto: no usable GPU (%s); training on the CPU", g->why);
+        return DEVICE_CPU;
+    }
+    snprintf(why, why_bytes, "cuda was asked for, but %s; set device = cpu or auto", g->why);
+    return DEVICE_ERROR;
+}
