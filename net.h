@@ -1,0 +1,51 @@
+// net.h — the sockets under the tcp transport: "host:port" addresses, connect with a
+// deadline, listen, accept, and exact sends and receives that give up at a deadline.
+//
+// Every function that can block takes an absolute deadline (wall_seconds()) and waits with
+// poll(), so no call can hang on a peer that stopped answering. Sockets are non-blocking
+// once created; SIGPIPE never fires (MSG_NOSIGNAL); TCP_NODELAY is on (the control frames
+// are small and latency-bound). Errors come back as a one-line reason in a caller's buffer:
+// the caller knows which peer it was and says so.
+#ifndef TRAIN_GPT_NET_H
+#define TRAIN_GPT_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+// Splits "host:port", "[v6addr]:port" or ":port" (host empty: any address). false with a
+// reason when malformed.
+bool net_split_host_port(const char *address, char *host, size_t host_bytes, char *port, size_t port_bytes,
+                         char *err, size_t err_bytes);
+
+// Connects to address, trying every address the name resolves to, until deadline. Returns
+// a non-blocking, tuned socket, or -1 with the reason. (Name resolution itself uses the
+// system resolver's own timeouts.)
+int net_connect(const char *address, double deadline, char *err, size_t err_bytes);
+
+// Listens on address (port 0: an ephemeral port; host empty or "*": every address).
+// Returns a non-blocking listening socket, or -1 with the reason.
+int net_listen(const char *address, char *err, size_t err_bytes);
+// The port a socket is bound to (for port 0), or -1.
+int net_local_port(int fd);
+
+// Accepts one pending connection: a non-blocking, tuned socket and the peer's "addr:port",
+// or -1 (errno EAGAIN when none is pending).
+int net_accept(int listen_fd, char *peer, size_t peer_bytes);
+
+// "1.2.3.4:5678" / "[::1]:5678" of a socket address.
+void net_format_address(const struct sockaddr *a, socklen_t length, char *out, size_t out_bytes);
+
+// Sends / receives exactly bytes, waiting with poll() until deadline. false with a reason on
+// a timeout, an error, or (recv) the peer closing ("closed after X of Y bytes").
+bool net_send_all(int fd, const void *buf, size_t bytes, double deadline, char *err, size_t err_bytes);
+bool net_recv_all(int fd, void *buf, size_t bytes, double deadline, char *err, size_t err_bytes);
+
+// Waits until fd is readable (events POLLIN) or writable (POLLOUT) or deadline: 1 ready,
+// 0 timed out, -1 error.
+int net_wait(int fd, short events, double deadline);
+
+// TCP_NODELAY, and large socket buffers where the system allows them (see net.c).
+void net_tune(int fd);
+
+#endif

@@ -1,0 +1,1188 @@
+// relay.c — the hub of the tcp transport. See relay.h; the protocol and the state machine
+// are in docs/protocol.md.
+//
+// One thread, one poll() loop, non-blocking sockets: a peer that stalls or floods costs
+// a few buffers and is cut off at its deadline, and nothing it sends can block the others.
+//
+// Who is who. A connection starts in the handshake (the hub sends HELLO; the peer must
+// answer with an AUTH proving the secret within timeout_s). An authenticated stream 0 is
+// a replica's control connection and creates its session; streams 1..S attach to that
+// session as data connections. A session is CONNECTED, then (after JOIN) a MEMBER, or
+// WAITING for a donor's state.
+//
+// Rounds. The first contribution of a step opens the round for that step. Each member
+// uploads its payload once (chunks striped over its data connections); the hub stores it
+// and, once whole, queues it to every other member (the queued frames share the stored
+// buffer: no copy per receiver). The round closes when every member has contributed, or
+// timeout_s after the first whole contribution (members that have not started by then, or
+// whose upload stalled for timeout_s, are evicted as late). Closing sends ROUND (who
+// contributed, sizes, apply = n >= min_replicas) to every contributor still connected.
+//
+// Joins. A replica whose status matches the group's (known only from the first member until
+// the group's first round closes, and after an empty group is refounded) is a member at once;
+// any other waits. At a round close with replicas waiting, the lowest-id contributor is
+// told to send its state (send_state); the waiting replicas become members for the next
+// round, and the state is relayed chunk by chunk as it arrives (cut-through, with a bounded
+// backlog per joiner), never stored whole. If the donor dies mid-transfer the joiners wait
+// again for the next boundary. A group left without members is refounded by the lowest-id
+// waiting replica.
+#include "relay.h"
+
+#include "common.h"
+#include "conn.h"
+#include "net.h"
+#include "transport.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(WIRE_MAX_REPLICAS == TRANSPORT_MAX_REPLICAS, "wire and transport agree on the replica limit");
+
+#define MAX_CONNS 2048
+#define MAX_HANDSHAKES 128
+#define STATE_BACKLOG_BYTES ((uint64_t)64 << 20)   // per joiner: pause the donor above this
+#define QUEUE_DEPTH_FRAMES 2                        // frames handed to a data connection at once
+
+typedef enum { ROLE_HANDSHAKE, ROLE_CONTROL, ROLE_DATA, ROLE_CLOSING } conn_role;
+
+typedef struct {
+    conn c;
+    conn_role role;
+    int replica;                    // control/data: the replica's id
+    int stream;                     // data: 1..streams
+    uint8_t nonce_h[WIRE_NONCE_BYTES];
+    double opened_s, closing_deadline_s;
+    bool dead;                      // swept at the end of the loop iteration
+} hub_conn;
+
+// A DATA frame waiting for one of a replica's data connections.
+typedef struct pending {
+    struct pending *next;
+    uint8_t head[WIRE_DATA_HEAD_BYTES];
+    const uint8_t *bulk;
+    size_t bulk_bytes;
+    blob *ref;
+} pending;
+
+// A transfer being received in chunks: a contribution or a state.
+typedef struct {
+    bool started, announced;
+    int64_t step;
+    uint64_t total;
+    uint32_t chunk;
+    uint64_t chunks, chunks_have;
+    uint8_t *have;                  // one bit per chunk
+    double last_progress_s;
+} transfer;
+
+typedef enum { R_FREE, R_CONNECTED, R_WAITING, R_MEMBER } replica_state;
+
+typedef struct {
+    replica_state state;
+    uint64_t session_id;
+    hub_conn *control;
+    hub_conn *data[WIRE_MAX_STREAMS + 1];   // 1..streams
+    int streams;
+    char peer[96];
+    wire_status status;             // from JOIN
+    bool joiner;                    // member for the next round, its state still on the way
+    transfer up;                    // its contribution to the open round
+    blob *up_buf;
+    pending *queue_head, *queue_tail;
+    uint64_t queued_bytes;
+    double next_heartbeat_s;
+} replica;
+
+struct relay {
+    relay_options o;
+    uint8_t *secret;
+    FILE *log;
+    double t0, heartbeat_s;
+    int listen_fd, port;
+    int wake[2];                    // a byte here wakes the loop (stop)
+    atomic_bool stop;
+    volatile sig_atomic_t *stop_signal;
+    pthread_t thread;
+    hub_conn **conns;
+    int n_conns;
+    replica reps[WIRE_MAX_REPLICAS];
+    // the group
+    bool fingerprint_set;
+    uint64_t fingerprint;
+    bool status_known;
+    wire_status status;
+    // the open round
+    bool round_open;
+    int64_t round_step, last_closed_step;
+    double first_whole_s;           // < 0: no whole contribution yet
+    blob *round_buf[WIRE_MAX_REPLICAS];   // whole contributions (kept if the contributor dies)
+    uint32_t round_chunk[WIRE_MAX_REPLICAS];
+    uint64_t round_out_bytes;
+    // the state transfer
+    int donor;                      // -1: none
+    double donor_progress_s;        // designation, last chunk, or last moment it was paused
+    transfer st;
+};
+
+// ---------------------------------------------------------------- logging
+static void PRINTF_LIKE(2, 3) hub_log(relay *h, const char *fmt, ...) {
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    for (char *p = line; *p; p++)
+        if (*p == '\n') *p = ' ';
+    fprintf(h->log, "relay [%9.3fs] %s\n", wall_seconds() - h->t0, line);
+    fflush(h->log);
+}
+
+static const char *fmt_bytes(uint64_t b, char *buf, size_t n) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%llu B", (unsigned long long)b);
+    return buf;
+}
+
+// ---------------------------------------------------------------- connections
+static hub_conn *add_conn(relay *h, int fd, const char *peer) {
+    hub_conn *hc = xcalloc(1, sizeof *hc);
+    conn_init(&hc->c, fd, peer);
+    hc->role = ROLE_HANDSHAKE;
+    hc->replica = -1;
+    hc->opened_s = wall_seconds();
+    h->conns = xrealloc(h->conns, (size_t)(h->n_conns + 1) * sizeof *h->conns);
+    h->conns[h->n_conns++] = hc;
+    return hc;
+}
+
+// Closing after a REFUSE: the queued frame still goes out (for a second at most).
+static void close_after_flush(hub_conn *hc) {
+    hc->role = ROLE_CLOSING;
+    hc->replica = -1;
+    hc->c.allowed_rx = 0;
+    hc->closing_deadline_s = wall_seconds() + 1.0;
+}
+
+static void sweep_conns(relay *h) {
+    int kept = 0;
+    for (int i = 0; i < h->n_conns; i++) {
+        hub_conn *hc = h->conns[i];
+        if (hc->dead) {
+            conn_close(&hc->c);
+            free(hc);
+        } else {
+            h->conns[kept++] = hc;
+        }
+    }
+    h->n_conns = kept;
+}
+
+// ---------------------------------------------------------------- transfers
+static void transfer_reset(transfer *t) {
+    free(t->have);
+    memset(t, 0, sizeof *t);
+}
+
+// Starts (or checks against what was started) a transfer from a frame that describes it.
+static const char *transfer_expect(transfer *t, int64_t step, uint64_t total, uint32_t chunk) {
+    if (t->started) {
+        if (t->step != step || t->total != total || t->chunk != chunk)
+            return "its chunks disagree with the transfer it announced";
+        return NULL;
+    }
+    t->started = true;
+    t->step = step;
+    t->total = total;
+    t->chunk = chunk;
+    t->chunks = (total + chunk - 1) / chunk;
+    t->have = calloc((size_t)(t->chunks / 8 + 1), 1);
+    if (!t->have) return "the hub is out of memory for its transfer";
+    t->last_progress_s = wall_seconds();
+    return NULL;
+}
+
+// Marks a chunk received; NULL, or why the chunk is wrong.
+static const char *transfer_take(transfer *t, const wire_data *d) {
+    uint64_t i = d->offset / t->chunk;
+    if (t->have[i / 8] & (1u << (i % 8))) return "it sent the same chunk twice";
+    t->have[i / 8] |= (uint8_t)(1u << (i % 8));
+    t->chunks_have++;
+    t->last_progress_s = wall_seconds();
+    return NULL;
+}
+
+static bool transfer_whole(const transfer *t) { return t->started && t->announced && t->chunks_have == t->chunks; }
+
+// ---------------------------------------------------------------- replicas
+static replica *rep(relay *h, int id) { return &h->reps[id]; }
+
+static void queue_data(replica *r, const wire_data *d, const uint8_t *bulk, blob *ref) {
+    pending *p = xcalloc(1, sizeof *p);
+    wire_encode_data_head(d, p->head);
+    p->bulk = bulk;
+    p->bulk_bytes = (size_t)d->chunk_len;
+    p->ref = blob_ref(ref);
+    if (r->queue_tail) r->queue_tail->next = p;
+    else r->queue_head = p;
+    r->queue_tail = p;
+    r->queued_bytes += p->bulk_bytes + WIRE_DATA_HEAD_BYTES + WIRE_OVERHEAD_BYTES;
+}
+
+static void drop_queue(replica *r) {
+    for (pending *p = r->queue_head, *next; p; p = next) {
+        next = p->next;
+        blob_release(p->ref);
+        free(p);
+    }
+    r->queue_head = r->queue_tail = NULL;
+    r->queued_bytes = 0;
+    for (int s = 1; s <= r->streams; s++)
+        if (r->data[s]) conn_drop_unsent(&r->data[s]->c);
+}
+
+static uint64_t backlog_bytes(const replica *r) {
+    uint64_t b = r->queued_bytes;
+    for (int s = 1; s <= r->streams; s++)
+        if (r->data[s]) b += r->data[s]->c.out_bytes;
+    return b;
+}
+
+// Hands queued frames to the data connections with room: whichever stream drains first
+// takes the next chunk, so a slow stream never holds the others back.
+static void feed_streams(replica *r) {
+    for (bool moved = true; moved && r->queue_head;) {
+        moved = false;
+        for (int s = 1; s <= r->streams && r->queue_head; s++) {
+            hub_conn *dc = r->data[s];
+            if (!dc || dc->dead || dc->c.out_frames >= QUEUE_DEPTH_FRAMES) continue;
+            pending *p = r->queue_head;
+            r->queue_head = p->next;
+            if (!r->queue_head) r->queue_tail = NULL;
+            r->queued_bytes -= p->bulk_bytes + WIRE_DATA_HEAD_BYTES + WIRE_OVERHEAD_BYTES;
+            conn_send(&dc->c, WIRE_DATA, p->head, WIRE_DATA_HEAD_BYTES, p->bulk, p->bulk_bytes, p->ref);
+            blob_release(p->ref);
+            free(p);
+            moved = true;
+        }
+    }
+}
+
+static void send_control(relay *h, replica *r, unsigned type, const uint8_t *payload, size_t bytes) {
+    (void)h;
+    if (r->control && !r->control->dead) conn_send(&r->control->c, type, payload, bytes, NULL, 0, NULL);
+}
+
+static int count_members(relay *h) {
+    int n = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) n += h->reps[i].state == R_MEMBER;
+    return n;
+}
+
+// Queues every whole contribution of the open round to r (a member that joined mid-round,
+// or all members when one becomes whole).
+static void forward_contribution(relay *h, int owner, replica *to) {
+    blob *b = h->round_buf[owner];
+    if (!b) return;
+    uint32_t chunk = h->round_chunk[owner];   // the contributor's own chunking
+    for (uint64_t off = 0; off < b->bytes; off += chunk) {
+        wire_data d = {.owner_id = (uint32_t)owner, .kind = DATA_PAYLOAD, .outer_step = h->round_step,
+                       .total_bytes = b->bytes, .offset = off, .chunk_bytes = chunk};
+        d.chunk_len = b->bytes - off < chunk ? b->bytes - off : chunk;
+        queue_data(to, &d, b->data + off, b);
+        h->round_out_bytes += d.chunk_len;
+    }
+}
+
+static void make_member(relay *h, int id) {
+    replica *r = rep(h, id);
+    r->state = R_MEMBER;
+    if (!h->round_open) return;
+    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
+        if (o != id && h->round_buf[o]) forward_contribution(h, o, r);
+}
+
+static void send_joined(relay *h, replica *r, uint32_t result) {
+    uint8_t buf[WIRE_JOINED_BYTES];
+    wire_joined j = {.result = result, .group_step = h->status_known ? h->status.outer_step : -1,
+                     .group_hash = h->status_known ? h->status.param_hash : 0};
+    send_control(h, r, WIRE_JOINED, buf, wire_encode_joined(&j, buf));
+}
+
+static void abort_transfer(relay *h, const char *why);
+static bool donor_paused(relay *h, const hub_conn *hc);
+static void check_round(relay *h);
+static void settle_group(relay *h);
+
+static void release_contribution(replica *r) {
+    transfer_reset(&r->up);
+    blob_release(r->up_buf);
+    r->up_buf = NULL;
+}
+
+// A joiner that will not get this transfer goes back to waiting.
+static void unjoin(relay *h, int id) {
+    replica *r = rep(h, id);
+    uint8_t buf[8];
+    r->joiner = false;
+    r->state = R_WAITING;
+    release_contribution(r);
+    drop_queue(r);
+    send_control(h, r, WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
+}
+
+// Ends a replica's session: it died, left, or broke the protocol.
+static void drop_replica(relay *h, int id, const char *why) {
+    replica *r = rep(h, id);
+    if (r->state == R_FREE) return;
+    hub_log(h, "replica %d (%s) %s%s", id, r->peer, strncmp(why, "left", 4) == 0 ? "" : "dropped: ", why);
+    if (r->control) r->control->dead = true;
+    for (int s = 1; s <= r->streams; s++)
+        if (r->data[s]) r->data[s]->dead = true;
+    drop_queue(r);
+    release_contribution(r);
+    bool was_donor = h->donor == id;
+    memset(r, 0, sizeof *r);
+    r->state = R_FREE;
+    if (was_donor) abort_transfer(h, "the donor left");
+    check_round(h);
+    settle_group(h);
+}
+
+// ---------------------------------------------------------------- the state transfer
+static void abort_transfer(relay *h, const char *why) {
+    if (h->donor < 0) return;
+    int joiners = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner) unjoin(h, i), joiners++;
+    hub_log(h, "state transfer from replica %d aborted (%s): %d joiner(s) wait for the next round", h->donor, why,
+            joiners);
+    h->donor = -1;
+    transfer_reset(&h->st);
+}
+
+static void finish_transfer_if_whole(relay *h) {
+    if (h->donor < 0 || !transfer_whole(&h->st)) return;
+    char b[32];
+    int n = 0;
+    char ids[1024] = "";
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner) {
+            h->reps[i].joiner = false;
+            size_t len = strlen(ids);
+            snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
+        }
+    hub_log(h, "state of step %lld relayed from replica %d to [%s]: %s", (long long)h->st.step, h->donor, ids,
+            fmt_bytes(h->st.total, b, sizeof b));
+    h->donor = -1;
+    transfer_reset(&h->st);
+}
+
+static void on_state_announce(relay *h, int id, const wire_state *m) {
+    if (h->donor != id) {
+        drop_replica(h, id, "sent a STATE it was not asked for");
+        return;
+    }
+    const char *why = transfer_expect(&h->st, m->outer_step, m->total_bytes, m->chunk_bytes);
+    if (why || h->st.announced) {
+        drop_replica(h, id, why ? why : "announced its state twice");
+        return;
+    }
+    h->st.announced = true;
+    wire_state fwd = *m;
+    fwd.donor_id = (uint32_t)id;
+    uint8_t buf[WIRE_STATE_BYTES];
+    size_t n = wire_encode_state(&fwd, buf);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner) send_control(h, rep(h, i), WIRE_STATE, buf, n);
+    finish_transfer_if_whole(h);   // a state of 0 bytes has no chunks
+}
+
+static void on_state_chunk(relay *h, int id, const wire_data *d) {
+    if (h->donor != id) {
+        drop_replica(h, id, "sent state chunks it was not asked for");
+        return;
+    }
+    const char *why = transfer_expect(&h->st, d->outer_step, d->total_bytes, d->chunk_bytes);
+    if (!why) why = transfer_take(&h->st, d);
+    if (why) {
+        drop_replica(h, id, why);
+        return;
+    }
+    blob *b = blob_new((size_t)d->chunk_len);
+    if (!b) {
+        abort_transfer(h, "the hub is out of memory");
+        return;
+    }
+    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
+    h->donor_progress_s = wall_seconds();
+    wire_data fwd = *d;
+    fwd.owner_id = (uint32_t)id;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner) queue_data(rep(h, i), &fwd, b->data, b);
+    blob_release(b);
+    finish_transfer_if_whole(h);
+}
+
+// ---------------------------------------------------------------- rounds
+static void close_round(relay *h) {
+    wire_round m = {.outer_step = h->round_step};
+    uint64_t in_bytes = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->round_buf[i]) {
+            m.ids[m.n] = (uint32_t)i;
+            m.bytes[m.n] = h->round_buf[i]->bytes;
+            in_bytes += h->round_buf[i]->bytes;
+            m.n++;
+        }
+    bool apply = (int)m.n >= h->o.min_replicas;
+    // A donor for the waiting replicas: the lowest-id contributor still here.
+    int donor = -1, waiting = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) waiting += h->reps[i].state == R_WAITING;
+    if (waiting && h->donor < 0)
+        for (uint32_t k = 0; k < m.n && donor < 0; k++)
+            if (rep(h, (int)m.ids[k])->state == R_MEMBER) donor = (int)m.ids[k];
+    uint8_t buf[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS];
+    for (uint32_t k = 0; k < m.n; k++) {
+        replica *r = rep(h, (int)m.ids[k]);
+        if (r->state != R_MEMBER) continue;
+        m.flags = (apply ? ROUND_APPLY : 0) | ((int)m.ids[k] == donor ? ROUND_SEND_STATE : 0);
+        send_control(h, r, WIRE_ROUND, buf, wire_encode_round(&m, buf));
+    }
+    char ids[1200] = "", b1[32], b2[32];
+    for (uint32_t k = 0; k < m.n; k++) {
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, "%s%u", k ? " " : "", m.ids[k]);
+    }
+    char joiners[1200] = "";
+    if (donor >= 0) {
+        int nj = 0;
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+            if (h->reps[i].state == R_WAITING) {
+                replica *r = rep(h, i);
+                r->joiner = true;
+                r->state = R_MEMBER;   // for the next round; its state comes first on its streams
+                size_t len = strlen(joiners);
+                snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
+            }
+        h->donor = donor;
+        h->donor_progress_s = wall_seconds();
+        transfer_reset(&h->st);
+    }
+    hub_log(h, "round %lld closed: %u contributor(s) [%s], %s in, %s out, %s", (long long)h->round_step, m.n, ids,
+            fmt_bytes(in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
+            apply ? "apply" : "skip (fewer than min_replicas)");
+    if (donor >= 0)
+        hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        blob_release(h->round_buf[i]);
+        h->round_buf[i] = NULL;
+        release_contribution(rep(h, i));
+    }
+    h->round_open = false;
+    h->last_closed_step = h->round_step;
+    h->first_whole_s = -1;
+    h->round_out_bytes = 0;
+    // The members move to the next step (apply or not): the group's status is unknown until
+    // a group is founded anew.
+    h->status_known = false;
+}
+
+static void evict_late(relay *h, int id) {
+    replica *r = rep(h, id);
+    double late = wall_seconds() - h->first_whole_s;
+    if (r->joiner) {
+        hub_log(h, "replica %d (%s) is late for round %lld (its state transfer is still on the way): waits again",
+                id, r->peer, (long long)h->round_step);
+        unjoin(h, id);
+        return;
+    }
+    char text[200];
+    snprintf(text, sizeof text, "late for round %lld: no contribution %.1f s after the first", (long long)h->round_step,
+             late);
+    hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
+    uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
+    send_control(h, r, WIRE_EVICTED, buf, wire_encode_evicted(h->round_step, 1, text, buf));
+    r->state = R_CONNECTED;   // it must JOIN again
+    release_contribution(r);
+    drop_queue(r);
+}
+
+// Closes the round if it can close now; evicts the late at the deadline.
+static void check_round(relay *h) {
+    if (!h->round_open) return;
+    double now = wall_seconds();
+    bool deadline = h->first_whole_s >= 0 && now - h->first_whole_s >= h->o.timeout_s;
+    bool all = true;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        replica *r = rep(h, i);
+        if (r->state != R_MEMBER || h->round_buf[i]) continue;
+        // Still uploading and moving: wait for it even past the deadline.
+        bool moving = r->up.started && now - r->up.last_progress_s < h->o.timeout_s;
+        if (r->up.started && !moving) {
+            char why[96];
+            snprintf(why, sizeof why, "its upload stalled for %.1f s", now - r->up.last_progress_s);
+            drop_replica(h, i, why);   // calls check_round again
+            return;
+        }
+        if (deadline && !moving) evict_late(h, i);
+        else all = false;
+    }
+    if (all) close_round(h);
+}
+
+static const char *open_or_check_round(relay *h, int64_t step) {
+    static char why[160];
+    if (h->round_open) {
+        if (step == h->round_step) return NULL;
+        snprintf(why, sizeof why, "contributed to step %lld while the round is for step %lld", (long long)step,
+                 (long long)h->round_step);
+        return why;
+    }
+    if (step <= h->last_closed_step) {
+        snprintf(why, sizeof why, "contributed to step %lld, but the group has closed step %lld", (long long)step,
+                 (long long)h->last_closed_step);
+        return why;
+    }
+    h->round_open = true;
+    h->round_step = step;
+    h->first_whole_s = -1;
+    h->round_out_bytes = 0;
+    return NULL;
+}
+
+static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
+    replica *r = rep(h, id);
+    const char *why = open_or_check_round(h, step);
+    if (!why) why = transfer_expect(&r->up, step, total, chunk);
+    if (!why && !r->up_buf) {
+        r->up_buf = blob_new((size_t)total);
+        if (!r->up_buf) why = "the hub cannot hold its payload (out of memory)";
+    }
+    if (why) {
+        drop_replica(h, id, why);
+        return false;
+    }
+    return true;
+}
+
+static void finish_contribution_if_whole(relay *h, int id) {
+    replica *r = rep(h, id);
+    if (!transfer_whole(&r->up) || h->round_buf[id]) return;
+    h->round_buf[id] = r->up_buf;
+    h->round_chunk[id] = r->up.chunk;
+    r->up_buf = NULL;
+    if (h->first_whole_s < 0) h->first_whole_s = wall_seconds();
+    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
+        if (o != id && h->reps[o].state == R_MEMBER) forward_contribution(h, id, rep(h, o));
+    check_round(h);
+}
+
+// Frames for a step the group has closed, or from a replica that is not a member, come from
+// a replica dropped from a round: chunks are ignored, and a contribution is answered with
+// EVICTED so that the replica stops waiting for the round and rejoins.
+static bool stale(relay *h, int id, int64_t step) {
+    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step;
+}
+
+static void tell_evicted(relay *h, int id, int64_t step, const char *text) {
+    uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
+    send_control(h, rep(h, id), WIRE_EVICTED, buf, wire_encode_evicted(step, 1, text, buf));
+}
+
+static void on_contribute(relay *h, int id, const wire_contribute *m) {
+    replica *r = rep(h, id);
+    if (stale(h, id, m->outer_step)) {
+        char text[160];
+        snprintf(text, sizeof text, "contribution to step %lld refused: %s", (long long)m->outer_step,
+                 r->state != R_MEMBER ? "not a member of the group (rejoin)" : "the group has closed that step");
+        hub_log(h, "replica %d: %s", id, text);
+        if (r->state == R_MEMBER && !r->joiner) {
+            r->state = R_CONNECTED;   // out of step with the group
+            release_contribution(r);
+            drop_queue(r);
+        }
+        tell_evicted(h, id, m->outer_step, text);
+        check_round(h);
+        return;
+    }
+    if (r->joiner) {
+        drop_replica(h, id, "contributed before its state arrived");
+        return;
+    }
+    if (r->up.announced) {
+        drop_replica(h, id, "announced its contribution twice");
+        return;
+    }
+    if (!start_contribution(h, id, m->outer_step, m->total_bytes, m->chunk_bytes)) return;
+    r->up.announced = true;
+    finish_contribution_if_whole(h, id);
+}
+
+static void on_payload_chunk(relay *h, int id, const wire_data *d) {
+    replica *r = rep(h, id);
+    if (stale(h, id, d->outer_step)) return;
+    if (d->owner_id != (uint32_t)id) {
+        drop_replica(h, id, "sent a chunk of another replica's payload");
+        return;
+    }
+    if (!start_contribution(h, id, d->outer_step, d->total_bytes, d->chunk_bytes)) return;
+    const char *why = transfer_take(&r->up, d);
+    if (why) {
+        drop_replica(h, id, why);
+        return;
+    }
+    memcpy(r->up_buf->data + d->offset, d->bytes, (size_t)d->chunk_len);
+    finish_contribution_if_whole(h, id);
+}
+
+// ---------------------------------------------------------------- joins
+static bool same_status(const wire_status *a, const wire_status *b) {
+    return a->outer_step == b->outer_step && a->param_hash == b->param_hash;
+}
+
+static void on_join(relay *h, int id, const wire_status *s) {
+    replica *r = rep(h, id);
+    // A JOIN from a member or a waiting replica starts its join over (it may have missed a
+    // frame of ours; its word on its status wins).
+    if (r->joiner) {
+        r->joiner = false;
+        drop_queue(r);
+    }
+    if (r->state == R_MEMBER) release_contribution(r);
+    r->state = R_CONNECTED;
+    check_round(h);
+    r->status = *s;
+    if (count_members(h) == 0) {
+        h->status_known = true;
+        h->status = *s;
+        make_member(h, id);
+        send_joined(h, r, JOINED_MEMBER);
+        hub_log(h, "replica %d joined: founds the group at outer step %lld (hash %016llx)", id,
+                (long long)s->outer_step, (unsigned long long)s->param_hash);
+    } else if (h->status_known && same_status(s, &h->status)) {
+        make_member(h, id);
+        send_joined(h, r, JOINED_MEMBER);
+        hub_log(h, "replica %d joined: member at outer step %lld", id, (long long)s->outer_step);
+    } else {
+        r->state = R_WAITING;
+        send_joined(h, r, JOINED_WAIT);
+        hub_log(h, "replica %d joined at outer step %lld (hash %016llx): waits for the group's state at the next "
+                   "round",
+                id, (long long)s->outer_step, (unsigned long long)s->param_hash);
+    }
+}
+
+// A group without members (all gone) is refounded by the lowest-id waiting replica; the
+// others waiting are members at once if their status matches its.
+static void settle_group(relay *h) {
+    if (count_members(h) > 0) return;
+    int founder = -1;
+    for (int i = 0; i < WIRE_MAX_REPLICAS && founder < 0; i++)
+        if (h->reps[i].state == R_WAITING) founder = i;
+    if (founder < 0) return;
+    h->status_known = true;
+    h->status = rep(h, founder)->status;
+    hub_log(h, "the group has no members: replica %d founds it anew at outer step %lld", founder,
+            (long long)h->status.outer_step);
+    for (int i = founder; i < WIRE_MAX_REPLICAS; i++) {
+        replica *r = rep(h, i);
+        if (r->state == R_WAITING && same_status(&r->status, &h->status)) {
+            make_member(h, i);
+            send_joined(h, r, JOINED_MEMBER);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the handshake
+static void refuse(relay *h, hub_conn *hc, uint32_t code, const char *text, const char *log_why) {
+    hub_log(h, "rejected %s: %s", hc->c.peer, log_why);
+    uint8_t buf[8 + WIRE_MAX_TEXT_BYTES];
+    conn_send(&hc->c, WIRE_REFUSE, buf, wire_encode_refuse(code, text, buf), NULL, 0, NULL);
+    close_after_flush(hc);
+}
+
+static bool session_alive(relay *h, const replica *r) {
+    return r->control && !r->control->dead && wall_seconds() - r->control->c.last_rx_s < h->o.timeout_s;
+}
+
+static void welcome(relay *h, hub_conn *hc, const wire_auth *a, uint64_t session_id) {
+    wire_welcome w = {.session_id = session_id, .timeout_ms = (uint32_t)(h->o.timeout_s * 1000 + 0.5)};
+    uint8_t buf[WIRE_WELCOME_BYTES];
+    wire_encode_welcome(&w, buf);
+    wire_welcome_proof(h->secret, h->o.secret_bytes, hc->nonce_h, a->nonce_c, buf, WIRE_WELCOME_PROVEN_BYTES,
+                       w.proof);
+    conn_send(&hc->c, WIRE_WELCOME, buf, wire_encode_welcome(&w, buf), NULL, 0, NULL);
+    // Everything after WELCOME is under the session keys.
+    uint8_t c2h[WIRE_KEY_BYTES], h2c[WIRE_KEY_BYTES];
+    wire_session_keys(h->secret, h->o.secret_bytes, hc->nonce_h, a->nonce_c, c2h, h2c);
+    memcpy(hc->c.key_rx, c2h, WIRE_KEY_BYTES);
+    memcpy(hc->c.key_tx, h2c, WIRE_KEY_BYTES);
+}
+
+static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
+    wire_auth a;
+    const char *malformed = wire_decode_auth(f->payload, (size_t)f->payload_bytes, &a);
+    uint8_t proof[32];
+    wire_auth_proof(h->secret, h->o.secret_bytes, hc->nonce_h, f->payload, WIRE_AUTH_PROVEN_BYTES, proof);
+    char why[300];
+    if (!wire_equal32(proof, a.proof)) {
+        snprintf(why, sizeof why, "wrong secret (its proof does not match; it says it is replica %u)", a.replica_id);
+        refuse(h, hc, REFUSE_SECRET, "the hub refused your secret", why);
+        return;
+    }
+    if (malformed) {
+        snprintf(why, sizeof why, "malformed AUTH: %s", malformed);
+        refuse(h, hc, REFUSE_BAD_ID, malformed, why);
+        return;
+    }
+    int id = (int)a.replica_id;
+    if (h->o.replicas > 0 && id >= h->o.replicas) {
+        snprintf(why, sizeof why, "replica id %d, but the relay was started with --replicas %d", id, h->o.replicas);
+        refuse(h, hc, REFUSE_BAD_ID, why, why);
+        return;
+    }
+    replica *r = rep(h, id);
+    bool anyone = false;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) anyone |= h->reps[i].state != R_FREE;
+    if (!anyone) h->fingerprint_set = false;   // a new group: the first replica defines the run
+    if (h->fingerprint_set && a.run_fingerprint != h->fingerprint) {
+        snprintf(why, sizeof why,
+                 "replica %d has run_fingerprint %016llx but the group has %016llx: a different model, M, H, outer "
+                 "optimizer or quantization",
+                 id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
+        refuse(h, hc, REFUSE_FINGERPRINT, why, why);
+        return;
+    }
+    if (a.stream_index == 0) {
+        if (r->state != R_FREE) {
+            if (session_alive(h, r)) {
+                snprintf(why, sizeof why, "duplicate replica id %d: it is already connected from %s", id, r->peer);
+                refuse(h, hc, REFUSE_DUPLICATE, why, why);
+                return;
+            }
+            drop_replica(h, id, "replaced by a new connection with the same id");
+        }
+        h->fingerprint_set = true;
+        h->fingerprint = a.run_fingerprint;
+        uint64_t session = 0;
+        while (session == 0)
+            if (RAND_bytes((uint8_t *)&session, sizeof session) != 1) fail("relay: OpenSSL RAND_bytes failed");
+        memset(r, 0, sizeof *r);
+        r->state = R_CONNECTED;
+        r->session_id = session;
+        r->control = hc;
+        r->streams = a.streams;
+        r->next_heartbeat_s = wall_seconds();
+        snprintf(r->peer, sizeof r->peer, "%s", hc->c.peer);
+        hc->role = ROLE_CONTROL;
+        hc->replica = id;
+        hc->c.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOIN) | CONN_ALLOW(WIRE_CONTRIBUTE) |
+                           CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE);
+        welcome(h, hc, &a, session);
+        hub_log(h, "replica %d connected from %s (%d data streams)", id, hc->c.peer, a.streams);
+        return;
+    }
+    if (r->state == R_FREE || r->session_id != a.session_id || a.stream_index > r->streams ||
+        r->data[a.stream_index]) {
+        snprintf(why, sizeof why, "data stream %u for replica %d names no session the hub has", a.stream_index, id);
+        refuse(h, hc, REFUSE_NO_SESSION, why, why);
+        return;
+    }
+    r->data[a.stream_index] = hc;
+    hc->role = ROLE_DATA;
+    hc->replica = id;
+    hc->stream = a.stream_index;
+    hc->c.allowed_rx = CONN_ALLOW(WIRE_DATA);
+    welcome(h, hc, &a, a.session_id);
+}
+
+// ---------------------------------------------------------------- frames
+static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
+    int id = hc->replica;
+    const char *bad = NULL;
+    switch (f->type) {
+    case WIRE_HEARTBEAT: return;
+    case WIRE_JOIN: {
+        wire_status s;
+        if (!(bad = wire_decode_status(f->payload, (size_t)f->payload_bytes, &s))) on_join(h, id, &s);
+        break;
+    }
+    case WIRE_CONTRIBUTE: {
+        wire_contribute m;
+        if (!(bad = wire_decode_contribute(f->payload, (size_t)f->payload_bytes, &m))) on_contribute(h, id, &m);
+        break;
+    }
+    case WIRE_STATE: {
+        wire_state m;
+        if (!(bad = wire_decode_state(f->payload, (size_t)f->payload_bytes, &m))) on_state_announce(h, id, &m);
+        break;
+    }
+    case WIRE_LEAVE: drop_replica(h, id, "left (goodbye)"); return;
+    }
+    if (bad) drop_replica(h, id, bad);
+}
+
+static void on_data_frame(relay *h, hub_conn *hc, const wire_frame *f) {
+    int id = hc->replica;
+    wire_data d;
+    const char *bad = wire_decode_data(f->payload, (size_t)f->payload_bytes, &d);
+    if (bad) drop_replica(h, id, bad);
+    else if (d.kind == DATA_PAYLOAD) on_payload_chunk(h, id, &d);
+    else on_state_chunk(h, id, &d);
+}
+
+// Reads what the connection has (a bounded number of frames, to stay fair).
+static void read_conn(relay *h, hub_conn *hc) {
+    for (int frames = 0; frames < 16 && !hc->dead && hc->role != ROLE_CLOSING; frames++) {
+        wire_frame f;
+        char err[256];
+        conn_result r = conn_read(&hc->c, &f, err, sizeof err);
+        if (r == CONN_AGAIN) return;
+        if (r == CONN_FRAME) {
+            if (hc->role == ROLE_HANDSHAKE) on_auth(h, hc, &f);
+            else if (hc->role == ROLE_CONTROL) on_control_frame(h, hc, &f);
+            else on_data_frame(h, hc, &f);
+            continue;
+        }
+        const char *what = r == CONN_CLOSED ? "connection closed" : err;
+        if (hc->role == ROLE_HANDSHAKE) {
+            if (r == CONN_CLOSED) hub_log(h, "%s closed the connection during the handshake", hc->c.peer);
+            else hub_log(h, "rejected %s: %s", hc->c.peer, what);
+            hc->dead = true;
+        } else {
+            char why[420];
+            snprintf(why, sizeof why, "%s %s: %s", hc->role == ROLE_CONTROL ? "control connection" : "data stream",
+                     hc->c.peer, what);
+            drop_replica(h, hc->replica, why);
+        }
+        return;
+    }
+}
+
+static void write_conn(relay *h, hub_conn *hc) {
+    if (hc->dead || !hc->c.out_head) return;
+    char err[256];
+    if (conn_flush(&hc->c, err, sizeof err) >= 0) return;
+    if (hc->role == ROLE_CONTROL || hc->role == ROLE_DATA) {
+        char why[320];
+        snprintf(why, sizeof why, "%s", err);
+        drop_replica(h, hc->replica, why);
+    } else {
+        hc->dead = true;
+    }
+}
+
+// ---------------------------------------------------------------- timers
+static void housekeeping(relay *h) {
+    double now = wall_seconds();
+    for (int i = 0; i < h->n_conns; i++) {
+        hub_conn *hc = h->conns[i];
+        if (hc->dead) continue;
+        if (hc->role == ROLE_HANDSHAKE && now - hc->opened_s > h->o.timeout_s) {
+            hub_log(h, "rejected %s: no authentication within %.1f s", hc->c.peer, h->o.timeout_s);
+            hc->dead = true;
+        } else if (hc->role == ROLE_CLOSING && (now > hc->closing_deadline_s || !hc->c.out_head)) {
+            hc->dead = true;
+        }
+    }
+    for (int id = 0; id < WIRE_MAX_REPLICAS; id++) {
+        replica *r = rep(h, id);
+        if (r->state == R_FREE) continue;
+        double silent = now - r->control->c.last_rx_s;
+        if (silent > h->o.timeout_s) {
+            char why[96];
+            snprintf(why, sizeof why, "silent for %.1f s (no heartbeat)", silent);
+            drop_replica(h, id, why);
+            continue;
+        }
+        if (now >= r->next_heartbeat_s) {
+            send_control(h, r, WIRE_HEARTBEAT, NULL, 0);
+            r->next_heartbeat_s = now + h->heartbeat_s;
+        }
+    }
+    if (h->donor >= 0) {
+        bool paused = false;
+        for (int s = 1; s <= rep(h, h->donor)->streams; s++)
+            if (rep(h, h->donor)->data[s]) paused |= donor_paused(h, rep(h, h->donor)->data[s]);
+        if (paused) h->donor_progress_s = now;
+        else if (now - h->donor_progress_s > h->o.timeout_s) abort_transfer(h, "the donor sent nothing for a timeout");
+    }
+    check_round(h);
+}
+
+// ---------------------------------------------------------------- the loop
+static void accept_all(relay *h) {
+    for (;;) {
+        char peer[96];
+        int fd = net_accept(h->listen_fd, peer, sizeof peer);
+        if (fd < 0) return;
+        int handshakes = 0;
+        for (int i = 0; i < h->n_conns; i++) handshakes += h->conns[i]->role == ROLE_HANDSHAKE;
+        if (h->n_conns >= MAX_CONNS || handshakes >= MAX_HANDSHAKES) {
+            hub_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, h->n_conns, handshakes);
+            close(fd);
+            continue;
+        }
+        hub_conn *hc = add_conn(h, fd, peer);
+        hc->c.allowed_rx = CONN_ALLOW(WIRE_AUTH);
+        wire_hello hello = {.timeout_ms = (uint32_t)(h->o.timeout_s * 1000 + 0.5)};
+        if (RAND_bytes(hello.nonce_h, WIRE_NONCE_BYTES) != 1) fail("relay: OpenSSL RAND_bytes failed");
+        memcpy(hc->nonce_h, hello.nonce_h, WIRE_NONCE_BYTES);
+        uint8_t buf[WIRE_HELLO_BYTES];
+        conn_send(&hc->c, WIRE_HELLO, buf, wire_encode_hello(&hello, buf), NULL, 0, NULL);
+    }
+}
+
+// The donor's data streams are not read while a joiner's backlog is over the bound.
+static bool donor_paused(relay *h, const hub_conn *hc) {
+    if (hc->role != ROLE_DATA || hc->replica != h->donor) return false;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner && backlog_bytes(&h->reps[i]) > STATE_BACKLOG_BYTES) return true;
+    return false;
+}
+
+static bool stopping(relay *h) { return atomic_load(&h->stop) || (h->stop_signal && *h->stop_signal); }
+
+static void run_loop(relay *h) {
+    struct pollfd *fds = NULL;
+    int cap = 0;
+    while (!stopping(h)) {
+        for (int id = 0; id < WIRE_MAX_REPLICAS; id++)
+            if (h->reps[id].state != R_FREE) feed_streams(rep(h, id));
+        int n = h->n_conns + 2;
+        if (n > cap) {
+            cap = n * 2;
+            fds = xrealloc(fds, (size_t)cap * sizeof *fds);
+        }
+        fds[0] = (struct pollfd){.fd = h->listen_fd, .events = POLLIN};
+        fds[1] = (struct pollfd){.fd = h->wake[0], .events = POLLIN};
+        for (int i = 0; i < h->n_conns; i++) {
+            hub_conn *hc = h->conns[i];
+            short ev = 0;
+            if (hc->role != ROLE_CLOSING && !donor_paused(h, hc)) ev |= POLLIN;
+            if (hc->c.out_head) ev |= POLLOUT;
+            fds[i + 2] = (struct pollfd){.fd = hc->c.fd, .events = ev};
+        }
+        int timeout_ms = (int)(h->heartbeat_s * 250);
+        if (timeout_ms < 10) timeout_ms = 10;
+        if (timeout_ms > 100) timeout_ms = 100;
+        int ready = poll(fds, (nfds_t)n, timeout_ms);
+        if (ready < 0 && errno != EINTR) fail("relay: poll: %s", strerror(errno));
+        if (ready > 0) {
+            if (fds[1].revents) {
+                char drain[64];
+                while (read(h->wake[0], drain, sizeof drain) > 0) {
+                }
+            }
+            int existing = h->n_conns;   // accept_all appends: those are polled next time
+            for (int i = 0; i < existing; i++) {
+                hub_conn *hc = h->conns[i];
+                short re = fds[i + 2].revents;
+                if (!hc->dead && (re & (POLLIN | POLLHUP | POLLERR))) read_conn(h, hc);
+                if (!hc->dead && (re & POLLOUT)) write_conn(h, hc);
+            }
+            if (fds[0].revents & POLLIN) accept_all(h);
+        }
+        // New frames were queued while reading: send what the sockets take now.
+        for (int id = 0; id < WIRE_MAX_REPLICAS; id++)
+            if (h->reps[id].state != R_FREE) feed_streams(rep(h, id));
+        for (int i = 0; i < h->n_conns; i++) write_conn(h, h->conns[i]);
+        housekeeping(h);
+        sweep_conns(h);
+    }
+    free(fds);
+}
+
+// ---------------------------------------------------------------- start and stop
+static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) {
+    if (o->timeout_s <= 0) {
+        snprintf(err, err_bytes, "relay: timeout_s must be positive");
+        return NULL;
+    }
+    if (!o->secret || o->secret_bytes == 0) {
+        snprintf(err, err_bytes, "relay: no secret");
+        return NULL;
+    }
+    char why[256] = "";
+    int fd = net_listen(o->listen, why, sizeof why);
+    if (fd < 0) {
+        snprintf(err, err_bytes, "relay: %s", why);
+        return NULL;
+    }
+    relay *h = xcalloc(1, sizeof *h);
+    h->o = *o;
+    h->secret = xmalloc(o->secret_bytes);
+    memcpy(h->secret, o->secret, o->secret_bytes);
+    h->o.secret = h->secret;
+    if (h->o.min_replicas < 1) h->o.min_replicas = 1;
+    h->log = o->log ? o->log : stdout;
+    h->t0 = wall_seconds();
+    h->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
+    h->listen_fd = fd;
+    h->port = net_local_port(fd);
+    h->donor = -1;
+    h->last_closed_step = -1;
+    h->first_whole_s = -1;
+    if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));
+    atomic_init(&h->stop, false);
+    return h;
+}
+
+static void relay_destroy(relay *h) {
+    for (int id = 0; id < WIRE_MAX_REPLICAS; id++) {
+        drop_queue(rep(h, id));
+        release_contribution(rep(h, id));
+    }
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) blob_release(h->round_buf[i]);
+    transfer_reset(&h->st);
+    for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
+    sweep_conns(h);
+    free(h->conns);
+    close(h->listen_fd);
+    close(h->wake[0]);
+    close(h->wake[1]);
+    memset(h->secret, 0, h->o.secret_bytes);
+    free(h->secret);
+    free(h);
+}
+
+static void *relay_thread(void *arg) {
+    run_loop(arg);
+    return NULL;
+}
+
+relay *relay_start_thread(const relay_options *o, char *err, size_t err_bytes) {
+    relay *h = relay_create(o, err, err_bytes);
+    if (!h) return NULL;
+    hub_log(h, "listening on %s (port %d), timeout %.1f s, min_replicas %d", o->listen, h->port, h->o.timeout_s,
+            h->o.min_replicas);
+    int rc = pthread_create(&h->thread, NULL, relay_thread, h);
+    if (rc != 0) fail("relay: pthread_create: %s", strerror(rc));
+    return h;
+}
+
+int relay_port(const relay *r) { return r->port; }
+
+void relay_stop(relay *r) {
+    if (!r) return;
+    atomic_store(&r->stop, true);
+    ssize_t ignored = write(r->wake[1], "x", 1);
+    (void)ignored;
+    pthread_join(r->thread, NULL);
+    relay_destroy(r);
+}
+
+// ---------------------------------------------------------------- train_gpt relay
+static volatile sig_atomic_t relay_signalled = 0;
+static int relay_wake_fd = -1;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    relay_signalled = 1;
+    if (relay_wake_fd >= 0) {
+        ssize_t ignored = write(relay_wake_fd, "x", 1);
+        (void)ignored;
+    }
+}
+
+static const char relay_usage[] =
+    "usage: train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]\n"
+    "                       [--replicas M]\n"
+    "Runs the hub the replicas of a DiLoCo run meet at (diloco_transport = tcp), until SIGINT or SIGTERM.\n"
+    "  --listen        address to listen on: HOST:PORT, *:PORT (every address), [v6addr]:PORT\n"
+    "  --secret_file   the run's diloco_secret_file (the same bytes every replica reads)\n"
+    "  --timeout_s     a replica silent this long is dropped; a round closes this long after its first\n"
+    "                  contribution (use the replicas' diloco_timeout_s)\n"
+    "  --min_replicas  a round with fewer contributors is skipped by everyone\n"
+    "  --replicas      refuse replica ids >= M (default: any id below 256)\n"
+    "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
+    "Protocol: docs/protocol.md.\n";
+
+static double parse_number(const char *name, const char *value, double lo, double hi) {
+    char *end = NULL;
+    double v = strtod(value, &end);
+    if (!*value || *end || !(v >= lo && v <= hi)) fail("relay: --%s %s: expected a number from %g to %g", name, value, lo, hi);
+    return v;
+}
+
+// The secret file is read as the replicas read diloco_secret_file: its bytes, without
+// trailing whitespace, at least 16 of them.
+static uint8_t *read_secret_file(const char *path, size_t *bytes) {
+    size_t n = 0;
+    char *text = read_file_or_null(path, &n);
+    if (!text) fail("relay: --secret_file: cannot read '%s': %s", path, strerror(errno));
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
+    if (n < 16) fail("relay: --secret_file: '%s' holds %zu bytes; use at least 16 (e.g. openssl rand -hex 32)", path, n);
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077)) warn("relay: --secret_file: '%s' can be read by other users (chmod 600 it)", path);
+    *bytes = n;
+    return (uint8_t *)text;
+}
+
+int relay_main(int argc, char **argv) {
+    relay_options o = {.timeout_s = 60, .min_replicas = 1};
+    const char *secret_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(relay_usage, stdout);
+            return 0;
+        }
+        if (strncmp(arg, "--", 2) != 0) fail("relay: unexpected argument '%s' (see train_gpt relay --help)", arg);
+        char name[64];
+        const char *value;
+        const char *eq = strchr(arg + 2, '=');
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - arg - 2), arg + 2);
+            value = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg + 2);
+            if (i + 1 >= argc) fail("relay: --%s needs a value", name);
+            value = argv[++i];
+        }
+        if (strcmp(name, "listen") == 0) o.listen = value;
+        else if (strcmp(name, "secret_file") == 0) secret_path = value;
+        else if (strcmp(name, "timeout_s") == 0) o.timeout_s = parse_number(name, value, 0.1, 1e6);
+        else if (strcmp(name, "min_replicas") == 0) o.min_replicas = (int)parse_number(name, value, 1, 256);
+        else if (strcmp(name, "replicas") == 0) o.replicas = (int)parse_number(name, value, 1, 256);
+        else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
+    }
+    if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");
+    if (!secret_path) fail("relay: --secret_file PATH is required: the run's diloco_secret_file");
+    uint8_t *secret = read_secret_file(secret_path, &o.secret_bytes);
+    o.secret = secret;
+    o.log = stdout;
+    char err[320];
+    relay *h = relay_create(&o, err, sizeof err);
+    memset(secret, 0, o.secret_bytes);
+    free(secret);
+    if (!h) fail("%s", err);
+    relay_wake_fd = h->wake[1];
+    h->stop_signal = &relay_signalled;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    hub_log(h, "listening on %s (port %d), timeout %.1f s, min_replicas %d%s", o.listen, h->port, h->o.timeout_s,
+            h->o.min_replicas, o.replicas ? "" : ", any replica id");
+    run_loop(h);
+    hub_log(h, "stopping (signal)");
+    relay_wake_fd = -1;
+    relay_destroy(h);
+    return 0;
+}

@@ -1,0 +1,43 @@
+// relay.h — the hub of the tcp transport: `train_gpt relay` on a login or gateway node, or a
+// thread inside one replica (transport_options.serve). Protocol and state machine:
+// docs/protocol.md.
+//
+// The hub keeps the membership (heartbeats, evictions, joins at outer boundaries), collects
+// each replica's payload for a round and forwards it to every other member, closes the
+// round, and relays a donor's state to the replicas that join. It never looks inside a
+// payload or a state. Every error a peer can cause is logged on one line (naming the peer's
+// address) and costs that peer its connection; the hub itself carries on.
+#ifndef TRAIN_GPT_RELAY_H
+#define TRAIN_GPT_RELAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *listen;         // "host:port" ("*:port" or ":port": every address; port 0: any free port)
+    const uint8_t *secret;      // the shared secret (copied)
+    size_t secret_bytes;
+    double timeout_s;           // eviction of a silent replica, round deadline, handshakes
+    int min_replicas;           // a round with fewer contributors is closed with apply = false
+    int replicas;               // > 0: refuse replica ids >= replicas; 0: any id < 256
+    FILE *log;                  // one line per event; NULL: stdout
+} relay_options;
+
+typedef struct relay relay;
+
+// Binds o->listen and starts the hub in a thread of this process. NULL with a one-line
+// reason in err when it cannot listen (the port is taken, a bad address).
+relay *relay_start_thread(const relay_options *o, char *err, size_t err_bytes);
+// The port the hub listens on (the one picked for port 0).
+int relay_port(const relay *r);
+// Stops the thread and closes every connection (the replicas see the hub go).
+void relay_stop(relay *r);
+
+// `train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]
+// [--replicas M]`: runs the hub in the foreground until SIGINT or SIGTERM. argv[0] is
+// "relay". Returns the exit code; user errors exit through fail().
+int relay_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,919 @@
+// test/test_transport.c — the tcp transport end to end on loopback, with real processes:
+// a hub (`relay_main`, the code behind `train_gpt relay`) and replicas that are fork()ed
+// processes running transport_tcp_open → join → exchange... → leave, so that kill -9 and
+// SIGSTOP hit a real process. Each replica reports every event on one line through a pipe;
+// the test orchestrates the faults and checks the lines and the hub's log.
+//
+//   allgather  3 replicas, 3 streams, payloads of ~3 MB: every replica gets every payload,
+//              byte-exact, in ascending id order
+//   kill9      kill -9 a replica: the others' next exchange closes with n = 2 within
+//              timeout + 5 s; restarted with a stale status, it receives the donor's state
+//              byte-exact and contributes again
+//   sigstop    SIGSTOP a replica: evicted within the timeout (its heartbeats stop); after
+//              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
+//   leave      transport_leave: dropped at once (no timeout); min_replicas 3 → apply = false
+//   evil       while two replicas train: a wrong secret, garbage, a truncated frame, a length
+//              of 2^63, a bad tag, a replayed frame, an unknown session, a wrong
+//              fingerprint, a duplicate id, a silent connection, a fake hub → each refused
+//              and logged, nobody crashes, the two replicas finish every round
+//   serve      a replica hosting the hub in a thread (diloco_serve)
+//   cli        relay_main's argument errors
+#include "../common.h"
+#include "../conn.h"
+#include "../net.h"
+#include "../relay.h"
+#include "../transport.h"
+#include "../wire.h"
+#include "check.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TIMEOUT_S 2.0
+#define STATE_BYTES 100000
+#define MAX_LINES 4000
+
+static char dir[256];
+static char secret_path[300];
+static const char SECRET[] = "test-secret-0123456789abcdef";
+static const uint64_t FINGERPRINT = 0x5eed5eed5eedull;
+
+// ---------------------------------------------------------------- deterministic bytes
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed) {
+    uint64_t s = seed;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = splitmix(&s);
+        memcpy(p + i, &v, 8);
+    }
+    uint64_t v = splitmix(&s);
+    memcpy(p + i, &v, n - i);
+}
+
+static size_t payload_bytes(int id, size_t base) { return base + (size_t)id * 12345; }
+static uint64_t payload_seed(int id, int64_t k) { return (uint64_t)id * 1000003 + (uint64_t)k * 7919 + 1; }
+static uint64_t status_hash(int64_t k) { return (uint64_t)k * 0x9e3779b97f4a7c15ull ^ 0xabc; }
+
+// The state after outer step k: k, then bytes that depend on k only.
+static void make_state(uint8_t *p, int64_t k) {
+    memcpy(p, &k, 8);
+    fill(p + 8, STATE_BYTES - 8, 777 + (uint64_t)k);
+}
+
+// ---------------------------------------------------------------- a replica process
+typedef struct {
+    int id, replicas, min_replicas, streams;
+    size_t payload_base;
+    int64_t steps;             // exchanges up to this outer step
+    int64_t start_step;        // its status at start (stale on a restart)
+    double inner_s;            // "training" between exchanges
+    int64_t leave_at;          // leaves once at this step (-1: never)
+    bool serve;
+    const char *rendezvous;
+    const uint8_t *secret;
+    size_t secret_bytes;
+    uint64_t fingerprint;
+    double connect_timeout_s;
+} replica_cfg;
+
+static int report_fd = -1;
+
+static void PRINTF_LIKE(1, 2) report(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t ignored = write(report_fd, line, (size_t)n);   // < PIPE_BUF: atomic
+    (void)ignored;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+// Takes the state a join returned: reports whether it is byte-exact the state of its step.
+static int64_t adopt(int id, const uint8_t *state, size_t bytes, const char *how) {
+    int64_t k = -1;
+    static uint8_t expect[STATE_BYTES];
+    bool ok = bytes == STATE_BYTES;
+    if (ok) {
+        memcpy(&k, state, 8);
+        make_state(expect, k);
+        ok = k >= 0 && memcmp(expect, state, STATE_BYTES) == 0;
+    }
+    report("R%d %s k=%lld n=0 ids=- apply=0 state=0 ok=%d dt=0", id, how, (long long)k, ok);
+    return k;
+}
+
+static int replica_main(const replica_cfg *c) {
+    transport_options o = {.replica_id = c->id, .replicas = c->replicas, .min_replicas = c->min_replicas,
+                           .timeout_s = TIMEOUT_S, .connect_timeout_s = c->connect_timeout_s,
+                           .rendezvous = c->rendezvous, .serve = c->serve, .streams = c->streams,
+                           .secret = c->secret, .secret_bytes = c->secret_bytes, .run_fingerprint = c->fingerprint};
+    transport *t = transport_tcp_open(&o);
+    size_t max_payload = payload_bytes(c->replicas, c->payload_base);
+    uint8_t *payload = xmalloc(max_payload), *expect = xmalloc(max_payload);
+    uint8_t *state = xmalloc(STATE_BYTES + 1000);
+    int64_t k = c->start_step;
+    size_t got = 0;
+    replica_status s = {k, status_hash(k)};
+    if (transport_join(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE) k = adopt(c->id, state, got, "gotstate");
+    else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    while (k < c->steps) {
+        sleep_s(c->inner_s);
+        size_t bytes = payload_bytes(c->id, c->payload_base);
+        fill(payload, bytes, payload_seed(c->id, k));
+        round_result r;
+        double t0 = wall_seconds();
+        bool ok = transport_exchange(t, k, payload, bytes, &r);
+        double dt = wall_seconds() - t0;
+        if (!ok) {
+            report("R%d failed k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=%.3f", c->id, (long long)k, dt);
+            continue;
+        }
+        if (r.evicted) {
+            report("R%d evicted k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=%.3f", c->id, (long long)k, dt);
+            s = (replica_status){k, status_hash(k)};
+            if (transport_rejoin(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE)
+                k = adopt(c->id, state, got, "gotstate");
+            else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+            continue;
+        }
+        bool good = r.outer_step == k && r.n >= 1;
+        char ids[300] = "";
+        for (int i = 0; i < r.n; i++) {
+            size_t len = strlen(ids);
+            snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", r.ids[i]);
+            good &= i == 0 || r.ids[i] > r.ids[i - 1];
+            good &= r.bytes[i] == payload_bytes(r.ids[i], c->payload_base);
+            if (good) {
+                fill(expect, r.bytes[i], payload_seed(r.ids[i], k));
+                good &= memcmp(expect, r.payload[i], r.bytes[i]) == 0;
+            }
+        }
+        good &= r.bytes_sent >= bytes && r.sync_s >= r.wait_s;
+        report("R%d round k=%lld n=%d ids=%s apply=%d state=%d ok=%d dt=%.3f", c->id, (long long)k, r.n, ids,
+               r.apply, r.send_state, good, dt);
+        k++;
+        if (r.send_state) {
+            make_state(state, k);
+            transport_send_state(t, state, STATE_BYTES);
+        }
+        if (k == c->leave_at) {
+            report("R%d left k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+            transport_leave(t);
+            return 0;
+        }
+    }
+    report("R%d done k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    transport_leave(t);
+    return 0;
+}
+
+// ---------------------------------------------------------------- the test's side
+typedef struct {
+    int id;
+    char ev[16];
+    long long k;
+    int n;
+    char ids[64];
+    int apply, state, ok;
+    double dt;
+} rec;
+
+typedef struct {
+    const char *name;
+    int pipe_rd, pipe_wr;
+    pid_t hub;
+    int port;
+    char hub_addr[64];
+    char hub_log[300];
+    pid_t pids[8];
+    int n_pids;
+    char buf[65536];
+    size_t have;
+    rec lines[MAX_LINES];
+    int n_lines;
+} scenario;
+
+static bool parse(const char *line, rec *r) {
+    memset(r, 0, sizeof *r);
+    return sscanf(line, "R%d %15s k=%lld n=%d ids=%63s apply=%d state=%d ok=%d dt=%lf", &r->id, r->ev, &r->k, &r->n,
+                  r->ids, &r->apply, &r->state, &r->ok, &r->dt) == 9;
+}
+
+// Reads report lines until one for replica id with event ev (and step >= k) arrives, or
+// timeout. Every line is kept for the checks afterwards.
+static const rec *await(scenario *s, int id, const char *ev, long long k, double timeout) {
+    double deadline = wall_seconds() + timeout;
+    int seen = 0;
+    for (;;) {
+        for (; seen < s->n_lines; seen++) {
+            const rec *r = &s->lines[seen];
+            if (r->id == id && strcmp(r->ev, ev) == 0 && r->k >= k) return r;
+        }
+        // Any line already in the buffer?
+        char *nl = memchr(s->buf, '\n', s->have);
+        if (nl) {
+            *nl = '\0';
+            if (s->n_lines < MAX_LINES && parse(s->buf, &s->lines[s->n_lines])) s->n_lines++;
+            else if (s->n_lines < MAX_LINES) fprintf(stderr, "unparsed report: %s\n", s->buf);
+            size_t used = (size_t)(nl + 1 - s->buf);
+            memmove(s->buf, nl + 1, s->have - used);
+            s->have -= used;
+            continue;
+        }
+        double left = deadline - wall_seconds();
+        if (left <= 0) return NULL;
+        struct pollfd p = {.fd = s->pipe_rd, .events = POLLIN};
+        if (poll(&p, 1, (int)(left * 1000) + 1) > 0) {
+            ssize_t n = read(s->pipe_rd, s->buf + s->have, sizeof s->buf - s->have);
+            if (n > 0) s->have += (size_t)n;
+        }
+    }
+}
+
+static char *slurp(const char *path) {
+    size_t n;
+    char *t = read_file_or_null(path, &n);
+    return t ? t : xstrdup("");
+}
+
+static bool file_has(const char *path, const char *needle) {
+    char *t = slurp(path);
+    bool yes = strstr(t, needle) != NULL;
+    free(t);
+    return yes;
+}
+
+// Waits until the file holds needle.
+static bool await_file(const char *path, const char *needle, double timeout) {
+    double deadline = wall_seconds() + timeout;
+    while (wall_seconds() < deadline) {
+        if (file_has(path, needle)) return true;
+        sleep_s(0.02);
+    }
+    return file_has(path, needle);
+}
+
+static void redirect(int fd, const char *path) {
+    int f = open(path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (f < 0) _exit(99);
+    dup2(f, fd);
+    close(f);
+}
+
+// The hub: relay_main in a child process, its stdout (the event lines) into a log file.
+static void start_hub(scenario *s, const char *extra) {
+    snprintf(s->hub_log, sizeof s->hub_log, "%s/%s_hub.log", dir, s->name);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        redirect(1, s->hub_log);
+        redirect(2, s->hub_log);
+        char timeout[32];
+        snprintf(timeout, sizeof timeout, "%g", TIMEOUT_S);
+        char *argv[16] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--timeout_s", timeout};
+        int argc = 7;
+        char extra_copy[64];
+        if (extra) {
+            snprintf(extra_copy, sizeof extra_copy, "%s", extra);
+            argv[argc++] = strtok(extra_copy, " ");
+            argv[argc++] = strtok(NULL, " ");
+        }
+        _exit(relay_main(argc, argv));
+    }
+    s->hub = pid;
+    // "listening on 127.0.0.1:0 (port N)"
+    EXPECT(await_file(s->hub_log, "(port ", 10), "%s: the hub did not start", s->name);
+    char *log = slurp(s->hub_log);
+    char *p = strstr(log, "(port ");
+    s->port = p ? atoi(p + 6) : 0;
+    free(log);
+    snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d", s->port);
+}
+
+static void stop_hub(scenario *s) {
+    kill(s->hub, SIGTERM);
+    int status = 0;
+    waitpid(s->hub, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the hub exits 0 on SIGTERM (status %d)", s->name,
+           status);
+    EXPECT(file_has(s->hub_log, "stopping (signal)"), "%s: the hub says it stops", s->name);
+}
+
+static void open_reports(scenario *s, const char *name) {
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    int p[2];
+    if (pipe(p) != 0) fail("pipe: %s", strerror(errno));
+    s->pipe_rd = p[0];
+    s->pipe_wr = p[1];
+}
+
+static replica_cfg default_cfg(scenario *s, int id) {
+    return (replica_cfg){.id = id, .replicas = 3, .min_replicas = 1, .streams = 2, .payload_base = 200000,
+                         .steps = 8, .start_step = 0, .inner_s = 0.1, .leave_at = -1,
+                         .rendezvous = s->hub_addr, .secret = (const uint8_t *)SECRET,
+                         .secret_bytes = strlen(SECRET), .fingerprint = FINGERPRINT, .connect_timeout_s = 10};
+}
+
+static pid_t start_replica(scenario *s, const replica_cfg *c) {
+    char err_path[400];
+    snprintf(err_path, sizeof err_path, "%s/%s_R%d.err", dir, s->name, c->id);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(s->pipe_rd);
+        report_fd = s->pipe_wr;
+        redirect(2, err_path);
+        _exit(replica_main(c));
+    }
+    s->pids[s->n_pids++] = pid;
+    return pid;
+}
+
+static int wait_exit(pid_t pid, double timeout) {
+    double deadline = wall_seconds() + timeout;
+    int status = 0;
+    while (wall_seconds() < deadline) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        sleep_s(0.02);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+static void finish(scenario *s) {
+    for (int i = 0; i < s->n_pids; i++) {
+        kill(s->pids[i], SIGKILL);
+        waitpid(s->pids[i], NULL, WNOHANG);
+    }
+    close(s->pipe_rd);
+    close(s->pipe_wr);
+}
+
+// The lines of one replica's rounds; checks each is ok, and counts those with n contributors.
+static int rounds_of(scenario *s, int id, int n, bool *all_ok) {
+    int count = 0;
+    for (int i = 0; i < s->n_lines; i++) {
+        const rec *r = &s->lines[i];
+        if (r->id != id || strcmp(r->ev, "round") != 0) continue;
+        if (!r->ok) *all_ok = false;
+        if (n < 0 || r->n == n) count++;
+    }
+    return count;
+}
+
+// ---------------------------------------------------------------- scenarios
+static void test_allgather(void) {
+    static scenario s;
+    open_reports(&s, "allgather");
+    start_hub(&s, NULL);
+    double t0 = wall_seconds();
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.streams = 3;
+        c.payload_base = 3u << 20;
+        c.steps = 3;
+        c.inner_s = 0.05;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 3, 30), "allgather: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "allgather: replica %d exits 0", id);
+    for (int id = 0; id < 3; id++) {
+        bool ok = true;
+        int full = rounds_of(&s, id, 3, &ok);
+        EXPECT(full == 3 && ok, "allgather: replica %d: %d rounds of 3 contributors, all byte-exact: %d", id, full, ok);
+    }
+    for (int i = 0; i < s.n_lines; i++)
+        if (!strcmp(s.lines[i].ev, "round"))
+            EXPECT(!strcmp(s.lines[i].ids, "0,1,2") && s.lines[i].apply, "allgather: ids %s apply %d", s.lines[i].ids,
+                   s.lines[i].apply);
+    EXPECT(file_has(s.hub_log, "round 2 closed: 3 contributor(s) [0 1 2]"), "allgather: the hub logs the rounds");
+    EXPECT(file_has(s.hub_log, "replica 1 connected from 127.0.0.1:"), "allgather: the hub logs connections");
+    EXPECT(file_has(s.hub_log, "left (goodbye)"), "allgather: the hub logs goodbyes");
+    printf("allgather: 3 replicas x 3 rounds of ~3 MB over 3 streams in %.2f s\n", wall_seconds() - t0);
+    stop_hub(&s);
+    finish(&s);
+}
+
+static void test_kill9(void) {
+    static scenario s;
+    open_reports(&s, "kill9");
+    start_hub(&s, NULL);
+    double t0 = wall_seconds();
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 14;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 2, "round", 2, 20), "kill9: replica 2 reaches round 2");
+    kill(s.pids[2], SIGKILL);
+    waitpid(s.pids[2], NULL, 0);
+    double killed = wall_seconds();
+    // The others' rounds after the kill: 2 contributors, each within timeout + 5 s.
+    const rec *r = await(&s, 0, "round", 3, 20);
+    EXPECT(r != NULL, "kill9: replica 0 goes on after the kill");
+    bool found = false;
+    for (int i = 0; i < s.n_lines; i++) {
+        const rec *x = &s.lines[i];
+        if (x->id == 0 && !strcmp(x->ev, "round") && x->k >= 3) {
+            EXPECT(x->dt <= TIMEOUT_S + 5, "kill9: round %lld took %.2f s", x->k, x->dt);
+            found |= x->n == 2 && !strcmp(x->ids, "0,1") && x->ok;
+        }
+    }
+    const rec *two = NULL;
+    for (int i = 0; i < s.n_lines && !two; i++)
+        if (s.lines[i].id == 0 && !strcmp(s.lines[i].ev, "round") && s.lines[i].n == 2) two = &s.lines[i];
+    if (!two) {
+        two = await(&s, 0, "round", 3, 10);
+        found = two && two->n == 2;
+    }
+    EXPECT(found, "kill9: replica 0 closes a round with [0,1] after the kill");
+    EXPECT(await_file(s.hub_log, "replica 2 (127.0.0.1:", 5), "kill9: the hub names the dropped replica");
+    printf("kill9: dropped and the others' round closed %.2f s after the kill\n", wall_seconds() - killed);
+    // Restart it with its initial (stale) status: it must take the group's state.
+    replica_cfg c = default_cfg(&s, 2);
+    c.steps = 14;
+    start_replica(&s, &c);
+    const rec *g = await(&s, 2, "gotstate", 0, 20);
+    EXPECT(g && g->ok && g->k > 2, "kill9: restarted, replica 2 receives the donor's state byte-exact (k %lld ok %d)",
+           g ? g->k : -1, g ? g->ok : 0);
+    const rec *back = await(&s, 2, "round", g ? g->k : 0, 20);
+    EXPECT(back && back->n == 3 && back->ok, "kill9: replica 2 contributes again with all three (n %d)",
+           back ? back->n : -1);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 14, 30), "kill9: replica %d finishes", id);
+    for (int i = 0; i < 3; i++) EXPECT(wait_exit(s.pids[i == 2 ? 3 : i], 10) == 0, "kill9: replica %d exits 0", i);
+    bool ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "kill9: every round every replica saw was byte-exact");
+    EXPECT(file_has(s.hub_log, "is the donor"), "kill9: the hub logs the donor");
+    printf("kill9: %.2f s\n", wall_seconds() - t0);
+    stop_hub(&s);
+    finish(&s);
+}
+
+static void test_sigstop(void) {
+    static scenario s;
+    open_reports(&s, "sigstop");
+    start_hub(&s, NULL);
+    double t0 = wall_seconds();
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 16;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 1, "round", 2, 20), "sigstop: replica 1 reaches round 2");
+    kill(s.pids[1], SIGSTOP);
+    double stopped = wall_seconds();
+    EXPECT(await_file(s.hub_log, "no heartbeat", TIMEOUT_S + 3), "sigstop: the hub drops the silent replica");
+    double dropped = wall_seconds() - stopped;
+    EXPECT(dropped <= TIMEOUT_S + 1, "sigstop: dropped %.2f s after SIGSTOP (timeout %.1f s)", dropped, TIMEOUT_S);
+    const rec *r = NULL;
+    for (long long k = 3; k < 10 && !(r && r->n == 2); k++) r = await(&s, 0, "round", k, 10);
+    EXPECT(r && r->n == 2 && !strcmp(r->ids, "0,2") && r->ok && r->dt <= TIMEOUT_S + 1.5,
+           "sigstop: the others close a round without it (n %d, %.2f s)", r ? r->n : -1, r ? r->dt : -1);
+    sleep_s(0.5);
+    kill(s.pids[1], SIGCONT);
+    const rec *e = await(&s, 1, "evicted", 0, 20);
+    EXPECT(e != NULL, "sigstop: after SIGCONT, replica 1 finds itself evicted");
+    const rec *g = await(&s, 1, "gotstate", 0, 20);
+    EXPECT(g && g->ok, "sigstop: it rejoins through a byte-exact state transfer");
+    const rec *back = await(&s, 1, "round", g ? g->k : 0, 20);
+    EXPECT(back && back->n == 3 && back->ok, "sigstop: and contributes again with all three");
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 16, 30), "sigstop: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "sigstop: replica %d exits 0", id);
+    bool ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "sigstop: every round was byte-exact");
+    printf("sigstop: dropped %.2f s after SIGSTOP; whole scenario %.2f s\n", dropped, wall_seconds() - t0);
+    stop_hub(&s);
+    finish(&s);
+}
+
+static void test_leave(void) {
+    static scenario s;
+    open_reports(&s, "leave");
+    start_hub(&s, "--min_replicas 3");
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.min_replicas = 3;
+        c.steps = 4;
+        c.leave_at = id == 2 ? 2 : -1;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 2, "left", 2, 20), "leave: replica 2 leaves after two rounds");
+    EXPECT(wait_exit(s.pids[2], 5) == 0, "leave: the leaver exits 0");
+    const rec *r = await(&s, 0, "round", 2, 20);
+    EXPECT(r && r->n == 2 && !r->apply && r->ok, "leave: the next round has 2 contributors and apply = false");
+    EXPECT(r && r->dt < TIMEOUT_S / 2, "leave: closed at once (%.2f s), not after a timeout", r ? r->dt : -1);
+    const rec *first = NULL;
+    for (int i = 0; i < s.n_lines && !first; i++)
+        if (s.lines[i].id == 0 && !strcmp(s.lines[i].ev, "round")) first = &s.lines[i];
+    EXPECT(first && first->n == 3 && first->apply, "leave: with all 3, apply = true");
+    for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 20) == 0, "leave: replica %d exits 0", id);
+    EXPECT(file_has(s.hub_log, "replica 2 (127.0.0.1:") && file_has(s.hub_log, "left (goodbye)"),
+           "leave: the hub logs the goodbye");
+    EXPECT(file_has(s.hub_log, "skip (fewer than min_replicas)"), "leave: the hub logs the skipped round");
+    stop_hub(&s);
+    finish(&s);
+}
+
+// ---------------------------------------------------------------- evil peers
+// Connects and reads the hub's HELLO.
+static int evil_connect(scenario *s, conn *c, wire_hello *hello) {
+    char err[256];
+    int fd = net_connect(s->hub_addr, wall_seconds() + 5, err, sizeof err);
+    EXPECT(fd >= 0, "evil: connect: %s", err);
+    conn_init(c, fd, "hub");
+    c->allowed_rx = CONN_ALLOW(WIRE_HELLO);
+    wire_frame f;
+    EXPECT(conn_read_until(c, &f, wall_seconds() + 5, err, sizeof err) == CONN_FRAME, "evil: HELLO: %s", err);
+    EXPECT(!wire_decode_hello(f.payload, (size_t)f.payload_bytes, hello), "evil: HELLO decodes");
+    return fd;
+}
+
+// An AUTH frame (whole, tagged with the handshake key) for the given fields and secret.
+static size_t evil_auth(uint8_t *frame, const wire_hello *hello, int id, int stream, uint64_t session,
+                        uint64_t fingerprint, const char *secret, wire_auth *out) {
+    wire_auth a = {.replica_id = (uint32_t)id, .stream_index = (uint16_t)stream, .streams = 1, .replicas = 8,
+                   .min_replicas = 1, .run_fingerprint = fingerprint, .session_id = session};
+    memset(a.nonce_c, 0x42, sizeof a.nonce_c);
+    uint8_t p[WIRE_AUTH_BYTES];
+    wire_encode_auth(&a, p);
+    wire_auth_proof((const uint8_t *)secret, strlen(secret), hello->nonce_h, p, WIRE_AUTH_PROVEN_BYTES, a.proof);
+    wire_encode_auth(&a, p);
+    if (out) *out = a;
+    static const uint8_t zero[WIRE_KEY_BYTES] = {0};
+    return wire_build(frame, WIRE_AUTH, 0, p, sizeof p, zero);
+}
+
+// True when the hub closes the connection within 5 s (after whatever it answers).
+static bool hub_hangs_up(int fd) {
+    double deadline = wall_seconds() + 5;
+    char buf[4096];
+    while (wall_seconds() < deadline) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    }
+    return false;
+}
+
+// A child that opens the transport with some wrong setting; returns its exit code and
+// stderr.
+static int doomed_replica(scenario *s, const char *name, replica_cfg c, char *err, size_t err_bytes) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s_%s.err", dir, s->name, name);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        redirect(2, path);
+        close(s->pipe_rd);
+        report_fd = s->pipe_wr;
+        _exit(replica_main(&c) == 0 ? 42 : 43);   // reaching the end means it was let in
+    }
+    int rc = wait_exit(pid, 15);
+    char *text = slurp(path);
+    snprintf(err, err_bytes, "%s", text);
+    free(text);
+    return rc;
+}
+
+static int count_error_lines(const char *text) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, "train_gpt: error:")); p++) n++;
+    return n;
+}
+
+static void test_evil(void) {
+    static scenario s;
+    open_reports(&s, "evil");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 2; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 40;
+        c.inner_s = 0.1;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 1, "round", 1, 20), "evil: the good replicas are training");
+    static uint8_t frame[4096];
+    wire_hello hello;
+    conn c;
+    char err[2048];
+    int fd;
+
+    // Garbage.
+    fd = evil_connect(&s, &c, &hello);
+    const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    EXPECT(net_send_all(fd, http, strlen(http), wall_seconds() + 2, err, sizeof err), "evil: send garbage");
+    EXPECT(hub_hangs_up(fd), "evil: garbage: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "bad magic", 5), "evil: garbage is logged as bad magic");
+    conn_close(&c);
+
+    // A truncated frame: a third of an AUTH, then the connection closes.
+    fd = evil_connect(&s, &c, &hello);
+    size_t n = evil_auth(frame, &hello, 5, 0, 0, FINGERPRINT, SECRET, NULL);
+    EXPECT(net_send_all(fd, frame, n / 3, wall_seconds() + 2, err, sizeof err), "evil: send a truncated frame");
+    shutdown(fd, SHUT_WR);
+    EXPECT(await_file(s.hub_log, "truncated frame: the peer closed after", 5), "evil: the truncated frame is logged");
+    conn_close(&c);
+
+    // A length of 2^63.
+    fd = evil_connect(&s, &c, &hello);
+    wire_put_header(frame, WIRE_AUTH, 0, (uint64_t)1 << 63);
+    EXPECT(net_send_all(fd, frame, WIRE_HEADER_BYTES, wall_seconds() + 2, err, sizeof err), "evil: send 2^63");
+    EXPECT(hub_hangs_up(fd), "evil: 2^63: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "payload length of 9223372036854775808, over its bound of 96", 5),
+           "evil: the length of 2^63 is logged");
+    conn_close(&c);
+
+    // A frame of a type not allowed before the handshake, claiming 16 MiB.
+    fd = evil_connect(&s, &c, &hello);
+    wire_put_header(frame, WIRE_DATA, 0, 16u << 20);
+    EXPECT(net_send_all(fd, frame, WIRE_HEADER_BYTES, wall_seconds() + 2, err, sizeof err), "evil: send DATA");
+    EXPECT(hub_hangs_up(fd), "evil: DATA before AUTH: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "unexpected DATA frame", 5), "evil: DATA before the handshake is logged");
+    conn_close(&c);
+
+    // A bad tag.
+    fd = evil_connect(&s, &c, &hello);
+    n = evil_auth(frame, &hello, 5, 0, 0, FINGERPRINT, SECRET, NULL);
+    frame[n - 1] ^= 0x55;
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: send a bad tag");
+    EXPECT(hub_hangs_up(fd), "evil: bad tag: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "bad tag", 5), "evil: the bad tag is logged");
+    conn_close(&c);
+
+    // A wrong secret, raw: REFUSE, then the hub hangs up.
+    fd = evil_connect(&s, &c, &hello);
+    n = evil_auth(frame, &hello, 5, 0, 0, FINGERPRINT, "not-the-secret-at-all", NULL);
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: send a wrong proof");
+    c.allowed_rx = CONN_ALLOW(WIRE_REFUSE) | CONN_ALLOW(WIRE_WELCOME);
+    wire_frame f;
+    EXPECT(conn_read_until(&c, &f, wall_seconds() + 5, err, sizeof err) == CONN_FRAME && f.type == WIRE_REFUSE,
+           "evil: a wrong secret gets REFUSE");
+    EXPECT(hub_hangs_up(fd), "evil: wrong secret: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "wrong secret", 5), "evil: the wrong secret is logged");
+    conn_close(&c);
+
+    // A data stream for a session that does not exist (with the right secret).
+    fd = evil_connect(&s, &c, &hello);
+    n = evil_auth(frame, &hello, 6, 1, 12345, FINGERPRINT, SECRET, NULL);
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: send a stray data stream");
+    EXPECT(hub_hangs_up(fd), "evil: stray data stream: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "names no session", 5), "evil: the stray data stream is logged");
+    conn_close(&c);
+
+    // A replayed frame: a real session (replica 7), then the same heartbeat twice.
+    fd = evil_connect(&s, &c, &hello);
+    wire_auth a;
+    n = evil_auth(frame, &hello, 7, 0, 0, FINGERPRINT, SECRET, &a);
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: send AUTH");
+    c.allowed_rx = CONN_ALLOW(WIRE_REFUSE) | CONN_ALLOW(WIRE_WELCOME);
+    EXPECT(conn_read_until(&c, &f, wall_seconds() + 5, err, sizeof err) == CONN_FRAME && f.type == WIRE_WELCOME,
+           "evil: a right secret gets WELCOME");
+    uint8_t c2h[WIRE_KEY_BYTES], h2c[WIRE_KEY_BYTES];
+    wire_session_keys((const uint8_t *)SECRET, strlen(SECRET), hello.nonce_h, a.nonce_c, c2h, h2c);
+    n = wire_build(frame, WIRE_HEARTBEAT, 1, NULL, 0, c2h);
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: heartbeat");
+    EXPECT(net_send_all(fd, frame, n, wall_seconds() + 2, err, sizeof err), "evil: the same heartbeat again");
+    EXPECT(hub_hangs_up(fd), "evil: replay: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "replayed or reordered", 5), "evil: the replay is logged");
+    conn_close(&c);
+
+    // A connection that says nothing: cut off after the timeout.
+    fd = evil_connect(&s, &c, &hello);
+    EXPECT(hub_hangs_up(fd), "evil: silence: the hub hangs up");
+    EXPECT(await_file(s.hub_log, "no authentication within", 5), "evil: the silent connection is logged");
+    conn_close(&c);
+
+    // Through the transport: a wrong secret, a wrong fingerprint, a duplicate id. Each is
+    // this replica's own configuration: one error line, exit 1.
+    replica_cfg bad = default_cfg(&s, 2);
+    bad.secret = (const uint8_t *)"another-secret-entirely";
+    bad.secret_bytes = strlen("another-secret-entirely");
+    int rc = doomed_replica(&s, "secret", bad, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 &&
+               strstr(err, "diloco_secret_file: the hub at 127.0.0.1:") && strstr(err, "refused our secret"),
+           "evil: wrong secret: one line naming diloco_secret_file, exit 1 (rc %d): %s", rc, err);
+    bad = default_cfg(&s, 2);
+    bad.fingerprint = 0xbad;
+    rc = doomed_replica(&s, "fingerprint", bad, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "has run_fingerprint 0000000000000bad but the group has") &&
+               strstr(err, "refused replica 2"),
+           "evil: wrong fingerprint: one line, exit 1 (rc %d): %s", rc, err);
+    EXPECT(file_has(s.hub_log, "has run_fingerprint 0000000000000bad"), "evil: the fingerprint is logged");
+    bad = default_cfg(&s, 1);
+    bad.connect_timeout_s = 1;
+    rc = doomed_replica(&s, "duplicate", bad, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "duplicate replica id 1") &&
+               strstr(err, "same diloco_replica_id"),
+           "evil: duplicate id: one line, exit 1 (rc %d): %s", rc, err);
+    EXPECT(file_has(s.hub_log, "duplicate replica id 1"), "evil: the duplicate is logged");
+
+    // A fake hub that talks garbage, and one that does not know the secret.
+    for (int fake = 0; fake < 2; fake++) {
+        char lerr[256];
+        int lfd = net_listen("127.0.0.1:0", lerr, sizeof lerr);
+        EXPECT(lfd >= 0, "evil: listen: %s", lerr);
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", net_local_port(lfd));
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            for (;;) {
+                char peer[96];
+                if (net_wait(lfd, POLLIN, wall_seconds() + 30) <= 0) _exit(0);
+                int cfd = net_accept(lfd, peer, sizeof peer);
+                if (cfd < 0) continue;
+                if (fake == 0) {
+                    char e2[64];
+                    (void)net_send_all(cfd, "SSH-2.0-OpenSSH_9.2\r\n", 21, wall_seconds() + 2, e2, sizeof e2);
+                } else {
+                    // HELLO, read AUTH, then a WELCOME with a proof under another secret.
+                    conn fc;
+                    conn_init(&fc, cfd, "client");
+                    wire_hello h = {.timeout_ms = 2000};
+                    uint8_t p[WIRE_WELCOME_BYTES];
+                    conn_send(&fc, WIRE_HELLO, p, wire_encode_hello(&h, p), NULL, 0, NULL);
+                    char e2[256];
+                    conn_flush_until(&fc, wall_seconds() + 2, e2, sizeof e2);
+                    fc.allowed_rx = CONN_ALLOW(WIRE_AUTH);
+                    wire_frame af;
+                    wire_auth aa;
+                    if (conn_read_until(&fc, &af, wall_seconds() + 5, e2, sizeof e2) == CONN_FRAME &&
+                        !wire_decode_auth(af.payload, (size_t)af.payload_bytes, &aa)) {
+                        wire_welcome w = {.session_id = 1, .timeout_ms = 2000};
+                        wire_welcome_proof((const uint8_t *)"guessed-secret!!", 16, h.nonce_h, aa.nonce_c, p, 16,
+                                           w.proof);
+                        conn_send(&fc, WIRE_WELCOME, p, wire_encode_welcome(&w, p), NULL, 0, NULL);
+                        conn_flush_until(&fc, wall_seconds() + 2, e2, sizeof e2);
+                    }
+                    sleep_s(0.5);
+                    conn_close(&fc);
+                    continue;
+                }
+                sleep_s(0.2);
+                close(cfd);
+            }
+        }
+        close(lfd);
+        bad = default_cfg(&s, 0);
+        bad.rendezvous = addr;
+        bad.connect_timeout_s = 1;
+        rc = doomed_replica(&s, fake ? "fakehub_secret" : "fakehub_garbage", bad, err, sizeof err);
+        if (fake == 0)
+            EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "cannot reach the hub at") &&
+                       strstr(err, "bad magic"),
+                   "evil: a hub that talks garbage: one line, exit 1 (rc %d): %s", rc, err);
+        else
+            EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "could not prove it knows our secret"),
+                   "evil: a hub without the secret: one line, exit 1 (rc %d): %s", rc, err);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+
+    // Through all of it, the two good replicas kept training.
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 40, 40), "evil: good replica %d finishes", id);
+    for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "evil: good replica %d exits 0", id);
+    bool ok = true;
+    int good_rounds = rounds_of(&s, 0, 2, &ok);
+    EXPECT(ok && good_rounds == 40, "evil: replica 0: %d rounds of 2, all byte-exact (%d)", good_rounds, ok);
+    stop_hub(&s);
+    finish(&s);
+}
+
+static void test_serve(void) {
+    static scenario s;
+    open_reports(&s, "serve");
+    char lerr[256];
+    int lfd = net_listen("127.0.0.1:0", lerr, sizeof lerr);
+    int port = net_local_port(lfd);
+    close(lfd);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d", port);
+    for (int id = 0; id < 2; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.replicas = 2;
+        c.steps = 3;
+        c.serve = id == 0;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 3, 20), "serve: replica %d finishes", id);
+    for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "serve: replica %d exits 0", id);
+    bool ok = true;
+    EXPECT(rounds_of(&s, 1, 2, &ok) == 3 && ok, "serve: 3 rounds of 2 through the replica's hub");
+    char path[400];
+    snprintf(path, sizeof path, "%s/serve_R0.err", dir);
+    EXPECT(file_has(path, "round 2 closed: 2 contributor(s) [0 1]"), "serve: the hub thread logs to stderr");
+    finish(&s);
+}
+
+static int relay_child(char **argv, int argc, char *err, size_t err_bytes) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/cli.err", dir);
+    unlink(path);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        redirect(1, path);
+        redirect(2, path);
+        exit(relay_main(argc, argv));   // exit, not _exit: stdout is flushed
+    }
+    int rc = wait_exit(pid, 10);
+    char *text = slurp(path);
+    snprintf(err, err_bytes, "%s", text);
+    free(text);
+    return rc;
+}
+
+static void test_cli(void) {
+    char err[2048];
+    char *no_listen[] = {"relay", "--secret_file", secret_path};
+    int rc = relay_child(no_listen, 3, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "--listen"), "cli: no --listen (rc %d): %s", rc, err);
+    char *no_secret[] = {"relay", "--listen", "127.0.0.1:0"};
+    rc = relay_child(no_secret, 3, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "--secret_file"), "cli: no --secret_file (rc %d): %s", rc, err);
+    char short_path[300];
+    snprintf(short_path, sizeof short_path, "%s/short_secret", dir);
+    FILE *f = fopen(short_path, "w");
+    fputs("short\n", f);
+    fclose(f);
+    char *short_secret[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", short_path};
+    rc = relay_child(short_secret, 5, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "at least 16"), "cli: a short secret (rc %d): %s", rc, err);
+    char *bad_address[] = {"relay", "--listen", "nowhere", "--secret_file", secret_path};
+    rc = relay_child(bad_address, 5, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "host:port"), "cli: a bad address (rc %d): %s", rc, err);
+    char *bad_timeout[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--timeout_s", "-1"};
+    rc = relay_child(bad_timeout, 7, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "--timeout_s"), "cli: a bad timeout (rc %d): %s", rc, err);
+    char *unknown[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--frobnicate", "1"};
+    rc = relay_child(unknown, 7, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "unknown option --frobnicate"), "cli: an unknown option (rc %d): %s", rc, err);
+    char *help[] = {"relay", "--help"};
+    rc = relay_child(help, 2, err, sizeof err);
+    EXPECT(rc == 0 && strstr(err, "usage: train_gpt relay"), "cli: --help (rc %d)", rc);
+}
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(dir, sizeof dir, "/tmp/test_transport.XXXXXX");
+    if (!mkdtemp(dir)) fail("mkdtemp: %s", strerror(errno));
+    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
+    FILE *f = fopen(secret_path, "w");
+    fprintf(f, "%s\n", SECRET);
+    fclose(f);
+    chmod(secret_path, 0600);
+    const char *only = argc > 1 ? argv[1] : NULL;
+    struct {
+        const char *name;
+        void (*run)(void);
+    } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
+                 {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"evil", test_evil}};
+    double t0 = wall_seconds();
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
+        if (only && strcmp(only, tests[i].name) != 0) continue;
+        double t = wall_seconds();
+        int failed = checks_failed;
+        tests[i].run();
+        printf("  %-9s %5.2f s%s\n", tests[i].name, wall_seconds() - t, checks_failed > failed ? "  FAILED" : "");
+        fflush(stdout);
+    }
+    printf("test_transport: %.1f s (logs in %s)\n", wall_seconds() - t0, dir);
+    int rc = check_summary("test_transport");
+    if (rc == 0 && !getenv("TEST_TRANSPORT_KEEP")) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) warn("could not remove %s", dir);
+    }
+    return rc;
+}

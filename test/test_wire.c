@@ -1,0 +1,293 @@
+// test/test_wire.c — the frame format (wire.c) on its own: every frame type round-trips;
+// every single flipped byte, every truncation, a length of 2^63, a wrong key, a replayed
+// sequence number and plain garbage are each rejected with their own error; the payload
+// decoders refuse inconsistent fields; the handshake's proofs and keys depend on everything
+// they should. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
+// frame of every type).
+#include "../wire.h"
+#include "../common.h"
+#include "../net.h"
+#include "check.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const uint8_t KEY[WIRE_KEY_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+static const uint8_t OTHER_KEY[WIRE_KEY_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 2};
+
+typedef struct {
+    unsigned type;
+    uint8_t payload[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS + 5000];
+    size_t bytes;
+} sample;
+
+// One valid payload of every type.
+static int samples(sample *s) {
+    int n = 0;
+    wire_hello hello = {.timeout_ms = 60000};
+    for (int i = 0; i < WIRE_NONCE_BYTES; i++) hello.nonce_h[i] = (uint8_t)(i * 7);
+    s[n].type = WIRE_HELLO, s[n].bytes = wire_encode_hello(&hello, s[n].payload), n++;
+    wire_auth auth = {.replica_id = 2, .stream_index = 1, .streams = 4, .replicas = 3, .min_replicas = 2,
+                      .run_fingerprint = 0x1234567890abcdefull, .session_id = 99};
+    memset(auth.nonce_c, 0xab, sizeof auth.nonce_c);
+    memset(auth.proof, 0xcd, sizeof auth.proof);
+    s[n].type = WIRE_AUTH, s[n].bytes = wire_encode_auth(&auth, s[n].payload), n++;
+    wire_welcome welcome = {.session_id = 77, .timeout_ms = 3000};
+    s[n].type = WIRE_WELCOME, s[n].bytes = wire_encode_welcome(&welcome, s[n].payload), n++;
+    s[n].type = WIRE_REFUSE, s[n].bytes = wire_encode_refuse(REFUSE_SECRET, "wrong secret", s[n].payload), n++;
+    s[n].type = WIRE_HEARTBEAT, s[n].bytes = 0, n++;
+    wire_status st = {.outer_step = 12, .param_hash = 0xfeedull};
+    s[n].type = WIRE_JOIN, s[n].bytes = wire_encode_status(&st, s[n].payload), n++;
+    wire_joined joined = {.result = JOINED_WAIT, .group_step = 13, .group_hash = 5};
+    s[n].type = WIRE_JOINED, s[n].bytes = wire_encode_joined(&joined, s[n].payload), n++;
+    wire_contribute c = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20};
+    s[n].type = WIRE_CONTRIBUTE, s[n].bytes = wire_encode_contribute(&c, s[n].payload), n++;
+    static wire_round round = {.outer_step = 12, .flags = ROUND_APPLY | ROUND_SEND_STATE, .n = 3,
+                               .ids = {0, 1, 5}, .bytes = {10, 0, 3000000}};
+    s[n].type = WIRE_ROUND, s[n].bytes = wire_encode_round(&round, s[n].payload), n++;
+    s[n].type = WIRE_EVICTED, s[n].bytes = wire_encode_evicted(12, 1, "late", s[n].payload), n++;
+    wire_state state = {.outer_step = 12, .total_bytes = 5000, .chunk_bytes = 4096, .donor_id = 1};
+    s[n].type = WIRE_STATE, s[n].bytes = wire_encode_state(&state, s[n].payload), n++;
+    s[n].type = WIRE_STATE_ABORT, s[n].bytes = wire_encode_step(12, s[n].payload), n++;
+    s[n].type = WIRE_LEAVE, s[n].bytes = 0, n++;
+    wire_data d = {.owner_id = 5, .kind = DATA_STATE, .outer_step = 12, .total_bytes = 5000, .offset = 4096,
+                   .chunk_bytes = 4096, .chunk_len = 904};
+    s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&d, s[n].payload);
+    for (int i = 0; i < 904; i++) s[n].payload[s[n].bytes++] = (uint8_t)i;
+    n++;
+    return n;
+}
+
+static uint8_t frame[WIRE_OVERHEAD_BYTES + sizeof(((sample *)0)->payload)];
+
+static void test_round_trips(void) {
+    static sample s[16];
+    int n = samples(s);
+    EXPECT(n == 14, "%d sample types", n);
+    for (int i = 0; i < n; i++) {
+        size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
+        wire_frame f;
+        wire_error e = wire_parse(frame, bytes, KEY, 41, &f);
+        EXPECT(e == WIRE_OK, "%s: %s", wire_type_name(s[i].type), wire_error_string(e));
+        EXPECT(f.type == s[i].type && f.payload_bytes == s[i].bytes && f.frame_bytes == bytes, "%s header",
+               wire_type_name(s[i].type));
+        EXPECT(f.payload && memcmp(f.payload, s[i].payload, s[i].bytes) == 0, "%s payload", wire_type_name(s[i].type));
+    }
+    // Decoders give back what was encoded.
+    wire_round r;
+    EXPECT(!wire_decode_round(s[8].payload, s[8].bytes, &r) && r.n == 3 && r.ids[2] == 5 && r.bytes[2] == 3000000 &&
+               r.flags == (ROUND_APPLY | ROUND_SEND_STATE),
+           "ROUND decodes");
+    wire_data d;
+    EXPECT(!wire_decode_data(s[13].payload, s[13].bytes, &d) && d.offset == 4096 && d.chunk_len == 904 &&
+               d.bytes[3] == 3,
+           "DATA decodes");
+    wire_auth a;
+    EXPECT(!wire_decode_auth(s[1].payload, s[1].bytes, &a) && a.replica_id == 2 && a.streams == 4 &&
+               a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99,
+           "AUTH decodes");
+}
+
+static void test_every_byte_flip_is_caught(void) {
+    uint8_t payload[WIRE_JOIN_BYTES];
+    wire_status st = {.outer_step = 3, .param_hash = 42};
+    size_t bytes = wire_build(frame, WIRE_JOIN, 5, payload, wire_encode_status(&st, payload), KEY);
+    int caught = 0;
+    for (size_t i = 0; i < bytes; i++) {
+        for (int bit = 0; bit < 8; bit++) {
+            frame[i] ^= (uint8_t)(1 << bit);
+            wire_frame f;
+            wire_error e = wire_parse(frame, bytes, KEY, 5, &f);
+            caught += e != WIRE_OK;
+            frame[i] ^= (uint8_t)(1 << bit);
+        }
+    }
+    EXPECT(caught == (int)bytes * 8, "%d of %zu bit flips caught", caught, bytes * 8);
+    // And which error each part of the header gives.
+    wire_frame f;
+    frame[0] ^= 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_MAGIC, "magic");
+    frame[0] ^= 1, frame[4] ^= 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_VERSION, "version");
+    frame[4] ^= 1, frame[6] = 99;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_TYPE, "type");
+    frame[6] = WIRE_JOIN, frame[7] = 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_FLAGS, "flags");
+    frame[7] = 0, frame[16] = WIRE_JOIN_BYTES + 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_TOO_LONG, "length one more");
+    frame[16] = WIRE_JOIN_BYTES - 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_TOO_SHORT, "length one less");
+    frame[16] = WIRE_JOIN_BYTES, frame[30] ^= 0x80;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_TAG, "payload byte");
+    frame[30] ^= 0x80, frame[bytes - 1] ^= 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_BAD_TAG, "tag byte");
+    frame[bytes - 1] ^= 1;
+    EXPECT(wire_parse(frame, bytes, KEY, 5, &f) == WIRE_OK, "restored");
+    EXPECT(wire_parse(frame, bytes, OTHER_KEY, 5, &f) == WIRE_BAD_TAG, "another key");
+    EXPECT(wire_parse(frame, bytes, KEY, 6, &f) == WIRE_BAD_SEQUENCE, "replayed (expected seq 6)");
+    EXPECT(wire_parse(frame, bytes, KEY, 4, &f) == WIRE_BAD_SEQUENCE, "from the future (expected seq 4)");
+}
+
+static void test_truncation_and_lengths(void) {
+    size_t bytes = wire_build(frame, WIRE_HEARTBEAT, 0, NULL, 0, KEY);
+    wire_frame f;
+    for (size_t n = 0; n < bytes; n++) {
+        wire_error e = wire_parse(frame, n, KEY, 0, &f);
+        EXPECT(e == WIRE_TRUNCATED, "prefix of %zu bytes: %s", n, wire_error_string(e));
+        EXPECT(f.frame_bytes == (n < WIRE_HEADER_BYTES ? WIRE_HEADER_BYTES : bytes), "needed bytes at %zu", n);
+    }
+    // A length of 2^63 (and 2^64 - 1) is over every type's bound: rejected from the header
+    // alone, before anyone would wait for (or allocate) that much.
+    unsigned types[] = {WIRE_HELLO, WIRE_AUTH, WIRE_REFUSE, WIRE_HEARTBEAT, WIRE_ROUND, WIRE_DATA};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        wire_put_header(frame, types[i], 0, (uint64_t)1 << 63);
+        EXPECT(wire_check_header(frame, &f) == WIRE_TOO_LONG, "%s with 2^63", wire_type_name(types[i]));
+        EXPECT(wire_parse(frame, WIRE_HEADER_BYTES, KEY, 0, &f) == WIRE_TOO_LONG, "%s parse with 2^63",
+               wire_type_name(types[i]));
+        wire_put_header(frame, types[i], 0, UINT64_MAX);
+        EXPECT(wire_check_header(frame, &f) == WIRE_TOO_LONG, "%s with 2^64-1", wire_type_name(types[i]));
+    }
+    uint64_t lo, hi;
+    EXPECT(wire_payload_bounds(WIRE_DATA, &lo, &hi) && hi == WIRE_DATA_HEAD_BYTES + (16u << 20), "DATA bound");
+    wire_put_header(frame, WIRE_DATA, 0, hi);
+    EXPECT(wire_check_header(frame, &f) == WIRE_OK && f.frame_bytes == hi + WIRE_OVERHEAD_BYTES, "DATA at its bound");
+    wire_put_header(frame, WIRE_DATA, 0, hi + 1);
+    EXPECT(wire_check_header(frame, &f) == WIRE_TOO_LONG, "DATA one over");
+    for (unsigned t = 0; t < 256; t++)
+        if (wire_payload_bounds(t, &lo, &hi))
+            EXPECT(hi <= WIRE_MAX_CONTROL_BYTES || t == WIRE_DATA, "%s bound %llu", wire_type_name(t),
+                   (unsigned long long)hi);
+    // Garbage is known by its first byte.
+    const char *http = "GET / HTTP/1.1\r\n";
+    EXPECT(wire_parse((const uint8_t *)http, 1, KEY, 0, &f) == WIRE_BAD_MAGIC, "one byte of HTTP");
+    EXPECT(wire_parse((const uint8_t *)http, strlen(http), KEY, 0, &f) == WIRE_BAD_MAGIC, "HTTP");
+}
+
+static void test_decoders_refuse_nonsense(void) {
+    static uint8_t p[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS];
+    static wire_round r = {.outer_step = 1, .n = 3, .ids = {1, 2, 3}, .bytes = {1, 1, 1}};
+    size_t n = wire_encode_round(&r, p);
+    static wire_round out;
+    EXPECT(wire_decode_round(p, n, &out) == NULL, "valid ROUND");
+    EXPECT(wire_decode_round(p, n - 1, &out) != NULL, "ROUND cut short");
+    p[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES] = 1;   // ids 1, 1, 3
+    EXPECT(wire_decode_round(p, n, &out) != NULL, "ROUND ids not ascending");
+    r.n = 300;
+    wire_encode_round(&r, p);   // writes at most 256 entries, claims 300
+    EXPECT(wire_decode_round(p, WIRE_ROUND_HEAD_BYTES, &out) != NULL, "ROUND n of 300");
+
+    uint8_t d[WIRE_DATA_HEAD_BYTES + 100];
+    wire_data data = {.owner_id = 1, .kind = DATA_PAYLOAD, .outer_step = 1, .total_bytes = 5000, .offset = 4096,
+                      .chunk_bytes = 4096};
+    wire_encode_data_head(&data, d);
+    wire_data got;
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 904, &got) == NULL, "valid DATA");
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 100, &got) != NULL, "DATA chunk shorter than it should be");
+    data.offset = 4095;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 905, &got) != NULL, "DATA offset off a chunk boundary");
+    data.offset = 8192;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES, &got) != NULL, "DATA offset past the end");
+    data.offset = 0, data.kind = 7;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 4096, &got) != NULL, "DATA kind 7");
+    data.kind = DATA_PAYLOAD, data.total_bytes = WIRE_MAX_TRANSFER_BYTES + 1;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 4096, &got) != NULL, "DATA transfer over 1 TiB");
+    data.total_bytes = 5000, data.chunk_bytes = 100;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 100, &got) != NULL, "DATA chunk size under the minimum");
+
+    uint8_t a[WIRE_AUTH_BYTES];
+    wire_auth auth = {.replica_id = 3, .streams = 1, .replicas = 3};
+    wire_auth ga;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH id 3 of 3 replicas");
+    auth.replica_id = 0, auth.streams = 0;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH with 0 streams");
+    auth.streams = 2, auth.stream_index = 1;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH data stream without a session");
+
+    uint8_t t[8 + 10];
+    wire_encode_refuse(1, "0123456789", t);
+    wire_refuse rf;
+    EXPECT(wire_decode_refuse(t, sizeof t, &rf) == NULL && rf.text_bytes == 10, "valid REFUSE");
+    EXPECT(wire_decode_refuse(t, sizeof t - 1, &rf) != NULL, "REFUSE text length disagrees");
+    char printable[8];
+    wire_printable((const uint8_t *)"a\nb\x01" "cdefghij", 12, printable, sizeof printable);
+    EXPECT(strcmp(printable, "a?b?cde") == 0, "printable: '%s'", printable);
+}
+
+static void test_proofs_and_keys(void) {
+    const uint8_t s1[] = "0123456789abcdef", s2[] = "0123456789abcdeg";
+    uint8_t nh[WIRE_NONCE_BYTES] = {1}, nc[WIRE_NONCE_BYTES] = {2}, nc2[WIRE_NONCE_BYTES] = {3};
+    uint8_t fields[WIRE_AUTH_PROVEN_BYTES] = {4};
+    uint8_t p1[32], p2[32], p3[32], p4[32];
+    wire_auth_proof(s1, 16, nh, fields, sizeof fields, p1);
+    wire_auth_proof(s2, 16, nh, fields, sizeof fields, p2);
+    fields[63] ^= 1;
+    wire_auth_proof(s1, 16, nh, fields, sizeof fields, p3);
+    nh[5] ^= 1;
+    fields[63] ^= 1;
+    wire_auth_proof(s1, 16, nh, fields, sizeof fields, p4);
+    EXPECT(!wire_equal32(p1, p2), "proof depends on the secret");
+    EXPECT(!wire_equal32(p1, p3), "proof depends on the fields");
+    EXPECT(!wire_equal32(p1, p4), "proof depends on the hub's nonce");
+    uint8_t w1[32], w2[32];
+    wire_welcome_proof(s1, 16, nh, nc, fields, 16, w1);
+    wire_welcome_proof(s1, 16, nh, nc2, fields, 16, w2);
+    EXPECT(!wire_equal32(w1, w2), "welcome proof depends on the client's nonce");
+    uint8_t c2h[32], h2c[32], c2h_b[32], h2c_b[32];
+    wire_session_keys(s1, 16, nh, nc, c2h, h2c);
+    wire_session_keys(s1, 16, nh, nc2, c2h_b, h2c_b);
+    EXPECT(!wire_equal32(c2h, h2c), "one key per direction");
+    EXPECT(!wire_equal32(c2h, c2h_b) && !wire_equal32(h2c, h2c_b), "keys depend on the nonces");
+    EXPECT(!wire_equal32(c2h, p1) && !wire_equal32(c2h, w1), "keys are not proofs");
+}
+
+static void test_addresses(void) {
+    char host[64], port[16], err[200];
+    EXPECT(net_split_host_port("login1.example.org:29500", host, sizeof host, port, sizeof port, err, sizeof err) &&
+               !strcmp(host, "login1.example.org") && !strcmp(port, "29500"),
+           "host:port");
+    EXPECT(net_split_host_port("[::1]:7", host, sizeof host, port, sizeof port, err, sizeof err) &&
+               !strcmp(host, "::1") && !strcmp(port, "7"),
+           "[v6]:port");
+    EXPECT(net_split_host_port(":0", host, sizeof host, port, sizeof port, err, sizeof err) && !host[0], ":port");
+    EXPECT(!net_split_host_port("nohost", host, sizeof host, port, sizeof port, err, sizeof err), "no port");
+    EXPECT(!net_split_host_port("h:70000", host, sizeof host, port, sizeof port, err, sizeof err), "port too big");
+    EXPECT(!net_split_host_port("::1:5", host, sizeof host, port, sizeof port, err, sizeof err), "v6 without brackets");
+    EXPECT(!net_split_host_port("h:x1", host, sizeof host, port, sizeof port, err, sizeof err), "port not a number");
+}
+
+static int write_corpus(const char *dir) {
+    if (!make_dirs(dir)) fail("--corpus: cannot create '%s': %s", dir, strerror(errno));
+    static sample s[16];
+    int n = samples(s);
+    static const uint8_t zero[WIRE_KEY_BYTES] = {0};
+    for (int i = 0; i < n; i++) {
+        size_t bytes = wire_build(frame, s[i].type, 0, s[i].payload, s[i].bytes, zero);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%02d_%s", dir, i, wire_type_name(s[i].type));
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(frame, 1, bytes, f) != bytes || fclose(f) != 0) fail("--corpus: cannot write '%s'", path);
+    }
+    printf("wrote %d seed frames to %s\n", n, dir);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--corpus") == 0) return write_corpus(argv[2]);
+    test_round_trips();
+    test_every_byte_flip_is_caught();
+    test_truncation_and_lengths();
+    test_decoders_refuse_nonsense();
+    test_proofs_and_keys();
+    test_addresses();
+    return check_summary("test_wire");
+}

@@ -1,0 +1,858 @@
+// transport_tcp.c — the tcp transport of transport.h: a replica's side of the hub protocol
+// (docs/protocol.md; the hub is relay.c).
+//
+// A replica holds one control connection and `streams` data connections to the hub, all
+// authenticated at the handshake. Two threads use them:
+//   - the I/O thread owns the reading of the control connection and sends a heartbeat
+//     every heartbeat interval, so that the hub can tell a replica deep in a long inner
+//     phase from a dead or stopped one, and the replica can tell a dead hub from a quiet
+//     one. The frames it reads (ROUND, EVICTED, JOINED, STATE, STATE_ABORT) go into a
+//     mailbox, and a byte on a pipe wakes the training thread.
+//   - the training thread, inside join/exchange/send_state, pumps the data connections
+//     (non-blocking, one poll() loop): uploads its payload in chunks handed to whichever
+//     stream has room, and reads the chunks the hub forwards, which it places by owner,
+//     step and offset (they are self-describing, so their order across streams is free).
+// Payload chunks of other replicas may arrive before this replica asks for them (the hub
+// forwards a contribution as soon as it is whole): they are kept per owner, newest step.
+//
+// Losing the hub (connection closed, a bad frame, no heartbeat for timeout_s) is never fatal
+// by itself: the next call reconnects, and since the hub dropped this replica, the
+// exchange reports `evicted` and the replica rejoins. Only what the replica's own
+// configuration causes is fatal (a refused secret, a different run_fingerprint, an id out
+// of range, a hub that cannot prove the secret).
+#include "transport_impl.h"
+
+#include "common.h"
+#include "conn.h"
+#include "net.h"
+#include "relay.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK_BYTES (1u << 20)
+#define STREAM_DEPTH_FRAMES 2   // chunks handed to one data connection at a time
+
+typedef struct msg {
+    struct msg *next;
+    unsigned type;
+    size_t bytes;
+    uint8_t payload[];
+} msg;
+
+// Another replica's payload for one step, as its chunks arrive.
+typedef struct {
+    bool active;
+    int64_t step;
+    uint64_t total, received;
+    uint8_t *buf;
+    size_t cap;
+} slot;
+
+typedef struct {
+    transport_options o;
+    uint8_t *secret;
+    char hub[300];                  // the address we connect to
+    relay *served;
+    // the session
+    bool connected, member;
+    double hub_timeout_s, heartbeat_s;
+    conn ctl;
+    pthread_mutex_t ctl_send;       // serialises sends on ctl (training thread, I/O thread)
+    conn data[WIRE_MAX_STREAMS];
+    // the I/O thread
+    pthread_t io;
+    bool io_running;
+    atomic_bool io_stop;
+    int to_io[2];                   // wakes the I/O thread (stop)
+    int to_main[2];                 // wakes the training thread (mailbox)
+    pthread_mutex_t mailbox_lock;
+    msg *mail_head, *mail_tail;
+    bool dead;                      // under mailbox_lock
+    char dead_why[1024];
+    // what the training thread learnt from the mailbox
+    int64_t cur_step;
+    bool have_round, evicted;
+    wire_round round;
+    char evicted_why[WIRE_MAX_TEXT_BYTES + 1];
+    uint32_t joined;                // JOINED_MEMBER / JOINED_WAIT / 0
+    // incoming payloads and state
+    slot slots[WIRE_MAX_REPLICAS];
+    bool want_state;
+    uint8_t *state_buf;
+    size_t state_cap;
+    bool state_started;
+    int64_t state_step;
+    uint64_t state_total, state_received;
+    // the upload in progress
+    const uint8_t *job_buf;
+    uint64_t job_total, job_next;
+    int64_t job_step;
+    unsigned job_kind;
+    double job_progress_s;
+    uint8_t *own;
+    size_t own_cap;
+} tcp;
+
+// ---------------------------------------------------------------- small helpers
+static void random_bytes(uint8_t *p, size_t n) {
+    if (RAND_bytes(p, (int)n) != 1) fail("tcp transport: OpenSSL RAND_bytes failed");
+}
+
+static void sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void wake(int fd) {
+    ssize_t ignored = write(fd, "x", 1);
+    (void)ignored;
+}
+
+static void drain(int fd) {
+    char buf[64];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+}
+
+// Bytes moved on the data streams, plus (sent) the control connection's, whose sends the
+// I/O thread shares.
+static uint64_t bytes_moved(tcp *t, bool sent) {
+    uint64_t b = 0;
+    for (int s = 0; s < t->o.streams; s++) b += sent ? t->data[s].bytes_tx : t->data[s].bytes_rx;
+    if (sent) {
+        pthread_mutex_lock(&t->ctl_send);
+        b += t->ctl.bytes_tx;
+        pthread_mutex_unlock(&t->ctl_send);
+    }
+    return b;
+}
+
+// ---------------------------------------------------------------- the I/O thread
+static void post_dead(tcp *t, const char *why) {
+    pthread_mutex_lock(&t->mailbox_lock);
+    if (!t->dead) {
+        t->dead = true;
+        snprintf(t->dead_why, sizeof t->dead_why, "%s", why);
+    }
+    pthread_mutex_unlock(&t->mailbox_lock);
+    wake(t->to_main[1]);
+}
+
+static void post_frame(tcp *t, const wire_frame *f) {
+    msg *m = xmalloc(sizeof *m + (size_t)f->payload_bytes);
+    m->next = NULL;
+    m->type = f->type;
+    m->bytes = (size_t)f->payload_bytes;
+    memcpy(m->payload, f->payload, m->bytes);
+    pthread_mutex_lock(&t->mailbox_lock);
+    if (t->mail_tail) t->mail_tail->next = m;
+    else t->mail_head = m;
+    t->mail_tail = m;
+    pthread_mutex_unlock(&t->mailbox_lock);
+    wake(t->to_main[1]);
+}
+
+static bool send_control(tcp *t, unsigned type, const uint8_t *payload, size_t bytes, char *err, size_t err_bytes) {
+    pthread_mutex_lock(&t->ctl_send);
+    conn_send(&t->ctl, type, payload, bytes, NULL, 0, NULL);
+    bool ok = conn_flush_until(&t->ctl, wall_seconds() + t->hub_timeout_s, err, err_bytes);
+    pthread_mutex_unlock(&t->ctl_send);
+    return ok;
+}
+
+static void *io_thread(void *arg) {
+    tcp *t = arg;
+    double next_heartbeat = wall_seconds();
+    char err[256], why[1024];
+    while (!atomic_load(&t->io_stop)) {
+        double now = wall_seconds();
+        if (now >= next_heartbeat) {
+            if (!send_control(t, WIRE_HEARTBEAT, NULL, 0, err, sizeof err)) {
+                snprintf(why, sizeof why, "heartbeat to the hub at %s failed: %s", t->hub, err);
+                post_dead(t, why);
+                return NULL;
+            }
+            next_heartbeat = now + t->heartbeat_s;
+        }
+        double silent = now - t->ctl.last_rx_s;
+        if (silent > t->hub_timeout_s) {
+            snprintf(why, sizeof why, "the hub at %s has been silent for %.1f s", t->hub, silent);
+            post_dead(t, why);
+            return NULL;
+        }
+        struct pollfd p[2] = {{.fd = t->ctl.fd, .events = POLLIN}, {.fd = t->to_io[0], .events = POLLIN}};
+        int ms = (int)((next_heartbeat - now) * 1000) + 1;
+        if (ms > 100) ms = 100;
+        if (poll(p, 2, ms) < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll: %s", strerror(errno));
+            post_dead(t, why);
+            return NULL;
+        }
+        if (p[1].revents) drain(t->to_io[0]);
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        for (;;) {
+            wire_frame f;
+            conn_result r = conn_read(&t->ctl, &f, err, sizeof err);
+            if (r == CONN_AGAIN) break;
+            if (r == CONN_FRAME) {
+                if (f.type != WIRE_HEARTBEAT) post_frame(t, &f);
+                continue;
+            }
+            if (r == CONN_CLOSED) snprintf(why, sizeof why, "the hub at %s closed the connection", t->hub);
+            else snprintf(why, sizeof why, "the hub at %s: %s", t->hub, err);
+            post_dead(t, why);
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+// ---------------------------------------------------------------- connecting
+typedef enum { HS_OK, HS_RETRY, HS_DUPLICATE } handshake_result;
+
+// The handshake on one connection (docs/protocol.md). Errors of this replica's own
+// configuration are fatal here; anything else asks for another try.
+static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session_id, char *err, size_t err_bytes) {
+    double deadline = wall_seconds() + t->hub_timeout_s;
+    wire_frame f;
+    char why[256];
+    c->allowed_rx = CONN_ALLOW(WIRE_HELLO);
+    if (conn_read_until(c, &f, deadline, why, sizeof why) != CONN_FRAME) {
+        snprintf(err, err_bytes, "no HELLO from the hub: %s", why);
+        return HS_RETRY;
+    }
+    wire_hello hello;
+    const char *bad = wire_decode_hello(f.payload, (size_t)f.payload_bytes, &hello);
+    if (bad) {
+        snprintf(err, err_bytes, "%s", bad);
+        return HS_RETRY;
+    }
+    wire_auth a = {.replica_id = (uint32_t)t->o.replica_id, .stream_index = (uint16_t)stream,
+                   .streams = (uint16_t)t->o.streams, .replicas = (uint32_t)t->o.replicas,
+                   .min_replicas = (uint32_t)t->o.min_replicas, .run_fingerprint = t->o.run_fingerprint,
+                   .session_id = stream ? *session_id : 0};
+    random_bytes(a.nonce_c, WIRE_NONCE_BYTES);
+    uint8_t buf[WIRE_AUTH_BYTES];
+    wire_encode_auth(&a, buf);
+    wire_auth_proof(t->secret, t->o.secret_bytes, hello.nonce_h, buf, WIRE_AUTH_PROVEN_BYTES, a.proof);
+    conn_send(c, WIRE_AUTH, buf, wire_encode_auth(&a, buf), NULL, 0, NULL);
+    if (!conn_flush_until(c, deadline, why, sizeof why)) {
+        snprintf(err, err_bytes, "sending AUTH: %s", why);
+        return HS_RETRY;
+    }
+    c->allowed_rx = CONN_ALLOW(WIRE_WELCOME) | CONN_ALLOW(WIRE_REFUSE);
+    if (conn_read_until(c, &f, deadline, why, sizeof why) != CONN_FRAME) {
+        snprintf(err, err_bytes, "no answer to AUTH: %s", why);
+        return HS_RETRY;
+    }
+    if (f.type == WIRE_REFUSE) {
+        wire_refuse rf;
+        char text[WIRE_MAX_TEXT_BYTES + 1] = "";
+        if ((bad = wire_decode_refuse(f.payload, (size_t)f.payload_bytes, &rf))) {
+            snprintf(err, err_bytes, "%s", bad);
+            return HS_RETRY;
+        }
+        wire_printable(rf.text, rf.text_bytes, text, sizeof text);
+        switch (rf.code) {
+        case REFUSE_SECRET:
+            fail("diloco_secret_file: the hub at %s refused our secret (the relay's --secret_file and every "
+                 "replica's diloco_secret_file must hold the same bytes)",
+                 t->hub);
+        case REFUSE_DUPLICATE: snprintf(err, err_bytes, "%s", text); return HS_DUPLICATE;
+        case REFUSE_FINGERPRINT:
+        case REFUSE_BAD_ID: fail("the hub at %s refused replica %d: %s", t->hub, t->o.replica_id, text);
+        default: snprintf(err, err_bytes, "the hub refused the connection: %s", text); return HS_RETRY;
+        }
+    }
+    wire_welcome w;
+    if ((bad = wire_decode_welcome(f.payload, (size_t)f.payload_bytes, &w))) {
+        snprintf(err, err_bytes, "%s", bad);
+        return HS_RETRY;
+    }
+    uint8_t proof[32];
+    wire_welcome_proof(t->secret, t->o.secret_bytes, hello.nonce_h, a.nonce_c, f.payload, WIRE_WELCOME_PROVEN_BYTES,
+                       proof);
+    if (!wire_equal32(proof, w.proof))
+        fail("diloco_secret_file: the hub at %s could not prove it knows our secret (another service, or a relay "
+             "started with a different --secret_file)",
+             t->hub);
+    if (stream > 0 && w.session_id != *session_id) {
+        snprintf(err, err_bytes, "the hub answered a data stream with another session");
+        return HS_RETRY;
+    }
+    *session_id = w.session_id;
+    uint8_t c2h[WIRE_KEY_BYTES], h2c[WIRE_KEY_BYTES];
+    wire_session_keys(t->secret, t->o.secret_bytes, hello.nonce_h, a.nonce_c, c2h, h2c);
+    memcpy(c->key_tx, c2h, WIRE_KEY_BYTES);
+    memcpy(c->key_rx, h2c, WIRE_KEY_BYTES);
+    if (stream == 0) {
+        double hub_timeout = w.timeout_ms / 1000.0;
+        t->hub_timeout_s = hub_timeout < t->o.timeout_s ? hub_timeout : t->o.timeout_s;
+        t->heartbeat_s = t->hub_timeout_s / 4 < 2.0 ? t->hub_timeout_s / 4 : 2.0;
+    }
+    return HS_OK;
+}
+
+static void clear_mailbox(tcp *t) {
+    pthread_mutex_lock(&t->mailbox_lock);
+    for (msg *m = t->mail_head, *next; m; m = next) {
+        next = m->next;
+        free(m);
+    }
+    t->mail_head = t->mail_tail = NULL;
+    t->dead = false;
+    t->dead_why[0] = '\0';
+    pthread_mutex_unlock(&t->mailbox_lock);
+    drain(t->to_main[0]);
+}
+
+static void disconnect(tcp *t) {
+    if (t->io_running) {
+        atomic_store(&t->io_stop, true);
+        wake(t->to_io[1]);
+        pthread_join(t->io, NULL);
+        t->io_running = false;
+    }
+    if (t->ctl.fd >= 0) conn_close(&t->ctl);
+    t->ctl.fd = -1;
+    for (int s = 0; s < t->o.streams; s++) {
+        if (t->data[s].fd >= 0) conn_close(&t->data[s]);
+        t->data[s].fd = -1;
+    }
+    clear_mailbox(t);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) t->slots[i].active = false;
+    t->connected = false;
+    t->member = false;
+}
+
+// Connects the control connection and every data stream, retrying until deadline.
+// false with the last reason in err.
+static bool connect_session(tcp *t, double deadline, char *err, size_t err_bytes) {
+    disconnect(t);
+    double pause = 0.1;
+    bool told = false;
+    for (;;) {
+        char why[300] = "";
+        uint64_t session = 0;
+        double attempt_deadline = wall_seconds() + t->o.timeout_s;
+        if (attempt_deadline > deadline) attempt_deadline = deadline;
+        int fd = net_connect(t->hub, attempt_deadline, why, sizeof why);
+        handshake_result hs = HS_RETRY;
+        if (fd >= 0) {
+            conn_init(&t->ctl, fd, t->hub);
+            hs = handshake(t, &t->ctl, 0, &session, why, sizeof why);
+            for (int s = 0; hs == HS_OK && s < t->o.streams; s++) {
+                int dfd = net_connect(t->hub, wall_seconds() + t->hub_timeout_s, why, sizeof why);
+                if (dfd < 0) {
+                    hs = HS_RETRY;
+                    break;
+                }
+                conn_init(&t->data[s], dfd, t->hub);
+                hs = handshake(t, &t->data[s], s + 1, &session, why, sizeof why);
+            }
+        }
+        if (hs == HS_OK) {
+            t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
+                                CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT);
+            for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
+            t->ctl.last_rx_s = wall_seconds();
+            atomic_store(&t->io_stop, false);
+            int rc = pthread_create(&t->io, NULL, io_thread, t);
+            if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));
+            t->io_running = true;
+            t->connected = true;
+            return true;
+        }
+        disconnect(t);
+        if (hs == HS_DUPLICATE && wall_seconds() + pause >= deadline)
+            fail("the hub at %s refused replica %d: %s (two replicas with the same diloco_replica_id?)", t->hub,
+                 t->o.replica_id, why);
+        snprintf(err, err_bytes, "%s", why);
+        if (wall_seconds() + pause >= deadline) return false;
+        if (!told) {
+            note("diloco: waiting for the hub at %s (%s)", t->hub, why);
+            told = true;
+        }
+        sleep_s(pause);
+        pause = pause * 2 > 2.0 ? 2.0 : pause * 2;
+    }
+}
+
+// ---------------------------------------------------------------- the pump
+static void take_round(tcp *t, const msg *m) {
+    wire_round r;
+    const char *bad = wire_decode_round(m->payload, m->bytes, &r);
+    if (bad) {
+        post_dead(t, bad);
+        return;
+    }
+    if (r.outer_step != t->cur_step) return;   // a stale round (before a reconnect)
+    t->round = r;
+    t->have_round = true;
+}
+
+static void reset_state_progress(tcp *t) {
+    t->state_started = false;
+    t->state_received = 0;
+    t->state_total = 0;
+}
+
+static bool start_state(tcp *t, int64_t step, uint64_t total) {
+    if (t->state_started && t->state_step == step) return t->state_total == total;
+    if (total > t->state_cap)
+        fail("the donor's state is %llu bytes but this replica holds %zu: the replicas' configs differ",
+             (unsigned long long)total, t->state_cap);
+    t->state_started = true;
+    t->state_step = step;
+    t->state_total = total;
+    t->state_received = 0;
+    return true;
+}
+
+static void take_mail(tcp *t) {
+    pthread_mutex_lock(&t->mailbox_lock);
+    msg *m = t->mail_head;
+    t->mail_head = t->mail_tail = NULL;
+    pthread_mutex_unlock(&t->mailbox_lock);
+    while (m) {
+        msg *next = m->next;
+        const char *bad = NULL;
+        switch (m->type) {
+        case WIRE_ROUND: take_round(t, m); break;
+        case WIRE_EVICTED: {
+            wire_evicted e;
+            // Only for the step being exchanged: an EVICTED answering an older contribution
+            // may trail behind a rejoin.
+            if (!(bad = wire_decode_evicted(m->payload, m->bytes, &e)) && e.outer_step == t->cur_step &&
+                t->job_kind == DATA_PAYLOAD && !t->evicted) {
+                t->evicted = true;
+                wire_printable(e.text, e.text_bytes, t->evicted_why, sizeof t->evicted_why);
+                // The rest of our upload would be thrown away: stop it (a frame half-written
+                // must still finish, or the stream loses its framing).
+                t->job_next = t->job_total;
+                for (int st = 0; st < t->o.streams; st++) conn_drop_unsent(&t->data[st]);
+            }
+            break;
+        }
+        case WIRE_JOINED: {
+            wire_joined j;
+            if (!(bad = wire_decode_joined(m->payload, m->bytes, &j))) {
+                t->joined = j.result;
+                if (j.result == JOINED_WAIT)
+                    note("diloco: replica %d waits for the group's state at the next outer boundary", t->o.replica_id);
+            }
+            break;
+        }
+        case WIRE_STATE: {
+            wire_state s;
+            if (!(bad = wire_decode_state(m->payload, m->bytes, &s)) && t->want_state) {
+                if (!start_state(t, s.outer_step, s.total_bytes)) bad = "STATE disagrees with its chunks";
+                else
+                    note("diloco: receiving the group's state from replica %u (%llu bytes)", s.donor_id,
+                         (unsigned long long)s.total_bytes);
+            }
+            break;
+        }
+        case WIRE_STATE_ABORT:
+            if (t->want_state) {
+                note("diloco: the donor left mid-transfer; waiting for the next outer boundary");
+                reset_state_progress(t);
+            }
+            break;
+        }
+        if (bad) {
+            char why[200];
+            snprintf(why, sizeof why, "the hub sent a malformed %s: %s", wire_type_name(m->type), bad);
+            post_dead(t, why);
+        }
+        free(m);
+        m = next;
+    }
+}
+
+static const char *take_chunk(tcp *t, const wire_data *d) {
+    if (d->kind == DATA_STATE) {
+        if (!t->want_state) return NULL;
+        if (!start_state(t, d->outer_step, d->total_bytes)) return "a state chunk disagrees with its transfer";
+        memcpy(t->state_buf + d->offset, d->bytes, (size_t)d->chunk_len);
+        t->state_received += d->chunk_len;
+        return NULL;
+    }
+    slot *s = &t->slots[d->owner_id];
+    if (s->active && d->outer_step < s->step) return NULL;   // stale
+    if (!s->active || d->outer_step > s->step) {
+        if (d->total_bytes > s->cap) {
+            s->buf = xrealloc(s->buf, (size_t)d->total_bytes);
+            s->cap = (size_t)d->total_bytes;
+        }
+        s->active = true;
+        s->step = d->outer_step;
+        s->total = d->total_bytes;
+        s->received = 0;
+    }
+    if (s->total != d->total_bytes) return "a payload chunk disagrees with its transfer";
+    memcpy(s->buf + d->offset, d->bytes, (size_t)d->chunk_len);
+    s->received += d->chunk_len;
+    return NULL;
+}
+
+static bool upload_done(const tcp *t) {
+    if (t->job_next < t->job_total) return false;
+    for (int s = 0; s < t->o.streams; s++)
+        if (t->data[s].out_head) return false;
+    return true;
+}
+
+static void feed_upload(tcp *t) {
+    bool progress = true;
+    while (progress && t->job_next < t->job_total) {
+        progress = false;
+        for (int s = 0; s < t->o.streams && t->job_next < t->job_total; s++) {
+            conn *c = &t->data[s];
+            if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
+            uint64_t len = t->job_total - t->job_next < CHUNK_BYTES ? t->job_total - t->job_next : CHUNK_BYTES;
+            wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
+                           .total_bytes = t->job_total, .offset = t->job_next, .chunk_bytes = CHUNK_BYTES,
+                           .chunk_len = len};
+            uint8_t head[WIRE_DATA_HEAD_BYTES];
+            wire_encode_data_head(&d, head);
+            conn_send(c, WIRE_DATA, head, sizeof head, t->job_buf + t->job_next, (size_t)len, NULL);
+            t->job_next += len;
+            progress = true;
+        }
+    }
+}
+
+typedef bool (*done_fn)(tcp *t);
+
+// Moves bytes until done(t) or the session dies (false; t->dead_why says why).
+static bool pump(tcp *t, done_fn done) {
+    struct pollfd p[1 + WIRE_MAX_STREAMS];
+    char err[256], why[1024];
+    t->job_progress_s = wall_seconds();
+    for (;;) {
+        take_mail(t);
+        pthread_mutex_lock(&t->mailbox_lock);
+        bool dead = t->dead;
+        pthread_mutex_unlock(&t->mailbox_lock);
+        if (dead) return false;
+        if (done(t)) return true;
+        feed_upload(t);
+        p[0] = (struct pollfd){.fd = t->to_main[0], .events = POLLIN};
+        for (int s = 0; s < t->o.streams; s++)
+            p[1 + s] = (struct pollfd){.fd = t->data[s].fd, .events = POLLIN | (t->data[s].out_head ? POLLOUT : 0)};
+        if (poll(p, (nfds_t)(1 + t->o.streams), 200) < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll: %s", strerror(errno));
+            post_dead(t, why);
+            continue;
+        }
+        if (p[0].revents) drain(t->to_main[0]);
+        for (int s = 0; s < t->o.streams; s++) {
+            conn *c = &t->data[s];
+            if (p[1 + s].revents & (POLLIN | POLLHUP | POLLERR)) {
+                for (int frames = 0; frames < 16; frames++) {
+                    wire_frame f;
+                    conn_result r = conn_read(c, &f, err, sizeof err);
+                    if (r == CONN_AGAIN) break;
+                    const char *bad = NULL;
+                    if (r == CONN_FRAME) {
+                        wire_data d;
+                        bad = wire_decode_data(f.payload, (size_t)f.payload_bytes, &d);
+                        if (!bad) bad = take_chunk(t, &d);
+                        if (!bad) continue;
+                    }
+                    snprintf(why, sizeof why, "data stream %d from the hub at %s: %s", s + 1, t->hub,
+                             r == CONN_CLOSED ? "connection closed" : bad ? bad : err);
+                    post_dead(t, why);
+                    break;
+                }
+            }
+            if (c->out_head) {
+                uint64_t before = c->bytes_tx;
+                if (conn_flush(c, err, sizeof err) < 0) {
+                    snprintf(why, sizeof why, "data stream %d to the hub at %s: %s", s + 1, t->hub, err);
+                    post_dead(t, why);
+                }
+                if (c->bytes_tx != before) t->job_progress_s = wall_seconds();
+            }
+        }
+        if (!upload_done(t) && wall_seconds() - t->job_progress_s > t->hub_timeout_s) {
+            snprintf(why, sizeof why, "upload to the hub at %s stalled for %.1f s", t->hub, t->hub_timeout_s);
+            post_dead(t, why);
+        }
+    }
+}
+
+// Why the session died (the training thread's copy: the I/O thread has stopped writing it
+// once dead is set).
+static const char *dead_reason(tcp *t) {
+    pthread_mutex_lock(&t->mailbox_lock);
+    const char *why = t->dead_why;
+    pthread_mutex_unlock(&t->mailbox_lock);
+    return why;
+}
+
+// ---------------------------------------------------------------- join
+static bool join_done(tcp *t) {
+    if (t->joined == JOINED_MEMBER) return true;
+    return t->state_started && t->state_received == t->state_total;
+}
+
+static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
+                            size_t *state_bytes) {
+    tcp *t = impl;
+    char err[256];
+    for (;;) {
+        if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, err, sizeof err))
+            fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
+                 t->o.connect_timeout_s, err);
+        t->joined = 0;
+        t->want_state = true;
+        t->state_buf = state;
+        t->state_cap = state_capacity;
+        reset_state_progress(t);
+        wire_status st = {.outer_step = s->outer_step, .param_hash = s->param_hash};
+        uint8_t buf[WIRE_JOIN_BYTES];
+        bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
+        if (sent && pump(t, join_done)) break;
+        note("diloco: lost the hub while joining (%s); reconnecting", sent ? dead_reason(t) : err);
+        disconnect(t);
+    }
+    t->want_state = false;
+    t->state_buf = NULL;
+    t->member = true;
+    if (t->joined == JOINED_MEMBER) return JOIN_MEMBER;
+    *state_bytes = (size_t)t->state_total;
+    return JOIN_GOT_STATE;
+}
+
+// ---------------------------------------------------------------- exchange
+static bool round_done(tcp *t) {
+    if (t->evicted) return upload_done(t);
+    if (!upload_done(t) || !t->have_round) return false;
+    for (uint32_t i = 0; i < t->round.n; i++) {
+        int id = (int)t->round.ids[i];
+        if (id == t->o.replica_id || t->round.bytes[i] == 0) continue;
+        const slot *s = &t->slots[id];
+        if (!s->active || s->step != t->cur_step || s->total != t->round.bytes[i] || s->received != s->total)
+            return false;
+    }
+    return true;
+}
+
+static bool upload_finished(tcp *t) { return upload_done(t); }
+
+// After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
+static bool recover(tcp *t, round_result *r, double t0) {
+    char err[256];
+    warn("diloco: lost the hub during the exchange for outer step %lld: %s", (long long)r->outer_step,
+         dead_reason(t));
+    disconnect(t);
+    bool back = connect_session(t, wall_seconds() + t->o.timeout_s, err, sizeof err);
+    r->evicted = back;
+    r->sync_s = wall_seconds() - t0;
+    if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
+    return back;
+}
+
+static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r) {
+    tcp *t = impl;
+    double t0 = wall_seconds();
+    memset(r, 0, sizeof *r);
+    r->outer_step = outer_step;
+    if (!t->connected) {
+        char err[256];
+        bool back = connect_session(t, t0 + t->o.timeout_s, err, sizeof err);
+        if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
+        r->evicted = back;   // the hub dropped us when we went: rejoin
+        r->sync_s = wall_seconds() - t0;
+        return back;
+    }
+    if (!t->member) {
+        r->evicted = true;
+        return true;
+    }
+    if (bytes > t->own_cap) {
+        t->own = xrealloc(t->own, bytes);
+        t->own_cap = bytes;
+    }
+    if (bytes) memcpy(t->own, payload, bytes);
+    uint64_t sent0 = bytes_moved(t, true), recv0 = bytes_moved(t, false);
+    t->cur_step = outer_step;
+    t->have_round = t->evicted = false;
+    t->job_buf = t->own;
+    t->job_total = bytes;
+    t->job_next = 0;
+    t->job_step = outer_step;
+    t->job_kind = DATA_PAYLOAD;
+    wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES};
+    uint8_t buf[WIRE_CONTRIBUTE_BYTES];
+    char err[256];
+    if (!send_control(t, WIRE_CONTRIBUTE, buf, wire_encode_contribute(&c, buf), err, sizeof err)) {
+        post_dead(t, err);
+        return recover(t, r, t0);
+    }
+    if (!pump(t, upload_finished)) return recover(t, r, t0);
+    double uploaded = wall_seconds();
+    if (!pump(t, round_done)) return recover(t, r, t0);
+    r->wait_s = wall_seconds() - uploaded;
+    r->bytes_sent = bytes_moved(t, true) - sent0;
+    r->bytes_recv = bytes_moved(t, false) - recv0;
+    bool in_round = false;
+    for (uint32_t i = 0; !t->evicted && i < t->round.n; i++) in_round |= (int)t->round.ids[i] == t->o.replica_id;
+    if (t->evicted || !in_round) {
+        warn("diloco: replica %d was dropped from outer step %lld: %s", t->o.replica_id, (long long)outer_step,
+             t->evicted ? t->evicted_why : "not among the contributors");
+        t->member = false;
+        r->evicted = true;
+        r->sync_s = wall_seconds() - t0;
+        return true;
+    }
+    static const uint8_t nothing[1] = {0};
+    r->n = (int)t->round.n;
+    for (int i = 0; i < r->n; i++) {
+        int id = (int)t->round.ids[i];
+        r->ids[i] = id;
+        r->bytes[i] = (size_t)t->round.bytes[i];
+        if (id == t->o.replica_id) r->payload[i] = bytes ? t->own : nothing;
+        else r->payload[i] = t->round.bytes[i] ? t->slots[id].buf : nothing;
+    }
+    r->apply = (t->round.flags & ROUND_APPLY) && r->n >= t->o.min_replicas;
+    r->send_state = (t->round.flags & ROUND_SEND_STATE) != 0;
+    r->sync_s = wall_seconds() - t0;
+    return true;
+}
+
+// ---------------------------------------------------------------- the rest
+static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
+    tcp *t = impl;
+    if (!t->connected) return;
+    wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES,
+                    .donor_id = (uint32_t)t->o.replica_id};
+    uint8_t buf[WIRE_STATE_BYTES];
+    char err[256];
+    t->job_buf = state;
+    t->job_total = bytes;
+    t->job_next = 0;
+    t->job_step = t->cur_step;
+    t->job_kind = DATA_STATE;
+    if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
+    else if (pump(t, upload_finished)) {
+        t->job_buf = NULL;
+        return;
+    }
+    // The hub is gone: the next exchange reconnects and rejoins.
+    warn("diloco: lost the hub while sending our state: %s", dead_reason(t));
+    t->job_buf = NULL;
+    t->job_total = t->job_next = 0;
+    disconnect(t);
+}
+
+static bool tcp_agree_stop(void *impl, bool local_stop) {
+    (void)impl;
+    return local_stop;
+}
+
+static void tcp_free(tcp *t) {
+    disconnect(t);
+    if (t->served) relay_stop(t->served);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) free(t->slots[i].buf);
+    free(t->own);
+    memset(t->secret, 0, t->o.secret_bytes);
+    free(t->secret);
+    close(t->to_io[0]);
+    close(t->to_io[1]);
+    close(t->to_main[0]);
+    close(t->to_main[1]);
+    pthread_mutex_destroy(&t->ctl_send);
+    pthread_mutex_destroy(&t->mailbox_lock);
+    free(t);
+}
+
+static void tcp_leave(void *impl) {
+    tcp *t = impl;
+    if (t->connected) {
+        char err[256];
+        pthread_mutex_lock(&t->ctl_send);
+        conn_send(&t->ctl, WIRE_LEAVE, NULL, 0, NULL, 0, NULL);
+        double grace = t->hub_timeout_s < 2 ? t->hub_timeout_s : 2;
+        if (!conn_flush_until(&t->ctl, wall_seconds() + grace, err, sizeof err))
+            warn("diloco: could not say goodbye to the hub at %s: %s", t->hub, err);
+        pthread_mutex_unlock(&t->ctl_send);
+    }
+    tcp_free(t);
+}
+
+static void tcp_close(void *impl) { tcp_free(impl); }
+
+static const transport_ops tcp_ops = {
+    .name = "tcp",
+    .join = tcp_join,
+    .rejoin = tcp_join,
+    .exchange = tcp_exchange,
+    .send_state = tcp_send_state,
+    .agree_stop = tcp_agree_stop,
+    .leave = tcp_leave,
+    .close = tcp_close,
+};
+
+// With serve and a wildcard listen address, the replica reaches its own hub on loopback.
+static void own_hub_address(const char *rendezvous, int port, char *out, size_t out_bytes) {
+    char host[256], port_s[16], err[200];
+    if (!net_split_host_port(rendezvous, host, sizeof host, port_s, sizeof port_s, err, sizeof err))
+        fail("diloco_rendezvous: %s", err);
+    bool wildcard = !host[0] || !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+    if (wildcard) snprintf(out, out_bytes, "127.0.0.1:%d", port);
+    else if (strchr(host, ':')) snprintf(out, out_bytes, "[%s]:%d", host, port);
+    else snprintf(out, out_bytes, "%s:%d", host, port);
+}
+
+transport *transport_tcp_open(const transport_options *o) {
+    if (!o->rendezvous || !o->rendezvous[0]) fail("diloco_rendezvous: must be host:port of the hub");
+    if (!o->secret || o->secret_bytes == 0) fail("diloco_secret_file: no secret");
+    if (o->replicas < 1 || o->replicas > WIRE_MAX_REPLICAS || o->replica_id < 0 || o->replica_id >= o->replicas)
+        fail("diloco_replica_id %d is not in 0..%d", o->replica_id, o->replicas - 1);
+    if (o->streams < 1 || o->streams > WIRE_MAX_STREAMS) fail("diloco_streams %d is not in 1..%d", o->streams, WIRE_MAX_STREAMS);
+    if (!(o->timeout_s > 0)) fail("diloco_timeout_s must be positive");
+    tcp *t = xcalloc(1, sizeof *t);
+    t->o = *o;
+    t->secret = xmalloc(o->secret_bytes);
+    memcpy(t->secret, o->secret, o->secret_bytes);
+    t->o.secret = t->secret;
+    t->o.rendezvous = NULL;   // not kept: the caller's string
+    t->hub_timeout_s = o->timeout_s;
+    t->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
+    t->ctl.fd = -1;
+    for (int s = 0; s < WIRE_MAX_STREAMS; s++) t->data[s].fd = -1;
+    pthread_mutex_init(&t->ctl_send, NULL);
+    pthread_mutex_init(&t->mailbox_lock, NULL);
+    if (pipe2(t->to_io, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(t->to_main, O_NONBLOCK | O_CLOEXEC) != 0)
+        fail("tcp transport: pipe: %s", strerror(errno));
+    snprintf(t->hub, sizeof t->hub, "%s", o->rendezvous);
+    if (o->serve) {
+        relay_options ro = {.listen = o->rendezvous, .secret = o->secret, .secret_bytes = o->secret_bytes,
+                            .timeout_s = o->timeout_s, .min_replicas = o->min_replicas, .replicas = o->replicas,
+                            .log = stderr};
+        char err[400];
+        t->served = relay_start_thread(&ro, err, sizeof err);
+        if (!t->served) fail("diloco_serve: cannot run the hub on %s: %s", o->rendezvous, err);
+        own_hub_address(o->rendezvous, relay_port(t->served), t->hub, sizeof t->hub);
+    }
+    char err[256];
+    if (!connect_session(t, wall_seconds() + o->connect_timeout_s, err, sizeof err))
+        fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub, o->connect_timeout_s,
+             err);
+    note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
+    return transport_wrap(&tcp_ops, t);
+}

@@ -1,0 +1,19 @@
+// transport_tcp_none.c — the tcp transport and the relay in a build without OpenSSL's
+// libcrypto (net.mk picks this file instead of transport_tcp.c and relay.c): both say what
+// to install, on one line.
+#include "common.h"
+#include "relay.h"
+#include "transport.h"
+
+#define INSTALL_HINT "install OpenSSL's libcrypto (Debian/Ubuntu: libssl-dev, RHEL: openssl-devel) and rebuild"
+
+transport *transport_tcp_open(const transport_options *o) {
+    (void)o;
+    fail("diloco_transport = tcp: this train_gpt was built without OpenSSL, which authenticates the replicas: "
+         INSTALL_HINT);
+}
+
+int relay_main(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fail("train_gpt relay: this train_gpt was built without OpenSSL: " INSTALL_HINT);
+}

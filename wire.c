@@ -1,0 +1,514 @@
+// wire.c — frames, the handshake's proofs and keys, and the payload codecs. See wire.h and
+// docs/protocol.md. Pure functions over byte buffers: the fuzzer links this file alone.
+#include "wire.h"
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---------------------------------------------------------------- little-endian fields
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static bool all_zero(const uint8_t *p, size_t n) {
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++) acc |= p[i];
+    return acc == 0;
+}
+
+// ---------------------------------------------------------------- names and bounds
+const char *wire_error_string(wire_error e) {
+    switch (e) {
+    case WIRE_OK: return "ok";
+    case WIRE_TRUNCATED: return "truncated frame";
+    case WIRE_BAD_MAGIC: return "bad magic (not a train_gpt peer)";
+    case WIRE_BAD_VERSION: return "unknown protocol version";
+    case WIRE_BAD_TYPE: return "unknown frame type";
+    case WIRE_BAD_FLAGS: return "unknown flags";
+    case WIRE_TOO_LONG: return "length over the bound of its type";
+    case WIRE_TOO_SHORT: return "length under the size of its type";
+    case WIRE_BAD_TAG: return "bad tag (wrong secret, or corrupted)";
+    case WIRE_BAD_SEQUENCE: return "replayed or reordered frame (bad sequence number)";
+    }
+    return "unknown error";
+}
+
+const char *wire_type_name(unsigned type) {
+    switch (type) {
+    case WIRE_HELLO: return "HELLO";
+    case WIRE_AUTH: return "AUTH";
+    case WIRE_WELCOME: return "WELCOME";
+    case WIRE_REFUSE: return "REFUSE";
+    case WIRE_HEARTBEAT: return "HEARTBEAT";
+    case WIRE_JOIN: return "JOIN";
+    case WIRE_JOINED: return "JOINED";
+    case WIRE_CONTRIBUTE: return "CONTRIBUTE";
+    case WIRE_ROUND: return "ROUND";
+    case WIRE_EVICTED: return "EVICTED";
+    case WIRE_STATE: return "STATE";
+    case WIRE_STATE_ABORT: return "STATE_ABORT";
+    case WIRE_LEAVE: return "LEAVE";
+    case WIRE_DATA: return "DATA";
+    }
+    return "unknown";
+}
+
+bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes) {
+    uint64_t lo, hi;
+    switch (type) {
+    case WIRE_HELLO: lo = hi = WIRE_HELLO_BYTES; break;
+    case WIRE_AUTH: lo = hi = WIRE_AUTH_BYTES; break;
+    case WIRE_WELCOME: lo = hi = WIRE_WELCOME_BYTES; break;
+    case WIRE_REFUSE: lo = 8, hi = 8 + WIRE_MAX_TEXT_BYTES; break;
+    case WIRE_HEARTBEAT: lo = hi = 0; break;
+    case WIRE_JOIN: lo = hi = WIRE_JOIN_BYTES; break;
+    case WIRE_JOINED: lo = hi = WIRE_JOINED_BYTES; break;
+    case WIRE_CONTRIBUTE: lo = hi = WIRE_CONTRIBUTE_BYTES; break;
+    case WIRE_ROUND:
+        lo = WIRE_ROUND_HEAD_BYTES, hi = WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS;
+        break;
+    case WIRE_EVICTED: lo = WIRE_EVICTED_HEAD_BYTES, hi = WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES; break;
+    case WIRE_STATE: lo = hi = WIRE_STATE_BYTES; break;
+    case WIRE_STATE_ABORT: lo = hi = 8; break;
+    case WIRE_LEAVE: lo = hi = 0; break;
+    case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
+    default: return false;
+    }
+    *min_bytes = lo, *max_bytes = hi;
+    return true;
+}
+
+// ---------------------------------------------------------------- HMAC-SHA256
+// The fetched algorithm is cached (OpenSSL 3 fetches are not free); a lost race frees the
+// loser's copy.
+static EVP_MAC *hmac_algorithm(void) {
+    static _Atomic(EVP_MAC *) cached = NULL;
+    EVP_MAC *mac = atomic_load(&cached);
+    if (mac) return mac;
+    EVP_MAC *fresh = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    if (!fresh) {
+        // Not something a peer can cause: the OpenSSL installation (or OPENSSL_CONF) is broken.
+        fputs("train_gpt: error: OpenSSL libcrypto offers no HMAC (check OPENSSL_CONF / the OpenSSL install)\n",
+              stderr);
+        exit(1);
+    }
+    EVP_MAC *expected = NULL;
+    if (atomic_compare_exchange_strong(&cached, &expected, fresh)) return fresh;
+    EVP_MAC_free(fresh);
+    return expected;
+}
+
+static void hmac_sha256(const uint8_t *key, size_t key_bytes, const uint8_t *const *parts, const size_t *sizes,
+                        int n_parts, uint8_t out[32]) {
+    static const uint8_t empty_key[1] = {0};
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(hmac_algorithm());
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                           OSSL_PARAM_construct_end()};
+    size_t out_bytes = 0;
+    bool ok = ctx && EVP_MAC_init(ctx, key_bytes ? key : empty_key, key_bytes, params);
+    for (int i = 0; ok && i < n_parts; i++)
+        if (sizes[i]) ok = EVP_MAC_update(ctx, parts[i], sizes[i]);
+    ok = ok && EVP_MAC_final(ctx, out, &out_bytes, 32) && out_bytes == 32;
+    EVP_MAC_CTX_free(ctx);
+    if (!ok) {
+        fputs("train_gpt: error: OpenSSL HMAC-SHA256 failed (out of memory, or a broken OpenSSL install)\n", stderr);
+        exit(1);
+    }
+}
+
+void wire_tag(const uint8_t key[WIRE_KEY_BYTES], const uint8_t *a, size_t a_bytes, const uint8_t *b, size_t b_bytes,
+              uint8_t tag[WIRE_TAG_BYTES]) {
+    const uint8_t *parts[2] = {a, b};
+    size_t sizes[2] = {a_bytes, b_bytes};
+    hmac_sha256(key, WIRE_KEY_BYTES, parts, sizes, 2, tag);
+}
+
+bool wire_equal32(const uint8_t a[32], const uint8_t b[32]) { return CRYPTO_memcmp(a, b, 32) == 0; }
+
+// ---------------------------------------------------------------- frames
+wire_error wire_check_header(const uint8_t h[WIRE_HEADER_BYTES], wire_frame *f) {
+    memset(f, 0, sizeof *f);
+    f->frame_bytes = WIRE_HEADER_BYTES;
+    if (h[0] != WIRE_MAGIC0 || h[1] != WIRE_MAGIC1 || h[2] != WIRE_MAGIC2 || h[3] != WIRE_MAGIC3)
+        return WIRE_BAD_MAGIC;
+    f->version = get16(h + 4);
+    f->type = h[6];
+    f->flags = h[7];
+    f->seq = get64(h + 8);
+    f->payload_bytes = get64(h + 16);
+    if (f->version != WIRE_VERSION) return WIRE_BAD_VERSION;
+    uint64_t lo, hi;
+    if (!wire_payload_bounds(f->type, &lo, &hi)) return WIRE_BAD_TYPE;
+    if (f->flags != 0) return WIRE_BAD_FLAGS;
+    if (f->payload_bytes > hi) return WIRE_TOO_LONG;
+    if (f->payload_bytes < lo) return WIRE_TOO_SHORT;
+    f->frame_bytes = WIRE_OVERHEAD_BYTES + f->payload_bytes;   // no overflow: bounded above
+    return WIRE_OK;
+}
+
+wire_error wire_parse(const uint8_t *buf, size_t bytes, const uint8_t key[WIRE_KEY_BYTES], uint64_t expect_seq,
+                      wire_frame *f) {
+    static const uint8_t magic[4] = {WIRE_MAGIC0, WIRE_MAGIC1, WIRE_MAGIC2, WIRE_MAGIC3};
+    if (bytes < WIRE_HEADER_BYTES) {
+        memset(f, 0, sizeof *f);
+        f->frame_bytes = WIRE_HEADER_BYTES;
+        // Garbage is recognisable from its first byte: no need to wait for a whole header.
+        if (memcmp(buf, magic, bytes < 4 ? bytes : 4) != 0) return WIRE_BAD_MAGIC;
+        return WIRE_TRUNCATED;
+    }
+    wire_error e = wire_check_header(buf, f);
+    if (e != WIRE_OK) return e;
+    if (bytes < f->frame_bytes) return WIRE_TRUNCATED;
+    size_t signed_bytes = WIRE_HEADER_BYTES + (size_t)f->payload_bytes;
+    uint8_t tag[WIRE_TAG_BYTES];
+    wire_tag(key, buf, signed_bytes, NULL, 0, tag);
+    if (!wire_equal32(tag, buf + signed_bytes)) return WIRE_BAD_TAG;
+    if (f->seq != expect_seq) return WIRE_BAD_SEQUENCE;
+    f->payload = buf + WIRE_HEADER_BYTES;
+    return WIRE_OK;
+}
+
+void wire_put_header(uint8_t out[WIRE_HEADER_BYTES], unsigned type, uint64_t seq, uint64_t payload_bytes) {
+    out[0] = WIRE_MAGIC0, out[1] = WIRE_MAGIC1, out[2] = WIRE_MAGIC2, out[3] = WIRE_MAGIC3;
+    put16(out + 4, WIRE_VERSION);
+    out[6] = (uint8_t)type;
+    out[7] = 0;
+    put64(out + 8, seq);
+    put64(out + 16, payload_bytes);
+}
+
+size_t wire_build(uint8_t *out, unsigned type, uint64_t seq, const uint8_t *payload, size_t payload_bytes,
+                  const uint8_t key[WIRE_KEY_BYTES]) {
+    wire_put_header(out, type, seq, payload_bytes);
+    if (payload_bytes) memmove(out + WIRE_HEADER_BYTES, payload, payload_bytes);
+    wire_tag(key, out, WIRE_HEADER_BYTES + payload_bytes, NULL, 0, out + WIRE_HEADER_BYTES + payload_bytes);
+    return WIRE_OVERHEAD_BYTES + payload_bytes;
+}
+
+// ---------------------------------------------------------------- handshake
+static const char AUTH_LABEL[] = "train_gpt auth v1";
+static const char WELCOME_LABEL[] = "train_gpt welcome v1";
+static const char C2H_LABEL[] = "train_gpt key client-to-hub v1";
+static const char H2C_LABEL[] = "train_gpt key hub-to-client v1";
+
+static void labelled_mac(const uint8_t *secret, size_t secret_bytes, const char *label, const uint8_t *nonce_h,
+                         const uint8_t *nonce_c, const uint8_t *fields, size_t fields_bytes, uint8_t out[32]) {
+    // The label's terminating NUL is included: no label is a prefix of another's input.
+    const uint8_t *parts[4] = {(const uint8_t *)label, nonce_h, nonce_c, fields};
+    size_t sizes[4] = {strlen(label) + 1, WIRE_NONCE_BYTES, nonce_c ? WIRE_NONCE_BYTES : 0, fields_bytes};
+    hmac_sha256(secret, secret_bytes, parts, sizes, 4, out);
+}
+
+void wire_auth_proof(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                     const uint8_t *auth_fields, size_t fields_bytes, uint8_t proof[32]) {
+    labelled_mac(secret, secret_bytes, AUTH_LABEL, nonce_h, NULL, auth_fields, fields_bytes, proof);
+}
+
+void wire_welcome_proof(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                        const uint8_t nonce_c[WIRE_NONCE_BYTES], const uint8_t *welcome_fields,
+                        size_t fields_bytes, uint8_t proof[32]) {
+    labelled_mac(secret, secret_bytes, WELCOME_LABEL, nonce_h, nonce_c, welcome_fields, fields_bytes, proof);
+}
+
+void wire_session_keys(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                       const uint8_t nonce_c[WIRE_NONCE_BYTES], uint8_t key_c2h[WIRE_KEY_BYTES],
+                       uint8_t key_h2c[WIRE_KEY_BYTES]) {
+    labelled_mac(secret, secret_bytes, C2H_LABEL, nonce_h, nonce_c, NULL, 0, key_c2h);
+    labelled_mac(secret, secret_bytes, H2C_LABEL, nonce_h, nonce_c, NULL, 0, key_h2c);
+}
+
+// ---------------------------------------------------------------- payload codecs
+size_t wire_encode_hello(const wire_hello *m, uint8_t *out) {
+    memcpy(out, m->nonce_h, WIRE_NONCE_BYTES);
+    put32(out + 32, m->timeout_ms);
+    put32(out + 36, 0);
+    return WIRE_HELLO_BYTES;
+}
+
+const char *wire_decode_hello(const uint8_t *p, size_t n, wire_hello *m) {
+    if (n != WIRE_HELLO_BYTES) return "HELLO has the wrong size";
+    memcpy(m->nonce_h, p, WIRE_NONCE_BYTES);
+    m->timeout_ms = get32(p + 32);
+    if (get32(p + 36) != 0) return "HELLO: reserved field not zero";
+    if (m->timeout_ms == 0) return "HELLO: timeout of 0 ms";
+    return NULL;
+}
+
+size_t wire_encode_auth(const wire_auth *m, uint8_t *out) {
+    put32(out, m->replica_id);
+    put16(out + 4, m->stream_index);
+    put16(out + 6, m->streams);
+    put32(out + 8, m->replicas);
+    put32(out + 12, m->min_replicas);
+    put64(out + 16, m->run_fingerprint);
+    put64(out + 24, m->session_id);
+    memcpy(out + 32, m->nonce_c, WIRE_NONCE_BYTES);
+    memcpy(out + 64, m->proof, 32);
+    return WIRE_AUTH_BYTES;
+}
+
+const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
+    if (n != WIRE_AUTH_BYTES) return "AUTH has the wrong size";
+    m->replica_id = get32(p);
+    m->stream_index = get16(p + 4);
+    m->streams = get16(p + 6);
+    m->replicas = get32(p + 8);
+    m->min_replicas = get32(p + 12);
+    m->run_fingerprint = get64(p + 16);
+    m->session_id = get64(p + 24);
+    memcpy(m->nonce_c, p + 32, WIRE_NONCE_BYTES);
+    memcpy(m->proof, p + 64, 32);
+    // Range checks that need no secret; the hub checks the proof first and says which failed.
+    if (m->replica_id >= WIRE_MAX_REPLICAS) return "AUTH: replica id out of range";
+    if (m->replicas == 0 || m->replicas > WIRE_MAX_REPLICAS) return "AUTH: replicas out of range";
+    if (m->replica_id >= m->replicas) return "AUTH: replica id not below replicas";
+    if (m->streams == 0 || m->streams > WIRE_MAX_STREAMS) return "AUTH: streams out of range";
+    if (m->stream_index > m->streams) return "AUTH: stream index above streams";
+    if ((m->stream_index == 0) != (m->session_id == 0)) return "AUTH: session id and stream index disagree";
+    return NULL;
+}
+
+size_t wire_encode_welcome(const wire_welcome *m, uint8_t *out) {
+    put64(out, m->session_id);
+    put32(out + 8, m->timeout_ms);
+    put32(out + 12, 0);
+    memcpy(out + 16, m->proof, 32);
+    return WIRE_WELCOME_BYTES;
+}
+
+const char *wire_decode_welcome(const uint8_t *p, size_t n, wire_welcome *m) {
+    if (n != WIRE_WELCOME_BYTES) return "WELCOME has the wrong size";
+    m->session_id = get64(p);
+    m->timeout_ms = get32(p + 8);
+    memcpy(m->proof, p + 16, 32);
+    if (get32(p + 12) != 0) return "WELCOME: reserved field not zero";
+    if (m->session_id == 0) return "WELCOME: session id 0";
+    if (m->timeout_ms == 0) return "WELCOME: timeout of 0 ms";
+    return NULL;
+}
+
+static size_t text_length(const char *text) {
+    size_t n = text ? strlen(text) : 0;
+    return n > WIRE_MAX_TEXT_BYTES ? WIRE_MAX_TEXT_BYTES : n;
+}
+
+size_t wire_encode_refuse(uint32_t code, const char *text, uint8_t *out) {
+    size_t n = text_length(text);
+    put32(out, code);
+    put32(out + 4, (uint32_t)n);
+    if (n) memcpy(out + 8, text, n);
+    return 8 + n;
+}
+
+const char *wire_decode_refuse(const uint8_t *p, size_t n, wire_refuse *m) {
+    if (n < 8 || n > 8 + WIRE_MAX_TEXT_BYTES) return "REFUSE has the wrong size";
+    m->code = get32(p);
+    m->text_bytes = get32(p + 4);
+    m->text = p + 8;
+    if (m->text_bytes != n - 8) return "REFUSE: text length disagrees with the frame";
+    return NULL;
+}
+
+size_t wire_encode_status(const wire_status *m, uint8_t *out) {
+    put64(out, (uint64_t)m->outer_step);
+    put64(out + 8, m->param_hash);
+    return WIRE_JOIN_BYTES;
+}
+
+const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m) {
+    if (n != WIRE_JOIN_BYTES) return "JOIN has the wrong size";
+    m->outer_step = (int64_t)get64(p);
+    m->param_hash = get64(p + 8);
+    if (m->outer_step < 0) return "JOIN: negative outer step";
+    return NULL;
+}
+
+size_t wire_encode_joined(const wire_joined *m, uint8_t *out) {
+    put32(out, m->result);
+    put32(out + 4, 0);
+    put64(out + 8, (uint64_t)m->group_step);
+    put64(out + 16, m->group_hash);
+    return WIRE_JOINED_BYTES;
+}
+
+const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m) {
+    if (n != WIRE_JOINED_BYTES) return "JOINED has the wrong size";
+    m->result = get32(p);
+    m->group_step = (int64_t)get64(p + 8);
+    m->group_hash = get64(p + 16);
+    if (m->result != JOINED_MEMBER && m->result != JOINED_WAIT) return "JOINED: unknown result";
+    if (get32(p + 4) != 0) return "JOINED: reserved field not zero";
+    return NULL;
+}
+
+static const char *check_transfer(uint64_t total, uint32_t chunk) {
+    if (total > WIRE_MAX_TRANSFER_BYTES) return "transfer larger than 1 TiB";
+    if (chunk < WIRE_MIN_CHUNK_BYTES || chunk > WIRE_MAX_CHUNK_BYTES) return "chunk size out of range";
+    return NULL;
+}
+
+size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out) {
+    put64(out, (uint64_t)m->outer_step);
+    put64(out + 8, m->total_bytes);
+    put32(out + 16, m->chunk_bytes);
+    put32(out + 20, 0);
+    return WIRE_CONTRIBUTE_BYTES;
+}
+
+const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m) {
+    if (n != WIRE_CONTRIBUTE_BYTES) return "CONTRIBUTE has the wrong size";
+    m->outer_step = (int64_t)get64(p);
+    m->total_bytes = get64(p + 8);
+    m->chunk_bytes = get32(p + 16);
+    if (get32(p + 20) != 0) return "CONTRIBUTE: reserved field not zero";
+    if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
+    return check_transfer(m->total_bytes, m->chunk_bytes);
+}
+
+size_t wire_encode_round(const wire_round *m, uint8_t *out) {
+    put64(out, (uint64_t)m->outer_step);
+    put32(out + 8, m->flags);
+    put32(out + 12, m->n);
+    for (uint32_t i = 0; i < m->n && i < WIRE_MAX_REPLICAS; i++) {
+        uint8_t *e = out + WIRE_ROUND_HEAD_BYTES + (size_t)i * WIRE_ROUND_ENTRY_BYTES;
+        put32(e, m->ids[i]);
+        put32(e + 4, 0);
+        put64(e + 8, m->bytes[i]);
+    }
+    return WIRE_ROUND_HEAD_BYTES + (size_t)m->n * WIRE_ROUND_ENTRY_BYTES;
+}
+
+const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
+    if (n < WIRE_ROUND_HEAD_BYTES) return "ROUND is too short";
+    m->outer_step = (int64_t)get64(p);
+    m->flags = get32(p + 8);
+    m->n = get32(p + 12);
+    if (m->outer_step < 0) return "ROUND: negative outer step";
+    if (m->flags & ~(uint32_t)(ROUND_APPLY | ROUND_SEND_STATE)) return "ROUND: unknown flags";
+    if (m->n > WIRE_MAX_REPLICAS) return "ROUND: more contributors than replicas";
+    if (n != WIRE_ROUND_HEAD_BYTES + (size_t)m->n * WIRE_ROUND_ENTRY_BYTES)
+        return "ROUND: contributor count disagrees with the frame";
+    for (uint32_t i = 0; i < m->n; i++) {
+        const uint8_t *e = p + WIRE_ROUND_HEAD_BYTES + (size_t)i * WIRE_ROUND_ENTRY_BYTES;
+        m->ids[i] = get32(e);
+        m->bytes[i] = get64(e + 8);
+        if (get32(e + 4) != 0) return "ROUND: reserved field not zero";
+        if (m->ids[i] >= WIRE_MAX_REPLICAS) return "ROUND: replica id out of range";
+        if (i > 0 && m->ids[i] <= m->ids[i - 1]) return "ROUND: ids not strictly ascending";
+        if (m->bytes[i] > WIRE_MAX_TRANSFER_BYTES) return "ROUND: payload larger than 1 TiB";
+    }
+    return NULL;
+}
+
+size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out) {
+    size_t n = text_length(text);
+    put64(out, (uint64_t)outer_step);
+    put32(out + 8, reason);
+    put32(out + 12, (uint32_t)n);
+    if (n) memcpy(out + WIRE_EVICTED_HEAD_BYTES, text, n);
+    return WIRE_EVICTED_HEAD_BYTES + n;
+}
+
+const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m) {
+    if (n < WIRE_EVICTED_HEAD_BYTES || n > WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES)
+        return "EVICTED has the wrong size";
+    m->outer_step = (int64_t)get64(p);
+    m->reason = get32(p + 8);
+    m->text_bytes = get32(p + 12);
+    m->text = p + WIRE_EVICTED_HEAD_BYTES;
+    if (m->text_bytes != n - WIRE_EVICTED_HEAD_BYTES) return "EVICTED: text length disagrees with the frame";
+    return NULL;
+}
+
+size_t wire_encode_state(const wire_state *m, uint8_t *out) {
+    put64(out, (uint64_t)m->outer_step);
+    put64(out + 8, m->total_bytes);
+    put32(out + 16, m->chunk_bytes);
+    put32(out + 20, m->donor_id);
+    return WIRE_STATE_BYTES;
+}
+
+const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m) {
+    if (n != WIRE_STATE_BYTES) return "STATE has the wrong size";
+    m->outer_step = (int64_t)get64(p);
+    m->total_bytes = get64(p + 8);
+    m->chunk_bytes = get32(p + 16);
+    m->donor_id = get32(p + 20);
+    if (m->outer_step < 0) return "STATE: negative outer step";
+    if (m->donor_id >= WIRE_MAX_REPLICAS) return "STATE: donor id out of range";
+    return check_transfer(m->total_bytes, m->chunk_bytes);
+}
+
+size_t wire_encode_step(int64_t outer_step, uint8_t *out) {
+    put64(out, (uint64_t)outer_step);
+    return 8;
+}
+
+const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step) {
+    if (n != 8) return "STATE_ABORT has the wrong size";
+    *outer_step = (int64_t)get64(p);
+    return NULL;
+}
+
+size_t wire_encode_data_head(const wire_data *m, uint8_t out[WIRE_DATA_HEAD_BYTES]) {
+    put32(out, m->owner_id);
+    out[4] = (uint8_t)m->kind;
+    out[5] = out[6] = out[7] = 0;
+    put64(out + 8, (uint64_t)m->outer_step);
+    put64(out + 16, m->total_bytes);
+    put64(out + 24, m->offset);
+    put32(out + 32, m->chunk_bytes);
+    put32(out + 36, 0);
+    return WIRE_DATA_HEAD_BYTES;
+}
+
+const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m) {
+    if (n < WIRE_DATA_HEAD_BYTES) return "DATA is too short";
+    m->owner_id = get32(p);
+    m->kind = p[4];
+    m->outer_step = (int64_t)get64(p + 8);
+    m->total_bytes = get64(p + 16);
+    m->offset = get64(p + 24);
+    m->chunk_bytes = get32(p + 32);
+    m->bytes = p + WIRE_DATA_HEAD_BYTES;
+    m->chunk_len = n - WIRE_DATA_HEAD_BYTES;
+    if (!all_zero(p + 5, 3) || get32(p + 36) != 0) return "DATA: reserved field not zero";
+    if (m->kind != DATA_PAYLOAD && m->kind != DATA_STATE) return "DATA: unknown kind";
+    if (m->owner_id >= WIRE_MAX_REPLICAS) return "DATA: owner id out of range";
+    if (m->outer_step < 0) return "DATA: negative outer step";
+    const char *why = check_transfer(m->total_bytes, m->chunk_bytes);
+    if (why) return why;
+    if (m->offset >= m->total_bytes) return "DATA: offset past the end";
+    if (m->offset % m->chunk_bytes != 0) return "DATA: offset not on a chunk boundary";
+    uint64_t expect = m->total_bytes - m->offset < m->chunk_bytes ? m->total_bytes - m->offset : m->chunk_bytes;
+    if (m->chunk_len != expect) return "DATA: chunk length disagrees with its offset and total";
+    return NULL;
+}
+
+void wire_printable(const uint8_t *text, size_t bytes, char *out, size_t out_bytes) {
+    if (out_bytes == 0) return;
+    size_t n = bytes < out_bytes - 1 ? bytes : out_bytes - 1;
+    for (size_t i = 0; i < n; i++) out[i] = (text[i] >= 0x20 && text[i] < 0x7f) ? (char)text[i] : '?';
+    out[n] = '\0';
+}

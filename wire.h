@@ -1,0 +1,266 @@
+// wire.h — the frame format of the tcp transport (docs/protocol.md has it byte for byte).
+//
+// Every byte a replica and the hub exchange travels in a frame:
+//
+//   header (24 bytes, little-endian)  magic "TGPW", u16 version, u8 type, u8 flags,
+//                                     u64 sequence number, u64 payload length
+//   payload                           at most the bound of its type (control ≤ 64 KiB,
+//                                     DATA ≤ 40 + 16 MiB)
+//   tag (32 bytes)                    HMAC-SHA256(key, header ‖ payload)
+//
+// The key is a per-connection, per-direction session key derived from the shared secret and
+// two nonces at the handshake (all zeros for the handshake frames themselves, whose
+// authentication lives in the proofs they carry). The sequence number counts the frames of
+// one direction of one connection from 0: a replayed, dropped or reordered frame fails.
+//
+// Everything here is pure computation over byte buffers (no sockets, no allocation, no
+// global state), so that libFuzzer can drive the parser and the payload decoders directly
+// (test/fuzz_wire.c). A peer can never make these functions read out of bounds, loop, or
+// allocate: lengths are checked against the type's bounds before anything else looks at them.
+#ifndef TRAIN_GPT_WIRE_H
+#define TRAIN_GPT_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_MAGIC0 'T'
+#define WIRE_MAGIC1 'G'
+#define WIRE_MAGIC2 'P'
+#define WIRE_MAGIC3 'W'
+#define WIRE_VERSION 1
+#define WIRE_HEADER_BYTES 24
+#define WIRE_TAG_BYTES 32
+#define WIRE_KEY_BYTES 32
+#define WIRE_NONCE_BYTES 32
+#define WIRE_OVERHEAD_BYTES (WIRE_HEADER_BYTES + WIRE_TAG_BYTES)
+#define WIRE_MAX_CONTROL_BYTES 65536u                    // bound of every control payload
+#define WIRE_DATA_HEAD_BYTES 40                          // the DATA sub-header
+#define WIRE_MIN_CHUNK_BYTES 1024u
+#define WIRE_MAX_CHUNK_BYTES (16u << 20)                 // bound of one DATA chunk
+#define WIRE_MAX_TRANSFER_BYTES ((uint64_t)1 << 40)      // one payload or state: 1 TiB
+#define WIRE_MAX_STREAMS 64                              // data connections per replica
+#define WIRE_MAX_REPLICAS 256                            // = TRANSPORT_MAX_REPLICAS
+#define WIRE_MAX_TEXT_BYTES 1024u                        // the reason in REFUSE and EVICTED
+
+typedef enum {
+    // handshake (tagged with the all-zero key)
+    WIRE_HELLO = 1,        // hub → client: nonce_h, hub's timeout
+    WIRE_AUTH = 2,         // client → hub: who it is, nonce_c, proof of the secret
+    WIRE_WELCOME = 3,      // hub → client: session id, proof of the secret
+    WIRE_REFUSE = 4,       // hub → client: code and reason; the hub closes
+    // session, control connection
+    WIRE_HEARTBEAT = 16,   // both ways, every heartbeat interval
+    WIRE_JOIN = 17,        // client → hub: this replica's status
+    WIRE_JOINED = 18,      // hub → client: member, or wait for state
+    WIRE_CONTRIBUTE = 19,  // client → hub: announces this replica's payload for a step
+    WIRE_ROUND = 20,       // hub → client: the round closed: who contributed, flags
+    WIRE_EVICTED = 21,     // hub → client: too late for the round; rejoin
+    WIRE_STATE = 22,       // donor → hub and hub → joiner: a state transfer begins
+    WIRE_STATE_ABORT = 23, // hub → joiner: the donor died; wait for the next boundary
+    WIRE_LEAVE = 24,       // client → hub: goodbye
+    // session, data connections
+    WIRE_DATA = 32,        // one chunk of a payload or a state
+} wire_type;
+#define WIRE_TYPE_LIMIT 33      // every type is below this (bit masks of allowed types are u64)
+
+typedef enum {
+    WIRE_OK = 0,
+    WIRE_TRUNCATED,     // not a whole frame yet (a stream: read more; a datagram: truncated)
+    WIRE_BAD_MAGIC,
+    WIRE_BAD_VERSION,
+    WIRE_BAD_TYPE,
+    WIRE_BAD_FLAGS,
+    WIRE_TOO_LONG,      // payload length above the type's bound
+    WIRE_TOO_SHORT,     // payload length below the type's fixed size
+    WIRE_BAD_TAG,       // wrong key (wrong secret, another connection) or corrupted bytes
+    WIRE_BAD_SEQUENCE,  // replayed, dropped or reordered
+} wire_error;
+
+const char *wire_error_string(wire_error e);
+// "HELLO", "DATA", ...; "unknown" for anything else.
+const char *wire_type_name(unsigned type);
+
+typedef struct {
+    unsigned type, flags, version;
+    uint64_t seq;
+    uint64_t payload_bytes;     // as the header claims (valid once the header parsed)
+    const uint8_t *payload;     // into the parsed buffer (WIRE_OK only)
+    uint64_t frame_bytes;       // header + payload + tag: how many bytes the frame needs
+} wire_frame;
+
+// Bounds of a type's payload; false for an unknown type.
+bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes);
+
+// Checks the first WIRE_HEADER_BYTES of a frame: magic, version, type, flags, length bound.
+// Fills f's header fields (type, seq, payload_bytes, frame_bytes) as far as they parsed.
+wire_error wire_check_header(const uint8_t header[WIRE_HEADER_BYTES], wire_frame *f);
+
+// Parses one frame at the start of buf: the header checks above, then (whole frame present)
+// the tag under key, then seq == expect_seq. WIRE_TRUNCATED with f->frame_bytes = the bytes
+// the frame needs (WIRE_HEADER_BYTES while the header is incomplete).
+wire_error wire_parse(const uint8_t *buf, size_t bytes, const uint8_t key[WIRE_KEY_BYTES], uint64_t expect_seq,
+                      wire_frame *f);
+
+// Writes a header for a payload of payload_bytes.
+void wire_put_header(uint8_t out[WIRE_HEADER_BYTES], unsigned type, uint64_t seq, uint64_t payload_bytes);
+// HMAC-SHA256(key, a ‖ b): the tag of a frame whose header+payload are split in two parts.
+void wire_tag(const uint8_t key[WIRE_KEY_BYTES], const uint8_t *a, size_t a_bytes, const uint8_t *b, size_t b_bytes,
+              uint8_t tag[WIRE_TAG_BYTES]);
+// Builds a whole frame into out (WIRE_OVERHEAD_BYTES + payload_bytes); returns its size.
+size_t wire_build(uint8_t *out, unsigned type, uint64_t seq, const uint8_t *payload, size_t payload_bytes,
+                  const uint8_t key[WIRE_KEY_BYTES]);
+
+// ---------------------------------------------------------------- the handshake
+// Proofs and keys (docs/protocol.md, "Handshake"): HMAC-SHA256 keyed with the secret over a
+// label, both nonces and the fields they vouch for.
+void wire_auth_proof(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                     const uint8_t *auth_fields, size_t fields_bytes, uint8_t proof[32]);
+void wire_welcome_proof(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                        const uint8_t nonce_c[WIRE_NONCE_BYTES], const uint8_t *welcome_fields,
+                        size_t fields_bytes, uint8_t proof[32]);
+void wire_session_keys(const uint8_t *secret, size_t secret_bytes, const uint8_t nonce_h[WIRE_NONCE_BYTES],
+                       const uint8_t nonce_c[WIRE_NONCE_BYTES], uint8_t key_c2h[WIRE_KEY_BYTES],
+                       uint8_t key_h2c[WIRE_KEY_BYTES]);
+// Constant-time comparison of two 32-byte proofs or tags.
+bool wire_equal32(const uint8_t a[32], const uint8_t b[32]);
+
+// ---------------------------------------------------------------- payloads
+// Each payload type has a struct, an encoder (returns the payload size; out must hold the
+// type's maximum) and a decoder that returns NULL or a one-phrase reason the payload is
+// malformed. The decoders assume nothing beyond what wire_parse checked.
+
+typedef struct {
+    uint8_t nonce_h[WIRE_NONCE_BYTES];
+    uint32_t timeout_ms;        // the hub's eviction timeout: clients heartbeat well within it
+} wire_hello;
+#define WIRE_HELLO_BYTES 40
+
+typedef struct {
+    uint32_t replica_id;
+    uint16_t stream_index;      // 0: the control connection; 1..streams: data connections
+    uint16_t streams;           // data connections this replica opens
+    uint32_t replicas;          // M as the replica is configured
+    uint32_t min_replicas;
+    uint64_t run_fingerprint;
+    uint64_t session_id;        // 0 on the control connection; the WELCOME's on data connections
+    uint8_t nonce_c[WIRE_NONCE_BYTES];
+    uint8_t proof[32];          // wire_auth_proof over nonce_h and the 64 bytes before it
+} wire_auth;
+#define WIRE_AUTH_BYTES 96
+#define WIRE_AUTH_PROVEN_BYTES 64   // the fields the proof covers
+
+typedef struct {
+    uint64_t session_id;
+    uint32_t timeout_ms;
+    uint8_t proof[32];          // wire_welcome_proof over both nonces and the 16 bytes before it
+} wire_welcome;
+#define WIRE_WELCOME_BYTES 48
+#define WIRE_WELCOME_PROVEN_BYTES 16
+
+typedef enum {
+    REFUSE_SECRET = 1,          // the client's proof is wrong: different secret
+    REFUSE_FINGERPRINT = 2,     // run_fingerprint differs from the group's
+    REFUSE_DUPLICATE = 3,       // a live replica with this id is connected
+    REFUSE_BAD_ID = 4,          // replica id or stream numbers out of range
+    REFUSE_NO_SESSION = 5,      // a data connection for a session the hub does not have
+    REFUSE_BUSY = 6,            // too many connections
+} wire_refuse_code;
+
+typedef struct {
+    uint32_t code;
+    uint32_t text_bytes;
+    const uint8_t *text;        // into the payload; not NUL-terminated
+} wire_refuse;
+
+typedef struct {
+    int64_t outer_step;
+    uint64_t param_hash;
+} wire_status;                  // JOIN
+#define WIRE_JOIN_BYTES 16
+
+enum { JOINED_MEMBER = 1, JOINED_WAIT = 2 };
+typedef struct {
+    uint32_t result;
+    int64_t group_step;         // informational: the group's status when known, else -1, 0
+    uint64_t group_hash;
+} wire_joined;
+#define WIRE_JOINED_BYTES 24
+
+typedef struct {
+    int64_t outer_step;
+    uint64_t total_bytes;
+    uint32_t chunk_bytes;
+} wire_contribute;
+#define WIRE_CONTRIBUTE_BYTES 24
+
+enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2 };
+typedef struct {
+    int64_t outer_step;
+    uint32_t flags;
+    uint32_t n;
+    uint32_t ids[WIRE_MAX_REPLICAS];     // strictly ascending, each < WIRE_MAX_REPLICAS
+    uint64_t bytes[WIRE_MAX_REPLICAS];   // each ≤ WIRE_MAX_TRANSFER_BYTES
+} wire_round;
+#define WIRE_ROUND_HEAD_BYTES 16
+#define WIRE_ROUND_ENTRY_BYTES 16
+
+typedef struct {
+    int64_t outer_step;
+    uint32_t reason;            // 1: late for the round
+    uint32_t text_bytes;
+    const uint8_t *text;
+} wire_evicted;
+#define WIRE_EVICTED_HEAD_BYTES 16
+
+typedef struct {
+    int64_t outer_step;
+    uint64_t total_bytes;
+    uint32_t chunk_bytes;
+    uint32_t donor_id;
+} wire_state;
+#define WIRE_STATE_BYTES 24
+
+enum { DATA_PAYLOAD = 1, DATA_STATE = 2 };
+typedef struct {
+    uint32_t owner_id;          // whose payload (or the donor, for a state)
+    uint32_t kind;              // DATA_PAYLOAD or DATA_STATE
+    int64_t outer_step;
+    uint64_t total_bytes;       // of the whole payload or state
+    uint64_t offset;            // a multiple of chunk_bytes
+    uint32_t chunk_bytes;       // every chunk but the last has exactly this size
+    const uint8_t *bytes;       // into the frame
+    uint64_t chunk_len;         // min(chunk_bytes, total_bytes - offset)
+} wire_data;
+
+size_t wire_encode_hello(const wire_hello *m, uint8_t *out);
+size_t wire_encode_auth(const wire_auth *m, uint8_t *out);
+size_t wire_encode_welcome(const wire_welcome *m, uint8_t *out);
+size_t wire_encode_refuse(uint32_t code, const char *text, uint8_t *out);
+size_t wire_encode_status(const wire_status *m, uint8_t *out);
+size_t wire_encode_joined(const wire_joined *m, uint8_t *out);
+size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out);
+size_t wire_encode_round(const wire_round *m, uint8_t *out);
+size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out);
+size_t wire_encode_state(const wire_state *m, uint8_t *out);
+size_t wire_encode_step(int64_t outer_step, uint8_t *out);   // STATE_ABORT
+// The DATA sub-header only (the chunk bytes follow it in the frame).
+size_t wire_encode_data_head(const wire_data *m, uint8_t out[WIRE_DATA_HEAD_BYTES]);
+
+const char *wire_decode_hello(const uint8_t *p, size_t n, wire_hello *m);
+const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m);
+const char *wire_decode_welcome(const uint8_t *p, size_t n, wire_welcome *m);
+const char *wire_decode_refuse(const uint8_t *p, size_t n, wire_refuse *m);
+const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m);
+const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m);
+const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m);
+const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m);
+const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m);
+const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m);
+const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step);
+const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m);
+
+// Copies a peer's text (REFUSE, EVICTED) into a printable, NUL-terminated one-liner.
+void wire_printable(const uint8_t *text, size_t bytes, char *out, size_t out_bytes);
+
+#endif
