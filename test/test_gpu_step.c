@@ -1,0 +1,289 @@
+// test/test_gpu_step.c — the CUDA model (cuda_backend.h) against the CPU model, whole steps,
+// on three small configurations that between them take every path: tied and untied head,
+// QK-norm on and off, NoPE layers, document masking on and off, head_dim 32, 64 and 128,
+// T not a multiple of the attention tile. `make test-gpu` runs it on a machine with a GPU.
+//
+// Checks, each printed as PASS/FAIL with the measured numbers:
+//   - upload → download is bit-exact (checkpoints written from the GPU hold what it trains);
+//   - one step of two accumulated micro-batches: loss and z-loss within 1 % of the CPU's;
+//     every parameter's gradient (by name, from the table) with cosine similarity ≥ 0.999
+//     to the CPU's and a norm within 2 % (a cosine alone would not see a wrong scale);
+//   - the optimizer step: the global norm within 1 %; the update direction (params after −
+//     before) with cosine ≥ 0.95 to the CPU's (AdamW's first steps are nearly sign(g), so
+//     elements whose tiny gradient changes sign under bf16 noise move the other way;
+//     a wrong learning rate, decay or bias correction changes the cosine or the scale);
+//   - 8 training steps on different batches: each step's loss within 2 % of the CPU's;
+//   - the same 8 steps again from the same upload: bit-identical losses and weights;
+//   - validation loss within 1 % (and the same bits twice); logits within 2 % (L2);
+//   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged.
+#include "common.h"
+#include "config.h"
+#include "cpu_model.h"
+#include "cuda_backend.h"
+#include "device.h"
+#include "model.h"
+#include "optim.h"
+#include "rng.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int checks = 0, failures = 0;
+
+static void result(bool ok, const char *fmt, ...) PRINTF_LIKE(2, 3);
+static void result(bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    checks++;
+    if (!ok) failures++;
+}
+
+static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+static double cosine(const float *a, const float *b, int64_t n, double *norm_ratio) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    if (norm_ratio) *norm_ratio = bb > 0 ? sqrt(aa / bb) : (aa > 0 ? INFINITY : 1.0);
+    if (aa == 0 && bb == 0) return 1.0;
+    return ab / sqrt(aa * bb + 1e-300);
+}
+
+typedef struct {
+    const char *name;
+    model_config m;
+    int64_t B;
+} test_case;
+
+static model_config base_config(void) {
+    model_config m;
+    memset(&m, 0, sizeof m);
+    m.rope_theta = 10000.0;
+    m.norm_eps = 1e-6;
+    m.init_std = 0.02;
+    return m;
+}
+
+static void random_batch(rng_state *r, const model_config *m, int64_t B, int32_t *inputs, int32_t *targets) {
+    int64_t N = B * m->seq_len;
+    for (int64_t i = 0; i <= N; i++) {
+        int32_t t = (int32_t)(rng_next(r) % (uint64_t)m->vocab_size);
+        if (m->doc_token >= 0 && rng_next(r) % 40 == 0) t = (int32_t)m->doc_token;
+        if (i < N) inputs[i] = t;
+        if (i > 0) targets[i - 1] = t;
+    }
+}
+
+static train_config optimizer_config(void) {
+    train_config c;
+    memset(&c, 0, sizeof c);
+    c.beta1 = 0.9, c.beta2 = 0.95, c.adam_eps = 1e-8, c.weight_decay = 0.1, c.grad_clip = 1.0, c.z_loss = 1e-4;
+    return c;
+}
+
+static void run_case(const test_case *tc) {
+    printf("== %s: %lld layers, d_model %lld, %lld/%lld heads of %lld, vocab %lld, B %lld, T %lld, qk_norm %d, "
+           "tied %d, doc_masking %d\n",
+           tc->name, (long long)tc->m.n_layer, (long long)tc->m.d_model, (long long)tc->m.n_head,
+           (long long)tc->m.n_kv_head, (long long)tc->m.head_dim, (long long)tc->m.vocab_size, (long long)tc->B,
+           (long long)tc->m.seq_len, tc->m.qk_norm, tc->m.tie_embeddings, tc->m.doc_masking);
+    param_table t;
+    param_table_build(&t, &tc->m);
+    int64_t n = t.numel, B = tc->B, T = tc->m.seq_len, N = B * T;
+    train_config oc = optimizer_config();
+    const double lr = 1e-3;
+    const float z = (float)oc.z_loss;
+    float *p0 = alloc_floats((size_t)n), *p_cpu = alloc_floats((size_t)n), *g_cpu = alloc_floats((size_t)n),
+          *m_cpu = alloc_floats((size_t)n), *v_cpu = alloc_floats((size_t)n), *g_gpu = alloc_floats((size_t)n),
+          *p_gpu = alloc_floats((size_t)n), *m_gpu = alloc_floats((size_t)n), *v_gpu = alloc_floats((size_t)n);
+    param_init(&t, p0, 42);
+    int32_t *in = xmalloc((size_t)(2 * N) * sizeof *in), *tg = xmalloc((size_t)(2 * N) * sizeof *tg);
+    rng_state r;
+    rng_seed(&r, 7, 3);
+    random_batch(&r, &tc->m, B, in, tg);
+    random_batch(&r, &tc->m, B, in + N, tg + N);
+
+    cpu_model *cm = cpu_model_create(&t, B, T);
+    cuda_model *gm = cuda_model_create(&t, B, T);
+    char dev[64];
+    format_count((double)cuda_model_device_bytes(gm), dev, sizeof dev);
+    printf("   GPU memory: %sB\n", dev);
+
+    // Upload → download round trip.
+    for (int64_t i = 0; i < n; i++) m_cpu[i] = p0[i] * 0.5f, v_cpu[i] = p0[i] * p0[i];
+    cuda_model_upload(gm, p0, m_cpu, v_cpu, 0);
+    cuda_model_download(gm, p_gpu, m_gpu, v_gpu);
+    result(!memcmp(p_gpu, p0, (size_t)n * 4) && !memcmp(m_gpu, m_cpu, (size_t)n * 4) && !memcmp(v_gpu, v_cpu, (size_t)n * 4),
+           "upload/download round trip is bit-exact (%lld params)", (long long)n);
+    memset(m_cpu, 0, (size_t)n * 4);
+    memset(v_cpu, 0, (size_t)n * 4);
+    cuda_model_upload(gm, p0, NULL, NULL, 0);
+
+    // One step's gradients: two micro-batches accumulated.
+    float scale = 1.0f / (float)(2 * N);
+    memcpy(p_cpu, p0, (size_t)n * 4);
+    loss_sums a = cpu_forward_backward(cm, p_cpu, g_cpu, in, tg, B, T, scale, z);
+    loss_sums b = cpu_forward_backward(cm, p_cpu, g_cpu, in + N, tg + N, B, T, scale, z);
+    double cpu_loss = (a.ce_sum + b.ce_sum) / (double)(2 * N), cpu_z = z * (a.lse_sq_sum + b.lse_sq_sum) / (2.0 * N);
+    cuda_forward_backward(gm, in, tg, B, T, scale, z);
+    cuda_forward_backward(gm, in + N, tg + N, B, T, scale, z);
+    loss_sums gs = cuda_step_loss_so_far(gm);
+    double gpu_loss = gs.ce_sum / (double)(2 * N), gpu_z = z * gs.lse_sq_sum / (2.0 * N);
+    result(rel_diff(gpu_loss, cpu_loss) <= 0.01, "loss: gpu %.6f cpu %.6f (rel %.2e, tol 1e-2)", gpu_loss, cpu_loss,
+           rel_diff(gpu_loss, cpu_loss));
+    result(rel_diff(gpu_z, cpu_z) <= 0.01, "z-loss term: gpu %.6e cpu %.6e (rel %.2e, tol 1e-2)", gpu_z, cpu_z,
+           rel_diff(gpu_z, cpu_z));
+    cuda_model_download_grads(gm, g_gpu);
+    double worst_cos = 1.0;
+    for (int i = 0; i < t.count; i++) {
+        const param_info *p = &t.params[i];
+        double ratio, c = cosine(g_gpu + p->offset, g_cpu + p->offset, p->numel, &ratio);
+        worst_cos = fmin(worst_cos, c);
+        result(c >= 0.999 && fabs(ratio - 1.0) <= 0.02, "grad %-44s cosine %.6f (tol 0.999)  norm ratio %.4f (tol 2%%)",
+               p->name, c, ratio);
+    }
+    printf("   worst gradient cosine: %.6f\n", worst_cos);
+
+    // The optimizer step.
+    double cpu_norm = grad_global_norm(g_cpu, n);
+    int64_t cpu_t = 0;
+    optimizer_apply(&t, p_cpu, g_cpu, m_cpu, v_cpu, &cpu_t, cpu_norm, lr, &oc);
+    cuda_step(gm, 1, lr, 2 * N, &oc);
+    cuda_step_result sr;
+    bool got = cuda_step_poll(gm, &sr, true);
+    result(got && rel_diff(sr.grad_norm, cpu_norm) <= 0.01, "grad norm: gpu %.6f cpu %.6f (rel %.2e, tol 1e-2)",
+           sr.grad_norm, cpu_norm, rel_diff(sr.grad_norm, cpu_norm));
+    result(got && rel_diff(sr.loss, cpu_loss) <= 0.01 && sr.adam_step == 1 && !sr.skipped && sr.rows == 2 * N,
+           "step result: loss %.6f, adam_step %lld, skipped %d, rows %lld, %.2f ms on the GPU", sr.loss,
+           (long long)sr.adam_step, sr.skipped, (long long)sr.rows, sr.gpu_ms);
+    cuda_model_download(gm, p_gpu, m_gpu, v_gpu);
+    for (int64_t i = 0; i < n; i++) g_gpu[i] = p_gpu[i] - p0[i], g_cpu[i] = p_cpu[i] - p0[i];
+    double ratio, c = cosine(g_gpu, g_cpu, n, &ratio);
+    result(c >= 0.95 && fabs(ratio - 1.0) <= 0.05, "AdamW update: cosine %.4f (tol 0.95), norm ratio %.4f (tol 5%%)",
+           c, ratio);
+    cuda_model_download_grads(gm, g_gpu);
+    bool zero = true;
+    for (int64_t i = 0; i < n; i++) zero = zero && g_gpu[i] == 0.0f;
+    result(zero, "gradients are zero after the step");
+
+    // 8 training steps on fresh batches, both backends; then the GPU again for determinism.
+    enum { STEPS = 8 };
+    double cpu_losses[STEPS], gpu_losses[2][STEPS];
+    float *p_first = alloc_floats((size_t)n);
+    for (int run = 0; run < 2; run++) {
+        rng_seed(&r, 11, 5);
+        cuda_model_upload(gm, p0, NULL, NULL, 0);
+        if (run == 0) {
+            memcpy(p_cpu, p0, (size_t)n * 4);
+            memset(m_cpu, 0, (size_t)n * 4);
+            memset(v_cpu, 0, (size_t)n * 4);
+            cpu_t = 0;
+        }
+        for (int s = 0; s < STEPS; s++) {
+            random_batch(&r, &tc->m, B, in, tg);
+            if (run == 0) {
+                memset(g_cpu, 0, (size_t)n * 4);
+                loss_sums l = cpu_forward_backward(cm, p_cpu, g_cpu, in, tg, B, T, 1.0f / (float)N, z);
+                cpu_losses[s] = l.ce_sum / (double)N;
+                optimizer_apply(&t, p_cpu, g_cpu, m_cpu, v_cpu, &cpu_t, grad_global_norm(g_cpu, n), lr, &oc);
+            }
+            cuda_forward_backward(gm, in, tg, B, T, 1.0f / (float)N, z);
+            cuda_step(gm, s + 1, lr, N, &oc);
+            // Read back one step late, as the training loop does.
+            if (s > 0 && cuda_step_poll(gm, &sr, true)) gpu_losses[run][sr.step - 1] = sr.loss;
+        }
+        while (cuda_step_poll(gm, &sr, true)) gpu_losses[run][sr.step - 1] = sr.loss;
+        if (run == 0) cuda_model_download(gm, p_first, NULL, NULL);
+    }
+    double worst = 0;
+    for (int s = 0; s < STEPS; s++) worst = fmax(worst, rel_diff(gpu_losses[0][s], cpu_losses[s]));
+    result(worst <= 0.02, "8 steps: losses within %.2e of the CPU's (tol 2e-2); last gpu %.5f cpu %.5f", worst,
+           gpu_losses[0][STEPS - 1], cpu_losses[STEPS - 1]);
+    cuda_model_download(gm, p_gpu, NULL, NULL);
+    result(!memcmp(gpu_losses[0], gpu_losses[1], sizeof gpu_losses[0]) && !memcmp(p_gpu, p_first, (size_t)n * 4),
+           "8 steps twice from the same upload: bit-identical losses and weights");
+
+    // Validation and logits from the trained weights (the CPU gets the GPU's weights).
+    random_batch(&r, &tc->m, B, in, tg);
+    loss_sums cv = cpu_forward_loss(cm, p_gpu, in, tg, B, T);
+    loss_sums gv = cuda_forward_loss(gm, in, tg, B, T), gv2 = cuda_forward_loss(gm, in, tg, B, T);
+    result(rel_diff(gv.ce_sum, cv.ce_sum) <= 0.01 && gv.ce_sum == gv2.ce_sum,
+           "validation loss: gpu %.6f cpu %.6f (rel %.2e, tol 1e-2), repeatable", gv.ce_sum / (double)N,
+           cv.ce_sum / (double)N, rel_diff(gv.ce_sum, cv.ce_sum));
+    float *lc = alloc_floats((size_t)(N * tc->m.vocab_size)), *lg = alloc_floats((size_t)(N * tc->m.vocab_size));
+    cpu_forward_logits(cm, p_gpu, in, B, T, lc);
+    cuda_forward_logits(gm, in, B, T, lg);
+    double e2 = 0, w2 = 0;
+    for (int64_t i = 0; i < N * tc->m.vocab_size; i++) {
+        e2 += ((double)lg[i] - lc[i]) * ((double)lg[i] - lc[i]);
+        w2 += (double)lc[i] * lc[i];
+    }
+    result(sqrt(e2 / w2) <= 0.02, "logits: relative L2 error %.3e (tol 2e-2)", sqrt(e2 / w2));
+    float *last = alloc_floats((size_t)tc->m.vocab_size);
+    cuda_forward_last_logits(gm, in, T, last);
+    e2 = 0, w2 = 0;
+    for (int64_t i = 0; i < tc->m.vocab_size; i++) {
+        double d = (double)last[i] - lc[(T - 1) * tc->m.vocab_size + i];
+        e2 += d * d;
+        w2 += (double)lc[(T - 1) * tc->m.vocab_size + i] * lc[(T - 1) * tc->m.vocab_size + i];
+    }
+    result(sqrt(e2 / w2) <= 0.02, "last-position logits (sampling): relative L2 error %.3e (tol 2e-2)", sqrt(e2 / w2));
+
+    // The outlier guard on the GPU.
+    cuda_model_download(gm, p_first, NULL, NULL);
+    cuda_forward_backward(gm, in, tg, B, T, 1.0f / (float)N, z);
+    cuda_model_poison_grad(gm);
+    cuda_step(gm, 99, lr, N, &oc);
+    got = cuda_step_poll(gm, &sr, true);
+    cuda_model_download(gm, p_gpu, NULL, NULL);
+    result(got && sr.skipped && sr.adam_step == STEPS && !memcmp(p_gpu, p_first, (size_t)n * 4),
+           "NaN gradient: step skipped (%d), adam_step stays %lld, weights unchanged", sr.skipped,
+           (long long)sr.adam_step);
+
+    free(lc), free(lg), free(last), free(p_first);
+    cuda_model_free(gm);
+    cpu_model_free(cm);
+    free(p0), free(p_cpu), free(g_cpu), free(m_cpu), free(v_cpu), free(g_gpu), free(p_gpu), free(m_gpu), free(v_gpu);
+    free(in), free(tg);
+    param_table_free(&t);
+}
+
+int main(void) {
+    char why[1024];
+    if (device_choose("cuda", why, sizeof why) != DEVICE_CUDA) {
+        printf("FAIL test_gpu_step needs a GPU: %s\n", why);
+        return 1;
+    }
+    printf("test_gpu_step: %s\n", why);
+    test_case cases[3];
+    cases[0].name = "tied, qk_norm, docs, D=32";
+    cases[0].m = base_config();
+    cases[0].m.vocab_size = 512, cases[0].m.n_layer = 4, cases[0].m.d_model = 128, cases[0].m.n_head = 4;
+    cases[0].m.n_kv_head = 2, cases[0].m.head_dim = 32, cases[0].m.d_ff = 384, cases[0].m.seq_len = 128;
+    cases[0].m.nope_every = 4, cases[0].m.qk_norm = true, cases[0].m.tie_embeddings = true;
+    cases[0].m.doc_masking = true, cases[0].m.doc_token = 0, cases[0].B = 4;
+    cases[1].name = "untied, no qk_norm, plain causal, D=64";
+    cases[1].m = base_config();
+    cases[1].m.vocab_size = 1000, cases[1].m.n_layer = 2, cases[1].m.d_model = 256, cases[1].m.n_head = 4;
+    cases[1].m.n_kv_head = 4, cases[1].m.head_dim = 64, cases[1].m.d_ff = 512, cases[1].m.seq_len = 96;
+    cases[1].m.nope_every = 2, cases[1].m.qk_norm = false, cases[1].m.tie_embeddings = false;
+    cases[1].m.doc_masking = false, cases[1].m.doc_token = -1, cases[1].B = 3;
+    cases[2].name = "untied, qk_norm, docs, D=128, T=200";
+    cases[2].m = base_config();
+    cases[2].m.vocab_size = 777, cases[2].m.n_layer = 2, cases[2].m.d_model = 256, cases[2].m.n_head = 2;
+    cases[2].m.n_kv_head = 1, cases[2].m.head_dim = 128, cases[2].m.d_ff = 512, cases[2].m.seq_len = 200;
+    cases[2].m.nope_every = 2, cases[2].m.qk_norm = true, cases[2].m.tie_embeddings = false;
+    cases[2].m.doc_masking = true, cases[2].m.doc_token = 5, cases[2].B = 2;
+    for (int i = 0; i < 3; i++) run_case(&cases[i]);
+    printf("test_gpu_step: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}

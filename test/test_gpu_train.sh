@@ -1,0 +1,92 @@
+# GPU training checks against the CPU backend (make test-gpu; needs a GPU and train.c's
+# device = cuda wiring). On test/configs/gpu_tiny.conf with a synthetic learnable shard:
+#   1. 50 steps on the CPU and on the GPU: every logged step's loss within 2 % of the CPU's;
+#      mfu is a number on a GPU of the peak table (null, with a warning, on another)
+#   2. the same GPU run twice: bit-identical loss sequence
+#   3. GPU stop_at_step 20 + resume: bit-identical losses and final checkpoint bytes
+#   4. a GPU checkpoint resumed on the CPU (and on the GPU): the next step's loss agrees
+#      within 1 % (bf16 against fp32), the GPU's own resume exactly
+#   5. a CPU checkpoint resumed on the GPU: the next 10 steps within 2 % of the CPU's
+#   6. device = auto picks the GPU and says so
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$TOOL" shard "$tmp/train.bin" 512 0 400000 21
+"$TOOL" shard "$tmp/val.bin" 512 0 20000 22
+common=(test/configs/gpu_tiny.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 10
+    --val_steps 4 --log_every 1 --ckpt_keep 0)
+run() {  # run OUT_DIR DEVICE [--key value]...
+    local out=$1 dev=$2; shift 2
+    "$TRAIN_GPT" "${common[@]}" --device "$dev" --out_dir "$out" "$@" >"$out.log" 2>&1
+}
+
+if ! run "$tmp/probe" cuda --max_steps 1 --ckpt_every 0; then
+    say "  FAIL train_gpt --device cuda did not run:"
+    tail -n 3 "$tmp/probe.log"
+    die "test_gpu_train: needs a GPU and train.c's CUDA wiring"
+fi
+
+# Per-step comparison of two metrics files: within TOL relative, over the steps both have
+# (FROM..TO when given).
+close_losses() {  # close_losses A B TOL [FROM TO]
+    "$PYTHON" - "$@" <<'PY'
+import json, sys
+def table(path):
+    t = {}
+    for line in open(path):
+        d = json.loads(line)
+        if "loss" in d and "step" in d: t[d["step"]] = d["loss"]
+    return t
+a, b, tol = table(sys.argv[1]), table(sys.argv[2]), float(sys.argv[3])
+lo, hi = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (1, 10**9)
+steps = [s for s in sorted(set(a) & set(b)) if lo <= s <= hi]
+worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
+print(f"    {len(steps)} steps, worst relative difference {worst:.3e} (tolerance {tol:g})")
+sys.exit(0 if steps and worst <= tol else 1)
+PY
+}
+
+# 1. the loss curve
+run "$tmp/cpu" cpu --ckpt_every 10
+run "$tmp/gpu" cuda --ckpt_every 10
+check "50 steps: GPU losses within 2 % of the CPU's" close_losses "$tmp/gpu/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.02
+check "GPU run learned (final loss below the first)" "$PYTHON" -c "
+import json, sys
+l = [json.loads(x)['loss'] for x in open('$tmp/gpu/metrics.jsonl') if '\"loss\"' in x]
+sys.exit(0 if l[-1] < 0.8 * l[0] else 1)"
+check "mfu: a number for a known GPU, null with a warning otherwise" "$PYTHON" -c "
+import json, sys
+m = [json.loads(x)['mfu'] for x in open('$tmp/gpu/metrics.jsonl') if '\"mfu\"' in x]
+warned = 'mfu' in open('$tmp/gpu.log').read()
+sys.exit(0 if m and (all(isinstance(v, float) and 0 < v < 1 for v in m) or (all(v is None for v in m) and warned)) else 1)"
+
+# 2. determinism
+run "$tmp/gpu2" cuda --ckpt_every 10
+check "the same GPU run twice: identical losses" \
+    test "$(loss_table "$tmp/gpu/metrics.jsonl")" = "$(loss_table "$tmp/gpu2/metrics.jsonl")"
+
+# 3. resume on the GPU
+run "$tmp/stopped" cuda --ckpt_every 10 --stop_at_step 20
+run "$tmp/stopped" cuda --ckpt_every 10
+check "GPU stop at 20 + resume: identical losses" \
+    test "$(loss_table "$tmp/gpu/metrics.jsonl")" = "$(loss_table "$tmp/stopped/metrics.jsonl")"
+check "GPU stop at 20 + resume: identical final checkpoint" sh -c \
+    "cmp -s '$tmp/gpu/step_00000050/model.safetensors' '$tmp/stopped/step_00000050/model.safetensors' &&
+     cmp -s '$tmp/gpu/step_00000050/optimizer.safetensors' '$tmp/stopped/step_00000050/optimizer.safetensors'"
+
+# 4. a GPU checkpoint on the CPU
+run "$tmp/g2c" cpu --resume "$tmp/gpu/step_00000020" --max_steps 21 --ckpt_every 0
+run "$tmp/g2g" cuda --resume "$tmp/gpu/step_00000020" --max_steps 21 --ckpt_every 0
+check "GPU checkpoint resumed on the GPU: step 21 as in the straight run" \
+    test "$(loss_table "$tmp/g2g/metrics.jsonl" | grep '^21 ')" = "$(loss_table "$tmp/gpu/metrics.jsonl" | grep '^21 ')"
+check "GPU checkpoint resumed on the CPU: step 21 within 1 % of the GPU's" \
+    close_losses "$tmp/g2c/metrics.jsonl" "$tmp/g2g/metrics.jsonl" 0.01 21 21
+
+# 5. a CPU checkpoint on the GPU
+run "$tmp/c2g" cuda --resume "$tmp/cpu/step_00000020" --max_steps 30 --ckpt_every 0
+check "CPU checkpoint resumed on the GPU: steps 21-30 within 2 % of the CPU's" \
+    close_losses "$tmp/c2g/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.02 21 30
+
+# 6. device = auto
+run "$tmp/auto" auto --max_steps 2 --ckpt_every 0
+check "device = auto picks the GPU and says so" grep -q "GPU 0 is" "$tmp/auto.log"
+finish test_gpu_train
