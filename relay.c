@@ -384,7 +384,7 @@ static void finish_transfer_if_whole(relay *h) {
             size_t len = strlen(ids);
             snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
         }
-    hub_log(h, "state of step %lld relayed from replica %d to [%s]: %s", (long long)h->st.step, h->donor, ids,
+    hub_log(h, "state after round %lld relayed from replica %d to [%s]: %s", (long long)h->st.step, h->donor, ids,
             fmt_bytes(h->st.total, b, sizeof b));
     h->donor = -1;
     transfer_reset(&h->st);
@@ -664,6 +664,11 @@ static void on_join(relay *h, int id, const wire_status *s) {
     if (r->state == R_MEMBER) release_contribution(r);
     r->state = R_CONNECTED;
     check_round(h);
+    for (int st = 1; st <= r->streams; st++)
+        if (!r->data[st]) {
+            drop_replica(h, id, "sent JOIN before all its data streams were connected");
+            return;
+        }
     r->status = *s;
     if (count_members(h) == 0) {
         h->status_known = true;
