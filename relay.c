@@ -653,6 +653,15 @@ static bool same_status(const wire_status *a, const wire_status *b) {
     return a->outer_step == b->outer_step && a->param_hash == b->param_hash;
 }
 
+// A group without members starts over from the founder's status: the step numbers of the
+// group that was are forgotten (the founder may be behind them, e.g. every replica restarted
+// from an older checkpoint).
+static void found_group(relay *h, int founder) {
+    h->status_known = true;
+    h->status = rep(h, founder)->status;
+    h->last_closed_step = -1;
+}
+
 static void on_join(relay *h, int id, const wire_status *s) {
     replica *r = rep(h, id);
     // A JOIN from a member or a waiting replica starts its join over (it may have missed a
@@ -671,8 +680,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
         }
     r->status = *s;
     if (count_members(h) == 0) {
-        h->status_known = true;
-        h->status = *s;
+        found_group(h, id);
         make_member(h, id);
         send_joined(h, r, JOINED_MEMBER);
         hub_log(h, "replica %d joined: founds the group at outer step %lld (hash %016llx)", id,
@@ -698,8 +706,7 @@ static void settle_group(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS && founder < 0; i++)
         if (h->reps[i].state == R_WAITING) founder = i;
     if (founder < 0) return;
-    h->status_known = true;
-    h->status = rep(h, founder)->status;
+    found_group(h, founder);
     hub_log(h, "the group has no members: replica %d founds it anew at outer step %lld", founder,
             (long long)h->status.outer_step);
     for (int i = founder; i < WIRE_MAX_REPLICAS; i++) {

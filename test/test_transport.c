@@ -11,6 +11,10 @@
 //              byte-exact and contributes again
 //   sigstop    SIGSTOP a replica: evicted within the timeout (its heartbeats stop); after
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
+//   late       a replica alive but late for a round: evicted at the deadline, rejoins
+//   refound    the late replica comes back to an empty group and founds it anew at its step
+//   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
+//              reconnects, rejoins and goes on
 //   leave      transport_leave: dropped at once (no timeout); min_replicas 3 → apply = false
 //   evil       while two replicas train: a wrong secret, garbage, a truncated frame, a length
 //              of 2^63, a bad tag, a replayed frame, an unknown session, a wrong
@@ -84,6 +88,8 @@ typedef struct {
     int64_t steps;             // exchanges up to this outer step
     int64_t start_step;        // its status at start (stale on a restart)
     double inner_s;            // "training" between exchanges
+    int64_t slow_at;           // before this step's exchange, trains slow_s instead (-1: never)
+    double slow_s;
     int64_t leave_at;          // leaves once at this step (-1: never)
     bool serve;
     const char *rendezvous;
@@ -142,8 +148,11 @@ static int replica_main(const replica_cfg *c) {
     replica_status s = {k, status_hash(k)};
     if (transport_join(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE) k = adopt(c->id, state, got, "gotstate");
     else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    bool slowed = false;
     while (k < c->steps) {
-        sleep_s(c->inner_s);
+        bool slow = k == c->slow_at && !slowed;
+        slowed |= slow;
+        sleep_s(slow ? c->slow_s : c->inner_s);
         size_t bytes = payload_bytes(c->id, c->payload_base);
         fill(payload, bytes, payload_seed(c->id, k));
         round_result r;
@@ -287,7 +296,7 @@ static void redirect(int fd, const char *path) {
 }
 
 // The hub: relay_main in a child process, its stdout (the event lines) into a log file.
-static void start_hub(scenario *s, const char *extra) {
+static void start_hub_on(scenario *s, const char *listen, const char *extra) {
     snprintf(s->hub_log, sizeof s->hub_log, "%s/%s_hub.log", dir, s->name);
     fflush(NULL);
     pid_t pid = fork();
@@ -296,7 +305,9 @@ static void start_hub(scenario *s, const char *extra) {
         redirect(2, s->hub_log);
         char timeout[32];
         snprintf(timeout, sizeof timeout, "%g", TIMEOUT_S);
-        char *argv[16] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--timeout_s", timeout};
+        char listen_copy[64];
+        snprintf(listen_copy, sizeof listen_copy, "%s", listen);
+        char *argv[16] = {"relay", "--listen", listen_copy, "--secret_file", secret_path, "--timeout_s", timeout};
         int argc = 7;
         char extra_copy[64];
         if (extra) {
@@ -307,14 +318,17 @@ static void start_hub(scenario *s, const char *extra) {
         _exit(relay_main(argc, argv));
     }
     s->hub = pid;
-    // "listening on 127.0.0.1:0 (port N)"
+    // "listening on 127.0.0.1:0 (port N)" (the last such line: a restarted hub appends)
     EXPECT(await_file(s->hub_log, "(port ", 10), "%s: the hub did not start", s->name);
     char *log = slurp(s->hub_log);
-    char *p = strstr(log, "(port ");
+    char *p = NULL;
+    for (char *q = strstr(log, "(port "); q; q = strstr(q + 1, "(port ")) p = q;
     s->port = p ? atoi(p + 6) : 0;
     free(log);
     snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d", s->port);
 }
+
+static void start_hub(scenario *s, const char *extra) { start_hub_on(s, "127.0.0.1:0", extra); }
 
 static void stop_hub(scenario *s) {
     kill(s->hub, SIGTERM);
@@ -336,7 +350,7 @@ static void open_reports(scenario *s, const char *name) {
 
 static replica_cfg default_cfg(scenario *s, int id) {
     return (replica_cfg){.id = id, .replicas = 3, .min_replicas = 1, .streams = 2, .payload_base = 200000,
-                         .steps = 8, .start_step = 0, .inner_s = 0.1, .leave_at = -1,
+                         .steps = 8, .start_step = 0, .inner_s = 0.1, .leave_at = -1, .slow_at = -1,
                          .rendezvous = s->hub_addr, .secret = (const uint8_t *)SECRET,
                          .secret_bytes = strlen(SECRET), .fingerprint = FINGERPRINT, .connect_timeout_s = 10};
 }
@@ -541,6 +555,100 @@ static void test_leave(void) {
     EXPECT(file_has(s.hub_log, "replica 2 (127.0.0.1:") && file_has(s.hub_log, "left (goodbye)"),
            "leave: the hub logs the goodbye");
     EXPECT(file_has(s.hub_log, "skip (fewer than min_replicas)"), "leave: the hub logs the skipped round");
+    stop_hub(&s);
+    finish(&s);
+}
+
+static void test_late(void) {
+    static scenario s;
+    open_reports(&s, "late");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 40;   // the others go on while it is away
+        if (id == 2) c.slow_at = 3, c.slow_s = TIMEOUT_S + 0.7;   // alive (heartbeats), but late
+        start_replica(&s, &c);
+    }
+    const rec *r = NULL;
+    for (long long k = 3; k < 8 && !(r && r->n == 2); k++) r = await(&s, 0, "round", k, 15);
+    EXPECT(r && r->k == 3 && r->n == 2 && !strcmp(r->ids, "0,1") && r->ok,
+           "late: round 3 closes without the late replica (k %lld, n %d)", r ? r->k : -1, r ? r->n : -1);
+    EXPECT(r && r->dt <= TIMEOUT_S + 1, "late: ... at the deadline (%.2f s after the first contribution)",
+           r ? r->dt : -1);
+    const rec *e = await(&s, 2, "evicted", 3, 15);
+    EXPECT(e && e->k == 3, "late: the late replica learns it was evicted from round 3");
+    const rec *g = await(&s, 2, "gotstate", 0, 15);
+    EXPECT(g && g->ok && g->k > 3, "late: it rejoins with the donor's state (k %lld)", g ? g->k : -1);
+    const rec *back = await(&s, 2, "round", g ? g->k : 0, 15);
+    EXPECT(back && back->n == 3 && back->ok, "late: and contributes again with all three");
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 40, 30), "late: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "late: replica %d exits 0", id);
+    bool ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "late: every round was byte-exact");
+    EXPECT(file_has(s.hub_log, "replica 2 (127.0.0.1:") && file_has(s.hub_log, "evicted: late for round 3"),
+           "late: the hub logs the eviction");
+    stop_hub(&s);
+    finish(&s);
+}
+
+// The others finish and leave while a late replica is away: back, it finds the group empty,
+// founds it anew at its own (older) step, and trains on alone.
+static void test_refound(void) {
+    static scenario s;
+    open_reports(&s, "refound");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 2; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.replicas = 2;
+        c.steps = 6;
+        if (id == 1) c.slow_at = 2, c.slow_s = TIMEOUT_S + 1.5;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 0, "done", 6, 20), "refound: replica 0 finishes without replica 1");
+    EXPECT(await(&s, 1, "evicted", 2, 20), "refound: replica 1 finds itself evicted");
+    const rec *m = await(&s, 1, "member", 2, 10);
+    EXPECT(m && m->k == 2, "refound: it rejoins as a member at its own step 2 (k %lld)", m ? m->k : -1);
+    EXPECT(await(&s, 1, "done", 6, 20), "refound: and finishes alone");
+    for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "refound: replica %d exits 0", id);
+    bool ok = true;
+    EXPECT(rounds_of(&s, 1, 1, &ok) == 4 && ok, "refound: replica 1 closes steps 2..5 alone");
+    EXPECT(file_has(s.hub_log, "replica 1 joined: founds the group at outer step 2"), "refound: the hub logs it");
+    stop_hub(&s);
+    finish(&s);
+}
+
+// The hub dies (kill -9) and a new one starts on the same port: the replicas' exchanges
+// fail meanwhile (skipped, never applied alone), then they reconnect, rejoin, go on.
+static void test_hub_restart(void) {
+    static scenario s;
+    open_reports(&s, "restart");
+    start_hub(&s, NULL);
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", s.port);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 12;
+        start_replica(&s, &c);
+    }
+    EXPECT(await(&s, 0, "round", 2, 20), "restart: training");
+    kill(s.hub, SIGKILL);
+    waitpid(s.hub, NULL, 0);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "failed", 0, 15), "restart: replica %d's exchange fails", id);
+    start_hub_on(&s, listen, NULL);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 12, 40), "restart: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "restart: replica %d exits 0", id);
+    bool ok = true;
+    int alone = 0, after = 0;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    for (int i = 0; i < s.n_lines; i++) {
+        const rec *r = &s.lines[i];
+        if (!strcmp(r->ev, "round") && r->n == 1) alone++;
+        if (!strcmp(r->ev, "round") && r->n == 3 && r->k >= 4) after++;
+    }
+    EXPECT(ok && alone == 0, "restart: no round of one, every round byte-exact (%d alone)", alone);
+    EXPECT(after > 0, "restart: rounds of all three after the restart (%d)", after);
+    EXPECT(file_has(s.hub_log, "founds the group"), "restart: the new hub's group is founded by a rejoiner");
     stop_hub(&s);
     finish(&s);
 }
@@ -898,7 +1006,9 @@ int main(int argc, char **argv) {
         const char *name;
         void (*run)(void);
     } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
-                 {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"evil", test_evil}};
+                 {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"late", test_late},
+                 {"refound", test_refound},
+                 {"restart", test_hub_restart}, {"evil", test_evil}};
     double t0 = wall_seconds();
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         if (only && strcmp(only, tests[i].name) != 0) continue;
