@@ -19,8 +19,3 @@ ifneq ($(HAVE_MPI),1)
 endif
 MPIRUN := $(shell command -v mpirun 2>/dev/null)
 
-# TEMPORARY (removed once transport_tcp.c and quant.mk exist).
-ifeq ($(wildcard transport_tcp.c),)
-  LIB_SRC += transport_pending.c
-  $(BUILD)/transport_pending.o: CFLAGS += -DPENDING_TCP
-endif

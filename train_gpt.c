@@ -3,6 +3,7 @@
 //   train_gpt CONFIG [--key value | --key=value]...   train (the usual case)
 //   train_gpt prepare [options] INPUT...              tokenize text into shards (docs/data.md)
 //   train_gpt plan CONFIG [--key value]...            size, FLOPs and memory plan; reads no data
+//   train_gpt relay --listen HOST:PORT --secret_file F   the DiLoCo hub, on a login node (docs/diloco.md)
 //   train_gpt --help                                  list every config key
 //   train_gpt --version
 //
@@ -11,6 +12,7 @@
 #include "config.h"
 #include "gemm.h"
 #include "prepare.h"
+#include "relay.h"
 #include "train.h"
 
 #include <stdio.h>
@@ -20,7 +22,7 @@
 
 static void usage_error(void) {
     fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
-         "train_gpt --help");
+         "train_gpt relay ...  |  train_gpt --help");
 }
 
 int main(int argc, char **argv) {
@@ -30,6 +32,7 @@ int main(int argc, char **argv) {
     const char *first = argv[1];
     // prepare uses no BLAS: no need for the kernel check (and its possible restart).
     if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
+    if (strcmp(first, "relay") == 0) return relay_main(argc - 1, argv + 1);
     gemm_fix_cpu_kernels(argv);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {
         config_print_help();

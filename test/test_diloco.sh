@@ -14,7 +14,10 @@
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
+}
 trap cleanup EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
@@ -23,8 +26,8 @@ chmod 600 "$tmp/secret"
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_steps 2 --threads 1 --log_every 1000 --ckpt_keep 0)
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
-HAVE_MPI=0
-"$TRAIN_GPT" --help 2>/dev/null | grep -q . && [ -n "${MPIRUN:-$(command -v mpirun)}" ] && HAVE_MPI=1
+HAVE_MPI=0  # mpirun here and MPI linked into the binary
+command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi && HAVE_MPI=1
 MPIRUN=(mpirun --oversubscribe -np)
 [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
 
@@ -95,13 +98,14 @@ if [ "$HAVE_MPI" = 1 ]; then
         "$PYTHON" test/diloco_check.py "$tmp/dump_mpi" 0.7 0.9 none
 fi
 
-relay_port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$relay_port" --secret_file "$tmp/secret" --timeout_s 3 \
-    >"$tmp/relay.log" 2>&1 &
-relay_pid=$!
-pids+=("$relay_pid")
-tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$relay_port" --diloco_secret_file "$tmp/secret"
-    --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
+start_relay() {  # start_relay NAME: a fresh hub; sets tcp=(...) to reach it
+    local port; port=$(free_port)
+    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$1.log" 2>&1 &
+    pids+=($!)
+    tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+        --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
+}
+start_relay three
 mkdir -p "$tmp/dump_tcp"
 for r in 0 1 2; do
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${three[@]}" "${tcp[@]}" --diloco_quant int8 \
@@ -119,6 +123,66 @@ check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2
 check "the metrics line has every field" grep -q \
     '"outer_step":8,"step":40,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
     "$tmp/tcp3/0/metrics.jsonl"
+
+# ---------------------------------------------------------------- 4 + 6. faults
+# A longer run (bigger micro-batches, 600 steps, H = 5) so that the faults land mid-run.
+# Replica 2 is killed with SIGKILL after outer step 10 and restarted (it resumes from its
+# checkpoint and must rejoin); later replica 1 gets SIGTERM (checkpoint, goodbye, exit 0).
+fault=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 600 --batch_size 16 --ckpt_every 25 --diloco_quant int8)
+start_replica() {  # start_replica ID: runs in the background, appends to its log
+    "$TRAIN_GPT" "${common[@]}" "${fault[@]}" "${tcp[@]}" --diloco_replica_id "$1" --out_dir "$tmp/fault/$1" \
+        >>"$tmp/fault_$1.log" 2>&1 &
+    pids+=($!)
+    eval "fault_pid_$1=$!"
+}
+outer_steps_done() {
+    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null || true)
+    echo "${n:-0}"
+}
+wait_outer() {  # wait_outer ID N: until replica ID logged N outer steps (at most 60 s)
+    for _ in $(seq 1 600); do [ "$(outer_steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+    return 1
+}
+start_relay faults
+for r in 0 1 2; do start_replica $r; done
+wait_outer 2 10 || say "  (replica 2 never reached outer step 10)"
+kill -9 "$fault_pid_2" 2>/dev/null || true
+killed_at=$(outer_steps_done 0)
+sleep 1
+start_replica 2
+wait_outer 0 $((killed_at + 30)) || true
+kill -TERM "$fault_pid_1" 2>/dev/null || true
+rc1=0; wait "$fault_pid_1" || rc1=$?
+rc0=0; wait "$fault_pid_0" || rc0=$?
+rc2=0; wait "$fault_pid_2" || rc2=$?
+check "faults: the surviving replicas finish (rc $rc0, $rc2)" test "$rc0" -eq 0 -a "$rc2" -eq 0
+check "SIGTERM: replica 1 exits 0 after a checkpoint (rc $rc1)" \
+    sh -c "[ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault/1/metrics.jsonl'"
+survivor_rounds() {  # survivor_rounds: checks on replica 0's outer lines, in order
+    "$PYTHON" - "$tmp/fault/0/metrics.jsonl" "$1" <<'PY'
+import json, sys
+lines = [d for d in map(json.loads, open(sys.argv[1])) if "contributors" in d]
+what = sys.argv[2]
+without2 = [d for d in lines if d["contributors"] == [0, 1]]
+rejoined = [i for i, d in enumerate(lines) if d["contributors"] == [0, 1, 2]]
+if what == "dropped":      # after the kill: rounds of 0 and 1 only, none slower than timeout + 5 s
+    ok = len(without2) >= 1 and all(d["sync_s"] <= 3 + 5 for d in lines)
+elif what == "rejoined":   # and later all three again
+    ok = len(without2) >= 1 and rejoined and rejoined[-1] > lines.index(without2[0])
+elif what == "left":       # after SIGTERM: rounds of 0 and 2 without waiting for a timeout
+    after = [d for d in lines if d["contributors"] == [0, 2]]
+    ok = len(after) >= 1 and all(d["sync_s"] < 3 for d in after)
+print(what, "ok" if ok else "NOT ok", [(d["outer_step"], d["contributors"], round(d["sync_s"], 2)) for d in lines
+      if d["contributors"] != [0, 1, 2]][:8], file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+}
+check "kill -9: the others close each round without it, within timeout + 5 s" survivor_rounds dropped
+check "restarted, replica 2 rejoins (all three contribute again)" survivor_rounds rejoined
+check "restarted, replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/fault/2/metrics.jsonl"
+check "after the faults, replica 2's param_hash equals replica 0's at every outer step both logged" \
+    all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
+check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
 
 # ---------------------------------------------------------------- 5. resume mid-round
 ef=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_quant int8 --diloco_error_feedback 1 --ckpt_every 5)
