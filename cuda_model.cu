@@ -305,6 +305,9 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
         CUDA_CHECK(cudaEventCreate(&m->result_done[s]));
         CUDA_CHECK(cudaEventCreate(&m->step_began[s]));
     }
+    // The set-up above used the legacy stream (cudaMemcpy, cudaMemset), which the model's
+    // non-blocking stream does not wait for.
+    CUDA_CHECK(cudaDeviceSynchronize());
     return m;
 }
 
@@ -360,15 +363,22 @@ void cuda_model_free(cuda_model *m) {
 
 // ---------------------------------------------------------------- parameters in and out
 
+// Copies go through the model's stream (a non-blocking one): a plain cudaMemcpy from
+// pageable memory may return before its DMA lands, and nothing would order it before the
+// stream's next kernel.
+static void upload_floats(cuda_model *m, float *dst, const float *src, int64_t n) {
+    if (src)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    else
+        CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)n * sizeof(float), m->stream));
+}
+
 void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg, const float *exp_avg_sq,
                        int64_t adam_step) {
-    size_t bytes = (size_t)m->table->numel * sizeof(float);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    CUDA_CHECK(cudaMemcpy(m->params, params, bytes, cudaMemcpyHostToDevice));
-    if (exp_avg) CUDA_CHECK(cudaMemcpy(m->exp_avg, exp_avg, bytes, cudaMemcpyHostToDevice));
-    else CUDA_CHECK(cudaMemset(m->exp_avg, 0, bytes));
-    if (exp_avg_sq) CUDA_CHECK(cudaMemcpy(m->exp_avg_sq, exp_avg_sq, bytes, cudaMemcpyHostToDevice));
-    else CUDA_CHECK(cudaMemset(m->exp_avg_sq, 0, bytes));
+    CHECK(params != NULL);
+    upload_floats(m, m->params, params, m->table->numel);
+    upload_floats(m, m->exp_avg, exp_avg, m->table->numel);
+    upload_floats(m, m->exp_avg_sq, exp_avg_sq, m->table->numel);
     floats_to_bf16(m->params_bf16, m->params, m->table->numel, m->stream);
     step_scalars st;
     memset(&st, 0, sizeof st);
@@ -378,8 +388,7 @@ void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg,
 }
 
 void cuda_model_upload_params(cuda_model *m, const float *params) {
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    CUDA_CHECK(cudaMemcpy(m->params, params, (size_t)m->table->numel * sizeof(float), cudaMemcpyHostToDevice));
+    upload_floats(m, m->params, params, m->table->numel);
     floats_to_bf16(m->params_bf16, m->params, m->table->numel, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }

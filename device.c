@@ -85,3 +85,17 @@ device_kind device_choose(const char *key, char *why, size_t why_bytes) {
     snprintf(why, why_bytes, "cuda was asked for, but %s; set device = cpu or auto", g->why);
     return DEVICE_ERROR;
 }
+
+double device_mfu_peak(device_kind kind, double configured, char *why, size_t why_bytes) {
+    if (why_bytes) why[0] = 0;
+    if (configured > 0) return configured;
+    if (kind != DEVICE_CUDA) return 0.0;
+    const gpu_info *g = device_gpu_info();
+    double peak = 0.0;
+    if (gpu_peak_tflops(g->name, g->cc_major, g->cc_minor, &peak)) return peak;
+    snprintf(why, why_bytes,
+             "GPU '%s' (sm_%d%d) is not in the MFU peak table: mfu is logged as null; set peak_tflops to its dense "
+             "bf16 TFLOP/s",
+             g->name, g->cc_major, g->cc_minor);
+    return 0.0;
+}

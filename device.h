@@ -51,6 +51,11 @@ bool device_has_cuda_backend(void);
 // Dense bf16 TFLOP/s of one device (one GCD for MI250X); false if the GPU is unknown.
 bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflops);
 
+// The peak for MFU: `configured` (the peak_tflops key) when > 0; on DEVICE_CUDA the table's
+// entry for GPU 0; otherwise 0 = unknown (metrics then log mfu as null, never a made-up
+// number). For an unknown GPU, why receives the warning to print; else it is emptied.
+double device_mfu_peak(device_kind kind, double configured, char *why, size_t why_bytes);
+
 // The probe itself, in cuda/probe.cu (C linkage) or, in a CPU-only build, cuda_stub.c:
 // fills *info from the CUDA runtime. Exposed for the tests; use device_gpu_info().
 void cuda_probe_device(gpu_info *info);

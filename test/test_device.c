@@ -88,8 +88,24 @@ static void test_choose(void) {
     }
 }
 
+static void test_mfu_peak(void) {
+    char why[512];
+    EXPECT(device_mfu_peak(DEVICE_CPU, 0.0, why, sizeof why) == 0.0 && why[0] == 0, "CPU: unknown, no warning");
+    EXPECT(device_mfu_peak(DEVICE_CPU, 123.0, why, sizeof why) == 123.0, "peak_tflops is used on the CPU");
+    EXPECT(device_mfu_peak(DEVICE_CUDA, 700.0, why, sizeof why) == 700.0 && why[0] == 0,
+           "peak_tflops overrides the table");
+    const gpu_info *g = device_gpu_info();
+    double table = 0.0;
+    double peak = device_mfu_peak(DEVICE_CUDA, 0.0, why, sizeof why);
+    if (gpu_peak_tflops(g->name, g->cc_major, g->cc_minor, &table))
+        EXPECT(peak == table && why[0] == 0, "a known GPU: the table's %.1f, got %.1f", table, peak);
+    else
+        EXPECT(peak == 0.0 && strstr(why, "mfu is logged as null"), "an unknown GPU: 0 and a warning: %s", why);
+}
+
 int main(void) {
     test_peak_table();
     test_choose();
+    test_mfu_peak();
     return check_summary("test_device");
 }

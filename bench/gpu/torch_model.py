@@ -75,7 +75,8 @@ class Block(torch.nn.Module):
         v = v.view(B, T, self.Hkv, self.D)
         if self.rope:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        # autocast may leave the norms' outputs in fp32; attention wants one dtype
+        q, k, v = (x.transpose(1, 2).to(torch.bfloat16) for x in (q, k, v))
         if self.attention == "flex":
             y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
         else:
