@@ -3,6 +3,8 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "cpu_model.h"
+#include "cuda_backend.h"
+#include "device.h"
 #include "dataloader.h"
 #include "diloco.h"
 #include "transport.h"
@@ -59,6 +61,9 @@ typedef struct {
     int threads;
     int rank, world;     // the data split: DiLoCo replica id and replica count, or 0 and 1
     diloco *outer;       // NULL without DiLoCo
+    bool gpu_wanted;     // select_device chose the GPU
+    cuda_model *gpu;     // NULL on the CPU; then `model` does the math
+    double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
 } trainer;
 
 static int setup_threads(const train_config *cfg) {
@@ -71,11 +76,16 @@ static int setup_threads(const train_config *cfg) {
     return threads;
 }
 
-static void select_device(const train_config *cfg) {
-    if (strcmp(cfg->device, "cuda") == 0)
-        fail("device: cuda was asked for, but this build has no CUDA backend (it is CPU-only); "
-             "set device = cpu or auto");
-    if (strcmp(cfg->device, "auto") == 0) note("device = auto: this build has no CUDA backend; training on the CPU");
+// device = auto | cpu | cuda, decided once (device.h), and the peak that MFU is against.
+static device_kind select_device(trainer *tr) {
+    const train_config *cfg = tr->cfg;
+    char why[600];
+    device_kind kind = device_choose(cfg->device, why, sizeof why);
+    if (kind == DEVICE_ERROR) fail("device: %s", why);
+    if (kind == DEVICE_CUDA || strcmp(cfg->device, "auto") == 0) note("%s", why);
+    tr->peak_tflops = device_mfu_peak(kind, cfg->peak_tflops, why, sizeof why);
+    if (why[0]) warn("%s", why);
+    return kind;
 }
 
 // doc_token = -1 means "whatever the train shards were written with".
@@ -129,6 +139,13 @@ static void print_banner(const trainer *tr) {
            (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
            tr->val ? "" : ", no validation set");
     printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
+    if (tr->gpu) {
+        const gpu_info *g = device_gpu_info();
+        printf("train_gpt | gpu: %s (sm_%d%d, %.1f GiB), model %.2f GiB on the GPU, MFU against %.1f TFLOP/s%s\n",
+               g->name, g->cc_major, g->cc_minor, (double)g->memory_bytes / 1073741824.0,
+               (double)cuda_model_device_bytes(tr->gpu) / 1073741824.0, tr->peak_tflops,
+               tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
+    }
     const train_config *cfg = tr->cfg;
     if (tr->outer)
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
@@ -163,7 +180,9 @@ static void allocate(trainer *tr) {
     tr->grads = alloc_floats(n);
     tr->exp_avg = alloc_floats(n);
     tr->exp_avg_sq = alloc_floats(n);
-    tr->model = cpu_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
+    // On the GPU the host keeps only what checkpoints and DiLoCo need (weights, moments).
+    if (!tr->gpu_wanted) tr->model = cpu_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
+    else tr->gpu = cuda_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = xmalloc(tokens * sizeof *tr->targets);
@@ -229,7 +248,8 @@ static double validate(trainer *tr) {
     int64_t rows = 0;
     for (int64_t i = 0; i < batches; i++) {
         dataloader_next(tr->val, tr->inputs, tr->targets);
-        loss_sums s = cpu_forward_loss(tr->model, tr->params, tr->inputs, tr->targets, B, T);
+        loss_sums s = tr->gpu ? cuda_forward_loss(tr->gpu, tr->inputs, tr->targets, B, T)
+                              : cpu_forward_loss(tr->model, tr->params, tr->inputs, tr->targets, B, T);
         ce += s.ce_sum;
         rows += s.rows;
     }
@@ -243,6 +263,7 @@ static double validate(trainer *tr) {
 static bool save_checkpoint(trainer *tr) {
     model_buffers b = buffers_of(tr);
     double t0 = wall_seconds();
+    if (tr->gpu) cuda_model_download(tr->gpu, tr->params, tr->exp_avg, tr->exp_avg_sq);
     if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
     checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
     char extra[64];
@@ -254,8 +275,67 @@ static bool save_checkpoint(trainer *tr) {
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
 
+// The outlier guard's bookkeeping, the same for both backends: count NaN/Inf steps in a
+// row and stop the run at max_bad_steps.
+static void count_bad_step(trainer *tr, const step_metrics *m, int64_t s) {
+    const train_config *cfg = tr->cfg;
+    tr->state.bad_steps++;
+    warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
+         (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+    if (tr->state.bad_steps >= cfg->max_bad_steps)
+        fail("stopping: %lld steps in a row had a NaN/Inf loss or gradient norm (last at step %lld); the "
+             "checkpoints in '%s' hold only finite weights",
+             (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
+}
+
+// The end of a step on either backend: counters, data position, timing, MFU.
+static void finish_step(trainer *tr, step_metrics *m, double t0) {
+    const train_config *cfg = tr->cfg;
+    // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
+    int64_t step_tokens = cfg->batch_size * cfg->model.seq_len * cfg->grad_accum;
+    tr->state.step++;
+    tr->state.tokens_seen += step_tokens * tr->world;
+    tr->state.data = dataloader_position(tr->train);
+    double dt = wall_seconds() - t0;
+    m->step = tr->state.step;
+    m->step_ms = dt * 1e3;
+    m->tok_per_s = (double)step_tokens / dt;
+    m->mfu = tr->peak_tflops > 0 ? tr->flops_per_token * m->tok_per_s / (tr->peak_tflops * 1e12) : NAN;
+    m->tokens = tr->state.tokens_seen;
+}
+
+// One optimizer step on the GPU. The step's scalars are read back right after it is queued:
+// the one host wait per step (named in docs/cuda.md); the GPU then idles only for the time
+// the host takes to fetch the next batch and launch its first kernels.
+static step_metrics train_step_gpu(trainer *tr) {
+    const train_config *cfg = tr->cfg;
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
+    double t0 = wall_seconds();
+    float grad_scale = 1.0f / (float)(B * T * cfg->grad_accum);
+    for (int64_t a = 0; a < cfg->grad_accum; a++) {
+        dataloader_next(tr->train, tr->inputs, tr->targets);
+        cuda_forward_backward(tr->gpu, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
+    }
+    if (fault_requested("nan_grad", s)) cuda_model_poison_grad(tr->gpu);
+    step_metrics m = {0};
+    m.lr = lr_at_step(cfg, s);
+    cuda_step(tr->gpu, s + 1, m.lr, B * T * cfg->grad_accum, cfg);
+    cuda_step_result r;
+    CHECK(cuda_step_poll(tr->gpu, &r, true));
+    m.loss = r.loss;
+    m.z_loss = r.z_loss;
+    m.grad_norm = r.grad_norm;
+    m.skipped = r.skipped;
+    tr->state.adam_step = r.adam_step;
+    if (m.skipped) count_bad_step(tr, &m, s);
+    else tr->state.bad_steps = 0;
+    finish_step(tr, &m, t0);
+    return m;
+}
+
 // One optimizer step; returns its metrics.
 static step_metrics train_step(trainer *tr) {
+    if (tr->gpu) return train_step_gpu(tr);
     const train_config *cfg = tr->cfg;
     int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
     int64_t numel = tr->table.numel;
@@ -279,29 +359,13 @@ static step_metrics train_step(trainer *tr) {
     m.lr = lr_at_step(cfg, s);
     if (!isfinite(m.loss) || !isfinite(m.z_loss) || !isfinite(m.grad_norm)) {
         m.skipped = true;
-        tr->state.bad_steps++;
-        warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
-             (long long)s + 1, m.loss, m.grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
-        if (tr->state.bad_steps >= cfg->max_bad_steps)
-            fail("stopping: %lld steps in a row had a NaN/Inf loss or gradient norm (last at step %lld); the "
-                 "checkpoints in '%s' hold only finite weights",
-                 (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
+        count_bad_step(tr, &m, s);
     } else {
         optimizer_apply(&tr->table, tr->params, tr->grads, tr->exp_avg, tr->exp_avg_sq, &tr->state.adam_step,
                         m.grad_norm, m.lr, cfg);
         tr->state.bad_steps = 0;
     }
-    // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
-    int64_t step_tokens = B * T * cfg->grad_accum;
-    tr->state.step++;
-    tr->state.tokens_seen += step_tokens * tr->world;
-    tr->state.data = dataloader_position(tr->train);
-    double dt = wall_seconds() - t0;
-    m.step = tr->state.step;
-    m.step_ms = dt * 1e3;
-    m.tok_per_s = (double)step_tokens / dt;
-    m.mfu = cfg->peak_tflops > 0 ? tr->flops_per_token * m.tok_per_s / (cfg->peak_tflops * 1e12) : NAN;
-    m.tokens = tr->state.tokens_seen;
+    finish_step(tr, &m, t0);
     return m;
 }
 
@@ -338,7 +402,7 @@ int train_run(train_config *cfg) {
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
     config_check_files(cfg);
-    select_device(cfg);
+    tr.gpu_wanted = select_device(&tr) == DEVICE_CUDA;
     tr.threads = setup_threads(cfg);
     choose_data_split(&tr);
     tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
@@ -350,11 +414,15 @@ int train_run(train_config *cfg) {
     tr.log = metrics_open(cfg->out_dir);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
-    if (cfg->sample_every > 0) tr.sampler = sampler_create(cfg, &tr.table);
+    if (cfg->sample_every > 0 && tr.gpu)
+        warn("sample_every: samples are not drawn on the GPU yet; training without them");
+    else if (cfg->sample_every > 0)
+        tr.sampler = sampler_create(cfg, &tr.table);
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
     if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
+    if (tr.gpu) cuda_model_upload(tr.gpu, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
 
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
@@ -371,8 +439,11 @@ int train_run(train_config *cfg) {
         // The outer step comes first, so that validation, samples and checkpoints at an outer
         // boundary see the global weights. A replica that had to rejoin may jump to the
         // group's step here.
-        if (tr.outer && diloco_outer_step_due(tr.outer, m.step, cfg->max_steps))
+        if (tr.outer && diloco_outer_step_due(tr.outer, m.step, cfg->max_steps)) {
+            if (tr.gpu) cuda_model_download(tr.gpu, tr.params, NULL, NULL);
             diloco_outer_step(tr.outer, tr.params, &tr.state, tr.train);
+            if (tr.gpu) cuda_model_upload_params(tr.gpu, tr.params);
+        }
         int64_t step = tr.state.step;
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
         if (tr.sampler && due(step, cfg->sample_every, cfg->max_steps))
@@ -399,6 +470,7 @@ int train_run(train_config *cfg) {
     sampler_free(tr.sampler);
     metrics_close(tr.log);
     cpu_model_free(tr.model);
+    cuda_model_free(tr.gpu);
     dataloader_close(tr.train);
     dataloader_close(tr.val);
     free(tr.params);
