@@ -81,7 +81,7 @@ endif
 # ---------------------------------------------------------------- nvcc, MPI
 NVCC := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 ifneq ($(NVCC),)
-  MSG_NVCC := ✓ nvcc $(NVCC) (CUDA backend: not part of this version yet)
+  MSG_NVCC := ✓ nvcc $(NVCC)
 else
   MSG_NVCC := ✗ nvcc (CPU-only build)
 endif
@@ -114,7 +114,8 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 #   net.mk        the TCP transport, its relay, OpenSSL detection, the frame fuzzer
 #   diloco.mk     the DiLoCo outer loop and the MPI transport
 #   cuda.mk       the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu`
--include tokenizer.mk quant.mk net.mk diloco.mk cuda.mk
+#   bench_diloco.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
+-include tokenizer.mk quant.mk net.mk diloco.mk cuda.mk bench_diloco.mk
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
@@ -129,7 +130,10 @@ info:
 	@echo "  $(MSG_BLAS)"
 	@echo "  $(MSG_PCRE2)"
 	@echo "  $(MSG_NVCC)"
+	@echo "  $(MSG_CUDNN)"
 	@echo "  $(MSG_MPI)"
+	@echo "  $(MSG_OPENSSL)"
+	@echo "  $(MSG_LIBFUZZER)"
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
