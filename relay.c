@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 _Static_assert(WIRE_MAX_REPLICAS == TRANSPORT_MAX_REPLICAS, "wire and transport agree on the replica limit");
@@ -112,6 +113,7 @@ struct relay {
     int listen_fd, port;
     int wake[2];                    // a byte here wakes the loop (stop)
     atomic_bool stop;
+    atomic_int sessions;            // replicas connected (for relay_wait_until_empty)
     volatile sig_atomic_t *stop_signal;
     pthread_t thread;
     hub_conn **conns;
@@ -925,6 +927,9 @@ static void housekeeping(relay *h) {
             r->next_heartbeat_s = now + h->heartbeat_s;
         }
     }
+    int sessions = 0;
+    for (int id = 0; id < WIRE_MAX_REPLICAS; id++) sessions += h->reps[id].state != R_FREE;
+    atomic_store(&h->sessions, sessions);
     if (h->donor >= 0) {
         bool paused = false;
         for (int s = 1; s <= rep(h, h->donor)->streams; s++)
@@ -1050,6 +1055,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->first_whole_s = -1;
     if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));
     atomic_init(&h->stop, false);
+    atomic_init(&h->sessions, 0);
     return h;
 }
 
@@ -1087,6 +1093,17 @@ relay *relay_start_thread(const relay_options *o, char *err, size_t err_bytes) {
 }
 
 int relay_port(const relay *r) { return r->port; }
+
+bool relay_wait_until_empty(relay *r, double max_wait_s) {
+    double deadline = wall_seconds() + max_wait_s;
+    // The count is refreshed every loop iteration (at most 100 ms apart).
+    for (;;) {
+        if (atomic_load(&r->sessions) == 0) return true;
+        if (wall_seconds() >= deadline) return false;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 void relay_stop(relay *r) {
     if (!r) return;

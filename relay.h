@@ -32,6 +32,10 @@ typedef struct relay relay;
 relay *relay_start_thread(const relay_options *o, char *err, size_t err_bytes);
 // The port the hub listens on (the one picked for port 0).
 int relay_port(const relay *r);
+// Waits until no replica is connected, or max_wait_s; false on the timeout. A replica that
+// hosts the hub calls this after its own goodbye, so that the others can finish the round
+// in flight and leave before the hub goes.
+bool relay_wait_until_empty(relay *r, double max_wait_s);
 // Stops the thread and closes every connection (the replicas see the hub go).
 void relay_stop(relay *r);
 

@@ -766,7 +766,18 @@ static bool tcp_agree_stop(void *impl, bool local_stop) {
 
 static void tcp_free(tcp *t) {
     disconnect(t);
-    if (t->served) relay_stop(t->served);
+    if (t->served) {
+        // The others may still be receiving the last round from this hub: let them finish
+        // and leave (at most timeout_s) before it goes.
+        double wait_s = t->o.timeout_s;
+        if (!relay_wait_until_empty(t->served, 0.2)) {
+            note("diloco: waiting up to %.0f s for the other replicas to leave the hub this replica serves", wait_s);
+            if (!relay_wait_until_empty(t->served, wait_s))
+                warn("diloco: stopping the hub with replicas still connected (they will skip rounds until they "
+                     "reach another)");
+        }
+        relay_stop(t->served);
+    }
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) free(t->slots[i].buf);
     free(t->own);
     memset(t->secret, 0, t->o.secret_bytes);

@@ -149,6 +149,7 @@ static int replica_main(const replica_cfg *c) {
     if (transport_join(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE) k = adopt(c->id, state, got, "gotstate");
     else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
     bool slowed = false;
+    int failures = 0;
     while (k < c->steps) {
         bool slow = k == c->slow_at && !slowed;
         slowed |= slow;
@@ -161,8 +162,13 @@ static int replica_main(const replica_cfg *c) {
         double dt = wall_seconds() - t0;
         if (!ok) {
             report("R%d failed k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=%.3f", c->id, (long long)k, dt);
+            if (++failures == 8) {   // no hub for a long while: give up (a test is failing)
+                report("R%d gaveup k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=0", c->id, (long long)k);
+                return 2;
+            }
             continue;
         }
+        failures = 0;
         if (r.evicted) {
             report("R%d evicted k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=%.3f", c->id, (long long)k, dt);
             s = (replica_status){k, status_hash(k)};
@@ -629,6 +635,7 @@ static void test_hub_restart(void) {
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.steps = 12;
+        c.min_replicas = 2;   // the first to reach the new hub may close a round alone: not applied
         start_replica(&s, &c);
     }
     EXPECT(await(&s, 0, "round", 2, 20), "restart: training");
@@ -639,14 +646,15 @@ static void test_hub_restart(void) {
     for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 12, 40), "restart: replica %d finishes", id);
     for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "restart: replica %d exits 0", id);
     bool ok = true;
-    int alone = 0, after = 0;
+    int applied_alone = 0, after = 0;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
     for (int i = 0; i < s.n_lines; i++) {
         const rec *r = &s.lines[i];
-        if (!strcmp(r->ev, "round") && r->n == 1) alone++;
+        if (!strcmp(r->ev, "round") && r->n < 2 && r->apply) applied_alone++;
         if (!strcmp(r->ev, "round") && r->n == 3 && r->k >= 4) after++;
     }
-    EXPECT(ok && alone == 0, "restart: no round of one, every round byte-exact (%d alone)", alone);
+    EXPECT(ok && applied_alone == 0, "restart: every round byte-exact, none applied below min_replicas (%d)",
+           applied_alone);
     EXPECT(after > 0, "restart: rounds of all three after the restart (%d)", after);
     EXPECT(file_has(s.hub_log, "founds the group"), "restart: the new hub's group is founded by a rejoiner");
     stop_hub(&s);
@@ -932,15 +940,20 @@ static void test_serve(void) {
         c.replicas = 2;
         c.steps = 3;
         c.serve = id == 0;
+        // The host's first inner phase is long enough for the other to connect (one that
+        // comes after the first round would join through a state transfer: also fine).
+        if (id == 0) c.slow_at = 0, c.slow_s = 1.0;
         start_replica(&s, &c);
     }
     for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 3, 20), "serve: replica %d finishes", id);
     for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "serve: replica %d exits 0", id);
     bool ok = true;
-    EXPECT(rounds_of(&s, 1, 2, &ok) == 3 && ok, "serve: 3 rounds of 2 through the replica's hub");
+    int rounds = rounds_of(&s, 1, 2, &ok);
+    EXPECT(rounds >= 2 && ok, "serve: rounds of 2 through the replica's hub (%d)", rounds);
     char path[400];
     snprintf(path, sizeof path, "%s/serve_R0.err", dir);
-    EXPECT(file_has(path, "round 2 closed: 2 contributor(s) [0 1]"), "serve: the hub thread logs to stderr");
+    EXPECT(file_has(path, "round 2 closed: 2 contributor(s) [0 1]") && file_has(path, "relay ["),
+           "serve: the hub thread logs to stderr");
     finish(&s);
 }
 
