@@ -3,12 +3,13 @@
 // The outer loop (diloco.c) sees the replicas through this one interface; two transports
 // implement it:
 //   tcp  (transport_tcp.c, relay.c, wire.c): separate jobs, possibly on separate clusters.
-//        Every replica connects out to a hub (the "relay": `train_gpt relay CONFIG` on a
-//        login or gateway node, or a thread inside one replica when diloco_serve = 1 and
-//        that replica's node accepts inbound connections). Frames are length-prefixed,
-//        versioned, bounded, and authenticated with HMAC-SHA256 over a shared secret
-//        (docs/protocol.md). The hub keeps the membership: heartbeats, eviction of a dead
-//        or silent replica within timeout_s, joins at outer boundaries.
+//        Every replica connects out to a hub (the "relay": `train_gpt relay --listen
+//        HOST:PORT --secret_file PATH` on a login or gateway node, or a thread inside one
+//        replica when diloco_serve = 1 and that replica's node accepts inbound
+//        connections). Frames are length-prefixed, versioned, bounded, and authenticated
+//        with HMAC-SHA256 over a shared secret (docs/protocol.md). The hub keeps the
+//        membership: heartbeats, eviction of a dead or silent replica within timeout_s,
+//        joins at outer boundaries.
 //   mpi  (transport_mpi.c): the replicas are the ranks of one MPI world (one job). The
 //        membership is fixed; a rank that dies ends the job (MPI offers no recovery), so
 //        fault tolerance needs tcp.
@@ -41,8 +42,9 @@ typedef struct {
     // tcp only
     const char *rendezvous;     // "host:port" of the hub
     bool serve;                 // this process also runs the hub, listening on rendezvous
-    int streams;                // parallel TCP connections per replica for payloads
-    const uint8_t *secret;      // shared secret (HMAC key)
+    int streams;                // parallel TCP connections per replica for payloads and states
+                                // (1..64; a control connection comes on top)
+    const uint8_t *secret;      // shared secret (HMAC key; copied by transport_tcp_open)
     size_t secret_bytes;
     // Everything a joining replica must agree on with the group: a mismatch is refused at
     // the handshake with a one-line reason (different model, different quantization, ...).
