@@ -163,8 +163,15 @@ int net_connect(const char *address, double deadline, char *err, size_t err_byte
         snprintf(err, err_bytes, "cannot resolve '%s': %s", host, gai_strerror(rc));
         return -1;
     }
-    int fd = -1;
-    for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next) fd = connect_one(ai, deadline, err, err_bytes);
+    // Each address gets its share of the time left (at least 2 s), so that one that never
+    // answers does not starve the others.
+    int fd = -1, left = 0;
+    for (struct addrinfo *ai = list; ai; ai = ai->ai_next) left++;
+    for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next, left--) {
+        double now = wall_seconds(), share = (deadline - now) / left;
+        double until = left == 1 ? deadline : now + (share > 2.0 ? share : 2.0);
+        fd = connect_one(ai, until < deadline ? until : deadline, err, err_bytes);
+    }
     freeaddrinfo(list);
     return fd;
 }

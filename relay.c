@@ -938,6 +938,7 @@ static void housekeeping(relay *h) {
         else if (now - h->donor_progress_s > h->o.timeout_s) abort_transfer(h, "the donor sent nothing for a timeout");
     }
     check_round(h);
+    settle_group(h);
 }
 
 // ---------------------------------------------------------------- the loop
