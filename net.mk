@@ -10,6 +10,7 @@
 #
 # `make fuzz FUZZ_SECONDS=600` fuzzes longer (findings land in $(BUILD)/fuzz-*).
 FUZZ_SECONDS ?= 60
+export FUZZ_SECONDS   # make test FUZZ_SECONDS=10 reaches test/test_fuzz_wire.sh
 CLANG ?= clang
 
 ifneq ($(NO_OPENSSL),1)
