@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
 //   "TGDLSTAT" (8 bytes), u32 version = 1, u32 reserved = 0,
@@ -274,10 +275,23 @@ static void dump_tensor(FILE *f, const float *x, int64_t n) {
 
 // Test hook: DIR/outer_<replica>_<k>.f32 holds θ before, θᵢ (local weights), Δ (as fp32),
 // m before, m after, θ after, each numel fp32 values.
+static void dump_path(const diloco *d, int64_t outer_step, char *path, size_t bytes) {
+    snprintf(path, bytes, "%s/outer_%d_%05lld.f32", d->dump_dir, diloco_replica_id(d), (long long)outer_step);
+}
+
+// A round that applied nothing leaves no dump.
+static void dump_discard(diloco *d, FILE *f, int64_t outer_step) {
+    if (!f) return;
+    fclose(f);
+    char path[4200];
+    dump_path(d, outer_step, path, sizeof path);
+    unlink(path);
+}
+
 static FILE *dump_begin(diloco *d, int64_t outer_step, const float *params) {
     if (!d->dump_dir) return NULL;
     char path[4200];
-    snprintf(path, sizeof path, "%s/outer_%d_%05lld.f32", d->dump_dir, diloco_replica_id(d), (long long)outer_step);
+    dump_path(d, outer_step, path, sizeof path);
     FILE *f = fopen(path, "wb");
     if (!f) fail("TRAIN_GPT_DILOCO_DUMP: cannot create '%s': %s", path, strerror(errno));
     dump_tensor(f, d->theta, d->numel);
@@ -340,14 +354,14 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
     if (!transport_exchange(d->net, k, d->payload, d->payload_bytes, &r)) {
         // Never apply our own Δ as if it were the average: keep training locally, and the next
         // exchange carries the work of both rounds.
-        if (dump) fclose(dump);
+        dump_discard(d, dump, k + 1);
         warn("diloco: the exchange for outer step %lld failed (the hub is unreachable); outer step skipped",
              (long long)k + 1);
         log_outer_step(d, st, &r, false, "exchange failed", quant_err);
         return;
     }
     if (r.evicted) {
-        if (dump) fclose(dump);
+        dump_discard(d, dump, k + 1);
         warn("diloco: replica %d was dropped from outer step %lld (too late); rejoining", diloco_replica_id(d),
              (long long)k + 1);
         replica_status s = {st->outer_step, diloco_hash(d->theta, d->numel)};
@@ -357,7 +371,7 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
         return;
     }
     if (!r.apply) {
-        if (dump) fclose(dump);
+        dump_discard(d, dump, k + 1);
         char why[96];
         snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r.n,
                  (long long)d->cfg->diloco_min_replicas);

@@ -107,21 +107,24 @@ start_relay() {  # start_relay NAME: a fresh hub; sets tcp=(...) to reach it
 }
 start_relay three
 mkdir -p "$tmp/dump_tcp"
+# min_replicas 3: on a loaded machine one replica may start a second or more after the
+# others; the rounds before all three are in are skipped (and the latecomers take the
+# group's state), so every applied outer step has all three contributors.
 for r in 0 1 2; do
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${three[@]}" "${tcp[@]}" --diloco_quant int8 \
-        --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
+        --diloco_min_replicas 3 --max_steps 80 --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
     pids+=($!)
 done
 rc=0
 for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
 check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
-check "3 replicas over TCP: param_hash equal on every replica at all 8 outer steps" \
-    all_hashes_agree 8 "$tmp"/tcp3/*/metrics.jsonl
+check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
+    all_hashes_agree 4 "$tmp"/tcp3/*/metrics.jsonl
 check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
 check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2 % relative L2" \
     "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 0.7 0.9 int8 0.02
 check "the metrics line has every field" grep -q \
-    '"outer_step":8,"step":40,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
+    '"outer_step":16,"step":80,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
     "$tmp/tcp3/0/metrics.jsonl"
 
 # ---------------------------------------------------------------- 4 + 6. faults
