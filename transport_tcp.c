@@ -341,12 +341,17 @@ static void disconnect(tcp *t) {
 static bool connect_session(tcp *t, double deadline, char *err, size_t err_bytes) {
     disconnect(t);
     double pause = 0.1;
-    bool told = false;
+    bool told = false, duplicate = false;
+    char duplicate_why[300] = "";
+    err[0] = '\0';
     for (;;) {
         char why[300] = "";
         uint64_t session = 0;
         double attempt_deadline = wall_seconds() + t->o.timeout_s;
         if (attempt_deadline > deadline) attempt_deadline = deadline;
+        // The last try comes at the deadline with no time of its own: what it says
+        // ("timed out") must not hide the reason the earlier tries failed.
+        bool real_try = attempt_deadline - wall_seconds() > 0.05;
         int fd = net_connect(t->hub, attempt_deadline, why, sizeof why);
         handshake_result hs = HS_RETRY;
         if (fd >= 0) {
@@ -375,16 +380,25 @@ static bool connect_session(tcp *t, double deadline, char *err, size_t err_bytes
             return true;
         }
         disconnect(t);
-        if (hs == HS_DUPLICATE && wall_seconds() + pause >= deadline)
-            fail("the hub at %s refused replica %d: %s (two replicas with the same diloco_replica_id?)", t->hub,
-                 t->o.replica_id, why);
-        snprintf(err, err_bytes, "%s", why);
-        if (wall_seconds() + pause >= deadline) return false;
+        if (hs == HS_DUPLICATE) {
+            duplicate = true;
+            snprintf(duplicate_why, sizeof duplicate_why, "%s", why);
+        } else if (real_try) {
+            duplicate = false;
+        }
+        if (real_try || !err[0]) snprintf(err, err_bytes, "%s", why);
+        double left = deadline - wall_seconds();
+        if (left <= 0) {
+            if (duplicate)
+                fail("the hub at %s refused replica %d: %s (two replicas with the same diloco_replica_id?)", t->hub,
+                     t->o.replica_id, duplicate_why);
+            return false;
+        }
         if (!told) {
             note("diloco: waiting for the hub at %s (%s)", t->hub, why);
             told = true;
         }
-        sleep_s(pause);
+        sleep_s(pause < left ? pause : left);   // the last try is at the deadline
         pause = pause * 2 > 2.0 ? 2.0 : pause * 2;
     }
 }
