@@ -12,8 +12,8 @@
 //
 // Rounds. The first contribution of a step opens the round for that step. Each member
 // uploads its payload once (chunks striped over its data connections); the hub stores it
-// and, once whole, queues it to every other member (the queued frames share the stored
-// buffer: no copy per receiver). The round closes when every member has contributed, or
+// and, once whole, queues it to every other member that has begun its own contribution
+// (the queued frames share the stored buffer: no copy per receiver). The round closes when every member has contributed, or
 // timeout_s after the first whole contribution (members that have not started by then, or
 // whose upload stalled for timeout_s, are evicted as late). Closing sends ROUND (who
 // contributed, sizes, apply = n >= min_replicas) to every contributor still connected.
@@ -308,13 +308,13 @@ static void forward_contribution(relay *h, int owner, replica *to) {
     }
 }
 
-static void make_member(relay *h, int id) {
-    replica *r = rep(h, id);
-    r->state = R_MEMBER;
-    if (!h->round_open) return;
+// Every whole contribution of the open round, to a member that has just started its own.
+static void forward_round_to(relay *h, int id) {
     for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != id && h->round_buf[o]) forward_contribution(h, o, r);
+        if (o != id && h->round_buf[o]) forward_contribution(h, o, rep(h, id));
 }
+
+static void make_member(relay *h, int id) { rep(h, id)->state = R_MEMBER; }
 
 static void send_joined(relay *h, replica *r, uint32_t result) {
     uint8_t buf[WIRE_JOINED_BYTES];
@@ -565,8 +565,13 @@ static const char *open_or_check_round(relay *h, int64_t step) {
     return NULL;
 }
 
+// A member receives the round's payloads only once it has started its own contribution:
+// by then it has read everything of the previous round, so the chunks of two steps from
+// one owner are never in flight to it at once (across streams they could overtake each
+// other), and nothing piles up in its sockets while it computes.
 static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
     replica *r = rep(h, id);
+    bool first = !r->up.started;
     const char *why = open_or_check_round(h, step);
     if (!why) why = transfer_expect(&r->up, step, total, chunk);
     if (!why && !r->up_buf) {
@@ -577,6 +582,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         drop_replica(h, id, why);
         return false;
     }
+    if (first) forward_round_to(h, id);
     return true;
 }
 
@@ -588,7 +594,7 @@ static void finish_contribution_if_whole(relay *h, int id) {
     r->up_buf = NULL;
     if (h->first_whole_s < 0) h->first_whole_s = wall_seconds();
     for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != id && h->reps[o].state == R_MEMBER) forward_contribution(h, id, rep(h, o));
+        if (o != id && h->reps[o].state == R_MEMBER && h->reps[o].up.started) forward_contribution(h, id, rep(h, o));
     check_round(h);
 }
 

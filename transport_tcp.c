@@ -24,6 +24,7 @@
 
 #include "common.h"
 #include "conn.h"
+#include "fault.h"
 #include "net.h"
 #include "relay.h"
 #include "wire.h"
@@ -719,6 +720,9 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     }
     if (!pump(t, upload_finished)) return recover(t, r, t0);
     double uploaded = wall_seconds();
+    // Test hook (TRAIN_GPT_FAULT=tcp_slow_read:K): a replica slow to read round K, so that
+    // the others' next payloads could queue up behind this round's in its sockets.
+    if (fault_requested("tcp_slow_read", outer_step)) sleep_s(0.3);
     if (!pump(t, round_done)) return recover(t, r, t0);
     r->wait_s = wall_seconds() - uploaded;
     r->bytes_sent = bytes_moved(t, true) - sent0;

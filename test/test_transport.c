@@ -12,6 +12,7 @@
 //   sigstop    SIGSTOP a replica: evicted within the timeout (its heartbeats stop); after
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
 //   late       a replica alive but late for a round: evicted at the deadline, rejoins
+//   slowread   a replica slow to read its rounds among fast ones: no step overtakes another
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -361,12 +362,13 @@ static replica_cfg default_cfg(scenario *s, int id) {
                          .secret_bytes = strlen(SECRET), .fingerprint = FINGERPRINT, .connect_timeout_s = 10};
 }
 
-static pid_t start_replica(scenario *s, const replica_cfg *c) {
+static pid_t start_replica_env(scenario *s, const replica_cfg *c, const char *fault) {
     char err_path[400];
     snprintf(err_path, sizeof err_path, "%s/%s_R%d.err", dir, s->name, c->id);
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
+        if (fault) setenv("TRAIN_GPT_FAULT", fault, 1);
         close(s->pipe_rd);
         report_fd = s->pipe_wr;
         redirect(2, err_path);
@@ -375,6 +377,8 @@ static pid_t start_replica(scenario *s, const replica_cfg *c) {
     s->pids[s->n_pids++] = pid;
     return pid;
 }
+
+static pid_t start_replica(scenario *s, const replica_cfg *c) { return start_replica_env(s, c, NULL); }
 
 static int wait_exit(pid_t pid, double timeout) {
     double deadline = wall_seconds() + timeout;
@@ -594,6 +598,34 @@ static void test_late(void) {
     EXPECT(ok, "late: every round was byte-exact");
     EXPECT(file_has(s.hub_log, "replica 2 (127.0.0.1:") && file_has(s.hub_log, "evicted: late for round 3"),
            "late: the hub logs the eviction");
+    stop_hub(&s);
+    finish(&s);
+}
+
+// A replica slow to read its rounds, with fast neighbours: their payloads for the next step
+// must never overtake this step's on its streams (the hub forwards a round's payloads only
+// to a replica that has begun that round).
+static void test_slow_reader(void) {
+    static scenario s;
+    open_reports(&s, "slowread");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 10;
+        c.streams = 4;
+        c.inner_s = id == 1 ? 0.05 : 0.0;
+        c.slow_at = 0, c.slow_s = 0.5;   // everyone is in before the first round
+        start_replica_env(&s, &c,
+                          id == 1 ? "tcp_slow_read:1,tcp_slow_read:2,tcp_slow_read:3,tcp_slow_read:4,tcp_slow_read:5,"
+                                    "tcp_slow_read:6,tcp_slow_read:7,tcp_slow_read:8"
+                                  : NULL);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 10, 30), "slowread: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "slowread: replica %d exits 0", id);
+    bool ok = true;
+    int full = 0;
+    for (int id = 0; id < 3; id++) full += rounds_of(&s, id, 3, &ok);
+    EXPECT(ok && full == 30, "slowread: 10 rounds of all three on every replica, byte-exact (%d)", full);
     stop_hub(&s);
     finish(&s);
 }
@@ -1020,7 +1052,7 @@ int main(int argc, char **argv) {
         void (*run)(void);
     } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
                  {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"late", test_late},
-                 {"refound", test_refound},
+                 {"refound", test_refound},    {"slowread", test_slow_reader},
                  {"restart", test_hub_restart}, {"evil", test_evil}};
     double t0 = wall_seconds();
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
