@@ -347,7 +347,8 @@ static void test_checkpoints(void) {
     cfg.device = "cpu";
     cfg.decay_shape = "linear";
     cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
-    model_buffers b = {&t, p, mm, vv};
+    cfg.diloco_transport = cfg.diloco_rendezvous = cfg.diloco_quant = cfg.diloco_secret_file = "";
+    model_buffers b = {.table = &t, .params = p, .exp_avg = mm, .exp_avg_sq = vv};
     char out_dir[300];
     path_in_tmp(out_dir, sizeof out_dir, "ckpt");
     train_state s = {.step = 7, .adam_step = 6, .data = {1, 2}, .bad_steps = 1, .tokens_seen = 99};
@@ -355,7 +356,7 @@ static void test_checkpoints(void) {
     s.step = 9;
     EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step 9");
     float *p2 = alloc_floats(n), *m2 = alloc_floats(n), *v2 = alloc_floats(n);
-    model_buffers b2 = {&t, p2, m2, v2};
+    model_buffers b2 = {.table = &t, .params = p2, .exp_avg = m2, .exp_avg_sq = v2};
     train_state s2;
     char *from = checkpoint_load_latest(out_dir, &b2, &s2);
     EXPECT(from && strstr(from, "step_00000009"), "newest checkpoint chosen");
@@ -382,7 +383,7 @@ static void test_checkpoints(void) {
     param_table t3;
     param_table_build(&t3, &other);
     float *p3 = alloc_floats((size_t)t3.numel), *m3 = alloc_floats((size_t)t3.numel), *v3 = alloc_floats((size_t)t3.numel);
-    model_buffers b3 = {&t3, p3, m3, v3};
+    model_buffers b3 = {.table = &t3, .params = p3, .exp_avg = m3, .exp_avg_sq = v3};
     char dir7[320];
     snprintf(dir7, sizeof dir7, "%s/step_00000007", out_dir);
     EXPECT(!checkpoint_load(dir7, &b3, &s2, why, sizeof why) && strstr(why, "d_ff"), "architecture mismatch: %s", why);
