@@ -199,6 +199,11 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "int8 + error feedback, stop mid-round + resume: model, optimizer, outer state bit-exact" \
         same_bytes "$tmp/ef_straight" "$tmp/ef_stop" step_00000020 model.safetensors optimizer.safetensors \
         outer.safetensors
+
+    out=$("$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/from_plain" \
+        --resume "$tmp/plain/step_00000020" --max_steps 25 2>&1) || true
+    check "a plain checkpoint starts a DiLoCo run (θ = its weights, zero momentum)" \
+        sh -c "printf '%s' \"\$1\" | grep -q 'no DiLoCo outer state' && test -f '$tmp/from_plain/step_00000025/outer.safetensors'" _ "$out"
 fi
 
 # ---------------------------------------------------------------- 7. configuration errors
