@@ -125,6 +125,10 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            sizeof matmul), model_flops_per_token(t) / 1e9);
     printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations = %.2f GiB\n",
            state_gib, act_gib, state_gib + act_gib);
+    if (device_has_cuda_backend())
+        printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
+               "device)\n",
+               (double)cuda_model_plan_bytes(t, cfg->batch_size, m->seq_len) / 1073741824.0);
     char run_tokens[32];
     printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps = "
            "%s tokens\n",
