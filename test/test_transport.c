@@ -165,6 +165,10 @@ static int replica_main(const replica_cfg *c) {
             report("R%d failed k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=%.3f", c->id, (long long)k, dt);
             if (++failures == 8) {   // no hub for a long while: give up (a test is failing)
                 report("R%d gaveup k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=0", c->id, (long long)k);
+                transport_close(t);
+                free(payload);
+                free(expect);
+                free(state);
                 return 2;
             }
             continue;
@@ -198,14 +202,14 @@ static int replica_main(const replica_cfg *c) {
             make_state(state, k);
             transport_send_state(t, state, STATE_BYTES);
         }
-        if (k == c->leave_at) {
-            report("R%d left k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
-            transport_leave(t);
-            return 0;
-        }
+        if (k == c->leave_at) break;
     }
-    report("R%d done k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    if (k == c->leave_at) report("R%d left k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    else report("R%d done k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
     transport_leave(t);
+    free(payload);
+    free(expect);
+    free(state);
     return 0;
 }
 
