@@ -12,8 +12,8 @@
 //     (non-blocking, one poll() loop): uploads its payload in chunks handed to whichever
 //     stream has room, and reads the chunks the hub forwards, which it places by owner,
 //     step and offset (they are self-describing, so their order across streams is free).
-// Payload chunks of other replicas may arrive before this replica asks for them (the hub
-// forwards a contribution as soon as it is whole): they are kept per owner, newest step.
+// The hub forwards the others' payloads for step k once this replica has begun round k
+// (so, often while it is still uploading); they are kept per owner, for the newest step.
 //
 // Losing the hub (connection closed, a bad frame, no heartbeat for timeout_s) is never fatal
 // by itself: the next call reconnects, and since the hub dropped this replica, the
