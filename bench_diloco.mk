@@ -1,0 +1,18 @@
+# bench_diloco.mk — the DiLoCo transport's goodput benchmark on a shaped link, included by
+# the Makefile. `make bench-diloco` (as root: it creates network namespaces) builds the
+# three programs and runs bench/diloco/goodput.sh; see bench/diloco/README.md. Not part of `make test`.
+.PHONY: bench-diloco bench-diloco-tools
+
+# This file is included before the Makefile's `all`; keep `all` the default goal.
+.DEFAULT_GOAL := all
+
+$(BUILD)/delay_proxy: $(BUILD)/bench/diloco/delay_proxy.o $(BUILD)/bench/diloco/sock.o
+	$(CC) $(CFLAGS) $^ -o $@
+$(BUILD)/delay_tun: $(BUILD)/bench/diloco/delay_tun.o $(BUILD)/bench/diloco/sock.o
+	$(CC) $(CFLAGS) $^ -o $@
+$(BUILD)/goodput_client: $(BUILD)/bench/diloco/goodput_client.o $(BUILD)/bench/diloco/sock.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -pthread
+
+bench-diloco-tools: $(BUILD)/delay_proxy $(BUILD)/delay_tun $(BUILD)/goodput_client
+bench-diloco: bench-diloco-tools
+	BUILD=$(CURDIR)/$(BUILD) bash bench/diloco/goodput.sh
