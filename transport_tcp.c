@@ -34,6 +34,7 @@
 #include <openssl/rand.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,7 @@ typedef struct {
     // the upload in progress
     const uint8_t *job_buf;
     uint64_t job_total, job_next;
+    uint64_t job_end;               // stop feeding here (job_total, but for a test hook)
     int64_t job_step;
     unsigned job_kind;
     double job_progress_s;
@@ -455,7 +457,7 @@ static void take_mail(tcp *t) {
                 wire_printable(e.text, e.text_bytes, t->evicted_why, sizeof t->evicted_why);
                 // The rest of our upload would be thrown away: stop it (a frame half-written
                 // must still finish, or the stream loses its framing).
-                t->job_next = t->job_total;
+                t->job_next = t->job_end = t->job_total;
                 for (int st = 0; st < t->o.streams; st++) conn_drop_unsent(&t->data[st]);
             }
             break;
@@ -523,7 +525,7 @@ static const char *take_chunk(tcp *t, const wire_data *d) {
 }
 
 static bool upload_done(const tcp *t) {
-    if (t->job_next < t->job_total) return false;
+    if (t->job_next < t->job_end) return false;
     for (int s = 0; s < t->o.streams; s++)
         if (t->data[s].out_head) return false;
     return true;
@@ -531,9 +533,9 @@ static bool upload_done(const tcp *t) {
 
 static void feed_upload(tcp *t) {
     bool progress = true;
-    while (progress && t->job_next < t->job_total) {
+    while (progress && t->job_next < t->job_end) {
         progress = false;
-        for (int s = 0; s < t->o.streams && t->job_next < t->job_total; s++) {
+        for (int s = 0; s < t->o.streams && t->job_next < t->job_end; s++) {
             conn *c = &t->data[s];
             if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
             uint64_t len = t->job_total - t->job_next < CHUNK_BYTES ? t->job_total - t->job_next : CHUNK_BYTES;
@@ -707,7 +709,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     t->cur_step = outer_step;
     t->have_round = t->evicted = false;
     t->job_buf = t->own;
-    t->job_total = bytes;
+    t->job_total = t->job_end = bytes;
     t->job_next = 0;
     t->job_step = outer_step;
     t->job_kind = DATA_PAYLOAD;
@@ -761,19 +763,23 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     uint8_t buf[WIRE_STATE_BYTES];
     char err[256];
     t->job_buf = state;
-    t->job_total = bytes;
+    t->job_total = t->job_end = bytes;
     t->job_next = 0;
     t->job_step = t->cur_step;
     t->job_kind = DATA_STATE;
+    // Test hook (TRAIN_GPT_FAULT=tcp_die_in_state:0): the donor dies halfway through.
+    bool die = fault_requested("tcp_die_in_state", 0);
+    if (die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
     if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
     else if (pump(t, upload_finished)) {
+        if (die) raise(SIGKILL);
         t->job_buf = NULL;
         return;
     }
     // The hub is gone: the next exchange reconnects and rejoins.
     warn("diloco: lost the hub while sending our state: %s", dead_reason(t));
     t->job_buf = NULL;
-    t->job_total = t->job_next = 0;
+    t->job_total = t->job_next = t->job_end = 0;
     disconnect(t);
 }
 

@@ -13,6 +13,7 @@
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
 //   late       a replica alive but late for a round: evicted at the deadline, rejoins
 //   slowread   a replica slow to read its rounds among fast ones: no step overtakes another
+//   donor      the donor dies halfway through the state: the next round's donor sends it
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -45,7 +46,7 @@
 #include <unistd.h>
 
 #define TIMEOUT_S 2.0
-#define STATE_BYTES 100000
+#define STATE_BYTES 3000000   // three 1 MiB chunks: a donor can die halfway
 #define MAX_LINES 4000
 
 static char dir[256];
@@ -634,6 +635,39 @@ static void test_slow_reader(void) {
     finish(&s);
 }
 
+// The donor dies halfway through sending its state: the joiner waits, and at the next
+// round the next donor (the lowest-id contributor left) sends it the state.
+static void test_donor_dies(void) {
+    static scenario s;
+    open_reports(&s, "donor");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 14;
+        // Replica 0 will be the donor (lowest id): it dies halfway through its state.
+        start_replica_env(&s, &c, id == 0 ? "tcp_die_in_state:0" : NULL);
+    }
+    EXPECT(await(&s, 2, "round", 2, 20), "donor: replica 2 reaches round 2");
+    kill(s.pids[2], SIGKILL);
+    waitpid(s.pids[2], NULL, 0);
+    EXPECT(await(&s, 0, "round", 3, 20), "donor: the others go on");
+    replica_cfg c = default_cfg(&s, 2);
+    c.steps = 14;
+    start_replica(&s, &c);   // stale: it needs a donor
+    EXPECT(wait_exit(s.pids[0], 20) == 128 + SIGKILL, "donor: replica 0 dies while sending its state");
+    const rec *g = await(&s, 2, "gotstate", 0, 20);
+    EXPECT(g && g->ok, "donor: the joiner still gets a byte-exact state (from the next donor)");
+    EXPECT(file_has(s.hub_log, "state transfer from replica 0 aborted") &&
+               file_has(s.hub_log, "replica 1 is the donor") && file_has(s.hub_log, "relayed from replica 1 to [2]"),
+           "donor: the hub aborts the first transfer and asks replica 1");
+    const rec *back = await(&s, 2, "round", g ? g->k : 0, 20);
+    EXPECT(back && back->n == 2 && !strcmp(back->ids, "1,2") && back->ok, "donor: replicas 1 and 2 go on together");
+    for (int id = 1; id < 3; id++) EXPECT(await(&s, id, "done", 14, 30), "donor: replica %d finishes", id);
+    EXPECT(wait_exit(s.pids[1], 10) == 0 && wait_exit(s.pids[3], 10) == 0, "donor: replicas 1 and 2 exit 0");
+    stop_hub(&s);
+    finish(&s);
+}
+
 // The others finish and leave while a late replica is away: back, it finds the group empty,
 // founds it anew at its own (older) step, and trains on alone.
 static void test_refound(void) {
@@ -1057,6 +1091,7 @@ int main(int argc, char **argv) {
     } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
                  {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"late", test_late},
                  {"refound", test_refound},    {"slowread", test_slow_reader},
+                 {"donor", test_donor_dies},
                  {"restart", test_hub_restart}, {"evil", test_evil}};
     double t0 = wall_seconds();
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
