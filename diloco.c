@@ -2,6 +2,7 @@
 #include "diloco.h"
 #include "checksum.h"
 #include "common.h"
+#include "fault.h"
 #include "json.h"
 #include "optim.h"
 #include "quant.h"
@@ -232,15 +233,47 @@ static double encode_contribution(diloco *d, const float *params) {
     return quant_encode_feedback(d->quant, d->delta, d->residual, n, d->block, d->payload);
 }
 
+// Whether every float a payload decodes from is finite: the values themselves (none) or the
+// block scales (int8 / int4: a block with a NaN or Inf input has a NaN scale, quant.h).
+static bool payload_is_finite(const diloco *d, const uint8_t *payload) {
+    int64_t floats = d->quant == QUANT_NONE ? d->numel : (d->numel + d->block - 1) / d->block;
+    bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+    for (int64_t i = 0; i < floats; i++) {
+        float v;
+        memcpy(&v, payload + (size_t)i * sizeof v, sizeof v);
+        finite = finite && isfinite(v);
+    }
+    return finite;
+}
+
+// Drops contributions that cannot be averaged: the wrong size (a replica with another model
+// or quantization got past the handshake) or non-finite values (a diverged replica). Every
+// replica sees the same bytes, so every replica drops the same ones and θ stays identical.
+static void screen_contributions(diloco *d, round_result *r) {
+    int kept = 0;
+    for (int c = 0; c < r->n; c++) {
+        const char *why = r->bytes[c] != d->payload_bytes ? "the wrong number of bytes"
+                          : !payload_is_finite(d, r->payload[c]) ? "NaN/Inf values"
+                                                                  : NULL;
+        if (why) {
+            warn("diloco: outer step %lld: replica %d's outer gradient has %s; it is left out of the average",
+                 (long long)r->outer_step + 1, r->ids[c], why);
+            continue;
+        }
+        r->ids[kept] = r->ids[c];
+        r->payload[kept] = r->payload[c];
+        r->bytes[kept] = r->bytes[c];
+        kept++;
+    }
+    r->n = kept;
+}
+
 // acc ← the averaged Δ of the contributors, in double.
 static void average_delta(diloco *d, const round_result *r) {
     int64_t n = d->numel;
     memset(d->acc, 0, (size_t)n * sizeof *d->acc);
     for (int c = 0; c < r->n; c++) {  // ascending replica id: the same order on every replica
-        if (r->bytes[c] != d->payload_bytes)
-            fail("diloco: replica %d sent %zu bytes for outer step %lld, expected %zu (a different model or "
-                 "quantization)",
-                 r->ids[c], r->bytes[c], (long long)r->outer_step, d->payload_bytes);
         quant_decode_accumulate(d->quant, r->payload[c], n, d->block, 1.0, d->acc);
     }
     double inv = 1.0 / (double)r->n;
@@ -349,6 +382,10 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
              (long long)st->step);
     FILE *dump = dump_begin(d, k + 1, params);
     double quant_err = encode_contribution(d, params);
+    if (fault_requested("diloco_nan_payload", k)) {
+        float nan = NAN;
+        memcpy(d->payload, &nan, sizeof nan);
+    }
     round_result r;
     memset(&r, 0, sizeof r);
     if (!transport_exchange(d->net, k, d->payload, d->payload_bytes, &r)) {
@@ -370,7 +407,8 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
             adopt_state(d, got, params, st, train);
         return;
     }
-    if (!r.apply) {
+    screen_contributions(d, &r);
+    if (!r.apply || r.n < d->cfg->diloco_min_replicas || r.n == 0) {
         dump_discard(d, dump, k + 1);
         char why[96];
         snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r.n,

@@ -2,6 +2,9 @@
 // asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
 //   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
 //   nan_grad            poison one gradient with NaN on that (0-based) step
+//   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
+//                       step STEP+1 (the others must leave it out of the average)
+//   tcp_slow_read, tcp_die_in_state   the tcp transport's own test hooks (transport_tcp.c)
 // A real run never sets the variable; the cost when unset is one getenv per query.
 #ifndef TRAIN_GPT_FAULT_H
 #define TRAIN_GPT_FAULT_H

@@ -187,6 +187,17 @@ check "after the faults, replica 2's param_hash equals replica 0's at every oute
     all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
 check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
 
+# ---------------------------------------------------------------- a replica that sends NaN
+if [ "$HAVE_MPI" = 1 ]; then
+    "${MPIRUN[@]}" 3 sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && export TRAIN_GPT_FAULT=diloco_nan_payload:2; exec '$TRAIN_GPT' \
+        $(printf "'%s' " "${common[@]}" "${three[@]}") --diloco_transport mpi --out_dir '$tmp/nan/'\$OMPI_COMM_WORLD_RANK" \
+        >"$tmp/nan.log" 2>&1 || cat "$tmp/nan.log"
+    check "a NaN outer gradient from replica 1 is left out by everyone: outer step 3 averages [0,2]" \
+        sh -c "grep -q '\"outer_step\":3,\"step\":15,\"contributors\":\[0,2\]' '$tmp/nan/0/metrics.jsonl' &&
+               grep -q '\"outer_step\":3,\"step\":15,\"contributors\":\[0,2\]' '$tmp/nan/1/metrics.jsonl'"
+    check "after the NaN, all replicas still agree at every outer step" all_hashes_agree 8 "$tmp"/nan/*/metrics.jsonl
+fi
+
 # ---------------------------------------------------------------- 5. resume mid-round
 ef=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_quant int8 --diloco_error_feedback 1 --ckpt_every 5)
 if [ "$HAVE_MPI" = 1 ]; then
