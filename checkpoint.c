@@ -111,54 +111,44 @@ bool save_weights(const char *path, const param_table *t, const float *params) {
     return ok;
 }
 
-static bool write_optimizer_file(const char *dir, const model_buffers *b, int64_t adam_step, uint64_t *hash) {
-    const param_table *t = b->table;
-    st_tensor_out *out = xcalloc((size_t)t->count * 2, sizeof *out);
-    char (*names)[128] = xcalloc((size_t)t->count * 2, sizeof *names);
-    for (int i = 0; i < t->count; i++) {
-        const param_info *p = &t->params[i];
-        snprintf(names[2 * i], sizeof names[0], "exp_avg.%s", p->name);
-        snprintf(names[2 * i + 1], sizeof names[0], "exp_avg_sq.%s", p->name);
-        out[2 * i] = (st_tensor_out){names[2 * i], b->exp_avg + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
-        out[2 * i + 1] =
-            (st_tensor_out){names[2 * i + 1], b->exp_avg_sq + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
-    }
-    char step_text[32];
-    snprintf(step_text, sizeof step_text, "%lld", (long long)adam_step);
-    const char *keys[] = {"optimizer", "adam_step"};
-    const char *values[] = {"AdamW", step_text};
+// Writes DIR/FILE holding, for every tensor of the table and each of `kinds` flat buffers,
+// the tensor "<prefix><name>"; metadata: optimizer = what, count_key = count.
+static bool write_table_file(const char *dir, const char *file, const param_table *t, int kinds,
+                             const char *const *prefixes, float *const *buffers, const char *what,
+                             const char *count_key, int64_t count, uint64_t *hash) {
+    st_tensor_out *out = xcalloc((size_t)t->count * (size_t)kinds, sizeof *out);
+    char (*names)[160] = xcalloc((size_t)t->count * (size_t)kinds, sizeof *names);
+    int n = 0;
+    for (int i = 0; i < t->count; i++)
+        for (int k = 0; k < kinds; k++, n++) {
+            const param_info *p = &t->params[i];
+            snprintf(names[n], sizeof names[0], "%s%s", prefixes[k], p->name);
+            out[n] = (st_tensor_out){names[n], buffers[k] + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
+        }
+    char count_text[32];
+    snprintf(count_text, sizeof count_text, "%lld", (long long)count);
+    const char *keys[] = {"optimizer", count_key};
+    const char *values[] = {what, count_text};
     char path[4200];
-    int fd = open_new_file(dir, "optimizer.safetensors", path, sizeof path);
-    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, t->count * 2, keys, values, 2, hash));
+    int fd = open_new_file(dir, file, path, sizeof path);
+    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, n, keys, values, 2, hash));
     free(names);
     free(out);
     return ok;
 }
 
+static bool write_optimizer_file(const char *dir, const model_buffers *b, int64_t adam_step, uint64_t *hash) {
+    const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    float *buffers[] = {b->exp_avg, b->exp_avg_sq};
+    return write_table_file(dir, "optimizer.safetensors", b->table, 2, prefixes, buffers, "AdamW", "adam_step",
+                            adam_step, hash);
+}
+
 static bool write_outer_file(const char *dir, const model_buffers *b, int64_t outer_step, uint64_t *hash) {
-    const param_table *t = b->table;
     const char *prefixes[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
     float *buffers[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
-    int kinds = b->outer_residual ? 3 : 2;
-    st_tensor_out *out = xcalloc((size_t)t->count * 3, sizeof *out);
-    char (*names)[160] = xcalloc((size_t)t->count * 3, sizeof *names);
-    int n = 0;
-    for (int k = 0; k < kinds; k++)
-        for (int i = 0; i < t->count; i++, n++) {
-            const param_info *p = &t->params[i];
-            snprintf(names[n], sizeof names[0], "%s%s", prefixes[k], p->name);
-            out[n] = (st_tensor_out){names[n], buffers[k] + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
-        }
-    char step_text[32];
-    snprintf(step_text, sizeof step_text, "%lld", (long long)outer_step);
-    const char *keys[] = {"optimizer", "outer_step"};
-    const char *values[] = {"DiLoCo outer Nesterov SGD", step_text};
-    char path[4200];
-    int fd = open_new_file(dir, "outer.safetensors", path, sizeof path);
-    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, n, keys, values, 2, hash));
-    free(names);
-    free(out);
-    return ok;
+    return write_table_file(dir, "outer.safetensors", b->table, b->outer_residual ? 3 : 2, prefixes, buffers,
+                            "DiLoCo outer Nesterov SGD", "outer_step", outer_step, hash);
 }
 
 static bool write_text_file(const char *dir, const char *name, const char *text, uint64_t *hash) {
