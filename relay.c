@@ -10,13 +10,19 @@
 // session as data connections. A session is CONNECTED, then (after JOIN) a MEMBER, or
 // WAITING for a donor's state.
 //
-// Rounds. The first contribution of a step opens the round for that step. Each member
-// uploads its payload once (chunks striped over its data connections); the hub stores it
-// and, once whole, queues it to every other member that has begun its own contribution
-// (the queued frames share the stored buffer: no copy per receiver). The round closes when every member has contributed, or
-// timeout_s after the first whole contribution (members that have not started by then, or
-// whose upload stalled for timeout_s, are evicted as late). Closing sends ROUND (who
-// contributed, sizes, apply = n >= min_replicas) to every contributor still connected.
+// Rounds. The first contribution of a step opens the round for that step and fixes its
+// payload size (a member announcing another size is evicted). Each member uploads its
+// payload once (chunks striped over its data connections); the hub passes every chunk on
+// as it arrives (cut-through) to every other member that has begun its own contribution
+// (the queued frames share one buffer per chunk: no copy per receiver). While a member has
+// not begun yet, the chunks are also kept in the round's log (at most one copy of each
+// contribution) and flushed to it when it begins. The round closes when every member has
+// contributed whole, or timeout_s after the first whole contribution (members that have not
+// started by then are evicted as late; one whose upload stalls for timeout_s is dropped).
+// Closing sends ROUND (who contributed whole, sizes, apply = n >= min_replicas) to every
+// contributor still connected; receivers keep only the bytes of those ROUND names, so the
+// partial upload of a replica dropped mid-round is discarded everywhere, and that replica
+// may not contribute to the same round again (its receivers' copies would mix two uploads).
 //
 // Joins. A replica whose status matches the group's (known only from the first member until
 // the group's first round closes, and after an empty group is refounded) is a member at once;
@@ -89,6 +95,24 @@ typedef struct {
 
 typedef enum { R_FREE, R_CONNECTED, R_WAITING, R_MEMBER } replica_state;
 
+// One chunk of a contribution, shared by the log and every receiver's queue.
+typedef struct {
+    blob *b;
+    uint64_t offset;
+} logged_chunk;
+
+// A contributor's part of the open round. The chunks are kept (in arrival order) only
+// while some member has not begun the round yet and will need them; once every member
+// has begun, each chunk lives only as long as the receivers' queues hold it.
+typedef struct {
+    bool whole;                     // its contribution is complete: it counts
+    bool cut_off;                   // it began and left the round before it was whole
+    uint64_t total;
+    uint32_t chunk;                 // its own chunking
+    logged_chunk *chunks;
+    size_t n, cap;
+} round_log;
+
 typedef struct {
     replica_state state;
     uint64_t session_id;
@@ -98,8 +122,7 @@ typedef struct {
     char peer[96];
     wire_status status;             // from JOIN
     bool joiner;                    // member for the next round, its state still on the way
-    transfer up;                    // its contribution to the open round
-    blob *up_buf;
+    transfer up;                    // its contribution to the open round (which chunks came)
     pending *queue_head, *queue_tail;
     uint64_t queued_bytes;
     double next_heartbeat_s;
@@ -128,8 +151,10 @@ struct relay {
     bool round_open;
     int64_t round_step, last_closed_step;
     double first_whole_s;           // < 0: no whole contribution yet
-    blob *round_buf[WIRE_MAX_REPLICAS];   // whole contributions (kept if the contributor dies)
-    uint32_t round_chunk[WIRE_MAX_REPLICAS];
+    bool round_sized;               // round_bytes is fixed (by the first contribution)
+    uint64_t round_bytes;           // every contribution to the round has this size
+    round_log contrib[WIRE_MAX_REPLICAS];   // per contributor (kept if it dies once whole)
+    bool round_log_trimmed;         // chunks were let go: nobody may begin the round now
     uint64_t round_out_bytes;
     // the state transfer
     int donor;                      // -1: none
@@ -293,25 +318,75 @@ static int count_members(relay *h) {
     return n;
 }
 
-// Queues every whole contribution of the open round to r (a member that joined mid-round,
-// or all members when one becomes whole).
-static void forward_contribution(relay *h, int owner, replica *to) {
-    blob *b = h->round_buf[owner];
-    if (!b) return;
-    uint32_t chunk = h->round_chunk[owner];   // the contributor's own chunking
-    for (uint64_t off = 0; off < b->bytes; off += chunk) {
-        wire_data d = {.owner_id = (uint32_t)owner, .kind = DATA_PAYLOAD, .outer_step = h->round_step,
-                       .total_bytes = b->bytes, .offset = off, .chunk_bytes = chunk};
-        d.chunk_len = b->bytes - off < chunk ? b->bytes - off : chunk;
-        queue_data(to, &d, b->data + off, b);
-        h->round_out_bytes += d.chunk_len;
-    }
+// ---------------------------------------------------------------- the round's payloads
+static void log_reset(round_log *l) {
+    for (size_t i = 0; i < l->n; i++) blob_release(l->chunks[i].b);
+    free(l->chunks);
+    memset(l, 0, sizeof *l);
 }
 
-// Every whole contribution of the open round, to a member that has just started its own.
+static void log_drop_chunks(round_log *l) {
+    for (size_t i = 0; i < l->n; i++) blob_release(l->chunks[i].b);
+    l->n = 0;
+}
+
+static void log_append(round_log *l, blob *b, uint64_t offset) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->chunks = xrealloc(l->chunks, l->cap * sizeof *l->chunks);
+    }
+    l->chunks[l->n++] = (logged_chunk){.b = blob_ref(b), .offset = offset};
+}
+
+// Whether replica id has begun its contribution to the open round: from then on it is sent
+// the others' chunks as they arrive.
+static bool has_begun(relay *h, int id) {
+    const replica *r = rep(h, id);
+    return r->state == R_MEMBER && r->up.started;
+}
+
+// Whether a member may still begin the round and need the chunks that came before: one that
+// has not begun, or one that may join at once (the group's status is known only before the
+// group's first round closes).
+static bool round_log_needed(relay *h) {
+    if (h->status_known) return true;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].state == R_MEMBER && !h->reps[i].up.started) return true;
+    return false;
+}
+
+// Once nobody can need them, the logged chunks go (they live on in the receivers' queues
+// until sent).
+static void trim_round_log(relay *h) {
+    if (!h->round_open || round_log_needed(h)) return;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->contrib[i].n) {
+            log_drop_chunks(&h->contrib[i]);
+            h->round_log_trimmed = true;
+        }
+}
+
+static void queue_chunk(relay *h, int owner, const logged_chunk *c, replica *to) {
+    const round_log *l = &h->contrib[owner];
+    wire_data d = {.owner_id = (uint32_t)owner, .kind = DATA_PAYLOAD, .outer_step = h->round_step,
+                   .total_bytes = l->total, .offset = c->offset, .chunk_bytes = l->chunk,
+                   .chunk_len = (uint32_t)c->b->bytes};
+    queue_data(to, &d, c->b->data, c->b);
+    h->round_out_bytes += c->b->bytes;
+}
+
+// A chunk that just arrived, to every member that has begun the round (cut-through).
+static void forward_chunk(relay *h, int owner, const logged_chunk *c) {
+    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
+        if (o != owner && has_begun(h, o)) queue_chunk(h, owner, c, rep(h, o));
+}
+
+// Every chunk of the open round so far, to a member that has just begun its own
+// contribution (the later ones follow as they arrive).
 static void forward_round_to(relay *h, int id) {
     for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != id && h->round_buf[o]) forward_contribution(h, o, rep(h, id));
+        if (o != id)
+            for (size_t i = 0; i < h->contrib[o].n; i++) queue_chunk(h, o, &h->contrib[o].chunks[i], rep(h, id));
 }
 
 static void make_member(relay *h, int id) { rep(h, id)->state = R_MEMBER; }
@@ -328,10 +403,19 @@ static bool donor_paused(relay *h, const hub_conn *hc);
 static void check_round(relay *h);
 static void settle_group(relay *h);
 
-static void release_contribution(replica *r) {
-    transfer_reset(&r->up);
-    blob_release(r->up_buf);
-    r->up_buf = NULL;
+static void release_contribution(replica *r) { transfer_reset(&r->up); }
+
+// Replica id leaves the open round. A contribution already whole still counts; one cut off
+// halfway is discarded (receivers drop its bytes: ROUND will not name it), and the replica
+// may not contribute to this round again: some receivers already hold part of this upload.
+static void leave_round(relay *h, int id) {
+    replica *r = rep(h, id);
+    round_log *l = &h->contrib[id];
+    if (h->round_open && r->up.started && !l->whole && r->up.step == h->round_step) {
+        log_drop_chunks(l);
+        l->cut_off = true;
+    }
+    release_contribution(r);
 }
 
 // A joiner that will not get this transfer goes back to waiting.
@@ -340,7 +424,7 @@ static void unjoin(relay *h, int id) {
     uint8_t buf[8];
     r->joiner = false;
     r->state = R_WAITING;
-    release_contribution(r);
+    leave_round(h, id);
     drop_queue(r);
     send_control(h, r, WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
 }
@@ -354,7 +438,7 @@ static void drop_replica(relay *h, int id, const char *why) {
     for (int s = 1; s <= r->streams; s++)
         if (r->data[s]) r->data[s]->dead = true;
     drop_queue(r);
-    release_contribution(r);
+    leave_round(h, id);
     bool was_donor = h->donor == id;
     memset(r, 0, sizeof *r);
     r->state = R_FREE;
@@ -443,10 +527,10 @@ static void close_round(relay *h) {
     wire_round m = {.outer_step = h->round_step};
     uint64_t in_bytes = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->round_buf[i]) {
+        if (h->contrib[i].whole) {
             m.ids[m.n] = (uint32_t)i;
-            m.bytes[m.n] = h->round_buf[i]->bytes;
-            in_bytes += h->round_buf[i]->bytes;
+            m.bytes[m.n] = h->contrib[i].total;
+            in_bytes += h->contrib[i].total;
             m.n++;
         }
     bool apply = (int)m.n >= h->o.min_replicas;
@@ -489,11 +573,12 @@ static void close_round(relay *h) {
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
-        blob_release(h->round_buf[i]);
-        h->round_buf[i] = NULL;
+        log_reset(&h->contrib[i]);
         release_contribution(rep(h, i));
     }
     h->round_open = false;
+    h->round_sized = false;
+    h->round_log_trimmed = false;
     h->last_closed_step = h->round_step;
     h->first_whole_s = -1;
     h->round_out_bytes = 0;
@@ -518,7 +603,7 @@ static void evict_late(relay *h, int id) {
     uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
     send_control(h, r, WIRE_EVICTED, buf, wire_encode_evicted(h->round_step, 1, text, buf));
     r->state = R_CONNECTED;   // it must JOIN again
-    release_contribution(r);
+    leave_round(h, id);
     drop_queue(r);
 }
 
@@ -530,7 +615,7 @@ static void check_round(relay *h) {
     bool all = true;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
-        if (r->state != R_MEMBER || h->round_buf[i]) continue;
+        if (r->state != R_MEMBER || h->contrib[i].whole) continue;
         // Still uploading and moving: wait for it even past the deadline.
         bool moving = r->up.started && now - r->up.last_progress_s < h->o.timeout_s;
         if (r->up.started && !moving) {
@@ -562,47 +647,9 @@ static const char *open_or_check_round(relay *h, int64_t step) {
     h->round_step = step;
     h->first_whole_s = -1;
     h->round_out_bytes = 0;
+    h->round_sized = false;
+    h->round_log_trimmed = false;
     return NULL;
-}
-
-// A member receives the round's payloads only once it has started its own contribution:
-// by then it has read everything of the previous round, so the chunks of two steps from
-// one owner are never in flight to it at once (across streams they could overtake each
-// other), and nothing piles up in its sockets while it computes.
-static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
-    replica *r = rep(h, id);
-    bool first = !r->up.started;
-    const char *why = open_or_check_round(h, step);
-    if (!why) why = transfer_expect(&r->up, step, total, chunk);
-    if (!why && !r->up_buf) {
-        r->up_buf = blob_new((size_t)total);
-        if (!r->up_buf) why = "the hub cannot hold its payload (out of memory)";
-    }
-    if (why) {
-        drop_replica(h, id, why);
-        return false;
-    }
-    if (first) forward_round_to(h, id);
-    return true;
-}
-
-static void finish_contribution_if_whole(relay *h, int id) {
-    replica *r = rep(h, id);
-    if (!transfer_whole(&r->up) || h->round_buf[id]) return;
-    h->round_buf[id] = r->up_buf;
-    h->round_chunk[id] = r->up.chunk;
-    r->up_buf = NULL;
-    if (h->first_whole_s < 0) h->first_whole_s = wall_seconds();
-    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != id && h->reps[o].state == R_MEMBER && h->reps[o].up.started) forward_contribution(h, id, rep(h, o));
-    check_round(h);
-}
-
-// Frames for a step the group has closed, or from a replica that is not a member, come from
-// a replica dropped from a round: chunks are ignored, and a contribution is answered with
-// EVICTED so that the replica stops waiting for the round and rejoins.
-static bool stale(relay *h, int id, int64_t step) {
-    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step;
 }
 
 static void tell_evicted(relay *h, int id, int64_t step, const char *text) {
@@ -610,16 +657,91 @@ static void tell_evicted(relay *h, int id, int64_t step, const char *text) {
     send_control(h, rep(h, id), WIRE_EVICTED, buf, wire_encode_evicted(step, 1, text, buf));
 }
 
+// Out of the round, told why: it stays connected and must JOIN again.
+static void evict_from_round(relay *h, int id, const char *text) {
+    replica *r = rep(h, id);
+    hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
+    tell_evicted(h, id, h->round_step, text);
+    r->state = R_CONNECTED;
+    leave_round(h, id);
+    h->contrib[id].cut_off = true;   // its chunks still in flight are ignored
+    drop_queue(r);
+    check_round(h);
+}
+
+// A member receives the round's payloads only once it has started its own contribution:
+// by then it has read everything of the previous round, so the chunks of two steps from
+// one owner are never in flight to it at once (across streams they could overtake each
+// other), and nothing piles up in its sockets while it computes. From then on each chunk
+// is passed on as it arrives.
+static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
+    replica *r = rep(h, id);
+    bool first = !r->up.started;
+    const char *why = open_or_check_round(h, step);
+    if (!why && first && h->round_sized && total != h->round_bytes) {
+        // One broken replica must not make the hub (or the receivers) hold what it likes.
+        char text[200];
+        snprintf(text, sizeof text,
+                 "its payload for step %lld is %llu bytes, but the round's first contribution is %llu bytes "
+                 "(the replicas' configs differ)",
+                 (long long)step, (unsigned long long)total, (unsigned long long)h->round_bytes);
+        evict_from_round(h, id, text);
+        return false;
+    }
+    if (!why && first && h->round_log_trimmed) {
+        evict_from_round(h, id, "began its contribution after the round's payloads had been passed on");
+        return false;
+    }
+    if (!why) why = transfer_expect(&r->up, step, total, chunk);
+    if (why) {
+        drop_replica(h, id, why);
+        return false;
+    }
+    if (first) {
+        if (!h->round_sized) {
+            h->round_sized = true;
+            h->round_bytes = total;
+        }
+        h->contrib[id].total = total;
+        h->contrib[id].chunk = chunk;
+        forward_round_to(h, id);
+        trim_round_log(h);   // it may have been the last to begin
+    }
+    return true;
+}
+
+static void finish_contribution_if_whole(relay *h, int id) {
+    replica *r = rep(h, id);
+    if (!transfer_whole(&r->up) || h->contrib[id].whole) return;
+    h->contrib[id].whole = true;
+    if (h->first_whole_s < 0) h->first_whole_s = wall_seconds();
+    check_round(h);
+}
+
+// Frames for a step the group has closed, or from a replica that is not a member, come from
+// a replica dropped from a round: chunks are ignored, and a contribution is answered with
+// EVICTED so that the replica stops waiting for the round and rejoins. The same holds for a
+// replica whose contribution to the open round was cut off (dropped, evicted) halfway.
+static bool cut_off(relay *h, int id, int64_t step) {
+    return h->round_open && step == h->round_step && h->contrib[id].cut_off;
+}
+
+static bool stale(relay *h, int id, int64_t step) {
+    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step || cut_off(h, id, step);
+}
+
 static void on_contribute(relay *h, int id, const wire_contribute *m) {
     replica *r = rep(h, id);
     if (stale(h, id, m->outer_step)) {
         char text[160];
         snprintf(text, sizeof text, "contribution to step %lld refused: %s", (long long)m->outer_step,
-                 r->state != R_MEMBER ? "not a member of the group (rejoin)" : "the group has closed that step");
+                 r->state != R_MEMBER             ? "not a member of the group (rejoin)"
+                 : cut_off(h, id, m->outer_step) ? "its earlier contribution to that step was cut off (rejoin)"
+                                                 : "the group has closed that step");
         hub_log(h, "replica %d: %s", id, text);
         if (r->state == R_MEMBER && !r->joiner) {
             r->state = R_CONNECTED;   // out of step with the group
-            release_contribution(r);
+            leave_round(h, id);
             drop_queue(r);
         }
         tell_evicted(h, id, m->outer_step, text);
@@ -652,7 +774,16 @@ static void on_payload_chunk(relay *h, int id, const wire_data *d) {
         drop_replica(h, id, why);
         return;
     }
-    memcpy(r->up_buf->data + d->offset, d->bytes, (size_t)d->chunk_len);
+    blob *b = blob_new((size_t)d->chunk_len);
+    if (!b) {
+        drop_replica(h, id, "the hub is out of memory for its chunk");
+        return;
+    }
+    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
+    logged_chunk c = {.b = b, .offset = d->offset};
+    forward_chunk(h, id, &c);
+    if (round_log_needed(h)) log_append(&h->contrib[id], b, d->offset);
+    blob_release(b);
     finish_contribution_if_whole(h, id);
 }
 
@@ -678,7 +809,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
         r->joiner = false;
         drop_queue(r);
     }
-    if (r->state == R_MEMBER) release_contribution(r);
+    if (r->state == R_MEMBER) leave_round(h, id);
     r->state = R_CONNECTED;
     check_round(h);
     for (int st = 1; st <= r->streams; st++)
@@ -945,6 +1076,7 @@ static void housekeeping(relay *h) {
     }
     check_round(h);
     settle_group(h);
+    trim_round_log(h);
 }
 
 // ---------------------------------------------------------------- the loop
@@ -1070,8 +1202,8 @@ static void relay_destroy(relay *h) {
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++) {
         drop_queue(rep(h, id));
         release_contribution(rep(h, id));
+        log_reset(&h->contrib[id]);
     }
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) blob_release(h->round_buf[i]);
     transfer_reset(&h->st);
     for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
     sweep_conns(h);

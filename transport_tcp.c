@@ -12,8 +12,11 @@
 //     (non-blocking, one poll() loop): uploads its payload in chunks handed to whichever
 //     stream has room, and reads the chunks the hub forwards, which it places by owner,
 //     step and offset (they are self-describing, so their order across streams is free).
-// The hub forwards the others' payloads for step k once this replica has begun round k
-// (so, often while it is still uploading); they are kept per owner, for the newest step.
+// The hub passes the others' payload chunks for step k on as they reach it (cut-through),
+// once this replica has begun round k: so they arrive while it is still uploading, and
+// while their owners are. They are kept per owner, for the newest step; ROUND then names
+// the contributions that count, and the bytes of any other owner (one dropped mid-upload)
+// are simply not used.
 //
 // Losing the hub (connection closed, a bad frame, no heartbeat for timeout_s) is never fatal
 // by itself: the next call reconnects, and since the hub dropped this replica, the
@@ -517,6 +520,10 @@ static const char *take_chunk(tcp *t, const wire_data *d) {
         s->step = d->outer_step;
         s->total = d->total_bytes;
         s->received = 0;
+        // Test hook (TRAIN_GPT_FAULT=tcp_trace:K): when the others' payloads for round K begin.
+        if (fault_requested("tcp_trace", d->outer_step))
+            note("diloco: trace: step %lld: first chunk of replica %u's payload at %.6f", (long long)d->outer_step,
+                 d->owner_id, wall_seconds());
     }
     if (s->total != d->total_bytes) return "a payload chunk disagrees with its transfer";
     memcpy(s->buf + d->offset, d->bytes, (size_t)d->chunk_len);
@@ -713,6 +720,11 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     t->job_next = 0;
     t->job_step = outer_step;
     t->job_kind = DATA_PAYLOAD;
+    // Test hooks (TRAIN_GPT_FAULT): tcp_slow_upload:K uploads the first half of round K's
+    // payload, pauses 0.6 s, then the rest; tcp_die_in_upload:K uploads the first half,
+    // waits 0.3 s (the hub passes it on), and SIGKILLs itself.
+    bool slow = fault_requested("tcp_slow_upload", outer_step), die = fault_requested("tcp_die_in_upload", outer_step);
+    if (slow || die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
     wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
     char err[256];
@@ -721,6 +733,17 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
         return recover(t, r, t0);
     }
     if (!pump(t, upload_finished)) return recover(t, r, t0);
+    if (die) {
+        sleep_s(0.3);
+        raise(SIGKILL);
+    }
+    if (slow) {
+        sleep_s(0.6);
+        t->job_end = t->job_total;
+        if (!pump(t, upload_finished)) return recover(t, r, t0);
+    }
+    if (fault_requested("tcp_trace", outer_step))
+        note("diloco: trace: step %lld: own upload done at %.6f", (long long)outer_step, wall_seconds());
     double uploaded = wall_seconds();
     // Test hook (TRAIN_GPT_FAULT=tcp_slow_read:K): a replica slow to read round K, so that
     // the others' next payloads could queue up behind this round's in its sockets.

@@ -13,6 +13,10 @@
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
 //   late       a replica alive but late for a round: evicted at the deadline, rejoins
 //   slowread   a replica slow to read its rounds among fast ones: no step overtakes another
+//   cutthrough the hub passes chunks on as they arrive: a replica receives another's payload
+//              before that upload is done; a replica killed mid-upload is not named, its
+//              partial bytes are in nobody's result, and it may not contribute to that
+//              round again when it comes back
 //   donor      the donor dies halfway through the state: the next round's donor sends it
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
@@ -73,7 +77,12 @@ static void fill(uint8_t *p, size_t n, uint64_t seed) {
     memcpy(p + i, &v, n - i);
 }
 
-static size_t payload_bytes(int id, size_t base) { return base + (size_t)id * 12345; }
+// Every replica's payload has the same size (the hub refuses a contribution whose size
+// differs from the round's first), not a multiple of the 1 MiB chunk; ids differ in content.
+static size_t payload_bytes(int id, size_t base) {
+    (void)id;
+    return base + 12345;
+}
 static uint64_t payload_seed(int id, int64_t k) { return (uint64_t)id * 1000003 + (uint64_t)k * 7919 + 1; }
 static uint64_t status_hash(int64_t k) { return (uint64_t)k * 0x9e3779b97f4a7c15ull ^ 0xabc; }
 
@@ -635,6 +644,149 @@ static void test_slow_reader(void) {
     finish(&s);
 }
 
+// The time a replica's trace line (TRAIN_GPT_FAULT=tcp_trace:K) gives: what follows `what`
+// in its stderr, -1 if absent.
+static double trace_time(scenario *s, int id, const char *what) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s_R%d.err", dir, s->name, id);
+    char *t = slurp(path);
+    char *p = strstr(t, what);
+    double v = p ? atof(p + strlen(what)) : -1;
+    free(t);
+    return v;
+}
+
+// Cut-through: a slow uploader's first half reaches the other replica before its upload is
+// done (with store-and-forward it could only arrive after).
+static void test_cutthrough_slow(void) {
+    static scenario s;
+    open_reports(&s, "cutthrough");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 2; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.replicas = 2;
+        c.steps = 4;
+        c.payload_base = 4u << 20;   // 5 chunks: the first half is 2 of them
+        c.slow_at = 0, c.slow_s = 0.5;   // both are in before the first round
+        start_replica_env(&s, &c, id == 0 ? "tcp_slow_upload:2,tcp_trace:2" : "tcp_trace:2");
+    }
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 4, 30), "cutthrough: replica %d finishes", id);
+    for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "cutthrough: replica %d exits 0", id);
+    bool ok = true;
+    int full = rounds_of(&s, 0, 2, &ok) + rounds_of(&s, 1, 2, &ok);
+    EXPECT(ok && full == 8, "cutthrough: 4 rounds of both on both replicas, byte-exact (%d)", full);
+    double got = trace_time(&s, 1, "step 2: first chunk of replica 0's payload at ");
+    double done = trace_time(&s, 0, "step 2: own upload done at ");
+    EXPECT(got > 0 && done > 0 && got < done - 0.3,
+           "cutthrough: replica 1 receives replica 0's payload %.3f s before replica 0's upload is done", done - got);
+    printf("cutthrough: the first chunk arrived %.3f s before the slow upload was done\n", done - got);
+    stop_hub(&s);
+    finish(&s);
+}
+
+// A contributor killed halfway through its upload, after the hub passed its first half on:
+// the round names the others only, and what they return is byte-exact theirs; back, the
+// replica rejoins and contributes again.
+static void test_cutthrough_killed(void) {
+    static scenario s;
+    open_reports(&s, "cutkill");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 8;
+        c.payload_base = 4u << 20;
+        c.slow_at = 0, c.slow_s = 0.5;
+        start_replica_env(&s, &c, id == 2 ? "tcp_die_in_upload:2" : "tcp_trace:2");
+    }
+    EXPECT(wait_exit(s.pids[2], 20) == 128 + SIGKILL, "cutkill: replica 2 dies halfway through its upload");
+    for (int id = 0; id < 2; id++) {
+        const rec *r = await(&s, id, "round", 2, 20);
+        EXPECT(r && r->k == 2 && r->n == 2 && !strcmp(r->ids, "0,1") && r->ok,
+               "cutkill: replica %d's round 2 names 0 and 1 only, byte-exact (n %d ids %s ok %d)", id, r ? r->n : -1,
+               r ? r->ids : "-", r ? r->ok : 0);
+        EXPECT(trace_time(&s, id, "step 2: first chunk of replica 2's payload at ") > 0,
+               "cutkill: replica %d did receive part of the dead replica's payload (and dropped it)", id);
+    }
+    replica_cfg c = default_cfg(&s, 2);
+    c.steps = 8;
+    c.payload_base = 4u << 20;
+    start_replica(&s, &c);   // stale: it gets the state
+    const rec *g = await(&s, 2, "gotstate", 0, 20);
+    EXPECT(g && g->ok, "cutkill: back, replica 2 gets the state");
+    const rec *back = await(&s, 2, "round", g ? g->k : 0, 20);
+    EXPECT(back && back->n == 3 && back->ok, "cutkill: and contributes again with all three");
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 8, 30), "cutkill: replica %d finishes", id);
+    bool ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "cutkill: every round every replica saw was byte-exact");
+    stop_hub(&s);
+    finish(&s);
+
+    // Killed in the group's first round and back at once, with the same status: a member at
+    // once, but its contribution to that round is refused (the others may hold part of the
+    // first upload); it rejoins through the state.
+    static scenario s2;
+    open_reports(&s2, "cutback");
+    start_hub(&s2, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c2 = default_cfg(&s2, id);
+        c2.steps = 4;
+        c2.payload_base = 4u << 20;
+        c2.inner_s = 0.0;
+        if (id < 2) c2.slow_at = 0, c2.slow_s = 2.0 * TIMEOUT_S / 3;   // 0 and 1 begin round 0 late
+        start_replica_env(&s2, &c2, id == 2 ? "tcp_die_in_upload:0" : NULL);
+    }
+    EXPECT(wait_exit(s2.pids[2], 20) == 128 + SIGKILL, "cutback: replica 2 dies halfway through round 0");
+    replica_cfg c3 = default_cfg(&s2, 2);
+    c3.steps = 4;
+    c3.payload_base = 4u << 20;
+    c3.inner_s = 0.0;
+    start_replica(&s2, &c3);
+    const rec *m = await(&s2, 2, "member", 0, 10);
+    EXPECT(m && m->k == 0, "cutback: back before round 0 closed, replica 2 is a member at once");
+    const rec *e = await(&s2, 2, "evicted", 0, 10);
+    EXPECT(e && e->k == 0, "cutback: its second contribution to round 0 is refused");
+    EXPECT(file_has(s2.hub_log, "its earlier contribution to that step was cut off"), "cutback: the hub logs why");
+    for (int id = 0; id < 2; id++) {
+        const rec *r = await(&s2, id, "round", 0, 10);
+        EXPECT(r && r->k == 0 && !strcmp(r->ids, "0,1") && r->ok, "cutback: round 0 names 0 and 1 (%s)",
+               r ? r->ids : "-");
+    }
+    const rec *g2 = await(&s2, 2, "gotstate", 0, 20);
+    EXPECT(g2 && g2->ok, "cutback: replica 2 rejoins through the state");
+    for (int id = 0; id < 3; id++) EXPECT(await(&s2, id, "done", 4, 30), "cutback: replica %d finishes", id);
+    ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s2, id, -1, &ok);
+    EXPECT(ok, "cutback: every round was byte-exact");
+    stop_hub(&s2);
+    finish(&s2);
+}
+
+// A contribution whose size differs from the round's first: evicted and logged, the round
+// goes on without it.
+static void test_size(void) {
+    static scenario s;
+    open_reports(&s, "size");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 3;
+        c.slow_at = 0, c.slow_s = id == 2 ? 0.8 : 0.4;   // replica 2 is the last to contribute
+        if (id == 2) c.payload_base += 1000;
+        start_replica(&s, &c);
+    }
+    const rec *e = await(&s, 2, "evicted", 0, 10);
+    EXPECT(e && e->k == 0, "size: the replica with another payload size is evicted from round 0");
+    EXPECT(file_has(s.hub_log, "bytes, but the round's first contribution is"), "size: the hub logs the sizes");
+    for (int id = 0; id < 2; id++) {
+        const rec *r = await(&s, id, "round", 0, 10);
+        EXPECT(r && r->k == 0 && !strcmp(r->ids, "0,1") && r->ok, "size: round 0 names 0 and 1 (%s)", r ? r->ids : "-");
+    }
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 3, 30), "size: replica %d finishes", id);
+    stop_hub(&s);
+    finish(&s);
+}
+
 // The donor dies halfway through sending its state: the joiner waits, and at the next
 // round the next donor (the lowest-id contributor left) sends it the state.
 static void test_donor_dies(void) {
@@ -1091,6 +1243,7 @@ int main(int argc, char **argv) {
     } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
                  {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"late", test_late},
                  {"refound", test_refound},    {"slowread", test_slow_reader},
+                 {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed}, {"size", test_size},
                  {"donor", test_donor_dies},
                  {"restart", test_hub_restart}, {"evil", test_evil}};
     double t0 = wall_seconds();
