@@ -106,7 +106,7 @@ typedef struct {
 // has begun, each chunk lives only as long as the receivers' queues hold it.
 typedef struct {
     bool whole;                     // its contribution is complete: it counts
-    bool cut_off;                   // it began and left the round before it was whole
+    bool left;                      // it began the round and left it (whole or not): no second try
     uint64_t total;
     uint32_t chunk;                 // its own chunking
     logged_chunk *chunks;
@@ -406,14 +406,15 @@ static void settle_group(relay *h);
 static void release_contribution(replica *r) { transfer_reset(&r->up); }
 
 // Replica id leaves the open round. A contribution already whole still counts; one cut off
-// halfway is discarded (receivers drop its bytes: ROUND will not name it), and the replica
-// may not contribute to this round again: some receivers already hold part of this upload.
+// halfway is discarded (receivers drop its bytes: ROUND will not name it). Either way the
+// replica may not contribute to this round again: the receivers already hold (part of) its
+// first upload, and a second one under the same id would mix with it in their buffers.
 static void leave_round(relay *h, int id) {
     replica *r = rep(h, id);
     round_log *l = &h->contrib[id];
-    if (h->round_open && r->up.started && !l->whole && r->up.step == h->round_step) {
-        log_drop_chunks(l);
-        l->cut_off = true;
+    if (h->round_open && r->up.started && r->up.step == h->round_step) {
+        if (!l->whole) log_drop_chunks(l);
+        l->left = true;
     }
     release_contribution(r);
 }
@@ -664,7 +665,7 @@ static void evict_from_round(relay *h, int id, const char *text) {
     tell_evicted(h, id, h->round_step, text);
     r->state = R_CONNECTED;
     leave_round(h, id);
-    h->contrib[id].cut_off = true;   // its chunks still in flight are ignored
+    h->contrib[id].left = true;   // its chunks still in flight are ignored
     drop_queue(r);
     check_round(h);
 }
@@ -721,13 +722,13 @@ static void finish_contribution_if_whole(relay *h, int id) {
 // Frames for a step the group has closed, or from a replica that is not a member, come from
 // a replica dropped from a round: chunks are ignored, and a contribution is answered with
 // EVICTED so that the replica stops waiting for the round and rejoins. The same holds for a
-// replica whose contribution to the open round was cut off (dropped, evicted) halfway.
-static bool cut_off(relay *h, int id, int64_t step) {
-    return h->round_open && step == h->round_step && h->contrib[id].cut_off;
+// replica that began the open round and left it (dropped, evicted, rejoined), whole or not.
+static bool left_round(relay *h, int id, int64_t step) {
+    return h->round_open && step == h->round_step && h->contrib[id].left;
 }
 
 static bool stale(relay *h, int id, int64_t step) {
-    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step || cut_off(h, id, step);
+    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step || left_round(h, id, step);
 }
 
 static void on_contribute(relay *h, int id, const wire_contribute *m) {
@@ -736,8 +737,8 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
         char text[160];
         snprintf(text, sizeof text, "contribution to step %lld refused: %s", (long long)m->outer_step,
                  r->state != R_MEMBER             ? "not a member of the group (rejoin)"
-                 : cut_off(h, id, m->outer_step) ? "its earlier contribution to that step was cut off (rejoin)"
-                                                 : "the group has closed that step");
+                 : left_round(h, id, m->outer_step) ? "it left that step's round after beginning it (rejoin)"
+                                                    : "the group has closed that step");
         hub_log(h, "replica %d: %s", id, text);
         if (r->state == R_MEMBER && !r->joiner) {
             r->state = R_CONNECTED;   // out of step with the group
