@@ -214,3 +214,15 @@ const char *format_duration(double seconds, char *buf, size_t bytes) {
         snprintf(buf, bytes, "%lds", s);
     return buf;
 }
+
+uint8_t *read_secret_file(const char *path, const char *what, size_t *bytes) {
+    size_t n = 0;
+    char *text = read_file_or_null(path, &n);
+    if (!text) fail("%s: cannot read '%s': %s", what, path, strerror(errno));
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
+    if (n < 16) fail("%s: '%s' holds %zu bytes; use at least 16 (e.g. openssl rand -hex 32)", what, path, n);
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077)) warn("%s: '%s' can be read by other users (chmod 600 it)", what, path);
+    *bytes = n;
+    return (uint8_t *)text;
+}

@@ -46,6 +46,10 @@ bool write_exact(int fd, const void *buf, size_t bytes);
 bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset);
 // Reads a whole file into a NUL-terminated buffer; NULL on failure (errno set).
 char *read_file_or_null(const char *path, size_t *bytes_out);
+// A shared secret (DiLoCo's diloco_secret_file, the relay's --secret_file): the file's
+// bytes without trailing whitespace, at least 16 of them, warning when others can read the
+// file. `what` names the setting in the one-line error. Caller wipes and frees.
+uint8_t *read_secret_file(const char *path, const char *what, size_t *bytes);
 bool file_exists(const char *path);
 bool dir_exists(const char *path);
 // mkdir -p; false on failure (errno set).

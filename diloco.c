@@ -47,20 +47,6 @@ uint64_t diloco_hash(const float *x, int64_t n) { return xxh64(x, (size_t)n * si
 int diloco_replica_id(const diloco *d) { return (int)d->cfg->diloco_replica_id; }
 int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 
-// Reads the shared secret: the file's bytes, without trailing whitespace.
-static uint8_t *read_secret(const char *path, size_t *bytes) {
-    size_t n;
-    char *text = read_file_or_null(path, &n);
-    if (!text) fail("diloco_secret_file: cannot read '%s': %s", path, strerror(errno));
-    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
-    if (n < 16) fail("diloco_secret_file: '%s' holds %zu bytes; use at least 16 (e.g. openssl rand -hex 32)", path, n);
-    struct stat st;
-    if (stat(path, &st) == 0 && (st.st_mode & 077))
-        warn("diloco_secret_file: '%s' can be read by other users (chmod 600 it)", path);
-    *bytes = n;
-    return (uint8_t *)text;
-}
-
 // What every replica of one run must agree on: the model, M, H, the outer optimizer and
 // how Δ is encoded. A replica with a different fingerprint is refused when it joins.
 static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
@@ -109,7 +95,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
         d->net = transport_mpi_open(&o);
     } else {
-        secret = read_secret(cfg->diloco_secret_file, &o.secret_bytes);
+        secret = read_secret_file(cfg->diloco_secret_file, "diloco_secret_file", &o.secret_bytes);
         o.secret = secret;
         o.rendezvous = cfg->diloco_rendezvous;
         o.serve = cfg->diloco_serve;

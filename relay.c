@@ -1287,20 +1287,6 @@ static double parse_number(const char *name, const char *value, double lo, doubl
     return v;
 }
 
-// The secret file is read as the replicas read diloco_secret_file: its bytes, without
-// trailing whitespace, at least 16 of them.
-static uint8_t *read_secret_file(const char *path, size_t *bytes) {
-    size_t n = 0;
-    char *text = read_file_or_null(path, &n);
-    if (!text) fail("relay: --secret_file: cannot read '%s': %s", path, strerror(errno));
-    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
-    if (n < 16) fail("relay: --secret_file: '%s' holds %zu bytes; use at least 16 (e.g. openssl rand -hex 32)", path, n);
-    struct stat st;
-    if (stat(path, &st) == 0 && (st.st_mode & 077)) warn("relay: --secret_file: '%s' can be read by other users (chmod 600 it)", path);
-    *bytes = n;
-    return (uint8_t *)text;
-}
-
 int relay_main(int argc, char **argv) {
     relay_options o = {.timeout_s = 60, .min_replicas = 1};
     const char *secret_path = NULL;
@@ -1331,7 +1317,7 @@ int relay_main(int argc, char **argv) {
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");
     if (!secret_path) fail("relay: --secret_file PATH is required: the run's diloco_secret_file");
-    uint8_t *secret = read_secret_file(secret_path, &o.secret_bytes);
+    uint8_t *secret = read_secret_file(secret_path, "relay: --secret_file", &o.secret_bytes);
     o.secret = secret;
     o.log = stdout;
     char err[320];

@@ -2,9 +2,10 @@
 // thread inside one replica (transport_options.serve). Protocol and state machine:
 // docs/protocol.md.
 //
-// The hub keeps the membership (heartbeats, evictions, joins at outer boundaries), collects
-// each replica's payload for a round and forwards it to every other member, closes the
-// round, and relays a donor's state to the replicas that join. It never looks inside a
+// The hub keeps the membership (heartbeats, evictions, joins at outer boundaries), passes
+// each chunk of a replica's payload on to every other member of the round as it arrives
+// (cut-through), closes the round naming the contributions that arrived whole, and relays
+// a donor's state to the replicas that join. It never looks inside a
 // payload or a state. Every error a peer can cause is logged on one line (naming the peer's
 // address) and costs that peer its connection; the hub itself carries on.
 #ifndef TRAIN_GPT_RELAY_H
