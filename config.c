@@ -99,7 +99,7 @@ static const key_spec KEYS[] = {
     {"diloco_transport", KEY_CHOICE, T(diloco_transport), "tcp", 0, 0, "tcp|mpi", false, "tcp: replicas meet at a hub (relay); mpi: replicas are the ranks of one MPI job"},
     {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
-    {"diloco_streams", KEY_INT, T(diloco_streams), "4", 1, 64, NULL, false, "tcp: parallel TCP connections per replica for outer gradients"},
+    {"diloco_streams", KEY_INT, T(diloco_streams), "1", 1, 64, NULL, false, "tcp: parallel TCP data connections per replica for outer gradients"},
     {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4", false, "how outer gradients travel: fp32, or blockwise int8 / int4"},
     {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 24, NULL, false, "values per quantization block (one fp32 scale each)"},
     {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
