@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
@@ -333,10 +332,12 @@ static void dump_end(diloco *d, FILE *f, const float *momentum_before) {
 static void log_outer_step(diloco *d, const train_state *st, const round_result *r, bool applied,
                            const char *reason, double quant_err) {
     uint64_t theta_hash = diloco_hash(d->theta, d->numel), m_hash = diloco_hash(d->momentum, d->numel);
+    strbuf ids = {0};
+    sb_append(&ids, "");
+    for (int c = 0; c < r->n; c++) sb_printf(&ids, "%s%d", c ? "," : "", r->ids[c]);
     strbuf sb = {0};
-    sb_printf(&sb, "\"outer_step\":%lld,\"step\":%lld,\"contributors\":[", (long long)st->outer_step,
-              (long long)st->step);
-    for (int c = 0; c < r->n; c++) sb_printf(&sb, "%s%d", c ? "," : "", r->ids[c]);
+    sb_printf(&sb, "\"outer_step\":%lld,\"step\":%lld,\"contributors\":[%s", (long long)st->outer_step,
+              (long long)st->step, ids.data);
     sb_printf(&sb, "],\"applied\":%s,\"bytes_sent\":%llu,\"bytes_recv\":%llu,\"sync_s\":%.4f,\"wait_s\":%.4f,",
               applied ? "true" : "false", (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_recv,
               r->sync_s, r->wait_s);
@@ -351,11 +352,9 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
     char sent[32], recv[32];
     format_count((double)r->bytes_sent, sent, sizeof sent);
     format_count((double)r->bytes_recv, recv, sizeof recv);
-    strbuf ids = {0};
-    for (int c = 0; c < r->n; c++) sb_printf(&ids, "%s%d", c ? "," : "", r->ids[c]);
     printf("outer %4lld | step %6lld | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err %.2e | "
            "hash %016llx%s%s\n",
-           (long long)st->outer_step, (long long)st->step, ids.data ? ids.data : "", sent, recv, r->sync_s, r->wait_s,
+           (long long)st->outer_step, (long long)st->step, ids.data, sent, recv, r->sync_s, r->wait_s,
            quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
     fflush(stdout);
     sb_free(&ids);
