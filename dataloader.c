@@ -6,6 +6,7 @@
 // process reads from it (a full pass over that shard, at disk speed), so corruption is
 // found before any of its tokens reach the model, without reading terabytes at start-up.
 #include "dataloader.h"
+#include "bytes.h"
 #include "checksum.h"
 #include "common.h"
 #include "rng.h"
@@ -20,22 +21,6 @@
 
 // ---------------------------------------------------------------- header encoding
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static void encode_header(const shard_header *h, uint8_t out[SHARD_HEADER_BYTES]) {
     memset(out, 0, SHARD_HEADER_BYTES);

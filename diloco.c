@@ -1,5 +1,6 @@
 // diloco.c — the DiLoCo outer loop (see diloco.h and docs/diloco.md).
 #include "diloco.h"
+#include "bytes.h"
 #include "checksum.h"
 #include "common.h"
 #include "fault.h"
@@ -116,24 +117,15 @@ void diloco_attach_buffers(diloco *d, model_buffers *b) {
 
 // ---------------------------------------------------------------- state transfer
 
-static void put_i64(uint8_t *p, int64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)((uint64_t)v >> (8 * i));
-}
-
-static int64_t get_i64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return (int64_t)v;
-}
 
 static size_t pack_state(diloco *d, const train_state *st) {
     uint8_t *p = d->state;
     memcpy(p, STATE_MAGIC, 8);
-    put_i64(p + 8, STATE_VERSION);  // u32 version + u32 reserved = 0
-    put_i64(p + 16, st->outer_step);
-    put_i64(p + 24, st->step);
-    put_i64(p + 32, st->tokens_seen);
-    put_i64(p + 40, d->numel);
+    put_u64(p + 8, STATE_VERSION);  // u32 version + u32 reserved = 0
+    put_u64(p + 16, (uint64_t)st->outer_step);
+    put_u64(p + 24, (uint64_t)st->step);
+    put_u64(p + 32, (uint64_t)st->tokens_seen);
+    put_u64(p + 40, (uint64_t)d->numel);
     size_t bytes = (size_t)d->numel * sizeof(float);
     memcpy(p + STATE_HEADER_BYTES, d->theta, bytes);
     memcpy(p + STATE_HEADER_BYTES + bytes, d->momentum, bytes);
@@ -143,11 +135,11 @@ static size_t pack_state(diloco *d, const train_state *st) {
 // Takes over the group's state: θ, m, step counters, data position; params ← θ.
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
-    if (got != d->state_bytes || memcmp(p, STATE_MAGIC, 8) != 0 || get_i64(p + 8) != STATE_VERSION ||
-        get_i64(p + 40) != d->numel)
+    if (got != d->state_bytes || memcmp(p, STATE_MAGIC, 8) != 0 || (int64_t)get_u64(p + 8) != STATE_VERSION ||
+        (int64_t)get_u64(p + 40) != d->numel)
         fail("diloco: the state received from the donor replica is malformed (%zu bytes, expected %zu)", got,
              d->state_bytes);
-    int64_t outer_step = get_i64(p + 16), step = get_i64(p + 24), tokens = get_i64(p + 32);
+    int64_t outer_step = (int64_t)get_u64(p + 16), step = (int64_t)get_u64(p + 24), tokens = (int64_t)get_u64(p + 32);
     if (outer_step < 0 || step < 0 || step > d->cfg->max_steps || tokens < 0)
         fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld)", (long long)outer_step,
              (long long)step);

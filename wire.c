@@ -1,6 +1,7 @@
 // wire.c — frames, the handshake's proofs and keys, and the payload codecs. See wire.h and
 // docs/protocol.md. Pure functions over byte buffers: the fuzzer links this file alone.
 #include "wire.h"
+#include "bytes.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -12,24 +13,6 @@
 #include <string.h>
 
 // ---------------------------------------------------------------- little-endian fields
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 static bool all_zero(const uint8_t *p, size_t n) {
     uint8_t acc = 0;
     for (size_t i = 0; i < n; i++) acc |= p[i];
@@ -152,11 +135,11 @@ wire_error wire_check_header(const uint8_t h[WIRE_HEADER_BYTES], wire_frame *f) 
     f->frame_bytes = WIRE_HEADER_BYTES;
     if (h[0] != WIRE_MAGIC0 || h[1] != WIRE_MAGIC1 || h[2] != WIRE_MAGIC2 || h[3] != WIRE_MAGIC3)
         return WIRE_BAD_MAGIC;
-    f->version = get16(h + 4);
+    f->version = get_u16(h + 4);
     f->type = h[6];
     f->flags = h[7];
-    f->seq = get64(h + 8);
-    f->payload_bytes = get64(h + 16);
+    f->seq = get_u64(h + 8);
+    f->payload_bytes = get_u64(h + 16);
     if (f->version != WIRE_VERSION) return WIRE_BAD_VERSION;
     uint64_t lo, hi;
     if (!wire_payload_bounds(f->type, &lo, &hi)) return WIRE_BAD_TYPE;
@@ -191,11 +174,11 @@ wire_error wire_parse(const uint8_t *buf, size_t bytes, const uint8_t key[WIRE_K
 
 void wire_put_header(uint8_t out[WIRE_HEADER_BYTES], unsigned type, uint64_t seq, uint64_t payload_bytes) {
     out[0] = WIRE_MAGIC0, out[1] = WIRE_MAGIC1, out[2] = WIRE_MAGIC2, out[3] = WIRE_MAGIC3;
-    put16(out + 4, WIRE_VERSION);
+    put_u16(out + 4, WIRE_VERSION);
     out[6] = (uint8_t)type;
     out[7] = 0;
-    put64(out + 8, seq);
-    put64(out + 16, payload_bytes);
+    put_u64(out + 8, seq);
+    put_u64(out + 16, payload_bytes);
 }
 
 size_t wire_build(uint8_t *out, unsigned type, uint64_t seq, const uint8_t *payload, size_t payload_bytes,
@@ -241,28 +224,28 @@ void wire_session_keys(const uint8_t *secret, size_t secret_bytes, const uint8_t
 // ---------------------------------------------------------------- payload codecs
 size_t wire_encode_hello(const wire_hello *m, uint8_t *out) {
     memcpy(out, m->nonce_h, WIRE_NONCE_BYTES);
-    put32(out + 32, m->timeout_ms);
-    put32(out + 36, 0);
+    put_u32(out + 32, m->timeout_ms);
+    put_u32(out + 36, 0);
     return WIRE_HELLO_BYTES;
 }
 
 const char *wire_decode_hello(const uint8_t *p, size_t n, wire_hello *m) {
     if (n != WIRE_HELLO_BYTES) return "HELLO has the wrong size";
     memcpy(m->nonce_h, p, WIRE_NONCE_BYTES);
-    m->timeout_ms = get32(p + 32);
-    if (get32(p + 36) != 0) return "HELLO: reserved field not zero";
+    m->timeout_ms = get_u32(p + 32);
+    if (get_u32(p + 36) != 0) return "HELLO: reserved field not zero";
     if (m->timeout_ms == 0) return "HELLO: timeout of 0 ms";
     return NULL;
 }
 
 size_t wire_encode_auth(const wire_auth *m, uint8_t *out) {
-    put32(out, m->replica_id);
-    put16(out + 4, m->stream_index);
-    put16(out + 6, m->streams);
-    put32(out + 8, m->replicas);
-    put32(out + 12, m->min_replicas);
-    put64(out + 16, m->run_fingerprint);
-    put64(out + 24, m->session_id);
+    put_u32(out, m->replica_id);
+    put_u16(out + 4, m->stream_index);
+    put_u16(out + 6, m->streams);
+    put_u32(out + 8, m->replicas);
+    put_u32(out + 12, m->min_replicas);
+    put_u64(out + 16, m->run_fingerprint);
+    put_u64(out + 24, m->session_id);
     memcpy(out + 32, m->nonce_c, WIRE_NONCE_BYTES);
     memcpy(out + 64, m->proof, 32);
     return WIRE_AUTH_BYTES;
@@ -270,13 +253,13 @@ size_t wire_encode_auth(const wire_auth *m, uint8_t *out) {
 
 const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
     if (n != WIRE_AUTH_BYTES) return "AUTH has the wrong size";
-    m->replica_id = get32(p);
-    m->stream_index = get16(p + 4);
-    m->streams = get16(p + 6);
-    m->replicas = get32(p + 8);
-    m->min_replicas = get32(p + 12);
-    m->run_fingerprint = get64(p + 16);
-    m->session_id = get64(p + 24);
+    m->replica_id = get_u32(p);
+    m->stream_index = get_u16(p + 4);
+    m->streams = get_u16(p + 6);
+    m->replicas = get_u32(p + 8);
+    m->min_replicas = get_u32(p + 12);
+    m->run_fingerprint = get_u64(p + 16);
+    m->session_id = get_u64(p + 24);
     memcpy(m->nonce_c, p + 32, WIRE_NONCE_BYTES);
     memcpy(m->proof, p + 64, 32);
     // Range checks that need no secret; the hub checks the proof first and says which failed.
@@ -290,19 +273,19 @@ const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
 }
 
 size_t wire_encode_welcome(const wire_welcome *m, uint8_t *out) {
-    put64(out, m->session_id);
-    put32(out + 8, m->timeout_ms);
-    put32(out + 12, 0);
+    put_u64(out, m->session_id);
+    put_u32(out + 8, m->timeout_ms);
+    put_u32(out + 12, 0);
     memcpy(out + 16, m->proof, 32);
     return WIRE_WELCOME_BYTES;
 }
 
 const char *wire_decode_welcome(const uint8_t *p, size_t n, wire_welcome *m) {
     if (n != WIRE_WELCOME_BYTES) return "WELCOME has the wrong size";
-    m->session_id = get64(p);
-    m->timeout_ms = get32(p + 8);
+    m->session_id = get_u64(p);
+    m->timeout_ms = get_u32(p + 8);
     memcpy(m->proof, p + 16, 32);
-    if (get32(p + 12) != 0) return "WELCOME: reserved field not zero";
+    if (get_u32(p + 12) != 0) return "WELCOME: reserved field not zero";
     if (m->session_id == 0) return "WELCOME: session id 0";
     if (m->timeout_ms == 0) return "WELCOME: timeout of 0 ms";
     return NULL;
@@ -315,50 +298,50 @@ static size_t text_length(const char *text) {
 
 size_t wire_encode_refuse(uint32_t code, const char *text, uint8_t *out) {
     size_t n = text_length(text);
-    put32(out, code);
-    put32(out + 4, (uint32_t)n);
+    put_u32(out, code);
+    put_u32(out + 4, (uint32_t)n);
     if (n) memcpy(out + 8, text, n);
     return 8 + n;
 }
 
 const char *wire_decode_refuse(const uint8_t *p, size_t n, wire_refuse *m) {
     if (n < 8 || n > 8 + WIRE_MAX_TEXT_BYTES) return "REFUSE has the wrong size";
-    m->code = get32(p);
-    m->text_bytes = get32(p + 4);
+    m->code = get_u32(p);
+    m->text_bytes = get_u32(p + 4);
     m->text = p + 8;
     if (m->text_bytes != n - 8) return "REFUSE: text length disagrees with the frame";
     return NULL;
 }
 
 size_t wire_encode_status(const wire_status *m, uint8_t *out) {
-    put64(out, (uint64_t)m->outer_step);
-    put64(out + 8, m->param_hash);
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u64(out + 8, m->param_hash);
     return WIRE_JOIN_BYTES;
 }
 
 const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m) {
     if (n != WIRE_JOIN_BYTES) return "JOIN has the wrong size";
-    m->outer_step = (int64_t)get64(p);
-    m->param_hash = get64(p + 8);
+    m->outer_step = (int64_t)get_u64(p);
+    m->param_hash = get_u64(p + 8);
     if (m->outer_step < 0) return "JOIN: negative outer step";
     return NULL;
 }
 
 size_t wire_encode_joined(const wire_joined *m, uint8_t *out) {
-    put32(out, m->result);
-    put32(out + 4, 0);
-    put64(out + 8, (uint64_t)m->group_step);
-    put64(out + 16, m->group_hash);
+    put_u32(out, m->result);
+    put_u32(out + 4, 0);
+    put_u64(out + 8, (uint64_t)m->group_step);
+    put_u64(out + 16, m->group_hash);
     return WIRE_JOINED_BYTES;
 }
 
 const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m) {
     if (n != WIRE_JOINED_BYTES) return "JOINED has the wrong size";
-    m->result = get32(p);
-    m->group_step = (int64_t)get64(p + 8);
-    m->group_hash = get64(p + 16);
+    m->result = get_u32(p);
+    m->group_step = (int64_t)get_u64(p + 8);
+    m->group_hash = get_u64(p + 16);
     if (m->result != JOINED_MEMBER && m->result != JOINED_WAIT) return "JOINED: unknown result";
-    if (get32(p + 4) != 0) return "JOINED: reserved field not zero";
+    if (get_u32(p + 4) != 0) return "JOINED: reserved field not zero";
     return NULL;
 }
 
@@ -369,41 +352,41 @@ static const char *check_transfer(uint64_t total, uint32_t chunk) {
 }
 
 size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out) {
-    put64(out, (uint64_t)m->outer_step);
-    put64(out + 8, m->total_bytes);
-    put32(out + 16, m->chunk_bytes);
-    put32(out + 20, 0);
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u64(out + 8, m->total_bytes);
+    put_u32(out + 16, m->chunk_bytes);
+    put_u32(out + 20, 0);
     return WIRE_CONTRIBUTE_BYTES;
 }
 
 const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m) {
     if (n != WIRE_CONTRIBUTE_BYTES) return "CONTRIBUTE has the wrong size";
-    m->outer_step = (int64_t)get64(p);
-    m->total_bytes = get64(p + 8);
-    m->chunk_bytes = get32(p + 16);
-    if (get32(p + 20) != 0) return "CONTRIBUTE: reserved field not zero";
+    m->outer_step = (int64_t)get_u64(p);
+    m->total_bytes = get_u64(p + 8);
+    m->chunk_bytes = get_u32(p + 16);
+    if (get_u32(p + 20) != 0) return "CONTRIBUTE: reserved field not zero";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
     return check_transfer(m->total_bytes, m->chunk_bytes);
 }
 
 size_t wire_encode_round(const wire_round *m, uint8_t *out) {
-    put64(out, (uint64_t)m->outer_step);
-    put32(out + 8, m->flags);
-    put32(out + 12, m->n);
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u32(out + 8, m->flags);
+    put_u32(out + 12, m->n);
     for (uint32_t i = 0; i < m->n && i < WIRE_MAX_REPLICAS; i++) {
         uint8_t *e = out + WIRE_ROUND_HEAD_BYTES + (size_t)i * WIRE_ROUND_ENTRY_BYTES;
-        put32(e, m->ids[i]);
-        put32(e + 4, 0);
-        put64(e + 8, m->bytes[i]);
+        put_u32(e, m->ids[i]);
+        put_u32(e + 4, 0);
+        put_u64(e + 8, m->bytes[i]);
     }
     return WIRE_ROUND_HEAD_BYTES + (size_t)m->n * WIRE_ROUND_ENTRY_BYTES;
 }
 
 const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
     if (n < WIRE_ROUND_HEAD_BYTES) return "ROUND is too short";
-    m->outer_step = (int64_t)get64(p);
-    m->flags = get32(p + 8);
-    m->n = get32(p + 12);
+    m->outer_step = (int64_t)get_u64(p);
+    m->flags = get_u32(p + 8);
+    m->n = get_u32(p + 12);
     if (m->outer_step < 0) return "ROUND: negative outer step";
     if (m->flags & ~(uint32_t)(ROUND_APPLY | ROUND_SEND_STATE)) return "ROUND: unknown flags";
     if (m->n > WIRE_MAX_REPLICAS) return "ROUND: more contributors than replicas";
@@ -411,9 +394,9 @@ const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
         return "ROUND: contributor count disagrees with the frame";
     for (uint32_t i = 0; i < m->n; i++) {
         const uint8_t *e = p + WIRE_ROUND_HEAD_BYTES + (size_t)i * WIRE_ROUND_ENTRY_BYTES;
-        m->ids[i] = get32(e);
-        m->bytes[i] = get64(e + 8);
-        if (get32(e + 4) != 0) return "ROUND: reserved field not zero";
+        m->ids[i] = get_u32(e);
+        m->bytes[i] = get_u64(e + 8);
+        if (get_u32(e + 4) != 0) return "ROUND: reserved field not zero";
         if (m->ids[i] >= WIRE_MAX_REPLICAS) return "ROUND: replica id out of range";
         if (i > 0 && m->ids[i] <= m->ids[i - 1]) return "ROUND: ids not strictly ascending";
         if (m->bytes[i] > WIRE_MAX_TRANSFER_BYTES) return "ROUND: payload larger than 1 TiB";
@@ -423,9 +406,9 @@ const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
 
 size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out) {
     size_t n = text_length(text);
-    put64(out, (uint64_t)outer_step);
-    put32(out + 8, reason);
-    put32(out + 12, (uint32_t)n);
+    put_u64(out, (uint64_t)outer_step);
+    put_u32(out + 8, reason);
+    put_u32(out + 12, (uint32_t)n);
     if (n) memcpy(out + WIRE_EVICTED_HEAD_BYTES, text, n);
     return WIRE_EVICTED_HEAD_BYTES + n;
 }
@@ -433,67 +416,67 @@ size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text
 const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m) {
     if (n < WIRE_EVICTED_HEAD_BYTES || n > WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES)
         return "EVICTED has the wrong size";
-    m->outer_step = (int64_t)get64(p);
-    m->reason = get32(p + 8);
-    m->text_bytes = get32(p + 12);
+    m->outer_step = (int64_t)get_u64(p);
+    m->reason = get_u32(p + 8);
+    m->text_bytes = get_u32(p + 12);
     m->text = p + WIRE_EVICTED_HEAD_BYTES;
     if (m->text_bytes != n - WIRE_EVICTED_HEAD_BYTES) return "EVICTED: text length disagrees with the frame";
     return NULL;
 }
 
 size_t wire_encode_state(const wire_state *m, uint8_t *out) {
-    put64(out, (uint64_t)m->outer_step);
-    put64(out + 8, m->total_bytes);
-    put32(out + 16, m->chunk_bytes);
-    put32(out + 20, m->donor_id);
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u64(out + 8, m->total_bytes);
+    put_u32(out + 16, m->chunk_bytes);
+    put_u32(out + 20, m->donor_id);
     return WIRE_STATE_BYTES;
 }
 
 const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m) {
     if (n != WIRE_STATE_BYTES) return "STATE has the wrong size";
-    m->outer_step = (int64_t)get64(p);
-    m->total_bytes = get64(p + 8);
-    m->chunk_bytes = get32(p + 16);
-    m->donor_id = get32(p + 20);
+    m->outer_step = (int64_t)get_u64(p);
+    m->total_bytes = get_u64(p + 8);
+    m->chunk_bytes = get_u32(p + 16);
+    m->donor_id = get_u32(p + 20);
     if (m->outer_step < 0) return "STATE: negative outer step";
     if (m->donor_id >= WIRE_MAX_REPLICAS) return "STATE: donor id out of range";
     return check_transfer(m->total_bytes, m->chunk_bytes);
 }
 
 size_t wire_encode_step(int64_t outer_step, uint8_t *out) {
-    put64(out, (uint64_t)outer_step);
+    put_u64(out, (uint64_t)outer_step);
     return 8;
 }
 
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step) {
     if (n != 8) return "STATE_ABORT has the wrong size";
-    *outer_step = (int64_t)get64(p);
+    *outer_step = (int64_t)get_u64(p);
     return NULL;
 }
 
 size_t wire_encode_data_head(const wire_data *m, uint8_t out[WIRE_DATA_HEAD_BYTES]) {
-    put32(out, m->owner_id);
+    put_u32(out, m->owner_id);
     out[4] = (uint8_t)m->kind;
     out[5] = out[6] = out[7] = 0;
-    put64(out + 8, (uint64_t)m->outer_step);
-    put64(out + 16, m->total_bytes);
-    put64(out + 24, m->offset);
-    put32(out + 32, m->chunk_bytes);
-    put32(out + 36, 0);
+    put_u64(out + 8, (uint64_t)m->outer_step);
+    put_u64(out + 16, m->total_bytes);
+    put_u64(out + 24, m->offset);
+    put_u32(out + 32, m->chunk_bytes);
+    put_u32(out + 36, 0);
     return WIRE_DATA_HEAD_BYTES;
 }
 
 const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m) {
     if (n < WIRE_DATA_HEAD_BYTES) return "DATA is too short";
-    m->owner_id = get32(p);
+    m->owner_id = get_u32(p);
     m->kind = p[4];
-    m->outer_step = (int64_t)get64(p + 8);
-    m->total_bytes = get64(p + 16);
-    m->offset = get64(p + 24);
-    m->chunk_bytes = get32(p + 32);
+    m->outer_step = (int64_t)get_u64(p + 8);
+    m->total_bytes = get_u64(p + 16);
+    m->offset = get_u64(p + 24);
+    m->chunk_bytes = get_u32(p + 32);
     m->bytes = p + WIRE_DATA_HEAD_BYTES;
     m->chunk_len = n - WIRE_DATA_HEAD_BYTES;
-    if (!all_zero(p + 5, 3) || get32(p + 36) != 0) return "DATA: reserved field not zero";
+    if (!all_zero(p + 5, 3) || get_u32(p + 36) != 0) return "DATA: reserved field not zero";
     if (m->kind != DATA_PAYLOAD && m->kind != DATA_STATE) return "DATA: unknown kind";
     if (m->owner_id >= WIRE_MAX_REPLICAS) return "DATA: owner id out of range";
     if (m->outer_step < 0) return "DATA: negative outer step";
