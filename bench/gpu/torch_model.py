@@ -20,7 +20,9 @@ the steps after the warm-up ones (torch.cuda.synchronize around the timed region
 """
 import argparse
 import math
+import os
 import struct
+import sys
 import time
 
 import numpy as np
@@ -28,15 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-
-def read_config(path):
-    cfg = {}
-    for line in open(path):
-        line = line.split("#")[0].strip()
-        if "=" in line:
-            k, v = line.split("=", 1)
-            cfg[k.strip()] = v.strip().strip('"')
-    return cfg
+# The config reader is the CPU benchmark's (bench/torch_cpu_model.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_cpu_model import read_config  # noqa: E402
 
 
 def read_shard(path, count):
