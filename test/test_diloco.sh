@@ -50,7 +50,9 @@ PY
 all_hashes_agree() {  # all_hashes_agree EXPECTED_STEPS FILES...
     local want=$1; shift
     local out; out=$(hashes_per_step "$@")
-    [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'
+    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
+    say "    outer step:distinct hashes over $* = $(printf '%s ' $out)"
+    return 1
 }
 loss_falls() {  # loss_falls METRICS: the mean loss of the last 5 steps is below the first 5's by 20 %
     "$PYTHON" - "$1" <<'PY'
@@ -112,7 +114,7 @@ mkdir -p "$tmp/dump_tcp"
 # group's state), so every applied outer step has all three contributors.
 for r in 0 1 2; do
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${three[@]}" "${tcp[@]}" --diloco_quant int8 \
-        --diloco_min_replicas 3 --max_steps 80 --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
+        --diloco_min_replicas 3 --max_steps 200 --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
     pids+=($!)
 done
 rc=0
@@ -124,7 +126,7 @@ check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
 check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2 % relative L2" \
     "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 0.7 0.9 int8 0.02
 check "the metrics line has every field" grep -q \
-    '"outer_step":16,"step":80,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
+    '"outer_step":40,"step":200,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
     "$tmp/tcp3/0/metrics.jsonl"
 
 # ---------------------------------------------------------------- 4 + 6. faults
