@@ -174,15 +174,17 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
     m->QKV = m->QD + 2 * m->KD;
     m->eps = (float)c->norm_eps;
     check_layout(m);
+    // The fast attention kernels exist for head_dim 32, 64 and 128. Another head_dim would
+    // run on the one-warp-per-row reference kernels, O(T²) work at minutes per step: only
+    // when the user asks for them.
     const char *choice = getenv("TRAIN_GPT_ATTENTION");
-    m->simple_attention = (choice && strcmp(choice, "simple") == 0) || !attention_supports_head_dim((int)m->D);
+    m->simple_attention = choice && strcmp(choice, "simple") == 0;
     if (!sizing_only) {
         if (m->D % 8 != 0 || m->D > 256)
-            fail("head_dim %lld: the CUDA backend needs a multiple of 8, at most 256 (fast kernels: 32, 64, 128)",
-                 (long long)m->D);
-        if (!attention_supports_head_dim((int)m->D))
-            warn("head_dim %lld: the fast attention kernels support 32, 64 and 128; using the slow reference "
-                 "kernels",
+            fail("head_dim %lld: the CUDA backend needs a multiple of 8, at most 256", (long long)m->D);
+        if (!m->simple_attention && !attention_supports_head_dim((int)m->D))
+            fail("head_dim %lld: the CUDA backend's attention kernels support head_dim 32, 64 and 128 (set "
+                 "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
                  (long long)m->D);
     }
 
@@ -651,7 +653,10 @@ bool cuda_step_poll(cuda_model *m, cuda_step_result *r, bool wait) {
     int64_t slot = m->results_read % RESULT_SLOTS;
     if (!wait) {
         cudaError_t e = cudaEventQuery(m->result_done[slot]);
-        if (e == cudaErrorNotReady) return false;
+        if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // "not ready" is no error: leave none for the next launch check
+            return false;
+        }
         CUDA_CHECK(e);
     }
     CUDA_CHECK(cudaEventSynchronize(m->result_done[slot]));

@@ -14,17 +14,17 @@
 #include "cuda/kernels.h"
 
 __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *E, int64_t N, int64_t C) {
-    int64_t n = blockIdx.y;
+    int64_t n = blockIdx.x;  // rows on x: B·T may exceed y's limit of 65 535
     const float *src = E + (int64_t)tokens[n] * C;
     float *dst = out + n * C;
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t c = blockIdx.y * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.y * blockDim.x)
         dst[c] = src[c];
 }
 
 void embedding_forward(float *out, const int32_t *tokens, const float *E, int64_t N, int64_t C,
                        cudaStream_t stream) {
     if (N == 0) return;
-    dim3 grid((unsigned)cdiv(C, 256), (unsigned)N);
+    dim3 grid((unsigned)N, (unsigned)(cdiv(C, 256) < 65535 ? cdiv(C, 256) : 65535));
     embedding_forward_kernel<<<grid, 256, 0, stream>>>(out, tokens, E, N, C);
     CUDA_CHECK_LAUNCH();
 }

@@ -123,18 +123,19 @@ void qknorm_rope_backward(bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t d
     CUDA_CHECK_LAUNCH();
 }
 
-// grid (⌈(D/2)/32⌉, ⌈N·H/256⌉), block (32, 8). Virtual row vr = n·H + (h − h0) over the H
+// grid (⌈N·H/256⌉, ⌈(D/2)/32⌉), block (32, 8): the chunks of rows on x, whose limit is
+// 2³¹ − 1 (y's is 65 535). Virtual row vr = n·H + (h − h0) over the H
 // heads that share the gain. Thread (tx, ty) owns the pair (i, i + D/2), i = 32·bx + tx,
-// and rows by·256 + ty, + 8, ...; partial (chunks, D).
+// and rows bx·256 + ty, + 8, ... (i = 32·by + tx); partial (chunks, D).
 __global__ void qknorm_gain_partial_kernel(float *partial, const bf16 *dy, int64_t dy_stride, const bf16 *x,
                                            int64_t x_stride, const float *rstd, const int32_t *pos,
                                            const float *cos_t, const float *sin_t, int64_t N, int h0, int H,
                                            int Htot, int D, bool rope) {
     __shared__ float acc1[8][33], acc2[8][33];
     int tx = threadIdx.x, ty = threadIdx.y, half = D / 2;
-    int i = blockIdx.x * 32 + tx;
+    int i = blockIdx.y * 32 + tx;
     int64_t rows = N * H;
-    int64_t r0 = (int64_t)blockIdx.y * QK_GAIN_CHUNK_ROWS, r1 = min(rows, r0 + QK_GAIN_CHUNK_ROWS);
+    int64_t r0 = (int64_t)blockIdx.x * QK_GAIN_CHUNK_ROWS, r1 = min(rows, r0 + QK_GAIN_CHUNK_ROWS);
     float s1 = 0.0f, s2 = 0.0f;
     if (i < half)
         for (int64_t vr = r0 + ty; vr < r1; vr += 8) {
@@ -161,8 +162,8 @@ __global__ void qknorm_gain_partial_kernel(float *partial, const bf16 *dy, int64
             t1 += acc1[j][tx];
             t2 += acc2[j][tx];
         }
-        partial[(int64_t)blockIdx.y * D + i] = t1;
-        partial[(int64_t)blockIdx.y * D + i + half] = t2;
+        partial[(int64_t)blockIdx.x * D + i] = t1;
+        partial[(int64_t)blockIdx.x * D + i + half] = t2;
     }
 }
 
@@ -181,7 +182,7 @@ void qknorm_gain_grad(float *dg, float *scratch, const bf16 *dy, int64_t dy_stri
                       const float *sin_t, int64_t N, int h0, int H, int Htot, int D, bool rope, cudaStream_t stream) {
     if (N == 0 || H == 0) return;
     int64_t chunks = cdiv(N * H, QK_GAIN_CHUNK_ROWS);
-    qknorm_gain_partial_kernel<<<dim3((unsigned)cdiv(D / 2, 32), (unsigned)chunks), dim3(32, 8), 0, stream>>>(
+    qknorm_gain_partial_kernel<<<dim3((unsigned)chunks, (unsigned)cdiv(D / 2, 32)), dim3(32, 8), 0, stream>>>(
         scratch, dy, dy_stride, x, x_stride, rstd, pos, cos_t, sin_t, N, h0, H, Htot, D, rope);
     CUDA_CHECK_LAUNCH();
     qknorm_gain_finish_kernel<<<(unsigned)cdiv(D, 128), 128, 0, stream>>>(dg, scratch, chunks, D);

@@ -71,15 +71,15 @@ void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, const float *dout, const flo
     CUDA_CHECK_LAUNCH();
 }
 
-// grid (⌈C/32⌉, ⌈N/256⌉), block (32, 8): thread (tx, ty) of block (bx, by) owns column
-// 32·bx + tx and rows by·256 + ty, + 8, ...; the 8 partial sums of a column are then added
+// grid (⌈N/256⌉, ⌈C/32⌉), block (32, 8), the chunks of rows on x (y's limit is 65 535):
+// thread (tx, ty) of block (bx, by) owns column 32·by + tx and rows bx·256 + ty, + 8, ...; the 8 partial sums of a column are then added
 // in ty order. partial (chunks, C).
 __global__ void rmsnorm_gain_partial_kernel(float *partial, const float *dout, const float *inp, const float *rstd,
                                             int64_t N, int64_t C) {
     __shared__ float acc[8][33];
     int tx = threadIdx.x, ty = threadIdx.y;
-    int64_t c = (int64_t)blockIdx.x * 32 + tx;
-    int64_t r0 = (int64_t)blockIdx.y * GAIN_CHUNK_ROWS, r1 = min(N, r0 + GAIN_CHUNK_ROWS);
+    int64_t c = (int64_t)blockIdx.y * 32 + tx;
+    int64_t r0 = (int64_t)blockIdx.x * GAIN_CHUNK_ROWS, r1 = min(N, r0 + GAIN_CHUNK_ROWS);
     float s = 0.0f;
     if (c < C)
         for (int64_t r = r0 + ty; r < r1; r += 8) s += dout[r * C + c] * inp[r * C + c] * rstd[r];
@@ -88,7 +88,7 @@ __global__ void rmsnorm_gain_partial_kernel(float *partial, const float *dout, c
     if (ty == 0 && c < C) {
         float total = 0.0f;
         for (int i = 0; i < 8; i++) total += acc[i][tx];
-        partial[(int64_t)blockIdx.y * C + c] = total;
+        partial[(int64_t)blockIdx.x * C + c] = total;
     }
 }
 
@@ -107,7 +107,7 @@ void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float
                        int64_t N, int64_t C, cudaStream_t stream) {
     if (N == 0) return;
     int64_t chunks = cdiv(N, GAIN_CHUNK_ROWS);
-    rmsnorm_gain_partial_kernel<<<dim3((unsigned)cdiv(C, 32), (unsigned)chunks), dim3(32, 8), 0, stream>>>(
+    rmsnorm_gain_partial_kernel<<<dim3((unsigned)chunks, (unsigned)cdiv(C, 32)), dim3(32, 8), 0, stream>>>(
         scratch, dout, inp, rstd, N, C);
     CUDA_CHECK_LAUNCH();
     gain_finish_kernel<<<(unsigned)cdiv(C, 256), 256, 0, stream>>>(dg, scratch, chunks, C);

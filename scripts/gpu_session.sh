@@ -50,6 +50,14 @@ run() {  # run TITLE COMMAND...: prints the title, the command's output and its 
         for t in $(make -s -f Makefile -f - print-gpu-sh <<<'print-gpu-sh: ; @echo $(GPU_TESTS_SH)'); do
             run "$t" env TRAIN_GPT="$PWD/train_gpt" BUILD="$PWD/build" PYTHON=python3 bash "$t"
         done
+        # The kernel tests under the sanitizers: out-of-bounds and misaligned accesses
+        # (memcheck), shared-memory races (racecheck), uninitialized reads (initcheck).
+        # --error-exitcode makes a finding fail the stage's line, not only print.
+        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        for tool in memcheck racecheck initcheck; do
+            run "compute-sanitizer --tool $tool build/test_gpu_kernels" \
+                timeout "${SANITIZER_TIMEOUT:-200}" "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
+        done
         ;;
     bench)
         run "bench/gpu/run.sh" bash bench/gpu/run.sh

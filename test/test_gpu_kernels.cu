@@ -199,8 +199,10 @@ static void test_matmul(matmul_context *mc) {
 
 // ---------------------------------------------------------------- embedding
 
-static void test_embedding(void) {
-    const int64_t V = 50, C = 300, N = 257;
+// N ≥ 65 536 rows once: the row count must not sit in a grid dimension limited to 65 535.
+static void test_embedding_case(int64_t V, int64_t C, int64_t N) {
+    char name[96];
+    printf("   embedding V=%lld C=%lld N=%lld\n", (long long)V, (long long)C, (long long)N);
     std::vector<int32_t> tokens((size_t)N);
     for (auto &t : tokens) t = (int32_t)(rng_next(&rng) % 7 == 0 ? 3 : rng_next(&rng) % V);  // token 3 is frequent
     auto E = randn(V * C, 1.0), dout = randn(N * C, 1.0), dE0 = randn(V * C, 0.1);
@@ -209,7 +211,8 @@ static void test_embedding(void) {
     std::vector<float> want((size_t)(N * C));
     embedding_forward(want.data(), tokens.data(), E.data(), N, C);
     embedding_forward(d_out, d_tok, d_E, N, C, stream);
-    compare("embedding forward (exact copy)", down_f32(d_out, N * C).data(), want.data(), N * C, EXACT);
+    snprintf(name, sizeof name, "embedding forward (exact copy) N=%lld", (long long)N);
+    compare(name, down_f32(d_out, N * C).data(), want.data(), N * C, EXACT);
 
     std::vector<int32_t> unique((size_t)N), offsets((size_t)N + 1), positions((size_t)N), counts((size_t)V, 0);
     int64_t U = embedding_buckets(unique.data(), offsets.data(), positions.data(), tokens.data(), N, counts.data());
@@ -227,12 +230,18 @@ static void test_embedding(void) {
     int32_t *d_u = up_i32(unique), *d_o = up_i32(offsets), *d_p = up_i32(positions);
     embedding_backward(d_dE, d_dout, d_u, d_o, d_p, U, C, stream);
     auto got1 = down_f32(d_dE, V * C);
-    compare("embedding backward", got1.data(), want_dE.data(), V * C, FP32_OUT);
+    snprintf(name, sizeof name, "embedding backward N=%lld", (long long)N);
+    compare(name, got1.data(), want_dE.data(), V * C, FP32_OUT);
     CUDA_CHECK(cudaMemcpy(d_dE, dE0.data(), dE0.size() * sizeof(float), cudaMemcpyHostToDevice));
     embedding_backward(d_dE, d_dout, d_u, d_o, d_p, U, C, stream);
     expect("embedding backward deterministic", same_bits(got1, down_f32(d_dE, V * C)), "two runs, same bits");
     cudaFree(d_tok), cudaFree(d_E), cudaFree(d_out), cudaFree(d_dE), cudaFree(d_dout), cudaFree(d_u), cudaFree(d_o),
         cudaFree(d_p);
+}
+
+static void test_embedding(void) {
+    test_embedding_case(50, 300, 257);
+    test_embedding_case(1000, 64, 70000);
 }
 
 // ---------------------------------------------------------------- rmsnorm
