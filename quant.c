@@ -223,10 +223,13 @@ static void encode_chunk(quant_kind k, const float *x, float *r, int64_t n, int6
     }
 }
 
-// QUANT_NONE: the values y = x + r themselves; the residual becomes y - y = 0.
+// QUANT_NONE: the values y = x + r themselves; the residual becomes y - y = 0. A NaN that
+// the sum makes is written as the one quiet NaN (x86 keeps an operand's payload, a GPU
+// makes its own), so that C and CUDA write the same bytes.
 static void encode_chunk_none(const float *x, float *r, int64_t c0, int64_t c1, uint8_t *out, chunk_error *e) {
     for (int64_t i = c0; i < c1; i++) {
         float y = r ? x[i] + r[i] : x[i];
+        if (r && isnan(y)) y = scale_of_bad_block();
         memcpy(out + (size_t)i * sizeof(float), &y, sizeof y);
         if (r) r[i] = y - y;
         if (e) {

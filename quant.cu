@@ -99,12 +99,13 @@ __global__ void quant_codes_kernel(bool int4, const float *x, float *r, int64_t 
     }
 }
 
-// QUANT_NONE with feedback: out = y = x + r, r = y - y (0, or NaN for a non-finite y).
+// QUANT_NONE with feedback: out = y = x + r (a NaN as NAN_BITS), r = y - y (0, or NaN for a
+// non-finite y).
 __global__ void quant_none_feedback_kernel(const float *x, float *r, int64_t n, float *out) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float y = __fadd_rn(x[i], r[i]);
-        out[i] = y;
+        out[i] = isnan(y) ? __uint_as_float(NAN_BITS) : y;  // quant.c's one NaN
         r[i] = __fsub_rn(y, y);
     }
 }

@@ -42,7 +42,7 @@ run() {  # run TITLE COMMAND...: prints the title, the command's output and its 
         run "memory plan" ./train_gpt plan configs/gpt-1b.conf
         ;;
     test)
-        make -j"$jobs" >/dev/null 2>&1
+        make -j"$jobs" all build/test_tool build/reference_dump >/dev/null 2>&1
         for t in $(make -s -f Makefile -f - print-gpu-tests <<<'print-gpu-tests: ; @echo $(GPU_TESTS)'); do
             make -s "$t" >/dev/null 2>&1
             run "$t" "$t"

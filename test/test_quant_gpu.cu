@@ -89,7 +89,8 @@ static device_buffers device_alloc(int64_t n) {
     CUDA_CHECK(cudaMalloc(&d.x, bytes));
     CUDA_CHECK(cudaMalloc(&d.r, bytes));
     CUDA_CHECK(cudaMalloc(&d.back, bytes));
-    CUDA_CHECK(cudaMalloc(&d.enc, bytes + 64)); // the largest encoding: 4n (none), or scales + n
+    // The largest encoding: int8 with block 1, a 4-byte scale and a 1-byte code per value.
+    CUDA_CHECK(cudaMalloc(&d.enc, (size_t)(n > 0 ? n : 1) * 5 + 64));
     return d;
 }
 
