@@ -1,9 +1,15 @@
 // test/tool.c — helpers for the shell tests, built as build/test_tool.
 //
-//   test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD]
+//   test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD [DOC_MIN DOC_MAX]]
 //       Writes a shard of N_TOKENS tokens through the real shard writer. Tokens follow a
-//       learnable pattern (a noisy repeating sequence of PERIOD tokens, default 17) with a
-//       document token every 50–150 tokens; DOC_TOKEN -1 writes none.
+//       learnable pattern (a noisy repeating sequence of PERIOD tokens, default 17) cut into
+//       documents: each starts with DOC_TOKEN (the shard's first token is one) and is
+//       DOC_MIN..DOC_MAX tokens long, its document token included, drawn uniformly. The
+//       default, 51 151 (a document token every 51–151 tokens), is what the tests were
+//       written against and stays byte for byte the same. DOC_MIN = DOC_MAX = 0 writes no
+//       document token at all but still keeps DOC_TOKEN out of the other tokens and in the
+//       header: plain causal data for a config that has a doc_token (bench/gpu/run.sh).
+//       DOC_TOKEN -1 writes none and records none.
 //   test_tool flip FILE OFFSET
 //       Flips every bit of the byte at OFFSET (negative: from the end).
 //   test_tool truncate FILE BYTES
@@ -21,14 +27,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+// The gap to the next document token, drawn after writing one: a document of
+// doc_min..doc_max tokens is its document token and then 'gap' others.
+static int64_t next_document_gap(rng_state *r, int64_t doc_min, int64_t doc_max) {
+    return doc_min - 1 + (int64_t)(rng_next(r) % (uint64_t)(doc_max - doc_min + 1));
+}
+
 static int write_pattern_shard(int argc, char **argv) {
-    if (argc < 6) fail("usage: test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD]");
+    const char *usage = "usage: test_tool shard OUT VOCAB DOC_TOKEN N_TOKENS SEED [PERIOD [DOC_MIN DOC_MAX]]";
+    if (argc < 6 || argc == 8 || argc > 9) fail("%s", usage);
     const char *out = argv[1];
     uint32_t vocab = (uint32_t)atoll(argv[2]);
     long long doc = atoll(argv[3]);
     uint64_t n = (uint64_t)atoll(argv[4]);
     uint64_t seed = (uint64_t)atoll(argv[5]);
     int64_t period = argc > 6 ? atoll(argv[6]) : 17;
+    int64_t doc_min = argc > 8 ? atoll(argv[7]) : 51, doc_max = argc > 8 ? atoll(argv[8]) : 151;
+    bool no_documents = doc_min == 0 && doc_max == 0;
+    if (vocab < 2) fail("shard: VOCAB must be at least 2");
+    if (period < 1) fail("shard: PERIOD must be at least 1");
+    if (!no_documents && (doc_min < 1 || doc_max < doc_min))
+        fail("shard: DOC_MIN DOC_MAX must satisfy 1 <= DOC_MIN <= DOC_MAX, or both be 0 (no documents)");
     shard_writer *w = shard_writer_open(out, vocab, doc < 0 ? SHARD_NO_DOC_TOKEN : (uint32_t)doc);
     if (!w) fail("cannot create '%s': %s", out, strerror(errno));
     rng_state r;
@@ -43,9 +62,9 @@ static int write_pattern_shard(int argc, char **argv) {
     int64_t until_doc = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t t;
-        if (doc >= 0 && until_doc-- <= 0) {
+        if (doc >= 0 && !no_documents && until_doc-- <= 0) {
             t = (uint32_t)doc;
-            until_doc = 50 + (int64_t)(rng_next(&r) % 101);
+            until_doc = next_document_gap(&r, doc_min, doc_max);
         } else if (rng_next(&r) % 10 == 0) {
             do t = (uint32_t)(rng_next(&r) % vocab);
             while ((long long)t == doc);
