@@ -2,24 +2,32 @@
 """The GPU benchmark's PyTorch side: DESIGN.md's model, written the way a PyTorch 2 user
 would make it fast, trained on the same token shard with the same batch as train_gpt.
 
-    torch_model.py CONFIG SHARD --batch B --seq T --steps S --warmup W [--attention flex|sdpa]
+    torch_model.py CONFIG SHARD --batch B --seq T --steps S --warmup W --attention sdpa|flex
 
 Same architecture as train_gpt: GQA, QK-norm (per-head RMSNorm before RoPE), rotate-half
-RoPE at positions restarting in each document, NoPE on every nope_every-th layer, RMSNorm,
-SwiGLU, tied embeddings, causal attention within documents, cross-entropy + z-loss, AdamW
-(decay on 2-D weights except the embedding), clipping at 1.0. Fast-path choices, each the
-usual one:
+RoPE, NoPE on every nope_every-th layer, RMSNorm, SwiGLU, tied embeddings, cross-entropy +
+z-loss 1e-4, AdamW (decay on 2-D weights except the embedding), clipping at 1.0. Fast-path
+choices, each the usual one:
   - bf16 autocast over fp32 master weights; torch.optim.AdamW(fused=True)
   - torch.compile per block (regional compilation: one compile serves every layer of the
     same kind, so compile time stays short) and of the loss
-  - attention: flex_attention with a document-causal block mask (skips masked tiles, like
-    train_gpt's kernels) and native GQA; --attention sdpa uses scaled_dot_product_attention
-    with a boolean mask instead (no tile skipping; the flash kernel takes no masks)
-Prints one line: "torch tok_per_s=<x> step_ms=<y> peak_mem_gib=<z> final_loss=<l>", timing
-the steps after the warm-up ones (torch.cuda.synchronize around the timed region).
+  - attention, by data:
+      --attention sdpa  plain causal data (no document token inside a sequence):
+                        F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)
+                        restricted to the flash and cuDNN backends; positions are 0..T-1.
+      --attention flex  documents: flex_attention with a document-causal BlockMask (skips
+                        the tiles no query may see, as train_gpt's kernels do) and native
+                        GQA; positions restart at each document.
+Everything a step needs but the math (input and target tensors, RoPE cos/sin tables,
+block masks) is built before the warm-up, so the timed loop runs only forward, backward,
+clipping and the optimizer step (flex also copies the step's B·T document ids into the
+buffer its mask reads). Recompiling inside the timed loop is an error, not a slow step.
+Prints one line: "torch tok_per_s=<x> step_ms=<y> peak_mem_gib=<z> final_loss=<l>
+attention=<a>", timing the steps after the warm-up ones (torch.cuda.synchronize around the
+timed region); peak_mem_gib is torch.cuda.max_memory_allocated over the timed steps.
 """
 import argparse
-import math
+import contextlib
 import os
 import struct
 import sys
@@ -28,14 +36,18 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 # The config reader is the CPU benchmark's (bench/torch_cpu_model.py).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from torch_cpu_model import read_config  # noqa: E402
 
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
 
 def read_shard(path, count):
+    """The first `count` tokens of a train_gpt shard (docs/formats.md), as int64."""
     with open(path, "rb") as f:
         head = f.read(64)
         assert head[:8] == b"TGPTSHRD", "not a train_gpt token shard"
@@ -62,6 +74,7 @@ class Block(torch.nn.Module):
         self.gate_up_proj = torch.nn.Linear(C, 2 * c["d_ff"], bias=False)  # gate, up stacked
         self.down_proj = torch.nn.Linear(c["d_ff"], C, bias=False)
 
+    # h (B,T,C); cos, sin (B or 1, T, 1, D/2); mask: a BlockMask (flex) or None (sdpa)
     def forward(self, h, cos, sin, mask):
         B, T, C = h.shape
         a = F.rms_norm(h, (C,), self.input_layernorm, self.eps)
@@ -76,7 +89,7 @@ class Block(torch.nn.Module):
         if self.attention == "flex":
             y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         h = h + self.o_proj(y.transpose(1, 2).reshape(B, T, self.Hq * self.D))
         m = F.rms_norm(h, (C,), self.post_attention_layernorm, self.eps)
         gate, up = self.gate_up_proj(m).chunk(2, dim=-1)
@@ -84,6 +97,7 @@ class Block(torch.nn.Module):
 
 
 def rotate(x, cos, sin):
+    """Rotate-half RoPE: dims i and i + D/2 turn by pos · theta^(-2i/D)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -109,6 +123,37 @@ def loss_fn(h, norm_w, eps, E, y, z_loss):
     return ce, ce + z_loss * (lse ** 2).mean()
 
 
+def document_layout(x, doc):
+    """x (B,T) → (seg, pos), each (B,T): DESIGN.md's documents. A new document starts at
+    every s >= 1 with x[b,s] == doc; seg = its index in the row, pos = t - start(t)."""
+    B, T = x.shape
+    starts = x == doc
+    starts[:, 0] = False
+    seg = starts.long().cumsum(1)
+    idx = torch.arange(T, device=x.device).expand(B, T)
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(1).values
+    return seg, idx - first
+
+
+def rope_tables(pos, inv):
+    """pos (N,T) → cos, sin (N,T,1,D/2) in fp32."""
+    ang = pos.double()[:, :, None] * inv.double()
+    return ang.cos().float()[:, :, None, :], ang.sin().float()[:, :, None, :]
+
+
+def sdpa_backend_chosen(B, c, T, dev):
+    """Which backend SDPA picks for this shape within SDPA_BACKENDS (needs a private API;
+    '?' if this torch lacks it)."""
+    names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+    q = torch.randn(B, c["n_head"], T, c["head_dim"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.randn(B, c["n_kv_head"], T, c["head_dim"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    try:
+        with sdpa_kernel(SDPA_BACKENDS):
+            return names.get(int(torch._fused_sdp_choice(q, kv, kv, None, 0.0, True, enable_gqa=True)), "?")
+    except Exception:  # noqa: BLE001 — only a label for the result line
+        return "?"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -119,6 +164,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--attention", default="flex", choices=["flex", "sdpa"])
     args = ap.parse_args()
+    if args.steps < 1 or args.warmup < 1:
+        sys.exit("torch_model.py: --steps and --warmup must be at least 1 (torch.compile runs in the warm-up)")
     raw = read_config(args.config)
     ints = ["vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "doc_token", "nope_every"]
     c = {k: int(raw[k]) for k in ints if k in raw}
@@ -129,6 +176,20 @@ def main():
     c["norm_eps"] = float(raw.get("norm_eps", 1e-6))
     c["attention"] = args.attention
     B, T, dev = args.batch, args.seq, "cuda"
+    steps_total = args.warmup + args.steps
+    doc = c.get("doc_token", -1)
+
+    # The data of every step, as train_gpt reads it with shuffle = 0: micro-batch i is
+    # tokens [i·B·T, (i+1)·B·T + 1) of the shard, inputs and targets shifted by one.
+    need = steps_total * B * T + 1
+    host = read_shard(args.shard, need)
+    if len(host) < need:
+        sys.exit(f"torch_model.py: {args.shard} holds {len(host)} tokens; {need} needed")
+    rows = host[:-1].reshape(steps_total * B, T)
+    if args.attention == "sdpa" and doc >= 0 and (rows[:, 1:] == doc).any():
+        sys.exit("torch_model.py: --attention sdpa is plain causal attention, but the shard has document "
+                 "tokens inside sequences; use --attention flex")
+
     torch.manual_seed(0)
     torch._dynamo.config.cache_size_limit = 64  # one entry per block instance at most
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -142,52 +203,68 @@ def main():
     compiled_loss = torch.compile(loss_fn)
 
     half = c["head_dim"] // 2
-    inv = (c["rope_theta"] ** (-2.0 * torch.arange(half, device=dev, dtype=torch.float64) / c["head_dim"])).float()
-    steps_total = args.warmup + args.steps
-    tokens = torch.from_numpy(read_shard(args.shard, steps_total * B * T + 1)).to(dev)
-    doc = c["doc_token"]
+    inv = c["rope_theta"] ** (-2.0 * torch.arange(half, device=dev, dtype=torch.float64) / c["head_dim"])
+    tokens = torch.from_numpy(host).to(dev)
+    xs = [tokens[i * B * T:(i + 1) * B * T].view(B, T) for i in range(steps_total)]
+    ys = [tokens[i * B * T + 1:(i + 1) * B * T + 1].view(B, T) for i in range(steps_total)]
+    if args.attention == "sdpa":
+        cos, sin = rope_tables(torch.arange(T, device=dev)[None], inv)
+        tables = [(cos, sin)] * steps_total
+        masks = [None] * steps_total
+        segs = None
+        attention = "sdpa/" + sdpa_backend_chosen(B, c, T, dev)
+        context = sdpa_kernel(SDPA_BACKENDS)
+    else:
+        # One mask function for every step, reading the document ids from one buffer that
+        # each step refills: the compiled blocks then see the same function every step and
+        # compile once. Each step's BlockMask (which tiles are empty, partial or full) is
+        # built here from that step's ids.
+        layouts = [document_layout(x, doc) for x in xs]
+        segs = [s for s, _ in layouts]
+        tables = [rope_tables(p, inv) for _, p in layouts]
+        seg = torch.empty_like(segs[0])
+
+        def doc_causal(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (seg[b, q_idx] == seg[b, kv_idx])
+
+        masks = []
+        for s in segs:
+            seg.copy_(s)
+            masks.append(create_block_mask(doc_causal, B, None, T, T, device=dev))
+        attention = "flex"
+        context = contextlib.nullcontext()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the mask building's temporaries, so nvidia-smi sees the training's memory
 
     def step(i):
-        chunk = tokens[i * B * T:(i + 1) * B * T + 1]
-        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
-        starts = (x == doc)
-        starts[:, 0] = False
-        seg = starts.long().cumsum(1)                     # document index of each position
-        idx = torch.arange(T, device=dev).expand(B, T)
-        first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(1).values
-        pos = (idx - first).float()                        # position within the document
-        ang = pos[:, :, None] * inv
-        cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
-        if args.attention == "flex":
-            def doc_causal(b, h, q_idx, kv_idx):
-                return (q_idx >= kv_idx) & (seg[b, q_idx] == seg[b, kv_idx])
-            mask = create_block_mask(doc_causal, B, None, T, T, device=dev)
-        else:
-            mask = (torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None] &
-                    (seg[:, :, None] == seg[:, None, :]))[:, None]
+        if segs is not None:
+            seg.copy_(segs[i])
+        cos, sin = tables[i]
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            h = model.embed_tokens(x)
+            h = model.embed_tokens(xs[i])
             for blk in model.layers:
-                h = blk(h, cos, sin, mask)
-            ce, objective = compiled_loss(h, model.norm, c["norm_eps"], model.embed_tokens.weight, y, 1e-4)
+                h = blk(h, cos, sin, masks[i])
+            ce, objective = compiled_loss(h, model.norm, c["norm_eps"], model.embed_tokens.weight, ys[i], 1e-4)
         opt.zero_grad(set_to_none=True)
         objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return ce
 
-    for i in range(args.warmup):
-        step(i)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for i in range(args.warmup, steps_total):
-        ce = step(i)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / args.steps
+    with context:
+        for i in range(args.warmup):
+            step(i)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        torch._dynamo.config.error_on_recompile = True  # a recompile here would be timed
+        t0 = time.perf_counter()
+        for i in range(args.warmup, steps_total):
+            ce = step(i)
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / args.steps
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"torch tok_per_s={B * T / dt:.1f} step_ms={dt * 1e3:.2f} peak_mem_gib={peak:.2f} "
-          f"final_loss={ce.item():.4f}")
+          f"final_loss={ce.item():.4f} attention={attention}", flush=True)
 
 
 if __name__ == "__main__":
