@@ -60,6 +60,9 @@ cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T);
 void cuda_model_free(cuda_model *m);
 // Device memory the model allocated, in bytes (for the start-up banner).
 int64_t cuda_model_device_bytes(const cuda_model *m);
+// Bytes in use on the current GPU by every allocation of this process and its CUDA context
+// (cudaMemGetInfo: total − free; other processes on the GPU count too). 0 without a GPU.
+int64_t cuda_device_used_bytes(void);
 // The same figure without a GPU (memory plans, `train_gpt plan`).
 int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T);
 

@@ -60,6 +60,101 @@ typedef struct {
     cudaEvent_t copied;        // the GPU has taken the copy: the slot may be refilled
 } input_slot;
 
+// ---------------------------------------------------------------- kernel profile
+// TRAIN_GPT_PROFILE=1: the time of each kernel family, measured with CUDA events recorded
+// on the model's stream between families (marks). Each interval between two marks goes
+// to the family named by the first. At the end of each step the marks are read (the step
+// waits for its last one; profiling serializes the host with the GPU once per step) and
+// added up; cuda_model_free prints the table: milliseconds per step and share of the
+// step, averaged over the steps after the first (which holds cuBLASLt's algorithm search).
+typedef enum {
+    K_INPUTS, K_EMBEDDING, K_RMSNORM_FWD, K_RMSNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD, K_QKNORM_ROPE_FWD,
+    K_QKNORM_ROPE_BWD, K_ATTENTION_FWD, K_ATTENTION_BWD, K_SWIGLU_FWD, K_SWIGLU_BWD, K_HEAD_MATMUL_FWD,
+    K_HEAD_MATMUL_BWD, K_CROSS_ENTROPY, K_OPTIMIZER, K_FAMILY_COUNT
+} kernel_family;
+
+static const char *const family_names[K_FAMILY_COUNT] = {
+    "input copies (host → GPU)", "embedding fwd+bwd",  "rmsnorm fwd",        "rmsnorm bwd (+ gains)",
+    "matmul fwd (blocks)",       "matmul bwd (blocks)", "qk-norm + rope fwd", "qk-norm + rope bwd (+ gains)",
+    "attention fwd",             "attention bwd",       "swiglu fwd",         "swiglu bwd",
+    "matmul fwd (lm head)",      "matmul bwd (lm head)", "cross-entropy + z-loss", "grad norm + AdamW"};
+
+enum { PROFILE_MARKS = 4096 };
+typedef struct {
+    cudaEvent_t events[PROFILE_MARKS];
+    int family[PROFILE_MARKS];
+    int count;                       // marks recorded since the last fold
+    double step_ms[K_FAMILY_COUNT];  // this step so far
+    double total_ms[K_FAMILY_COUNT]; // steps after the first
+    int64_t steps;                   // steps folded into step_ms (the first is left out of total_ms)
+} kernel_profile;
+
+static kernel_profile *profile_create(void) {
+    const char *v = getenv("TRAIN_GPT_PROFILE");
+    if (!v || !*v || strcmp(v, "0") == 0) return NULL;
+    kernel_profile *p = (kernel_profile *)xcalloc(1, sizeof *p);
+    for (int i = 0; i < PROFILE_MARKS; i++) CUDA_CHECK(cudaEventCreate(&p->events[i]));
+    return p;
+}
+
+// Adds the closed intervals to step_ms; the last mark stays as the first of the next run.
+static void profile_fold(kernel_profile *p) {
+    if (p->count < 2) return;
+    CUDA_CHECK(cudaEventSynchronize(p->events[p->count - 1]));
+    for (int i = 0; i + 1 < p->count; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, p->events[i], p->events[i + 1]));
+        if (p->family[i] < K_FAMILY_COUNT) p->step_ms[p->family[i]] += ms;
+    }
+    cudaEvent_t last = p->events[p->count - 1];
+    p->events[p->count - 1] = p->events[0];
+    p->events[0] = last;
+    p->family[0] = p->family[p->count - 1];
+    p->count = 1;
+}
+
+static void profile_end_step(kernel_profile *p) {
+    profile_fold(p);
+    p->count = 0;  // the next step starts with its own first mark
+    if (p->steps > 0)
+        for (int f = 0; f < K_FAMILY_COUNT; f++) p->total_ms[f] += p->step_ms[f];
+    memset(p->step_ms, 0, sizeof p->step_ms);
+    p->steps++;
+}
+
+static void profile_print(const kernel_profile *p) {
+    int64_t n = p->steps - 1;
+    if (n < 1) {
+        printf("train_gpt | kernel profile: needs at least 2 steps (the first is left out)\n");
+        return;
+    }
+    double total = 0.0;
+    for (int f = 0; f < K_FAMILY_COUNT; f++) total += p->total_ms[f];
+    printf("train_gpt | kernel time per step (TRAIN_GPT_PROFILE, CUDA events, mean of %lld steps after the first):\n",
+           (long long)n);
+    int order[K_FAMILY_COUNT];
+    for (int f = 0; f < K_FAMILY_COUNT; f++) order[f] = f;
+    for (int i = 1; i < K_FAMILY_COUNT; i++)  // largest first
+        for (int j = i; j > 0 && p->total_ms[order[j]] > p->total_ms[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    for (int i = 0; i < K_FAMILY_COUNT; i++) {
+        int f = order[i];
+        printf("train_gpt |   %-30s %9.2f ms %6.1f %%\n", family_names[f], p->total_ms[f] / (double)n,
+               total > 0 ? 100.0 * p->total_ms[f] / total : 0.0);
+    }
+    printf("train_gpt |   %-30s %9.2f ms\n", "total (first mark to last)", total / (double)n);
+    fflush(stdout);
+}
+
+static void profile_free(kernel_profile *p) {
+    if (!p) return;
+    for (int i = 0; i < PROFILE_MARKS; i++) cudaEventDestroy(p->events[i]);
+    free(p);
+}
+
 struct cuda_model {
     const param_table *table;
     model_config cfg;
@@ -116,7 +211,18 @@ struct cuda_model {
     double result_z_loss[RESULT_SLOTS];
     int64_t results_queued, results_read;  // ring positions
     bool step_open;            // a micro-batch of the current step has been queued
+    kernel_profile *profile;   // TRAIN_GPT_PROFILE=1, else NULL
 };
+
+// From here on the stream runs work of `family` (K_FAMILY_COUNT: the step's end).
+static void mark(cuda_model *m, int family) {
+    kernel_profile *p = m->profile;
+    if (!p || !m->step_open) return;  // training steps only, not validation or sampling
+    if (p->count == PROFILE_MARKS) profile_fold(p);
+    p->family[p->count] = family;
+    CUDA_CHECK(cudaEventRecord(p->events[p->count], m->stream));
+    p->count++;
+}
 
 // ---------------------------------------------------------------- allocation
 
@@ -307,6 +413,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
         CUDA_CHECK(cudaEventCreate(&m->result_done[s]));
         CUDA_CHECK(cudaEventCreate(&m->step_began[s]));
     }
+    m->profile = profile_create();
     // The set-up above used the legacy stream (cudaMemcpy, cudaMemset), which the model's
     // non-blocking stream does not wait for.
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -316,6 +423,15 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
 cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T) { return create(t, B, T, false); }
 
 int64_t cuda_model_device_bytes(const cuda_model *m) { return m->device_bytes; }
+
+int64_t cuda_device_used_bytes(void) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (int64_t)(total_bytes - free_bytes);
+}
 
 static void free_host_side(cuda_model *m) {
     free(m->resid);
@@ -333,6 +449,8 @@ int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
 void cuda_model_free(cuda_model *m) {
     if (!m) return;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    if (m->profile) profile_print(m->profile);
+    profile_free(m->profile);
     for (int64_t l = 0; l <= m->L; l++) cudaFree(m->resid[l]);
     for (int64_t l = 0; l < m->L; l++) {
         layer_acts *a = &m->layers[l];
@@ -423,6 +541,7 @@ void cuda_model_poison_grad(cuda_model *m) {
 // embedding backward's buckets) on the host into a free pinned slot, and queues its copy.
 static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T,
                          bool buckets) {
+    mark(m, K_INPUTS);
     CHECK(B >= 1 && T >= 1 && B * T <= m->N && T <= m->T);
     int64_t N = B * T;
     for (int64_t i = 0; i < N; i++) {
@@ -489,12 +608,16 @@ static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
     int64_t N = B * T, C = m->C, F = m->F, QD = m->QD, QKV = m->QKV;
     int Hq = (int)m->Hq, Hkv = (int)m->Hkv, D = (int)m->D;
     cudaStream_t s = m->stream;
+    mark(m, K_EMBEDDING);
     embedding_forward(m->resid[0], m->d_inputs, W32(P_EMBED, -1), N, C, s);
     for (int l = 0; l < (int)m->L; l++) {
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
+        mark(m, K_RMSNORM_FWD);
         rmsnorm_forward(a->attn_in, a->attn_rstd, m->resid[l], W32(P_ATTN_NORM, l), N, C, m->eps, s);
+        mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, a->qkv, CUDA_R_16BF, QKV, NULL, a->attn_in, W16(P_WQ, l), N, C, QKV, s);
+        mark(m, K_QKNORM_ROPE_FWD);
         if (c->qk_norm)
             qknorm_rope_forward(a->qk, QD + m->KD, a->qk_rstd, a->qkv, QKV, W32(P_Q_NORM, l), W32(P_K_NORM, l),
                                 m->d_pos, m->rope_cos, m->rope_sin, N, Hq, Hkv, D, true, rope, m->eps, s);
@@ -502,18 +625,25 @@ static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
             qknorm_rope_forward(a->qkv, QKV, NULL, a->qkv, QKV, NULL, NULL, m->d_pos, m->rope_cos, m->rope_sin, N, Hq,
                                 Hkv, D, false, true, m->eps, s);
         qkv_view in = attention_inputs(m, a);
+        mark(m, K_ATTENTION_FWD);
         if (m->simple_attention)
             attention_simple_forward(a->att, a->lse, in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride,
                                      m->d_start, B, T, Hq, Hkv, D, s);
         else
             attention_forward(a->att, a->lse, in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride, m->d_start, B,
                               T, Hq, Hkv, D, s);
+        mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, a->resid_mid, CUDA_R_32F, C, m->resid[l], a->att, W16(P_WO, l), N, QD, C, s);
+        mark(m, K_RMSNORM_FWD);
         rmsnorm_forward(a->mlp_in, a->mlp_rstd, a->resid_mid, W32(P_MLP_NORM, l), N, C, m->eps, s);
+        mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, a->gate_up, CUDA_R_16BF, 2 * F, NULL, a->mlp_in, W16(P_W_GATE, l), N, C, 2 * F, s);
+        mark(m, K_SWIGLU_FWD);
         swiglu_forward(a->act, a->gate_up, N, F, s);
+        mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, m->resid[l + 1], CUDA_R_32F, C, a->resid_mid, a->act, W16(P_W_DOWN, l), N, F, C, s);
     }
+    mark(m, K_RMSNORM_FWD);
     rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->L], W32(P_FINAL_NORM, -1), N, C, m->eps, s);
 }
 
@@ -525,17 +655,21 @@ static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, f
     float *dhead = G32(P_LM_HEAD, -1);
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
+        mark(m, K_HEAD_MATMUL_FWD);
         matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + r0 * m->C, head, n, m->C,
                        m->V, s);
+        mark(m, K_CROSS_ENTROPY);
         cross_entropy_forward_backward(train ? m->dlogits : NULL, m->row_ce + r0, m->row_lse + r0, m->logits,
                                        m->d_targets + r0, n, m->V, m->ld_logits, z_loss, grad_scale, s);
         if (train) {
+            mark(m, K_HEAD_MATMUL_BWD);
             matmul_backward_input(m->mm, m->d_final + r0 * m->C, CUDA_R_32F, m->dlogits, m->ld_logits, head, n, m->C,
                                   m->V, false, s);
             matmul_backward_weight(m->mm, dhead, m->dlogits, m->ld_logits, m->final_out + r0 * m->C, n, m->C, m->V,
                                    s);
         }
     }
+    mark(m, K_CROSS_ENTROPY);
     loss_sums_accumulate(sums, m->row_ce, m->row_lse, N, s);
 }
 
@@ -546,6 +680,7 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
     int64_t N = B * T, C = m->C, F = m->F, QD = m->QD, KD = m->KD, QKV = m->QKV;
     int Hq = (int)m->Hq, Hkv = (int)m->Hkv, D = (int)m->D;
     cudaStream_t s = m->stream;
+    mark(m, K_RMSNORM_BWD);
     rmsnorm_gain_grad(G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final, m->resid[m->L], m->final_rstd, N, C, s);
     rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_final, m->resid[m->L], W32(P_FINAL_NORM, -1), m->final_rstd,
                      N, C, false, s);
@@ -553,26 +688,33 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
         // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
+        mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_act, CUDA_R_16BF, m->d_resid_bf16, C, W16(P_W_DOWN, l), N, F, C, false, s);
         matmul_backward_weight(m->mm, G32(P_W_DOWN, l), m->d_resid_bf16, C, a->act, N, F, C, s);
+        mark(m, K_SWIGLU_BWD);
         swiglu_backward(m->d_gate_up, m->d_act, a->gate_up, N, F, s);
+        mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_norm, CUDA_R_32F, m->d_gate_up, 2 * F, W16(P_W_GATE, l), N, C, 2 * F, false,
                               s);
         matmul_backward_weight(m->mm, G32(P_W_GATE, l), m->d_gate_up, 2 * F, a->mlp_in, N, C, 2 * F, s);
+        mark(m, K_RMSNORM_BWD);
         rmsnorm_gain_grad(G32(P_MLP_NORM, l), m->gain_scratch, m->d_norm, a->resid_mid, a->mlp_rstd, N, C, s);
         rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_norm, a->resid_mid, W32(P_MLP_NORM, l), a->mlp_rstd, N, C,
                          true, s);
         // Attention: resid_mid = resid_in + o(attention(q, k, v))
+        mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_att, CUDA_R_16BF, m->d_resid_bf16, C, W16(P_WO, l), N, QD, C, false, s);
         matmul_backward_weight(m->mm, G32(P_WO, l), m->d_resid_bf16, C, a->att, N, QD, C, s);
         qkv_view in = attention_inputs(m, a);
         bf16 *dq = m->d_qkv, *dk = m->d_qkv + QD, *dv = m->d_qkv + QD + KD;
+        mark(m, K_ATTENTION_BWD);
         if (m->simple_attention)
             attention_simple_backward(dq, QKV, dk, QKV, dv, QKV, m->delta, m->d_att, a->att, a->lse, in.q, in.q_stride,
                                       in.k, in.k_stride, in.v, in.v_stride, m->d_start, B, T, Hq, Hkv, D, s);
         else
             attention_backward(dq, QKV, dk, QKV, dv, QKV, m->delta, m->d_att, a->att, a->lse, in.q, in.q_stride, in.k,
                                in.k_stride, in.v, in.v_stride, m->d_start, B, T, Hq, Hkv, D, s);
+        mark(m, K_QKNORM_ROPE_BWD);
         if (c->qk_norm) {
             // Gains first: they read d_qkv before the in-place backward overwrites it.
             qknorm_gain_grad(G32(P_Q_NORM, l), m->gain_scratch, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, m->d_pos,
@@ -585,12 +727,15 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
             qknorm_rope_backward(m->d_qkv, QKV, m->d_qkv, QKV, NULL, 0, NULL, NULL, NULL, m->d_pos, m->rope_cos,
                                  m->rope_sin, N, Hq, Hkv, D, false, true, s);
         }
+        mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_norm, CUDA_R_32F, m->d_qkv, QKV, W16(P_WQ, l), N, C, QKV, false, s);
         matmul_backward_weight(m->mm, G32(P_WQ, l), m->d_qkv, QKV, a->attn_in, N, C, QKV, s);
+        mark(m, K_RMSNORM_BWD);
         rmsnorm_gain_grad(G32(P_ATTN_NORM, l), m->gain_scratch, m->d_norm, m->resid[l], a->attn_rstd, N, C, s);
         rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_norm, m->resid[l], W32(P_ATTN_NORM, l), a->attn_rstd, N, C,
                          true, s);
     }
+    mark(m, K_EMBEDDING);
     embedding_backward(G32(P_EMBED, -1), m->d_resid, m->d_unique, m->d_offsets, m->d_positions, num_unique, C, s);
 }
 
@@ -626,6 +771,8 @@ void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train
         CUDA_CHECK(cudaEventRecord(m->step_began[slot], m->stream));
     }
     cudaStream_t s = m->stream;
+    m->step_open = true;  // (a step without micro-batches: the marks below still count)
+    mark(m, K_OPTIMIZER);
     grad_norm_partials(m->norm_partials, m->grads, m->table->numel, s);
     step_prepare(m->st, m->norm_partials, (double)rows, cfg->z_loss, cfg->grad_clip, lr, cfg->beta1, cfg->beta2, s);
     adamw_hparams hp;
@@ -637,6 +784,8 @@ void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train
     hp.eps = (float)cfg->adam_eps;
     adamw_update(m->params, m->params_bf16, m->grads, m->exp_avg, m->exp_avg_sq, m->chunks, m->num_chunks, m->st, hp,
                  s);
+    mark(m, K_FAMILY_COUNT);
+    if (m->profile) profile_end_step(m->profile);
     CUDA_CHECK(cudaMemcpyAsync(&m->results[slot], m->st, sizeof(step_scalars), cudaMemcpyDeviceToHost, s));
     // The next step accumulates its loss from zero (ce_sum and lse_sq_sum lead the struct).
     CUDA_CHECK(cudaMemsetAsync(m->st, 0, 2 * sizeof(double), s));

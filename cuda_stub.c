@@ -30,6 +30,7 @@ int64_t cuda_model_device_bytes(const cuda_model *m) {
     (void)m;
     return 0;
 }
+int64_t cuda_device_used_bytes(void) { return 0; }
 int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
     (void)t, (void)B, (void)T;
     return 0;

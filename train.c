@@ -374,11 +374,12 @@ static step_metrics train_step(trainer *tr) {
 }
 
 static void print_progress(const trainer *tr, const step_metrics *m, double mean_step_s) {
-    char eta[32];
+    char eta[32], mfu[32] = "";
     format_duration(mean_step_s * (double)(tr->cfg->max_steps - m->step), eta, sizeof eta);
-    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.0f ms | ETA %s%s\n",
-           (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, m->tok_per_s, m->step_ms,
-           eta, m->skipped ? " | SKIPPED" : "");
+    if (isfinite(m->mfu)) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * m->mfu);
+    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | %.0f ms | ETA %s%s\n",
+           (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, m->tok_per_s, mfu,
+           m->step_ms, eta, m->skipped ? " | SKIPPED" : "");
     fflush(stdout);
 }
 
@@ -440,6 +441,14 @@ int train_run(train_config *cfg) {
         }
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
+        if (tr.gpu && m.step == first_step + 1) {
+            // The plan counts train_gpt's own buffers; the device also holds the CUDA
+            // context, cuBLASLt's and the allocator's own memory.
+            printf("train_gpt | gpu memory in use after the first step: %.2f GiB (cudaMemGetInfo; plan %.2f GiB)\n",
+                   (double)cuda_device_used_bytes() / 1073741824.0,
+                   (double)cuda_model_device_bytes(tr.gpu) / 1073741824.0);
+            fflush(stdout);
+        }
         // The outer step comes first, so that validation, samples and checkpoints at an outer
         // boundary see the global weights. A replica that had to rejoin may jump to the
         // group's step here.

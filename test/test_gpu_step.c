@@ -6,8 +6,19 @@
 // Checks, each printed as PASS/FAIL with the measured numbers:
 //   - upload → download is bit-exact (checkpoints written from the GPU hold what it trains);
 //   - one step of two accumulated micro-batches: loss and z-loss within 1 % of the CPU's;
-//     every parameter's gradient (by name, from the table) with cosine similarity ≥ 0.999
-//     to the CPU's and a norm within 2 % (a cosine alone would not see a wrong scale);
+//     every parameter's gradient (by name, from the table) close to the CPU's in direction
+//     (cosine) and in norm (a cosine alone would not see a wrong scale), per tensor class:
+//     the GPU's gradients pass through bf16 tensors (2^-9 relative rounding, RMS ≈ 1.1e-3
+//     per rounding) several times per layer on the way back; a relative L2 error ε gives a
+//     cosine of about 1 − ε²/2.
+//       matrices (projections, embedding, head): the sum over rows of bf16 products, whose
+//       rounding errors are independent: ε measured ≤ 1.5 % (cosine 0.99989); checked at
+//       cosine ≥ 0.999 (ε ≤ 4.5 %) and norm within 2 %.
+//       norm gains (1-D): Σ over every row (and head) of dy·x·rstd, a small difference of
+//       large sums, so the rounding errors of its terms do not shrink with it: ε measured
+//       ≤ 2 % (cosine 0.99981, norm 0.6 % off); checked at cosine ≥ 0.998 (ε ≤ 6.3 %) and
+//       norm within 3 %.
+//     A wrong index, a missing factor or a dropped term gives ε of tens of percent;
 //   - the optimizer step: the global norm within 1 %; the update direction (params after −
 //     before) with cosine ≥ 0.95 to the CPU's (AdamW's first steps are nearly sign(g), so
 //     elements whose tiny gradient changes sign under bf16 noise move the other way;
@@ -148,8 +159,10 @@ static void run_case(const test_case *tc) {
         const param_info *p = &t.params[i];
         double ratio, c = cosine(g_gpu + p->offset, g_cpu + p->offset, p->numel, &ratio);
         worst_cos = fmin(worst_cos, c);
-        result(c >= 0.999 && fabs(ratio - 1.0) <= 0.02, "grad %-44s cosine %.6f (tol 0.999)  norm ratio %.4f (tol 2%%)",
-               p->name, c, ratio);
+        double min_cos = p->ndim == 1 ? 0.998 : 0.999, max_ratio = p->ndim == 1 ? 0.03 : 0.02;
+        result(c >= min_cos && fabs(ratio - 1.0) <= max_ratio,
+               "grad %-44s cosine %.6f (tol %.3f)  norm ratio %.4f (tol %.0f%%)", p->name, c, min_cos, ratio,
+               100 * max_ratio);
     }
     printf("   worst gradient cosine: %.6f\n", worst_cos);
 

@@ -19,7 +19,7 @@ run() {  # run OUT_DIR DEVICE [--key value]...
     "$TRAIN_GPT" "${common[@]}" --device "$dev" --out_dir "$out" "$@" >"$out.log" 2>&1
 }
 
-if ! run "$tmp/probe" cuda --max_steps 1 --ckpt_every 0; then
+if ! run "$tmp/probe" cuda --max_steps 1 --warmup_steps 0 --ckpt_every 0; then
     say "  FAIL train_gpt --device cuda did not run:"
     tail -n 3 "$tmp/probe.log"
     die "test_gpu_train: needs a GPU and train.c's CUDA wiring"
@@ -87,6 +87,6 @@ check "CPU checkpoint resumed on the GPU: steps 21-30 within 2 % of the CPU's" \
     close_losses "$tmp/c2g/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.02 21 30
 
 # 6. device = auto
-run "$tmp/auto" auto --max_steps 2 --ckpt_every 0
+run "$tmp/auto" auto --max_steps 2 --warmup_steps 0 --ckpt_every 0
 check "device = auto picks the GPU and says so" grep -q "GPU 0 is" "$tmp/auto.log"
 finish test_gpu_train
