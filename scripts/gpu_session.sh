@@ -27,7 +27,7 @@ run() {  # run TITLE COMMAND...: prints the title, the command's output and its 
 }
 
 {
-    echo "# scripts/gpu_session.sh $stage, $(date -u '+%F %T') UTC, commit $(git rev-parse --short HEAD 2>/dev/null)"
+    echo "# scripts/gpu_session.sh $stage, $(date -u '+%F %T') UTC, commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
     case "$stage" in
     build)
         run "nvidia-smi" nvidia-smi

@@ -200,8 +200,9 @@ ratio=-
 if is_number "$ours_tps" && is_number "$torch_tps"; then
     ratio=$(awk -v a="$ours_tps" -v b="$torch_tps" 'BEGIN {printf "%.2fx", a / b}')
 fi
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo -)
-[ "$commit" = - ] || git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
+# COMMIT=... names the code when the tree travels without its history (a copied checkout).
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
+[ -n "${COMMIT:-}" ] || [ "$commit" = - ] || git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
 emit "$(printf '%-9s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14s %-11s | %6s | %s' \
     "$name" "$T" "$B" "$data" "${gflop:--}" "${gflop_done:--}" \
     "$ours_tps" "$(mfu "$ours_tps" "$gflop")" "$(mfu "$ours_tps" "$gflop_done")" "${ours_mem:--}" \
