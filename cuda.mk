@@ -115,7 +115,11 @@ test-gpu:
 	@echo "make test-gpu: this build has no CUDA backend ($(MSG_NVCC))"; exit 1
 endif
 
-# ---------------------------------------------------------------- make bench-gpu
-.PHONY: bench-gpu
+# ---------------------------------------------------------------- make bench-gpu, bench-kernels
+# bench-gpu: one row of train_gpt against PyTorch 2 (gpt-1b, seq 4096, causal; other rows:
+# bench/gpu/README.md). bench-kernels: the per-kernel time table of the same configuration.
+.PHONY: bench-gpu bench-kernels
 bench-gpu:
 	bash bench/gpu/run.sh
+bench-kernels:
+	bash bench/gpu/kernels.sh
