@@ -30,29 +30,10 @@ if ! run "$tmp/probe" cuda --max_steps 1 --warmup_steps 0 --ckpt_every 0; then
     die "test_gpu_train: needs a GPU and train.c's CUDA wiring"
 fi
 
-# Per-step comparison of two metrics files: within TOL relative, over the steps both have
-# (FROM..TO when given).
-close_losses() {  # close_losses A B TOL [FROM TO]
-    "$PYTHON" - "$@" <<'PY'
-import json, sys
-def table(path):
-    t = {}
-    for line in open(path):
-        d = json.loads(line)
-        if "loss" in d and "step" in d: t[d["step"]] = d["loss"]
-    return t
-a, b, tol = table(sys.argv[1]), table(sys.argv[2]), float(sys.argv[3])
-lo, hi = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (1, 10**9)
-steps = [s for s in sorted(set(a) & set(b)) if lo <= s <= hi]
-worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
-print(f"    {len(steps)} steps, worst relative difference {worst:.3e} (tolerance {tol:g})")
-sys.exit(0 if steps and worst <= tol else 1)
-PY
-}
-
-# Per-step and windowed comparison of two loss curves: every step within STEP_TOL, the mean
-# of each WINDOW consecutive steps within WINDOW_TOL (relative to B's).
-close_curve() {  # close_curve A B STEP_TOL WINDOW WINDOW_TOL
+# Loss curves of two metrics files compared over the steps both have (FROM..TO): every step
+# within STEP_TOL relative to B's and, when WINDOW > 0, the mean of each WINDOW consecutive
+# steps within WINDOW_TOL.
+compare_curves() {  # compare_curves A B STEP_TOL FROM TO WINDOW WINDOW_TOL
     "$PYTHON" - "$@" <<'PY'
 import json, sys
 def table(path):
@@ -62,21 +43,28 @@ def table(path):
         if "loss" in d and "step" in d: t[d["step"]] = d["loss"]
     return t
 a, b = table(sys.argv[1]), table(sys.argv[2])
-step_tol, window, window_tol = float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-steps = sorted(set(a) & set(b))
+step_tol, lo, hi = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+window, window_tol = int(sys.argv[6]), float(sys.argv[7])
+steps = [s for s in sorted(set(a) & set(b)) if lo <= s <= hi]
+if not steps:
+    print("    no common steps")
+    sys.exit(1)
 worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
 print(f"    {len(steps)} steps, worst single-step relative difference {worst:.3e} (tolerance {step_tol:g})")
 worst_w = 0.0
-for i in range(0, len(steps) - window + 1, window):
+for i in range(0, len(steps) - window + 1, window) if window > 0 else []:
     w = steps[i:i + window]
     ma, mb = sum(a[s] for s in w) / window, sum(b[s] for s in w) / window
     d = abs(ma - mb) / abs(mb)
     worst_w = max(worst_w, d)
     print(f"    steps {w[0]:3d}-{w[-1]:3d}: mean loss gpu {ma:.4f} cpu {mb:.4f}, relative difference {d:.3e}")
-print(f"    worst {window}-step window {worst_w:.3e} (tolerance {window_tol:g})")
-sys.exit(0 if len(steps) >= window and worst <= step_tol and worst_w <= window_tol else 1)
+if window > 0:
+    print(f"    worst {window}-step window {worst_w:.3e} (tolerance {window_tol:g})")
+sys.exit(0 if worst <= step_tol and len(steps) >= window and worst_w <= window_tol else 1)
 PY
 }
+close_losses() { compare_curves "$1" "$2" "$3" "${4:-1}" "${5:-1000000000}" 0 0; }  # A B TOL [FROM TO]
+close_curve() { compare_curves "$1" "$2" "$3" 1 1000000000 "$4" "$5"; }             # A B STEP_TOL WINDOW WINDOW_TOL
 
 # 1. the loss curve
 run "$tmp/cpu" cpu --ckpt_every 10
