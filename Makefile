@@ -96,8 +96,11 @@ CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
 
 # ---------------------------------------------------------------- sources
 # LIB_SRC: everything but main(); linked into train_gpt and every test binary.
-LIB_SRC := common.c checksum.c json.c config.c model.c dataloader.c safetensors.c \
-           gemm.c cpu_ops.c cpu_model.c optim.c checkpoint.c metrics.c sample.c train.c
+# llmc/: the host library (imports nothing above it); cpu/: the fp32 CPU backend.
+LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
+           llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c \
+           cpu/gemm.c cpu/ops.c cpu/model.c \
+           dataloader.c tok/sample.c train.c
 MAIN_SRC := train_gpt.c
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
 TESTS_C := test/test_units.c test/test_ops.c
@@ -108,14 +111,14 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
-# Each subsystem adds its own sources, tests and detection in a fragment:
-#   tokenizer.mk  the tokenizer and `train_gpt prepare`
+# Each subsystem adds its own sources, tests and detection in a fragment beside its code:
+#   tok/tok.mk    the tokenizer and `train_gpt prepare`
 #   quant.mk      DiLoCo's int8/int4 quantization
-#   net.mk        the TCP transport, its relay, OpenSSL detection, the frame fuzzer
-#   diloco.mk     the DiLoCo outer loop and the MPI transport
-#   cuda.mk       the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu`
-#   bench_diloco.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
--include tokenizer.mk quant.mk net.mk diloco.mk cuda.mk bench_diloco.mk
+#   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
+#   diloco.mk     the DiLoCo outer loop
+#   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu`
+#   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
+-include tok/tok.mk quant.mk net/net.mk diloco.mk cuda/cuda.mk bench/diloco/bench.mk
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
@@ -163,4 +166,4 @@ test: all $(TEST_BINS) $(TOOLS)
 clean:
 	rm -rf $(BUILD) train_gpt
 
--include $(wildcard $(BUILD)/*.d $(BUILD)/*/*.d)
+-include $(wildcard $(BUILD)/*.d $(BUILD)/*/*.d $(BUILD)/*/*/*.d)

@@ -6,10 +6,10 @@
 // process reads from it (a full pass over that shard, at disk speed), so corruption is
 // found before any of its tokens reach the model, without reading terabytes at start-up.
 #include "dataloader.h"
-#include "bytes.h"
-#include "checksum.h"
-#include "common.h"
-#include "rng.h"
+#include "llmc/bytes.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,13 +1,13 @@
 // diloco.c — the DiLoCo outer loop (see diloco.h and docs/diloco.md).
 #include "diloco.h"
-#include "bytes.h"
-#include "checksum.h"
-#include "common.h"
-#include "fault.h"
-#include "json.h"
-#include "optim.h"
-#include "quant.h"
-#include "transport.h"
+#include "llmc/bytes.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/fault.h"
+#include "llmc/json.h"
+#include "llmc/optim.h"
+#include "llmc/quant.h"
+#include "net/transport.h"
 
 #include <errno.h>
 #include <math.h>
@@ -211,7 +211,7 @@ static double encode_contribution(diloco *d, const float *params) {
 }
 
 // Whether every float a payload decodes from is finite: the values themselves (none) or the
-// block scales (int8 / int4: a block with a NaN or Inf input has a NaN scale, quant.h).
+// block scales (int8 / int4: a block with a NaN or Inf input has a NaN scale, llmc/quant.h).
 static bool payload_is_finite(const diloco *d, const uint8_t *payload) {
     int64_t floats = d->quant == QUANT_NONE ? d->numel : (d->numel + d->block - 1) / d->block;
     bool finite = true;

@@ -4,7 +4,7 @@
 // Each of M replicas trains on its own 1/M of the data. Every H = diloco_inner_steps inner
 // steps (and after the last step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the
 // global weights of the last outer step and θᵢ its own weights now. The replicas exchange
-// their Δᵢ (transport.h), average those that arrived — never counting absent replicas —
+// their Δᵢ (net/transport.h), average those that arrived — never counting absent replicas —
 // and all apply the same Nesterov step:
 //     Δ   = mean over contributors of Δᵢ
 //     m   ← μ·m + Δ
@@ -15,7 +15,7 @@
 // same order, so θ and m are bit-identical everywhere. A hash of θ goes into metrics.jsonl
 // each outer step.
 //
-// How Δᵢ travels (diloco_quant): int8 / int4 send the blockwise-quantized Δᵢ (quant.h),
+// How Δᵢ travels (diloco_quant): int8 / int4 send the blockwise-quantized Δᵢ (llmc/quant.h),
 // optionally with error feedback. `none` sends θᵢ itself in fp32 — the same 4 bytes per
 // parameter — and Δ = θ − mean(θᵢ) is formed in double on arrival; that is the same Δ, but
 // exact: with M = 1, lr 1 and momentum 0 the outer step gives back θ₁ bit for bit, so such
@@ -31,11 +31,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "checkpoint.h"
-#include "config.h"
+#include "llmc/checkpoint.h"
+#include "llmc/config.h"
 #include "dataloader.h"
-#include "metrics.h"
-#include "model.h"
+#include "llmc/metrics.h"
+#include "llmc/params.h"
 
 typedef struct diloco diloco;
 

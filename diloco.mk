@@ -1,6 +1,6 @@
 # diloco.mk — the DiLoCo outer loop and the MPI transport, included by the Makefile.
 # See docs/diloco.md. MPI is optional: without it `diloco_transport = mpi` is a clear error.
-LIB_SRC += diloco.c transport.c transport_mpi.c
+LIB_SRC += diloco.c net/transport.c net/transport_mpi.c
 TESTS_SH += test/test_diloco.sh
 
 # MPI: the compile and link flags of the MPI compiler wrapper (Open MPI: --showme, MPICH: -show).
@@ -11,7 +11,7 @@ ifneq ($(MPICC),)
     HAVE_MPI := 1
     MSG_MPI := ✓ MPI ($(MPICC)): diloco_transport = mpi
     LDLIBS += $(MPI_LIBS)
-    $(BUILD)/transport_mpi.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
+    $(BUILD)/net/transport_mpi.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
   endif
 endif
 ifneq ($(HAVE_MPI),1)

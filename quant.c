@@ -1,5 +1,5 @@
 // quant.c — blockwise int8 / int4 quantization of DiLoCo outer gradients, the C reference.
-// See quant.h for the byte layout and docs/quant.md for the error bounds.
+// See llmc/quant.h for the byte layout and docs/quant.md for the error bounds.
 //
 // Design. Encoding is two passes over the input, both parallel and both independent of the
 // thread count:
@@ -28,9 +28,9 @@
 // 0x7FC00000) and codes 0, so it decodes to NaN everywhere and cannot pass for a good
 // update; with feedback its residual becomes NaN as well. diloco.c checks the outer gradient
 // for finiteness before encoding, so this is a last line of defence, not a feature.
-#include "quant.h"
+#include "llmc/quant.h"
 
-#include "common.h"
+#include "llmc/common.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
-// quant.cu — quant.h's blockwise int8 / int4 encoder and decoder on the GPU, byte for byte
-// what quant.c writes. See quant_cuda.h for the API and quant.c for the design.
+// quant.cu — llmc/quant.h's blockwise int8 / int4 encoder and decoder on the GPU, byte for byte
+// what quant.c writes. See llmc/quant_cuda.h for the API and quant.c for the design.
 //
 // Two kernels encode, as quant.c's two passes do:
 //   quant_scales_kernel  one warp per block: max of |y| (y = x + residual) as an integer max
@@ -17,12 +17,12 @@
 //
 // A warp per block suits the block sizes DiLoCo uses (32 .. 4096); a block of millions of
 // values is correct but leaves most of the GPU idle in the first kernel.
-#include "quant_cuda.h"
+#include "llmc/quant_cuda.h"
 
 #include "cuda/common.cuh"
 
 extern "C" {
-#include "common.h"
+#include "llmc/common.h"
 }
 
 namespace {

@@ -27,13 +27,13 @@ QUANT_NVCC_ARCH ?= $(or $(CUDA_ARCH),-gencode arch=compute_80,code=sm_80 -gencod
 QUANT_NVCC_FLAGS = -std=c++17 -O3 $(QUANT_NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra
 GPU_TESTS += $(BUILD)/test_quant_gpu
 
-$(BUILD)/quant_gpu/quant.o: quant.cu quant_cuda.h quant.h
+$(BUILD)/quant_gpu/quant.o: quant.cu llmc/quant_cuda.h llmc/quant.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(QUANT_NVCC_FLAGS) -c $< -o $@
-$(BUILD)/quant_gpu/test_quant_gpu.o: test/test_quant_gpu.cu quant_cuda.h quant.h test/check.h
+$(BUILD)/quant_gpu/test_quant_gpu.o: test/test_quant_gpu.cu llmc/quant_cuda.h llmc/quant.h test/check.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(QUANT_NVCC_FLAGS) -c $< -o $@
-# libtrain_gpt.a brings quant.c (the reference) and common.c; it was compiled with -fopenmp.
+# libtrain_gpt.a brings quant.c (the reference) and llmc/common.c; it was compiled with -fopenmp.
 $(BUILD)/test_quant_gpu: $(BUILD)/quant_gpu/test_quant_gpu.o $(BUILD)/quant_gpu/quant.o $(BUILD)/libtrain_gpt.a
 	$(NVCC) $(QUANT_NVCC_FLAGS) $^ -o $@ -Xcompiler -fopenmp -lm
 endif

@@ -1,20 +1,20 @@
 // train.c — the training loop (see train.h).
 #include "train.h"
-#include "checkpoint.h"
-#include "common.h"
-#include "cpu_model.h"
-#include "cuda_backend.h"
-#include "device.h"
+#include "llmc/checkpoint.h"
+#include "llmc/common.h"
+#include "cpu/model.h"
+#include "cuda/backend.h"
+#include "llmc/device.h"
 #include "dataloader.h"
 #include "diloco.h"
-#include "transport.h"
-#include "fault.h"
-#include "gemm.h"
-#include "json.h"
-#include "metrics.h"
-#include "model.h"
-#include "optim.h"
-#include "sample.h"
+#include "net/transport.h"
+#include "llmc/fault.h"
+#include "cpu/gemm.h"
+#include "llmc/json.h"
+#include "llmc/metrics.h"
+#include "llmc/params.h"
+#include "llmc/optim.h"
+#include "tok/sample.h"
 
 #include <errno.h>
 #include <math.h>
@@ -76,7 +76,7 @@ static int setup_threads(const train_config *cfg) {
     return threads;
 }
 
-// device = auto | cpu | cuda, decided once (device.h), and the peak that MFU is against.
+// device = auto | cpu | cuda, decided once (llmc/device.h), and the peak that MFU is against.
 static device_kind select_device(trainer *tr) {
     const train_config *cfg = tr->cfg;
     char why[600];

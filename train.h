@@ -10,7 +10,7 @@
 #ifndef TRAIN_GPT_TRAIN_H
 #define TRAIN_GPT_TRAIN_H
 
-#include "config.h"
+#include "llmc/config.h"
 
 // Runs the whole training; returns the process exit code (0 = finished or stopped cleanly
 // with a checkpoint). User errors are fatal inside (one line, exit 1).

@@ -8,11 +8,11 @@
 //   train_gpt --version
 //
 // Everything else lives in the subsystems; this file only routes.
-#include "common.h"
-#include "config.h"
-#include "gemm.h"
-#include "prepare.h"
-#include "relay.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "cpu/gemm.h"
+#include "tok/prepare.h"
+#include "net/relay.h"
 #include "train.h"
 
 #include <stdio.h>

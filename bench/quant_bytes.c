@@ -8,11 +8,11 @@
 // Throughput is in GB/s of fp32 input (encode) or fp32 output (decode): 4·n bytes over the
 // best of five wall-clock runs, comparable with memcpy speed.
 // The data is N(0, 1e-3): the scale does not matter to quantization, only the shape.
-#include "common.h"
-#include "config.h"
-#include "model.h"
-#include "quant.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "llmc/params.h"
+#include "llmc/quant.h"
+#include "llmc/rng.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
-// gemm.c — CBLAS wrapper and the built-in fallback (see gemm.h).
-#include "gemm.h"
+// cpu/gemm.c — CBLAS wrapper and the built-in fallback (see cpu/gemm.h).
+#include "cpu/gemm.h"
 
-#include "common.h"
+#include "llmc/common.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// gemm.h — the matrix products of the CPU backend, in the three shapes a linear layer
+// cpu/gemm.h — the matrix products of the CPU backend, in the three shapes a linear layer
 // needs. All matrices are row-major fp32. Through CBLAS (OpenBLAS, MKL, ...) when the
 // build found one; otherwise a plain blocked OpenMP loop that is correct but slow.
 //

@@ -1,14 +1,14 @@
-// cpu_model.c — forward and backward of the whole model on the CPU (see cpu_model.h).
+// cpu/model.c — forward and backward of the whole model on the CPU (see cpu/model.h).
 //
 // Saved for the backward pass, per layer: the residual stream entering the layer and
 // after attention, both norm outputs and their 1/rms, q and k before and after QK-norm
 // (before is needed by QK-norm's backward), q/k after RoPE, v, the attention output and
 // its log-sum-exp, and the three SwiGLU tensors. Everything else is scratch shared by all
 // layers.
-#include "cpu_model.h"
-#include "common.h"
-#include "cpu_ops.h"
-#include "gemm.h"
+#include "cpu/model.h"
+#include "llmc/common.h"
+#include "cpu/ops.h"
+#include "cpu/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// cpu_model.h — the model's forward and backward pass on the CPU in fp32, assembled from
+// cpu/model.h — the model's forward and backward pass on the CPU in fp32, assembled from
 // cpu_ops over the parameter table.
 //
 // A cpu_model owns the activations for micro-batches of up to B × T tokens (any smaller
@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "model.h"
+#include "llmc/params.h"
 
 typedef struct cpu_model cpu_model;
 

@@ -1,6 +1,6 @@
-// cpu_ops.c — fp32 reference operations (see cpu_ops.h for shapes and conventions).
-#include "cpu_ops.h"
-#include "common.h"
+// cpu/ops.c — fp32 reference operations (see cpu/ops.h for shapes and conventions).
+#include "cpu/ops.h"
+#include "llmc/common.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// cpu_ops.h — every operation of the model, forward and backward, in fp32 on the CPU.
+// cpu/ops.h — every operation of the model, forward and backward, in fp32 on the CPU.
 //
 // These are the reference implementations: the CPU backend is built from them, the
 // PyTorch test checks them, and every GPU kernel is tested against them. Each is written

@@ -77,7 +77,7 @@ void step_prepare(step_scalars *st, const double *partials, double rows, double 
     CUDA_CHECK_LAUNCH();
 }
 
-// torch.optim.AdamW, single-tensor path, as optim.c: p·(1 − lr·wd), then the Adam step.
+// torch.optim.AdamW, single-tensor path, as llmc/optim.c: p·(1 − lr·wd), then the Adam step.
 __global__ void __launch_bounds__(ADAMW_THREADS)
     adamw_kernel(float *params, bf16 *params_bf16, float *grads, float *m, float *v, const adamw_chunk *chunks,
                  const step_scalars *st, adamw_hparams hp) {

@@ -1,6 +1,6 @@
-// cuda_backend.h — the model on one GPU, for the training loop (C API; cuda_model.cu).
+// cuda/backend.h — the model on one GPU, for the training loop (C API; cuda/model.cu).
 //
-// The mirror of cpu_model.h + optim.h's step: the model's parameters, gradients and AdamW
+// The mirror of cpu/model.h + llmc/optim.h's step: the model's parameters, gradients and AdamW
 // moments live on the GPU for the whole run (fp32 master weights and moments, a bf16 copy
 // of the weights for the matmuls, fp32 gradients accumulated over micro-batches), and the
 // host only feeds token batches in and reads scalars and checkpoints out.
@@ -33,9 +33,9 @@ extern "C" {
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "cpu_model.h"
-#include "model.h"
+#include "llmc/config.h"
+#include "cpu/model.h"
+#include "llmc/params.h"
 
 typedef struct cuda_model cuda_model;
 

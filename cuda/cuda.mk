@@ -1,16 +1,16 @@
-# cuda.mk — the CUDA backend (docs/cuda.md), included by the Makefile.
+# cuda/cuda.mk — the CUDA backend (docs/cuda.md), included by the Makefile.
 #
 # Detected and printed (✓ / ✗) through MSG_NVCC and MSG_CUDNN:
 #   nvcc       /usr/local/cuda/bin/nvcc or nvcc on PATH; without it: a CPU-only build
 #   cuBLASLt   header and library next to nvcc (or the distribution's); required with nvcc
 #   cuDNN      cudnn.h + libcudnn (detected only: this version's attention is its own kernel)
-# With nvcc and cuBLASLt the kernels under cuda/ and cuda_model.cu go into the library, and
+# With nvcc and cuBLASLt the kernels under cuda/ and cuda/model.cu go into the library, and
 # train_gpt links the CUDA runtime statically (cudart_static: the binary starts, and
 # device = auto falls back to the CPU, on machines without an NVIDIA driver) and cuBLASLt
 # dynamically with an rpath. Never -lcuda: the toolkit's stub would make the binary
 # unloadable on GPU nodes' real drivers and on machines without one.
 #
-#   make NO_CUDA=1                      the CPU-only build (cuda_stub.c answers for the GPU)
+#   make NO_CUDA=1                      the CPU-only build (cuda/stub.c answers for the GPU)
 #   make CUDA_ARCH="-gencode ..."       other GPUs (default: sm_80 + sm_90, and compute_90
 #                                       PTX so that newer GPUs can JIT-compile it)
 #   make CUDA_WERROR=1                  nvcc warnings (host and device) become errors
@@ -20,7 +20,6 @@
 # own rules, run by test-gpu in order).
 
 .DEFAULT_GOAL := all
-LIB_SRC += device.c
 TESTS_C += test/test_device.c
 GPU_TESTS += $(BUILD)/test_gpu_kernels $(BUILD)/test_gpu_step
 GPU_TESTS_SH += test/test_gpu_train.sh
@@ -70,7 +69,7 @@ endif
 
 # The build mode as an object file in the library: switching between NO_CUDA=1 and a CUDA
 # build in the same build directory rewrites it, which makes the library rebuild with the
-# right objects (cuda_stub.o or the CUDA ones).
+# right objects (cuda/stub.o or the CUDA ones).
 CUDA_MODE := $(if $(HAVE_CUDA),cuda $(CUDA_ARCH),cpu-only)
 CUDA_MODE_STALE := $(shell mkdir -p $(BUILD) && \
     (test "`cat $(BUILD)/cuda_mode.txt 2>/dev/null`" = "$(CUDA_MODE)" || echo "$(CUDA_MODE)" > $(BUILD)/cuda_mode.txt))
@@ -80,9 +79,9 @@ $(BUILD)/cuda_mode.o: $(BUILD)/cuda_mode.txt
 $(BUILD)/libtrain_gpt.a: $(BUILD)/cuda_mode.o
 
 ifeq ($(HAVE_CUDA),1)
-  # One concern per file (docs/cuda.md); cuda_model.cu assembles them into the model.
+  # One concern per file (docs/cuda.md); cuda/model.cu assembles them into the model.
   CUDA_SRC := cuda/probe.cu cuda/matmul.cu cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu \
-              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu cuda_model.cu
+              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu cuda/model.cu
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   NVCC_WARN := -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
   ifeq ($(CUDA_WERROR),1)
@@ -97,7 +96,7 @@ $(BUILD)/%.o: %.cu
 
 $(BUILD)/libtrain_gpt.a: $(CUDA_OBJ)
 else
-  LIB_SRC += cuda_stub.c
+  LIB_SRC += cuda/stub.c
 endif
 
 # ---------------------------------------------------------------- make test-gpu

@@ -1,6 +1,6 @@
 // cuda/kernels.h — the launchers of every kernel of the CUDA backend, one section per file
-// under cuda/, each with its tensor shapes. cuda_model.cu builds the model from them and
-// test/test_gpu_kernels.cu checks each against its CPU reference in cpu_ops.c.
+// under cuda/, each with its tensor shapes. cuda/model.cu builds the model from them and
+// test/test_gpu_kernels.cu checks each against its CPU reference in cpu/ops.c.
 //
 // Precision (docs/cuda.md): activations and matmul weights are bf16; everything that
 // accumulates is fp32 (the residual stream, the norms' statistics, the gradients of the
@@ -179,7 +179,7 @@ void step_prepare(step_scalars *st, const double *partials, double rows, double 
                   double beta1, double beta2, cudaStream_t stream);
 // params (n) fp32, params_bf16 (n), grads (n, zeroed on return), m, v (n) over chunks
 // (num_chunks). A skipped step (st->skipped) only zeroes the gradients.
-// The element-wise math is optim.c's: fp32, with (1 − β) rounded to float on the host.
+// The element-wise math is llmc/optim.c's: fp32, with (1 − β) rounded to float on the host.
 typedef struct {
     float keep_decay;            // 1 − lr·weight_decay, for chunks with decay
     float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;

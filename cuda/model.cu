@@ -1,6 +1,6 @@
-// cuda_model.cu — the whole model on one GPU: forward, backward, the step (cuda_backend.h).
+// cuda/model.cu — the whole model on one GPU: forward, backward, the step (cuda/backend.h).
 //
-// The structure follows cpu_model.c line for line where it can, with three differences
+// The structure follows cpu/model.c line for line where it can, with three differences
 // that make it fast on a GPU:
 //   - fused matmuls: q/k/v projections are adjacent in the parameter table, and so are
 //     gate/up, so each pair or triple is one (rows × stacked outputs) product, forward and
@@ -22,13 +22,13 @@
 //
 // Host ↔ GPU traffic inside a step is one small copy per micro-batch (tokens, document
 // starts and positions, the embedding backward's token buckets) through pinned slots, and
-// one copy of the step's scalars back. See cuda_backend.h for what waits on what.
+// one copy of the step's scalars back. See cuda/backend.h for what waits on what.
 #include "cuda/kernels.h"
 
 extern "C" {
-#include "common.h"
-#include "cpu_ops.h"
-#include "cuda_backend.h"
+#include "llmc/common.h"
+#include "cpu/ops.h"
+#include "cuda/backend.h"
 }
 
 #include <stdlib.h>
@@ -243,7 +243,7 @@ static int64_t tensor_offset(const cuda_model *m, param_kind kind, int layer) {
     return p->offset;
 }
 
-// The stacked matmuls need q/k/v and gate/up adjacent in the flat layout (model.c's order).
+// The stacked matmuls need q/k/v and gate/up adjacent in the flat layout (llmc/params.c's order).
 static void check_layout(const cuda_model *m) {
     for (int l = 0; l < (int)m->L; l++) {
         const param_info *q = param_find(m->table, P_WQ, l), *k = param_find(m->table, P_WK, l),

@@ -1,5 +1,5 @@
 // cuda/probe.cu — asks the CUDA runtime, once, whether this process can train on a GPU
-// (device.h's cuda_probe_device, with C linkage). It is the first CUDA call of a run, so
+// (llmc/device.h's cuda_probe_device, with C linkage). It is the first CUDA call of a run, so
 // it is where a machine without a driver is told apart from one with a GPU:
 //   cudaErrorInsufficientDriver (35)  no usable NVIDIA driver (the usual case on a login
 //                                     node or a CI machine that has the toolkit only)
@@ -14,7 +14,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "device.h"
+#include "llmc/device.h"
 }
 
 // A kernel that exists only so that cudaFuncGetAttributes can tell whether this binary

@@ -9,7 +9,7 @@
 // Layout: the heads of a row are q heads 0..Hq-1 then k heads Hq..Hq+Hkv-1, D each, as in
 // the QKV matmul's output. One warp per (row, head); lane l handles the rotation pairs
 // (i, i + D/2) for i = l, l+32, ..., so any even D works and a pair never crosses lanes.
-// Positions restart at each document (cpu_ops.c's document_positions, computed on the
+// Positions restart at each document (cpu/ops.c's document_positions, computed on the
 // host with the batch); cos/sin tables (T, D/2) come from rope_tables() on the host in
 // double, the same tables the CPU uses.
 #include "cuda/kernels.h"

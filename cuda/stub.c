@@ -1,9 +1,9 @@
-// cuda_stub.c — the CUDA side of a CPU-only build (make NO_CUDA=1, or no nvcc found): a
-// probe that says so, and the entry points of cuda_backend.h, which device_choose() never
+// cuda/stub.c — the CUDA side of a CPU-only build (make NO_CUDA=1, or no nvcc found): a
+// probe that says so, and the entry points of cuda/backend.h, which device_choose() never
 // lets a CPU-only build reach. Linking them keeps train.c free of #ifdefs.
-#include "cuda_backend.h"
-#include "common.h"
-#include "device.h"
+#include "cuda/backend.h"
+#include "llmc/common.h"
+#include "llmc/device.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +15,7 @@ void cuda_probe_device(gpu_info *info) {
     snprintf(info->why, sizeof info->why, "this build has no CUDA backend (built without nvcc or with NO_CUDA=1)");
 }
 
-// ---------------------------------------------------------------- cuda_backend.h
+// ---------------------------------------------------------------- cuda/backend.h
 
 static NORETURN void no_backend(void) {
     fail("internal error: the CUDA backend was called in a build without it (device_choose should have said cpu)");

@@ -1,4 +1,4 @@
-// bytes.h — little-endian fields in byte buffers: every on-disk and on-wire format of
+// llmc/bytes.h — little-endian fields in byte buffers: every on-disk and on-wire format of
 // train_gpt (token shards, the DiLoCo wire protocol, the donor state) is little-endian,
 // byte for byte, whatever the host.
 #ifndef TRAIN_GPT_BYTES_H

@@ -1,11 +1,11 @@
-// checkpoint.c — atomic, checksummed checkpoints (format in checkpoint.h, docs/formats.md).
-#include "checkpoint.h"
-#include "checksum.h"
-#include "common.h"
-#include "fault.h"
-#include "json.h"
-#include "optim.h"
-#include "safetensors.h"
+// llmc/checkpoint.c — atomic, checksummed checkpoints (format in llmc/checkpoint.h, docs/formats.md).
+#include "llmc/checkpoint.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/fault.h"
+#include "llmc/json.h"
+#include "llmc/optim.h"
+#include "llmc/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>

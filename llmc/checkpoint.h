@@ -1,4 +1,4 @@
-// checkpoint.h — saving and restoring everything a run needs to continue bit-exactly.
+// llmc/checkpoint.h — saving and restoring everything a run needs to continue bit-exactly.
 //
 // A checkpoint is a directory OUT_DIR/step_NNNNNNNN (N = optimizer steps done) holding
 //   model.safetensors      fp32 master weights, Hugging Face names, "model_config" (JSON)
@@ -22,9 +22,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "llmc/config.h"
 #include "dataloader.h"
-#include "model.h"
+#include "llmc/params.h"
 
 typedef struct {
     int64_t step;          // optimizer steps done (the next step to run, 0-based)

@@ -1,5 +1,5 @@
-// checksum.c — XXH64 (see checksum.h), written from the algorithm's specification.
-#include "checksum.h"
+// llmc/checksum.c — XXH64 (see llmc/checksum.h), written from the algorithm's specification.
+#include "llmc/checksum.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-// checksum.h — XXH64, the checksum of every file train_gpt writes (token shards,
+// llmc/checksum.h — XXH64, the checksum of every file train_gpt writes (token shards,
 // checkpoints). Implemented from the published XXH64 specification so that a user can
 // check any of our files with the stock `xxhsum -H64` tool; streaming, so multi-GB
 // tensors never need to be in memory twice. Not a cryptographic hash: it detects

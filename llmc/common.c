@@ -1,5 +1,5 @@
-// common.c — fatal errors, checked allocation and I/O helpers, time. See common.h.
-#include "common.h"
+// llmc/common.c — fatal errors, checked allocation and I/O helpers, time. See llmc/common.h.
+#include "llmc/common.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// common.h — what every file of train_gpt needs: fatal errors that name their cause,
+// llmc/common.h — what every file of train_gpt needs: fatal errors that name their cause,
 // checked allocation and I/O, wall-clock time, and a few small integer helpers.
 //
 // Errors a user can cause (config, data, checkpoint, peers) go through fail(): one line on

@@ -1,13 +1,13 @@
-// config.c — the key table and the parser for config files and command-line overrides.
+// llmc/config.c — the key table and the parser for config files and command-line overrides.
 //
 // Each key is one row: name, type, where it lives in train_config, its default (as the text
 // a user would write; NULL = required), bounds, and the line of documentation that --help
 // prints. Values are parsed strictly: "12abc" is not an integer, "yes" is a boolean only if
 // listed below. The source of every value (file:line, --flag, or default) is kept so that
 // the later cross-key checks can still say where a bad value came from.
-#include "config.h"
-#include "common.h"
-#include "json.h"
+#include "llmc/config.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,8 +1,8 @@
-// config.h — every setting of a run, where it came from, and how it is checked.
+// llmc/config.h — every setting of a run, where it came from, and how it is checked.
 //
 // A run is configured by one file of `key = value` lines (with `#` comments) and then by
 // command-line overrides (`--key value` or `--key=value`). All keys live in one table in
-// config.c (name, type, default, bounds, one-line doc); the parser, `--help`, the JSON
+// llmc/config.c (name, type, default, bounds, one-line doc); the parser, `--help`, the JSON
 // written into checkpoints and the docs test all iterate over that table, so a key cannot
 // exist in one place and be missing in another.
 //

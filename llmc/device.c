@@ -1,9 +1,9 @@
-// device.c — choosing the device and the MFU peak table (see device.h).
+// llmc/device.c — choosing the device and the MFU peak table (see llmc/device.h).
 //
 // The probe of the CUDA runtime lives in cuda/probe.cu (built when nvcc is found) or in
-// cuda_stub.c (CPU-only builds); this file only interprets its answer, so it compiles
+// cuda/stub.c (CPU-only builds); this file only interprets its answer, so it compiles
 // and is tested the same way in both builds.
-#include "device.h"
+#include "llmc/device.h"
 
 #include <stdio.h>
 #include <string.h>

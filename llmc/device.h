@@ -1,4 +1,4 @@
-// device.h — which device a run trains on, and how fast that device is.
+// llmc/device.h — which device a run trains on, and how fast that device is.
 //
 // device_choose() implements the `device` key once, at start-up:
 //   cpu   → the CPU.
@@ -56,10 +56,10 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
 // number). For an unknown GPU, why receives the warning to print; else it is emptied.
 double device_mfu_peak(device_kind kind, double configured, char *why, size_t why_bytes);
 
-// The probe itself, in cuda/probe.cu (C linkage) or, in a CPU-only build, cuda_stub.c:
+// The probe itself, in cuda/probe.cu (C linkage) or, in a CPU-only build, cuda/stub.c:
 // fills *info from the CUDA runtime. Exposed for the tests; use device_gpu_info().
 void cuda_probe_device(gpu_info *info);
-// True in cuda/probe.cu, false in cuda_stub.c.
+// True in cuda/probe.cu, false in cuda/stub.c.
 bool cuda_probe_compiled(void);
 
 #endif

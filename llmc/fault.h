@@ -1,4 +1,4 @@
-// fault.h — fault injection for the crash and outlier tests, off unless the environment
+// llmc/fault.h — fault injection for the crash and outlier tests, off unless the environment
 // asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
 //   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
 //   nan_grad            poison one gradient with NaN on that (0-based) step
@@ -6,7 +6,7 @@
 //                       step STEP+1 (the others must leave it out of the average)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see
-//                       transport_tcp.c and docs/protocol.md)
+//                       net/transport_tcp.c and docs/protocol.md)
 // A real run never sets the variable; the cost when unset is one getenv per query.
 #ifndef TRAIN_GPT_FAULT_H
 #define TRAIN_GPT_FAULT_H

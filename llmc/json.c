@@ -1,6 +1,6 @@
-// json.c — strict JSON reader and text-building helpers (see json.h).
-#include "json.h"
-#include "common.h"
+// llmc/json.c — strict JSON reader and text-building helpers (see llmc/json.h).
+#include "llmc/json.h"
+#include "llmc/common.h"
 
 #include <math.h>
 #include <stdarg.h>

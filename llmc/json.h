@@ -1,4 +1,4 @@
-// json.h — a small JSON reader and writer, for the few JSON texts train_gpt handles: the
+// llmc/json.h — a small JSON reader and writer, for the few JSON texts train_gpt handles: the
 // safetensors header, the model config in its metadata, checkpoint state and
 // metrics.jsonl lines. The reader builds a tree of json_value nodes owned by one
 // json_doc; it rejects anything that is not strict JSON (RFC 8259), nests at most 64

@@ -1,7 +1,7 @@
-// metrics.c — metrics.jsonl writer (see metrics.h).
-#include "metrics.h"
-#include "common.h"
-#include "json.h"
+// llmc/metrics.c — metrics.jsonl writer (see llmc/metrics.h).
+#include "llmc/metrics.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
 
 #include <errno.h>
 #include <math.h>

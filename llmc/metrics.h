@@ -1,4 +1,4 @@
-// metrics.h — out_dir/metrics.jsonl, one JSON object per line, flushed after each line
+// llmc/metrics.h — out_dir/metrics.jsonl, one JSON object per line, flushed after each line
 // so a crash loses nothing already reported. Line kinds (docs/formats.md):
 //   step:   {"step", "loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms",
 //            "tokens", "skipped"}            mfu is null when the peak is unknown (CPU)

@@ -1,6 +1,6 @@
-// optim.c — WSD schedule, gradient norm and clipping, AdamW (see optim.h).
-#include "optim.h"
-#include "common.h"
+// llmc/optim.c — WSD schedule, gradient norm and clipping, AdamW (see llmc/optim.h).
+#include "llmc/optim.h"
+#include "llmc/common.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// optim.h — the optimizer side of a step: WSD learning rate, global gradient norm,
+// llmc/optim.h — the optimizer side of a step: WSD learning rate, global gradient norm,
 // clipping, and AdamW, all iterating over the parameter table.
 //
 // AdamW follows torch.optim.AdamW (PyTorch 1.13 single-tensor path) exactly:
@@ -13,8 +13,8 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "model.h"
+#include "llmc/config.h"
+#include "llmc/params.h"
 
 // WSD schedule at 0-based step s of max_steps (docs/model.md gives the formula).
 double lr_at_step(const train_config *cfg, int64_t step);

@@ -1,7 +1,7 @@
-// model.c — builds the parameter table (see model.h), initializes weights, counts FLOPs.
-#include "model.h"
-#include "common.h"
-#include "rng.h"
+// llmc/params.c — builds the parameter table (see llmc/params.h), initializes weights, counts FLOPs.
+#include "llmc/params.h"
+#include "llmc/common.h"
+#include "llmc/rng.h"
 
 #include <stdlib.h>
 #include <string.h>

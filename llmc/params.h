@@ -1,4 +1,4 @@
-// model.h — the parameter table: every tensor of the model with its Hugging Face name,
+// llmc/params.h — the parameter table: every tensor of the model with its Hugging Face name,
 // shape, place in one flat fp32 buffer, and flags (weight decay, matmul).
 //
 // Everything that walks over parameters iterates this table: the optimizer (decay flag),
@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "llmc/config.h"
 
 typedef enum {
     P_EMBED,       // model.embed_tokens.weight           [V, C]

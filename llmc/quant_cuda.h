@@ -1,4 +1,4 @@
-// quant_cuda.h — quant.h's int8 / int4 encoder and decoder as CUDA kernels (quant.cu), so
+// llmc/quant_cuda.h — llmc/quant.h's int8 / int4 encoder and decoder as CUDA kernels (quant.cu), so
 // that a replica training on a GPU quantizes its outer gradient where it lives and copies
 // the 4x / 8x smaller encoded form to the host, not the fp32 gradient.
 //
@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#include "quant.h"
+#include "llmc/quant.h"
 
 // d_x[n] (+ d_residual[n]) -> d_out[quant_encoded_bytes(k, n, block)], all device memory;
 // d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is).

@@ -1,4 +1,4 @@
-// rng.h — the one random number generator of train_gpt: splitmix64 to seed, xoshiro256**
+// llmc/rng.h — the one random number generator of train_gpt: splitmix64 to seed, xoshiro256**
 // to draw, Box-Muller for normals. Small, fast, and the same bits on every machine, so
 // an init from a seed is reproducible anywhere.
 #ifndef TRAIN_GPT_RNG_H

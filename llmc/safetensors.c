@@ -1,8 +1,8 @@
-// safetensors.c — fp32 safetensors writer and validating reader (see safetensors.h).
-#include "safetensors.h"
-#include "checksum.h"
-#include "common.h"
-#include "json.h"
+// llmc/safetensors.c — fp32 safetensors writer and validating reader (see llmc/safetensors.h).
+#include "llmc/safetensors.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// safetensors.h — reading and writing the safetensors format (Hugging Face), fp32 only.
+// llmc/safetensors.h — reading and writing the safetensors format (Hugging Face), fp32 only.
 //
 // Layout (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length
 // n, then n bytes of JSON (padded with spaces so the data starts 8-byte aligned), then the

@@ -1,8 +1,8 @@
-// conn.c — framed connections over non-blocking sockets. See conn.h.
-#include "conn.h"
+// net/conn.c — framed connections over non-blocking sockets. See net/conn.h.
+#include "net/conn.h"
 
-#include "common.h"
-#include "net.h"
+#include "llmc/common.h"
+#include "net/socket.h"
 
 #include <errno.h>
 #include <poll.h>

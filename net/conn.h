@@ -1,5 +1,5 @@
-// conn.h — one framed, authenticated connection over a non-blocking socket: the piece the
-// hub (relay.c) and the replicas (transport_tcp.c) share.
+// net/conn.h — one framed, authenticated connection over a non-blocking socket: the piece the
+// hub (net/relay.c) and the replicas (net/transport_tcp.c) share.
 //
 // Sending queues whole frames (sealed at once: sequence number and tag); a frame's bulk
 // bytes can point into a buffer owned elsewhere (a reference-counted blob on the hub, the
@@ -13,7 +13,7 @@
 #ifndef TRAIN_GPT_CONN_H
 #define TRAIN_GPT_CONN_H
 
-#include "wire.h"
+#include "net/wire.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,7 @@
-# net.mk — the tcp transport of DiLoCo (wire.c: frames, conn.c: framed connections,
-# net.c: sockets, relay.c: the hub and `train_gpt relay`, transport_tcp.c: a replica's
-# side), included by the Makefile. See docs/protocol.md.
+# net/net.mk — how replicas talk, included by the Makefile: the transport interface
+# (net/transport.c), the MPI transport (net/transport_mpi.c) and the tcp one (net/wire.c: frames,
+# net/conn.c: framed connections, socket.c: sockets, net/relay.c: the hub and `train_gpt relay`,
+# net/transport_tcp.c: a replica's side). See docs/protocol.md.
 #
 # Detected and printed (MSG_OPENSSL, MSG_LIBFUZZER):
 #   OpenSSL libcrypto  HMAC-SHA256 and random nonces; without it the tcp transport compiles
@@ -21,11 +22,11 @@ ifeq ($(HAVE_OPENSSL),1)
   OPENSSL_LIBS := $(shell pkg-config --libs libcrypto)
   CFLAGS += $(OPENSSL_CFLAGS)
   LDLIBS += $(OPENSSL_LIBS) -lpthread
-  LIB_SRC += wire.c conn.c net.c relay.c transport_tcp.c
+  LIB_SRC += net/wire.c net/conn.c net/socket.c net/relay.c net/transport_tcp.c
   TESTS_C += test/test_wire.c test/test_transport.c
   MSG_OPENSSL := ✓ OpenSSL libcrypto $(shell pkg-config --modversion libcrypto) (diloco_transport = tcp, train_gpt relay)
 else
-  LIB_SRC += transport_tcp_none.c
+  LIB_SRC += net/transport_tcp_none.c
   MSG_OPENSSL := ✗ OpenSSL libcrypto (no tcp transport, no relay: install libssl-dev)
 endif
 
@@ -46,11 +47,11 @@ TESTS_SH += test/test_fuzz_wire.sh
 # This file is included before the Makefile's `all`; keep `all` the default goal.
 .DEFAULT_GOAL := all
 
-# The fuzzer links wire.c alone (no sockets, no library): ASan + UBSan, any finding fatal.
-$(BUILD)/fuzz_wire: test/fuzz_wire.c wire.c wire.h
+# The fuzzer links net/wire.c alone (no sockets, no library): ASan + UBSan, any finding fatal.
+$(BUILD)/fuzz_wire: test/fuzz_wire.c net/wire.c net/wire.h
 	@mkdir -p $(BUILD)
 	$(CLANG) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	    $(OPENSSL_CFLAGS) test/fuzz_wire.c wire.c -o $@ $(OPENSSL_LIBS)
+	    $(OPENSSL_CFLAGS) test/fuzz_wire.c net/wire.c -o $@ $(OPENSSL_LIBS)
 
 .PHONY: fuzz
 fuzz: $(BUILD)/fuzz_wire $(BUILD)/test_wire

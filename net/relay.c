@@ -1,4 +1,4 @@
-// relay.c — the hub of the tcp transport. See relay.h; the protocol and the state machine
+// net/relay.c — the hub of the tcp transport. See net/relay.h; the protocol and the state machine
 // are in docs/protocol.md.
 //
 // One thread, one poll() loop, non-blocking sockets: a peer that stalls or floods costs
@@ -32,13 +32,13 @@
 // backlog per joiner), never stored whole. If the donor dies mid-transfer the joiners wait
 // again for the next boundary. A group left without members is refounded by the lowest-id
 // waiting replica.
-#include "relay.h"
+#include "net/relay.h"
 
-#include "common.h"
-#include "conn.h"
-#include "net.h"
-#include "transport.h"
-#include "wire.h"
+#include "llmc/common.h"
+#include "net/conn.h"
+#include "net/socket.h"
+#include "net/transport.h"
+#include "net/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

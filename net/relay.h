@@ -1,4 +1,4 @@
-// relay.h — the hub of the tcp transport: `train_gpt relay` on a login or gateway node, or a
+// net/relay.h — the hub of the tcp transport: `train_gpt relay` on a login or gateway node, or a
 // thread inside one replica (transport_options.serve). Protocol and state machine:
 // docs/protocol.md.
 //

@@ -1,7 +1,7 @@
-// net.c — sockets with deadlines. See net.h.
-#include "net.h"
+// net/socket.c — sockets with deadlines. See net/socket.h.
+#include "net/socket.h"
 
-#include "common.h"
+#include "llmc/common.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-// net.h — the sockets under the tcp transport: "host:port" addresses, connect with a
+// net/socket.h — the sockets under the tcp transport: "host:port" addresses, connect with a
 // deadline, listen, accept, and exact sends and receives that give up at a deadline.
 //
 // Every function that can block takes an absolute deadline (wall_seconds()) and waits with
@@ -45,7 +45,7 @@ bool net_recv_all(int fd, void *buf, size_t bytes, double deadline, char *err, s
 // 0 timed out, -1 error.
 int net_wait(int fd, short events, double deadline);
 
-// TCP_NODELAY, and large socket buffers where the system allows them (see net.c).
+// TCP_NODELAY, and large socket buffers where the system allows them (see net/socket.c).
 void net_tune(int fd);
 
 #endif

@@ -1,6 +1,6 @@
-// transport.c — the public transport calls, forwarded to the implementation (see transport.h).
-#include "transport_impl.h"
-#include "common.h"
+// net/transport.c — the public transport calls, forwarded to the implementation (see net/transport.h).
+#include "net/transport_impl.h"
+#include "llmc/common.h"
 
 #include <stdlib.h>
 

@@ -1,8 +1,8 @@
-// transport.h — how DiLoCo replicas exchange their outer gradients.
+// net/transport.h — how DiLoCo replicas exchange their outer gradients.
 //
 // The outer loop (diloco.c) sees the replicas through this one interface; two transports
 // implement it:
-//   tcp  (transport_tcp.c, relay.c, wire.c): separate jobs, possibly on separate clusters.
+//   tcp  (net/transport_tcp.c, net/relay.c, net/wire.c): separate jobs, possibly on separate clusters.
 //        Every replica connects out to a hub (the "relay": `train_gpt relay --listen
 //        HOST:PORT --secret_file PATH` on a login or gateway node, or a thread inside one
 //        replica when diloco_serve = 1 and that replica's node accepts inbound
@@ -10,7 +10,7 @@
 //        with HMAC-SHA256 over a shared secret (docs/protocol.md). The hub keeps the
 //        membership: heartbeats, eviction of a dead or silent replica within timeout_s,
 //        joins at outer boundaries.
-//   mpi  (transport_mpi.c): the replicas are the ranks of one MPI world (one job). The
+//   mpi  (net/transport_mpi.c): the replicas are the ranks of one MPI world (one job). The
 //        membership is fixed; a rank that dies ends the job (MPI offers no recovery), so
 //        fault tolerance needs tcp.
 //

@@ -1,9 +1,9 @@
-// transport_impl.h — what a transport implementation provides (private to transport*.c).
-// transport.c forwards each public call of transport.h to the implementation's function.
+// net/transport_impl.h — what a transport implementation provides (private to transport*.c).
+// net/transport.c forwards each public call of net/transport.h to the implementation's function.
 #ifndef TRAIN_GPT_TRANSPORT_IMPL_H
 #define TRAIN_GPT_TRANSPORT_IMPL_H
 
-#include "transport.h"
+#include "net/transport.h"
 
 typedef struct {
     const char *name;

@@ -1,4 +1,4 @@
-// transport_mpi.c — DiLoCo replicas as the ranks of one MPI world (see transport.h).
+// net/transport_mpi.c — DiLoCo replicas as the ranks of one MPI world (see net/transport.h).
 //
 // Every exchange is an MPI_Allgatherv of the encoded outer gradients, in pieces of at most
 // 1 GiB per rank (MPI counts are ints). The membership is fixed: MPI cannot survive a dead
@@ -8,8 +8,8 @@
 //
 // Built only when the Makefile finds MPI (HAVE_MPI); otherwise transport_mpi_open fails
 // with a one-line error naming what to install.
-#include "transport_impl.h"
-#include "common.h"
+#include "net/transport_impl.h"
+#include "llmc/common.h"
 
 #include <stdlib.h>
 #include <string.h>

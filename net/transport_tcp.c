@@ -1,5 +1,5 @@
-// transport_tcp.c — the tcp transport of transport.h: a replica's side of the hub protocol
-// (docs/protocol.md; the hub is relay.c).
+// net/transport_tcp.c — the tcp transport of net/transport.h: a replica's side of the hub protocol
+// (docs/protocol.md; the hub is net/relay.c).
 //
 // A replica holds one control connection and `streams` data connections to the hub, all
 // authenticated at the handshake. Two threads use them:
@@ -23,14 +23,14 @@
 // exchange reports `evicted` and the replica rejoins. Only what the replica's own
 // configuration causes is fatal (a refused secret, a different run_fingerprint, an id out
 // of range, a hub that cannot prove the secret).
-#include "transport_impl.h"
+#include "net/transport_impl.h"
 
-#include "common.h"
-#include "conn.h"
-#include "fault.h"
-#include "net.h"
-#include "relay.h"
-#include "wire.h"
+#include "llmc/common.h"
+#include "net/conn.h"
+#include "llmc/fault.h"
+#include "net/socket.h"
+#include "net/relay.h"
+#include "net/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

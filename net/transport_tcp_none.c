@@ -1,9 +1,9 @@
-// transport_tcp_none.c — the tcp transport and the relay in a build without OpenSSL's
-// libcrypto (net.mk picks this file instead of transport_tcp.c and relay.c): both say what
+// net/transport_tcp_none.c — the tcp transport and the relay in a build without OpenSSL's
+// libcrypto (net.mk picks this file instead of net/transport_tcp.c and net/relay.c): both say what
 // to install, on one line.
-#include "common.h"
-#include "relay.h"
-#include "transport.h"
+#include "llmc/common.h"
+#include "net/relay.h"
+#include "net/transport.h"
 
 #define INSTALL_HINT "install OpenSSL's libcrypto (Debian/Ubuntu: libssl-dev, RHEL: openssl-devel) and rebuild"
 

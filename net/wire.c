@@ -1,7 +1,7 @@
-// wire.c — frames, the handshake's proofs and keys, and the payload codecs. See wire.h and
+// net/wire.c — frames, the handshake's proofs and keys, and the payload codecs. See net/wire.h and
 // docs/protocol.md. Pure functions over byte buffers: the fuzzer links this file alone.
-#include "wire.h"
-#include "bytes.h"
+#include "net/wire.h"
+#include "llmc/bytes.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

@@ -1,4 +1,4 @@
-// wire.h — the frame format of the tcp transport (docs/protocol.md has it byte for byte).
+// net/wire.h — the frame format of the tcp transport (docs/protocol.md has it byte for byte).
 //
 // Every byte a replica and the hub exchange travels in a frame:
 //

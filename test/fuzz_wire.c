@@ -1,5 +1,5 @@
 // test/fuzz_wire.c — libFuzzer target for the frame parser and the payload decoders
-// (wire.c), built by `make fuzz` / `make test` with clang -fsanitize=fuzzer,address,undefined.
+// (net/wire.c), built by `make fuzz` / `make test` with clang -fsanitize=fuzzer,address,undefined.
 //
 // Each input is tried three ways:
 //   1. as it is, under the all-zero handshake key and under a session key: the parser
@@ -10,7 +10,7 @@
 //      bytes. The parser must then accept the frame (a checked invariant), and
 //   3. whatever a decoder accepts must encode back to the very same bytes (the codecs
 //      are exact inverses; a decoder that accepts more than the encoder can write is a bug).
-#include "wire.h"
+#include "net/wire.h"
 
 #include <stdlib.h>
 #include <string.h>

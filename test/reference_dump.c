@@ -13,14 +13,14 @@
 //
 // Batches hold several documents per sequence (doc_token every 3–12 tokens) so that the
 // document mask and the per-document RoPE positions are exercised.
-#include "checkpoint.h"
-#include "common.h"
-#include "config.h"
-#include "cpu_model.h"
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "llmc/checkpoint.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "cpu/model.h"
+#include "llmc/params.h"
+#include "llmc/optim.h"
+#include "llmc/rng.h"
+#include "llmc/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// test/test_device.c — device selection and the MFU peak table (device.h).
+// test/test_device.c — device selection and the MFU peak table (llmc/device.h).
 //
 // The peak table: every row by the names the drivers report, the specific-before-generic
 // order (H100 NVL and PCIe are not taken for SXM), and unknown GPUs. Device selection on
@@ -6,7 +6,7 @@
 // build on a machine without a driver, as in CI) `auto` falls back to the CPU and says why,
 // and `cuda` is an error naming the cause; with one, both choose the GPU.
 #include "check.h"
-#include "device.h"
+#include "llmc/device.h"
 
 #include <math.h>
 #include <string.h>

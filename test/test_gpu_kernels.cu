@@ -1,5 +1,5 @@
-// test/test_gpu_kernels.cu — every CUDA kernel against its CPU reference (cpu_ops.c,
-// gemm.c, optim.c) on random inputs; `make test-gpu` runs it on a machine with a GPU.
+// test/test_gpu_kernels.cu — every CUDA kernel against its CPU reference (cpu/ops.c,
+// cpu/gemm.c, llmc/optim.c) on random inputs; `make test-gpu` runs it on a machine with a GPU.
 //
 // Each check prints one line: PASS/FAIL, the name, the largest absolute error, the error
 // relative to the reference's largest magnitude (max_rel) and, for tensors, the relative L2
@@ -23,13 +23,13 @@
 #include "cuda/kernels.h"
 
 extern "C" {
-#include "common.h"
-#include "config.h"
-#include "cpu_ops.h"
-#include "gemm.h"
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "cpu/ops.h"
+#include "cpu/gemm.h"
+#include "llmc/params.h"
+#include "llmc/optim.h"
+#include "llmc/rng.h"
 }
 
 #include <math.h>
@@ -299,7 +299,7 @@ static void test_qknorm_rope_case(int D, bool norm, bool rope) {
     for (auto &v : gk) v += 1.0f;
     round_bf16(in), round_bf16(dy);
 
-    // CPU: q (N,Hq,D) and k (N,Hkv,D) separately, as cpu_model.c does.
+    // CPU: q (N,Hq,D) and k (N,Hkv,D) separately, as cpu/model.c does.
     auto q = columns(in, N, in_stride, 0, (int64_t)Hq * D), k = columns(in, N, in_stride, (int64_t)Hq * D,
                                                                           (int64_t)Hkv * D);
     std::vector<float> qo(q.size()), ko(k.size()), rq((size_t)(N * Hq)), rk((size_t)(N * Hkv));

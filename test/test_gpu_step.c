@@ -1,4 +1,4 @@
-// test/test_gpu_step.c — the CUDA model (cuda_backend.h) against the CPU model, whole steps,
+// test/test_gpu_step.c — the CUDA model (cuda/backend.h) against the CPU model, whole steps,
 // on three small configurations that between them take every path: tied and untied head,
 // QK-norm on and off, NoPE layers, document masking on and off, head_dim 32, 64 and 128,
 // T not a multiple of the attention tile. `make test-gpu` runs it on a machine with a GPU.
@@ -27,14 +27,14 @@
 //   - the same 8 steps again from the same upload: bit-identical losses and weights;
 //   - validation loss within 1 % (and the same bits twice); logits within 2 % (L2);
 //   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged.
-#include "common.h"
-#include "config.h"
-#include "cpu_model.h"
-#include "cuda_backend.h"
-#include "device.h"
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "cpu/model.h"
+#include "cuda/backend.h"
+#include "llmc/device.h"
+#include "llmc/params.h"
+#include "llmc/optim.h"
+#include "llmc/rng.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -7,9 +7,9 @@
 // the rounding error about 1e-7·|L|/h ≈ 1e-5·|L|, so a tolerance of 1e-2 of the largest
 // gradient separates a right backward (errors ~1e-4) from a wrong one (errors ~1).
 #include "check.h"
-#include "common.h"
-#include "cpu_ops.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "cpu/ops.h"
+#include "llmc/rng.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -22,9 +22,9 @@
 //     identity by 2·T·2^-24·Y, Y the largest |y| of any element and round, and the norms by
 //     √n times that (| ||a|| − ||b|| | <= ||a − b||).
 #include "check.h"
-#include "common.h"
-#include "quant.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "llmc/quant.h"
+#include "llmc/rng.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -10,14 +10,14 @@
 // or ±Inf (scale NaN, codes 0, residual NaN). Sizes straddle the int4 byte pairs (odd n,
 // odd block) and the grid-stride loops (a few million values). It also prints the GPU's
 // encode and decode throughput at 121.19M values (gpt-124m), for docs/quant.md.
-#include "quant_cuda.h"
+#include "llmc/quant_cuda.h"
 
 #include "cuda/common.cuh"
 #include "test/check.h"
 
 extern "C" {
-#include "common.h"
-#include "rng.h"
+#include "llmc/common.h"
+#include "llmc/rng.h"
 }
 
 #include <string.h>

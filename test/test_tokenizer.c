@@ -20,11 +20,11 @@
 //                                                   what `prepare` wrote, read back with
 //                                                   dataloader.h, against encoding each document
 //                                                   of MANIFEST (one hex string per line) alone
-#include "common.h"
+#include "llmc/common.h"
 #include "dataloader.h"
-#include "json.h"
-#include "tok_internal.h"
-#include "tokenizer.h"
+#include "llmc/json.h"
+#include "tok/internal.h"
+#include "tok/tokenizer.h"
 
 #include <glob.h>
 #include <stdio.h>

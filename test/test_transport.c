@@ -28,12 +28,12 @@
 //              and logged, nobody crashes, the two replicas finish every round
 //   serve      a replica hosting the hub in a thread (diloco_serve)
 //   cli        relay_main's argument errors
-#include "../common.h"
-#include "../conn.h"
-#include "../net.h"
-#include "../relay.h"
-#include "../transport.h"
-#include "../wire.h"
+#include "llmc/common.h"
+#include "net/conn.h"
+#include "net/socket.h"
+#include "net/relay.h"
+#include "net/transport.h"
+#include "net/wire.h"
 #include "check.h"
 
 #include <errno.h>

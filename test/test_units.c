@@ -3,15 +3,15 @@
 // loader's three orders (contiguous, shuffled, split across ranks), safetensors and
 // checkpoints (round trip and every corruption they must refuse).
 #include "check.h"
-#include "checkpoint.h"
-#include "checksum.h"
-#include "common.h"
-#include "config.h"
+#include "llmc/checkpoint.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
 #include "dataloader.h"
-#include "json.h"
-#include "model.h"
-#include "optim.h"
-#include "safetensors.h"
+#include "llmc/json.h"
+#include "llmc/params.h"
+#include "llmc/optim.h"
+#include "llmc/safetensors.h"
 
 #include <fcntl.h>
 #include <math.h>

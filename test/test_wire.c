@@ -1,12 +1,12 @@
-// test/test_wire.c — the frame format (wire.c) on its own: every frame type round-trips;
+// test/test_wire.c — the frame format (net/wire.c) on its own: every frame type round-trips;
 // every single flipped byte, every truncation, a length of 2^63, a wrong key, a replayed
 // sequence number and plain garbage are each rejected with their own error; the payload
 // decoders refuse inconsistent fields; the handshake's proofs and keys depend on everything
 // they should. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
 // frame of every type).
-#include "../wire.h"
-#include "../common.h"
-#include "../net.h"
+#include "net/wire.h"
+#include "llmc/common.h"
+#include "net/socket.h"
 #include "check.h"
 
 #include <errno.h>

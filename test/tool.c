@@ -16,9 +16,9 @@
 //       Cuts FILE to BYTES bytes (negative: remove that many from the end).
 //   test_tool tokens SHARD
 //       Prints the shard's tokens, one per line (after full verification).
-#include "common.h"
+#include "llmc/common.h"
 #include "dataloader.h"
-#include "rng.h"
+#include "llmc/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// tok_bpe.c — the merge step of byte-level BPE, and the two hash maps it reads.
+// tok/bpe.c — the merge step of byte-level BPE, and the two hash maps it reads.
 //
 // A piece starts as one part per byte. Every adjacent pair of parts that has a merge is a
 // candidate keyed (rank, position of its left part); a binary min-heap yields the lowest
@@ -11,8 +11,8 @@
 //
 // Maps are open addressing with linear probing, sized to at most half full, built once at
 // load and then read-only, so encoders on many threads share them without locks.
-#include "tok_internal.h"
-#include "common.h"
+#include "tok/internal.h"
+#include "llmc/common.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// tok_hf.c — Hugging Face tokenizer.json files of the byte-level BPE kind (GPT-2, Llama 3,
+// tok/hf.c — Hugging Face tokenizer.json files of the byte-level BPE kind (GPT-2, Llama 3,
 // Llama 3.x, and others built the same way).
 //
 // What is read, and what is refused with a one-line reason rather than silently ignored:
@@ -15,9 +15,9 @@
 // Byte-level vocabularies spell bytes as printable characters (GPT-2's bytes_to_unicode:
 // printable Latin-1 bytes stand for themselves, the other 68 bytes map to U+0100..U+0143);
 // tokens are stored as the bytes they stand for. Special tokens are stored as their content.
-#include "tok_internal.h"
-#include "common.h"
-#include "json.h"
+#include "tok/internal.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
-// tok_internal.h — the inside of a loaded tokenizer, shared by the files that build one
-// (tok_tiktoken.c, tok_hf.c) and the ones that use one (tokenizer.c, tok_bpe.c). Not part of
-// the API: everything else includes tokenizer.h only.
+// tok/internal.h — the inside of a loaded tokenizer, shared by the files that build one
+// (tok/tiktoken.c, tok/hf.c) and the ones that use one (tok/tokenizer.c, tok/bpe.c). Not part of
+// the API: everything else includes tok/tokenizer.h only.
 //
 // One representation serves both file kinds. A token is an id and its bytes. BPE needs:
 //   byte_token[b]  the token of the single byte b (byte-level BPE has all 256);
@@ -15,7 +15,7 @@
 #ifndef TRAIN_GPT_TOK_INTERNAL_H
 #define TRAIN_GPT_TOK_INTERNAL_H
 
-#include "tokenizer.h"
+#include "tok/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -98,17 +98,17 @@ static inline void tok_push(token_list *l, uint32_t id) {
     else l->ids[l->count++] = id;
 }
 
-// ---- building (tokenizer.c) ----
+// ---- building (tok/tokenizer.c) ----
 tokenizer *tok_new(uint32_t vocab_size);
 // Sets id's bytes and kind; false if id is out of range or already set.
 bool tok_set_token(tokenizer *t, uint32_t id, const uint8_t *bytes, size_t n, int kind);
-// Adds a split regex stage (PCRE2 syntax, Rust/tiktoken semantics for \s; see tokenizer.c).
+// Adds a split regex stage (PCRE2 syntax, Rust/tiktoken semantics for \s; see tok/tokenizer.c).
 bool tok_add_stage(tokenizer *t, const char *pattern, bool literal, char *why, size_t why_bytes);
 // Builds byte_token, the piece map and the special list from the tokens set so far. False
 // with a reason if some byte has no token.
 bool tok_index_tokens(tokenizer *t, char *why, size_t why_bytes);
 
-// ---- maps (tok_bpe.c) ----
+// ---- maps (tok/bpe.c) ----
 uint64_t tok_hash_bytes(const uint8_t *p, size_t n);
 void tok_piece_map_init(tok_piece_map *m, uint64_t expected);
 void tok_piece_map_free(tok_piece_map *m);

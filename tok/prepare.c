@@ -1,4 +1,4 @@
-// prepare.c — `train_gpt prepare`: tokenizes text and JSONL files into train and val token
+// tok/prepare.c — `train_gpt prepare`: tokenizes text and JSONL files into train and val token
 // shards. Usage and examples: docs/data.md; `train_gpt prepare --help`.
 //
 // The pipeline works in batches of whole documents (~32 MiB), which keeps the output
@@ -20,12 +20,12 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "prepare.h"
-#include "common.h"
+#include "tok/prepare.h"
+#include "llmc/common.h"
 #include "dataloader.h"
-#include "json.h"
-#include "prepare_input.h"
-#include "tokenizer.h"
+#include "llmc/json.h"
+#include "tok/prepare_input.h"
+#include "tok/tokenizer.h"
 
 #include <errno.h>
 #include <glob.h>

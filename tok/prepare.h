@@ -1,4 +1,4 @@
-// prepare.h — `train_gpt prepare`: text and JSONL files in, train and val token shards out
+// tok/prepare.h — `train_gpt prepare`: text and JSONL files in, train and val token shards out
 // (format in dataloader.h and docs/formats.md; usage in docs/data.md).
 #ifndef TRAIN_GPT_PREPARE_H
 #define TRAIN_GPT_PREPARE_H

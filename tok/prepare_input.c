@@ -1,5 +1,5 @@
-// prepare_input.c — input files, documents and JSONL text for `train_gpt prepare` (see
-// prepare_input.h).
+// tok/prepare_input.c — input files, documents and JSONL text for `train_gpt prepare` (see
+// tok/prepare_input.h).
 //
 // The reader streams each file through a pending buffer: it looks for the next document
 // boundary (a newline for JSONL, the separator for text) in what it has, copies each whole
@@ -8,14 +8,14 @@
 // batch always ends on a document boundary: the tokens of a document never depend on how
 // the input was cut into batches.
 //
-// The JSONL reader is its own small strict JSON scanner rather than json.h's tree builder:
+// The JSONL reader is its own small strict JSON scanner rather than llmc/json.h's tree builder:
 // it only has to keep one member of each line, must keep NUL characters (\u0000) that
-// json.h refuses, and runs on every line of corpora of many gigabytes.
+// llmc/json.h refuses, and runs on every line of corpora of many gigabytes.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "prepare_input.h"
-#include "common.h"
+#include "tok/prepare_input.h"
+#include "llmc/common.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-// prepare_input.h — the input side of `train_gpt prepare`: which files, how they split into
+// tok/prepare_input.h — the input side of `train_gpt prepare`: which files, how they split into
 // documents, and the `text` field of a JSONL line.
 //
 // Inputs are files or directories (walked recursively, hidden entries skipped, names
@@ -13,7 +13,7 @@
 #ifndef TRAIN_GPT_PREPARE_INPUT_H
 #define TRAIN_GPT_PREPARE_INPUT_H
 
-#include "json.h"
+#include "llmc/json.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,9 +1,9 @@
-// sample.c — samples of generated text during training (see sample.h).
-#include "sample.h"
-#include "common.h"
-#include "json.h"
-#include "rng.h"
-#include "tokenizer.h"
+// tok/sample.c — samples of generated text during training (see tok/sample.h).
+#include "tok/sample.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
+#include "llmc/rng.h"
+#include "tok/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>

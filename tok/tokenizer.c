@@ -1,6 +1,6 @@
-// tokenizer.c — loading dispatch, the pre-tokenizer (special tokens, then split regexes),
-// encoding and decoding. See tokenizer.h for the contract; the merge step is tok_bpe.c, the
-// two file formats are tok_tiktoken.c and tok_hf.c.
+// tok/tokenizer.c — loading dispatch, the pre-tokenizer (special tokens, then split regexes),
+// encoding and decoding. See tok/tokenizer.h for the contract; the merge step is tok/bpe.c, the
+// two file formats are tok/tiktoken.c and tok/hf.c.
 //
 // THE SPLIT REGEX. Patterns are tiktoken's (Rust `regex` / fancy-regex) or a tokenizer.json's
 // (Oniguruma); PCRE2 runs them with these choices, so that they mean what their authors'
@@ -22,9 +22,9 @@
 // invalid UTF-8 for the patterns we ship, whose alternatives cover every character). With
 // special tokens allowed, the text is first cut at each special token, and the regex runs on
 // each stretch between them separately, as tiktoken and Hugging Face do.
-#include "tok_internal.h"
-#include "common.h"
-#include "json.h"
+#include "tok/internal.h"
+#include "llmc/common.h"
+#include "llmc/json.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// tokenizer.h — byte-level BPE: the tokenizer of train_gpt's data preparation and of the
+// tok/tokenizer.h — byte-level BPE: the tokenizer of train_gpt's data preparation and of the
 // samples it prints while training. No Python, no network: a tokenizer is one file.
 //
 // Two file kinds load (the kind is told from the content, not the name):

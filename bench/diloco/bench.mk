@@ -1,4 +1,4 @@
-# bench_diloco.mk — the DiLoCo transport's goodput benchmark on a shaped link, included by
+# bench/diloco/bench.mk — the DiLoCo transport's goodput benchmark on a shaped link, included by
 # the Makefile. `make bench-diloco` (as root: it creates network namespaces) builds the
 # three programs and runs bench/diloco/goodput.sh; see bench/diloco/README.md. Not part of `make test`.
 .PHONY: bench-diloco bench-diloco-tools

@@ -38,7 +38,7 @@ STREAMS_LIST=${STREAMS_LIST:-"1 4"}
 DELAYS=${DELAYS:-"none proxy packet"}
 RATE_MBIT=${RATE_MBIT:-100}
 CLIENT="$BUILD/goodput_client"
-# The hub: relay.c's relay_main, which `train_gpt relay` also runs; goodput_client links it.
+# The hub: net/relay.c's relay_main, which `train_gpt relay` also runs; goodput_client links it.
 RELAY_CMD=${RELAY_CMD:-"$CLIENT relay"}
 PROXY="$BUILD/delay_proxy"
 TUN="$BUILD/delay_tun"
@@ -144,7 +144,7 @@ packet_delay() {   # packet_delay on|off
 steal_ticks() { awk '/^cpu /{print $9}' /proc/stat; }
 steal0=$(steal_ticks) run0=$(date +%s.%N)
 rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$ROOT" status --porcelain -- transport_tcp.c relay.c wire.c net.c conn.c 2>/dev/null | grep -q . && echo + || true)
+dirty=$(git -C "$ROOT" status --porcelain -- net/transport_tcp.c net/relay.c net/wire.c net/socket.c net/conn.c 2>/dev/null | grep -q . && echo + || true)
 echo "# bench/diloco/goodput.sh — $(date -u +%Y-%m-%dT%H:%MZ), train_gpt $rev$dirty"
 echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); kernel $(uname -r)"
 echo "# link: veth $NS_A <-> $NS_B, tbf on both ends: $TBF"

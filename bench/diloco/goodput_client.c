@@ -1,5 +1,5 @@
 // goodput_client.c — the two sides of bench/diloco/goodput.sh: one DiLoCo replica driving
-// the transport (transport.h) with payloads of a chosen size, and a plain-TCP sender /
+// the transport (net/transport.h) with payloads of a chosen size, and a plain-TCP sender /
 // receiver that measures the raw link the transport runs on (the baseline).
 //
 //   goodput_client transport --rendezvous HOST:PORT --replica_id I --replicas M
@@ -14,7 +14,7 @@
 //       1-byte round through the transport, which starts the far replica one hub-to-replica
 //       latency after the near one.
 //   goodput_client relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] ...
-//       The hub: relay.c's relay_main, the same code as `train_gpt relay`.
+//       The hub: net/relay.c's relay_main, the same code as `train_gpt relay`.
 //   goodput_client sink --listen HOST:PORT
 //       The far end of the raw-TCP measurements: serves upload, download and ping clients
 //       (one thread per connection) until killed.
@@ -36,9 +36,9 @@
 // framing) are printed alongside as wire Mbit/s. The raw-TCP baseline counts the same way
 // (payload bytes / time), so it shows what a plain TCP connection gets on the same link after
 // TCP/IP/Ethernet headers: about 1448 / 1514 = 95.6 % of the shaped rate at MTU 1500.
-#include "relay.h"
+#include "net/relay.h"
 #include "sock.h"
-#include "transport.h"
+#include "net/transport.h"
 
 #include <errno.h>
 #include <pthread.h>

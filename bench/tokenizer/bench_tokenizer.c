@@ -11,8 +11,8 @@
 // Time is wall-clock around the encode call only (loading the tokenizer and reading the
 // text excluded, as for the JS side), and also the thread's CPU time. The ids' count and a
 // checksum let run.sh check that both sides produced the same ids.
-#include "common.h"
-#include "tokenizer.h"
+#include "llmc/common.h"
+#include "tok/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
