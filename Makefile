@@ -99,7 +99,7 @@ CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
 # llmc/: the host library (imports nothing above it); cpu/: the fp32 CPU backend.
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
            llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c \
-           cpu/gemm.c cpu/ops.c cpu/model.c \
+           cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
            dataloader.c tok/sample.c train.c
 MAIN_SRC := train_gpt.c
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.

@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llmc/state.h"
+
 #define SHARD_MAGIC "TGPTSHRD"
 #define SHARD_VERSION 1
 #define SHARD_HEADER_BYTES 64
@@ -75,11 +77,7 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
 uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t why_bytes);
 
 // ---- the loader ----
-typedef struct {
-    int64_t epoch;
-    int64_t index;   // micro-batches this process has taken in this epoch
-} data_position;
-
+// Its position, data_position (epoch, micro-batch index), is in llmc/state.h.
 typedef struct dataloader dataloader;
 
 // Opens the shards named by `spec` (a path, a glob, or comma-separated list of either)

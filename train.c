@@ -1,19 +1,20 @@
 // train.c — the training loop (see train.h).
 #include "train.h"
-#include "llmc/checkpoint.h"
-#include "llmc/common.h"
+#include "cpu/gemm.h"
 #include "cpu/model.h"
 #include "cuda/backend.h"
-#include "llmc/device.h"
 #include "dataloader.h"
 #include "diloco.h"
-#include "net/transport.h"
+#include "llmc/backend.h"
+#include "llmc/checkpoint.h"
+#include "llmc/common.h"
+#include "llmc/device.h"
 #include "llmc/fault.h"
-#include "cpu/gemm.h"
 #include "llmc/json.h"
 #include "llmc/metrics.h"
-#include "llmc/params.h"
 #include "llmc/optim.h"
+#include "llmc/params.h"
+#include "net/transport.h"
 #include "tok/sample.h"
 
 #include <errno.h>
@@ -50,8 +51,9 @@ static void install_signal_handlers(void) {
 typedef struct {
     train_config *cfg;
     param_table table;
-    float *params, *grads, *exp_avg, *exp_avg_sq;
-    cpu_model *model;
+    float *params, *exp_avg, *exp_avg_sq;  // the host's copy: checkpoints and DiLoCo
+    device_kind device;
+    backend *be;                           // does the math, on the CPU or the GPU
     dataloader *train, *val;
     int32_t *inputs, *targets;
     train_state state;
@@ -61,8 +63,6 @@ typedef struct {
     int threads;
     int rank, world;     // the data split: DiLoCo replica id and replica count, or 0 and 1
     diloco *outer;       // NULL without DiLoCo
-    bool gpu_wanted;     // select_device chose the GPU
-    cuda_model *gpu;     // NULL on the CPU; then `model` does the math
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
 } trainer;
 
@@ -143,11 +143,11 @@ static void print_banner(const trainer *tr) {
            (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
            tr->val ? "" : ", no validation set");
     printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
-    if (tr->gpu) {
+    if (backend_device_bytes(tr->be) > 0) {
         const gpu_info *g = device_gpu_info();
         printf("train_gpt | gpu: %s (sm_%d%d, %.1f GiB), model %.2f GiB on the GPU, MFU against %.1f TFLOP/s%s\n",
                g->name, g->cc_major, g->cc_minor, (double)g->memory_bytes / 1073741824.0,
-               (double)cuda_model_device_bytes(tr->gpu) / 1073741824.0, tr->peak_tflops,
+               (double)backend_device_bytes(tr->be) / 1073741824.0, tr->peak_tflops,
                tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
     }
     const train_config *cfg = tr->cfg;
@@ -181,12 +181,14 @@ static void allocate(trainer *tr) {
     param_table_build(&tr->table, &cfg->model);
     size_t n = (size_t)tr->table.numel;
     tr->params = alloc_floats(n);
-    tr->grads = alloc_floats(n);
     tr->exp_avg = alloc_floats(n);
     tr->exp_avg_sq = alloc_floats(n);
-    // On the GPU the host keeps only what checkpoints and DiLoCo need (weights, moments).
-    if (!tr->gpu_wanted) tr->model = cpu_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
-    else tr->gpu = cuda_model_create(&tr->table, cfg->batch_size, cfg->model.seq_len);
+    // The one place that knows which backend runs: the CPU's works on the host buffers, the
+    // GPU's on its own copy.
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len;
+    tr->be = tr->device == DEVICE_CUDA
+                 ? cuda_backend_create(&tr->table, B, T)
+                 : cpu_backend_create(&tr->table, B, T, tr->params, tr->exp_avg, tr->exp_avg_sq);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = xmalloc(tokens * sizeof *tr->targets);
@@ -252,8 +254,7 @@ static double validate(trainer *tr) {
     int64_t rows = 0;
     for (int64_t i = 0; i < batches; i++) {
         dataloader_next(tr->val, tr->inputs, tr->targets);
-        loss_sums s = tr->gpu ? cuda_forward_loss(tr->gpu, tr->inputs, tr->targets, B, T)
-                              : cpu_forward_loss(tr->model, tr->params, tr->inputs, tr->targets, B, T);
+        loss_sums s = backend_forward_loss(tr->be, tr->inputs, tr->targets, B, T);
         ce += s.ce_sum;
         rows += s.rows;
     }
@@ -267,7 +268,7 @@ static double validate(trainer *tr) {
 static bool save_checkpoint(trainer *tr) {
     model_buffers b = buffers_of(tr);
     double t0 = wall_seconds();
-    if (tr->gpu) cuda_model_download(tr->gpu, tr->params, tr->exp_avg, tr->exp_avg_sq);
+    backend_download(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq);
     if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
     checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
     char extra[64];
@@ -279,8 +280,8 @@ static bool save_checkpoint(trainer *tr) {
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
 
-// The outlier guard's bookkeeping, the same for both backends: count NaN/Inf steps in a
-// row and stop the run at max_bad_steps.
+// The outlier guard's bookkeeping: count NaN/Inf steps in a row and stop the run at
+// max_bad_steps.
 static void count_bad_step(trainer *tr, const step_metrics *m, int64_t s) {
     const train_config *cfg = tr->cfg;
     tr->state.bad_steps++;
@@ -292,40 +293,22 @@ static void count_bad_step(trainer *tr, const step_metrics *m, int64_t s) {
              (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
 }
 
-// The end of a step on either backend: counters, data position, timing, MFU.
-static void finish_step(trainer *tr, step_metrics *m, double t0) {
-    const train_config *cfg = tr->cfg;
-    // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
-    int64_t step_tokens = cfg->batch_size * cfg->model.seq_len * cfg->grad_accum;
-    tr->state.step++;
-    tr->state.tokens_seen += step_tokens * tr->world;
-    tr->state.data = dataloader_position(tr->train);
-    double dt = wall_seconds() - t0;
-    m->step = tr->state.step;
-    m->step_ms = dt * 1e3;
-    m->tok_per_s = (double)step_tokens / dt;
-    m->mfu = tr->peak_tflops > 0 ? tr->flops_per_token * m->tok_per_s / (tr->peak_tflops * 1e12) : NAN;
-    m->tokens = tr->state.tokens_seen;
-}
-
-// One optimizer step on the GPU. The step's scalars are read back right after it is queued:
-// the one host wait per step (named in docs/cuda.md); the GPU then idles only for the time
-// the host takes to fetch the next batch and launch its first kernels.
-static step_metrics train_step_gpu(trainer *tr) {
+// One optimizer step: grad_accum micro-batches of data through the backend's forward and
+// backward, then its step (norm, guard, clip, AdamW); returns the step's metrics.
+static step_metrics train_step(trainer *tr) {
     const train_config *cfg = tr->cfg;
     int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
+    int64_t step_tokens = B * T * cfg->grad_accum;
     double t0 = wall_seconds();
-    float grad_scale = 1.0f / (float)(B * T * cfg->grad_accum);
+    float grad_scale = 1.0f / (float)step_tokens;
     for (int64_t a = 0; a < cfg->grad_accum; a++) {
         dataloader_next(tr->train, tr->inputs, tr->targets);
-        cuda_forward_backward(tr->gpu, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
+        backend_forward_backward(tr->be, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
     }
-    if (fault_requested("nan_grad", s)) cuda_model_poison_grad(tr->gpu);
+    if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be);
     step_metrics m = {0};
     m.lr = lr_at_step(cfg, s);
-    cuda_step(tr->gpu, s + 1, m.lr, B * T * cfg->grad_accum, cfg);
-    cuda_step_result r;
-    CHECK(cuda_step_poll(tr->gpu, &r, true));
+    step_result r = backend_step(tr->be, m.lr, step_tokens, cfg);
     m.loss = r.loss;
     m.z_loss = r.z_loss;
     m.grad_norm = r.grad_norm;
@@ -333,43 +316,17 @@ static step_metrics train_step_gpu(trainer *tr) {
     tr->state.adam_step = r.adam_step;
     if (m.skipped) count_bad_step(tr, &m, s);
     else tr->state.bad_steps = 0;
-    finish_step(tr, &m, t0);
-    return m;
-}
 
-// One optimizer step; returns its metrics.
-static step_metrics train_step(trainer *tr) {
-    if (tr->gpu) return train_step_gpu(tr);
-    const train_config *cfg = tr->cfg;
-    int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
-    int64_t numel = tr->table.numel;
-    double t0 = wall_seconds();
-    memset(tr->grads, 0, (size_t)numel * sizeof(float));
-    float grad_scale = 1.0f / (float)(B * T * cfg->grad_accum);
-    loss_sums total = {0, 0, 0};
-    for (int64_t a = 0; a < cfg->grad_accum; a++) {
-        dataloader_next(tr->train, tr->inputs, tr->targets);
-        loss_sums ls = cpu_forward_backward(tr->model, tr->params, tr->grads, tr->inputs, tr->targets, B, T,
-                                            grad_scale, (float)cfg->z_loss);
-        total.ce_sum += ls.ce_sum;
-        total.lse_sq_sum += ls.lse_sq_sum;
-        total.rows += ls.rows;
-    }
-    if (fault_requested("nan_grad", s)) tr->grads[0] = NAN;
-    step_metrics m = {0};
-    m.loss = total.ce_sum / (double)total.rows;
-    m.z_loss = cfg->z_loss * total.lse_sq_sum / (double)total.rows;
-    m.grad_norm = grad_global_norm(tr->grads, numel);
-    m.lr = lr_at_step(cfg, s);
-    if (!isfinite(m.loss) || !isfinite(m.z_loss) || !isfinite(m.grad_norm)) {
-        m.skipped = true;
-        count_bad_step(tr, &m, s);
-    } else {
-        optimizer_apply(&tr->table, tr->params, tr->grads, tr->exp_avg, tr->exp_avg_sq, &tr->state.adam_step,
-                        m.grad_norm, m.lr, cfg);
-        tr->state.bad_steps = 0;
-    }
-    finish_step(tr, &m, t0);
+    // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
+    tr->state.step++;
+    tr->state.tokens_seen += step_tokens * tr->world;
+    tr->state.data = dataloader_position(tr->train);
+    double dt = wall_seconds() - t0;
+    m.step = tr->state.step;
+    m.step_ms = dt * 1e3;
+    m.tok_per_s = (double)step_tokens / dt;
+    m.mfu = tr->peak_tflops > 0 ? tr->flops_per_token * m.tok_per_s / (tr->peak_tflops * 1e12) : NAN;
+    m.tokens = tr->state.tokens_seen;
     return m;
 }
 
@@ -407,7 +364,7 @@ int train_run(train_config *cfg) {
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
     config_check_files(cfg);
-    tr.gpu_wanted = select_device(&tr) == DEVICE_CUDA;
+    tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
     choose_data_split(&tr);
     tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
@@ -419,15 +376,12 @@ int train_run(train_config *cfg) {
     tr.log = metrics_open(cfg->out_dir);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
-    if (cfg->sample_every > 0 && tr.gpu)
-        warn("sample_every: samples are not drawn on the GPU yet; training without them");
-    else if (cfg->sample_every > 0)
-        tr.sampler = sampler_create(cfg, &tr.table);
+    if (cfg->sample_every > 0) tr.sampler = sampler_create(cfg, &tr.table);
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
     if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
-    if (tr.gpu) cuda_model_upload(tr.gpu, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
+    backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
 
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
@@ -441,26 +395,18 @@ int train_run(train_config *cfg) {
         }
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
-        if (tr.gpu && m.step == first_step + 1) {
-            // The plan counts train_gpt's own buffers; the device also holds the CUDA
-            // context, cuBLASLt's and the allocator's own memory.
-            printf("train_gpt | gpu memory in use after the first step: %.2f GiB (cudaMemGetInfo; plan %.2f GiB)\n",
-                   (double)cuda_device_used_bytes() / 1073741824.0,
-                   (double)cuda_model_device_bytes(tr.gpu) / 1073741824.0);
-            fflush(stdout);
-        }
         // The outer step comes first, so that validation, samples and checkpoints at an outer
         // boundary see the global weights. A replica that had to rejoin may jump to the
         // group's step here.
         if (tr.outer && diloco_outer_step_due(tr.outer, m.step, cfg->max_steps)) {
-            if (tr.gpu) cuda_model_download(tr.gpu, tr.params, NULL, NULL);
+            backend_download(tr.be, tr.params, NULL, NULL);
             diloco_outer_step(tr.outer, tr.params, &tr.state, tr.train);
-            if (tr.gpu) cuda_model_upload_params(tr.gpu, tr.params);
+            backend_upload_params(tr.be, tr.params);
         }
         int64_t step = tr.state.step;
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
         if (tr.sampler && due(step, cfg->sample_every, cfg->max_steps))
-            sampler_run(tr.sampler, tr.model, tr.params, step, tr.log);
+            sampler_run(tr.sampler, tr.be, step, tr.log);
         bool stop_here = stop_signal || step == cfg->stop_at_step;
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
         if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here)
@@ -482,12 +428,10 @@ int train_run(train_config *cfg) {
     diloco_close(tr.outer);
     sampler_free(tr.sampler);
     metrics_close(tr.log);
-    cpu_model_free(tr.model);
-    cuda_model_free(tr.gpu);
+    backend_free(tr.be);
     dataloader_close(tr.train);
     dataloader_close(tr.val);
     free(tr.params);
-    free(tr.grads);
     free(tr.exp_avg);
     free(tr.exp_avg_sq);
     free(tr.inputs);

@@ -13,15 +13,10 @@
 
 #include <stdint.h>
 
+#include "llmc/backend.h"
 #include "llmc/params.h"
 
 typedef struct cpu_model cpu_model;
-
-typedef struct {
-    double ce_sum;      // Σ cross-entropy over the rows (nats)
-    double lse_sq_sum;  // Σ logsumexp(logits)² over the rows
-    int64_t rows;
-} loss_sums;
 
 cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T);
 void cpu_model_free(cpu_model *m);
@@ -43,5 +38,12 @@ void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs
 
 // Forward only: the logits (V) of the last position of one sequence (1,T) (sampling).
 void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t T, float *logits);
+
+// The CPU backend (llmc/backend.h) over a cpu_model for micro-batches of up to B × T. It
+// works in place on the caller's host buffers (params, exp_avg, exp_avg_sq: numel floats
+// each, in the table's layout), so upload and download copy nothing when given them; it
+// owns the gradients.
+backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
+                            float *exp_avg_sq);
 
 #endif

@@ -33,11 +33,14 @@ extern "C" {
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "llmc/backend.h"
 #include "llmc/config.h"
-#include "cpu/model.h"
 #include "llmc/params.h"
 
 typedef struct cuda_model cuda_model;
+
+// The GPU backend (llmc/backend.h) over a cuda_model for micro-batches of up to B × T.
+backend *cuda_backend_create(const param_table *t, int64_t B, int64_t T);
 
 // What one step did, read back from the GPU by cuda_step_poll.
 typedef struct {

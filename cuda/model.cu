@@ -868,3 +868,76 @@ void cuda_forward_last_logits(cuda_model *m, const int32_t *inputs, int64_t T, f
     forward_blocks(m, 1, T);
     copy_logits(m, T - 1, 1, logits);
 }
+
+// ---------------------------------------------------------------- the backend (llmc/backend.h)
+
+typedef struct {
+    backend base;
+    cuda_model *model;
+    int64_t steps_done;
+} gpu_backend;
+
+static cuda_model *model_of(backend *b) { return ((gpu_backend *)b)->model; }
+
+static void gpu_upload(backend *b, const float *params, const float *exp_avg, const float *exp_avg_sq,
+                       int64_t adam_step) {
+    cuda_model_upload(model_of(b), params, exp_avg, exp_avg_sq, adam_step);
+}
+static void gpu_upload_params(backend *b, const float *params) { cuda_model_upload_params(model_of(b), params); }
+static void gpu_download(backend *b, float *params, float *exp_avg, float *exp_avg_sq) {
+    cuda_model_download(model_of(b), params, exp_avg, exp_avg_sq);
+}
+static void gpu_forward_backward(backend *b, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T,
+                                 float grad_scale, float z_loss) {
+    cuda_forward_backward(model_of(b), inputs, targets, B, T, grad_scale, z_loss);
+}
+
+// The step's scalars are read back right after it is queued: the one host wait per step
+// (docs/cuda.md); the GPU then idles only while the host fetches the next batch and
+// launches its first kernels.
+static step_result gpu_step(backend *b, double lr, int64_t rows, const train_config *cfg) {
+    gpu_backend *g = (gpu_backend *)b;
+    cuda_step(g->model, ++g->steps_done, lr, rows, cfg);
+    cuda_step_result r;
+    CHECK(cuda_step_poll(g->model, &r, true));
+    step_result out;
+    memset(&out, 0, sizeof out);
+    out.loss = r.loss;
+    out.z_loss = r.z_loss;
+    out.grad_norm = r.grad_norm;
+    out.skipped = r.skipped;
+    out.adam_step = r.adam_step;
+    if (g->steps_done == 1) {
+        // The plan counts train_gpt's own buffers; the device also holds the CUDA context,
+        // cuBLASLt's workspace and the allocator's own memory.
+        printf("train_gpt | gpu memory in use after the first step: %.2f GiB (cudaMemGetInfo; plan %.2f GiB)\n",
+               (double)cuda_device_used_bytes() / 1073741824.0,
+               (double)cuda_model_device_bytes(g->model) / 1073741824.0);
+        fflush(stdout);
+    }
+    return out;
+}
+static loss_sums gpu_forward_loss(backend *b, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T) {
+    return cuda_forward_loss(model_of(b), inputs, targets, B, T);
+}
+static void gpu_last_logits(backend *b, const int32_t *inputs, int64_t T, float *logits) {
+    cuda_forward_last_logits(model_of(b), inputs, T, logits);
+}
+static void gpu_poison_grad(backend *b) { cuda_model_poison_grad(model_of(b)); }
+static int64_t gpu_device_bytes(const backend *b) { return cuda_model_device_bytes(((const gpu_backend *)b)->model); }
+static void gpu_destroy(backend *b) {
+    cuda_model_free(model_of(b));
+    free(b);
+}
+
+static const backend_ops gpu_ops = {gpu_upload,      gpu_upload_params, gpu_download,    gpu_forward_backward,
+                                    gpu_step,        gpu_forward_loss,  gpu_last_logits, gpu_poison_grad,
+                                    gpu_device_bytes, gpu_destroy};
+
+backend *cuda_backend_create(const param_table *t, int64_t B, int64_t T) {
+    gpu_backend *g = (gpu_backend *)xcalloc(1, sizeof *g);
+    g->base.ops = &gpu_ops;
+    g->base.name = "cuda";
+    g->model = cuda_model_create(t, B, T);
+    return &g->base;
+}

@@ -23,17 +23,8 @@
 #include <stdint.h>
 
 #include "llmc/config.h"
-#include "dataloader.h"
 #include "llmc/params.h"
-
-typedef struct {
-    int64_t step;          // optimizer steps done (the next step to run, 0-based)
-    int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
-    data_position data;    // train loader position after the last step
-    int64_t bad_steps;     // consecutive NaN/Inf steps so far
-    int64_t tokens_seen;   // train tokens consumed by all processes
-    int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
-} train_state;
+#include "llmc/state.h"
 
 typedef struct {
     const param_table *table;

@@ -78,7 +78,7 @@ static int32_t pick_token(const float *logits, int64_t V, double temperature, rn
     return (int32_t)best;
 }
 
-void sampler_run(sampler *s, cpu_model *m, const float *params, int64_t step, metrics_log *log) {
+void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log) {
     rng_state r;
     rng_seed(&r, s->seed, 0x5A4D504CULL + (uint64_t)step);
     int64_t len = (int64_t)s->prompt_len;
@@ -91,7 +91,7 @@ void sampler_run(sampler *s, cpu_model *m, const float *params, int64_t step, me
             memmove(s->context, s->context + 1, (size_t)(len - 1) * sizeof *s->context);
             len--;
         }
-        cpu_forward_last_logits(m, params, s->context, len, s->logits);
+        backend_forward_last_logits(b, s->context, len, s->logits);
         int32_t next = pick_token(s->logits, s->vocab, s->temperature, &r);
         if (next == s->doc_token) break;  // the document ended
         generated[n] = (uint32_t)next;

@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
+#include "llmc/backend.h"
 #include "llmc/config.h"
-#include "cpu/model.h"
 #include "llmc/metrics.h"
 #include "llmc/params.h"
 
@@ -20,7 +20,7 @@ typedef struct sampler sampler;
 // Loads the tokenizer and encodes the prompt; fatal (naming the key) if either fails.
 sampler *sampler_create(const train_config *cfg, const param_table *t);
 void sampler_free(sampler *s);
-// Generates and reports one sample with the current weights.
-void sampler_run(sampler *s, cpu_model *m, const float *params, int64_t step, metrics_log *log);
+// Generates and reports one sample with the backend's current weights (its forward pass).
+void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log);
 
 #endif

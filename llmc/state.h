@@ -1,0 +1,24 @@
+// llmc/state.h — the counters a run carries across restarts: what state.json holds besides
+// the config (docs/formats.md), saved and restored by llmc/checkpoint.c.
+#ifndef TRAIN_GPT_STATE_H
+#define TRAIN_GPT_STATE_H
+
+#include <stdint.h>
+
+// Where the train loader stands (dataloader.h): the position is all a checkpoint needs to
+// resume the token stream exactly.
+typedef struct {
+    int64_t epoch;
+    int64_t index;   // micro-batches this process has taken in this epoch
+} data_position;
+
+typedef struct {
+    int64_t step;          // optimizer steps done (the next step to run, 0-based)
+    int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
+    data_position data;    // train loader position after the last step
+    int64_t bad_steps;     // consecutive NaN/Inf steps so far
+    int64_t tokens_seen;   // train tokens consumed by all processes
+    int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
+} train_state;
+
+#endif
