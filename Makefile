@@ -93,6 +93,12 @@ else
 endif
 
 CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
+# .cu files (train_gpt.cu, quant.cu) are C-style C++17: nvcc compiles them when the CUDA
+# backend is built (cuda/cuda.mk), else the host C++ compiler, with their GPU sections
+# (#ifdef __CUDACC__) left out, so CI compiles the same host code a cluster's nvcc sees.
+# -ffp-contract=off: g++ contracts a*b+c into an FMA by default even in ISO mode (gcc's C
+# does not, with -std=c11); quant.cu's C reference must round like the GPU and like C.
+CXXFLAGS := $(filter-out -std=c11,$(CFLAGS_BASE)) -std=c++17 -fno-exceptions -fno-rtti -ffp-contract=off $(CXXFLAGS)
 
 # ---------------------------------------------------------------- sources
 # LIB_SRC: everything but main(); linked into train_gpt and every test binary.
@@ -100,7 +106,7 @@ CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
            llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c \
            cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
-           dataloader.c tok/sample.c train.c
+           tok/sample.c train.c
 MAIN_SRC := train_gpt.c
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
 TESTS_C := test/test_units.c test/test_ops.c
@@ -112,15 +118,17 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
 # Each subsystem adds its own sources, tests and detection in a fragment beside its code:
+#   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu` (first: the
+#                 others ask HAVE_CUDA)
 #   tok/tok.mk    the tokenizer and `train_gpt prepare`
 #   quant.mk      DiLoCo's int8/int4 quantization
 #   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
 #   diloco.mk     the DiLoCo outer loop
-#   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu`
 #   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
--include tok/tok.mk quant.mk net/net.mk diloco.mk cuda/cuda.mk bench/diloco/bench.mk
+-include cuda/cuda.mk tok/tok.mk quant.mk net/net.mk diloco.mk bench/diloco/bench.mk
 
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# dataloader.h is a single header: its implementation section is compiled once, here.
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
 
 .PHONY: all test clean info bench
@@ -141,6 +149,17 @@ info:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. -c $< -o $@
+
+ifneq ($(HAVE_CUDA),1)
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -I. -x c++ -c $< -o $@
+LDLIBS += -lstdc++
+endif
+
+$(BUILD)/dataloader_impl.o: dataloader.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I. -x c -DDATALOADER_IMPLEMENTATION -c $< -o $@
 
 $(BUILD)/libtrain_gpt.a: $(LIB_OBJ)
 	@rm -f $@

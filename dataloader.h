@@ -40,6 +40,10 @@
 
 #include "llmc/state.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define SHARD_MAGIC "TGPTSHRD"
 #define SHARD_VERSION 1
 #define SHARD_HEADER_BYTES 64
@@ -100,4 +104,515 @@ uint32_t dataloader_doc_token(const dataloader *d);
 // Micro-batches per epoch for one process.
 int64_t dataloader_batches_per_epoch(const dataloader *d);
 
+#ifdef __cplusplus
+}
 #endif
+
+#endif
+
+// ================================================================ implementation
+// Compiled once: the Makefile builds this header as C with DATALOADER_IMPLEMENTATION
+// defined (build/dataloader_impl.o); every other file includes it for the declarations above.
+//
+// Shards are opened lazily and read with pread, so a dataset of thousands of shards costs
+// one open file at a time. Each shard's payload checksum is verified the first time this
+// process reads from it (a full pass over that shard, at disk speed), so corruption is
+// found before any of its tokens reach the model, without reading terabytes at start-up.
+#if defined(DATALOADER_IMPLEMENTATION) && !defined(TRAIN_GPT_DATALOADER_IMPLEMENTED)
+#define TRAIN_GPT_DATALOADER_IMPLEMENTED
+
+#include "llmc/bytes.h"
+#include "llmc/checksum.h"
+#include "llmc/common.h"
+#include "llmc/rng.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// ---------------------------------------------------------------- header encoding
+
+
+static void encode_header(const shard_header *h, uint8_t out[SHARD_HEADER_BYTES]) {
+    memset(out, 0, SHARD_HEADER_BYTES);
+    memcpy(out, SHARD_MAGIC, 8);
+    put_u32(out + 8, h->version);
+    put_u32(out + 12, h->token_bytes);
+    put_u64(out + 16, h->n_tokens);
+    put_u64(out + 24, h->payload_xxh64);
+    put_u32(out + 32, h->vocab_size);
+    put_u32(out + 36, h->doc_token);
+    put_u64(out + 56, xxh64(out, 56, 0));
+}
+
+static bool decode_header(const uint8_t in[SHARD_HEADER_BYTES], shard_header *h, char *why, size_t why_bytes) {
+    if (memcmp(in, SHARD_MAGIC, 8) != 0) {
+        snprintf(why, why_bytes, "not a train_gpt token shard (bad magic)");
+        return false;
+    }
+    if (get_u64(in + 56) != xxh64(in, 56, 0)) {
+        snprintf(why, why_bytes, "shard header checksum mismatch (corrupt header)");
+        return false;
+    }
+    h->version = get_u32(in + 8);
+    h->token_bytes = get_u32(in + 12);
+    h->n_tokens = get_u64(in + 16);
+    h->payload_xxh64 = get_u64(in + 24);
+    h->vocab_size = get_u32(in + 32);
+    h->doc_token = get_u32(in + 36);
+    if (h->version != SHARD_VERSION) {
+        snprintf(why, why_bytes, "shard version %u is not supported (this build reads version %d)", h->version,
+                 SHARD_VERSION);
+        return false;
+    }
+    if (h->token_bytes != 2 && h->token_bytes != 4) {
+        snprintf(why, why_bytes, "bad token width %u bytes", h->token_bytes);
+        return false;
+    }
+    if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536)) {
+        snprintf(why, why_bytes, "vocab_size %u does not fit %u-byte tokens", h->vocab_size, h->token_bytes);
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- writer
+
+struct shard_writer {
+    int fd;
+    char *path, *tmp_path;
+    shard_header header;
+    xxh64_state hash;
+    uint8_t *buffer;
+    size_t buffered_bytes, capacity_bytes;
+};
+
+shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t doc_token) {
+    if (vocab_size == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    shard_writer *w = xcalloc(1, sizeof *w);
+    w->path = xstrdup(path);
+    w->tmp_path = xmalloc(strlen(path) + 5);
+    sprintf(w->tmp_path, "%s.tmp", path);
+    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        int e = errno;
+        free(w->path);
+        free(w->tmp_path);
+        free(w);
+        errno = e;
+        return NULL;
+    }
+    w->header.version = SHARD_VERSION;
+    w->header.token_bytes = vocab_size <= 65536 ? 2 : 4;
+    w->header.vocab_size = vocab_size;
+    w->header.doc_token = doc_token;
+    xxh64_init(&w->hash, 0);
+    w->capacity_bytes = 1 << 20;
+    w->buffer = xmalloc(w->capacity_bytes);
+    uint8_t blank[SHARD_HEADER_BYTES] = {0};
+    if (!write_exact(w->fd, blank, sizeof blank)) {
+        int e = errno;
+        shard_writer_abort(w);
+        errno = e;
+        return NULL;
+    }
+    return w;
+}
+
+static bool flush_buffer(shard_writer *w) {
+    if (w->buffered_bytes == 0) return true;
+    xxh64_update(&w->hash, w->buffer, w->buffered_bytes);
+    bool ok = write_exact(w->fd, w->buffer, w->buffered_bytes);
+    w->buffered_bytes = 0;
+    return ok;
+}
+
+bool shard_writer_append(shard_writer *w, const uint32_t *tokens, uint64_t count) {
+    uint32_t width = w->header.token_bytes;
+    for (uint64_t i = 0; i < count; i++) {
+        uint32_t t = tokens[i];
+        if (t >= w->header.vocab_size) {
+            errno = EINVAL;
+            return false;
+        }
+        if (w->buffered_bytes + width > w->capacity_bytes && !flush_buffer(w)) return false;
+        uint8_t *p = w->buffer + w->buffered_bytes;
+        p[0] = (uint8_t)t;
+        p[1] = (uint8_t)(t >> 8);
+        if (width == 4) {
+            p[2] = (uint8_t)(t >> 16);
+            p[3] = (uint8_t)(t >> 24);
+        }
+        w->buffered_bytes += width;
+    }
+    w->header.n_tokens += count;
+    return true;
+}
+
+uint64_t shard_writer_tokens(const shard_writer *w) { return w->header.n_tokens; }
+
+static void writer_free(shard_writer *w) {
+    free(w->buffer);
+    free(w->path);
+    free(w->tmp_path);
+    free(w);
+}
+
+bool shard_writer_close(shard_writer *w) {
+    bool ok = flush_buffer(w);
+    w->header.payload_xxh64 = xxh64_digest(&w->hash);
+    uint8_t header[SHARD_HEADER_BYTES];
+    encode_header(&w->header, header);
+    ok = ok && pwrite(w->fd, header, sizeof header, 0) == (ssize_t)sizeof header;
+    ok = ok && fsync(w->fd) == 0;
+    int e = errno;
+    ok = close(w->fd) == 0 && ok;
+    ok = ok && rename(w->tmp_path, w->path) == 0;
+    if (!ok) {
+        e = errno ? errno : e;
+        unlink(w->tmp_path);
+    }
+    writer_free(w);
+    errno = e;
+    return ok;
+}
+
+void shard_writer_abort(shard_writer *w) {
+    close(w->fd);
+    unlink(w->tmp_path);
+    writer_free(w);
+}
+
+// ---------------------------------------------------------------- reader
+
+bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_bytes) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_bytes, "cannot open: %s", strerror(errno));
+        return false;
+    }
+    struct stat st;
+    uint8_t raw[SHARD_HEADER_BYTES];
+    bool ok = fstat(fd, &st) == 0;
+    if (!ok) snprintf(why, why_bytes, "cannot stat: %s", strerror(errno));
+    if (ok && (uint64_t)st.st_size < SHARD_HEADER_BYTES) {
+        snprintf(why, why_bytes, "truncated shard (%lld bytes, the header alone is %d)", (long long)st.st_size,
+                 SHARD_HEADER_BYTES);
+        ok = false;
+    }
+    if (ok && !pread_exact(fd, raw, sizeof raw, 0)) {
+        snprintf(why, why_bytes, "cannot read header: %s", strerror(errno));
+        ok = false;
+    }
+    close(fd);
+    if (!ok || !decode_header(raw, h, why, why_bytes)) return false;
+    uint64_t expected = SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
+    if ((uint64_t)st.st_size != expected) {
+        snprintf(why, why_bytes, "%s shard: %lld bytes, the header says %llu tokens = %llu bytes",
+                 (uint64_t)st.st_size < expected ? "truncated" : "oversized", (long long)st.st_size,
+                 (unsigned long long)h->n_tokens, (unsigned long long)expected);
+        return false;
+    }
+    return true;
+}
+
+static void widen_tokens(const uint8_t *raw, uint32_t width, uint64_t count, uint32_t *out) {
+    if (width == 2)
+        for (uint64_t i = 0; i < count; i++) out[i] = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
+    else
+        for (uint64_t i = 0; i < count; i++) out[i] = get_u32(raw + 4 * i);
+}
+
+uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t why_bytes) {
+    if (!shard_read_header(path, h, why, why_bytes)) return NULL;
+    size_t bytes = (size_t)(h->n_tokens * h->token_bytes);
+    uint8_t *raw = xmalloc(bytes);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    bool ok = fd >= 0 && pread_exact(fd, raw, bytes, SHARD_HEADER_BYTES);
+    if (fd >= 0) close(fd);
+    if (!ok) {
+        snprintf(why, why_bytes, "cannot read tokens: %s", strerror(errno));
+        free(raw);
+        return NULL;
+    }
+    if (xxh64(raw, bytes, 0) != h->payload_xxh64) {
+        snprintf(why, why_bytes, "shard payload checksum mismatch (corrupt data)");
+        free(raw);
+        return NULL;
+    }
+    uint32_t *tokens = xmalloc((size_t)h->n_tokens * sizeof *tokens + 1);
+    widen_tokens(raw, h->token_bytes, h->n_tokens, tokens);
+    free(raw);
+    for (uint64_t i = 0; i < h->n_tokens; i++)
+        if (tokens[i] >= h->vocab_size) {
+            snprintf(why, why_bytes, "token %u at index %llu is not below the shard's vocab_size %u", tokens[i],
+                     (unsigned long long)i, h->vocab_size);
+            free(tokens);
+            return NULL;
+        }
+    return tokens;
+}
+
+// ---------------------------------------------------------------- loader
+
+typedef struct {
+    char *path;
+    shard_header header;
+    uint64_t first_token;  // offset of this shard in the concatenated stream
+    bool verified;
+} shard_entry;
+
+struct dataloader {
+    char *key;
+    shard_entry *shards;
+    int n_shards;
+    uint64_t total_tokens;
+    int64_t B, T;
+    bool shuffle;
+    uint64_t seed;
+    int rank, world;
+    int64_t batches_per_epoch;   // per process
+    int64_t global_batches;      // per epoch, all processes
+    uint64_t n_windows;          // shuffle: windows of T+1 tokens, stride T
+    data_position pos;
+    int open_fd, open_shard;
+    uint8_t *raw;                // read buffer for one row
+    uint32_t *row;
+};
+
+static void add_shard(dataloader *d, int *capacity, const char *path) {
+    if (d->n_shards == *capacity) {
+        *capacity = *capacity ? *capacity * 2 : 16;
+        d->shards = xrealloc(d->shards, (size_t)*capacity * sizeof *d->shards);
+    }
+    shard_entry *s = &d->shards[d->n_shards++];
+    memset(s, 0, sizeof *s);
+    s->path = xstrdup(path);
+    char why[256];
+    if (!shard_read_header(path, &s->header, why, sizeof why)) fail("%s: shard '%s': %s", d->key, path, why);
+    s->first_token = d->total_tokens;
+    d->total_tokens += s->header.n_tokens;
+}
+
+static bool has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+static void collect_shards(dataloader *d, const char *spec) {
+    int capacity = 0;
+    char *copy = xstrdup(spec);
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        while (*item == ' ') item++;
+        char *end = item + strlen(item);
+        while (end > item && end[-1] == ' ') *--end = '\0';
+        if (*item == '\0') continue;
+        if (!has_glob_chars(item)) {
+            if (!file_exists(item)) fail("%s: no such shard file '%s'", d->key, item);
+            add_shard(d, &capacity, item);
+            continue;
+        }
+        glob_t g;
+        int rc = glob(item, 0, NULL, &g);  // glob() sorts its matches
+        if (rc == GLOB_NOMATCH) fail("%s: no file matches '%s'", d->key, item);
+        if (rc != 0) fail("%s: cannot expand '%s'", d->key, item);
+        for (size_t i = 0; i < g.gl_pathc; i++) add_shard(d, &capacity, g.gl_pathv[i]);
+        globfree(&g);
+    }
+    free(copy);
+    if (d->n_shards == 0) fail("%s: no shard files given", d->key);
+}
+
+dataloader *dataloader_open(const char *spec, const char *key, int64_t batch_size, int64_t seq_len, bool shuffle,
+                            uint64_t seed, int rank, int world) {
+    CHECK(batch_size > 0 && seq_len > 0 && world > 0 && rank >= 0 && rank < world);
+    dataloader *d = xcalloc(1, sizeof *d);
+    d->key = xstrdup(key);
+    d->B = batch_size;
+    d->T = seq_len;
+    d->shuffle = shuffle;
+    d->seed = seed;
+    d->rank = rank;
+    d->world = world;
+    d->open_fd = -1;
+    d->open_shard = -1;
+    collect_shards(d, spec);
+    uint64_t usable = d->total_tokens > 0 ? d->total_tokens - 1 : 0;  // the last token is only a target
+    if (shuffle) {
+        d->n_windows = usable / (uint64_t)seq_len;
+        d->global_batches = (int64_t)(d->n_windows / (uint64_t)batch_size);
+    } else {
+        d->global_batches = (int64_t)(usable / (uint64_t)(batch_size * seq_len));
+    }
+    d->batches_per_epoch = d->global_batches / world;
+    if (d->batches_per_epoch < 1)
+        fail("%s: %llu tokens are too few for one micro-batch of %lld x %lld tokens for each of %d process(es)", key,
+             (unsigned long long)d->total_tokens, (long long)batch_size, (long long)seq_len, world);
+    d->raw = xmalloc((size_t)(seq_len + 1) * 4);
+    d->row = xmalloc((size_t)(seq_len + 1) * sizeof *d->row);
+    return d;
+}
+
+void dataloader_close(dataloader *d) {
+    if (!d) return;
+    if (d->open_fd >= 0) close(d->open_fd);
+    for (int i = 0; i < d->n_shards; i++) free(d->shards[i].path);
+    free(d->shards);
+    free(d->raw);
+    free(d->row);
+    free(d->key);
+    free(d);
+}
+
+static int shard_of_token(const dataloader *d, uint64_t token) {
+    int lo = 0, hi = d->n_shards - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (d->shards[mid].first_token <= token) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static int shard_fd(dataloader *d, int i) {
+    if (d->open_shard == i) return d->open_fd;
+    if (d->open_fd >= 0) close(d->open_fd);
+    d->open_fd = open(d->shards[i].path, O_RDONLY | O_CLOEXEC);
+    d->open_shard = d->open_fd >= 0 ? i : -1;
+    if (d->open_fd < 0) fail("%s: cannot open shard '%s': %s", d->key, d->shards[i].path, strerror(errno));
+    return d->open_fd;
+}
+
+static void verify_shard(dataloader *d, int i) {
+    shard_entry *s = &d->shards[i];
+    int fd = shard_fd(d, i);
+    xxh64_state h;
+    xxh64_init(&h, 0);
+    uint64_t left = s->header.n_tokens * s->header.token_bytes, offset = SHARD_HEADER_BYTES;
+    size_t chunk_bytes = 8 << 20;
+    uint8_t *chunk = xmalloc(chunk_bytes);
+    while (left > 0) {
+        size_t n = left < chunk_bytes ? (size_t)left : chunk_bytes;
+        if (!pread_exact(fd, chunk, n, offset)) fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
+        xxh64_update(&h, chunk, n);
+        left -= n;
+        offset += n;
+    }
+    free(chunk);
+    if (xxh64_digest(&h) != s->header.payload_xxh64)
+        fail("%s: shard '%s': payload checksum mismatch (corrupt data)", d->key, s->path);
+    s->verified = true;
+}
+
+// Reads stream tokens [start, start + count) into d->row, across shard boundaries.
+static void read_stream(dataloader *d, uint64_t start, uint64_t count) {
+    CHECK(start + count <= d->total_tokens);
+    uint64_t done = 0;
+    while (done < count) {
+        uint64_t at = start + done;
+        int i = shard_of_token(d, at);
+        shard_entry *s = &d->shards[i];
+        if (!s->verified) verify_shard(d, i);
+        uint64_t in_shard = at - s->first_token;
+        uint64_t n = min_i64((int64_t)(count - done), (int64_t)(s->header.n_tokens - in_shard));
+        uint32_t width = s->header.token_bytes;
+        if (!pread_exact(shard_fd(d, i), d->raw, (size_t)(n * width), SHARD_HEADER_BYTES + in_shard * width))
+            fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
+        widen_tokens(d->raw, width, n, d->row + done);
+        for (uint64_t k = 0; k < n; k++)
+            if (d->row[done + k] >= s->header.vocab_size)
+                fail("%s: shard '%s': token %u is not below its vocab_size %u", d->key, s->path, d->row[done + k],
+                     s->header.vocab_size);
+        done += n;
+    }
+}
+
+// A keyed bijection on [0, n): a 4-round Feistel network on the smallest even number of
+// bits that covers n, with cycle walking for values >= n. O(1) memory for any dataset.
+static uint64_t mix64(uint64_t z) {
+    return splitmix64(&z);
+}
+
+static uint64_t permute_index(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
+    int bits = 2;
+    while (bits < 64 && (1ULL << bits) < n) bits += 2;
+    int half = bits / 2;
+    uint64_t mask = (1ULL << half) - 1;
+    uint64_t keys[4];
+    uint64_t k = seed * 0x2545F4914F6CDD1DULL ^ (epoch + 1) * 0x9E3779B97F4A7C15ULL;
+    for (int r = 0; r < 4; r++) keys[r] = mix64(k + (uint64_t)r);
+    uint64_t x = i;
+    do {
+        uint64_t left = x >> half, right = x & mask;
+        for (int r = 0; r < 4; r++) {
+            uint64_t next = left ^ (mix64(right ^ keys[r]) & mask);
+            left = right;
+            right = next;
+        }
+        x = (left << half) | right;
+    } while (x >= n);
+    return x;
+}
+
+void dataloader_next(dataloader *d, int32_t *inputs, int32_t *targets) {
+    if (d->pos.index >= d->batches_per_epoch) {
+        d->pos.epoch++;
+        d->pos.index = 0;
+    }
+    uint64_t global = (uint64_t)(d->pos.index * d->world + d->rank);
+    uint64_t T = (uint64_t)d->T;
+    for (int64_t b = 0; b < d->B; b++) {
+        uint64_t start;
+        if (d->shuffle) {
+            uint64_t window = permute_index(global * (uint64_t)d->B + (uint64_t)b, d->n_windows, d->seed,
+                                            (uint64_t)d->pos.epoch);
+            start = window * T;
+        } else {
+            start = (global * (uint64_t)d->B + (uint64_t)b) * T;
+        }
+        read_stream(d, start, T + 1);
+        for (uint64_t t = 0; t < T; t++) {
+            inputs[b * (int64_t)T + (int64_t)t] = (int32_t)d->row[t];
+            targets[b * (int64_t)T + (int64_t)t] = (int32_t)d->row[t + 1];
+        }
+    }
+    d->pos.index++;
+}
+
+data_position dataloader_position(const dataloader *d) { return d->pos; }
+
+void dataloader_seek(dataloader *d, data_position pos) {
+    CHECK(pos.epoch >= 0 && pos.index >= 0);
+    d->pos = pos;
+}
+
+void dataloader_rewind(dataloader *d) { d->pos = (data_position){0, 0}; }
+
+uint64_t dataloader_total_tokens(const dataloader *d) { return d->total_tokens; }
+
+uint32_t dataloader_vocab_size(const dataloader *d) {
+    uint32_t v = 0;
+    for (int i = 0; i < d->n_shards; i++)
+        if (d->shards[i].header.vocab_size > v) v = d->shards[i].header.vocab_size;
+    return v;
+}
+
+uint32_t dataloader_doc_token(const dataloader *d) {
+    uint32_t first = d->shards[0].header.doc_token;
+    for (int i = 1; i < d->n_shards; i++)
+        if (d->shards[i].header.doc_token != first) {
+            warn("%s: shards disagree on doc_token (%u in '%s', %u in '%s'); using %u", d->key, first,
+                 d->shards[0].path, d->shards[i].header.doc_token, d->shards[i].path, first);
+            break;
+        }
+    return first;
+}
+
+int64_t dataloader_batches_per_epoch(const dataloader *d) { return d->batches_per_epoch; }
+
+#endif  // DATALOADER_IMPLEMENTATION

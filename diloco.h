@@ -37,6 +37,10 @@
 #include "llmc/metrics.h"
 #include "llmc/params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct diloco diloco;
 
 // Opens the transport and allocates the outer state. NULL when diloco_replicas = 0.
@@ -71,5 +75,9 @@ void diloco_close(diloco *d);
 
 // The XXH64 of n fp32 values' bytes (the param_hash of metrics.jsonl).
 uint64_t diloco_hash(const float *x, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 
 #include "llmc/config.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Runs the whole training; returns the process exit code (0 = finished or stopped cleanly
 // with a checkpoint). User errors are fatal inside (one line, exit 1).
 int train_run(train_config *cfg);
@@ -19,5 +23,9 @@ int train_run(train_config *cfg);
 // Prints the model's size, FLOPs per token and memory plan without touching any data
 // (`train_gpt plan CONFIG`).
 int train_plan(train_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -14,11 +14,24 @@
 #include "tok/prepare.h"
 #include "net/relay.h"
 #include "train.h"
+#include "dataloader.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #define TRAIN_GPT_VERSION "0.1.0"
+
+// `train_gpt prepare` writes its tokens through dataloader.h's shard writer.
+static void *sink_open(const char *path, uint32_t vocab_size, uint32_t doc_token) {
+    return shard_writer_open(path, vocab_size, doc_token);
+}
+static bool sink_append(void *w, const uint32_t *tokens, uint64_t count) {
+    return shard_writer_append((shard_writer *)w, tokens, count);
+}
+static uint64_t sink_tokens(const void *w) { return shard_writer_tokens((const shard_writer *)w); }
+static bool sink_close(void *w) { return shard_writer_close((shard_writer *)w); }
+static void sink_abort(void *w) { shard_writer_abort((shard_writer *)w); }
+static const shard_sink shard_files = {sink_open, sink_append, sink_tokens, sink_close, sink_abort, SHARD_NO_DOC_TOKEN};
 
 static void usage_error(void) {
     fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
@@ -31,7 +44,7 @@ int main(int argc, char **argv) {
     if (argc < 2) usage_error();
     const char *first = argv[1];
     // prepare uses no BLAS: no need for the kernel check (and its possible restart).
-    if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1);
+    if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1, &shard_files);
     if (strcmp(first, "relay") == 0) return relay_main(argc - 1, argv + 1);
     gemm_fix_cpu_kernels(argv);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {

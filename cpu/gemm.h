@@ -10,6 +10,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when trans_* is set.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
           const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
@@ -36,5 +40,9 @@ void gemm_set_threads(int threads);
 
 // What the build links, for the start-up banner ("OpenBLAS 0.3.21 (OpenMP)", "built-in").
 const char *gemm_backend_name(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

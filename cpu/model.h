@@ -16,6 +16,10 @@
 #include "llmc/backend.h"
 #include "llmc/params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct cpu_model cpu_model;
 
 cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T);
@@ -45,5 +49,9 @@ void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *i
 // owns the gradients.
 backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
                             float *exp_avg_sq);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

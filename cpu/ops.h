@@ -18,6 +18,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // out (N,C) = E[tokens] ; E (V,C), tokens (N)
 void embedding_forward(float *out, const int32_t *tokens, const float *E, int64_t N, int64_t C);
 // dE (V,C) += scatter of dout (N,C) by tokens (N)
@@ -68,5 +72,9 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 //   grad_scale · (ce + z_loss · lse²):  (softmax · (1 + 2·z_loss·lse) - onehot) · grad_scale
 void cross_entropy_forward_backward(float *logits, const int32_t *targets, int64_t n, int64_t V, float z_loss,
                                     float grad_scale, double *ce_sum, double *lse_sq_sum);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

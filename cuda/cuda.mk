@@ -87,7 +87,10 @@ ifeq ($(HAVE_CUDA),1)
   ifeq ($(CUDA_WERROR),1)
     NVCC_WARN += -Werror all-warnings
   endif
-  NVCC_FLAGS := -O3 -std=c++17 -lineinfo $(CUDA_ARCH) $(NVCC_WARN) -D_GNU_SOURCE -MMD -MP
+  NVCC_FLAGS := -O3 -std=c++17 -lineinfo $(CUDA_ARCH) $(NVCC_WARN) -Xcompiler -ffp-contract=off -D_GNU_SOURCE -MMD -MP
+  ifeq ($(HAVE_OPENMP),1)
+    NVCC_FLAGS += -Xcompiler -fopenmp   # the host sections' loops (quant.cu's C reference)
+  endif
   LDLIBS += -L$(CUDA_LIB_DIR) -Wl,-rpath,$(CUDA_LIB_DIR) -lcublasLt $(CUDART_STATIC) -lstdc++ -ldl -lrt -lpthread
 
 $(BUILD)/%.o: %.cu

@@ -26,6 +26,10 @@
 #include "llmc/params.h"
 #include "llmc/state.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const param_table *table;
     float *params, *exp_avg, *exp_avg_sq;   // flat buffers in the table's layout
@@ -60,5 +64,9 @@ bool save_weights(const char *path, const param_table *t, const float *params);
 // Loads weights only from a model.safetensors (init_from): every tensor of the table must
 // be present with its shape. false with a reason in why.
 bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

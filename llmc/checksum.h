@@ -9,6 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     uint64_t total_bytes;
     uint64_t acc[4];
@@ -21,5 +25,9 @@ void xxh64_init(xxh64_state *s, uint64_t seed);
 void xxh64_update(xxh64_state *s, const void *data, size_t bytes);
 uint64_t xxh64_digest(const xxh64_state *s);
 uint64_t xxh64(const void *data, size_t bytes, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -14,6 +14,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // The architecture: everything a model.safetensors needs to be read back.
 typedef struct {
     int64_t vocab_size;
@@ -110,5 +114,9 @@ bool model_config_equal(const model_config *a, const model_config *b);
 char *config_to_text(const train_config *cfg);
 // Prints every key with its default and doc line (for --help).
 void config_print_help(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

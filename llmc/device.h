@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     DEVICE_CPU = 0,
     DEVICE_CUDA = 1,
@@ -61,5 +65,9 @@ double device_mfu_peak(device_kind kind, double configured, char *why, size_t wh
 void cuda_probe_device(gpu_info *info);
 // True in cuda/probe.cu, false in cuda/stub.c.
 bool cuda_probe_compiled(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 static inline bool fault_requested(const char *kind, int64_t step) {
     const char *spec = getenv("TRAIN_GPT_FAULT");
     size_t n = strlen(kind);
@@ -23,5 +27,9 @@ static inline bool fault_requested(const char *kind, int64_t step) {
         if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) == step) return true;
     return false;
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { JSON_NULL, JSON_BOOL, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT } json_type;
 
 typedef struct json_value json_value;
@@ -54,5 +58,9 @@ void sb_json_string(strbuf *sb, const char *text);
 // Appends a double so that it reads back to the same bits (or null if not finite).
 void sb_json_number(strbuf *sb, double value);
 void sb_free(strbuf *sb);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct metrics_log metrics_log;
 
 typedef struct {
@@ -37,5 +41,9 @@ void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_to
 void metrics_event(metrics_log *log, const char *name, int64_t step, const char *extra_json);
 // A line made of the given members, a JSON fragment such as "\"outer_step\":3,\"step\":15".
 void metrics_object(metrics_log *log, const char *members_json);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

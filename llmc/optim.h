@@ -16,6 +16,10 @@
 #include "llmc/config.h"
 #include "llmc/params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // WSD schedule at 0-based step s of max_steps (docs/model.md gives the formula).
 double lr_at_step(const train_config *cfg, int64_t step);
 
@@ -37,5 +41,9 @@ void optimizer_apply(const param_table *t, float *params, float *grads, float *m
 
 // True if every value is finite (checked before anything is written to a checkpoint).
 bool all_finite(const float *x, int64_t count);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

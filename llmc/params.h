@@ -16,6 +16,10 @@
 
 #include "llmc/config.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     P_EMBED,       // model.embed_tokens.weight           [V, C]
     P_ATTN_NORM,   // model.layers.l.input_layernorm      [C]
@@ -73,5 +77,9 @@ void param_init(const param_table *t, float *params, uint64_t seed);
 int64_t model_matmul_params(const param_table *t);
 // 6·N + 12·L·Hq·D·T (PaLM, appendix B; no causal halving).
 double model_flops_per_token(const param_table *t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -25,6 +25,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __CUDACC__
+#include <cuda_runtime_api.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { QUANT_NONE = 0, QUANT_INT8 = 1, QUANT_INT4 = 2 } quant_kind;
 
 // "none" | "int8" | "int4" -> kind; -1 for anything else.
@@ -51,5 +59,32 @@ void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t
 // Returns the relative L2 error of the sent values against x alone:
 // ||decode(out) - x|| / ||x|| (0 when x is all zeros).
 double quant_encode_feedback(quant_kind k, const float *x, float *residual, int64_t n, int64_t block, uint8_t *out);
+
+// ---------------------------------------------------------------- on the GPU
+// The same encoder and decoder as CUDA kernels (quant.cu's GPU section), so that a replica
+// training on a GPU quantizes its outer gradient where it lives and copies the 4x / 8x
+// smaller encoded form to the host, not the fp32 gradient. The encoder writes byte for
+// byte what quant_encode writes (test/test_quant_gpu.cu checks it on random data, ties,
+// subnormals, zero and non-finite blocks): the same IEEE fp32 division for scale and code,
+// the same round-half-away, no FMA contraction. The decoder gives the same bits as
+// quant_decode. Every launcher takes the stream last and never synchronizes. Declared for
+// code compiled by nvcc only.
+#ifdef __CUDACC__
+// d_x[n] (+ d_residual[n]) -> d_out[quant_encoded_bytes(k, n, block)], all device memory;
+// d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is).
+// d_residual NULL: quant_encode. Otherwise quant_encode_feedback without its return value:
+// encodes x + residual and sets residual = (x + residual) - decode(out). The relative error
+// is not computed here (a reduction and a host sync the step does not need); quant_decode
+// on the host copy gives it where it is wanted.
+void quant_encode_cuda(quant_kind k, const float *d_x, float *d_residual, int64_t n, int64_t block, uint8_t *d_out,
+                       cudaStream_t stream);
+
+// d_in[quant_encoded_bytes(k, n, block)] -> d_x[n], as quant_decode; d_in 4-byte aligned.
+void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, int64_t block, float *d_x, cudaStream_t stream);
+#endif  // __CUDACC__
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

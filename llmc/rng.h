@@ -7,6 +7,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     uint64_t s[4];
 } rng_state;
@@ -46,5 +50,9 @@ static inline double rng_normal(rng_state *r) {
     double u1 = rng_uniform(r), u2 = rng_uniform(r);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

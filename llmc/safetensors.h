@@ -16,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *name;
     const float *data;
@@ -52,5 +56,9 @@ const st_entry *safetensors_find(const st_file *f, const char *name);
 const char *safetensors_meta(const st_file *f, const char *key);
 // Reads one tensor's floats into out (numel floats). false on an I/O error.
 bool safetensors_read(const st_file *f, const st_entry *e, float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Where the train loader stands (dataloader.h): the position is all a checkpoint needs to
 // resume the token stream exactly.
 typedef struct {
@@ -20,5 +24,9 @@ typedef struct {
     int64_t tokens_seen;   // train tokens consumed by all processes
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
 } train_state;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -19,6 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // A reference-counted byte buffer (single-threaded counts: the hub's event loop).
 typedef struct {
     int refs;
@@ -78,5 +82,9 @@ typedef enum { CONN_FRAME, CONN_AGAIN, CONN_CLOSED, CONN_ERROR } conn_result;
 conn_result conn_read(conn *c, wire_frame *f, char *err, size_t err_bytes);
 // The same, waiting until deadline for a whole frame ("timed out" is a CONN_ERROR).
 conn_result conn_read_until(conn *c, wire_frame *f, double deadline, char *err, size_t err_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

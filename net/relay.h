@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *listen;         // "host:port" ("*:port" or ":port": every address; port 0: any free port)
     const uint8_t *secret;      // the shared secret (copied)
@@ -44,5 +48,9 @@ void relay_stop(relay *r);
 // [--replicas M]`: runs the hub in the foreground until SIGINT or SIGTERM. argv[0] is
 // "relay". Returns the exit code; user errors exit through fail().
 int relay_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Splits "host:port", "[v6addr]:port" or ":port" (host empty: any address). false with a
 // reason when malformed.
 bool net_split_host_port(const char *address, char *host, size_t host_bytes, char *port, size_t port_bytes,
@@ -47,5 +51,9 @@ int net_wait(int fd, short events, double deadline);
 
 // TCP_NODELAY, and large socket buffers where the system allows them (see net/socket.c).
 void net_tune(int fd);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -29,6 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TRANSPORT_MAX_REPLICAS 256
 
 typedef struct transport transport;
@@ -115,5 +119,9 @@ bool transport_agree_stop(transport *t, bool local_stop);
 // closes. transport_close alone just closes.
 void transport_leave(transport *t);
 void transport_close(transport *t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

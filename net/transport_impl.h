@@ -5,6 +5,10 @@
 
 #include "net/transport.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *name;
     join_result (*join)(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
@@ -20,5 +24,9 @@ typedef struct {
 
 // Wraps an implementation in the public handle.
 transport *transport_wrap(const transport_ops *ops, void *impl);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

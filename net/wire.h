@@ -24,6 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define WIRE_MAGIC0 'T'
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
@@ -262,5 +266,9 @@ const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m);
 
 // Copies a peer's text (REFUSE, EVICTED) into a printable, NUL-terminated one-liner.
 void wire_printable(const uint8_t *text, size_t bytes, char *out, size_t out_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,7 +10,7 @@
 // or ±Inf (scale NaN, codes 0, residual NaN). Sizes straddle the int4 byte pairs (odd n,
 // odd block) and the grid-stride loops (a few million values). It also prints the GPU's
 // encode and decode throughput at 121.19M values (gpt-124m), for docs/quant.md.
-#include "llmc/quant_cuda.h"
+#include "llmc/quant.h"
 
 #include "cuda/common.cuh"
 #include "test/check.h"

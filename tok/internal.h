@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TOK_MAX_STAGES 4
 
 // Bit flags: a token can be both (GPT-2's tokenizer.json has <|endoftext|> in its vocab too).
@@ -149,5 +153,9 @@ void tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t 
 tokenizer *tok_load_tiktoken(const char *path, const char *text, size_t bytes, const char *encoding, char *why,
                              size_t why_bytes);
 tokenizer *tok_load_hf_json(const char *path, const char *text, size_t bytes, char *why, size_t why_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

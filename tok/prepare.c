@@ -22,7 +22,6 @@
 #endif
 #include "tok/prepare.h"
 #include "llmc/common.h"
-#include "dataloader.h"
 #include "llmc/json.h"
 #include "tok/prepare_input.h"
 #include "tok/tokenizer.h"
@@ -237,7 +236,7 @@ typedef struct {
     const char *prefix;
     uint32_t vocab_size, doc_token;
     uint64_t shard_tokens;
-    shard_writer *writer;
+    void *writer;             // the sink's, while a shard is being written
     char *path;               // of the shard being written
     int shards;
     uint64_t tokens, documents;
@@ -246,12 +245,13 @@ typedef struct {
 
 // Open shards are removed if the process fails half-way (fail() exits through atexit).
 static split_output *outputs_to_abort[2];
+static const shard_sink *sink;  // prepare_main's
 
 static void abort_open_shards(void) {
     for (int i = 0; i < 2; i++) {
         split_output *o = outputs_to_abort[i];
         if (o && o->writer) {
-            shard_writer_abort(o->writer);
+            sink->abort(o->writer);
             o->writer = NULL;
         }
     }
@@ -271,28 +271,28 @@ static void output_append(split_output *o, const uint32_t *ids, size_t n) {
         if (!o->writer) {
             free(o->path);
             o->path = shard_path(o->prefix, o->split, o->shards);
-            o->writer = shard_writer_open(o->path, o->vocab_size, o->doc_token);
+            o->writer = sink->open(o->path, o->vocab_size, o->doc_token);
             if (!o->writer) fail("cannot create shard %s.tmp: %s", o->path, strerror(errno));
             o->shards++;
         }
-        uint64_t room = o->shard_tokens - shard_writer_tokens(o->writer);
+        uint64_t room = o->shard_tokens - sink->tokens(o->writer);
         size_t take = n < room ? n : (size_t)room;
-        if (!shard_writer_append(o->writer, ids, take)) fail("cannot write shard %s: %s", o->path, strerror(errno));
+        if (!sink->append(o->writer, ids, take)) fail("cannot write shard %s: %s", o->path, strerror(errno));
         ids += take;
         n -= take;
-        if (shard_writer_tokens(o->writer) == o->shard_tokens) {
-            shard_writer *w = o->writer;
+        if (sink->tokens(o->writer) == o->shard_tokens) {
+            void *w = o->writer;
             o->writer = NULL;
-            if (!shard_writer_close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
+            if (!sink->close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
         }
     }
 }
 
 static void output_finish(split_output *o) {
     if (!o->writer) return;
-    shard_writer *w = o->writer;
+    void *w = o->writer;
     o->writer = NULL;
-    if (!shard_writer_close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
+    if (!sink->close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
 }
 
 // Shards of an earlier run would mix with this one's under the trainer's glob: refuse, or
@@ -400,7 +400,7 @@ static void encode_doc(encoder *e, const prep_batch *b, long i, int thread, toke
         bytes = json->length;
     }
     if (ok && bytes > 0) {
-        if (e->doc_token != SHARD_NO_DOC_TOKEN) token_list_push(out, e->doc_token);
+        if (e->doc_token != sink->no_doc_token) token_list_push(out, e->doc_token);
         ok = tokenizer_encode_append(e->tok, e->scratch[thread], text, bytes, false, out, why, sizeof why);
     }
     dt->count = out->count - dt->start;
@@ -486,7 +486,7 @@ static uint32_t resolve_doc_token(const tokenizer *tok, const char *spec) {
                  "--doc_token NAME or --doc_token none");
         return id;
     }
-    if (strcmp(spec, "none") == 0) return SHARD_NO_DOC_TOKEN;
+    if (strcmp(spec, "none") == 0) return sink->no_doc_token;
     if (spec[0] >= '0' && spec[0] <= '9') {
         uint64_t id = parse_count("doc_token", spec, 0);
         if (id >= vocab) fail("--doc_token %s is not below the vocabulary size %u", spec, vocab);
@@ -517,7 +517,7 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
     sb_append(&sb, ", \"tokenizer_name\": ");
     sb_json_string(&sb, tokenizer_name(tok));
     sb_printf(&sb, ", \"vocab_size\": %u, \"doc_token\": ", tokenizer_vocab_size(tok));
-    if (doc_token == SHARD_NO_DOC_TOKEN) sb_append(&sb, "null");
+    if (doc_token == sink->no_doc_token) sb_append(&sb, "null");
     else sb_printf(&sb, "%u", doc_token);
     sb_printf(&sb, ", \"input_bytes\": %llu, \"seconds\": ", (unsigned long long)bytes);
     sb_json_number(&sb, seconds);
@@ -543,7 +543,8 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
     sb_free(&sb);
 }
 
-int prepare_main(int argc, char **argv) {
+int prepare_main(int argc, char **argv, const shard_sink *shards) {
+    sink = shards;
     prepare_options opt = parse_options(argc, argv);
     double start = wall_seconds();
 
@@ -572,7 +573,7 @@ int prepare_main(int argc, char **argv) {
 
     if (!opt.quiet) {
         char doc_name[80] = "none";
-        if (doc_token != SHARD_NO_DOC_TOKEN) {
+        if (doc_token != sink->no_doc_token) {
             size_t n;
             const uint8_t *b = tokenizer_token_bytes(tok, doc_token, &n);
             snprintf(doc_name, sizeof doc_name, "%u (%.*s)", doc_token, (int)(n < 60 ? n : 60), b ? (const char *)b : "");

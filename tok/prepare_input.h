@@ -19,6 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { PREP_TEXT, PREP_JSONL } prep_format;
 
 typedef struct {
@@ -70,5 +74,9 @@ uint64_t prep_reader_bytes_done(const prep_reader *r);
 // Lone surrogates become U+FFFD. False with a reason on malformed input or a missing or
 // non-string member.
 bool prep_json_text(const char *line, size_t bytes, const char *key, strbuf *out, char *why, size_t why_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

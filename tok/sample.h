@@ -15,6 +15,10 @@
 #include "llmc/metrics.h"
 #include "llmc/params.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sampler sampler;
 
 // Loads the tokenizer and encodes the prompt; fatal (naming the key) if either fails.
@@ -22,5 +26,9 @@ sampler *sampler_create(const train_config *cfg, const param_table *t);
 void sampler_free(sampler *s);
 // Generates and reports one sample with the backend's current weights (its forward pass).
 void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

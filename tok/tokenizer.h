@@ -31,6 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tokenizer tokenizer;
 
 #define TOKENIZER_NO_TOKEN 0xFFFFFFFFu
@@ -86,5 +90,9 @@ char *tokenizer_decode(const tokenizer *t, const uint32_t *ids, size_t n, size_t
 // The bytes of one id (not NUL-terminated), or NULL (and *bytes = 0) for a hole or an id
 // >= vocab_size. For streaming decoders; the pointer lives as long as t.
 const uint8_t *tokenizer_token_bytes(const tokenizer *t, uint32_t id, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
