@@ -103,29 +103,36 @@ CXXFLAGS := $(filter-out -std=c11,$(CFLAGS_BASE)) -std=c++17 -fno-exceptions -fn
 # ---------------------------------------------------------------- sources
 # LIB_SRC: everything but main(); linked into train_gpt and every test binary.
 # llmc/: the host library (imports nothing above it); cpu/: the fp32 CPU backend.
+# The root's diloco.c (the outer loop) and quant.cu (its quantization: the C reference, and
+# with nvcc the kernels; HOST_CU_SRC are .cu files of the library).
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
            llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c \
            cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
-           tok/sample.c train.c
-MAIN_SRC := train_gpt.c
+           tok/sample.c diloco.c
+HOST_CU_SRC := quant.cu
+# train_gpt.cu (main, the training loop, the GPU model) is compiled on its own, not into
+# the library: the tests that need it include it with -DTESTING.
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
-TESTS_C := test/test_units.c test/test_ops.c
+TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
-            test/test_configs.sh test/test_builtin_gemm.sh \
-            test/test_docs.sh
+            test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh \
+            test/test_docs.sh test/test_layout.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
-# Each subsystem adds its own sources, tests and detection in a fragment beside its code:
-#   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and `make test-gpu` (first: the
-#                 others ask HAVE_CUDA)
+# Each folder adds its own sources, tests and detection in a fragment beside its code:
+#   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and GPU_TESTS (first: the others
+#                 ask HAVE_CUDA)
 #   tok/tok.mk    the tokenizer and `train_gpt prepare`
-#   quant.mk      DiLoCo's int8/int4 quantization
 #   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
-#   diloco.mk     the DiLoCo outer loop
 #   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
--include cuda/cuda.mk tok/tok.mk quant.mk net/net.mk diloco.mk bench/diloco/bench.mk
+-include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk
+
+# The CUDA encoder against the C reference, byte for byte: a GPU test.
+ifeq ($(HAVE_CUDA),1)
+  GPU_TESTS += $(BUILD)/test_quant_gpu
+endif
 
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
@@ -177,10 +184,31 @@ $(BUILD)/test_tool: $(BUILD)/test/tool.o $(BUILD)/libtrain_gpt.a
 $(BUILD)/reference_dump: $(BUILD)/test/reference_dump.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+# Bytes per parameter and encode / decode throughput of the quantizer (not in `make test`).
+.PHONY: bench-quant
+$(BUILD)/bench_quant_bytes: $(BUILD)/bench/quant_bytes.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+bench-quant: $(BUILD)/bench_quant_bytes
+	$(BUILD)/bench_quant_bytes configs/gpt-124m.conf
+
 test: all $(TEST_BINS) $(TOOLS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	@set -e; for t in $(TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
 	@echo "make test: all passed"
+
+# Every kernel against the CPU reference, the full step against the CPU step, then the
+# training-level checks (loss curve, resume, GPU → CPU checkpoint). Prints PASS / FAIL
+# lines with the measured errors; run on a machine with a GPU (docs/cuda.md).
+.PHONY: test-gpu
+ifeq ($(HAVE_CUDA),1)
+test-gpu: all $(GPU_TESTS) $(TOOLS)
+	@set -e; for t in $(GPU_TESTS); do echo "== $$t"; $$t; done
+	@set -e; for t in $(GPU_TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
+	@echo "make test-gpu: all passed"
+else
+test-gpu:
+	@echo "make test-gpu: this build has no CUDA backend ($(MSG_NVCC))"; exit 1
+endif
 
 clean:
 	rm -rf $(BUILD) train_gpt

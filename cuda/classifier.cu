@@ -1,7 +1,7 @@
 // cuda/classifier.cu — cross-entropy + z-loss and their gradient, fused, over one chunk of
 // rows of logits.
 //
-// The classifier never holds B·T·V logits: cuda/model.cu runs it over chunks of rows (a
+// The classifier never holds B·T·V logits: train_gpt.cu's GPU model runs it over chunks of rows (a
 // chunk's fp32 logits and bf16 gradient are bounded to a fixed size whatever the
 // vocabulary), and for each chunk this kernel turns the logits into per-row loss terms and
 // the bf16 gradient that the two backward matmuls of the head read. The logits are fp32

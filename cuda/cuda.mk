@@ -4,13 +4,14 @@
 #   nvcc       /usr/local/cuda/bin/nvcc or nvcc on PATH; without it: a CPU-only build
 #   cuBLASLt   header and library next to nvcc (or the distribution's); required with nvcc
 #   cuDNN      cudnn.h + libcudnn (detected only: this version's attention is its own kernel)
-# With nvcc and cuBLASLt the kernels under cuda/ and cuda/model.cu go into the library, and
+# With nvcc and cuBLASLt the kernels under cuda/ go into the library, nvcc compiles
+# train_gpt.cu with its GPU section and quant.cu with its kernels, and
 # train_gpt links the CUDA runtime statically (cudart_static: the binary starts, and
 # device = auto falls back to the CPU, on machines without an NVIDIA driver) and cuBLASLt
 # dynamically with an rpath. Never -lcuda: the toolkit's stub would make the binary
 # unloadable on GPU nodes' real drivers and on machines without one.
 #
-#   make NO_CUDA=1                      the CPU-only build (cuda/stub.c answers for the GPU)
+#   make NO_CUDA=1                      the CPU-only build (train_gpt.cu without its GPU section)
 #   make CUDA_ARCH="-gencode ..."       other GPUs (default: sm_80 + sm_90, and compute_90
 #                                       PTX so that newer GPUs can JIT-compile it)
 #   make CUDA_WERROR=1                  nvcc warnings (host and device) become errors
@@ -69,7 +70,7 @@ endif
 
 # The build mode as an object file in the library: switching between NO_CUDA=1 and a CUDA
 # build in the same build directory rewrites it, which makes the library rebuild with the
-# right objects (cuda/stub.o or the CUDA ones).
+# right objects (the CUDA kernels or none).
 CUDA_MODE := $(if $(HAVE_CUDA),cuda $(CUDA_ARCH),cpu-only)
 CUDA_MODE_STALE := $(shell mkdir -p $(BUILD) && \
     (test "`cat $(BUILD)/cuda_mode.txt 2>/dev/null`" = "$(CUDA_MODE)" || echo "$(CUDA_MODE)" > $(BUILD)/cuda_mode.txt))
@@ -79,9 +80,9 @@ $(BUILD)/cuda_mode.o: $(BUILD)/cuda_mode.txt
 $(BUILD)/libtrain_gpt.a: $(BUILD)/cuda_mode.o
 
 ifeq ($(HAVE_CUDA),1)
-  # One concern per file (docs/cuda.md); cuda/model.cu assembles them into the model.
-  CUDA_SRC := cuda/probe.cu cuda/matmul.cu cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu \
-              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu cuda/model.cu
+  # One concern per file (docs/cuda.md); train_gpt.cu's GPU section assembles them into the model.
+  CUDA_SRC := cuda/matmul.cu cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu \
+              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu
   CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   NVCC_WARN := -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
   ifeq ($(CUDA_WERROR),1)
@@ -98,24 +99,12 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
 
 $(BUILD)/libtrain_gpt.a: $(CUDA_OBJ)
-else
-  LIB_SRC += cuda/stub.c
 endif
+# The .cu files of the library and train_gpt.cu are compiled by nvcc or by the host C++
+# compiler: a change of mode recompiles them.
+$(BUILD)/train_gpt.o $(BUILD)/quant.o: $(BUILD)/cuda_mode.txt
 
-# ---------------------------------------------------------------- make test-gpu
-# Every kernel against the CPU reference, the full step against the CPU step, then the
-# training-level checks (loss curve, resume, GPU → CPU checkpoint). Prints PASS / FAIL
-# lines with the measured errors; run on a machine with a GPU.
-.PHONY: test-gpu
-ifeq ($(HAVE_CUDA),1)
-test-gpu: all $(GPU_TESTS) $(TOOLS)
-	@set -e; for t in $(GPU_TESTS); do echo "== $$t"; $$t; done
-	@set -e; for t in $(GPU_TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
-	@echo "make test-gpu: all passed"
-else
-test-gpu:
-	@echo "make test-gpu: this build has no CUDA backend ($(MSG_NVCC))"; exit 1
-endif
+# `make test-gpu` (the Makefile, after every fragment has added to GPU_TESTS) runs them.
 
 # ---------------------------------------------------------------- make bench-gpu, bench-kernels
 # bench-gpu: one row of train_gpt against PyTorch 2 (gpt-1b, seq 4096, causal; other rows:

@@ -1,5 +1,5 @@
 // cuda/kernels.h — the launchers of every kernel of the CUDA backend, one section per file
-// under cuda/, each with its tensor shapes. cuda/model.cu builds the model from them and
+// under cuda/, each with its tensor shapes. train_gpt.cu's GPU section builds the model from them and
 // test/test_gpu_kernels.cu checks each against its CPU reference in cpu/ops.c.
 //
 // Precision (docs/cuda.md): activations and matmul weights are bf16; everything that

@@ -1,8 +1,8 @@
 // llmc/device.c — choosing the device and the MFU peak table (see llmc/device.h).
 //
-// The probe of the CUDA runtime lives in cuda/probe.cu (built when nvcc is found) or in
-// cuda/stub.c (CPU-only builds); this file only interprets its answer, so it compiles
-// and is tested the same way in both builds.
+// The probe of the CUDA runtime is train_gpt.cu's (its GPU section, or "no CUDA backend"
+// without nvcc); this file only interprets its answer, so it compiles and is tested the
+// same way in both builds.
 #include "llmc/device.h"
 
 #include <stdio.h>
@@ -48,21 +48,7 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
 
 // ---------------------------------------------------------------- choosing
 
-const gpu_info *device_gpu_info(void) {
-    // The process has one set of GPUs; the runtime is asked once.
-    static gpu_info info;
-    static bool probed = false;
-    if (!probed) {
-        memset(&info, 0, sizeof info);
-        cuda_probe_device(&info);
-        probed = true;
-    }
-    return &info;
-}
-
-bool device_has_cuda_backend(void) { return cuda_probe_compiled(); }
-
-device_kind device_choose(const char *key, char *why, size_t why_bytes) {
+device_kind device_choose(const char *key, const gpu_info *g, char *why, size_t why_bytes) {
     if (!key || strcmp(key, "cpu") == 0) {
         snprintf(why, why_bytes, "device = cpu: training on the CPU");
         return DEVICE_CPU;
@@ -72,7 +58,6 @@ device_kind device_choose(const char *key, char *why, size_t why_bytes) {
         snprintf(why, why_bytes, "device: expected auto, cpu or cuda, got '%s'", key);
         return DEVICE_ERROR;
     }
-    const gpu_info *g = device_gpu_info();
     if (g->usable) {
         snprintf(why, why_bytes, "device = %s: GPU 0 is %s (sm_%d%d, %.1f GiB, %d SMs)", key, g->name, g->cc_major,
                  g->cc_minor, (double)g->memory_bytes / 1073741824.0, g->sm_count);
@@ -86,11 +71,10 @@ device_kind device_choose(const char *key, char *why, size_t why_bytes) {
     return DEVICE_ERROR;
 }
 
-double device_mfu_peak(device_kind kind, double configured, char *why, size_t why_bytes) {
+double device_mfu_peak(device_kind kind, double configured, const gpu_info *g, char *why, size_t why_bytes) {
     if (why_bytes) why[0] = 0;
     if (configured > 0) return configured;
     if (kind != DEVICE_CUDA) return 0.0;
-    const gpu_info *g = device_gpu_info();
     double peak = 0.0;
     if (gpu_peak_tflops(g->name, g->cc_major, g->cc_minor, &peak)) return peak;
     snprintf(why, why_bytes,

@@ -1,6 +1,6 @@
 // llmc/quant.h — blockwise quantization of DiLoCo outer gradients (int8 / int4), with optional
-// error feedback. The same functions exist in C (quant.c, the reference, used on the CPU
-// and for every decode) and in CUDA (quant.cu / llmc/quant_cuda.h, encode on the GPU).
+// error feedback. The same functions exist in C (quant.cu's host section, the reference,
+// used on the CPU and for every decode) and in CUDA (its GPU section, encode on the GPU).
 //
 // Layout of an encoded buffer of n values in blocks of `block` values (the last block may
 // be short), little-endian, byte for byte (docs/quant.md repeats it, with the error bounds):

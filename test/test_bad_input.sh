@@ -40,7 +40,19 @@ expect_error "key set twice in a file" "dup.conf:2: lr is set twice (first at li
 printf 'just some words\n' >"$tmp/garbage.conf"
 expect_error "line without '='" "garbage.conf:1: expected 'key = value'" "$TRAIN_GPT" "$tmp/garbage.conf"
 expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'" "$TRAIN_GPT" "$tmp/nothere.conf"
-expect_error "device = cuda without a CUDA backend" "device: cuda" "$TRAIN_GPT" "${base[@]}" --device cuda
+# The device on this machine, as train_gpt.cu's probe sees it. Without a usable GPU (CI: a
+# CUDA build and no driver, or a CPU-only build) cuda is an error naming the cause and the
+# fix, and auto trains on the CPU with a notice saying why; on a GPU machine both take it.
+"$TRAIN_GPT" "${base[@]}" --device auto --max_steps 1 --warmup_steps 0 --out_dir "$tmp/auto" >"$tmp/auto.log" 2>&1
+if grep -q "device = auto: GPU 0 is" "$tmp/auto.log"; then
+    say "  ok   device = auto takes this machine's GPU: $(grep -o 'GPU 0 is.*' "$tmp/auto.log" | head -n 1)"
+else
+    reason="this build has no CUDA backend\|the CUDA runtime reports error\|no CUDA device\|compute capability\|no kernels for GPU 0"
+    check "device = auto without a usable GPU: trains on the CPU, with the probe's reason" \
+        grep -q "device = auto: no usable GPU (\($reason\).*training on the CPU" "$tmp/auto.log"
+    expect_error "device = cuda without a usable GPU" "device: cuda was asked for, but \($reason\).*set device = cpu or auto" \
+        "$TRAIN_GPT" "${base[@]}" --device cuda
+fi
 expect_error "init_from a missing file" "init_from: no such file" "$TRAIN_GPT" "${base[@]}" --init_from "$tmp/none.safetensors"
 
 # --- data

@@ -1,14 +1,16 @@
 // test/test_device.c — device selection and the MFU peak table (llmc/device.h).
 //
 // The peak table: every row by the names the drivers report, the specific-before-generic
-// order (H100 NVL and PCIe are not taken for SXM), and unknown GPUs. Device selection on
-// whatever machine runs the test: without a usable GPU (a CPU-only build, or the CUDA
-// build on a machine without a driver, as in CI) `auto` falls back to the CPU and says why,
-// and `cuda` is an error naming the cause; with one, both choose the GPU.
+// order (H100 NVL and PCIe are not taken for SXM), and unknown GPUs. Device selection from
+// the probe's answers (a usable GPU; a CUDA build without a driver, CI's case; a CPU-only
+// build): `auto` falls back to the CPU and says why, `cuda` is an error naming the cause
+// and the fix. What the real probe says on this machine is checked through the binary
+// (test/test_bad_input.sh).
 #include "check.h"
 #include "llmc/device.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static void expect_peak(const char *name, int major, int minor, double want) {
@@ -49,58 +51,67 @@ static void test_peak_table(void) {
     expect_unknown("NVIDIA H100 80GB HBM3", 8, 0);       // an H100 name on non-Hopper: not trusted
 }
 
+// Probe answers as train_gpt.cu's probe gives them.
+static gpu_info usable_h100(void) {
+    gpu_info g;
+    memset(&g, 0, sizeof g);
+    g.compiled = g.usable = true;
+    snprintf(g.name, sizeof g.name, "NVIDIA H100 80GB HBM3");
+    g.cc_major = 9;
+    g.memory_bytes = (int64_t)80 << 30;
+    g.sm_count = 132;
+    return g;
+}
+static gpu_info unusable(bool compiled, const char *why) {
+    gpu_info g;
+    memset(&g, 0, sizeof g);
+    g.compiled = compiled;
+    snprintf(g.why, sizeof g.why, "%s", why);
+    return g;
+}
+
 static void test_choose(void) {
     char why[1024];
-    EXPECT(device_choose("cpu", why, sizeof why) == DEVICE_CPU, "cpu");
+    gpu_info h100 = usable_h100();
+    gpu_info no_driver = unusable(true, "the CUDA runtime reports error 35 (insufficient driver): this machine has "
+                                        "no usable NVIDIA driver");
+    gpu_info cpu_only = unusable(false, "this build has no CUDA backend (built without nvcc or with NO_CUDA=1)");
+
+    EXPECT(device_choose("cpu", &h100, why, sizeof why) == DEVICE_CPU, "cpu, even with a GPU");
     EXPECT(strstr(why, "CPU") != NULL, "cpu: %s", why);
-    EXPECT(device_choose("gpu", why, sizeof why) == DEVICE_ERROR, "an unknown device key is an error");
+    EXPECT(device_choose("gpu", &h100, why, sizeof why) == DEVICE_ERROR, "an unknown device key is an error");
     EXPECT(strstr(why, "'gpu'") != NULL, "the error names the value: %s", why);
 
-    const gpu_info *g = device_gpu_info();
-    EXPECT(device_gpu_info() == g, "the probe is cached");
-    device_kind for_auto = device_choose("auto", why, sizeof why);
-    char why_auto[1024];
-    memcpy(why_auto, why, sizeof why);
-    device_kind for_cuda = device_choose("cuda", why, sizeof why);
-    printf("test_device: %s build; GPU probe: %s\n  auto: %s\n  cuda: %s\n",
-           device_has_cuda_backend() ? "CUDA" : "CPU-only", g->usable ? g->name : g->why, why_auto, why);
-    if (g->usable) {
-        EXPECT(device_has_cuda_backend(), "a usable GPU implies the CUDA backend");
-        EXPECT(for_auto == DEVICE_CUDA && for_cuda == DEVICE_CUDA, "a usable GPU is chosen by auto and cuda");
-        EXPECT(strstr(why_auto, g->name) != NULL, "auto names the GPU: %s", why_auto);
-        EXPECT(g->cc_major >= 8, "usable means compute capability 8.0 or newer");
-        return;
-    }
-    EXPECT(for_auto == DEVICE_CPU, "auto without a usable GPU falls back to the CPU");
-    EXPECT(strstr(why_auto, "training on the CPU") != NULL && strstr(why_auto, g->why) != NULL,
-           "auto says why: %s", why_auto);
-    EXPECT(for_cuda == DEVICE_ERROR, "cuda without a usable GPU is an error");
-    EXPECT(strncmp(why, "cuda was asked for, but ", 24) == 0 && strstr(why, g->why) && strstr(why, "device = cpu"),
-           "cuda's error names the cause and the fix: %s", why);
-    if (!device_has_cuda_backend()) {
-        EXPECT(strstr(g->why, "this build has no CUDA backend") != NULL, "CPU-only build: %s", g->why);
-    } else {
-        // The CUDA build on a machine without a (usable) GPU: CI's case. The runtime's own
-        // error number and meaning are in the reason.
-        EXPECT(strstr(g->why, "error 35 (insufficient driver)") || strstr(g->why, "no CUDA device") ||
-                   strstr(g->why, "compute capability") || strstr(g->why, "the CUDA runtime reports error"),
-               "CUDA build without a GPU: %s", g->why);
+    EXPECT(device_choose("auto", &h100, why, sizeof why) == DEVICE_CUDA, "auto takes a usable GPU");
+    EXPECT(strstr(why, h100.name) && strstr(why, "132 SMs"), "auto names the GPU: %s", why);
+    EXPECT(device_choose("cuda", &h100, why, sizeof why) == DEVICE_CUDA, "cuda takes a usable GPU");
+
+    const gpu_info *without[] = {&no_driver, &cpu_only};
+    for (int i = 0; i < 2; i++) {
+        const gpu_info *g = without[i];
+        EXPECT(device_choose("auto", g, why, sizeof why) == DEVICE_CPU, "auto without a usable GPU: the CPU");
+        EXPECT(strstr(why, "training on the CPU") && strstr(why, g->why), "auto says why: %s", why);
+        EXPECT(device_choose("cuda", g, why, sizeof why) == DEVICE_ERROR, "cuda without a usable GPU: an error");
+        EXPECT(strncmp(why, "cuda was asked for, but ", 24) == 0 && strstr(why, g->why) && strstr(why, "device = cpu"),
+               "cuda's error names the cause and the fix: %s", why);
     }
 }
 
 static void test_mfu_peak(void) {
     char why[512];
-    EXPECT(device_mfu_peak(DEVICE_CPU, 0.0, why, sizeof why) == 0.0 && why[0] == 0, "CPU: unknown, no warning");
-    EXPECT(device_mfu_peak(DEVICE_CPU, 123.0, why, sizeof why) == 123.0, "peak_tflops is used on the CPU");
-    EXPECT(device_mfu_peak(DEVICE_CUDA, 700.0, why, sizeof why) == 700.0 && why[0] == 0,
+    gpu_info h100 = usable_h100(), l40s = usable_h100();
+    snprintf(l40s.name, sizeof l40s.name, "NVIDIA L40S");
+    l40s.cc_major = 8;
+    l40s.cc_minor = 9;
+    EXPECT(device_mfu_peak(DEVICE_CPU, 0.0, &h100, why, sizeof why) == 0.0 && why[0] == 0, "CPU: unknown, no warning");
+    EXPECT(device_mfu_peak(DEVICE_CPU, 123.0, &h100, why, sizeof why) == 123.0, "peak_tflops is used on the CPU");
+    EXPECT(device_mfu_peak(DEVICE_CUDA, 700.0, &h100, why, sizeof why) == 700.0 && why[0] == 0,
            "peak_tflops overrides the table");
-    const gpu_info *g = device_gpu_info();
-    double table = 0.0;
-    double peak = device_mfu_peak(DEVICE_CUDA, 0.0, why, sizeof why);
-    if (gpu_peak_tflops(g->name, g->cc_major, g->cc_minor, &table))
-        EXPECT(peak == table && why[0] == 0, "a known GPU: the table's %.1f, got %.1f", table, peak);
-    else
-        EXPECT(peak == 0.0 && strstr(why, "mfu is logged as null"), "an unknown GPU: 0 and a warning: %s", why);
+    double peak = device_mfu_peak(DEVICE_CUDA, 0.0, &h100, why, sizeof why);
+    EXPECT(peak == 989.0 && why[0] == 0, "a known GPU: the table's 989, got %.1f", peak);
+    peak = device_mfu_peak(DEVICE_CUDA, 0.0, &l40s, why, sizeof why);
+    EXPECT(peak == 0.0 && strstr(why, "mfu is logged as null") && strstr(why, "L40S"),
+           "an unknown GPU: 0 and a warning naming it: %s", why);
 }
 
 int main(void) {

@@ -1,4 +1,4 @@
-# GPU training checks against the CPU backend (make test-gpu; needs a GPU and train.c's
+# GPU training checks against the CPU backend (make test-gpu; needs a GPU and train_gpt.cu's
 # device = cuda wiring). On test/configs/gpu_tiny.conf with a synthetic learnable shard:
 #   1. 50 steps on the CPU and on the GPU: every step's loss within 5 % of the CPU's and the
 #      mean of each 10-step window within 2 %; mfu is a number on a GPU of the peak table
@@ -27,7 +27,7 @@ run() {  # run OUT_DIR DEVICE [--key value]...
 if ! run "$tmp/probe" cuda --max_steps 1 --warmup_steps 0 --ckpt_every 0; then
     say "  FAIL train_gpt --device cuda did not run:"
     tail -n 3 "$tmp/probe.log"
-    die "test_gpu_train: needs a GPU and train.c's CUDA wiring"
+    die "test_gpu_train: needs a GPU and train_gpt.cu's CUDA wiring"
 fi
 
 # Loss curves of two metrics files compared over the steps both have (FROM..TO): every step

@@ -1,4 +1,4 @@
-// test/test_quant.c — quant.c, the blockwise int8 / int4 quantizer of DiLoCo's outer
+// test/test_quant.c — quant.cu's C reference, the blockwise int8 / int4 quantizer of DiLoCo's outer
 // gradients, against hand-made bytes, a naive reference encoder, derived error bounds, and
 // the error-feedback identity.
 //

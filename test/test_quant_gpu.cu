@@ -1,4 +1,4 @@
-// test/test_quant_gpu.cu — quant.cu against quant.c: the GPU encoder must write the same
+// test/test_quant_gpu.cu — quant.cu's GPU section against its C reference: the GPU encoder must write the same
 // bytes as the C reference, and update the residual to the same bits, for every kind,
 // block size and data shape; the GPU decoder must give the same bits as quant_decode.
 // Run by `make test-gpu` (cuda.mk) on a machine with a GPU. There is no tolerance anywhere:
@@ -124,20 +124,20 @@ static void compare(quant_kind k, int64_t n, int64_t block, int shape, bool feed
 
     size_t at = 0;
     while (at < bytes && got[at] == want[at]) at++;
-    EXPECT(at == bytes, "%s n=%lld block=%lld %s%s: byte %zu of %zu is %02x, quant.c wrote %02x", name, (long long)n,
+    EXPECT(at == bytes, "%s n=%lld block=%lld %s%s: byte %zu of %zu is %02x, the C reference wrote %02x", name, (long long)n,
            (long long)block, shape_names[shape], feedback ? " +feedback" : "", at, bytes, at < bytes ? got[at] : 0,
            at < bytes ? want[at] : 0);
     int64_t where = 0;
     if (feedback)
-        EXPECT(same_floats(r_gpu, r, n, &where), "%s n=%lld block=%lld %s: residual[%lld] %a, quant.c %a", name,
+        EXPECT(same_floats(r_gpu, r, n, &where), "%s n=%lld block=%lld %s: residual[%lld] %a, C reference %a", name,
                (long long)n, (long long)block, shape_names[shape], (long long)where, r_gpu[where], r[where]);
 
-    // Decode quant.c's bytes on both sides.
+    // Decode the C reference's bytes on both sides.
     CUDA_CHECK(cudaMemcpy(d.enc, want, bytes, cudaMemcpyHostToDevice));
     quant_decode_cuda(k, d.enc, n, block, d.back, 0);
     CUDA_CHECK(cudaMemcpy(back_gpu, d.back, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     quant_decode(k, want, n, block, back);
-    EXPECT(same_floats(back_gpu, back, n, &where), "%s n=%lld block=%lld %s: decoded[%lld] %a, quant.c %a", name,
+    EXPECT(same_floats(back_gpu, back, n, &where), "%s n=%lld block=%lld %s: decoded[%lld] %a, C reference %a", name,
            (long long)n, (long long)block, shape_names[shape], (long long)where, back_gpu[where], back[where]);
 
     device_free(d);
@@ -194,7 +194,7 @@ int main(void) {
                         cases++;
                     }
                 }
-    printf("test_quant_gpu: %d cases compared with quant.c\n", cases);
+    printf("test_quant_gpu: %d cases compared with the C reference\n", cases);
     const int64_t n_124m = 121193472; // configs/gpt-124m.conf
     for (int k = 1; k < 3; k++) {
         throughput((quant_kind)k, n_124m, 128);

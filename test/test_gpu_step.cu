@@ -1,4 +1,5 @@
-// test/test_gpu_step.c — the CUDA model (cuda/backend.h) against the CPU model, whole steps,
+// test/test_gpu_step.cu — the GPU model (train_gpt.cu's GPU section, which this test
+// includes with -DTESTING, as llm.c's test_gpt2.cu does) against the CPU model, whole steps,
 // on three small configurations that between them take every path: tied and untied head,
 // QK-norm on and off, NoPE layers, document masking on and off, head_dim 32, 64 and 128,
 // T not a multiple of the attention tile. `make test-gpu` runs it on a machine with a GPU.
@@ -27,12 +28,8 @@
 //   - the same 8 steps again from the same upload: bit-identical losses and weights;
 //   - validation loss within 1 % (and the same bits twice); logits within 2 % (L2);
 //   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged.
-#include "llmc/common.h"
-#include "llmc/config.h"
-#include "cpu/model.h"
-#include "cuda/backend.h"
-#include "llmc/device.h"
-#include "llmc/params.h"
+#define TESTING
+#include "train_gpt.cu"
 #include "llmc/optim.h"
 #include "llmc/rng.h"
 
@@ -117,7 +114,7 @@ static void run_case(const test_case *tc) {
           *m_cpu = alloc_floats((size_t)n), *v_cpu = alloc_floats((size_t)n), *g_gpu = alloc_floats((size_t)n),
           *p_gpu = alloc_floats((size_t)n), *m_gpu = alloc_floats((size_t)n), *v_gpu = alloc_floats((size_t)n);
     param_init(&t, p0, 42);
-    int32_t *in = xmalloc((size_t)(2 * N) * sizeof *in), *tg = xmalloc((size_t)(2 * N) * sizeof *tg);
+    int32_t *in = (int32_t *)xmalloc((size_t)(2 * N) * sizeof *in), *tg = (int32_t *)xmalloc((size_t)(2 * N) * sizeof *tg);
     rng_state r;
     rng_seed(&r, 7, 3);
     random_batch(&r, &tc->m, B, in, tg);
@@ -272,7 +269,7 @@ static void run_case(const test_case *tc) {
 
 int main(void) {
     char why[1024];
-    if (device_choose("cuda", why, sizeof why) != DEVICE_CUDA) {
+    if (device_choose("cuda", gpu_probe(), why, sizeof why) != DEVICE_CUDA) {
         printf("FAIL test_gpu_step needs a GPU: %s\n", why);
         return 1;
     }
