@@ -243,7 +243,7 @@ static void profile_free(kernel_profile *p) {
 struct cuda_model {
     const param_table *table;
     model_config cfg;
-    int64_t B, T, N, C, F, V, Hq, Hkv, D, L, QD, KD, QKV;
+    model_dims dims;           // llmc/params.h
     float eps;
     bool sizing_only;          // count bytes, allocate nothing, touch no GPU (memory plans)
     int64_t device_bytes;
@@ -330,7 +330,7 @@ static int64_t tensor_offset(const cuda_model *m, param_kind kind, int layer) {
 
 // The stacked matmuls need q/k/v and gate/up adjacent in the flat layout (llmc/params.c's order).
 static void check_layout(const cuda_model *m) {
-    for (int l = 0; l < (int)m->L; l++) {
+    for (int l = 0; l < (int)m->dims.L; l++) {
         const param_info *q = param_find(m->table, P_WQ, l), *k = param_find(m->table, P_WK, l),
                          *v = param_find(m->table, P_WV, l), *g = param_find(m->table, P_W_GATE, l),
                          *u = param_find(m->table, P_W_UP, l);
@@ -343,6 +343,88 @@ static void check_layout(const cuda_model *m) {
     }
 }
 
+// Every device buffer of the model in one table, with its element type and count (fields
+// of cuda_model and of each layer's layer_acts): create() allocates from it, or only adds
+// up its bytes for a memory plan, and cuda_model_free() releases from it. The counts need
+// m->dims, num_chunks, ld_logits and chunk_rows, and the host arrays resid and layers.
+typedef struct {
+    void **slot;    // the pointer to fill
+    int64_t count;  // elements
+    size_t elem;    // bytes per element
+} device_buffer;
+
+// The table (caller frees); *count receives its length.
+static device_buffer *device_buffers(cuda_model *m, int *count) {
+    const model_dims *d = &m->dims;
+    int64_t N = d->N, C = d->C, F = d->F, numel = m->table->numel;
+    int cap = 64 + 13 * (int)(d->L + 1), n = 0;  // 13 per layer with the residual, fewer than 64 others
+    device_buffer *b = (device_buffer *)xcalloc((size_t)cap, sizeof *b);
+#define BUFFER(ptr, type, elems)            \
+    do {                                    \
+        CHECK(n < cap);                     \
+        b[n].slot = (void **)&(ptr);        \
+        b[n].count = (int64_t)(elems);      \
+        b[n].elem = sizeof(type);           \
+        n++;                                \
+    } while (0)
+    BUFFER(m->params, float, numel);  // fp32 master weights, gradients, AdamW's moments
+    BUFFER(m->grads, float, numel);
+    BUFFER(m->exp_avg, float, numel);
+    BUFFER(m->exp_avg_sq, float, numel);
+    BUFFER(m->params_bf16, bf16, numel);  // the matmuls' copy
+    BUFFER(m->chunks, adamw_chunk, m->num_chunks);
+    for (int64_t l = 0; l <= d->L; l++) BUFFER(m->resid[l], float, N * C);  // the residual stream
+    for (int64_t l = 0; l < d->L; l++) {  // what each layer keeps for its backward
+        layer_acts *a = &m->layers[l];
+        BUFFER(a->resid_mid, float, N * C);
+        BUFFER(a->attn_in, bf16, N * C);
+        BUFFER(a->attn_rstd, float, N);
+        BUFFER(a->qkv, bf16, N * d->QKV);
+        if (m->cfg.qk_norm) {
+            BUFFER(a->qk, bf16, N * (d->QD + d->KD));
+            BUFFER(a->qk_rstd, float, N * (d->Hq + d->Hkv));
+        }
+        BUFFER(a->att, bf16, N * d->QD);
+        BUFFER(a->lse, float, N * d->Hq);
+        BUFFER(a->mlp_in, bf16, N * C);
+        BUFFER(a->mlp_rstd, float, N);
+        BUFFER(a->gate_up, bf16, N * 2 * F);
+        BUFFER(a->act, bf16, N * F);
+    }
+    BUFFER(m->final_out, bf16, N * C);
+    BUFFER(m->final_rstd, float, N);
+    BUFFER(m->rope_cos, float, d->T * (d->D / 2));
+    BUFFER(m->rope_sin, float, d->T * (d->D / 2));
+    BUFFER(m->d_inputs, int32_t, N);  // a micro-batch's inputs
+    BUFFER(m->d_targets, int32_t, N);
+    BUFFER(m->d_start, int32_t, N);
+    BUFFER(m->d_pos, int32_t, N);
+    BUFFER(m->d_unique, int32_t, N);
+    BUFFER(m->d_offsets, int32_t, N + 1);
+    BUFFER(m->d_positions, int32_t, N);
+    BUFFER(m->d_resid, float, N * C);  // backward scratch, shared by the layers
+    BUFFER(m->d_resid_bf16, bf16, N * C);
+    BUFFER(m->d_norm, float, N * C);
+    BUFFER(m->d_final, float, N * C);
+    BUFFER(m->d_att, bf16, N * d->QD);
+    BUFFER(m->d_qkv, bf16, N * d->QKV);
+    BUFFER(m->d_act, bf16, N * F);
+    BUFFER(m->d_gate_up, bf16, N * 2 * F);
+    BUFFER(m->delta, float, N * d->Hq);
+    BUFFER(m->gain_scratch, float,
+           max_i64(rmsnorm_gain_scratch_floats(N, C), qknorm_gain_scratch_floats(N, (int)d->Hq, (int)d->D)));
+    BUFFER(m->logits, float, m->chunk_rows * m->ld_logits);  // the classifier, a chunk of rows at a time
+    BUFFER(m->dlogits, bf16, m->chunk_rows * m->ld_logits);
+    BUFFER(m->row_ce, float, N);
+    BUFFER(m->row_lse, float, N);
+    BUFFER(m->st, step_scalars, 1);  // the step's scalars
+    BUFFER(m->norm_partials, double, GRAD_NORM_BLOCKS);
+    BUFFER(m->eval_sums, double, 2);
+#undef BUFFER
+    *count = n;
+    return b;
+}
+
 static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizing_only) {
     const model_config *c = &t->cfg;
     CHECK(B >= 1 && T >= 1 && T <= c->seq_len);
@@ -350,19 +432,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
     m->table = t;
     m->cfg = *c;
     m->sizing_only = sizing_only;
-    m->B = B;
-    m->T = T;
-    m->N = B * T;
-    m->C = c->d_model;
-    m->F = c->d_ff;
-    m->V = c->vocab_size;
-    m->Hq = c->n_head;
-    m->Hkv = c->n_kv_head;
-    m->D = c->head_dim;
-    m->L = c->n_layer;
-    m->QD = m->Hq * m->D;
-    m->KD = m->Hkv * m->D;
-    m->QKV = m->QD + 2 * m->KD;
+    m->dims = model_dims_of(c, B, T);
     m->eps = (float)c->norm_eps;
     check_layout(m);
     // The fast attention kernels exist for head_dim 32, 64 and 128. Another head_dim would
@@ -371,110 +441,54 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
     const char *choice = getenv("TRAIN_GPT_ATTENTION");
     m->simple_attention = choice && strcmp(choice, "simple") == 0;
     if (!sizing_only) {
-        if (m->D % 8 != 0 || m->D > 256)
-            fail("head_dim %lld: the CUDA backend needs a multiple of 8, at most 256", (long long)m->D);
-        if (!m->simple_attention && !attention_supports_head_dim((int)m->D))
+        if (m->dims.D % 8 != 0 || m->dims.D > 256)
+            fail("head_dim %lld: the CUDA backend needs a multiple of 8, at most 256", (long long)m->dims.D);
+        if (!m->simple_attention && !attention_supports_head_dim((int)m->dims.D))
             fail("head_dim %lld: the CUDA backend's attention kernels support head_dim 32, 64 and 128 (set "
                  "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
-                 (long long)m->D);
+                 (long long)m->dims.D);
     }
 
-    int64_t N = m->N, C = m->C, F = m->F, numel = t->numel;
+    int64_t N = m->dims.N, numel = t->numel;
     if (!sizing_only) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
         m->mm = matmul_create();
     }
     m->device_bytes += 32 << 20;  // the matmul workspace (matmul.cu)
 
-    m->params = TAKE(m, float, numel);
-    m->grads = TAKE(m, float, numel);
-    m->exp_avg = TAKE(m, float, numel);
-    m->exp_avg_sq = TAKE(m, float, numel);
-    m->params_bf16 = TAKE(m, bf16, numel);
-
     // AdamW's chunks: each inside one tensor, at most ADAMW_CHUNK_ELEMS long.
     for (int i = 0; i < t->count; i++) m->num_chunks += cdiv(t->params[i].numel, ADAMW_CHUNK_ELEMS);
-    m->chunks = TAKE(m, adamw_chunk, m->num_chunks);
-    if (!sizing_only) {
-        adamw_chunk *host = (adamw_chunk *)xmalloc((size_t)m->num_chunks * sizeof *host);
-        int64_t at = 0;
-        for (int i = 0; i < t->count; i++) {
-            const param_info *p = &t->params[i];
-            for (int64_t s = 0; s < p->numel; s += ADAMW_CHUNK_ELEMS) {
-                host[at].start = p->offset + s;
-                host[at].count = (int32_t)min_i64(ADAMW_CHUNK_ELEMS, p->numel - s);
-                host[at].decay = p->decay ? 1 : 0;
-                at++;
-            }
-        }
-        CUDA_CHECK(cudaMemcpy(m->chunks, host, (size_t)m->num_chunks * sizeof *host, cudaMemcpyHostToDevice));
-        free(host);
-        CUDA_CHECK(cudaMemset(m->grads, 0, (size_t)numel * sizeof(float)));
-    }
-
-    m->resid = (float **)xcalloc((size_t)m->L + 1, sizeof *m->resid);
-    for (int64_t l = 0; l <= m->L; l++) m->resid[l] = TAKE(m, float, N * C);
-    m->layers = (layer_acts *)xcalloc((size_t)m->L, sizeof *m->layers);
-    for (int64_t l = 0; l < m->L; l++) {
-        layer_acts *a = &m->layers[l];
-        a->resid_mid = TAKE(m, float, N * C);
-        a->attn_in = TAKE(m, bf16, N * C);
-        a->attn_rstd = TAKE(m, float, N);
-        a->qkv = TAKE(m, bf16, N * m->QKV);
-        if (c->qk_norm) {
-            a->qk = TAKE(m, bf16, N * (m->QD + m->KD));
-            a->qk_rstd = TAKE(m, float, N * (m->Hq + m->Hkv));
-        }
-        a->att = TAKE(m, bf16, N * m->QD);
-        a->lse = TAKE(m, float, N * m->Hq);
-        a->mlp_in = TAKE(m, bf16, N * C);
-        a->mlp_rstd = TAKE(m, float, N);
-        a->gate_up = TAKE(m, bf16, N * 2 * F);
-        a->act = TAKE(m, bf16, N * F);
-    }
-    m->final_out = TAKE(m, bf16, N * C);
-    m->final_rstd = TAKE(m, float, N);
-    m->rope_cos = TAKE(m, float, T * (m->D / 2));
-    m->rope_sin = TAKE(m, float, T * (m->D / 2));
-
-    m->d_inputs = TAKE(m, int32_t, N);
-    m->d_targets = TAKE(m, int32_t, N);
-    m->d_start = TAKE(m, int32_t, N);
-    m->d_pos = TAKE(m, int32_t, N);
-    m->d_unique = TAKE(m, int32_t, N);
-    m->d_offsets = TAKE(m, int32_t, N + 1);
-    m->d_positions = TAKE(m, int32_t, N);
-
-    m->d_resid = TAKE(m, float, N * C);
-    m->d_resid_bf16 = TAKE(m, bf16, N * C);
-    m->d_norm = TAKE(m, float, N * C);
-    m->d_final = TAKE(m, float, N * C);
-    m->d_att = TAKE(m, bf16, N * m->QD);
-    m->d_qkv = TAKE(m, bf16, N * m->QKV);
-    m->d_act = TAKE(m, bf16, N * F);
-    m->d_gate_up = TAKE(m, bf16, N * 2 * F);
-    m->delta = TAKE(m, float, N * m->Hq);
-    int64_t scratch = max_i64(rmsnorm_gain_scratch_floats(N, C), qknorm_gain_scratch_floats(N, (int)m->Hq, (int)m->D));
-    m->gain_scratch = TAKE(m, float, scratch);
-
     // Rows of the logits' row stride padded to 64 elements: aligned rows for the kernels.
-    m->ld_logits = (m->V + 63) / 64 * 64;
+    m->ld_logits = (m->dims.V + 63) / 64 * 64;
     m->chunk_rows = max_i64(1, min_i64(N, LOGITS_CHUNK_BYTES / (m->ld_logits * 6)));
-    m->logits = TAKE(m, float, m->chunk_rows * m->ld_logits);
-    m->dlogits = TAKE(m, bf16, m->chunk_rows * m->ld_logits);
-    m->row_ce = TAKE(m, float, N);
-    m->row_lse = TAKE(m, float, N);
-
-    m->st = TAKE(m, step_scalars, 1);
-    m->norm_partials = TAKE(m, double, GRAD_NORM_BLOCKS);
-    m->eval_sums = TAKE(m, double, 2);
+    m->resid = (float **)xcalloc((size_t)m->dims.L + 1, sizeof *m->resid);
+    m->layers = (layer_acts *)xcalloc((size_t)m->dims.L, sizeof *m->layers);
+    int count = 0;
+    device_buffer *buffers = device_buffers(m, &count);
+    for (int i = 0; i < count; i++) *buffers[i].slot = take_bytes(m, buffers[i].count * (int64_t)buffers[i].elem);
+    free(buffers);
     if (sizing_only) return m;
 
+    adamw_chunk *host = (adamw_chunk *)xmalloc((size_t)m->num_chunks * sizeof *host);
+    int64_t at = 0;
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        for (int64_t s = 0; s < p->numel; s += ADAMW_CHUNK_ELEMS) {
+            host[at].start = p->offset + s;
+            host[at].count = (int32_t)min_i64(ADAMW_CHUNK_ELEMS, p->numel - s);
+            host[at].decay = p->decay ? 1 : 0;
+            at++;
+        }
+    }
+    CUDA_CHECK(cudaMemcpy(m->chunks, host, (size_t)m->num_chunks * sizeof *host, cudaMemcpyHostToDevice));
+    free(host);
+    CUDA_CHECK(cudaMemset(m->grads, 0, (size_t)numel * sizeof(float)));
+
     CUDA_CHECK(cudaMemset(m->st, 0, sizeof(step_scalars)));
-    float *cos_h = alloc_floats((size_t)(T * (m->D / 2))), *sin_h = alloc_floats((size_t)(T * (m->D / 2)));
-    rope_tables(cos_h, sin_h, T, m->D, c->rope_theta);
-    CUDA_CHECK(cudaMemcpy(m->rope_cos, cos_h, (size_t)(T * (m->D / 2)) * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m->rope_sin, sin_h, (size_t)(T * (m->D / 2)) * sizeof(float), cudaMemcpyHostToDevice));
+    float *cos_h = alloc_floats((size_t)(T * (m->dims.D / 2))), *sin_h = alloc_floats((size_t)(T * (m->dims.D / 2)));
+    rope_tables(cos_h, sin_h, T, m->dims.D, c->rope_theta);
+    CUDA_CHECK(cudaMemcpy(m->rope_cos, cos_h, (size_t)(T * (m->dims.D / 2)) * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->rope_sin, sin_h, (size_t)(T * (m->dims.D / 2)) * sizeof(float), cudaMemcpyHostToDevice));
     free(cos_h);
     free(sin_h);
 
@@ -491,7 +505,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
         sl->offsets = block + 6 * N;  // N + 1
         CUDA_CHECK(cudaEventCreateWithFlags(&sl->copied, cudaEventDisableTiming));
     }
-    m->bucket_counts = (int32_t *)xcalloc((size_t)m->V, sizeof(int32_t));
+    m->bucket_counts = (int32_t *)xcalloc((size_t)m->dims.V, sizeof(int32_t));
     CUDA_CHECK(cudaMallocHost((void **)&m->results, RESULT_SLOTS * sizeof(step_scalars)));
     CUDA_CHECK(cudaMallocHost((void **)&m->eval_result, 2 * sizeof(double)));
     for (int s = 0; s < RESULT_SLOTS; s++) {
@@ -543,20 +557,10 @@ void cuda_model_free(cuda_model *m) {
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (m->profile) profile_print(m->profile);
     profile_free(m->profile);
-    for (int64_t l = 0; l <= m->L; l++) cudaFree(m->resid[l]);
-    for (int64_t l = 0; l < m->L; l++) {
-        layer_acts *a = &m->layers[l];
-        void *bufs[] = {a->resid_mid, a->attn_in, a->attn_rstd, a->qkv, a->qk, a->qk_rstd,
-                        a->att,       a->lse,     a->mlp_in,    a->mlp_rstd, a->gate_up, a->act};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
-    }
-    void *bufs[] = {m->params,   m->grads,      m->exp_avg,    m->exp_avg_sq,  m->params_bf16, m->chunks,
-                    m->final_out, m->final_rstd, m->rope_cos,   m->rope_sin,    m->d_inputs,    m->d_targets,
-                    m->d_start,  m->d_pos,      m->d_unique,   m->d_offsets,   m->d_positions, m->d_resid,
-                    m->d_resid_bf16, m->d_norm, m->d_final,    m->d_att,       m->d_qkv,       m->d_act,
-                    m->d_gate_up, m->delta,     m->gain_scratch, m->logits,    m->dlogits,     m->row_ce,
-                    m->row_lse,  m->st,         m->norm_partials, m->eval_sums};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    int count = 0;
+    device_buffer *buffers = device_buffers(m, &count);
+    for (int i = 0; i < count; i++) cudaFree(*buffers[i].slot);
+    free(buffers);
     for (int s = 0; s < INPUT_SLOTS; s++) {
         cudaFreeHost(m->slots[s].inputs);
         cudaEventDestroy(m->slots[s].copied);
@@ -640,13 +644,13 @@ void cuda_model_poison_grad(cuda_model *m) {
 static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T,
                          bool buckets) {
     mark(m, K_INPUTS);
-    CHECK(B >= 1 && T >= 1 && B * T <= m->N && T <= m->T);
+    CHECK(B >= 1 && T >= 1 && B * T <= m->dims.N && T <= m->dims.T);
     int64_t N = B * T;
     for (int64_t i = 0; i < N; i++) {
-        if (inputs[i] < 0 || inputs[i] >= m->V)
-            fail("input token %d is outside the vocabulary (vocab_size %lld)", inputs[i], (long long)m->V);
-        if (targets && (targets[i] < 0 || targets[i] >= m->V))
-            fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->V);
+        if (inputs[i] < 0 || inputs[i] >= m->dims.V)
+            fail("input token %d is outside the vocabulary (vocab_size %lld)", inputs[i], (long long)m->dims.V);
+        if (targets && (targets[i] < 0 || targets[i] >= m->dims.V))
+            fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->dims.V);
     }
     input_slot *sl = &m->slots[m->next_slot];
     m->next_slot = (m->next_slot + 1) % INPUT_SLOTS;
@@ -679,36 +683,58 @@ static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *ta
 #define W32(kind, layer) (m->params + tensor_offset(m, kind, layer))
 #define G32(kind, layer) (m->grads + tensor_offset(m, kind, layer))
 
-typedef struct {
-    const bf16 *q, *k, *v;
-    int64_t q_stride, k_stride, v_stride;
-} qkv_view;
-
-// Where the attention reads q, k and v of layer l (after QK-norm and RoPE).
-static qkv_view attention_inputs(const cuda_model *m, const layer_acts *a) {
-    qkv_view view;
+// Where layer a's attention reads q, k and v (after QK-norm and RoPE), for B × T tokens.
+static attention_inputs attention_inputs_of(const cuda_model *m, const layer_acts *a, int64_t B, int64_t T) {
+    const model_dims *d = &m->dims;
+    attention_inputs in;
+    memset(&in, 0, sizeof in);
     if (m->cfg.qk_norm) {
-        view.q = a->qk;
-        view.k = a->qk + m->QD;
-        view.q_stride = view.k_stride = m->QD + m->KD;
+        in.q = a->qk;
+        in.k = a->qk + d->QD;
+        in.q_stride = in.k_stride = d->QD + d->KD;
     } else {
-        view.q = a->qkv;
-        view.k = a->qkv + m->QD;
-        view.q_stride = view.k_stride = m->QKV;
+        in.q = a->qkv;
+        in.k = a->qkv + d->QD;
+        in.q_stride = in.k_stride = d->QKV;
     }
-    view.v = a->qkv + m->QD + m->KD;
-    view.v_stride = m->QKV;
-    return view;
+    in.v = a->qkv + d->QD + d->KD;
+    in.v_stride = d->QKV;
+    in.start = m->d_start;
+    in.B = B;
+    in.T = T;
+    in.Hq = (int)d->Hq;
+    in.Hkv = (int)d->Hkv;
+    in.D = (int)d->D;
+    return in;
+}
+
+// What QK-norm (when the model has it) and RoPE (on layers that are not NoPE) apply to N
+// rows of layer l.
+static qknorm_rope_args qknorm_rope_of(cuda_model *m, int l, int64_t N, bool rope) {
+    qknorm_rope_args q;
+    memset(&q, 0, sizeof q);
+    q.norm = m->cfg.qk_norm;
+    q.gq = q.norm ? W32(P_Q_NORM, l) : NULL;
+    q.gk = q.norm ? W32(P_K_NORM, l) : NULL;
+    q.pos = m->d_pos;
+    q.cos_t = m->rope_cos;
+    q.sin_t = m->rope_sin;
+    q.N = N;
+    q.Hq = (int)m->dims.Hq;
+    q.Hkv = (int)m->dims.Hkv;
+    q.D = (int)m->dims.D;
+    q.rope = rope;
+    q.eps = m->eps;
+    return q;
 }
 
 static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
     const model_config *c = &m->cfg;
-    int64_t N = B * T, C = m->C, F = m->F, QD = m->QD, QKV = m->QKV;
-    int Hq = (int)m->Hq, Hkv = (int)m->Hkv, D = (int)m->D;
+    int64_t N = B * T, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, QKV = m->dims.QKV;
     cudaStream_t s = m->stream;
     mark(m, K_EMBEDDING);
     embedding_forward(m->resid[0], m->d_inputs, W32(P_EMBED, -1), N, C, s);
-    for (int l = 0; l < (int)m->L; l++) {
+    for (int l = 0; l < (int)m->dims.L; l++) {
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
         mark(m, K_RMSNORM_FWD);
@@ -716,20 +742,13 @@ static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
         mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, a->qkv, CUDA_R_16BF, QKV, NULL, a->attn_in, W16(P_WQ, l), N, C, QKV, s);
         mark(m, K_QKNORM_ROPE_FWD);
-        if (c->qk_norm)
-            qknorm_rope_forward(a->qk, QD + m->KD, a->qk_rstd, a->qkv, QKV, W32(P_Q_NORM, l), W32(P_K_NORM, l),
-                                m->d_pos, m->rope_cos, m->rope_sin, N, Hq, Hkv, D, true, rope, m->eps, s);
-        else if (rope)
-            qknorm_rope_forward(a->qkv, QKV, NULL, a->qkv, QKV, NULL, NULL, m->d_pos, m->rope_cos, m->rope_sin, N, Hq,
-                                Hkv, D, false, true, m->eps, s);
-        qkv_view in = attention_inputs(m, a);
+        qknorm_rope_args qr = qknorm_rope_of(m, l, N, rope);
+        if (c->qk_norm) qknorm_rope_forward(&qr, a->qk, QD + m->dims.KD, a->qk_rstd, a->qkv, QKV, s);
+        else if (rope) qknorm_rope_forward(&qr, a->qkv, QKV, NULL, a->qkv, QKV, s);  // rotated in place
+        attention_inputs in = attention_inputs_of(m, a, B, T);
         mark(m, K_ATTENTION_FWD);
-        if (m->simple_attention)
-            attention_simple_forward(a->att, a->lse, in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride,
-                                     m->d_start, B, T, Hq, Hkv, D, s);
-        else
-            attention_forward(a->att, a->lse, in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride, m->d_start, B,
-                              T, Hq, Hkv, D, s);
+        if (m->simple_attention) attention_simple_forward(&in, a->att, a->lse, s);
+        else attention_forward(&in, a->att, a->lse, s);
         mark(m, K_MATMUL_FWD);
         matmul_forward(m->mm, a->resid_mid, CUDA_R_32F, C, m->resid[l], a->att, W16(P_WO, l), N, QD, C, s);
         mark(m, K_RMSNORM_FWD);
@@ -742,7 +761,7 @@ static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
         matmul_forward(m->mm, m->resid[l + 1], CUDA_R_32F, C, a->resid_mid, a->act, W16(P_W_DOWN, l), N, F, C, s);
     }
     mark(m, K_RMSNORM_FWD);
-    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->L], W32(P_FINAL_NORM, -1), N, C, m->eps, s);
+    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->dims.L], W32(P_FINAL_NORM, -1), N, C, m->eps, s);
 }
 
 // Loss over chunks of rows; with `train`, also the head's backward into d_final and the
@@ -754,16 +773,16 @@ static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, f
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
         mark(m, K_HEAD_MATMUL_FWD);
-        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + r0 * m->C, head, n, m->C,
-                       m->V, s);
+        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + r0 * m->dims.C, head, n, m->dims.C,
+                       m->dims.V, s);
         mark(m, K_CROSS_ENTROPY);
         cross_entropy_forward_backward(train ? m->dlogits : NULL, m->row_ce + r0, m->row_lse + r0, m->logits,
-                                       m->d_targets + r0, n, m->V, m->ld_logits, z_loss, grad_scale, s);
+                                       m->d_targets + r0, n, m->dims.V, m->ld_logits, z_loss, grad_scale, s);
         if (train) {
             mark(m, K_HEAD_MATMUL_BWD);
-            matmul_backward_input(m->mm, m->d_final + r0 * m->C, CUDA_R_32F, m->dlogits, m->ld_logits, head, n, m->C,
-                                  m->V, false, s);
-            matmul_backward_weight(m->mm, dhead, m->dlogits, m->ld_logits, m->final_out + r0 * m->C, n, m->C, m->V,
+            matmul_backward_input(m->mm, m->d_final + r0 * m->dims.C, CUDA_R_32F, m->dlogits, m->ld_logits, head, n, m->dims.C,
+                                  m->dims.V, false, s);
+            matmul_backward_weight(m->mm, dhead, m->dlogits, m->ld_logits, m->final_out + r0 * m->dims.C, n, m->dims.C, m->dims.V,
                                    s);
         }
     }
@@ -775,14 +794,14 @@ static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, f
 
 static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_unique) {
     const model_config *c = &m->cfg;
-    int64_t N = B * T, C = m->C, F = m->F, QD = m->QD, KD = m->KD, QKV = m->QKV;
-    int Hq = (int)m->Hq, Hkv = (int)m->Hkv, D = (int)m->D;
+    int64_t N = B * T, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, KD = m->dims.KD, QKV = m->dims.QKV;
+    int Hq = (int)m->dims.Hq, Hkv = (int)m->dims.Hkv;
     cudaStream_t s = m->stream;
     mark(m, K_RMSNORM_BWD);
-    rmsnorm_gain_grad(G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final, m->resid[m->L], m->final_rstd, N, C, s);
-    rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_final, m->resid[m->L], W32(P_FINAL_NORM, -1), m->final_rstd,
+    rmsnorm_gain_grad(G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final, m->resid[m->dims.L], m->final_rstd, N, C, s);
+    rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_final, m->resid[m->dims.L], W32(P_FINAL_NORM, -1), m->final_rstd,
                      N, C, false, s);
-    for (int l = (int)m->L - 1; l >= 0; l--) {
+    for (int l = (int)m->dims.L - 1; l >= 0; l--) {
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
         // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
@@ -803,27 +822,21 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
         mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_att, CUDA_R_16BF, m->d_resid_bf16, C, W16(P_WO, l), N, QD, C, false, s);
         matmul_backward_weight(m->mm, G32(P_WO, l), m->d_resid_bf16, C, a->att, N, QD, C, s);
-        qkv_view in = attention_inputs(m, a);
-        bf16 *dq = m->d_qkv, *dk = m->d_qkv + QD, *dv = m->d_qkv + QD + KD;
+        attention_inputs in = attention_inputs_of(m, a, B, T);
+        attention_grads g = {m->d_qkv, m->d_qkv + QD, m->d_qkv + QD + KD, QKV, QKV, QKV};  // dq|dk|dv stacked
         mark(m, K_ATTENTION_BWD);
-        if (m->simple_attention)
-            attention_simple_backward(dq, QKV, dk, QKV, dv, QKV, m->delta, m->d_att, a->att, a->lse, in.q, in.q_stride,
-                                      in.k, in.k_stride, in.v, in.v_stride, m->d_start, B, T, Hq, Hkv, D, s);
-        else
-            attention_backward(dq, QKV, dk, QKV, dv, QKV, m->delta, m->d_att, a->att, a->lse, in.q, in.q_stride, in.k,
-                               in.k_stride, in.v, in.v_stride, m->d_start, B, T, Hq, Hkv, D, s);
+        if (m->simple_attention) attention_simple_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
+        else attention_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
         mark(m, K_QKNORM_ROPE_BWD);
+        qknorm_rope_args qr = qknorm_rope_of(m, l, N, rope);
         if (c->qk_norm) {
             // Gains first: they read d_qkv before the in-place backward overwrites it.
-            qknorm_gain_grad(G32(P_Q_NORM, l), m->gain_scratch, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, m->d_pos,
-                             m->rope_cos, m->rope_sin, N, 0, Hq, Hq + Hkv, D, rope, s);
-            qknorm_gain_grad(G32(P_K_NORM, l), m->gain_scratch, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, m->d_pos,
-                             m->rope_cos, m->rope_sin, N, Hq, Hkv, Hq + Hkv, D, rope, s);
-            qknorm_rope_backward(m->d_qkv, QKV, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, W32(P_Q_NORM, l),
-                                 W32(P_K_NORM, l), m->d_pos, m->rope_cos, m->rope_sin, N, Hq, Hkv, D, true, rope, s);
+            qknorm_gain_grad(&qr, 0, Hq, G32(P_Q_NORM, l), m->gain_scratch, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, s);
+            qknorm_gain_grad(&qr, Hq, Hkv, G32(P_K_NORM, l), m->gain_scratch, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd,
+                             s);
+            qknorm_rope_backward(&qr, m->d_qkv, QKV, m->d_qkv, QKV, a->qkv, QKV, a->qk_rstd, s);
         } else if (rope) {
-            qknorm_rope_backward(m->d_qkv, QKV, m->d_qkv, QKV, NULL, 0, NULL, NULL, NULL, m->d_pos, m->rope_cos,
-                                 m->rope_sin, N, Hq, Hkv, D, false, true, s);
+            qknorm_rope_backward(&qr, m->d_qkv, QKV, m->d_qkv, QKV, NULL, 0, NULL, s);
         }
         mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_norm, CUDA_R_32F, m->d_qkv, QKV, W16(P_WQ, l), N, C, QKV, false, s);
@@ -951,10 +964,10 @@ loss_sums cuda_forward_loss(cuda_model *m, const int32_t *inputs, const int32_t 
 static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
     for (int64_t c0 = 0; c0 < n; c0 += m->chunk_rows) {
         int64_t k = min_i64(m->chunk_rows, n - c0);
-        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + (r0 + c0) * m->C,
-                       W16(P_LM_HEAD, -1), k, m->C, m->V, m->stream);
-        CUDA_CHECK(cudaMemcpy2DAsync(host + c0 * m->V, (size_t)m->V * sizeof(float), m->logits,
-                                     (size_t)m->ld_logits * sizeof(float), (size_t)m->V * sizeof(float), (size_t)k,
+        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + (r0 + c0) * m->dims.C,
+                       W16(P_LM_HEAD, -1), k, m->dims.C, m->dims.V, m->stream);
+        CUDA_CHECK(cudaMemcpy2DAsync(host + c0 * m->dims.V, (size_t)m->dims.V * sizeof(float), m->logits,
+                                     (size_t)m->ld_logits * sizeof(float), (size_t)m->dims.V * sizeof(float), (size_t)k,
                                      cudaMemcpyDeviceToHost, m->stream));
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the logits buffer is reused by the next chunk
     }

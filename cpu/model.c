@@ -26,8 +26,7 @@ typedef struct {
 
 struct cpu_model {
     const param_table *table;
-    int64_t B, T, N;
-    int64_t C, F, V, Hq, Hkv, D, L;
+    model_dims dims;              // llmc/params.h
     float eps;
     float *rope_cos, *rope_sin;   // (T, D/2)
     float **resid;                // L+1 buffers (N,C): resid[l] enters layer l
@@ -53,25 +52,16 @@ static cpu_model *create(const param_table *t, int64_t B, int64_t T, bool sizing
     cpu_model *m = xcalloc(1, sizeof *m);
     m->sizing_only = sizing_only;
     m->table = t;
-    m->B = B;
-    m->T = T;
-    m->N = B * T;
-    m->C = c->d_model;
-    m->F = c->d_ff;
-    m->V = c->vocab_size;
-    m->Hq = c->n_head;
-    m->Hkv = c->n_kv_head;
-    m->D = c->head_dim;
-    m->L = c->n_layer;
+    m->dims = model_dims_of(c, B, T);
     m->eps = (float)c->norm_eps;
-    int64_t N = m->N, C = m->C, F = m->F, QD = m->Hq * m->D, KD = m->Hkv * m->D;
-    m->rope_cos = take(m, T * m->D / 2);
-    m->rope_sin = take(m, T * m->D / 2);
-    if (!sizing_only) rope_tables(m->rope_cos, m->rope_sin, T, m->D, c->rope_theta);
-    m->resid = xcalloc((size_t)m->L + 1, sizeof *m->resid);
-    for (int64_t l = 0; l <= m->L; l++) m->resid[l] = take(m, N * C);
-    m->layers = xcalloc((size_t)m->L, sizeof *m->layers);
-    for (int64_t l = 0; l < m->L; l++) {
+    int64_t N = m->dims.N, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, KD = m->dims.KD;
+    m->rope_cos = take(m, T * m->dims.D / 2);
+    m->rope_sin = take(m, T * m->dims.D / 2);
+    if (!sizing_only) rope_tables(m->rope_cos, m->rope_sin, T, m->dims.D, c->rope_theta);
+    m->resid = xcalloc((size_t)m->dims.L + 1, sizeof *m->resid);
+    for (int64_t l = 0; l <= m->dims.L; l++) m->resid[l] = take(m, N * C);
+    m->layers = xcalloc((size_t)m->dims.L, sizeof *m->layers);
+    for (int64_t l = 0; l < m->dims.L; l++) {
         layer_acts *a = &m->layers[l];
         a->resid_mid = take(m, N * C);
         a->attn_in = take(m, N * C);
@@ -79,14 +69,14 @@ static cpu_model *create(const param_table *t, int64_t B, int64_t T, bool sizing
         if (c->qk_norm) {
             a->q_raw = take(m, N * QD);
             a->k_raw = take(m, N * KD);
-            a->q_rstd = take(m, N * m->Hq);
-            a->k_rstd = take(m, N * m->Hkv);
+            a->q_rstd = take(m, N * m->dims.Hq);
+            a->k_rstd = take(m, N * m->dims.Hkv);
         }
         a->q = take(m, N * QD);
         a->k = take(m, N * KD);
         a->v = take(m, N * KD);
         a->att = take(m, N * QD);
-        a->lse = take(m, N * m->Hq);
+        a->lse = take(m, N * m->dims.Hq);
         a->mlp_in = take(m, N * C);
         a->mlp_rstd = take(m, N);
         a->gate = take(m, N * F);
@@ -108,8 +98,8 @@ static cpu_model *create(const param_table *t, int64_t B, int64_t T, bool sizing
     m->d_gate = take(m, N * F);
     m->d_up = take(m, N * F);
     // Logits in chunks of at most 2^24 floats (64 MiB), whatever the vocabulary.
-    m->chunk_rows = max_i64(1, min_i64(N, (1 << 24) / m->V));
-    m->logits = take(m, m->chunk_rows * m->V);
+    m->chunk_rows = max_i64(1, min_i64(N, (1 << 24) / m->dims.V));
+    m->logits = take(m, m->chunk_rows * m->dims.V);
     return m;
 }
 
@@ -126,9 +116,9 @@ int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
 
 void cpu_model_free(cpu_model *m) {
     if (!m) return;
-    for (int64_t l = 0; l <= m->L; l++) free(m->resid[l]);
+    for (int64_t l = 0; l <= m->dims.L; l++) free(m->resid[l]);
     free(m->resid);
-    for (int64_t l = 0; l < m->L; l++) {
+    for (int64_t l = 0; l < m->dims.L; l++) {
         layer_acts *a = &m->layers[l];
         float *bufs[] = {a->resid_mid, a->attn_in, a->attn_rstd, a->q_raw, a->k_raw, a->q_rstd, a->k_rstd, a->q,
                          a->k, a->v, a->att, a->lse, a->mlp_in, a->mlp_rstd, a->gate, a->up, a->act};
@@ -149,15 +139,15 @@ int64_t cpu_model_activation_bytes(const cpu_model *m) { return m->activation_fl
 
 // Runs the blocks and the final norm; leaves final_out ready for the classifier.
 static void forward_blocks(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T) {
-    CHECK(B * T <= m->N && T <= m->T);
+    CHECK(B * T <= m->dims.N && T <= m->dims.T);
     const model_config *c = &m->table->cfg;
-    int64_t N = B * T, C = m->C, F = m->F, Hq = m->Hq, Hkv = m->Hkv, D = m->D;
+    int64_t N = B * T, C = m->dims.C, F = m->dims.F, Hq = m->dims.Hq, Hkv = m->dims.Hkv, D = m->dims.D;
     for (int64_t i = 0; i < N; i++)
-        if (inputs[i] < 0 || inputs[i] >= m->V) fail("input token %d is outside the vocabulary (vocab_size %lld)",
-                                                     inputs[i], (long long)m->V);
+        if (inputs[i] < 0 || inputs[i] >= m->dims.V) fail("input token %d is outside the vocabulary (vocab_size %lld)",
+                                                     inputs[i], (long long)m->dims.V);
     document_positions(m->start, m->pos, inputs, B, T, c->doc_masking, c->doc_token);
     embedding_forward(m->resid[0], inputs, W(P_EMBED, -1), N, C);
-    for (int l = 0; l < (int)m->L; l++) {
+    for (int l = 0; l < (int)m->dims.L; l++) {
         layer_acts *a = &m->layers[l];
         float *x = m->resid[l];
         rmsnorm_forward(a->attn_in, a->attn_rstd, x, W(P_ATTN_NORM, l), N, C, m->eps);
@@ -185,7 +175,7 @@ static void forward_blocks(cpu_model *m, const float *params, const int32_t *inp
         memcpy(m->resid[l + 1], a->resid_mid, (size_t)(N * C) * sizeof(float));
         matmul_forward(m->resid[l + 1], a->act, W(P_W_DOWN, l), N, F, C, true);
     }
-    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->L], W(P_FINAL_NORM, -1), N, C, m->eps);
+    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->dims.L], W(P_FINAL_NORM, -1), N, C, m->eps);
 }
 
 // Classifier and loss over chunks of rows; with grads, also the head's backward into
@@ -198,14 +188,14 @@ static loss_sums classifier(cpu_model *m, const float *params, float *grads, con
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
         for (int64_t i = r0; i < r0 + n; i++)
-            if (targets[i] < 0 || targets[i] >= m->V)
-                fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->V);
-        matmul_forward(m->logits, m->final_out + r0 * m->C, head, n, m->C, m->V, false);
-        cross_entropy_forward_backward(m->logits, targets + r0, n, m->V, z_loss, grads ? grad_scale : 0.0f,
+            if (targets[i] < 0 || targets[i] >= m->dims.V)
+                fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->dims.V);
+        matmul_forward(m->logits, m->final_out + r0 * m->dims.C, head, n, m->dims.C, m->dims.V, false);
+        cross_entropy_forward_backward(m->logits, targets + r0, n, m->dims.V, z_loss, grads ? grad_scale : 0.0f,
                                        &sums.ce_sum, &sums.lse_sq_sum);
         if (grads) {
-            matmul_backward_input(m->d_final + r0 * m->C, m->logits, head, n, m->C, m->V, false);
-            matmul_backward_weight(dhead, m->logits, m->final_out + r0 * m->C, n, m->C, m->V);
+            matmul_backward_input(m->d_final + r0 * m->dims.C, m->logits, head, n, m->dims.C, m->dims.V, false);
+            matmul_backward_weight(dhead, m->logits, m->final_out + r0 * m->dims.C, n, m->dims.C, m->dims.V);
         }
     }
     return sums;
@@ -216,10 +206,10 @@ static loss_sums classifier(cpu_model *m, const float *params, float *grads, con
 static void backward_blocks(cpu_model *m, const float *params, float *grads, const int32_t *inputs, int64_t B,
                             int64_t T) {
     const model_config *c = &m->table->cfg;
-    int64_t N = B * T, C = m->C, F = m->F, Hq = m->Hq, Hkv = m->Hkv, D = m->D;
-    rmsnorm_backward(m->d_resid, G(P_FINAL_NORM, -1), m->d_final, m->resid[m->L], W(P_FINAL_NORM, -1),
+    int64_t N = B * T, C = m->dims.C, F = m->dims.F, Hq = m->dims.Hq, Hkv = m->dims.Hkv, D = m->dims.D;
+    rmsnorm_backward(m->d_resid, G(P_FINAL_NORM, -1), m->d_final, m->resid[m->dims.L], W(P_FINAL_NORM, -1),
                      m->final_rstd, N, C, false);
-    for (int l = (int)m->L - 1; l >= 0; l--) {
+    for (int l = (int)m->dims.L - 1; l >= 0; l--) {
         layer_acts *a = &m->layers[l];
         // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
         matmul_backward_input(m->d_act, m->d_resid, W(P_W_DOWN, l), N, F, C, false);
@@ -272,11 +262,11 @@ loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inp
 
 void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t T, float *logits) {
     forward_blocks(m, params, inputs, 1, T);
-    matmul_forward(logits, m->final_out + (T - 1) * m->C, W(P_LM_HEAD, -1), 1, m->C, m->V, false);
+    matmul_forward(logits, m->final_out + (T - 1) * m->dims.C, W(P_LM_HEAD, -1), 1, m->dims.C, m->dims.V, false);
 }
 
 void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
                         float *logits) {
     forward_blocks(m, params, inputs, B, T);
-    matmul_forward(logits, m->final_out, W(P_LM_HEAD, -1), B * T, m->C, m->V, false);
+    matmul_forward(logits, m->final_out, W(P_LM_HEAD, -1), B * T, m->dims.C, m->dims.V, false);
 }

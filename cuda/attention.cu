@@ -474,7 +474,7 @@ void check_shapes(int64_t q_stride, int64_t k_stride, int64_t v_stride, int Hq, 
 
 bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
-void attention_forward(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
+static void forward_positional(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
                        const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv,
                        int D, cudaStream_t stream) {
     if (B * T == 0) return;
@@ -487,7 +487,7 @@ void attention_forward(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, c
     else forward_d<128>(a, stream);
 }
 
-void attention_backward(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t dv_stride,
+static void backward_positional(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t dv_stride,
                         float *delta, const bf16 *dout, const bf16 *out, const float *lse, const bf16 *q,
                         int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v, int64_t v_stride,
                         const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D, cudaStream_t stream) {
@@ -509,4 +509,18 @@ void attention_backward(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride
     if (D == 32) backward_d<32>(a, stream);
     else if (D == 64) backward_d<64>(a, stream);
     else backward_d<128>(a, stream);
+}
+
+// ---------------------------------------------------------------- the launchers (cuda/kernels.h)
+
+void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    forward_positional(out, lse, in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B,
+                       in->T, in->Hq, in->Hkv, in->D, stream);
+}
+
+void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                        const attention_grads *g, float *delta, cudaStream_t stream) {
+    backward_positional(g->dq, g->dq_stride, g->dk, g->dk_stride, g->dv, g->dv_stride, delta, dout, out, lse, in->q,
+                        in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B, in->T, in->Hq,
+                        in->Hkv, in->D, stream);
 }

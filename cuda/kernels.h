@@ -72,24 +72,30 @@ void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float
 // q and k sit side by side in each row: heads 0..Hq-1 are q, Hq..Hq+Hkv-1 are k, D each.
 // Per head: y = rmsnorm(x) ⊙ g (g = gq for q heads, gk for k heads) when `norm`, then the
 // rotate-half RoPE at position pos[n] when `rope`. NoPE layers pass rope = false.
+// What every call applies:
+typedef struct {
+    const float *gq, *gk;        // the QK-norm gains (D each), when norm
+    const int32_t *pos;          // (N) each row's position in its document
+    const float *cos_t, *sin_t;  // (T, D/2) RoPE tables
+    int64_t N;                   // rows
+    int Hq, Hkv, D;
+    bool norm, rope;
+    float eps;                   // the norm's epsilon (forward only)
+} qknorm_rope_args;
 // out (N, rows of out_stride) bf16, inp (N, rows of in_stride) bf16 (out may equal inp
-// with the same stride), rstd (N, Hq+Hkv) fp32, pos (N), cos_t/sin_t (T, D/2).
-void qknorm_rope_forward(bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp, int64_t in_stride,
-                         const float *gq, const float *gk, const int32_t *pos, const float *cos_t,
-                         const float *sin_t, int64_t N, int Hq, int Hkv, int D, bool norm, bool rope, float eps,
-                         cudaStream_t stream);
+// with the same stride), rstd (N, Hq+Hkv) fp32 (written when norm).
+void qknorm_rope_forward(const qknorm_rope_args *a, bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp,
+                         int64_t in_stride, cudaStream_t stream);
 // dx = ∂/∂inp from dy (∂/∂out); dx may equal dy (in place, same stride). x is the
-// forward's inp (needed when `norm`).
-void qknorm_rope_backward(bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride, const bf16 *x,
-                          int64_t x_stride, const float *rstd, const float *gq, const float *gk,
-                          const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int Hq, int Hkv,
-                          int D, bool norm, bool rope, cudaStream_t stream);
-// dg (D) += Σ over rows n and heads h0..h0+H-1 of (RoPE⁻¹ dy)·x·rstd, deterministically.
-// Must run before an in-place qknorm_rope_backward (it reads dy).
+// forward's inp and rstd its statistics (both needed when norm, else NULL).
+void qknorm_rope_backward(const qknorm_rope_args *a, bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride,
+                          const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream);
+// dg (D) += Σ over rows n and heads h0..h0+H-1 (the q heads: 0, Hq; the k heads: Hq, Hkv)
+// of (RoPE⁻¹ dy)·x·rstd, deterministically. Must run before an in-place
+// qknorm_rope_backward (it reads dy).
 int64_t qknorm_gain_scratch_floats(int64_t N, int H, int D);
-void qknorm_gain_grad(float *dg, float *scratch, const bf16 *dy, int64_t dy_stride, const bf16 *x,
-                      int64_t x_stride, const float *rstd, const int32_t *pos, const float *cos_t,
-                      const float *sin_t, int64_t N, int h0, int H, int Htot, int D, bool rope, cudaStream_t stream);
+void qknorm_gain_grad(const qknorm_rope_args *a, int h0, int H, float *dg, float *scratch, const bf16 *dy,
+                      int64_t dy_stride, const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream);
 
 // ---------------------------------------------------------------- swiglu.cu
 // act (N,F) = silu(gate) ⊙ up ; gate_up (N,2F): gate = columns [0,F), up = [F,2F)
@@ -102,35 +108,38 @@ void swiglu_backward(bf16 *d_gate_up, const bf16 *dact, const bf16 *gate_up, int
 // ---------------------------------------------------------------- attention.cu
 // Causal attention with native GQA and document masking, flash-attention style: bf16
 // tensor-core products (WMMA), fp32 softmax and accumulation, no T×T matrix in memory.
-// q (N, rows of q_stride: head j at j·D), k, v (N, rows of k/v_stride: kv head g at g·D),
-// out (N, Hq·D) bf16, lse (B, Hq, T) fp32, start (N): position t sees keys [start[t], t].
 // Query head j reads kv head j / (Hq/Hkv). Tiles of keys that no query of a tile can see
 // (before the tile's first document start, or after its last query) are skipped.
+// The inputs of one call:
+typedef struct {
+    const bf16 *q, *k, *v;                 // (N, rows of their stride): q head j at j·D, kv head g at g·D
+    int64_t q_stride, k_stride, v_stride;  // elements between rows
+    const int32_t *start;                  // (N) position t sees keys [start[t], t]
+    int64_t B, T;
+    int Hq, Hkv, D;
+} attention_inputs;
+// Where the backward writes dq, dk, dv (same layouts as q, k, v): written, not accumulated.
+typedef struct {
+    bf16 *dq, *dk, *dv;
+    int64_t dq_stride, dk_stride, dv_stride;
+} attention_grads;
 bool attention_supports_head_dim(int D);   // 32, 64, 128
-void attention_forward(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
-                       const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv,
-                       int D, cudaStream_t stream);
-// dq, dk, dv (same layouts as q, k, v) written, not accumulated. Deterministic without
+// out (N, Hq·D) bf16, lse (B, Hq, T) fp32.
+void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
+// From the forward's out and lse and the gradient dout (N, Hq·D). Deterministic without
 // atomics: one kernel owns each query tile (dq), another each key tile of a kv head and
 // loops over that head's query heads (dk, dv: GQA's sum over the group in a fixed order).
 // delta (B, Hq, T) fp32 scratch.
-void attention_backward(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t dv_stride,
-                        float *delta, const bf16 *dout, const bf16 *out, const float *lse, const bf16 *q,
-                        int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v, int64_t v_stride,
-                        const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D, cudaStream_t stream);
+void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                        const attention_grads *g, float *delta, cudaStream_t stream);
 
 // ---------------------------------------------------------------- attention_simple.cu
 // The same two functions, one warp per row and fp32 arithmetic, no tensor cores: slow,
 // plainly correct, any even D ≤ 256. The tests check the fast kernels against the CPU and
 // against these; TRAIN_GPT_ATTENTION=simple makes the model use them.
-void attention_simple_forward(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k,
-                              int64_t k_stride, const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B,
-                              int64_t T, int Hq, int Hkv, int D, cudaStream_t stream);
-void attention_simple_backward(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv,
-                               int64_t dv_stride, float *delta, const bf16 *dout, const bf16 *out, const float *lse,
-                               const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v,
-                               int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D,
-                               cudaStream_t stream);
+void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
+void attention_simple_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                               const attention_grads *g, float *delta, cudaStream_t stream);
 
 // ---------------------------------------------------------------- classifier.cu
 // Cross-entropy + z-loss over a chunk of rows: logits (n, V; row stride ld) fp32 from the

@@ -58,7 +58,7 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
     }
 }
 
-void qknorm_rope_forward(bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp, int64_t in_stride,
+static void forward_positional(bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp, int64_t in_stride,
                          const float *gq, const float *gk, const int32_t *pos, const float *cos_t,
                          const float *sin_t, int64_t N, int Hq, int Hkv, int D, bool norm, bool rope, float eps,
                          cudaStream_t stream) {
@@ -112,7 +112,7 @@ __global__ void qknorm_rope_backward_kernel(bf16 *dx, int64_t dx_stride, const b
     }
 }
 
-void qknorm_rope_backward(bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride, const bf16 *x,
+static void backward_positional(bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride, const bf16 *x,
                           int64_t x_stride, const float *rstd, const float *gq, const float *gk,
                           const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int Hq, int Hkv,
                           int D, bool norm, bool rope, cudaStream_t stream) {
@@ -177,7 +177,7 @@ __global__ void qknorm_gain_finish_kernel(float *dg, const float *partial, int64
 
 int64_t qknorm_gain_scratch_floats(int64_t N, int H, int D) { return cdiv(N * H, QK_GAIN_CHUNK_ROWS) * D; }
 
-void qknorm_gain_grad(float *dg, float *scratch, const bf16 *dy, int64_t dy_stride, const bf16 *x,
+static void gain_grad_positional(float *dg, float *scratch, const bf16 *dy, int64_t dy_stride, const bf16 *x,
                       int64_t x_stride, const float *rstd, const int32_t *pos, const float *cos_t,
                       const float *sin_t, int64_t N, int h0, int H, int Htot, int D, bool rope, cudaStream_t stream) {
     if (N == 0 || H == 0) return;
@@ -187,4 +187,24 @@ void qknorm_gain_grad(float *dg, float *scratch, const bf16 *dy, int64_t dy_stri
     CUDA_CHECK_LAUNCH();
     qknorm_gain_finish_kernel<<<(unsigned)cdiv(D, 128), 128, 0, stream>>>(dg, scratch, chunks, D);
     CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- the launchers (cuda/kernels.h)
+
+void qknorm_rope_forward(const qknorm_rope_args *a, bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp,
+                         int64_t in_stride, cudaStream_t stream) {
+    forward_positional(out, out_stride, rstd, inp, in_stride, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq,
+                       a->Hkv, a->D, a->norm, a->rope, a->eps, stream);
+}
+
+void qknorm_rope_backward(const qknorm_rope_args *a, bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride,
+                          const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream) {
+    backward_positional(dx, dx_stride, dy, dy_stride, x, x_stride, rstd, a->gq, a->gk, a->pos, a->cos_t, a->sin_t,
+                        a->N, a->Hq, a->Hkv, a->D, a->norm, a->rope, stream);
+}
+
+void qknorm_gain_grad(const qknorm_rope_args *a, int h0, int H, float *dg, float *scratch, const bf16 *dy,
+                      int64_t dy_stride, const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream) {
+    gain_grad_positional(dg, scratch, dy, dy_stride, x, x_stride, rstd, a->pos, a->cos_t, a->sin_t, a->N, h0, H,
+                         a->Hq + a->Hkv, a->D, a->rope, stream);
 }

@@ -82,6 +82,24 @@ float *param_ptr(const param_table *t, float *flat, param_kind kind, int layer) 
     return p ? flat + p->offset : NULL;
 }
 
+model_dims model_dims_of(const model_config *m, int64_t B, int64_t T) {
+    model_dims d;
+    d.B = B;
+    d.T = T;
+    d.N = B * T;
+    d.C = m->d_model;
+    d.F = m->d_ff;
+    d.V = m->vocab_size;
+    d.Hq = m->n_head;
+    d.Hkv = m->n_kv_head;
+    d.D = m->head_dim;
+    d.L = m->n_layer;
+    d.QD = d.Hq * d.D;
+    d.KD = d.Hkv * d.D;
+    d.QKV = d.QD + 2 * d.KD;
+    return d;
+}
+
 bool layer_uses_rope(const model_config *m, int layer) {
     return !(m->nope_every > 0 && (layer + 1) % m->nope_every == 0);
 }

@@ -68,6 +68,16 @@ float *param_ptr(const param_table *t, float *flat, param_kind kind, int layer);
 // Whether layer l applies RoPE (false on NoPE layers).
 bool layer_uses_rope(const model_config *m, int layer);
 
+// The model's dimensions for micro-batches of up to B × T tokens, computed once from the
+// config (model_dims_of) and shared by both backends.
+typedef struct {
+    int64_t B, T, N;        // rows, sequence length, token rows N = B·T
+    int64_t C, F, V;        // d_model, d_ff, vocab_size
+    int64_t Hq, Hkv, D, L;  // query heads, key/value heads, head_dim, layers
+    int64_t QD, KD, QKV;    // Hq·D, Hkv·D, and QD + 2·KD (the stacked q|k|v product)
+} model_dims;
+model_dims model_dims_of(const model_config *m, int64_t B, int64_t T);
+
 // Normal(0, init_std) for matrices, 1 for norm gains. Each tensor draws from its own
 // stream seeded by (seed, tensor index), so the result does not depend on thread count.
 void param_init(const param_table *t, float *params, uint64_t seed);

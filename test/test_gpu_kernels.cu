@@ -317,8 +317,21 @@ static void test_qknorm_rope_case(int D, bool norm, bool rope) {
     float *d_gq = up_f32(gq), *d_gk = up_f32(gk), *d_rstd = dev_alloc<float>(N * H), *d_cos = up_f32(cos_t),
           *d_sin = up_f32(sin_t);
     int32_t *d_pos = up_i32(pos);
-    qknorm_rope_forward(d_out, out_stride, d_rstd, d_in, in_stride, d_gq, d_gk, d_pos, d_cos, d_sin, N, Hq, Hkv, D,
-                        norm, rope, eps, stream);
+    qknorm_rope_args qa;
+    memset(&qa, 0, sizeof qa);
+    qa.gq = d_gq;
+    qa.gk = d_gk;
+    qa.pos = d_pos;
+    qa.cos_t = d_cos;
+    qa.sin_t = d_sin;
+    qa.N = N;
+    qa.Hq = Hq;
+    qa.Hkv = Hkv;
+    qa.D = D;
+    qa.norm = norm;
+    qa.rope = rope;
+    qa.eps = eps;
+    qknorm_rope_forward(&qa, d_out, out_stride, d_rstd, d_in, in_stride, stream);
     auto got = down_bf16(d_out, N * out_stride);
     snprintf(name, sizeof name, "qknorm_rope forward D=%d norm=%d rope=%d (q)", D, norm, rope);
     compare(name, columns(got, N, out_stride, 0, (int64_t)Hq * D).data(), qo.data(), (int64_t)qo.size(), BF16_OUT);
@@ -346,13 +359,11 @@ static void test_qknorm_rope_case(int D, bool norm, bool rope) {
     float *d_dgq = dev_alloc<float>(D), *d_dgk = dev_alloc<float>(D);
     float *scratch = dev_alloc<float>(qknorm_gain_scratch_floats(N, Hq, D));
     if (norm) {
-        qknorm_gain_grad(d_dgq, scratch, d_d, in_stride, d_in, in_stride, d_rstd, d_pos, d_cos, d_sin, N, 0, Hq, H, D,
-                         rope, stream);
-        qknorm_gain_grad(d_dgk, scratch, d_d, in_stride, d_in, in_stride, d_rstd, d_pos, d_cos, d_sin, N, Hq, Hkv, H,
-                         D, rope, stream);
+        qknorm_gain_grad(&qa, 0, Hq, d_dgq, scratch, d_d, in_stride, d_in, in_stride, d_rstd, stream);
+        qknorm_gain_grad(&qa, Hq, Hkv, d_dgk, scratch, d_d, in_stride, d_in, in_stride, d_rstd, stream);
     }
-    qknorm_rope_backward(d_d, in_stride, d_d, in_stride, norm ? d_in : NULL, in_stride, norm ? d_rstd : NULL, d_gq,
-                         d_gk, d_pos, d_cos, d_sin, N, Hq, Hkv, D, norm, rope, stream);
+    qknorm_rope_backward(&qa, d_d, in_stride, d_d, in_stride, norm ? d_in : NULL, in_stride, norm ? d_rstd : NULL,
+                         stream);
     auto gotd = down_bf16(d_d, N * in_stride);
     snprintf(name, sizeof name, "qknorm_rope backward D=%d norm=%d rope=%d (dq)", D, norm, rope);
     compare(name, columns(gotd, N, in_stride, 0, (int64_t)Hq * D).data(), dq.data(), (int64_t)dq.size(), BF16_OUT);
@@ -401,11 +412,9 @@ static void test_swiglu(void) {
 
 // ---------------------------------------------------------------- attention
 
-typedef void (*att_fwd_fn)(bf16 *, float *, const bf16 *, int64_t, const bf16 *, int64_t, const bf16 *, int64_t,
-                           const int32_t *, int64_t, int64_t, int, int, int, cudaStream_t);
-typedef void (*att_bwd_fn)(bf16 *, int64_t, bf16 *, int64_t, bf16 *, int64_t, float *, const bf16 *, const bf16 *,
-                           const float *, const bf16 *, int64_t, const bf16 *, int64_t, const bf16 *, int64_t,
-                           const int32_t *, int64_t, int64_t, int, int, int, cudaStream_t);
+typedef void (*att_fwd_fn)(const attention_inputs *, bf16 *, float *, cudaStream_t);
+typedef void (*att_bwd_fn)(const attention_inputs *, const bf16 *, const float *, const bf16 *, const attention_grads *,
+                           float *, cudaStream_t);
 
 static void test_attention_case(const char *which, att_fwd_fn fwd, att_bwd_fn bwd, int64_t B, int64_t T, int Hq,
                                 int Hkv, int D, bool docs) {
@@ -424,7 +433,24 @@ static void test_attention_case(const char *which, att_fwd_fn fwd, att_bwd_fn bw
          *d_dqkv = dev_alloc<bf16>(N * QKV);
     float *d_lse = dev_alloc<float>(N * Hq), *d_delta = dev_alloc<float>(N * Hq);
     int32_t *d_start = up_i32(start);
-    fwd(d_out, d_lse, d_qkv, QKV, d_qkv + QD, QKV, d_qkv + QD + KD, QKV, d_start, B, T, Hq, Hkv, D, stream);
+    attention_inputs in;
+    memset(&in, 0, sizeof in);
+    in.q = d_qkv;
+    in.k = d_qkv + QD;
+    in.v = d_qkv + QD + KD;
+    in.q_stride = in.k_stride = in.v_stride = QKV;
+    in.start = d_start;
+    in.B = B;
+    in.T = T;
+    in.Hq = Hq;
+    in.Hkv = Hkv;
+    in.D = D;
+    attention_grads g;
+    g.dq = d_dqkv;
+    g.dk = d_dqkv + QD;
+    g.dv = d_dqkv + QD + KD;
+    g.dq_stride = g.dk_stride = g.dv_stride = QKV;
+    fwd(&in, d_out, d_lse, stream);
     auto got_out = down_bf16(d_out, N * QD);
     snprintf(name, sizeof name, "%s fwd B=%lld T=%lld %d/%d D=%d%s", which, (long long)B, (long long)T, Hq, Hkv, D,
              docs ? " docs" : "");
@@ -436,8 +462,7 @@ static void test_attention_case(const char *which, att_fwd_fn fwd, att_bwd_fn bw
     std::vector<float> dq((size_t)(N * QD)), dk((size_t)(N * KD)), dv((size_t)(N * KD));
     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(),
                        v.data(), start.data(), B, T, Hq, Hkv, D);
-    bwd(d_dqkv, QKV, d_dqkv + QD, QKV, d_dqkv + QD + KD, QKV, d_delta, d_dout, d_out, d_lse, d_qkv, QKV, d_qkv + QD,
-        QKV, d_qkv + QD + KD, QKV, d_start, B, T, Hq, Hkv, D, stream);
+    bwd(&in, d_out, d_lse, d_dout, &g, d_delta, stream);
     auto got = down_bf16(d_dqkv, N * QKV);
     snprintf(name, sizeof name, "%s bwd dq D=%d%s", which, D, docs ? " docs" : "");
     compare(name, columns(got, N, QKV, 0, QD).data(), dq.data(), N * QD, ATTENTION_BWD);
@@ -447,8 +472,7 @@ static void test_attention_case(const char *which, att_fwd_fn fwd, att_bwd_fn bw
     compare(name, columns(got, N, QKV, QD + KD, KD).data(), dv.data(), N * KD, ATTENTION_BWD);
 
     CUDA_CHECK(cudaMemset(d_dqkv, 0, (size_t)(N * QKV) * sizeof(bf16)));
-    bwd(d_dqkv, QKV, d_dqkv + QD, QKV, d_dqkv + QD + KD, QKV, d_delta, d_dout, d_out, d_lse, d_qkv, QKV, d_qkv + QD,
-        QKV, d_qkv + QD + KD, QKV, d_start, B, T, Hq, Hkv, D, stream);
+    bwd(&in, d_out, d_lse, d_dout, &g, d_delta, stream);
     snprintf(name, sizeof name, "%s bwd deterministic D=%d", which, D);
     auto again = down_bf16(d_dqkv, N * QKV);
     expect(name, same_bits(got, again), "two runs, same bits");
