@@ -1,5 +1,5 @@
 // net/transport_tcp_none.c — the tcp transport and the relay in a build without OpenSSL's
-// libcrypto (net.mk picks this file instead of net/transport_tcp.c and net/relay.c): both say what
+// libcrypto (net/net.mk picks this file instead of net/transport_tcp.c and net/relay.c): both say what
 // to install, on one line.
 #include "llmc/common.h"
 #include "net/relay.h"

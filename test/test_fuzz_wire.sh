@@ -1,7 +1,7 @@
 # The frame parser under libFuzzer (test/fuzz_wire.c) for FUZZ_SECONDS (default 60), from a
 # seed corpus of valid frames of every type that test_wire writes. Any crash, leak,
 # sanitizer report or timeout fails. Skipped, with a line saying so, when clang has no
-# libFuzzer (net.mk builds $BUILD/fuzz_wire only then).
+# libFuzzer (net/net.mk builds $BUILD/fuzz_wire only then).
 set -euo pipefail
 : "${BUILD:?}"
 seconds=${FUZZ_SECONDS:-60}

@@ -1,7 +1,7 @@
 // test/test_quant_gpu.cu — quant.cu's GPU section against its C reference: the GPU encoder must write the same
 // bytes as the C reference, and update the residual to the same bits, for every kind,
 // block size and data shape; the GPU decoder must give the same bits as quant_decode.
-// Run by `make test-gpu` (cuda.mk) on a machine with a GPU. There is no tolerance anywhere:
+// Run by `make test-gpu` on a machine with a GPU. There is no tolerance anywhere:
 // the format is the same bytes on every replica, CPU or GPU, or it is broken.
 //
 // Data shapes: Gaussian; exact ties (values at half steps of a power-of-two scale, where a
