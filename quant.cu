@@ -46,6 +46,16 @@
 // fit on the stack, large enough that the per-chunk bookkeeping is noise.
 #define QUANT_CHUNK 8192
 
+// The one NaN both sections write for a non-finite block (a quiet NaN).
+#define QUANT_NAN_BITS 0x7FC00000u
+
+// Helpers the GPU section's kernels share with the reference.
+#ifdef __CUDACC__
+#define HOST_DEVICE __host__ __device__
+#else
+#define HOST_DEVICE
+#endif
+
 int quant_kind_from_name(const char *name) {
     if (!name) return -1;
     if (strcmp(name, "none") == 0) return QUANT_NONE;
@@ -65,7 +75,7 @@ const char *quant_kind_name(quant_kind k) {
 
 static float quant_max_code(quant_kind k) { return k == QUANT_INT8 ? 127.0f : 7.0f; }
 
-static int64_t quant_blocks(int64_t n, int64_t block) { return n / block + (n % block != 0); }
+static HOST_DEVICE int64_t quant_blocks(int64_t n, int64_t block) { return n / block + (n % block != 0); }
 
 static void check_arguments(quant_kind k, int64_t n, int64_t block) {
     CHECK(k == QUANT_NONE || k == QUANT_INT8 || k == QUANT_INT4);
@@ -90,7 +100,7 @@ static float scale_load(const uint8_t *buf, int64_t b) {
 static void scale_store(uint8_t *buf, int64_t b, float s) { memcpy(buf + (size_t)b * sizeof(float), &s, sizeof s); }
 
 static float scale_of_bad_block(void) {
-    uint32_t bits = 0x7FC00000u; // the quiet NaN quant.cu writes too
+    uint32_t bits = QUANT_NAN_BITS;
     float s;
     memcpy(&s, &bits, sizeof s);
     return s;
@@ -374,10 +384,7 @@ namespace {
 
 constexpr int THREADS = 256;
 constexpr int64_t MAX_GRID = 1 << 16; // grid-stride loops cover the rest
-constexpr unsigned NAN_BITS = 0x7FC00000u; // the NaN the C reference writes too
 constexpr unsigned FLT_MAX_BITS = 0x7F7FFFFFu;
-
-__host__ __device__ int64_t blocks_of(int64_t n, int64_t block) { return n / block + (n % block != 0); }
 
 unsigned grid_for(int64_t threads) {
     int64_t grid = (threads + THREADS - 1) / THREADS;
@@ -405,7 +412,7 @@ __global__ void quant_scales_kernel(const float *x, const float *r, int64_t n, i
     const int lane = threadIdx.x % 32;
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / 32;
-    const int64_t n_blocks = blocks_of(n, block);
+    const int64_t n_blocks = quant_blocks(n, block);
     for (int64_t b = warp; b < n_blocks; b += n_warps) { // uniform across the warp
         int64_t start = b * block, end = min(start + block, n);
         unsigned max_bits = 0;
@@ -414,7 +421,7 @@ __global__ void quant_scales_kernel(const float *x, const float *r, int64_t n, i
         for (int offset = 16; offset > 0; offset /= 2)
             max_bits = max(max_bits, __shfl_xor_sync(0xFFFFFFFFu, max_bits, offset));
         if (lane == 0)
-            scales[b] = max_bits > FLT_MAX_BITS ? __uint_as_float(NAN_BITS) : __fdiv_rn(__uint_as_float(max_bits), qmax);
+            scales[b] = max_bits > FLT_MAX_BITS ? __uint_as_float(QUANT_NAN_BITS) : __fdiv_rn(__uint_as_float(max_bits), qmax);
     }
 }
 
@@ -444,13 +451,13 @@ __global__ void quant_codes_kernel(bool int4, const float *x, float *r, int64_t 
     }
 }
 
-// QUANT_NONE with feedback: out = y = x + r (a NaN as NAN_BITS), r = y - y (0, or NaN for a
+// QUANT_NONE with feedback: out = y = x + r (a NaN as QUANT_NAN_BITS), r = y - y (0, or NaN for a
 // non-finite y).
 __global__ void quant_none_feedback_kernel(const float *x, float *r, int64_t n, float *out) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float y = __fadd_rn(x[i], r[i]);
-        out[i] = isnan(y) ? __uint_as_float(NAN_BITS) : y;  // the C reference's one NaN
+        out[i] = isnan(y) ? __uint_as_float(QUANT_NAN_BITS) : y;  // the C reference's one NaN
         r[i] = __fsub_rn(y, y);
     }
 }
@@ -480,8 +487,8 @@ extern "C" void quant_encode_cuda(quant_kind k, const float *d_x, float *d_resid
         }
         return;
     }
-    const float qmax = k == QUANT_INT8 ? 127.0f : 7.0f;
-    const int64_t n_blocks = blocks_of(n, block);
+    const float qmax = quant_max_code(k);
+    const int64_t n_blocks = quant_blocks(n, block);
     float *scales = (float *)d_out;
     uint8_t *codes = d_out + (size_t)n_blocks * sizeof(float);
     quant_scales_kernel<<<grid_for(n_blocks * 32), THREADS, 0, stream>>>(d_x, d_residual, n, block, qmax, scales);
@@ -501,7 +508,7 @@ extern "C" void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, 
         return;
     }
     const float *scales = (const float *)d_in;
-    const uint8_t *codes = d_in + (size_t)blocks_of(n, block) * sizeof(float);
+    const uint8_t *codes = d_in + (size_t)quant_blocks(n, block) * sizeof(float);
     quant_decode_kernel<<<grid_for(n), THREADS, 0, stream>>>(k == QUANT_INT4, scales, codes, n, block, d_x);
     CUDA_CHECK_LAUNCH();
 }

@@ -153,16 +153,15 @@ last_outer_step() {  # the outer_step of replica ID's newest outer line (0 befor
     local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
     echo "${k:-0}"
 }
-# Replica ID's outer lines after its outer step AFTER with exactly these contributors: a count.
-rounds_with() {  # rounds_with ID AFTER CONTRIBUTORS (e.g. 0,1,2)
-    local n; n=$(grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' \
-        "$tmp/fault/$1/metrics.jsonl" 2>/dev/null | sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a' | wc -l)
-    echo "${n:-0}"
-}
-first_round_with() {  # first_round_with ID AFTER CONTRIBUTORS: the outer_step of the first such line
+# The outer steps of replica ID's outer lines after its outer step AFTER with exactly these
+# contributors (e.g. 0,1,2), one per line; rounds_with counts them, first_round_with takes
+# the first.
+rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
     grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null |
-        sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a' | head -n 1
+        sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a'
 }
+rounds_with() { rounds_after "$@" | wc -l; }
+first_round_with() { rounds_after "$@" | head -n 1; }
 wait_until() {  # wait_until WHAT COMMAND...: polls COMMAND until it succeeds (deadline 180 s: a failure)
     local what=$1; shift
     for _ in $(seq 1 1800); do "$@" && return 0; sleep 0.1; done
