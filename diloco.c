@@ -36,6 +36,11 @@ struct diloco {
     float *delta;                          // this replica's Δᵢ (quantized kinds)
     uint8_t *payload;
     size_t payload_bytes;
+    // diloco_transport = local (all M replicas in this process): one payload and one
+    // error-feedback residual per replica; `payload` and `residual` are replica 0's.
+    uint8_t **local_payload;
+    float **local_residual;
+    bool quiet;                            // no progress line per outer step (diloco-tune)
     double *acc;                           // the average, per element
     uint8_t *state;                        // join / donor state buffer
     size_t state_bytes;
@@ -52,9 +57,10 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
-    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|quant %s|block %lld|ef %d", model,
-              (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
-              cfg->diloco_outer_lr, cfg->diloco_outer_momentum, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
+    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d",
+              model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
+              cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
+              (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
               (int)cfg->diloco_error_feedback);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
@@ -83,6 +89,18 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     d->state = xmalloc(d->state_bytes);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
+    if (strcmp(cfg->diloco_transport, "local") == 0) {
+        int m = (int)cfg->diloco_replicas;
+        d->local_payload = xcalloc((size_t)m, sizeof *d->local_payload);
+        d->local_residual = xcalloc((size_t)m, sizeof *d->local_residual);
+        d->local_payload[0] = d->payload;
+        d->local_residual[0] = d->residual;
+        for (int i = 1; i < m; i++) {
+            d->local_payload[i] = xmalloc(d->payload_bytes);
+            if (d->residual) d->local_residual[i] = alloc_floats(n);
+        }
+        return d;  // no transport: diloco_outer_step_local exchanges in memory
+    }
 
     transport_options o = {0};
     o.replica_id = (int)cfg->diloco_replica_id;
@@ -199,15 +217,15 @@ bool diloco_outer_step_due(const diloco *d, int64_t step, int64_t max_steps) {
 
 // What this replica sends: θᵢ itself (none) or its quantized Δᵢ. Returns the relative L2
 // error of what is sent against the true Δᵢ (0 for none).
-static double encode_contribution(diloco *d, const float *params) {
+static double encode_contribution(diloco *d, const float *params, float *residual, uint8_t *payload) {
     int64_t n = d->numel;
     if (d->quant == QUANT_NONE) {
-        quant_encode(QUANT_NONE, params, n, d->block, d->payload);
+        quant_encode(QUANT_NONE, params, n, d->block, payload);
         return 0.0;
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) d->delta[i] = d->theta[i] - params[i];
-    return quant_encode_feedback(d->quant, d->delta, d->residual, n, d->block, d->payload);
+    return quant_encode_feedback(d->quant, d->delta, residual, n, d->block, payload);
 }
 
 // Whether every float a payload decodes from is finite: the values themselves (none) or the
@@ -264,15 +282,25 @@ static void average_delta(diloco *d, const round_result *r) {
     }
 }
 
-// Nesterov SGD as torch.optim.SGD(nesterov=True, dampening=0) with Δ as the gradient.
-static void apply_nesterov(diloco *d, float *params) {
+// The outer momentum of outer step k (1-based): μ, ramped linearly from μ/W over the first W =
+// diloco_momentum_warmup outer steps (0 = no ramp).
+static double outer_momentum(const diloco *d, int64_t k) {
+    double mu = d->cfg->diloco_outer_momentum;
+    int64_t w = d->cfg->diloco_momentum_warmup;
+    return w > 0 && k < w ? mu * (double)k / (double)w : mu;
+}
+
+// Outer step k: SGD with momentum μ as torch.optim.SGD(dampening=0) with Δ as the gradient —
+// Nesterov (the default) or heavy-ball (diloco_nesterov = 0).
+static void apply_outer_step(diloco *d, float *params, int64_t k) {
     int64_t n = d->numel;
-    double lr = d->cfg->diloco_outer_lr, mu = d->cfg->diloco_outer_momentum;
+    double lr = d->cfg->diloco_outer_lr, mu = outer_momentum(d, k);
+    bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         double delta = d->acc[i];
         double m = mu * (double)d->momentum[i] + delta;
-        double update = delta + mu * m;
+        double update = nesterov ? delta + mu * m : m;
         d->momentum[i] = (float)m;
         d->theta[i] = (float)((double)d->theta[i] - lr * update);
         params[i] = d->theta[i];
@@ -341,6 +369,10 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
     }
     metrics_object(d->log, sb.data);
     sb_free(&sb);
+    if (d->quiet) {
+        sb_free(&ids);
+        return;
+    }
     char sent[32], recv[32];
     format_count((double)r->bytes_sent, sent, sizeof sent);
     format_count((double)r->bytes_recv, recv, sizeof recv);
@@ -358,7 +390,7 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
         fail("diloco: this replica's weights hold NaN/Inf at step %lld; not sending them to the others",
              (long long)st->step);
     FILE *dump = dump_begin(d, k + 1, params);
-    double quant_err = encode_contribution(d, params);
+    double quant_err = encode_contribution(d, params, d->residual, d->payload);
     if (fault_requested("diloco_nan_payload", k)) {
         float nan = NAN;
         memcpy(d->payload, &nan, sizeof nan);
@@ -402,12 +434,52 @@ void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *tr
         memcpy(momentum_before, d->momentum, (size_t)d->numel * sizeof(float));
     }
     average_delta(d, &r);
-    apply_nesterov(d, params);
+    apply_outer_step(d, params, k + 1);
     st->outer_step = k + 1;
     dump_end(d, dump, momentum_before);
     free(momentum_before);
     log_outer_step(d, st, &r, true, NULL, quant_err);
     if (r.send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+}
+
+void diloco_set_quiet(diloco *d, bool quiet) { d->quiet = quiet; }
+
+void diloco_start_local(diloco *d, const float *params) {
+    size_t bytes = (size_t)d->numel * sizeof(float);
+    memcpy(d->theta, params, bytes);
+    memset(d->momentum, 0, bytes);
+    for (int i = 0; i < diloco_replicas(d); i++)
+        if (d->local_residual[i]) memset(d->local_residual[i], 0, bytes);
+}
+
+// The outer step of diloco_transport = local: every replica's contribution is encoded exactly
+// as a transport would carry it, then averaged and applied by the same code as
+// diloco_outer_step, so θ is the bits that M processes would compute.
+void diloco_outer_step_local(diloco *d, float *const *params, train_state *st) {
+    int64_t k = st->outer_step;
+    int m = diloco_replicas(d);
+    double t0 = wall_seconds(), quant_err = 0.0;
+    round_result r;
+    memset(&r, 0, sizeof r);
+    r.outer_step = k;
+    r.apply = true;
+    for (int i = 0; i < m; i++) {
+        if (!all_finite(params[i], d->numel))
+            fail("diloco: simulated replica %d's weights hold NaN/Inf at step %lld", i, (long long)st->step);
+        quant_err += encode_contribution(d, params[i], d->local_residual[i], d->local_payload[i]) / m;
+        r.ids[r.n] = i;
+        r.payload[r.n] = d->local_payload[i];
+        r.bytes[r.n] = d->payload_bytes;
+        r.n++;
+    }
+    r.bytes_sent = d->payload_bytes;  // what each replica would send
+    screen_contributions(d, &r);
+    average_delta(d, &r);
+    apply_outer_step(d, params[0], k + 1);
+    for (int i = 1; i < m; i++) memcpy(params[i], d->theta, (size_t)d->numel * sizeof(float));
+    st->outer_step = k + 1;
+    r.sync_s = wall_seconds() - t0;
+    log_outer_step(d, st, &r, true, NULL, quant_err);
 }
 
 bool diloco_agree_stop(diloco *d, bool local_stop) { return transport_agree_stop(d->net, local_stop); }
@@ -423,6 +495,13 @@ void diloco_close(diloco *d) {
     if (d->net) transport_close(d->net);
     free(d->theta);
     free(d->momentum);
+    if (d->local_payload)
+        for (int i = 1; i < diloco_replicas(d); i++) {
+            free(d->local_payload[i]);
+            free(d->local_residual[i]);
+        }
+    free(d->local_payload);
+    free(d->local_residual);
     free(d->residual);
     free(d->delta);
     free(d->payload);

@@ -66,6 +66,17 @@ bool diloco_outer_step_due(const diloco *d, int64_t step, int64_t max_steps);
 // progress line. May rejoin (overwriting params and state) when this replica was dropped.
 void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *train);
 
+// diloco_transport = local: the M replicas are simulated in this process (train_gpt.cu's
+// train_local; `train_gpt diloco-tune`). diloco_start_local sets θ ← params (every replica
+// starts from them) with zero momentum and residuals; diloco_outer_step_local encodes every
+// replica's contribution as a transport would carry it, averages them in ascending replica
+// id and applies the outer step — the same code and the same bits as M processes — then
+// sets every params[i] ← θ. No bytes move: `bytes_sent` is what each replica would send.
+void diloco_start_local(diloco *d, const float *params);
+void diloco_outer_step_local(diloco *d, float *const *params, train_state *st);
+// No progress line per outer step (metrics.jsonl still gets it).
+void diloco_set_quiet(diloco *d, bool quiet);
+
 // Whether to stop now: tcp: local_stop; mpi: whether any rank wants to (all agree).
 bool diloco_agree_stop(diloco *d, bool local_stop);
 

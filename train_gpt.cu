@@ -1212,6 +1212,7 @@ typedef struct {
     int rank, world;     // the data split: DiLoCo replica id and replica count, or 0 and 1
     diloco *outer;       // NULL without DiLoCo
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
+    bool quiet;          // no validation line on stdout (diloco-tune's runs)
 } trainer;
 
 static int setup_threads(const train_config *cfg) {
@@ -1396,23 +1397,31 @@ static bool restore_or_init(trainer *tr) {
     return false;
 }
 
+// The loss on the first val_tokens / seq_len sequences of val_data (all when val_tokens is 0
+// or more than the set holds), in micro-batches of up to batch_size rows: the same tokens
+// whatever the batch size, so runs with different batch sizes or replica counts compare.
 static double validate(trainer *tr) {
     const train_config *cfg = tr->cfg;
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    int64_t batches = min_i64(cfg->val_steps, dataloader_batches_per_epoch(tr->val));
+    int64_t rows = dataloader_batches_per_epoch(tr->val);  // the val loader reads one sequence per batch
+    if (cfg->val_tokens > 0) rows = min_i64(rows, max_i64(1, cfg->val_tokens / T));
     dataloader_rewind(tr->val);
     double ce = 0.0;
-    int64_t rows = 0;
-    for (int64_t i = 0; i < batches; i++) {
-        dataloader_next(tr->val, tr->inputs, tr->targets);
-        loss_sums s = backend_forward_loss(tr->be, tr->inputs, tr->targets, B, T);
+    int64_t tokens = 0;
+    for (int64_t done = 0; done < rows;) {
+        int64_t b = min_i64(B, rows - done);
+        for (int64_t r = 0; r < b; r++) dataloader_next(tr->val, tr->inputs + r * T, tr->targets + r * T);
+        loss_sums s = backend_forward_loss(tr->be, tr->inputs, tr->targets, b, T);
         ce += s.ce_sum;
-        rows += s.rows;
+        tokens += s.rows;
+        done += b;
     }
-    double loss = ce / (double)rows;
-    metrics_val(tr->log, tr->state.step, loss, rows);
-    printf("step %6lld | val_loss %.4f (%lld tokens)\n", (long long)tr->state.step, loss, (long long)rows);
-    fflush(stdout);
+    double loss = ce / (double)tokens;
+    metrics_val(tr->log, tr->state.step, loss, tokens);
+    if (!tr->quiet) {
+        printf("step %6lld | val_loss %.4f (%lld tokens)\n", (long long)tr->state.step, loss, (long long)tokens);
+        fflush(stdout);
+    }
     return loss;
 }
 
@@ -1496,7 +1505,7 @@ static void choose_data_split(trainer *tr) {
     train_config *cfg = tr->cfg;
     tr->rank = 0;
     tr->world = 1;
-    if (cfg->diloco_replicas <= 0) return;
+    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return;
     if (cfg->diloco_replica_id < 0) cfg->diloco_replica_id = transport_mpi_world_rank();
     tr->rank = (int)cfg->diloco_replica_id;
     tr->world = (int)cfg->diloco_replicas;
@@ -1525,7 +1534,7 @@ static int train_run(train_config *cfg) {
     resolve_doc_token(cfg, tr.train);
     // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
-        tr.val = dataloader_open(cfg->val_data, "val_data", cfg->batch_size, cfg->model.seq_len, false, 0, 0, 1);
+        tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
     tr.log = metrics_open(cfg->out_dir);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
@@ -1593,6 +1602,156 @@ static int train_run(train_config *cfg) {
     return 0;
 }
 
+
+// ================================================================ DiLoCo simulated in one process
+// diloco_transport = local: the M replicas are trainers in this process, each with its own
+// weights, AdamW moments, backend and 1/M of the data (the split M processes would read).
+// Each round they take their inner steps one after another, then diloco_outer_step_local
+// averages and applies exactly what a transport would have carried. The global weights are
+// what is validated: at the first outer boundary at or after each multiple of val_every, and
+// at the end. What it costs: M times the weights, moments and activations of one replica, and
+// M times the compute of one replica per step. No checkpoints, no samples: it is for
+// measuring (bench/diloco/convergence.sh, `train_gpt diloco-tune`), not for keeping a model.
+
+typedef struct {
+    double val_loss;      // at the end; NaN without val_data
+    int64_t val_tokens;
+    double train_loss;    // mean over replicas of the last step's loss
+    double seconds;
+} local_result;
+
+static local_result train_local(train_config *cfg, bool quiet) {
+    int M = (int)cfg->diloco_replicas;
+    int64_t H = cfg->diloco_inner_steps;
+    double t_start = wall_seconds();
+    config_check_files(cfg);
+    trainer *reps = (trainer *)xcalloc((size_t)M, sizeof *reps);
+    trainer *lead = &reps[0];
+    lead->cfg = cfg;
+    lead->device = quiet ? DEVICE_CPU : select_device(lead);
+    if (quiet) {  // diloco-tune decided the device once
+        char why[600];
+        lead->device = device_choose(cfg->device, gpu_probe(), why, sizeof why);
+        if (lead->device == DEVICE_ERROR) fail("device: %s", why);
+    }
+    lead->threads = setup_threads(cfg);
+    metrics_log *log = metrics_open(cfg->out_dir);
+    dataloader *val = NULL;
+    float **params = (float **)xmalloc((size_t)M * sizeof *params);
+    for (int i = 0; i < M; i++) {
+        trainer *tr = &reps[i];
+        tr->cfg = cfg;
+        tr->device = lead->device;
+        tr->threads = lead->threads;
+        tr->peak_tflops = lead->peak_tflops;
+        tr->quiet = quiet;
+        tr->rank = i;
+        tr->world = M;
+        tr->train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
+                                    (uint64_t)cfg->seed, i, M);
+        if (i == 0) {
+            resolve_doc_token(cfg, tr->train);
+            if (cfg->val_data[0]) val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
+        }
+        tr->val = val;
+        tr->log = i == 0 ? log : NULL;
+        allocate(tr);
+        restore_or_init(tr);
+        params[i] = tr->params;
+    }
+    for (int i = 1; i < M; i++)
+        if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
+    diloco *outer = diloco_open(cfg, &lead->table, log);
+    diloco_set_quiet(outer, quiet);
+    diloco_start_local(outer, lead->params);
+    for (int i = 0; i < M; i++)
+        backend_upload(reps[i].be, reps[i].params, reps[i].exp_avg, reps[i].exp_avg_sq, reps[i].state.adam_step);
+    if (!quiet) {
+        print_model_summary(&lead->table, cfg, M);
+        printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %lld inner steps per "
+               "outer step, outer lr %g, momentum %g%s%s, %s outer gradients%s; validation on the global weights\n",
+               M, (long long)H, cfg->diloco_outer_lr, cfg->diloco_outer_momentum,
+               cfg->diloco_nesterov ? " (Nesterov)" : " (heavy-ball)",
+               cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "", cfg->diloco_quant,
+               cfg->diloco_error_feedback ? " with error feedback" : "");
+        fflush(stdout);
+        install_signal_handlers();
+    }
+
+    local_result res = {NAN, 0, NAN, 0.0};
+    step_metrics *round = (step_metrics *)xcalloc((size_t)H, sizeof *round);
+    double step_time_sum = 0.0;
+    int64_t timed = 0;
+    while (lead->state.step < cfg->max_steps) {
+        int64_t start = lead->state.step;
+        int64_t end = min_i64(cfg->max_steps, (start / H + 1) * H);
+        for (int i = 0; i < M; i++) {
+            for (int64_t s = start; s < end; s++) {
+                step_metrics m = train_step(&reps[i]);
+                step_metrics *r = &round[s - start];
+                if (i == 0) {
+                    *r = m;
+                    r->loss = 0.0;
+                    r->grad_norm = 0.0;
+                    r->step_ms = 0.0;
+                }
+                r->loss += m.loss / M;           // the mean over replicas
+                r->grad_norm += m.grad_norm / M;
+                r->step_ms += m.step_ms;         // all replicas: the wall time of the step
+                r->skipped = r->skipped || m.skipped;
+            }
+        }
+        for (int64_t s = start; s < end; s++) {
+            step_metrics *r = &round[s - start];
+            r->tok_per_s = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum * M) / (r->step_ms / 1e3);
+            metrics_step(log, r);
+            step_time_sum += r->step_ms / 1e3;
+            timed++;
+            if (!quiet && (due(r->step, cfg->log_every, cfg->max_steps) || r->skipped))
+                print_progress(lead, r, step_time_sum / (double)timed);
+            res.train_loss = r->loss;
+        }
+        for (int i = 0; i < M; i++) backend_download(reps[i].be, reps[i].params, NULL, NULL);
+        diloco_outer_step_local(outer, params, &lead->state);
+        for (int i = 0; i < M; i++) {
+            reps[i].state.outer_step = lead->state.outer_step;
+            backend_upload_params(reps[i].be, reps[i].params);
+        }
+        bool val_due = end == cfg->max_steps || (cfg->val_every > 0 && end / cfg->val_every > start / cfg->val_every);
+        if (val && val_due) {
+            res.val_loss = validate(lead);
+            res.val_tokens = (int64_t)(dataloader_batches_per_epoch(val) * cfg->model.seq_len);
+            if (cfg->val_tokens > 0)
+                res.val_tokens = min_i64(res.val_tokens, max_i64(1, cfg->val_tokens / cfg->model.seq_len) *
+                                                             cfg->model.seq_len);
+        }
+        if (stop_signal) {
+            note("stopped by signal %d after step %lld (a simulated run writes no checkpoint)", (int)stop_signal,
+                 (long long)lead->state.step);
+            break;
+        }
+    }
+    free(round);
+    diloco_close(outer);
+    for (int i = 0; i < M; i++) {
+        trainer *tr = &reps[i];
+        backend_free(tr->be);
+        dataloader_close(tr->train);
+        free(tr->params);
+        free(tr->exp_avg);
+        free(tr->exp_avg_sq);
+        free(tr->inputs);
+        free(tr->targets);
+        param_table_free(&tr->table);
+    }
+    dataloader_close(val);
+    metrics_close(log);
+    free(params);
+    free(reps);
+    res.seconds = wall_seconds() - t_start;
+    return res;
+}
+
 // ================================================================ the command line
 #ifndef TESTING
 
@@ -1638,7 +1797,10 @@ int main(int argc, char **argv) {
     int rest = config_path ? at + 1 : at;
     train_config cfg;
     config_load(&cfg, config_path, argc - rest, argv + rest);
-    int rc = plan ? train_plan(&cfg) : train_run(&cfg);
+    int rc = 0;
+    if (plan) rc = train_plan(&cfg);
+    else if (cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0) train_local(&cfg, false);
+    else rc = train_run(&cfg);
     config_free(&cfg);
     return rc;
 }

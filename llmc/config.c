@@ -75,7 +75,7 @@ static const key_spec KEYS[] = {
     {"val_data", KEY_STRING, T(val_data), "", 0, 0, NULL, false, "validation shards (same forms); empty = no validation"},
     {"shuffle", KEY_BOOL, T(shuffle), "1", 0, 1, NULL, false, "visit sequences in a seeded random order each epoch"},
     {"val_every", KEY_INT, T(val_every), "0", 0, BIG, NULL, false, "validate every N steps (and at the end); 0 = only at the end"},
-    {"val_steps", KEY_INT, T(val_steps), "20", 1, 1 << 30, NULL, false, "micro-batches per validation"},
+    {"val_tokens", KEY_INT, T(val_tokens), "1048576", 0, BIG, NULL, false, "tokens each validation covers, from the start of val_data, the same at any batch size; 0 = all of it"},
     {"out_dir", KEY_STRING, T(out_dir), "out", 0, 0, NULL, false, "where metrics.jsonl and checkpoints go"},
     {"ckpt_every", KEY_INT, T(ckpt_every), "0", 0, BIG, NULL, false, "checkpoint every N steps (and at the end); 0 = only at the end"},
     {"stop_at_step", KEY_INT, T(stop_at_step), "0", 0, BIG, NULL, false, "checkpoint and exit cleanly after this step (split a run into jobs); 0 = run to max_steps"},
@@ -96,7 +96,9 @@ static const key_spec KEYS[] = {
     {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
     {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "0.7", 0, 10, NULL, false, "outer Nesterov SGD learning rate"},
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "0.9", 0, 0.999999, NULL, false, "outer Nesterov momentum"},
-    {"diloco_transport", KEY_CHOICE, T(diloco_transport), "tcp", 0, 0, "tcp|mpi", false, "tcp: replicas meet at a hub (relay); mpi: replicas are the ranks of one MPI job"},
+    {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
+    {"diloco_momentum_warmup", KEY_INT, T(diloco_momentum_warmup), "0", 0, BIG, NULL, false, "outer steps over which the outer momentum ramps up linearly to diloco_outer_momentum; 0 = none"},
+    {"diloco_transport", KEY_CHOICE, T(diloco_transport), "tcp", 0, 0, "tcp|mpi|local", false, "tcp: replicas meet at a hub (relay); mpi: replicas are the ranks of one MPI job; local: all replicas simulated in this process, one after another"},
     {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
     {"diloco_streams", KEY_INT, T(diloco_streams), "1", 1, 64, NULL, false, "tcp: parallel TCP data connections per replica for outer gradients"},
@@ -199,6 +201,10 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
 static void apply(train_config *cfg, const char *name, const char *value, const char *source) {
     int index;
     const key_spec *k = find_key(name, &index);
+    if (!k && strcmp(name, "val_steps") == 0)
+        fail("%s: val_steps was replaced by val_tokens (validation covers the same tokens at every batch size and "
+             "replica count): val_tokens = val_steps x batch_size x seq_len, or 0 for the whole validation set",
+             source);
     if (!k) fail("%s: unknown key '%s' (see ./train_gpt --help)", source, name);
     const char *why = set_value(cfg, k, value);
     // "--lr" already names the key; "file:line" does not.

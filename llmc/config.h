@@ -59,7 +59,7 @@ typedef struct {
     char *val_data;
     bool shuffle;
     int64_t val_every;
-    int64_t val_steps;
+    int64_t val_tokens;
     char *out_dir;
     int64_t ckpt_every;
     int64_t stop_at_step;
@@ -80,6 +80,8 @@ typedef struct {
     int64_t diloco_inner_steps;     // H
     double diloco_outer_lr;
     double diloco_outer_momentum;
+    bool diloco_nesterov;
+    int64_t diloco_momentum_warmup;
     char *diloco_transport;         // tcp | mpi
     char *diloco_rendezvous;        // tcp: host:port of the hub
     bool diloco_serve;              // tcp: this replica runs the hub itself

@@ -34,6 +34,7 @@ typedef struct {
 // Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.
 metrics_log *metrics_open(const char *out_dir);
 void metrics_close(metrics_log *log);
+// Every writer below accepts log = NULL and writes nothing.
 void metrics_step(metrics_log *log, const step_metrics *m);
 void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_tokens);
 // {"event": name, "step": step} plus extra members given as a JSON fragment ("" for none),

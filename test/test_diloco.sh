@@ -24,7 +24,7 @@ trap cleanup EXIT
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 chmod 600 "$tmp/secret"
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
-    --val_steps 2 --threads 1 --log_every 1000 --ckpt_keep 0)
+    --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
 HAVE_MPI=0  # mpirun here and MPI linked into the binary
 command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi && HAVE_MPI=1

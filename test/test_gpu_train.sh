@@ -18,7 +18,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 512 0 400000 21
 "$TOOL" shard "$tmp/val.bin" 512 0 20000 22
 common=(test/configs/gpu_tiny.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 10
-    --val_steps 4 --log_every 1 --ckpt_keep 0)
+    --val_tokens 4096 --log_every 1 --ckpt_keep 0)
 run() {  # run OUT_DIR DEVICE [--key value]...
     local out=$1 dev=$2; shift 2
     "$TRAIN_GPT" "${common[@]}" --device "$dev" --out_dir "$out" "$@" >"$out.log" 2>&1

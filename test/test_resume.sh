@@ -10,7 +10,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 10
-    --val_steps 2 --grad_accum 2 --shuffle 1 --ckpt_every 5 --ckpt_keep 0 --log_every 100)
+    --val_tokens 256 --grad_accum 2 --shuffle 1 --ckpt_every 5 --ckpt_keep 0 --log_every 100)
 run() {  # run OUT_DIR [--key value]...
     local out=$1; shift
     "$TRAIN_GPT" "${common[@]}" --out_dir "$out" "$@"
