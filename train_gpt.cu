@@ -1752,6 +1752,212 @@ static local_result train_local(train_config *cfg, bool quiet) {
     return res;
 }
 
+// ================================================================ diloco-tune
+// `train_gpt diloco-tune CONFIG --replicas M --inner_steps H [options] [--key value]...`:
+// the published recipe (Charles et al. 2025: the best outer learning rate depends on M and H,
+// not on model size) as one command. It shrinks CONFIG to a proxy that trains in minutes,
+// keeps what the outer optimizer's optimum depends on (M, H, the data, the schedule's shape,
+// the quantization), runs one worker, data parallel and DiLoCo at each (outer lr, μ) of a
+// grid, all at equal tokens per replica, and prints the table and the best settings as
+// config lines. docs/diloco.md#tuning-the-outer-optimizer says what is scaled and why.
+
+typedef struct {
+    int replicas;
+    int64_t inner_steps, rounds;
+    bool proxy;
+    double lrs[16], mus[16];
+    int n_lr, n_mu;
+    const char *dir;
+} tune_options;
+
+typedef struct {
+    char name[64];
+    double lr, mu;       // NaN for the baselines
+    local_result r;
+} tune_run;
+
+static int parse_list(const char *flag, const char *text, double *out, int max, double lo, double hi) {
+    int n = 0;
+    char *copy = xstrdup(text), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        double v = strtod(tok, &end);
+        if (end == tok || *end || !(v >= lo && v <= hi) || n == max)
+            fail("diloco-tune: %s: '%s' is not a comma-separated list of at most %d numbers in [%g, %g]", flag, text,
+                 max, lo, hi);
+        out[n++] = v;
+    }
+    free(copy);
+    if (n == 0) fail("diloco-tune: %s: empty list", flag);
+    return n;
+}
+
+// Splits the tuner's own flags from the config overrides (which stay in argv, compacted).
+static tune_options parse_tune_options(int *argc, char **argv) {
+    tune_options o = {};
+    o.rounds = 8;
+    o.proxy = true;
+    o.dir = "out/diloco-tune";
+    o.n_lr = parse_list("--outer_lr", "0.5,0.7,1.0,1.4", o.lrs, 16, 0, 10);
+    o.n_mu = parse_list("--outer_momentum", "0,0.5,0.9", o.mus, 16, 0, 0.999999);
+    int kept = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        bool ours = true;
+        if (!strcmp(a, "--replicas") && v) o.replicas = atoi(v);
+        else if (!strcmp(a, "--inner_steps") && v) o.inner_steps = atoll(v);
+        else if (!strcmp(a, "--rounds") && v) o.rounds = atoll(v);
+        else if (!strcmp(a, "--proxy") && v) o.proxy = atoi(v) != 0;
+        else if (!strcmp(a, "--dir") && v) o.dir = v;
+        else if (!strcmp(a, "--outer_lr") && v) o.n_lr = parse_list(a, v, o.lrs, 16, 0, 10);
+        else if (!strcmp(a, "--outer_momentum") && v) o.n_mu = parse_list(a, v, o.mus, 16, 0, 0.999999);
+        else ours = false;
+        if (ours) {
+            i++;
+            continue;
+        }
+        argv[kept++] = argv[i];
+    }
+    *argc = kept;
+    if (o.replicas < 2 || o.replicas > 256) fail("diloco-tune: --replicas M (2 .. 256) is required");
+    if (o.inner_steps < 1) fail("diloco-tune: --inner_steps H (>= 1) is required");
+    if (o.rounds < 2 || o.rounds > 1000) fail("diloco-tune: --rounds must be in 2 .. 1000, got %lld", (long long)o.rounds);
+    return o;
+}
+
+// The config of one tuning run: the user's file and overrides, then the proxy's shape, then
+// this run's settings (later arguments win).
+static void tune_config(train_config *cfg, const char *path, int argc, char **argv, const tune_options *o,
+                        const train_config *user, const char *name, int replicas, int64_t batch, double lr,
+                        double mu) {
+    char buf[40][512];
+    char *args[256];
+    int n = 0, b = 0;
+    for (int i = 0; i < argc && n < 150; i++) args[n++] = argv[i];
+#define ARG(key, ...)                                          \
+    do {                                                       \
+        args[n++] = (char *)key;                               \
+        snprintf(buf[b], sizeof buf[b], __VA_ARGS__);          \
+        args[n++] = buf[b++];                                  \
+    } while (0)
+    int64_t steps = o->rounds * o->inner_steps;
+    if (o->proxy) {
+        const model_config *m = &user->model;
+        ARG("--n_layer", "4");
+        ARG("--d_model", "64");
+        ARG("--n_head", "4");
+        ARG("--n_kv_head", "%d", m->n_kv_head < m->n_head ? 2 : 4);
+        ARG("--head_dim", "0");
+        ARG("--d_ff", "192");
+        ARG("--seq_len", "%lld", (long long)min_i64(m->seq_len, 64));
+        ARG("--lr", "3e-3");
+        ARG("--grad_accum", "1");
+        ARG("--val_tokens", "%lld", (long long)(user->val_tokens > 0 ? min_i64(user->val_tokens, 65536) : 65536));
+    }
+    ARG("--batch_size", "%lld", (long long)batch);
+    ARG("--max_steps", "%lld", (long long)steps);
+    ARG("--warmup_steps", "%lld", (long long)llround((double)steps * (double)user->warmup_steps /
+                                                     (double)max_i64(1, user->max_steps)));
+    ARG("--val_every", "0");
+    ARG("--sample_every", "0");
+    ARG("--ckpt_every", "0");
+    ARG("--resume", "never");
+    if (o->proxy) ARG("--init_from", "%s", "");  // the user's weights have the user's shape
+    ARG("--diloco_transport", "local");
+    ARG("--diloco_replicas", "%d", replicas);
+    ARG("--diloco_inner_steps", "%lld", (long long)(replicas > 1 ? o->inner_steps : steps));
+    ARG("--diloco_outer_lr", "%.17g", lr);
+    ARG("--diloco_outer_momentum", "%.17g", mu);
+    ARG("--out_dir", "%s/%s", o->dir, name);
+#undef ARG
+    config_load(cfg, path, n, args);
+}
+
+static double tune_vs(double x, double ref) { return 100.0 * (x / ref - 1.0); }
+
+static int diloco_tune_main(int argc, char **argv) {
+    if (argc < 2) fail("usage: train_gpt diloco-tune CONFIG --replicas M --inner_steps H [--rounds R] "
+                       "[--outer_lr LIST] [--outer_momentum LIST] [--proxy 0|1] [--dir DIR] [--key value]...");
+    const char *path = strncmp(argv[1], "--", 2) == 0 ? NULL : argv[1];
+    int rest = path ? 2 : 1;
+    int n_args = argc - rest;
+    char **args = argv + rest;
+    tune_options o = parse_tune_options(&n_args, args);
+    train_config user;
+    config_load(&user, path, n_args, args);
+    if (!user.val_data[0]) fail("diloco-tune: the config has no val_data; the tuner compares validation losses");
+    // Runs: one worker and data parallel (DiLoCo with M = 1, lr 1, μ 0 is plain training,
+    // bit for bit), then the grid.
+    int total = 2 + o.n_lr * o.n_mu;
+    tune_run *runs = (tune_run *)xcalloc((size_t)total, sizeof *runs);
+    int64_t B = o.proxy ? 8 : user.batch_size;
+    printf("diloco-tune | M = %d replicas, H = %lld inner steps, %lld rounds = %lld steps per replica; %s; %d runs\n",
+           o.replicas, (long long)o.inner_steps, (long long)o.rounds, (long long)(o.rounds * o.inner_steps),
+           o.proxy ? "proxy: 4 layers, d_model 64, seq <= 64, batch 8, inner lr 3e-3 (--proxy 0: your model as is)"
+                   : "your model as is",
+           total);
+    fflush(stdout);
+    double elapsed = 0.0;
+    for (int k = 0; k < total; k++) {
+        tune_run *r = &runs[k];
+        int replicas = o.replicas;
+        int64_t batch = B;
+        r->lr = 1.0;
+        r->mu = 0.0;
+        if (k == 0) {
+            snprintf(r->name, sizeof r->name, "one-worker");
+            replicas = 1;
+        } else if (k == 1) {
+            snprintf(r->name, sizeof r->name, "data-parallel");
+            replicas = 1;
+            batch = B * o.replicas;
+        } else {
+            r->lr = o.lrs[(k - 2) / o.n_mu];
+            r->mu = o.mus[(k - 2) % o.n_mu];
+            snprintf(r->name, sizeof r->name, "lr%g-mu%g", r->lr, r->mu);
+        }
+        train_config cfg;
+        tune_config(&cfg, path, n_args, args, &o, &user, r->name, replicas, batch, r->lr, r->mu);
+        if (k < 2) cfg.diloco_quant = xstrdup("none");  // the baselines exchange nothing: keep them exact
+        char metrics[4200];
+        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg.out_dir);
+        unlink(metrics);
+        r->r = train_local(&cfg, true);
+        config_free(&cfg);
+        elapsed += r->r.seconds;
+        char eta[32];
+        format_duration(elapsed / (k + 1) * (total - k - 1), eta, sizeof eta);
+        printf("diloco-tune | [%2d/%d] %-16s val_loss %.4f  (%.0f s, ETA %s)\n", k + 1, total, r->name, r->r.val_loss,
+               r->r.seconds, eta);
+        fflush(stdout);
+    }
+    double one = runs[0].r.val_loss, dp = runs[1].r.val_loss;
+    int best = 2;
+    for (int k = 2; k < total; k++)
+        if (runs[k].r.val_loss < runs[best].r.val_loss) best = k;
+    printf("\n| outer lr | momentum | val_loss | vs one worker | vs data parallel |\n|---|---|---|---|---|\n");
+    printf("| (one worker) | | %.4f | | %+.2f %% |\n", one, tune_vs(one, dp));
+    printf("| (data parallel, %d x batch) | | %.4f | %+.2f %% | |\n", o.replicas, dp, tune_vs(dp, one));
+    for (int k = 2; k < total; k++)
+        printf("| %g | %g | %.4f | %+.2f %% | %+.2f %% |%s\n", runs[k].lr, runs[k].mu, runs[k].r.val_loss,
+               tune_vs(runs[k].r.val_loss, one), tune_vs(runs[k].r.val_loss, dp), k == best ? " best" : "");
+    const tune_run *b = &runs[best];
+    bool edge_lr = b->lr == o.lrs[0] || b->lr == o.lrs[o.n_lr - 1];
+    printf("\n# diloco-tune: M = %d, H = %lld: best of %d settings, %+.2f %% against data parallel, %+.2f %% against "
+           "one worker\n",
+           o.replicas, (long long)o.inner_steps, total - 2, tune_vs(b->r.val_loss, dp), tune_vs(b->r.val_loss, one));
+    printf("diloco_replicas = %d\ndiloco_inner_steps = %lld\ndiloco_outer_lr = %g\ndiloco_outer_momentum = %g\n",
+           o.replicas, (long long)o.inner_steps, b->lr, b->mu);
+    if (o.n_lr > 1 && edge_lr)
+        printf("# the best outer lr is at the edge of the grid: widen --outer_lr and run again\n");
+    if (b->r.val_loss >= one)
+        printf("# no setting beat one worker: try a larger H or more --rounds\n");
+    free(runs);
+    config_free(&user);
+    return 0;
+}
+
 // ================================================================ the command line
 #ifndef TESTING
 
@@ -1769,7 +1975,7 @@ static const shard_sink shard_files = {sink_open, sink_append, sink_tokens, sink
 
 static void usage_error(void) {
     fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
-         "train_gpt relay ...  |  train_gpt --help");
+         "train_gpt relay ...  |  train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  |  train_gpt --help");
 }
 
 int main(int argc, char **argv) {
@@ -1781,6 +1987,7 @@ int main(int argc, char **argv) {
     if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1, &shard_files);
     if (strcmp(first, "relay") == 0) return relay_main(argc - 1, argv + 1);
     gemm_fix_cpu_kernels(argv);
+    if (strcmp(first, "diloco-tune") == 0) return diloco_tune_main(argc - 1, argv + 1);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {
         config_print_help();
         return 0;

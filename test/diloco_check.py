@@ -1,13 +1,15 @@
 """Independent check of DiLoCo's outer step from the tensors train_gpt dumps.
 
-usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR]
+usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP]]]
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>.f32 at outer
 step k: θ before, θᵢ (its local weights), Δ, m before, m after, θ after, each NUMEL fp32.
 This script recomputes, in float64 and without any train_gpt code:
   Δ      = θ_before − mean over replicas of θᵢ      (the sign convention)
-  m      = μ·m_before + Δ
-  θ      = θ_before − lr·(Δ + μ·m)                  (torch.optim.SGD, nesterov=True)
+  m      = μₖ·m_before + Δ
+  θ      = θ_before − lr·(Δ + μₖ·m)                 (torch.optim.SGD, nesterov=True)
+         = θ_before − lr·m                          (NESTEROV = 0: heavy-ball)
+  μₖ     = μ·k/W for outer step k < W = MU_WARMUP, else μ
 and checks each against the dump, plus that all replicas hold the same bits.
 Tolerances: Δ, m and θ are fp32 roundings of float64 results, so each is within one
 fp32 rounding (6e-8 relative to the tensor's largest value) of the float64 value; 1e-6
@@ -27,6 +29,8 @@ def main():
     dump_dir = sys.argv[1]
     lr, mu, quant = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     max_quant_err = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    nesterov = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    mu_warmup = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     files = glob.glob(os.path.join(dump_dir, "outer_*_*.f32"))
     assert files, "no dumps found"
     numel = os.path.getsize(files[0]) // 24
@@ -67,13 +71,14 @@ def main():
                 print(f"FAIL outer step {k}: quantized Δ is {err:.3g} (relative L2) from θ − mean θᵢ, "
                       f"bound {max_quant_err}")
                 failures += 1
-        m_exp = mu * m_b + delta
+        mu_k = mu * k / mu_warmup if k < mu_warmup else mu
+        m_exp = mu_k * m_b + delta
         err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
         worst["momentum"] = max(worst["momentum"], err)
         if err > 1e-6:
             print(f"FAIL outer step {k}: momentum off by {err:.3g} of max|m|")
             failures += 1
-        theta_exp = theta_b - lr * (delta + mu * m_exp)
+        theta_exp = theta_b - lr * (delta + mu_k * m_exp if nesterov else m_exp)
         err = np.max(np.abs(theta_a - theta_exp)) / max(np.max(np.abs(theta_exp)), 1e-30)
         worst["theta"] = max(worst["theta"], err)
         if err > 1e-6:

@@ -11,6 +11,9 @@
 #   5. Resume mid-round from a checkpoint with int8 + error feedback: bit-exact.
 #   6. SIGTERM: the replica checkpoints, says goodbye, and the others carry on at once.
 #   7. Configuration errors: one line naming the key.
+#   8. diloco_transport = local (M replicas simulated in one process): every outer step's
+#      param_hash equal to the MPI run's, fp32 and int8 + error feedback; heavy-ball and the
+#      momentum warm-up against numpy.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
 pids=()
@@ -99,6 +102,34 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "outer step = Nesterov on θ − mean θᵢ (numpy, float64, 1e-6), MPI, fp32 Δ" \
         "$PYTHON" test/diloco_check.py "$tmp/dump_mpi" 0.7 0.9 none
 fi
+
+# ---------------------------------------------------------------- 8. simulated replicas
+# (outer_step, param_hash) of every applied outer step in a metrics file, one per line.
+outer_hashes() { grep '"applied":true' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
+same_outer_hashes() {  # same_outer_hashes WANT METRICS_A METRICS_B: ≥ WANT outer steps, all equal
+    local a b; a=$(outer_hashes "$2"); b=$(outer_hashes "$3")
+    [ "$(printf '%s\n' "$a" | grep -c .)" -ge "$1" ] && [ "$a" = "$b" ] && return 0
+    say "    $2: $(printf '%s ' $a)"; say "    $3: $(printf '%s ' $b)"
+    return 1
+}
+"$TRAIN_GPT" "${common[@]}" "${three[@]}" --diloco_transport local --diloco_quant none --out_dir "$tmp/local3" \
+    >"$tmp/local3.log" 2>&1 || cat "$tmp/local3.log"
+if [ "$HAVE_MPI" = 1 ]; then
+    check "3 simulated replicas (local) = 3 MPI processes: param_hash equal at all 8 outer steps, fp32" \
+        same_outer_hashes 8 "$tmp/mpi3/0/metrics.jsonl" "$tmp/local3/metrics.jsonl"
+    two=(--diloco_replicas 2 --diloco_inner_steps 4 --max_steps 40 --diloco_quant int8 --diloco_error_feedback 1
+         --diloco_outer_lr 0.8 --diloco_outer_momentum 0.8 --diloco_nesterov 0 --diloco_momentum_warmup 4)
+    mkdir -p "$tmp/dump_hb"
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_hb" "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${two[@]}") \
+        --diloco_transport mpi --out_dir '$tmp/mpi2/'\$OMPI_COMM_WORLD_RANK" >"$tmp/mpi2.log" 2>&1 || cat "$tmp/mpi2.log"
+    "$TRAIN_GPT" "${common[@]}" "${two[@]}" --diloco_transport local --out_dir "$tmp/local2" >"$tmp/local2.log" 2>&1 ||
+        cat "$tmp/local2.log"
+    check "2 simulated replicas = 2 MPI processes: param_hash equal at all 10 outer steps, int8 + error feedback" \
+        same_outer_hashes 10 "$tmp/mpi2/0/metrics.jsonl" "$tmp/local2/metrics.jsonl"
+    check "heavy-ball outer step with a 4-step momentum warm-up = numpy (int8 Δ within 2 %)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_hb" 0.8 0.8 int8 0.02 0 4
+fi
+check "3 simulated replicas: the loss falls" loss_falls "$tmp/local3/metrics.jsonl"
 
 start_relay() {  # start_relay NAME: a fresh hub; sets tcp=(...) to reach it
     local port; port=$(free_port)
