@@ -10,6 +10,13 @@
 //       document token at all but still keeps DOC_TOKEN out of the other tokens and in the
 //       header: plain causal data for a config that has a doc_token (bench/gpu/run.sh).
 //       DOC_TOKEN -1 writes none and records none.
+//   test_tool markov OUT VOCAB DOC_TOKEN N_TOKENS LANG_SEED SAMPLE_SEED
+//       Writes a shard sampled from a random order-2 Markov "language": each pair of previous
+//       tokens has 4 possible successors (chosen by LANG_SEED) with probabilities 0.5, 0.25,
+//       0.15, 0.1, so the best possible loss is 1.21 nats and a small model needs many tokens
+//       to learn all VOCAB² contexts: more data means a lower loss (the DiLoCo convergence
+//       test). Train and validation shards share LANG_SEED and differ in SAMPLE_SEED.
+//       Documents of 51–151 tokens start with DOC_TOKEN, after which the context restarts.
 //   test_tool flip FILE OFFSET
 //       Flips every bit of the byte at OFFSET (negative: from the end).
 //   test_tool truncate FILE BYTES
@@ -78,6 +85,53 @@ static int write_pattern_shard(int argc, char **argv) {
     return 0;
 }
 
+// The k-th successor of context (a, b) in language `lang`: a fixed hash, never doc.
+static uint32_t markov_successor(uint64_t lang, uint32_t a, uint32_t b, int k, uint32_t vocab, long long doc) {
+    uint64_t z = lang ^ ((uint64_t)a << 40) ^ ((uint64_t)b << 20) ^ (uint64_t)k;
+    for (uint64_t bump = 0;; bump++) {
+        uint64_t x = (z + bump * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 31;
+        x *= 0x94D049BB133111EBull;
+        x ^= x >> 29;
+        uint32_t t = (uint32_t)(x % vocab);
+        if ((long long)t != doc) return t;
+    }
+}
+
+static int write_markov_shard(int argc, char **argv) {
+    if (argc != 7) fail("usage: test_tool markov OUT VOCAB DOC_TOKEN N_TOKENS LANG_SEED SAMPLE_SEED");
+    const char *out = argv[1];
+    uint32_t vocab = (uint32_t)atoll(argv[2]);
+    long long doc = atoll(argv[3]);
+    uint64_t n = (uint64_t)atoll(argv[4]), lang = (uint64_t)atoll(argv[5]) * 0x2545F4914F6CDD1Dull;
+    if (vocab < 8 || doc < 0 || doc >= vocab) fail("markov: VOCAB must be >= 8 and 0 <= DOC_TOKEN < VOCAB");
+    shard_writer *w = shard_writer_open(out, vocab, (uint32_t)doc);
+    if (!w) fail("cannot create '%s': %s", out, strerror(errno));
+    rng_state r;
+    rng_seed(&r, (uint64_t)atoll(argv[6]), 11);
+    static const double cumulative[4] = {0.5, 0.75, 0.9, 1.0};
+    uint32_t a = (uint32_t)doc, b = (uint32_t)doc;
+    int64_t until_doc = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t t;
+        if (until_doc-- <= 0) {
+            t = (uint32_t)doc;
+            until_doc = next_document_gap(&r, 51, 151);
+            a = b = t;
+        } else {
+            double u = rng_uniform(&r);
+            int k = 0;
+            while (k < 3 && u >= cumulative[k]) k++;
+            t = markov_successor(lang, a, b, k, vocab, doc);
+            a = b;
+            b = t;
+        }
+        if (!shard_writer_append(w, &t, 1)) fail("write failed: %s", strerror(errno));
+    }
+    if (!shard_writer_close(w)) fail("cannot finish '%s': %s", out, strerror(errno));
+    return 0;
+}
+
 static int flip_byte(int argc, char **argv) {
     if (argc < 3) fail("usage: test_tool flip FILE OFFSET");
     int fd = open(argv[1], O_RDWR);
@@ -117,8 +171,9 @@ static int print_tokens(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|flip|truncate|tokens ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens ...");
     if (!strcmp(argv[1], "shard")) return write_pattern_shard(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "markov")) return write_markov_shard(argc - 1, argv + 1);
     if (!strcmp(argv[1], "flip")) return flip_byte(argc - 1, argv + 1);
     if (!strcmp(argv[1], "truncate")) return truncate_file(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);

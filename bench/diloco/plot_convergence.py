@@ -205,27 +205,26 @@ def markdown(rows, title, svgs):
 
 # ------------------------------------------------------------------------------------ SVG
 
-def nice_step(span, count=5):
-    """A step of 1, 2 or 5 × 10^k that cuts span into about count pieces."""
-    raw = span / count if span > 0 else 1.0
+def nice_step(span, pieces=4):
+    """The largest step of 1, 2 or 5 × 10^k that cuts span into at least pieces pieces."""
+    raw = span / pieces if span > 0 else 1.0
     exp = math.floor(math.log10(raw))
-    for mult in (1, 2, 5, 10):
-        if mult * 10 ** exp >= raw:
-            return mult * 10 ** exp
-    return 10 ** (exp + 1)
+    return max(m * 10.0 ** e for e in (exp, exp + 1) for m in (1, 2, 5) if m * 10.0 ** e <= raw)
 
 
-def axis(lo, hi):
-    """(lo, hi, step) widened to whole steps; a flat range gets some room."""
+def axis(lo, hi, pad_lo=True):
+    """(lo, hi, step): the range with 4 % room each side (none below when not pad_lo)."""
     if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-        pad = 0.05 * abs(hi) or 1.0
-        lo, hi = lo - pad, hi + pad
-    step = nice_step(hi - lo)
-    return math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step, step
+        lo, hi = lo - (0.05 * abs(lo) or 1.0) * pad_lo, hi + (0.05 * abs(hi) or 1.0)
+    pad = 0.04 * (hi - lo)
+    lo, hi = lo - pad * pad_lo, hi + pad
+    return lo, hi, nice_step(hi - lo)
 
 
 def tick_label(value, step):
     """A tick label: 1.5M, 200k, 4.25."""
+    if abs(value) < step * 1e-6:
+        return "0"
     scale, suffix = 1.0, ""
     for s, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if step >= s / 10 and step >= 100:
@@ -236,8 +235,9 @@ def tick_label(value, step):
 
 
 def ticks(lo, hi, step):
-    n = int(round((hi - lo) / step))
-    return [lo + i * step for i in range(n + 1)]
+    """The multiples of step in [lo, hi]."""
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [i * step for i in range(first, last + 1)]
 
 
 def text(x, y, s, size=12, anchor="start", extra=""):
@@ -256,7 +256,7 @@ def y_limits(curves):
 def svg(curves, title, width=900, height=520):
     """A standalone SVG: curves is [(label, [(x, y)], final)], x in tokens per replica."""
     left, right, top, bottom = 72, width - 250, 44, height - 58
-    x0, x1, xs = axis(0.0, max(x for _, pts, _ in curves for x, _ in pts))
+    x0, x1, xs = axis(0.0, max(x for _, pts, _ in curves for x, _ in pts), pad_lo=False)
     y0, y1, ys = axis(*y_limits(curves))
 
     def px(x):
@@ -305,7 +305,7 @@ def legend(curves, x, y, x_end, y_end):
     """Legend rows: line sample, run name and its final val_loss."""
     step = min(18.0, (y_end - y) / max(1, len(curves)))
     size = max(7, min(11, int(step - 3)))
-    room = int((x_end - x - 28 - 6.5 * size) / (0.6 * size))
+    room = int((x_end - x - 30 - 3.6 * size) / (0.56 * size))
     out = []
     for i, (label, _, final) in enumerate(curves):
         colour, dash = style(i)
@@ -353,14 +353,18 @@ def write_svgs(rows, out, title):
 def main(argv):
     out, title = parse_args(argv)
     title = f"{title} — " if title else ""
-    rows = read_results(os.path.join(out, "results.tsv"))
+    path = os.path.join(out, "results.tsv")
+    try:
+        rows = read_results(path)
+    except OSError as e:
+        sys.exit(f"plot_convergence: cannot read {path}: {e.strerror}")
     if not rows:
-        sys.exit(f"plot_convergence: no runs in {os.path.join(out, 'results.tsv')}")
+        sys.exit(f"plot_convergence: no runs in {path}")
     svgs = write_svgs(rows, out, title)
-    text_md = markdown(rows, title, svgs)
-    print(text_md)
+    text_md = markdown(rows, title, svgs) + "\n"
     with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
-        f.write(text_md + "\n")
+        f.write(text_md)
+    sys.stdout.write(text_md)
 
 
 if __name__ == "__main__":
