@@ -1628,11 +1628,12 @@ static local_result train_local(train_config *cfg, bool quiet) {
     trainer *reps = (trainer *)xcalloc((size_t)M, sizeof *reps);
     trainer *lead = &reps[0];
     lead->cfg = cfg;
-    lead->device = quiet ? DEVICE_CPU : select_device(lead);
-    if (quiet) {  // diloco-tune decided the device once
+    if (quiet) {  // diloco-tune's runs: the same choice, without saying it each time
         char why[600];
         lead->device = device_choose(cfg->device, gpu_probe(), why, sizeof why);
         if (lead->device == DEVICE_ERROR) fail("device: %s", why);
+    } else {
+        lead->device = select_device(lead);
     }
     lead->threads = setup_threads(cfg);
     metrics_log *log = metrics_open(cfg->out_dir);

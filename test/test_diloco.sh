@@ -90,7 +90,9 @@ check "M=1 over TCP (serving the hub itself): model and optimizer bytes identica
     same_bytes "$tmp/plain" "$tmp/id_tcp" step_00000020 model.safetensors optimizer.safetensors
 
 # ---------------------------------------------------------------- 2 + 3. three replicas
-three=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 40)
+# The paper's outer optimizer (Nesterov, lr 0.7, μ 0.9): the defaults have no momentum, and
+# the numpy check should see the momentum at work.
+three=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 40 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
 if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/dump_mpi"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_mpi" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${three[@]}") \
