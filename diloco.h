@@ -5,12 +5,13 @@
 // steps (and after the last step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the
 // global weights of the last outer step and θᵢ its own weights now. The replicas exchange
 // their Δᵢ (net/transport.h), average those that arrived — never counting absent replicas —
-// and all apply the same Nesterov step:
+// and all apply the same outer step:
 //     Δ   = mean over contributors of Δᵢ
 //     m   ← μ·m + Δ
-//     θ   ← θ − lr·(Δ + μ·m)
+//     θ   ← θ − lr·(Δ + μ·m)        (heavy-ball with diloco_nesterov = 0: θ ← θ − lr·m)
 //     θᵢ  ← θ                       (AdamW moments stay local)
-// as torch.optim.SGD(nesterov=True) would with Δ as the gradient. The arithmetic is done
+// as torch.optim.SGD(nesterov=True) would with Δ as the gradient; μ may ramp up over
+// diloco_momentum_warmup outer steps. The defaults (lr 1, μ 0) make it θ ← mean θᵢ. The arithmetic is done
 // per element in double and stored in fp32; every replica decodes the same bytes in the
 // same order, so θ and m are bit-identical everywhere. A hash of θ goes into metrics.jsonl
 // each outer step.

@@ -1799,7 +1799,7 @@ static tune_options parse_tune_options(int *argc, char **argv) {
     o.rounds = 8;
     o.proxy = true;
     o.dir = "out/diloco-tune";
-    o.n_lr = parse_list("--outer_lr", "0.5,0.7,1.0,1.4", o.lrs, 16, 0, 10);
+    o.n_lr = parse_list("--outer_lr", "0.7,1.0,1.4", o.lrs, 16, 0, 10);
     o.n_mu = parse_list("--outer_momentum", "0,0.5,0.9", o.mus, 16, 0, 0.999999);
     int kept = 0;
     for (int i = 0; i < *argc; i++) {
