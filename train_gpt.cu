@@ -1861,6 +1861,8 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--warmup_steps", "%lld", (long long)llround((double)steps * (double)user->warmup_steps /
                                                      (double)max_i64(1, user->max_steps)));
     ARG("--val_every", "0");
+    ARG("--stop_at_step", "0");
+    ARG("--diloco_min_replicas", "1");
     ARG("--sample_every", "0");
     ARG("--ckpt_every", "0");
     ARG("--resume", "never");

@@ -1,4 +1,4 @@
-# DiLoCo pays: 2 replicas at the default outer optimizer (diloco_outer_lr, diloco_outer_momentum,
+# DiLoCo pays (and diloco-tune, at the end): 2 replicas at the default outer optimizer (diloco_outer_lr, diloco_outer_momentum,
 # diloco_nesterov, diloco_momentum_warmup as the config table sets them) reach a lower
 # validation loss than one worker at equal tokens per replica, for each of 3 seeds.
 #
@@ -35,4 +35,24 @@ for seed in 1 2 3; do
     check "seed $seed: 2 replicas at the default outer settings ($two) beat one worker ($one) by $MARGIN nats" \
         beats "$two" "$one" "$MARGIN"
 done
+
+# diloco-tune on the same data, at the test model's own size (--proxy 0): it runs one worker,
+# data parallel and the 2 x 2 grid; its one-worker baseline is plain training (the same val
+# loss to the last digit as a run without DiLoCo), and the settings it recommends are those
+# of the grid's lowest validation loss in its own table.
+"$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" \
+    --val_tokens 8192 --warmup_steps 0 --threads 1 --replicas 2 --inner_steps 5 --rounds 4 --proxy 0 \
+    --outer_lr 0.7,1.0 --outer_momentum 0,0.9 --dir "$tmp/tune" >"$tmp/tune.log" 2>&1 || die "diloco-tune: $(tail -1 "$tmp/tune.log")"
+"$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_tokens 8192 \
+    --warmup_steps 0 --threads 1 --max_steps 20 --batch_size 4 --out_dir "$tmp/plain" >"$tmp/plain.log" 2>&1
+check "diloco-tune: its one-worker run is plain training ($(final_val "$tmp/tune/one-worker") = $(final_val "$tmp/plain"))" \
+    test "$(final_val "$tmp/tune/one-worker")" = "$(final_val "$tmp/plain")"
+check "diloco-tune: a progress line per run (6) and the table's 4 grid rows" \
+    test "$(grep -c '^diloco-tune | \[' "$tmp/tune.log")" -eq 6 -a "$(grep -c '^| [01]' "$tmp/tune.log")" -eq 4
+best_row() {  # the grid row with the lowest val_loss, as "lr mu"
+    grep '^| [01]' "$1" | sort -t'|' -k4,4g | head -1 | awk -F'|' '{gsub(/ /,""); print $2, $3}'
+}
+recommended() { printf '%s %s' "$(sed -n 's/^diloco_outer_lr = //p' "$1")" "$(sed -n 's/^diloco_outer_momentum = //p' "$1")"; }
+check "diloco-tune: recommends the grid's best row ($(best_row "$tmp/tune.log") -> $(recommended "$tmp/tune.log"))" \
+    test "$(best_row "$tmp/tune.log")" = "$(recommended "$tmp/tune.log")"
 finish test_diloco_pays
