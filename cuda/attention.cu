@@ -440,32 +440,33 @@ template <int D> void backward_d(const att_args &a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-att_args make_args(const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v, int64_t v_stride,
-                   const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D) {
+att_args make_args(const attention_inputs *in) {
     att_args a;
     memset(&a, 0, sizeof a);
-    a.q = q;
-    a.k = k;
-    a.v = v;
-    a.q_stride = q_stride;
-    a.k_stride = k_stride;
-    a.v_stride = v_stride;
-    a.start = start;
-    a.B = B;
-    a.T = T;
-    a.Hq = Hq;
-    a.Hkv = Hkv;
-    a.scale = 1.0f / sqrtf((float)D);
+    a.q = in->q;
+    a.k = in->k;
+    a.v = in->v;
+    a.q_stride = in->q_stride;
+    a.k_stride = in->k_stride;
+    a.v_stride = in->v_stride;
+    a.start = in->start;
+    a.B = in->B;
+    a.T = in->T;
+    a.Hq = in->Hq;
+    a.Hkv = in->Hkv;
+    a.scale = 1.0f / sqrtf((float)in->D);
     a.scale_log2 = a.scale * LOG2E;
     return a;
 }
 
-void check_shapes(int64_t q_stride, int64_t k_stride, int64_t v_stride, int Hq, int Hkv, int D) {
-    if (!attention_supports_head_dim(D) || Hkv <= 0 || Hq % Hkv != 0 || q_stride % 8 || k_stride % 8 || v_stride % 8) {
+void check_shapes(const attention_inputs *in) {
+    int D = in->D, Hq = in->Hq, Hkv = in->Hkv;
+    if (!attention_supports_head_dim(D) || Hkv <= 0 || Hq % Hkv != 0 || in->q_stride % 8 || in->k_stride % 8 ||
+        in->v_stride % 8) {
         fprintf(stderr,
                 "train_gpt: error: attention kernel: unsupported shape (head_dim %d, %d/%d heads, strides %lld "
                 "%lld %lld)\n---> HINT: head_dim must be 32, 64 or 128 for the CUDA backend\n",
-                D, Hq, Hkv, (long long)q_stride, (long long)k_stride, (long long)v_stride);
+                D, Hq, Hkv, (long long)in->q_stride, (long long)in->k_stride, (long long)in->v_stride);
         exit(1);
     }
 }
@@ -474,53 +475,37 @@ void check_shapes(int64_t q_stride, int64_t k_stride, int64_t v_stride, int Hq, 
 
 bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
 
-static void forward_positional(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride,
-                       const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv,
-                       int D, cudaStream_t stream) {
-    if (B * T == 0) return;
-    check_shapes(q_stride, k_stride, v_stride, Hq, Hkv, D);
-    att_args a = make_args(q, q_stride, k, k_stride, v, v_stride, start, B, T, Hq, Hkv, D);
-    a.out = out;
-    a.lse = lse;
-    if (D == 32) forward_d<32>(a, stream);
-    else if (D == 64) forward_d<64>(a, stream);
-    else forward_d<128>(a, stream);
-}
-
-static void backward_positional(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t dv_stride,
-                        float *delta, const bf16 *dout, const bf16 *out, const float *lse, const bf16 *q,
-                        int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v, int64_t v_stride,
-                        const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D, cudaStream_t stream) {
-    if (B * T == 0) return;
-    check_shapes(q_stride, k_stride, v_stride, Hq, Hkv, D);
-    int64_t rows = B * T * Hq;
-    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, B, T, Hq, D);
-    CUDA_CHECK_LAUNCH();
-    att_args a = make_args(q, q_stride, k, k_stride, v, v_stride, start, B, T, Hq, Hkv, D);
-    a.lse = const_cast<float *>(lse);
-    a.dout = dout;
-    a.delta = delta;
-    a.dq = dq;
-    a.dk = dk;
-    a.dv = dv;
-    a.dq_stride = dq_stride;
-    a.dk_stride = dk_stride;
-    a.dv_stride = dv_stride;
-    if (D == 32) backward_d<32>(a, stream);
-    else if (D == 64) backward_d<64>(a, stream);
-    else backward_d<128>(a, stream);
-}
-
 // ---------------------------------------------------------------- the launchers (cuda/kernels.h)
 
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
-    forward_positional(out, lse, in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B,
-                       in->T, in->Hq, in->Hkv, in->D, stream);
+    if (in->B * in->T == 0) return;
+    check_shapes(in);
+    att_args a = make_args(in);
+    a.out = out;
+    a.lse = lse;
+    if (in->D == 32) forward_d<32>(a, stream);
+    else if (in->D == 64) forward_d<64>(a, stream);
+    else forward_d<128>(a, stream);
 }
 
 void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                         const attention_grads *g, float *delta, cudaStream_t stream) {
-    backward_positional(g->dq, g->dq_stride, g->dk, g->dk_stride, g->dv, g->dv_stride, delta, dout, out, lse, in->q,
-                        in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B, in->T, in->Hq,
-                        in->Hkv, in->D, stream);
+    if (in->B * in->T == 0) return;
+    check_shapes(in);
+    int64_t rows = in->B * in->T * in->Hq;
+    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
+    CUDA_CHECK_LAUNCH();
+    att_args a = make_args(in);
+    a.lse = const_cast<float *>(lse);
+    a.dout = dout;
+    a.delta = delta;
+    a.dq = g->dq;
+    a.dk = g->dk;
+    a.dv = g->dv;
+    a.dq_stride = g->dq_stride;
+    a.dk_stride = g->dk_stride;
+    a.dv_stride = g->dv_stride;
+    if (in->D == 32) backward_d<32>(a, stream);
+    else if (in->D == 64) backward_d<64>(a, stream);
+    else backward_d<128>(a, stream);
 }

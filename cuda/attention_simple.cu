@@ -161,46 +161,34 @@ void check_simple_shapes(int Hq, int Hkv, int D) {
 
 }  // namespace
 
-static void forward_positional(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k,
-                              int64_t k_stride, const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B,
-                              int64_t T, int Hq, int Hkv, int D, cudaStream_t stream) {
-    if (B * T == 0) return;
-    check_simple_shapes(Hq, Hkv, D);
-    simple_forward_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(
-        out, lse, q, q_stride, k, k_stride, v, v_stride, start, B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D));
+// ---------------------------------------------------------------- the launchers (cuda/kernels.h)
+
+void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    if (in->B * in->T == 0) return;
+    check_simple_shapes(in->Hq, in->Hkv, in->D);
+    simple_forward_kernel<<<(unsigned)cdiv(in->B * in->T * in->Hq, 8), 256, 0, stream>>>(
+        out, lse, in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B, in->T, in->Hq,
+        in->Hkv, in->D, 1.0f / sqrtf((float)in->D));
     CUDA_CHECK_LAUNCH();
 }
 
-static void backward_positional(bf16 *dq, int64_t dq_stride, bf16 *dk, int64_t dk_stride, bf16 *dv,
-                               int64_t dv_stride, float *delta, const bf16 *dout, const bf16 *out, const float *lse,
-                               const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v,
-                               int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D,
-                               cudaStream_t stream) {
+void attention_simple_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                               const attention_grads *g, float *delta, cudaStream_t stream) {
+    int64_t B = in->B, T = in->T;
+    int Hq = in->Hq, Hkv = in->Hkv, D = in->D;
     if (B * T == 0) return;
     check_simple_shapes(Hq, Hkv, D);
     float scale = 1.0f / sqrtf((float)D);
     simple_delta_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(delta, dout, out, B, T, Hq, D);
     CUDA_CHECK_LAUNCH();
-    simple_dq_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(dq, dq_stride, delta, dout, lse, q, q_stride, k,
-                                                                         k_stride, v, v_stride, start, B, T, Hq, Hkv,
-                                                                         D, scale);
+    simple_dq_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(g->dq, g->dq_stride, delta, dout, lse, in->q,
+                                                                         in->q_stride, in->k, in->k_stride, in->v,
+                                                                         in->v_stride, in->start, B, T, Hq, Hkv, D,
+                                                                         scale);
     CUDA_CHECK_LAUNCH();
-    simple_dkv_kernel<<<(unsigned)cdiv(B * T * Hkv, 8), 256, 0, stream>>>(dk, dk_stride, dv, dv_stride, delta, dout,
-                                                                          lse, q, q_stride, k, k_stride, v, v_stride,
-                                                                          start, B, T, Hq, Hkv, D, scale);
+    simple_dkv_kernel<<<(unsigned)cdiv(B * T * Hkv, 8), 256, 0, stream>>>(g->dk, g->dk_stride, g->dv, g->dv_stride,
+                                                                          delta, dout, lse, in->q, in->q_stride, in->k,
+                                                                          in->k_stride, in->v, in->v_stride, in->start,
+                                                                          B, T, Hq, Hkv, D, scale);
     CUDA_CHECK_LAUNCH();
-}
-
-// ---------------------------------------------------------------- the launchers (cuda/kernels.h)
-
-void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
-    forward_positional(out, lse, in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B,
-                       in->T, in->Hq, in->Hkv, in->D, stream);
-}
-
-void attention_simple_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
-                               const attention_grads *g, float *delta, cudaStream_t stream) {
-    backward_positional(g->dq, g->dq_stride, g->dk, g->dk_stride, g->dv, g->dv_stride, delta, dout, out, lse, in->q,
-                        in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B, in->T, in->Hq,
-                        in->Hkv, in->D, stream);
 }

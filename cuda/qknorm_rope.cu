@@ -58,17 +58,6 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
     }
 }
 
-static void forward_positional(bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp, int64_t in_stride,
-                         const float *gq, const float *gk, const int32_t *pos, const float *cos_t,
-                         const float *sin_t, int64_t N, int Hq, int Hkv, int D, bool norm, bool rope, float eps,
-                         cudaStream_t stream) {
-    if (N == 0 || (!norm && !rope && out == inp)) return;
-    int64_t rows = N * (Hq + Hkv);
-    qknorm_rope_forward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
-        out, out_stride, rstd, inp, in_stride, gq, gk, pos, cos_t, sin_t, N, Hq, Hkv, D, norm, rope, eps);
-    CUDA_CHECK_LAUNCH();
-}
-
 // The rotation is orthogonal: its backward is the rotation by the opposite angle.
 //   u1 = d1·cos + d2·sin ; u2 = d2·cos − d1·sin
 // then, with norm, dx = r·u·g − x·r³·mean(u·g·x).
@@ -110,17 +99,6 @@ __global__ void qknorm_rope_backward_kernel(bf16 *dx, int64_t dx_stride, const b
         out[i] = __float2bfloat16_rn(u1);
         out[i + half] = __float2bfloat16_rn(u2);
     }
-}
-
-static void backward_positional(bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride, const bf16 *x,
-                          int64_t x_stride, const float *rstd, const float *gq, const float *gk,
-                          const int32_t *pos, const float *cos_t, const float *sin_t, int64_t N, int Hq, int Hkv,
-                          int D, bool norm, bool rope, cudaStream_t stream) {
-    if (N == 0 || (!norm && !rope && dx == dy)) return;
-    int64_t rows = N * (Hq + Hkv);
-    qknorm_rope_backward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
-        dx, dx_stride, dy, dy_stride, x, x_stride, rstd, gq, gk, pos, cos_t, sin_t, N, Hq, Hkv, D, norm, rope);
-    CUDA_CHECK_LAUNCH();
 }
 
 // grid (⌈N·H/256⌉, ⌈(D/2)/32⌉), block (32, 8): the chunks of rows on x, whose limit is
@@ -177,34 +155,36 @@ __global__ void qknorm_gain_finish_kernel(float *dg, const float *partial, int64
 
 int64_t qknorm_gain_scratch_floats(int64_t N, int H, int D) { return cdiv(N * H, QK_GAIN_CHUNK_ROWS) * D; }
 
-static void gain_grad_positional(float *dg, float *scratch, const bf16 *dy, int64_t dy_stride, const bf16 *x,
-                      int64_t x_stride, const float *rstd, const int32_t *pos, const float *cos_t,
-                      const float *sin_t, int64_t N, int h0, int H, int Htot, int D, bool rope, cudaStream_t stream) {
-    if (N == 0 || H == 0) return;
-    int64_t chunks = cdiv(N * H, QK_GAIN_CHUNK_ROWS);
-    qknorm_gain_partial_kernel<<<dim3((unsigned)chunks, (unsigned)cdiv(D / 2, 32)), dim3(32, 8), 0, stream>>>(
-        scratch, dy, dy_stride, x, x_stride, rstd, pos, cos_t, sin_t, N, h0, H, Htot, D, rope);
-    CUDA_CHECK_LAUNCH();
-    qknorm_gain_finish_kernel<<<(unsigned)cdiv(D, 128), 128, 0, stream>>>(dg, scratch, chunks, D);
-    CUDA_CHECK_LAUNCH();
-}
-
 // ---------------------------------------------------------------- the launchers (cuda/kernels.h)
 
 void qknorm_rope_forward(const qknorm_rope_args *a, bf16 *out, int64_t out_stride, float *rstd, const bf16 *inp,
                          int64_t in_stride, cudaStream_t stream) {
-    forward_positional(out, out_stride, rstd, inp, in_stride, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq,
-                       a->Hkv, a->D, a->norm, a->rope, a->eps, stream);
+    if (a->N == 0 || (!a->norm && !a->rope && out == inp)) return;
+    int64_t rows = a->N * (a->Hq + a->Hkv);
+    qknorm_rope_forward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
+        out, out_stride, rstd, inp, in_stride, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq, a->Hkv, a->D,
+        a->norm, a->rope, a->eps);
+    CUDA_CHECK_LAUNCH();
 }
 
 void qknorm_rope_backward(const qknorm_rope_args *a, bf16 *dx, int64_t dx_stride, const bf16 *dy, int64_t dy_stride,
                           const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream) {
-    backward_positional(dx, dx_stride, dy, dy_stride, x, x_stride, rstd, a->gq, a->gk, a->pos, a->cos_t, a->sin_t,
-                        a->N, a->Hq, a->Hkv, a->D, a->norm, a->rope, stream);
+    if (a->N == 0 || (!a->norm && !a->rope && dx == dy)) return;
+    int64_t rows = a->N * (a->Hq + a->Hkv);
+    qknorm_rope_backward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
+        dx, dx_stride, dy, dy_stride, x, x_stride, rstd, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq,
+        a->Hkv, a->D, a->norm, a->rope);
+    CUDA_CHECK_LAUNCH();
 }
 
 void qknorm_gain_grad(const qknorm_rope_args *a, int h0, int H, float *dg, float *scratch, const bf16 *dy,
                       int64_t dy_stride, const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream) {
-    gain_grad_positional(dg, scratch, dy, dy_stride, x, x_stride, rstd, a->pos, a->cos_t, a->sin_t, a->N, h0, H,
-                         a->Hq + a->Hkv, a->D, a->rope, stream);
+    if (a->N == 0 || H == 0) return;
+    int64_t chunks = cdiv(a->N * H, QK_GAIN_CHUNK_ROWS);
+    qknorm_gain_partial_kernel<<<dim3((unsigned)chunks, (unsigned)cdiv(a->D / 2, 32)), dim3(32, 8), 0, stream>>>(
+        scratch, dy, dy_stride, x, x_stride, rstd, a->pos, a->cos_t, a->sin_t, a->N, h0, H, a->Hq + a->Hkv, a->D,
+        a->rope);
+    CUDA_CHECK_LAUNCH();
+    qknorm_gain_finish_kernel<<<(unsigned)cdiv(a->D, 128), 128, 0, stream>>>(dg, scratch, chunks, a->D);
+    CUDA_CHECK_LAUNCH();
 }
