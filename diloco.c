@@ -85,8 +85,6 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     d->payload_bytes = quant_encoded_bytes(d->quant, t->numel, d->block);
     d->payload = xmalloc(d->payload_bytes);
     d->acc = xmalloc(n * sizeof *d->acc);
-    d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
-    d->state = xmalloc(d->state_bytes);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
     if (strcmp(cfg->diloco_transport, "local") == 0) {
@@ -99,8 +97,10 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
             d->local_payload[i] = xmalloc(d->payload_bytes);
             if (d->residual) d->local_residual[i] = alloc_floats(n);
         }
-        return d;  // no transport: diloco_outer_step_local exchanges in memory
+        return d;  // no transport: diloco_outer_step_local exchanges in memory, nobody joins late
     }
+    d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
+    d->state = xmalloc(d->state_bytes);
 
     transport_options o = {0};
     o.replica_id = (int)cfg->diloco_replica_id;

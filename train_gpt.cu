@@ -1347,6 +1347,19 @@ static void allocate(trainer *tr) {
     tr->flops_per_token = model_flops_per_token(&tr->table);
 }
 
+// Frees what allocate() made and the trainer's own train data; the log, the validation data and
+// the sampler are the caller's (a simulated run's replicas share them).
+static void release(trainer *tr) {
+    backend_free(tr->be);
+    dataloader_close(tr->train);
+    free(tr->params);
+    free(tr->exp_avg);
+    free(tr->exp_avg_sq);
+    free(tr->inputs);
+    free(tr->targets);
+    param_table_free(&tr->table);
+}
+
 static model_buffers buffers_of(trainer *tr) {
     model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL};
     if (tr->outer) diloco_attach_buffers(tr->outer, &b);
@@ -1590,15 +1603,8 @@ static int train_run(train_config *cfg) {
     diloco_close(tr.outer);
     sampler_free(tr.samples);
     metrics_close(tr.log);
-    backend_free(tr.be);
-    dataloader_close(tr.train);
     dataloader_close(tr.val);
-    free(tr.params);
-    free(tr.exp_avg);
-    free(tr.exp_avg_sq);
-    free(tr.inputs);
-    free(tr.targets);
-    param_table_free(&tr.table);
+    release(&tr);
     return 0;
 }
 
@@ -1615,8 +1621,6 @@ static int train_run(train_config *cfg) {
 
 typedef struct {
     double val_loss;      // at the end; NaN without val_data
-    int64_t val_tokens;
-    double train_loss;    // mean over replicas of the last step's loss
     double seconds;
 } local_result;
 
@@ -1679,7 +1683,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         install_signal_handlers();
     }
 
-    local_result res = {NAN, 0, NAN, 0.0};
+    local_result res = {NAN, 0.0};
     step_metrics *round = (step_metrics *)xcalloc((size_t)H, sizeof *round);
     double step_time_sum = 0.0;
     int64_t timed = 0;
@@ -1710,7 +1714,6 @@ static local_result train_local(train_config *cfg, bool quiet) {
             timed++;
             if (!quiet && (due(r->step, cfg->log_every, cfg->max_steps) || r->skipped))
                 print_progress(lead, r, step_time_sum / (double)timed);
-            res.train_loss = r->loss;
         }
         for (int i = 0; i < M; i++) backend_download(reps[i].be, reps[i].params, NULL, NULL);
         diloco_outer_step_local(outer, params, &lead->state);
@@ -1721,10 +1724,6 @@ static local_result train_local(train_config *cfg, bool quiet) {
         bool val_due = end == cfg->max_steps || (cfg->val_every > 0 && end / cfg->val_every > start / cfg->val_every);
         if (val && val_due) {
             res.val_loss = validate(lead);
-            res.val_tokens = (int64_t)(dataloader_batches_per_epoch(val) * cfg->model.seq_len);
-            if (cfg->val_tokens > 0)
-                res.val_tokens = min_i64(res.val_tokens, max_i64(1, cfg->val_tokens / cfg->model.seq_len) *
-                                                             cfg->model.seq_len);
         }
         if (stop_signal) {
             note("stopped by signal %d after step %lld (a simulated run writes no checkpoint)", (int)stop_signal,
@@ -1734,17 +1733,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
     free(round);
     diloco_close(outer);
-    for (int i = 0; i < M; i++) {
-        trainer *tr = &reps[i];
-        backend_free(tr->be);
-        dataloader_close(tr->train);
-        free(tr->params);
-        free(tr->exp_avg);
-        free(tr->exp_avg_sq);
-        free(tr->inputs);
-        free(tr->targets);
-        param_table_free(&tr->table);
-    }
+    for (int i = 0; i < M; i++) release(&reps[i]);
     dataloader_close(val);
     metrics_close(log);
     free(params);
