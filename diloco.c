@@ -10,6 +10,7 @@
 #include "net/transport.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,32 @@
 #define STATE_VERSION 1
 #define STATE_HEADER_BYTES 48
 
+// A contiguous range of the flat parameters made of whole layers (the embedding goes with
+// the first fragment, the final norm and the LM head with the last). With P = 1 it is all.
+typedef struct {
+    int64_t offset, numel;
+    int first_layer, layers;
+    int64_t sync_offset;       // synced after every inner step s with s % H == sync_offset
+    size_t payload_bytes;      // its encoded outer gradient
+} fragment;
+
+// The exchange of one fragment: begun after an inner step, landed τ inner steps later (in
+// the same call with τ = 0). Owned by the main thread; while `threaded`, `thread` runs
+// transport_exchange on d->payload and writes ok and r.
+typedef struct {
+    bool active;
+    bool threaded;
+    bool final;                // one of the blocking syncs after the last step
+    int fragment;
+    int64_t round;             // st->outer_step when it began: the transport's round number
+    int64_t begin_step;
+    double quant_err;
+    FILE *dump;
+    pthread_t thread;
+    bool ok;
+    round_result r;
+} flight;
+
 struct diloco {
     const train_config *cfg;
     const param_table *table;
@@ -34,10 +61,15 @@ struct diloco {
     int64_t block;
     float *theta, *momentum, *residual;   // residual: NULL without error feedback
     float *delta;                          // this replica's Δᵢ (quantized kinds)
-    uint8_t *payload;
-    size_t payload_bytes;
+    uint8_t *payload;                      // sized for the largest fragment
+    int n_fragments;                       // P
+    fragment *fragments;
+    int64_t overlap;                       // τ
+    bool streaming;                        // P > 1 or τ > 0: the metrics say which fragment
+    flight flight;
     // diloco_transport = local (all M replicas in this process): one payload and one
     // error-feedback residual per replica; `payload` and `residual` are replica 0's.
+    bool local;
     uint8_t **local_payload;
     float **local_residual;
     bool quiet;                            // no progress line per outer step (diloco-tune)
@@ -57,15 +89,52 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
-    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d",
+    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g",
               model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
               cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
-              (int)cfg->diloco_error_feedback);
+              (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
+              cfg->diloco_merge_alpha);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
     return h;
+}
+
+// Splits the model into P fragments of whole layers, each about numel / P: fragment p
+// starts at the layer boundary nearest p·numel/P (every fragment keeps at least one layer).
+// Fragment p syncs after inner steps s with s % H = ⌊(p + 1)·H / P⌋ % H, so with P = 1 at
+// every multiple of H (classic DiLoCo) and otherwise spread evenly, fragment P − 1 last.
+static void split_fragments(diloco *d) {
+    const param_table *t = d->table;
+    int L = (int)t->cfg.n_layer, P = (int)d->cfg->diloco_fragments;
+    int64_t H = d->cfg->diloco_inner_steps;
+    int64_t *layer_start = xmalloc((size_t)(L + 1) * sizeof *layer_start);
+    for (int l = 0; l < L; l++) layer_start[l] = l == 0 ? 0 : param_find(t, P_ATTN_NORM, l)->offset;
+    layer_start[L] = t->numel;
+    int *first = xmalloc((size_t)(P + 1) * sizeof *first);
+    first[0] = 0;
+    first[P] = L;
+    for (int p = 1; p < P; p++) {
+        double target = (double)t->numel * p / P;
+        int best = first[p - 1] + 1;
+        for (int l = best; l <= L - (P - p); l++)
+            if (fabs((double)layer_start[l] - target) < fabs((double)layer_start[best] - target)) best = l;
+        first[p] = best;
+    }
+    d->n_fragments = P;
+    d->fragments = xcalloc((size_t)P, sizeof *d->fragments);
+    for (int p = 0; p < P; p++) {
+        fragment *f = &d->fragments[p];
+        f->first_layer = first[p];
+        f->layers = first[p + 1] - first[p];
+        f->offset = layer_start[first[p]];
+        f->numel = layer_start[first[p + 1]] - f->offset;
+        f->sync_offset = ((int64_t)(p + 1) * H / P) % H;
+        f->payload_bytes = quant_encoded_bytes(d->quant, f->numel, d->block);
+    }
+    free(first);
+    free(layer_start);
 }
 
 diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *log) {
@@ -77,27 +146,33 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     d->log = log;
     d->quant = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
     d->block = cfg->diloco_quant_block;
+    d->overlap = cfg->diloco_overlap_steps;
+    d->streaming = cfg->diloco_fragments > 1 || d->overlap > 0;
+    split_fragments(d);
+    size_t largest = 0;
+    for (int p = 0; p < d->n_fragments; p++)
+        largest = d->fragments[p].payload_bytes > largest ? d->fragments[p].payload_bytes : largest;
     size_t n = (size_t)t->numel;
     d->theta = alloc_floats(n);
     d->momentum = alloc_floats(n);
     if (cfg->diloco_error_feedback && d->quant != QUANT_NONE) d->residual = alloc_floats(n);
     if (d->quant != QUANT_NONE) d->delta = alloc_floats(n);
-    d->payload_bytes = quant_encoded_bytes(d->quant, t->numel, d->block);
-    d->payload = xmalloc(d->payload_bytes);
+    d->payload = xmalloc(largest);
     d->acc = xmalloc(n * sizeof *d->acc);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
     if (strcmp(cfg->diloco_transport, "local") == 0) {
         int m = (int)cfg->diloco_replicas;
+        d->local = true;
         d->local_payload = xcalloc((size_t)m, sizeof *d->local_payload);
         d->local_residual = xcalloc((size_t)m, sizeof *d->local_residual);
         d->local_payload[0] = d->payload;
         d->local_residual[0] = d->residual;
         for (int i = 1; i < m; i++) {
-            d->local_payload[i] = xmalloc(d->payload_bytes);
+            d->local_payload[i] = xmalloc(largest);
             if (d->residual) d->local_residual[i] = alloc_floats(n);
         }
-        return d;  // no transport: diloco_outer_step_local exchanges in memory, nobody joins late
+        return d;  // no transport: the exchange happens in memory, nobody joins late
     }
     d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
     d->state = xmalloc(d->state_bytes);
@@ -109,6 +184,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     o.timeout_s = cfg->diloco_timeout_s;
     o.connect_timeout_s = cfg->diloco_connect_timeout_s;
     o.run_fingerprint = run_fingerprint(cfg, t);
+    o.threaded = d->overlap > 0;
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
         d->net = transport_mpi_open(&o);
@@ -176,6 +252,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->outer_step = outer_step;
     st->tokens_seen = tokens;
     st->bad_steps = 0;
+    st->merge_step = 0;
     st->data = dataloader_position(train);
     char extra[256];
     snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\"",
@@ -209,29 +286,26 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
     }
 }
 
-bool diloco_outer_step_due(const diloco *d, int64_t step, int64_t max_steps) {
-    return step % d->cfg->diloco_inner_steps == 0 || step == max_steps;
-}
-
 // ---------------------------------------------------------------- the outer step
 
-// What this replica sends: θᵢ itself (none) or its quantized Δᵢ. Returns the relative L2
-// error of what is sent against the true Δᵢ (0 for none).
-static double encode_contribution(diloco *d, const float *params, float *residual, uint8_t *payload) {
-    int64_t n = d->numel;
+// What this replica sends for fragment f: θᵢ itself (none) or its quantized Δᵢ. Returns the
+// relative L2 error of what is sent against the true Δᵢ (0 for none).
+static double encode_contribution(diloco *d, const fragment *f, const float *params, float *residual,
+                                  uint8_t *payload) {
+    int64_t o = f->offset, n = f->numel;
     if (d->quant == QUANT_NONE) {
-        quant_encode(QUANT_NONE, params, n, d->block, payload);
+        quant_encode(QUANT_NONE, params + o, n, d->block, payload);
         return 0.0;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) d->delta[i] = d->theta[i] - params[i];
-    return quant_encode_feedback(d->quant, d->delta, residual, n, d->block, payload);
+    for (int64_t i = o; i < o + n; i++) d->delta[i] = d->theta[i] - params[i];
+    return quant_encode_feedback(d->quant, d->delta + o, residual ? residual + o : NULL, n, d->block, payload);
 }
 
 // Whether every float a payload decodes from is finite: the values themselves (none) or the
 // block scales (int8 / int4: a block with a NaN or Inf input has a NaN scale, llmc/quant.h).
-static bool payload_is_finite(const diloco *d, const uint8_t *payload) {
-    int64_t floats = d->quant == QUANT_NONE ? d->numel : (d->numel + d->block - 1) / d->block;
+static bool payload_is_finite(const diloco *d, const fragment *f, const uint8_t *payload) {
+    int64_t floats = d->quant == QUANT_NONE ? f->numel : (f->numel + d->block - 1) / d->block;
     bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)
     for (int64_t i = 0; i < floats; i++) {
@@ -245,12 +319,12 @@ static bool payload_is_finite(const diloco *d, const uint8_t *payload) {
 // Drops contributions that cannot be averaged: the wrong size (a replica with another model
 // or quantization got past the handshake) or non-finite values (a diverged replica). Every
 // replica sees the same bytes, so every replica drops the same ones and θ stays identical.
-static void screen_contributions(diloco *d, round_result *r) {
+static void screen_contributions(diloco *d, const fragment *f, round_result *r) {
     int kept = 0;
     for (int c = 0; c < r->n; c++) {
-        const char *why = r->bytes[c] != d->payload_bytes ? "the wrong number of bytes"
-                          : !payload_is_finite(d, r->payload[c]) ? "NaN/Inf values"
-                                                                  : NULL;
+        const char *why = r->bytes[c] != f->payload_bytes ? "the wrong number of bytes"
+                          : !payload_is_finite(d, f, r->payload[c]) ? "NaN/Inf values"
+                                                                    : NULL;
         if (why) {
             warn("diloco: outer step %lld: replica %d's outer gradient has %s; it is left out of the average",
                  (long long)r->outer_step + 1, r->ids[c], why);
@@ -264,46 +338,47 @@ static void screen_contributions(diloco *d, round_result *r) {
     r->n = kept;
 }
 
-// acc ← the averaged Δ of the contributors, in double.
-static void average_delta(diloco *d, const round_result *r) {
-    int64_t n = d->numel;
-    memset(d->acc, 0, (size_t)n * sizeof *d->acc);
+// acc[fragment] ← the averaged Δ of the contributors, in double.
+static void average_delta(diloco *d, const fragment *f, const round_result *r) {
+    int64_t o = f->offset, n = f->numel;
+    double *acc = d->acc + o;
+    memset(acc, 0, (size_t)n * sizeof *acc);
     for (int c = 0; c < r->n; c++) {  // ascending replica id: the same order on every replica
-        quant_decode_accumulate(d->quant, r->payload[c], n, d->block, 1.0, d->acc);
+        quant_decode_accumulate(d->quant, r->payload[c], n, d->block, 1.0, acc);
     }
     double inv = 1.0 / (double)r->n;
+    const float *theta = d->theta + o;
     if (d->quant == QUANT_NONE) {
         // acc holds Σθᵢ: Δ = θ − mean θᵢ.
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) d->acc[i] = (double)d->theta[i] - d->acc[i] * inv;
+        for (int64_t i = 0; i < n; i++) acc[i] = (double)theta[i] - acc[i] * inv;
     } else {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) d->acc[i] *= inv;
+        for (int64_t i = 0; i < n; i++) acc[i] *= inv;
     }
 }
 
-// The outer momentum of outer step k (1-based): μ, ramped linearly from μ/W over the first W =
-// diloco_momentum_warmup outer steps (0 = no ramp).
+// The outer momentum of a fragment's outer step k (1-based): μ, ramped linearly from μ/W over
+// the first W = diloco_momentum_warmup outer steps (0 = no ramp).
 static double outer_momentum(const diloco *d, int64_t k) {
     double mu = d->cfg->diloco_outer_momentum;
     int64_t w = d->cfg->diloco_momentum_warmup;
     return w > 0 && k < w ? mu * (double)k / (double)w : mu;
 }
 
-// Outer step k: SGD with momentum μ as torch.optim.SGD(dampening=0) with Δ as the gradient —
-// Nesterov (the default) or heavy-ball (diloco_nesterov = 0).
-static void apply_outer_step(diloco *d, float *params, int64_t k) {
-    int64_t n = d->numel;
+// Outer step k of fragment f: SGD with momentum μ as torch.optim.SGD(dampening=0) with Δ as
+// the gradient — Nesterov (the default) or heavy-ball (diloco_nesterov = 0) — on θ and m.
+static void apply_outer_step(diloco *d, const fragment *f, int64_t k) {
+    int64_t o = f->offset, n = f->numel;
     double lr = d->cfg->diloco_outer_lr, mu = outer_momentum(d, k);
     bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = o; i < o + n; i++) {
         double delta = d->acc[i];
         double m = mu * (double)d->momentum[i] + delta;
         double update = nesterov ? delta + mu * m : m;
         d->momentum[i] = (float)m;
         d->theta[i] = (float)((double)d->theta[i] - lr * update);
-        params[i] = d->theta[i];
     }
 }
 
@@ -311,46 +386,61 @@ static void dump_tensor(FILE *f, const float *x, int64_t n) {
     if (fwrite(x, sizeof(float), (size_t)n, f) != (size_t)n) fail("TRAIN_GPT_DILOCO_DUMP: write failed");
 }
 
-// Test hook: DIR/outer_<replica>_<k>.f32 holds θ before, θᵢ (local weights), Δ (as fp32),
-// m before, m after, θ after, each numel fp32 values.
-static void dump_path(const diloco *d, int64_t outer_step, char *path, size_t bytes) {
-    snprintf(path, bytes, "%s/outer_%d_%05lld.f32", d->dump_dir, diloco_replica_id(d), (long long)outer_step);
+// Test hook: DIR/outer_<replica>_<k>_<fragment>.f32 holds, for the fragment synced by outer
+// step k, θ before, θᵢ (local weights), Δ (as fp32), m before, m after, θ after, each the
+// fragment's numel fp32 values; DIR/merge_<replica>_<k>_<fragment>.f32 the local weights
+// before the merge of outer step k's fragment, θ, and the local weights after.
+static void dump_path(const diloco *d, const char *what, int64_t outer_step, int fragment, char *path, size_t bytes) {
+    snprintf(path, bytes, "%s/%s_%d_%05lld_%d.f32", d->dump_dir, what, diloco_replica_id(d), (long long)outer_step,
+             fragment);
 }
 
 // A round that applied nothing leaves no dump.
-static void dump_discard(diloco *d, FILE *f, int64_t outer_step) {
+static void dump_discard(diloco *d, FILE *f, int64_t outer_step, int fragment) {
     if (!f) return;
     fclose(f);
     char path[4200];
-    dump_path(d, outer_step, path, sizeof path);
+    dump_path(d, "outer", outer_step, fragment, path, sizeof path);
     unlink(path);
 }
 
-static FILE *dump_begin(diloco *d, int64_t outer_step, const float *params) {
+static FILE *dump_open(diloco *d, const char *what, int64_t outer_step, int fragment) {
     if (!d->dump_dir) return NULL;
     char path[4200];
-    dump_path(d, outer_step, path, sizeof path);
+    dump_path(d, what, outer_step, fragment, path, sizeof path);
     FILE *f = fopen(path, "wb");
     if (!f) fail("TRAIN_GPT_DILOCO_DUMP: cannot create '%s': %s", path, strerror(errno));
-    dump_tensor(f, d->theta, d->numel);
-    dump_tensor(f, params, d->numel);
     return f;
 }
 
-static void dump_end(diloco *d, FILE *f, const float *momentum_before) {
+static void dump_close(FILE *f) {
+    if (f && fclose(f) != 0) fail("TRAIN_GPT_DILOCO_DUMP: write failed");
+}
+
+static FILE *dump_begin(diloco *d, int p, int64_t outer_step, const float *params) {
+    const fragment *fr = &d->fragments[p];
+    FILE *f = dump_open(d, "outer", outer_step, p);
+    if (!f) return NULL;
+    dump_tensor(f, d->theta + fr->offset, fr->numel);
+    dump_tensor(f, params + fr->offset, fr->numel);
+    return f;
+}
+
+static void dump_end(diloco *d, const fragment *fr, FILE *f, const float *momentum_before) {
     if (!f) return;
-    float *delta = alloc_floats((size_t)d->numel);
-    for (int64_t i = 0; i < d->numel; i++) delta[i] = (float)d->acc[i];
-    dump_tensor(f, delta, d->numel);
-    dump_tensor(f, momentum_before, d->numel);
-    dump_tensor(f, d->momentum, d->numel);
-    dump_tensor(f, d->theta, d->numel);
+    float *delta = alloc_floats((size_t)fr->numel);
+    for (int64_t i = 0; i < fr->numel; i++) delta[i] = (float)d->acc[fr->offset + i];
+    dump_tensor(f, delta, fr->numel);
+    dump_tensor(f, momentum_before, fr->numel);
+    dump_tensor(f, d->momentum + fr->offset, fr->numel);
+    dump_tensor(f, d->theta + fr->offset, fr->numel);
     free(delta);
-    if (fclose(f) != 0) fail("TRAIN_GPT_DILOCO_DUMP: write failed");
+    dump_close(f);
 }
 
 static void log_outer_step(diloco *d, const train_state *st, const round_result *r, bool applied,
-                           const char *reason, double quant_err) {
+                           const char *reason) {
+    const flight *fl = &d->flight;
     uint64_t theta_hash = diloco_hash(d->theta, d->numel), m_hash = diloco_hash(d->momentum, d->numel);
     strbuf ids = {0};
     sb_append(&ids, "");
@@ -362,7 +452,13 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               applied ? "true" : "false", (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_recv,
               r->sync_s, r->wait_s);
     sb_printf(&sb, "\"param_hash\":\"%016llx\",\"momentum_hash\":\"%016llx\",\"quant\":\"%s\",\"quant_rel_err\":%.6g",
-              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), quant_err);
+              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), fl->quant_err);
+    if (d->streaming) {
+        const fragment *f = &d->fragments[fl->fragment];
+        sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",
+                  fl->fragment, (unsigned long long)diloco_hash(d->theta + f->offset, f->numel),
+                  (long long)fl->begin_step, (long long)(st->step - fl->begin_step));
+    }
     if (reason) {
         sb_append(&sb, ",\"skipped\":");
         sb_json_string(&sb, reason);
@@ -373,125 +469,278 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
         sb_free(&ids);
         return;
     }
-    char sent[32], recv[32];
+    char sent[32], recv[32], frag[48] = "";
     format_count((double)r->bytes_sent, sent, sizeof sent);
     format_count((double)r->bytes_recv, recv, sizeof recv);
-    printf("outer %4lld | step %6lld | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err %.2e | "
-           "hash %016llx%s%s\n",
-           (long long)st->outer_step, (long long)st->step, ids.data, sent, recv, r->sync_s, r->wait_s,
-           quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
+    if (d->streaming)
+        snprintf(frag, sizeof frag, " | fragment %d/%d, %lld steps in flight", fl->fragment, d->n_fragments,
+                 (long long)(st->step - fl->begin_step));
+    printf("outer %4lld | step %6lld%s | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err "
+           "%.2e | hash %016llx%s%s\n",
+           (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s, r->wait_s,
+           fl->quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
     fflush(stdout);
     sb_free(&ids);
 }
 
-void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *train) {
-    int64_t k = st->outer_step;  // this exchange makes outer step k + 1
-    if (!all_finite(params, d->numel))
-        fail("diloco: this replica's weights hold NaN/Inf at step %lld; not sending them to the others",
-             (long long)st->step);
-    FILE *dump = dump_begin(d, k + 1, params);
-    double quant_err = encode_contribution(d, params, d->residual, d->payload);
-    if (fault_requested("diloco_nan_payload", k)) {
-        float nan = NAN;
-        memcpy(d->payload, &nan, sizeof nan);
+// ---------------------------------------------------------------- the schedule
+
+// The fragment whose sync begins after inner step `step`, or -1.
+static int fragment_due(const diloco *d, int64_t step) {
+    if (step <= 0) return -1;
+    int64_t r = step % d->cfg->diloco_inner_steps;
+    for (int p = 0; p < d->n_fragments; p++)
+        if (d->fragments[p].sync_offset == r) return p;
+    return -1;
+}
+
+bool diloco_due(const diloco *d, const train_state *st, int64_t max_steps) {
+    int64_t s = st->step;
+    return s == max_steps || (d->flight.active && s >= d->flight.begin_step + d->overlap) ||
+           (st->merge_step > 0 && s >= st->merge_step) || fragment_due(d, s) >= 0;
+}
+
+int64_t diloco_next_due(const diloco *d, const train_state *st, int64_t max_steps) {
+    train_state probe = *st;
+    for (probe.step = st->step + 1; probe.step < max_steps; probe.step++)
+        if (diloco_due(d, &probe, max_steps)) return probe.step;
+    return max_steps;
+}
+
+bool diloco_in_flight(const diloco *d) { return d->flight.active; }
+const float *diloco_theta(const diloco *d) { return d->theta; }
+
+// ---------------------------------------------------------------- begin, land, merge
+
+static void *exchange_thread(void *arg) {
+    diloco *d = (diloco *)arg;
+    flight *f = &d->flight;
+    f->ok = transport_exchange(d->net, f->round, d->payload, d->fragments[f->fragment].payload_bytes, &f->r);
+    return NULL;
+}
+
+// Starts the sync of fragment p: encodes every local replica's contribution (one, or M
+// with diloco_transport = local) and hands it to the transport — on the exchange thread
+// when it is to overlap inner steps, otherwise here, blocking.
+static void begin_round(diloco *d, int p, float *const *params, int n_params, const train_state *st, bool final) {
+    flight *f = &d->flight;
+    const fragment *fr = &d->fragments[p];
+    memset(f, 0, sizeof *f);
+    f->active = true;
+    f->fragment = p;
+    f->final = final;
+    f->round = st->outer_step;
+    f->begin_step = st->step;
+    round_result *r = &f->r;
+    double t0 = wall_seconds();
+    for (int i = 0; i < n_params; i++) {
+        if (!all_finite(params[i] + fr->offset, fr->numel)) {
+            if (d->local) fail("diloco: simulated replica %d's weights hold NaN/Inf at step %lld", i, (long long)st->step);
+            fail("diloco: this replica's weights hold NaN/Inf at step %lld; not sending them to the others",
+                 (long long)st->step);
+        }
     }
-    round_result r;
-    memset(&r, 0, sizeof r);
-    if (!transport_exchange(d->net, k, d->payload, d->payload_bytes, &r)) {
-        // Never apply our own Δ as if it were the average: keep training locally, and the next
-        // exchange carries the work of both rounds.
-        dump_discard(d, dump, k + 1);
-        warn("diloco: the exchange for outer step %lld failed (the hub is unreachable); outer step skipped",
-             (long long)k + 1);
-        log_outer_step(d, st, &r, false, "exchange failed", quant_err);
+    if (!d->local) {
+        f->dump = dump_begin(d, p, f->round + 1, params[0]);
+        f->quant_err = encode_contribution(d, fr, params[0], d->residual, d->payload);
+        if (fault_requested("diloco_nan_payload", f->round)) {
+            float nan = NAN;
+            memcpy(d->payload, &nan, sizeof nan);
+        }
+        f->threaded = d->overlap > 0 && !final;
+        if (f->threaded) {
+            int rc = pthread_create(&f->thread, NULL, exchange_thread, d);
+            if (rc != 0) fail("diloco: cannot start the exchange thread: %s", strerror(rc));
+        } else {
+            f->ok = transport_exchange(d->net, f->round, d->payload, fr->payload_bytes, r);
+        }
         return;
     }
-    if (r.evicted) {
-        dump_discard(d, dump, k + 1);
+    // Local: every replica's contribution, encoded exactly as a transport would carry it.
+    r->outer_step = f->round;
+    r->apply = true;
+    for (int i = 0; i < n_params; i++) {
+        f->quant_err += encode_contribution(d, fr, params[i], d->local_residual[i], d->local_payload[i]) / n_params;
+        r->ids[r->n] = i;
+        r->payload[r->n] = d->local_payload[i];
+        r->bytes[r->n] = fr->payload_bytes;
+        r->n++;
+    }
+    r->bytes_sent = fr->payload_bytes;  // what each replica would send
+    r->sync_s = wall_seconds() - t0;
+    f->ok = true;
+}
+
+// Waits for the round in flight and applies it to θ and m: the same bits on every replica.
+// Blocking (τ = 0, or a final sync): the fragment of every params[i] becomes θ at once;
+// otherwise it merges at begin + τ (st->merge_step). Returns whether params changed: they did
+// when θ was copied in, or when this replica had been dropped and took the group's state.
+static bool land_round(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train) {
+    flight *f = &d->flight;
+    if (!f->active) return false;
+    if (f->threaded) {
+        int rc = pthread_join(f->thread, NULL);
+        if (rc != 0) fail("diloco: cannot join the exchange thread: %s", strerror(rc));
+        f->threaded = false;
+    }
+    f->active = false;
+    const fragment *fr = &d->fragments[f->fragment];
+    round_result *r = &f->r;
+    int64_t k = f->round;  // this exchange makes outer step k + 1
+    FILE *dump = f->dump;  // closed below, whatever the outcome
+    f->dump = NULL;
+    if (!f->ok) {
+        // Never apply our own Δ as if it were the average: keep training locally, and the next
+        // exchange of this fragment carries the work of both rounds.
+        dump_discard(d, dump, k + 1, f->fragment);
+        warn("diloco: the exchange for outer step %lld failed (the hub is unreachable); outer step skipped",
+             (long long)k + 1);
+        log_outer_step(d, st, r, false, "exchange failed");
+        return false;
+    }
+    if (r->evicted) {
+        dump_discard(d, dump, k + 1, f->fragment);
         warn("diloco: replica %d was dropped from outer step %lld (too late); rejoining", diloco_replica_id(d),
              (long long)k + 1);
         replica_status s = {st->outer_step, diloco_hash(d->theta, d->numel)};
         size_t got = 0;
-        if (transport_rejoin(d->net, &s, d->state, d->state_bytes, &got) == JOIN_GOT_STATE)
-            adopt_state(d, got, params, st, train);
-        return;
+        if (transport_rejoin(d->net, &s, d->state, d->state_bytes, &got) == JOIN_GOT_STATE) {
+            adopt_state(d, got, params[0], st, train);
+            return true;
+        }
+        return false;
     }
-    screen_contributions(d, &r);
-    if (!r.apply || r.n < d->cfg->diloco_min_replicas || r.n == 0) {
-        dump_discard(d, dump, k + 1);
+    screen_contributions(d, fr, r);
+    if (!r->apply || r->n < d->cfg->diloco_min_replicas || r->n == 0) {
+        dump_discard(d, dump, k + 1, f->fragment);
         char why[96];
-        snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r.n,
+        snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r->n,
                  (long long)d->cfg->diloco_min_replicas);
         // The round is over for everyone: θ stays, the count moves on (rounds keep unique numbers).
         st->outer_step = k + 1;
-        log_outer_step(d, st, &r, false, why, quant_err);
-        if (r.send_state) transport_send_state(d->net, d->state, pack_state(d, st));
-        return;
+        log_outer_step(d, st, r, false, why);
+        if (r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+        return false;
     }
     float *momentum_before = NULL;
     if (dump) {
-        momentum_before = alloc_floats((size_t)d->numel);
-        memcpy(momentum_before, d->momentum, (size_t)d->numel * sizeof(float));
+        momentum_before = alloc_floats((size_t)fr->numel);
+        memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
     }
-    average_delta(d, &r);
-    apply_outer_step(d, params, k + 1);
+    average_delta(d, fr, r);
+    // Round k is fragment k mod P's outer step ⌊k / P⌋ + 1 (for the momentum warm-up).
+    apply_outer_step(d, fr, k / d->n_fragments + 1);
     st->outer_step = k + 1;
-    dump_end(d, dump, momentum_before);
+    dump_end(d, fr, dump, momentum_before);
     free(momentum_before);
-    log_outer_step(d, st, &r, true, NULL, quant_err);
-    if (r.send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+    bool now = d->overlap == 0 || f->final;
+    if (now) {
+        for (int i = 0; i < n_params; i++)
+            memcpy(params[i] + fr->offset, d->theta + fr->offset, (size_t)fr->numel * sizeof(float));
+    } else {
+        st->merge_step = f->begin_step + d->overlap;
+    }
+    log_outer_step(d, st, r, true, NULL);
+    if (r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+    return now;
+}
+
+// The fragment that landed last merges into the local weights: θᵢ ← α·θᵢ + (1 − α)·θ, in double.
+static void merge_fragment(diloco *d, float *const *params, int n_params, train_state *st) {
+    int p = fragment_due(d, st->merge_step - d->overlap);
+    st->merge_step = 0;
+    if (p < 0 || d->overlap == 0) {
+        warn("diloco: a fragment merge was pending, but this config's schedule has no fragment there; skipped");
+        return;
+    }
+    const fragment *fr = &d->fragments[p];
+    double a = d->cfg->diloco_merge_alpha;
+    FILE *dump = dump_open(d, "merge", st->outer_step, p);
+    if (dump) {
+        dump_tensor(dump, params[0] + fr->offset, fr->numel);
+        dump_tensor(dump, d->theta + fr->offset, fr->numel);
+    }
+    const float *theta = d->theta + fr->offset;
+    for (int r = 0; r < n_params; r++) {
+        float *x = params[r] + fr->offset;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < fr->numel; i++) x[i] = (float)(a * (double)x[i] + (1.0 - a) * (double)theta[i]);
+    }
+    if (dump) {
+        dump_tensor(dump, params[0] + fr->offset, fr->numel);
+        dump_close(dump);
+    }
+}
+
+bool diloco_after_step(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train,
+                       int64_t max_steps, double *stall_s) {
+    double t0 = wall_seconds();
+    bool changed = false;
+    flight *f = &d->flight;
+    if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
+        changed |= land_round(d, params, n_params, st, train);
+    if (st->merge_step > 0 && (st->step >= st->merge_step || st->step == max_steps)) {
+        merge_fragment(d, params, n_params, st);
+        changed = true;
+    }
+    if (st->step == max_steps) {
+        // The last step: every fragment syncs once more, blocking, so that every replica ends
+        // with the global weights θ (with P = 1 this is classic DiLoCo's final outer step).
+        for (int p = 0; p < d->n_fragments; p++) {
+            begin_round(d, p, params, n_params, st, true);
+            changed |= land_round(d, params, n_params, st, train);
+            if (st->step != max_steps) break;  // took the group's state: it trains on
+        }
+    } else {
+        int p = fragment_due(d, st->step);
+        if (p >= 0) {
+            begin_round(d, p, params, n_params, st, false);
+            if (d->overlap == 0) changed |= land_round(d, params, n_params, st, train);
+        }
+    }
+    if (stall_s) *stall_s = wall_seconds() - t0;
+    return changed;
+}
+
+bool diloco_settle(diloco *d, float *params, train_state *st, dataloader *train) {
+    if (!d->flight.active) return false;
+    float *p[1] = {params};
+    return land_round(d, p, 1, st, train);
 }
 
 void diloco_set_quiet(diloco *d, bool quiet) { d->quiet = quiet; }
 
-void diloco_start_local(diloco *d, const float *params) {
+void diloco_start_local(diloco *d, const float *params, train_state *st) {
     size_t bytes = (size_t)d->numel * sizeof(float);
     memcpy(d->theta, params, bytes);
     memset(d->momentum, 0, bytes);
     for (int i = 0; i < diloco_replicas(d); i++)
         if (d->local_residual[i]) memset(d->local_residual[i], 0, bytes);
-}
-
-// The outer step of diloco_transport = local: every replica's contribution is encoded exactly
-// as a transport would carry it, then averaged and applied by the same code as
-// diloco_outer_step, so θ is the bits that M processes would compute.
-void diloco_outer_step_local(diloco *d, float *const *params, train_state *st) {
-    int64_t k = st->outer_step;
-    int m = diloco_replicas(d);
-    double t0 = wall_seconds(), quant_err = 0.0;
-    round_result r;
-    memset(&r, 0, sizeof r);
-    r.outer_step = k;
-    r.apply = true;
-    for (int i = 0; i < m; i++) {
-        if (!all_finite(params[i], d->numel))
-            fail("diloco: simulated replica %d's weights hold NaN/Inf at step %lld", i, (long long)st->step);
-        quant_err += encode_contribution(d, params[i], d->local_residual[i], d->local_payload[i]) / m;
-        r.ids[r.n] = i;
-        r.payload[r.n] = d->local_payload[i];
-        r.bytes[r.n] = d->payload_bytes;
-        r.n++;
-    }
-    r.bytes_sent = d->payload_bytes;  // what each replica would send
-    screen_contributions(d, &r);
-    average_delta(d, &r);
-    apply_outer_step(d, params[0], k + 1);
-    for (int i = 1; i < m; i++) memcpy(params[i], d->theta, (size_t)d->numel * sizeof(float));
-    st->outer_step = k + 1;
-    r.sync_s = wall_seconds() - t0;
-    log_outer_step(d, st, &r, true, NULL, quant_err);
+    st->outer_step = 0;
+    st->merge_step = 0;
 }
 
 bool diloco_agree_stop(diloco *d, bool local_stop) { return transport_agree_stop(d->net, local_stop); }
 
+// An exchange still in flight when the run ends early (a fatal error elsewhere): wait for the
+// exchange thread, then drop the round.
+static void abandon_flight(diloco *d) {
+    if (d->flight.active && d->flight.threaded) pthread_join(d->flight.thread, NULL);
+    if (d->flight.dump) fclose(d->flight.dump);
+    memset(&d->flight, 0, sizeof d->flight);
+}
+
 void diloco_leave(diloco *d) {
-    if (!d || !d->net) return;
+    if (!d) return;
+    abandon_flight(d);
+    if (!d->net) return;
     transport_leave(d->net);
     d->net = NULL;
 }
 
 void diloco_close(diloco *d) {
     if (!d) return;
+    abandon_flight(d);
     if (d->net) transport_close(d->net);
     free(d->theta);
     free(d->momentum);
@@ -506,6 +755,7 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->acc);
+    free(d->fragments);
     free(d->state);
     free(d);
 }

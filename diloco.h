@@ -60,21 +60,45 @@ void diloco_attach_buffers(diloco *d, model_buffers *b);
 // receives its state and overwrites params, θ, m, the step counters and the data position.
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh);
 
-// Whether the outer step is due after inner step `step` (1-based count of steps done).
-bool diloco_outer_step_due(const diloco *d, int64_t step, int64_t max_steps);
+// Streaming (docs/diloco.md#streaming): with diloco_fragments P > 1 the model is synced in
+// P fragments of whole layers, fragment p after inner steps s with s % H = ⌊(p+1)·H/P⌋ % H,
+// each its own round of the transport (its own outer step number, quantization, error
+// feedback). With diloco_overlap_steps τ > 0 the exchange runs on a second thread while τ
+// inner steps go on; then the outer step is applied to θ and m exactly as above, and the
+// fragment's local weights merge: θᵢ ← α·θᵢ + (1 − α)·θ (diloco_merge_alpha). After the last
+// step every fragment syncs once more, blocking, so every replica ends with θ. P = 1, τ = 0
+// is classic DiLoCo, bit for bit.
 
-// The outer step: exchange, average, Nesterov, params ← θ. Writes the metrics line and one
-// progress line. May rejoin (overwriting params and state) when this replica was dropped.
-void diloco_outer_step(diloco *d, float *params, train_state *st, dataloader *train);
+// Whether diloco_after_step has work after inner step st->step (the caller then hands it the
+// host weights), and the next step after st->step at which it will (max_steps at most).
+bool diloco_due(const diloco *d, const train_state *st, int64_t max_steps);
+int64_t diloco_next_due(const diloco *d, const train_state *st, int64_t max_steps);
+
+// After inner step st->step: lands the fragment in flight when its τ steps are done, merges
+// it, and begins the fragment due now (at max_steps: the final sync of every fragment).
+// params: this replica's weights (n_params = 1), or the M simulated replicas' (local). Writes
+// the metrics line and a progress line per outer step. Returns whether params changed (the
+// caller uploads them); *stall_s (may be NULL) is the time spent here, when no inner step ran.
+// A dropped replica rejoins here, which may move st->step to the group's.
+bool diloco_after_step(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train,
+                       int64_t max_steps, double *stall_s);
+
+// Before a checkpoint: waits for the fragment in flight and applies its outer step to θ and m,
+// so the checkpoint holds no half-done exchange; its merge stays due at st->merge_step (saved
+// in state.json). Returns whether params changed (only when this replica had to rejoin).
+bool diloco_settle(diloco *d, float *params, train_state *st, dataloader *train);
+bool diloco_in_flight(const diloco *d);
+
+// The global weights θ (the local run validates them).
+const float *diloco_theta(const diloco *d);
 
 // diloco_transport = local: the M replicas are simulated in this process (train_gpt.cu's
 // train_local; `train_gpt diloco-tune`). diloco_start_local sets θ ← params (every replica
-// starts from them) with zero momentum and residuals; diloco_outer_step_local encodes every
-// replica's contribution as a transport would carry it, averages them in ascending replica
-// id and applies the outer step — the same code and the same bits as M processes — then
-// sets every params[i] ← θ. No bytes move: `bytes_sent` is what each replica would send.
-void diloco_start_local(diloco *d, const float *params);
-void diloco_outer_step_local(diloco *d, float *const *params, train_state *st);
+// starts from them) with zero momentum and residuals; then diloco_after_step with all M
+// replicas' weights encodes every contribution as a transport would carry it, averages them
+// in ascending replica id and applies the outer step — the same code and the same bits as M
+// processes. No bytes move: `bytes_sent` is what each replica would send.
+void diloco_start_local(diloco *d, const float *params, train_state *st);
 // No progress line per outer step (metrics.jsonl still gets it).
 void diloco_set_quiet(diloco *d, bool quiet);
 

@@ -1563,6 +1563,19 @@ static int train_run(train_config *cfg) {
     int64_t first_step = tr.state.step;
     while (tr.state.step < cfg->max_steps) {
         step_metrics m = train_step(&tr);
+        // DiLoCo's outer work comes first, so that validation, samples and checkpoints at an
+        // outer boundary see its weights. A replica that had to rejoin may jump to the group's
+        // step here.
+        if (tr.outer) {
+            m.has_stall = true;
+            if (diloco_due(tr.outer, &tr.state, cfg->max_steps)) {
+                double stall_s = 0.0;
+                backend_download(tr.be, tr.params, NULL, NULL);
+                if (diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps, &stall_s))
+                    backend_upload_params(tr.be, tr.params);
+                m.stall_ms = stall_s * 1e3;
+            }
+        }
         metrics_step(tr.log, &m);
         if (m.step > 1 || cfg->max_steps == 1) {  // the first step includes warm-up costs
             step_time_sum += m.step_ms / 1e3;
@@ -1570,22 +1583,19 @@ static int train_run(train_config *cfg) {
         }
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
-        // The outer step comes first, so that validation, samples and checkpoints at an outer
-        // boundary see the global weights. A replica that had to rejoin may jump to the
-        // group's step here.
-        if (tr.outer && diloco_outer_step_due(tr.outer, m.step, cfg->max_steps)) {
-            backend_download(tr.be, tr.params, NULL, NULL);
-            diloco_outer_step(tr.outer, tr.params, &tr.state, tr.train);
-            backend_upload_params(tr.be, tr.params);
-        }
         int64_t step = tr.state.step;
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
         if (tr.samples && due(step, cfg->sample_every, cfg->max_steps))
             sampler_run(tr.samples, tr.be, step, tr.log);
         bool stop_here = stop_signal || step == cfg->stop_at_step;
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
-        if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here)
-            checkpoint_now(&tr, stop_here || step == cfg->max_steps);
+        if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
+            if (tr.outer && diloco_in_flight(tr.outer)) {  // a fragment in flight lands first
+                backend_download(tr.be, tr.params, NULL, NULL);
+                if (diloco_settle(tr.outer, tr.params, &tr.state, tr.train)) backend_upload_params(tr.be, tr.params);
+            }
+            checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
+        }
         if (stop_here) {
             if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
@@ -1668,7 +1678,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
     diloco *outer = diloco_open(cfg, &lead->table, log);
     diloco_set_quiet(outer, quiet);
-    diloco_start_local(outer, lead->params);
+    diloco_start_local(outer, lead->params, &lead->state);
     for (int i = 0; i < M; i++)
         backend_upload(reps[i].be, reps[i].params, reps[i].exp_avg, reps[i].exp_avg_sq, reps[i].state.adam_step);
     if (!quiet) {
@@ -1684,12 +1694,13 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
 
     local_result res = {NAN, 0.0};
-    step_metrics *round = (step_metrics *)xcalloc((size_t)H, sizeof *round);
+    step_metrics *round = (step_metrics *)xcalloc((size_t)(H + 1), sizeof *round);
     double step_time_sum = 0.0;
     int64_t timed = 0;
     while (lead->state.step < cfg->max_steps) {
+        // From one step with outer work to the next (every H steps; every H/P with fragments).
         int64_t start = lead->state.step;
-        int64_t end = min_i64(cfg->max_steps, (start / H + 1) * H);
+        int64_t end = diloco_next_due(outer, &lead->state, cfg->max_steps);
         for (int i = 0; i < M; i++) {
             for (int64_t s = start; s < end; s++) {
                 step_metrics m = train_step(&reps[i]);
@@ -1706,24 +1717,30 @@ static local_result train_local(train_config *cfg, bool quiet) {
                 r->skipped = r->skipped || m.skipped;
             }
         }
+        for (int i = 0; i < M; i++) backend_download(reps[i].be, reps[i].params, NULL, NULL);
+        double stall_s = 0.0;
+        diloco_after_step(outer, params, M, &lead->state, NULL, cfg->max_steps, &stall_s);
+        for (int i = 0; i < M; i++) {
+            reps[i].state.outer_step = lead->state.outer_step;
+            backend_upload_params(reps[i].be, reps[i].params);
+        }
         for (int64_t s = start; s < end; s++) {
             step_metrics *r = &round[s - start];
             r->tok_per_s = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum * M) / (r->step_ms / 1e3);
+            r->has_stall = true;
+            r->stall_ms = s + 1 == end ? stall_s * 1e3 : 0.0;
             metrics_step(log, r);
             step_time_sum += r->step_ms / 1e3;
             timed++;
             if (!quiet && (due(r->step, cfg->log_every, cfg->max_steps) || r->skipped))
                 print_progress(lead, r, step_time_sum / (double)timed);
         }
-        for (int i = 0; i < M; i++) backend_download(reps[i].be, reps[i].params, NULL, NULL);
-        diloco_outer_step_local(outer, params, &lead->state);
-        for (int i = 0; i < M; i++) {
-            reps[i].state.outer_step = lead->state.outer_step;
-            backend_upload_params(reps[i].be, reps[i].params);
-        }
         bool val_due = end == cfg->max_steps || (cfg->val_every > 0 && end / cfg->val_every > start / cfg->val_every);
+        // What is validated is θ, the global weights (after the last step every replica holds it).
         if (val && val_due) {
+            if (end != cfg->max_steps) backend_upload_params(lead->be, diloco_theta(outer));
             res.val_loss = validate(lead);
+            if (end != cfg->max_steps) backend_upload_params(lead->be, lead->params);
         }
         if (stop_signal) {
             note("stopped by signal %d after step %lld (a simulated run writes no checkpoint)", (int)stop_signal,

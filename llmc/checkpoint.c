@@ -169,6 +169,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
     sb_printf(&sb, "  \"bad_steps\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)s->bad_steps,
               (long long)s->tokens_seen);
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
+    if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
     sb_printf(&sb, "  \"batch_size\": %lld,\n  \"seq_len\": %lld,\n  \"grad_accum\": %lld,\n",
               (long long)cfg->batch_size, (long long)cfg->model.seq_len, (long long)cfg->grad_accum);
     sb_printf(&sb, "  \"shuffle\": %s,\n  \"seed\": %lld,\n  \"saved_at_unix\": %lld,\n  \"config\": ",
@@ -397,6 +398,9 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     // Absent in checkpoints written before DiLoCo existed.
     const json_value *outer = json_get(&doc.root, "outer_step");
     s->outer_step = outer && outer->type == JSON_NUMBER && outer->is_integer && outer->integer >= 0 ? outer->integer : 0;
+    // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
+    const json_value *merge = json_get(&doc.root, "outer_merge_step");
+    s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
     json_free(&doc);
     return ok;
 }
@@ -458,6 +462,7 @@ bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, ch
         memset(b->outer_momentum, 0, bytes);
         if (b->outer_residual) memset(b->outer_residual, 0, bytes);
         s->outer_step = 0;
+        s->merge_step = 0;
     }
     return true;
 }

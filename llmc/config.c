@@ -98,6 +98,9 @@ static const key_spec KEYS[] = {
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "0", 0, 0.999999, NULL, false, "outer momentum μ (the paper's: 0.9; docs/diloco.md says when it pays)"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
     {"diloco_momentum_warmup", KEY_INT, T(diloco_momentum_warmup), "0", 0, BIG, NULL, false, "outer steps over which the outer momentum ramps up linearly to diloco_outer_momentum; 0 = none"},
+    {"diloco_fragments", KEY_INT, T(diloco_fragments), "1", 1, 1024, NULL, false, "streaming: sync the model in P fragments of whole layers at staggered inner steps; 1 = the whole model at once"},
+    {"diloco_overlap_steps", KEY_INT, T(diloco_overlap_steps), "0", 0, BIG, NULL, false, "streaming: inner steps that run while a fragment's exchange is in flight (below diloco_inner_steps / diloco_fragments); 0 = training waits for it"},
+    {"diloco_merge_alpha", KEY_FLOAT, T(diloco_merge_alpha), "0.5", 0, 1, NULL, false, "streaming (diloco_overlap_steps > 0): a landed fragment's weights become alpha·local + (1 − alpha)·global"},
     {"diloco_transport", KEY_CHOICE, T(diloco_transport), "tcp", 0, 0, "tcp|mpi|local", false, "tcp: replicas meet at a hub (relay); mpi: replicas are the ranks of one MPI job; local: all replicas simulated in this process, one after another"},
     {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
@@ -335,6 +338,16 @@ void config_finish(train_config *cfg) {
              "diloco_transport = tcp");
         RULE(!tcp || cfg->diloco_secret_file[0], "diloco_secret_file", "must be set with diloco_transport = tcp: "
              "replicas authenticate with a shared secret");
+        RULE(cfg->diloco_fragments <= cfg->model.n_layer, "diloco_fragments",
+             "%lld is more than n_layer %lld: a fragment holds whole layers", (long long)cfg->diloco_fragments,
+             (long long)cfg->model.n_layer);
+        RULE(cfg->diloco_fragments <= cfg->diloco_inner_steps, "diloco_fragments",
+             "%lld is more than diloco_inner_steps %lld: each fragment needs its own inner step to sync at",
+             (long long)cfg->diloco_fragments, (long long)cfg->diloco_inner_steps);
+        int64_t gap = cfg->diloco_inner_steps / cfg->diloco_fragments;
+        RULE(cfg->diloco_overlap_steps < gap, "diloco_overlap_steps",
+             "%lld must be below diloco_inner_steps / diloco_fragments = %lld, so that a fragment lands before the "
+             "next one starts", (long long)cfg->diloco_overlap_steps, (long long)gap);
         RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
              "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
     }

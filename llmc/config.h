@@ -82,6 +82,9 @@ typedef struct {
     double diloco_outer_momentum;
     bool diloco_nesterov;
     int64_t diloco_momentum_warmup;
+    int64_t diloco_fragments;       // P: streaming DiLoCo syncs the model in P fragments
+    int64_t diloco_overlap_steps;   // τ: inner steps a fragment's exchange overlaps
+    double diloco_merge_alpha;      // α: θ_local ← α·θ_local + (1−α)·θ_global when a fragment lands (τ > 0)
     char *diloco_transport;         // tcp | mpi
     char *diloco_rendezvous;        // tcp: host:port of the hub
     bool diloco_serve;              // tcp: this replica runs the hub itself

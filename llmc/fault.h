@@ -4,7 +4,8 @@
 //   nan_grad            poison one gradient with NaN on that (0-based) step
 //   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
 //                       step STEP+1 (the others must leave it out of the average)
-//   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload, tcp_trace
+//   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,
+//   tcp_die_in_upload_after_full, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see
 //                       net/transport_tcp.c and docs/protocol.md)
 // A real run never sets the variable; the cost when unset is one getenv per query.

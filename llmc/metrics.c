@@ -58,6 +58,7 @@ void metrics_step(metrics_log *log, const step_metrics *m) {
     put_number(&sb, "mfu", m->mfu);
     put_number(&sb, "step_ms", m->step_ms);
     sb_printf(&sb, ",\"tokens\":%lld,\"skipped\":%s", (long long)m->tokens, m->skipped ? "true" : "false");
+    if (m->has_stall) put_number(&sb, "stall_ms", m->stall_ms);
     write_line(log, &sb);
 }
 

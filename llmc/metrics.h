@@ -1,7 +1,8 @@
 // llmc/metrics.h — out_dir/metrics.jsonl, one JSON object per line, flushed after each line
 // so a crash loses nothing already reported. Line kinds (docs/formats.md):
 //   step:   {"step", "loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms",
-//            "tokens", "skipped"}            mfu is null when the peak is unknown (CPU)
+//            "tokens", "skipped", "stall_ms"}  mfu is null when the peak is unknown (CPU);
+//                                              stall_ms only in DiLoCo runs
 //   val:    {"step", "val_loss", "val_tokens"}
 //   event:  {"event", "step", ...}            start, resume, checkpoint, stop, diloco_*
 //   outer:  {"outer_step", "step", "contributors", ...}   one per DiLoCo outer step (diloco.h)
@@ -29,6 +30,8 @@ typedef struct {
     double step_ms;
     int64_t tokens;      // train tokens consumed so far, all processes
     bool skipped;        // the outlier guard skipped the update
+    bool has_stall;      // DiLoCo runs: stall_ms is written
+    double stall_ms;     // time after the step spent on DiLoCo's outer work (no inner step ran)
 } step_metrics;
 
 // Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.

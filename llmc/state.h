@@ -23,6 +23,8 @@ typedef struct {
     int64_t bad_steps;     // consecutive NaN/Inf steps so far
     int64_t tokens_seen;   // train tokens consumed by all processes
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
+    int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last
+                           // merges into the local weights (0 = none pending)
 } train_state;
 
 #ifdef __cplusplus

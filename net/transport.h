@@ -53,6 +53,9 @@ typedef struct {
     // Everything a joining replica must agree on with the group: a mismatch is refused at
     // the handshake with a one-line reason (different model, different quantization, ...).
     uint64_t run_fingerprint;
+    // transport_exchange runs on a second thread while the main thread may call
+    // transport_agree_stop (streaming DiLoCo with diloco_overlap_steps > 0).
+    bool threaded;
 } transport_options;
 
 // What a replica says about itself when it (re)joins the group.

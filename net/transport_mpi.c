@@ -21,6 +21,8 @@
 
 typedef struct {
     int rank, size;
+    MPI_Comm exchange_comm;  // a duplicate of the world: exchanges may run on a second thread
+                             // while the main thread agrees on stopping over MPI_COMM_WORLD
     int min_replicas;
     uint8_t *gathered;      // size × max payload bytes
     size_t gathered_capacity;
@@ -36,12 +38,17 @@ static void mpi_check(int rc, const char *what) {
 
 static const transport_ops MPI_OPS;
 
+static int thread_level = MPI_THREAD_SINGLE;  // what MPI_Init_thread provided
+
+// Asks for MPI_THREAD_MULTIPLE: streaming DiLoCo exchanges on a second thread.
 static void mpi_start(void) {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (initialized) return;
-    int provided;
-    mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    if (initialized) {
+        MPI_Query_thread(&thread_level);
+        return;
+    }
+    mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level), "MPI_Init_thread");
 }
 
 int transport_mpi_world_rank(void) {
@@ -70,6 +77,12 @@ transport *transport_mpi_open(const transport_options *o) {
     if (lowest != highest)
         fail("diloco (mpi): the ranks disagree on the run (model, diloco_replicas, inner steps, outer optimizer or "
              "quantization differ between their configs)");
+    if (o->threaded && thread_level < MPI_THREAD_MULTIPLE)
+        fail("diloco_overlap_steps: an exchange that overlaps inner steps needs an MPI library with "
+             "MPI_THREAD_MULTIPLE (this one provides level %d of 0..3); use diloco_overlap_steps = 0 or "
+             "diloco_transport = tcp",
+             thread_level);
+    mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &t->exchange_comm), "MPI_Comm_dup");
     t->min_replicas = o->min_replicas;
     return transport_wrap(&MPI_OPS, t);
 }
@@ -106,7 +119,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     // Everyone's size first: they are equal in a healthy run, but a mismatch must be an
     // error rather than a buffer overrun.
     uint64_t mine = bytes, sizes[TRANSPORT_MAX_REPLICAS];
-    mpi_check(MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, MPI_COMM_WORLD), "MPI_Allgather");
+    mpi_check(MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, t->exchange_comm), "MPI_Allgather");
     double arrived = wall_seconds();
     size_t largest = 0;
     for (int i = 0; i < t->size; i++) largest = sizes[i] > largest ? sizes[i] : largest;
@@ -128,7 +141,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
             at += counts[i];
         }
         mpi_check(MPI_Allgatherv(payload + offset, counts[t->rank], MPI_BYTE, packed, counts, displs, MPI_BYTE,
-                                 MPI_COMM_WORLD),
+                                 t->exchange_comm),
                   "MPI_Allgatherv");
         for (int i = 0; i < t->size; i++)
             memcpy(t->gathered + (size_t)i * largest + offset, packed + displs[i], (size_t)counts[i]);
@@ -163,6 +176,7 @@ static bool mpi_agree_stop(void *impl, bool local_stop) {
 
 static void mpi_close(void *impl) {
     mpi_transport *t = impl;
+    MPI_Comm_free(&t->exchange_comm);
     free(t->gathered);
     free(t);
     int finalized = 0;

@@ -71,6 +71,7 @@ typedef struct {
     // the session
     bool connected, member;
     double hub_timeout_s, heartbeat_s;
+    int64_t full_rounds;       // rounds that every replica contributed to (a test hook counts them)
     conn ctl;
     pthread_mutex_t ctl_send;       // serialises sends on ctl (training thread, I/O thread)
     conn data[WIRE_MAX_STREAMS];
@@ -722,8 +723,12 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     t->job_kind = DATA_PAYLOAD;
     // Test hooks (TRAIN_GPT_FAULT): tcp_slow_upload:K uploads the first half of round K's
     // payload, pauses 0.6 s, then the rest; tcp_die_in_upload:K uploads the first half,
-    // waits 0.3 s (the hub passes it on), and SIGKILLs itself.
-    bool slow = fault_requested("tcp_slow_upload", outer_step), die = fault_requested("tcp_die_in_upload", outer_step);
+    // waits 0.3 s (the hub passes it on), and SIGKILLs itself; tcp_die_in_upload_after_full:N
+    // does the same in the first round after N rounds that every replica contributed to
+    // (whatever their numbers: a test need not know when the group formed).
+    bool slow = fault_requested("tcp_slow_upload", outer_step);
+    bool die = fault_requested("tcp_die_in_upload", outer_step) ||
+               fault_requested("tcp_die_in_upload_after_full", t->full_rounds);
     if (slow || die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
     wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
@@ -774,6 +779,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     r->apply = (t->round.flags & ROUND_APPLY) && r->n >= t->o.min_replicas;
     r->send_state = (t->round.flags & ROUND_SEND_STATE) != 0;
     r->sync_s = wall_seconds() - t0;
+    if (r->n == t->o.replicas) t->full_rounds++;
     return true;
 }
 

@@ -14,6 +14,10 @@
 #   8. diloco_transport = local (M replicas simulated in one process): every outer step's
 #      param_hash equal to the MPI run's, fp32 and int8 + error feedback; heavy-ball and the
 #      momentum warm-up against numpy.
+#   9. Streaming (4 fragments, exchanges overlapping 2 inner steps): local = MPI bit for bit,
+#      every fragment's outer step and merge against numpy, 3 replicas over TCP agree at
+#      every fragment sync; a replica killed with a fragment in flight rejoins and agrees;
+#      stop and resume with a fragment in flight is bit-exact.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
 pids=()
@@ -172,25 +176,26 @@ check "the metrics line has every field" grep -q \
 #   with replica 2 alone, SIGTERM the two survivors.
 fault=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 100000000 --batch_size 16 --ckpt_every 25
     --diloco_quant int8)
+fdir=fault  # the scenario's directory under $tmp (section 9 runs a second one)
 start_replica() {  # start_replica ID: runs in the background, appends to its log
-    "$TRAIN_GPT" "${common[@]}" "${fault[@]}" "${tcp[@]}" --diloco_replica_id "$1" --out_dir "$tmp/fault/$1" \
-        >>"$tmp/fault_$1.log" 2>&1 &
+    "$TRAIN_GPT" "${common[@]}" "${fault[@]}" "${tcp[@]}" --diloco_replica_id "$1" --out_dir "$tmp/$fdir/$1" \
+        >>"$tmp/${fdir}_$1.log" 2>&1 &
     pids+=($!)
     eval "fault_pid_$1=$!"
 }
 outer_steps_done() {
-    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null || true)
+    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null || true)
     echo "${n:-0}"
 }
 last_outer_step() {  # the outer_step of replica ID's newest outer line (0 before the first)
-    local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
+    local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
     echo "${k:-0}"
 }
 # The outer steps of replica ID's outer lines after its outer step AFTER with exactly these
 # contributors (e.g. 0,1,2), one per line; rounds_with counts them, first_round_with takes
 # the first.
 rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
-    grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' "$tmp/fault/$1/metrics.jsonl" 2>/dev/null |
+    grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null |
         sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a'
 }
 rounds_with() { rounds_after "$@" | wc -l; }
@@ -248,6 +253,92 @@ check "restarted, replica 2 took the group's state" grep -q '"event":"diloco_joi
 check "after the faults, replica 2's param_hash equals replica 0's at every outer step both logged" \
     all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
 check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
+
+# ---------------------------------------------------------------- 9. streaming
+# 4 layers in 4 fragments of one layer each, H = 12: fragment p syncs after inner steps
+# 3, 6, 9, 0 (mod 12) and lands 2 inner steps later, merging with α = 0.5.
+stream=(--n_layer 4 --diloco_inner_steps 12 --diloco_fragments 4 --diloco_overlap_steps 2 --diloco_quant int8
+    --diloco_error_feedback 1 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_momentum_warmup 3)
+if [ "$HAVE_MPI" = 1 ]; then
+    mkdir -p "$tmp/dump_stream"
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_stream" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' \
+        $(printf "'%s' " "${common[@]}" "${stream[@]}") --diloco_replicas 3 --max_steps 48 --diloco_transport mpi \
+        --out_dir '$tmp/smpi/'\$OMPI_COMM_WORLD_RANK" >"$tmp/smpi.log" 2>&1 || cat "$tmp/smpi.log"
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" --diloco_replicas 3 --max_steps 48 --diloco_transport local \
+        --out_dir "$tmp/slocal" >"$tmp/slocal.log" 2>&1 || cat "$tmp/slocal.log"
+    # 15 fragment syncs overlapping inner steps + 4 final ones after step 48.
+    check "streaming, 3 simulated replicas = 3 MPI processes: param_hash equal at all 19 fragment syncs" \
+        same_outer_hashes 19 "$tmp/smpi/0/metrics.jsonl" "$tmp/slocal/metrics.jsonl"
+    check "streaming over MPI: param_hash equal on every replica at every fragment sync" \
+        all_hashes_agree 19 "$tmp"/smpi/*/metrics.jsonl
+    check "streaming: each fragment's outer step (Nesterov, warm-up per fragment) and merge = numpy" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_stream" 0.7 0.9 int8 0.02 1 3 4 0.5
+    check "streaming: the merges happen (15 merge dumps per replica)" \
+        test "$(ls "$tmp/dump_stream" | grep -c '^merge_0_')" -eq 15
+    check "streaming: the metrics line names the fragment and the steps in flight" grep -q \
+        '"outer_step":5,"step":17,.*"fragment":0,"fragment_hash":"[0-9a-f]\{16\}","began_at_step":15,"steps_in_flight":2' \
+        "$tmp/smpi/1/metrics.jsonl"
+    check "streaming: the step lines say how long each step waited for DiLoCo (stall_ms)" \
+        grep -q '"step":48,.*"stall_ms":[0-9.]*}' "$tmp/smpi/0/metrics.jsonl"
+
+    # Stop after step 16: fragment 0 began after step 15 and lands after 17. The checkpoint
+    # waits for it (state.json: merge due at step 17); the resumed run must be bit-exact.
+    sres=(--diloco_replicas 1 --max_steps 30 --ckpt_every 8 --diloco_transport mpi)
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${sres[@]}" --out_dir "$tmp/s_straight" >/dev/null 2>&1
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${sres[@]}" --out_dir "$tmp/s_stop" --stop_at_step 16 >/dev/null 2>&1
+    check "streaming: a checkpoint with a fragment in flight records its pending merge" \
+        grep -q '"outer_merge_step": 17' "$tmp/s_stop/step_00000016/state.json"
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${sres[@]}" --out_dir "$tmp/s_stop" >/dev/null 2>&1
+    check "streaming: stop with a fragment in flight + resume: model, optimizer, outer state bit-exact" \
+        same_bytes "$tmp/s_straight" "$tmp/s_stop" step_00000030 model.safetensors optimizer.safetensors \
+        outer.safetensors
+fi
+
+start_relay stream
+mkdir -p "$tmp/dump_stcp"
+for r in 0 1 2; do
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_stcp" "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${tcp[@]}" --diloco_replicas 3 \
+        --diloco_min_replicas 3 --max_steps 96 --diloco_replica_id "$r" --out_dir "$tmp/stcp/$r" \
+        >"$tmp/stcp_$r.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+check "streaming, 3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
+check "streaming over TCP: param_hash equal on every replica at every applied fragment sync (>= 8)" \
+    all_hashes_agree 8 "$tmp"/stcp/*/metrics.jsonl
+check "streaming over TCP: loss falls" loss_falls "$tmp/stcp/1/metrics.jsonl"
+check "streaming over TCP: outer steps and merges = numpy" \
+    "$PYTHON" test/diloco_check.py "$tmp/dump_stcp" 0.7 0.9 int8 0.02 1 3 4 0.5
+
+# Replica 2 SIGKILLs itself halfway through uploading a fragment, on its exchange thread
+# while inner steps go on, in the first round after 3 that all three contributed to
+# (tcp_die_in_upload_after_full:3; min_replicas 3 so that no round counts before all are in).
+# Restarted once replica 0 closed a round without it, it must rejoin and agree.
+fault=(--diloco_replicas 3 "${stream[@]}" --max_steps 100000000 --ckpt_every 24 --diloco_min_replicas 3)
+fdir=sfault
+start_relay sfault
+start_replica 0
+start_replica 1
+TRAIN_GPT_FAULT=tcp_die_in_upload_after_full:3 start_replica 2
+wait "$fault_pid_2" 2>/dev/null || true
+wait_until "replica 0 logs 3 rounds with all three" eval '[ "$(rounds_with 0 0 0,1,2)" -ge 3 ]'
+third_full=$(rounds_after 0 0 0,1,2 | sed -n 3p)
+wait_until "replica 0 closes a round without replica 2" eval '[ "$(rounds_with 0 "$third_full" 0,1)" -ge 1 ]'
+killed_in=$(first_round_with 0 "$third_full" 0,1)
+start_replica 2
+wait_until "replica 2 contributes again" eval '[ "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2 ]'
+kill -TERM "$fault_pid_0" "$fault_pid_1" "$fault_pid_2" 2>/dev/null || true
+rc=0
+for p in "$fault_pid_0" "$fault_pid_1" "$fault_pid_2"; do wait "$p" || rc=$?; done
+check "streaming: replica 2 died with a fragment in flight, after 3 full rounds; that round went on without it" \
+    test "$killed_in" -eq $((third_full + 1))
+check "streaming: restarted, replica 2 took the group's state" \
+    grep -q '"event":"diloco_join"' "$tmp/sfault/2/metrics.jsonl"
+check "streaming: restarted, replica 2 contributes to rounds again" test "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2
+check "streaming: after the fault, replica 2's param_hash equals replica 0's at every outer step both logged" \
+    all_hashes_agree 1 "$tmp/sfault/0/metrics.jsonl" "$tmp/sfault/2/metrics.jsonl"
+check "streaming faults: all replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
 
 # ---------------------------------------------------------------- a replica that sends NaN
 if [ "$HAVE_MPI" = 1 ]; then
