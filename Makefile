@@ -126,7 +126,8 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 #                 ask HAVE_CUDA)
 #   tok/tok.mk    the tokenizer and `train_gpt prepare`
 #   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
-#   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link
+#   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link;
+#                          `make bench-streaming`: classic vs streaming DiLoCo's compute utilization
 -include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk
 
 # The CUDA encoder against the C reference, byte for byte: a GPU test.

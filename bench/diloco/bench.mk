@@ -1,7 +1,9 @@
-# bench/diloco/bench.mk — the DiLoCo transport's goodput benchmark on a shaped link, included by
-# the Makefile. `make bench-diloco` (as root: it creates network namespaces) builds the
-# three programs and runs bench/diloco/goodput.sh; see bench/diloco/README.md. Not part of `make test`.
-.PHONY: bench-diloco bench-diloco-tools
+# bench/diloco/bench.mk — the DiLoCo benchmarks on a shaped link, included by the Makefile.
+# As root (they create network namespaces): `make bench-diloco` builds the three programs
+# and runs bench/diloco/goodput.sh (the transport's goodput); `make bench-streaming` runs
+# bench/diloco/streaming.sh (compute utilization, classic against streaming DiLoCo). See
+# bench/diloco/README.md. Not part of `make test`.
+.PHONY: bench-diloco bench-diloco-tools bench-streaming
 
 # This file is included before the Makefile's `all`; keep `all` the default goal.
 .DEFAULT_GOAL := all
@@ -16,3 +18,5 @@ $(BUILD)/goodput_client: $(BUILD)/bench/diloco/goodput_client.o $(BUILD)/bench/d
 bench-diloco-tools: $(BUILD)/delay_proxy $(BUILD)/delay_tun $(BUILD)/goodput_client
 bench-diloco: bench-diloco-tools
 	BUILD=$(CURDIR)/$(BUILD) bash bench/diloco/goodput.sh
+bench-streaming: all $(BUILD)/delay_proxy $(BUILD)/test_tool
+	BUILD=$(CURDIR)/$(BUILD) TRAIN_GPT=$(CURDIR)/train_gpt bash bench/diloco/streaming.sh
