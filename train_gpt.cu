@@ -63,7 +63,7 @@
 //
 // A training step, as the backend below drives it (docs/cuda.md has the exact wiring):
 //   for each micro-batch:  cuda_forward_backward(m, inputs, targets, B, T, grad_scale, z_loss)
-//   then:                  cuda_step(m, step, lr, rows, cfg)
+//   then:                  cuda_step(m, step, lr, rows, cfg, limits)
 //   for the log:           cuda_step_poll(m, &result, wait)
 // None of these waits for the GPU, with two named exceptions: cuda_forward_backward waits
 // when the host is two micro-batches ahead of the GPU (its pinned input slots are both in
@@ -115,7 +115,8 @@ typedef struct {
     double ce_sum, lse_sq_sum;
     int64_t rows;
     int64_t adam_step;    // AdamW's t after the step (unchanged if skipped)
-    bool skipped;         // the outlier guard skipped the update
+    bool skipped;         // the outlier guard skipped the update (NaN/Inf or a spike)
+    bool spike;           // skipped as a spike
     double gpu_ms;        // GPU time from the step's first micro-batch to the end of AdamW
 } cuda_step_result;
 
@@ -631,10 +632,11 @@ void cuda_model_zero_grads(cuda_model *m) {
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, (size_t)m->table->numel * sizeof(float), m->stream));
 }
 
-// Fault injection (TRAIN_GPT_FAULT=nan_grad): the first gradient element becomes NaN.
-void cuda_model_poison_grad(cuda_model *m) {
-    // 0xFF bytes: a NaN bit pattern.
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0xFF, sizeof(float), m->stream));
+// Fault injection (TRAIN_GPT_FAULT=nan_grad / grad_spike): the first gradient element
+// becomes value.
+void cuda_model_poison_grad(cuda_model *m, float value) {
+    CUDA_CHECK(cudaMemcpyAsync(m->grads, &value, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));  // value lives on the host stack
 }
 
 // ---------------------------------------------------------------- inputs
@@ -880,7 +882,8 @@ loss_sums cuda_step_loss_so_far(cuda_model *m) {
 // with cfg's betas, eps and weight decay; zeroes the gradients; queues the step's scalars
 // for cuda_step_poll. rows = tokens of the step (B·T·grad_accum). `step` is only echoed
 // back in the result. At most 8 steps may wait unpolled.
-void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train_config *cfg) {
+void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train_config *cfg,
+               const step_limits *limits) {
     int64_t slot = m->results_queued % RESULT_SLOTS;
     if (!m->step_open) {
         CHECK(m->results_queued - m->results_read < RESULT_SLOTS);
@@ -890,7 +893,8 @@ void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train
     m->step_open = true;  // (a step without micro-batches: the marks below still count)
     mark(m, K_OPTIMIZER);
     grad_norm_partials(m->norm_partials, m->grads, m->table->numel, s);
-    step_prepare(m->st, m->norm_partials, (double)rows, cfg->z_loss, cfg->grad_clip, lr, cfg->beta1, cfg->beta2, s);
+    step_prepare(m->st, m->norm_partials, (double)rows, cfg->z_loss, cfg->grad_clip, lr, cfg->beta1, cfg->beta2,
+                 limits->max_loss, limits->max_grad_norm, s);
     adamw_hparams hp;
     hp.keep_decay = (float)(1.0 - lr * cfg->weight_decay);
     hp.beta1 = (float)cfg->beta1;
@@ -939,6 +943,7 @@ bool cuda_step_poll(cuda_model *m, cuda_step_result *r, bool wait) {
     r->clip_coef = st->clip_coef;
     r->adam_step = st->adam_step;
     r->skipped = st->skipped != 0;
+    r->spike = st->skipped == 2;
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, m->step_began[slot], m->result_done[slot]));
     r->gpu_ms = ms;
@@ -1015,9 +1020,9 @@ static void gpu_forward_backward(backend *b, const int32_t *inputs, const int32_
 // The step's scalars are read back right after it is queued: the one host wait per step
 // (docs/cuda.md); the GPU then idles only while the host fetches the next batch and
 // launches its first kernels.
-static step_result gpu_step(backend *b, double lr, int64_t rows, const train_config *cfg) {
+static step_result gpu_step(backend *b, double lr, int64_t rows, const train_config *cfg, const step_limits *limits) {
     gpu_backend *g = (gpu_backend *)b;
-    cuda_step(g->model, ++g->steps_done, lr, rows, cfg);
+    cuda_step(g->model, ++g->steps_done, lr, rows, cfg, limits);
     cuda_step_result r;
     CHECK(cuda_step_poll(g->model, &r, true));
     step_result out;
@@ -1026,6 +1031,7 @@ static step_result gpu_step(backend *b, double lr, int64_t rows, const train_con
     out.z_loss = r.z_loss;
     out.grad_norm = r.grad_norm;
     out.skipped = r.skipped;
+    out.spike = r.spike;
     out.adam_step = r.adam_step;
     if (g->steps_done == 1) {
         // The plan counts train_gpt's own buffers; the device also holds the CUDA context,
@@ -1043,7 +1049,7 @@ static loss_sums gpu_forward_loss(backend *b, const int32_t *inputs, const int32
 static void gpu_last_logits(backend *b, const int32_t *inputs, int64_t T, float *logits) {
     cuda_forward_last_logits(model_of(b), inputs, T, logits);
 }
-static void gpu_poison_grad(backend *b) { cuda_model_poison_grad(model_of(b)); }
+static void gpu_poison_grad(backend *b, float value) { cuda_model_poison_grad(model_of(b), value); }
 static int64_t gpu_device_bytes(const backend *b) { return cuda_model_device_bytes(((const gpu_backend *)b)->model); }
 static void gpu_destroy(backend *b) {
     cuda_model_free(model_of(b));
@@ -1453,21 +1459,33 @@ static bool save_checkpoint(trainer *tr) {
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
 
-// The outlier guard's bookkeeping: count NaN/Inf steps in a row and stop the run at
-// max_bad_steps.
-static void count_bad_step(trainer *tr, const step_metrics *m, int64_t s) {
+// The outlier guard's bookkeeping: count skipped steps (NaN/Inf or spikes) in a row and stop
+// the run at max_bad_steps.
+static void count_bad_step(trainer *tr, const step_metrics *m, const step_limits *limits, bool spike, int64_t s) {
     const train_config *cfg = tr->cfg;
     tr->state.bad_steps++;
-    warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
-         (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+    if (spike) {
+        char extra[256];
+        snprintf(extra, sizeof extra, "\"loss\":%.9g,\"grad_norm\":%.9g,\"max_loss\":%.9g,\"max_grad_norm\":%.9g",
+                 m->loss, m->grad_norm, limits->max_loss, limits->max_grad_norm);
+        metrics_event(tr->log, "spike", s + 1, extra);
+        warn("step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped (%lld in a "
+             "row, max_bad_steps %lld)",
+             (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
+             (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+    } else {
+        warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
+             (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+    }
     if (tr->state.bad_steps >= cfg->max_bad_steps)
-        fail("stopping: %lld steps in a row had a NaN/Inf loss or gradient norm (last at step %lld); the "
-             "checkpoints in '%s' hold only finite weights",
+        fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld); the checkpoints "
+             "in '%s' hold only finite weights (a lasting shift above the spike guard's limits: raise spike_z, or "
+             "0 turns the guard off)",
              (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
 }
 
 // One optimizer step: grad_accum micro-batches of data through the backend's forward and
-// backward, then its step (norm, guard, clip, AdamW); returns the step's metrics.
+// backward, then its step (norm, guards, clip, AdamW); returns the step's metrics.
 static step_metrics train_step(trainer *tr) {
     const train_config *cfg = tr->cfg;
     int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
@@ -1478,17 +1496,23 @@ static step_metrics train_step(trainer *tr) {
         dataloader_next(tr->train, tr->inputs, tr->targets);
         backend_forward_backward(tr->be, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
     }
-    if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be);
+    if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be, NAN);
+    if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
-    step_result r = backend_step(tr->be, m.lr, step_tokens, cfg);
+    step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
+    step_result r = backend_step(tr->be, m.lr, step_tokens, cfg, &limits);
     m.loss = r.loss;
     m.z_loss = r.z_loss;
     m.grad_norm = r.grad_norm;
     m.skipped = r.skipped;
     tr->state.adam_step = r.adam_step;
-    if (m.skipped) count_bad_step(tr, &m, s);
-    else tr->state.bad_steps = 0;
+    if (m.skipped) {
+        count_bad_step(tr, &m, &limits, r.spike, s);
+    } else {
+        tr->state.bad_steps = 0;
+        spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);
+    }
 
     // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
     tr->state.step++;

@@ -58,7 +58,7 @@ static void cpu_forward_backward_step(backend *b, const int32_t *inputs, const i
     c->step_sums.rows += s.rows;
 }
 
-static step_result cpu_step(backend *b, double lr, int64_t rows, const train_config *cfg) {
+static step_result cpu_step(backend *b, double lr, int64_t rows, const train_config *cfg, const step_limits *limits) {
     cpu_backend *c = cpu_of(b);
     int64_t numel = c->table->numel;
     step_result r;
@@ -68,6 +68,8 @@ static step_result cpu_step(backend *b, double lr, int64_t rows, const train_con
     r.z_loss = cfg->z_loss * c->step_sums.lse_sq_sum / (double)c->step_sums.rows;
     r.grad_norm = grad_global_norm(c->grads, numel);
     r.skipped = !isfinite(r.loss) || !isfinite(r.z_loss) || !isfinite(r.grad_norm);
+    r.spike = !r.skipped && spike_exceeds(limits, r.loss, r.grad_norm);
+    r.skipped = r.skipped || r.spike;
     if (!r.skipped)
         optimizer_apply(c->table, c->params, c->grads, c->exp_avg, c->exp_avg_sq, &c->adam_step, r.grad_norm, lr,
                         cfg);
@@ -87,7 +89,7 @@ static void cpu_last_logits(backend *b, const int32_t *inputs, int64_t T, float 
     cpu_forward_last_logits(c->model, c->params, inputs, T, logits);
 }
 
-static void cpu_poison_grad(backend *b) { cpu_of(b)->grads[0] = NAN; }
+static void cpu_poison_grad(backend *b, float value) { cpu_of(b)->grads[0] = value; }
 
 static int64_t cpu_device_bytes(const backend *b) {
     (void)b;

@@ -43,7 +43,8 @@ void grad_norm_partials(double *partials, const float *grads, int64_t n, cudaStr
 
 // One block of GRAD_NORM_BLOCKS threads.
 __global__ void step_prepare_kernel(step_scalars *st, const double *partials, double rows, double z_loss,
-                                    double max_norm, double lr, double beta1, double beta2) {
+                                    double max_norm, double lr, double beta1, double beta2, double spike_loss,
+                                    double spike_norm) {
     __shared__ double shared[32];
     double total = block_sum(partials[threadIdx.x], shared);
     if (threadIdx.x != 0) return;
@@ -54,6 +55,10 @@ __global__ void step_prepare_kernel(step_scalars *st, const double *partials, do
     st->clip_scale = 1.0f;
     if (!isfinite(loss) || !isfinite(zl) || !isfinite(norm)) {
         st->skipped = 1;
+        return;
+    }
+    if (loss > spike_loss || norm > spike_norm) {
+        st->skipped = 2;
         return;
     }
     st->skipped = 0;
@@ -72,8 +77,9 @@ __global__ void step_prepare_kernel(step_scalars *st, const double *partials, do
 }
 
 void step_prepare(step_scalars *st, const double *partials, double rows, double z_loss, double max_norm, double lr,
-                  double beta1, double beta2, cudaStream_t stream) {
-    step_prepare_kernel<<<1, GRAD_NORM_BLOCKS, 0, stream>>>(st, partials, rows, z_loss, max_norm, lr, beta1, beta2);
+                  double beta1, double beta2, double spike_loss, double spike_norm, cudaStream_t stream) {
+    step_prepare_kernel<<<1, GRAD_NORM_BLOCKS, 0, stream>>>(st, partials, rows, z_loss, max_norm, lr, beta1, beta2,
+                                                             spike_loss, spike_norm);
     CUDA_CHECK_LAUNCH();
 }
 

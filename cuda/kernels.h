@@ -166,7 +166,7 @@ typedef struct {
     double grad_norm;            // global L2 norm before clipping
     double clip_coef;            // the factor applied to the gradients (1 = none)
     int64_t adam_step;           // AdamW's t after this step
-    int32_t skipped;             // 1 if the outlier guard skipped the update
+    int32_t skipped;             // 1: the outlier guard skipped the update (NaN/Inf); 2: a spike
     float clip_scale;            // clip_coef as applied (float)
     float step_size;             // lr / (1 − β1^t)
     float bias2_sqrt;            // sqrt(1 − β2^t)
@@ -183,9 +183,10 @@ enum { ADAMW_CHUNK_ELEMS = 8192, GRAD_NORM_BLOCKS = 1024 };
 // partials (GRAD_NORM_BLOCKS) = Σ g² over fixed slices of grads (n)
 void grad_norm_partials(double *partials, const float *grads, int64_t n, cudaStream_t stream);
 // One thread: norm, guard, clip factor, t and the bias corrections into *st.
-// rows = tokens of the step; z_loss, max_norm (grad_clip; ≤ 0 = no clipping), lr, betas.
+// rows = tokens of the step; z_loss, max_norm (grad_clip; ≤ 0 = no clipping), lr, betas;
+// spike_loss, spike_norm: the spike guard's limits (llmc/guard.h; +inf = none).
 void step_prepare(step_scalars *st, const double *partials, double rows, double z_loss, double max_norm, double lr,
-                  double beta1, double beta2, cudaStream_t stream);
+                  double beta1, double beta2, double spike_loss, double spike_norm, cudaStream_t stream);
 // params (n) fp32, params_bf16 (n), grads (n, zeroed on return), m, v (n) over chunks
 // (num_chunks). A skipped step (st->skipped) only zeroes the gradients.
 // The element-wise math is llmc/optim.c's: fp32, with (1 − β) rounded to float on the host.

@@ -7,9 +7,10 @@
 // (the GPU's memory) or, on the CPU, directly on those host buffers (upload and download
 // then copy nothing). A step, as the loop drives it:
 //   for each micro-batch:   backend_forward_backward(b, inputs, targets, B, T, grad_scale, z_loss)
-//   then:                   r = backend_step(b, lr, rows, cfg)
+//   then:                   r = backend_step(b, lr, rows, cfg, &limits)
 // backend_step computes the global gradient norm, applies the outlier guard (a NaN/Inf loss
-// or norm skips the update), clips, runs AdamW and zeroes the gradients for the next step.
+// or norm skips the update; so does a loss or norm above the spike guard's limits,
+// llmc/guard.h), clips, runs AdamW and zeroes the gradients for the next step.
 // Around steps: backend_download before a checkpoint or DiLoCo's outer step,
 // backend_upload_params after the outer step, backend_forward_loss for validation,
 // backend_forward_last_logits for samples.
@@ -20,6 +21,7 @@
 #include <stdint.h>
 
 #include "llmc/config.h"
+#include "llmc/guard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +38,8 @@ typedef struct {
     double loss;        // mean cross-entropy over the step's rows (nats)
     double z_loss;      // z_loss · mean(lse²)
     double grad_norm;   // global norm before clipping
-    bool skipped;       // the outlier guard skipped the update
+    bool skipped;       // the update was not applied: a NaN/Inf, or a spike
+    bool spike;         // skipped because the loss or norm is above the step's limits
     int64_t adam_step;  // AdamW's t after the step (unchanged if skipped)
 } step_result;
 
@@ -54,14 +57,16 @@ typedef struct {
     // grad_scale · Σ_rows (ce + z_loss·lse²) and the loss sums to the step's.
     void (*forward_backward)(backend *b, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T,
                              float grad_scale, float z_loss);
-    // Ends the step (see above). rows = tokens of the step (B·T·grad_accum).
-    step_result (*step)(backend *b, double lr, int64_t rows, const train_config *cfg);
+    // Ends the step (see above). rows = tokens of the step (B·T·grad_accum); a step whose
+    // loss or norm exceeds limits is skipped (r.spike).
+    step_result (*step)(backend *b, double lr, int64_t rows, const train_config *cfg, const step_limits *limits);
     // Forward only: the loss sums of a micro-batch (validation).
     loss_sums (*forward_loss)(backend *b, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T);
     // Forward only: the logits (V) of the last position of one sequence (1,T) (samples).
     void (*forward_last_logits)(backend *b, const int32_t *inputs, int64_t T, float *logits);
-    // Fault injection (TRAIN_GPT_FAULT=nan_grad): the first gradient element becomes NaN.
-    void (*poison_grad)(backend *b);
+    // Fault injection (TRAIN_GPT_FAULT=nan_grad / grad_spike): the first gradient element
+    // becomes value (NaN, or a finite spike).
+    void (*poison_grad)(backend *b, float value);
     // Memory the backend holds on its device beyond the host's buffers, in bytes (banner).
     int64_t (*device_bytes)(const backend *b);
     void (*destroy)(backend *b);
@@ -84,8 +89,9 @@ static inline void backend_forward_backward(backend *b, const int32_t *inputs, c
                                             int64_t T, float grad_scale, float z_loss) {
     b->ops->forward_backward(b, inputs, targets, B, T, grad_scale, z_loss);
 }
-static inline step_result backend_step(backend *b, double lr, int64_t rows, const train_config *cfg) {
-    return b->ops->step(b, lr, rows, cfg);
+static inline step_result backend_step(backend *b, double lr, int64_t rows, const train_config *cfg,
+                                       const step_limits *limits) {
+    return b->ops->step(b, lr, rows, cfg, limits);
 }
 static inline loss_sums backend_forward_loss(backend *b, const int32_t *inputs, const int32_t *targets, int64_t B,
                                              int64_t T) {
@@ -94,7 +100,7 @@ static inline loss_sums backend_forward_loss(backend *b, const int32_t *inputs, 
 static inline void backend_forward_last_logits(backend *b, const int32_t *inputs, int64_t T, float *logits) {
     b->ops->forward_last_logits(b, inputs, T, logits);
 }
-static inline void backend_poison_grad(backend *b) { b->ops->poison_grad(b); }
+static inline void backend_poison_grad(backend *b, float value) { b->ops->poison_grad(b, value); }
 static inline int64_t backend_device_bytes(const backend *b) { return b->ops->device_bytes(b); }
 static inline void backend_free(backend *b) {
     if (b) b->ops->destroy(b);

@@ -159,6 +159,28 @@ static bool write_text_file(const char *dir, const char *name, const char *text,
     return finish_file(fd, write_exact(fd, text, strlen(text)));
 }
 
+// The spike guard's window (llmc/guard.h), absent in checkpoints without one: empty then.
+static bool read_spike_window(const json_value *root, spike_window *w) {
+    memset(w, 0, sizeof *w);
+    const json_value *size = json_get(root, "spike_window"), *count = json_get(root, "spike_count");
+    const json_value *loss = json_get(root, "spike_loss"), *norm = json_get(root, "spike_grad_norm");
+    if (!size && !count && !loss && !norm) return true;
+    if (!size || !count || !loss || !norm || size->type != JSON_NUMBER || !size->is_integer || size->integer < 1 ||
+        size->integer > SPIKE_WINDOW_MAX || count->type != JSON_NUMBER || !count->is_integer || count->integer < 0 ||
+        loss->type != JSON_ARRAY || norm->type != JSON_ARRAY)
+        return false;
+    int64_t n = count->integer < size->integer ? count->integer : size->integer;
+    if ((int64_t)loss->count != n || (int64_t)norm->count != n) return false;
+    for (int64_t i = 0; i < n; i++) {
+        if (loss->items[i].type != JSON_NUMBER || norm->items[i].type != JSON_NUMBER) return false;
+        w->loss[i] = loss->items[i].number;
+        w->grad_norm[i] = norm->items[i].number;
+    }
+    w->size = size->integer;
+    w->count = count->integer;
+    return true;
+}
+
 static char *state_to_json(const train_state *s, const train_config *cfg) {
     char *config_text = config_to_text(cfg);
     strbuf sb = {0};
@@ -170,6 +192,22 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
               (long long)s->tokens_seen);
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
+    if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
+        const spike_window *w = &s->spikes;
+        int64_t n = w->count < w->size ? w->count : w->size;
+        sb_printf(&sb, "  \"spike_window\": %lld,\n  \"spike_count\": %lld,\n", (long long)w->size,
+                  (long long)w->count);
+        const double *arrays[2] = {w->loss, w->grad_norm};
+        const char *names[2] = {"spike_loss", "spike_grad_norm"};
+        for (int a = 0; a < 2; a++) {
+            sb_printf(&sb, "  \"%s\": [", names[a]);
+            for (int64_t i = 0; i < n; i++) {
+                if (i) sb_append(&sb, ",");
+                sb_json_number(&sb, arrays[a][i]);
+            }
+            sb_append(&sb, "],\n");
+        }
+    }
     sb_printf(&sb, "  \"batch_size\": %lld,\n  \"seq_len\": %lld,\n  \"grad_accum\": %lld,\n",
               (long long)cfg->batch_size, (long long)cfg->model.seq_len, (long long)cfg->grad_accum);
     sb_printf(&sb, "  \"shuffle\": %s,\n  \"seed\": %lld,\n  \"saved_at_unix\": %lld,\n  \"config\": ",
@@ -401,6 +439,10 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
     const json_value *merge = json_get(&doc.root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
+    if (ok && !read_spike_window(&doc.root, &s->spikes)) {
+        snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
+        ok = false;
+    }
     json_free(&doc);
     return ok;
 }

@@ -53,6 +53,8 @@ typedef struct {
     double beta1, beta2, adam_eps, weight_decay, grad_clip, z_loss;
     int64_t seed;
     int64_t max_bad_steps;
+    double spike_z;                 // spike guard: skip a step this many std above the window (0 = off)
+    int64_t spike_window;           // spike guard: applied steps in the window
     double peak_tflops;  // 0 = unknown: mfu is logged as null
     // data, checkpoints, logging
     char *train_data;

@@ -2,6 +2,8 @@
 // asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
 //   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
 //   nan_grad            poison one gradient with NaN on that (0-based) step
+//   grad_spike          set one gradient to 1e4 on that (0-based) step: a finite spike of
+//                       the gradient norm (the spike guard must skip it)
 //   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
 //                       step STEP+1 (the others must leave it out of the average)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "llmc/guard.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,6 +27,7 @@ typedef struct {
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
     int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last
                            // merges into the local weights (0 = none pending)
+    spike_window spikes;   // the spike guard's recent applied steps (llmc/guard.h)
 } train_state;
 
 #ifdef __cplusplus

@@ -568,7 +568,7 @@ static void test_optimizer_case(double grad_clip, bool poison) {
     CUDA_CHECK(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(adamw_chunk), cudaMemcpyHostToDevice));
 
     grad_norm_partials(d_partials, d_g, n, stream);
-    step_prepare(d_st, d_partials, 64.0, 1e-4, grad_clip, lr, cfg.beta1, cfg.beta2, stream);
+    step_prepare(d_st, d_partials, 64.0, 1e-4, grad_clip, lr, cfg.beta1, cfg.beta2, INFINITY, INFINITY, stream);
     adamw_hparams hp = {(float)(1.0 - lr * cfg.weight_decay), (float)cfg.beta1, (float)cfg.beta2,
                         (float)(1.0 - cfg.beta1), (float)(1.0 - cfg.beta2), (float)cfg.adam_eps};
     adamw_update(d_p, d_pb, d_g, d_m, d_v, d_chunks, (int64_t)chunks.size(), d_st, hp, stream);

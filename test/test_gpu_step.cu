@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const step_limits no_limits = {INFINITY, INFINITY};  // the spike guard off
+
 static int checks = 0, failures = 0;
 
 static void result(bool ok, const char *fmt, ...) PRINTF_LIKE(2, 3);
@@ -167,7 +169,7 @@ static void run_case(const test_case *tc) {
     double cpu_norm = grad_global_norm(g_cpu, n);
     int64_t cpu_t = 0;
     optimizer_apply(&t, p_cpu, g_cpu, m_cpu, v_cpu, &cpu_t, cpu_norm, lr, &oc);
-    cuda_step(gm, 1, lr, 2 * N, &oc);
+    cuda_step(gm, 1, lr, 2 * N, &oc, &no_limits);
     cuda_step_result sr;
     bool got = cuda_step_poll(gm, &sr, true);
     result(got && rel_diff(sr.grad_norm, cpu_norm) <= 0.01, "grad norm: gpu %.6f cpu %.6f (rel %.2e, tol 1e-2)",
@@ -207,7 +209,7 @@ static void run_case(const test_case *tc) {
                 optimizer_apply(&t, p_cpu, g_cpu, m_cpu, v_cpu, &cpu_t, grad_global_norm(g_cpu, n), lr, &oc);
             }
             cuda_forward_backward(gm, in, tg, B, T, 1.0f / (float)N, z);
-            cuda_step(gm, s + 1, lr, N, &oc);
+            cuda_step(gm, s + 1, lr, N, &oc, &no_limits);
             // Read back one step late, as the training loop does.
             if (s > 0 && cuda_step_poll(gm, &sr, true)) gpu_losses[run][sr.step - 1] = sr.loss;
         }
@@ -251,8 +253,8 @@ static void run_case(const test_case *tc) {
     // The outlier guard on the GPU.
     cuda_model_download(gm, p_first, NULL, NULL);
     cuda_forward_backward(gm, in, tg, B, T, 1.0f / (float)N, z);
-    cuda_model_poison_grad(gm);
-    cuda_step(gm, 99, lr, N, &oc);
+    cuda_model_poison_grad(gm, NAN);
+    cuda_step(gm, 99, lr, N, &oc, &no_limits);
     got = cuda_step_poll(gm, &sr, true);
     cuda_model_download(gm, p_gpu, NULL, NULL);
     result(got && sr.skipped && sr.adam_step == STEPS && !memcmp(p_gpu, p_first, (size_t)n * 4),

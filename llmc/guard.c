@@ -1,0 +1,40 @@
+// llmc/guard.c — the spike guard's window (see guard.h).
+#include "llmc/guard.h"
+
+#include <math.h>
+
+// exp(mean + z·std) of the logarithms of the first n values, std at least 0.001 (0.1 %).
+// In log space because gradient norms are heavy-tailed: a step at twice the usual norm is
+// common, one at 30 times is not; the same holds for the loss at a smaller scale.
+static double upper_limit(const double *x, int64_t n, double z) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += log(x[i]);
+    double mean = sum / (double)n, var = 0.0;
+    for (int64_t i = 0; i < n; i++) var += (log(x[i]) - mean) * (log(x[i]) - mean);
+    double std = sqrt(var / (double)n);
+    return exp(mean + z * (std > 1e-3 ? std : 1e-3));
+}
+
+step_limits spike_limits(const spike_window *w, double z, int64_t step, int64_t warmup) {
+    step_limits l = {INFINITY, INFINITY};
+    if (z <= 0.0 || w->size <= 0 || w->count < w->size || step < warmup) return l;
+    l.max_loss = upper_limit(w->loss, w->size, z);
+    l.max_grad_norm = upper_limit(w->grad_norm, w->size, z);
+    return l;
+}
+
+void spike_push(spike_window *w, int64_t window_size, double loss, double grad_norm) {
+    if (window_size < 1 || window_size > SPIKE_WINDOW_MAX || !(loss > 0.0) || !(grad_norm > 0.0)) return;
+    if (w->size != window_size) {
+        w->size = window_size;
+        w->count = 0;
+    }
+    int64_t slot = w->count % w->size;
+    w->loss[slot] = loss;
+    w->grad_norm[slot] = grad_norm;
+    w->count++;
+}
+
+bool spike_exceeds(const step_limits *l, double loss, double grad_norm) {
+    return loss > l->max_loss || grad_norm > l->max_grad_norm;
+}

@@ -1,0 +1,47 @@
+// llmc/guard.h — the spike guard: a step whose loss or gradient norm is far above the
+// recent ones is not applied (docs/config.md#training-health, issue "a 72-hour run survives").
+//
+// The window holds the loss and the global gradient norm of the last W applied steps
+// (W = spike_window). Once it is full and the lr warm-up is over, a step is skipped when
+//     log(loss) > mean(log loss) + z·std(log loss)   or the same for the gradient norm
+// (z = spike_z; population std over the window, at least 0.001). In log space because
+// gradient norms are heavy-tailed: twice the usual norm is common, thirty times is not.
+// Only high values count: a sudden drop is no spike. Mean and std are recomputed from the
+// stored values in a fixed order, so a resumed run (the window is in state.json) makes the
+// same decisions bit for bit.
+#ifndef TRAIN_GPT_GUARD_H
+#define TRAIN_GPT_GUARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPIKE_WINDOW_MAX 1024
+
+typedef struct {
+    int64_t size;                       // W the values were collected with (0: empty)
+    int64_t count;                      // applied steps pushed so far; slot i % W holds step i
+    double loss[SPIKE_WINDOW_MAX];
+    double grad_norm[SPIKE_WINDOW_MAX];
+} spike_window;
+
+// The largest loss and gradient norm a step may have and still be applied; +inf for both
+// while the guard is off (z ≤ 0), the window is not full, or step < warmup.
+typedef struct {
+    double max_loss, max_grad_norm;
+} step_limits;
+
+step_limits spike_limits(const spike_window *w, double z, int64_t step, int64_t warmup);
+// Records an applied step. A window collected with another W starts over.
+void spike_push(spike_window *w, int64_t window_size, double loss, double grad_norm);
+// Whether a step's loss and norm exceed the limits (what the backends test on their side).
+bool spike_exceeds(const step_limits *l, double loss, double grad_norm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
