@@ -106,7 +106,7 @@ CXXFLAGS := $(filter-out -std=c11,$(CFLAGS_BASE)) -std=c++17 -fno-exceptions -fn
 # The root's diloco.c (the outer loop) and quant.cu (its quantization: the C reference, and
 # with nvcc the kernels; HOST_CU_SRC are .cu files of the library).
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
-           llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c llmc/guard.c \
+           llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c llmc/guard.c llmc/watchdog.c \
            cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
            tok/sample.c diloco.c
 HOST_CU_SRC := quant.cu

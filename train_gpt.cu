@@ -23,6 +23,7 @@
 #include "cpu/model.h"
 #include "dataloader.h"
 #include "diloco.h"
+#include "llmc/watchdog.h"
 #include "llmc/backend.h"
 #include "llmc/checkpoint.h"
 #include "llmc/common.h"
@@ -1498,6 +1499,7 @@ static step_metrics train_step(trainer *tr) {
     }
     if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be, NAN);
     if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
+    while (fault_requested("hang_in_step", s)) sleep(1);
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
@@ -1581,11 +1583,13 @@ static int train_run(train_config *cfg) {
     install_signal_handlers();
     if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
+    watchdog_start(cfg->watchdog_s, tr.rank);
 
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
     int64_t first_step = tr.state.step;
     while (tr.state.step < cfg->max_steps) {
+        watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr);
         // DiLoCo's outer work comes first, so that validation, samples and checkpoints at an
         // outer boundary see its weights. A replica that had to rejoin may jump to the group's
@@ -1593,6 +1597,7 @@ static int train_run(train_config *cfg) {
         if (tr.outer) {
             m.has_stall = true;
             if (diloco_due(tr.outer, &tr.state, cfg->max_steps)) {
+                watchdog_phase("DiLoCo's outer work", tr.state.step);
                 double stall_s = 0.0;
                 backend_download(tr.be, tr.params, NULL, NULL);
                 if (diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps, &stall_s))
@@ -1608,11 +1613,15 @@ static int train_run(train_config *cfg) {
         double mean_step_s = timed_steps ? step_time_sum / (double)timed_steps : m.step_ms / 1e3;
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
         int64_t step = tr.state.step;
+        watchdog_phase("validation", step);
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
+        watchdog_phase("a sample", step);
         if (tr.samples && due(step, cfg->sample_every, cfg->max_steps))
             sampler_run(tr.samples, tr.be, step, tr.log);
         bool stop_here = stop_signal || step == cfg->stop_at_step;
+        watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
+        watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
             if (tr.outer && diloco_in_flight(tr.outer)) {  // a fragment in flight lands first
                 backend_download(tr.be, tr.params, NULL, NULL);
@@ -1631,6 +1640,7 @@ static int train_run(train_config *cfg) {
             break;
         }
     }
+    watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
     if (tr.state.step == first_step)
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
     diloco_leave(tr.outer);

@@ -4,6 +4,8 @@
 //   nan_grad            poison one gradient with NaN on that (0-based) step
 //   grad_spike          set one gradient to 1e4 on that (0-based) step: a finite spike of
 //                       the gradient norm (the spike guard must skip it)
+//   hang_in_step        stop making progress in that (0-based) step, forever (the watchdog
+//                       must end the process)
 //   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
 //                       step STEP+1 (the others must leave it out of the average)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,

@@ -7,6 +7,11 @@
 #      after the resume is skipped as in the straight run — model and optimizer bit-exact;
 #   4. spikes in a row stop the run at max_bad_steps with one line naming spike_z;
 #   5. 1000 steps of a healthy run: no step skipped (the limit is not noise).
+# The watchdog:
+#   6. a step that hangs (fault injection) ends the process within watchdog_s + a few
+#      seconds, exit status 75, one line naming the rank, the phase and the step;
+#   7. SIGSTOP on one rank of an mpirun -np 3 DiLoCo run: the job ends with status 75 and the
+#      other ranks' watchdog lines.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -63,4 +68,34 @@ run "$tmp/healthy" --max_steps 1000 --spike_window 100 || true
 check "1000 healthy steps at the defaults (z 6, window 100): none skipped ('$(skipped_steps "$tmp/healthy")')" \
     sh -c "[ -z '$(skipped_steps "$tmp/healthy")' ] && [ $(spike_events "$tmp/healthy") -eq 0 ] &&
            test -f '$tmp/healthy/step_00001000/model.safetensors'"
+
+# 6.
+rc=0
+t0=$(date +%s)
+TRAIN_GPT_FAULT=hang_in_step:30 run "$tmp/hang" --watchdog_s 2 || rc=$?
+took=$(( $(date +%s) - t0 ))
+check "a hung step: exit 75 with one watchdog line naming rank 0, the phase and step 31 (rc $rc, ${took} s)" \
+    sh -c "[ $rc -eq 75 ] && grep -q 'watchdog: rank 0 made no progress for [0-9]* s in a training step at step 31' '$tmp/hang.log'"
+
+# 7.
+if command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi; then
+    MPIRUN=(mpirun --oversubscribe -np 3)
+    [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 3)
+    mkdir -p "$tmp/stopped_rank"
+    "${MPIRUN[@]}" sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --max_steps 100000000 --diloco_replicas 3 \
+        --diloco_inner_steps 5 --diloco_transport mpi --watchdog_s 3 --out_dir '$tmp/stopped_rank/'\$OMPI_COMM_WORLD_RANK" \
+        >"$tmp/stopped_rank.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1800); do  # until rank 1 has taken 20 steps (deadline 180 s)
+        [ "$(grep -c '"loss"' "$tmp/stopped_rank/1/metrics.jsonl" 2>/dev/null || echo 0)" -ge 20 ] && break
+        sleep 0.1
+    done
+    kill -STOP "$(pgrep -f "[o]ut_dir $tmp/stopped_rank/1\$" | head -n 1)"
+    rc=0
+    wait "$job" || rc=$?
+    check "SIGSTOP on rank 1 of 3: the job ends with status 75 (rc $rc)" test "$rc" -eq 75
+    check "... and ranks 0 and 2 say which phase they were stuck in" \
+        sh -c "grep -q 'watchdog: rank 0 made no progress' '$tmp/stopped_rank.log' &&
+               grep -q 'watchdog: rank 2 made no progress' '$tmp/stopped_rank.log'"
+fi
 finish test_guards

@@ -1,0 +1,77 @@
+// llmc/watchdog.c — see watchdog.h.
+#include "llmc/watchdog.h"
+#include "llmc/common.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    bool running, stopping;
+    double timeout_s;
+    int rank;
+    const char *phase;      // NULL: not watched
+    int64_t step;
+    double since;           // wall_seconds() when the phase began
+} dog = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static void *watch(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&dog.lock);
+    while (!dog.stopping) {
+        double now = wall_seconds();
+        if (dog.phase && now - dog.since > dog.timeout_s) {
+            time_t began = time(NULL) - (time_t)(now - dog.since);
+            char when[32];
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&began));
+            fprintf(stderr,
+                    "train_gpt: error: watchdog: rank %d made no progress for %.0f s in %s at step %lld (since %s; "
+                    "watchdog_s = %g); exiting with status %d so that the job can be requeued\n",
+                    dog.rank, now - dog.since, dog.phase, (long long)dog.step, when, dog.timeout_s,
+                    WATCHDOG_EXIT_STATUS);
+            fflush(stderr);
+            _exit(WATCHDOG_EXIT_STATUS);
+        }
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += 1;
+        pthread_cond_timedwait(&dog.wake, &dog.lock, &t);
+    }
+    pthread_mutex_unlock(&dog.lock);
+    return NULL;
+}
+
+void watchdog_start(double timeout_s, int rank) {
+    if (timeout_s <= 0 || dog.running) return;
+    dog.timeout_s = timeout_s;
+    dog.rank = rank;
+    dog.phase = NULL;
+    dog.stopping = false;
+    int rc = pthread_create(&dog.thread, NULL, watch, NULL);
+    if (rc != 0) fail("watchdog: cannot start its thread");
+    dog.running = true;
+}
+
+void watchdog_phase(const char *phase, int64_t step) {
+    if (!dog.running) return;
+    pthread_mutex_lock(&dog.lock);
+    dog.phase = phase;
+    dog.step = step;
+    dog.since = wall_seconds();
+    pthread_mutex_unlock(&dog.lock);
+}
+
+void watchdog_stop(void) {
+    if (!dog.running) return;
+    pthread_mutex_lock(&dog.lock);
+    dog.stopping = true;
+    pthread_cond_signal(&dog.wake);
+    pthread_mutex_unlock(&dog.lock);
+    pthread_join(dog.thread, NULL);
+    dog.running = false;
+}

@@ -1,0 +1,32 @@
+// llmc/watchdog.h — ends a run that makes no progress (docs/config.md#training-health).
+//
+// The training loop names the phase it enters (a step, DiLoCo's outer work, validation, a
+// checkpoint, a sample); a thread checks once a second how long the current phase has
+// lasted. Past watchdog_s it prints one line — which rank, which phase, at which step, since
+// when — and ends the process with WATCHDOG_EXIT_STATUS, without unwinding: a rank stuck in
+// a collective whose peer died or was stopped, a hung file system, a GPU that stopped
+// answering. The job then fails fast and can be requeued instead of holding its nodes until
+// the walltime.
+#ifndef TRAIN_GPT_WATCHDOG_H
+#define TRAIN_GPT_WATCHDOG_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WATCHDOG_EXIT_STATUS 75   // EX_TEMPFAIL: a temporary failure, try again
+
+// Starts the thread (timeout_s <= 0: the watchdog stays off). rank: for the message.
+void watchdog_start(double timeout_s, int rank);
+// The loop enters a phase (a string literal) at this step; NULL: not watched (a wait that
+// has its own limit, such as joining a DiLoCo group).
+void watchdog_phase(const char *phase, int64_t step);
+void watchdog_stop(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
