@@ -1460,9 +1460,48 @@ static bool save_checkpoint(trainer *tr) {
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
 
-// The outlier guard's bookkeeping: count skipped steps (NaN/Inf or spikes) in a row and stop
-// the run at max_bad_steps.
-static void count_bad_step(trainer *tr, const step_metrics *m, const step_limits *limits, bool spike, int64_t s) {
+// Rollback: back to the newest valid checkpoint in out_dir with its weights, moments,
+// counters and spike window, but with the data where it is now, so the batches taken since
+// that checkpoint (among them the ones that led to the trouble) are skipped. Checkpoints
+// are only read. false: no rollback left, no checkpoint, or a DiLoCo replica (not yet: its
+// outer state would have to rejoin the group).
+static bool roll_back(trainer *tr, int64_t s) {
+    const train_config *cfg = tr->cfg;
+    if (tr->state.rollbacks >= cfg->max_rollbacks || tr->outer || checkpoint_count(cfg->out_dir) == 0) return false;
+    data_position here = dataloader_position(tr->train);
+    int64_t rollbacks = tr->state.rollbacks + 1;
+    model_buffers b = buffers_of(tr);
+    train_state st;
+    memset(&st, 0, sizeof st);
+    char *dir = checkpoint_load_latest(cfg->out_dir, &b, &st);  // fatal if none verifies
+    if (!dir) return false;
+    if (fault_requested("kill_in_rollback", st.step)) raise(SIGKILL);
+    int64_t per_epoch = dataloader_batches_per_epoch(tr->train);
+    int64_t skipped = (here.epoch - st.data.epoch) * per_epoch + (here.index - st.data.index);
+    char extra[600];
+    snprintf(extra, sizeof extra,
+             "\"to_step\":%lld,\"checkpoint\":\"%s\",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],"
+             "\"skipped_batches\":%lld,\"rollbacks\":%lld",
+             (long long)st.step, dir, (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch,
+             (long long)here.index, (long long)skipped, (long long)rollbacks);
+    metrics_event(tr->log, "rollback", s + 1, extra);
+    warn("step %lld: %lld bad steps in a row; rolled back to '%s' (step %lld), skipping the %lld micro-batches "
+         "taken since it (epoch %lld batch %lld up to epoch %lld batch %lld); rollback %lld of max_rollbacks %lld",
+         (long long)s + 1, (long long)tr->state.bad_steps, dir, (long long)st.step, (long long)skipped,
+         (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
+         (long long)rollbacks, (long long)cfg->max_rollbacks);
+    free(dir);
+    st.data = here;
+    st.rollbacks = rollbacks;
+    st.bad_steps = 0;
+    tr->state = st;
+    backend_upload(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq, st.adam_step);
+    return true;
+}
+
+// The outlier guard's bookkeeping: count skipped steps (NaN/Inf or spikes) in a row; at
+// max_bad_steps roll back (above) or stop the run. Returns whether it rolled back.
+static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits *limits, bool spike, int64_t s) {
     const train_config *cfg = tr->cfg;
     tr->state.bad_steps++;
     if (spike) {
@@ -1478,11 +1517,14 @@ static void count_bad_step(trainer *tr, const step_metrics *m, const step_limits
         warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
              (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     }
-    if (tr->state.bad_steps >= cfg->max_bad_steps)
-        fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld); the checkpoints "
-             "in '%s' hold only finite weights (a lasting shift above the spike guard's limits: raise spike_z, or "
-             "0 turns the guard off)",
-             (long long)tr->state.bad_steps, (long long)s + 1, cfg->out_dir);
+    if (tr->state.bad_steps < cfg->max_bad_steps) return false;
+    if (roll_back(tr, s)) return true;
+    fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld) and no rollback is "
+         "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "
+         "above the spike guard's limits: raise spike_z, or 0 turns the guard off)",
+         (long long)tr->state.bad_steps, (long long)s + 1, (long long)tr->state.rollbacks, (long long)cfg->max_rollbacks,
+         tr->outer ? "; DiLoCo replicas do not roll back yet" : checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
+         cfg->out_dir);
 }
 
 // One optimizer step: grad_accum micro-batches of data through the backend's forward and
@@ -1493,11 +1535,15 @@ static step_metrics train_step(trainer *tr) {
     int64_t step_tokens = B * T * cfg->grad_accum;
     double t0 = wall_seconds();
     float grad_scale = 1.0f / (float)step_tokens;
+    data_position at = dataloader_position(tr->train);
+    int64_t first_batch = at.epoch * dataloader_batches_per_epoch(tr->train) + at.index;
     for (int64_t a = 0; a < cfg->grad_accum; a++) {
         dataloader_next(tr->train, tr->inputs, tr->targets);
         backend_forward_backward(tr->be, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
     }
     if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be, NAN);
+    for (int64_t a = 0; a < cfg->grad_accum; a++)
+        if (fault_requested("nan_batch", first_batch + a)) backend_poison_grad(tr->be, NAN);
     if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
     while (fault_requested("hang_in_step", s)) sleep(1);
     step_metrics m = {};
@@ -1510,7 +1556,13 @@ static step_metrics train_step(trainer *tr) {
     m.skipped = r.skipped;
     tr->state.adam_step = r.adam_step;
     if (m.skipped) {
-        count_bad_step(tr, &m, &limits, r.spike, s);
+        if (count_bad_step(tr, &m, &limits, r.spike, s)) {
+            m.rolled_back = true;  // the state is the checkpoint's now: no step to count
+            m.step = s + 1;
+            m.step_ms = (wall_seconds() - t0) * 1e3;
+            m.tokens = tr->state.tokens_seen;
+            return m;
+        }
     } else {
         tr->state.bad_steps = 0;
         spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);
@@ -1591,6 +1643,11 @@ static int train_run(train_config *cfg) {
     while (tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr);
+        if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
+            metrics_step(tr.log, &m);
+            print_progress(&tr, &m, m.step_ms / 1e3);
+            continue;
+        }
         // DiLoCo's outer work comes first, so that validation, samples and checkpoints at an
         // outer boundary see its weights. A replica that had to rejoin may jump to the group's
         // step here.

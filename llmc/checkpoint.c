@@ -192,6 +192,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
               (long long)s->tokens_seen);
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
+    if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
     if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
         const spike_window *w = &s->spikes;
         int64_t n = w->count < w->size ? w->count : w->size;
@@ -439,6 +440,10 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
     const json_value *merge = json_get(&doc.root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
+    const json_value *rollbacks = json_get(&doc.root, "rollbacks");  // absent: none
+    s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
+                       ? rollbacks->integer
+                       : 0;
     if (ok && !read_spike_window(&doc.root, &s->spikes)) {
         snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
         ok = false;

@@ -71,6 +71,7 @@ static const key_spec KEYS[] = {
     {"max_bad_steps", KEY_INT, T(max_bad_steps), "5", 1, 1 << 30, NULL, false, "stop after this many NaN/Inf steps in a row"},
     {"spike_z", KEY_FLOAT, T(spike_z), "6", 0, 1e6, NULL, false, "spike guard: skip a step whose loss or gradient norm is this many standard deviations above the last spike_window applied steps; 0 = off"},
     {"spike_window", KEY_INT, T(spike_window), "100", 2, 1024, NULL, false, "spike guard: applied steps whose loss and gradient norm set the limits (it acts once the window is full and the lr warm-up is over)"},
+    {"max_rollbacks", KEY_INT, T(max_rollbacks), "3", 0, 1 << 30, NULL, false, "after max_bad_steps skipped steps in a row, go back to the newest checkpoint and skip the data since it, at most this many times in a run; 0 = stop instead"},
     {"watchdog_s", KEY_FLOAT, T(watchdog_s), "1800", 0, 1e9, NULL, false, "end the process (exit status 75) when a step, DiLoCo's outer work, validation or a checkpoint makes no progress for this long; 0 = off"},
     {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = unknown (on the CPU: mfu is logged as null)"},
     // --- data, checkpoints, logging ---

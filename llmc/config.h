@@ -55,6 +55,7 @@ typedef struct {
     int64_t max_bad_steps;
     double spike_z;                 // spike guard: skip a step this many std above the window (0 = off)
     int64_t spike_window;           // spike guard: applied steps in the window
+    int64_t max_rollbacks;          // times a run may go back to its newest checkpoint
     double watchdog_s;              // end the process when a phase makes no progress this long (0 = off)
     double peak_tflops;  // 0 = unknown: mfu is logged as null
     // data, checkpoints, logging

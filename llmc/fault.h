@@ -2,6 +2,10 @@
 // asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
 //   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
 //   nan_grad            poison one gradient with NaN on that (0-based) step
+//   nan_batch           poison one gradient with NaN in the step that takes the train
+//                       loader's micro-batch STEP (counted over epochs from 0): bad data,
+//                       which a rollback skips
+//   kill_in_rollback    SIGKILL right after a rollback loaded the checkpoint of step STEP
 //   grad_spike          set one gradient to 1e4 on that (0-based) step: a finite spike of
 //                       the gradient norm (the spike guard must skip it)
 //   hang_in_step        stop making progress in that (0-based) step, forever (the watchdog

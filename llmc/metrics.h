@@ -32,6 +32,7 @@ typedef struct {
     bool skipped;        // the outlier guard skipped the update
     bool has_stall;      // DiLoCo runs: stall_ms is written
     double stall_ms;     // time after the step spent on DiLoCo's outer work (no inner step ran)
+    bool rolled_back;    // not written: the step ended in a rollback to a checkpoint
 } step_metrics;
 
 // Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.

@@ -28,6 +28,7 @@ typedef struct {
     int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last
                            // merges into the local weights (0 = none pending)
     spike_window spikes;   // the spike guard's recent applied steps (llmc/guard.h)
+    int64_t rollbacks;     // times this run went back to a checkpoint (max_rollbacks)
 } train_state;
 
 #ifdef __cplusplus

@@ -7,6 +7,13 @@
 #      after the resume is skipped as in the straight run — model and optimizer bit-exact;
 #   4. spikes in a row stop the run at max_bad_steps with one line naming spike_z;
 #   5. 1000 steps of a healthy run: no step skipped (the limit is not noise).
+# Rollback:
+#   8. bad data (NaN in the steps that take micro-batches 33–35; max_bad_steps 3) rolls back to
+#      the step-30 checkpoint, skips the data since it, and goes on; its final weights equal a
+#      clean run resumed from that checkpoint with the data moved past the same batches;
+#      with max_rollbacks 0 the same run stops with an error instead;
+#   9. kill -9 right after a rollback loaded its checkpoint, then resume: every checkpoint
+#      is intact (byte for byte) and the run finishes.
 # The watchdog:
 #   6. a step that hangs (fault injection) ends the process within watchdog_s + a few
 #      seconds, exit status 75, one line naming the rank, the phase and the step;
@@ -69,6 +76,40 @@ check "1000 healthy steps at the defaults (z 6, window 100): none skipped ('$(sk
     sh -c "[ -z '$(skipped_steps "$tmp/healthy")' ] && [ $(spike_events "$tmp/healthy") -eq 0 ] &&
            test -f '$tmp/healthy/step_00001000/model.safetensors'"
 
+# 8.
+roll=(--ckpt_every 10 --max_steps 60 --max_bad_steps 3)
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/roll" "${roll[@]}" || true
+check "bad data: rolled back from step 36 to the step-30 checkpoint, skipping micro-batches 30..36" \
+    grep -q '"event":"rollback","step":36,"to_step":30,"checkpoint":"[^"]*step_00000030","skipped_from":\[0,30\],"skipped_to":\[0,36\],"skipped_batches":6,"rollbacks":1' \
+    "$tmp/roll/metrics.jsonl"
+check "... and finished (step 60, rollbacks 1 in state.json)" \
+    sh -c "grep -q '\"rollbacks\": 1' '$tmp/roll/step_00000060/state.json'"
+# The clean run: the step-30 checkpoint with its data position moved to batch 36 (the
+# checksum of the edited state.json rewritten), resumed without faults.
+mkdir -p "$tmp/clean"
+cp -r "$tmp/roll/step_00000030" "$tmp/clean/"
+sed -i 's/"data_index": 30,/"data_index": 36,/' "$tmp/clean/step_00000030/state.json"
+sum=$("$TOOL" xxh64 "$tmp/clean/step_00000030/state.json")
+sed -i "s/^[0-9a-f]*  state.json\$/$sum  state.json/" "$tmp/clean/step_00000030/checksums.xxh64"
+run "$tmp/clean" "${roll[@]}" || true
+check "the rolled-back run's final weights and moments = a clean run that skipped the same data" \
+    sh -c "cmp -s '$tmp/roll/step_00000060/model.safetensors' '$tmp/clean/step_00000060/model.safetensors' &&
+           cmp -s '$tmp/roll/step_00000060/optimizer.safetensors' '$tmp/clean/step_00000060/optimizer.safetensors'"
+rc=0
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/noroll" "${roll[@]}" --max_rollbacks 0 || rc=$?
+check "with max_rollbacks 0 the same bad data stops the run: exit 1, one error line (rc $rc)" \
+    sh -c "[ $rc -eq 1 ] && [ \$(grep -c 'error:' '$tmp/noroll.log') -eq 1 ] && ! grep -q rollback '$tmp/noroll/metrics.jsonl'"
+
+# 9.
+rc=0
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35,kill_in_rollback:30 run "$tmp/killed" "${roll[@]}" || rc=$?
+check "kill -9 during the rollback (rc $rc)" test "$rc" -eq 137
+for d in "$tmp"/killed/step_*; do cp -r "$d" "$tmp/killed_before_$(basename "$d")"; done
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/killed" "${roll[@]}" || true
+check "... resumed: the checkpoints from before the kill are byte for byte intact, and the run finished" \
+    sh -c "for d in '$tmp'/killed_before_step_*; do n=\${d##*killed_before_}; cmp -s \"\$d/model.safetensors\" '$tmp/killed/'\$n/model.safetensors &&
+           cmp -s \"\$d/state.json\" '$tmp/killed/'\$n/state.json || exit 1; done; test -f '$tmp/killed/step_00000060/model.safetensors'"
+
 # 6.
 rc=0
 t0=$(date +%s)
@@ -87,7 +128,7 @@ if command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi; then
         >"$tmp/stopped_rank.log" 2>&1 &
     job=$!
     for _ in $(seq 1800); do  # until rank 1 has taken 20 steps (deadline 180 s)
-        [ "$(grep -c '"loss"' "$tmp/stopped_rank/1/metrics.jsonl" 2>/dev/null || echo 0)" -ge 20 ] && break
+        [ "$(cat "$tmp/stopped_rank/1/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -ge 20 ] && break
         sleep 0.1
     done
     kill -STOP "$(pgrep -f "[o]ut_dir $tmp/stopped_rank/1\$" | head -n 1)"

@@ -23,7 +23,11 @@
 //       Cuts FILE to BYTES bytes (negative: remove that many from the end).
 //   test_tool tokens SHARD
 //       Prints the shard's tokens, one per line (after full verification).
+//   test_tool xxh64 FILE
+//       Prints FILE's XXH64 as 16 hex digits (what checksums.xxh64 lists), for tests that
+//       edit a checkpoint's state.json on purpose.
 #include "llmc/common.h"
+#include "llmc/checksum.h"
 #include "dataloader.h"
 #include "llmc/rng.h"
 
@@ -170,8 +174,19 @@ static int print_tokens(int argc, char **argv) {
     return 0;
 }
 
+static int print_xxh64(int argc, char **argv) {
+    if (argc < 2) fail("usage: test_tool xxh64 FILE");
+    size_t bytes = 0;
+    char *data = read_file_or_null(argv[1], &bytes);
+    if (!data) fail("cannot read '%s'", argv[1]);
+    printf("%016llx\n", (unsigned long long)xxh64(data, bytes, 0));
+    free(data);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|xxh64 ...");
+    if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
     if (!strcmp(argv[1], "shard")) return write_pattern_shard(argc - 1, argv + 1);
     if (!strcmp(argv[1], "markov")) return write_markov_shard(argc - 1, argv + 1);
     if (!strcmp(argv[1], "flip")) return flip_byte(argc - 1, argv + 1);
