@@ -118,6 +118,9 @@ TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_pays.sh test/test_guards.sh \
             test/test_docs.sh test/test_layout.sh
+# Parts being written (issue #13): compiled and tested once their files exist.
+LIB_SRC += $(wildcard llmc/tensorboard.c llmc/plot.c)
+TESTS_SH += $(wildcard test/test_tensorboard.sh test/test_plot.sh)
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 
