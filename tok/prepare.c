@@ -17,6 +17,12 @@
 // of the val tokens (nats) and the cross-entropy of val under a unigram model of train,
 // the loss a model that ignores context would reach: the first number a training run's
 // val_loss should beat.
+//
+// Inputs may be gzip or zstd compressed (decoded as a stream, tok/prepare_stream.c);
+// progress is measured in file bytes, so the ETA of a compressed corpus is against the sum
+// of its compressed sizes. A run is all or nothing: a failure (bad input, full disk) removes
+// every shard the run wrote, the finished ones too, so a corpus with a hole in it is never
+// mistaken for a whole one.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -43,8 +49,10 @@ static const char usage[] =
     "usage: train_gpt prepare --tokenizer PATH --out PREFIX [options] INPUT...\n"
     "\n"
     "Tokenizes text and JSONL files into token shards PREFIX_train_000000.bin, ... and\n"
-    "PREFIX_val_000000.bin, ..., plus a summary PREFIX_summary.json. INPUT: files or\n"
-    "directories (read recursively, in sorted order).\n"
+    "PREFIX_val_000000.bin, ..., plus a summary PREFIX_summary.json. INPUT: files,\n"
+    "directories (read recursively, in sorted order: their *.txt, *.jsonl and *.ndjson files)\n"
+    "or quoted glob patterns. Files may be gzip (.gz) or zstd (.zst) compressed, e.g.\n"
+    "web/part-00017.jsonl.zst; they are decoded as streams.\n"
     "\n"
     "  --tokenizer PATH      a .tiktoken rank file or a Hugging Face tokenizer.json (required)\n"
     "  --encoding NAME       tiktoken encoding: r50k_base (gpt2), p50k_base, p50k_edit,\n"
@@ -53,24 +61,28 @@ static const char usage[] =
     "  --val_files A,B       inputs whose file name (or path) is listed go to val\n"
     "  --val_frac F          or: this fraction of documents, picked by hash (default 0: no val)\n"
     "  --seed N              seed of the --val_frac pick (default 1337)\n"
-    "  --format F            auto (default: .jsonl/.ndjson are JSONL), text or jsonl\n"
+    "  --format F            auto (default: .jsonl/.ndjson are JSONL, also .gz/.zst), text\n"
+    "                        or jsonl (these two: every file of a directory, in that format)\n"
     "  --separator S         text files hold many documents separated by S (escapes \\n \\t\n"
     "                        \\r \\\\ \\xHH); default: one document per text file\n"
     "  --text_key K          JSONL member holding the text (default text)\n"
     "  --doc_token T         token before each document: an id, a special token's name,\n"
     "                        or none (default: <|begin_of_text|>, <|endoftext|> or <s>)\n"
-    "  --shard_tokens N      tokens per shard (default 100000000)\n"
+    "  --shard_tokens N      tokens per shard (default 100000000): the output is cut into\n"
+    "                        shards of N tokens, the last one shorter\n"
     "  --threads N           encoding threads (default: all cores)\n"
     "  --batch_bytes N       text per batch of the pipeline (default 33554432); the output\n"
     "                        does not depend on it\n"
-    "  --overwrite           replace shards of an earlier run with the same PREFIX\n"
+    "  --overwrite           replace the shards and summary of an earlier run with the\n"
+    "                        same PREFIX\n"
+    "  --progress_s S        seconds between progress lines (default 5; 0: every batch)\n"
     "  --quiet               no progress lines\n";
 
 typedef struct {
     const char *tokenizer_path, *encoding, *out_prefix, *val_files, *format, *text_key, *doc_token;
     char *separator;
     size_t separator_bytes;
-    double val_frac;
+    double val_frac, progress_s;
     uint64_t seed, shard_tokens, batch_bytes;
     int threads;
     bool overwrite, quiet;
@@ -124,6 +136,7 @@ static prepare_options parse_options(int argc, char **argv) {
     o.seed = 1337;
     o.shard_tokens = 100000000;
     o.batch_bytes = (uint64_t)32 << 20;
+    o.progress_s = 5;
     o.inputs = xcalloc((size_t)argc, sizeof *o.inputs);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -175,6 +188,11 @@ static prepare_options parse_options(int argc, char **argv) {
             o.val_frac = strtod(value, &end);
             if (!end || *end || value[0] == '\0' || !(o.val_frac >= 0 && o.val_frac < 1))
                 fail("--val_frac must be a number in [0, 1), not '%s'", value);
+        } else if (strcmp(name, "progress_s") == 0) {
+            char *end = NULL;
+            o.progress_s = strtod(value, &end);
+            if (!end || *end || value[0] == '\0' || !(o.progress_s >= 0 && o.progress_s <= 1e9))
+                fail("--progress_s must be a number of seconds >= 0, not '%s'", value);
         } else {
             fail("prepare: unknown option --%s (see train_gpt prepare --help)", name);
         }
@@ -243,25 +261,33 @@ typedef struct {
     uint64_t *counts;         // unigram counts
 } split_output;
 
-// Open shards are removed if the process fails half-way (fail() exits through atexit).
-static split_output *outputs_to_abort[2];
-static const shard_sink *sink;  // prepare_main's
-
-static void abort_open_shards(void) {
-    for (int i = 0; i < 2; i++) {
-        split_output *o = outputs_to_abort[i];
-        if (o && o->writer) {
-            sink->abort(o->writer);
-            o->writer = NULL;
-        }
-    }
-}
-
 static char *shard_path(const char *prefix, const char *split, int index) {
     size_t n = strlen(prefix) + strlen(split) + 32;
     char *path = xmalloc(n);
     snprintf(path, n, "%s_%s_%06d.bin", prefix, split, index);
     return path;
+}
+
+// If the process fails half-way (fail() exits through atexit), the shard being written is
+// dropped (its .tmp removed) and the shards this run finished are removed too: the output is
+// a whole run or nothing.
+static split_output *outputs_to_abort[2];
+static const shard_sink *sink;  // prepare_main's
+
+static void abort_run_shards(void) {
+    for (int i = 0; i < 2; i++) {
+        split_output *o = outputs_to_abort[i];
+        if (!o) continue;
+        if (o->writer) {
+            sink->abort(o->writer);
+            o->writer = NULL;
+        }
+        for (int k = 0; k < o->shards; k++) {
+            char *path = shard_path(o->prefix, o->split, k);
+            unlink(path);   // the one being written was never renamed: ENOENT, fine
+            free(path);
+        }
+    }
 }
 
 static void output_append(split_output *o, const uint32_t *ids, size_t n) {
@@ -313,6 +339,13 @@ static void clear_old_shards(const char *prefix, bool overwrite) {
             globfree(&g);
         }
         free(pattern);
+    }
+    if (overwrite) {   // the old run's summary would describe shards that are gone
+        size_t n = strlen(prefix) + 16;
+        char *path = xmalloc(n);
+        snprintf(path, n, "%s_summary.json", prefix);
+        if (unlink(path) != 0 && errno != ENOENT) fail("cannot remove %s: %s", path, strerror(errno));
+        free(path);
     }
 }
 
@@ -414,6 +447,22 @@ static void encode_doc(encoder *e, const prep_batch *b, long i, int thread, toke
     }
 }
 
+// One progress line. Rates are over the whole run so far; the ETA extrapolates the rate of
+// file bytes (compressed bytes, for compressed inputs) to the inputs' total size.
+static void note_progress(const writer_state *w, double now) {
+    uint64_t file_bytes = prep_reader_file_bytes_done(w->reader);
+    uint64_t tokens = w->train->tokens + w->val->tokens;
+    double seconds = now - w->start > 1e-3 ? now - w->start : 1e-3;
+    double rate = (double)file_bytes / seconds;
+    uint64_t left = w->total_bytes > file_bytes ? w->total_bytes - file_bytes : 0;
+    char eta[32];
+    format_duration(rate > 0 ? (double)left / rate : -1, eta, sizeof eta);
+    note("prepare: %.1f of %.1f MB read (%.0f%%) at %.1f MB/s, %.1f MB of text, %.2fM tokens at %.2fM tokens/s, ETA %s",
+         (double)file_bytes / 1e6, (double)w->total_bytes / 1e6,
+         w->total_bytes ? 100.0 * (double)file_bytes / (double)w->total_bytes : 100.0, rate / 1e6,
+         (double)prep_reader_bytes_done(w->reader) / 1e6, (double)tokens / 1e6, (double)tokens / 1e6 / seconds, eta);
+}
+
 // Appends an encoded batch to the shards, in input order, and notes progress.
 static void write_batch(writer_state *w, const prepare_options *opt, const prep_batch *b, const batch_tokens *bt) {
     for (size_t i = 0; i < b->n_docs; i++) {
@@ -426,14 +475,8 @@ static void write_batch(writer_state *w, const prepare_options *opt, const prep_
         output_append(o, bt->buffer[dt->thread].ids + dt->start, dt->count);
     }
     double now = wall_seconds();
-    if (!opt->quiet && now - w->last_note >= 2.0) {
-        uint64_t done = prep_reader_bytes_done(w->reader);
-        double rate = (double)done / (now - w->start);
-        char eta[32];
-        format_duration(rate > 0 ? (double)(w->total_bytes - done) / rate : -1, eta, sizeof eta);
-        note("prepare: %.1f of %.1f MB (%.0f%%), %.2fM tokens, %.1f MB/s, ETA %s", (double)done / 1e6,
-             (double)w->total_bytes / 1e6, w->total_bytes ? 100.0 * (double)done / (double)w->total_bytes : 100.0,
-             (double)(w->train->tokens + w->val->tokens) / 1e6, rate / 1e6, eta);
+    if (!opt->quiet && now - w->last_note >= opt->progress_s) {
+        note_progress(w, now);
         w->last_note = now;
     }
 }
@@ -510,7 +553,7 @@ static void print_split(const split_output *o) {
 
 static void write_summary(const char *prefix, const tokenizer *tok, const char *tokenizer_path, uint32_t doc_token,
                           const split_output *train, const split_output *val, double val_entropy,
-                          double val_cross_entropy, uint64_t bytes, double seconds) {
+                          double val_cross_entropy, uint64_t bytes, uint64_t file_bytes, double seconds) {
     strbuf sb = {0};
     sb_append(&sb, "{\"tokenizer\": ");
     sb_json_string(&sb, tokenizer_path);
@@ -519,7 +562,8 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
     sb_printf(&sb, ", \"vocab_size\": %u, \"doc_token\": ", tokenizer_vocab_size(tok));
     if (doc_token == sink->no_doc_token) sb_append(&sb, "null");
     else sb_printf(&sb, "%u", doc_token);
-    sb_printf(&sb, ", \"input_bytes\": %llu, \"seconds\": ", (unsigned long long)bytes);
+    sb_printf(&sb, ", \"input_bytes\": %llu, \"input_file_bytes\": %llu, \"seconds\": ", (unsigned long long)bytes,
+              (unsigned long long)file_bytes);
     sb_json_number(&sb, seconds);
     const split_output *splits[2] = {train, val};
     for (int s = 0; s < 2; s++) {
@@ -569,7 +613,7 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     val.counts = xcalloc(vocab_size, sizeof(uint64_t));
     outputs_to_abort[0] = &train;
     outputs_to_abort[1] = &val;
-    atexit(abort_open_shards);
+    atexit(abort_run_shards);
 
     if (!opt.quiet) {
         char doc_name[80] = "none";
@@ -578,8 +622,12 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
             const uint8_t *b = tokenizer_token_bytes(tok, doc_token, &n);
             snprintf(doc_name, sizeof doc_name, "%u (%.*s)", doc_token, (int)(n < 60 ? n : 60), b ? (const char *)b : "");
         }
-        note("prepare: %zu input files, %.1f MB; tokenizer %s, vocab_size %u, doc_token %s, %d threads", n_inputs,
-             (double)total_bytes / 1e6, tokenizer_name(tok), vocab_size, doc_name, opt.threads);
+        size_t compressed = 0;
+        for (size_t i = 0; i < n_inputs; i++) compressed += inputs[i].compression != PREP_PLAIN;
+        char files[64] = "";
+        if (compressed) snprintf(files, sizeof files, " (%zu compressed)", compressed);
+        note("prepare: %zu input files%s, %.1f MB; tokenizer %s, vocab_size %u, doc_token %s, %d threads", n_inputs,
+             files, (double)total_bytes / 1e6, tokenizer_name(tok), vocab_size, doc_name, opt.threads);
     }
 
     encoder enc = {0};
@@ -612,15 +660,23 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     output_finish(&val);
     double seconds = wall_seconds() - start;
     uint64_t bytes = prep_reader_bytes_done(reader);
+    uint64_t file_bytes = prep_reader_file_bytes_done(reader);
 
     if (train.tokens == 0) warn("no train tokens were written (are the inputs empty, or all in val?)");
     if ((opt.val_files || opt.val_frac > 0) && val.tokens == 0) warn("no val tokens were written");
     double val_entropy = val.tokens ? entropy_nats(val.counts, vocab_size, val.tokens) : 0;
     double val_cross = val.tokens ? unigram_cross_entropy(train.counts, train.tokens, val.counts, val.tokens, vocab_size)
                                   : 0;
-    printf("prepare: read %zu files, %llu bytes, in %.2f s (%.1f MB/s, %.2fM tokens/s on %d threads)\n", n_inputs,
-           (unsigned long long)bytes, seconds, (double)bytes / 1e6 / seconds,
-           (double)(train.tokens + val.tokens) / 1e6 / seconds, opt.threads);
+    if (file_bytes != bytes)
+        printf("prepare: read %zu files, %llu bytes (%llu bytes of text), in %.2f s (%.1f MB/s of files, %.1f MB/s of "
+               "text, %.2fM tokens/s on %d threads)\n",
+               n_inputs, (unsigned long long)file_bytes, (unsigned long long)bytes, seconds,
+               (double)file_bytes / 1e6 / seconds, (double)bytes / 1e6 / seconds,
+               (double)(train.tokens + val.tokens) / 1e6 / seconds, opt.threads);
+    else
+        printf("prepare: read %zu files, %llu bytes, in %.2f s (%.1f MB/s, %.2fM tokens/s on %d threads)\n", n_inputs,
+               (unsigned long long)bytes, seconds, (double)bytes / 1e6 / seconds,
+               (double)(train.tokens + val.tokens) / 1e6 / seconds, opt.threads);
     print_split(&train);
     print_split(&val);
     if (val.tokens) {
@@ -629,7 +685,7 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
                val_entropy, val_cross);
     }
     write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
-                  seconds);
+                  file_bytes, seconds);
     fflush(stdout);
 
     prep_reader_close(reader);

@@ -6,7 +6,8 @@
 // document into the batch, and reads another block only when no boundary is left. At the
 // end of a file the rest is the last document. So memory is a block plus the batch, and the
 // batch always ends on a document boundary: the tokens of a document never depend on how
-// the input was cut into batches.
+// the input was cut into batches. The blocks are text: a compressed file is decoded block by
+// block as it is read (tok/prepare_stream.c), so documents never see the compression.
 //
 // The JSONL reader is its own small strict JSON scanner rather than llmc/json.h's tree builder:
 // it only has to keep one member of each line, must keep NUL characters (\u0000) that
@@ -19,7 +20,7 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
+#include <glob.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -30,6 +31,9 @@
 typedef struct {
     prep_input *items;
     size_t count, capacity;
+    const char *format_name;
+    uint64_t skipped;        // files in directories that are not text or JSONL by name
+    char *first_skipped;
 } input_list;
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -37,26 +41,56 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static void add_file(input_list *list, const char *path, uint64_t bytes, const char *format_name) {
+// Whether the name without its compression suffix ends in one of the suffixes.
+static bool named_like(const char *path, prep_compression compression, const char *const *suffixes, size_t n) {
+    size_t bytes = strlen(path) - strlen(prep_compression_suffix(compression));
+    if (compression == PREP_ZSTD && ends_with(path, ".zstd")) bytes = strlen(path) - strlen(".zstd");
+    char *name = xmalloc(bytes + 1);
+    memcpy(name, path, bytes);
+    name[bytes] = '\0';
+    bool match = false;
+    for (size_t i = 0; i < n && !match; i++) match = ends_with(name, suffixes[i]);
+    free(name);
+    return match;
+}
+
+static const char *const jsonl_suffixes[] = {".jsonl", ".ndjson"};
+static const char *const corpus_suffixes[] = {".txt", ".jsonl", ".ndjson"};
+
+// in_directory: found by walking a directory (not named by the user), so with --format auto
+// only files named like text or JSONL are taken.
+static void add_file(input_list *list, const char *path, uint64_t bytes, bool in_directory) {
+    bool is_auto = strcmp(list->format_name, "auto") == 0;
+    if (in_directory && is_auto) {
+        // Test the name before prep_compression_of, which refuses .xz and the like.
+        prep_compression c = ends_with(path, ".gz") ? PREP_GZIP
+                             : ends_with(path, ".zst") || ends_with(path, ".zstd") ? PREP_ZSTD
+                                                                                   : PREP_PLAIN;
+        if (!named_like(path, c, corpus_suffixes, 3)) {
+            if (list->skipped++ == 0) list->first_skipped = xstrdup(path);
+            return;
+        }
+    }
+    prep_compression compression = prep_compression_of(path);
+    prep_compression_require(compression, path);
     if (list->count == list->capacity) {
         list->capacity = list->capacity ? list->capacity * 2 : 16;
         list->items = xrealloc(list->items, list->capacity * sizeof *list->items);
     }
     prep_format format = PREP_TEXT;
-    if (strcmp(format_name, "jsonl") == 0 ||
-        (strcmp(format_name, "auto") == 0 && (ends_with(path, ".jsonl") || ends_with(path, ".ndjson"))))
+    if (strcmp(list->format_name, "jsonl") == 0 || (is_auto && named_like(path, compression, jsonl_suffixes, 2)))
         format = PREP_JSONL;
-    list->items[list->count++] = (prep_input){xstrdup(path), bytes, format, false};
+    list->items[list->count++] = (prep_input){xstrdup(path), bytes, format, compression, false};
 }
 
 static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static void add_path(input_list *list, const char *path, const char *format_name, int depth) {
+static void add_path(input_list *list, const char *path, int depth) {
     struct stat st;
     if (stat(path, &st) != 0) fail("cannot read input %s: %s", path, strerror(errno));
     if (S_ISREG(st.st_mode)) {
         if (access(path, R_OK) != 0) fail("cannot read input %s: %s", path, strerror(errno));
-        add_file(list, path, (uint64_t)st.st_size, format_name);
+        add_file(list, path, (uint64_t)st.st_size, depth > 0);
         return;
     }
     if (!S_ISDIR(st.st_mode)) fail("input %s is neither a file nor a directory", path);
@@ -79,19 +113,42 @@ static void add_path(input_list *list, const char *path, const char *format_name
     for (size_t i = 0; i < n; i++) {
         char *child = xmalloc(strlen(path) + strlen(names[i]) + 2);
         sprintf(child, "%s%s%s", path, ends_with(path, "/") ? "" : "/", names[i]);
-        add_path(list, child, format_name, depth + 1);
+        add_path(list, child, depth + 1);
         free(child);
         free(names[i]);
     }
     free(names);
 }
 
+// An argument that names no file but has glob characters is a pattern: each match (sorted
+// by glob) is an input as if named, directories walked.
+static bool add_pattern(input_list *list, const char *pattern) {
+    struct stat st;
+    if (stat(pattern, &st) == 0 || !strpbrk(pattern, "*?[")) return false;
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH) fail("input pattern %s matches no file", pattern);
+    if (rc != 0) fail("cannot expand input pattern %s: %s", pattern, rc == GLOB_NOSPACE ? "out of memory" : "read error");
+    for (size_t i = 0; i < g.gl_pathc; i++) add_path(list, g.gl_pathv[i], 0);
+    globfree(&g);
+    return true;
+}
+
 prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format_name, size_t *count) {
     if (strcmp(format_name, "auto") != 0 && strcmp(format_name, "text") != 0 && strcmp(format_name, "jsonl") != 0)
         fail("--format must be auto, text or jsonl, not '%s'", format_name);
     input_list list = {0};
-    for (int i = 0; i < n_paths; i++) add_path(&list, paths[i], format_name, 0);
-    if (list.count == 0) fail("no input files (the directories given are empty)");
+    list.format_name = format_name;
+    for (int i = 0; i < n_paths; i++)
+        if (!add_pattern(&list, paths[i])) add_path(&list, paths[i], 0);
+    if (list.skipped > 0)
+        warn("skipped %llu file%s in the input directories not named *.txt, *.jsonl or *.ndjson (optionally .gz or "
+             ".zst), e.g. %s ---> HINT: name such files on the command line, or pass --format text or jsonl",
+             (unsigned long long)list.skipped, list.skipped == 1 ? "" : "s", list.first_skipped);
+    free(list.first_skipped);
+    if (list.count == 0)
+        fail("no input files (the directories given hold %s)",
+             strcmp(format_name, "auto") == 0 ? "no *.txt, *.jsonl or *.ndjson files" : "no files");
     *count = list.count;
     return list.items;
 }
@@ -138,14 +195,15 @@ struct prep_reader {
     const char *separator;
     size_t separator_bytes;
     size_t current;          // input being read
-    int fd;                  // -1: not open
+    prep_stream *stream;     // NULL: not open
     bool at_eof;
     char *pending;           // bytes read from the current file, not yet made documents
     size_t pending_start, pending_end, pending_capacity;
     size_t scan_from;        // no boundary in pending before this offset
     uint64_t line;           // documents (or lines) of the current file so far
     uint64_t ordinal;
-    uint64_t bytes_done;
+    uint64_t bytes_done;     // text
+    uint64_t file_bytes_done;   // of the files closed
     size_t block_bytes;      // read size: the smaller of READ_BLOCK_BYTES and the batch size
 };
 
@@ -155,22 +213,24 @@ prep_reader *prep_reader_open(const prep_input *inputs, size_t n_inputs, const c
     r->n_inputs = n_inputs;
     r->separator = separator;
     r->separator_bytes = separator ? separator_bytes : 0;
-    r->fd = -1;
     return r;
 }
 
 void prep_reader_close(prep_reader *r) {
     if (!r) return;
-    if (r->fd >= 0) close(r->fd);
+    prep_stream_close(r->stream);
     free(r->pending);
     free(r);
 }
 
 uint64_t prep_reader_bytes_done(const prep_reader *r) { return r->bytes_done; }
 
-// Appends up to `want` bytes of the current file to pending; sets at_eof at its end.
+uint64_t prep_reader_file_bytes_done(const prep_reader *r) {
+    return r->file_bytes_done + (r->stream ? prep_stream_file_bytes(r->stream) : 0);
+}
+
+// Appends up to `want` bytes of the current file's text to pending; sets at_eof at its end.
 static void read_more(prep_reader *r, size_t want) {
-    const prep_input *in = &r->inputs[r->current];
     if (r->pending_start > 0) {   // compact
         memmove(r->pending, r->pending + r->pending_start, r->pending_end - r->pending_start);
         r->pending_end -= r->pending_start;
@@ -181,24 +241,15 @@ static void read_more(prep_reader *r, size_t want) {
         r->pending_capacity = r->pending_end + want;
         r->pending = xrealloc(r->pending, r->pending_capacity);
     }
-    while (want > 0) {
-        ssize_t got = read(r->fd, r->pending + r->pending_end, want);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) fail("cannot read input %s: %s", in->path, strerror(errno));
-        if (got == 0) {
-            r->at_eof = true;
-            break;
-        }
-        r->pending_end += (size_t)got;
-        want -= (size_t)got;
-    }
+    size_t got = prep_stream_read(r->stream, r->pending + r->pending_end, want);
+    r->pending_end += got;
+    if (got < want) r->at_eof = true;
 }
 
 static bool open_next_input(prep_reader *r) {
     while (r->current < r->n_inputs) {
         const prep_input *in = &r->inputs[r->current];
-        r->fd = open(in->path, O_RDONLY | O_CLOEXEC);
-        if (r->fd < 0) fail("cannot read input %s: %s", in->path, strerror(errno));
+        r->stream = prep_stream_open(in->path, in->compression);
         r->at_eof = false;
         r->pending_start = r->pending_end = r->scan_from = 0;
         r->line = 0;
@@ -208,8 +259,9 @@ static bool open_next_input(prep_reader *r) {
 }
 
 static void close_input(prep_reader *r) {
-    close(r->fd);
-    r->fd = -1;
+    r->file_bytes_done += prep_stream_file_bytes(r->stream);
+    prep_stream_close(r->stream);
+    r->stream = NULL;
     r->current++;
 }
 
@@ -236,7 +288,7 @@ bool prep_reader_fill(prep_reader *r, prep_batch *b, size_t target_bytes) {
     // Small batches read small blocks (tests use this to cut separators across reads).
     r->block_bytes = target_bytes < READ_BLOCK_BYTES ? (target_bytes > 16 ? target_bytes : 16) : READ_BLOCK_BYTES;
     while (b->bytes < target_bytes) {
-        if (r->fd < 0 && !open_next_input(r)) break;
+        if (!r->stream && !open_next_input(r)) break;
         const prep_input *in = &r->inputs[r->current];
         const char *delimiter = in->format == PREP_JSONL ? "\n" : r->separator;
         size_t delimiter_bytes = in->format == PREP_JSONL ? 1 : r->separator_bytes;

