@@ -34,6 +34,7 @@
 #include "llmc/metrics.h"
 #include "llmc/optim.h"
 #include "llmc/params.h"
+#include "llmc/plot.h"
 #include "net/relay.h"
 #include "net/transport.h"
 #include "tok/prepare.h"
@@ -1184,6 +1185,11 @@ static const gpu_info *gpu_probe(void) {
 // progress line per log_every steps.
 
 // The one piece of process-wide state the loop needs: which stop signal arrived.
+// Exit statuses (docs/slurm.md): 0 finished, or stopped on purpose (stop_at_step, SIGTERM,
+// SIGINT); 1 an error; EXIT_REQUEUE stopped early with a checkpoint, for the job script to
+// requeue (SIGUSR1, the walltime guard); WATCHDOG_EXIT_STATUS (75) no progress.
+enum { EXIT_REQUEUE = 76 };
+
 static volatile sig_atomic_t stop_signal = 0;
 
 static void on_stop_signal(int sig) {
@@ -1220,6 +1226,8 @@ typedef struct {
     diloco *outer;       // NULL without DiLoCo
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
+    double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
+    double slowest_step_s;  // and the slowest step so far, outer work included
 } trainer;
 
 static int setup_threads(const train_config *cfg) {
@@ -1454,8 +1462,31 @@ static bool save_checkpoint(trainer *tr) {
     char extra[64];
     snprintf(extra, sizeof extra, "\"seconds\":%.3f", wall_seconds() - t0);
     metrics_event(tr->log, "checkpoint", tr->state.step, extra);
-    note("checkpoint step_%08lld written in %.2f s", (long long)tr->state.step, wall_seconds() - t0);
+    tr->ckpt_s = wall_seconds() - t0;
+    note("checkpoint step_%08lld written in %.2f s", (long long)tr->state.step, tr->ckpt_s);
     return true;
+}
+
+// The walltime guard: the job's end (walltime_end, else SLURM_JOB_END_TIME; 0 = unknown).
+static double walltime_end(const train_config *cfg) {
+    if (cfg->walltime_end > 0) return cfg->walltime_end;
+    const char *e = getenv("SLURM_JOB_END_TIME");
+    if (!e || !*e) return 0.0;
+    char *rest = NULL;
+    double t = strtod(e, &rest);
+    return rest != e && t > 0 ? t : 0.0;
+}
+
+// Whether the run must checkpoint and stop now to be done before the walltime: the time left
+// is less than (the slowest step + the last checkpoint's time, or an estimate at 100 MB/s
+// before the first) × walltime_safety + stop_before_s. *left_s gets the time left.
+static bool walltime_near(const trainer *tr, double end, double *left_s) {
+    if (end <= 0) return false;
+    const train_config *cfg = tr->cfg;
+    double ckpt_s = tr->ckpt_s > 0 ? tr->ckpt_s : (double)tr->table.numel * 12.0 / 100e6;  // weights + 2 moments
+    double need_s = (tr->slowest_step_s + ckpt_s) * cfg->walltime_safety + cfg->stop_before_s;
+    *left_s = end - (double)time(NULL);
+    return *left_s < need_s;
 }
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
@@ -1626,7 +1657,7 @@ static int train_run(train_config *cfg) {
     // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
         tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
-    tr.log = metrics_open(cfg->out_dir);
+    tr.log = metrics_open_with_tensorboard(cfg->out_dir, cfg->tensorboard);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
@@ -1640,6 +1671,11 @@ static int train_run(train_config *cfg) {
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
     int64_t first_step = tr.state.step;
+    int exit_status = 0;
+    double job_end = walltime_end(cfg);
+    if (job_end > 0)
+        note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
+             cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
     while (tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr);
@@ -1663,6 +1699,8 @@ static int train_run(train_config *cfg) {
             }
         }
         metrics_step(tr.log, &m);
+        double step_s = (m.step_ms + (m.has_stall ? m.stall_ms : 0.0)) / 1e3;
+        if (step_s > tr.slowest_step_s) tr.slowest_step_s = step_s;
         if (m.step > 1 || cfg->max_steps == 1) {  // the first step includes warm-up costs
             step_time_sum += m.step_ms / 1e3;
             timed_steps++;
@@ -1675,7 +1713,9 @@ static int train_run(train_config *cfg) {
         watchdog_phase("a sample", step);
         if (tr.samples && due(step, cfg->sample_every, cfg->max_steps))
             sampler_run(tr.samples, tr.be, step, tr.log);
-        bool stop_here = stop_signal || step == cfg->stop_at_step;
+        double left_s = 0.0;
+        bool walltime = step < cfg->max_steps && walltime_near(&tr, job_end, &left_s);
+        bool stop_here = stop_signal || step == cfg->stop_at_step || walltime;
         watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
         watchdog_phase("a checkpoint", step);
@@ -1687,13 +1727,25 @@ static int train_run(train_config *cfg) {
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }
         if (stop_here) {
+            const char *reason = stop_signal ? "signal" : walltime ? "walltime" : step == cfg->stop_at_step ?
+                                 "stop_at_step" : "replica";
             if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
                      (int)stop_signal, (long long)step);
+            else if (walltime)
+                note("stopped after step %lld: %.0f s left before the job's end, less than the slowest step (%.3g s) "
+                     "and a checkpoint (%.2f s) take with walltime_safety %g and stop_before_s %g; checkpoint "
+                     "written, requeue the job to resume",
+                     (long long)step, left_s, tr.slowest_step_s, tr.ckpt_s, cfg->walltime_safety, cfg->stop_before_s);
             else
                 note("stopped after step %lld (%s); checkpoint written, run again to resume", (long long)step,
                      step == cfg->stop_at_step ? "stop_at_step" : "another replica was stopped");
-            metrics_event(tr.log, "stop", step, stop_signal ? "\"reason\":\"signal\"" : "\"reason\":\"stop_at_step\"");
+            char extra[64];
+            snprintf(extra, sizeof extra, "\"reason\":\"%s\"", reason);
+            metrics_event(tr.log, "stop", step, extra);
+            // SIGUSR1 (SLURM's --signal before the walltime) and the walltime guard mean "not
+            // done, requeue me": a status the job scripts tell from a finished run and an error.
+            if (stop_signal == SIGUSR1 || walltime) exit_status = EXIT_REQUEUE;
             break;
         }
     }
@@ -1706,7 +1758,7 @@ static int train_run(train_config *cfg) {
     metrics_close(tr.log);
     dataloader_close(tr.val);
     release(&tr);
-    return 0;
+    return exit_status;
 }
 
 
@@ -2075,7 +2127,8 @@ static const shard_sink shard_files = {sink_open, sink_append, sink_tokens, sink
 
 static void usage_error(void) {
     fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
-         "train_gpt relay ...  |  train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  |  train_gpt --help");
+         "train_gpt relay ...  |  train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  |  "
+         "train_gpt plot OUT_DIR... [-o FILE.svg]  |  train_gpt --help");
 }
 
 int main(int argc, char **argv) {
@@ -2086,6 +2139,7 @@ int main(int argc, char **argv) {
     // prepare uses no BLAS: no need for the kernel check (and its possible restart).
     if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1, &shard_files);
     if (strcmp(first, "relay") == 0) return relay_main(argc - 1, argv + 1);
+    if (strcmp(first, "plot") == 0) return plot_main(argc - 1, argv + 1);
     gemm_fix_cpu_kernels(argv);
     if (strcmp(first, "diloco-tune") == 0) return diloco_tune_main(argc - 1, argv + 1);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {

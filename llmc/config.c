@@ -72,6 +72,9 @@ static const key_spec KEYS[] = {
     {"spike_z", KEY_FLOAT, T(spike_z), "6", 0, 1e6, NULL, false, "spike guard: skip a step whose loss or gradient norm is this many standard deviations above the last spike_window applied steps; 0 = off"},
     {"spike_window", KEY_INT, T(spike_window), "100", 2, 1024, NULL, false, "spike guard: applied steps whose loss and gradient norm set the limits (it acts once the window is full and the lr warm-up is over)"},
     {"max_rollbacks", KEY_INT, T(max_rollbacks), "3", 0, 1 << 30, NULL, false, "after max_bad_steps skipped steps in a row, go back to the newest checkpoint and skip the data since it, at most this many times in a run; 0 = stop instead"},
+    {"walltime_end", KEY_FLOAT, T(walltime_end), "0", 0, 1e12, NULL, false, "unix time at which the job ends; 0 = SLURM_JOB_END_TIME when set, else no walltime guard"},
+    {"walltime_safety", KEY_FLOAT, T(walltime_safety), "2", 1, 1000, NULL, false, "checkpoint and stop (exit status 76) once the time left is below (slowest step + checkpoint time) times this, plus stop_before_s"},
+    {"stop_before_s", KEY_FLOAT, T(stop_before_s), "60", 0, 1e9, NULL, false, "seconds the walltime guard keeps in hand beyond that (process exit, srun and job script)"},
     {"watchdog_s", KEY_FLOAT, T(watchdog_s), "1800", 0, 1e9, NULL, false, "end the process (exit status 75) when a step, DiLoCo's outer work, validation or a checkpoint makes no progress for this long; 0 = off"},
     {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = unknown (on the CPU: mfu is logged as null)"},
     // --- data, checkpoints, logging ---
@@ -87,6 +90,7 @@ static const key_spec KEYS[] = {
     {"resume", KEY_STRING, T(resume), "auto", 0, 0, NULL, false, "auto (newest valid checkpoint in out_dir), never, or a checkpoint directory"},
     {"init_from", KEY_STRING, T(init_from), "", 0, 0, NULL, false, "start from these weights (a model.safetensors) instead of a random init"},
     {"log_every", KEY_INT, T(log_every), "1", 1, BIG, NULL, false, "print a progress line every N steps (metrics.jsonl gets every step)"},
+    {"tensorboard", KEY_BOOL, T(tensorboard), "0", 0, 1, NULL, false, "also write the numbers of metrics.jsonl and the samples to a TensorBoard event file in out_dir (tensorboard --logdir out_dir)"},
     {"threads", KEY_INT, T(threads), "0", 0, 4096, NULL, false, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
     // --- samples ---
     {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},

@@ -56,7 +56,10 @@ typedef struct {
     double spike_z;                 // spike guard: skip a step this many std above the window (0 = off)
     int64_t spike_window;           // spike guard: applied steps in the window
     int64_t max_rollbacks;          // times a run may go back to its newest checkpoint
-    double watchdog_s;              // end the process when a phase makes no progress this long (0 = off)
+    double watchdog_s;
+    double walltime_end;            // unix time the job ends (0 = SLURM_JOB_END_TIME, if set)
+    double walltime_safety;         // stop when the time left < (slowest step + checkpoint) × this
+    double stop_before_s;           // ... + this many seconds              // end the process when a phase makes no progress this long (0 = off)
     double peak_tflops;  // 0 = unknown: mfu is logged as null
     // data, checkpoints, logging
     char *train_data;
@@ -71,6 +74,7 @@ typedef struct {
     char *resume;        // auto | never | path of a checkpoint directory
     char *init_from;
     int64_t log_every;
+    bool tensorboard;    // also a TensorBoard event file in out_dir (llmc/tensorboard.h)
     int64_t threads;     // 0 = all cores (or OMP_NUM_THREADS)
     // samples
     char *tokenizer;

@@ -2,6 +2,7 @@
 #include "llmc/metrics.h"
 #include "llmc/common.h"
 #include "llmc/json.h"
+#include "llmc/tensorboard.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,23 +13,42 @@
 struct metrics_log {
     FILE *file;
     char *path;
+    tb_writer *tb;       // NULL without TensorBoard
 };
 
-metrics_log *metrics_open(const char *out_dir) {
+metrics_log *metrics_open(const char *out_dir) { return metrics_open_with_tensorboard(out_dir, false); }
+
+metrics_log *metrics_open_with_tensorboard(const char *out_dir, bool tensorboard) {
     if (!make_dirs(out_dir)) fail("out_dir: cannot create '%s': %s", out_dir, strerror(errno));
     metrics_log *log = xcalloc(1, sizeof *log);
     log->path = xmalloc(strlen(out_dir) + 32);
     sprintf(log->path, "%s/metrics.jsonl", out_dir);
     log->file = fopen(log->path, "a");
     if (!log->file) fail("out_dir: cannot open '%s' for appending: %s", log->path, strerror(errno));
+    if (tensorboard) {
+        log->tb = tb_open(out_dir);
+        note("tensorboard: writing %s (view with: tensorboard --logdir %s)", tb_path(log->tb), out_dir);
+    }
     return log;
 }
 
 void metrics_close(metrics_log *log) {
     if (!log) return;
     fclose(log->file);
+    tb_close(log->tb);
     free(log->path);
     free(log);
+}
+
+// The members of a JSON fragment ("\"a\":1,\"b\":[2]") as a parsed object; false if it is not
+// valid JSON (then nothing of it goes to TensorBoard).
+static bool parse_members(const char *members_json, json_doc *doc) {
+    strbuf sb = {0};
+    sb_printf(&sb, "{%s}", members_json ? members_json : "");
+    bool ok = json_parse(sb.data, sb.length, doc) && doc->root.type == JSON_OBJECT;
+    if (!ok) json_free(doc);
+    sb_free(&sb);
+    return ok;
 }
 
 static void put_number(strbuf *sb, const char *key, double v) {
@@ -60,6 +80,16 @@ void metrics_step(metrics_log *log, const step_metrics *m) {
     sb_printf(&sb, ",\"tokens\":%lld,\"skipped\":%s", (long long)m->tokens, m->skipped ? "true" : "false");
     if (m->has_stall) put_number(&sb, "stall_ms", m->stall_ms);
     write_line(log, &sb);
+    // A step that ended in a rollback is not drawn: the rollback's restart drops it anyway.
+    if (log && log->tb && !m->rolled_back) {
+        tb_value v[] = {{"train/loss", m->loss},           {"train/z_loss", m->z_loss},
+                        {"train/lr", m->lr},               {"train/grad_norm", m->grad_norm},
+                        {"train/tok_per_s", m->tok_per_s}, {"train/mfu", m->mfu},
+                        {"train/step_ms", m->step_ms},     {"train/tokens", (double)m->tokens},
+                        {"train/stall_ms", m->stall_ms}};
+        int count = (int)(sizeof v / sizeof v[0]) - (m->has_stall ? 0 : 1);
+        tb_scalars(log->tb, m->step, v, count);
+    }
 }
 
 void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_tokens) {
@@ -68,6 +98,47 @@ void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_to
     put_number(&sb, "val_loss", val_loss);
     sb_printf(&sb, ",\"val_tokens\":%lld", (long long)val_tokens);
     write_line(log, &sb);
+    if (log) tb_scalar(log->tb, "val/loss", step, val_loss);
+}
+
+// The events TensorBoard shows or needs: a sample's text, and the restarts of resume and
+// rollback.
+static void tensorboard_event(tb_writer *tb, const char *name, int64_t step, const char *extra_json) {
+    bool sample = strcmp(name, "sample") == 0, rollback = strcmp(name, "rollback") == 0;
+    if (strcmp(name, "resume") == 0) tb_restart(tb, step + 1);
+    if (!sample && !rollback) return;
+    json_doc doc;
+    if (!parse_members(extra_json, &doc)) return;
+    const json_value *text = json_get(&doc.root, "text"), *to_step = json_get(&doc.root, "to_step");
+    if (sample && text && text->type == JSON_STRING) tb_text(tb, "samples", step, text->string);
+    if (rollback && to_step && to_step->type == JSON_NUMBER && to_step->is_integer)
+        tb_restart(tb, to_step->integer + 1);
+    json_free(&doc);
+}
+
+// A DiLoCo outer line: every number but step as diloco/<key>, an array (contributors) as its
+// length.
+static void tensorboard_outer(tb_writer *tb, const char *members_json) {
+    json_doc doc;
+    if (!parse_members(members_json, &doc)) return;
+    const json_value *root = &doc.root, *step = json_get(root, "step");
+    if (json_get(root, "outer_step") && step && step->type == JSON_NUMBER && step->is_integer) {
+        tb_value *v = xcalloc(root->count, sizeof *v);
+        char(*tags)[64] = xcalloc(root->count, sizeof *tags);
+        int n = 0;
+        for (size_t i = 0; i < root->count; i++) {
+            const json_value *item = &root->items[i];
+            if (strcmp(root->keys[i], "step") == 0 || (item->type != JSON_NUMBER && item->type != JSON_ARRAY)) continue;
+            snprintf(tags[n], sizeof tags[n], "diloco/%s", root->keys[i]);
+            v[n].tag = tags[n];
+            v[n].value = item->type == JSON_NUMBER ? item->number : (double)item->count;
+            n++;
+        }
+        tb_scalars(tb, step->integer, v, n);
+        free(v);
+        free(tags);
+    }
+    json_free(&doc);
 }
 
 void metrics_event(metrics_log *log, const char *name, int64_t step, const char *extra_json) {
@@ -77,10 +148,12 @@ void metrics_event(metrics_log *log, const char *name, int64_t step, const char 
     sb_printf(&sb, ",\"step\":%lld", (long long)step);
     if (extra_json && *extra_json) sb_printf(&sb, ",%s", extra_json);
     write_line(log, &sb);
+    if (log && log->tb) tensorboard_event(log->tb, name, step, extra_json);
 }
 
 void metrics_object(metrics_log *log, const char *members_json) {
     strbuf sb = {0};
     sb_printf(&sb, "{%s", members_json);
     write_line(log, &sb);
+    if (log && log->tb) tensorboard_outer(log->tb, members_json);
 }

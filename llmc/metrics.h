@@ -7,6 +7,19 @@
 //   event:  {"event", "step", ...}            start, resume, checkpoint, stop, diloco_*
 //   outer:  {"outer_step", "step", "contributors", ...}   one per DiLoCo outer step (diloco.h)
 // Numbers that are not finite are written as null (JSON has no NaN).
+//
+// With TensorBoard on (metrics_open_with_tensorboard), the same numbers also go to a new
+// event file in out_dir (llmc/tensorboard.h), at the optimizer step:
+//   step line  -> train/<field> for loss, z_loss, lr, grad_norm, tok_per_s, mfu, step_ms,
+//                 tokens and (DiLoCo) stall_ms; not for a step that ended in a rollback
+//   val line   -> val/loss
+//   outer line -> diloco/<member> for each numeric member but step (outer_step, sync_s,
+//                 wait_s, bytes_sent, bytes_recv, quant_rel_err, ...), and
+//                 diloco/contributors = how many; at the line's step
+//   "sample"   -> the text "samples"
+//   "resume" at N, "rollback" to N -> a restart at N + 1 (TensorBoard drops what it read of
+//                 steps > N, as the later line of metrics.jsonl counts)
+// Numbers that are not finite are left out there.
 #ifndef TRAIN_GPT_METRICS_H
 #define TRAIN_GPT_METRICS_H
 
@@ -37,6 +50,9 @@ typedef struct {
 
 // Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.
 metrics_log *metrics_open(const char *out_dir);
+// The same and, with tensorboard, a new TensorBoard event file in out_dir that gets the
+// numbers too (above); fatal if it cannot be created.
+metrics_log *metrics_open_with_tensorboard(const char *out_dir, bool tensorboard);
 void metrics_close(metrics_log *log);
 // Every writer below accepts log = NULL and writes nothing.
 void metrics_step(metrics_log *log, const step_metrics *m);

@@ -49,7 +49,7 @@ for _ in $(seq 1 400); do
 done
 kill -USR1 "$pid" 2>/dev/null || true
 rc=0; wait "$pid" || rc=$?
-check "SIGUSR1: clean exit (rc $rc)" test "$rc" -eq 0
+check "SIGUSR1: exit status 76, stopped early with a checkpoint for the job to requeue (rc $rc)" test "$rc" -eq 76
 check "SIGUSR1: the run stopped early with a checkpoint" grep -q '"event":"stop"' "$tmp/signal/metrics.jsonl"
 run "$tmp/signal" "${long[@]}" >/dev/null
 check "SIGUSR1 + resume: identical losses and bytes" same_as_long "$tmp/signal"

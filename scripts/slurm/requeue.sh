@@ -1,0 +1,55 @@
+#!/bin/bash
+# scripts/slurm/requeue.sh — runs one train_gpt job step and decides, from its exit status,
+# whether the SLURM job requeues itself (docs/slurm.md). Every template ends with it:
+#
+#   exec scripts/slurm/requeue.sh srun ./train_gpt CONFIG [--key value]...
+#
+#   status 0   finished (max_steps reached) or stopped on purpose: done, no requeue
+#   status 76  stopped early with a checkpoint (SLURM's --signal=USR1 before the walltime,
+#              or train_gpt's own walltime guard): requeue; the failure count starts over
+#   status 75  the watchdog ended a run that made no progress (a hung collective, file
+#              system or GPU), or the step died from a signal (status > 128: a node
+#              failure, the OOM killer): requeue, at most MAX_FAILURES times in a row
+#   other      an error (a bad config, data or checkpoint: exit status 1): never requeue —
+#              it would fail the same way again
+#
+# Environment: MAX_FAILURES (the templates set it; default 3), SLURM_JOB_ID and
+# SLURM_SUBMIT_DIR (set by SLURM). The count of failures in a row is kept in
+# REQUEUE_STATE_DIR (default $SLURM_SUBMIT_DIR: shared storage, since a requeued job may run
+# on another node)/.train_gpt_failures.$SLURM_JOB_ID (a requeued job keeps its id).
+set -u
+max_failures=${MAX_FAILURES:-3}
+job=${SLURM_JOB_ID:?requeue.sh runs inside a SLURM job}
+count_file="${REQUEUE_STATE_DIR:-${SLURM_SUBMIT_DIR:-.}}/.train_gpt_failures.$job"
+say() { echo "requeue.sh: $(date '+%F %T') job $job: $*"; }
+
+"$@"
+rc=$?
+requeue() {
+    say "$1; requeueing"
+    if ! scontrol requeue "$job"; then
+        say "scontrol requeue failed; resubmit by hand (the checkpoint is in place)"
+        exit 1
+    fi
+    exit 0
+}
+case $rc in
+    0)
+        rm -f "$count_file"
+        say "train_gpt finished"
+        exit 0 ;;
+    76)
+        rm -f "$count_file"
+        requeue "train_gpt stopped before the walltime with a checkpoint (status 76)" ;;
+    75|129|13[0-9]|14[0-9]|15[0-9])
+        n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 ))
+        echo "$n" >"$count_file"
+        if [ "$n" -ge "$max_failures" ]; then
+            say "train_gpt failed with status $rc, $n times in a row (MAX_FAILURES $max_failures): not requeueing"
+            exit "$rc"
+        fi
+        requeue "train_gpt failed with status $rc ($n of MAX_FAILURES $max_failures in a row)" ;;
+    *)
+        say "train_gpt stopped with an error (status $rc): not requeueing; fix it and resubmit"
+        exit "$rc" ;;
+esac

@@ -1,0 +1,58 @@
+# The SLURM job templates (scripts/slurm/, docs/slurm.md) end to end on this machine, with
+# stand-ins for sbatch, scontrol and srun (test/slurm/) that run the job, rerun it when it
+# requeues itself, and play SLURM's --signal=USR1 once the run has made progress:
+#   1. scripts/slurm/generic.sbatch stopped by SIGUSR1 twice (status 76 each time, requeued)
+#      finishes with weights byte-identical to an uninterrupted run;
+#   2. an error (a bad config key: status 1) is not requeued;
+#   3. the watchdog's status 75 every time: requeued MAX_FAILURES − 1 times, then given up;
+#   4. the walltime guard: SLURM_JOB_END_TIME 20 s ahead, the run checkpoints and stops in
+#      time with status 76.
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+data="--train_data $tmp/train.bin --val_data $tmp/val.bin --val_tokens 256 --threads 1 --log_every 100000"
+[ "$(cd "$(dirname "$TRAIN_GPT")" && pwd)" = "$PWD" ] || die "test_slurm runs the templates' ./train_gpt: run it from the directory of \$TRAIN_GPT"
+export PATH="$PWD/test/slurm:$PATH" REQUEUE_STATE_DIR="$tmp"
+job() {  # job NAME ARGS...: the generic template through the shims, in $tmp/NAME
+    local name=$1; shift
+    mkdir -p "$tmp/$name.shim"
+    SHIM_DIR="$tmp/$name.shim" SHIM_METRICS="$tmp/$name/metrics.jsonl" CONFIG=test/configs/tiny_test.conf \
+        ARGS="$data --out_dir $tmp/$name $*" MAX_FAILURES=3 sbatch scripts/slurm/generic.sbatch >"$tmp/$name.log" 2>&1
+}
+calls() { grep -c "$2" "$tmp/$1.shim/calls" || true; }
+
+# 1.
+"$TRAIN_GPT" test/configs/tiny_test.conf $data --max_steps 1000 --out_dir "$tmp/straight" >/dev/null 2>&1
+mkdir -p "$tmp/signalled.shim" && echo 2 >"$tmp/signalled.shim/usr1_left"
+SHIM_USR1_STEPS=60 job signalled --max_steps 1000 || true
+check "SIGUSR1 twice: the job ran 3 times and requeued itself twice ($(calls signalled '^requeue') requeues)" \
+    sh -c "[ $(calls signalled '^start') -eq 3 ] && [ $(calls signalled '^requeue') -eq 2 ] &&
+           [ $(calls signalled 'status 0$') -eq 3 ]"
+check "... each stop was train_gpt's status 76 (SIGUSR1 after a checkpoint)" \
+    test "$(grep -c 'stopped before the walltime with a checkpoint (status 76)' "$tmp/signalled.log")" -eq 2
+check "... and the requeued run finished with weights byte-identical to the uninterrupted run" \
+    sh -c "cmp -s '$tmp/straight/step_00001000/model.safetensors' '$tmp/signalled/step_00001000/model.safetensors' &&
+           cmp -s '$tmp/straight/step_00001000/optimizer.safetensors' '$tmp/signalled/step_00001000/optimizer.safetensors'"
+
+# 2.
+job bad --max_steps 1000 --no_such_key 1 || true
+check "an error (status 1) is not requeued" \
+    sh -c "[ $(calls bad '^start') -eq 1 ] && [ $(calls bad '^requeue') -eq 0 ] && grep -q 'not requeueing' '$tmp/bad.log'"
+
+# 3.
+TRAIN_GPT_FAULT=hang_in_step:5 job hung --max_steps 1000 --watchdog_s 1 || true
+check "the watchdog's status 75 three times (MAX_FAILURES 3): requeued twice, then given up" \
+    sh -c "[ $(calls hung '^start') -eq 3 ] && [ $(calls hung '^requeue') -eq 2 ] &&
+           grep -q '3 times in a row (MAX_FAILURES 3): not requeueing' '$tmp/hung.log'"
+
+# 4.
+end=$(( $(date +%s) + 20 ))
+rc=0
+SLURM_JOB_END_TIME=$end "$TRAIN_GPT" test/configs/tiny_test.conf $data --max_steps 100000000 --stop_before_s 2 \
+    --out_dir "$tmp/walltime" >"$tmp/walltime.log" 2>&1 || rc=$?
+done_at=$(date +%s)
+check "SLURM_JOB_END_TIME 20 s ahead: status 76, stopped $(( end - done_at )) s before the end, with a checkpoint" \
+    sh -c "[ $rc -eq 76 ] && [ $done_at -le $end ] && ls -d '$tmp'/walltime/step_* >/dev/null &&
+           grep -q '\"event\":\"stop\",\"step\":[0-9]*,\"reason\":\"walltime\"' '$tmp/walltime/metrics.jsonl'"
+finish test_slurm

@@ -1,0 +1,210 @@
+# TensorBoard event files (llmc/tensorboard.h, docs/formats.md#tensorboard-event-files), read
+# back by an independent reader, test/tb_reader.py (its own CRC32C and protobuf parser, strict
+# about every field):
+#   1. tensorboard = 1 with validation and samples: one file with TensorBoard's name, the
+#      file_version record first, every record's two CRCs good; every number of metrics.jsonl
+#      is a scalar at its step (train/*, val/loss), equal to float32 precision, and nothing
+#      else; nulls (mfu on the CPU) are left out; each sample is a text record with the same
+#      text, ill-formed UTF-8 replaced by U+FFFD (the prompt holds some); wall times within
+#      the run.
+#   2. A flipped byte in a record's data or in its length, or a cut file: the reader says so.
+#   3. tensorboard = 0 (the default), and diloco_transport = local: no event file.
+#   4. Resume after losing the newest checkpoint (steps 11-12 run twice): a second file with a
+#      restart at step 11; TensorBoard's view of the two files equals metrics.jsonl's.
+#   5. Rollback (bad data at steps 34-36, back to step 30): a restart at step 31; the views equal.
+#   6. DiLoCo (M = 1 over TCP): diloco/* at each outer step, equal to the outer lines; and
+#      train/stall_ms.
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+READER=(env PYTHONDONTWRITEBYTECODE=1 "$PYTHON" test/tb_reader.py)
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 5
+    --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
+run() {  # run OUT_DIR [--key value]...: prints nothing, returns the exit status
+    local out=$1; shift
+    "$TRAIN_GPT" "${common[@]}" --out_dir "$out" "$@" >"$out.log" 2>&1
+}
+event_files() { find "$1" -maxdepth 1 -name 'events.out.tfevents.*' | sort; }
+count_files() { event_files "$1" | grep -c . || true; }
+
+# The run's numbers in TensorBoard (tb_reader --merged) against metrics.jsonl, read with the
+# same rule: a later line for a step replaces the earlier one, and resuming at N or rolling
+# back to N drops what was logged for steps > N. Values equal to float32 precision (and the 7
+# digits metrics.jsonl keeps). Prints the differences; with TAG... also requires those tags.
+same_as_metrics() {  # same_as_metrics RUN_DIR [TAG...]
+    PYTHONDONTWRITEBYTECODE=1 "$PYTHON" - "$@" <<'PY'
+import json, sys
+sys.path.insert(0, "test")
+import tb_reader
+run, required = sys.argv[1], sys.argv[2:]
+lines = {}  # (kind, step) -> {tag: value}: the last line of each kind for each step
+def drop_after(n):
+    for key in [k for k in lines if k[1] > n]:
+        del lines[key]
+text = open(f"{run}/metrics.jsonl", "rb").read().decode("utf-8", "surrogateescape")
+for line in text.splitlines():
+    d = json.loads(line)
+    numbers = {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if "event" in d:
+        if d["event"] == "resume":
+            drop_after(d["step"])
+        elif d["event"] == "rollback":
+            drop_after(d["to_step"])
+        elif d["event"] == "sample":
+            raw = d["text"].encode("utf-8", "surrogateescape")  # metrics.jsonl has the bytes as they are
+            lines[("sample", d["step"])] = {"samples": raw.decode("utf-8", "replace").encode("utf-8")}
+    elif "outer_step" in d:
+        v = {"diloco/" + k: x for k, x in numbers.items() if k != "step"}
+        v.update({"diloco/" + k: len(x) for k, x in d.items() if isinstance(x, list)})
+        lines[("outer", d["step"])] = v
+    elif "val_loss" in d:
+        lines[("val", d["step"])] = {"val/loss": d["val_loss"]} if d["val_loss"] is not None else {}
+    elif "loss" in d:
+        fields = ("loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms", "tokens", "stall_ms")
+        lines[("train", d["step"])] = {"train/" + f: numbers[f] for f in fields if f in numbers}
+want = {"scalars": {}, "texts": {}}
+for (kind, step), values in lines.items():
+    for tag, v in values.items():
+        want["texts" if kind == "sample" else "scalars"].setdefault(tag, {})[step] = v
+got = tb_reader.merged(run)
+bad = []
+for kind in ("scalars", "texts"):
+    for tag in sorted(set(want[kind]) | set(got[kind])):
+        w, g = want[kind].get(tag, {}), got[kind].get(tag, {})
+        for step in sorted(set(w) | set(g)):
+            if step not in g:
+                bad.append(f"{tag} at step {step}: in metrics.jsonl ({w[step]!r}), not in the event file")
+            elif step not in w:
+                bad.append(f"{tag} at step {step}: in the event file ({g[step]!r}), not in metrics.jsonl")
+            elif kind == "texts" and w[step] != g[step]:
+                bad.append(f"{tag} at step {step}: text {g[step]!r} != {w[step]!r}")
+            elif kind == "scalars" and abs(g[step] - w[step]) > 1e-6 * abs(w[step]):
+                bad.append(f"{tag} at step {step}: {g[step]!r} != {w[step]!r}")
+bad += [f"no {tag} in the event file" for tag in required if tag not in got["scalars"] and tag not in got["texts"]]
+n = sum(len(v) for k in got for v in got[k].values())
+for b in bad[:8]:
+    print("    " + b)
+print(f"    {n} points compared, {len(bad)} differences")
+sys.exit(1 if bad or n == 0 else 0)
+PY
+}
+
+# ---------------------------------------------------------------- 1. a run with samples
+# Samples need a tokenizer: one token per byte (a byte-level BPE tokenizer.json without
+# merges), so the model's vocabulary grows to 256.
+"$PYTHON" - "$tmp/bytes.json" <<'PY'
+import json, sys
+# GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for 256 + i.
+keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+spelled, extra = {b: chr(b) for b in keep}, 0
+for b in range(256):
+    if b not in spelled:
+        spelled[b] = chr(256 + extra)
+        extra += 1
+json.dump({"version": "1.0", "normalizer": None, "added_tokens": [],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "vocab": {spelled[b]: b for b in range(256)}, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+# The prompt: a cut 3-byte character, a surrogate, an emoji, é and a byte that is never UTF-8.
+prompt=$(printf 'ab\342\202!\355\240\200!\360\237\230\200!\303\251\377')
+t0=$(date +%s.%N)
+run "$tmp/a" --tensorboard 1 --vocab_size 256 --tokenizer "$tmp/bytes.json" --sample_every 10 --sample_prompt "$prompt" \
+    || cat "$tmp/a.log"
+t1=$(date +%s.%N)
+file=$(event_files "$tmp/a" | head -n 1)
+name=$(basename "$file")
+check "one event file, named events.out.tfevents.<10-digit unix time>.<host> ($name)" \
+    sh -c "[ $(count_files "$tmp/a") -eq 1 ] && echo '$name' | grep -Eq '^events\.out\.tfevents\.[0-9]{10}\.[A-Za-z0-9._-]+$'"
+check "... said where it is on stderr" grep -q "tensorboard: writing $file" "$tmp/a.log"
+"${READER[@]}" "$file" >"$tmp/a.events" 2>"$tmp/a.err" || true
+check "all 27 records (file_version, 20 steps, 4 validations, 2 samples): CRCs good, messages as documented ($(cat "$tmp/a.err"))" \
+    sh -c "[ ! -s '$tmp/a.err' ] && [ \$(wc -l <'$tmp/a.events') -eq 27 ]"
+check "the first record (only) is file_version brain.Event:2" \
+    sh -c "head -n 1 '$tmp/a.events' | grep -q '\"file_version\": \"brain.Event:2\"' &&
+           [ \$(grep -c file_version '$tmp/a.events') -eq 1 ]"
+check "every scalar and text = metrics.jsonl (train/*, val/loss, samples at the same steps)" \
+    same_as_metrics "$tmp/a" train/loss train/z_loss train/lr train/grad_norm train/tok_per_s train/step_ms \
+    train/tokens val/loss samples
+check "mfu is null in metrics.jsonl (CPU) and absent from the event file" \
+    sh -c "grep -q '\"mfu\":null' '$tmp/a/metrics.jsonl' && ! grep -q 'train/mfu' '$tmp/a.events'"
+check "two samples (steps 10 and 20) as text records, the prompt's ill-formed UTF-8 as U+FFFD" \
+    "$PYTHON" -c "
+import json, sys
+texts = [e['text'] for e in map(json.loads, open('$tmp/a.events')) if e['kind'] == 'text' and e['tag'] == 'samples']
+want = 'ab\ufffd!\ufffd\ufffd\ufffd!\U0001f600!\u00e9\ufffd'
+sys.exit(0 if len(texts) == 2 and all(t.startswith(want) for t in texts) else 1)"
+check "wall times: seconds since 1970, within the run, never going back" \
+    "$PYTHON" -c "
+import json, sys
+t = [json.loads(l)['wall_time'] for l in open('$tmp/a.events')]
+sys.exit(0 if $t0 - 1 <= t[0] and t[-1] <= $t1 + 1 and t == sorted(t) else 1)"
+
+# ---------------------------------------------------------------- 2. the reader's checks can fail
+corrupt() {  # corrupt IN OUT HOW: HOW = data | length | cut, on the third record
+    "$PYTHON" - "$@" "$tmp/a.events" <<'PY'
+import json, sys
+src, dst, how, events = sys.argv[1:5]
+data = bytearray(open(src, "rb").read())
+third = [json.loads(l) for l in open(events)][2]
+if how == "data":
+    data[third["offset"] + 12 + third["length"] // 2] ^= 0x01
+elif how == "length":
+    data[third["offset"]] ^= 0x01
+else:
+    data = data[:-7]
+open(dst, "wb").write(data)
+PY
+}
+for how in data length cut; do
+    corrupt "$file" "$tmp/bad_$how" "$how"
+    rc=0; "${READER[@]}" "$tmp/bad_$how" >/dev/null 2>"$tmp/bad_$how.err" || rc=$?
+    case $how in data) want="record 2 at offset [0-9]*: data CRC mismatch" ;;
+                 length) want="record 2 at offset [0-9]*: length CRC mismatch" ;;
+                 cut) want="truncated data" ;; esac
+    check "a flipped bit / cut file ($how): the reader fails with '$want' (rc $rc: $(cat "$tmp/bad_$how.err"))" \
+        sh -c "[ $rc -eq 1 ] && grep -q '$want' '$tmp/bad_$how.err'"
+done
+
+# ---------------------------------------------------------------- 3. off
+run "$tmp/off" --max_steps 3 || cat "$tmp/off.log"
+check "tensorboard = 0 (the default): no event file" \
+    sh -c "[ -s '$tmp/off/metrics.jsonl' ] && [ $(count_files "$tmp/off") -eq 0 ]"
+run "$tmp/local" --max_steps 4 --tensorboard 1 --diloco_replicas 2 --diloco_inner_steps 2 --diloco_transport local \
+    || cat "$tmp/local.log"
+check "diloco_transport = local: no event file" \
+    sh -c "[ -s '$tmp/local/metrics.jsonl' ] && [ $(count_files "$tmp/local") -eq 0 ]"
+
+# ---------------------------------------------------------------- 4. resume
+run "$tmp/resumed" --tensorboard 1 --ckpt_every 5 --stop_at_step 12 || cat "$tmp/resumed.log"
+rm -rf "$tmp/resumed/step_00000012"  # as if the run had died before writing it
+run "$tmp/resumed" --tensorboard 1 --ckpt_every 5 || cat "$tmp/resumed.log"
+"${READER[@]}" "$(event_files "$tmp/resumed" | tail -n 1)" >"$tmp/resumed.events" 2>&1 || true
+check "resumed: a second event file ($(event_files "$tmp/resumed" | xargs -n1 basename | tr '\n' ' '))" \
+    test "$(count_files "$tmp/resumed")" -eq 2
+check "... which restarts at step 11 (resumed from step 10): file_version, then SessionLog START at 11" \
+    sh -c "sed -n 2p '$tmp/resumed.events' | grep -q '\"kind\": \"restart\".*\"step\": 11,'"
+check "... steps 11 and 12 logged twice; TensorBoard's view of both files = metrics.jsonl's" \
+    same_as_metrics "$tmp/resumed" train/loss val/loss
+
+# ---------------------------------------------------------------- 5. rollback
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/roll" --tensorboard 1 --ckpt_every 10 \
+    --max_steps 60 --max_bad_steps 3 || cat "$tmp/roll.log"
+"${READER[@]}" $(event_files "$tmp/roll") >"$tmp/roll.events" 2>&1 || true
+check "rolled back to step 30: one file, with a restart at step 31" \
+    sh -c "grep -q '\"event\":\"rollback\",\"step\":36,\"to_step\":30' '$tmp/roll/metrics.jsonl' &&
+           [ $(count_files "$tmp/roll") -eq 1 ] && grep -q '\"kind\": \"restart\".*\"step\": 31,' '$tmp/roll.events'"
+check "... TensorBoard's view = metrics.jsonl's (steps 31-36 as run again)" same_as_metrics "$tmp/roll" train/loss
+
+# ---------------------------------------------------------------- 6. DiLoCo
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
+chmod 600 "$tmp/secret"
+port=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+run "$tmp/diloco" --tensorboard 1 --diloco_replicas 1 --diloco_inner_steps 5 --diloco_transport tcp --diloco_serve 1 \
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 || cat "$tmp/diloco.log"
+check "DiLoCo: 4 outer lines in metrics.jsonl" test "$(grep -c '"outer_step"' "$tmp/diloco/metrics.jsonl")" -ge 4
+check "... diloco/* at each outer step and train/stall_ms = metrics.jsonl" \
+    same_as_metrics "$tmp/diloco" diloco/outer_step diloco/sync_s diloco/wait_s diloco/bytes_sent diloco/bytes_recv \
+    diloco/quant_rel_err diloco/contributors train/stall_ms
+finish test_tensorboard
