@@ -8,11 +8,18 @@
 #   MPI       multi-process runs
 # Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NO_BLAS=1,
 # make NATIVE=0 (no -march=native: for a binary that must run on older CPUs), BUILD=dir.
+# What was detected and given goes to BUILD/config.txt; a change there rebuilds everything it
+# touches (a library installed since the last build, NATIVE=0, ...), no `make clean` needed.
 
 CC      ?= gcc
 NATIVE  ?= 1
 BUILD   := build
 PYTHON  ?= /usr/bin/python3
+# What this build detected and was given (compilers, flags, libraries, backends), written at
+# the end of this file; every object and binary depends on it, so a change (a library
+# installed, NATIVE=0, NO_BLAS=1, nvcc found) rebuilds, and an unchanged `make` compiles
+# nothing.
+BUILD_CONFIG := $(BUILD)/config.txt
 
 CFLAGS_BASE := -std=c11 -O3 -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -MMD -MP
 ifeq ($(NATIVE),1)
@@ -118,7 +125,7 @@ TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
-            test/test_tensorboard.sh test/test_plot.sh \
+            test/test_tensorboard.sh test/test_plot.sh test/test_build.sh \
             test/test_docs.sh test/test_layout.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
@@ -158,18 +165,18 @@ info:
 	@echo "  $(MSG_OPENSSL)"
 	@echo "  $(MSG_LIBFUZZER)"
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(BUILD_CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. -c $< -o $@
 
 ifneq ($(HAVE_CUDA),1)
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(BUILD_CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I. -x c++ -c $< -o $@
 LDLIBS += -lstdc++
 endif
 
-$(BUILD)/dataloader_impl.o: dataloader.h
+$(BUILD)/dataloader_impl.o: dataloader.h $(BUILD_CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I. -x c -DDATALOADER_IMPLEMENTATION -c $< -o $@
 
@@ -219,3 +226,13 @@ clean:
 	rm -rf $(BUILD) train_gpt
 
 -include $(wildcard $(BUILD)/*.d $(BUILD)/*/*.d $(BUILD)/*/*/*.d)
+
+# ---------------------------------------------------------------- the build's configuration
+# Last, when every fragment has added its flags: $(BUILD)/config.txt holds them, and is
+# rewritten only when they change (BUILD_CONFIG at the top says why).
+BUILD_CONFIG_TEXT := CC=$(CC) | CFLAGS=$(CFLAGS) | CXX=$(CXX) | CXXFLAGS=$(CXXFLAGS) | LDLIBS=$(LDLIBS) | \
+    NVCC=$(NVCC) | NVCC_FLAGS=$(NVCC_FLAGS) | CUDA_MODE=$(CUDA_MODE) | MPI=$(MSG_MPI) | OPENSSL=$(MSG_OPENSSL) | \
+    PCRE2=$(MSG_PCRE2) | BLAS=$(MSG_BLAS) | ZLIB=$(MSG_ZLIB) | ZSTD=$(MSG_ZSTD)
+BUILD_CONFIG_WRITTEN := $(shell mkdir -p $(BUILD) && \
+    printf '%s\n' '$(subst ','"'"',$(BUILD_CONFIG_TEXT))' | sed 's/ *| */\n/g' > $(BUILD_CONFIG).new && \
+    { cmp -s $(BUILD_CONFIG).new $(BUILD_CONFIG) && rm -f $(BUILD_CONFIG).new || mv $(BUILD_CONFIG).new $(BUILD_CONFIG); })
