@@ -7,7 +7,8 @@
 #   nvcc      the CUDA backend
 #   MPI       multi-process runs
 # Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NO_BLAS=1,
-# make NATIVE=0 (no -march=native: for a binary that must run on older CPUs), BUILD=dir.
+# make NATIVE=0 (no -march=native, or -mcpu=native on aarch64: for a binary that must run on
+# older CPUs), BUILD=dir.
 # What was detected and given goes to BUILD/config.txt; a change there rebuilds everything it
 # touches (a library installed since the last build, NATIVE=0, ...), no `make clean` needed.
 
@@ -25,6 +26,9 @@ CFLAGS_BASE := -std=c11 -O3 -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE
 ifeq ($(NATIVE),1)
   ifneq ($(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo ok),)
     CFLAGS_BASE += -march=native
+  else ifneq ($(shell $(CC) -mcpu=native -E -x c /dev/null >/dev/null 2>&1 && echo ok),)
+    # aarch64 compilers that refuse -march=native spell it -mcpu=native (docs/build.md)
+    CFLAGS_BASE += -mcpu=native
   endif
 endif
 LDLIBS := -lm
@@ -135,9 +139,10 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 #                 ask HAVE_CUDA)
 #   tok/tok.mk    the tokenizer and `train_gpt prepare`
 #   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
+#   test/aarch64.mk  `make check-aarch64`: the CPU build cross-compiled for aarch64, tested under qemu
 #   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link;
 #                          `make bench-streaming`: classic vs streaming DiLoCo's compute utilization
--include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk
+-include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk test/aarch64.mk
 
 # The CUDA encoder against the C reference, byte for byte: a GPU test.
 ifeq ($(HAVE_CUDA),1)

@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>  // time(): the headers above declare it on x86-64 only by accident, not on aarch64
 
 #ifdef _OPENMP
 #include <omp.h>
