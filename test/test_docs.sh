@@ -10,7 +10,7 @@ for key in $("$TRAIN_GPT" --help | awk '/^  [a-z_0-9]+ +\[/ {print $1}'); do
 done
 check "every config key is documented ($missing missing)" test "$missing" -eq 0
 for f in docs/formats.md docs/model.md docs/config.md docs/performance.md docs/data.md docs/tokenizer.md \
-    docs/diloco.md docs/protocol.md docs/quant.md docs/cuda.md docs/architecture.md; do check "$f exists" test -s "$f"; done
+    docs/diloco.md docs/protocol.md docs/quant.md docs/cuda.md docs/architecture.md docs/slurm.md docs/plot.md docs/build.md; do check "$f exists" test -s "$f"; done
 check "README.md opens with the quick-start command" sh -c "grep -m1 -A3 '^\`\`\`' README.md | grep -q 'scripts/quickstart.sh'"
 check "README.md gives make test" grep -q '^make test' README.md
 finish test_docs
