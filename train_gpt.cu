@@ -1658,7 +1658,7 @@ static int train_run(train_config *cfg) {
     // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
         tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
-    tr.log = metrics_open_with_tensorboard(cfg->out_dir, cfg->tensorboard);
+    tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
@@ -1794,7 +1794,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         lead->device = select_device(lead);
     }
     lead->threads = setup_threads(cfg);
-    metrics_log *log = metrics_open(cfg->out_dir);
+    metrics_log *log = metrics_open(cfg->out_dir, false);  // a simulated run writes no event file
     dataloader *val = NULL;
     float **params = (float **)xmalloc((size_t)M * sizeof *params);
     for (int i = 0; i < M; i++) {

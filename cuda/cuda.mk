@@ -101,8 +101,7 @@ $(BUILD)/%.o: %.cu $(BUILD_CONFIG)
 $(BUILD)/libtrain_gpt.a: $(CUDA_OBJ)
 endif
 # The .cu files of the library and train_gpt.cu are compiled by nvcc or by the host C++
-# compiler: a change of mode recompiles them.
-$(BUILD)/train_gpt.o $(BUILD)/quant.o: $(BUILD)/cuda_mode.txt
+# compiler: a change of mode recompiles them (CUDA_MODE is in the Makefile's BUILD_CONFIG).
 
 # `make test-gpu` (the Makefile, after every fragment has added to GPU_TESTS) runs them.
 

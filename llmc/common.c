@@ -226,3 +226,29 @@ uint8_t *read_secret_file(const char *path, const char *what, size_t *bytes) {
     *bytes = n;
     return (uint8_t *)text;
 }
+
+int utf8_char_length(const unsigned char *p, int *bad) {
+    unsigned c = p[0];
+    int need;                       // continuation bytes after the lead; -1: not a lead byte
+    unsigned lo = 0x80, hi = 0xBF;  // the range of the first continuation byte
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;   // no overlong forms
+        if (c == 0xED) hi = 0x9F;   // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;   // nothing above U+10FFFF
+    } else {
+        need = -1;
+    }
+    int ok = 0;  // continuation bytes that fit (the text's NUL never does)
+    while (need > 0 && ok < need && p[1 + ok] >= (ok == 0 ? lo : 0x80) && p[1 + ok] <= (ok == 0 ? hi : 0xBF)) ok++;
+    if (need >= 0 && ok == need) return need + 1;
+    *bad = 1 + ok;
+    return 0;
+}
+

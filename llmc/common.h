@@ -66,6 +66,11 @@ double wall_seconds(void);
 const char *format_count(double n, char *buf, size_t bytes);
 // "1h02m", "3m10s", "12s" into buf.
 const char *format_duration(double seconds, char *buf, size_t bytes);
+// The UTF-8 character at p (NUL-terminated text): its length in bytes (1-4) when it is well
+// formed (no overlong forms, surrogates or code points above U+10FFFF), else 0 with *bad =
+// the length of the maximal ill-formed subsequence there (at least 1), the bytes Unicode's
+// recommended practice (and Python's errors="replace") turns into one U+FFFD.
+int utf8_char_length(const unsigned char *p, int *bad);
 
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -16,9 +16,7 @@ struct metrics_log {
     tb_writer *tb;       // NULL without TensorBoard
 };
 
-metrics_log *metrics_open(const char *out_dir) { return metrics_open_with_tensorboard(out_dir, false); }
-
-metrics_log *metrics_open_with_tensorboard(const char *out_dir, bool tensorboard) {
+metrics_log *metrics_open(const char *out_dir, bool tensorboard) {
     if (!make_dirs(out_dir)) fail("out_dir: cannot create '%s': %s", out_dir, strerror(errno));
     metrics_log *log = xcalloc(1, sizeof *log);
     log->path = xmalloc(strlen(out_dir) + 32);

@@ -8,7 +8,7 @@
 //   outer:  {"outer_step", "step", "contributors", ...}   one per DiLoCo outer step (diloco.h)
 // Numbers that are not finite are written as null (JSON has no NaN).
 //
-// With TensorBoard on (metrics_open_with_tensorboard), the same numbers also go to a new
+// With TensorBoard on (metrics_open's tensorboard), the same numbers also go to a new
 // event file in out_dir (llmc/tensorboard.h), at the optimizer step:
 //   step line  -> train/<field> for loss, z_loss, lr, grad_norm, tok_per_s, mfu, step_ms,
 //                 tokens and (DiLoCo) stall_ms; not for a step that ended in a rollback
@@ -48,11 +48,9 @@ typedef struct {
     bool rolled_back;    // not written: the step ended in a rollback to a checkpoint
 } step_metrics;
 
-// Opens (appending) out_dir/metrics.jsonl; fatal if it cannot.
-metrics_log *metrics_open(const char *out_dir);
-// The same and, with tensorboard, a new TensorBoard event file in out_dir that gets the
-// numbers too (above); fatal if it cannot be created.
-metrics_log *metrics_open_with_tensorboard(const char *out_dir, bool tensorboard);
+// Opens (appending) out_dir/metrics.jsonl and, with tensorboard, a new TensorBoard event
+// file in out_dir that gets the numbers too (above); fatal if either cannot be opened.
+metrics_log *metrics_open(const char *out_dir, bool tensorboard);
 void metrics_close(metrics_log *log);
 // Every writer below accepts log = NULL and writes nothing.
 void metrics_step(metrics_log *log, const step_metrics *m);

@@ -488,29 +488,13 @@ static void sb_xml(strbuf *sb, const char *text) {
             p++;
             continue;
         }
-        if (c >= 0x20 && c < 0x80) {
-            char one[2] = {(char)c, '\0'};
-            sb_append(sb, one);
-            p++;
-            continue;
-        }
-        int n = 0;
-        uint32_t cp = 0;
-        if (c >= 0xC2 && c <= 0xDF) n = 2, cp = c & 0x1F;
-        else if (c >= 0xE0 && c <= 0xEF) n = 3, cp = c & 0x0F;
-        else if (c >= 0xF0 && c <= 0xF4) n = 4, cp = c & 0x07;
-        for (int i = 1; i < n; i++) {
-            if ((p[i] & 0xC0) != 0x80) {  // also stops at the NUL
-                n = 0;
-                break;
-            }
-            cp = (cp << 6) | (p[i] & 0x3F);
-        }
-        if (n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF) || cp == 0xFFFE || cp == 0xFFFF)) n = 0;
-        if (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) n = 0;
+        int bad = 0, n = utf8_char_length(p, &bad);
+        // Well-formed UTF-8 that XML still cannot hold: control characters, U+FFFE and U+FFFF.
+        if (n == 1 && c < 0x20) bad = 1, n = 0;
+        if (n == 3 && c == 0xEF && p[1] == 0xBF && p[2] >= 0xBE) bad = 3, n = 0;
         if (n == 0) {
             sb_append(sb, "\xEF\xBF\xBD");
-            p++;
+            p += bad;
             continue;
         }
         char bytes[5] = {0};

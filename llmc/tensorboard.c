@@ -154,33 +154,10 @@ static void put_valid_utf8(pb_buf *b, const char *text) {
     static const uint8_t replacement[3] = {0xEF, 0xBF, 0xBD};
     const uint8_t *p = (const uint8_t *)text;
     while (*p) {
-        uint8_t c = *p;
-        int need;                      // continuation bytes after the lead; -1: not a lead byte
-        uint8_t lo = 0x80, hi = 0xBF;  // the range of the first continuation byte
-        if (c < 0x80) {
-            need = 0;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            if (c == 0xE0) lo = 0xA0;  // no overlong forms
-            if (c == 0xED) hi = 0x9F;  // no surrogates
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-        } else {
-            need = -1;
-        }
-        int ok = 0;  // continuation bytes that fit (the text's NUL never does)
-        while (need > 0 && ok < need && p[1 + ok] >= (ok == 0 ? lo : 0x80) && p[1 + ok] <= (ok == 0 ? hi : 0xBF)) ok++;
-        if (need >= 0 && ok == need) {
-            pb_put(b, p, (size_t)need + 1);
-            p += need + 1;
-        } else {
-            pb_put(b, replacement, sizeof replacement);
-            p += 1 + ok;
-        }
+        int bad = 0, n = utf8_char_length(p, &bad);
+        if (n > 0) pb_put(b, p, (size_t)n);
+        else pb_put(b, replacement, sizeof replacement);
+        p += n > 0 ? n : bad;
     }
 }
 

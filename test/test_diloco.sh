@@ -144,24 +144,31 @@ start_relay() {  # start_relay NAME: a fresh hub; sets tcp=(...) to reach it
     tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
         --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
 }
+# three_over_tcp NAME ARGS...: replicas 0, 1, 2 through the relay of the last start_relay into
+# $tmp/NAME/<id> (logs $tmp/NAME_<id>.log, dumps in $tmp/dump_NAME), waited for; rc = the
+# last non-zero exit status. min_replicas 3: on a loaded machine one replica may start a
+# second or more after the others; the rounds before all three are in are skipped (and the
+# latecomers take the group's state), so every applied outer step has all three contributors.
+three_over_tcp() {
+    local name=$1 r p
+    shift
+    mkdir -p "$tmp/dump_$name"
+    for r in 0 1 2; do
+        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "$@" "${tcp[@]}" --diloco_min_replicas 3 \
+            --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" >"$tmp/${name}_$r.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+}
 start_relay three
-mkdir -p "$tmp/dump_tcp"
-# min_replicas 3: on a loaded machine one replica may start a second or more after the
-# others; the rounds before all three are in are skipped (and the latecomers take the
-# group's state), so every applied outer step has all three contributors.
-for r in 0 1 2; do
-    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${three[@]}" "${tcp[@]}" --diloco_quant int8 \
-        --diloco_min_replicas 3 --max_steps 200 --diloco_replica_id "$r" --out_dir "$tmp/tcp3/$r" >"$tmp/tcp3_$r.log" 2>&1 &
-    pids+=($!)
-done
-rc=0
-for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+three_over_tcp tcp3 "${three[@]}" --diloco_quant int8 --max_steps 200
 check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
 check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
     all_hashes_agree 4 "$tmp"/tcp3/*/metrics.jsonl
 check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
 check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2 % relative L2" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 0.7 0.9 int8 0.02
+    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp3" 0.7 0.9 int8 0.02
 check "the metrics line has every field" grep -q \
     '"outer_step":40,"step":200,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
     "$tmp/tcp3/0/metrics.jsonl"
@@ -295,15 +302,7 @@ if [ "$HAVE_MPI" = 1 ]; then
 fi
 
 start_relay stream
-mkdir -p "$tmp/dump_stcp"
-for r in 0 1 2; do
-    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_stcp" "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${tcp[@]}" --diloco_replicas 3 \
-        --diloco_min_replicas 3 --max_steps 96 --diloco_replica_id "$r" --out_dir "$tmp/stcp/$r" \
-        >"$tmp/stcp_$r.log" 2>&1 &
-    pids+=($!)
-done
-rc=0
-for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+three_over_tcp stcp "${stream[@]}" --diloco_replicas 3 --max_steps 96
 check "streaming, 3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
 check "streaming over TCP: param_hash equal on every replica at every applied fragment sync (>= 8)" \
     all_hashes_agree 8 "$tmp"/stcp/*/metrics.jsonl

@@ -31,13 +31,8 @@ ifeq ($(HAVE_ZSTD),1)
 else
   MSG_ZSTD := ✗ libzstd (prepare cannot read .zst: install libzstd-dev)
 endif
-# The library set is compiled in: a build with other choices (make NO_ZSTD=1) recompiles
-# prepare_stream.o (the stamp file changes only when the set does).
-COMPRESSION_MODE := zlib=$(HAVE_ZLIB) zstd=$(HAVE_ZSTD)
-COMPRESSION_STALE := $(shell mkdir -p $(BUILD)/tok && \
-    (test "`cat $(BUILD)/tok/compression.txt 2>/dev/null`" = "$(COMPRESSION_MODE)" || \
-     echo "$(COMPRESSION_MODE)" > $(BUILD)/tok/compression.txt))
-$(BUILD)/tok/prepare_stream.o: $(BUILD)/tok/compression.txt
+# A build with other choices (make NO_ZSTD=1, a library installed since) recompiles
+# prepare_stream.o: MSG_ZLIB and MSG_ZSTD are in the Makefile's BUILD_CONFIG.
 
 # This file is included before the Makefile's `all`; keep `all` the default goal.
 .DEFAULT_GOAL := all

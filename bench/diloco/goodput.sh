@@ -31,6 +31,8 @@
 set -euo pipefail
 : "${BUILD:?set BUILD to the build directory}"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=shaped_link.sh
+. "$ROOT/bench/diloco/shaped_link.sh"
 PAYLOAD_MB=${PAYLOAD_MB:-100}
 EXCHANGES=${EXCHANGES:-3}
 DELAY_MS=${DELAY_MS:-25}
@@ -76,40 +78,7 @@ start_bg() {   # start_bg LOG NS CMD...: runs CMD in namespace NS in the backgro
     ip netns exec "$ns" "$@" >"$log" 2>&1 &   # ip execs CMD: $! is CMD's own pid
     pids+=($!)
 }
-wait_port() {  # wait_port NS HOST PORT: until something listens there (5 s)
-    for _ in $(seq 100); do
-        ip netns exec "$1" bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "goodput.sh: nothing listens on $2:$3 in $1" >&2
-    return 1
-}
-
-ip netns add "$NS_A"
-ip netns add "$NS_B"
-ip link add veth_a netns "$NS_A" type veth peer name veth_b netns "$NS_B"
-ip -n "$NS_A" addr add $IP_A/24 dev veth_a
-ip -n "$NS_B" addr add $IP_B/24 dev veth_b
-for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-ip -n "$NS_A" link set veth_a up
-ip -n "$NS_B" link set veth_b up
-
-# tbf on the egress of both ends: A->B and B->A are each a RATE_MBIT bottleneck.
-#   burst 1 MB: tbf refills its bucket from a timer; on a VM whose vCPUs are descheduled
-#     now and then (steal time: 25-30 % of a core on the machine the results come from),
-#     the timer fires late, and a small bucket throws away the tokens of the stalled time,
-#     so each stall is link capacity lost. With 64 KB, duplex plain TCP measured anywhere
-#     from 45 % to 95 % of the rate depending on the steal at the time; with 1 MB (80 ms
-#     at 100 Mbit/s) tbf catches up and the same runs measured 85-96 %. The price: over an
-#     interval of T seconds up to 1 MB more than rate x T may pass, so a 100 MB transfer
-#     (8 s) can read at most 1 % high.
-#   limit 2 MB: the queue tbf keeps before it drops. Too small a limit drops packets in
-#     bursts and under-measures the link; it must exceed the bandwidth-delay product of a
-#     connection crossing it (100 Mbit/s x 50 ms RTT = 625 KB) with room for several
-#     parallel streams. 2 MB is 160 ms of queue at 100 Mbit/s.
-TBF="rate ${RATE_MBIT}mbit burst 1mb limit 2mb"
-in_a tc qdisc add dev veth_a root tbf $TBF
-in_b tc qdisc add dev veth_b root tbf $TBF
+shaped_link_create "$NS_A" "$NS_B" $IP_A $IP_B "$RATE_MBIT"
 
 # Socket buffer limits, per namespace (these keys are per-netns in the kernels we run on):
 # TCP's autotuning may grow a connection's buffers to 32 MB, far above the 625 KB one needs
@@ -147,7 +116,7 @@ rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git -C "$ROOT" status --porcelain -- net/transport_tcp.c net/relay.c net/wire.c net/socket.c net/conn.c 2>/dev/null | grep -q . && echo + || true)
 echo "# bench/diloco/goodput.sh — $(date -u +%Y-%m-%dT%H:%MZ), train_gpt $rev$dirty"
 echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); kernel $(uname -r)"
-echo "# link: veth $NS_A <-> $NS_B, tbf on both ends: $TBF"
+echo "# link: veth $NS_A <-> $NS_B, tbf on both ends: $LINK_TBF"
 echo "# delay: $DELAY_MS ms one way each direction, added by delay_proxy (proxy) or delay_tun (packet): no netem here"
 echo "# tcp: congestion control $(in_a sysctl -n net.ipv4.tcp_congestion_control);" \
     "tcp_rmem $(in_a sysctl -n net.ipv4.tcp_rmem | tr '\t' ' '); tcp_wmem $(in_a sysctl -n net.ipv4.tcp_wmem | tr '\t' ' ');" \

@@ -3,8 +3,8 @@
 # link, classic against streaming (bench/diloco/README.md#streaming). As root: it creates
 # network namespaces and tc qdiscs. `make bench-streaming` runs it.
 #
-# Topology (as goodput.sh): two namespaces joined by a veth pair, each end shaped by tbf to
-# RATE_MBIT, so each direction is a 100 Mbit/s bottleneck.
+# Topology (bench/diloco/shaped_link.sh, as goodput.sh): two namespaces joined by a veth
+# pair, each end shaped by tbf to RATE_MBIT, so each direction is a 100 Mbit/s bottleneck.
 #   A (the hub's side): `train_gpt relay`, replica 0, and delay_proxy in front of the relay
 #   B (the far side):   replica 1; everything it sends and receives crosses the shaped link
 #                       and waits DELAY_MS each way in the proxy
@@ -24,6 +24,8 @@
 set -euo pipefail
 : "${BUILD:?set BUILD to the build directory}"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=shaped_link.sh
+. "$ROOT/bench/diloco/shaped_link.sh"
 TRAIN_GPT=${TRAIN_GPT:-$ROOT/train_gpt}
 STEPS=${STEPS:-240}
 H=${H:-12}
@@ -49,27 +51,7 @@ cleanup() {
     if [ -n "${KEEP_TMP:-}" ]; then echo "# kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT INT TERM
-wait_port() {  # wait_port NS HOST PORT: until something listens there (5 s)
-    for _ in $(seq 100); do
-        ip netns exec "$1" bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "streaming.sh: nothing listens on $2:$3 in $1" >&2
-    return 1
-}
-
-ip netns add "$NS_A"
-ip netns add "$NS_B"
-ip link add veth_a netns "$NS_A" type veth peer name veth_b netns "$NS_B"
-ip -n "$NS_A" addr add $IP_A/24 dev veth_a
-ip -n "$NS_B" addr add $IP_B/24 dev veth_b
-for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-ip -n "$NS_A" link set veth_a up
-ip -n "$NS_B" link set veth_b up
-# burst and limit as in goodput.sh (the reasons are written there).
-TBF="rate ${RATE_MBIT}mbit burst 1mb limit 2mb"
-ip netns exec "$NS_A" tc qdisc add dev veth_a root tbf $TBF
-ip netns exec "$NS_B" tc qdisc add dev veth_b root tbf $TBF
+shaped_link_create "$NS_A" "$NS_B" $IP_A $IP_B "$RATE_MBIT"
 
 "$BUILD/test_tool" markov "$tmp/train.bin" 512 0 2000000 7 1 >/dev/null
 "$BUILD/test_tool" markov "$tmp/val.bin" 512 0 40000 7 2 >/dev/null
