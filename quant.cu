@@ -61,6 +61,7 @@ int quant_kind_from_name(const char *name) {
     if (strcmp(name, "none") == 0) return QUANT_NONE;
     if (strcmp(name, "int8") == 0) return QUANT_INT8;
     if (strcmp(name, "int4") == 0) return QUANT_INT4;
+    if (strcmp(name, "bf16") == 0) return QUANT_BF16;
     return -1;
 }
 
@@ -69,6 +70,7 @@ const char *quant_kind_name(quant_kind k) {
     case QUANT_NONE: return "none";
     case QUANT_INT8: return "int8";
     case QUANT_INT4: return "int4";
+    case QUANT_BF16: return "bf16";
     }
     return "unknown";
 }
@@ -78,7 +80,7 @@ static float quant_max_code(quant_kind k) { return k == QUANT_INT8 ? 127.0f : 7.
 static HOST_DEVICE int64_t quant_blocks(int64_t n, int64_t block) { return n / block + (n % block != 0); }
 
 static void check_arguments(quant_kind k, int64_t n, int64_t block) {
-    CHECK(k == QUANT_NONE || k == QUANT_INT8 || k == QUANT_INT4);
+    CHECK(k == QUANT_NONE || k == QUANT_INT8 || k == QUANT_INT4 || k == QUANT_BF16);
     CHECK(n >= 0);
     CHECK(block >= 1);
 }
@@ -86,6 +88,7 @@ static void check_arguments(quant_kind k, int64_t n, int64_t block) {
 size_t quant_encoded_bytes(quant_kind k, int64_t n, int64_t block) {
     check_arguments(k, n, block);
     if (k == QUANT_NONE) return (size_t)n * sizeof(float);
+    if (k == QUANT_BF16) return (size_t)n * sizeof(uint16_t);
     size_t scale_bytes = (size_t)quant_blocks(n, block) * sizeof(float);
     return scale_bytes + (k == QUANT_INT8 ? (size_t)n : (size_t)(n / 2 + n % 2));
 }
@@ -184,10 +187,12 @@ static void residual_segment(const float *x, float *r, int64_t len, float scale,
     }
 }
 
-// Error feedback over one segment of one block: the residual update, then the sums.
+// Error feedback over one segment of one block: the residual update (r not NULL), then the
+// sums (e not NULL).
 static void feedback_segment(const float *x, float *r, int64_t len, float scale, const int8_t *codes,
                              chunk_error *e) {
     if (r) residual_segment(x, r, len, scale, codes);
+    if (!e) return;
     double err2[LANES] = {0}, x2[LANES] = {0};
     for (int64_t i0 = 0; i0 < len; i0 += LANES) {
         int64_t lanes = min_i64(LANES, len - i0);
@@ -231,7 +236,7 @@ static void encode_chunk(quant_kind k, const float *x, float *r, int64_t n, int6
             bytes[j] = (uint8_t)((codes[2 * j] & 0x0F) | ((codes[2 * j + 1] & 0x0F) << 4));
         if (len % 2) bytes[len / 2] = (uint8_t)(codes[len - 1] & 0x0F); // last element of an odd n
     }
-    if (!e) return;
+    if (!e && !r) return;
     for (int64_t i = c0; i < c1;) {
         int64_t b = i / block, end = min_i64((b + 1) * block, c1);
         feedback_segment(x + i, r ? r + i : NULL, end - i, scale_load(out, b), codes + (i - c0), e);
@@ -256,11 +261,43 @@ static void encode_chunk_none(const float *x, float *r, int64_t c0, int64_t c1, 
     }
 }
 
+// fp32 -> bf16, rounding to nearest, ties to even; every NaN becomes the one quiet NaN 0x7FC0.
+static inline uint16_t bf16_from_float(float y) {
+    uint32_t bits;
+    memcpy(&bits, &y, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)(QUANT_NAN_BITS >> 16);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);   // may carry into the exponent: rounds up to the next binade or Inf
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+// QUANT_BF16: y = x + r rounded to bf16; the residual keeps what the rounding dropped.
+static void encode_chunk_bf16(const float *x, float *r, int64_t c0, int64_t c1, uint8_t *out, chunk_error *e) {
+    for (int64_t i = c0; i < c1; i++) {
+        float y = r ? x[i] + r[i] : x[i];
+        uint16_t h = bf16_from_float(y);
+        memcpy(out + (size_t)i * sizeof h, &h, sizeof h);
+        float sent = bf16_to_float(h);
+        if (r) r[i] = y - sent;
+        if (e) {
+            double d = (double)sent - (double)x[i];
+            e->err2 += d * d;
+            e->x2 += (double)x[i] * (double)x[i];
+        }
+    }
+}
+
 // The whole encode; r and errors may be NULL. errors[c] receives chunk c's sums.
 static void encode(quant_kind k, const float *x, float *r, int64_t n, int64_t block, uint8_t *out,
                    chunk_error *errors) {
     check_arguments(k, n, block);
-    if (k != QUANT_NONE) write_scales(x, r, n, block, quant_max_code(k), out);
+    if (k == QUANT_INT8 || k == QUANT_INT4) write_scales(x, r, n, block, quant_max_code(k), out);
     int64_t n_chunks = quant_blocks(n, QUANT_CHUNK);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < n_chunks; c++) {
@@ -268,6 +305,8 @@ static void encode(quant_kind k, const float *x, float *r, int64_t n, int64_t bl
         chunk_error *e = errors ? &errors[c] : NULL;
         if (k == QUANT_NONE)
             encode_chunk_none(x, r, c0, c1, out, e);
+        else if (k == QUANT_BF16)
+            encode_chunk_bf16(x, r, c0, c1, out, e);
         else
             encode_chunk(k, x, r, n, block, c0, c1, out, e);
     }
@@ -321,6 +360,14 @@ static void decode_chunk(quant_kind k, const uint8_t *in, int64_t n, int64_t blo
         memcpy(values, in + (size_t)c0 * sizeof(float), (size_t)(c1 - c0) * sizeof(float));
         return;
     }
+    if (k == QUANT_BF16) {
+        for (int64_t i = c0; i < c1; i++) {
+            uint16_t h;
+            memcpy(&h, in + (size_t)i * sizeof h, sizeof h);
+            values[i - c0] = bf16_to_float(h);
+        }
+        return;
+    }
     const uint8_t *code_bytes = in + (size_t)quant_blocks(n, block) * sizeof(float);
     for (int64_t i = c0; i < c1;) {
         int64_t b = i / block, end = min_i64((b + 1) * block, c1);
@@ -357,6 +404,115 @@ void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t
         decode_chunk(k, in, n, block, c0, c1, values);
         for (int64_t i = c0; i < c1; i++) acc[i] += weight * (double)values[i - c0];
     }
+}
+
+// ---------------------------------------------------------------- segments and the hub's mean
+//
+// A DiLoCo payload travels as segments of quant_segment_values(block) values, each encoded on
+// its own (its scales, then its codes), one after the other; the hub reduces segment by
+// segment as they arrive. Segments are whole blocks and an even number of values, so a
+// segment's blocks, scales and codes are exactly those of the whole encoding, only laid out
+// per segment.
+
+int64_t quant_segment_values(int64_t block) {
+    CHECK(block >= 1);
+    int64_t blocks = 2 * (((int64_t)1 << 17) / block);
+    return block * (blocks < 2 ? 2 : blocks);
+}
+
+size_t quant_segmented_bytes(quant_kind k, int64_t n, int64_t block, int64_t segment) {
+    CHECK(segment >= 1);
+    int64_t full = n / segment, rest = n % segment;
+    return (size_t)full * quant_encoded_bytes(k, segment, block) + (rest ? quant_encoded_bytes(k, rest, block) : 0);
+}
+
+double quant_encode_segments(quant_kind k, const float *x, float *residual, int64_t n, int64_t block,
+                             int64_t segment, uint8_t *out) {
+    check_arguments(k, n, block);
+    int64_t n_chunks_all = 0;
+    for (int64_t s0 = 0; s0 < n; s0 += segment) n_chunks_all += quant_blocks(min_i64(segment, n - s0), QUANT_CHUNK);
+    chunk_error *errors = (chunk_error *)xcalloc((size_t)max_i64(n_chunks_all, 1), sizeof *errors);
+    chunk_error *e = errors;
+    for (int64_t s0 = 0; s0 < n; s0 += segment) {
+        int64_t len = min_i64(segment, n - s0);
+        encode(k, x + s0, residual ? residual + s0 : NULL, len, block, out, e);
+        out += quant_encoded_bytes(k, len, block);
+        e += quant_blocks(len, QUANT_CHUNK);
+    }
+    double err2 = 0, x2 = 0;
+    for (int64_t c = 0; c < n_chunks_all; c++) {
+        err2 += errors[c].err2;
+        x2 += errors[c].x2;
+    }
+    free(errors);
+    return x2 == 0.0 ? 0.0 : sqrt(err2) / sqrt(x2);
+}
+
+void quant_decode_segments(quant_kind k, const uint8_t *in, int64_t n, int64_t block, int64_t segment, float *x) {
+    for (int64_t s0 = 0; s0 < n; s0 += segment) {
+        int64_t len = min_i64(segment, n - s0);
+        quant_decode(k, in, len, block, x + s0);
+        in += quant_encoded_bytes(k, len, block);
+    }
+}
+
+bool quant_is_finite(quant_kind k, const uint8_t *in, int64_t n, int64_t block) {
+    check_arguments(k, n, block);
+    if (k == QUANT_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, in + (size_t)i * sizeof h, sizeof h);
+            if ((h & 0x7F80u) == 0x7F80u) return false;
+        }
+        return true;
+    }
+    // int8 / int4: a block with a NaN or Inf input has a NaN scale (the codes are bounded).
+    int64_t floats = k == QUANT_NONE ? n : quant_blocks(n, block);
+    for (int64_t i = 0; i < floats; i++)
+        if (!isfinite(scale_load(in, i))) return false;
+    return true;
+}
+
+void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, float *mean) {
+    check_arguments(k, n, block);
+    CHECK(count >= 1);
+    int64_t n_chunks = quant_blocks(n, QUANT_CHUNK);
+    float divisor = (float)count;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t c0 = c * QUANT_CHUNK, c1 = min_i64(c0 + QUANT_CHUNK, n);
+        float values[QUANT_CHUNK];
+        float *sum = mean + c0;
+        decode_chunk(k, in[0], n, block, c0, c1, sum);
+        for (int j = 1; j < count; j++) {
+            decode_chunk(k, in[j], n, block, c0, c1, values);
+            for (int64_t i = 0; i < c1 - c0; i++) sum[i] = sum[i] + values[i];
+        }
+        if (count > 1)
+            for (int64_t i = 0; i < c1 - c0; i++) sum[i] = sum[i] / divisor;
+    }
+}
+
+int quant_reduce_segment(quant_kind up, const uint8_t *const *in, int count, int64_t n, int64_t block,
+                         quant_kind down, float *residual, float *scratch, uint8_t *out, bool *left_out) {
+    const uint8_t **finite = (const uint8_t **)xmalloc((size_t)(count > 0 ? count : 1) * sizeof *finite);
+    int kept = 0;
+    for (int j = 0; j < count; j++) {
+        bool ok = quant_is_finite(up, in[j], n, block);
+        if (left_out) left_out[j] = !ok;
+        if (ok) finite[kept++] = in[j];
+    }
+    if (kept == 0) {
+        // Nothing finite to average: a segment of NaN, so that every replica skips the step.
+        float nan = scale_of_bad_block();
+        for (int64_t i = 0; i < n; i++) scratch[i] = nan;
+        encode(down, scratch, NULL, n, block, out, NULL);
+    } else {
+        quant_mean(up, finite, kept, n, block, scratch);
+        encode(down, scratch, residual, n, block, out, NULL);
+    }
+    free(finite);
+    return count - kept;
 }
 
 // ================================================================ the GPU section
@@ -477,6 +633,7 @@ __global__ void quant_decode_kernel(bool int4, const float *scales, const uint8_
 extern "C" void quant_encode_cuda(quant_kind k, const float *d_x, float *d_residual, int64_t n, int64_t block,
                                   uint8_t *d_out, cudaStream_t stream) {
     check_arguments(k, n, block);
+    CHECK(k != QUANT_BF16);   // the hub's downlink codec: host only
     if (n == 0) return;
     if (k == QUANT_NONE) {
         if (d_residual) {
@@ -502,6 +659,7 @@ extern "C" void quant_encode_cuda(quant_kind k, const float *d_x, float *d_resid
 extern "C" void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, int64_t block, float *d_x,
                                   cudaStream_t stream) {
     check_arguments(k, n, block);
+    CHECK(k != QUANT_BF16);
     if (n == 0) return;
     if (k == QUANT_NONE) {
         CUDA_CHECK(cudaMemcpyAsync(d_x, d_in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, stream));

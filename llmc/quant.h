@@ -11,6 +11,8 @@
 //         [-7, 7], value = code * scale; a byte may hold the last code of one block and the
 //         first of the next
 //   none: n float32 values (no scales)
+//   bf16: n bfloat16 values (the top 16 bits of the float32, rounded to nearest even; every
+//         NaN written as 0x7FC0), no scales: a downlink codec of the hub (docs/quant.md)
 // scale = max|x| over the block / 127 (int8) or / 7 (int4), an fp32 division; a block of
 // zeros (or of values so tiny that the division underflows to 0) has scale 0 and codes 0.
 // code = round(clamp(x / scale, ±127 or ±7)), an fp32 division, rounding to nearest with
@@ -22,6 +24,7 @@
 #ifndef TRAIN_GPT_QUANT_H
 #define TRAIN_GPT_QUANT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,9 +36,9 @@
 extern "C" {
 #endif
 
-typedef enum { QUANT_NONE = 0, QUANT_INT8 = 1, QUANT_INT4 = 2 } quant_kind;
+typedef enum { QUANT_NONE = 0, QUANT_INT8 = 1, QUANT_INT4 = 2, QUANT_BF16 = 3 } quant_kind;
 
-// "none" | "int8" | "int4" -> kind; -1 for anything else.
+// "none" | "int8" | "int4" | "bf16" -> kind; -1 for anything else.
 int quant_kind_from_name(const char *name);
 const char *quant_kind_name(quant_kind k);
 
@@ -59,6 +62,35 @@ void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t
 // Returns the relative L2 error of the sent values against x alone:
 // ||decode(out) - x|| / ||x|| (0 when x is all zeros).
 double quant_encode_feedback(quant_kind k, const float *x, float *residual, int64_t n, int64_t block, uint8_t *out);
+
+// ---------------------------------------------------------------- segments and the hub's mean
+// A DiLoCo payload is cut into segments of quant_segment_values(block) values (whole blocks,
+// an even count, about 2^18 values), each encoded on its own and laid end to end: the unit
+// the hub reduces as it arrives (one segment = one DATA chunk). docs/quant.md has the layout.
+int64_t quant_segment_values(int64_t block);
+size_t quant_segmented_bytes(quant_kind k, int64_t n, int64_t block, int64_t segment);
+// quant_encode_feedback (residual NULL: quant_encode) segment by segment into the segmented
+// layout; returns the relative L2 error of what is sent against x.
+double quant_encode_segments(quant_kind k, const float *x, float *residual, int64_t n, int64_t block,
+                             int64_t segment, uint8_t *out);
+void quant_decode_segments(quant_kind k, const uint8_t *in, int64_t n, int64_t block, int64_t segment, float *x);
+
+// Whether every value in[] decodes to is finite (int8 / int4: every block scale is).
+bool quant_is_finite(quant_kind k, const uint8_t *in, int64_t n, int64_t block);
+
+// The hub's mean of `count` (>= 1) encodings of n values: decoded, summed in fp32 in the
+// order given (ascending replica id), then divided by count (one fp32 division; none for
+// count 1). Every fp32 operation is rounded on its own, so the hub, the MPI transport and
+// diloco_transport = local get the same bits.
+void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, float *mean);
+
+// One segment through the hub: the mean of in[0..count) (kind up, in ascending replica id),
+// encoded as kind down into out, with error feedback on residual[n] (NULL: none); scratch
+// holds n floats. A contribution with a NaN or Inf is left out (left_out[j] = true, when
+// left_out is not NULL); returns how many were. With none left (or count 0) it writes a
+// segment of NaN, which every replica refuses to apply.
+int quant_reduce_segment(quant_kind up, const uint8_t *const *in, int count, int64_t n, int64_t block,
+                         quant_kind down, float *residual, float *scratch, uint8_t *out, bool *left_out);
 
 // ---------------------------------------------------------------- on the GPU
 // The same encoder and decoder as CUDA kernels (quant.cu's GPU section), so that a replica

@@ -556,6 +556,104 @@ static void test_error_feedback(void) {
     }
 }
 
+// ---------------------------------------------------------------- segments, bf16, the hub's mean
+
+// The segmented layout is each segment encoded on its own, end to end: the same bytes as
+// encoding each slice by hand; decode gives back what quant_decode of each slice gives; with
+// feedback, the residual is what per-slice quant_encode_feedback leaves.
+static void test_segments(void) {
+    EXPECT(quant_segment_values(128) == 262144, "segment of block 128: 262144 values");
+    EXPECT(quant_segment_values(100) % 100 == 0 && quant_segment_values(100) % 2 == 0, "segment: whole blocks, even");
+    EXPECT(quant_segment_values(1 << 20) == 1 << 21, "a block above 2^17: two blocks per segment");
+    const int64_t block = 6, seg = 18, n = 50;   // two whole segments and a short one of 14
+    quant_kind kinds[] = {QUANT_NONE, QUANT_INT8, QUANT_INT4, QUANT_BF16};
+    for (int ki = 0; ki < 4; ki++) {
+        quant_kind k = kinds[ki];
+        float *x = gaussian(n, 1.0), *r1 = (float *)xcalloc(n, sizeof(float)), *r2 = (float *)xcalloc(n, sizeof(float));
+        for (int64_t i = 0; i < n; i++) r1[i] = r2[i] = 0.01f * (float)(i % 7);
+        size_t total = quant_segmented_bytes(k, n, block, seg);
+        size_t by_hand = 2 * quant_encoded_bytes(k, seg, block) + quant_encoded_bytes(k, n - 2 * seg, block);
+        EXPECT(total == by_hand, "%s: segmented bytes %zu = %zu", quant_kind_name(k), total, by_hand);
+        uint8_t *a = (uint8_t *)xmalloc(total), *b = (uint8_t *)xmalloc(total);
+        quant_encode_segments(k, x, r1, n, block, seg, a);
+        size_t at = 0;
+        for (int64_t s0 = 0; s0 < n; s0 += seg) {
+            int64_t len = n - s0 < seg ? n - s0 : seg;
+            quant_encode_feedback(k, x + s0, r2 + s0, len, block, b + at);
+            at += quant_encoded_bytes(k, len, block);
+        }
+        EXPECT(memcmp(a, b, total) == 0, "%s: segments = slices encoded one by one", quant_kind_name(k));
+        EXPECT(memcmp(r1, r2, n * sizeof(float)) == 0, "%s: the same residual", quant_kind_name(k));
+        float *y = (float *)xmalloc(n * sizeof(float)), *z = (float *)xmalloc(n * sizeof(float));
+        quant_decode_segments(k, a, n, block, seg, y);
+        at = 0;
+        for (int64_t s0 = 0; s0 < n; s0 += seg) {
+            int64_t len = n - s0 < seg ? n - s0 : seg;
+            quant_decode(k, b + at, len, block, z + s0);
+            at += quant_encoded_bytes(k, len, block);
+        }
+        EXPECT(memcmp(y, z, n * sizeof(float)) == 0, "%s: segmented decode", quant_kind_name(k));
+        free(x), free(r1), free(r2), free(a), free(b), free(y), free(z);
+    }
+}
+
+// bf16: round to nearest, ties to even, on the fp32 bits; NaN -> 0x7FC0; Inf stays Inf.
+static void test_bf16(void) {
+    EXPECT(quant_kind_from_name("bf16") == QUANT_BF16 && quant_encoded_bytes(QUANT_BF16, 5, 2) == 10, "bf16: 2 bytes");
+    uint32_t in[] = {0x3F800000u, 0x3F808000u, 0x3F818000u, 0x3F808001u, 0x7F800000u, 0x7FC12345u, 0xFF7FFFFFu, 0x00000001u};
+    uint16_t want[] = {0x3F80, 0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x7FC0, 0xFF80, 0x0000};
+    //                 1.0     tie->even tie->even  above tie  Inf     NaN     -FLT_MAX rounds to -Inf   tiny
+    int n = (int)(sizeof in / sizeof in[0]);
+    float x[8];
+    uint16_t out[8];
+    for (int i = 0; i < n; i++) x[i] = float_of_bits(in[i]);
+    quant_encode(QUANT_BF16, x, n, 1, (uint8_t *)out);
+    for (int i = 0; i < n; i++) EXPECT(out[i] == want[i], "bf16 of %08x: %04x, want %04x", in[i], out[i], want[i]);
+    EXPECT(!quant_is_finite(QUANT_BF16, (const uint8_t *)out, n, 1) && quant_is_finite(QUANT_BF16, (const uint8_t *)out, 4, 1),
+           "bf16: Inf/NaN are not finite, the rest is");
+}
+
+// The hub's mean: decoded values summed in fp32 in the order given, then one division. The
+// order matters in fp32 (1e8 + 1 - 1e8 = 0, 1e8 - 1e8 + 1 = 1): the function must follow it.
+static void test_mean(void) {
+    float a[2] = {1e8f, 3.0f}, b[2] = {1.0f, 5.0f}, c[2] = {-1e8f, 7.0f};
+    const uint8_t *abc[3] = {(const uint8_t *)a, (const uint8_t *)b, (const uint8_t *)c};
+    const uint8_t *acb[3] = {(const uint8_t *)a, (const uint8_t *)c, (const uint8_t *)b};
+    float m1[2], m2[2];
+    quant_mean(QUANT_NONE, abc, 3, 2, 2, m1);
+    quant_mean(QUANT_NONE, acb, 3, 2, 2, m2);
+    EXPECT(m1[0] == 0.0f && m2[0] == 1.0f / 3.0f, "mean in the given order: %g (a+b+c), %g (a+c+b)", m1[0], m2[0]);
+    EXPECT(m1[1] == 5.0f && m2[1] == 5.0f, "mean of 3, 5, 7 = 5");
+    // A NaN contribution is left out and said so; none left: NaN out.
+    float nan[2] = {NAN, 1.0f};
+    const uint8_t *with_nan[3] = {(const uint8_t *)a, (const uint8_t *)nan, (const uint8_t *)b};
+    float scratch[2], out[2];
+    bool left[3];
+    int dropped = quant_reduce_segment(QUANT_NONE, with_nan, 3, 2, 2, QUANT_NONE, NULL, scratch, (uint8_t *)out, left);
+    EXPECT(dropped == 1 && left[1] && !left[0] && !left[2], "the NaN contribution is left out");
+    EXPECT(out[1] == 4.0f, "the mean of the others: 4 = (3 + 5) / 2 (%g)", out[1]);
+    const uint8_t *only_nan[1] = {(const uint8_t *)nan};
+    quant_reduce_segment(QUANT_NONE, only_nan, 1, 2, 2, QUANT_NONE, NULL, scratch, (uint8_t *)out, NULL);
+    EXPECT(isnan(out[0]) && isnan(out[1]), "no finite contribution: a NaN segment");
+    // int8 up, int8 down with the hub's feedback: the residual is what the mean's encoding lost.
+    const int64_t n = 300, block = 32;
+    float *x0 = gaussian(n, 1.0), *x1 = gaussian(n, 2.0), *res = (float *)xcalloc(n, sizeof(float));
+    size_t bytes = quant_encoded_bytes(QUANT_INT8, n, block);
+    uint8_t *e0 = (uint8_t *)xmalloc(bytes), *e1 = (uint8_t *)xmalloc(bytes), *em = (uint8_t *)xmalloc(bytes);
+    quant_encode(QUANT_INT8, x0, n, block, e0);
+    quant_encode(QUANT_INT8, x1, n, block, e1);
+    const uint8_t *ins[2] = {e0, e1};
+    float *mean = (float *)xmalloc(n * sizeof(float)), *sent = (float *)xmalloc(n * sizeof(float));
+    float *sc = (float *)xmalloc(n * sizeof(float));
+    quant_mean(QUANT_INT8, ins, 2, n, block, mean);
+    quant_reduce_segment(QUANT_INT8, ins, 2, n, block, QUANT_INT8, res, sc, em, NULL);
+    quant_decode(QUANT_INT8, em, n, block, sent);
+    bool exact = true;
+    for (int64_t i = 0; i < n; i++) exact = exact && res[i] == mean[i] - sent[i];
+    EXPECT(exact, "hub feedback: residual = mean - decode(sent), bit for bit");
+    free(x0), free(x1), free(res), free(e0), free(e1), free(em), free(mean), free(sent), free(sc);
+}
+
 int main(void) {
     rng_seed(&rng, 20261122, 0);
     test_names_and_sizes();
@@ -570,5 +668,8 @@ int main(void) {
     test_threads();
     test_feedback_return();
     test_error_feedback();
+    test_segments();
+    test_bf16();
+    test_mean();
     return check_summary("test_quant");
 }
