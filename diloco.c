@@ -31,7 +31,8 @@ typedef struct {
     int64_t offset, numel;
     int first_layer, layers;
     int64_t sync_offset;       // synced after every inner step s with s % H == sync_offset
-    size_t payload_bytes;      // its encoded outer gradient
+    size_t payload_bytes;      // its encoded outer gradient (segmented, llmc/quant.h)
+    size_t mean_bytes;         // the encoded mean that comes back
 } fragment;
 
 // The exchange of one fragment: begun after an inner step, landed τ inner steps later (in
@@ -58,7 +59,9 @@ struct diloco {
     metrics_log *log;
     transport *net;
     quant_kind quant;
-    int64_t block;
+    quant_kind down;                       // the codec of the mean (diloco_downlink)
+    bool down_feedback;                    // the reducer's error feedback on the mean
+    int64_t block, segment;
     float *theta, *momentum, *residual;   // residual: NULL without error feedback
     float *delta;                          // this replica's Δᵢ (quantized kinds)
     uint8_t *payload;                      // sized for the largest fragment
@@ -68,10 +71,14 @@ struct diloco {
     bool streaming;                        // P > 1 or τ > 0: the metrics say which fragment
     flight flight;
     // diloco_transport = local (all M replicas in this process): one payload and one
-    // error-feedback residual per replica; `payload` and `residual` are replica 0's.
+    // error-feedback residual per replica; `payload` and `residual` are replica 0's. The hub's
+    // reduction runs here too: its mean, its residual (NULL without downlink feedback).
     bool local;
     uint8_t **local_payload;
     float **local_residual;
+    uint8_t *local_mean;
+    float *hub_residual;
+    float *segment_scratch;                // one segment of floats
     bool quiet;                            // no progress line per outer step (diloco-tune)
     double *acc;                           // the average, per element
     uint8_t *state;                        // join / donor state buffer
@@ -89,12 +96,12 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
-    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g",
+    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d",
               model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
               cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
               (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
-              cfg->diloco_merge_alpha);
+              cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -131,7 +138,8 @@ static void split_fragments(diloco *d) {
         f->offset = layer_start[first[p]];
         f->numel = layer_start[first[p + 1]] - f->offset;
         f->sync_offset = ((int64_t)(p + 1) * H / P) % H;
-        f->payload_bytes = quant_encoded_bytes(d->quant, f->numel, d->block);
+        f->payload_bytes = quant_segmented_bytes(d->quant, f->numel, d->block, d->segment);
+        f->mean_bytes = quant_segmented_bytes(d->down, f->numel, d->block, d->segment);
     }
     free(first);
     free(layer_start);
@@ -146,12 +154,19 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     d->log = log;
     d->quant = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
     d->block = cfg->diloco_quant_block;
+    d->segment = quant_segment_values(d->block);
+    d->down = d->quant == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+              : strcmp(cfg->diloco_downlink, "bf16") == 0                        ? QUANT_BF16
+                                                                                 : d->quant;
+    d->down_feedback = cfg->diloco_downlink_feedback && d->down != QUANT_NONE;
     d->overlap = cfg->diloco_overlap_steps;
     d->streaming = cfg->diloco_fragments > 1 || d->overlap > 0;
     split_fragments(d);
-    size_t largest = 0;
-    for (int p = 0; p < d->n_fragments; p++)
+    size_t largest = 0, largest_mean = 0;
+    for (int p = 0; p < d->n_fragments; p++) {
         largest = d->fragments[p].payload_bytes > largest ? d->fragments[p].payload_bytes : largest;
+        largest_mean = d->fragments[p].mean_bytes > largest_mean ? d->fragments[p].mean_bytes : largest_mean;
+    }
     size_t n = (size_t)t->numel;
     d->theta = alloc_floats(n);
     d->momentum = alloc_floats(n);
@@ -159,6 +174,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     if (d->quant != QUANT_NONE) d->delta = alloc_floats(n);
     d->payload = xmalloc(largest);
     d->acc = xmalloc(n * sizeof *d->acc);
+    d->segment_scratch = alloc_floats((size_t)d->segment);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
     if (strcmp(cfg->diloco_transport, "local") == 0) {
@@ -172,6 +188,8 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
             d->local_payload[i] = xmalloc(largest);
             if (d->residual) d->local_residual[i] = alloc_floats(n);
         }
+        d->local_mean = xmalloc(largest_mean);
+        if (d->down_feedback) d->hub_residual = xcalloc(n, sizeof(float));
         return d;  // no transport: the exchange happens in memory, nobody joins late
     }
     d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
@@ -294,67 +312,68 @@ static double encode_contribution(diloco *d, const fragment *f, const float *par
                                   uint8_t *payload) {
     int64_t o = f->offset, n = f->numel;
     if (d->quant == QUANT_NONE) {
-        quant_encode(QUANT_NONE, params + o, n, d->block, payload);
+        quant_encode_segments(QUANT_NONE, params + o, NULL, n, d->block, d->segment, payload);
         return 0.0;
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) d->delta[i] = d->theta[i] - params[i];
-    return quant_encode_feedback(d->quant, d->delta + o, residual ? residual + o : NULL, n, d->block, payload);
+    return quant_encode_segments(d->quant, d->delta + o, residual ? residual + o : NULL, n, d->block, d->segment,
+                                 payload);
 }
 
-// Whether every float a payload decodes from is finite: the values themselves (none) or the
-// block scales (int8 / int4: a block with a NaN or Inf input has a NaN scale, llmc/quant.h).
-static bool payload_is_finite(const diloco *d, const fragment *f, const uint8_t *payload) {
-    int64_t floats = d->quant == QUANT_NONE ? f->numel : (f->numel + d->block - 1) / d->block;
-    bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite)
-    for (int64_t i = 0; i < floats; i++) {
-        float v;
-        memcpy(&v, payload + (size_t)i * sizeof v, sizeof v);
-        finite = finite && isfinite(v);
-    }
-    return finite;
+// How fragment f travels: what the transport (and the hub) must know to reduce it.
+static payload_spec spec_of(const diloco *d, const fragment *f) {
+    return (payload_spec){.up_codec = d->quant, .down_codec = d->down, .down_feedback = d->down_feedback,
+                          .block = d->block, .segment = d->segment, .values = f->numel, .offset = f->offset,
+                          .model_values = d->numel};
 }
 
-// Drops contributions that cannot be averaged: the wrong size (a replica with another model
-// or quantization got past the handshake) or non-finite values (a diverged replica). Every
-// replica sees the same bytes, so every replica drops the same ones and θ stays identical.
-static void screen_contributions(diloco *d, const fragment *f, round_result *r) {
-    int kept = 0;
-    for (int c = 0; c < r->n; c++) {
-        const char *why = r->bytes[c] != f->payload_bytes ? "the wrong number of bytes"
-                          : !payload_is_finite(d, f, r->payload[c]) ? "NaN/Inf values"
-                                                                    : NULL;
-        if (why) {
-            warn("diloco: outer step %lld: replica %d's outer gradient has %s; it is left out of the average",
-                 (long long)r->outer_step + 1, r->ids[c], why);
-            continue;
-        }
-        r->ids[kept] = r->ids[c];
-        r->payload[kept] = r->payload[c];
-        r->bytes[kept] = r->bytes[c];
-        kept++;
-    }
-    r->n = kept;
-}
-
-// acc[fragment] ← the averaged Δ of the contributors, in double.
-static void average_delta(diloco *d, const fragment *f, const round_result *r) {
+// acc[fragment] ← the averaged Δ from the encoded mean the reducer sent back (the hub, the
+// MPI ranks, or this process with diloco_transport = local), in double. False when the mean
+// holds NaN/Inf (every contribution to some segment was non-finite): every replica received
+// the same bytes, so every replica skips the step alike.
+static bool average_delta(diloco *d, const fragment *f, const round_result *r) {
     int64_t o = f->offset, n = f->numel;
-    double *acc = d->acc + o;
-    memset(acc, 0, (size_t)n * sizeof *acc);
-    for (int c = 0; c < r->n; c++) {  // ascending replica id: the same order on every replica
-        quant_decode_accumulate(d->quant, r->payload[c], n, d->block, 1.0, acc);
+    if (r->mean_bytes != f->mean_bytes) return false;
+    const uint8_t *in = r->mean;
+    for (int64_t s0 = 0; s0 < n; s0 += d->segment) {
+        int64_t len = min_i64(d->segment, n - s0);
+        if (!quant_is_finite(d->down, in, len, d->block)) return false;
+        in += quant_encoded_bytes(d->down, len, d->block);
     }
-    double inv = 1.0 / (double)r->n;
-    const float *theta = d->theta + o;
-    if (d->quant == QUANT_NONE) {
-        // acc holds Σθᵢ: Δ = θ − mean θᵢ.
+    float *mean = d->segment_scratch;
+    in = r->mean;
+    for (int64_t s0 = 0; s0 < n; s0 += d->segment) {
+        int64_t len = min_i64(d->segment, n - s0);
+        quant_decode(d->down, in, len, d->block, mean);
+        in += quant_encoded_bytes(d->down, len, d->block);
+        double *acc = d->acc + o + s0;
+        const float *theta = d->theta + o + s0;
+        if (d->quant == QUANT_NONE) {
+            // the mean of the θᵢ: Δ = θ − mean θᵢ.
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) acc[i] = (double)theta[i] - acc[i] * inv;
-    } else {
+            for (int64_t i = 0; i < len; i++) acc[i] = (double)theta[i] - (double)mean[i];
+        } else {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) acc[i] *= inv;
+            for (int64_t i = 0; i < len; i++) acc[i] = (double)mean[i];
+        }
+    }
+    return true;
+}
+
+// diloco_transport = local: the hub's reduction of the M contributions in this process,
+// segment by segment, with the same arithmetic and the same downlink residual as the hub.
+static void reduce_locally(diloco *d, const fragment *f, int m) {
+    const uint8_t *ins[TRANSPORT_MAX_REPLICAS];
+    size_t up = 0, down = 0;
+    for (int64_t s0 = 0; s0 < f->numel; s0 += d->segment) {
+        int64_t len = min_i64(d->segment, f->numel - s0);
+        for (int i = 0; i < m; i++) ins[i] = d->local_payload[i] + up;
+        float *residual = d->hub_residual ? d->hub_residual + f->offset + s0 : NULL;
+        quant_reduce_segment(d->quant, ins, m, len, d->block, d->down, residual, d->segment_scratch,
+                             d->local_mean + down, NULL);
+        up += quant_encoded_bytes(d->quant, len, d->block);
+        down += quant_encoded_bytes(d->down, len, d->block);
     }
 }
 
@@ -389,7 +408,9 @@ static void dump_tensor(FILE *f, const float *x, int64_t n) {
 // Test hook: DIR/outer_<replica>_<k>_<fragment>.f32 holds, for the fragment synced by outer
 // step k, θ before, θᵢ (local weights), Δ (as fp32), m before, m after, θ after, each the
 // fragment's numel fp32 values; DIR/merge_<replica>_<k>_<fragment>.f32 the local weights
-// before the merge of outer step k's fragment, θ, and the local weights after.
+// before the merge of outer step k's fragment, θ, and the local weights after;
+// DIR/sent_<replica>_<k>_<fragment>.bin the encoded contribution it sent and
+// DIR/mean_<replica>_<k>_<fragment>.bin the encoded mean it received (applied rounds only).
 static void dump_path(const diloco *d, const char *what, int64_t outer_step, int fragment, char *path, size_t bytes) {
     snprintf(path, bytes, "%s/%s_%d_%05lld_%d.f32", d->dump_dir, what, diloco_replica_id(d), (long long)outer_step,
              fragment);
@@ -415,6 +436,17 @@ static FILE *dump_open(diloco *d, const char *what, int64_t outer_step, int frag
 
 static void dump_close(FILE *f) {
     if (f && fclose(f) != 0) fail("TRAIN_GPT_DILOCO_DUMP: write failed");
+}
+
+static void dump_bytes(diloco *d, const char *what, int64_t outer_step, int fragment, const uint8_t *bytes, size_t n) {
+    if (!d->dump_dir) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s_%d_%05lld_%d.bin", d->dump_dir, what, diloco_replica_id(d),
+             (long long)outer_step, fragment);
+    FILE *f = fopen(path, "wb");
+    if (!f) fail("TRAIN_GPT_DILOCO_DUMP: cannot create '%s': %s", path, strerror(errno));
+    if (n && fwrite(bytes, 1, n, f) != n) fail("TRAIN_GPT_DILOCO_DUMP: write failed");
+    dump_close(f);
 }
 
 static FILE *dump_begin(diloco *d, int p, int64_t outer_step, const float *params) {
@@ -515,7 +547,8 @@ const float *diloco_theta(const diloco *d) { return d->theta; }
 static void *exchange_thread(void *arg) {
     diloco *d = (diloco *)arg;
     flight *f = &d->flight;
-    f->ok = transport_exchange(d->net, f->round, d->payload, d->fragments[f->fragment].payload_bytes, &f->r);
+    payload_spec spec = spec_of(d, &d->fragments[f->fragment]);
+    f->ok = transport_exchange(d->net, f->round, &spec, d->payload, &f->r);
     return NULL;
 }
 
@@ -547,12 +580,14 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
             float nan = NAN;
             memcpy(d->payload, &nan, sizeof nan);
         }
+        dump_bytes(d, "sent", f->round + 1, p, d->payload, fr->payload_bytes);
         f->threaded = d->overlap > 0 && !final;
         if (f->threaded) {
             int rc = pthread_create(&f->thread, NULL, exchange_thread, d);
             if (rc != 0) fail("diloco: cannot start the exchange thread: %s", strerror(rc));
         } else {
-            f->ok = transport_exchange(d->net, f->round, d->payload, fr->payload_bytes, r);
+            payload_spec spec = spec_of(d, fr);
+            f->ok = transport_exchange(d->net, f->round, &spec, d->payload, r);
         }
         return;
     }
@@ -562,11 +597,13 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     for (int i = 0; i < n_params; i++) {
         f->quant_err += encode_contribution(d, fr, params[i], d->local_residual[i], d->local_payload[i]) / n_params;
         r->ids[r->n] = i;
-        r->payload[r->n] = d->local_payload[i];
-        r->bytes[r->n] = fr->payload_bytes;
         r->n++;
     }
+    reduce_locally(d, fr, n_params);
+    r->mean = d->local_mean;
+    r->mean_bytes = fr->mean_bytes;
     r->bytes_sent = fr->payload_bytes;  // what each replica would send
+    r->bytes_recv = fr->mean_bytes;     // and receive
     r->sync_s = wall_seconds() - t0;
     f->ok = true;
 }
@@ -610,12 +647,15 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         }
         return false;
     }
-    screen_contributions(d, fr, r);
-    if (!r->apply || r->n < d->cfg->diloco_min_replicas || r->n == 0) {
+    bool averaged = r->apply && r->n >= d->cfg->diloco_min_replicas && r->n > 0 && average_delta(d, fr, r);
+    if (!averaged) {
         dump_discard(d, dump, k + 1, f->fragment);
         char why[96];
-        snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r->n,
-                 (long long)d->cfg->diloco_min_replicas);
+        if (!r->apply || r->n < d->cfg->diloco_min_replicas || r->n == 0)
+            snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r->n,
+                     (long long)d->cfg->diloco_min_replicas);
+        else
+            snprintf(why, sizeof why, "the mean holds NaN/Inf (no finite contribution to part of it)");
         // The round is over for everyone: θ stays, the count moves on (rounds keep unique numbers).
         st->outer_step = k + 1;
         log_outer_step(d, st, r, false, why);
@@ -627,7 +667,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         momentum_before = alloc_floats((size_t)fr->numel);
         memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
     }
-    average_delta(d, fr, r);
+    if (dump) dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
     // Round k is fragment k mod P's outer step ⌊k / P⌋ + 1 (for the momentum warm-up).
     apply_outer_step(d, fr, k / d->n_fragments + 1);
     st->outer_step = k + 1;
@@ -751,6 +791,9 @@ void diloco_close(diloco *d) {
         }
     free(d->local_payload);
     free(d->local_residual);
+    free(d->local_mean);
+    free(d->hub_residual);
+    free(d->segment_scratch);
     free(d->residual);
     free(d->delta);
     free(d->payload);

@@ -43,6 +43,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1756,6 +1757,12 @@ static int train_run(train_config *cfg) {
     diloco_leave(tr.outer);
     diloco_close(tr.outer);
     sampler_free(tr.samples);
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
+        char extra[64];
+        snprintf(extra, sizeof extra, "\"peak_rss_mb\":%.1f", (double)usage.ru_maxrss / 1024.0);
+        metrics_event(tr.log, "end", tr.state.step, extra);
+    }
     metrics_close(tr.log);
     dataloader_close(tr.val);
     release(&tr);

@@ -114,8 +114,10 @@ static const key_spec KEYS[] = {
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
     {"diloco_streams", KEY_INT, T(diloco_streams), "1", 1, 64, NULL, false, "tcp: parallel TCP data connections per replica for outer gradients"},
     {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4", false, "how outer gradients travel: fp32, or blockwise int8 / int4"},
-    {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 24, NULL, false, "values per quantization block (one fp32 scale each)"},
+    {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 20, NULL, false, "values per quantization block (one fp32 scale each)"},
     {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
+    {"diloco_downlink", KEY_CHOICE, T(diloco_downlink), "same", 0, 0, "same|bf16|fp32", false, "how the hub sends the mean back: in the uplink's codec (same), bf16 or fp32 (diloco_quant = none: always fp32)"},
+    {"diloco_downlink_feedback", KEY_BOOL, T(diloco_downlink_feedback), "1", 0, 1, NULL, false, "the hub keeps what encoding the mean lost and adds it to the next mean (4 bytes per parameter at the hub)"},
     {"diloco_timeout_s", KEY_FLOAT, T(diloco_timeout_s), "60", 0.1, 1e6, NULL, false, "a replica silent or late this long is dropped from the round"},
     {"diloco_connect_timeout_s", KEY_FLOAT, T(diloco_connect_timeout_s), "300", 0.1, 1e6, NULL, false, "how long a replica keeps trying to reach the hub at start"},
     {"diloco_secret_file", KEY_STRING, T(diloco_secret_file), "", 0, 0, NULL, false, "tcp: file holding the shared secret (>= 16 bytes) that authenticates replicas"},
@@ -356,6 +358,8 @@ void config_finish(train_config *cfg) {
         RULE(cfg->diloco_overlap_steps < gap, "diloco_overlap_steps",
              "%lld must be below diloco_inner_steps / diloco_fragments = %lld, so that a fragment lands before the "
              "next one starts", (long long)cfg->diloco_overlap_steps, (long long)gap);
+        RULE(strcmp(cfg->diloco_quant, "none") != 0 || strcmp(cfg->diloco_downlink, "bf16") != 0, "diloco_downlink",
+             "bf16 with diloco_quant = none would send the mean of the weights themselves in bf16; use same or fp32");
         RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
              "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
     }

@@ -100,6 +100,8 @@ typedef struct {
     char *diloco_quant;             // none | int8 | int4
     int64_t diloco_quant_block;
     bool diloco_error_feedback;
+    char *diloco_downlink;          // same | bf16 | fp32: the codec of the hub's mean
+    bool diloco_downlink_feedback;  // the hub's error feedback on the mean
     double diloco_timeout_s;
     double diloco_connect_timeout_s;
     char *diloco_secret_file;

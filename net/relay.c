@@ -10,20 +10,24 @@
 // session as data connections. A session is CONNECTED, then (after JOIN) a MEMBER, or
 // WAITING for a donor's state.
 //
-// Rounds. The first contribution of a step opens the round for that step and fixes its
-// payload size (a member announcing another size is evicted). Each member uploads its
-// payload once (chunks striped over its data connections); the hub passes every chunk on
-// as it arrives (cut-through) to every other member that has begun its own contribution
-// (the queued frames share one buffer per chunk: no copy per receiver). While a member has
-// not begun yet, the chunks are also kept in the round's log (at most one copy of each
-// contribution) and flushed to it when it begins. The round closes when every member has
-// contributed whole, or timeout_s after the first whole contribution (members that have not
-// started by then are evicted as late; one whose upload stalls for timeout_s is dropped).
-// Closing sends ROUND (who contributed whole, sizes, apply = n >= min_replicas) to every
-// contributor still connected; receivers keep only the bytes of those ROUND names, so the
-// partial upload of a replica dropped mid-round is discarded everywhere, and that replica
-// may not contribute to the same round again (its receivers' copies would mix two uploads).
-//
+// Rounds. The hub reduces: it decodes each contribution segment by segment as it arrives
+// (a segment is one DATA chunk, encoded on its own, llmc/quant.h), and once every
+// contributor of the round has delivered segment c it sums them in fp32 in ascending replica
+// id, divides, encodes the mean for the way back (the downlink codec, with the hub's
+// error-feedback residual) and sends that one encoded segment to every contributor. So a
+// replica sends one payload and receives one, whatever M is, and every replica receives the
+// same bytes. The first CONTRIBUTE of a step opens the round and fixes its layout (codecs,
+// block, segment, values); a member announcing another is evicted. Segments wait at the hub
+// only until the slowest contributor's arrive: a contributor more than WINDOW_SEGMENTS ahead of
+// the reduction is not read (TCP pushes back), and the reduction waits while a receiver has
+// DOWN_BACKLOG_SEGMENTS unsent, so the hub holds O(M · window) segments, not M payloads. A
+// member that has not begun blocks the reduction: the round's deadline is timeout_s after
+// the first contribution began; members that have not begun by then are evicted as late,
+// uploads that move are waited for (one stalled for timeout_s is dropped). The round closes
+// when every member has contributed whole and every segment is sent: ROUND names the whole
+// contributions (apply = n >= min_replicas). A contributor dropped mid-upload is in the
+// segments reduced before it stopped and not in the later ones; it may not contribute to
+// the same round again.
 // Joins. A replica whose status matches the group's (known only from the first member until
 // the group's first round closes, and after an empty group is refounded) is a member at once;
 // any other waits. At a round close with replicas waiting, the lowest-id contributor is
@@ -35,6 +39,7 @@
 #include "net/relay.h"
 
 #include "llmc/common.h"
+#include "llmc/quant.h"
 #include "net/conn.h"
 #include "net/socket.h"
 #include "net/transport.h"
@@ -53,6 +58,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 _Static_assert(WIRE_MAX_REPLICAS == TRANSPORT_MAX_REPLICAS, "wire and transport agree on the replica limit");
 
@@ -60,6 +68,8 @@ _Static_assert(WIRE_MAX_REPLICAS == TRANSPORT_MAX_REPLICAS, "wire and transport 
 #define MAX_HANDSHAKES 128
 #define STATE_BACKLOG_BYTES ((uint64_t)64 << 20)   // per joiner: pause the donor above this
 #define QUEUE_DEPTH_FRAMES 2                        // frames handed to a data connection at once
+#define WINDOW_SEGMENTS 16        // a contributor may run this many segments ahead of the reduction
+#define DOWN_BACKLOG_SEGMENTS 8   // the reduction waits while a receiver has this many unsent
 
 typedef enum { ROLE_HANDSHAKE, ROLE_CONTROL, ROLE_DATA, ROLE_CLOSING } conn_role;
 
@@ -95,23 +105,18 @@ typedef struct {
 
 typedef enum { R_FREE, R_CONNECTED, R_WAITING, R_MEMBER } replica_state;
 
-// One chunk of a contribution, shared by the log and every receiver's queue.
+// A contributor's part of the open round: its segments that arrived and wait for the
+// others' (each is freed once reduced).
 typedef struct {
-    blob *b;
-    uint64_t offset;
-} logged_chunk;
-
-// A contributor's part of the open round. The chunks are kept (in arrival order) only
-// while some member has not begun the round yet and will need them; once every member
-// has begun, each chunk lives only as long as the receivers' queues hold it.
-typedef struct {
+    bool began;                     // a frame of its contribution arrived
+    bool announced;                 // its CONTRIBUTE arrived and matched the round's layout
     bool whole;                     // its contribution is complete: it counts
     bool left;                      // it began the round and left it (whole or not): no second try
+    bool nonfinite_told;            // a segment of NaN/Inf was logged
     uint64_t total;
-    uint32_t chunk;                 // its own chunking
-    logged_chunk *chunks;
-    size_t n, cap;
-} round_log;
+    int64_t n_segments, prefix;     // segments 0 .. prefix - 1 have arrived
+    blob **seg;                     // [n_segments]
+} contribution;
 
 typedef struct {
     replica_state state;
@@ -122,6 +127,8 @@ typedef struct {
     char peer[96];
     wire_status status;             // from JOIN
     bool joiner;                    // member for the next round, its state still on the way
+    bool held;                      // a founding member whose JOINED waits for the quorum
+    int min_replicas;               // from its AUTH
     transfer up;                    // its contribution to the open round (which chunks came)
     pending *queue_head, *queue_tail;
     uint64_t queued_bytes;
@@ -150,12 +157,21 @@ struct relay {
     // the open round
     bool round_open;
     int64_t round_step, last_closed_step;
-    double first_whole_s;           // < 0: no whole contribution yet
-    bool round_sized;               // round_bytes is fixed (by the first contribution)
-    uint64_t round_bytes;           // every contribution to the round has this size
-    round_log contrib[WIRE_MAX_REPLICAS];   // per contributor (kept if it dies once whole)
-    bool round_log_trimmed;         // chunks were let go: nobody may begin the round now
-    uint64_t round_out_bytes;
+    double first_began_s;           // < 0: no contribution began yet
+    bool round_sized;               // spec is fixed (by the first CONTRIBUTE)
+    wire_contribute spec;           // the layout every contribution to the round follows
+    uint64_t round_total;           // bytes of each contribution (fixed by the first frame)
+    uint32_t round_chunk;
+    int64_t n_segments, reduced;    // the round's segments; those reduced and sent
+    uint32_t down_chunk;            // bytes of one whole segment of the mean
+    uint64_t down_total;
+    contribution contrib[WIRE_MAX_REPLICAS];   // per contributor (kept if it dies once whole)
+    uint64_t round_in_bytes, round_out_bytes;
+    float *scratch;                 // one segment of floats
+    size_t scratch_values;
+    // the downlink's error feedback: what the encoded means did not carry, per model value
+    float *residual;
+    uint64_t residual_values;
     // the state transfer
     int donor;                      // -1: none
     double donor_progress_s;        // designation, last chunk, or last moment it was paused
@@ -318,75 +334,107 @@ static int count_members(relay *h) {
     return n;
 }
 
-// ---------------------------------------------------------------- the round's payloads
-static void log_reset(round_log *l) {
-    for (size_t i = 0; i < l->n; i++) blob_release(l->chunks[i].b);
-    free(l->chunks);
-    memset(l, 0, sizeof *l);
-}
-
-static void log_drop_chunks(round_log *l) {
-    for (size_t i = 0; i < l->n; i++) blob_release(l->chunks[i].b);
-    l->n = 0;
-}
-
-static void log_append(round_log *l, blob *b, uint64_t offset) {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        l->chunks = xrealloc(l->chunks, l->cap * sizeof *l->chunks);
+// ---------------------------------------------------------------- the round's segments
+static void contribution_drop_segments(contribution *k) {
+    for (int64_t c = 0; k->seg && c < k->n_segments; c++) {
+        blob_release(k->seg[c]);
+        k->seg[c] = NULL;
     }
-    l->chunks[l->n++] = (logged_chunk){.b = blob_ref(b), .offset = offset};
 }
 
-// Whether replica id has begun its contribution to the open round: from then on it is sent
-// the others' chunks as they arrive.
-static bool has_begun(relay *h, int id) {
-    const replica *r = rep(h, id);
-    return r->state == R_MEMBER && r->up.started;
+static void contribution_reset(contribution *k) {
+    contribution_drop_segments(k);
+    free(k->seg);
+    memset(k, 0, sizeof *k);
 }
 
-// Whether a member may still begin the round and need the chunks that came before: one that
-// has not begun, or one that may join at once (the group's status is known only before the
-// group's first round closes).
-static bool round_log_needed(relay *h) {
-    if (h->status_known) return true;
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].state == R_MEMBER && !h->reps[i].up.started) return true;
-    return false;
+// Whether replica id's segments go into the mean: a member still in the round (it may not
+// have begun yet: then the reduction waits for it), or a whole contribution (even if its
+// sender has gone since).
+static bool expected(relay *h, int id) {
+    const contribution *k = &h->contrib[id];
+    return (rep(h, id)->state == R_MEMBER && !k->left) || k->whole;
 }
 
-// Once nobody can need them, the logged chunks go (they live on in the receivers' queues
-// until sent).
-static void trim_round_log(relay *h) {
-    if (!h->round_open || round_log_needed(h)) return;
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->contrib[i].n) {
-            log_drop_chunks(&h->contrib[i]);
-            h->round_log_trimmed = true;
+// Whether replica id is sent the mean: it began the round and is still in it.
+static bool receiver(relay *h, int id) {
+    const contribution *k = &h->contrib[id];
+    return rep(h, id)->state == R_MEMBER && k->began && !k->left;
+}
+
+static quant_kind codec(uint8_t wire_codec) { return (quant_kind)wire_codec; }
+
+// Reduces and sends every segment that every expected contributor has delivered, in order.
+static void try_reduce(relay *h) {
+    if (!h->round_open || !h->round_sized) return;
+    const wire_contribute *sp = &h->spec;
+    while (h->reduced < h->n_segments) {
+        int64_t c = h->reduced;
+        const uint8_t *ins[WIRE_MAX_REPLICAS];
+        int count = 0, n_expected = 0;   // count: filled below, once the segment is ready
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+            if (!expected(h, i)) continue;
+            const contribution *k = &h->contrib[i];
+            if (!k->announced || !k->seg || !k->seg[c]) return;   // not here yet
+            n_expected++;
         }
+        if (n_expected == 0) return;
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+            if (receiver(h, i) && backlog_bytes(rep(h, i)) > (uint64_t)DOWN_BACKLOG_SEGMENTS * h->down_chunk) return;
+        int64_t first = c * (int64_t)sp->segment_values;
+        int64_t len = (int64_t)sp->values - first < (int64_t)sp->segment_values ? (int64_t)sp->values - first
+                                                                                 : (int64_t)sp->segment_values;
+        int ids[WIRE_MAX_REPLICAS];
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+            if (expected(h, i)) {
+                ids[count] = i;
+                ins[count++] = h->contrib[i].seg[c]->data;
+            }
+        size_t out_bytes = quant_encoded_bytes(codec(sp->down_codec), len, sp->block);
+        blob *b = blob_new(out_bytes);
+        if (!b) fail("relay: out of memory for a segment of the mean (%zu bytes)", out_bytes);
+        float *residual = h->residual ? h->residual + sp->value_offset + first : NULL;
+        bool left_out[WIRE_MAX_REPLICAS];
+        if (quant_reduce_segment(codec(sp->up_codec), ins, count, len, sp->block, codec(sp->down_codec), residual,
+                                 h->scratch, b->data, left_out))
+            for (int j = 0; j < count; j++)
+                if (left_out[j] && !h->contrib[ids[j]].nonfinite_told) {
+                    h->contrib[ids[j]].nonfinite_told = true;
+                    hub_log(h, "round %lld: replica %d's contribution holds NaN/Inf (segment %lld): left out of the "
+                               "mean of every such segment",
+                            (long long)h->round_step, ids[j], (long long)c);
+                }
+        wire_data d = {.owner_id = 0, .kind = DATA_MEAN, .outer_step = h->round_step, .total_bytes = h->down_total,
+                       .offset = (uint64_t)c * h->down_chunk, .chunk_bytes = h->down_chunk,
+                       .chunk_len = (uint32_t)out_bytes};
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+            if (receiver(h, i)) {
+                queue_data(rep(h, i), &d, b->data, b);
+                h->round_out_bytes += out_bytes;
+            }
+        blob_release(b);
+        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+            if (h->contrib[i].seg && h->contrib[i].seg[c]) {
+                blob_release(h->contrib[i].seg[c]);
+                h->contrib[i].seg[c] = NULL;
+            }
+        h->reduced++;
+    }
 }
 
-static void queue_chunk(relay *h, int owner, const logged_chunk *c, replica *to) {
-    const round_log *l = &h->contrib[owner];
-    wire_data d = {.owner_id = (uint32_t)owner, .kind = DATA_PAYLOAD, .outer_step = h->round_step,
-                   .total_bytes = l->total, .offset = c->offset, .chunk_bytes = l->chunk,
-                   .chunk_len = (uint32_t)c->b->bytes};
-    queue_data(to, &d, c->b->data, c->b);
-    h->round_out_bytes += c->b->bytes;
+// Whether every segment the round's receivers need has been sent.
+static bool reduction_done(relay *h) {
+    if (!h->round_sized || h->reduced == h->n_segments) return true;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (receiver(h, i)) return false;
+    return true;
 }
 
-// A chunk that just arrived, to every member that has begun the round (cut-through).
-static void forward_chunk(relay *h, int owner, const logged_chunk *c) {
-    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != owner && has_begun(h, o)) queue_chunk(h, owner, c, rep(h, o));
-}
-
-// Every chunk of the open round so far, to a member that has just begun its own
-// contribution (the later ones follow as they arrive).
-static void forward_round_to(relay *h, int id) {
-    for (int o = 0; o < WIRE_MAX_REPLICAS; o++)
-        if (o != id)
-            for (size_t i = 0; i < h->contrib[o].n; i++) queue_chunk(h, o, &h->contrib[o].chunks[i], rep(h, id));
+// A contributor this far ahead of the reduction is not read until the others catch up.
+static bool contributor_paused(relay *h, const hub_conn *hc) {
+    if (hc->role != ROLE_DATA || !h->round_open) return false;
+    const contribution *k = &h->contrib[hc->replica];
+    return k->began && !k->left && k->prefix >= h->reduced + WINDOW_SEGMENTS;
 }
 
 static void make_member(relay *h, int id) { rep(h, id)->state = R_MEMBER; }
@@ -406,15 +454,15 @@ static void settle_group(relay *h);
 static void release_contribution(replica *r) { transfer_reset(&r->up); }
 
 // Replica id leaves the open round. A contribution already whole still counts; one cut off
-// halfway is discarded (receivers drop its bytes: ROUND will not name it). Either way the
-// replica may not contribute to this round again: the receivers already hold (part of) its
-// first upload, and a second one under the same id would mix with it in their buffers.
+// halfway is in the segments reduced so far and in no later one (ROUND will not name it).
+// Either way the replica may not contribute to this round again: the mean already holds
+// part of its first upload.
 static void leave_round(relay *h, int id) {
     replica *r = rep(h, id);
-    round_log *l = &h->contrib[id];
-    if (h->round_open && r->up.started && r->up.step == h->round_step) {
-        if (!l->whole) log_drop_chunks(l);
-        l->left = true;
+    contribution *k = &h->contrib[id];
+    if (h->round_open && k->began) {
+        if (!k->whole) contribution_drop_segments(k);
+        k->left = true;
     }
     release_contribution(r);
 }
@@ -524,14 +572,22 @@ static void on_state_chunk(relay *h, int id, const wire_data *d) {
 }
 
 // ---------------------------------------------------------------- rounds
+// The hub's resident memory, from /proc/self/statm (0 where there is none).
+static uint64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long pages = 0, resident = 0;
+    int got = fscanf(f, "%llu %llu", &pages, &resident);
+    fclose(f);
+    return got == 2 ? resident * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
 static void close_round(relay *h) {
     wire_round m = {.outer_step = h->round_step};
-    uint64_t in_bytes = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].whole) {
             m.ids[m.n] = (uint32_t)i;
             m.bytes[m.n] = h->contrib[i].total;
-            in_bytes += h->contrib[i].total;
             m.n++;
         }
     bool apply = (int)m.n >= h->o.min_replicas;
@@ -548,7 +604,7 @@ static void close_round(relay *h) {
         m.flags = (apply ? ROUND_APPLY : 0) | ((int)m.ids[k] == donor ? ROUND_SEND_STATE : 0);
         send_control(h, r, WIRE_ROUND, buf, wire_encode_round(&m, buf));
     }
-    char ids[1200] = "", b1[32], b2[32];
+    char ids[1200] = "", b1[32], b2[32], b3[32];
     for (uint32_t k = 0; k < m.n; k++) {
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, "%s%u", k ? " " : "", m.ids[k]);
@@ -568,21 +624,20 @@ static void close_round(relay *h) {
         h->donor_progress_s = wall_seconds();
         transfer_reset(&h->st);
     }
-    hub_log(h, "round %lld closed: %u contributor(s) [%s], %s in, %s out, %s", (long long)h->round_step, m.n, ids,
-            fmt_bytes(in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
-            apply ? "apply" : "skip (fewer than min_replicas)");
+    hub_log(h, "round %lld closed: %u contributor(s) [%s], %s in, %s out, rss %s, %s", (long long)h->round_step, m.n,
+            ids, fmt_bytes(h->round_in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
+            fmt_bytes(rss_bytes(), b3, sizeof b3), apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
-        log_reset(&h->contrib[i]);
+        contribution_reset(&h->contrib[i]);
         release_contribution(rep(h, i));
     }
     h->round_open = false;
     h->round_sized = false;
-    h->round_log_trimmed = false;
     h->last_closed_step = h->round_step;
-    h->first_whole_s = -1;
-    h->round_out_bytes = 0;
+    h->first_began_s = -1;
+    h->round_in_bytes = h->round_out_bytes = 0;
     // The members move to the next step (apply or not): the group's status is unknown until
     // a group is founded anew.
     h->status_known = false;
@@ -590,7 +645,7 @@ static void close_round(relay *h) {
 
 static void evict_late(relay *h, int id) {
     replica *r = rep(h, id);
-    double late = wall_seconds() - h->first_whole_s;
+    double late = wall_seconds() - h->first_began_s;
     if (r->joiner) {
         hub_log(h, "replica %d (%s) is late for round %lld (its state transfer is still on the way): waits again",
                 id, r->peer, (long long)h->round_step);
@@ -598,8 +653,8 @@ static void evict_late(relay *h, int id) {
         return;
     }
     char text[200];
-    snprintf(text, sizeof text, "late for round %lld: no contribution %.1f s after the first", (long long)h->round_step,
-             late);
+    snprintf(text, sizeof text, "late for round %lld: no contribution %.1f s after the first began",
+             (long long)h->round_step, late);
     hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
     uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
     send_control(h, r, WIRE_EVICTED, buf, wire_encode_evicted(h->round_step, 1, text, buf));
@@ -612,7 +667,7 @@ static void evict_late(relay *h, int id) {
 static void check_round(relay *h) {
     if (!h->round_open) return;
     double now = wall_seconds();
-    bool deadline = h->first_whole_s >= 0 && now - h->first_whole_s >= h->o.timeout_s;
+    bool deadline = h->first_began_s >= 0 && now - h->first_began_s >= h->o.timeout_s;
     bool all = true;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
@@ -628,7 +683,8 @@ static void check_round(relay *h) {
         if (deadline && !moving) evict_late(h, i);
         else all = false;
     }
-    if (all) close_round(h);
+    try_reduce(h);
+    if (all && reduction_done(h)) close_round(h);
 }
 
 static const char *open_or_check_round(relay *h, int64_t step) {
@@ -646,10 +702,11 @@ static const char *open_or_check_round(relay *h, int64_t step) {
     }
     h->round_open = true;
     h->round_step = step;
-    h->first_whole_s = -1;
-    h->round_out_bytes = 0;
+    h->first_began_s = -1;
+    h->round_in_bytes = h->round_out_bytes = 0;
     h->round_sized = false;
-    h->round_log_trimmed = false;
+    h->round_total = 0;
+    h->reduced = h->n_segments = 0;
     return NULL;
 }
 
@@ -670,27 +727,28 @@ static void evict_from_round(relay *h, int id, const char *text) {
     check_round(h);
 }
 
-// A member receives the round's payloads only once it has started its own contribution:
-// by then it has read everything of the previous round, so the chunks of two steps from
-// one owner are never in flight to it at once (across streams they could overtake each
-// other), and nothing piles up in its sockets while it computes. From then on each chunk
-// is passed on as it arrives.
+// A member begins its contribution with its first frame (CONTRIBUTE, or a chunk, which may
+// overtake it on another connection). Every contribution to a round has the size of the
+// round's first; a member may not begin once segments were reduced without it (it joined
+// the group after the round had begun).
 static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
     replica *r = rep(h, id);
-    bool first = !r->up.started;
+    contribution *k = &h->contrib[id];
+    bool first = !k->began;
     const char *why = open_or_check_round(h, step);
-    if (!why && first && h->round_sized && total != h->round_bytes) {
+    if (!why && total == 0) why = "announced an empty contribution";
+    if (!why && h->round_total && (total != h->round_total || chunk != h->round_chunk)) {
         // One broken replica must not make the hub (or the receivers) hold what it likes.
         char text[200];
         snprintf(text, sizeof text,
                  "its payload for step %lld is %llu bytes, but the round's first contribution is %llu bytes "
                  "(the replicas' configs differ)",
-                 (long long)step, (unsigned long long)total, (unsigned long long)h->round_bytes);
+                 (long long)step, (unsigned long long)total, (unsigned long long)h->round_total);
         evict_from_round(h, id, text);
         return false;
     }
-    if (!why && first && h->round_log_trimmed) {
-        evict_from_round(h, id, "began its contribution after the round's payloads had been passed on");
+    if (!why && first && h->reduced > 0) {
+        evict_from_round(h, id, "began its contribution after the hub had begun to reduce the round");
         return false;
     }
     if (!why) why = transfer_expect(&r->up, step, total, chunk);
@@ -699,23 +757,75 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         return false;
     }
     if (first) {
-        if (!h->round_sized) {
-            h->round_sized = true;
-            h->round_bytes = total;
+        if (!h->round_total) {
+            h->round_total = total;
+            h->round_chunk = chunk;
+            h->n_segments = (int64_t)((total + chunk - 1) / chunk);
         }
-        h->contrib[id].total = total;
-        h->contrib[id].chunk = chunk;
-        forward_round_to(h, id);
-        trim_round_log(h);   // it may have been the last to begin
+        k->began = true;
+        k->total = total;
+        k->n_segments = h->n_segments;
+        k->seg = calloc((size_t)k->n_segments, sizeof *k->seg);
+        if (!k->seg) {
+            drop_replica(h, id, "the hub is out of memory for its contribution");
+            return false;
+        }
+        if (h->first_began_s < 0) h->first_began_s = wall_seconds();
     }
     return true;
+}
+
+// The round's layout from its first CONTRIBUTE: the sizes must follow from the encoding.
+static const char *take_spec(relay *h, const wire_contribute *m) {
+    if (m->values > ((uint64_t)1 << 42)) return "its CONTRIBUTE announces too many values";
+    quant_kind up = codec(m->up_codec), down = codec(m->down_codec);
+    size_t down_chunk = quant_encoded_bytes(down, m->segment_values, m->block);
+    if (m->total_bytes != quant_segmented_bytes(up, (int64_t)m->values, m->block, m->segment_values) ||
+        m->chunk_bytes != quant_encoded_bytes(up, m->segment_values, m->block))
+        return "its CONTRIBUTE's sizes disagree with its encoding";
+    if (down_chunk < WIRE_MIN_CHUNK_BYTES || down_chunk > WIRE_MAX_CHUNK_BYTES)
+        return "its segments of the mean would be out of the chunk bounds";
+    h->spec = *m;
+    h->round_sized = true;
+    h->down_chunk = (uint32_t)down_chunk;
+    h->down_total = quant_segmented_bytes(down, (int64_t)m->values, m->block, m->segment_values);
+    if (h->scratch_values < m->segment_values) {
+        free(h->scratch);
+        h->scratch = malloc((size_t)m->segment_values * sizeof(float));
+        h->scratch_values = h->scratch ? m->segment_values : 0;
+        if (!h->scratch) fail("relay: out of memory for one segment (%u values)", m->segment_values);
+    }
+    bool feedback = (m->flags & WIRE_HUB_FEEDBACK) && down != QUANT_NONE;
+    if (!feedback || h->residual_values != m->model_values) {
+        free(h->residual);
+        h->residual = NULL;
+        h->residual_values = 0;
+    }
+    if (feedback && !h->residual) {
+        h->residual = calloc((size_t)m->model_values, sizeof(float));
+        if (!h->residual)
+            fail("relay: out of memory for the downlink's error feedback (%llu values, 4 bytes each); run the "
+                 "replicas with diloco_downlink_feedback = 0 or give the hub more memory",
+                 (unsigned long long)m->model_values);
+        h->residual_values = m->model_values;
+        char b[32];
+        hub_log(h, "downlink error feedback: a residual of %llu values (%s)", (unsigned long long)m->model_values,
+                fmt_bytes(m->model_values * sizeof(float), b, sizeof b));
+    }
+    return NULL;
+}
+
+static bool same_layout(const wire_contribute *a, const wire_contribute *b) {
+    return a->total_bytes == b->total_bytes && a->chunk_bytes == b->chunk_bytes && a->up_codec == b->up_codec &&
+           a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
+           a->segment_values == b->segment_values && a->values == b->values && a->value_offset == b->value_offset &&
+           a->model_values == b->model_values;
 }
 
 static void finish_contribution_if_whole(relay *h, int id) {
     replica *r = rep(h, id);
     if (!transfer_whole(&r->up) || h->contrib[id].whole) return;
     h->contrib[id].whole = true;
-    if (h->first_whole_s < 0) h->first_whole_s = wall_seconds();
     check_round(h);
 }
 
@@ -758,8 +868,25 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
         return;
     }
     if (!start_contribution(h, id, m->outer_step, m->total_bytes, m->chunk_bytes)) return;
+    if (!h->round_sized) {
+        const char *why = take_spec(h, m);
+        if (why) {
+            drop_replica(h, id, why);
+            return;
+        }
+    } else if (!same_layout(m, &h->spec)) {
+        char text[200];
+        snprintf(text, sizeof text,
+                 "its payload for step %lld is encoded differently from the round's first contribution (the "
+                 "replicas' configs differ)",
+                 (long long)m->outer_step);
+        evict_from_round(h, id, text);
+        return;
+    }
     r->up.announced = true;
+    h->contrib[id].announced = true;
     finish_contribution_if_whole(h, id);
+    try_reduce(h);
 }
 
 static void on_payload_chunk(relay *h, int id, const wire_data *d) {
@@ -781,11 +908,18 @@ static void on_payload_chunk(relay *h, int id, const wire_data *d) {
         return;
     }
     memcpy(b->data, d->bytes, (size_t)d->chunk_len);
-    logged_chunk c = {.b = b, .offset = d->offset};
-    forward_chunk(h, id, &c);
-    if (round_log_needed(h)) log_append(&h->contrib[id], b, d->offset);
-    blob_release(b);
+    contribution *k = &h->contrib[id];
+    int64_t c = (int64_t)(d->offset / d->chunk_bytes);
+    if (c < h->reduced) {   // cannot happen for a contributor the reduction waited for: a guard
+        blob_release(b);
+        drop_replica(h, id, "sent a segment the hub has already reduced");
+        return;
+    }
+    k->seg[c] = b;
+    while (k->prefix < k->n_segments && (k->prefix < h->reduced || k->seg[k->prefix])) k->prefix++;
+    h->round_in_bytes += d->chunk_len;
     finish_contribution_if_whole(h, id);
+    try_reduce(h);
 }
 
 // ---------------------------------------------------------------- joins
@@ -800,7 +934,44 @@ static void found_group(relay *h, int founder) {
     h->status_known = true;
     h->status = rep(h, founder)->status;
     h->last_closed_step = -1;
+    // A group founded anew starts without the downlink residual (its replicas may have gone
+    // back to a checkpoint): what the last means did not carry is lost, at most one round's
+    // quantization error of the mean (docs/protocol.md).
+    free(h->residual);
+    h->residual = NULL;
+    h->residual_values = 0;
 }
+
+// A group being founded starts training only once it has as many replicas as any of them
+// asks for (its diloco_min_replicas, or the relay's --min_replicas), members or waiting:
+// before that every round would be skipped, and the first replica would train alone and
+// make the others take its state. Held members get JOINED(member) together.
+static void release_held(relay *h) {
+    int quorum = h->o.min_replicas, present = 0, held = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        const replica *r = rep(h, i);
+        if (r->state != R_MEMBER && r->state != R_WAITING) continue;
+        present++;
+        held += r->held;
+        if (r->min_replicas > quorum) quorum = r->min_replicas;
+    }
+    if (held == 0 || present < quorum) return;
+    hub_log(h, "%d replica(s) present (quorum %d): the group starts training", present, quorum);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (rep(h, i)->held) {
+            rep(h, i)->held = false;
+            send_joined(h, rep(h, i), JOINED_MEMBER);
+        }
+}
+
+static int held_members(relay *h) {
+    int n = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) n += rep(h, i)->held;
+    return n;
+}
+
+// Whether the group is being founded: it has closed no round and none is open.
+static bool founding(relay *h) { return h->status_known && h->last_closed_step < 0 && !h->round_open; }
 
 static void on_join(relay *h, int id, const wire_status *s) {
     replica *r = rep(h, id);
@@ -812,6 +983,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
     }
     if (r->state == R_MEMBER) leave_round(h, id);
     r->state = R_CONNECTED;
+    r->held = false;
     check_round(h);
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
@@ -822,16 +994,20 @@ static void on_join(relay *h, int id, const wire_status *s) {
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
-        send_joined(h, r, JOINED_MEMBER);
+        r->held = true;
         hub_log(h, "replica %d joined: founds the group at outer step %lld (hash %016llx)", id,
                 (long long)s->outer_step, (unsigned long long)s->param_hash);
-    } else if (h->status_known && same_status(s, &h->status)) {
+        release_held(h);
+    } else if (h->status_known && same_status(s, &h->status) && !(h->round_open && h->contrib[id].left)) {
         make_member(h, id);
-        send_joined(h, r, JOINED_MEMBER);
+        r->held = founding(h) && held_members(h) > 0;
+        if (!r->held) send_joined(h, r, JOINED_MEMBER);
         hub_log(h, "replica %d joined: member at outer step %lld", id, (long long)s->outer_step);
+        release_held(h);
     } else {
         r->state = R_WAITING;
         send_joined(h, r, JOINED_WAIT);
+        release_held(h);
         hub_log(h, "replica %d joined at outer step %lld (hash %016llx): waits for the group's state at the next "
                    "round",
                 id, (long long)s->outer_step, (unsigned long long)s->param_hash);
@@ -937,6 +1113,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         r->session_id = session;
         r->control = hc;
         r->streams = a.streams;
+        r->min_replicas = (int)a.min_replicas;
         r->next_heartbeat_s = wall_seconds();
         snprintf(r->peer, sizeof r->peer, "%s", hc->c.peer);
         hc->role = ROLE_CONTROL;
@@ -1077,7 +1254,6 @@ static void housekeeping(relay *h) {
     }
     check_round(h);
     settle_group(h);
-    trim_round_log(h);
 }
 
 // ---------------------------------------------------------------- the loop
@@ -1129,7 +1305,10 @@ static void run_loop(relay *h) {
         for (int i = 0; i < h->n_conns; i++) {
             hub_conn *hc = h->conns[i];
             short ev = 0;
-            if (hc->role != ROLE_CLOSING && !donor_paused(h, hc)) ev |= POLLIN;
+            bool paused = donor_paused(h, hc) || contributor_paused(h, hc);
+            if (paused && hc->role == ROLE_DATA && rep(h, hc->replica)->up.started)
+                rep(h, hc->replica)->up.last_progress_s = wall_seconds();   // held back by us, not stalled
+            if (hc->role != ROLE_CLOSING && !paused) ev |= POLLIN;
             if (hc->c.out_head) ev |= POLLOUT;
             fds[i + 2] = (struct pollfd){.fd = hc->c.fd, .events = ev};
         }
@@ -1192,7 +1371,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->port = net_local_port(fd);
     h->donor = -1;
     h->last_closed_step = -1;
-    h->first_whole_s = -1;
+    h->first_began_s = -1;
     if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));
     atomic_init(&h->stop, false);
     atomic_init(&h->sessions, 0);
@@ -1203,8 +1382,10 @@ static void relay_destroy(relay *h) {
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++) {
         drop_queue(rep(h, id));
         release_contribution(rep(h, id));
-        log_reset(&h->contrib[id]);
+        contribution_reset(&h->contrib[id]);
     }
+    free(h->scratch);
+    free(h->residual);
     transfer_reset(&h->st);
     for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
     sweep_conns(h);
@@ -1217,7 +1398,17 @@ static void relay_destroy(relay *h) {
     free(h);
 }
 
+// The hub's arithmetic runs on its own thread only: an OpenMP team per segment costs more than
+// it saves on a busy login node, and inside a replica (diloco_serve) it would take the cores
+// the training uses.
+static void one_thread(void) {
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+}
+
 static void *relay_thread(void *arg) {
+    one_thread();
     run_loop(arg);
     return NULL;
 }
@@ -1335,6 +1526,7 @@ int relay_main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     hub_log(h, "listening on %s (port %d), timeout %.1f s, min_replicas %d%s", o.listen, h->port, h->o.timeout_s,
             h->o.min_replicas, o.replicas ? "" : ", any replica id");
+    one_thread();
     run_loop(h);
     hub_log(h, "stopping (signal)");
     relay_wake_fd = -1;

@@ -2,12 +2,18 @@
 // thread inside one replica (transport_options.serve). Protocol and state machine:
 // docs/protocol.md.
 //
-// The hub keeps the membership (heartbeats, evictions, joins at outer boundaries), passes
-// each chunk of a replica's payload on to every other member of the round as it arrives
-// (cut-through), closes the round naming the contributions that arrived whole, and relays
-// a donor's state to the replicas that join. It never looks inside a
-// payload or a state. Every error a peer can cause is logged on one line (naming the peer's
-// address) and costs that peer its connection; the hub itself carries on.
+// The hub keeps the membership (heartbeats, evictions, joins at outer boundaries, the quorum a
+// new group waits for) and reduces: it decodes each replica's payload segment by segment as
+// it arrives (llmc/quant.h), sums the contributors' segment in fp32 in ascending replica id,
+// divides, encodes the mean in the downlink codec (with the replicas' diloco_downlink_feedback,
+// through an error-feedback residual of 4 bytes per model parameter) and sends that one
+// segment to every contributor. A replica thus sends one payload and receives one, whatever
+// the number of replicas, and every replica receives the same bytes; the hub holds about 16
+// segments per contributor, not M payloads. It closes the round naming the contributions that
+// arrived whole, and relays a donor's state to the replicas that join without looking inside
+// it. Every error a peer can cause is logged on one line (naming the peer's address) and
+// costs that peer its connection (or, for a contribution encoded differently from the
+// round's, its place in the round); the hub itself carries on.
 #ifndef TRAIN_GPT_RELAY_H
 #define TRAIN_GPT_RELAY_H
 

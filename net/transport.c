@@ -1,6 +1,7 @@
 // net/transport.c — the public transport calls, forwarded to the implementation (see net/transport.h).
 #include "net/transport_impl.h"
 #include "llmc/common.h"
+#include "llmc/quant.h"
 
 #include <stdlib.h>
 
@@ -26,8 +27,17 @@ join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *sta
     return t->ops->rejoin(t->impl, s, state, state_capacity, state_bytes);
 }
 
-bool transport_exchange(transport *t, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r) {
-    return t->ops->exchange(t->impl, outer_step, payload, bytes, r);
+size_t payload_spec_up_bytes(const payload_spec *s) {
+    return quant_segmented_bytes((quant_kind)s->up_codec, s->values, s->block, s->segment);
+}
+
+size_t payload_spec_down_bytes(const payload_spec *s) {
+    return quant_segmented_bytes((quant_kind)s->down_codec, s->values, s->block, s->segment);
+}
+
+bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                        round_result *r) {
+    return t->ops->exchange(t->impl, outer_step, spec, payload, r);
 }
 
 void transport_send_state(transport *t, const uint8_t *state, size_t bytes) { t->ops->send_state(t->impl, state, bytes); }

@@ -14,10 +14,12 @@
 //        membership is fixed; a rank that dies ends the job (MPI offers no recovery), so
 //        fault tolerance needs tcp.
 //
-// An exchange is an all-gather: each replica hands in its encoded outer gradient for outer
-// step k, and gets back the encoded outer gradients of every replica that contributed to
-// step k (its own included), in ascending replica id. Every replica then decodes and
-// averages the same bytes in the same order, so all end with the same bits.
+// An exchange is a reduction: each replica hands in its encoded outer gradient for outer step
+// k (in segments, llmc/quant.h), and gets back one encoded mean of every replica's that
+// contributed to step k (its own included): summed in fp32 in ascending replica id, segment
+// by segment, then encoded for the way back (the downlink codec, with the hub's own error
+// feedback). Every replica receives the same bytes, so all end with the same bits; what a
+// replica receives is one payload whatever the number of replicas (docs/protocol.md).
 //
 // A replica is one process today. Later a replica will be a group of ranks (an FSDP
 // island); then only the group's leader opens a transport and the group broadcasts what it
@@ -69,12 +71,31 @@ typedef enum {
     JOIN_GOT_STATE = 2,         // out of sync: *state now holds a donor's state (see below)
 } join_result;
 
+// How a payload is encoded, and how its mean comes back (the hub must decode, average and
+// encode it; every replica of a round hands in the same layout).
+typedef struct {
+    int up_codec;               // quant_kind of the contributions
+    int down_codec;             // quant_kind of the mean
+    bool down_feedback;         // the reducer keeps an error-feedback residual for the mean
+    int64_t block;              // values per quantization block
+    int64_t segment;            // values per segment: the unit of the reduction (quant_segment_values)
+    int64_t values;             // values in this payload
+    int64_t offset;             // where they start in the model's flat parameters
+    int64_t model_values;       // the model's parameter count
+} payload_spec;
+
+// Bytes of the payload and of the mean for a spec.
+size_t payload_spec_up_bytes(const payload_spec *s);
+size_t payload_spec_down_bytes(const payload_spec *s);
+
 typedef struct {
     int64_t outer_step;         // the step this result is for
-    int n;                      // replicas that contributed (this one included)
+    int n;                      // replicas whose whole contribution is in the mean (this one included)
     int ids[TRANSPORT_MAX_REPLICAS];              // ascending
-    const uint8_t *payload[TRANSPORT_MAX_REPLICAS]; // owned by the transport, valid until the next call
-    size_t bytes[TRANSPORT_MAX_REPLICAS];
+    const uint8_t *mean;        // the encoded mean (payload_spec_down_bytes), owned by the transport,
+                                // valid until the next call; a contribution cut off mid-upload (its
+                                // sender died) is in the segments reduced before it stopped
+    size_t mean_bytes;
     bool apply;                 // false: fewer than min_replicas contributed, skip the outer step
     bool evicted;               // this replica was too late for the round and was dropped: it must
                                 // call transport_rejoin() before contributing again
@@ -109,7 +130,8 @@ join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *sta
 // live member contributed, or the round deadline passed). false only when the transport
 // itself is gone (hub unreachable past timeout_s): the caller skips the outer step and
 // says so; it never applies its own Δ alone.
-bool transport_exchange(transport *t, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r);
+bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                        round_result *r);
 
 // The donor's state for the replicas joining at this boundary (after result.send_state).
 void transport_send_state(transport *t, const uint8_t *state, size_t bytes);

@@ -15,7 +15,8 @@ typedef struct {
                         size_t *state_bytes);
     join_result (*rejoin)(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
                           size_t *state_bytes);
-    bool (*exchange)(void *impl, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r);
+    bool (*exchange)(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                     round_result *r);
     void (*send_state)(void *impl, const uint8_t *state, size_t bytes);
     bool (*agree_stop)(void *impl, bool local_stop);
     void (*leave)(void *impl);   // says goodbye and frees

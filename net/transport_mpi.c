@@ -1,7 +1,12 @@
 // net/transport_mpi.c — DiLoCo replicas as the ranks of one MPI world (see net/transport.h).
 //
-// Every exchange is an MPI_Allgatherv of the encoded outer gradients, in pieces of at most
-// 1 GiB per rank (MPI counts are ints). The membership is fixed: MPI cannot survive a dead
+// Every exchange is the hub's reduction spread over the ranks: segment s of the payload
+// (llmc/quant.h) is reduced by rank s mod M. In waves of M segments, an MPI_Alltoallv hands
+// each rank the M contributions to its segment, the rank sums them in rank order and encodes
+// the mean (quant_reduce_segment, with its share of the downlink residual), and an
+// MPI_Allgatherv hands every rank the M encoded means of the wave. The arithmetic is the
+// hub's, so tcp and mpi give the same θ bit for bit; a rank holds its payload, the mean and
+// one wave (M segments in, M out), never M payloads. The membership is fixed: MPI cannot survive a dead
 // rank, so there is no eviction and no joining; replicas that must survive failures use the
 // tcp transport. A replica must resume at the same outer step as the others; if the ranks'
 // states differ at start that is a clear error rather than a silent resync.
@@ -10,6 +15,7 @@
 // with a one-line error naming what to install.
 #include "net/transport_impl.h"
 #include "llmc/common.h"
+#include "llmc/quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,15 +23,17 @@
 #ifdef HAVE_MPI
 #include <mpi.h>
 
-#define PIECE_BYTES ((size_t)1 << 30)
-
 typedef struct {
     int rank, size;
     MPI_Comm exchange_comm;  // a duplicate of the world: exchanges may run on a second thread
                              // while the main thread agrees on stopping over MPI_COMM_WORLD
     int min_replicas;
-    uint8_t *gathered;      // size × max payload bytes
-    size_t gathered_capacity;
+    uint8_t *mean;          // the encoded mean of the last exchange
+    size_t mean_capacity;
+    // The downlink residual of the segments this rank reduces, at their model positions: the
+    // array spans the model (zero pages cost nothing) but only 1/M of it is ever touched.
+    float *residual;
+    int64_t residual_values;
 } mpi_transport;
 
 static void mpi_check(int rc, const char *what) {
@@ -111,50 +119,106 @@ static join_result mpi_rejoin(void *impl, const replica_status *s, uint8_t *stat
     return mpi_join(impl, s, state, state_capacity, state_bytes);
 }
 
-static bool mpi_exchange(void *impl, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r) {
+// The layout every rank must hand in: a mismatch is a broken config, not something to average.
+static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
+    int64_t mine[8] = {sp->up_codec, sp->down_codec, sp->down_feedback, sp->block, sp->segment, sp->values,
+                       sp->offset, sp->model_values};
+    int64_t lo[8], hi[8];
+    mpi_check(MPI_Allreduce(mine, lo, 8, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
+    mpi_check(MPI_Allreduce(mine, hi, 8, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
+    if (memcmp(lo, hi, sizeof lo) != 0)
+        fail("diloco (mpi): the ranks encode their outer gradients differently (diloco_quant, diloco_quant_block, "
+             "diloco_downlink or the model differ between their configs)");
+}
+
+static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp, const uint8_t *payload,
+                         round_result *r) {
     mpi_transport *t = impl;
     double t0 = wall_seconds();
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
-    // Everyone's size first: they are equal in a healthy run, but a mismatch must be an
-    // error rather than a buffer overrun.
-    uint64_t mine = bytes, sizes[TRANSPORT_MAX_REPLICAS];
-    mpi_check(MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, t->exchange_comm), "MPI_Allgather");
+    check_same_spec(t, sp);
     double arrived = wall_seconds();
-    size_t largest = 0;
-    for (int i = 0; i < t->size; i++) largest = sizes[i] > largest ? sizes[i] : largest;
-    if (largest * (size_t)t->size > t->gathered_capacity) {
-        free(t->gathered);
-        t->gathered_capacity = largest * (size_t)t->size;
-        t->gathered = xmalloc(t->gathered_capacity);
+    quant_kind up = (quant_kind)sp->up_codec, down = (quant_kind)sp->down_codec;
+    int M = t->size;
+    size_t up_chunk = quant_encoded_bytes(up, sp->segment, sp->block);
+    size_t down_chunk = quant_encoded_bytes(down, sp->segment, sp->block);
+    size_t mean_bytes = payload_spec_down_bytes(sp);
+    if (mean_bytes > t->mean_capacity) {
+        free(t->mean);
+        t->mean = xmalloc(mean_bytes);
+        t->mean_capacity = mean_bytes;
     }
-    // Piece by piece: each rank's next <= 1 GiB, gathered packed, then copied to its slot.
-    int counts[TRANSPORT_MAX_REPLICAS], displs[TRANSPORT_MAX_REPLICAS];
-    size_t piece = largest < PIECE_BYTES ? largest : PIECE_BYTES;
-    uint8_t *packed = xmalloc(piece * (size_t)t->size + 1);
-    for (size_t offset = 0; offset < largest; offset += PIECE_BYTES) {
-        int at = 0;
-        for (int i = 0; i < t->size; i++) {
-            size_t left = sizes[i] > offset ? sizes[i] - offset : 0;
-            counts[i] = (int)(left < PIECE_BYTES ? left : PIECE_BYTES);
-            displs[i] = at;
-            at += counts[i];
+    if (sp->down_feedback && down != QUANT_NONE && t->residual_values != sp->model_values) {
+        free(t->residual);
+        t->residual = xcalloc((size_t)sp->model_values, sizeof(float));
+        t->residual_values = sp->model_values;
+    }
+    float *residual = sp->down_feedback && down != QUANT_NONE ? t->residual : NULL;
+    CHECK((size_t)M * up_chunk < (size_t)INT32_MAX && (size_t)M * down_chunk < (size_t)INT32_MAX);
+    int64_t n_segments = (sp->values + sp->segment - 1) / sp->segment;
+    uint8_t *in = xmalloc((size_t)M * up_chunk), *out = xmalloc(down_chunk);
+    float *scratch = alloc_floats((size_t)sp->segment);
+    const uint8_t *ins[TRANSPORT_MAX_REPLICAS];
+    bool left_out[TRANSPORT_MAX_REPLICAS];
+    int scounts[TRANSPORT_MAX_REPLICAS], sdispls[TRANSPORT_MAX_REPLICAS];
+    int rcounts[TRANSPORT_MAX_REPLICAS], rdispls[TRANSPORT_MAX_REPLICAS];
+    bool told[TRANSPORT_MAX_REPLICAS] = {false};
+    for (int64_t base = 0; base < n_segments; base += M) {
+        // Segment base + q goes to rank q: its bytes in this payload, and what it takes back.
+        int64_t mine = base + t->rank;
+        int64_t my_len = mine < n_segments ? min_i64(sp->segment, sp->values - mine * sp->segment) : 0;
+        size_t my_up = my_len ? quant_encoded_bytes(up, my_len, sp->block) : 0;
+        for (int q = 0; q < M; q++) {
+            int64_t s = base + q;
+            int64_t len = s < n_segments ? min_i64(sp->segment, sp->values - s * sp->segment) : 0;
+            scounts[q] = len ? (int)quant_encoded_bytes(up, len, sp->block) : 0;
+            sdispls[q] = 0;
+            rcounts[q] = (int)my_up;
+            rdispls[q] = (int)((size_t)q * up_chunk);
         }
-        mpi_check(MPI_Allgatherv(payload + offset, counts[t->rank], MPI_BYTE, packed, counts, displs, MPI_BYTE,
-                                 t->exchange_comm),
+        // The wave's segments are contiguous in the payload: displacements from its start.
+        const uint8_t *wave = payload + (size_t)base * up_chunk;
+        for (int q = 1; q < M; q++) sdispls[q] = sdispls[q - 1] + scounts[q - 1];
+        mpi_check(MPI_Alltoallv(wave, scounts, sdispls, MPI_BYTE, in, rcounts, rdispls, MPI_BYTE, t->exchange_comm),
+                  "MPI_Alltoallv");
+        size_t my_down = 0;
+        if (my_len) {
+            for (int p = 0; p < M; p++) ins[p] = in + (size_t)p * up_chunk;
+            float *res = residual ? residual + sp->offset + mine * sp->segment : NULL;
+            if (quant_reduce_segment(up, ins, M, my_len, sp->block, down, res, scratch, out, left_out))
+                for (int p = 0; p < M; p++)
+                    if (left_out[p] && !told[p]) {
+                        told[p] = true;
+                        warn("diloco (mpi): outer step %lld: replica %d's contribution holds NaN/Inf; left out of the "
+                             "mean of such segments",
+                             (long long)outer_step + 1, p);
+                    }
+            my_down = quant_encoded_bytes(down, my_len, sp->block);
+            r->bytes_sent += (uint64_t)my_down * (uint64_t)(M - 1);
+            r->bytes_recv += (uint64_t)my_up * (uint64_t)(M - 1);
+        }
+        for (int q = 0; q < M; q++) {
+            int64_t s = base + q;
+            int64_t len = s < n_segments ? min_i64(sp->segment, sp->values - s * sp->segment) : 0;
+            rcounts[q] = len ? (int)quant_encoded_bytes(down, len, sp->block) : 0;
+            rdispls[q] = (int)((size_t)q * down_chunk);
+            if (q != t->rank) {
+                r->bytes_sent += (uint64_t)scounts[q];
+                r->bytes_recv += (uint64_t)rcounts[q];
+            }
+        }
+        mpi_check(MPI_Allgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts, rdispls,
+                                 MPI_BYTE, t->exchange_comm),
                   "MPI_Allgatherv");
-        for (int i = 0; i < t->size; i++)
-            memcpy(t->gathered + (size_t)i * largest + offset, packed + displs[i], (size_t)counts[i]);
     }
-    free(packed);
-    r->n = t->size;
-    for (int i = 0; i < t->size; i++) {
-        r->ids[i] = i;
-        r->payload[i] = t->gathered + (size_t)i * largest;
-        r->bytes[i] = sizes[i];
-        if (i != t->rank) r->bytes_recv += sizes[i];
-    }
-    r->bytes_sent = bytes;
+    free(in);
+    free(out);
+    free(scratch);
+    r->n = M;
+    for (int i = 0; i < M; i++) r->ids[i] = i;
+    r->mean = t->mean;
+    r->mean_bytes = mean_bytes;
     r->apply = r->n >= t->min_replicas;
     r->wait_s = arrived - t0;
     r->sync_s = wall_seconds() - t0;
@@ -177,7 +241,8 @@ static bool mpi_agree_stop(void *impl, bool local_stop) {
 static void mpi_close(void *impl) {
     mpi_transport *t = impl;
     MPI_Comm_free(&t->exchange_comm);
-    free(t->gathered);
+    free(t->mean);
+    free(t->residual);
     free(t);
     int finalized = 0;
     MPI_Finalized(&finalized);

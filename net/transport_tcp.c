@@ -9,14 +9,14 @@
 //     one. The frames it reads (ROUND, EVICTED, JOINED, STATE, STATE_ABORT) go into a
 //     mailbox, and a byte on a pipe wakes the training thread.
 //   - the training thread, inside join/exchange/send_state, pumps the data connections
-//     (non-blocking, one poll() loop): uploads its payload in chunks handed to whichever
-//     stream has room, and reads the chunks the hub forwards, which it places by owner,
-//     step and offset (they are self-describing, so their order across streams is free).
-// The hub passes the others' payload chunks for step k on as they reach it (cut-through),
-// once this replica has begun round k: so they arrive while it is still uploading, and
-// while their owners are. They are kept per owner, for the newest step; ROUND then names
-// the contributions that count, and the bytes of any other owner (one dropped mid-upload)
-// are simply not used.
+//     (non-blocking, one poll() loop): uploads its payload segment by segment (one chunk
+//     each) to whichever stream has room, and reads the segments of the mean the hub sends
+//     back, which it places by offset (they are self-describing, so their order across
+//     streams is free).
+// The hub reduces segment c once every contributor's segment c is in, and sends the
+// encoded mean of it to every contributor: so the mean arrives while this replica is still
+// uploading, into one buffer of one payload's size whatever the number of replicas. ROUND
+// then names the contributions that are whole.
 //
 // Losing the hub (connection closed, a bad frame, no heartbeat for timeout_s) is never fatal
 // by itself: the next call reconnects, and since the hub dropped this replica, the
@@ -26,6 +26,7 @@
 #include "net/transport_impl.h"
 
 #include "llmc/common.h"
+#include "llmc/quant.h"
 #include "net/conn.h"
 #include "llmc/fault.h"
 #include "net/socket.h"
@@ -44,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHUNK_BYTES (1u << 20)
+#define CHUNK_BYTES (1u << 20)   // chunks of a state (a payload's chunks are its segments)
 #define STREAM_DEPTH_FRAMES 2   // chunks handed to one data connection at a time
 
 typedef struct msg {
@@ -53,15 +54,6 @@ typedef struct msg {
     size_t bytes;
     uint8_t payload[];
 } msg;
-
-// Another replica's payload for one step, as its chunks arrive.
-typedef struct {
-    bool active;
-    int64_t step;
-    uint64_t total, received;
-    uint8_t *buf;
-    size_t cap;
-} slot;
 
 typedef struct {
     transport_options o;
@@ -91,8 +83,10 @@ typedef struct {
     wire_round round;
     char evicted_why[WIRE_MAX_TEXT_BYTES + 1];
     uint32_t joined;                // JOINED_MEMBER / JOINED_WAIT / 0
-    // incoming payloads and state
-    slot slots[WIRE_MAX_REPLICAS];
+    // the mean of the round in progress, and an incoming state
+    uint8_t *mean;
+    size_t mean_cap;
+    uint64_t mean_total, mean_received;
     bool want_state;
     uint8_t *state_buf;
     size_t state_cap;
@@ -103,6 +97,7 @@ typedef struct {
     const uint8_t *job_buf;
     uint64_t job_total, job_next;
     uint64_t job_end;               // stop feeding here (job_total, but for a test hook)
+    uint32_t job_chunk;
     int64_t job_step;
     unsigned job_kind;
     double job_progress_s;
@@ -338,7 +333,7 @@ static void disconnect(tcp *t) {
         t->data[s].fd = -1;
     }
     clear_mailbox(t);
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) t->slots[i].active = false;
+    t->mean_received = 0;
     t->connected = false;
     t->member = false;
 }
@@ -510,25 +505,15 @@ static const char *take_chunk(tcp *t, const wire_data *d) {
         t->state_received += d->chunk_len;
         return NULL;
     }
-    slot *s = &t->slots[d->owner_id];
-    if (s->active && d->outer_step < s->step) return NULL;   // stale
-    if (!s->active || d->outer_step > s->step) {
-        if (d->total_bytes > s->cap) {
-            s->buf = xrealloc(s->buf, (size_t)d->total_bytes);
-            s->cap = (size_t)d->total_bytes;
-        }
-        s->active = true;
-        s->step = d->outer_step;
-        s->total = d->total_bytes;
-        s->received = 0;
-        // Test hook (TRAIN_GPT_FAULT=tcp_trace:K): when the others' payloads for round K begin.
-        if (fault_requested("tcp_trace", d->outer_step))
-            note("diloco: trace: step %lld: first chunk of replica %u's payload at %.6f", (long long)d->outer_step,
-                 d->owner_id, wall_seconds());
-    }
-    if (s->total != d->total_bytes) return "a payload chunk disagrees with its transfer";
-    memcpy(s->buf + d->offset, d->bytes, (size_t)d->chunk_len);
-    s->received += d->chunk_len;
+    if (d->kind != DATA_MEAN) return "the hub sent a replica's payload (a hub of another version?)";
+    if (d->outer_step != t->cur_step || t->job_kind != DATA_PAYLOAD) return NULL;   // stale (before a reconnect)
+    if (d->total_bytes != t->mean_total) return "a segment of the mean disagrees with the round's layout";
+    // Test hook (TRAIN_GPT_FAULT=tcp_trace:K): when the mean of round K begins to arrive.
+    if (t->mean_received == 0 && fault_requested("tcp_trace", d->outer_step))
+        note("diloco: trace: step %lld: first segment of the mean at %.6f", (long long)d->outer_step, wall_seconds());
+    memcpy(t->mean + d->offset, d->bytes, (size_t)d->chunk_len);
+    t->mean_received += d->chunk_len;
+    t->job_progress_s = wall_seconds();
     return NULL;
 }
 
@@ -546,9 +531,9 @@ static void feed_upload(tcp *t) {
         for (int s = 0; s < t->o.streams && t->job_next < t->job_end; s++) {
             conn *c = &t->data[s];
             if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
-            uint64_t len = t->job_total - t->job_next < CHUNK_BYTES ? t->job_total - t->job_next : CHUNK_BYTES;
+            uint64_t len = t->job_total - t->job_next < t->job_chunk ? t->job_total - t->job_next : t->job_chunk;
             wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
-                           .total_bytes = t->job_total, .offset = t->job_next, .chunk_bytes = CHUNK_BYTES,
+                           .total_bytes = t->job_total, .offset = t->job_next, .chunk_bytes = t->job_chunk,
                            .chunk_len = len};
             uint8_t head[WIRE_DATA_HEAD_BYTES];
             wire_encode_data_head(&d, head);
@@ -612,8 +597,11 @@ static bool pump(tcp *t, done_fn done) {
                 if (c->bytes_tx != before) t->job_progress_s = wall_seconds();
             }
         }
-        if (!upload_done(t) && wall_seconds() - t->job_progress_s > t->hub_timeout_s) {
-            snprintf(why, sizeof why, "upload to the hub at %s stalled for %.1f s", t->hub, t->hub_timeout_s);
+        // The hub holds an upload back while the others catch up (a member not yet begun is
+        // evicted timeout_s after the first began; a stalled one is dropped after timeout_s):
+        // nothing moving either way for 3 timeouts means the hub is stuck.
+        if (!upload_done(t) && wall_seconds() - t->job_progress_s > 3 * t->hub_timeout_s) {
+            snprintf(why, sizeof why, "upload to the hub at %s stalled for %.1f s", t->hub, 3 * t->hub_timeout_s);
             post_dead(t, why);
         }
     }
@@ -663,17 +651,16 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
 }
 
 // ---------------------------------------------------------------- exchange
+static bool named_in_round(const tcp *t) {
+    for (uint32_t i = 0; i < t->round.n; i++)
+        if ((int)t->round.ids[i] == t->o.replica_id) return true;
+    return false;
+}
+
 static bool round_done(tcp *t) {
     if (t->evicted) return upload_done(t);
     if (!upload_done(t) || !t->have_round) return false;
-    for (uint32_t i = 0; i < t->round.n; i++) {
-        int id = (int)t->round.ids[i];
-        if (id == t->o.replica_id || t->round.bytes[i] == 0) continue;
-        const slot *s = &t->slots[id];
-        if (!s->active || s->step != t->cur_step || s->total != t->round.bytes[i] || s->received != s->total)
-            return false;
-    }
-    return true;
+    return !named_in_round(t) || t->mean_received == t->mean_total;
 }
 
 static bool upload_finished(tcp *t) { return upload_done(t); }
@@ -691,8 +678,10 @@ static bool recover(tcp *t, round_result *r, double t0) {
     return back;
 }
 
-static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload, size_t bytes, round_result *r) {
+static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                         round_result *r) {
     tcp *t = impl;
+    size_t bytes = payload_spec_up_bytes(spec);
     double t0 = wall_seconds();
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
@@ -713,11 +702,20 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
         t->own_cap = bytes;
     }
     if (bytes) memcpy(t->own, payload, bytes);
+    size_t mean_bytes = payload_spec_down_bytes(spec);
+    if (mean_bytes > t->mean_cap) {
+        t->mean = xrealloc(t->mean, mean_bytes);
+        t->mean_cap = mean_bytes;
+    }
+    t->mean_total = mean_bytes;
+    t->mean_received = 0;
+    uint32_t chunk = (uint32_t)quant_encoded_bytes((quant_kind)spec->up_codec, spec->segment, spec->block);
     uint64_t sent0 = bytes_moved(t, true), recv0 = bytes_moved(t, false);
     t->cur_step = outer_step;
     t->have_round = t->evicted = false;
     t->job_buf = t->own;
     t->job_total = t->job_end = bytes;
+    t->job_chunk = chunk;
     t->job_next = 0;
     t->job_step = outer_step;
     t->job_kind = DATA_PAYLOAD;
@@ -729,8 +727,12 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     bool slow = fault_requested("tcp_slow_upload", outer_step);
     bool die = fault_requested("tcp_die_in_upload", outer_step) ||
                fault_requested("tcp_die_in_upload_after_full", t->full_rounds);
-    if (slow || die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
-    wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES};
+    if (slow || die) t->job_end = bytes / 2 / chunk * chunk;
+    wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = chunk,
+                         .up_codec = (uint8_t)spec->up_codec, .down_codec = (uint8_t)spec->down_codec,
+                         .flags = spec->down_feedback ? WIRE_HUB_FEEDBACK : 0, .block = (uint32_t)spec->block,
+                         .segment_values = (uint32_t)spec->segment, .values = (uint64_t)spec->values,
+                         .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
     char err[256];
     if (!send_control(t, WIRE_CONTRIBUTE, buf, wire_encode_contribute(&c, buf), err, sizeof err)) {
@@ -757,9 +759,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
     r->wait_s = wall_seconds() - uploaded;
     r->bytes_sent = bytes_moved(t, true) - sent0;
     r->bytes_recv = bytes_moved(t, false) - recv0;
-    bool in_round = false;
-    for (uint32_t i = 0; !t->evicted && i < t->round.n; i++) in_round |= (int)t->round.ids[i] == t->o.replica_id;
-    if (t->evicted || !in_round) {
+    if (t->evicted || !named_in_round(t)) {
         warn("diloco: replica %d was dropped from outer step %lld: %s", t->o.replica_id, (long long)outer_step,
              t->evicted ? t->evicted_why : "not among the contributors");
         t->member = false;
@@ -767,15 +767,10 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const uint8_t *payload,
         r->sync_s = wall_seconds() - t0;
         return true;
     }
-    static const uint8_t nothing[1] = {0};
     r->n = (int)t->round.n;
-    for (int i = 0; i < r->n; i++) {
-        int id = (int)t->round.ids[i];
-        r->ids[i] = id;
-        r->bytes[i] = (size_t)t->round.bytes[i];
-        if (id == t->o.replica_id) r->payload[i] = bytes ? t->own : nothing;
-        else r->payload[i] = t->round.bytes[i] ? t->slots[id].buf : nothing;
-    }
+    for (int i = 0; i < r->n; i++) r->ids[i] = (int)t->round.ids[i];
+    r->mean = t->mean;
+    r->mean_bytes = mean_bytes;
     r->apply = (t->round.flags & ROUND_APPLY) && r->n >= t->o.min_replicas;
     r->send_state = (t->round.flags & ROUND_SEND_STATE) != 0;
     r->sync_s = wall_seconds() - t0;
@@ -796,6 +791,7 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_next = 0;
     t->job_step = t->cur_step;
     t->job_kind = DATA_STATE;
+    t->job_chunk = CHUNK_BYTES;
     // Test hook (TRAIN_GPT_FAULT=tcp_die_in_state:0): the donor dies halfway through.
     bool die = fault_requested("tcp_die_in_state", 0);
     if (die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
@@ -831,7 +827,7 @@ static void tcp_free(tcp *t) {
         }
         relay_stop(t->served);
     }
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) free(t->slots[i].buf);
+    free(t->mean);
     free(t->own);
     memset(t->secret, 0, t->o.secret_bytes);
     free(t->secret);

@@ -356,6 +356,16 @@ size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out) {
     put_u64(out + 8, m->total_bytes);
     put_u32(out + 16, m->chunk_bytes);
     put_u32(out + 20, 0);
+    out[24] = m->up_codec;
+    out[25] = m->down_codec;
+    out[26] = m->flags;
+    out[27] = 0;
+    put_u32(out + 28, m->block);
+    put_u32(out + 32, m->segment_values);
+    put_u32(out + 36, 0);
+    put_u64(out + 40, m->values);
+    put_u64(out + 48, m->value_offset);
+    put_u64(out + 56, m->model_values);
     return WIRE_CONTRIBUTE_BYTES;
 }
 
@@ -364,8 +374,22 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     m->outer_step = (int64_t)get_u64(p);
     m->total_bytes = get_u64(p + 8);
     m->chunk_bytes = get_u32(p + 16);
-    if (get_u32(p + 20) != 0) return "CONTRIBUTE: reserved field not zero";
+    m->up_codec = p[24];
+    m->down_codec = p[25];
+    m->flags = p[26];
+    m->block = get_u32(p + 28);
+    m->segment_values = get_u32(p + 32);
+    m->values = get_u64(p + 40);
+    m->value_offset = get_u64(p + 48);
+    m->model_values = get_u64(p + 56);
+    if (get_u32(p + 20) != 0 || p[27] != 0 || get_u32(p + 36) != 0) return "CONTRIBUTE: reserved field not zero";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
+    if (m->up_codec > WIRE_CODEC_BF16 || m->down_codec > WIRE_CODEC_BF16) return "CONTRIBUTE: unknown codec";
+    if (m->flags & ~(unsigned)WIRE_HUB_FEEDBACK) return "CONTRIBUTE: unknown flags";
+    if (m->block == 0 || m->segment_values == 0 || m->segment_values % m->block != 0 || m->segment_values % 2 != 0)
+        return "CONTRIBUTE: the segment is not an even number of whole blocks";
+    if (m->values == 0 || m->values > m->model_values || m->value_offset > m->model_values - m->values)
+        return "CONTRIBUTE: its values lie outside the model";
     return check_transfer(m->total_bytes, m->chunk_bytes);
 }
 
@@ -477,7 +501,7 @@ const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m) {
     m->bytes = p + WIRE_DATA_HEAD_BYTES;
     m->chunk_len = n - WIRE_DATA_HEAD_BYTES;
     if (!all_zero(p + 5, 3) || get_u32(p + 36) != 0) return "DATA: reserved field not zero";
-    if (m->kind != DATA_PAYLOAD && m->kind != DATA_STATE) return "DATA: unknown kind";
+    if (m->kind != DATA_PAYLOAD && m->kind != DATA_STATE && m->kind != DATA_MEAN) return "DATA: unknown kind";
     if (m->owner_id >= WIRE_MAX_REPLICAS) return "DATA: owner id out of range";
     if (m->outer_step < 0) return "DATA: negative outer step";
     const char *why = check_transfer(m->total_bytes, m->chunk_bytes);

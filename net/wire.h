@@ -32,7 +32,7 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 1
+#define WIRE_VERSION 2   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -191,12 +191,23 @@ typedef struct {
 } wire_joined;
 #define WIRE_JOINED_BYTES 24
 
+// How a contribution is encoded, so that the hub can decode it, average, and encode the mean:
+// segments of segment_values values (whole blocks, an even count), each encoded on its own
+// in up_codec (llmc/quant.h's quant_kind), one DATA chunk per segment; the mean goes back in
+// down_codec, the same segments, with the hub's error feedback when WIRE_HUB_FEEDBACK.
+// values at value_offset of the model's model_values (where the hub's residual keeps them).
+enum { WIRE_CODEC_FP32 = 0, WIRE_CODEC_INT8 = 1, WIRE_CODEC_INT4 = 2, WIRE_CODEC_BF16 = 3 };
+enum { WIRE_HUB_FEEDBACK = 1 };
 typedef struct {
     int64_t outer_step;
     uint64_t total_bytes;
-    uint32_t chunk_bytes;
+    uint32_t chunk_bytes;       // the bytes of one whole segment in up_codec
+    uint8_t up_codec, down_codec, flags;
+    uint32_t block;             // values per quantization block
+    uint32_t segment_values;
+    uint64_t values, value_offset, model_values;
 } wire_contribute;
-#define WIRE_CONTRIBUTE_BYTES 24
+#define WIRE_CONTRIBUTE_BYTES 64
 
 enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2 };
 typedef struct {
@@ -225,10 +236,10 @@ typedef struct {
 } wire_state;
 #define WIRE_STATE_BYTES 24
 
-enum { DATA_PAYLOAD = 1, DATA_STATE = 2 };
+enum { DATA_PAYLOAD = 1, DATA_STATE = 2, DATA_MEAN = 3 };   // MEAN: hub → replica, owner_id 0
 typedef struct {
     uint32_t owner_id;          // whose payload (or the donor, for a state)
-    uint32_t kind;              // DATA_PAYLOAD or DATA_STATE
+    uint32_t kind;              // DATA_PAYLOAD, DATA_STATE or DATA_MEAN
     int64_t outer_step;
     uint64_t total_bytes;       // of the whole payload or state
     uint64_t offset;            // a multiple of chunk_bytes

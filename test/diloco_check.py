@@ -1,7 +1,7 @@
 """Independent check of DiLoCo's outer step from the tensors train_gpt dumps.
 
 usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP
-                       [FRAGMENTS [MERGE_ALPHA]]]]]
+                       [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK]] | --hub off]
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>_<p>.f32 at outer
 step k, which syncs fragment p (the whole model when FRAGMENTS = 1): θ before, θᵢ (its local
@@ -17,11 +17,51 @@ fragment's θ before is its previous outer step's θ after. With streaming (over
 replicas also write DIR/merge_<replica>_<k>_<p>.f32: local weights before, θ, local weights
 after the merge, which must be α·before + (1 − α)·θ (MERGE_ALPHA = α) and whose θ must be
 outer step k's θ after, bit for bit.
+
+The hub's reduction. The replicas also write DIR/sent_<replica>_<k>_<p>.bin (the encoded
+contribution it sent: θᵢ as fp32 with QUANT = none, else its encoded Δᵢ) and
+DIR/mean_<replica>_<k>_<p>.bin (the encoded mean it received; applied rounds only). When they
+are there this script re-does the hub in numpy, with its own decoder and encoder (the byte
+layout of docs/quant.md, segments of quant_segment_values(BLOCK) values relative to the
+fragment, each encoded on its own):
+  per segment: leave out a contribution holding NaN/Inf; decode each (code·scale, one fp32
+  multiply); s = v₀, s = s + v₁, ... in ascending replica id, each add rounded to fp32; s / count
+  (one fp32 division, none for count 1); then encode y = s + r in the downlink codec with the
+  hub's residual r ← y − decode(encoded) (per fragment position, from 0 at the fragment's first
+  outer step), and requires the result BYTE-IDENTICAL to every replica's mean_ (which must all
+  be the same bytes). The contributors of outer step k are the replicas that dumped its mean_;
+  should that fail and more replicas dumped a sent_ for k (e.g. one dropped after it had
+  uploaded), all senders are tried too. The dumped Δ must then be the decoded mean exactly
+  (quantized kinds: Δ = (float)(double)mean, bit for bit) or, with QUANT = none,
+  (float)((double)θ_before − (double)mean), bit for bit or within 1e-6 of max|Δ|.
+--hub DOWNLINK[:FEEDBACK[:BLOCK]] says how the run encoded: DOWNLINK = same (the uplink's
+codec) | fp32 | bf16 (as diloco_downlink; none, int8, int4 name a codec directly), FEEDBACK =
+diloco_downlink_feedback (0 | 1; no effect when the downlink is fp32), BLOCK =
+diloco_quant_block. Left out, it is train_gpt's defaults, same:1:128. --hub off skips the hub
+checks; so does a dump without sent_/mean_ files (a binary older than the hub's reduction),
+and the script says so.
+A round whose replicas skipped the outer step leaves no outer_/mean_ dump, but the hub may
+still have reduced it and moved its residual: with downlink feedback, fragment p's rounds
+from the first such gap on cannot be reproduced byte for byte. A gap is an outer step j
+before k that is fragment p's (by the fragment in the name of its sent_ files, which stay)
+but has no outer_ dump, or that left no file at all (so it may have been p's). The rounds
+after a gap are reported as unverifiable (their mean_ files are still compared between
+replicas and against Δ), not failed. Without feedback every round is checked. A hub that
+restarts (a resumed MPI run, a tcp group founded anew) starts its residual at 0 again: dump
+such runs into separate directories.
+
 Tolerances: Δ, m, θ and a merge are fp32 roundings of float64 results, so each is within one
 fp32 rounding (6e-8 relative to the tensor's largest value) of the float64 value; 1e-6
 leaves margin for the double-rounding of m that feeds θ, and still catches a flipped
-sign (an error of ~2·lr·|Δ+μm|, 1e-4..1e-2 of |θ| here). With quantization the Δ check
-compares against the mean of the true Δᵢ with the stated relative L2 bound instead.
+sign (an error of ~2·lr·|Δ+μm|, 1e-4..1e-2 of |θ| here). With QUANT = none the reference of
+Δ is θ_before minus the hub's fp32 mean of the θᵢ (recomputed as above, from the sent_ files
+or, without them, from the dumped θᵢ), not their float64 mean: the fp32 mean differs from the
+float64 one by up to half an ulp of θ (plus the roundings of the running sum), and since
+|Δ| = |θ − mean| is small against |θ| that is often more than 1e-6 of max|Δ| (1e-5..5e-5
+on the test's runs). With quantization the Δ check compares against the mean of the true Δᵢ
+(float64) with the stated relative L2 bound MAX_QUANT_REL_ERR instead; with downlink
+feedback Δ also carries the hub's residual (and the downlink's own rounding), so the bound
+must cover two quantizations.
 """
 import glob
 import os
@@ -30,19 +70,208 @@ import sys
 
 import numpy as np
 
+F32_NAN_BITS = np.uint32(0x7FC00000)
+CODECS = ("none", "int8", "int4", "bf16")
 
+
+# ---------------------------------------------------------------- codecs (docs/quant.md)
+def segment_values(block):
+    return block * max(2, 2 * ((1 << 17) // block))
+
+
+def encoded_bytes(kind, n, block):
+    if kind == "none":
+        return 4 * n
+    if kind == "bf16":
+        return 2 * n
+    blocks = -(-n // block)
+    return 4 * blocks + (n if kind == "int8" else (n + 1) // 2)
+
+
+def segmented_bytes(kind, n, block):
+    seg = segment_values(block)
+    return sum(encoded_bytes(kind, min(seg, n - s0), block) for s0 in range(0, n, seg))
+
+
+def segments(kind, buf, n, block):
+    """(start, len, bytes) of each segment of an encoded fragment of n values."""
+    seg, at, out = segment_values(block), 0, []
+    for s0 in range(0, n, seg):
+        ln = min(seg, n - s0)
+        nb = encoded_bytes(kind, ln, block)
+        out.append((s0, ln, buf[at:at + nb]))
+        at += nb
+    return out
+
+
+def _nan_f32(shape):
+    return np.full(shape, F32_NAN_BITS, dtype=np.uint32).view(np.float32)
+
+
+def decode(kind, b, n, block):
+    """The n fp32 values of one encoded segment (value = code·scale, one fp32 multiply)."""
+    if kind == "none":
+        return np.frombuffer(b, dtype="<f4", count=n).astype(np.float32)
+    if kind == "bf16":
+        return (np.frombuffer(b, dtype="<u2", count=n).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    nb = -(-n // block)
+    scales = np.frombuffer(b, dtype="<f4", count=nb).astype(np.float32)
+    code_bytes = np.frombuffer(b, dtype=np.uint8, offset=4 * nb)
+    if kind == "int8":
+        codes = code_bytes[:n].view(np.int8).astype(np.float32)
+    else:
+        nib = np.empty(2 * code_bytes.size, dtype=np.int16)
+        nib[0::2] = code_bytes & 0x0F
+        nib[1::2] = code_bytes >> 4
+        codes = ((nib[:n] ^ 8) - 8).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return codes * np.repeat(scales, block)[:n]  # float32 · float32: one fp32 multiply
+
+
+def is_finite(kind, b, n, block):
+    if kind == "bf16":
+        return not np.any((np.frombuffer(b, dtype="<u2", count=n) & 0x7F80) == 0x7F80)
+    floats = n if kind == "none" else -(-n // block)
+    return bool(np.all(np.isfinite(np.frombuffer(b, dtype="<f4", count=floats))))
+
+
+def encode(kind, x, r, block):
+    """Encodes x (+ r, updated in place to y − decode(out) when not None) -> bytes."""
+    n = x.size
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        y = x + r if r is not None else x  # fp32 add
+        if kind == "none":
+            if r is not None:
+                y = np.where(np.isnan(y), _nan_f32(n), y)
+                r[:] = y - y
+            return y.astype("<f4").tobytes()
+        if kind == "bf16":
+            bits = y.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+            h = np.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded).astype(np.uint16)
+            if r is not None:
+                r[:] = y - (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
+            return h.astype("<u2").tobytes()
+        qmax = np.float32(127.0 if kind == "int8" else 7.0)
+        nb = -(-n // block)
+        pad = np.zeros(nb * block, dtype=np.float32)
+        pad[:n] = y
+        max_bits = (pad.view(np.uint32) & np.uint32(0x7FFFFFFF)).reshape(nb, block).max(axis=1)
+        bad = max_bits > 0x7F7FFFFF  # Inf or NaN in the block
+        scales = max_bits.view(np.float32) / qmax  # fp32 division
+        scales[bad] = _nan_f32(int(bad.sum()))
+        s = np.repeat(scales, block)[:n]
+        ok = s > 0  # false for 0 and NaN: codes 0
+        v = np.where(ok, y / np.where(ok, s, np.float32(1)), np.float32(0))  # fp32 division
+        v = np.minimum(np.maximum(v, -qmax), qmax)
+        a = np.abs(v)
+        t = np.floor(a)
+        q = t + (a - t >= np.float32(0.5)).astype(np.float32)
+        codes = np.where(v < 0, -q, q).astype(np.int8)
+        if r is not None:
+            r[:] = y - codes.astype(np.float32) * s
+        if kind == "int8":
+            code_bytes = codes.tobytes()
+        else:
+            c = (codes.astype(np.uint8) & 0x0F)
+            if n % 2:
+                c = np.append(c, np.uint8(0))
+            code_bytes = (c[0::2] | (c[1::2] << 4)).astype(np.uint8).tobytes()
+        return scales.astype("<f4").tobytes() + code_bytes
+
+
+def hub_segment(up, ins, n, block, down, r, order=None):
+    """The hub's reduction of one segment: (encoded mean, ids used)."""
+    kept = [i for i, b in enumerate(ins) if is_finite(up, b, n, block)]
+    if not kept:
+        return encode(down, _nan_f32(n), None, block), kept
+    s = decode(up, ins[kept[0]], n, block).copy()
+    for i in kept[1:]:
+        s = s + decode(up, ins[i], n, block)  # fp32, in ascending replica id
+    if len(kept) > 1:
+        s = np.divide(s, np.float32(len(kept)), dtype=np.float32)
+    return encode(down, s, r, block), kept
+
+
+def hub_mean(up, sents, n, block, down, residual):
+    """The hub's encoded mean of a fragment from the senders' payloads (ascending id)."""
+    pieces = [segments(up, b, n, block) for b in sents]
+    out = []
+    for j, (s0, ln, _) in enumerate(pieces[0]):
+        r = residual[s0:s0 + ln] if residual is not None else None
+        out.append(hub_segment(up, [p[j][2] for p in pieces], ln, block, down, r)[0])
+    return b"".join(out)
+
+
+def decode_all(kind, buf, n, block):
+    return np.concatenate([decode(kind, b, ln, block) for _, ln, b in segments(kind, buf, n, block)])
+
+
+# ---------------------------------------------------------------- arguments
+def parse_args(argv):
+    pos, hub = [], None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--hub":
+            if i + 1 >= len(argv):
+                sys.exit("diloco_check: --hub needs DOWNLINK[:FEEDBACK[:BLOCK]] or off")
+            hub = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("--hub="):
+            hub = a[len("--hub="):]
+        else:
+            pos.append(a)
+        i += 1
+    if len(pos) < 4:
+        sys.exit(__doc__)
+    return pos, hub
+
+
+def hub_config(spec, quant):
+    """(downlink codec, feedback, block) or None for off."""
+    if spec is not None and spec.strip().lower() == "off":
+        return None
+    parts = (spec or "").split(":") if spec else []
+    down = parts[0] if len(parts) > 0 and parts[0] else "same"
+    feedback = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+    block = int(parts[2]) if len(parts) > 2 and parts[2] else 128
+    if down == "same":
+        down = quant
+    elif down == "fp32":
+        down = "none"
+    if down not in CODECS or feedback not in (0, 1) or block < 1:
+        sys.exit(f"diloco_check: bad --hub '{spec}': DOWNLINK same|fp32|bf16|none|int8|int4, FEEDBACK 0|1, BLOCK >= 1")
+    if quant == "none":
+        down = "none"  # train_gpt: diloco_quant = none always sends the mean back in fp32
+    return down, bool(feedback) and down != "none", block
+
+
+# ---------------------------------------------------------------- the check
 def main():
-    dump_dir = sys.argv[1]
-    lr, mu, quant = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    max_quant_err = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
-    nesterov = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    mu_warmup = int(sys.argv[7]) if len(sys.argv) > 7 else 0
-    fragments = int(sys.argv[8]) if len(sys.argv) > 8 else 1
-    alpha = float(sys.argv[9]) if len(sys.argv) > 9 else None
+    pos, hub_spec = parse_args(sys.argv[1:])
+    dump_dir = pos[0]
+    lr, mu, quant = float(pos[1]), float(pos[2]), pos[3]
+    if quant == "fp32":
+        quant = "none"
+    max_quant_err = float(pos[4]) if len(pos) > 4 else 0.0
+    nesterov = int(pos[5]) if len(pos) > 5 else 1
+    mu_warmup = int(pos[6]) if len(pos) > 6 else 0
+    fragments = int(pos[7]) if len(pos) > 7 else 1
+    alpha = float(pos[8]) if len(pos) > 8 else None
+    hub = hub_config(hub_spec, quant)
     steps, merges, fragment_of = {}, {}, {}
-    for path in glob.glob(os.path.join(dump_dir, "*.f32")):
-        m = re.match(r"(outer|merge)_(\d+)_(\d+)_(\d+)\.f32$", os.path.basename(path))
+    sent, mean = {}, {}  # k -> {replica: bytes}
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*.f32")) + glob.glob(os.path.join(dump_dir, "*.bin"))):
+        m = re.match(r"(outer|merge)_(\d+)_(\d+)_(\d+)\.f32$|(sent|mean)_(\d+)_(\d+)_(\d+)\.bin$",
+                     os.path.basename(path))
         assert m, f"{path}: not a dump name"
+        if m.group(5):
+            kind, replica, k, p = m.group(5), int(m.group(6)), int(m.group(7)), int(m.group(8))
+            with open(path, "rb") as f:
+                (sent if kind == "sent" else mean).setdefault(k, {})[replica] = (p, f.read())
+            continue
         kind, replica, k, p = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
         data = np.fromfile(path, dtype=np.float32)
         rows = 6 if kind == "outer" else 3
@@ -50,79 +279,251 @@ def main():
         (steps if kind == "outer" else merges).setdefault(k, {})[replica] = data.reshape(rows, -1)
         assert fragment_of.setdefault((kind, k), p) == p, f"{path}: outer step {k} has two fragments"
     assert steps, "no dumps found"
+    have_bins = bool(sent or mean)
+    hub_on = hub is not None and have_bins
+    if hub is None:
+        print("diloco_check: hub checks skipped (--hub off)")
+    elif not have_bins:
+        print("diloco_check: hub checks skipped: no sent_/mean_ dumps in this directory (a train_gpt without "
+              "the hub's reduction); the Δ reference of QUANT = none is the fp32 mean of the dumped θᵢ")
+    down, feedback, block = hub if hub else ("none", False, 128)
+    up = quant
     failures = 0
+    told = {}  # message kind -> times printed
+
+    def fail(msg, kind=None):
+        nonlocal failures
+        failures += 1
+        if kind is not None:
+            told[kind] = told.get(kind, 0) + 1
+            if told[kind] > 5:
+                if told[kind] == 6:
+                    print(f"FAIL ... (further '{kind}' failures not printed)")
+                return
+        print("FAIL " + msg)
+
     worst = {"delta": 0.0, "momentum": 0.0, "theta": 0.0}
+    hub_stats = {"verified": 0, "unverifiable": 0, "mean_files": 0}
+    unverifiable = {}  # fragment → [(outer step, why)]
     last_after = {}  # fragment → θ after of its latest outer step
+    hub_res = {}     # fragment → (its latest outer step, the hub's residual after it or None, why None)
+    # The fragment of every outer step any file names (sent_ files stay for skipped rounds).
+    round_fragment = {k: p for (_, k), p in fragment_of.items()}
+    for d in (sent, mean):
+        for k, by_replica in d.items():
+            for p, _ in by_replica.values():
+                round_fragment.setdefault(k, p)
     for k in sorted(steps):
         reps = steps[k]
         ids = sorted(reps)
         first = reps[ids[0]]
+        p = fragment_of[("outer", k)]
+        numel = first.shape[1]
         for r in ids[1:]:
             for i, name in [(0, "θ before"), (2, "Δ"), (4, "m after"), (5, "θ after")]:
                 if not np.array_equal(first[i].view(np.uint32), reps[r][i].view(np.uint32)):
-                    print(f"FAIL outer step {k}: replica {r}'s {name} differs from replica {ids[0]}'s")
-                    failures += 1
+                    fail(f"outer step {k}: replica {r}'s {name} differs from replica {ids[0]}'s")
         theta_b, delta, m_b, m_a, theta_a = (first[i].astype(np.float64) for i in (0, 2, 3, 4, 5))
+
+        # ---- the hub: the mean every replica received, recomputed byte for byte
+        hub_mean_f32 = None  # the mean as the replicas decoded it (verified or not)
+        hub_calc = None      # the mean as numpy's hub computed it (when it could)
+        if hub_on:
+            means, senders = mean.get(k, {}), sent.get(k, {})
+            want_up = segmented_bytes(up, numel, block)
+            want_down = segmented_bytes(down, numel, block)
+            bad_layout = False
+            for r, (pp, b) in sorted(senders.items()):
+                if pp != p or len(b) != want_up:
+                    fail(f"outer step {k}: sent_{r}: fragment {pp}, {len(b)} bytes; expected fragment {p}, {want_up} "
+                         f"bytes ({up}, block {block}: is --hub's BLOCK the run's diloco_quant_block?)", "layout")
+                    bad_layout = True
+            for r, (pp, b) in sorted(means.items()):
+                if pp != p or len(b) != want_down:
+                    fail(f"outer step {k}: mean_{r}: fragment {pp}, {len(b)} bytes; expected fragment {p}, "
+                         f"{want_down} bytes ({down}, block {block}: does --hub match the run's diloco_downlink "
+                         f"and diloco_quant_block?)", "layout")
+                    bad_layout = True
+            missing = [r for r in ids if r not in means]
+            if missing:
+                fail(f"outer step {k}: replica(s) {missing} dumped the outer step but no mean_")
+            if not means:
+                pass
+            elif bad_layout:
+                hub_res[p] = (k, None, f"outer step {k}'s files have the wrong size")
+            else:
+                mids = sorted(means)
+                ref = means[mids[0]][1]
+                hub_stats["mean_files"] += len(mids)
+                for r in mids[1:]:
+                    if means[r][1] != ref:
+                        fail(f"outer step {k}: replica {r}'s mean_ differs from replica {mids[0]}'s")
+                hub_mean_f32 = decode_all(down, ref, numel, block)
+                # The hub's residual before this round (downlink feedback): known when no
+                # earlier outer step could have been one of this fragment's without a dump.
+                residual, known, why = None, True, ""
+                if feedback:
+                    prev = hub_res.get(p)
+                    start, residual = (1, np.zeros(numel, dtype=np.float32)) if prev is None else \
+                        (prev[0] + 1, None if prev[1] is None else prev[1].copy())
+                    if residual is None:
+                        known, why = False, prev[2]
+                    for j in range(start, k):
+                        if j not in round_fragment:
+                            known, why = False, f"outer step {j} left no dump at all (it may have been fragment {p}'s)"
+                        elif round_fragment[j] == p:
+                            known, why = False, f"fragment {p}'s outer step {j} left no outer_/mean_ dump"
+                        if not known:
+                            break
+                if not known:
+                    hub_stats["unverifiable"] += 1
+                    unverifiable.setdefault(p, []).append((k, why))
+                    hub_res[p] = (k, None, why)
+                else:
+                    candidates = [[r for r in mids if r in senders]]
+                    if sorted(senders) != candidates[0]:
+                        candidates.append(sorted(senders))
+                    no_sent = [r for r in mids if r not in senders]
+                    if no_sent:
+                        fail(f"outer step {k}: replica(s) {no_sent} dumped a mean_ but no sent_")
+                    got = None
+                    for cand in candidates:
+                        if not cand:
+                            continue
+                        r_try = residual.copy() if residual is not None else None
+                        b = hub_mean(up, [senders[r][1] for r in cand], numel, block, down, r_try)
+                        if hub_calc is None:
+                            hub_calc = decode_all(down, b, numel, block)
+                        if b == ref:
+                            got = (cand, r_try)
+                            break
+                        if got is None:
+                            got = (None, r_try, b, cand)
+                    if got is not None and got[0] is not None:
+                        hub_stats["verified"] += 1
+                        if got[0] != candidates[0]:
+                            print(f"note: outer step {k}: the hub's mean is that of senders {got[0]}, "
+                                  f"not only of the replicas that applied it {candidates[0]}")
+                        hub_res[p] = (k, got[1], None)
+                    else:
+                        detail = ""
+                        if got is not None:
+                            b, cand = got[2], got[3]
+                            diff = np.nonzero(np.frombuffer(b, np.uint8) != np.frombuffer(ref, np.uint8))[0] \
+                                if len(b) == len(ref) else None
+                            if diff is not None and diff.size:
+                                detail = f"; {diff.size} of {len(ref)} bytes differ, the first at byte {diff[0]}"
+                            if feedback and residual is not None and np.any(residual != 0):
+                                plain = hub_mean(up, [senders[r][1] for r in cand], numel, block, down,
+                                                 np.zeros(numel, dtype=np.float32))
+                                if plain == ref:
+                                    detail += ("; the dumped mean IS the encoding with a zero hub residual: "
+                                               "the hub's downlink error feedback did not carry over")
+                            # Keep following the spec's residual, so that later rounds say
+                            # whether they are off too.
+                            hub_res[p] = (k, got[1], None)
+                        else:
+                            hub_res[p] = (k, None, f"outer step {k} had no contributor to reduce")
+                        fail(f"outer step {k} (fragment {p}): the mean the replicas received is not the hub's "
+                             f"reduction of {candidates} ({up} up, {down} down, feedback {int(feedback)}, "
+                             f"block {block}){detail}", "hub")
+                # Δ from the received mean
+                if up == "none":
+                    exp = (theta_b - hub_mean_f32.astype(np.float64)).astype(np.float32)
+                else:
+                    exp = hub_mean_f32
+                for r in ids:
+                    if r not in means:
+                        continue
+                    dr = reps[r][2]
+                    mine = exp if means[r][1] == ref else (
+                        (theta_b - decode_all(down, means[r][1], numel, block).astype(np.float64)).astype(np.float32)
+                        if up == "none" else decode_all(down, means[r][1], numel, block))
+                    if np.array_equal(dr.view(np.uint32), mine.view(np.uint32)):
+                        continue
+                    err = np.max(np.abs(dr.astype(np.float64) - mine)) / max(np.max(np.abs(mine)), 1e-30)
+                    if up == "none" and err <= 1e-6:
+                        continue
+                    fail(f"outer step {k}: replica {r}'s Δ is not "
+                         f"{'θ − the decoded mean' if up == 'none' else 'the decoded mean'} "
+                         f"(max difference {err:.3g} of max|Δ|)", "delta-mean")
+
+        # ---- Δ against the true mean
         locals_mean = np.mean([reps[r][1].astype(np.float64) for r in ids], axis=0)
         delta_true = theta_b - locals_mean
-        scale = max(np.max(np.abs(delta_true)), 1e-30)
         if quant == "none":
-            err = np.max(np.abs(delta - delta_true)) / scale
+            # The hub's fp32 mean as numpy's hub computed it from the sent_ files, else
+            # from the dumped θᵢ of the replicas that applied the step.
+            if hub_calc is not None:
+                mean32 = hub_calc
+            else:
+                segs = [segments("none", reps[r][1].astype("<f4").tobytes(), numel, block) for r in ids]
+                mean32 = np.concatenate([decode("none", hub_segment("none", [s[j][2] for s in segs], ln, block,
+                                                                    "none", None)[0], ln, block)
+                                         for j, (_, ln, _) in enumerate(segs[0])])
+            ref_delta = theta_b - mean32.astype(np.float64)
+            scale = max(np.max(np.abs(ref_delta)), 1e-30)
+            err = np.max(np.abs(delta - ref_delta)) / scale
             worst["delta"] = max(worst["delta"], err)
             if err > 1e-6:
-                print(f"FAIL outer step {k}: Δ differs from θ − mean θᵢ by {err:.3g} of max|Δ|")
-                failures += 1
+                fail(f"outer step {k}: Δ differs from θ − (fp32 mean of the θᵢ) by {err:.3g} of max|Δ|")
         else:
             err = np.linalg.norm(delta - delta_true) / max(np.linalg.norm(delta_true), 1e-30)
             worst["delta"] = max(worst["delta"], err)
             if err > max_quant_err:
-                print(f"FAIL outer step {k}: quantized Δ is {err:.3g} (relative L2) from θ − mean θᵢ, "
-                      f"bound {max_quant_err}")
-                failures += 1
+                fail(f"outer step {k}: quantized Δ is {err:.3g} (relative L2) from θ − mean θᵢ, "
+                     f"bound {max_quant_err}")
         j = (k - 1) // fragments + 1
         mu_k = mu * j / mu_warmup if j < mu_warmup else mu
         m_exp = mu_k * m_b + delta
         err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
         worst["momentum"] = max(worst["momentum"], err)
         if err > 1e-6:
-            print(f"FAIL outer step {k}: momentum off by {err:.3g} of max|m|")
-            failures += 1
+            fail(f"outer step {k}: momentum off by {err:.3g} of max|m|")
         theta_exp = theta_b - lr * (delta + mu_k * m_exp if nesterov else m_exp)
         err = np.max(np.abs(theta_a - theta_exp)) / max(np.max(np.abs(theta_exp)), 1e-30)
         worst["theta"] = max(worst["theta"], err)
         if err > 1e-6:
-            print(f"FAIL outer step {k}: θ after off by {err:.3g} of max|θ| (sign or formula)")
-            failures += 1
-        p = fragment_of[("outer", k)]
+            fail(f"outer step {k}: θ after off by {err:.3g} of max|θ| (sign or formula)")
         if p in last_after and not np.array_equal(last_after[p][1], first[0]):
-            print(f"FAIL outer step {k}: θ before is not fragment {p}'s θ after at outer step {last_after[p][0]}")
-            failures += 1
+            fail(f"outer step {k}: θ before is not fragment {p}'s θ after at outer step {last_after[p][0]}")
         last_after[p] = (k, first[5])
+    if hub_on:
+        for k in sorted(set(mean) - set(steps)):
+            fail(f"outer step {k}: mean_ dumped but no outer_ (the replica applied no outer step?)")
     worst["merge"] = 0.0
     for k in sorted(merges):
         if alpha is None:
-            print(f"FAIL merge dumps at outer step {k}, but no MERGE_ALPHA given")
-            failures += 1
+            fail(f"merge dumps at outer step {k}, but no MERGE_ALPHA given")
             break
         if k not in steps or fragment_of[("merge", k)] != fragment_of[("outer", k)]:
-            print(f"FAIL merge at outer step {k} has no outer step with the same fragment")
-            failures += 1
+            fail(f"merge at outer step {k} has no outer step with the same fragment")
             continue
         for r, t in merges[k].items():
             before, theta, after = (t[i].astype(np.float64) for i in range(3))
             if not np.array_equal(t[1], steps[k][min(steps[k])][5]):
-                print(f"FAIL merge at outer step {k}, replica {r}: θ is not outer step {k}'s θ after")
-                failures += 1
+                fail(f"merge at outer step {k}, replica {r}: θ is not outer step {k}'s θ after")
             exp = alpha * before + (1 - alpha) * theta
             err = np.max(np.abs(after - exp)) / max(np.max(np.abs(exp)), 1e-30)
             worst["merge"] = max(worst["merge"], err)
             if err > 1e-6:
-                print(f"FAIL merge at outer step {k}, replica {r}: local weights off α·local + (1 − α)·θ by {err:.3g}")
-                failures += 1
+                fail(f"merge at outer step {k}, replica {r}: local weights off α·local + (1 − α)·θ by {err:.3g}")
+    for p, rounds in sorted(unverifiable.items()):
+        ks = [k for k, _ in rounds]
+        print(f"note: fragment {p}: the hub's mean of outer step(s) {ks} not reproduced byte for byte (its "
+              f"downlink residual is unknown: {rounds[0][1]}); those rounds were only checked against each other "
+              f"and against Δ")
+    if hub_on:
+        hub_text = (f"hub ({up} up, {down} down, feedback {int(feedback)}, block {block}, segments of "
+                    f"{segment_values(block)}): {hub_stats['verified']} of {len(steps)} outer steps' means "
+                    f"byte-identical to numpy, {hub_stats['unverifiable']} unverifiable (a gap in the dumps), "
+                    f"{hub_stats['mean_files']} mean_ files")
+    else:
+        hub_text = "hub not checked"
     print(f"diloco_check: {len(steps)} outer steps, {len(merges)} merges, fragments "
           f"{sorted({p for (kind, _), p in fragment_of.items() if kind == 'outer'})}, replicas "
           f"{sorted({r for s in steps.values() for r in s})}, worst relative errors: Δ {worst['delta']:.2e}, "
-          f"m {worst['momentum']:.2e}, θ {worst['theta']:.2e}, merge {worst['merge']:.2e}")
+          f"m {worst['momentum']:.2e}, θ {worst['theta']:.2e}, merge {worst['merge']:.2e}; {hub_text}")
     sys.exit(1 if failures else 0)
 
 

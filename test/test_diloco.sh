@@ -105,8 +105,22 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "3 replicas over MPI: param_hash equal on every replica at all 8 outer steps" \
         all_hashes_agree 8 "$tmp"/mpi3/*/metrics.jsonl
     check "3 replicas over MPI: loss falls" loss_falls "$tmp/mpi3/0/metrics.jsonl"
-    check "outer step = Nesterov on θ − mean θᵢ (numpy, float64, 1e-6), MPI, fp32 Δ" \
+    check "outer step = Nesterov on θ − mean θᵢ (numpy: the reducer's fp32 mean byte for byte, 1e-6), MPI, fp32 Δ" \
         "$PYTHON" test/diloco_check.py "$tmp/dump_mpi" 0.7 0.9 none
+    # The reducer's mean in the other codecs, against numpy byte for byte: int4 in odd blocks
+    # with error feedback on both links (the hub's residual carried over rounds), and an int8
+    # uplink with a bf16 downlink. Bounds on Δ's relative L2 error against the true mean of
+    # the Δᵢ: two quantizations (each replica's, then the mean's) and the residuals they carry.
+    for run in "int4 127 same 0.4" "int8 128 bf16 0.03"; do
+        set -- $run
+        mkdir -p "$tmp/dump_$1_$3"
+        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$1_$3" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' \
+            $(printf "'%s' " "${common[@]}" "${three[@]}") --max_steps 20 --diloco_transport mpi --diloco_quant $1 \
+            --diloco_quant_block $2 --diloco_error_feedback 1 --diloco_downlink $3 \
+            --out_dir '$tmp/mpi_$1_$3/'\$OMPI_COMM_WORLD_RANK" >"$tmp/mpi_$1_$3.log" 2>&1 || cat "$tmp/mpi_$1_$3.log"
+        check "the reducer's $1 mean (block $2, downlink $3, error feedback) = numpy byte for byte, Δ within $4" \
+            "$PYTHON" test/diloco_check.py "$tmp/dump_$1_$3" 0.7 0.9 "$1" "$4" --hub "$3:1:$2"
+    done
 fi
 
 # ---------------------------------------------------------------- 8. simulated replicas
@@ -132,8 +146,8 @@ if [ "$HAVE_MPI" = 1 ]; then
         cat "$tmp/local2.log"
     check "2 simulated replicas = 2 MPI processes: param_hash equal at all 10 outer steps, int8 + error feedback" \
         same_outer_hashes 10 "$tmp/mpi2/0/metrics.jsonl" "$tmp/local2/metrics.jsonl"
-    check "heavy-ball outer step with a 4-step momentum warm-up = numpy (int8 Δ within 2 %)" \
-        "$PYTHON" test/diloco_check.py "$tmp/dump_hb" 0.8 0.8 int8 0.02 0 4
+    check "heavy-ball outer step with a 4-step momentum warm-up = numpy (int8 Δ within 3 %)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_hb" 0.8 0.8 int8 0.03 0 4
 fi
 check "3 simulated replicas: the loss falls" loss_falls "$tmp/local3/metrics.jsonl"
 
@@ -167,8 +181,8 @@ check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
 check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
     all_hashes_agree 4 "$tmp"/tcp3/*/metrics.jsonl
 check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
-check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 2 % relative L2" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp3" 0.7 0.9 int8 0.02
+check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 3 % relative L2" \
+    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp3" 0.7 0.9 int8 0.03
 check "the metrics line has every field" grep -q \
     '"outer_step":40,"step":200,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
     "$tmp/tcp3/0/metrics.jsonl"
@@ -279,7 +293,7 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "streaming over MPI: param_hash equal on every replica at every fragment sync" \
         all_hashes_agree 19 "$tmp"/smpi/*/metrics.jsonl
     check "streaming: each fragment's outer step (Nesterov, warm-up per fragment) and merge = numpy" \
-        "$PYTHON" test/diloco_check.py "$tmp/dump_stream" 0.7 0.9 int8 0.02 1 3 4 0.5
+        "$PYTHON" test/diloco_check.py "$tmp/dump_stream" 0.7 0.9 int8 0.03 1 3 4 0.5
     check "streaming: the merges happen (15 merge dumps per replica)" \
         test "$(ls "$tmp/dump_stream" | grep -c '^merge_0_')" -eq 15
     check "streaming: the metrics line names the fragment and the steps in flight" grep -q \
@@ -308,7 +322,7 @@ check "streaming over TCP: param_hash equal on every replica at every applied fr
     all_hashes_agree 8 "$tmp"/stcp/*/metrics.jsonl
 check "streaming over TCP: loss falls" loss_falls "$tmp/stcp/1/metrics.jsonl"
 check "streaming over TCP: outer steps and merges = numpy" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_stcp" 0.7 0.9 int8 0.02 1 3 4 0.5
+    "$PYTHON" test/diloco_check.py "$tmp/dump_stcp" 0.7 0.9 int8 0.03 1 3 4 0.5
 
 # Replica 2 SIGKILLs itself halfway through uploading a fragment, on its exchange thread
 # while inner steps go on, in the first round after 3 that all three contributed to
@@ -344,9 +358,12 @@ if [ "$HAVE_MPI" = 1 ]; then
     "${MPIRUN[@]}" 3 sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && export TRAIN_GPT_FAULT=diloco_nan_payload:2; exec '$TRAIN_GPT' \
         $(printf "'%s' " "${common[@]}" "${three[@]}") --diloco_transport mpi --out_dir '$tmp/nan/'\$OMPI_COMM_WORLD_RANK" \
         >"$tmp/nan.log" 2>&1 || cat "$tmp/nan.log"
-    check "a NaN outer gradient from replica 1 is left out by everyone: outer step 3 averages [0,2]" \
-        sh -c "grep -q '\"outer_step\":3,\"step\":15,\"contributors\":\[0,2\]' '$tmp/nan/0/metrics.jsonl' &&
-               grep -q '\"outer_step\":3,\"step\":15,\"contributors\":\[0,2\]' '$tmp/nan/1/metrics.jsonl'"
+    # The NaN sits in replica 1's first segment: the reducer (rank 0 reduces segment 0) leaves
+    # it out of that segment's mean and says so; the step is applied, with finite weights.
+    check "a NaN outer gradient from replica 1 is left out of the mean: the reducer says so at outer step 3" \
+        grep -q "outer step 3: replica 1's contribution holds NaN/Inf; left out of the mean" "$tmp/nan.log"
+    check "the outer step with the NaN contribution is applied" \
+        grep -q '"outer_step":3,"step":15,"contributors":\[0,1,2\],"applied":true' "$tmp/nan/1/metrics.jsonl"
     check "after the NaN, all replicas still agree at every outer step" all_hashes_agree 8 "$tmp"/nan/*/metrics.jsonl
 fi
 

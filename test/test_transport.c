@@ -4,19 +4,37 @@
 // SIGSTOP hit a real process. Each replica reports every event on one line through a pipe;
 // the test orchestrates the faults and checks the lines and the hub's log.
 //
-//   allgather  3 replicas, 3 streams, payloads of ~3 MB: every replica gets every payload,
-//              byte-exact, in ascending id order
+// The hub reduces: a replica uploads its payload (segmented, llmc/quant.h) and gets back one
+// encoded mean. Unless a scenario says otherwise a payload is fp32 (codec none both ways) of
+// small integers that depend on (replica, step, index) only, so every sum is exact and each
+// replica checks the mean it received, value for value, against the mean over the
+// contributors ROUND names; the mean's bytes are the same on every replica of a round.
+//
+//   reduce     3 replicas, 3 streams, payloads of ~3 MB (49 segments, the last one short):
+//              every replica gets the exact mean of the three, the same bytes, and receives
+//              about what it sent
+//   mean       int8 up, int8 down with the hub's error feedback, 4 segments: every mean is
+//              byte-exact the test's own reference (decode, fp32 sum in id order, division,
+//              encode with a residual carried across rounds); a contribution with a NaN in one
+//              segment is left out of that segment's mean only; receive traffic <= 1.1 x sent
 //   kill9      kill -9 a replica: the others' next exchange closes with n = 2 within
-//              timeout + 5 s; restarted with a stale status, it receives the donor's state
-//              byte-exact and contributes again
+//              timeout + 5 s (killed mid-upload, it may be in a prefix of that round's
+//              segments, never in a later one); restarted with a stale status, it receives
+//              the donor's state byte-exact and contributes again
 //   sigstop    SIGSTOP a replica: evicted within the timeout (its heartbeats stop); after
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
-//   late       a replica alive but late for a round: evicted at the deadline, rejoins
-//   slowread   a replica slow to read its rounds among fast ones: no step overtakes another
-//   cutthrough the hub passes chunks on as they arrive: a replica receives another's payload
-//              before that upload is done; a replica killed mid-upload is not named, its
-//              partial bytes are in nobody's result, and it may not contribute to that
-//              round again when it comes back
+//   late       a replica alive but late for a round: evicted timeout_s after the first
+//              contribution began, rejoins
+//   slowread   a replica slow to read its rounds among fast ones: every round is exact on
+//              every replica (the reduction waits for its backlog)
+//   cutthrough the hub reduces segments as they arrive: a replica receives the first segment
+//              of the mean before a slow uploader's upload is done
+//   cutkill    a replica killed mid-upload is in the mean of a prefix of the segments (those
+//              reduced before it died; not empty, since the others had sent theirs) and in no
+//              later one; ROUND does not name it; back, it rejoins through the state; killed in
+//              round 0 and back at once, it may not contribute to that round again
+//   size       a payload of another size, and one of the same size encoded differently: both
+//              evicted from the round and logged, the round goes on without them
 //   donor      the donor dies halfway through the state: the next round's donor sends it
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
@@ -25,10 +43,12 @@
 //   evil       while two replicas train: a wrong secret, garbage, a truncated frame, a length
 //              of 2^63, a bad tag, a replayed frame, an unknown session, a wrong
 //              fingerprint, a duplicate id, a silent connection, a fake hub → each refused
-//              and logged, nobody crashes, the two replicas finish every round
+//              and logged, nobody crashes, the two replicas finish every round exact
 //   serve      a replica hosting the hub in a thread (diloco_serve)
 //   cli        relay_main's argument errors
+// `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
+#include "llmc/quant.h"
 #include "net/conn.h"
 #include "net/socket.h"
 #include "net/relay.h"
@@ -38,6 +58,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -48,10 +69,15 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define TIMEOUT_S 2.0
 #define STATE_BYTES 3000000   // three 1 MiB chunks: a donor can die halfway
 #define MAX_LINES 4000
+#define SEGMENT_VALUES (1 << 14)   // fp32 payloads: segments (= chunks) of 64 KiB
+#define MAX_IDS 8                  // replica ids of these tests are below this
 
 static char dir[256];
 static char secret_path[300];
@@ -77,14 +103,26 @@ static void fill(uint8_t *p, size_t n, uint64_t seed) {
     memcpy(p + i, &v, n - i);
 }
 
-// Every replica's payload has the same size (the hub refuses a contribution whose size
-// differs from the round's first), not a multiple of the 1 MiB chunk; ids differ in content.
-static size_t payload_bytes(int id, size_t base) {
-    (void)id;
-    return base + 12345;
-}
-static uint64_t payload_seed(int id, int64_t k) { return (uint64_t)id * 1000003 + (uint64_t)k * 7919 + 1; }
+// Values in a payload of `base` bytes of fp32: not a whole number of segments (the last
+// one is short).
+static int64_t payload_values(size_t base) { return (int64_t)(base / 4) + 3087; }
 static uint64_t status_hash(int64_t k) { return (uint64_t)k * 0x9e3779b97f4a7c15ull ^ 0xabc; }
+
+// Replica id's outer gradient at step k: integers in [-1000, 1000] (fp32 sums of a few of
+// them are exact, whatever the order).
+static void make_values(float *x, int64_t n, int id, int64_t k) {
+    uint64_t seed = ((uint64_t)id * 1000003 + (uint64_t)k * 7919 + 1) * 0xd1b54a32d192ed03ull;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t s = seed + (uint64_t)i;
+        x[i] = (float)((int)(splitmix(&s) % 2001) - 1000);
+    }
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
 
 // The state after outer step k: k, then bytes that depend on k only.
 static void make_state(uint8_t *p, int64_t k) {
@@ -95,7 +133,15 @@ static void make_state(uint8_t *p, int64_t k) {
 // ---------------------------------------------------------------- a replica process
 typedef struct {
     int id, replicas, min_replicas, streams;
-    size_t payload_base;
+    // the payload (payload_spec): values, segment, block, codecs
+    int64_t values, segment, block;
+    int up, down;              // quant_kind
+    bool feedback;             // the hub's error feedback on the mean
+    int partial;               // a replica that may be in a prefix of the mean's segments without
+                               // being named (killed or stopped mid-upload); -1: none
+    int nan_id;                // replica nan_id puts a NaN at value nan_index of its step nan_step
+    int64_t nan_step, nan_index;
+    bool check_traffic;        // bytes received <= 1.1 x bytes sent
     int64_t steps;             // exchanges up to this outer step
     int64_t start_step;        // its status at start (stale on a restart)
     double inner_s;            // "training" between exchanges
@@ -125,6 +171,11 @@ static void PRINTF_LIKE(1, 2) report(const char *fmt, ...) {
     (void)ignored;
 }
 
+// A line for an event other than a round.
+static void report_event(int id, const char *ev, int64_t k, bool ok, double dt) {
+    report("R%d %s k=%lld n=0 ids=- apply=0 state=0 ok=%d dt=%.3f pre=0 h=0", id, ev, (long long)k, ok, dt);
+}
+
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -141,55 +192,183 @@ static int64_t adopt(int id, const uint8_t *state, size_t bytes, const char *how
         make_state(expect, k);
         ok = k >= 0 && memcmp(expect, state, STATE_BYTES) == 0;
     }
-    report("R%d %s k=%lld n=0 ids=- apply=0 state=0 ok=%d dt=0", id, how, (long long)k, ok);
+    report_event(id, how, k, ok, 0);
     return k;
 }
 
+static payload_spec spec_of(const replica_cfg *c) {
+    return (payload_spec){.up_codec = c->up, .down_codec = c->down, .down_feedback = c->feedback,
+                          .block = c->block, .segment = c->segment, .values = c->values, .offset = 0,
+                          .model_values = c->values};
+}
+
+// The payload replica id sends for step k (x: scratch of c->values floats).
+static void encode_payload(const replica_cfg *c, int id, int64_t k, float *x, uint8_t *enc) {
+    make_values(x, c->values, id, k);
+    if (id == c->nan_id && k == c->nan_step) x[c->nan_index] = NAN;
+    quant_encode_segments((quant_kind)c->up, x, NULL, c->values, c->block, c->segment, enc);
+}
+
+// What replica id sent for step k, decoded again: the values the hub averages.
+static void contribution_of(const replica_cfg *c, int id, int64_t k, float *x, uint8_t *enc, float *decoded) {
+    encode_payload(c, id, k, x, enc);
+    quant_decode_segments((quant_kind)c->up, enc, c->values, c->block, c->segment, decoded);
+}
+
+static bool all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
+// The reference mean of one segment over the contributors set[0..count) (ascending ids), as
+// the hub must compute it: a contribution with NaN/Inf in the segment is left out, the others
+// are summed in fp32 in ascending id, the sum divided by their count (one fp32 division, none
+// for one), then encoded in the downlink codec, with error feedback on residual[len] (NULL: none).
+static void reference_segment(const replica_cfg *c, float *const *decoded, const int *set, int count, int64_t s0,
+                              int64_t len, float *mean, float *residual, uint8_t *out) {
+    int kept = 0;
+    for (int j = 0; j < count; j++) {
+        const float *v = decoded[set[j]] + s0;
+        if (!all_finite(v, len)) continue;
+        if (kept == 0) memcpy(mean, v, (size_t)len * sizeof(float));
+        else
+            for (int64_t i = 0; i < len; i++) mean[i] = mean[i] + v[i];
+        kept++;
+    }
+    if (kept == 0) {
+        for (int64_t i = 0; i < len; i++) mean[i] = NAN;
+        residual = NULL;
+    }
+    if (kept > 1) {
+        float divisor = (float)kept;
+        for (int64_t i = 0; i < len; i++) mean[i] = mean[i] / divisor;
+    }
+    if (residual) quant_encode_feedback((quant_kind)c->down, mean, residual, len, c->block, out);
+    else quant_encode((quant_kind)c->down, mean, len, c->block, out);
+}
+
+// A replica's check of the mean it received for step k: every segment is the reference mean
+// over the contributors ROUND names, or, for a prefix of the segments only, over those and
+// c->partial (its upload was cut off after the hub had reduced those segments). *with: the
+// length of that prefix. residual: the reference's copy of the hub's downlink residual
+// (updated; NULL without feedback).
+typedef struct {
+    float *x, *decoded[MAX_IDS], *mean, *res;
+    uint8_t *enc, *out;
+} scratch;
+
+static bool check_mean(const replica_cfg *c, scratch *w, int64_t k, const round_result *r, float *residual,
+                       int *with) {
+    *with = 0;
+    payload_spec sp = spec_of(c);
+    if (r->mean_bytes != payload_spec_down_bytes(&sp) || !r->mean) return false;
+    int named[MAX_IDS], n = 0, both[MAX_IDS], nb = 0;
+    bool partial = c->partial >= 0;
+    for (int i = 0; i < r->n; i++) {
+        if (r->ids[i] < 0 || r->ids[i] >= MAX_IDS || n == MAX_IDS) return false;
+        named[n++] = r->ids[i];
+        partial &= r->ids[i] != c->partial;
+    }
+    for (int i = 0; i < n; i++) {
+        if (partial && c->partial < named[i] && (i == 0 || c->partial > named[i - 1])) both[nb++] = c->partial;
+        both[nb++] = named[i];
+    }
+    if (partial && (n == 0 || c->partial > named[n - 1])) both[nb++] = c->partial;
+    for (int i = 0; i < nb; i++) {
+        int id = both[i];
+        if (!w->decoded[id]) w->decoded[id] = xmalloc((size_t)c->values * sizeof(float));
+        contribution_of(c, id, k, w->x, w->enc, w->decoded[id]);
+    }
+    bool in_prefix = partial, ok = true;
+    size_t seg_bytes = quant_encoded_bytes((quant_kind)c->down, c->segment, c->block);
+    for (int64_t s0 = 0, seg = 0; s0 < c->values && ok; s0 += c->segment, seg++) {
+        int64_t len = c->values - s0 < c->segment ? c->values - s0 : c->segment;
+        size_t bytes = quant_encoded_bytes((quant_kind)c->down, len, c->block);
+        const uint8_t *got = r->mean + (size_t)seg * seg_bytes;
+        bool match = false;
+        for (int variant = 0; variant < (in_prefix ? 2 : 1) && !match; variant++) {
+            float *res = NULL;
+            if (residual) {
+                res = w->res;
+                memcpy(res, residual + s0, (size_t)len * sizeof(float));
+            }
+            if (variant == 0) reference_segment(c, w->decoded, named, n, s0, len, w->mean, res, w->out);
+            else reference_segment(c, w->decoded, both, nb, s0, len, w->mean, res, w->out);
+            match = memcmp(w->out, got, bytes) == 0;
+            if (!match) continue;
+            if (residual) memcpy(residual + s0, res, (size_t)len * sizeof(float));
+            if (variant == 0) in_prefix = false;
+            else (*with)++;
+        }
+        if (!match) {
+            fprintf(stderr, "test: replica %d: step %lld: segment %lld of the mean is not the reference\n", c->id,
+                    (long long)k, (long long)seg);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
 static int replica_main(const replica_cfg *c) {
+#ifdef _OPENMP
+    // The reference's decode and encode on one thread: four processes of OpenMP threads on a
+    // small, busy machine would spend their time waiting for one another at the barriers.
+    omp_set_num_threads(1);
+#endif
     transport_options o = {.replica_id = c->id, .replicas = c->replicas, .min_replicas = c->min_replicas,
                            .timeout_s = TIMEOUT_S, .connect_timeout_s = c->connect_timeout_s,
                            .rendezvous = c->rendezvous, .serve = c->serve, .streams = c->streams,
                            .secret = c->secret, .secret_bytes = c->secret_bytes, .run_fingerprint = c->fingerprint};
     transport *t = transport_tcp_open(&o);
-    size_t max_payload = payload_bytes(c->replicas, c->payload_base);
-    uint8_t *payload = xmalloc(max_payload), *expect = xmalloc(max_payload);
+    payload_spec sp = spec_of(c);
+    size_t bytes = payload_spec_up_bytes(&sp);
+    scratch w = {.x = xmalloc((size_t)c->values * sizeof(float)), .enc = xmalloc(bytes),
+                 .mean = xmalloc((size_t)c->segment * sizeof(float)), .res = xmalloc((size_t)c->segment * sizeof(float)),
+                 .out = xmalloc(quant_encoded_bytes((quant_kind)c->down, c->segment, c->block))};
+    uint8_t *payload = xmalloc(bytes);
+    // The reference's copy of the hub's downlink residual: known from the group's first
+    // round on, for a replica that has been in every round since.
+    float *residual = c->feedback ? xcalloc((size_t)c->values, sizeof(float)) : NULL;
+    bool residual_known = true;
     uint8_t *state = xmalloc(STATE_BYTES + 1000);
     int64_t k = c->start_step;
     size_t got = 0;
     replica_status s = {k, status_hash(k)};
-    if (transport_join(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE) k = adopt(c->id, state, got, "gotstate");
-    else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+    if (transport_join(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE) {
+        k = adopt(c->id, state, got, "gotstate");
+        residual_known = false;
+    } else {
+        report_event(c->id, "member", k, true, 0);
+    }
     bool slowed = false;
-    int failures = 0;
+    int failures = 0, rc = 0;
     while (k < c->steps) {
         bool slow = k == c->slow_at && !slowed;
         slowed |= slow;
         sleep_s(slow ? c->slow_s : c->inner_s);
-        size_t bytes = payload_bytes(c->id, c->payload_base);
-        fill(payload, bytes, payload_seed(c->id, k));
+        encode_payload(c, c->id, k, w.x, payload);
         round_result r;
         double t0 = wall_seconds();
-        bool ok = transport_exchange(t, k, payload, bytes, &r);
+        bool ok = transport_exchange(t, k, &sp, payload, &r);
         double dt = wall_seconds() - t0;
         if (!ok) {
-            report("R%d failed k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=%.3f", c->id, (long long)k, dt);
+            report_event(c->id, "failed", k, false, dt);
             if (++failures == 8) {   // no hub for a long while: give up (a test is failing)
-                report("R%d gaveup k=%lld n=0 ids=- apply=0 state=0 ok=0 dt=0", c->id, (long long)k);
-                transport_close(t);
-                free(payload);
-                free(expect);
-                free(state);
-                return 2;
+                report_event(c->id, "gaveup", k, false, 0);
+                rc = 2;
+                break;
             }
             continue;
         }
         failures = 0;
         if (r.evicted) {
-            report("R%d evicted k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=%.3f", c->id, (long long)k, dt);
+            report_event(c->id, "evicted", k, true, dt);
+            residual_known = false;
             s = (replica_status){k, status_hash(k)};
             if (transport_rejoin(t, &s, state, STATE_BYTES + 1000, &got) == JOIN_GOT_STATE)
                 k = adopt(c->id, state, got, "gotstate");
-            else report("R%d member k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
+            else report_event(c->id, "member", k, true, 0);
             continue;
         }
         bool good = r.outer_step == k && r.n >= 1;
@@ -198,15 +377,18 @@ static int replica_main(const replica_cfg *c) {
             size_t len = strlen(ids);
             snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", r.ids[i]);
             good &= i == 0 || r.ids[i] > r.ids[i - 1];
-            good &= r.bytes[i] == payload_bytes(r.ids[i], c->payload_base);
-            if (good) {
-                fill(expect, r.bytes[i], payload_seed(r.ids[i], k));
-                good &= memcmp(expect, r.payload[i], r.bytes[i]) == 0;
-            }
         }
+        int with = 0;
+        good = good && check_mean(c, &w, k, &r, residual, &with) && (!residual || residual_known);
         good &= r.bytes_sent >= bytes && r.sync_s >= r.wait_s;
-        report("R%d round k=%lld n=%d ids=%s apply=%d state=%d ok=%d dt=%.3f", c->id, (long long)k, r.n, ids,
-               r.apply, r.send_state, good, dt);
+        if (c->check_traffic && !((double)r.bytes_recv <= 1.1 * (double)r.bytes_sent)) {
+            fprintf(stderr, "test: replica %d: step %lld: %llu bytes received for %llu sent\n", c->id, (long long)k,
+                    (unsigned long long)r.bytes_recv, (unsigned long long)r.bytes_sent);
+            good = false;
+        }
+        report("R%d round k=%lld n=%d ids=%s apply=%d state=%d ok=%d dt=%.3f pre=%d h=%016llx", c->id, (long long)k,
+               r.n, ids, r.apply, r.send_state, good, dt, with,
+               r.mean ? (unsigned long long)fnv1a(r.mean, r.mean_bytes) : 0ull);
         k++;
         if (r.send_state) {
             make_state(state, k);
@@ -214,16 +396,20 @@ static int replica_main(const replica_cfg *c) {
         }
         if (k == c->leave_at) break;
     }
-    if (k == c->leave_at) report("R%d left k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
-    else report("R%d done k=%lld n=0 ids=- apply=0 state=0 ok=1 dt=0", c->id, (long long)k);
-    transport_leave(t);
+    if (rc == 0) report_event(c->id, k == c->leave_at ? "left" : "done", k, true, 0);
+    if (rc == 0) transport_leave(t);
+    else transport_close(t);
     free(payload);
-    free(expect);
+    free(residual);
     free(state);
-    return 0;
+    free(w.x);
+    free(w.enc);
+    free(w.mean);
+    free(w.res);
+    free(w.out);
+    for (int i = 0; i < MAX_IDS; i++) free(w.decoded[i]);
+    return rc;
 }
-
-// ---------------------------------------------------------------- the test's side
 typedef struct {
     int id;
     char ev[16];
@@ -232,6 +418,8 @@ typedef struct {
     char ids[64];
     int apply, state, ok;
     double dt;
+    int pre;                     // segments of the mean that hold the partial contributor's
+    unsigned long long hash;     // of the mean's bytes
 } rec;
 
 typedef struct {
@@ -251,8 +439,8 @@ typedef struct {
 
 static bool parse(const char *line, rec *r) {
     memset(r, 0, sizeof *r);
-    return sscanf(line, "R%d %15s k=%lld n=%d ids=%63s apply=%d state=%d ok=%d dt=%lf", &r->id, r->ev, &r->k, &r->n,
-                  r->ids, &r->apply, &r->state, &r->ok, &r->dt) == 9;
+    return sscanf(line, "R%d %15s k=%lld n=%d ids=%63s apply=%d state=%d ok=%d dt=%lf pre=%d h=%llx", &r->id, r->ev,
+                  &r->k, &r->n, r->ids, &r->apply, &r->state, &r->ok, &r->dt, &r->pre, &r->hash) == 11;
 }
 
 // Reads report lines until one for replica id with event ev (and step >= k) arrives, or
@@ -370,8 +558,9 @@ static void open_reports(scenario *s, const char *name) {
 }
 
 static replica_cfg default_cfg(scenario *s, int id) {
-    return (replica_cfg){.id = id, .replicas = 3, .min_replicas = 1, .streams = 2, .payload_base = 200000,
-                         .steps = 8, .start_step = 0, .inner_s = 0.1, .leave_at = -1, .slow_at = -1,
+    return (replica_cfg){.id = id, .replicas = 3, .min_replicas = 1, .streams = 2,
+                         .values = payload_values(200000), .segment = SEGMENT_VALUES, .block = 2, .up = QUANT_NONE,
+                         .down = QUANT_NONE, .partial = -1, .nan_id = -1, .steps = 8, .start_step = 0, .inner_s = 0.1, .leave_at = -1, .slow_at = -1,
                          .rendezvous = s->hub_addr, .secret = (const uint8_t *)SECRET,
                          .secret_bytes = strlen(SECRET), .fingerprint = FINGERPRINT, .connect_timeout_s = 10};
 }
@@ -416,6 +605,28 @@ static void finish(scenario *s) {
     close(s->pipe_wr);
 }
 
+// Every round of the same step with the same contributors (and no partial one) has the same
+// mean on every replica: the hub sends every receiver the same bytes. Returns how many lines
+// disagree with the first of theirs.
+static int means_disagree(scenario *s) {
+    int bad = 0;
+    for (int i = 0; i < s->n_lines; i++) {
+        const rec *a = &s->lines[i];
+        if (strcmp(a->ev, "round") != 0 || a->pre) continue;
+        for (int j = 0; j < i; j++) {
+            const rec *b = &s->lines[j];
+            if (strcmp(b->ev, "round") != 0 || b->pre || b->k != a->k || strcmp(b->ids, a->ids) != 0) continue;
+            if (b->hash != a->hash) {
+                fprintf(stderr, "%s: replica %d's mean of step %lld [%s] is %016llx, replica %d's %016llx\n", s->name,
+                        a->id, a->k, a->ids, a->hash, b->id, b->hash);
+                bad++;
+            }
+            break;
+        }
+    }
+    return bad;
+}
+
 // The lines of one replica's rounds; checks each is ok, and counts those with n contributors.
 static int rounds_of(scenario *s, int id, int n, bool *all_ok) {
     int count = 0;
@@ -429,34 +640,82 @@ static int rounds_of(scenario *s, int id, int n, bool *all_ok) {
 }
 
 // ---------------------------------------------------------------- scenarios
-static void test_allgather(void) {
+// Three replicas, ~3 MB each: every round is the exact mean of the three, the same bytes on
+// every replica, and a replica receives one payload's worth whatever the number of replicas.
+static void test_reduce(void) {
     static scenario s;
-    open_reports(&s, "allgather");
+    open_reports(&s, "reduce");
     start_hub(&s, NULL);
     double t0 = wall_seconds();
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.streams = 3;
-        c.payload_base = 3u << 20;
+        c.values = payload_values(3u << 20);
         c.steps = 3;
         c.inner_s = 0.05;
+        c.slow_at = 0, c.slow_s = 0.5;   // everyone is in before the first round
+        c.check_traffic = true;
         start_replica(&s, &c);
     }
-    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 3, 30), "allgather: replica %d finishes", id);
-    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "allgather: replica %d exits 0", id);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 3, 30), "reduce: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "reduce: replica %d exits 0", id);
     for (int id = 0; id < 3; id++) {
         bool ok = true;
         int full = rounds_of(&s, id, 3, &ok);
-        EXPECT(full == 3 && ok, "allgather: replica %d: %d rounds of 3 contributors, all byte-exact: %d", id, full, ok);
+        EXPECT(full == 3 && ok, "reduce: replica %d: %d rounds of 3 contributors, each the exact mean: %d", id, full,
+               ok);
     }
     for (int i = 0; i < s.n_lines; i++)
         if (!strcmp(s.lines[i].ev, "round"))
-            EXPECT(!strcmp(s.lines[i].ids, "0,1,2") && s.lines[i].apply, "allgather: ids %s apply %d", s.lines[i].ids,
-                   s.lines[i].apply);
-    EXPECT(file_has(s.hub_log, "round 2 closed: 3 contributor(s) [0 1 2]"), "allgather: the hub logs the rounds");
-    EXPECT(file_has(s.hub_log, "replica 1 connected from 127.0.0.1:"), "allgather: the hub logs connections");
-    EXPECT(file_has(s.hub_log, "left (goodbye)"), "allgather: the hub logs goodbyes");
-    printf("allgather: 3 replicas x 3 rounds of ~3 MB over 3 streams in %.2f s\n", wall_seconds() - t0);
+            EXPECT(!strcmp(s.lines[i].ids, "0,1,2") && s.lines[i].apply && s.lines[i].pre == 0,
+                   "reduce: ids %s apply %d", s.lines[i].ids, s.lines[i].apply);
+    EXPECT(means_disagree(&s) == 0, "reduce: every replica receives the same bytes");
+    EXPECT(file_has(s.hub_log, "round 2 closed: 3 contributor(s) [0 1 2]"), "reduce: the hub logs the rounds");
+    EXPECT(file_has(s.hub_log, "replica 1 connected from 127.0.0.1:"), "reduce: the hub logs connections");
+    EXPECT(file_has(s.hub_log, "left (goodbye)"), "reduce: the hub logs goodbyes");
+    printf("reduce: 3 replicas x 3 rounds of ~3 MB over 3 streams in %.2f s\n", wall_seconds() - t0);
+    stop_hub(&s);
+    finish(&s);
+}
+
+// int8 up and down, with the hub's error feedback: every mean byte-exact the reference each
+// replica computes itself (its residual carried across rounds as the hub's is), a NaN in one
+// contribution's segment 1 of step 2 left out of that segment only.
+static void test_mean(void) {
+    static scenario s;
+    open_reports(&s, "mean");
+    start_hub(&s, NULL);
+    const int64_t block = 128, segment = quant_segment_values(block), values = 3 * segment + 12345;
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.up = c.down = QUANT_INT8;
+        c.feedback = true;
+        c.block = block;
+        c.segment = segment;
+        c.values = values;
+        c.steps = 6;
+        c.slow_at = 0, c.slow_s = 1.0;   // everyone is in the first round (the residual starts there)
+        c.nan_id = 1, c.nan_step = 2, c.nan_index = segment + 1000;
+        c.check_traffic = true;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 6, 30), "mean: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "mean: replica %d exits 0", id);
+    for (int id = 0; id < 3; id++) {
+        bool ok = true;
+        int full = rounds_of(&s, id, 3, &ok);
+        EXPECT(full == 6 && ok, "mean: replica %d: %d rounds of 3, each byte-exact the reference (%d)", id, full, ok);
+    }
+    for (int i = 0; i < s.n_lines; i++)
+        if (!strcmp(s.lines[i].ev, "round"))
+            EXPECT(!strcmp(s.lines[i].ids, "0,1,2") && s.lines[i].apply, "mean: step %lld: ids %s apply %d",
+                   s.lines[i].k, s.lines[i].ids, s.lines[i].apply);
+    EXPECT(means_disagree(&s) == 0, "mean: every replica receives the same bytes");
+    char text[160];
+    snprintf(text, sizeof text, "downlink error feedback: a residual of %lld values", (long long)values);
+    EXPECT(file_has(s.hub_log, text), "mean: the hub logs its residual");
+    EXPECT(file_has(s.hub_log, "round 2: replica 1's contribution holds NaN/Inf (segment 1)"),
+           "mean: the hub logs the NaN it left out");
     stop_hub(&s);
     finish(&s);
 }
@@ -469,6 +728,7 @@ static void test_kill9(void) {
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.steps = 14;
+        c.partial = 2;   // killed at any moment: maybe mid-upload
         start_replica(&s, &c);
     }
     EXPECT(await(&s, 2, "round", 2, 20), "kill9: replica 2 reaches round 2");
@@ -510,7 +770,8 @@ static void test_kill9(void) {
     for (int i = 0; i < 3; i++) EXPECT(wait_exit(s.pids[i == 2 ? 3 : i], 10) == 0, "kill9: replica %d exits 0", i);
     bool ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
-    EXPECT(ok, "kill9: every round every replica saw was byte-exact");
+    EXPECT(ok, "kill9: every round every replica saw was exact");
+    EXPECT(means_disagree(&s) == 0, "kill9: the replicas of a round receive the same bytes");
     EXPECT(file_has(s.hub_log, "is the donor"), "kill9: the hub logs the donor");
     printf("kill9: %.2f s\n", wall_seconds() - t0);
     stop_hub(&s);
@@ -525,6 +786,7 @@ static void test_sigstop(void) {
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.steps = 16;
+        c.partial = 1;   // stopped at any moment: maybe mid-upload
         start_replica(&s, &c);
     }
     EXPECT(await(&s, 1, "round", 2, 20), "sigstop: replica 1 reaches round 2");
@@ -549,7 +811,8 @@ static void test_sigstop(void) {
     for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "sigstop: replica %d exits 0", id);
     bool ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
-    EXPECT(ok, "sigstop: every round was byte-exact");
+    EXPECT(ok, "sigstop: every round was exact");
+    EXPECT(means_disagree(&s) == 0, "sigstop: the replicas of a round receive the same bytes");
     printf("sigstop: dropped %.2f s after SIGSTOP; whole scenario %.2f s\n", dropped, wall_seconds() - t0);
     stop_hub(&s);
     finish(&s);
@@ -597,7 +860,7 @@ static void test_late(void) {
     for (long long k = 3; k < 8 && !(r && r->n == 2); k++) r = await(&s, 0, "round", k, 15);
     EXPECT(r && r->k == 3 && r->n == 2 && !strcmp(r->ids, "0,1") && r->ok,
            "late: round 3 closes without the late replica (k %lld, n %d)", r ? r->k : -1, r ? r->n : -1);
-    EXPECT(r && r->dt <= TIMEOUT_S + 1, "late: ... at the deadline (%.2f s after the first contribution)",
+    EXPECT(r && r->dt <= TIMEOUT_S + 1, "late: ... at the deadline (%.2f s after the first contribution began)",
            r ? r->dt : -1);
     const rec *e = await(&s, 2, "evicted", 3, 15);
     EXPECT(e && e->k == 3, "late: the late replica learns it was evicted from round 3");
@@ -609,16 +872,16 @@ static void test_late(void) {
     for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "late: replica %d exits 0", id);
     bool ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
-    EXPECT(ok, "late: every round was byte-exact");
+    EXPECT(ok, "late: every round was exact");
+    EXPECT(means_disagree(&s) == 0, "late: the replicas of a round receive the same bytes");
     EXPECT(file_has(s.hub_log, "replica 2 (127.0.0.1:") && file_has(s.hub_log, "evicted: late for round 3"),
            "late: the hub logs the eviction");
     stop_hub(&s);
     finish(&s);
 }
 
-// A replica slow to read its rounds, with fast neighbours: their payloads for the next step
-// must never overtake this step's on its streams (the hub forwards a round's payloads only
-// to a replica that has begun that round).
+// A replica slow to read its rounds, with fast neighbours: its backlog holds the reduction
+// back (and the fast ones' uploads with it), and no round's mean mixes with another's.
 static void test_slow_reader(void) {
     static scenario s;
     open_reports(&s, "slowread");
@@ -639,7 +902,8 @@ static void test_slow_reader(void) {
     bool ok = true;
     int full = 0;
     for (int id = 0; id < 3; id++) full += rounds_of(&s, id, 3, &ok);
-    EXPECT(ok && full == 30, "slowread: 10 rounds of all three on every replica, byte-exact (%d)", full);
+    EXPECT(ok && full == 30, "slowread: 10 rounds of all three on every replica, exact (%d)", full);
+    EXPECT(means_disagree(&s) == 0, "slowread: every replica receives the same bytes");
     stop_hub(&s);
     finish(&s);
 }
@@ -656,8 +920,9 @@ static double trace_time(scenario *s, int id, const char *what) {
     return v;
 }
 
-// Cut-through: a slow uploader's first half reaches the other replica before its upload is
-// done (with store-and-forward it could only arrive after).
+// Cut-through: the hub reduces segment by segment, so the other replica receives the first
+// segment of the mean while a slow uploader is still uploading (a hub that waited for whole
+// payloads could only send it after).
 static void test_cutthrough_slow(void) {
     static scenario s;
     open_reports(&s, "cutthrough");
@@ -666,50 +931,68 @@ static void test_cutthrough_slow(void) {
         replica_cfg c = default_cfg(&s, id);
         c.replicas = 2;
         c.steps = 4;
-        c.payload_base = 4u << 20;   // 5 chunks: the first half is 2 of them
-        c.slow_at = 0, c.slow_s = 0.5;   // both are in before the first round
+        c.values = payload_values(4u << 20);   // 65 segments: the first half is 32 of them
+        c.slow_at = 0, c.slow_s = 0.5;           // both are in before the first round
         start_replica_env(&s, &c, id == 0 ? "tcp_slow_upload:2,tcp_trace:2" : "tcp_trace:2");
     }
     for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 4, 30), "cutthrough: replica %d finishes", id);
     for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "cutthrough: replica %d exits 0", id);
     bool ok = true;
     int full = rounds_of(&s, 0, 2, &ok) + rounds_of(&s, 1, 2, &ok);
-    EXPECT(ok && full == 8, "cutthrough: 4 rounds of both on both replicas, byte-exact (%d)", full);
-    double got = trace_time(&s, 1, "step 2: first chunk of replica 0's payload at ");
+    EXPECT(ok && full == 8, "cutthrough: 4 rounds of both on both replicas, exact (%d)", full);
+    EXPECT(means_disagree(&s) == 0, "cutthrough: both replicas receive the same bytes");
+    double got = trace_time(&s, 1, "step 2: first segment of the mean at ");
     double done = trace_time(&s, 0, "step 2: own upload done at ");
-    EXPECT(got > 0 && done > 0 && got < done - 0.3,
-           "cutthrough: replica 1 receives replica 0's payload %.3f s before replica 0's upload is done", done - got);
-    printf("cutthrough: the first chunk arrived %.3f s before the slow upload was done\n", done - got);
+    // Causal: a hub that waited for whole payloads could only send the mean after replica 0
+    // had handed in its last byte (and replica 0 pauses 0.6 s halfway).
+    EXPECT(got > 0 && done > 0 && got < done,
+           "cutthrough: replica 1 receives the mean's first segment %.3f s before replica 0's upload is done",
+           done - got);
+    printf("cutthrough: the mean's first segment arrived %.3f s before the slow upload was done\n", done - got);
     stop_hub(&s);
     finish(&s);
 }
 
-// A contributor killed halfway through its upload, after the hub passed its first half on:
-// the round names the others only, and what they return is byte-exact theirs; back, the
-// replica rejoins and contributes again.
+// A contributor killed halfway through its upload, after the hub had reduced its first
+// segments with the others': the mean holds it in a prefix of the segments and in no later
+// one, the round names the others only; back, the replica rejoins and contributes again.
 static void test_cutthrough_killed(void) {
     static scenario s;
     open_reports(&s, "cutkill");
     start_hub(&s, NULL);
+    const int64_t values = payload_values(4u << 20);   // 65 segments: it sends 32 of them
+    const int half = (int)(values * 4 / 2 / (SEGMENT_VALUES * 4));
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.steps = 8;
-        c.payload_base = 4u << 20;
+        c.values = values;
         c.slow_at = 0, c.slow_s = 0.5;
+        c.partial = 2;
+        // Replica 2 begins each round last: the others' first segments are at the hub when
+        // its own arrive, so its first segments are reduced before it dies.
+        if (id == 2) c.inner_s = 0.4;
         start_replica_env(&s, &c, id == 2 ? "tcp_die_in_upload:2" : "tcp_trace:2");
     }
     EXPECT(wait_exit(s.pids[2], 20) == 128 + SIGKILL, "cutkill: replica 2 dies halfway through its upload");
+    const rec *seen[2] = {NULL, NULL};
     for (int id = 0; id < 2; id++) {
-        const rec *r = await(&s, id, "round", 2, 20);
+        const rec *r = seen[id] = await(&s, id, "round", 2, 20);
         EXPECT(r && r->k == 2 && r->n == 2 && !strcmp(r->ids, "0,1") && r->ok,
-               "cutkill: replica %d's round 2 names 0 and 1 only, byte-exact (n %d ids %s ok %d)", id, r ? r->n : -1,
-               r ? r->ids : "-", r ? r->ok : 0);
-        EXPECT(trace_time(&s, id, "step 2: first chunk of replica 2's payload at ") > 0,
-               "cutkill: replica %d did receive part of the dead replica's payload (and dropped it)", id);
+               "cutkill: replica %d's round 2 names 0 and 1 only, its mean exact (n %d ids %s ok %d)", id,
+               r ? r->n : -1, r ? r->ids : "-", r ? r->ok : 0);
+        EXPECT(r && r->pre >= 1 && r->pre <= half,
+               "cutkill: replica %d's mean of step 2 holds the dead replica's contribution in its first %d "
+               "segment(s) (of the %d it sent), and none after",
+               id, r ? r->pre : -1, half);
+        EXPECT(trace_time(&s, id, "step 2: first segment of the mean at ") > 0,
+               "cutkill: replica %d traces the mean of step 2", id);
     }
+    EXPECT(seen[0] && seen[1] && seen[0]->hash == seen[1]->hash && seen[0]->pre == seen[1]->pre,
+           "cutkill: both receive the same mean of step 2");
+    printf("cutkill: the dead replica is in the first %d of 65 segments of the mean\n", seen[0] ? seen[0]->pre : -1);
     replica_cfg c = default_cfg(&s, 2);
     c.steps = 8;
-    c.payload_base = 4u << 20;
+    c.values = values;
     start_replica(&s, &c);   // stale: it gets the state
     const rec *g = await(&s, 2, "gotstate", 0, 20);
     EXPECT(g && g->ok, "cutkill: back, replica 2 gets the state");
@@ -718,35 +1001,37 @@ static void test_cutthrough_killed(void) {
     for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 8, 30), "cutkill: replica %d finishes", id);
     bool ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
-    EXPECT(ok, "cutkill: every round every replica saw was byte-exact");
+    EXPECT(ok, "cutkill: every round every replica saw was exact");
+    EXPECT(means_disagree(&s) == 0, "cutkill: the replicas of a round receive the same bytes");
     stop_hub(&s);
     finish(&s);
 
-    // Killed in the group's first round and back at once, with the same status: a member at
-    // once, but its contribution to that round is refused (the others may hold part of the
-    // first upload); it rejoins through the state.
+    // Killed in the group's first round before anything was reduced, and back at once with the
+    // same status: not a member at once, since it left that round after beginning it (a second
+    // upload would mix with the first in the mean); it rejoins through the state. Replicas 0 and 1 begin round 0
+    // well within the deadline (timeout_s after replica 2 began) and upload slowly, so that the
+    // round is still open when replica 2 comes back.
     static scenario s2;
     open_reports(&s2, "cutback");
     start_hub(&s2, NULL);
     for (int id = 0; id < 3; id++) {
         replica_cfg c2 = default_cfg(&s2, id);
         c2.steps = 4;
-        c2.payload_base = 4u << 20;
+        c2.values = values;
         c2.inner_s = 0.0;
-        if (id < 2) c2.slow_at = 0, c2.slow_s = 2.0 * TIMEOUT_S / 3;   // 0 and 1 begin round 0 late
-        start_replica_env(&s2, &c2, id == 2 ? "tcp_die_in_upload:0" : NULL);
+        c2.partial = 2;
+        if (id < 2) c2.slow_at = 0, c2.slow_s = TIMEOUT_S / 2;   // 0 and 1 begin round 0 late
+        start_replica_env(&s2, &c2, id == 2 ? "tcp_die_in_upload:0" : "tcp_slow_upload:0");
     }
     EXPECT(wait_exit(s2.pids[2], 20) == 128 + SIGKILL, "cutback: replica 2 dies halfway through round 0");
     replica_cfg c3 = default_cfg(&s2, 2);
     c3.steps = 4;
-    c3.payload_base = 4u << 20;
+    c3.values = values;
     c3.inner_s = 0.0;
     start_replica(&s2, &c3);
-    const rec *m = await(&s2, 2, "member", 0, 10);
-    EXPECT(m && m->k == 0, "cutback: back before round 0 closed, replica 2 is a member at once");
-    const rec *e = await(&s2, 2, "evicted", 0, 10);
-    EXPECT(e && e->k == 0, "cutback: its second contribution to round 0 is refused");
-    EXPECT(file_has(s2.hub_log, "it left that step's round after beginning it"), "cutback: the hub logs why");
+    EXPECT(await_file(s2.hub_log, "replica 2 joined at outer step 0 (hash 0000000000000abc): waits", 10),
+           "cutback: back before round 0 closed, with the group's status, replica 2 still waits for the state "
+           "(it left round 0 after beginning it: it may not contribute to it again)");
     for (int id = 0; id < 2; id++) {
         const rec *r = await(&s2, id, "round", 0, 10);
         EXPECT(r && r->k == 0 && !strcmp(r->ids, "0,1") && r->ok, "cutback: round 0 names 0 and 1 (%s)",
@@ -757,27 +1042,36 @@ static void test_cutthrough_killed(void) {
     for (int id = 0; id < 3; id++) EXPECT(await(&s2, id, "done", 4, 30), "cutback: replica %d finishes", id);
     ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s2, id, -1, &ok);
-    EXPECT(ok, "cutback: every round was byte-exact");
+    EXPECT(ok, "cutback: every round was exact");
+    EXPECT(means_disagree(&s2) == 0, "cutback: the replicas of a round receive the same bytes");
     stop_hub(&s2);
     finish(&s2);
 }
 
-// A contribution whose size differs from the round's first: evicted and logged, the round
-// goes on without it.
+// A contribution whose size differs from the round's first (replica 2: more values), and one
+// of the same size encoded differently (replica 3: another downlink codec): each evicted and
+// logged, the round goes on without them.
 static void test_size(void) {
     static scenario s;
     open_reports(&s, "size");
     start_hub(&s, NULL);
-    for (int id = 0; id < 3; id++) {
+    for (int id = 0; id < 4; id++) {
         replica_cfg c = default_cfg(&s, id);
-        c.steps = 3;
-        c.slow_at = 0, c.slow_s = id == 2 ? 0.8 : 0.4;   // replica 2 is the last to contribute
-        if (id == 2) c.payload_base += 1000;
+        c.replicas = 4;
+        c.steps = id < 2 ? 3 : 1;   // 2 and 3 stop once they have the group's state
+        c.slow_at = 0, c.slow_s = id >= 2 ? 0.8 : 0.4;   // replicas 2 and 3 are the last to contribute
+        if (id == 2) c.values += 250;
+        if (id == 3) c.down = QUANT_BF16;
         start_replica(&s, &c);
     }
-    const rec *e = await(&s, 2, "evicted", 0, 10);
-    EXPECT(e && e->k == 0, "size: the replica with another payload size is evicted from round 0");
+    for (int id = 2; id < 4; id++) {
+        const rec *e = await(&s, id, "evicted", 0, 10);
+        EXPECT(e && e->k == 0, "size: replica %d (%s) is evicted from round 0", id,
+               id == 2 ? "another payload size" : "another encoding");
+    }
     EXPECT(file_has(s.hub_log, "bytes, but the round's first contribution is"), "size: the hub logs the sizes");
+    EXPECT(file_has(s.hub_log, "is encoded differently from the round's first contribution"),
+           "size: the hub logs the encoding");
     for (int id = 0; id < 2; id++) {
         const rec *r = await(&s, id, "round", 0, 10);
         EXPECT(r && r->k == 0 && !strcmp(r->ids, "0,1") && r->ok, "size: round 0 names 0 and 1 (%s)", r ? r->ids : "-");
@@ -796,6 +1090,7 @@ static void test_donor_dies(void) {
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.steps = 14;
+        c.partial = 2;   // killed at any moment: maybe mid-upload
         // Replica 0 will be the donor (lowest id): it dies halfway through its state.
         start_replica_env(&s, &c, id == 0 ? "tcp_die_in_state:0" : NULL);
     }
@@ -816,6 +1111,10 @@ static void test_donor_dies(void) {
     EXPECT(back && back->n == 2 && !strcmp(back->ids, "1,2") && back->ok, "donor: replicas 1 and 2 go on together");
     for (int id = 1; id < 3; id++) EXPECT(await(&s, id, "done", 14, 30), "donor: replica %d finishes", id);
     EXPECT(wait_exit(s.pids[1], 10) == 0 && wait_exit(s.pids[3], 10) == 0, "donor: replicas 1 and 2 exit 0");
+    bool ok = true;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "donor: every round was exact");
+    EXPECT(means_disagree(&s) == 0, "donor: the replicas of a round receive the same bytes");
     stop_hub(&s);
     finish(&s);
 }
@@ -875,10 +1174,11 @@ static void test_hub_restart(void) {
         if (!strcmp(r->ev, "round") && r->n < 2 && r->apply) applied_alone++;
         if (!strcmp(r->ev, "round") && r->n == 3 && r->k >= 4) after++;
     }
-    EXPECT(ok && applied_alone == 0, "restart: every round byte-exact, none applied below min_replicas (%d)",
+    EXPECT(ok && applied_alone == 0, "restart: every round exact, none applied below min_replicas (%d)",
            applied_alone);
     EXPECT(after > 0, "restart: rounds of all three after the restart (%d)", after);
     EXPECT(file_has(s.hub_log, "founds the group"), "restart: the new hub's group is founded by a rejoiner");
+    EXPECT(means_disagree(&s) == 0, "restart: the replicas of a round receive the same bytes");
     stop_hub(&s);
     finish(&s);
 }
@@ -1144,7 +1444,8 @@ static void test_evil(void) {
     for (int id = 0; id < 2; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "evil: good replica %d exits 0", id);
     bool ok = true;
     int good_rounds = rounds_of(&s, 0, 2, &ok);
-    EXPECT(ok && good_rounds == 40, "evil: replica 0: %d rounds of 2, all byte-exact (%d)", good_rounds, ok);
+    EXPECT(ok && good_rounds == 40, "evil: replica 0: %d rounds of 2, all exact (%d)", good_rounds, ok);
+    EXPECT(means_disagree(&s) == 0, "evil: both replicas receive the same bytes");
     stop_hub(&s);
     finish(&s);
 }
@@ -1229,6 +1530,24 @@ static void test_cli(void) {
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    const char *only = argc > 1 ? argv[1] : NULL;
+    struct {
+        const char *name;
+        void (*run)(void);
+    } tests[] = {{"cli", test_cli},         {"reduce", test_reduce},
+                 {"mean", test_mean},       {"leave", test_leave},
+                 {"serve", test_serve},     {"kill9", test_kill9},
+                 {"sigstop", test_sigstop}, {"late", test_late},
+                 {"refound", test_refound}, {"slowread", test_slow_reader},
+                 {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
+                 {"size", test_size},       {"donor", test_donor_dies},
+                 {"restart", test_hub_restart}, {"evil", test_evil}};
+    bool known = only == NULL;
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
+    if (!known) {
+        fprintf(stderr, "test_transport: no scenario named '%s'\n", only);
+        return 2;
+    }
     snprintf(dir, sizeof dir, "/tmp/test_transport.XXXXXX");
     if (!mkdtemp(dir)) fail("mkdtemp: %s", strerror(errno));
     snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
@@ -1236,16 +1555,6 @@ int main(int argc, char **argv) {
     fprintf(f, "%s\n", SECRET);
     fclose(f);
     chmod(secret_path, 0600);
-    const char *only = argc > 1 ? argv[1] : NULL;
-    struct {
-        const char *name;
-        void (*run)(void);
-    } tests[] = {{"cli", test_cli},       {"allgather", test_allgather}, {"leave", test_leave}, {"serve", test_serve},
-                 {"kill9", test_kill9}, {"sigstop", test_sigstop},     {"late", test_late},
-                 {"refound", test_refound},    {"slowread", test_slow_reader},
-                 {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed}, {"size", test_size},
-                 {"donor", test_donor_dies},
-                 {"restart", test_hub_restart}, {"evil", test_evil}};
     double t0 = wall_seconds();
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
         if (only && strcmp(only, tests[i].name) != 0) continue;

@@ -42,7 +42,9 @@ static int samples(sample *s) {
     s[n].type = WIRE_JOIN, s[n].bytes = wire_encode_status(&st, s[n].payload), n++;
     wire_joined joined = {.result = JOINED_WAIT, .group_step = 13, .group_hash = 5};
     s[n].type = WIRE_JOINED, s[n].bytes = wire_encode_joined(&joined, s[n].payload), n++;
-    wire_contribute c = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20};
+    wire_contribute c = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20, .up_codec = WIRE_CODEC_INT8,
+                         .down_codec = WIRE_CODEC_INT8, .flags = WIRE_HUB_FEEDBACK, .block = 128,
+                         .segment_values = 1 << 18, .values = 2900000, .value_offset = 100, .model_values = 3000000};
     s[n].type = WIRE_CONTRIBUTE, s[n].bytes = wire_encode_contribute(&c, s[n].payload), n++;
     static wire_round round = {.outer_step = 12, .flags = ROUND_APPLY | ROUND_SEND_STATE, .n = 3,
                                .ids = {0, 1, 5}, .bytes = {10, 0, 3000000}};
@@ -88,6 +90,30 @@ static void test_round_trips(void) {
     EXPECT(!wire_decode_auth(s[1].payload, s[1].bytes, &a) && a.replica_id == 2 && a.streams == 4 &&
                a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99,
            "AUTH decodes");
+    // CONTRIBUTE says how the payload is encoded; a layout the hub could not reduce is refused.
+    wire_contribute c, bad;
+    uint8_t buf[WIRE_CONTRIBUTE_BYTES];
+    wire_contribute want = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20,
+                            .up_codec = WIRE_CODEC_INT4, .down_codec = WIRE_CODEC_BF16, .flags = WIRE_HUB_FEEDBACK,
+                            .block = 100, .segment_values = 262000, .values = 2900000, .value_offset = 100,
+                            .model_values = 3000100};
+    wire_encode_contribute(&want, buf);
+    EXPECT(!wire_decode_contribute(buf, sizeof buf, &c) && c.up_codec == WIRE_CODEC_INT4 &&
+               c.down_codec == WIRE_CODEC_BF16 && c.flags == WIRE_HUB_FEEDBACK && c.block == 100 &&
+               c.segment_values == 262000 && c.values == 2900000 && c.value_offset == 100 && c.model_values == 3000100,
+           "CONTRIBUTE decodes");
+    const char *spoiled[] = {"an unknown codec", "a segment of part blocks", "an odd segment",
+                             "values past the model", "no values"};
+    for (int i = 0; i < 5; i++) {
+        bad = want;
+        if (i == 0) bad.down_codec = 4;
+        if (i == 1) bad.segment_values = 262050;
+        if (i == 2) bad.block = 131001, bad.segment_values = 131001;
+        if (i == 3) bad.value_offset = 100101;
+        if (i == 4) bad.values = 0;
+        wire_encode_contribute(&bad, buf);
+        EXPECT(wire_decode_contribute(buf, sizeof buf, &c) != NULL, "CONTRIBUTE with %s is refused", spoiled[i]);
+    }
 }
 
 static void test_every_byte_flip_is_caught(void) {

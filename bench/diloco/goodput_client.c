@@ -6,13 +6,15 @@
 //                  --secret_file PATH [--streams S] [--timeout_s 60] [--payload_mb 100]
 //                  [--exchanges 3] [--link_mbit 100] [--label NAME] [--barrier_dir DIR]
 //       Opens the tcp transport, joins, waits until a round has every replica in it, then
-//       does N timed exchanges of a random payload of P bytes. Each replica's payload is a
-//       pure function of (replica id, step), so every replica checks, after the timed call,
-//       that it got every other replica's exact bytes. Before each timed exchange the
-//       replicas meet at a barrier so that they start together: with --barrier_dir (the
-//       replicas run on one machine) a file per replica and exchange in DIR; without it, a
-//       1-byte round through the transport, which starts the far replica one hub-to-replica
-//       latency after the near one.
+//       does N timed exchanges of a payload of P bytes: P / 4 fp32 values, unquantized
+//       (codec none both ways, no error feedback), each a small random integer that is a
+//       pure function of (replica id, step, index). The hub returns their mean; the sums are
+//       exact, so every replica recomputes, after the timed call, the mean of the replicas
+//       the round names (fp32 sum in ascending id, one division) and checks the hub's bytes
+//       against it. Before each timed exchange the replicas meet at a barrier so that they
+//       start together: with --barrier_dir (the replicas run on one machine) a file per
+//       replica and exchange in DIR; without it, a tiny round (256 values) through the
+//       transport, which starts the far replica one hub-to-replica latency after the near one.
 //   goodput_client relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] ...
 //       The hub: net/relay.c's relay_main, the same code as `train_gpt relay`.
 //   goodput_client sink --listen HOST:PORT
@@ -29,13 +31,15 @@
 // What is counted (printed with the results too): goodput = payload bytes / wall time,
 // payload meaning the application's bytes only — no transport framing, no HMAC tags, no TCP/IP
 // or Ethernet headers. For an exchange, the payload bytes are those this replica had to move
-// over the busier direction of its link: max(its own payload sent, the other replicas' payloads
-// received). On a full-duplex link of rate R the fastest possible exchange therefore takes
-// that many bytes / R, and goodput / R is the fraction of that ideal the transport reached.
+// over the busier direction of its link: max(its payload sent, the mean received). The hub
+// reduces, so both are P whatever the number of replicas, and the count is P. On a
+// full-duplex link of rate R the fastest possible exchange therefore takes P / R, and
+// goodput / R is the fraction of that ideal the transport reached.
 // The wire bytes the transport reports (round_result.bytes_sent / bytes_recv: payload +
 // framing) are printed alongside as wire Mbit/s. The raw-TCP baseline counts the same way
 // (payload bytes / time), so it shows what a plain TCP connection gets on the same link after
 // TCP/IP/Ethernet headers: about 1448 / 1514 = 95.6 % of the shaped rate at MTU 1500.
+#include "llmc/quant.h"
 #include "net/relay.h"
 #include "sock.h"
 #include "net/transport.h"
@@ -128,18 +132,28 @@ static double mbit_per_s(double bytes, double seconds) { return seconds > 0 ? by
 
 // ---------------------------------------------------------------- payloads
 
-// The payload of replica `id` for outer step `step`: xorshift64* bytes, so that each
-// replica can regenerate (and check) every other replica's payload without receiving it twice.
-static void fill_payload(uint8_t *p, size_t bytes, int id, int64_t step) {
-    uint64_t x = 0x9E3779B97F4A7C15ull ^ ((uint64_t)id << 32) ^ (uint64_t)step * 0xD1B54A32D192ED03ull;
-    if (!x) x = 1;
-    size_t i = 0;
-    for (; i + 8 <= bytes; i += 8) {
-        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-        uint64_t v = x * 0x2545F4914F6CDD1Dull;
-        memcpy(p + i, &v, 8);
+#define PAYLOAD_BLOCK 128
+#define TINY_VALUES 256   // the barrier's and the warm-up's rounds
+
+// n fp32 values, unquantized both ways: the payload is the values' bytes, as is the mean.
+static payload_spec spec_of(int64_t n) {
+    return (payload_spec){.up_codec = QUANT_NONE, .down_codec = QUANT_NONE, .down_feedback = false,
+                          .block = PAYLOAD_BLOCK, .segment = quant_segment_values(PAYLOAD_BLOCK), .values = n,
+                          .offset = 0, .model_values = n};
+}
+
+// The values of replica `id` for outer step `step`: integers in -1000 .. 1000 from
+// xorshift64*, so that each replica can regenerate every other replica's, and any sum of
+// them (up to TRANSPORT_MAX_REPLICAS) is exact in fp32. accumulate: x[i] = x[i] + value
+// (one fp32 addition, as the hub's), else x[i] = value.
+static void fill_values(float *x, int64_t n, int id, int64_t step, bool accumulate) {
+    uint64_t s = 0x9E3779B97F4A7C15ull ^ ((uint64_t)id << 32) ^ (uint64_t)step * 0xD1B54A32D192ED03ull;
+    if (!s) s = 1;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        float v = (float)((int)((s * 0x2545F4914F6CDD1Dull >> 32) % 2001) - 1000);
+        x[i] = accumulate ? x[i] + v : v;
     }
-    for (; i < bytes; i++) p[i] = (uint8_t)(i * 131 + (size_t)id);
 }
 
 // ---------------------------------------------------------------- transport mode
@@ -163,19 +177,36 @@ static uint8_t *read_secret(const char *path, size_t *bytes) {
     return s;
 }
 
-// Checks every contribution of the round against its regenerated bytes; prints what differs.
-static bool round_is_intact(const round_result *r, int64_t step, int replicas, size_t bytes, uint8_t *scratch) {
+// Checks the round's mean against the mean of the regenerated values of the replicas it names
+// (fp32 sum in ascending id, then one fp32 division by their count: the hub's arithmetic),
+// encoded as the hub encodes it; prints what differs. sum holds spec->values floats, expect
+// payload_spec_down_bytes(spec) bytes.
+static bool round_is_intact(const round_result *r, int64_t step, int replicas, const payload_spec *spec, float *sum,
+                            uint8_t *expect) {
     bool ok = r->outer_step == step && r->n == replicas && r->apply && !r->evicted;
     if (!ok)
         fprintf(stderr, "goodput_client: round %lld: outer_step %lld, %d of %d contributed, apply %d, evicted %d\n",
                 (long long)step, (long long)r->outer_step, r->n, replicas, r->apply, r->evicted);
-    for (int i = 0; i < r->n; i++) {
-        fill_payload(scratch, bytes, r->ids[i], step);
-        if (r->bytes[i] != bytes || memcmp(r->payload[i], scratch, bytes) != 0) {
-            fprintf(stderr, "goodput_client: round %lld: replica %d's payload is not what it sent (%zu bytes)\n",
-                    (long long)step, r->ids[i], r->bytes[i]);
-            ok = false;
-        }
+    size_t bytes = payload_spec_down_bytes(spec);
+    if (r->n < 1 || !r->mean || r->mean_bytes != bytes) {
+        fprintf(stderr, "goodput_client: round %lld: a mean of %zu bytes from %d replicas, expected %zu bytes\n",
+                (long long)step, r->mean ? r->mean_bytes : 0, r->n, bytes);
+        return false;
+    }
+    int64_t n = spec->values;
+    for (int i = 0; i < r->n; i++) fill_values(sum, n, r->ids[i], step, i > 0);
+    if (r->n > 1) {
+        float divisor = (float)r->n;
+        for (int64_t i = 0; i < n; i++) sum[i] = sum[i] / divisor;
+    }
+    quant_encode_segments((quant_kind)spec->down_codec, sum, NULL, n, spec->block, spec->segment, expect);
+    if (memcmp(r->mean, expect, bytes) != 0) {
+        size_t at = 0;
+        while (r->mean[at] == expect[at]) at++;
+        fprintf(stderr, "goodput_client: round %lld: the hub's mean of replicas", (long long)step);
+        for (int i = 0; i < r->n; i++) fprintf(stderr, " %d", r->ids[i]);
+        fprintf(stderr, " is not the mean of what they sent (%zu bytes, the first difference at byte %zu)\n", bytes, at);
+        ok = false;
     }
     return ok;
 }
@@ -210,12 +241,12 @@ static join_result replica_join(replica *r, bool rejoin) {
     return j;
 }
 
-// One exchange of bytes at r->step, untimed, with what diloco.c does around it: rejoin after
-// an eviction, hand the state to joiners. true when every replica contributed.
-static bool replica_sync_round(replica *r, const uint8_t *payload, size_t bytes) {
+// One exchange at r->step, untimed, with what diloco.c does around it: rejoin after an
+// eviction, hand the state to joiners. true when every replica contributed.
+static bool replica_sync_round(replica *r, const payload_spec *spec, const uint8_t *payload) {
     round_result res;
     memset(&res, 0, sizeof res);
-    if (!transport_exchange(r->t, r->step, payload, bytes, &res)) {
+    if (!transport_exchange(r->t, r->step, spec, payload, &res)) {
         fprintf(stderr, "goodput_client: error: outer step %lld: the transport is gone (hub unreachable)\n",
                 (long long)r->step);
         exit(1);
@@ -229,11 +260,25 @@ static bool replica_sync_round(replica *r, const uint8_t *payload, size_t bytes)
     return res.n == r->o->replicas;
 }
 
+// A tiny round's payload: TINY_VALUES zeros, encoded.
+static payload_spec tiny_spec;
+static uint8_t tiny_payload[TINY_VALUES * sizeof(float)];
+
+static void tiny_init(void) {
+    float zeros[TINY_VALUES] = {0};
+    tiny_spec = spec_of(TINY_VALUES);
+    if (payload_spec_up_bytes(&tiny_spec) != sizeof tiny_payload) {
+        fprintf(stderr, "goodput_client: error: a tiny payload is %zu bytes, expected %zu\n",
+                payload_spec_up_bytes(&tiny_spec), sizeof tiny_payload);
+        exit(1);
+    }
+    quant_encode_segments(QUANT_NONE, zeros, NULL, TINY_VALUES, tiny_spec.block, tiny_spec.segment, tiny_payload);
+}
+
 // Until a round has every replica in it (the others may still be starting): tiny rounds.
 static void replica_wait_for_group(replica *r) {
     double deadline = now_s() + r->o->timeout_s;
-    uint8_t tiny = 0;
-    while (!replica_sync_round(r, &tiny, 1)) {
+    while (!replica_sync_round(r, &tiny_spec, tiny_payload)) {
         r->rounds_alone++;
         if (now_s() > deadline) {
             fprintf(stderr, "goodput_client: error: the other replicas did not join within %.0f s\n", r->o->timeout_s);
@@ -274,13 +319,24 @@ static int run_transport(const options *o) {
         fprintf(stderr, "goodput_client: error: --replica_id must be in 0 .. --replicas - 1\n");
         return 1;
     }
-    size_t bytes = payload_bytes(o);
-    uint8_t *payload = malloc(bytes), *scratch = malloc(bytes);
+    // P bytes = n fp32 values; the payload and the mean are n * 4 bytes (codec none).
+    int64_t n = (int64_t)(payload_bytes(o) / sizeof(float));
+    if (n < 1) {
+        fprintf(stderr, "goodput_client: error: --payload_mb %g is less than one fp32 value\n", o->payload_mb);
+        return 1;
+    }
+    payload_spec spec = spec_of(n);
+    size_t bytes = payload_spec_up_bytes(&spec), mean_bytes = payload_spec_down_bytes(&spec);
+    // values: this replica's values, then the expected mean; payload: the encoded values, then
+    // (after the exchange, before the next one regenerates it) the encoded expected mean.
+    float *values = malloc((size_t)n * sizeof *values);
+    uint8_t *payload = malloc(bytes > mean_bytes ? bytes : mean_bytes);
     double *goodput = malloc((size_t)o->exchanges * sizeof *goodput);
-    if (!payload || !scratch || !goodput) {
+    if (!values || !payload || !goodput) {
         fprintf(stderr, "goodput_client: error: out of memory for two %zu-byte payloads\n", bytes);
         return 1;
     }
+    tiny_init();
     transport_options to = {0};
     to.replica_id = o->replica_id;
     to.replicas = o->replicas;
@@ -305,19 +361,19 @@ static int run_transport(const options *o) {
     double total_s = 0, total_bytes = 0;
     for (int k = 0; k < o->exchanges; k++) {
         // A barrier first: every replica starts the timed exchange with its payload ready.
-        uint8_t tiny = 0;
         int64_t step = o->barrier_dir ? r.step : r.step + 1;
-        fill_payload(payload, bytes, o->replica_id, step);
+        fill_values(values, n, o->replica_id, step, false);
+        quant_encode_segments((quant_kind)spec.up_codec, values, NULL, n, spec.block, spec.segment, payload);
         if (o->barrier_dir) {
             file_barrier(o, k);
-        } else if (!replica_sync_round(&r, &tiny, 1) || r.step != step) {
+        } else if (!replica_sync_round(&r, &tiny_spec, tiny_payload) || r.step != step) {
             fprintf(stderr, "goodput_client: error: a replica left the group before exchange %d\n", k);
             return 1;
         }
         round_result res;
         memset(&res, 0, sizeof res);
         double t0 = now_s();
-        bool ok = transport_exchange(r.t, step, payload, bytes, &res);
+        bool ok = transport_exchange(r.t, step, &spec, payload, &res);
         double t1 = now_s(), dt = t1 - t0;
         if (!ok) {
             fprintf(stderr, "goodput_client: error: exchange %d: the transport is gone (hub unreachable)\n", k);
@@ -325,19 +381,18 @@ static int run_transport(const options *o) {
         }
         r.step++;
         if (res.send_state) transport_send_state(r.t, (const uint8_t *)&r.step, 8);
-        bool intact = round_is_intact(&res, step, o->replicas, bytes, scratch);
+        bool intact = round_is_intact(&res, step, o->replicas, &spec, values, payload);
         all_ok = all_ok && intact;
-        double others = 0;
-        for (int i = 0; i < res.n; i++)
-            if (res.ids[i] != o->replica_id) others += (double)res.bytes[i];
-        double moved = others > (double)bytes ? others : (double)bytes;
+        // The payload moved: max(own payload sent, mean received); both are P (codec none).
+        size_t received = res.mean ? res.mean_bytes : 0;
+        double moved = (double)(received > bytes ? received : bytes);
         goodput[k] = mbit_per_s(moved, dt);
         total_s += dt;
         total_bytes += moved;
-        printf("%s replica %d exchange %d: payload sent %zu B, payload received from others %.0f B, "
+        printf("%s replica %d exchange %d: payload sent %zu B, mean of %d received %zu B, "
                "wire sent %llu B, wire received %llu B, time %.3f s (sync_s %.3f, wait_s %.3f), "
                "goodput %.2f Mbit/s = %.1f %% of %.0f Mbit/s, wire up %.2f / down %.2f Mbit/s, payloads %s\n",
-               o->label, o->replica_id, k, bytes, others, (unsigned long long)res.bytes_sent,
+               o->label, o->replica_id, k, bytes, res.n, received, (unsigned long long)res.bytes_sent,
                (unsigned long long)res.bytes_recv, dt, res.sync_s, res.wait_s, goodput[k],
                100 * goodput[k] / o->link_mbit, o->link_mbit, mbit_per_s((double)res.bytes_sent, dt),
                mbit_per_s((double)res.bytes_recv, dt), intact ? "verified" : "CORRUPT");
@@ -351,8 +406,8 @@ static int run_transport(const options *o) {
            "%.0f Mbit/s (min %.2f, median %.2f, max %.2f); payloads %s\n",
            o->label, o->replica_id, o->exchanges, bytes, o->streams, overall, 100 * overall / o->link_mbit, o->link_mbit,
            goodput[0], goodput[o->exchanges / 2], goodput[o->exchanges - 1], all_ok ? "all verified" : "CORRUPT");
+    free(values);
     free(payload);
-    free(scratch);
     free(goodput);
     return all_ok ? 0 : 1;
 }
