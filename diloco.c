@@ -62,6 +62,7 @@ struct diloco {
     quant_kind down;                       // the codec of the mean (diloco_downlink)
     bool down_feedback;                    // the reducer's error feedback on the mean
     int64_t block, segment;
+    float bound;                           // diloco_bound (0 with diloco_quant = none: weights travel)
     float *theta, *momentum, *residual;   // residual: NULL without error feedback
     float *delta;                          // this replica's Δᵢ (quantized kinds)
     uint8_t *payload;                      // sized for the largest fragment
@@ -96,12 +97,12 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
-    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d",
+    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d|bound %.9g",
               model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
               cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
               (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
-              cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback);
+              cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback, cfg->diloco_bound);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -159,6 +160,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
               : strcmp(cfg->diloco_downlink, "bf16") == 0                        ? QUANT_BF16
                                                                                  : d->quant;
     d->down_feedback = cfg->diloco_downlink_feedback && d->down != QUANT_NONE;
+    d->bound = d->quant == QUANT_NONE ? 0.0f : (float)cfg->diloco_bound;
     d->overlap = cfg->diloco_overlap_steps;
     d->streaming = cfg->diloco_fragments > 1 || d->overlap > 0;
     split_fragments(d);
@@ -317,6 +319,8 @@ static double encode_contribution(diloco *d, const fragment *f, const float *par
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) d->delta[i] = d->theta[i] - params[i];
+    if (!d->local && fault_requested("diloco_hostile", 0))   // test hook: a replica gone wild
+        for (int64_t i = o; i < o + n; i++) d->delta[i] *= 100.0f;
     return quant_encode_segments(d->quant, d->delta + o, residual ? residual + o : NULL, n, d->block, d->segment,
                                  payload);
 }
@@ -325,7 +329,7 @@ static double encode_contribution(diloco *d, const fragment *f, const float *par
 static payload_spec spec_of(const diloco *d, const fragment *f) {
     return (payload_spec){.up_codec = d->quant, .down_codec = d->down, .down_feedback = d->down_feedback,
                           .block = d->block, .segment = d->segment, .values = f->numel, .offset = f->offset,
-                          .model_values = d->numel};
+                          .model_values = d->numel, .bound = d->bound};
 }
 
 // acc[fragment] ← the averaged Δ from the encoded mean the reducer sent back (the hub, the
@@ -370,8 +374,8 @@ static void reduce_locally(diloco *d, const fragment *f, int m) {
         int64_t len = min_i64(d->segment, f->numel - s0);
         for (int i = 0; i < m; i++) ins[i] = d->local_payload[i] + up;
         float *residual = d->hub_residual ? d->hub_residual + f->offset + s0 : NULL;
-        quant_reduce_segment(d->quant, ins, m, len, d->block, d->down, residual, d->segment_scratch,
-                             d->local_mean + down, NULL);
+        quant_reduction q = {.up = d->quant, .down = d->down, .block = d->block, .bound = d->bound};
+        quant_reduce_segment(&q, ins, m, len, residual, d->segment_scratch, d->local_mean + down, NULL);
         up += quant_encoded_bytes(d->quant, len, d->block);
         down += quant_encoded_bytes(d->down, len, d->block);
     }

@@ -473,7 +473,8 @@ bool quant_is_finite(quant_kind k, const uint8_t *in, int64_t n, int64_t block) 
     return true;
 }
 
-void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, float *mean) {
+void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, const float *factors,
+                float *mean) {
     check_arguments(k, n, block);
     CHECK(count >= 1);
     int64_t n_chunks = quant_blocks(n, QUANT_CHUNK);
@@ -483,36 +484,86 @@ void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, in
         int64_t c0 = c * QUANT_CHUNK, c1 = min_i64(c0 + QUANT_CHUNK, n);
         float values[QUANT_CHUNK];
         float *sum = mean + c0;
-        decode_chunk(k, in[0], n, block, c0, c1, sum);
-        for (int j = 1; j < count; j++) {
-            decode_chunk(k, in[j], n, block, c0, c1, values);
-            for (int64_t i = 0; i < c1 - c0; i++) sum[i] = sum[i] + values[i];
+        for (int j = 0; j < count; j++) {
+            float *v = j == 0 ? sum : values;
+            decode_chunk(k, in[j], n, block, c0, c1, v);
+            if (factors && factors[j] != 1.0f)
+                for (int64_t i = 0; i < c1 - c0; i++) v[i] = v[i] * factors[j];
+            if (j > 0)
+                for (int64_t i = 0; i < c1 - c0; i++) sum[i] = sum[i] + values[i];
         }
         if (count > 1)
             for (int64_t i = 0; i < c1 - c0; i++) sum[i] = sum[i] / divisor;
     }
 }
 
-int quant_reduce_segment(quant_kind up, const uint8_t *const *in, int count, int64_t n, int64_t block,
-                         quant_kind down, float *residual, float *scratch, uint8_t *out, bool *left_out) {
+double quant_norm(quant_kind k, const uint8_t *in, int64_t n, int64_t block) {
+    check_arguments(k, n, block);
+    double sum = 0.0;
+    float values[QUANT_CHUNK];
+    for (int64_t c0 = 0; c0 < n; c0 += QUANT_CHUNK) {
+        int64_t c1 = min_i64(c0 + QUANT_CHUNK, n);
+        decode_chunk(k, in, n, block, c0, c1, values);
+        for (int64_t i = 0; i < c1 - c0; i++) sum += (double)values[i] * (double)values[i];
+    }
+    return sqrt(sum);
+}
+
+// The bound on the finite contributions in[0..kept): factors[j] = bound · median / norm_j (as
+// fp32) for a contribution whose norm exceeds bound times the lower median of the norms, 1
+// for the others (and for all when the median is 0: nothing to measure against).
+static void bound_factors(quant_kind k, const uint8_t *const *in, int kept, int64_t n, int64_t block, float bound,
+                          float *factors) {
+    double *norms = (double *)xmalloc((size_t)kept * sizeof *norms), *sorted = (double *)xmalloc((size_t)kept * sizeof *sorted);
+    for (int j = 0; j < kept; j++) sorted[j] = norms[j] = quant_norm(k, in[j], n, block);
+    for (int j = 1; j < kept; j++)   // insertion sort: a few hundred at most
+        for (int i = j; i > 0 && sorted[i - 1] > sorted[i]; i--) {
+            double t = sorted[i];
+            sorted[i] = sorted[i - 1];
+            sorted[i - 1] = t;
+        }
+    double limit = (double)bound * sorted[(kept - 1) / 2];
+    for (int j = 0; j < kept; j++) factors[j] = limit > 0.0 && norms[j] > limit ? (float)(limit / norms[j]) : 1.0f;
+    free(norms);
+    free(sorted);
+}
+
+int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int count, int64_t n, float *residual,
+                         float *scratch, uint8_t *out, quant_effect *effect) {
     const uint8_t **finite = (const uint8_t **)xmalloc((size_t)(count > 0 ? count : 1) * sizeof *finite);
-    int kept = 0;
+    float *factors = (float *)xmalloc((size_t)(count > 0 ? count : 1) * sizeof *factors);
+    int *index = (int *)xmalloc((size_t)(count > 0 ? count : 1) * sizeof *index);
+    int kept = 0, touched = 0;
     for (int j = 0; j < count; j++) {
-        bool ok = quant_is_finite(up, in[j], n, block);
-        if (left_out) left_out[j] = !ok;
-        if (ok) finite[kept++] = in[j];
+        bool ok = quant_is_finite(q->up, in[j], n, q->block);
+        if (effect) effect[j] = (quant_effect){.left_out = !ok, .factor = 1.0f};
+        touched += !ok;
+        if (ok) {
+            index[kept] = j;
+            finite[kept++] = in[j];
+        }
     }
     if (kept == 0) {
         // Nothing finite to average: a segment of NaN, so that every replica skips the step.
         float nan = scale_of_bad_block();
         for (int64_t i = 0; i < n; i++) scratch[i] = nan;
-        encode(down, scratch, NULL, n, block, out, NULL);
+        encode(q->down, scratch, NULL, n, q->block, out, NULL);
     } else {
-        quant_mean(up, finite, kept, n, block, scratch);
-        encode(down, scratch, residual, n, block, out, NULL);
+        bool bounded = q->bound > 0.0f && q->up != QUANT_NONE;
+        if (bounded) {
+            bound_factors(q->up, finite, kept, n, q->block, q->bound, factors);
+            for (int j = 0; j < kept; j++) {
+                touched += factors[j] != 1.0f;
+                if (effect) effect[index[j]].factor = factors[j];
+            }
+        }
+        quant_mean(q->up, finite, kept, n, q->block, bounded ? factors : NULL, scratch);
+        encode(q->down, scratch, residual, n, q->block, out, NULL);
     }
     free(finite);
-    return count - kept;
+    free(factors);
+    free(index);
+    return touched;
 }
 
 // ================================================================ the GPU section

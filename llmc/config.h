@@ -102,6 +102,7 @@ typedef struct {
     bool diloco_error_feedback;
     char *diloco_downlink;          // same | bf16 | fp32: the codec of the hub's mean
     bool diloco_downlink_feedback;  // the hub's error feedback on the mean
+    double diloco_bound;            // the reducer's bound: times the median norm (0: none)
     double diloco_timeout_s;
     double diloco_connect_timeout_s;
     char *diloco_secret_file;

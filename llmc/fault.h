@@ -12,6 +12,8 @@
 //                       must end the process)
 //   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
 //                       step STEP+1 (the others must leave it out of the average)
+//   diloco_hostile      DiLoCo (STEP 0): this replica sends 100 times its outer gradient in
+//                       every round (the reducer's bound must hold it)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,
 //   tcp_die_in_upload_after_full, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see

@@ -78,19 +78,39 @@ void quant_decode_segments(quant_kind k, const uint8_t *in, int64_t n, int64_t b
 // Whether every value in[] decodes to is finite (int8 / int4: every block scale is).
 bool quant_is_finite(quant_kind k, const uint8_t *in, int64_t n, int64_t block);
 
-// The hub's mean of `count` (>= 1) encodings of n values: decoded, summed in fp32 in the
-// order given (ascending replica id), then divided by count (one fp32 division; none for
-// count 1). Every fp32 operation is rounded on its own, so the hub, the MPI transport and
-// diloco_transport = local get the same bits.
-void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, float *mean);
+// The hub's mean of `count` (>= 1) encodings of n values: decoded, each times factors[j]
+// (factors NULL: none; a factor of 1 is skipped), summed in fp32 in the order given (ascending
+// replica id), then divided by count (one fp32 division; none for count 1). Every fp32
+// operation is rounded on its own, so the hub, the MPI transport and diloco_transport =
+// local get the same bits.
+void quant_mean(quant_kind k, const uint8_t *const *in, int count, int64_t n, int64_t block, const float *factors,
+                float *mean);
 
-// One segment through the hub: the mean of in[0..count) (kind up, in ascending replica id),
-// encoded as kind down into out, with error feedback on residual[n] (NULL: none); scratch
-// holds n floats. A contribution with a NaN or Inf is left out (left_out[j] = true, when
-// left_out is not NULL); returns how many were. With none left (or count 0) it writes a
-// segment of NaN, which every replica refuses to apply.
-int quant_reduce_segment(quant_kind up, const uint8_t *const *in, int count, int64_t n, int64_t block,
-                         quant_kind down, float *residual, float *scratch, uint8_t *out, bool *left_out);
+// The L2 norm of the decoded values: squares summed in double, in order (reproducible).
+double quant_norm(quant_kind k, const uint8_t *in, int64_t n, int64_t block);
+
+// How a hub reduces a segment.
+typedef struct {
+    quant_kind up, down;        // the contributions' codec, the mean's
+    int64_t block;
+    float bound;                // > 0 (Δ codecs only, not none, which carries weights): a
+                                // contribution whose norm exceeds bound × the lower median of the
+                                // segment's norms is scaled down to that (diloco_bound)
+} quant_reduction;
+
+// What the reduction did to one contribution.
+typedef struct {
+    bool left_out;              // it held NaN/Inf
+    float factor;               // 1, or the bound's scale
+} quant_effect;
+
+// One segment through the hub: the mean of in[0..count) (ascending replica id), each bounded
+// as q says, encoded in q->down into out, with error feedback on residual[n] (NULL: none);
+// scratch holds n floats. A contribution with a NaN or Inf is left out. effect[j] (when not
+// NULL) says what happened to contribution j; returns how many were left out or scaled. With
+// none left (or count 0) it writes a segment of NaN, which every replica refuses to apply.
+int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int count, int64_t n, float *residual,
+                         float *scratch, uint8_t *out, quant_effect *effect);
 
 // ---------------------------------------------------------------- on the GPU
 // The same encoder and decoder as CUDA kernels (quant.cu's GPU section), so that a replica

@@ -113,6 +113,8 @@ typedef struct {
     bool whole;                     // its contribution is complete: it counts
     bool left;                      // it began the round and left it (whole or not): no second try
     bool nonfinite_told;            // a segment of NaN/Inf was logged
+    int64_t bounded;                // segments the bound scaled down
+    float least_factor;             // the smallest such scale
     uint64_t total;
     int64_t n_segments, prefix;     // segments 0 .. prefix - 1 have arrived
     blob **seg;                     // [n_segments]
@@ -394,16 +396,23 @@ static void try_reduce(relay *h) {
         blob *b = blob_new(out_bytes);
         if (!b) fail("relay: out of memory for a segment of the mean (%zu bytes)", out_bytes);
         float *residual = h->residual ? h->residual + sp->value_offset + first : NULL;
-        bool left_out[WIRE_MAX_REPLICAS];
-        if (quant_reduce_segment(codec(sp->up_codec), ins, count, len, sp->block, codec(sp->down_codec), residual,
-                                 h->scratch, b->data, left_out))
-            for (int j = 0; j < count; j++)
-                if (left_out[j] && !h->contrib[ids[j]].nonfinite_told) {
-                    h->contrib[ids[j]].nonfinite_told = true;
+        quant_effect effect[WIRE_MAX_REPLICAS];
+        quant_reduction q = {.up = codec(sp->up_codec), .down = codec(sp->down_codec), .block = sp->block,
+                             .bound = sp->bound};
+        if (quant_reduce_segment(&q, ins, count, len, residual, h->scratch, b->data, effect))
+            for (int j = 0; j < count; j++) {
+                contribution *k = &h->contrib[ids[j]];
+                if (effect[j].left_out && !k->nonfinite_told) {
+                    k->nonfinite_told = true;
                     hub_log(h, "round %lld: replica %d's contribution holds NaN/Inf (segment %lld): left out of the "
                                "mean of every such segment",
                             (long long)h->round_step, ids[j], (long long)c);
                 }
+                if (effect[j].factor != 1.0f) {
+                    if (!k->bounded || effect[j].factor < k->least_factor) k->least_factor = effect[j].factor;
+                    k->bounded++;
+                }
+            }
         wire_data d = {.owner_id = 0, .kind = DATA_MEAN, .outer_step = h->round_step, .total_bytes = h->down_total,
                        .offset = (uint64_t)c * h->down_chunk, .chunk_bytes = h->down_chunk,
                        .chunk_len = (uint32_t)out_bytes};
@@ -583,6 +592,12 @@ static uint64_t rss_bytes(void) {
 }
 
 static void close_round(relay *h) {
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->contrib[i].bounded)
+            hub_log(h, "round %lld: replica %d's outer gradient bounded in %lld of %lld segment(s) (norm above %g x "
+                       "the median; scaled by down to %.3g)",
+                    (long long)h->round_step, i, (long long)h->contrib[i].bounded, (long long)h->n_segments,
+                    (double)h->spec.bound, (double)h->contrib[i].least_factor);
     wire_round m = {.outer_step = h->round_step};
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].whole) {
@@ -818,7 +833,8 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
 static bool same_layout(const wire_contribute *a, const wire_contribute *b) {
     return a->total_bytes == b->total_bytes && a->chunk_bytes == b->chunk_bytes && a->up_codec == b->up_codec &&
            a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
-           a->segment_values == b->segment_values && a->values == b->values && a->value_offset == b->value_offset &&
+           a->segment_values == b->segment_values && a->bound == b->bound && a->values == b->values &&
+           a->value_offset == b->value_offset &&
            a->model_values == b->model_values;
 }
 

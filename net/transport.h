@@ -82,6 +82,7 @@ typedef struct {
     int64_t values;             // values in this payload
     int64_t offset;             // where they start in the model's flat parameters
     int64_t model_values;       // the model's parameter count
+    float bound;                // the reducer's bound on each contribution (diloco_bound; 0: none)
 } payload_spec;
 
 // Bytes of the payload and of the mean for a spec.

@@ -121,11 +121,13 @@ static join_result mpi_rejoin(void *impl, const replica_status *s, uint8_t *stat
 
 // The layout every rank must hand in: a mismatch is a broken config, not something to average.
 static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
-    int64_t mine[8] = {sp->up_codec, sp->down_codec, sp->down_feedback, sp->block, sp->segment, sp->values,
-                       sp->offset, sp->model_values};
-    int64_t lo[8], hi[8];
-    mpi_check(MPI_Allreduce(mine, lo, 8, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
-    mpi_check(MPI_Allreduce(mine, hi, 8, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
+    uint32_t bound_bits;
+    memcpy(&bound_bits, &sp->bound, sizeof bound_bits);
+    int64_t mine[9] = {sp->up_codec, sp->down_codec, sp->down_feedback, sp->block, sp->segment, sp->values,
+                       sp->offset, sp->model_values, bound_bits};
+    int64_t lo[9], hi[9];
+    mpi_check(MPI_Allreduce(mine, lo, 9, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
+    mpi_check(MPI_Allreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
     if (memcmp(lo, hi, sizeof lo) != 0)
         fail("diloco (mpi): the ranks encode their outer gradients differently (diloco_quant, diloco_quant_block, "
              "diloco_downlink or the model differ between their configs)");
@@ -160,7 +162,10 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     uint8_t *in = xmalloc((size_t)M * up_chunk), *out = xmalloc(down_chunk);
     float *scratch = alloc_floats((size_t)sp->segment);
     const uint8_t *ins[TRANSPORT_MAX_REPLICAS];
-    bool left_out[TRANSPORT_MAX_REPLICAS];
+    quant_effect effect[TRANSPORT_MAX_REPLICAS];
+    quant_reduction q = {.up = up, .down = down, .block = sp->block, .bound = sp->bound};
+    int64_t bounded[TRANSPORT_MAX_REPLICAS] = {0};
+    float least[TRANSPORT_MAX_REPLICAS];
     int scounts[TRANSPORT_MAX_REPLICAS], sdispls[TRANSPORT_MAX_REPLICAS];
     int rcounts[TRANSPORT_MAX_REPLICAS], rdispls[TRANSPORT_MAX_REPLICAS];
     bool told[TRANSPORT_MAX_REPLICAS] = {false};
@@ -186,14 +191,19 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         if (my_len) {
             for (int p = 0; p < M; p++) ins[p] = in + (size_t)p * up_chunk;
             float *res = residual ? residual + sp->offset + mine * sp->segment : NULL;
-            if (quant_reduce_segment(up, ins, M, my_len, sp->block, down, res, scratch, out, left_out))
-                for (int p = 0; p < M; p++)
-                    if (left_out[p] && !told[p]) {
+            if (quant_reduce_segment(&q, ins, M, my_len, res, scratch, out, effect))
+                for (int p = 0; p < M; p++) {
+                    if (effect[p].left_out && !told[p]) {
                         told[p] = true;
                         warn("diloco (mpi): outer step %lld: replica %d's contribution holds NaN/Inf; left out of the "
                              "mean of such segments",
                              (long long)outer_step + 1, p);
                     }
+                    if (effect[p].factor != 1.0f) {
+                        if (!bounded[p] || effect[p].factor < least[p]) least[p] = effect[p].factor;
+                        bounded[p]++;
+                    }
+                }
             my_down = quant_encoded_bytes(down, my_len, sp->block);
             r->bytes_sent += (uint64_t)my_down * (uint64_t)(M - 1);
             r->bytes_recv += (uint64_t)my_up * (uint64_t)(M - 1);
@@ -212,6 +222,11 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
                                  MPI_BYTE, t->exchange_comm),
                   "MPI_Allgatherv");
     }
+    for (int p = 0; p < M; p++)
+        if (bounded[p])
+            warn("diloco (mpi): outer step %lld: replica %d's outer gradient bounded in %lld of the segments rank %d "
+                 "reduced (norm above %g x the median; scaled by down to %.3g)",
+                 (long long)outer_step + 1, p, (long long)bounded[p], t->rank, (double)sp->bound, (double)least[p]);
     free(in);
     free(out);
     free(scratch);

@@ -731,7 +731,8 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = chunk,
                          .up_codec = (uint8_t)spec->up_codec, .down_codec = (uint8_t)spec->down_codec,
                          .flags = spec->down_feedback ? WIRE_HUB_FEEDBACK : 0, .block = (uint32_t)spec->block,
-                         .segment_values = (uint32_t)spec->segment, .values = (uint64_t)spec->values,
+                         .segment_values = (uint32_t)spec->segment, .bound = spec->bound,
+                         .values = (uint64_t)spec->values,
                          .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
     char err[256];

@@ -362,7 +362,9 @@ size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out) {
     out[27] = 0;
     put_u32(out + 28, m->block);
     put_u32(out + 32, m->segment_values);
-    put_u32(out + 36, 0);
+    uint32_t bound_bits;
+    memcpy(&bound_bits, &m->bound, 4);
+    put_u32(out + 36, bound_bits);
     put_u64(out + 40, m->values);
     put_u64(out + 48, m->value_offset);
     put_u64(out + 56, m->model_values);
@@ -379,10 +381,13 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     m->flags = p[26];
     m->block = get_u32(p + 28);
     m->segment_values = get_u32(p + 32);
+    uint32_t bound_bits = get_u32(p + 36);
+    memcpy(&m->bound, &bound_bits, 4);
     m->values = get_u64(p + 40);
     m->value_offset = get_u64(p + 48);
     m->model_values = get_u64(p + 56);
-    if (get_u32(p + 20) != 0 || p[27] != 0 || get_u32(p + 36) != 0) return "CONTRIBUTE: reserved field not zero";
+    if (get_u32(p + 20) != 0 || p[27] != 0) return "CONTRIBUTE: reserved field not zero";
+    if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
     if (m->up_codec > WIRE_CODEC_BF16 || m->down_codec > WIRE_CODEC_BF16) return "CONTRIBUTE: unknown codec";
     if (m->flags & ~(unsigned)WIRE_HUB_FEEDBACK) return "CONTRIBUTE: unknown flags";

@@ -205,6 +205,7 @@ typedef struct {
     uint8_t up_codec, down_codec, flags;
     uint32_t block;             // values per quantization block
     uint32_t segment_values;
+    float bound;                // > 0: the hub bounds each contribution's segment norm (diloco_bound)
     uint64_t values, value_offset, model_values;
 } wire_contribute;
 #define WIRE_CONTRIBUTE_BYTES 64

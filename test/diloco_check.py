@@ -1,7 +1,7 @@
 """Independent check of DiLoCo's outer step from the tensors train_gpt dumps.
 
 usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP
-                       [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK]] | --hub off]
+                       [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK[:BOUND]]] | --hub off]
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>_<p>.f32 at outer
 step k, which syncs fragment p (the whole model when FRAGMENTS = 1): θ before, θᵢ (its local
@@ -34,10 +34,13 @@ fragment, each encoded on its own):
   uploaded), all senders are tried too. The dumped Δ must then be the decoded mean exactly
   (quantized kinds: Δ = (float)(double)mean, bit for bit) or, with QUANT = none,
   (float)((double)θ_before − (double)mean), bit for bit or within 1e-6 of max|Δ|.
---hub DOWNLINK[:FEEDBACK[:BLOCK]] says how the run encoded: DOWNLINK = same (the uplink's
+--hub DOWNLINK[:FEEDBACK[:BLOCK[:BOUND]]] says how the run encoded: DOWNLINK = same (the uplink's
 codec) | fp32 | bf16 (as diloco_downlink; none, int8, int4 name a codec directly), FEEDBACK =
 diloco_downlink_feedback (0 | 1; no effect when the downlink is fp32), BLOCK =
-diloco_quant_block. Left out, it is train_gpt's defaults, same:1:128. --hub off skips the hub
+diloco_quant_block, BOUND = diloco_bound (a contribution whose segment norm, squares summed
+in float64 in order, is above BOUND times the lower median of the segment's norms is scaled
+to that, in fp32; not for none, which carries weights). Left out, it is train_gpt's defaults,
+same:1:128:3. --hub off skips the hub
 checks; so does a dump without sent_/mean_ files (a binary older than the hub's reduction),
 and the script says so.
 A round whose replicas skipped the outer step leaves no outer_/mean_ dump, but the hub may
@@ -64,6 +67,7 @@ feedback Δ also carries the hub's residual (and the downlink's own rounding), s
 must cover two quantizations.
 """
 import glob
+import math
 import os
 import re
 import sys
@@ -180,14 +184,34 @@ def encode(kind, x, r, block):
         return scales.astype("<f4").tobytes() + code_bytes
 
 
+BOUND = [3.0]  # diloco_bound (the 4th field of --hub); 0 = none
+
+
+def bound_factors(up, values):
+    """diloco_bound: each contribution's factor (fp32), from its norm (squares summed in float64
+    in order, as quant_norm) against BOUND times the lower median of the norms."""
+    bound = float(np.float32(BOUND[0]))
+    if bound <= 0 or up == "none" or not values:
+        return [np.float32(1)] * len(values)
+    norms = []
+    for v in values:
+        w = v.astype(np.float64)
+        norms.append(math.sqrt(float(np.cumsum(w * w)[-1])) if w.size else 0.0)
+    limit = bound * sorted(norms)[(len(norms) - 1) // 2]
+    return [np.float32(limit / x) if limit > 0 and x > limit else np.float32(1) for x in norms]
+
+
 def hub_segment(up, ins, n, block, down, r, order=None):
     """The hub's reduction of one segment: (encoded mean, ids used)."""
     kept = [i for i, b in enumerate(ins) if is_finite(up, b, n, block)]
     if not kept:
         return encode(down, _nan_f32(n), None, block), kept
-    s = decode(up, ins[kept[0]], n, block).copy()
-    for i in kept[1:]:
-        s = s + decode(up, ins[i], n, block)  # fp32, in ascending replica id
+    values = [decode(up, ins[i], n, block) for i in kept]
+    factors = bound_factors(up, values)
+    values = [v if f == 1 else (v * f).astype(np.float32) for v, f in zip(values, factors)]
+    s = values[0].copy()
+    for v in values[1:]:
+        s = s + v  # fp32, in ascending replica id
     if len(kept) > 1:
         s = np.divide(s, np.float32(len(kept)), dtype=np.float32)
     return encode(down, s, r, block), kept
@@ -237,6 +261,7 @@ def hub_config(spec, quant):
     down = parts[0] if len(parts) > 0 and parts[0] else "same"
     feedback = int(parts[1]) if len(parts) > 1 and parts[1] else 1
     block = int(parts[2]) if len(parts) > 2 and parts[2] else 128
+    BOUND[0] = float(parts[3]) if len(parts) > 3 and parts[3] else 3.0
     if down == "same":
         down = quant
     elif down == "fp32":

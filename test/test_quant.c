@@ -620,20 +620,22 @@ static void test_mean(void) {
     const uint8_t *abc[3] = {(const uint8_t *)a, (const uint8_t *)b, (const uint8_t *)c};
     const uint8_t *acb[3] = {(const uint8_t *)a, (const uint8_t *)c, (const uint8_t *)b};
     float m1[2], m2[2];
-    quant_mean(QUANT_NONE, abc, 3, 2, 2, m1);
-    quant_mean(QUANT_NONE, acb, 3, 2, 2, m2);
+    quant_mean(QUANT_NONE, abc, 3, 2, 2, NULL, m1);
+    quant_mean(QUANT_NONE, acb, 3, 2, 2, NULL, m2);
     EXPECT(m1[0] == 0.0f && m2[0] == 1.0f / 3.0f, "mean in the given order: %g (a+b+c), %g (a+c+b)", m1[0], m2[0]);
     EXPECT(m1[1] == 5.0f && m2[1] == 5.0f, "mean of 3, 5, 7 = 5");
     // A NaN contribution is left out and said so; none left: NaN out.
     float nan[2] = {NAN, 1.0f};
     const uint8_t *with_nan[3] = {(const uint8_t *)a, (const uint8_t *)nan, (const uint8_t *)b};
     float scratch[2], out[2];
-    bool left[3];
-    int dropped = quant_reduce_segment(QUANT_NONE, with_nan, 3, 2, 2, QUANT_NONE, NULL, scratch, (uint8_t *)out, left);
-    EXPECT(dropped == 1 && left[1] && !left[0] && !left[2], "the NaN contribution is left out");
+    quant_effect eff[3];
+    quant_reduction plain = {.up = QUANT_NONE, .down = QUANT_NONE, .block = 2, .bound = 3.0f};   // none: not bounded
+    int dropped = quant_reduce_segment(&plain, with_nan, 3, 2, NULL, scratch, (uint8_t *)out, eff);
+    EXPECT(dropped == 1 && eff[1].left_out && !eff[0].left_out && !eff[2].left_out && eff[0].factor == 1.0f,
+           "the NaN contribution is left out (weights, codec none: no bound)");
     EXPECT(out[1] == 4.0f, "the mean of the others: 4 = (3 + 5) / 2 (%g)", out[1]);
     const uint8_t *only_nan[1] = {(const uint8_t *)nan};
-    quant_reduce_segment(QUANT_NONE, only_nan, 1, 2, 2, QUANT_NONE, NULL, scratch, (uint8_t *)out, NULL);
+    quant_reduce_segment(&plain, only_nan, 1, 2, NULL, scratch, (uint8_t *)out, NULL);
     EXPECT(isnan(out[0]) && isnan(out[1]), "no finite contribution: a NaN segment");
     // int8 up, int8 down with the hub's feedback: the residual is what the mean's encoding lost.
     const int64_t n = 300, block = 32;
@@ -645,13 +647,67 @@ static void test_mean(void) {
     const uint8_t *ins[2] = {e0, e1};
     float *mean = (float *)xmalloc(n * sizeof(float)), *sent = (float *)xmalloc(n * sizeof(float));
     float *sc = (float *)xmalloc(n * sizeof(float));
-    quant_mean(QUANT_INT8, ins, 2, n, block, mean);
-    quant_reduce_segment(QUANT_INT8, ins, 2, n, block, QUANT_INT8, res, sc, em, NULL);
+    quant_mean(QUANT_INT8, ins, 2, n, block, NULL, mean);
+    quant_reduction q8 = {.up = QUANT_INT8, .down = QUANT_INT8, .block = block, .bound = 0.0f};
+    quant_reduce_segment(&q8, ins, 2, n, res, sc, em, NULL);
     quant_decode(QUANT_INT8, em, n, block, sent);
     bool exact = true;
     for (int64_t i = 0; i < n; i++) exact = exact && res[i] == mean[i] - sent[i];
     EXPECT(exact, "hub feedback: residual = mean - decode(sent), bit for bit");
     free(x0), free(x1), free(res), free(e0), free(e1), free(em), free(mean), free(sent), free(sc);
+}
+
+// The bound: a contribution whose norm is above bound × the lower median of the norms is
+// scaled to exactly that norm (within fp32 rounding); the others are untouched, bit for bit.
+static void test_bound(void) {
+    const int64_t n = 1000, block = 100;
+    float *g[4];
+    uint8_t *e[4];
+    const uint8_t *ins[4];
+    size_t bytes = quant_encoded_bytes(QUANT_INT8, n, block);
+    for (int j = 0; j < 4; j++) {
+        g[j] = gaussian(n, 1.0);
+        if (j == 2)
+            for (int64_t i = 0; i < n; i++) g[j][i] *= 100.0f;   // hostile: 100 times
+        e[j] = (uint8_t *)xmalloc(bytes);
+        quant_encode(QUANT_INT8, g[j], n, block, e[j]);
+        ins[j] = e[j];
+    }
+    double norms[4], sorted[4];
+    for (int j = 0; j < 4; j++) sorted[j] = norms[j] = quant_norm(QUANT_INT8, e[j], n, block);
+    for (int j = 1; j < 4; j++)
+        for (int i = j; i > 0 && sorted[i - 1] > sorted[i]; i--) {
+            double t = sorted[i];
+            sorted[i] = sorted[i - 1], sorted[i - 1] = t;
+        }
+    quant_reduction q = {.up = QUANT_INT8, .down = QUANT_NONE, .block = block, .bound = 3.0f};
+    quant_effect eff[4];
+    float *mean = (float *)xmalloc(n * sizeof(float)), *sc = (float *)xmalloc(n * sizeof(float));
+    float *plain = (float *)xmalloc(n * sizeof(float));
+    int touched = quant_reduce_segment(&q, ins, 4, n, NULL, sc, (uint8_t *)mean, eff);
+    double want = 3.0 * sorted[1] / norms[2];
+    EXPECT(touched == 1 && eff[2].factor == (float)want && eff[0].factor == 1.0f && eff[1].factor == 1.0f &&
+               eff[3].factor == 1.0f,
+           "bound: only the hostile one is scaled, by 3 x lower median / its norm (%g, want %g)", eff[2].factor, want);
+    // The same mean as scaling by hand, and the bounded contribution's norm is 3 x the median.
+    float factors[4] = {1, 1, eff[2].factor, 1};
+    quant_mean(QUANT_INT8, ins, 4, n, block, factors, plain);
+    EXPECT(memcmp(plain, mean, n * sizeof(float)) == 0, "bound: the mean of the scaled contributions");
+    float *v = (float *)xmalloc(n * sizeof(float));
+    quant_decode(QUANT_INT8, e[2], n, block, v);
+    double s2 = 0;
+    for (int64_t i = 0; i < n; i++) s2 += (double)(v[i] * eff[2].factor) * (double)(v[i] * eff[2].factor);
+    EXPECT(fabs(sqrt(s2) / (3.0 * sorted[1]) - 1.0) < 1e-6, "bound: its norm is now 3 x the median (%.8f)",
+           sqrt(s2) / (3.0 * sorted[1]));
+    q.bound = 0.0f;
+    EXPECT(quant_reduce_segment(&q, ins, 4, n, NULL, sc, (uint8_t *)mean, eff) == 0 && eff[2].factor == 1.0f,
+           "bound 0: nothing scaled");
+    // Zero segments: a median of 0 bounds nothing.
+    memset(e[0], 0, bytes), memset(e[1], 0, bytes), memset(e[3], 0, bytes);
+    q.bound = 3.0f;
+    EXPECT(quant_reduce_segment(&q, ins, 4, n, NULL, sc, (uint8_t *)mean, eff) == 0, "bound: a zero median bounds nothing");
+    for (int j = 0; j < 4; j++) free(g[j]), free(e[j]);
+    free(mean), free(sc), free(plain), free(v);
 }
 
 int main(void) {
@@ -671,5 +727,6 @@ int main(void) {
     test_segments();
     test_bf16();
     test_mean();
+    test_bound();
     return check_summary("test_quant");
 }
