@@ -64,7 +64,10 @@ struct diloco {
     int64_t block, segment;
     float bound;                           // diloco_bound (0 with diloco_quant = none: weights travel)
     float *theta, *momentum, *residual;   // residual: NULL without error feedback
-    float *delta;                          // this replica's Δᵢ (quantized kinds)
+    float *delta;                          // this replica's Δᵢ while it is encoded, then the
+                                           // decoded mean: the group's Δ, or with quant none
+                                           // the mean of the θᵢ (one buffer: the first is sent
+                                           // before the second arrives)
     uint8_t *payload;                      // sized for the largest fragment
     int n_fragments;                       // P
     fragment *fragments;
@@ -81,7 +84,6 @@ struct diloco {
     float *hub_residual;
     float *segment_scratch;                // one segment of floats
     bool quiet;                            // no progress line per outer step (diloco-tune)
-    double *acc;                           // the average, per element
     uint8_t *state;                        // join / donor state buffer
     size_t state_bytes;
     const char *dump_dir;                  // TRAIN_GPT_DILOCO_DUMP: tensors of each outer step, for tests
@@ -173,9 +175,8 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     d->theta = alloc_floats(n);
     d->momentum = alloc_floats(n);
     if (cfg->diloco_error_feedback && d->quant != QUANT_NONE) d->residual = alloc_floats(n);
-    if (d->quant != QUANT_NONE) d->delta = alloc_floats(n);
+    d->delta = alloc_floats(n);
     d->payload = xmalloc(largest);
-    d->acc = xmalloc(n * sizeof *d->acc);
     d->segment_scratch = alloc_floats((size_t)d->segment);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
@@ -332,8 +333,10 @@ static payload_spec spec_of(const diloco *d, const fragment *f) {
                           .model_values = d->numel, .bound = d->bound};
 }
 
-// acc[fragment] ← the averaged Δ from the encoded mean the reducer sent back (the hub, the
-// MPI ranks, or this process with diloco_transport = local), in double. False when the mean
+// delta[fragment] ← the decoded mean the reducer sent back (the hub, the MPI ranks, or this
+// process with diloco_transport = local): the group's Δ, or with quant none the mean of the
+// θᵢ, whose Δ = θ − mean the outer step takes in double (exact: M = 1 with lr 1 then gives
+// θ = θ₁ bit for bit). False when the mean
 // holds NaN/Inf (every contribution to some segment was non-finite): every replica received
 // the same bytes, so every replica skips the step alike.
 static bool average_delta(diloco *d, const fragment *f, const round_result *r) {
@@ -345,22 +348,11 @@ static bool average_delta(diloco *d, const fragment *f, const round_result *r) {
         if (!quant_is_finite(d->down, in, len, d->block)) return false;
         in += quant_encoded_bytes(d->down, len, d->block);
     }
-    float *mean = d->segment_scratch;
     in = r->mean;
     for (int64_t s0 = 0; s0 < n; s0 += d->segment) {
         int64_t len = min_i64(d->segment, n - s0);
-        quant_decode(d->down, in, len, d->block, mean);
+        quant_decode(d->down, in, len, d->block, d->delta + o + s0);
         in += quant_encoded_bytes(d->down, len, d->block);
-        double *acc = d->acc + o + s0;
-        const float *theta = d->theta + o + s0;
-        if (d->quant == QUANT_NONE) {
-            // the mean of the θᵢ: Δ = θ − mean θᵢ.
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < len; i++) acc[i] = (double)theta[i] - (double)mean[i];
-        } else {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < len; i++) acc[i] = (double)mean[i];
-        }
     }
     return true;
 }
@@ -397,7 +389,7 @@ static void apply_outer_step(diloco *d, const fragment *f, int64_t k) {
     bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) {
-        double delta = d->acc[i];
+        double delta = d->quant == QUANT_NONE ? (double)d->theta[i] - (double)d->delta[i] : (double)d->delta[i];
         double m = mu * (double)d->momentum[i] + delta;
         double update = nesterov ? delta + mu * m : m;
         d->momentum[i] = (float)m;
@@ -462,15 +454,22 @@ static FILE *dump_begin(diloco *d, int p, int64_t outer_step, const float *param
     return f;
 }
 
-static void dump_end(diloco *d, const fragment *fr, FILE *f, const float *momentum_before) {
-    if (!f) return;
+// Δ as the outer step takes it (before it changes θ), as fp32, for the dump.
+static float *dump_delta(const diloco *d, const fragment *fr) {
     float *delta = alloc_floats((size_t)fr->numel);
-    for (int64_t i = 0; i < fr->numel; i++) delta[i] = (float)d->acc[fr->offset + i];
+    for (int64_t i = 0; i < fr->numel; i++) {
+        int64_t j = fr->offset + i;
+        delta[i] = d->quant == QUANT_NONE ? (float)((double)d->theta[j] - (double)d->delta[j]) : d->delta[j];
+    }
+    return delta;
+}
+
+static void dump_end(diloco *d, const fragment *fr, FILE *f, const float *delta, const float *momentum_before) {
+    if (!f) return;
     dump_tensor(f, delta, fr->numel);
     dump_tensor(f, momentum_before, fr->numel);
     dump_tensor(f, d->momentum + fr->offset, fr->numel);
     dump_tensor(f, d->theta + fr->offset, fr->numel);
-    free(delta);
     dump_close(f);
 }
 
@@ -666,8 +665,9 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         if (r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
         return false;
     }
-    float *momentum_before = NULL;
+    float *momentum_before = NULL, *delta_dumped = NULL;
     if (dump) {
+        delta_dumped = dump_delta(d, fr);
         momentum_before = alloc_floats((size_t)fr->numel);
         memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
     }
@@ -675,8 +675,9 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     // Round k is fragment k mod P's outer step ⌊k / P⌋ + 1 (for the momentum warm-up).
     apply_outer_step(d, fr, k / d->n_fragments + 1);
     st->outer_step = k + 1;
-    dump_end(d, fr, dump, momentum_before);
+    dump_end(d, fr, dump, delta_dumped, momentum_before);
     free(momentum_before);
+    free(delta_dumped);
     bool now = d->overlap == 0 || f->final;
     if (now) {
         for (int i = 0; i < n_params; i++)
@@ -801,7 +802,6 @@ void diloco_close(diloco *d) {
     free(d->residual);
     free(d->delta);
     free(d->payload);
-    free(d->acc);
     free(d->fragments);
     free(d->state);
     free(d);
