@@ -611,6 +611,17 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->ok = true;
 }
 
+// The fragment's own count of outer steps (1-based, for the momentum warm-up) at the round in
+// flight. Regular round k is fragment k mod P's ⌊k / P⌋ + 1-th. The final syncs after the last
+// step take fragments 0..P−1 in rounds k0..k0+P−1 whatever k0 mod P is: fragment p's count is
+// then its regular rounds before k0, ⌈(k0 − p) / P⌉, plus one.
+static int64_t fragment_outer_step(const diloco *d, const flight *f) {
+    int64_t P = d->n_fragments, k = f->round, p = f->fragment;
+    if (!f->final) return k / P + 1;
+    int64_t k0 = k - p;
+    return (k0 - p + P - 1) / P + 1;
+}
+
 // Waits for the round in flight and applies it to θ and m: the same bits on every replica.
 // Blocking (τ = 0, or a final sync): the fragment of every params[i] becomes θ at once;
 // otherwise it merges at begin + τ (st->merge_step). Returns whether params changed: they did
@@ -672,8 +683,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
     }
     if (dump) dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
-    // Round k is fragment k mod P's outer step ⌊k / P⌋ + 1 (for the momentum warm-up).
-    apply_outer_step(d, fr, k / d->n_fragments + 1);
+    apply_outer_step(d, fr, fragment_outer_step(d, f));
     st->outer_step = k + 1;
     dump_end(d, fr, dump, delta_dumped, momentum_before);
     free(momentum_before);

@@ -11,7 +11,9 @@ recomputes, in float64 and without any train_gpt code:
   m      = μₖ·m_before + Δ
   θ      = θ_before − lr·(Δ + μₖ·m)                 (torch.optim.SGD, nesterov=True)
          = θ_before − lr·m                          (NESTEROV = 0: heavy-ball)
-  μₖ     = μ·j/W for the fragment's outer step j = ⌊(k − 1)/FRAGMENTS⌋ + 1 < W = MU_WARMUP, else μ
+  μₖ     = μ·j/W for the fragment's outer step j < W = MU_WARMUP, else μ; j = ⌊(k − 1)/FRAGMENTS⌋ + 1
+           for a regular round, and for the final syncs after the last step (fragments 0..P−1
+           in rounds k0..k0+P−1) fragment p's regular rounds before k0, ⌈(k0 − p)/P⌉, + 1
 and checks each against the dump, plus that all replicas hold the same bits and that a
 fragment's θ before is its previous outer step's θ after. With streaming (overlap > 0) the
 replicas also write DIR/merge_<replica>_<k>_<p>.f32: local weights before, θ, local weights
@@ -498,7 +500,15 @@ def main():
             if err > max_quant_err:
                 fail(f"outer step {k}: quantized Δ is {err:.3g} (relative L2) from θ − mean θᵢ, "
                      f"bound {max_quant_err}")
-        j = (k - 1) // fragments + 1
+        # The fragment's own outer-step count: round k − 1 is regular when it is fragment
+        # (k − 1) mod P's; otherwise it is a final sync after the last step (fragments 0..P−1
+        # in rounds k0..k0+P−1), and the count is fragment p's regular rounds before k0, + 1.
+        p_k, r_k = fragment_of[("outer", k)], k - 1
+        if r_k % fragments == p_k:
+            j = r_k // fragments + 1
+        else:
+            k0 = r_k - p_k
+            j = (k0 - p_k + fragments - 1) // fragments + 1
         mu_k = mu * j / mu_warmup if j < mu_warmup else mu
         m_exp = mu_k * m_b + delta
         err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
