@@ -1,5 +1,6 @@
 # net/net.mk — how replicas talk, included by the Makefile: the transport interface
-# (net/transport.c), the MPI transport (net/transport_mpi.c) and the tcp one (net/wire.c: frames,
+# (net/transport.c), the MPI transport (net/transport_mpi.c), the collectives among the ranks
+# of one job (net/comm.c, for FSDP) and the tcp one (net/wire.c: frames,
 # net/conn.c: framed connections, socket.c: sockets, net/relay.c: the hub and `train_gpt relay`,
 # net/transport_tcp.c: a replica's side). See docs/protocol.md.
 #
@@ -10,7 +11,9 @@
 #   clang + libFuzzer  `make fuzz`, and `make test` fuzzes the frame parser for FUZZ_SECONDS
 #
 # `make fuzz FUZZ_SECONDS=600` fuzzes longer (findings land in $(BUILD)/fuzz-*).
-LIB_SRC += net/transport.c net/transport_mpi.c
+LIB_SRC += net/transport.c net/transport_mpi.c net/comm.c
+TESTS_C += test/test_comm.c
+TESTS_SH += test/test_comm.sh
 
 # MPI, optional (without it `diloco_transport = mpi` is a clear error): the compile and link
 # flags of the MPI compiler wrapper (Open MPI: --showme, MPICH: -show).
@@ -21,7 +24,7 @@ ifneq ($(MPICC),)
     HAVE_MPI := 1
     MSG_MPI := ✓ MPI ($(MPICC)): diloco_transport = mpi
     LDLIBS += $(MPI_LIBS)
-    $(BUILD)/net/transport_mpi.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
+    $(BUILD)/net/transport_mpi.o $(BUILD)/net/comm.o $(BUILD)/test/test_comm.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
   endif
 endif
 ifneq ($(HAVE_MPI),1)

@@ -16,6 +16,7 @@
 #include "net/transport_impl.h"
 #include "llmc/common.h"
 #include "llmc/quant.h"
+#include "net/comm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -36,28 +37,12 @@ typedef struct {
     int64_t residual_values;
 } mpi_transport;
 
-static void mpi_check(int rc, const char *what) {
-    if (rc == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    fail("diloco (mpi): %s failed: %.*s", what, len, text);
-}
-
 static const transport_ops MPI_OPS;
 
 static int thread_level = MPI_THREAD_SINGLE;  // what MPI_Init_thread provided
 
 // Asks for MPI_THREAD_MULTIPLE: streaming DiLoCo exchanges on a second thread.
-static void mpi_start(void) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-        MPI_Query_thread(&thread_level);
-        return;
-    }
-    mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level), "MPI_Init_thread");
-}
+static void mpi_start(void) { thread_level = comm_mpi_init(); }
 
 int transport_mpi_world_rank(void) {
     mpi_start();
@@ -90,7 +75,7 @@ transport *transport_mpi_open(const transport_options *o) {
              "MPI_THREAD_MULTIPLE (this one provides level %d of 0..3); use diloco_overlap_steps = 0 or "
              "diloco_transport = tcp",
              thread_level);
-    mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &t->exchange_comm), "MPI_Comm_dup");
+    comm_mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &t->exchange_comm), "MPI_Comm_dup");
     t->min_replicas = o->min_replicas;
     return transport_wrap(&MPI_OPS, t);
 }
@@ -126,8 +111,8 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
     int64_t mine[9] = {sp->up_codec, sp->down_codec, sp->down_feedback, sp->block, sp->segment, sp->values,
                        sp->offset, sp->model_values, bound_bits};
     int64_t lo[9], hi[9];
-    mpi_check(MPI_Allreduce(mine, lo, 9, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
-    mpi_check(MPI_Allreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
+    comm_mpi_check(MPI_Allreduce(mine, lo, 9, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
+    comm_mpi_check(MPI_Allreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
     if (memcmp(lo, hi, sizeof lo) != 0)
         fail("diloco (mpi): the ranks encode their outer gradients differently (diloco_quant, diloco_quant_block, "
              "diloco_downlink or the model differ between their configs)");
@@ -185,7 +170,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         // The wave's segments are contiguous in the payload: displacements from its start.
         const uint8_t *wave = payload + (size_t)base * up_chunk;
         for (int q = 1; q < M; q++) sdispls[q] = sdispls[q - 1] + scounts[q - 1];
-        mpi_check(MPI_Alltoallv(wave, scounts, sdispls, MPI_BYTE, in, rcounts, rdispls, MPI_BYTE, t->exchange_comm),
+        comm_mpi_check(MPI_Alltoallv(wave, scounts, sdispls, MPI_BYTE, in, rcounts, rdispls, MPI_BYTE, t->exchange_comm),
                   "MPI_Alltoallv");
         size_t my_down = 0;
         if (my_len) {
@@ -218,7 +203,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
                 r->bytes_recv += (uint64_t)rcounts[q];
             }
         }
-        mpi_check(MPI_Allgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts, rdispls,
+        comm_mpi_check(MPI_Allgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts, rdispls,
                                  MPI_BYTE, t->exchange_comm),
                   "MPI_Allgatherv");
     }
@@ -249,7 +234,7 @@ static void mpi_send_state(void *impl, const uint8_t *state, size_t bytes) {
 static bool mpi_agree_stop(void *impl, bool local_stop) {
     (void)impl;
     int mine = local_stop, any = 0;
-    mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    comm_mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
     return any != 0;
 }
 

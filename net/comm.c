@@ -1,0 +1,244 @@
+// net/comm.c — collectives among the ranks of one job (see net/comm.h): MPI, or a world of one.
+#include "net/comm.h"
+
+#include "llmc/common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+launch_info launch_detect(void) {
+    if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
+        return (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
+                             "slurm"};
+    if (getenv("OMPI_COMM_WORLD_RANK"))
+        return (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
+                             env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), "openmpi"};
+    if (getenv("PMI_RANK"))
+        return (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0), "pmi"};
+    return (launch_info){0, 1, 0, "none"};
+}
+
+#ifdef HAVE_MPI
+#include <limits.h>
+#include <mpi.h>
+
+// Sums parts[r][i] over r = 0 .. size-1 in that order into out[i].
+static void sum_in_rank_order(const float *parts, int size, int64_t n, float *out) {
+    memcpy(out, parts, (size_t)n * sizeof(float));
+    for (int r = 1; r < size; r++) {
+        const float *p = parts + (size_t)r * (size_t)n;
+        for (int64_t i = 0; i < n; i++) out[i] = out[i] + p[i];
+    }
+}
+
+struct comm {
+    MPI_Comm mpi;
+    int rank, size;
+    bool owned;   // from comm_split: freed by comm_free
+};
+
+struct comm_request {
+    MPI_Request req;
+    float *scratch;            // reduce-scatter: every rank's part of mine, summed at the wait
+    float *mine;
+    int size;
+    int64_t n;
+};
+
+void comm_mpi_check(int rc, const char *what) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    fail("mpi: %s failed: %.*s", what, len, text);
+}
+
+int comm_mpi_init(void) {
+    int initialized = 0, level = MPI_THREAD_SINGLE;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Query_thread(&level);
+    else comm_mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level), "MPI_Init_thread");
+    return level;
+}
+
+static comm *wrap(MPI_Comm m, bool owned) {
+    comm *c = xcalloc(1, sizeof *c);
+    c->mpi = m;
+    c->owned = owned;
+    c->size = 1;   // MPI_COMM_NULL: a world of one, MPI never initialised
+    if (m != MPI_COMM_NULL) {
+        MPI_Comm_rank(m, &c->rank);
+        MPI_Comm_size(m, &c->size);
+    }
+    return c;
+}
+
+comm *comm_world(void) {
+    static comm *world;
+    if (world) return world;
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (launch_detect().size > 1 || initialized) {
+        comm_mpi_init();
+        world = wrap(MPI_COMM_WORLD, false);
+    } else {
+        world = wrap(MPI_COMM_NULL, false);
+    }
+    return world;
+}
+
+void comm_finish(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Finalize();
+}
+
+comm *comm_split(const comm *c, int color, int key) {
+    if (c->mpi == MPI_COMM_NULL) return wrap(MPI_COMM_NULL, true);
+    MPI_Comm m;
+    comm_mpi_check(MPI_Comm_split(c->mpi, color, key, &m), "MPI_Comm_split");
+    return wrap(m, true);
+}
+
+void comm_free(comm *c) {
+    if (!c || !c->owned) return;
+    if (c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+    free(c);
+}
+
+static int count_of(int64_t n) {
+    if (n < 0 || n > INT_MAX) fail("comm: %lld values per rank, more than one MPI call takes", (long long)n);
+    return (int)n;
+}
+
+comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
+    comm_request *r = xcalloc(1, sizeof *r);
+    r->req = MPI_REQUEST_NULL;
+    if (c->mpi == MPI_COMM_NULL) {
+        memcpy(all, mine, (size_t)n * sizeof(float));
+        return r;
+    }
+    comm_mpi_check(MPI_Iallgather(mine, count_of(n), MPI_FLOAT, all, count_of(n), MPI_FLOAT, c->mpi, &r->req),
+                   "MPI_Iallgather");
+    return r;
+}
+
+comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
+    comm_request *r = xcalloc(1, sizeof *r);
+    r->req = MPI_REQUEST_NULL;
+    if (c->mpi == MPI_COMM_NULL) {
+        memcpy(mine, all, (size_t)n * sizeof(float));
+        return r;
+    }
+    // Rank q's part of every rank's `all` lands in rank q's scratch, in rank order; the sum
+    // waits for comm_wait.
+    r->scratch = alloc_floats((size_t)c->size * (size_t)n);
+    r->mine = mine;
+    r->size = c->size;
+    r->n = n;
+    comm_mpi_check(MPI_Ialltoall(all, count_of(n), MPI_FLOAT, r->scratch, count_of(n), MPI_FLOAT, c->mpi, &r->req),
+                   "MPI_Ialltoall");
+    return r;
+}
+
+void comm_wait(comm_request *r) {
+    if (!r) return;
+    if (r->req != MPI_REQUEST_NULL) comm_mpi_check(MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
+    if (r->scratch) {
+        sum_in_rank_order(r->scratch, r->size, r->n, r->mine);
+        free(r->scratch);
+    }
+    free(r);
+}
+
+double comm_sum(const comm *c, double x) {
+    if (c->mpi == MPI_COMM_NULL) return x;
+    double *all = xmalloc((size_t)c->size * sizeof *all);
+    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
+    double s = 0.0;
+    for (int r = 0; r < c->size; r++) s += all[r];
+    free(all);
+    return s;
+}
+
+#else  // no MPI in the build: a world of one
+
+struct comm {
+    int rank, size;
+    bool owned;
+};
+
+struct comm_request {
+    int unused;
+};
+
+void comm_mpi_check(int rc, const char *what) {
+    (void)rc;
+    (void)what;
+}
+
+int comm_mpi_init(void) { return -1; }
+
+void comm_finish(void) {}
+
+comm *comm_world(void) {
+    static comm world = {0, 1, false};
+    launch_info l = launch_detect();
+    if (l.size > 1)
+        fail("the launcher (%s) started %d ranks, but this build has no MPI to join them: install libopenmpi-dev "
+             "(or load the cluster's MPI module) and rebuild, or start one rank",
+             l.launcher, l.size);
+    return &world;
+}
+
+comm *comm_split(const comm *c, int color, int key) {
+    (void)c;
+    (void)color;
+    (void)key;
+    comm *g = xcalloc(1, sizeof *g);
+    g->size = 1;
+    g->owned = true;
+    return g;
+}
+
+void comm_free(comm *c) {
+    if (c && c->owned) free(c);
+}
+
+comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
+    (void)c;
+    memcpy(all, mine, (size_t)n * sizeof(float));
+    return xcalloc(1, sizeof(comm_request));
+}
+
+comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
+    (void)c;
+    memcpy(mine, all, (size_t)n * sizeof(float));
+    return xcalloc(1, sizeof(comm_request));
+}
+
+void comm_wait(comm_request *r) { free(r); }
+
+double comm_sum(const comm *c, double x) {
+    (void)c;
+    return x;
+}
+
+#endif
+
+int comm_rank(const comm *c) { return c->rank; }
+int comm_size(const comm *c) { return c->size; }
+
+void comm_allgather(const comm *c, const float *mine, int64_t n, float *all) {
+    comm_wait(comm_iallgather(c, mine, n, all));
+}
+
+void comm_reduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
+    comm_wait(comm_ireduce_scatter(c, all, n, mine));
+}

@@ -1,0 +1,67 @@
+// net/comm.h — collectives among the ranks of one job: what the ranks of one replica will use
+// to shard the model (FSDP / HSDP, issue #14). Two implementations behind one interface: MPI
+// (the CPU backend, and the CPU side of a GPU job), and — later — NCCL on GPUs. Without MPI in
+// the build, or in a job of one rank, the world is one rank and every collective is a copy.
+//
+// Every reduction sums in rank order (rank 0 first), on every rank, so that the same world
+// size gives the same bits run after run: reduce-scatter is an all-to-all followed by a local
+// sum in rank order, never the MPI library's own reduction, whose order it does not promise.
+#ifndef TRAIN_GPT_COMM_H
+#define TRAIN_GPT_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Who this process is in the job, from the launcher's environment: SLURM (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID), Open MPI's mpirun (OMPI_COMM_WORLD_RANK / _SIZE /
+// _LOCAL_RANK), or MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID); rank 0 of 1
+// otherwise. A rank picks its GPU from local_rank.
+typedef struct {
+    int rank, size, local_rank;
+    const char *launcher;       // "slurm", "openmpi", "pmi" or "none"
+} launch_info;
+launch_info launch_detect(void);
+
+typedef struct comm comm;
+
+// The job's ranks: MPI's world (MPI is initialised here, asking for MPI_THREAD_MULTIPLE) when
+// the build has MPI and the launcher started more than one rank, or when MPI was initialised
+// already; a world of one otherwise. Fatal, with one line, when the launcher says several
+// ranks but the build has no MPI. Owned by this module (do not free).
+comm *comm_world(void);
+// Ranks with the same color form a group, ordered by key (then by rank): MPI_Comm_split.
+comm *comm_split(const comm *c, int color, int key);
+void comm_free(comm *c);   // a group from comm_split
+// Finalises MPI if it was initialised (once every group is freed, at the end of the process).
+void comm_finish(void);
+int comm_rank(const comm *c);
+int comm_size(const comm *c);
+
+// all[size·n] ← every rank's mine[n], in rank order.
+void comm_allgather(const comm *c, const float *mine, int64_t n, float *all);
+// mine[n] ← Σ over ranks r (in order) of rank r's all[rank·n .. rank·n + n). all holds size·n.
+void comm_reduce_scatter(const comm *c, const float *all, int64_t n, float *mine);
+// Σ over ranks of x, in rank order, the same on every rank.
+double comm_sum(const comm *c, double x);
+
+// The same two, started now and finished by comm_wait (the caller keeps every buffer alive
+// and untouched until then): a layer's all-gather runs while the previous layer computes.
+typedef struct comm_request comm_request;
+comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all);
+comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine);
+void comm_wait(comm_request *r);
+
+// MPI's thread level after initialising it (MPI_THREAD_* value), -1 without MPI in the build;
+// and a one-line fatal error for a failed MPI call. Shared with net/transport_mpi.c.
+int comm_mpi_init(void);
+void comm_mpi_check(int rc, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

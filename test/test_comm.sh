@@ -1,0 +1,20 @@
+# net/comm.h's collectives on 2 and 4 MPI ranks (oversubscribed: 2 cores): every rank checks
+# the all-gather, the reduce-scatter (the fp32 sum in rank order, bit for bit), the sum of a
+# double, their non-blocking forms, and the same inside even / odd groups (test/test_comm.c;
+# make test also runs it as one rank). Without MPI in the build: skipped, and said so.
+. "$(dirname "$0")/lib.sh"
+if ! command -v mpirun >/dev/null || ! ldd "$TRAIN_GPT" | grep libmpi >/dev/null; then
+    say "  skip (no MPI in this build)"
+    exit 0
+fi
+MPIRUN=(mpirun --oversubscribe -np)
+[ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for np in 2 4; do
+    rc=0
+    "${MPIRUN[@]}" "$np" "$BUILD/test_comm" >"$tmp/np$np.log" 2>&1 || rc=$?
+    check "np $np: every rank passes ($(grep -c ', 0 failed' "$tmp/np$np.log") of $np; rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ \$(grep -c ', 0 failed' '$tmp/np$np.log') -eq $np ]"
+    [ "$rc" -eq 0 ] || cat "$tmp/np$np.log"
+done
+finish test_comm
