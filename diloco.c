@@ -82,7 +82,7 @@ struct diloco {
     float **local_residual;
     uint8_t *local_mean;
     float *hub_residual;
-    float *segment_scratch;                // one segment of floats
+    float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
     uint8_t *state;                        // join / donor state buffer
     size_t state_bytes;
@@ -177,7 +177,6 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     if (cfg->diloco_error_feedback && d->quant != QUANT_NONE) d->residual = alloc_floats(n);
     d->delta = alloc_floats(n);
     d->payload = xmalloc(largest);
-    d->segment_scratch = alloc_floats((size_t)d->segment);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
     d->dump_dir = dump && *dump ? dump : NULL;
     if (strcmp(cfg->diloco_transport, "local") == 0) {
@@ -192,6 +191,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
             if (d->residual) d->local_residual[i] = alloc_floats(n);
         }
         d->local_mean = xmalloc(largest_mean);
+        d->segment_scratch = alloc_floats((size_t)d->segment);
         if (d->down_feedback) d->hub_residual = xcalloc(n, sizeof(float));
         return d;  // no transport: the exchange happens in memory, nobody joins late
     }

@@ -393,19 +393,6 @@ void quant_decode(quant_kind k, const uint8_t *in, int64_t n, int64_t block, flo
     }
 }
 
-void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t block, double weight,
-                             double *acc) {
-    check_arguments(k, n, block);
-    int64_t n_chunks = quant_blocks(n, QUANT_CHUNK);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < n_chunks; c++) {
-        int64_t c0 = c * QUANT_CHUNK, c1 = min_i64(c0 + QUANT_CHUNK, n);
-        float values[QUANT_CHUNK];
-        decode_chunk(k, in, n, block, c0, c1, values);
-        for (int64_t i = c0; i < c1; i++) acc[i] += weight * (double)values[i - c0];
-    }
-}
-
 // ---------------------------------------------------------------- segments and the hub's mean
 //
 // A DiLoCo payload travels as segments of quant_segment_values(block) values, each encoded on

@@ -1,7 +1,7 @@
 // bench/quant_bytes.c — what quantizing DiLoCo's outer gradient costs and saves, for one
 // model: bytes per outer step per parameter for none / int8 / int4 at several block sizes,
 // the relative L2 error on Gaussian data, and the CPU throughput of encode, encode with
-// error feedback, decode and decode-accumulate.
+// error feedback, decode, and the reducer's mean of two contributions (decode both, add).
 //
 //   bench_quant_bytes [CONFIG | N]     default configs/gpt-124m.conf (121.19M parameters)
 //
@@ -68,11 +68,12 @@ static const char *cpu_name(char *buf, size_t bytes) {
     return buf;
 }
 
-typedef enum { OP_ENCODE, OP_FEEDBACK, OP_DECODE, OP_ACCUMULATE } bench_op;
+typedef enum { OP_ENCODE, OP_FEEDBACK, OP_DECODE, OP_MEAN } bench_op;
 
 // Best wall-clock seconds of REPEATS runs of one operation.
 static double best_seconds(bench_op op, quant_kind k, int64_t n, int64_t block, const float *x, float *residual,
-                           uint8_t *enc, float *back, double *acc) {
+                           uint8_t *enc, float *back) {
+    const uint8_t *two[2] = {enc, enc};
     double best = 1e30;
     for (int rep = 0; rep < REPEATS; rep++) {
         double t0 = wall_seconds();
@@ -80,7 +81,7 @@ static double best_seconds(bench_op op, quant_kind k, int64_t n, int64_t block, 
         case OP_ENCODE: quant_encode(k, x, n, block, enc); break;
         case OP_FEEDBACK: quant_encode_feedback(k, x, residual, n, block, enc); break;
         case OP_DECODE: quant_decode(k, enc, n, block, back); break;
-        case OP_ACCUMULATE: quant_decode_accumulate(k, enc, n, block, 0.25, acc); break;
+        case OP_MEAN: quant_mean(k, two, 2, n, block, NULL, back); break;   // the reducer, 2 contributions
         }
         double t = wall_seconds() - t0;
         best = t < best ? t : best;
@@ -105,10 +106,9 @@ int main(int argc, char **argv) {
     printf("# rel_err = ||decode(encode(x)) - x|| / ||x|| on Gaussian data; GB/s = 4n bytes / best of %d runs\n",
            REPEATS);
     printf("%-5s %6s %12s %9s %9s %9s %9s %9s %9s\n", "kind", "block", "bytes/param", "MB", "rel_err", "enc_GB/s",
-           "ef_GB/s", "dec_GB/s", "acc_GB/s");
+           "ef_GB/s", "dec_GB/s", "mean2_GB/s");
 
     float *x = gaussian(n), *residual = alloc_floats((size_t)n), *back = alloc_floats((size_t)n);
-    double *acc = xcalloc((size_t)n, sizeof(double));
     uint8_t *enc = xmalloc(quant_encoded_bytes(QUANT_NONE, n, 1));
     const int64_t blocks[] = {32, 64, 128, 256, 1024, 4096};
     for (int k = 0; k < 3; k++)
@@ -119,15 +119,15 @@ int main(int argc, char **argv) {
             memset(residual, 0, sizeof(float) * (size_t)n);
             double rel = quant_encode_feedback((quant_kind)k, x, residual, n, block, enc);
             double gb = 4.0 * (double)n / 1e9;
-            double enc_s = best_seconds(OP_ENCODE, (quant_kind)k, n, block, x, residual, enc, back, acc);
-            double ef_s = best_seconds(OP_FEEDBACK, (quant_kind)k, n, block, x, residual, enc, back, acc);
-            double dec_s = best_seconds(OP_DECODE, (quant_kind)k, n, block, x, residual, enc, back, acc);
-            double acc_s = best_seconds(OP_ACCUMULATE, (quant_kind)k, n, block, x, residual, enc, back, acc);
+            double enc_s = best_seconds(OP_ENCODE, (quant_kind)k, n, block, x, residual, enc, back);
+            double ef_s = best_seconds(OP_FEEDBACK, (quant_kind)k, n, block, x, residual, enc, back);
+            double dec_s = best_seconds(OP_DECODE, (quant_kind)k, n, block, x, residual, enc, back);
+            double mean_s = best_seconds(OP_MEAN, (quant_kind)k, n, block, x, residual, enc, back);
             printf("%-5s %6s %12.5f %9.2f %9.5f %9.2f %9.2f %9.2f %9.2f\n", quant_kind_name((quant_kind)k),
                    k == QUANT_NONE ? "-" : (snprintf(count, sizeof count, "%lld", (long long)block), count),
-                   (double)bytes / (double)n, (double)bytes / 1e6, rel, gb / enc_s, gb / ef_s, gb / dec_s, gb / acc_s);
+                   (double)bytes / (double)n, (double)bytes / 1e6, rel, gb / enc_s, gb / ef_s, gb / dec_s, gb / mean_s);
             fflush(stdout);
         }
-    free(x), free(residual), free(back), free(acc), free(enc);
+    free(x), free(residual), free(back), free(enc);
     return 0;
 }

@@ -51,11 +51,6 @@ void quant_encode(quant_kind k, const float *x, int64_t n, int64_t block, uint8_
 // Decodes in[] into x[n].
 void quant_decode(quant_kind k, const uint8_t *in, int64_t n, int64_t block, float *x);
 
-// Adds the decoded values times `weight` to acc[n] (double): acc[i] += weight * value_i.
-// The outer step averages contributions this way, always in ascending replica order.
-void quant_decode_accumulate(quant_kind k, const uint8_t *in, int64_t n, int64_t block, double weight,
-                             double *acc);
-
 // Error feedback around encode. x[n] is this round's true outer gradient, residual[n] the
 // part of earlier rounds that quantization did not send (NULL = no error feedback).
 // Encodes x + residual into out, then sets residual = (x + residual) - decode(out).

@@ -1,10 +1,16 @@
 // net/comm.c — collectives among the ranks of one job (see net/comm.h): MPI, or a world of one.
+// A group of one rank (the world without MPI, or any group of size 1) copies; the rest is MPI.
 #include "net/comm.h"
 
 #include "llmc/common.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
 
 static int env_int(const char *name, int fallback) {
     const char *v = getenv(name);
@@ -23,9 +29,42 @@ launch_info launch_detect(void) {
     return (launch_info){0, 1, 0, "none"};
 }
 
+struct comm {
+    int rank, size;
+    bool owned;   // from comm_split: freed by comm_free
 #ifdef HAVE_MPI
-#include <limits.h>
-#include <mpi.h>
+    MPI_Comm mpi; // MPI_COMM_NULL: a world of one, MPI never initialised
+#endif
+};
+
+struct comm_request {
+#ifdef HAVE_MPI
+    MPI_Request req;
+#endif
+    float *scratch;            // reduce-scatter: every rank's part of mine, summed at the wait
+    float *mine;
+    int size;
+    int64_t n;
+};
+
+static comm *one_rank(bool owned) {
+    comm *c = xcalloc(1, sizeof *c);
+    c->size = 1;
+    c->owned = owned;
+#ifdef HAVE_MPI
+    c->mpi = MPI_COMM_NULL;
+#endif
+    return c;
+}
+
+// A request that is already complete (a group of one copies at once).
+static comm_request *done_request(void) {
+    comm_request *r = xcalloc(1, sizeof *r);
+#ifdef HAVE_MPI
+    r->req = MPI_REQUEST_NULL;
+#endif
+    return r;
+}
 
 // Sums parts[r][i] over r = 0 .. size-1 in that order into out[i].
 static void sum_in_rank_order(const float *parts, int size, int64_t n, float *out) {
@@ -36,19 +75,12 @@ static void sum_in_rank_order(const float *parts, int size, int64_t n, float *ou
     }
 }
 
-struct comm {
-    MPI_Comm mpi;
-    int rank, size;
-    bool owned;   // from comm_split: freed by comm_free
-};
+#ifdef HAVE_MPI
 
-struct comm_request {
-    MPI_Request req;
-    float *scratch;            // reduce-scatter: every rank's part of mine, summed at the wait
-    float *mine;
-    int size;
-    int64_t n;
-};
+static int count_of(int64_t n) {
+    if (n < 0 || n > INT_MAX) fail("comm: %lld values per rank, more than one MPI call takes", (long long)n);
+    return (int)n;
+}
 
 void comm_mpi_check(int rc, const char *what) {
     if (rc == MPI_SUCCESS) return;
@@ -66,15 +98,18 @@ int comm_mpi_init(void) {
     return level;
 }
 
+void comm_finish(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Finalize();
+}
+
 static comm *wrap(MPI_Comm m, bool owned) {
-    comm *c = xcalloc(1, sizeof *c);
+    comm *c = one_rank(owned);
     c->mpi = m;
-    c->owned = owned;
-    c->size = 1;   // MPI_COMM_NULL: a world of one, MPI never initialised
-    if (m != MPI_COMM_NULL) {
-        MPI_Comm_rank(m, &c->rank);
-        MPI_Comm_size(m, &c->size);
-    }
+    MPI_Comm_rank(m, &c->rank);
+    MPI_Comm_size(m, &c->size);
     return c;
 }
 
@@ -87,20 +122,13 @@ comm *comm_world(void) {
         comm_mpi_init();
         world = wrap(MPI_COMM_WORLD, false);
     } else {
-        world = wrap(MPI_COMM_NULL, false);
+        world = one_rank(false);
     }
     return world;
 }
 
-void comm_finish(void) {
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Finalize();
-}
-
 comm *comm_split(const comm *c, int color, int key) {
-    if (c->mpi == MPI_COMM_NULL) return wrap(MPI_COMM_NULL, true);
+    if (c->mpi == MPI_COMM_NULL) return one_rank(true);
     MPI_Comm m;
     comm_mpi_check(MPI_Comm_split(c->mpi, color, key, &m), "MPI_Comm_split");
     return wrap(m, true);
@@ -112,71 +140,7 @@ void comm_free(comm *c) {
     free(c);
 }
 
-static int count_of(int64_t n) {
-    if (n < 0 || n > INT_MAX) fail("comm: %lld values per rank, more than one MPI call takes", (long long)n);
-    return (int)n;
-}
-
-comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
-    comm_request *r = xcalloc(1, sizeof *r);
-    r->req = MPI_REQUEST_NULL;
-    if (c->mpi == MPI_COMM_NULL) {
-        memcpy(all, mine, (size_t)n * sizeof(float));
-        return r;
-    }
-    comm_mpi_check(MPI_Iallgather(mine, count_of(n), MPI_FLOAT, all, count_of(n), MPI_FLOAT, c->mpi, &r->req),
-                   "MPI_Iallgather");
-    return r;
-}
-
-comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
-    comm_request *r = xcalloc(1, sizeof *r);
-    r->req = MPI_REQUEST_NULL;
-    if (c->mpi == MPI_COMM_NULL) {
-        memcpy(mine, all, (size_t)n * sizeof(float));
-        return r;
-    }
-    // Rank q's part of every rank's `all` lands in rank q's scratch, in rank order; the sum
-    // waits for comm_wait.
-    r->scratch = alloc_floats((size_t)c->size * (size_t)n);
-    r->mine = mine;
-    r->size = c->size;
-    r->n = n;
-    comm_mpi_check(MPI_Ialltoall(all, count_of(n), MPI_FLOAT, r->scratch, count_of(n), MPI_FLOAT, c->mpi, &r->req),
-                   "MPI_Ialltoall");
-    return r;
-}
-
-void comm_wait(comm_request *r) {
-    if (!r) return;
-    if (r->req != MPI_REQUEST_NULL) comm_mpi_check(MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
-    if (r->scratch) {
-        sum_in_rank_order(r->scratch, r->size, r->n, r->mine);
-        free(r->scratch);
-    }
-    free(r);
-}
-
-double comm_sum(const comm *c, double x) {
-    if (c->mpi == MPI_COMM_NULL) return x;
-    double *all = xmalloc((size_t)c->size * sizeof *all);
-    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
-    double s = 0.0;
-    for (int r = 0; r < c->size; r++) s += all[r];
-    free(all);
-    return s;
-}
-
 #else  // no MPI in the build: a world of one
-
-struct comm {
-    int rank, size;
-    bool owned;
-};
-
-struct comm_request {
-    int unused;
-};
 
 void comm_mpi_check(int rc, const char *what) {
     (void)rc;
@@ -188,46 +152,25 @@ int comm_mpi_init(void) { return -1; }
 void comm_finish(void) {}
 
 comm *comm_world(void) {
-    static comm world = {0, 1, false};
+    static comm *world;
     launch_info l = launch_detect();
     if (l.size > 1)
         fail("the launcher (%s) started %d ranks, but this build has no MPI to join them: install libopenmpi-dev "
              "(or load the cluster's MPI module) and rebuild, or start one rank",
              l.launcher, l.size);
-    return &world;
+    if (!world) world = one_rank(false);
+    return world;
 }
 
 comm *comm_split(const comm *c, int color, int key) {
     (void)c;
     (void)color;
     (void)key;
-    comm *g = xcalloc(1, sizeof *g);
-    g->size = 1;
-    g->owned = true;
-    return g;
+    return one_rank(true);
 }
 
 void comm_free(comm *c) {
     if (c && c->owned) free(c);
-}
-
-comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
-    (void)c;
-    memcpy(all, mine, (size_t)n * sizeof(float));
-    return xcalloc(1, sizeof(comm_request));
-}
-
-comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
-    (void)c;
-    memcpy(mine, all, (size_t)n * sizeof(float));
-    return xcalloc(1, sizeof(comm_request));
-}
-
-void comm_wait(comm_request *r) { free(r); }
-
-double comm_sum(const comm *c, double x) {
-    (void)c;
-    return x;
 }
 
 #endif
@@ -235,10 +178,65 @@ double comm_sum(const comm *c, double x) {
 int comm_rank(const comm *c) { return c->rank; }
 int comm_size(const comm *c) { return c->size; }
 
+comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
+    comm_request *r = done_request();
+    if (c->size == 1) {
+        memcpy(all, mine, (size_t)n * sizeof(float));
+        return r;
+    }
+#ifdef HAVE_MPI
+    comm_mpi_check(MPI_Iallgather(mine, count_of(n), MPI_FLOAT, all, count_of(n), MPI_FLOAT, c->mpi, &r->req),
+                   "MPI_Iallgather");
+#endif
+    return r;
+}
+
+comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
+    comm_request *r = done_request();
+    if (c->size == 1) {
+        memcpy(mine, all, (size_t)n * sizeof(float));
+        return r;
+    }
+    // Rank q's part of every rank's `all` lands in rank q's scratch, in rank order; the sum
+    // waits for comm_wait.
+    r->scratch = alloc_floats((size_t)c->size * (size_t)n);
+    r->mine = mine;
+    r->size = c->size;
+    r->n = n;
+#ifdef HAVE_MPI
+    comm_mpi_check(MPI_Ialltoall(all, count_of(n), MPI_FLOAT, r->scratch, count_of(n), MPI_FLOAT, c->mpi, &r->req),
+                   "MPI_Ialltoall");
+#endif
+    return r;
+}
+
+void comm_wait(comm_request *r) {
+    if (!r) return;
+#ifdef HAVE_MPI
+    if (r->req != MPI_REQUEST_NULL) comm_mpi_check(MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
+#endif
+    if (r->scratch) {
+        sum_in_rank_order(r->scratch, r->size, r->n, r->mine);
+        free(r->scratch);
+    }
+    free(r);
+}
+
 void comm_allgather(const comm *c, const float *mine, int64_t n, float *all) {
     comm_wait(comm_iallgather(c, mine, n, all));
 }
 
 void comm_reduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
     comm_wait(comm_ireduce_scatter(c, all, n, mine));
+}
+
+double comm_sum(const comm *c, double x) {
+    if (c->size == 1) return x;
+    double *all = xmalloc((size_t)c->size * sizeof *all), s = 0.0;
+#ifdef HAVE_MPI
+    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
+#endif
+    for (int r = 0; r < c->size; r++) s += all[r];
+    free(all);
+    return s;
 }

@@ -373,25 +373,20 @@ static void try_reduce(relay *h) {
     while (h->reduced < h->n_segments) {
         int64_t c = h->reduced;
         const uint8_t *ins[WIRE_MAX_REPLICAS];
-        int count = 0, n_expected = 0;   // count: filled below, once the segment is ready
+        int ids[WIRE_MAX_REPLICAS], count = 0;
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
             if (!expected(h, i)) continue;
             const contribution *k = &h->contrib[i];
             if (!k->announced || !k->seg || !k->seg[c]) return;   // not here yet
-            n_expected++;
+            ids[count] = i;
+            ins[count++] = k->seg[c]->data;
         }
-        if (n_expected == 0) return;
+        if (count == 0) return;
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
             if (receiver(h, i) && backlog_bytes(rep(h, i)) > (uint64_t)DOWN_BACKLOG_SEGMENTS * h->down_chunk) return;
         int64_t first = c * (int64_t)sp->segment_values;
         int64_t len = (int64_t)sp->values - first < (int64_t)sp->segment_values ? (int64_t)sp->values - first
                                                                                  : (int64_t)sp->segment_values;
-        int ids[WIRE_MAX_REPLICAS];
-        for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-            if (expected(h, i)) {
-                ids[count] = i;
-                ins[count++] = h->contrib[i].seg[c]->data;
-            }
         size_t out_bytes = quant_encoded_bytes(codec(sp->down_codec), len, sp->block);
         blob *b = blob_new(out_bytes);
         if (!b) fail("relay: out of memory for a segment of the mean (%zu bytes)", out_bytes);

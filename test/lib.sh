@@ -31,6 +31,35 @@ for s in sorted(last):
 PY
 }
 
+# The MPI tests: HAVE_MPI=1 when mpirun is here and MPI is linked into the binary (grep
+# without -q: under pipefail an early exit would fail ldd with SIGPIPE); MPIRUN=(... -np),
+# oversubscribed (2 cores), as root allowed.
+detect_mpi() {
+    HAVE_MPI=0
+    command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep libmpi >/dev/null && HAVE_MPI=1
+    MPIRUN=(mpirun --oversubscribe -np)
+    [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
+    return 0
+}
+
+# A TCP port free at the time of asking, on 127.0.0.1.
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# A DiLoCo shared secret (64 hex characters, mode 600) in FILE.
+make_secret() {
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"
+    chmod 600 "$1"
+}
+
+# tmp=a fresh directory and pids=() for background processes; on exit every pid still running
+# is killed and tmp removed (kept, and named, with KEEP_TMP=1).
+tmp_with_processes() {
+    tmp=$(mktemp -d)
+    pids=()
+    trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+          if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi' EXIT
+}
+
 # Final loss of a run.
 final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 

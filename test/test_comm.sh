@@ -3,12 +3,11 @@
 # double, their non-blocking forms, and the same inside even / odd groups (test/test_comm.c;
 # make test also runs it as one rank). Without MPI in the build: skipped, and said so.
 . "$(dirname "$0")/lib.sh"
-if ! command -v mpirun >/dev/null || ! ldd "$TRAIN_GPT" | grep libmpi >/dev/null; then
+detect_mpi
+if [ "$HAVE_MPI" = 0 ]; then
     say "  skip (no MPI in this build)"
     exit 0
 fi
-MPIRUN=(mpirun --oversubscribe -np)
-[ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for np in 2 4; do
     rc=0

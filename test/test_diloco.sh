@@ -19,26 +19,15 @@
 #      every fragment sync; a replica killed with a fragment in flight rejoins and agrees;
 #      stop and resume with a fragment in flight is bit-exact.
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-    if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
+tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
-chmod 600 "$tmp/secret"
+make_secret "$tmp/secret"
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
-HAVE_MPI=0  # mpirun here and MPI linked into the binary
-command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi && HAVE_MPI=1
-MPIRUN=(mpirun --oversubscribe -np)
-[ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
+detect_mpi
 
-free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # Distinct param_hash values per outer step over the given metrics files: "k:count" lines.
 hashes_per_step() {
     "$PYTHON" - "$@" <<'PY'

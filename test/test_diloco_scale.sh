@@ -8,23 +8,12 @@
 #      72 at every applied outer step; the relay logs its bytes in / out and RSS per round.
 # Every wait is for a file or a process, never for a time.
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-    if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
+tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 21
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
-chmod 600 "$tmp/secret"
+make_secret "$tmp/secret"
 common=(test/configs/scale_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --ckpt_keep 0
     --ckpt_every 0 --diloco_inner_steps 5 --diloco_quant int8 --diloco_error_feedback 1)
-HAVE_MPI=0
-command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep libmpi >/dev/null && HAVE_MPI=1
-MPIRUN=(mpirun --oversubscribe -np)
-[ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np)
-free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+detect_mpi
 
 # over_tcp NAME M: a relay and M replicas (min_replicas M: a round without all of them is
 # skipped) into $tmp/NAME/<id>; waits for all; rc = the last non-zero exit status. The

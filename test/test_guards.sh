@@ -121,11 +121,10 @@ check "a hung step: exit 75 with one watchdog line naming rank 0, the phase and 
     sh -c "[ $rc -eq 75 ] && grep -q 'watchdog: rank 0 made no progress for [0-9]* s in a training step at step 31' '$tmp/hang.log'"
 
 # 7.
-if command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep -q libmpi; then
-    MPIRUN=(mpirun --oversubscribe -np 3)
-    [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 3)
+detect_mpi
+if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/stopped_rank"
-    "${MPIRUN[@]}" sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --max_steps 100000000 --diloco_replicas 3 \
+    "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --max_steps 100000000 --diloco_replicas 3 \
         --diloco_inner_steps 5 --diloco_transport mpi --watchdog_s 3 --out_dir '$tmp/stopped_rank/'\$OMPI_COMM_WORLD_RANK" \
         >"$tmp/stopped_rank.log" 2>&1 &
     job=$!
@@ -147,14 +146,12 @@ fi
 #     than the clean run's + 2 % (measured: better, 5.94 against 6.53: a replica held at 3 x
 #     the median acts as a larger outer step). With diloco_bound 0 the same run diverges (11.3):
 #     the check below fails without the guard.
-if command -v mpirun >/dev/null && ldd "$TRAIN_GPT" | grep libmpi >/dev/null; then
-    MPIRUN=(mpirun --oversubscribe -np 3)
-    [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 3)
+if [ "$HAVE_MPI" = 1 ]; then
     hostile=(--max_steps 60 --val_tokens 2048 --diloco_replicas 3 --diloco_inner_steps 5 --diloco_quant int8
              --diloco_error_feedback 1 --diloco_transport mpi)
     outer_run() {  # outer_run NAME HOSTILE(0|1) [--key value]...
         local name=$1 bad=$2; shift 2
-        "${MPIRUN[@]}" sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && [ $bad = 1 ] && export TRAIN_GPT_FAULT=diloco_hostile:0; \
+        "${MPIRUN[@]}" 3 sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && [ $bad = 1 ] && export TRAIN_GPT_FAULT=diloco_hostile:0; \
             exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${hostile[@]}" "$@") --out_dir '$tmp/$name/'\$OMPI_COMM_WORLD_RANK" \
             >"$tmp/$name.log" 2>&1 || cat "$tmp/$name.log"
     }

@@ -384,24 +384,7 @@ static void test_non_finite(void) {
         }
 }
 
-// ---------------------------------------------------------------- accumulate, threads
-
-static void test_decode_accumulate(void) {
-    const int64_t n = 20001, block = 33;
-    float *x = gaussian(n, 2.0), *back = alloc_floats((size_t)n);
-    double *acc = xmalloc(sizeof(double) * n), *want = xmalloc(sizeof(double) * n);
-    for (int k = 0; k < 3; k++) {
-        uint8_t *enc = encode_new((quant_kind)k, x, n, block);
-        for (int64_t i = 0; i < n; i++) acc[i] = want[i] = rng_normal(&rng);
-        quant_decode((quant_kind)k, enc, n, block, back);
-        for (int64_t i = 0; i < n; i++) want[i] += 0.37 * (double)back[i];
-        quant_decode_accumulate((quant_kind)k, enc, n, block, 0.37, acc);
-        EXPECT(memcmp(acc, want, sizeof(double) * n) == 0, "%s: accumulate != decode then add",
-               quant_kind_name((quant_kind)k));
-        free(enc);
-    }
-    free(x), free(back), free(acc), free(want);
-}
+// ---------------------------------------------------------------- threads
 
 static void test_threads(void) {
 #ifdef _OPENMP
@@ -409,7 +392,7 @@ static void test_threads(void) {
     const int64_t blocks[] = {32, 1001, 100003};
     float *x = gaussian(n, 1.0), *r1 = gaussian(n, 0.01), *r2 = alloc_floats((size_t)n);
     float *d1 = alloc_floats((size_t)n), *d2 = alloc_floats((size_t)n);
-    double *a1 = xcalloc((size_t)n, sizeof(double)), *a2 = xcalloc((size_t)n, sizeof(double));
+    float *a1 = alloc_floats((size_t)n), *a2 = alloc_floats((size_t)n);
     memcpy(r2, r1, sizeof(float) * n);
     int threads = omp_get_max_threads();
     for (int k = 0; k < 3; k++)
@@ -421,12 +404,13 @@ static void test_threads(void) {
             quant_encode((quant_kind)k, x, n, block, e1);
             double err1 = quant_encode_feedback((quant_kind)k, x, r1, n, block, f1);
             quant_decode((quant_kind)k, e1, n, block, d1);
-            quant_decode_accumulate((quant_kind)k, e1, n, block, 0.5, a1);
+            const uint8_t *ins1[2] = {e1, f1}, *ins2[2] = {e2, f2};
+            quant_mean((quant_kind)k, ins1, 2, n, block, NULL, a1);
             omp_set_num_threads(2);
             quant_encode((quant_kind)k, x, n, block, e2);
             double err2 = quant_encode_feedback((quant_kind)k, x, r2, n, block, f2);
             quant_decode((quant_kind)k, e2, n, block, d2);
-            quant_decode_accumulate((quant_kind)k, e2, n, block, 0.5, a2);
+            quant_mean((quant_kind)k, ins2, 2, n, block, NULL, a2);
             const char *name = quant_kind_name((quant_kind)k);
             EXPECT(memcmp(e1, e2, bytes) == 0, "%s block %lld: encode differs on 1 and 2 threads", name, (long long)block);
             EXPECT(memcmp(f1, f2, bytes) == 0, "%s block %lld: feedback encode differs", name, (long long)block);
@@ -434,7 +418,7 @@ static void test_threads(void) {
             EXPECT(memcmp(&err1, &err2, sizeof err1) == 0, "%s block %lld: returned error differs", name,
                    (long long)block);
             EXPECT(memcmp(d1, d2, sizeof(float) * n) == 0, "%s block %lld: decode differs", name, (long long)block);
-            EXPECT(memcmp(a1, a2, sizeof(double) * n) == 0, "%s block %lld: accumulate differs", name,
+            EXPECT(memcmp(a1, a2, sizeof(float) * n) == 0, "%s block %lld: the reducer's mean differs", name,
                    (long long)block);
             free(e1), free(e2), free(f1), free(f2);
         }
@@ -720,7 +704,6 @@ int main(void) {
     test_outlier();
     test_odd_tail();
     test_non_finite();
-    test_decode_accumulate();
     test_threads();
     test_feedback_return();
     test_error_feedback();

@@ -198,9 +198,8 @@ check "rolled back to step 30: one file, with a restart at step 31" \
 check "... TensorBoard's view = metrics.jsonl's (steps 31-36 as run again)" same_as_metrics "$tmp/roll" train/loss
 
 # ---------------------------------------------------------------- 6. DiLoCo
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
-chmod 600 "$tmp/secret"
-port=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+make_secret "$tmp/secret"
+port=$(free_port)
 run "$tmp/diloco" --tensorboard 1 --diloco_replicas 1 --diloco_inner_steps 5 --diloco_transport tcp --diloco_serve 1 \
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 || cat "$tmp/diloco.log"
 check "DiLoCo: 4 outer lines in metrics.jsonl" test "$(grep -c '"outer_step"' "$tmp/diloco/metrics.jsonl")" -ge 4
