@@ -9,6 +9,7 @@
 #include "llmc/common.h"
 #include "cpu/ops.h"
 #include "cpu/gemm.h"
+#include "llmc/shard.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef struct {
 
 struct cpu_model {
     const param_table *table;
+    shard_map units;              // the units of one rank (llmc/shard.h): where each starts
     model_dims dims;              // llmc/params.h
     float eps;
     float *rope_cos, *rope_sin;   // (T, D/2)
@@ -52,6 +54,7 @@ static cpu_model *create(const param_table *t, int64_t B, int64_t T, bool sizing
     cpu_model *m = xcalloc(1, sizeof *m);
     m->sizing_only = sizing_only;
     m->table = t;
+    shard_map_build(&m->units, t, 0, 1);
     m->dims = model_dims_of(c, B, T);
     m->eps = (float)c->norm_eps;
     int64_t N = m->dims.N, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, KD = m->dims.KD;
@@ -110,6 +113,7 @@ int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
     int64_t bytes = cpu_model_activation_bytes(m);
     free(m->resid);
     free(m->layers);
+    shard_map_free(&m->units);
     free(m);
     return bytes;
 }
@@ -130,15 +134,26 @@ void cpu_model_free(cpu_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->start);
     free(m->pos);
+    shard_map_free(&m->units);
     free(m);
 }
 
 int64_t cpu_model_activation_bytes(const cpu_model *m) { return m->activation_floats * (int64_t)sizeof(float); }
 
-#define W(kind, layer) param_ptr(m->table, (float *)params, kind, layer)
+// A tensor inside its unit's buffer (weights or gradients), given the unit's base pointer.
+static float *in_unit(const cpu_model *m, const float *base, param_kind kind, int layer) {
+    if (kind == P_LM_HEAD && m->table->cfg.tie_embeddings) kind = P_EMBED;
+    const param_info *p = param_find(m->table, kind, layer);
+    int u = shard_unit_of(&m->units, kind, layer);
+    return (float *)base + (p->offset - m->units.units[u].start);
+}
+
+#define W(kind, layer) in_unit(m, w, kind, layer)
+#define G(kind, layer) in_unit(m, g, kind, layer)
 
 // Runs the blocks and the final norm; leaves final_out ready for the classifier.
-static void forward_blocks(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T) {
+static void forward_blocks(cpu_model *m, cpu_units *u, const int32_t *inputs, int64_t B, int64_t T,
+                           bool backward_follows) {
     CHECK(B * T <= m->dims.N && T <= m->dims.T);
     const model_config *c = &m->table->cfg;
     int64_t N = B * T, C = m->dims.C, F = m->dims.F, Hq = m->dims.Hq, Hkv = m->dims.Hkv, D = m->dims.D;
@@ -146,8 +161,14 @@ static void forward_blocks(cpu_model *m, const float *params, const int32_t *inp
         if (inputs[i] < 0 || inputs[i] >= m->dims.V) fail("input token %d is outside the vocabulary (vocab_size %lld)",
                                                      inputs[i], (long long)m->dims.V);
     document_positions(m->start, m->pos, inputs, B, T, c->doc_masking, c->doc_token);
+    int L = (int)m->dims.L;
+    const float *w = u->acquire(u, 0);
+    u->prefetch(u, 1);
     embedding_forward(m->resid[0], inputs, W(P_EMBED, -1), N, C);
-    for (int l = 0; l < (int)m->dims.L; l++) {
+    u->release(u, 0, false);  // the embedding's backward needs no weights (a tied head acquires again)
+    for (int l = 0; l < L; l++) {
+        w = u->acquire(u, 1 + l);
+        u->prefetch(u, 2 + l);
         layer_acts *a = &m->layers[l];
         float *x = m->resid[l];
         rmsnorm_forward(a->attn_in, a->attn_rstd, x, W(P_ATTN_NORM, l), N, C, m->eps);
@@ -174,16 +195,25 @@ static void forward_blocks(cpu_model *m, const float *params, const int32_t *inp
         swiglu_forward(a->act, a->gate, a->up, N, F);
         memcpy(m->resid[l + 1], a->resid_mid, (size_t)(N * C) * sizeof(float));
         matmul_forward(m->resid[l + 1], a->act, W(P_W_DOWN, l), N, F, C, true);
+        u->release(u, 1 + l, backward_follows);
     }
-    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->dims.L], W(P_FINAL_NORM, -1), N, C, m->eps);
+    w = u->acquire(u, L + 1);  // held by the caller until the classifier is done
+    rmsnorm_forward(m->final_out, m->final_rstd, m->resid[L], W(P_FINAL_NORM, -1), N, C, m->eps);
 }
 
+// The unit of the LM head: the last, or the embedding's when tied.
+static int head_unit(const cpu_model *m) { return shard_unit_of(&m->units, P_LM_HEAD, -1); }
+
 // Classifier and loss over chunks of rows; with grads, also the head's backward into
-// d_final and the head weight gradient.
-static loss_sums classifier(cpu_model *m, const float *params, float *grads, const int32_t *targets, int64_t N,
+// d_final and the head weight gradient. The final unit is held (forward_blocks); a tied
+// head's unit is acquired here and released after.
+static loss_sums classifier(cpu_model *m, cpu_units *u, bool with_grads, const int32_t *targets, int64_t N,
                             float grad_scale, float z_loss) {
+    int H = head_unit(m);
+    const float *w = u->acquire(u, H);  // the final unit again, or the embedding's
     const float *head = W(P_LM_HEAD, -1);
-    float *dhead = grads ? param_ptr(m->table, grads, P_LM_HEAD, -1) : NULL;
+    float *g = with_grads ? u->grads(u, H) : NULL;
+    float *dhead = with_grads ? G(P_LM_HEAD, -1) : NULL;
     loss_sums sums = {0, 0, N};
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
@@ -191,25 +221,34 @@ static loss_sums classifier(cpu_model *m, const float *params, float *grads, con
             if (targets[i] < 0 || targets[i] >= m->dims.V)
                 fail("target token %d is outside the vocabulary (vocab_size %lld)", targets[i], (long long)m->dims.V);
         matmul_forward(m->logits, m->final_out + r0 * m->dims.C, head, n, m->dims.C, m->dims.V, false);
-        cross_entropy_forward_backward(m->logits, targets + r0, n, m->dims.V, z_loss, grads ? grad_scale : 0.0f,
+        cross_entropy_forward_backward(m->logits, targets + r0, n, m->dims.V, z_loss, with_grads ? grad_scale : 0.0f,
                                        &sums.ce_sum, &sums.lse_sq_sum);
-        if (grads) {
+        if (with_grads) {
             matmul_backward_input(m->d_final + r0 * m->dims.C, m->logits, head, n, m->dims.C, m->dims.V, false);
             matmul_backward_weight(dhead, m->logits, m->final_out + r0 * m->dims.C, n, m->dims.C, m->dims.V);
         }
     }
+    u->release(u, H, false);  // the final unit: one reference less (acquired twice when untied)
     return sums;
 }
 
-#define G(kind, layer) param_ptr(m->table, grads, kind, layer)
-
-static void backward_blocks(cpu_model *m, const float *params, float *grads, const int32_t *inputs, int64_t B,
-                            int64_t T) {
+// Backward from d_final; the final unit is still held from the forward pass.
+static void backward_blocks(cpu_model *m, cpu_units *u, const int32_t *inputs, int64_t B, int64_t T) {
     const model_config *c = &m->table->cfg;
     int64_t N = B * T, C = m->dims.C, F = m->dims.F, Hq = m->dims.Hq, Hkv = m->dims.Hkv, D = m->dims.D;
-    rmsnorm_backward(m->d_resid, G(P_FINAL_NORM, -1), m->d_final, m->resid[m->dims.L], W(P_FINAL_NORM, -1),
+    int L = (int)m->dims.L;
+    const float *w = u->acquire(u, L + 1);
+    float *g = u->grads(u, L + 1);
+    u->prefetch(u, L);
+    rmsnorm_backward(m->d_resid, G(P_FINAL_NORM, -1), m->d_final, m->resid[L], W(P_FINAL_NORM, -1),
                      m->final_rstd, N, C, false);
-    for (int l = (int)m->dims.L - 1; l >= 0; l--) {
+    u->grads_done(u, L + 1);
+    u->release(u, L + 1, false);
+    u->release(u, L + 1, false);  // forward_blocks' hold
+    for (int l = L - 1; l >= 0; l--) {
+        w = u->acquire(u, 1 + l);
+        if (l > 0) u->prefetch(u, l);
+        g = u->grads(u, 1 + l);
         layer_acts *a = &m->layers[l];
         // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
         matmul_backward_input(m->d_act, m->d_resid, W(P_W_DOWN, l), N, F, C, false);
@@ -242,31 +281,95 @@ static void backward_blocks(cpu_model *m, const float *params, float *grads, con
         matmul_backward_weight(G(P_WV, l), m->dv, a->attn_in, N, C, Hkv * D);
         rmsnorm_backward(m->d_resid, G(P_ATTN_NORM, l), m->d_norm, m->resid[l], W(P_ATTN_NORM, l), a->attn_rstd,
                          N, C, true);
+        u->grads_done(u, 1 + l);
+        u->release(u, 1 + l, false);
     }
+    g = u->grads(u, 0);
     embedding_backward(G(P_EMBED, -1), inputs, m->d_resid, N, C);
+    u->grads_done(u, 0);
+}
+
+loss_sums cpu_forward_backward_units(cpu_model *m, cpu_units *u, const int32_t *inputs, const int32_t *targets,
+                                     int64_t B, int64_t T, float grad_scale, float z_loss) {
+    forward_blocks(m, u, inputs, B, T, true);
+    loss_sums sums = classifier(m, u, true, targets, B * T, grad_scale, z_loss);
+    backward_blocks(m, u, inputs, B, T);
+    return sums;
+}
+
+loss_sums cpu_forward_loss_units(cpu_model *m, cpu_units *u, const int32_t *inputs, const int32_t *targets,
+                                 int64_t B, int64_t T) {
+    forward_blocks(m, u, inputs, B, T, false);
+    loss_sums sums = classifier(m, u, false, targets, B * T, 0.0f, 0.0f);
+    u->release(u, (int)m->dims.L + 1, false);
+    return sums;
+}
+
+void cpu_forward_last_logits_units(cpu_model *m, cpu_units *u, const int32_t *inputs, int64_t T, float *logits) {
+    forward_blocks(m, u, inputs, 1, T, false);
+    int H = head_unit(m);
+    const float *w = u->acquire(u, H);
+    matmul_forward(logits, m->final_out + (T - 1) * m->dims.C, W(P_LM_HEAD, -1), 1, m->dims.C, m->dims.V, false);
+    u->release(u, H, false);
+    u->release(u, (int)m->dims.L + 1, false);
+}
+
+// The whole model in the caller's flat buffers: a unit is its range of them, nothing moves.
+typedef struct {
+    cpu_units base;
+    const shard_map *map;
+    const float *params;
+    float *grads;
+} whole_units;
+
+static const float *whole_acquire(cpu_units *u, int unit) {
+    whole_units *x = (whole_units *)u;
+    return x->params + x->map->units[unit].start;
+}
+static float *whole_grads(cpu_units *u, int unit) {
+    whole_units *x = (whole_units *)u;
+    return x->grads + x->map->units[unit].start;
+}
+static void whole_prefetch(cpu_units *u, int unit) {
+    (void)u;
+    (void)unit;
+}
+static void whole_release(cpu_units *u, int unit, bool backward_follows) {
+    (void)u;
+    (void)unit;
+    (void)backward_follows;
+}
+static void whole_done(cpu_units *u, int unit) {
+    (void)u;
+    (void)unit;
+}
+
+static whole_units whole(const cpu_model *m, const float *params, float *grads) {
+    whole_units x = {{whole_acquire, whole_prefetch, whole_release, whole_grads, whole_done}, &m->units, params, grads};
+    return x;
 }
 
 loss_sums cpu_forward_backward(cpu_model *m, const float *params, float *grads, const int32_t *inputs,
                                const int32_t *targets, int64_t B, int64_t T, float grad_scale, float z_loss) {
-    forward_blocks(m, params, inputs, B, T);
-    loss_sums sums = classifier(m, params, grads, targets, B * T, grad_scale, z_loss);
-    backward_blocks(m, params, grads, inputs, B, T);
-    return sums;
+    whole_units u = whole(m, params, grads);
+    return cpu_forward_backward_units(m, &u.base, inputs, targets, B, T, grad_scale, z_loss);
 }
 
 loss_sums cpu_forward_loss(cpu_model *m, const float *params, const int32_t *inputs, const int32_t *targets,
                            int64_t B, int64_t T) {
-    forward_blocks(m, params, inputs, B, T);
-    return classifier(m, params, NULL, targets, B * T, 0.0f, 0.0f);
+    whole_units u = whole(m, params, NULL);
+    return cpu_forward_loss_units(m, &u.base, inputs, targets, B, T);
 }
 
 void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t T, float *logits) {
-    forward_blocks(m, params, inputs, 1, T);
-    matmul_forward(logits, m->final_out + (T - 1) * m->dims.C, W(P_LM_HEAD, -1), 1, m->dims.C, m->dims.V, false);
+    whole_units u = whole(m, params, NULL);
+    cpu_forward_last_logits_units(m, &u.base, inputs, T, logits);
 }
 
 void cpu_forward_logits(cpu_model *m, const float *params, const int32_t *inputs, int64_t B, int64_t T,
                         float *logits) {
-    forward_blocks(m, params, inputs, B, T);
+    whole_units u = whole(m, params, NULL);
+    forward_blocks(m, &u.base, inputs, B, T, false);
+    const float *w = params + m->units.units[head_unit(m)].start;
     matmul_forward(logits, m->final_out, W(P_LM_HEAD, -1), B * T, m->dims.C, m->dims.V, false);
 }

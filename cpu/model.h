@@ -11,10 +11,12 @@
 #ifndef TRAIN_GPT_CPU_MODEL_H
 #define TRAIN_GPT_CPU_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "llmc/backend.h"
 #include "llmc/params.h"
+#include "net/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +30,32 @@ void cpu_model_free(cpu_model *m);
 int64_t cpu_model_activation_bytes(const cpu_model *m);
 // The same figure for a model that is not allocated (memory plans).
 int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T);
+
+// Where the passes find a unit's weights and leave its gradient (units: llmc/shard.h). The
+// whole-model calls below use the caller's flat buffers in place; the FSDP backend
+// (cpu/backend.c) gathers a unit's pieces before it is used and reduce-scatters its
+// gradient after. Weights and gradients of a unit are indexed as in the flat layout, from
+// the unit's first value: tensor p at base + (p->offset − unit start).
+typedef struct cpu_units cpu_units;
+struct cpu_units {
+    // The unit's weights, whole, until the matching release (acquires nest: a reference count).
+    const float *(*acquire)(cpu_units *u, int unit);
+    // A hint: the unit is acquired next (its gathering can start now).
+    void (*prefetch)(cpu_units *u, int unit);
+    // One acquire less; backward_follows: a backward pass will want the weights again.
+    void (*release)(cpu_units *u, int unit, bool backward_follows);
+    // The buffer the unit's gradient is added to (zeroed when first asked for in a pass), and
+    // the end of the pass's additions to it.
+    float *(*grads)(cpu_units *u, int unit);
+    void (*grads_done)(cpu_units *u, int unit);
+};
+
+// The passes below over units (the FSDP backend's): the same arithmetic in the same order.
+loss_sums cpu_forward_backward_units(cpu_model *m, cpu_units *u, const int32_t *inputs, const int32_t *targets,
+                                     int64_t B, int64_t T, float grad_scale, float z_loss);
+loss_sums cpu_forward_loss_units(cpu_model *m, cpu_units *u, const int32_t *inputs, const int32_t *targets,
+                                 int64_t B, int64_t T);
+void cpu_forward_last_logits_units(cpu_model *m, cpu_units *u, const int32_t *inputs, int64_t T, float *logits);
 
 // Forward and backward of one micro-batch: inputs, targets (B,T). Gradients of
 // grad_scale · Σ_rows (ce + z_loss·lse²) are ADDED to grads. Returns the loss sums.
@@ -49,6 +77,15 @@ void cpu_forward_last_logits(cpu_model *m, const float *params, const int32_t *i
 // owns the gradients.
 backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
                             float *exp_avg_sq);
+
+// The same backend for one rank of an FSDP group (group: its ranks; copies: the HSDP copies
+// this rank's pieces are all-reduced with, NULL or a group of one for none). params,
+// exp_avg and exp_avg_sq are this rank's pieces (llmc/shard.h: local_numel floats each, the
+// map of comm_rank(group) of comm_size(group)). A group of one is cpu_backend_create.
+backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
+                                    int64_t B, int64_t T, float *params, float *exp_avg, float *exp_avg_sq);
+// The most floats of gathered units held at once so far, in bytes (FSDP's memory report).
+int64_t cpu_backend_peak_gathered_bytes(const backend *b);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,7 @@ double lr_at_step(const train_config *cfg, int64_t s) {
 
 #define NORM_BLOCK 65536
 
-double grad_global_norm(const float *grads, int64_t count) {
+double grad_sum_squares(const float *grads, int64_t count) {
     int64_t blocks = ceil_div(count, NORM_BLOCK);
     double *partial = xmalloc((size_t)blocks * sizeof *partial);
 #pragma omp parallel for schedule(static)
@@ -34,8 +34,10 @@ double grad_global_norm(const float *grads, int64_t count) {
     double total = 0.0;
     for (int64_t b = 0; b < blocks; b++) total += partial[b];
     free(partial);
-    return sqrt(total);
+    return total;
 }
+
+double grad_global_norm(const float *grads, int64_t count) { return sqrt(grad_sum_squares(grads, count)); }
 
 double grad_clip(float *grads, int64_t count, double norm, double max_norm) {
     if (max_norm <= 0.0) return 1.0;
@@ -47,30 +49,72 @@ double grad_clip(float *grads, int64_t count, double norm, double max_norm) {
     return coef;
 }
 
+// The scalars of one AdamW step, shared by every stretch of it.
+typedef struct {
+    float beta1, beta2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps, keep_decay;
+} adamw_step;
+
+static adamw_step adamw_scalars(int64_t adam_step, double lr, const train_config *cfg) {
+    double b1 = cfg->beta1, b2 = cfg->beta2;
+    adamw_step a;
+    a.beta1 = (float)b1;
+    a.beta2 = (float)b2;
+    a.one_minus_b1 = (float)(1.0 - b1);
+    a.one_minus_b2 = (float)(1.0 - b2);
+    double bias1 = 1.0 - pow(b1, (double)adam_step), bias2 = 1.0 - pow(b2, (double)adam_step);
+    a.step_size = (float)(lr / bias1);
+    a.bias2_sqrt = (float)sqrt(bias2);
+    a.eps = (float)cfg->adam_eps;
+    a.keep_decay = (float)(1.0 - lr * cfg->weight_decay);
+    return a;
+}
+
+// n values of one tensor (decayed or not): the element-wise update.
+static void adamw_stretch(const adamw_step *a, bool decay, float *w, const float *g, float *mm, float *vv, int64_t n) {
+    float keep = decay ? a->keep_decay : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) {
+        float gj = g[j];
+        float wj = w[j] * keep;
+        float mj = mm[j] * a->beta1 + gj * a->one_minus_b1;
+        float vj = vv[j] * a->beta2 + gj * gj * a->one_minus_b2;
+        mm[j] = mj;
+        vv[j] = vj;
+        w[j] = wj - a->step_size * (mj / (sqrtf(vj) / a->bias2_sqrt + a->eps));
+    }
+}
+
 void adamw_update(const param_table *t, float *params, const float *grads, float *m, float *v, int64_t adam_step,
                   double lr, const train_config *cfg) {
-    double b1 = cfg->beta1, b2 = cfg->beta2;
-    float beta1 = (float)b1, beta2 = (float)b2;
-    float one_minus_b1 = (float)(1.0 - b1), one_minus_b2 = (float)(1.0 - b2);
-    double bias1 = 1.0 - pow(b1, (double)adam_step), bias2 = 1.0 - pow(b2, (double)adam_step);
-    float step_size = (float)(lr / bias1);
-    float bias2_sqrt = (float)sqrt(bias2);
-    float eps = (float)cfg->adam_eps;
+    adamw_step a = adamw_scalars(adam_step, lr, cfg);
     for (int i = 0; i < t->count; i++) {
         const param_info *p = &t->params[i];
-        float keep = p->decay ? (float)(1.0 - lr * cfg->weight_decay) : 1.0f;
-        float *w = params + p->offset, *mm = m + p->offset, *vv = v + p->offset;
-        const float *g = grads + p->offset;
-#pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < p->numel; j++) {
-            float gj = g[j];
-            float wj = w[j] * keep;
-            float mj = mm[j] * beta1 + gj * one_minus_b1;
-            float vj = vv[j] * beta2 + gj * gj * one_minus_b2;
-            mm[j] = mj;
-            vv[j] = vj;
-            w[j] = wj - step_size * (mj / (sqrtf(vj) / bias2_sqrt + eps));
-        }
+        int64_t o = p->offset;
+        adamw_stretch(&a, p->decay, params + o, grads + o, m + o, v + o, p->numel);
+    }
+}
+
+typedef struct {
+    const adamw_step *a;
+    bool decay;
+    float *params, *m, *v;
+    const float *grads;
+} adamw_shard_ctx;
+
+static void adamw_visit(void *ctx, int64_t global, int64_t local, int64_t count) {
+    (void)global;
+    adamw_shard_ctx *c = ctx;
+    adamw_stretch(c->a, c->decay, c->params + local, c->grads + local, c->m + local, c->v + local, count);
+}
+
+void adamw_update_shard(const shard_map *s, float *params, const float *grads, float *m, float *v,
+                        int64_t adam_step, double lr, const train_config *cfg) {
+    adamw_step a = adamw_scalars(adam_step, lr, cfg);
+    const param_table *t = s->table;
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        adamw_shard_ctx c = {&a, p->decay, params, m, v, grads};
+        shard_visit(s, p->offset, p->offset + p->numel, adamw_visit, &c);
     }
 }
 
@@ -79,6 +123,13 @@ void optimizer_apply(const param_table *t, float *params, float *grads, float *m
     grad_clip(grads, t->numel, grad_norm, cfg->grad_clip);
     (*adam_step)++;
     adamw_update(t, params, grads, m, v, *adam_step, lr, cfg);
+}
+
+void optimizer_apply_shard(const shard_map *s, float *params, float *grads, float *m, float *v, int64_t *adam_step,
+                           double grad_norm, double lr, const train_config *cfg) {
+    grad_clip(grads, s->local_numel, grad_norm, cfg->grad_clip);
+    (*adam_step)++;
+    adamw_update_shard(s, params, grads, m, v, *adam_step, lr, cfg);
 }
 
 bool all_finite(const float *x, int64_t count) {

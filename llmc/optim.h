@@ -15,6 +15,7 @@
 
 #include "llmc/config.h"
 #include "llmc/params.h"
+#include "llmc/shard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,6 +27,8 @@ double lr_at_step(const train_config *cfg, int64_t step);
 // Global L2 norm of all gradients, summed in double over fixed blocks in a fixed order:
 // the same bits on any thread count. Inf/NaN propagate (the outlier guard needs them).
 double grad_global_norm(const float *grads, int64_t count);
+// The square of that norm before the root (a rank's share of an FSDP group's norm²).
+double grad_sum_squares(const float *grads, int64_t count);
 // Scales grads by max_norm / (norm + 1e-6) when that is below 1; returns the factor used.
 double grad_clip(float *grads, int64_t count, double norm, double max_norm);
 
@@ -33,11 +36,20 @@ double grad_clip(float *grads, int64_t count, double norm, double max_norm);
 void adamw_update(const param_table *t, float *params, const float *grads, float *m, float *v, int64_t adam_step,
                   double lr, const train_config *cfg);
 
+// The same update of this rank's part of the model, over local buffers (llmc/shard.h): the
+// same element-wise arithmetic, so the values it writes are those adamw_update writes.
+void adamw_update_shard(const shard_map *s, float *params, const float *grads, float *m, float *v,
+                        int64_t adam_step, double lr, const train_config *cfg);
+
 // Clip to cfg->grad_clip by the given global norm, advance *adam_step and apply AdamW:
 // the update of one step once its gradients are summed (the caller has checked that loss
 // and norm are finite).
 void optimizer_apply(const param_table *t, float *params, float *grads, float *m, float *v, int64_t *adam_step,
                      double grad_norm, double lr, const train_config *cfg);
+
+// The same over local buffers (s->local_numel floats; grad_norm is the group's).
+void optimizer_apply_shard(const shard_map *s, float *params, float *grads, float *m, float *v, int64_t *adam_step,
+                           double grad_norm, double lr, const train_config *cfg);
 
 // True if every value is finite (checked before anything is written to a checkpoint).
 bool all_finite(const float *x, int64_t count);

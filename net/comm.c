@@ -240,3 +240,46 @@ double comm_sum(const comm *c, double x) {
     free(all);
     return s;
 }
+
+// In chunks of at most ALLREDUCE_CHUNK values, padded to a multiple of the group's size:
+// reduce-scatter (the rank-order sum) then all-gather, so a rank holds about two chunks more.
+#define ALLREDUCE_CHUNK ((int64_t)1 << 22)
+
+void comm_allreduce(const comm *c, float *x, int64_t n) {
+    if (c->size == 1 || n == 0) return;
+    int64_t per = ceil_div(min_i64(n, ALLREDUCE_CHUNK), c->size), span = per * c->size;
+    float *chunk = alloc_floats((size_t)span), *mine = alloc_floats((size_t)per);
+    for (int64_t at = 0; at < n; at += span) {
+        int64_t len = min_i64(span, n - at);
+        memcpy(chunk, x + at, (size_t)len * sizeof(float));
+        memset(chunk + len, 0, (size_t)(span - len) * sizeof(float));
+        comm_reduce_scatter(c, chunk, per, mine);
+        comm_allgather(c, mine, per, chunk);
+        memcpy(x + at, chunk, (size_t)len * sizeof(float));
+    }
+    free(chunk);
+    free(mine);
+}
+
+void comm_barrier(const comm *c) { (void)comm_sum(c, 0.0); }
+
+void comm_broadcast(const comm *c, void *data, int64_t bytes, int root) {
+    if (c->size == 1 || bytes == 0) return;
+#ifdef HAVE_MPI
+    comm_mpi_check(MPI_Bcast(data, count_of(bytes), MPI_BYTE, root, c->mpi), "MPI_Bcast");
+#else
+    (void)data;
+    (void)root;
+#endif
+}
+
+double comm_max(const comm *c, double x) {
+    if (c->size == 1) return x;
+    double *all = xmalloc((size_t)c->size * sizeof *all), m = x;
+#ifdef HAVE_MPI
+    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
+#endif
+    for (int r = 0; r < c->size; r++) m = all[r] > m ? all[r] : m;
+    free(all);
+    return m;
+}
