@@ -118,7 +118,7 @@ CXXFLAGS := $(filter-out -std=c11,$(CFLAGS_BASE)) -std=c++17 -fno-exceptions -fn
 # with nvcc the kernels; HOST_CU_SRC are .cu files of the library).
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
            llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c llmc/guard.c llmc/watchdog.c \
-           llmc/tensorboard.c llmc/plot.c llmc/shard.c \
+           llmc/tensorboard.c llmc/plot.c llmc/shard.c llmc/comm.c \
            cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
            tok/sample.c diloco.c
 HOST_CU_SRC := quant.cu

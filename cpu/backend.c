@@ -14,7 +14,7 @@
 #include "cpu/model.h"
 #include "llmc/common.h"
 #include "llmc/optim.h"
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #include <math.h>
 #include <stdlib.h>

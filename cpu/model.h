@@ -16,7 +16,7 @@
 
 #include "llmc/backend.h"
 #include "llmc/params.h"
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

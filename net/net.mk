@@ -1,6 +1,6 @@
 # net/net.mk — how replicas talk, included by the Makefile: the transport interface
-# (net/transport.c), the MPI transport (net/transport_mpi.c), the collectives among the ranks
-# of one job (net/comm.c, for FSDP) and the tcp one (net/wire.c: frames,
+# (net/transport.c), the MPI transport (net/transport_mpi.c; MPI is detected here, for it
+# and for llmc/comm.c, the collectives among the ranks of one job) and the tcp one (net/wire.c: frames,
 # net/conn.c: framed connections, socket.c: sockets, net/relay.c: the hub and `train_gpt relay`,
 # net/transport_tcp.c: a replica's side). See docs/protocol.md.
 #
@@ -11,7 +11,7 @@
 #   clang + libFuzzer  `make fuzz`, and `make test` fuzzes the frame parser for FUZZ_SECONDS
 #
 # `make fuzz FUZZ_SECONDS=600` fuzzes longer (findings land in $(BUILD)/fuzz-*).
-LIB_SRC += net/transport.c net/transport_mpi.c net/comm.c
+LIB_SRC += net/transport.c net/transport_mpi.c
 TESTS_C += test/test_comm.c
 TESTS_SH += test/test_comm.sh
 
@@ -24,7 +24,7 @@ ifneq ($(MPICC),)
     HAVE_MPI := 1
     MSG_MPI := ✓ MPI ($(MPICC)): diloco_transport = mpi
     LDLIBS += $(MPI_LIBS)
-    $(BUILD)/net/transport_mpi.o $(BUILD)/net/comm.o $(BUILD)/test/test_comm.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
+    $(BUILD)/net/transport_mpi.o $(BUILD)/llmc/comm.o $(BUILD)/test/test_comm.o: CFLAGS += -DHAVE_MPI $(MPI_CFLAGS)
   endif
 endif
 ifneq ($(HAVE_MPI),1)

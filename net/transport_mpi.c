@@ -16,7 +16,7 @@
 #include "net/transport_impl.h"
 #include "llmc/common.h"
 #include "llmc/quant.h"
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// test/test_comm.c — net/comm.h's collectives against a serial reference, on however many
+// test/test_comm.c — llmc/comm.h's collectives against a serial reference, on however many
 // ranks the launcher started (make test runs it alone, and test/test_comm.sh under mpirun
 // -np 2 and 4). Every rank can regenerate every rank's data (a pure function of rank and
 // index), so it computes the expected results itself: the all-gather is the concatenation;
@@ -7,7 +7,7 @@
 // non-blocking forms give the same bits; and the same holds inside groups from comm_split.
 #include "check.h"
 #include "llmc/common.h"
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -27,7 +27,7 @@
 #include "llmc/guard.h"
 #include "llmc/optim.h"
 #include "llmc/shard.h"
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #include <math.h>
 #include <stdlib.h>

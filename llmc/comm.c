@@ -1,6 +1,6 @@
-// net/comm.c — collectives among the ranks of one job (see net/comm.h): MPI, or a world of one.
+// llmc/comm.c — collectives among the ranks of one job (see llmc/comm.h): MPI, or a world of one.
 // A group of one rank (the world without MPI, or any group of size 1) copies; the rest is MPI.
-#include "net/comm.h"
+#include "llmc/comm.h"
 
 #include "llmc/common.h"
 

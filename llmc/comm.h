@@ -1,4 +1,4 @@
-// net/comm.h — collectives among the ranks of one job: what the ranks of one replica will use
+// llmc/comm.h — collectives among the ranks of one job: what the ranks of one replica will use
 // to shard the model (FSDP / HSDP, issue #14). Two implementations behind one interface: MPI
 // (the CPU backend, and the CPU side of a GPU job), and — later — NCCL on GPUs. Without MPI in
 // the build, or in a job of one rank, the world is one rank and every collective is a copy.
