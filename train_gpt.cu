@@ -26,6 +26,7 @@
 #include "llmc/watchdog.h"
 #include "llmc/backend.h"
 #include "llmc/checkpoint.h"
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/config.h"
 #include "llmc/device.h"
@@ -35,6 +36,7 @@
 #include "llmc/optim.h"
 #include "llmc/params.h"
 #include "llmc/plot.h"
+#include "llmc/shard.h"
 #include "net/relay.h"
 #include "net/transport.h"
 #include "tok/prepare.h"
@@ -1214,6 +1216,11 @@ static void install_signal_handlers(void) {
 typedef struct {
     train_config *cfg;
     param_table table;
+    // A job of several ranks trains one model sharded over them (FSDP, HSDP: docs/fsdp.md);
+    // job is NULL for one process. shard says which pieces of the model this rank holds (the
+    // whole model for one process), and the host buffers hold those pieces.
+    comm *job, *group, *copies;
+    shard_map shard;
     float *params, *exp_avg, *exp_avg_sq;  // the host's copy: checkpoints and DiLoCo
     device_kind device;
     backend *be;                           // does the math, on the CPU or the GPU
@@ -1318,6 +1325,12 @@ static void print_banner(const trainer *tr) {
                tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
     }
     const train_config *cfg = tr->cfg;
+    if (tr->job)
+        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; per rank %.2f MiB of weights+grads+AdamW "
+               "(1/%lld of the model's %.2f MiB), plus the layers gathered at a time\n",
+               comm_rank(tr->job), comm_size(tr->job), (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
+               cfg->dp_replicate == 1 ? "y" : "ies", (double)tr->shard.local_numel * 16.0 / 1048576.0,
+               (long long)cfg->fsdp_size, (double)tr->table.numel * 16.0 / 1048576.0);
     if (tr->outer)
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
                "transport, %s outer gradients%s\n",
@@ -1348,16 +1361,23 @@ static int train_plan(train_config *cfg) {
 static void allocate(trainer *tr) {
     train_config *cfg = tr->cfg;
     param_table_build(&tr->table, &cfg->model);
-    size_t n = (size_t)tr->table.numel;
+    if (tr->group) shard_map_build(&tr->shard, &tr->table, comm_rank(tr->group), comm_size(tr->group));
+    else shard_map_build(&tr->shard, &tr->table, 0, 1);
+    size_t n = (size_t)tr->shard.local_numel;
     tr->params = alloc_floats(n);
     tr->exp_avg = alloc_floats(n);
     tr->exp_avg_sq = alloc_floats(n);
     // The one place that knows which backend runs: the CPU's works on the host buffers, the
     // GPU's on its own copy.
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
+    if (tr->device == DEVICE_CUDA && tr->job)
+        fail("fsdp: a job of %d ranks shards the model, which the CUDA backend does not do yet (NCCL: issue #14); "
+             "run one rank per GPU job, or device = cpu",
+             comm_size(tr->job));
     tr->be = tr->device == DEVICE_CUDA
                  ? gpu_backend_create(&tr->table, B, T)
-                 : cpu_backend_create(&tr->table, B, T, tr->params, tr->exp_avg, tr->exp_avg_sq);
+                 : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward, B,
+                                              T, tr->params, tr->exp_avg, tr->exp_avg_sq);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = (int32_t *)xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = (int32_t *)xmalloc(tokens * sizeof *tr->targets);
@@ -1374,13 +1394,33 @@ static void release(trainer *tr) {
     free(tr->exp_avg_sq);
     free(tr->inputs);
     free(tr->targets);
+    shard_map_free(&tr->shard);
     param_table_free(&tr->table);
 }
 
 static model_buffers buffers_of(trainer *tr) {
-    model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL};
+    model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL, &tr->shard, tr->job,
+                       true};
+    if (tr->job) b.writer = !tr->copies || comm_rank(tr->copies) == 0;  // HSDP: the first copy writes
     if (tr->outer) diloco_attach_buffers(tr->outer, &b);
     return b;
+}
+
+// A checkpoint saved by a job of another size (FSDP at np 4, resumed at np 2): the loader's
+// position counts each process's micro-batches, so the same place in the data is index ·
+// saved ranks / ranks now (micro-batch i of rank r is the data's i · ranks + r).
+static void convert_data_position(trainer *tr) {
+    int64_t was = tr->state.data_world, now = tr->world;
+    tr->state.data_world = now;
+    if (was <= 0 || was == now) return;
+    int64_t global = tr->state.data.index * was;
+    if (global % now != 0)
+        fail("resume: the checkpoint was saved by %lld processes at micro-batch %lld of its epoch (%lld in all), "
+             "which %lld processes cannot split evenly; resume with a number of ranks that divides it",
+             (long long)was, (long long)tr->state.data.index, (long long)global, (long long)now);
+    note("resume: the data position of %lld processes (%lld micro-batches each) is %lld each for %lld", (long long)was,
+         (long long)tr->state.data.index, (long long)(global / now), (long long)now);
+    tr->state.data.index = global / now;
 }
 
 // Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say. Returns whether
@@ -1400,6 +1440,7 @@ static bool restore_or_init(trainer *tr) {
     }
     if (from) {
         note("resuming from '%s' at step %lld", from, (long long)tr->state.step);
+        convert_data_position(tr);
         dataloader_seek(tr->train, tr->state.data);
         strbuf extra = {};
         sb_append(&extra, "\"checkpoint\":");
@@ -1417,12 +1458,13 @@ static bool restore_or_init(trainer *tr) {
              cfg->out_dir);
     if (cfg->init_from[0]) {
         char why[512];
-        if (!load_weights(cfg->init_from, &tr->table, tr->params, why, sizeof why))
+        if (!load_weights_pieces(cfg->init_from, &tr->shard, tr->params, why, sizeof why))
             fail("init_from: '%s': %s", cfg->init_from, why);
         note("initialized from '%s'", cfg->init_from);
     } else {
-        param_init(&tr->table, tr->params, (uint64_t)cfg->seed);
+        shard_param_init(&tr->shard, tr->params, (uint64_t)cfg->seed);  // one process: param_init's values
     }
+    tr->state.data_world = tr->world;
     metrics_event(tr->log, "start", 0, "");
     return false;
 }
@@ -1438,13 +1480,30 @@ static double validate(trainer *tr) {
     dataloader_rewind(tr->val);
     double ce = 0.0;
     int64_t tokens = 0;
+    // A job's ranks take turns: micro-batch i goes to rank i mod ranks, and every rank runs
+    // as many forward passes (an empty one where its turn has no rows: the gathers need all).
+    int ranks = tr->job ? comm_size(tr->job) : 1, me = tr->job ? comm_rank(tr->job) : 0;
     for (int64_t done = 0; done < rows;) {
-        int64_t b = min_i64(B, rows - done);
-        for (int64_t r = 0; r < b; r++) dataloader_next(tr->val, tr->inputs + r * T, tr->targets + r * T);
+        int64_t b = 0;
+        for (int q = 0; q < ranks && done < rows; q++) {
+            int64_t n = min_i64(B, rows - done);
+            if (q == me) {
+                for (int64_t r = 0; r < n; r++) dataloader_next(tr->val, tr->inputs + r * T, tr->targets + r * T);
+                b = n;
+            } else {  // another rank's rows: skipped unread (one sequence per val micro-batch)
+                data_position at = dataloader_position(tr->val);
+                at.index += n;
+                dataloader_seek(tr->val, at);
+            }
+            done += n;
+        }
         loss_sums s = backend_forward_loss(tr->be, tr->inputs, tr->targets, b, T);
         ce += s.ce_sum;
         tokens += s.rows;
-        done += b;
+    }
+    if (tr->job) {
+        ce = comm_sum(tr->job, ce);
+        tokens = (int64_t)comm_sum(tr->job, (double)tokens);
     }
     double loss = ce / (double)tokens;
     metrics_val(tr->log, tr->state.step, loss, tokens);
@@ -1460,7 +1519,7 @@ static bool save_checkpoint(trainer *tr) {
     double t0 = wall_seconds();
     backend_download(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq);
     if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
-    checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
+    if (!tr->job || comm_rank(tr->job) == 0) checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
     char extra[64];
     snprintf(extra, sizeof extra, "\"seconds\":%.3f", wall_seconds() - t0);
     metrics_event(tr->log, "checkpoint", tr->state.step, extra);
@@ -1525,6 +1584,7 @@ static bool roll_back(trainer *tr, int64_t s) {
          (long long)rollbacks, (long long)cfg->max_rollbacks);
     free(dir);
     st.data = here;
+    st.data_world = tr->world;
     st.rollbacks = rollbacks;
     st.bad_steps = 0;
     tr->state = st;
@@ -1567,7 +1627,8 @@ static step_metrics train_step(trainer *tr) {
     int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
     int64_t step_tokens = B * T * cfg->grad_accum;
     double t0 = wall_seconds();
-    float grad_scale = 1.0f / (float)step_tokens;
+    // The gradients of a job's ranks are summed (FSDP, HSDP): each scales by all their tokens.
+    float grad_scale = 1.0f / (float)(step_tokens * (tr->job ? comm_size(tr->job) : 1));
     data_position at = dataloader_position(tr->train);
     int64_t first_batch = at.epoch * dataloader_batches_per_epoch(tr->train) + at.index;
     for (int64_t a = 0; a < cfg->grad_accum; a++) {
@@ -1624,11 +1685,58 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
     fflush(stdout);
 }
 
-// The data split: with DiLoCo each replica reads its own 1/M of the data.
+// A job the launcher started with several ranks, without DiLoCo, is one model sharded over
+// them: fsdp_size ranks per copy (default: the ranks of a node), dp_replicate copies. With
+// DiLoCo the ranks stay replicas (DiLoCo over sharded replicas comes later).
+static void setup_job(trainer *tr) {
+    train_config *cfg = tr->cfg;
+    launch_info l = launch_detect();
+    bool diloco = cfg->diloco_replicas > 0;
+    if (l.size <= 1 || diloco) {
+        if (cfg->fsdp_size > 1 || cfg->dp_replicate > 1)
+            fail("fsdp_size %lld / dp_replicate %lld: %s", (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
+                 diloco ? "a DiLoCo replica is one rank today (DiLoCo over sharded replicas is not implemented yet); "
+                          "set both to 0 or 1"
+                        : "this process is the job's only rank; start the ranks with srun or mpirun");
+        return;
+    }
+    tr->job = comm_world();
+    int rank = comm_rank(tr->job), size = comm_size(tr->job);
+    int64_t fsdp = cfg->fsdp_size > 0 ? cfg->fsdp_size : cfg->dp_replicate > 0 ? size / cfg->dp_replicate
+                                                                                  : l.local_size;
+    if (fsdp < 1 || size % fsdp != 0)
+        fail("fsdp_size: %lld does not divide the job's %d ranks", (long long)fsdp, size);
+    int64_t copies = cfg->dp_replicate > 0 ? cfg->dp_replicate : size / fsdp;
+    if (fsdp * copies != size)
+        fail("fsdp_size %lld × dp_replicate %lld = %lld, but the job has %d ranks", (long long)fsdp,
+             (long long)copies, (long long)(fsdp * copies), size);
+    tr->group = comm_split(tr->job, (int)(rank / fsdp), rank);
+    tr->copies = comm_split(tr->job, (int)(rank % fsdp), rank);
+    cfg->fsdp_size = fsdp;
+    cfg->dp_replicate = copies;
+    log_set_rank(rank, rank == 0);
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fail("cannot silence rank %d's stdout", rank);
+    note("job: %d ranks (%s), FSDP over %lld, %lld cop%s (HSDP)", size, l.launcher, (long long)fsdp,
+         (long long)copies, copies == 1 ? "y" : "ies");
+}
+
+static void leave_job(trainer *tr) {
+    comm_free(tr->group);
+    comm_free(tr->copies);
+    tr->group = tr->copies = NULL;
+}
+
+// The data split: with DiLoCo each replica reads its own 1/M of the data; a job's ranks each
+// read their own 1/ranks.
 static void choose_data_split(trainer *tr) {
     train_config *cfg = tr->cfg;
     tr->rank = 0;
     tr->world = 1;
+    if (tr->job) {
+        tr->rank = comm_rank(tr->job);
+        tr->world = comm_size(tr->job);
+        return;
+    }
     if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return;
     if (cfg->diloco_replica_id < 0) cfg->diloco_replica_id = transport_mpi_world_rank();
     tr->rank = (int)cfg->diloco_replica_id;
@@ -1652,6 +1760,7 @@ static int train_run(train_config *cfg) {
     config_check_files(cfg);
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
+    setup_job(&tr);
     choose_data_split(&tr);
     tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                (uint64_t)cfg->seed, tr.rank, tr.world);
@@ -1659,10 +1768,12 @@ static int train_run(train_config *cfg) {
     // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
         tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
-    tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
+    // A job's rank 0 keeps the log; the others log nothing (a NULL log).
+    if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.table, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
+    if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
@@ -1720,6 +1831,12 @@ static int train_run(train_config *cfg) {
         bool stop_here = stop_signal || step == cfg->stop_at_step || walltime;
         watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
+        if (tr.job) {  // a job's ranks stop together: any rank's signal or walltime stops all
+            double why = comm_max(tr.job, stop_signal ? 100.0 + stop_signal : walltime ? 2.0 : stop_here ? 1.0 : 0.0);
+            stop_here = why > 0;
+            walltime = walltime || why == 2.0;
+            if (why >= 100.0) stop_signal = (sig_atomic_t)(why - 100.0);
+        }
         watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
             if (tr.outer && diloco_in_flight(tr.outer)) {  // a fragment in flight lands first
@@ -1759,13 +1876,21 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[64];
-        snprintf(extra, sizeof extra, "\"peak_rss_mb\":%.1f", (double)usage.ru_maxrss / 1024.0);
+        char extra[200];
+        // This process's: the weights, gradients and moments it holds, and (FSDP) the most
+        // gathered layers at once.
+        snprintf(extra, sizeof extra, "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"gathered_peak_mb\":%.6f",
+                 (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
+                 (double)tr.be->gathered_peak_bytes / 1048576.0);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
     metrics_close(tr.log);
     dataloader_close(tr.val);
     release(&tr);
+    if (tr.job) {
+        leave_job(&tr);
+        comm_finish();
+    }
     return exit_status;
 }
 

@@ -61,6 +61,7 @@ static void start_gather(cpu_backend *c, int u) {
     st->weights = alloc_floats((size_t)(x->piece * c->map.ranks));
     c->gathered_floats += x->piece * c->map.ranks;
     if (c->gathered_floats > c->peak_gathered_floats) c->peak_gathered_floats = c->gathered_floats;
+    c->base.gathered_peak_bytes = c->peak_gathered_floats * (int64_t)sizeof(float);
     st->gather = comm_iallgather(c->group, c->params + x->local, x->piece, st->weights);
 }
 
@@ -278,8 +279,4 @@ backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *cop
 backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
                             float *exp_avg_sq) {
     return cpu_backend_create_sharded(t, NULL, NULL, true, B, T, params, exp_avg, exp_avg_sq);
-}
-
-int64_t cpu_backend_peak_gathered_bytes(const backend *b) {
-    return ((const cpu_backend *)b)->peak_gathered_floats * (int64_t)sizeof(float);
 }

@@ -84,8 +84,7 @@ backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *p
 // map of comm_rank(group) of comm_size(group)). A group of one is cpu_backend_create.
 backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
                                     int64_t B, int64_t T, float *params, float *exp_avg, float *exp_avg_sq);
-// The most floats of gathered units held at once so far, in bytes (FSDP's memory report).
-int64_t cpu_backend_peak_gathered_bytes(const backend *b);
+
 
 #ifdef __cplusplus
 }

@@ -75,6 +75,8 @@ typedef struct {
 struct backend {
     const backend_ops *ops;
     const char *name;   // "cpu" or "cuda"
+    // FSDP: the most bytes of gathered units (whole layers) held at once so far; 0 unsharded.
+    int64_t gathered_peak_bytes;
 };
 
 static inline void backend_upload(backend *b, const float *params, const float *exp_avg, const float *exp_avg_sq,

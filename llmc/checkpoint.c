@@ -191,6 +191,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
     sb_printf(&sb, "  \"bad_steps\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)s->bad_steps,
               (long long)s->tokens_seen);
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
+    if (s->data_world > 0) sb_printf(&sb, "  \"data_world\": %lld,\n", (long long)s->data_world);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
     if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
@@ -221,7 +222,33 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
 
 // ---------------------------------------------------------------- save
 
+// Renames the finished tmp_dir to final_dir and syncs out_dir; false (warned, tmp_dir
+// removed where it is still there) on failure.
+static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *out_dir) {
+    if (dir_exists(final_dir)) {
+        // Only reachable when a newer checkpoint was skipped as corrupt on resume: keep it
+        // for inspection rather than delete it.
+        char aside[4200];
+        snprintf(aside, sizeof aside, "%s.replaced-%lld", final_dir, (long long)time(NULL));
+        if (rename(final_dir, aside) != 0) {
+            warn("cannot move the old '%s' aside: %s", final_dir, strerror(errno));
+            remove_tree(tmp_dir);
+            return false;
+        }
+        warn("an older '%s' was moved to '%s'", final_dir, aside);
+    }
+    if (rename(tmp_dir, final_dir) != 0 || !fsync_dir(out_dir)) {
+        warn("cannot commit checkpoint '%s': %s", final_dir, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static bool save_pieces(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg);
+static bool load_pieces(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes);
+
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
+    if (b->job) return save_pieces(out_dir, b, s, cfg);
     int64_t numel = b->table->numel;
     bool finite = all_finite(b->params, numel) && all_finite(b->exp_avg, numel) && all_finite(b->exp_avg_sq, numel);
     if (b->outer_theta) finite = finite && all_finite(b->outer_theta, numel) && all_finite(b->outer_momentum, numel);
@@ -263,23 +290,7 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
         remove_tree(tmp_dir);
         return false;
     }
-    if (dir_exists(final_dir)) {
-        // Only reachable when a newer checkpoint was skipped as corrupt on resume: keep it
-        // for inspection rather than delete it.
-        char aside[4200];
-        snprintf(aside, sizeof aside, "%s.replaced-%lld", final_dir, (long long)time(NULL));
-        if (rename(final_dir, aside) != 0) {
-            warn("cannot move the old '%s' aside: %s", final_dir, strerror(errno));
-            remove_tree(tmp_dir);
-            return false;
-        }
-        warn("an older '%s' was moved to '%s'", final_dir, aside);
-    }
-    if (rename(tmp_dir, final_dir) != 0 || !fsync_dir(out_dir)) {
-        warn("cannot commit checkpoint '%s': %s", final_dir, strerror(errno));
-        return false;
-    }
-    return true;
+    return commit_dir(tmp_dir, final_dir, out_dir);
 }
 
 // ---------------------------------------------------------------- load
@@ -440,6 +451,10 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
     const json_value *merge = json_get(&doc.root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
+    const json_value *data_world = json_get(&doc.root, "data_world");  // absent: not recorded
+    s->data_world = data_world && data_world->type == JSON_NUMBER && data_world->is_integer && data_world->integer > 0
+                        ? data_world->integer
+                        : 0;
     const json_value *rollbacks = json_get(&doc.root, "rollbacks");  // absent: none
     s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
                        ? rollbacks->integer
@@ -477,6 +492,7 @@ static bool read_outer_state(const char *dir, const model_buffers *b, char *why,
 }
 
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
+    if (b->job) return load_pieces(dir, b, s, why, why_bytes);
     bool has_outer = false;
     if (!verify_checksums(dir, &has_outer, why, why_bytes)) return false;
     char path[4200];
@@ -512,6 +528,290 @@ bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, ch
         s->merge_step = 0;
     }
     return true;
+}
+
+// ---------------------------------------------------------------- FSDP: pieces in parallel
+
+// Whether every rank of the job says ok (one collective; every rank gets the same answer).
+static bool all_ok(const model_buffers *b, bool ok) { return comm_max(b->job, ok ? 0.0 : 1.0) == 0.0; }
+
+// One tensor table file of `kinds` local buffers, named prefix + name: tensor (i, k) lies
+// at header + Σ of the sizes before it.
+typedef struct {
+    const param_table *t;
+    int kinds;
+    const char *const *prefixes;
+    float *const *buffers;
+    const char *meta_keys[3], *meta_values[3];
+    int meta_count;
+} table_file;
+
+static char *table_file_header(const table_file *tf, size_t *header_bytes) {
+    const param_table *t = tf->t;
+    int n = t->count * tf->kinds;
+    st_tensor_out *out = xcalloc((size_t)n, sizeof *out);
+    char (*names)[160] = xcalloc((size_t)n, sizeof *names);
+    for (int i = 0, j = 0; i < t->count; i++)
+        for (int k = 0; k < tf->kinds; k++, j++) {
+            const param_info *p = &t->params[i];
+            snprintf(names[j], sizeof names[0], "%s%s", tf->prefixes[k], p->name);
+            out[j] = (st_tensor_out){names[j], NULL, p->ndim, {p->shape[0], p->shape[1]}};
+        }
+    char *header = safetensors_header(out, n, tf->meta_keys, tf->meta_values, tf->meta_count, header_bytes);
+    free(names);
+    free(out);
+    return header;
+}
+
+typedef struct {
+    int fd;
+    const float *local;
+    uint64_t at;      // file offset of the tensor's first value
+    int64_t first;    // the tensor's flat offset
+    bool ok;
+} piece_io;
+
+static void write_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
+    piece_io *io = ctx;
+    io->ok = io->ok && pwrite_exact(io->fd, io->local + local, (size_t)count * 4,
+                                    io->at + (uint64_t)(global - io->first) * 4);
+}
+
+// Rank 0 creates DIR/FILE, its header and its full size; then every writer writes its pieces.
+static bool write_table_file_pieces(const model_buffers *b, const char *dir, const char *file, const table_file *tf) {
+    size_t header_bytes;
+    char *header = table_file_header(tf, &header_bytes);
+    uint64_t total = header_bytes + (uint64_t)tf->t->numel * 4 * (uint64_t)tf->kinds;
+    char path[4200];
+    bool ok = true;
+    if (comm_rank(b->job) == 0) {
+        int fd = open_new_file(dir, file, path, sizeof path);
+        ok = fd >= 0 && finish_file(fd, write_exact(fd, header, header_bytes) && ftruncate(fd, (off_t)total) == 0);
+    }
+    free(header);
+    if (!all_ok(b, ok)) return false;
+    if (b->writer) {
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        piece_io io = {fd, NULL, 0, 0, fd >= 0};
+        uint64_t at = header_bytes;
+        for (int i = 0; io.ok && i < tf->t->count; i++)
+            for (int k = 0; k < tf->kinds; k++) {
+                const param_info *p = &tf->t->params[i];
+                io.local = tf->buffers[k];
+                io.at = at;
+                io.first = p->offset;
+                shard_visit(b->shard, p->offset, p->offset + p->numel, write_stretch, &io);
+                at += (uint64_t)p->numel * 4;
+            }
+        ok = fd >= 0 && finish_file(fd, io.ok);
+    }
+    return all_ok(b, ok);
+}
+
+static table_file model_table(const model_buffers *b, char *config_json) {
+    static const char *const prefixes[] = {""};
+    table_file tf = {b->table, 1, prefixes, &b->params, {"format", "model_config", "written_by"},
+                     {"pt", config_json, "train_gpt"}, 3};
+    return tf;
+}
+
+static bool local_finite(const model_buffers *b) {
+    int64_t n = b->shard->local_numel;
+    bool finite = all_finite(b->params, n) && all_finite(b->exp_avg, n) && all_finite(b->exp_avg_sq, n);
+    if (b->outer_theta) finite = finite && all_finite(b->outer_theta, n) && all_finite(b->outer_momentum, n);
+    return finite;
+}
+
+static bool save_pieces(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
+    bool root = comm_rank(b->job) == 0;
+    if (!all_ok(b, local_finite(b))) {
+        if (root) warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
+        return false;
+    }
+    char final_dir[4096], tmp_dir[4096];
+    snprintf(final_dir, sizeof final_dir, "%s/step_%08lld", out_dir, (long long)s->step);
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/.tmp-step_%08lld", out_dir, (long long)s->step);
+    bool ok = true;
+    if (root) {
+        if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
+        ok = make_dirs(out_dir) && mkdir(tmp_dir, 0755) == 0;
+        if (!ok) warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
+    }
+    if (!all_ok(b, ok)) return false;
+    char *config_json = model_config_to_json(&b->table->cfg);
+    table_file model = model_table(b, config_json);
+    ok = write_table_file_pieces(b, tmp_dir, "model.safetensors", &model);
+    free(config_json);
+    if (ok && root) maybe_inject_fault(s->step);
+    char count_text[32];
+    snprintf(count_text, sizeof count_text, "%lld", (long long)s->adam_step);
+    const char *moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    float *moments[] = {b->exp_avg, b->exp_avg_sq};
+    table_file optimizer = {b->table, 2, moment_prefixes, moments, {"optimizer", "adam_step"}, {"AdamW", count_text}, 2};
+    ok = ok && write_table_file_pieces(b, tmp_dir, "optimizer.safetensors", &optimizer);
+    int files = N_REQUIRED_FILES;
+    if (ok && b->outer_theta) {
+        char outer_text[32];
+        snprintf(outer_text, sizeof outer_text, "%lld", (long long)s->outer_step);
+        const char *outer_prefixes[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
+        float *outer[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
+        table_file tf = {b->table, b->outer_residual ? 3 : 2, outer_prefixes, outer, {"optimizer", "outer_step"},
+                         {"DiLoCo outer Nesterov SGD", outer_text}, 2};
+        ok = write_table_file_pieces(b, tmp_dir, "outer.safetensors", &tf);
+        files = N_CHECKPOINT_FILES;
+    }
+    // Rank 0 checksums what the ranks wrote (one read of the files), then commits as one process does.
+    if (ok && root) {
+        uint64_t hashes[N_CHECKPOINT_FILES];
+        char *state_json = state_to_json(s, cfg);
+        ok = write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
+        free(state_json);
+        char path[4200];
+        for (int i = 0; ok && i < files; i++) {
+            if (i == 2) continue;
+            snprintf(path, sizeof path, "%s/%s", tmp_dir, CHECKPOINT_FILES[i]);
+            ok = hash_file(path, &hashes[i]);
+        }
+        if (ok) {
+            strbuf sums = {0};
+            for (int i = 0; i < files; i++)
+                sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
+            ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
+            sb_free(&sums);
+        }
+        ok = ok && fsync_dir(tmp_dir) && commit_dir(tmp_dir, final_dir, out_dir);
+    }
+    if (!all_ok(b, ok)) {
+        if (root) {
+            warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
+                 strerror(errno));
+            remove_tree(tmp_dir);
+        }
+        return false;
+    }
+    return true;
+}
+
+typedef struct {
+    const st_file *f;
+    const st_entry *e;
+    float *local;
+    int64_t first;
+    bool ok;
+} read_io;
+
+static void read_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
+    read_io *io = ctx;
+    io->ok = io->ok && safetensors_read_range(io->f, io->e, global - io->first, count, io->local + local);
+}
+
+// This rank's pieces of every tensor of the table, named prefix + table name, from f.
+static bool read_table_pieces(const st_file *f, const model_buffers *b, const char *prefix, float *local, char *why,
+                              size_t why_bytes) {
+    const param_table *t = b->table;
+    memset(local, 0, (size_t)b->shard->local_numel * sizeof(float));
+    for (int i = 0; i < t->count; i++) {
+        const param_info *p = &t->params[i];
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const st_entry *e = safetensors_find(f, name);
+        if (!e) {
+            snprintf(why, why_bytes, "tensor '%s' is missing", name);
+            return false;
+        }
+        if (e->numel != p->numel || e->ndim != p->ndim || e->shape[0] != p->shape[0]) {
+            snprintf(why, why_bytes, "tensor '%s' does not have the config's shape", name);
+            return false;
+        }
+        read_io io = {f, e, local, p->offset, true};
+        shard_visit(b->shard, p->offset, p->offset + p->numel, read_stretch, &io);
+        if (!io.ok) {
+            snprintf(why, why_bytes, "cannot read tensor '%s': %s", name, strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool open_in(const char *dir, const char *file, st_file *f, char *why, size_t why_bytes) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    return safetensors_open(path, f, why, why_bytes);
+}
+
+// Every rank: its pieces of the checkpoint that rank 0 verified.
+static bool load_my_pieces(const char *dir, const model_buffers *b, bool has_outer, train_state *s, char *why,
+                           size_t why_bytes) {
+    st_file f;
+    if (!open_in(dir, "model.safetensors", &f, why, why_bytes)) return false;
+    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table_pieces(&f, b, "", b->params, why,
+                                                                                         why_bytes);
+    if (ok && f.count != b->table->count) {
+        snprintf(why, why_bytes, "model.safetensors holds %d tensors, the config has %d", f.count, b->table->count);
+        ok = false;
+    }
+    safetensors_close(&f);
+    if (!ok || !open_in(dir, "optimizer.safetensors", &f, why, why_bytes)) return false;
+    ok = read_table_pieces(&f, b, "exp_avg.", b->exp_avg, why, why_bytes) &&
+         read_table_pieces(&f, b, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
+    safetensors_close(&f);
+    if (!ok || !read_state(dir, s, why, why_bytes)) return false;
+    int64_t n = b->shard->local_numel;
+    if (!all_finite(b->params, n)) {
+        snprintf(why, why_bytes, "the weights hold NaN/Inf");
+        return false;
+    }
+    if (!b->outer_theta) return true;
+    if (!has_outer) {
+        note("'%s' has no DiLoCo outer state: θ starts from its weights, with zero momentum", dir);
+        memcpy(b->outer_theta, b->params, (size_t)n * sizeof(float));
+        memset(b->outer_momentum, 0, (size_t)n * sizeof(float));
+        if (b->outer_residual) memset(b->outer_residual, 0, (size_t)n * sizeof(float));
+        s->outer_step = 0;
+        s->merge_step = 0;
+        return true;
+    }
+    if (!open_in(dir, "outer.safetensors", &f, why, why_bytes)) return false;
+    ok = read_table_pieces(&f, b, "outer.theta.", b->outer_theta, why, why_bytes) &&
+         read_table_pieces(&f, b, "outer.momentum.", b->outer_momentum, why, why_bytes);
+    if (ok && b->outer_residual) {
+        char first[160];
+        snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
+        if (safetensors_find(&f, first)) ok = read_table_pieces(&f, b, "outer.residual.", b->outer_residual, why,
+                                                                why_bytes);
+        else memset(b->outer_residual, 0, (size_t)n * sizeof(float));
+    }
+    safetensors_close(&f);
+    if (ok && (!all_finite(b->outer_theta, n) || !all_finite(b->outer_momentum, n))) {
+        snprintf(why, why_bytes, "the outer state holds NaN/Inf");
+        ok = false;
+    }
+    return ok;
+}
+
+static bool load_pieces(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
+    // Rank 0 reads every byte once against checksums.xxh64; the verdict and reason go to all.
+    bool has_outer = false, ok = true;
+    if (comm_rank(b->job) == 0) ok = verify_checksums(dir, &has_outer, why, why_bytes);
+    char verdict[514];
+    verdict[0] = (char)ok;
+    verdict[1] = (char)has_outer;
+    snprintf(verdict + 2, sizeof verdict - 2, "%s", ok ? "" : why);
+    comm_broadcast(b->job, verdict, sizeof verdict, 0);
+    if (!verdict[0]) {
+        snprintf(why, why_bytes, "%s", verdict + 2);
+        return false;
+    }
+    ok = load_my_pieces(dir, b, verdict[1] != 0, s, why, why_bytes);
+    // A rank that failed says why to all (the lowest such rank's reason).
+    double failed_rank = comm_max(b->job, ok ? -1.0 : (double)(comm_size(b->job) - comm_rank(b->job)));
+    if (failed_rank < 0) return true;
+    int from = comm_size(b->job) - (int)failed_rank;
+    snprintf(verdict, sizeof verdict, "%s", comm_rank(b->job) == from ? why : "");
+    comm_broadcast(b->job, verdict, sizeof verdict, from);
+    snprintf(why, why_bytes, "rank %d: %s", from, verdict);
+    return false;
 }
 
 // Checkpoint directories in out_dir, newest first. Names are step_ + digits only.
@@ -556,7 +856,7 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
             free(dirs);
             return found;
         }
-        warn("skipping checkpoint '%s': %s", dirs[i].path, why);
+        if (!b->job || comm_rank(b->job) == 0) warn("skipping checkpoint '%s': %s", dirs[i].path, why);
     }
     free(dirs);
     if (count > 0)
@@ -587,6 +887,23 @@ bool load_weights(const char *path, const param_table *t, float *params, char *w
     bool ok = read_table_tensors(&f, t, "", params, why, why_bytes);
     safetensors_close(&f);
     if (ok && !all_finite(params, t->numel)) {
+        snprintf(why, why_bytes, "the weights hold NaN/Inf");
+        ok = false;
+    }
+    return ok;
+}
+
+bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes) {
+    if (shard->ranks == 1) return load_weights(path, shard->table, local, why, why_bytes);
+    st_file f;
+    if (!safetensors_open(path, &f, why, why_bytes)) return false;
+    model_buffers b;
+    memset(&b, 0, sizeof b);
+    b.table = shard->table;
+    b.shard = shard;
+    bool ok = read_table_pieces(&f, &b, "", local, why, why_bytes);
+    safetensors_close(&f);
+    if (ok && !all_finite(local, shard->local_numel)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
         ok = false;
     }

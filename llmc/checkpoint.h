@@ -22,8 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/params.h"
+#include "llmc/shard.h"
 #include "llmc/state.h"
 
 #ifdef __cplusplus
@@ -35,6 +37,15 @@ typedef struct {
     float *params, *exp_avg, *exp_avg_sq;   // flat buffers in the table's layout
     // DiLoCo's outer state, NULL without DiLoCo (residual: NULL without error feedback).
     float *outer_theta, *outer_momentum, *outer_residual;
+    // FSDP (llmc/shard.h): with job set, every buffer above holds this rank's pieces of
+    // shard, and every rank of job calls save and load together. Rank 0 of job creates the
+    // files and their headers, the writers (one copy of the model: HSDP's first) write their
+    // pieces at their offsets in parallel, rank 0 checksums and commits. On load rank 0
+    // verifies the checksums and every rank reads its own pieces, so a checkpoint written at
+    // one world size loads at any other. The files are the one-process files, byte for byte.
+    const shard_map *shard;
+    comm *job;        // NULL: one process, the whole model
+    bool writer;
 } model_buffers;
 
 // Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on
@@ -64,6 +75,8 @@ bool save_weights(const char *path, const param_table *t, const float *params);
 // Loads weights only from a model.safetensors (init_from): every tensor of the table must
 // be present with its shape. false with a reason in why.
 bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes);
+// The same, only this rank's pieces (llmc/shard.h) into local.
+bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes);
 
 #ifdef __cplusplus
 }

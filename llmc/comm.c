@@ -18,15 +18,18 @@ static int env_int(const char *name, int fallback) {
 }
 
 launch_info launch_detect(void) {
+    launch_info l = {0, 1, 0, 1, "none"};
     if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
-        return (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
-                             "slurm"};
-    if (getenv("OMPI_COMM_WORLD_RANK"))
-        return (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
-                             env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), "openmpi"};
-    if (getenv("PMI_RANK"))
-        return (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0), "pmi"};
-    return (launch_info){0, 1, 0, "none"};
+        l = (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
+                          env_int("SLURM_NTASKS_PER_NODE", 0), "slurm"};
+    else if (getenv("OMPI_COMM_WORLD_RANK"))
+        l = (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
+                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 0), "openmpi"};
+    else if (getenv("PMI_RANK"))
+        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0),
+                          env_int("MPI_LOCALNRANKS", 0), "pmi"};
+    if (l.local_size <= 0 || l.local_size > l.size) l.local_size = l.size;
+    return l;
 }
 
 struct comm {

@@ -22,6 +22,8 @@ extern "C" {
 // otherwise. A rank picks its GPU from local_rank.
 typedef struct {
     int rank, size, local_rank;
+    int local_size;             // ranks on this node: SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE,
+                                // MPI_LOCALNRANKS; size when the launcher does not say
     const char *launcher;       // "slurm", "openmpi", "pmi" or "none"
 } launch_info;
 launch_info launch_detect(void);

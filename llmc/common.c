@@ -10,13 +10,22 @@
 #include <time.h>
 #include <unistd.h>
 
+static int log_rank = -1;     // a job of several ranks: which one says it
+static bool log_notes = true;
+
+void log_set_rank(int rank, bool notes) {
+    log_rank = rank;
+    log_notes = notes;
+}
+
 static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
     char line[4096];
     vsnprintf(line, sizeof line, fmt, ap);
     // One line per message: the whole point is that a log grep finds it.
     for (char *p = line; *p; p++)
         if (*p == '\n') *p = ' ';
-    fprintf(stderr, "train_gpt: %s%s\n", prefix, line);
+    if (log_rank >= 0) fprintf(stderr, "train_gpt: rank %d: %s%s\n", log_rank, prefix, line);
+    else fprintf(stderr, "train_gpt: %s%s\n", prefix, line);
     fflush(stderr);
 }
 
@@ -37,6 +46,7 @@ void warn(const char *fmt, ...) {
 }
 
 void note(const char *fmt, ...) {
+    if (!log_notes) return;
     va_list ap;
     va_start(ap, fmt);
     vprint_line("", fmt, ap);
@@ -100,6 +110,22 @@ bool write_exact(int fd, const void *buf, size_t bytes) {
         if (n <= 0) return false;
         p += n;
         bytes -= (size_t)n;
+    }
+    return true;
+}
+
+bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset) {
+    const char *p = buf;
+    while (bytes > 0) {
+        ssize_t n = pwrite(fd, p, bytes, (off_t)offset);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EIO;
+            return false;
+        }
+        p += n;
+        bytes -= (size_t)n;
+        offset += (uint64_t)n;
     }
     return true;
 }

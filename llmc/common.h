@@ -28,6 +28,9 @@ extern "C" {
 NORETURN void fail(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // Prints "train_gpt: warning: ..." and carries on.
 void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);
+// A job of several ranks: errors and warnings name the rank; notes only where notes is true
+// (rank 0 says what the job does, the others stay quiet unless something is wrong).
+void log_set_rank(int rank, bool notes);
 // Prints "train_gpt: ..." to stderr (progress and notices; stdout stays for step lines).
 void note(const char *fmt, ...) PRINTF_LIKE(1, 2);
 
@@ -48,6 +51,7 @@ float *alloc_floats(size_t count);
 bool read_exact(int fd, void *buf, size_t bytes);
 bool write_exact(int fd, const void *buf, size_t bytes);
 bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset);
+bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset);
 // Reads a whole file into a NUL-terminated buffer; NULL on failure (errno set).
 char *read_file_or_null(const char *path, size_t *bytes_out);
 // A shared secret (DiLoCo's diloco_secret_file, the relay's --secret_file): the file's

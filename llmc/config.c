@@ -92,6 +92,10 @@ static const key_spec KEYS[] = {
     {"log_every", KEY_INT, T(log_every), "1", 1, BIG, NULL, false, "print a progress line every N steps (metrics.jsonl gets every step)"},
     {"tensorboard", KEY_BOOL, T(tensorboard), "0", 0, 1, NULL, false, "also write the numbers of metrics.jsonl and the samples to a TensorBoard event file in out_dir (tensorboard --logdir out_dir)"},
     {"threads", KEY_INT, T(threads), "0", 0, 4096, NULL, false, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
+    // --- sharding (a job of several ranks) ---
+    {"fsdp_size", KEY_INT, T(fsdp_size), "0", 0, 1 << 20, NULL, false, "ranks that shard one copy of the model (FSDP); 0 = the ranks of a node"},
+    {"dp_replicate", KEY_INT, T(dp_replicate), "0", 0, 1 << 20, NULL, false, "copies of the sharded model whose gradients are all-reduced every step (HSDP); 0 = ranks / fsdp_size"},
+    {"fsdp_reshard_after_forward", KEY_BOOL, T(fsdp_reshard_after_forward), "1", 0, 1, NULL, false, "free a layer's gathered weights after its forward (gather again for backward); 0 = keep them until the backward"},
     // --- samples ---
     {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},
     {"sample_every", KEY_INT, T(sample_every), "0", 0, BIG, NULL, false, "print a sampled continuation every N steps (and at the end); 0 = never"},

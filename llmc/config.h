@@ -76,6 +76,10 @@ typedef struct {
     int64_t log_every;
     bool tensorboard;    // also a TensorBoard event file in out_dir (llmc/tensorboard.h)
     int64_t threads;     // 0 = all cores (or OMP_NUM_THREADS)
+    // sharding (docs/fsdp.md)
+    int64_t fsdp_size;   // ranks per sharded copy; 0 = ranks per node
+    int64_t dp_replicate;  // HSDP copies; 0 = ranks / fsdp_size
+    bool fsdp_reshard_after_forward;
     // samples
     char *tokenizer;
     int64_t sample_every;

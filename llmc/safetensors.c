@@ -15,8 +15,8 @@
 // they are in memory.
 _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 
-bool safetensors_write(int fd, const st_tensor_out *tensors, int count, const char *const *meta_keys,
-                       const char *const *meta_values, int meta_count, uint64_t *xxh64_out) {
+char *safetensors_header(const st_tensor_out *tensors, int count, const char *const *meta_keys,
+                         const char *const *meta_values, int meta_count, size_t *header_bytes) {
     strbuf json = {0};
     sb_append(&json, "{");
     if (meta_count > 0) {
@@ -44,14 +44,23 @@ bool safetensors_write(int fd, const st_tensor_out *tensors, int count, const ch
     }
     sb_append(&json, "}");
     while ((8 + json.length) % 8 != 0) sb_append(&json, " ");
-    uint8_t len_bytes[8];
-    for (int i = 0; i < 8; i++) len_bytes[i] = (uint8_t)((uint64_t)json.length >> (8 * i));
+    char *out = xmalloc(8 + json.length);
+    for (int i = 0; i < 8; i++) out[i] = (char)(uint8_t)((uint64_t)json.length >> (8 * i));
+    memcpy(out + 8, json.data, json.length);
+    *header_bytes = 8 + json.length;
+    sb_free(&json);
+    return out;
+}
+
+bool safetensors_write(int fd, const st_tensor_out *tensors, int count, const char *const *meta_keys,
+                       const char *const *meta_values, int meta_count, uint64_t *xxh64_out) {
+    size_t header_bytes;
+    char *header = safetensors_header(tensors, count, meta_keys, meta_values, meta_count, &header_bytes);
     xxh64_state h;
     xxh64_init(&h, 0);
-    xxh64_update(&h, len_bytes, 8);
-    xxh64_update(&h, json.data, json.length);
-    bool ok = write_exact(fd, len_bytes, 8) && write_exact(fd, json.data, json.length);
-    sb_free(&json);
+    xxh64_update(&h, header, header_bytes);
+    bool ok = write_exact(fd, header, header_bytes);
+    free(header);
     for (int i = 0; ok && i < count; i++) {
         const st_tensor_out *t = &tensors[i];
         int64_t numel = 1;
@@ -245,4 +254,9 @@ const char *safetensors_meta(const st_file *f, const char *key) {
 
 bool safetensors_read(const st_file *f, const st_entry *e, float *out) {
     return pread_exact(f->fd, out, (size_t)(e->end - e->begin), f->data_start + e->begin);
+}
+
+bool safetensors_read_range(const st_file *f, const st_entry *e, int64_t first, int64_t count, float *out) {
+    if (first < 0 || count < 0 || first + count > e->numel) return false;
+    return pread_exact(f->fd, out, (size_t)count * 4, f->data_start + e->begin + (uint64_t)first * 4);
 }

@@ -32,6 +32,12 @@ typedef struct {
 bool safetensors_write(int fd, const st_tensor_out *tensors, int count, const char *const *meta_keys,
                        const char *const *meta_values, int meta_count, uint64_t *xxh64_out);
 
+// The bytes before the data of such a file (the length field, the JSON, its padding; the
+// tensors' data pointers are not used): tensor i's data then starts at header_bytes +
+// Σ_{j<i} 4·numel_j. Caller frees. (FSDP's ranks write their pieces at those offsets.)
+char *safetensors_header(const st_tensor_out *tensors, int count, const char *const *meta_keys,
+                         const char *const *meta_values, int meta_count, size_t *header_bytes);
+
 typedef struct {
     char *name;
     int ndim;
@@ -56,6 +62,8 @@ const st_entry *safetensors_find(const st_file *f, const char *name);
 const char *safetensors_meta(const st_file *f, const char *key);
 // Reads one tensor's floats into out (numel floats). false on an I/O error.
 bool safetensors_read(const st_file *f, const st_entry *e, float *out);
+// Reads values [first, first + count) of one tensor. false on an I/O error or a range outside it.
+bool safetensors_read_range(const st_file *f, const st_entry *e, int64_t first, int64_t count, float *out);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,7 @@ typedef struct {
     int64_t step;          // optimizer steps done (the next step to run, 0-based)
     int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
     data_position data;    // train loader position after the last step
+    int64_t data_world;    // processes the data was split over when saved (0: not recorded)
     int64_t bad_steps;     // consecutive NaN/Inf steps so far
     int64_t tokens_seen;   // train tokens consumed by all processes
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)

@@ -1,5 +1,6 @@
 // tok/sample.c — samples of generated text during training (see tok/sample.h).
 #include "tok/sample.h"
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/json.h"
 #include "llmc/rng.h"
@@ -11,6 +12,7 @@
 #include <string.h>
 
 struct sampler {
+    comm *job;               // FSDP: every rank runs the forward; rank 0's token choice rules
     tokenizer *tok;
     uint32_t *prompt;        // doc token + encoded prompt
     size_t prompt_len;
@@ -21,6 +23,8 @@ struct sampler {
     int32_t *context;        // (max_context)
     float *logits;           // (vocab)
 };
+
+void sampler_set_job(sampler *s, comm *job) { s->job = job; }
 
 sampler *sampler_create(const train_config *cfg, const param_table *t) {
     char why[512];
@@ -93,6 +97,7 @@ void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log) {
         }
         backend_forward_last_logits(b, s->context, len, s->logits);
         int32_t next = pick_token(s->logits, s->vocab, s->temperature, &r);
+        if (s->job) comm_broadcast(s->job, &next, sizeof next, 0);  // the ranks stay in step
         if (next == s->doc_token) break;  // the document ended
         generated[n] = (uint32_t)next;
         s->context[len++] = next;

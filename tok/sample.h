@@ -24,6 +24,9 @@ typedef struct sampler sampler;
 // Loads the tokenizer and encodes the prompt; fatal (naming the key) if either fails.
 sampler *sampler_create(const train_config *cfg, const param_table *t);
 void sampler_free(sampler *s);
+// A sharded model (FSDP): every rank of job generates, with rank 0's choice of each token.
+typedef struct comm comm;
+void sampler_set_job(sampler *s, comm *job);
 // Generates and reports one sample with the backend's current weights (its forward pass).
 void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log);
 
