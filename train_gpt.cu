@@ -1376,8 +1376,8 @@ static void allocate(trainer *tr) {
              comm_size(tr->job));
     tr->be = tr->device == DEVICE_CUDA
                  ? gpu_backend_create(&tr->table, B, T)
-                 : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward, B,
-                                              T, tr->params, tr->exp_avg, tr->exp_avg_sq);
+                 : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward,
+                                              cfg->fsdp_prefetch, B, T, tr->params, tr->exp_avg, tr->exp_avg_sq);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = (int32_t *)xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = (int32_t *)xmalloc(tokens * sizeof *tr->targets);
@@ -1876,12 +1876,13 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[200];
+        char extra[256];
         // This process's: the weights, gradients and moments it holds, and (FSDP) the most
-        // gathered layers at once.
-        snprintf(extra, sizeof extra, "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"gathered_peak_mb\":%.6f",
+        // gathered layers at once and the time spent waiting for collectives.
+        snprintf(extra, sizeof extra,
+                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"gathered_peak_mb\":%.6f,\"comm_wait_s\":%.3f",
                  (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
-                 (double)tr.be->gathered_peak_bytes / 1048576.0);
+                 (double)tr.be->gathered_peak_bytes / 1048576.0, tr.be->comm_wait_s);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
     metrics_close(tr.log);

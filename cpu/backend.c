@@ -46,7 +46,15 @@ typedef struct {
     int scatter_unit;
     float *scatter_out, *scatter_in;
     int64_t gathered_floats, peak_gathered_floats;
+    bool prefetch;                         // fsdp_prefetch
 } cpu_backend;
+
+// Waits for a collective, adding the time it kept this rank waiting to base.comm_wait_s.
+static void timed_wait(cpu_backend *c, comm_request *r) {
+    double t0 = wall_seconds();
+    comm_wait(r);
+    c->base.comm_wait_s += wall_seconds() - t0;
+}
 
 static cpu_backend *cpu_of(backend *b) { return (cpu_backend *)b; }
 static bool sharded(const cpu_backend *c) { return c->map.ranks > 1; }
@@ -70,7 +78,7 @@ static const float *units_acquire(cpu_units *u, int unit) {
     unit_state *st = &c->unit[unit];
     if (!st->weights) start_gather(c, unit);
     if (st->gather) {
-        comm_wait(st->gather);
+        timed_wait(c, st->gather);
         st->gather = NULL;
     }
     st->refs++;
@@ -79,7 +87,7 @@ static const float *units_acquire(cpu_units *u, int unit) {
 
 static void units_prefetch(cpu_units *u, int unit) {
     cpu_backend *c = of_units(u);
-    if (unit >= 0 && unit < c->map.count && !c->unit[unit].weights) start_gather(c, unit);
+    if (c->prefetch && unit >= 0 && unit < c->map.count && !c->unit[unit].weights) start_gather(c, unit);
 }
 
 static void units_release(cpu_units *u, int unit, bool backward_follows) {
@@ -105,7 +113,7 @@ static float *units_grads(cpu_units *u, int unit) {
 // The reduce-scatter in flight lands: its sum is added to this rank's gradient pieces.
 static void finish_scatter(cpu_backend *c) {
     if (!c->scatter) return;
-    comm_wait(c->scatter);
+    timed_wait(c, c->scatter);
     const shard_unit *x = &c->map.units[c->scatter_unit];
     float *g = c->grads + x->local;
     for (int64_t i = 0; i < x->piece; i++) g[i] += c->scatter_out[i];
@@ -188,6 +196,7 @@ static step_result cpu_step(backend *b, double lr, int64_t rows, const train_con
     step_result r;
     memset(&r, 0, sizeof r);
     (void)rows;  // the loss sums count their own rows
+    double t0 = wall_seconds();
     double ce = job_sum(c, c->step_sums.ce_sum), lse_sq = job_sum(c, c->step_sums.lse_sq_sum);
     double all_rows = job_sum(c, (double)c->step_sums.rows);
     r.loss = ce / all_rows;
@@ -195,6 +204,7 @@ static step_result cpu_step(backend *b, double lr, int64_t rows, const train_con
     if (c->copies) comm_allreduce(c->copies, c->grads, n);
     double sq = grad_sum_squares(c->grads, n);
     if (c->group) sq = comm_sum(c->group, sq);
+    if (c->group || c->copies) c->base.comm_wait_s += wall_seconds() - t0;
     r.grad_norm = sqrt(sq);
     r.skipped = !isfinite(r.loss) || !isfinite(r.z_loss) || !isfinite(r.grad_norm);
     r.spike = !r.skipped && spike_exceeds(limits, r.loss, r.grad_norm);
@@ -256,7 +266,8 @@ static const backend_ops cpu_ops = {
 };
 
 backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
-                                    int64_t B, int64_t T, float *params, float *exp_avg, float *exp_avg_sq) {
+                                    bool prefetch, int64_t B, int64_t T, float *params, float *exp_avg,
+                                    float *exp_avg_sq) {
     cpu_backend *c = xcalloc(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->base.name = "cpu";
@@ -266,6 +277,7 @@ backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *cop
     c->group = ranks > 1 ? group : NULL;
     c->copies = copies && comm_size(copies) > 1 ? copies : NULL;
     c->reshard = reshard_after_forward;
+    c->prefetch = prefetch;
     c->model = cpu_model_create(t, B, T);
     c->params = params;
     c->exp_avg = exp_avg;
@@ -278,5 +290,5 @@ backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *cop
 
 backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
                             float *exp_avg_sq) {
-    return cpu_backend_create_sharded(t, NULL, NULL, true, B, T, params, exp_avg, exp_avg_sq);
+    return cpu_backend_create_sharded(t, NULL, NULL, true, true, B, T, params, exp_avg, exp_avg_sq);
 }

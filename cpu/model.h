@@ -81,9 +81,11 @@ backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *p
 // The same backend for one rank of an FSDP group (group: its ranks; copies: the HSDP copies
 // this rank's pieces are all-reduced with, NULL or a group of one for none). params,
 // exp_avg and exp_avg_sq are this rank's pieces (llmc/shard.h: local_numel floats each, the
-// map of comm_rank(group) of comm_size(group)). A group of one is cpu_backend_create.
+// map of comm_rank(group) of comm_size(group)). prefetch: start gathering the next unit
+// while the current one computes. A group of one is cpu_backend_create.
 backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
-                                    int64_t B, int64_t T, float *params, float *exp_avg, float *exp_avg_sq);
+                                    bool prefetch, int64_t B, int64_t T, float *params, float *exp_avg,
+                                    float *exp_avg_sq);
 
 
 #ifdef __cplusplus

@@ -77,6 +77,7 @@ struct backend {
     const char *name;   // "cpu" or "cuda"
     // FSDP: the most bytes of gathered units (whole layers) held at once so far; 0 unsharded.
     int64_t gathered_peak_bytes;
+    double comm_wait_s;   // FSDP: seconds spent waiting for collectives (not hidden by overlap)
 };
 
 static inline void backend_upload(backend *b, const float *params, const float *exp_avg, const float *exp_avg_sq,

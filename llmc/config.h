@@ -80,6 +80,7 @@ typedef struct {
     int64_t fsdp_size;   // ranks per sharded copy; 0 = ranks per node
     int64_t dp_replicate;  // HSDP copies; 0 = ranks / fsdp_size
     bool fsdp_reshard_after_forward;
+    bool fsdp_prefetch;
     // samples
     char *tokenizer;
     int64_t sample_every;
