@@ -1354,6 +1354,13 @@ static int train_plan(train_config *cfg) {
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, 1);
+    int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len);  // -1: no GPU backend
+    if (gpu_bytes >= 0) {
+        char fit[512];
+        gpu_memory_fit(gpu_bytes, fit, sizeof fit);
+        printf("train_gpt | fits one GPU (plan + %.0f GiB headroom): %s\n",
+               (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
+    }
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
