@@ -121,6 +121,9 @@ ifneq ($(HIPCC_USED),)
     HIP_LIB_DIR := $(sort $(dir $(HIP_BLASLT_LIB)) $(dir $(HIP_RUNTIME_LIB)))
     MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIP_VERSION)) + hipBLASLt: the HIP backend for $(HIP_ARCH_NAMES)
   endif
+  ifeq ($(HAVE_HIP)$(HIP),1)
+    MSG_NVCC := ✗ nvcc (not found: hipcc builds the GPU backend)
+  endif
 else ifneq ($(HIPCC),)
   MSG_HIP := ✗ hipcc $(HIPCC) (not used: $(if $(NVCC),nvcc builds the GPU backend; HIP=1 would use it,NO_CUDA=1))
 else ifeq ($(HIP),1)
