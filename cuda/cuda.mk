@@ -97,7 +97,7 @@ ifneq ($(HIPCC_USED),)
                                            /usr/lib/x86_64-linux-gnu/libhipblaslt.so))
   HIP_RUNTIME_LIB := $(firstword $(wildcard $(ROCM_PATH)/lib/libamdhip64.so $(HIP_HOME)/lib/libamdhip64.so \
                                             /usr/lib/x86_64-linux-gnu/libamdhip64.so))
-  HIP_VERSION := $(shell $(dir $(HIPCC_USED))hipconfig --version 2>/dev/null | grep -o '^[0-9][0-9.]*')
+  HIPCC_VERSION := $(shell $(dir $(HIPCC_USED))hipconfig --version 2>/dev/null | grep -o '^[0-9][0-9.]*')
   HIP_ARCH_NAMES := $(patsubst --offload-arch=%,%,$(HIP_ARCH))
   ifeq ($(HIP_CHECK)$(if $(HIP_BLASLT_INC),,no-blaslt),1no-blaslt)
     # make check-hip (test/hip.mk) where ROCm has no hipBLASLt (Debian's ROCm 5): the HIP
@@ -106,10 +106,10 @@ ifneq ($(HIPCC_USED),)
     HAVE_CUDA := 1
     HAVE_HIP := 1
     HIP_LIB_DIR := $(dir $(HIP_RUNTIME_LIB))
-    MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIP_VERSION)), no hipBLASLt: HIP_CHECK=1 build for $(HIP_ARCH_NAMES), \
+    MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIPCC_VERSION)), no hipBLASLt: HIP_CHECK=1 build for $(HIP_ARCH_NAMES), \
                matmuls stubbed (not for training)
   else ifeq ($(HIP_BLASLT_INC),)
-    MSG_HIP := ✗ hipcc $(HIPCC_USED) (HIP $(HIP_VERSION)) found, but no hipblaslt/hipblaslt.h (CPU-only build; \
+    MSG_HIP := ✗ hipcc $(HIPCC_USED) (HIP $(HIPCC_VERSION)) found, but no hipblaslt/hipblaslt.h (CPU-only build; \
                hipBLASLt comes with ROCm 6.2 or newer)
   else ifeq ($(HIP_BLASLT_LIB),)
     MSG_HIP := ✗ hipcc $(HIPCC_USED) found, but no libhipblaslt.so (CPU-only build)
@@ -119,7 +119,7 @@ ifneq ($(HIPCC_USED),)
     HAVE_CUDA := 1
     HAVE_HIP := 1
     HIP_LIB_DIR := $(sort $(dir $(HIP_BLASLT_LIB)) $(dir $(HIP_RUNTIME_LIB)))
-    MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIP_VERSION)) + hipBLASLt: the HIP backend for $(HIP_ARCH_NAMES)
+    MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIPCC_VERSION)) + hipBLASLt: the HIP backend for $(HIP_ARCH_NAMES)
   endif
   ifeq ($(HAVE_HIP)$(HIP),1)
     MSG_NVCC := ✗ nvcc (not found: hipcc builds the GPU backend)
