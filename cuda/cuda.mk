@@ -7,7 +7,7 @@
 #   cuDNN      cudnn.h + libcudnn (detected only: this version's attention is its own kernel)
 #   hipcc      hipcc on PATH or $(ROCM_PATH)/bin/hipcc; used when nvcc is not found, or with HIP=1
 #   hipBLASLt  hipblaslt/hipblaslt.h + libhipblaslt next to hipcc (ROCm 6.2 or newer);
-#              required with hipcc (Debian's ROCm 5 has none: `make check-hip` only compiles)
+#              required with hipcc (Debian's ROCm 5 has none: `make check-hip` links a stand-in)
 # With nvcc and cuBLASLt the kernels under cuda/ go into the library, nvcc compiles
 # train_gpt.cu with its GPU section and quant.cu with its kernels, and
 # train_gpt links the CUDA runtime statically (cudart_static: the binary starts, and
