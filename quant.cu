@@ -1,7 +1,8 @@
 // quant.cu — blockwise int8 / int4 quantization of DiLoCo outer gradients: the C reference
 // (the host section, compiled as C-style C++ by nvcc or, without nvcc, by the host C++
-// compiler) and the CUDA encoder and decoder (the GPU section, #ifdef __CUDACC__), which
-// write the same bytes (test/test_quant_gpu.cu checks it). See llmc/quant.h for the byte
+// compiler) and the CUDA encoder and decoder (the GPU section, compiled by nvcc, or by
+// hipcc through cuda/portable.cuh), which write the same bytes (test/test_quant_gpu.cu
+// checks it). See llmc/quant.h for the byte
 // layout and the API, docs/quant.md for the error bounds.
 //
 // ================================================================ the C reference
@@ -50,7 +51,7 @@
 #define QUANT_NAN_BITS 0x7FC00000u
 
 // Helpers the GPU section's kernels share with the reference.
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define HOST_DEVICE __host__ __device__
 #else
 #define HOST_DEVICE
@@ -554,10 +555,11 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 }
 
 // ================================================================ the GPU section
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__HIPCC__)  // nvcc, or hipcc through cuda/portable.cuh
 // Two kernels encode, as the C reference's two passes do:
-//   quant_scales_kernel  one warp per block: max of |y| (y = x + residual) as an integer max
-//                        on the bits (exact, so the reduction order does not matter), then
+//   quant_scales_kernel  one warp (WARP_SIZE lanes) per block: max of |y| (y = x + residual)
+//                        as an integer max on the bits (exact, so the reduction order and
+//                        the warp size do not matter), then
 //                        scale = max / qmax, or NaN for a block holding NaN or Inf;
 //   quant_codes_kernel   one thread per code byte (an int8 element, or an int4 pair, so no
 //                        two threads write one byte): code = round(clamp(y / scale)), and
@@ -568,6 +570,9 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 // clamps before rounding like here, and rounds by hand; both equal roundf for |v| <= qmax.
 // Subnormals: -ftz=true (part of -use_fast_math) flushes them in these intrinsics too,
 // which would break the match for blocks of tiny values: build this file without it.
+// Under hipcc the intrinsics are plain fp32 operations, and -ffp-contract=off (cuda/cuda.mk
+// gives it to hipcc for the device code too) is what keeps them from fusing (unverified on
+// an AMD GPU: test/test_quant_gpu.cu has not run there).
 //
 // A warp per block suits the block sizes DiLoCo uses (32 .. 4096); a block of millions of
 // values is correct but leaves most of the GPU idle in the first kernel.
@@ -603,17 +608,17 @@ __device__ __forceinline__ int int4_code(unsigned nibble) { return (int)(nibble 
 // scales[b] for every block b; x, r (may be NULL) [n]; scales [ceil(n / block)].
 __global__ void quant_scales_kernel(const float *x, const float *r, int64_t n, int64_t block, float qmax,
                                     float *scales) {
-    const int lane = threadIdx.x % 32;
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / 32;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
+    const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / WARP_SIZE;
     const int64_t n_blocks = quant_blocks(n, block);
     for (int64_t b = warp; b < n_blocks; b += n_warps) { // uniform across the warp
         int64_t start = b * block, end = min(start + block, n);
         unsigned max_bits = 0;
-        for (int64_t i = start + lane; i < end; i += 32)
+        for (int64_t i = start + lane; i < end; i += WARP_SIZE)
             max_bits = max(max_bits, __float_as_uint(y_at(x, r, i)) & 0x7FFFFFFFu);
-        for (int offset = 16; offset > 0; offset /= 2)
-            max_bits = max(max_bits, __shfl_xor_sync(0xFFFFFFFFu, max_bits, offset));
+        for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2)
+            max_bits = max(max_bits, warp_shuffle_xor(max_bits, offset));
         if (lane == 0)
             scales[b] = max_bits > FLT_MAX_BITS ? __uint_as_float(QUANT_NAN_BITS) : __fdiv_rn(__uint_as_float(max_bits), qmax);
     }
@@ -686,7 +691,8 @@ extern "C" void quant_encode_cuda(quant_kind k, const float *d_x, float *d_resid
     const int64_t n_blocks = quant_blocks(n, block);
     float *scales = (float *)d_out;
     uint8_t *codes = d_out + (size_t)n_blocks * sizeof(float);
-    quant_scales_kernel<<<grid_for(n_blocks * 32), THREADS, 0, stream>>>(d_x, d_residual, n, block, qmax, scales);
+    quant_scales_kernel<<<grid_for(n_blocks * WARP_SIZE), THREADS, 0, stream>>>(d_x, d_residual, n, block, qmax,
+                                                                                 scales);
     CUDA_CHECK_LAUNCH();
     const int64_t n_bytes = k == QUANT_INT4 ? n / 2 + n % 2 : n;
     quant_codes_kernel<<<grid_for(n_bytes), THREADS, 0, stream>>>(k == QUANT_INT4, d_x, d_residual, n, block, qmax,
@@ -709,4 +715,4 @@ extern "C" void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, 
     CUDA_CHECK_LAUNCH();
 }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || __HIPCC__

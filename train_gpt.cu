@@ -11,8 +11,8 @@
 // Sections:
 //   the GPU model   forward, backward and the step on one GPU, the backend of llmc/backend.h
 //                   that the loop drives, and the start-up probe of the CUDA runtime; only
-//                   when nvcc compiles this file (#ifdef __CUDACC__). The kernels are in
-//                   cuda/, one concern per file.
+//                   when nvcc (or hipcc, for AMD: cuda/portable.cuh) compiles this file. The
+//                   kernels are in cuda/, one concern per file.
 //   the training loop   from a checked configuration to a finished run: data → backend step →
 //                   metrics → DiLoCo's outer step → validation / samples / checkpoint.
 //   the command line    main() (left out with -DTESTING, when a test includes this file).
@@ -58,7 +58,7 @@
 #define TRAIN_GPT_VERSION "0.1.0"
 
 // ================================================================ the GPU model
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__HIPCC__)  // nvcc, or hipcc through cuda/portable.cuh
 #include "cpu/ops.h"
 #include "cuda/kernels.h"
 
@@ -455,6 +455,11 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
                  "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
                  (long long)m->dims.D);
     }
+#if !HAVE_NVIDIA_TENSOR_CORES
+    if (!sizing_only)  // cuda/attention.cu: the tensor-core kernels are NVIDIA's only
+        printf("train_gpt | attention: the portable one-warp-per-row kernels (no matrix-core attention for this GPU "
+               "yet: slow at long sequences)\n");
+#endif
 
     int64_t N = m->dims.N, numel = t->numel;
     if (!sizing_only) {
@@ -1086,7 +1091,9 @@ static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T) {
 // The runtime is linked statically (cudart_static), so the binary starts on machines with
 // no libcuda.so at all; the runtime looks for the driver only here, at run time.
 // A kernel that exists only so that cudaFuncGetAttributes can tell whether this binary
-// holds code the device can run.
+// holds code the device can run. Under HIP (cuda/portable.cuh) the same steps ask the HIP
+// runtime, and the AMD GPU's warp (wavefront) size must be the WARP_SIZE the kernels were
+// built for.
 __global__ void probe_kernel(int *x) {
     if (x) *x = 1;
 }
@@ -1102,25 +1109,27 @@ static void probe_gpu(gpu_info *info) {
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e == cudaErrorInsufficientDriver) {
         snprintf(info->why, sizeof info->why,
-                 "the CUDA runtime reports error 35 (insufficient driver): this machine has no usable NVIDIA driver");
+                 "the " GPU_RUNTIME_NAME " runtime reports error %d (insufficient driver): this machine has no usable "
+                 GPU_VENDOR " driver", (int)e);
         return;
     }
     if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
-        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        const char *visible = getenv(GPU_VISIBLE_DEVICES_ENV);
         if (visible)
-            snprintf(info->why, sizeof info->why, "no CUDA device (CUDA_VISIBLE_DEVICES='%s')", visible);
+            snprintf(info->why, sizeof info->why, "no " GPU_RUNTIME_NAME " device (" GPU_VISIBLE_DEVICES_ENV "='%s')",
+                     visible);
         else
-            snprintf(info->why, sizeof info->why, "no CUDA device");
+            snprintf(info->why, sizeof info->why, "no " GPU_RUNTIME_NAME " device");
         return;
     }
     if (e != cudaSuccess) {
-        say(info, "the CUDA runtime reports error %d (%s)", e);
+        say(info, "the " GPU_RUNTIME_NAME " runtime reports error %d (%s)", e);
         return;
     }
     cudaDeviceProp prop;
     e = cudaGetDeviceProperties(&prop, 0);
     if (e != cudaSuccess) {
-        say(info, "the CUDA runtime cannot read the properties of GPU 0: error %d (%s)", e);
+        say(info, "the " GPU_RUNTIME_NAME " runtime cannot read the properties of GPU 0: error %d (%s)", e);
         return;
     }
     snprintf(info->name, sizeof info->name, "%s", prop.name);
@@ -1135,14 +1144,26 @@ static void probe_gpu(gpu_info *info) {
                  prop.name, prop.major, prop.minor);
         return;
     }
+    if (prop.warpSize != WARP_SIZE) {
+        snprintf(info->why, sizeof info->why, "GPU 0 (%s) runs %d-wide warps; this binary's kernels were built for %d",
+                 prop.name, prop.warpSize, (int)WARP_SIZE);
+        return;
+    }
     cudaFuncAttributes attr;
     e = cudaFuncGetAttributes(&attr, probe_kernel);
     if (e != cudaSuccess) {
+#if defined(__HIPCC__)
+        snprintf(info->why, sizeof info->why,
+                 "this binary has no kernels for GPU 0 (%s, %s): error %d (%s); rebuild with "
+                 "make HIP_ARCH=\"--offload-arch=%s\"",
+                 prop.name, prop.gcnArchName, (int)e, cudaGetErrorString(e), prop.gcnArchName);
+#else
         snprintf(info->why, sizeof info->why,
                  "this binary has no kernels for GPU 0 (%s, sm_%d%d): error %d (%s); rebuild with "
                  "make CUDA_ARCH=\"-gencode arch=compute_%d%d,code=sm_%d%d\"",
                  prop.name, prop.major, prop.minor, (int)e, cudaGetErrorString(e), prop.major, prop.minor, prop.major,
                  prop.minor);
+#endif
         cudaGetLastError();  // clear it: the caller may go on with the CPU
         return;
     }
@@ -1166,7 +1187,7 @@ static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T) {
     return -1;
 }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || __HIPCC__
 
 // The GPU as this process sees it, asked once (the CUDA runtime is slow to start).
 static const gpu_info *gpu_probe(void) {
@@ -1346,6 +1367,13 @@ static int train_plan(train_config *cfg) {
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, 1);
+    int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len);  // -1: no GPU backend
+    if (gpu_bytes >= 0) {
+        char fit[512];
+        gpu_memory_fit(gpu_bytes, fit, sizeof fit);
+        printf("train_gpt | fits one GPU (plan + %.0f GiB headroom): %s\n",
+               (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
+    }
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);

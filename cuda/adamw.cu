@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
         v[i] = vi;
         w = w - step_size * (mi / (sqrtf(vi) / bias2_sqrt + hp.eps));
         params[i] = w;
-        params_bf16[i] = __float2bfloat16_rn(w);
+        params_bf16[i] = float_to_bf16(w);
         grads[i] = 0.0f;
     }
 }
@@ -118,7 +118,7 @@ void adamw_update(float *params, bf16 *params_bf16, float *grads, float *m, floa
 
 __global__ void to_bf16_kernel(bf16 *out, const float *in, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(in[i]);
+        out[i] = float_to_bf16(in[i]);
 }
 
 void floats_to_bf16(bf16 *out, const float *in, int64_t n, cudaStream_t stream) {

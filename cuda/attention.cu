@@ -30,8 +30,13 @@
 // version (softmax in shared memory between WMMA calls, 4 warps per block); an mma.sync
 // kernel with register-resident softmax (FlashAttention-2 proper) or cuDNN's fused SDPA
 // are the ways to go faster — see docs/cuda.md.
+//
+// NVIDIA only: WMMA is behind HAVE_NVIDIA_TENSOR_CORES (cuda/portable.cuh). Under HIP
+// (AMD) the end of this file sends both launchers to the portable kernels of
+// cuda/attention_simple.cu instead; an MFMA kernel for CDNA can come later.
 #include "cuda/kernels.h"
 
+#if HAVE_NVIDIA_TENSOR_CORES
 #include <mma.h>
 #include <string.h>
 
@@ -197,7 +202,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_forward_ke
         for (int i = 0; i < TILE / 2; i++) {
             float e = empty ? 0.0f : exp2f(x[i] - m_new);
             sum += e;
-            Ps[my_row * PSTRIDE + 2 * i + parity] = __float2bfloat16_rn(e);
+            Ps[my_row * PSTRIDE + 2 * i + parity] = float_to_bf16(e);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         __syncwarp();
@@ -227,7 +232,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_forward_ke
         if (t >= T) break;
         float l = row_l[r], inv = 1.0f / l;
         bf16 *o = p.out + ((b * T + t) * p.Hq + j) * D;
-        for (int d = lane; d < D; d += 32) o[d] = __float2bfloat16_rn(Os[r * OS + d] * inv);
+        for (int d = lane; d < D; d += 32) o[d] = float_to_bf16(Os[r * OS + d] * inv);
         if (lane == 0) p.lse[(b * p.Hq + j) * T + t] = row_m[r] * LN2 + logf(l);
     }
 }
@@ -242,7 +247,7 @@ __global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf1
     if (row >= B * T * Hq) return;
     const bf16 *a = dout + row * D, *o = out + row * D;
     float s = 0.0f;
-    for (int d = lane; d < D; d += 32) s += __bfloat162float(a[d]) * __bfloat162float(o[d]);
+    for (int d = lane; d < D; d += 32) s += bf16_to_float(a[d]) * bf16_to_float(o[d]);
     s = warp_sum(s);
     int64_t bt = row / Hq, j = row % Hq, b = bt / T, t = bt % T;
     if (lane == 0) delta[(b * Hq + j) * T + t] = s;
@@ -297,7 +302,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_dq_kernel(
             bool visible = row_ok && key <= my_t && key >= my_lo;
             float pr = visible ? exp2f(Ss[my_row * SSTRIDE + c] * p.scale_log2 - my_lse) : 0.0f;
             float ds = pr * (dPs[my_row * SSTRIDE + c] - my_delta);
-            dSs[my_row * PSTRIDE + c] = __float2bfloat16_rn(ds);
+            dSs[my_row * PSTRIDE + c] = float_to_bf16(ds);
         }
         __syncwarp();
         product_ab<D>(acc, dSs + warp * 16 * PSTRIDE, Ks);
@@ -312,7 +317,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_dq_kernel(
         int64_t t = q0 + r;
         if (t >= T) break;
         bf16 *dst = p.dq + (b * T + t) * p.dq_stride + (int64_t)j * D;
-        for (int d = lane; d < D; d += 32) dst[d] = __float2bfloat16_rn(Out[r * OS + d] * p.scale);
+        for (int d = lane; d < D; d += 32) dst[d] = float_to_bf16(Out[r * OS + d] * p.scale);
     }
 }
 
@@ -379,8 +384,8 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_dkv_kernel
                 bool visible = my_s <= k_last && t < T && my_s <= t && my_s >= q_lo[c];
                 float pr = visible ? exp2f(St[my_row * SSTRIDE + c] * p.scale_log2 - q_lse[c]) : 0.0f;
                 float ds = pr * (dPt[my_row * SSTRIDE + c] - q_delta[c]);
-                Pt[my_row * PSTRIDE + c] = __float2bfloat16_rn(pr);
-                dSt[my_row * PSTRIDE + c] = __float2bfloat16_rn(ds);
+                Pt[my_row * PSTRIDE + c] = float_to_bf16(pr);
+                dSt[my_row * PSTRIDE + c] = float_to_bf16(ds);
             }
             __syncwarp();
             product_ab<D>(dv, Pt + warp * 16 * PSTRIDE, dOs);
@@ -401,7 +406,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_dkv_kernel
             bf16 *dst = which == 0 ? p.dk + (b * T + s) * p.dk_stride : p.dv + (b * T + s) * p.dv_stride;
             dst += (int64_t)g * D;
             float f = which == 0 ? p.scale : 1.0f;
-            for (int d = lane; d < D; d += 32) dst[d] = __float2bfloat16_rn(Out[r * OS + d] * f);
+            for (int d = lane; d < D; d += 32) dst[d] = float_to_bf16(Out[r * OS + d] * f);
         }
         __syncwarp();
     }
@@ -509,3 +514,21 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
     else if (in->D == 64) backward_d<64>(a, stream);
     else backward_d<128>(a, stream);
 }
+
+#else  // HIP: no tensor-core attention yet
+
+// The portable kernels, one warp (a 64-wide wavefront on CDNA) per row in fp32: correct
+// and slow (no tiles, no matrix cores: each row reads its keys from memory on its own);
+// any even head_dim up to 256.
+bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
+
+void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    attention_simple_forward(in, out, lse, stream);
+}
+
+void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                        const attention_grads *g, float *delta, cudaStream_t stream) {
+    attention_simple_backward(in, out, lse, dout, g, delta, stream);
+}
+
+#endif  // HAVE_NVIDIA_TENSOR_CORES

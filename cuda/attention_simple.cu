@@ -5,8 +5,9 @@
 // Why it exists: the fast kernels are intricate, and on a new GPU or after a change one
 // wants a second GPU implementation to compare with that is easy to believe. The kernel
 // tests check both against the CPU; TRAIN_GPT_ATTENTION=simple swaps it into the model
-// (to tell an attention bug from anything else). Lane l holds dimensions l, l+32, ... of
-// the row (D ≤ 256, D even).
+// (to tell an attention bug from anything else). Lane l holds dimensions l, l + WARP_SIZE,
+// ... of the row (D ≤ 256, D even). It is also the HIP build's attention (cuda/attention.cu:
+// no tensor-core kernel there yet), with 64-wide warps.
 //   forward: for each visible key, s = q·k/√D (a warp sum), online softmax into o
 //   dq:      warp per (query, head): dq = Σ_s P(dP − δ)·k/√D
 //   dk, dv:  warp per (key, kv head), over the group's query heads and the queries that
@@ -15,13 +16,16 @@
 
 namespace {
 
-constexpr int MAX_PER_LANE = 8;  // D ≤ 256
+constexpr int MAX_D = 256;
+constexpr int MAX_PER_LANE = MAX_D / WARP_SIZE;
+constexpr int ROWS_PER_BLOCK = 8;  // one warp each
+constexpr int THREADS = WARP_SIZE * ROWS_PER_BLOCK;
 
 __device__ __forceinline__ void load_row(float *x, const bf16 *row, int D, int lane) {
 #pragma unroll
     for (int i = 0; i < MAX_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        x[i] = d < D ? __bfloat162float(row[d]) : 0.0f;
+        int d = lane + WARP_SIZE * i;
+        x[i] = d < D ? bf16_to_float(row[d]) : 0.0f;
     }
 }
 
@@ -29,18 +33,18 @@ __device__ __forceinline__ float dot_row(const float *x, const bf16 *row, int D,
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < MAX_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        if (d < D) s += x[i] * __bfloat162float(row[d]);
+        int d = lane + WARP_SIZE * i;
+        if (d < D) s += x[i] * bf16_to_float(row[d]);
     }
     return warp_sum(s);
 }
 
-// warp per (b, t, j); grid ⌈B·T·Hq/8⌉, 256 threads
+// warp per (b, t, j); grid ⌈B·T·Hq/8⌉, 8 warps per block
 __global__ void simple_forward_kernel(bf16 *out, float *lse, const bf16 *q, int64_t q_stride, const bf16 *k,
                                       int64_t k_stride, const bf16 *v, int64_t v_stride, const int32_t *start,
                                       int64_t B, int64_t T, int Hq, int Hkv, int D, float scale) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;  // (b·T + t)·Hq + j
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;  // (b·T + t)·Hq + j
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= B * T * Hq) return;
     int64_t bt = row / Hq, b = bt / T, t = bt % T;
     int j = (int)(row % Hq), g = j / (Hq / Hkv);
@@ -55,26 +59,26 @@ __global__ void simple_forward_kernel(bf16 *out, float *lse, const bf16 *q, int6
         l = l * alpha + e;
         const bf16 *vr = v + bs * v_stride + (int64_t)g * D;
         for (int i = 0; i < MAX_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            if (d < D) o[i] = o[i] * alpha + e * __bfloat162float(vr[d]);
+            int d = lane + WARP_SIZE * i;
+            if (d < D) o[i] = o[i] * alpha + e * bf16_to_float(vr[d]);
         }
         m = m_new;
     }
     bf16 *dst = out + row * D;
     for (int i = 0; i < MAX_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        if (d < D) dst[d] = __float2bfloat16_rn(o[i] / l);
+        int d = lane + WARP_SIZE * i;
+        if (d < D) dst[d] = float_to_bf16(o[i] / l);
     }
     if (lane == 0) lse[(b * Hq + j) * T + t] = m + logf(l);
 }
 
 __global__ void simple_delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int64_t B, int64_t T, int Hq,
                                     int D) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= B * T * Hq) return;
     float s = 0.0f;
-    for (int d = lane; d < D; d += 32) s += __bfloat162float(dout[row * D + d]) * __bfloat162float(out[row * D + d]);
+    for (int d = lane; d < D; d += WARP_SIZE) s += bf16_to_float(dout[row * D + d]) * bf16_to_float(out[row * D + d]);
     s = warp_sum(s);
     int64_t bt = row / Hq, b = bt / T, t = bt % T, j = row % Hq;
     if (lane == 0) delta[(b * Hq + j) * T + t] = s;
@@ -84,8 +88,8 @@ __global__ void simple_dq_kernel(bf16 *dq, int64_t dq_stride, const float *delta
                                  const bf16 *q, int64_t q_stride, const bf16 *k, int64_t k_stride, const bf16 *v,
                                  int64_t v_stride, const int32_t *start, int64_t B, int64_t T, int Hq, int Hkv, int D,
                                  float scale) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= B * T * Hq) return;
     int64_t bt = row / Hq, b = bt / T, t = bt % T;
     int j = (int)(row % Hq), g = j / (Hq / Hkv);
@@ -101,14 +105,14 @@ __global__ void simple_dq_kernel(bf16 *dq, int64_t dq_stride, const float *delta
         float dp = dot_row(dor, v + bs * v_stride + (int64_t)g * D, D, lane);
         float ds = p * (dp - dl) * scale;
         for (int i = 0; i < MAX_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            if (d < D) acc[i] += ds * __bfloat162float(kr[d]);
+            int d = lane + WARP_SIZE * i;
+            if (d < D) acc[i] += ds * bf16_to_float(kr[d]);
         }
     }
     bf16 *dst = dq + bt * dq_stride + (int64_t)j * D;
     for (int i = 0; i < MAX_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        if (d < D) dst[d] = __float2bfloat16_rn(acc[i]);
+        int d = lane + WARP_SIZE * i;
+        if (d < D) dst[d] = float_to_bf16(acc[i]);
     }
 }
 
@@ -117,8 +121,8 @@ __global__ void simple_dkv_kernel(bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t
                                   const bf16 *dout, const float *lse, const bf16 *q, int64_t q_stride, const bf16 *k,
                                   int64_t k_stride, const bf16 *v, int64_t v_stride, const int32_t *start, int64_t B,
                                   int64_t T, int Hq, int Hkv, int D, float scale) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;  // (b·T + s)·Hkv + g
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;  // (b·T + s)·Hkv + g
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= B * T * Hkv) return;
     int64_t bs = row / Hkv, b = bs / T, s = bs % T;
     int g = (int)(row % Hkv), group = Hq / Hkv;
@@ -134,25 +138,25 @@ __global__ void simple_dkv_kernel(bf16 *dk, int64_t dk_stride, bf16 *dv, int64_t
             float dp = dot_row(vr, dor, D, lane);
             float ds = p * (dp - delta[(b * Hq + j) * T + t]) * scale;
             for (int i = 0; i < MAX_PER_LANE; i++) {
-                int d = lane + 32 * i;
+                int d = lane + WARP_SIZE * i;
                 if (d < D) {
-                    dv_acc[i] += p * __bfloat162float(dor[d]);
-                    dk_acc[i] += ds * __bfloat162float(qr[d]);
+                    dv_acc[i] += p * bf16_to_float(dor[d]);
+                    dk_acc[i] += ds * bf16_to_float(qr[d]);
                 }
             }
         }
     bf16 *dkr = dk + bs * dk_stride + (int64_t)g * D, *dvr = dv + bs * dv_stride + (int64_t)g * D;
     for (int i = 0; i < MAX_PER_LANE; i++) {
-        int d = lane + 32 * i;
+        int d = lane + WARP_SIZE * i;
         if (d < D) {
-            dkr[d] = __float2bfloat16_rn(dk_acc[i]);
-            dvr[d] = __float2bfloat16_rn(dv_acc[i]);
+            dkr[d] = float_to_bf16(dk_acc[i]);
+            dvr[d] = float_to_bf16(dv_acc[i]);
         }
     }
 }
 
 void check_simple_shapes(int Hq, int Hkv, int D) {
-    if (D > 32 * MAX_PER_LANE || D % 2 || Hkv <= 0 || Hq % Hkv) {
+    if (D > MAX_D || D % 2 || Hkv <= 0 || Hq % Hkv) {
         fprintf(stderr, "train_gpt: error: simple attention: unsupported shape (head_dim %d, %d/%d heads)\n", D, Hq,
                 Hkv);
         exit(1);
@@ -166,7 +170,7 @@ void check_simple_shapes(int Hq, int Hkv, int D) {
 void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
     if (in->B * in->T == 0) return;
     check_simple_shapes(in->Hq, in->Hkv, in->D);
-    simple_forward_kernel<<<(unsigned)cdiv(in->B * in->T * in->Hq, 8), 256, 0, stream>>>(
+    simple_forward_kernel<<<(unsigned)cdiv(in->B * in->T * in->Hq, ROWS_PER_BLOCK), THREADS, 0, stream>>>(
         out, lse, in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride, in->start, in->B, in->T, in->Hq,
         in->Hkv, in->D, 1.0f / sqrtf((float)in->D));
     CUDA_CHECK_LAUNCH();
@@ -179,16 +183,16 @@ void attention_simple_backward(const attention_inputs *in, const bf16 *out, cons
     if (B * T == 0) return;
     check_simple_shapes(Hq, Hkv, D);
     float scale = 1.0f / sqrtf((float)D);
-    simple_delta_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(delta, dout, out, B, T, Hq, D);
+    unsigned q_blocks = (unsigned)cdiv(B * T * Hq, ROWS_PER_BLOCK);
+    unsigned kv_blocks = (unsigned)cdiv(B * T * Hkv, ROWS_PER_BLOCK);
+    simple_delta_kernel<<<q_blocks, THREADS, 0, stream>>>(delta, dout, out, B, T, Hq, D);
     CUDA_CHECK_LAUNCH();
-    simple_dq_kernel<<<(unsigned)cdiv(B * T * Hq, 8), 256, 0, stream>>>(g->dq, g->dq_stride, delta, dout, lse, in->q,
-                                                                         in->q_stride, in->k, in->k_stride, in->v,
-                                                                         in->v_stride, in->start, B, T, Hq, Hkv, D,
-                                                                         scale);
+    simple_dq_kernel<<<q_blocks, THREADS, 0, stream>>>(g->dq, g->dq_stride, delta, dout, lse, in->q, in->q_stride,
+                                                       in->k, in->k_stride, in->v, in->v_stride, in->start, B, T, Hq,
+                                                       Hkv, D, scale);
     CUDA_CHECK_LAUNCH();
-    simple_dkv_kernel<<<(unsigned)cdiv(B * T * Hkv, 8), 256, 0, stream>>>(g->dk, g->dk_stride, g->dv, g->dv_stride,
-                                                                          delta, dout, lse, in->q, in->q_stride, in->k,
-                                                                          in->k_stride, in->v, in->v_stride, in->start,
-                                                                          B, T, Hq, Hkv, D, scale);
+    simple_dkv_kernel<<<kv_blocks, THREADS, 0, stream>>>(g->dk, g->dk_stride, g->dv, g->dv_stride, delta, dout, lse,
+                                                         in->q, in->q_stride, in->k, in->k_stride, in->v, in->v_stride,
+                                                         in->start, B, T, Hq, Hkv, D, scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     for (int64_t i = threadIdx.x; i < V; i += CE_THREADS) {
         float g = expf(x[i] - mx) * coef;
         if (i == target) g -= grad_scale;
-        d[i] = __float2bfloat16_rn(g);
+        d[i] = float_to_bf16(g);
     }
 }
 

@@ -123,7 +123,7 @@ typedef struct {
     bf16 *dq, *dk, *dv;
     int64_t dq_stride, dk_stride, dv_stride;
 } attention_grads;
-bool attention_supports_head_dim(int D);   // 32, 64, 128
+bool attention_supports_head_dim(int D);   // 32, 64, 128 (HIP: any even D ≤ 256, see below)
 // out (N, Hq·D) bf16, lse (B, Hq, T) fp32.
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
 // From the forward's out and lse and the gradient dout (N, Hq·D). Deterministic without
@@ -136,7 +136,8 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
 // ---------------------------------------------------------------- attention_simple.cu
 // The same two functions, one warp per row and fp32 arithmetic, no tensor cores: slow,
 // plainly correct, any even D ≤ 256. The tests check the fast kernels against the CPU and
-// against these; TRAIN_GPT_ATTENTION=simple makes the model use them.
+// against these; TRAIN_GPT_ATTENTION=simple makes the model use them. Under HIP (AMD),
+// attention_forward / attention_backward are these (no tensor-core kernel there yet).
 void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
 void attention_simple_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                                const attention_grads *g, float *delta, cudaStream_t stream);

@@ -1,4 +1,5 @@
-// cuda/matmul.cu — every matrix product of the CUDA backend, through cuBLASLt.
+// cuda/matmul.cu — every matrix product of the GPU backend, through cuBLASLt (NVIDIA) or
+// hipBLASLt (AMD, ROCm ≥ 6), the one library glue file of the backend.
 //
 // The model's tensors are row-major; cuBLASLt thinks column-major. A row-major X (r, c) is
 // the column-major Xᵀ (c, r) with the same leading dimension, so each product of a linear
@@ -17,9 +18,103 @@
 // algorithm. The same problem then always runs the same algorithm, which together with
 // cuBLAS's own guarantee (same bits on the same GPU model and library version) keeps runs
 // deterministic.
+//
+// hipBLASLt copies cuBLASLt's API call for call: under hipcc the names below become its
+// names (the API of ROCm 6.2 and later: hipDataType and hipblasComputeType_t; ROCm 6.0 and
+// 6.1 spelled those types differently). It has no minimum-alignment preferences, so the
+// heuristic is not told the alignment there (the cache key still holds it). Not yet run on
+// an AMD GPU; Debian's ROCm 5 has no hipBLASLt, so `make check-hip` skips this file there.
 #include "cuda/kernels.h"
 
 #include <string.h>
+
+#if defined(__HIPCC__)
+#include <hipblaslt/hipblaslt.h>
+#define BLAS_NAME "hipBLASLt"
+#define BLAS_HAS_ALIGNMENT_PREFERENCES 0
+#define BLAS_STATUS_PREFIX "HIPBLAS_"
+#define BLAS_HINT_UNSUPPORTED                                                                              \
+    "hipBLASLt runs bf16 products on CDNA GPUs (gfx90a: MI250X, gfx942: MI300X) with ROCm 6 or newer"
+#define cublasStatus_t hipblasStatus_t
+#define CUBLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
+#define CUBLAS_STATUS_NOT_INITIALIZED HIPBLAS_STATUS_NOT_INITIALIZED
+#define CUBLAS_STATUS_ALLOC_FAILED HIPBLAS_STATUS_ALLOC_FAILED
+#define CUBLAS_STATUS_INVALID_VALUE HIPBLAS_STATUS_INVALID_VALUE
+#define CUBLAS_STATUS_ARCH_MISMATCH HIPBLAS_STATUS_ARCH_MISMATCH
+#define CUBLAS_STATUS_MAPPING_ERROR HIPBLAS_STATUS_MAPPING_ERROR
+#define CUBLAS_STATUS_EXECUTION_FAILED HIPBLAS_STATUS_EXECUTION_FAILED
+#define CUBLAS_STATUS_INTERNAL_ERROR HIPBLAS_STATUS_INTERNAL_ERROR
+#define CUBLAS_STATUS_NOT_SUPPORTED HIPBLAS_STATUS_NOT_SUPPORTED
+#define cublasOperation_t hipblasOperation_t
+#define CUBLAS_OP_N HIPBLAS_OP_N
+#define CUBLAS_OP_T HIPBLAS_OP_T
+#define CUBLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
+#define cublasLtHandle_t hipblasLtHandle_t
+#define cublasLtCreate hipblasLtCreate
+#define cublasLtDestroy hipblasLtDestroy
+#define cublasLtMatmulDesc_t hipblasLtMatmulDesc_t
+#define cublasLtMatmulDescCreate hipblasLtMatmulDescCreate
+#define cublasLtMatmulDescDestroy hipblasLtMatmulDescDestroy
+#define cublasLtMatmulDescSetAttribute hipblasLtMatmulDescSetAttribute
+#define CUBLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
+#define CUBLASLT_MATMUL_DESC_TRANSB HIPBLASLT_MATMUL_DESC_TRANSB
+#define cublasLtMatrixLayout_t hipblasLtMatrixLayout_t
+#define cublasLtMatrixLayoutCreate hipblasLtMatrixLayoutCreate
+#define cublasLtMatrixLayoutDestroy hipblasLtMatrixLayoutDestroy
+#define cublasLtMatmulPreference_t hipblasLtMatmulPreference_t
+#define cublasLtMatmulPreferenceCreate hipblasLtMatmulPreferenceCreate
+#define cublasLtMatmulPreferenceDestroy hipblasLtMatmulPreferenceDestroy
+#define cublasLtMatmulPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
+#define CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define cublasLtMatmulAlgo_t hipblasLtMatmulAlgo_t
+#define cublasLtMatmulHeuristicResult_t hipblasLtMatmulHeuristicResult_t
+#define cublasLtMatmulAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
+#define cublasLtMatmul hipblasLtMatmul
+#else
+#include <cublasLt.h>
+#define BLAS_NAME "cuBLASLt"
+#define BLAS_STATUS_PREFIX "CUBLAS_"
+#define BLAS_HAS_ALIGNMENT_PREFERENCES 1
+#define BLAS_HINT_UNSUPPORTED "the CUDA backend needs bf16 tensor cores (compute capability 8.0, A100, or newer)"
+#endif
+
+// ---------------------------------------------------------------- error checks
+
+static const char *blas_status_text(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return BLAS_STATUS_PREFIX "STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return BLAS_STATUS_PREFIX "STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return BLAS_STATUS_PREFIX "STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return BLAS_STATUS_PREFIX "STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return BLAS_STATUS_PREFIX "STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return BLAS_STATUS_PREFIX "STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return BLAS_STATUS_PREFIX "STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return BLAS_STATUS_PREFIX "STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return BLAS_STATUS_PREFIX "STATUS_NOT_SUPPORTED";
+    default: return "unknown status";
+    }
+}
+
+static void blas_check_failed(cublasStatus_t s, const char *expr, const char *file, int line) {
+    fprintf(stderr, "train_gpt: error: " BLAS_NAME " error at %s:%d: %s (status %d) in %s\n", file, line,
+            blas_status_text(s), (int)s, expr);
+    if (s == CUBLAS_STATUS_ALLOC_FAILED)
+        fprintf(stderr, "---> HINT: the GPU is out of memory: lower batch_size (raise grad_accum to keep the "
+                        "tokens per step)\n");
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH)
+        fprintf(stderr, "---> HINT: " BLAS_HINT_UNSUPPORTED "\n");
+    fflush(stderr);
+    exit(1);
+}
+
+#define CUBLAS_CHECK(call)                                                         \
+    do {                                                                           \
+        cublasStatus_t cublas_check_s_ = (call);                                   \
+        if (cublas_check_s_ != CUBLAS_STATUS_SUCCESS)                              \
+            blas_check_failed(cublas_check_s_, #call, __FILE__, __LINE__);         \
+    } while (0)
+
+// ---------------------------------------------------------------- the cache
 
 enum { MATMUL_WORKSPACE_BYTES = 32 << 20 };  // what NVIDIA recommends for Hopper
 
@@ -89,10 +184,12 @@ static bool same_key(const matmul_key *x, const matmul_key *y) {
            x->align_c == y->align_c && x->align_d == y->align_d;
 }
 
+#if BLAS_HAS_ALIGNMENT_PREFERENCES
 static void set_alignment(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, int align) {
     uint32_t a = (uint32_t)align;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &a, sizeof a));
 }
+#endif
 
 static matmul_plan *plan_for(matmul_context *mc, const matmul_key *key) {
     for (int i = 0; i < mc->count; i++)
@@ -125,10 +222,12 @@ static matmul_plan *plan_for(matmul_context *mc, const matmul_key *key) {
     uint64_t workspace = MATMUL_WORKSPACE_BYTES;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                       sizeof workspace));
+#if BLAS_HAS_ALIGNMENT_PREFERENCES
     set_alignment(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key->align_a);
     set_alignment(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key->align_b);
     set_alignment(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key->align_c);
     set_alignment(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key->align_d);
+#endif
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(mc->handle, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result,
@@ -136,8 +235,8 @@ static matmul_plan *plan_for(matmul_context *mc, const matmul_key *key) {
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) {
         fprintf(stderr,
-                "train_gpt: error: cuBLASLt has no algorithm for a %s%s matmul m=%lld n=%lld k=%lld (lda %lld, ldb "
-                "%lld, ldc %lld, %s output)\n"
+                "train_gpt: error: " BLAS_NAME " has no algorithm for a %s%s matmul m=%lld n=%lld k=%lld (lda %lld, "
+                "ldb %lld, ldc %lld, %s output)\n"
                 "---> HINT: d_model, d_ff, head_dim·heads and vocab_size that are multiples of 8 keep every "
                 "product on the tensor cores\n",
                 key->trans_a ? "T" : "N", key->trans_b ? "T" : "N", (long long)key->m, (long long)key->n,

@@ -8,7 +8,8 @@
 //
 // Layout: the heads of a row are q heads 0..Hq-1 then k heads Hq..Hq+Hkv-1, D each, as in
 // the QKV matmul's output. One warp per (row, head); lane l handles the rotation pairs
-// (i, i + D/2) for i = l, l+32, ..., so any even D works and a pair never crosses lanes.
+// (i, i + D/2) for i = l, l + WARP_SIZE, ..., so any even D works and a pair never crosses
+// lanes (with 64-wide warps and D ≤ 64, some lanes only join the norm's sum with zeros).
 // Positions restart at each document (cpu/ops.c's document_positions, computed on the
 // host with the batch); cos/sin tables (T, D/2) come from rope_tables() on the host in
 // double, the same tables the CPU uses.
@@ -21,8 +22,8 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
                                            const float *cos_t, const float *sin_t, int64_t N, int Hq, int Hkv, int D,
                                            bool norm, bool rope, float eps) {
     int Htot = Hq + Hkv;
-    int64_t row = (int64_t)blockIdx.x * HEADS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * HEADS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= N * Htot) return;
     int64_t n = row / Htot;
     int h = (int)(row % Htot);
@@ -33,8 +34,8 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
     float r = 1.0f;
     if (norm) {
         float ss = 0.0f;
-        for (int i = lane; i < D; i += 32) {
-            float v = __bfloat162float(x[i]);
+        for (int i = lane; i < D; i += WARP_SIZE) {
+            float v = bf16_to_float(x[i]);
             ss += v * v;
         }
         ss = warp_sum(ss);
@@ -42,8 +43,8 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
         if (lane == 0) rstd[row] = r;
     }
     const float *c = cos_t + (int64_t)pos[n] * half, *s = sin_t + (int64_t)pos[n] * half;
-    for (int i = lane; i < half; i += 32) {
-        float a = __bfloat162float(x[i]), b = __bfloat162float(x[i + half]);
+    for (int i = lane; i < half; i += WARP_SIZE) {
+        float a = bf16_to_float(x[i]), b = bf16_to_float(x[i + half]);
         if (norm) {
             a = a * r * g[i];
             b = b * r * g[i + half];
@@ -53,8 +54,8 @@ __global__ void qknorm_rope_forward_kernel(bf16 *out, int64_t out_stride, float 
             a = a2;
             b = b2;
         }
-        y[i] = __float2bfloat16_rn(a);
-        y[i + half] = __float2bfloat16_rn(b);
+        y[i] = float_to_bf16(a);
+        y[i + half] = float_to_bf16(b);
     }
 }
 
@@ -67,8 +68,8 @@ __global__ void qknorm_rope_backward_kernel(bf16 *dx, int64_t dx_stride, const b
                                             const float *sin_t, int64_t N, int Hq, int Hkv, int D, bool norm,
                                             bool rope) {
     int Htot = Hq + Hkv;
-    int64_t row = (int64_t)blockIdx.x * HEADS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * HEADS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= N * Htot) return;
     int64_t n = row / Htot;
     int h = (int)(row % Htot);
@@ -81,23 +82,23 @@ __global__ void qknorm_rope_backward_kernel(bf16 *dx, int64_t dx_stride, const b
     float r = norm ? rstd[row] : 1.0f, k = 0.0f;
     if (norm) {
         float ux = 0.0f;
-        for (int i = lane; i < half; i += 32) {
-            float d1 = __bfloat162float(d[i]), d2 = __bfloat162float(d[i + half]);
+        for (int i = lane; i < half; i += WARP_SIZE) {
+            float d1 = bf16_to_float(d[i]), d2 = bf16_to_float(d[i + half]);
             float u1 = rope ? d1 * c[i] + d2 * s[i] : d1, u2 = rope ? d2 * c[i] - d1 * s[i] : d2;
-            ux += u1 * g[i] * __bfloat162float(x[i]) + u2 * g[i + half] * __bfloat162float(x[i + half]);
+            ux += u1 * g[i] * bf16_to_float(x[i]) + u2 * g[i + half] * bf16_to_float(x[i + half]);
         }
         ux = warp_sum(ux);  // also orders every lane's reads before any lane's in-place writes
         k = ux / (float)D * r * r * r;
     }
-    for (int i = lane; i < half; i += 32) {
-        float d1 = __bfloat162float(d[i]), d2 = __bfloat162float(d[i + half]);
+    for (int i = lane; i < half; i += WARP_SIZE) {
+        float d1 = bf16_to_float(d[i]), d2 = bf16_to_float(d[i + half]);
         float u1 = rope ? d1 * c[i] + d2 * s[i] : d1, u2 = rope ? d2 * c[i] - d1 * s[i] : d2;
         if (norm) {
-            u1 = r * u1 * g[i] - __bfloat162float(x[i]) * k;
-            u2 = r * u2 * g[i + half] - __bfloat162float(x[i + half]) * k;
+            u1 = r * u1 * g[i] - bf16_to_float(x[i]) * k;
+            u2 = r * u2 * g[i + half] - bf16_to_float(x[i + half]) * k;
         }
-        out[i] = __float2bfloat16_rn(u1);
-        out[i + half] = __float2bfloat16_rn(u2);
+        out[i] = float_to_bf16(u1);
+        out[i + half] = float_to_bf16(u2);
     }
 }
 
@@ -120,7 +121,7 @@ __global__ void qknorm_gain_partial_kernel(float *partial, const bf16 *dy, int64
             int64_t n = vr / H;
             int h = h0 + (int)(vr % H);
             const bf16 *d = dy + n * dy_stride + (int64_t)h * D, *xr = x + n * x_stride + (int64_t)h * D;
-            float d1 = __bfloat162float(d[i]), d2 = __bfloat162float(d[i + half]);
+            float d1 = bf16_to_float(d[i]), d2 = bf16_to_float(d[i + half]);
             float u1 = d1, u2 = d2;
             if (rope) {
                 float c = cos_t[(int64_t)pos[n] * half + i], s = sin_t[(int64_t)pos[n] * half + i];
@@ -128,8 +129,8 @@ __global__ void qknorm_gain_partial_kernel(float *partial, const bf16 *dy, int64
                 u2 = d2 * c - d1 * s;
             }
             float r = rstd[n * Htot + h];
-            s1 += u1 * __bfloat162float(xr[i]) * r;
-            s2 += u2 * __bfloat162float(xr[i + half]) * r;
+            s1 += u1 * bf16_to_float(xr[i]) * r;
+            s2 += u2 * bf16_to_float(xr[i + half]) * r;
         }
     acc1[ty][tx] = s1;
     acc2[ty][tx] = s2;
@@ -161,7 +162,7 @@ void qknorm_rope_forward(const qknorm_rope_args *a, bf16 *out, int64_t out_strid
                          int64_t in_stride, cudaStream_t stream) {
     if (a->N == 0 || (!a->norm && !a->rope && out == inp)) return;
     int64_t rows = a->N * (a->Hq + a->Hkv);
-    qknorm_rope_forward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
+    qknorm_rope_forward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), WARP_SIZE * HEADS_PER_BLOCK, 0, stream>>>(
         out, out_stride, rstd, inp, in_stride, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq, a->Hkv, a->D,
         a->norm, a->rope, a->eps);
     CUDA_CHECK_LAUNCH();
@@ -171,7 +172,7 @@ void qknorm_rope_backward(const qknorm_rope_args *a, bf16 *dx, int64_t dx_stride
                           const bf16 *x, int64_t x_stride, const float *rstd, cudaStream_t stream) {
     if (a->N == 0 || (!a->norm && !a->rope && dx == dy)) return;
     int64_t rows = a->N * (a->Hq + a->Hkv);
-    qknorm_rope_backward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), 32 * HEADS_PER_BLOCK, 0, stream>>>(
+    qknorm_rope_backward_kernel<<<(unsigned)cdiv(rows, HEADS_PER_BLOCK), WARP_SIZE * HEADS_PER_BLOCK, 0, stream>>>(
         dx, dx_stride, dy, dy_stride, x, x_stride, rstd, a->gq, a->gk, a->pos, a->cos_t, a->sin_t, a->N, a->Hq,
         a->Hkv, a->D, a->norm, a->rope);
     CUDA_CHECK_LAUNCH();

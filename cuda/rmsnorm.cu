@@ -9,34 +9,36 @@
 // the same pass.
 //
 // One warp per row: rows are 1–8k wide, so a warp's loop over the row is enough to keep
-// the loads coalesced, and the row's statistics need only shuffles. The gain gradient is a
-// sum over all rows, done deterministically in two kernels (partial sums over fixed chunks
-// of rows, then a fixed-order sum over chunks), never with atomics.
+// the loads coalesced, and the row's statistics need only shuffles (a warp is WARP_SIZE
+// lanes: 32, or 64 on AMD's CDNA). The gain gradient is a sum over all rows, done
+// deterministically in two kernels (partial sums over fixed chunks of rows, then a
+// fixed-order sum over chunks), never with atomics; its blocks are 32 × 8 tiles of
+// threads, whatever the warp size.
 #include "cuda/kernels.h"
 
 enum { ROWS_PER_BLOCK = 8, GAIN_CHUNK_ROWS = 256 };
 
-// grid ⌈N/8⌉, block 256: warp w of block b owns row 8b + w.
+// grid ⌈N/8⌉, block 8 warps: warp w of block b owns row 8b + w.
 __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N,
                                        int64_t C, float eps) {
-    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const float *x = inp + row * C;
     float ss = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) ss += x[c] * x[c];
+    for (int64_t c = lane; c < C; c += WARP_SIZE) ss += x[c] * x[c];
     ss = warp_sum(ss);
     float r = rsqrtf(ss / (float)C + eps);
     if (lane == 0) rstd[row] = r;
     bf16 *y = out + row * C;
-    for (int64_t c = lane; c < C; c += 32) y[c] = __float2bfloat16_rn(x[c] * r * g[c]);
+    for (int64_t c = lane; c < C; c += WARP_SIZE) y[c] = float_to_bf16(x[c] * r * g[c]);
 }
 
 void rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N, int64_t C, float eps,
                      cudaStream_t stream) {
     if (N == 0) return;
-    rmsnorm_forward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, stream>>>(out, rstd, inp, g,
-                                                                                                  N, C, eps);
+    rmsnorm_forward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), WARP_SIZE * ROWS_PER_BLOCK, 0, stream>>>(
+        out, rstd, inp, g, N, C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -44,29 +46,29 @@ void rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *g, i
 //   dx = r·u − x·r³·mean(u·x)
 __global__ void rmsnorm_backward_kernel(float *dinp, bf16 *dinp_bf16, const float *dout, const float *inp,
                                         const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate) {
-    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= N) return;
     const float *x = inp + row * C, *dy = dout + row * C;
     float r = rstd[row];
     float ux = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) ux += dy[c] * g[c] * x[c];
+    for (int64_t c = lane; c < C; c += WARP_SIZE) ux += dy[c] * g[c] * x[c];
     ux = warp_sum(ux);
     float k = ux / (float)C * r * r * r;
     float *dx = dinp + row * C;
     bf16 *dxb = dinp_bf16 ? dinp_bf16 + row * C : nullptr;
-    for (int64_t c = lane; c < C; c += 32) {
+    for (int64_t c = lane; c < C; c += WARP_SIZE) {
         float v = r * dy[c] * g[c] - x[c] * k;
         if (accumulate) v += dx[c];
         dx[c] = v;
-        if (dxb) dxb[c] = __float2bfloat16_rn(v);
+        if (dxb) dxb[c] = float_to_bf16(v);
     }
 }
 
 void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, const float *dout, const float *inp, const float *g,
                       const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
-    rmsnorm_backward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, stream>>>(
+    rmsnorm_backward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), WARP_SIZE * ROWS_PER_BLOCK, 0, stream>>>(
         dinp, dinp_bf16, dout, inp, g, rstd, N, C, accumulate);
     CUDA_CHECK_LAUNCH();
 }

@@ -12,9 +12,9 @@ __global__ void swiglu_forward_kernel(bf16 *act, const bf16 *gate_up, int64_t N,
     int64_t total = N * F;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = i / F, f = i % F;
-        float x = __bfloat162float(gate_up[n * 2 * F + f]);
-        float u = __bfloat162float(gate_up[n * 2 * F + F + f]);
-        act[i] = __float2bfloat16_rn(x / (1.0f + expf(-x)) * u);
+        float x = bf16_to_float(gate_up[n * 2 * F + f]);
+        float u = bf16_to_float(gate_up[n * 2 * F + F + f]);
+        act[i] = float_to_bf16(x / (1.0f + expf(-x)) * u);
     }
 }
 
@@ -35,12 +35,12 @@ __global__ void swiglu_backward_kernel(bf16 *d_gate_up, const bf16 *dact, const 
     int64_t total = N * F;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = i / F, f = i % F;
-        float x = __bfloat162float(gate_up[n * 2 * F + f]);
-        float u = __bfloat162float(gate_up[n * 2 * F + F + f]);
-        float d = __bfloat162float(dact[i]);
+        float x = bf16_to_float(gate_up[n * 2 * F + f]);
+        float u = bf16_to_float(gate_up[n * 2 * F + F + f]);
+        float d = bf16_to_float(dact[i]);
         float sig = 1.0f / (1.0f + expf(-x));
-        d_gate_up[n * 2 * F + F + f] = __float2bfloat16_rn(d * x * sig);
-        d_gate_up[n * 2 * F + f] = __float2bfloat16_rn(d * u * sig * (1.0f + x * (1.0f - sig)));
+        d_gate_up[n * 2 * F + F + f] = float_to_bf16(d * x * sig);
+        d_gate_up[n * 2 * F + f] = float_to_bf16(d * u * sig * (1.0f + x * (1.0f - sig)));
     }
 }
 

@@ -46,6 +46,33 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
     return false;
 }
 
+// ---------------------------------------------------------------- memory table
+
+// One device's memory in GiB, as the drivers count it (an "80GB" A100 or H100 has 80 GiB,
+// of which the driver keeps under 1 GiB; a GCD of an MI250X has 64 GiB, an MI300X 192 GiB).
+// The headroom covers what the plan does not count: the runtime's context and what the
+// driver keeps (on an H100 80GB: 0.6 GiB in use beyond the plan, 0.8 GiB not offered).
+typedef struct {
+    const char *name;
+    int gib;
+} memory_row;
+
+static const memory_row memory_table[] = {
+    {"A100 40GB", 40},  {"A100 64GB", 64},   {"A100 80GB", 80},       {"H100 64GB", 64},     {"H100 80GB", 80},
+    {"GH200 96GB", 96}, {"H200 141GB", 141}, {"MI250X GCD 64GB", 64}, {"MI300X 192GB", 192},
+};
+
+void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes) {
+    size_t at = 0;
+    if (out_bytes) out[0] = 0;
+    for (size_t i = 0; i < sizeof memory_table / sizeof memory_table[0] && at < out_bytes; i++) {
+        bool fits = plan_bytes + GPU_MEMORY_HEADROOM_BYTES <= ((int64_t)memory_table[i].gib << 30);
+        int n = snprintf(out + at, out_bytes - at, "%s%s %s", i ? ", " : "", memory_table[i].name, fits ? "✓" : "✗");
+        if (n < 0) break;
+        at += (size_t)n;  // past out_bytes when cut short: the loop ends
+    }
+}
+
 // ---------------------------------------------------------------- choosing
 
 device_kind device_choose(const char *key, const gpu_info *g, char *why, size_t why_bytes) {

@@ -50,6 +50,14 @@ device_kind device_choose(const char *device_key, const gpu_info *gpu, char *why
 // Dense bf16 TFLOP/s of one device (one GCD for MI250X); false if the GPU is unknown.
 bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflops);
 
+// The memory of the GPUs train_gpt's users train on, for `train_gpt plan` (which runs on a
+// login node, with no GPU to ask): into out, one line naming each with ✓ where one device
+// holds plan_bytes (the GPU memory plan) plus GPU_MEMORY_HEADROOM_BYTES, ✗ where it does not,
+// e.g. "A100 40GB ✗, A100 64GB ✓, ..., MI250X GCD 64GB ✓, MI300X 192GB ✓". One GCD of an
+// MI250X is one device (64 GB of the package's 128).
+#define GPU_MEMORY_HEADROOM_BYTES ((int64_t)2 << 30)
+void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes);
+
 // The peak for MFU: `configured` (the peak_tflops key) when > 0; on DEVICE_CUDA the table's
 // entry for gpu (GPU 0); otherwise 0 = unknown (metrics then log mfu as null, never a
 // made-up number). For an unknown GPU, why receives the warning to print; else it is emptied.

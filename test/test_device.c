@@ -5,7 +5,8 @@
 // the probe's answers (a usable GPU; a CUDA build without a driver, CI's case; a CPU-only
 // build): `auto` falls back to the CPU and says why, `cuda` is an error naming the cause
 // and the fix. What the real probe says on this machine is checked through the binary
-// (test/test_bad_input.sh).
+// (test/test_bad_input.sh). The memory line of `train_gpt plan` (gpu_memory_fit) at the
+// edges of the table's sizes.
 #include "check.h"
 #include "llmc/device.h"
 
@@ -114,8 +115,28 @@ static void test_mfu_peak(void) {
            "an unknown GPU: 0 and a warning naming it: %s", why);
 }
 
+// The plan's memory line: which GPUs hold the plan plus the headroom, by name.
+static void test_memory_fit(void) {
+    char line[512];
+    int64_t gib = (int64_t)1 << 30;
+    gpu_memory_fit(60 * gib, line, sizeof line);  // 62 GiB with the headroom
+    EXPECT(strstr(line, "A100 40GB ✗") && strstr(line, "A100 64GB ✓") && strstr(line, "H100 80GB ✓") &&
+               strstr(line, "MI250X GCD 64GB ✓") && strstr(line, "MI300X 192GB ✓"),
+           "60 GiB: %s", line);
+    gpu_memory_fit(63 * gib, line, sizeof line);  // 65 GiB: above one MI250X GCD, within an MI300X
+    EXPECT(strstr(line, "MI250X GCD 64GB ✗") && strstr(line, "H100 64GB ✗") && strstr(line, "MI300X 192GB ✓") &&
+               strstr(line, "H200 141GB ✓"),
+           "63 GiB: %s", line);
+    gpu_memory_fit(191 * gib, line, sizeof line);  // nothing holds 193 GiB
+    EXPECT(strstr(line, "MI300X 192GB ✗") && !strstr(line, "✓"), "191 GiB: %s", line);
+    char tiny[16];
+    gpu_memory_fit(gib, tiny, sizeof tiny);  // cut short, still a terminated string
+    EXPECT(strlen(tiny) == sizeof tiny - 1 && strncmp(tiny, "A100 40GB ✓", strlen("A100 40GB ✓")) == 0, "a short buffer: '%s'", tiny);
+}
+
 int main(void) {
     test_peak_table();
+    test_memory_fit();
     test_choose();
     test_mfu_peak();
     return check_summary("test_device");

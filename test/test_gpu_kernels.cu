@@ -84,7 +84,7 @@ static std::vector<float> randn(int64_t n, double scale) {
     return x;
 }
 static void round_bf16(std::vector<float> &x) {
-    for (auto &v : x) v = __bfloat162float(__float2bfloat16_rn(v));
+    for (auto &v : x) v = bf16_to_float(float_to_bf16(v));
 }
 template <typename T> static T *dev_alloc(int64_t n) {
     T *p = NULL;
@@ -99,7 +99,7 @@ static float *up_f32(const std::vector<float> &x) {
 }
 static bf16 *up_bf16(const std::vector<float> &x) {
     std::vector<bf16> h(x.size());
-    for (size_t i = 0; i < x.size(); i++) h[i] = __float2bfloat16_rn(x[i]);
+    for (size_t i = 0; i < x.size(); i++) h[i] = float_to_bf16(x[i]);
     bf16 *d = dev_alloc<bf16>((int64_t)x.size());
     CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     return d;
@@ -120,7 +120,7 @@ static std::vector<float> down_bf16(const bf16 *d, int64_t n) {
     std::vector<bf16> h((size_t)n);
     CUDA_CHECK(cudaMemcpy(h.data(), d, (size_t)n * sizeof(bf16), cudaMemcpyDeviceToHost));
     std::vector<float> f((size_t)n);
-    for (int64_t i = 0; i < n; i++) f[(size_t)i] = __bfloat162float(h[(size_t)i]);
+    for (int64_t i = 0; i < n; i++) f[(size_t)i] = bf16_to_float(h[(size_t)i]);
     return f;
 }
 // Rows (n, width) taken out of a strided (n, stride) array at column offset.

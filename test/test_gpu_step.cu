@@ -29,6 +29,10 @@
 //   - validation loss within 1 % (and the same bits twice); logits within 2 % (L2);
 //   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged.
 #define TESTING
+// The trainer's static functions that this test leaves unused (train_run, train_plan, ...)
+// are expected here. (CUDA's cuComplex.h, reached through cublasLt.h, used to silence the
+// warning for the whole file; only cuda/matmul.cu includes it now.) GCC and clang both read it.
+#pragma GCC diagnostic ignored "-Wunused-function"
 #include "train_gpt.cu"
 #include "llmc/optim.h"
 #include "llmc/rng.h"
