@@ -202,9 +202,11 @@ static step_result cpu_step(backend *b, double lr, int64_t rows, const train_con
     r.loss = ce / all_rows;
     r.z_loss = cfg->z_loss * lse_sq / all_rows;
     if (c->copies) comm_allreduce(c->copies, c->grads, n);
+    double waited = wall_seconds() - t0;
     double sq = grad_sum_squares(c->grads, n);
+    t0 = wall_seconds();
     if (c->group) sq = comm_sum(c->group, sq);
-    if (c->group || c->copies) c->base.comm_wait_s += wall_seconds() - t0;
+    if (c->group || c->copies) c->base.comm_wait_s += waited + wall_seconds() - t0;
     r.grad_norm = sqrt(sq);
     r.skipped = !isfinite(r.loss) || !isfinite(r.z_loss) || !isfinite(r.grad_norm);
     r.spike = !r.skipped && spike_exceeds(limits, r.loss, r.grad_norm);

@@ -80,75 +80,70 @@ static bool finish_file(int fd, bool ok) {
     return ok;
 }
 
-static bool write_weights_fd(int fd, const param_table *t, const float *params, uint64_t *hash) {
-    st_tensor_out *out = xcalloc((size_t)t->count, sizeof *out);
-    for (int i = 0; i < t->count; i++) {
-        const param_info *p = &t->params[i];
-        out[i] = (st_tensor_out){p->name, params + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
-    }
-    char *config_json = model_config_to_json(&t->cfg);
-    const char *keys[] = {"format", "model_config", "written_by"};
-    const char *values[] = {"pt", config_json, "train_gpt"};
-    bool ok = safetensors_write(fd, out, t->count, keys, values, 3, hash);
-    free(config_json);
-    free(out);
-    return ok;
+// ---------------------------------------------------------------- the tensor files
+
+// One safetensors file of the table's tensors from `kinds` buffers, tensor (i, k) named
+// prefixes[k] + name i, in that order (the offsets of every file: safetensors_header).
+typedef struct {
+    const param_table *t;
+    int kinds;
+    const char *const *prefixes;
+    float *const *buffers;
+    const char *meta_keys[3], *meta_values[3];
+    int meta_count;
+} table_file;
+
+static const char *const MODEL_PREFIXES[] = {""};
+static const char *const MOMENT_PREFIXES[] = {"exp_avg.", "exp_avg_sq."};
+static const char *const OUTER_PREFIXES[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
+
+static table_file model_table(const param_table *t, float *const *params, const char *config_json) {
+    table_file tf = {t, 1, MODEL_PREFIXES, params, {"format", "model_config", "written_by"},
+                     {"pt", config_json, "train_gpt"}, 3};
+    return tf;
 }
 
-static bool write_model_file(const char *dir, const model_buffers *b, uint64_t *hash) {
-    char path[4200];
-    int fd = open_new_file(dir, "model.safetensors", path, sizeof path);
-    return fd >= 0 && finish_file(fd, write_weights_fd(fd, b->table, b->params, hash));
+// The tensors of tf (caller frees both); with_data: buffers hold the whole model, so tensor
+// (i, k) is buffers[k] + offset i (else the data pointers are left NULL: a header only).
+static st_tensor_out *table_tensors(const table_file *tf, bool with_data, char (**names_out)[160]) {
+    const param_table *t = tf->t;
+    int n = t->count * tf->kinds;
+    st_tensor_out *out = xcalloc((size_t)n, sizeof *out);
+    char (*names)[160] = xcalloc((size_t)n, sizeof *names);
+    for (int i = 0, j = 0; i < t->count; i++)
+        for (int k = 0; k < tf->kinds; k++, j++) {
+            const param_info *p = &t->params[i];
+            snprintf(names[j], sizeof names[0], "%s%s", tf->prefixes[k], p->name);
+            out[j] = (st_tensor_out){names[j], with_data ? tf->buffers[k] + p->offset : NULL, p->ndim,
+                                     {p->shape[0], p->shape[1]}};
+        }
+    *names_out = names;
+    return out;
+}
+
+// Writes a whole-model table file to fd, XXH64 of every byte into *hash.
+static bool write_table_fd(int fd, const table_file *tf, uint64_t *hash) {
+    char (*names)[160];
+    st_tensor_out *out = table_tensors(tf, true, &names);
+    bool ok = safetensors_write(fd, out, tf->t->count * tf->kinds, tf->meta_keys, tf->meta_values, tf->meta_count,
+                                hash);
+    free(names);
+    free(out);
+    return ok;
 }
 
 bool save_weights(const char *path, const param_table *t, const float *params) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char *config_json = model_config_to_json(&t->cfg);
+    float *buffers[] = {(float *)params};
+    table_file tf = model_table(t, buffers, config_json);
     uint64_t hash;
-    bool ok = fd >= 0 && finish_file(fd, write_weights_fd(fd, t, params, &hash)) && rename(tmp, path) == 0;
+    bool ok = fd >= 0 && finish_file(fd, write_table_fd(fd, &tf, &hash)) && rename(tmp, path) == 0;
+    free(config_json);
     if (!ok) unlink(tmp);
     return ok;
-}
-
-// Writes DIR/FILE holding, for every tensor of the table and each of `kinds` flat buffers,
-// the tensor "<prefix><name>"; metadata: optimizer = what, count_key = count.
-static bool write_table_file(const char *dir, const char *file, const param_table *t, int kinds,
-                             const char *const *prefixes, float *const *buffers, const char *what,
-                             const char *count_key, int64_t count, uint64_t *hash) {
-    st_tensor_out *out = xcalloc((size_t)t->count * (size_t)kinds, sizeof *out);
-    char (*names)[160] = xcalloc((size_t)t->count * (size_t)kinds, sizeof *names);
-    int n = 0;
-    for (int i = 0; i < t->count; i++)
-        for (int k = 0; k < kinds; k++, n++) {
-            const param_info *p = &t->params[i];
-            snprintf(names[n], sizeof names[0], "%s%s", prefixes[k], p->name);
-            out[n] = (st_tensor_out){names[n], buffers[k] + p->offset, p->ndim, {p->shape[0], p->shape[1]}};
-        }
-    char count_text[32];
-    snprintf(count_text, sizeof count_text, "%lld", (long long)count);
-    const char *keys[] = {"optimizer", count_key};
-    const char *values[] = {what, count_text};
-    char path[4200];
-    int fd = open_new_file(dir, file, path, sizeof path);
-    bool ok = fd >= 0 && finish_file(fd, safetensors_write(fd, out, n, keys, values, 2, hash));
-    free(names);
-    free(out);
-    return ok;
-}
-
-static bool write_optimizer_file(const char *dir, const model_buffers *b, int64_t adam_step, uint64_t *hash) {
-    const char *prefixes[] = {"exp_avg.", "exp_avg_sq."};
-    float *buffers[] = {b->exp_avg, b->exp_avg_sq};
-    return write_table_file(dir, "optimizer.safetensors", b->table, 2, prefixes, buffers, "AdamW", "adam_step",
-                            adam_step, hash);
-}
-
-static bool write_outer_file(const char *dir, const model_buffers *b, int64_t outer_step, uint64_t *hash) {
-    const char *prefixes[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
-    float *buffers[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
-    return write_table_file(dir, "outer.safetensors", b->table, b->outer_residual ? 3 : 2, prefixes, buffers,
-                            "DiLoCo outer Nesterov SGD", "outer_step", outer_step, hash);
 }
 
 static bool write_text_file(const char *dir, const char *name, const char *text, uint64_t *hash) {
@@ -244,53 +239,153 @@ static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *o
     return true;
 }
 
-static bool save_pieces(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg);
-static bool load_pieces(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes);
+// The split the buffers are in: b->shard, or (NULL) the whole model, built into *whole
+// (shard_map_free it after).
+static const shard_map *split_of(const model_buffers *b, shard_map *whole) {
+    memset(whole, 0, sizeof *whole);
+    if (b->shard) return b->shard;
+    shard_map_build(whole, b->table, 0, 1);
+    return whole;
+}
+
+// Whether every rank of the job says ok (one collective, the same answer on every rank);
+// one process: ok.
+static bool all_ok(const model_buffers *b, bool ok) { return !b->job || comm_max(b->job, ok ? 0.0 : 1.0) == 0.0; }
+static bool is_root(const model_buffers *b) { return !b->job || comm_rank(b->job) == 0; }
+
+typedef struct {
+    int fd;
+    const float *local;
+    uint64_t at;      // file offset of the tensor's first value
+    int64_t first;    // the tensor's flat offset
+    bool ok;
+} piece_io;
+
+static void write_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
+    piece_io *io = ctx;
+    io->ok = io->ok && pwrite_exact(io->fd, io->local + local, (size_t)count * 4,
+                                    io->at + (uint64_t)(global - io->first) * 4);
+}
+
+// DIR/FILE of a job: rank 0 creates it with its header and full size, then every writer
+// writes its pieces at their offsets (the XXH64 is rank 0's, later, from the file).
+static bool write_table_pieces(const model_buffers *b, const char *dir, const char *file, const table_file *tf) {
+    char (*names)[160];
+    st_tensor_out *out = table_tensors(tf, false, &names);
+    size_t header_bytes;
+    char *header = safetensors_header(out, tf->t->count * tf->kinds, tf->meta_keys, tf->meta_values, tf->meta_count,
+                                      &header_bytes);
+    free(names);
+    free(out);
+    uint64_t total = header_bytes + (uint64_t)tf->t->numel * 4 * (uint64_t)tf->kinds;
+    char path[4200];
+    bool ok = true;
+    if (is_root(b)) {
+        int fd = open_new_file(dir, file, path, sizeof path);
+        ok = fd >= 0 && finish_file(fd, write_exact(fd, header, header_bytes) && ftruncate(fd, (off_t)total) == 0);
+    }
+    free(header);
+    if (!all_ok(b, ok)) return false;
+    if (b->writer) {
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        piece_io io = {fd, NULL, 0, 0, fd >= 0};
+        uint64_t at = header_bytes;
+        for (int i = 0; io.ok && i < tf->t->count; i++)
+            for (int k = 0; k < tf->kinds; k++) {
+                const param_info *p = &tf->t->params[i];
+                io.local = tf->buffers[k];
+                io.at = at;
+                io.first = p->offset;
+                shard_visit(b->shard, p->offset, p->offset + p->numel, write_stretch, &io);
+                at += (uint64_t)p->numel * 4;
+            }
+        ok = fd >= 0 && finish_file(fd, io.ok);
+    }
+    return all_ok(b, ok);
+}
+
+// One table file: one process streams it and hashes it on the way; a job writes pieces.
+static bool write_table(const model_buffers *b, const char *dir, const char *file, const table_file *tf,
+                        uint64_t *hash) {
+    if (b->job) return write_table_pieces(b, dir, file, tf);
+    char path[4200];
+    int fd = open_new_file(dir, file, path, sizeof path);
+    return fd >= 0 && finish_file(fd, write_table_fd(fd, tf, hash));
+}
 
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
-    if (b->job) return save_pieces(out_dir, b, s, cfg);
-    int64_t numel = b->table->numel;
-    bool finite = all_finite(b->params, numel) && all_finite(b->exp_avg, numel) && all_finite(b->exp_avg_sq, numel);
-    if (b->outer_theta) finite = finite && all_finite(b->outer_theta, numel) && all_finite(b->outer_momentum, numel);
-    if (!finite) {
-        warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
+    bool root = is_root(b);
+    shard_map whole;
+    int64_t n = split_of(b, &whole)->local_numel;
+    shard_map_free(&whole);
+    bool finite = all_finite(b->params, n) && all_finite(b->exp_avg, n) && all_finite(b->exp_avg_sq, n);
+    if (b->outer_theta) finite = finite && all_finite(b->outer_theta, n) && all_finite(b->outer_momentum, n);
+    if (!all_ok(b, finite)) {
+        if (root) warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
         return false;
     }
     char final_dir[4096], tmp_dir[4096];
     snprintf(final_dir, sizeof final_dir, "%s/step_%08lld", out_dir, (long long)s->step);
     snprintf(tmp_dir, sizeof tmp_dir, "%s/.tmp-step_%08lld", out_dir, (long long)s->step);
-    if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
-    if (!make_dirs(out_dir) || mkdir(tmp_dir, 0755) != 0) {
-        warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
-        return false;
+    bool ok = true;
+    if (root) {
+        if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
+        ok = make_dirs(out_dir) && mkdir(tmp_dir, 0755) == 0;
+        if (!ok) warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
     }
+    if (!all_ok(b, ok)) return false;
+
+    char *config_json = model_config_to_json(&b->table->cfg);
+    char adam_text[32], outer_text[32];
+    snprintf(adam_text, sizeof adam_text, "%lld", (long long)s->adam_step);
+    snprintf(outer_text, sizeof outer_text, "%lld", (long long)s->outer_step);
+    float *moments[] = {b->exp_avg, b->exp_avg_sq};
+    float *outer[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
+    table_file tables[] = {  // CHECKPOINT_FILES' order; state.json (2) is no table
+        model_table(b->table, &b->params, config_json),
+        {b->table, 2, MOMENT_PREFIXES, moments, {"optimizer", "adam_step"}, {"AdamW", adam_text}, 2},
+        {0},
+        {b->table, b->outer_residual ? 3 : 2, OUTER_PREFIXES, outer, {"optimizer", "outer_step"},
+         {"DiLoCo outer Nesterov SGD", outer_text}, 2},
+    };
+    int files = b->outer_theta ? N_CHECKPOINT_FILES : N_REQUIRED_FILES;
     uint64_t hashes[N_CHECKPOINT_FILES];
-    char *state_json = state_to_json(s, cfg);
-    bool ok = write_model_file(tmp_dir, b, &hashes[0]);
-    if (ok) maybe_inject_fault(s->step);
-    ok = ok && write_optimizer_file(tmp_dir, b, s->adam_step, &hashes[1]);
-    ok = ok && write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
-    int files = N_REQUIRED_FILES;
-    if (b->outer_theta) {
-        ok = ok && write_outer_file(tmp_dir, b, s->outer_step, &hashes[OUTER_FILE]);
-        files = N_CHECKPOINT_FILES;
+    for (int i = 0; ok && i < files; i++) {
+        if (i == 2) continue;
+        ok = write_table(b, tmp_dir, CHECKPOINT_FILES[i], &tables[i], &hashes[i]);
+        if (ok && i == 0 && root) maybe_inject_fault(s->step);
     }
-    free(state_json);
-    if (ok) {
-        strbuf sums = {0};
-        for (int i = 0; i < files; i++)
-            sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
-        ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
-        sb_free(&sums);
+    free(config_json);
+    // Rank 0 finishes as one process does; a job's table files are hashed from disk (one read).
+    if (ok && root) {
+        char *state_json = state_to_json(s, cfg);
+        ok = write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
+        free(state_json);
+        char path[4200];
+        for (int i = 0; ok && b->job && i < files; i++) {
+            if (i == 2) continue;
+            snprintf(path, sizeof path, "%s/%s", tmp_dir, CHECKPOINT_FILES[i]);
+            ok = hash_file(path, &hashes[i]);
+        }
+        if (ok) {
+            strbuf sums = {0};
+            for (int i = 0; i < files; i++)
+                sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
+            ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
+            sb_free(&sums);
+        }
+        ok = ok && fsync_dir(tmp_dir);
     }
-    ok = ok && fsync_dir(tmp_dir);
-    if (!ok) {
-        warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
-             strerror(errno));
-        remove_tree(tmp_dir);
+    if (!all_ok(b, ok)) {
+        if (root) {
+            warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
+                 strerror(errno));
+            remove_tree(tmp_dir);
+        }
         return false;
     }
-    return commit_dir(tmp_dir, final_dir, out_dir);
+    return all_ok(b, !root || commit_dir(tmp_dir, final_dir, out_dir));
 }
 
 // ---------------------------------------------------------------- load
@@ -351,9 +446,25 @@ static bool verify_checksums(const char *dir, bool *has_outer, char *why, size_t
     return ok;
 }
 
-// Reads every tensor of the table from f, named prefix + table name, into flat.
-static bool read_table_tensors(const st_file *f, const param_table *t, const char *prefix, float *flat, char *why,
-                               size_t why_bytes) {
+typedef struct {
+    const st_file *f;
+    const st_entry *e;
+    float *local;
+    int64_t first;
+    bool ok;
+} read_io;
+
+static void read_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
+    read_io *io = ctx;
+    io->ok = io->ok && safetensors_read_range(io->f, io->e, global - io->first, count, io->local + local);
+}
+
+// Every tensor of the table from f, named prefix + table name: the values split holds, into
+// local (the whole model's flat buffer when split is one rank's).
+static bool read_table(const st_file *f, const shard_map *split, const char *prefix, float *local, char *why,
+                       size_t why_bytes) {
+    const param_table *t = split->table;
+    if (split->ranks > 1) memset(local, 0, (size_t)split->local_numel * sizeof(float));  // the padding
     for (int i = 0; i < t->count; i++) {
         const param_info *p = &t->params[i];
         char name[160];
@@ -370,7 +481,9 @@ static bool read_table_tensors(const st_file *f, const param_table *t, const cha
                      (long long)p->shape[0], p->ndim > 1 ? "," : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
             return false;
         }
-        if (!safetensors_read(f, e, flat + p->offset)) {
+        read_io io = {f, e, local, p->offset, true};
+        shard_visit(split, p->offset, p->offset + p->numel, read_stretch, &io);
+        if (!io.ok) {
             snprintf(why, why_bytes, "cannot read tensor '%s': %s", name, strerror(errno));
             return false;
         }
@@ -467,297 +580,30 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     return ok;
 }
 
-static bool read_outer_state(const char *dir, const model_buffers *b, char *why, size_t why_bytes) {
-    char path[4200];
-    st_file f;
-    snprintf(path, sizeof path, "%s/outer.safetensors", dir);
-    if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    bool ok = read_table_tensors(&f, b->table, "outer.theta.", b->outer_theta, why, why_bytes) &&
-              read_table_tensors(&f, b->table, "outer.momentum.", b->outer_momentum, why, why_bytes);
-    if (ok && b->outer_residual) {
-        size_t bytes = (size_t)b->table->numel * sizeof(float);
-        char first[160];
-        snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
-        if (safetensors_find(&f, first))
-            ok = read_table_tensors(&f, b->table, "outer.residual.", b->outer_residual, why, why_bytes);
-        else
-            memset(b->outer_residual, 0, bytes);  // written without error feedback: start with none
-    }
-    safetensors_close(&f);
-    if (ok && (!all_finite(b->outer_theta, b->table->numel) || !all_finite(b->outer_momentum, b->table->numel))) {
-        snprintf(why, why_bytes, "the outer state holds NaN/Inf");
-        ok = false;
-    }
-    return ok;
-}
-
-bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
-    if (b->job) return load_pieces(dir, b, s, why, why_bytes);
-    bool has_outer = false;
-    if (!verify_checksums(dir, &has_outer, why, why_bytes)) return false;
-    char path[4200];
-    st_file f;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) &&
-              read_table_tensors(&f, b->table, "", b->params, why, why_bytes);
-    if (ok && f.count != b->table->count) {
-        snprintf(why, why_bytes, "model.safetensors holds %d tensors, the config has %d", f.count, b->table->count);
-        ok = false;
-    }
-    safetensors_close(&f);
-    if (!ok) return false;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    ok = read_table_tensors(&f, b->table, "exp_avg.", b->exp_avg, why, why_bytes) &&
-         read_table_tensors(&f, b->table, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
-    safetensors_close(&f);
-    if (!ok || !read_state(dir, s, why, why_bytes)) return false;
-    if (!all_finite(b->params, b->table->numel)) {
-        snprintf(why, why_bytes, "the weights hold NaN/Inf");
-        return false;
-    }
-    if (b->outer_theta && has_outer) return read_outer_state(dir, b, why, why_bytes);
-    if (b->outer_theta) {
-        size_t bytes = (size_t)b->table->numel * sizeof(float);
-        note("'%s' has no DiLoCo outer state: θ starts from its weights, with zero momentum", dir);
-        memcpy(b->outer_theta, b->params, bytes);
-        memset(b->outer_momentum, 0, bytes);
-        if (b->outer_residual) memset(b->outer_residual, 0, bytes);
-        s->outer_step = 0;
-        s->merge_step = 0;
-    }
-    return true;
-}
-
-// ---------------------------------------------------------------- FSDP: pieces in parallel
-
-// Whether every rank of the job says ok (one collective; every rank gets the same answer).
-static bool all_ok(const model_buffers *b, bool ok) { return comm_max(b->job, ok ? 0.0 : 1.0) == 0.0; }
-
-// One tensor table file of `kinds` local buffers, named prefix + name: tensor (i, k) lies
-// at header + Σ of the sizes before it.
-typedef struct {
-    const param_table *t;
-    int kinds;
-    const char *const *prefixes;
-    float *const *buffers;
-    const char *meta_keys[3], *meta_values[3];
-    int meta_count;
-} table_file;
-
-static char *table_file_header(const table_file *tf, size_t *header_bytes) {
-    const param_table *t = tf->t;
-    int n = t->count * tf->kinds;
-    st_tensor_out *out = xcalloc((size_t)n, sizeof *out);
-    char (*names)[160] = xcalloc((size_t)n, sizeof *names);
-    for (int i = 0, j = 0; i < t->count; i++)
-        for (int k = 0; k < tf->kinds; k++, j++) {
-            const param_info *p = &t->params[i];
-            snprintf(names[j], sizeof names[0], "%s%s", tf->prefixes[k], p->name);
-            out[j] = (st_tensor_out){names[j], NULL, p->ndim, {p->shape[0], p->shape[1]}};
-        }
-    char *header = safetensors_header(out, n, tf->meta_keys, tf->meta_values, tf->meta_count, header_bytes);
-    free(names);
-    free(out);
-    return header;
-}
-
-typedef struct {
-    int fd;
-    const float *local;
-    uint64_t at;      // file offset of the tensor's first value
-    int64_t first;    // the tensor's flat offset
-    bool ok;
-} piece_io;
-
-static void write_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
-    piece_io *io = ctx;
-    io->ok = io->ok && pwrite_exact(io->fd, io->local + local, (size_t)count * 4,
-                                    io->at + (uint64_t)(global - io->first) * 4);
-}
-
-// Rank 0 creates DIR/FILE, its header and its full size; then every writer writes its pieces.
-static bool write_table_file_pieces(const model_buffers *b, const char *dir, const char *file, const table_file *tf) {
-    size_t header_bytes;
-    char *header = table_file_header(tf, &header_bytes);
-    uint64_t total = header_bytes + (uint64_t)tf->t->numel * 4 * (uint64_t)tf->kinds;
-    char path[4200];
-    bool ok = true;
-    if (comm_rank(b->job) == 0) {
-        int fd = open_new_file(dir, file, path, sizeof path);
-        ok = fd >= 0 && finish_file(fd, write_exact(fd, header, header_bytes) && ftruncate(fd, (off_t)total) == 0);
-    }
-    free(header);
-    if (!all_ok(b, ok)) return false;
-    if (b->writer) {
-        snprintf(path, sizeof path, "%s/%s", dir, file);
-        int fd = open(path, O_WRONLY | O_CLOEXEC);
-        piece_io io = {fd, NULL, 0, 0, fd >= 0};
-        uint64_t at = header_bytes;
-        for (int i = 0; io.ok && i < tf->t->count; i++)
-            for (int k = 0; k < tf->kinds; k++) {
-                const param_info *p = &tf->t->params[i];
-                io.local = tf->buffers[k];
-                io.at = at;
-                io.first = p->offset;
-                shard_visit(b->shard, p->offset, p->offset + p->numel, write_stretch, &io);
-                at += (uint64_t)p->numel * 4;
-            }
-        ok = fd >= 0 && finish_file(fd, io.ok);
-    }
-    return all_ok(b, ok);
-}
-
-static table_file model_table(const model_buffers *b, char *config_json) {
-    static const char *const prefixes[] = {""};
-    table_file tf = {b->table, 1, prefixes, &b->params, {"format", "model_config", "written_by"},
-                     {"pt", config_json, "train_gpt"}, 3};
-    return tf;
-}
-
-static bool local_finite(const model_buffers *b) {
-    int64_t n = b->shard->local_numel;
-    bool finite = all_finite(b->params, n) && all_finite(b->exp_avg, n) && all_finite(b->exp_avg_sq, n);
-    if (b->outer_theta) finite = finite && all_finite(b->outer_theta, n) && all_finite(b->outer_momentum, n);
-    return finite;
-}
-
-static bool save_pieces(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
-    bool root = comm_rank(b->job) == 0;
-    if (!all_ok(b, local_finite(b))) {
-        if (root) warn("not saving checkpoint at step %lld: the weights or moments hold NaN/Inf", (long long)s->step);
-        return false;
-    }
-    char final_dir[4096], tmp_dir[4096];
-    snprintf(final_dir, sizeof final_dir, "%s/step_%08lld", out_dir, (long long)s->step);
-    snprintf(tmp_dir, sizeof tmp_dir, "%s/.tmp-step_%08lld", out_dir, (long long)s->step);
-    bool ok = true;
-    if (root) {
-        if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
-        ok = make_dirs(out_dir) && mkdir(tmp_dir, 0755) == 0;
-        if (!ok) warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
-    }
-    if (!all_ok(b, ok)) return false;
-    char *config_json = model_config_to_json(&b->table->cfg);
-    table_file model = model_table(b, config_json);
-    ok = write_table_file_pieces(b, tmp_dir, "model.safetensors", &model);
-    free(config_json);
-    if (ok && root) maybe_inject_fault(s->step);
-    char count_text[32];
-    snprintf(count_text, sizeof count_text, "%lld", (long long)s->adam_step);
-    const char *moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
-    float *moments[] = {b->exp_avg, b->exp_avg_sq};
-    table_file optimizer = {b->table, 2, moment_prefixes, moments, {"optimizer", "adam_step"}, {"AdamW", count_text}, 2};
-    ok = ok && write_table_file_pieces(b, tmp_dir, "optimizer.safetensors", &optimizer);
-    int files = N_REQUIRED_FILES;
-    if (ok && b->outer_theta) {
-        char outer_text[32];
-        snprintf(outer_text, sizeof outer_text, "%lld", (long long)s->outer_step);
-        const char *outer_prefixes[] = {"outer.theta.", "outer.momentum.", "outer.residual."};
-        float *outer[] = {b->outer_theta, b->outer_momentum, b->outer_residual};
-        table_file tf = {b->table, b->outer_residual ? 3 : 2, outer_prefixes, outer, {"optimizer", "outer_step"},
-                         {"DiLoCo outer Nesterov SGD", outer_text}, 2};
-        ok = write_table_file_pieces(b, tmp_dir, "outer.safetensors", &tf);
-        files = N_CHECKPOINT_FILES;
-    }
-    // Rank 0 checksums what the ranks wrote (one read of the files), then commits as one process does.
-    if (ok && root) {
-        uint64_t hashes[N_CHECKPOINT_FILES];
-        char *state_json = state_to_json(s, cfg);
-        ok = write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
-        free(state_json);
-        char path[4200];
-        for (int i = 0; ok && i < files; i++) {
-            if (i == 2) continue;
-            snprintf(path, sizeof path, "%s/%s", tmp_dir, CHECKPOINT_FILES[i]);
-            ok = hash_file(path, &hashes[i]);
-        }
-        if (ok) {
-            strbuf sums = {0};
-            for (int i = 0; i < files; i++)
-                sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
-            ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
-            sb_free(&sums);
-        }
-        ok = ok && fsync_dir(tmp_dir) && commit_dir(tmp_dir, final_dir, out_dir);
-    }
-    if (!all_ok(b, ok)) {
-        if (root) {
-            warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
-                 strerror(errno));
-            remove_tree(tmp_dir);
-        }
-        return false;
-    }
-    return true;
-}
-
-typedef struct {
-    const st_file *f;
-    const st_entry *e;
-    float *local;
-    int64_t first;
-    bool ok;
-} read_io;
-
-static void read_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
-    read_io *io = ctx;
-    io->ok = io->ok && safetensors_read_range(io->f, io->e, global - io->first, count, io->local + local);
-}
-
-// This rank's pieces of every tensor of the table, named prefix + table name, from f.
-static bool read_table_pieces(const st_file *f, const model_buffers *b, const char *prefix, float *local, char *why,
-                              size_t why_bytes) {
-    const param_table *t = b->table;
-    memset(local, 0, (size_t)b->shard->local_numel * sizeof(float));
-    for (int i = 0; i < t->count; i++) {
-        const param_info *p = &t->params[i];
-        char name[160];
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        const st_entry *e = safetensors_find(f, name);
-        if (!e) {
-            snprintf(why, why_bytes, "tensor '%s' is missing", name);
-            return false;
-        }
-        if (e->numel != p->numel || e->ndim != p->ndim || e->shape[0] != p->shape[0]) {
-            snprintf(why, why_bytes, "tensor '%s' does not have the config's shape", name);
-            return false;
-        }
-        read_io io = {f, e, local, p->offset, true};
-        shard_visit(b->shard, p->offset, p->offset + p->numel, read_stretch, &io);
-        if (!io.ok) {
-            snprintf(why, why_bytes, "cannot read tensor '%s': %s", name, strerror(errno));
-            return false;
-        }
-    }
-    return true;
-}
-
 static bool open_in(const char *dir, const char *file, st_file *f, char *why, size_t why_bytes) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     return safetensors_open(path, f, why, why_bytes);
 }
 
-// Every rank: its pieces of the checkpoint that rank 0 verified.
-static bool load_my_pieces(const char *dir, const model_buffers *b, bool has_outer, train_state *s, char *why,
-                           size_t why_bytes) {
+// The tensors and state of a verified checkpoint: this process's values (split) of each.
+static bool load_verified(const char *dir, const model_buffers *b, const shard_map *split, bool has_outer,
+                          train_state *s, char *why, size_t why_bytes) {
     st_file f;
     if (!open_in(dir, "model.safetensors", &f, why, why_bytes)) return false;
-    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table_pieces(&f, b, "", b->params, why,
-                                                                                         why_bytes);
+    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table(&f, split, "", b->params, why,
+                                                                                  why_bytes);
     if (ok && f.count != b->table->count) {
         snprintf(why, why_bytes, "model.safetensors holds %d tensors, the config has %d", f.count, b->table->count);
         ok = false;
     }
     safetensors_close(&f);
     if (!ok || !open_in(dir, "optimizer.safetensors", &f, why, why_bytes)) return false;
-    ok = read_table_pieces(&f, b, "exp_avg.", b->exp_avg, why, why_bytes) &&
-         read_table_pieces(&f, b, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
+    ok = read_table(&f, split, "exp_avg.", b->exp_avg, why, why_bytes) &&
+         read_table(&f, split, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
     safetensors_close(&f);
     if (!ok || !read_state(dir, s, why, why_bytes)) return false;
-    int64_t n = b->shard->local_numel;
+    int64_t n = split->local_numel;
     if (!all_finite(b->params, n)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
         return false;
@@ -773,14 +619,13 @@ static bool load_my_pieces(const char *dir, const model_buffers *b, bool has_out
         return true;
     }
     if (!open_in(dir, "outer.safetensors", &f, why, why_bytes)) return false;
-    ok = read_table_pieces(&f, b, "outer.theta.", b->outer_theta, why, why_bytes) &&
-         read_table_pieces(&f, b, "outer.momentum.", b->outer_momentum, why, why_bytes);
+    ok = read_table(&f, split, "outer.theta.", b->outer_theta, why, why_bytes) &&
+         read_table(&f, split, "outer.momentum.", b->outer_momentum, why, why_bytes);
     if (ok && b->outer_residual) {
         char first[160];
         snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
-        if (safetensors_find(&f, first)) ok = read_table_pieces(&f, b, "outer.residual.", b->outer_residual, why,
-                                                                why_bytes);
-        else memset(b->outer_residual, 0, (size_t)n * sizeof(float));
+        if (safetensors_find(&f, first)) ok = read_table(&f, split, "outer.residual.", b->outer_residual, why, why_bytes);
+        else memset(b->outer_residual, 0, (size_t)n * sizeof(float));  // written without error feedback: none
     }
     safetensors_close(&f);
     if (ok && (!all_finite(b->outer_theta, n) || !all_finite(b->outer_momentum, n))) {
@@ -790,27 +635,33 @@ static bool load_my_pieces(const char *dir, const model_buffers *b, bool has_out
     return ok;
 }
 
-static bool load_pieces(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
-    // Rank 0 reads every byte once against checksums.xxh64; the verdict and reason go to all.
+// A job: rank 0 reads every byte once against checksums.xxh64 and tells all its verdict;
+// every rank reads its own pieces; a rank that failed tells all why (the lowest such rank).
+bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
     bool has_outer = false, ok = true;
-    if (comm_rank(b->job) == 0) ok = verify_checksums(dir, &has_outer, why, why_bytes);
-    char verdict[514];
-    verdict[0] = (char)ok;
-    verdict[1] = (char)has_outer;
-    snprintf(verdict + 2, sizeof verdict - 2, "%s", ok ? "" : why);
-    comm_broadcast(b->job, verdict, sizeof verdict, 0);
-    if (!verdict[0]) {
-        snprintf(why, why_bytes, "%s", verdict + 2);
-        return false;
+    if (is_root(b)) ok = verify_checksums(dir, &has_outer, why, why_bytes);
+    if (b->job) {
+        char verdict[514];
+        verdict[0] = (char)ok;
+        verdict[1] = (char)has_outer;
+        snprintf(verdict + 2, sizeof verdict - 2, "%s", ok ? "" : why);
+        comm_broadcast(b->job, verdict, sizeof verdict, 0);
+        ok = verdict[0] != 0;
+        has_outer = verdict[1] != 0;
+        if (!ok) snprintf(why, why_bytes, "%s", verdict + 2);
     }
-    ok = load_my_pieces(dir, b, verdict[1] != 0, s, why, why_bytes);
-    // A rank that failed says why to all (the lowest such rank's reason).
+    if (!ok) return false;
+    shard_map whole;
+    ok = load_verified(dir, b, split_of(b, &whole), has_outer, s, why, why_bytes);
+    shard_map_free(&whole);
+    if (!b->job) return ok;
     double failed_rank = comm_max(b->job, ok ? -1.0 : (double)(comm_size(b->job) - comm_rank(b->job)));
     if (failed_rank < 0) return true;
     int from = comm_size(b->job) - (int)failed_rank;
-    snprintf(verdict, sizeof verdict, "%s", comm_rank(b->job) == from ? why : "");
-    comm_broadcast(b->job, verdict, sizeof verdict, from);
-    snprintf(why, why_bytes, "rank %d: %s", from, verdict);
+    char reason[512];
+    snprintf(reason, sizeof reason, "%s", comm_rank(b->job) == from ? why : "");
+    comm_broadcast(b->job, reason, sizeof reason, from);
+    snprintf(why, why_bytes, "rank %d: %s", from, reason);
     return false;
 }
 
@@ -881,31 +732,22 @@ void checkpoint_prune(const char *out_dir, int64_t keep) {
     free(dirs);
 }
 
-bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes) {
+bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes) {
     st_file f;
     if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    bool ok = read_table_tensors(&f, t, "", params, why, why_bytes);
+    bool ok = read_table(&f, shard, "", local, why, why_bytes);
     safetensors_close(&f);
-    if (ok && !all_finite(params, t->numel)) {
+    if (ok && !all_finite(local, shard->local_numel)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
         ok = false;
     }
     return ok;
 }
 
-bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes) {
-    if (shard->ranks == 1) return load_weights(path, shard->table, local, why, why_bytes);
-    st_file f;
-    if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    model_buffers b;
-    memset(&b, 0, sizeof b);
-    b.table = shard->table;
-    b.shard = shard;
-    bool ok = read_table_pieces(&f, &b, "", local, why, why_bytes);
-    safetensors_close(&f);
-    if (ok && !all_finite(local, shard->local_numel)) {
-        snprintf(why, why_bytes, "the weights hold NaN/Inf");
-        ok = false;
-    }
+bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes) {
+    shard_map whole;
+    shard_map_build(&whole, t, 0, 1);
+    bool ok = load_weights_pieces(path, &whole, params, why, why_bytes);
+    shard_map_free(&whole);
     return ok;
 }

@@ -264,8 +264,6 @@ void comm_allreduce(const comm *c, float *x, int64_t n) {
     free(mine);
 }
 
-void comm_barrier(const comm *c) { (void)comm_sum(c, 0.0); }
-
 void comm_broadcast(const comm *c, void *data, int64_t bytes, int root) {
     if (c->size == 1 || bytes == 0) return;
 #ifdef HAVE_MPI

@@ -53,9 +53,8 @@ double comm_sum(const comm *c, double x);
 // x[n] ← Σ over ranks of x, in rank order, the same bits on every rank (a reduce-scatter and
 // an all-gather over chunks: about two chunks of extra memory, whatever n).
 void comm_allreduce(const comm *c, float *x, int64_t n);
-// The largest x over ranks; everyone waits for everyone; root's bytes to every rank.
+// The largest x over ranks; root's bytes to every rank.
 double comm_max(const comm *c, double x);
-void comm_barrier(const comm *c);
 void comm_broadcast(const comm *c, void *data, int64_t bytes, int root);
 
 // The same two, started now and finished by comm_wait (the caller keeps every buffer alive

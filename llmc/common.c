@@ -114,10 +114,10 @@ bool write_exact(int fd, const void *buf, size_t bytes) {
     return true;
 }
 
-bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset) {
-    const char *p = buf;
+// pread or pwrite until all bytes moved; a short end of file is EIO.
+static bool positioned_io(int fd, char *p, size_t bytes, uint64_t offset, bool writing) {
     while (bytes > 0) {
-        ssize_t n = pwrite(fd, p, bytes, (off_t)offset);
+        ssize_t n = writing ? pwrite(fd, p, bytes, (off_t)offset) : pread(fd, p, bytes, (off_t)offset);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             if (n == 0) errno = EIO;
@@ -130,21 +130,11 @@ bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset) {
     return true;
 }
 
-bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset) {
-    char *p = buf;
-    while (bytes > 0) {
-        ssize_t n = pread(fd, p, bytes, (off_t)offset);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            if (n == 0) errno = EIO;
-            return false;
-        }
-        p += n;
-        bytes -= (size_t)n;
-        offset += (uint64_t)n;
-    }
-    return true;
+bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset) {
+    return positioned_io(fd, (char *)buf, bytes, offset, true);
 }
+
+bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset) { return positioned_io(fd, buf, bytes, offset, false); }
 
 char *read_file_or_null(const char *path, size_t *bytes_out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -42,6 +42,16 @@ detect_mpi() {
     return 0
 }
 
+# check_ranks NP BINARY LOG: a C test under mpirun -np NP passes on every rank (each prints
+# "…, 0 failed"); the log is shown when it does not.
+check_ranks() {
+    local np=$1 bin=$2 log=$3 rc=0
+    "${MPIRUN[@]}" "$np" "$bin" >"$log" 2>&1 || rc=$?
+    check "np $np: every rank passes ($(grep -c ', 0 failed' "$log") of $np; rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ \$(grep -c ', 0 failed' '$log') -eq $np ]"
+    [ "$rc" -eq 0 ] || cat "$log"
+}
+
 # A TCP port free at the time of asking, on 127.0.0.1.
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -9,11 +9,5 @@ if [ "$HAVE_MPI" = 0 ]; then
     exit 0
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-for np in 2 4; do
-    rc=0
-    "${MPIRUN[@]}" "$np" "$BUILD/test_comm" >"$tmp/np$np.log" 2>&1 || rc=$?
-    check "np $np: every rank passes ($(grep -c ', 0 failed' "$tmp/np$np.log") of $np; rc $rc)" \
-        sh -c "[ $rc -eq 0 ] && [ \$(grep -c ', 0 failed' '$tmp/np$np.log') -eq $np ]"
-    [ "$rc" -eq 0 ] || cat "$tmp/np$np.log"
-done
+for np in 2 4; do check_ranks "$np" "$BUILD/test_comm" "$tmp/np$np.log"; done
 finish test_comm

@@ -24,12 +24,8 @@ if [ "$HAVE_MPI" = 0 ]; then
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for np in 2 4; do
-    rc=0
-    "${MPIRUN[@]}" "$np" "$BUILD/test_fsdp" >"$tmp/np$np.log" 2>&1 || rc=$?
-    check "np $np: every rank passes ($(grep -c ', 0 failed' "$tmp/np$np.log") of $np; rc $rc)" \
-        sh -c "[ $rc -eq 0 ] && [ \$(grep -c ', 0 failed' '$tmp/np$np.log') -eq $np ]"
+    check_ranks "$np" "$BUILD/test_fsdp" "$tmp/np$np.log"
     grep '(rank 0)' "$tmp/np$np.log" || true
-    [ "$rc" -eq 0 ] || cat "$tmp/np$np.log"
 done
 
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
