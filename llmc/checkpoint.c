@@ -250,7 +250,7 @@ static const shard_map *split_of(const model_buffers *b, shard_map *whole) {
 
 // Whether every rank of the job says ok (one collective, the same answer on every rank);
 // one process: ok.
-static bool all_ok(const model_buffers *b, bool ok) { return !b->job || comm_max(b->job, ok ? 0.0 : 1.0) == 0.0; }
+static bool all_ok(const model_buffers *b, bool ok) { return b->job ? comm_max(b->job, ok ? 0.0 : 1.0) == 0.0 : ok; }
 static bool is_root(const model_buffers *b) { return !b->job || comm_rank(b->job) == 0; }
 
 typedef struct {
