@@ -189,7 +189,7 @@ static void PRINTF_LIKE(2, 3) hub_log(relay *h, const char *fmt, ...) {
     va_end(ap);
     for (char *p = line; *p; p++)
         if (*p == '\n') *p = ' ';
-    fprintf(h->log, "relay [%9.3fs] %s\n", wall_seconds() - h->t0, line);
+    fprintf(h->log, "%s [%9.3fs] %s\n", h->o.name ? h->o.name : "relay", wall_seconds() - h->t0, line);
     fflush(h->log);
 }
 
@@ -1471,7 +1471,7 @@ static void on_stop_signal(int sig) {
 
 static const char relay_usage[] =
     "usage: train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]\n"
-    "                       [--replicas M]\n"
+    "                       [--replicas M] [--shards N]\n"
     "Runs the hub the replicas of a DiLoCo run meet at (diloco_transport = tcp), until SIGINT or SIGTERM.\n"
     "  --listen        address to listen on: HOST:PORT, *:PORT (every address), [v6addr]:PORT\n"
     "  --secret_file   the run's diloco_secret_file (the same bytes every replica reads)\n"
@@ -1479,6 +1479,8 @@ static const char relay_usage[] =
     "                  contribution (use the replicas' diloco_timeout_s)\n"
     "  --min_replicas  a round with fewer contributors is skipped by everyone\n"
     "  --replicas      refuse replica ids >= M (default: any id below 256)\n"
+    "  --shards        replicas of N ranks each (fsdp_size N): N independent hubs on ports PORT .. PORT+N-1,\n"
+    "                  hub j for rank j of every replica (open all N ports in the firewall)\n"
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 
@@ -1489,9 +1491,37 @@ static double parse_number(const char *name, const char *value, double lo, doubl
     return v;
 }
 
+// --shards N: hubs 1 .. N−1 on ports PORT+1 .. PORT+N−1, each a thread of its own (hub 0 runs
+// in the foreground); NULL-terminated, and *names holds their log prefixes.
+static relay **start_shard_hubs(const relay_options *o, int shards, char ***names) {
+    char host[256], port_s[16], err[400];
+    if (!net_split_host_port(o->listen, host, sizeof host, port_s, sizeof port_s, err, sizeof err))
+        fail("relay: --listen %s: %s", o->listen, err);
+    long port = strtol(port_s, NULL, 10);
+    if (port <= 0 || port + shards - 1 > 65535)
+        fail("relay: --shards %d needs a fixed --listen port with %d ports free above it (rank j's hub is on port + j)",
+             shards, shards - 1);
+    relay **hubs = xcalloc((size_t)shards, sizeof *hubs);
+    *names = xcalloc((size_t)shards, sizeof **names);
+    for (int j = 1; j < shards; j++) {
+        char listen[300], name[32];
+        snprintf(listen, sizeof listen, "%s%s%s:%ld", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
+                 port + j);
+        snprintf(name, sizeof name, "relay shard %d", j);
+        (*names)[j] = xstrdup(name);
+        relay_options oj = *o;
+        oj.listen = listen;
+        oj.name = (*names)[j];
+        hubs[j - 1] = relay_start_thread(&oj, err, sizeof err);
+        if (!hubs[j - 1]) fail("relay: shard %d: %s", j, err);
+    }
+    return hubs;
+}
+
 int relay_main(int argc, char **argv) {
     relay_options o = {.timeout_s = 60, .min_replicas = 1};
     const char *secret_path = NULL;
+    int shards = 1;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -1515,6 +1545,7 @@ int relay_main(int argc, char **argv) {
         else if (strcmp(name, "timeout_s") == 0) o.timeout_s = parse_number(name, value, 0.1, 1e6);
         else if (strcmp(name, "min_replicas") == 0) o.min_replicas = (int)parse_number(name, value, 1, 256);
         else if (strcmp(name, "replicas") == 0) o.replicas = (int)parse_number(name, value, 1, 256);
+        else if (strcmp(name, "shards") == 0) shards = (int)parse_number(name, value, 1, 1024);
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");
@@ -1522,8 +1553,11 @@ int relay_main(int argc, char **argv) {
     uint8_t *secret = read_secret_file(secret_path, "relay: --secret_file", &o.secret_bytes);
     o.secret = secret;
     o.log = stdout;
+    if (shards > 1) o.name = "relay shard 0";
     char err[320];
     relay *h = relay_create(&o, err, sizeof err);
+    char **names = NULL;
+    relay **others = h && shards > 1 ? start_shard_hubs(&o, shards, &names) : NULL;
     memset(secret, 0, o.secret_bytes);
     free(secret);
     if (!h) fail("%s", err);
@@ -1541,6 +1575,10 @@ int relay_main(int argc, char **argv) {
     run_loop(h);
     hub_log(h, "stopping (signal)");
     relay_wake_fd = -1;
+    for (int j = 0; others && j < shards - 1; j++) relay_stop(others[j]);
+    for (int j = 0; names && j < shards; j++) free(names[j]);
+    free(names);
+    free(others);
     relay_destroy(h);
     return 0;
 }

@@ -34,6 +34,7 @@ typedef struct {
     int min_replicas;           // a round with fewer contributors is closed with apply = false
     int replicas;               // > 0: refuse replica ids >= replicas; 0: any id < 256
     FILE *log;                  // one line per event; NULL: stdout
+    const char *name;           // what each log line starts with (NULL: "relay"; --shards: "relay shard J")
 } relay_options;
 
 typedef struct relay relay;
@@ -51,8 +52,10 @@ bool relay_wait_until_empty(relay *r, double max_wait_s);
 void relay_stop(relay *r);
 
 // `train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]
-// [--replicas M]`: runs the hub in the foreground until SIGINT or SIGTERM. argv[0] is
-// "relay". Returns the exit code; user errors exit through fail().
+// [--replicas M] [--shards N]`: runs the hub in the foreground until SIGINT or SIGTERM. With
+// --shards N (DiLoCo replicas of N ranks each), N independent hubs on ports PORT .. PORT+N−1,
+// hub j for rank j of every replica (threads of this process). argv[0] is "relay". Returns the
+// exit code; user errors exit through fail().
 int relay_main(int argc, char **argv);
 
 #ifdef __cplusplus
