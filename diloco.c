@@ -7,6 +7,7 @@
 #include "llmc/json.h"
 #include "llmc/optim.h"
 #include "llmc/quant.h"
+#include "net/socket.h"
 #include "net/transport.h"
 
 #include <errno.h>
@@ -55,6 +56,13 @@ typedef struct {
 struct diloco {
     const train_config *cfg;
     const param_table *table;
+    // A replica of several ranks (FSDP, docs/fsdp.md#diloco-over-sharded-replicas): every
+    // buffer here holds this rank's pieces (shard's local layout, numel = its local_numel),
+    // and the rank exchanges them with rank `rank` of every other replica over its own
+    // transport. group is NULL and ranks 1 for a replica of one process.
+    const shard_map *shard;
+    comm *group;
+    int rank, ranks;
     int64_t numel;
     metrics_log *log;
     transport *net;
@@ -91,14 +99,40 @@ struct diloco {
 
 uint64_t diloco_hash(const float *x, int64_t n) { return xxh64(x, (size_t)n * sizeof(float), 0); }
 
+// The param_hash of the replica: one process's diloco_hash of x; with several ranks the XXH64
+// of the ranks' hashes of their pieces (8 bytes each, little-endian, in rank order). A
+// collective: every rank of the replica calls it, and all get the same number.
+static uint64_t replica_hash(const diloco *d, const float *x, int64_t n) {
+    uint64_t mine = diloco_hash(x, n);
+    if (d->ranks == 1) return mine;
+    uint8_t *all = xmalloc((size_t)d->ranks * 8);
+    for (int r = 0; r < d->ranks; r++) {
+        uint64_t h = mine;
+        comm_broadcast(d->group, &h, sizeof h, r);
+        put_u64(all + 8 * r, h);
+    }
+    uint64_t h = xxh64(all, (size_t)d->ranks * 8, 0);
+    free(all);
+    return h;
+}
+
+// The same number on every rank of the replica: the largest and the smallest x over its ranks.
+static double replica_max(const diloco *d, double x) { return d->ranks > 1 ? comm_max(d->group, x) : x; }
+static double replica_min(const diloco *d, double x) { return d->ranks > 1 ? -comm_max(d->group, -x) : x; }
+static double replica_sum(const diloco *d, double x) { return d->ranks > 1 ? comm_sum(d->group, x) : x; }
+
 int diloco_replica_id(const diloco *d) { return (int)d->cfg->diloco_replica_id; }
 int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 
 // What every replica of one run must agree on: the model, M, H, the outer optimizer and
 // how Δ is encoded. A replica with a different fingerprint is refused when it joins.
-static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
+// A sharded replica's rank j meets rank j of the others only: its fingerprint names the split
+// (ranks per replica, its piece, the local layout's size), so a rank can never join another
+// piece's group, nor a replica of another split.
+static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, int rank, int ranks, int64_t local) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
+    if (ranks > 1) sb_printf(&sb, "sharded %d ways, piece %d, %lld local values|", ranks, rank, (long long)local);
     sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d|bound %.9g",
               model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
               cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
@@ -115,13 +149,22 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t) {
 // starts at the layer boundary nearest p·numel/P (every fragment keeps at least one layer).
 // Fragment p syncs after inner steps s with s % H = ⌊(p + 1)·H / P⌋ % H, so with P = 1 at
 // every multiple of H (classic DiLoCo) and otherwise spread evenly, fragment P − 1 last.
+//
+// A sharded replica chooses the same layers (from the whole model's layout, so its fragments
+// are an unsharded replica's), and a fragment is then the range of the local layout that holds
+// this rank's pieces of those layers: the same schedule and sizes on every rank.
 static void split_fragments(diloco *d) {
     const param_table *t = d->table;
     int L = (int)t->cfg.n_layer, P = (int)d->cfg->diloco_fragments;
     int64_t H = d->cfg->diloco_inner_steps;
     int64_t *layer_start = xmalloc((size_t)(L + 1) * sizeof *layer_start);
-    for (int l = 0; l < L; l++) layer_start[l] = l == 0 ? 0 : param_find(t, P_ATTN_NORM, l)->offset;
+    int64_t *local_start = xmalloc((size_t)(L + 1) * sizeof *local_start);
+    for (int l = 0; l < L; l++) {
+        layer_start[l] = l == 0 ? 0 : d->shard->units[1 + l].start;   // unit 1 + l is layer l
+        local_start[l] = l == 0 ? 0 : d->shard->units[1 + l].local;
+    }
     layer_start[L] = t->numel;
+    local_start[L] = d->shard->local_numel;
     int *first = xmalloc((size_t)(P + 1) * sizeof *first);
     first[0] = 0;
     first[P] = L;
@@ -138,22 +181,60 @@ static void split_fragments(diloco *d) {
         fragment *f = &d->fragments[p];
         f->first_layer = first[p];
         f->layers = first[p + 1] - first[p];
-        f->offset = layer_start[first[p]];
-        f->numel = layer_start[first[p + 1]] - f->offset;
+        f->offset = local_start[first[p]];
+        f->numel = local_start[first[p + 1]] - f->offset;
         f->sync_offset = ((int64_t)(p + 1) * H / P) % H;
         f->payload_bytes = quant_segmented_bytes(d->quant, f->numel, d->block, d->segment);
         f->mean_bytes = quant_segmented_bytes(d->down, f->numel, d->block, d->segment);
     }
     free(first);
     free(layer_start);
+    free(local_start);
 }
 
-diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *log) {
+// Rank j of a sharded replica meets its group at the hub on port + j: every "host:port" of
+// the rendezvous (a comma-separated list keeps its commas) gets its port moved by j.
+static char *rendezvous_of_rank(const char *rendezvous, int rank) {
+    strbuf sb = {0};
+    sb_append(&sb, "");
+    const char *p = rendezvous;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[512], host[256], port[16], err[200];
+        snprintf(one, sizeof one, "%.*s", (int)len, p);
+        if (!net_split_host_port(one, host, sizeof host, port, sizeof port, err, sizeof err))
+            fail("diloco_rendezvous: '%s': %s", one, err);
+        long base = strtol(port, NULL, 10);
+        if (base <= 0 || base + rank > 65535)
+            fail("diloco_rendezvous: '%s': a replica of several ranks needs a fixed port (rank %d uses port + %d)",
+                 one, rank, rank);
+        sb_printf(&sb, "%s%s%s%s:%ld", sb.length ? "," : "", strchr(host, ':') ? "[" : "", host,
+                  strchr(host, ':') ? "]" : "", base + rank);
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return sb.data;
+}
+
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log) {
     if (cfg->diloco_replicas <= 0) return NULL;
+    const param_table *t = shard->table;
     diloco *d = xcalloc(1, sizeof *d);
     d->cfg = cfg;
     d->table = t;
-    d->numel = t->numel;
+    d->shard = shard;
+    d->group = group && comm_size(group) > 1 ? group : NULL;
+    d->rank = d->group ? comm_rank(group) : 0;
+    d->ranks = d->group ? comm_size(group) : 1;
+    if (d->ranks != shard->ranks || d->rank != shard->rank)
+        fail("diloco: the replica's ranks (%d of %d) are not the model's split (%d of %d)", d->rank, d->ranks,
+             shard->rank, shard->ranks);
+    if (d->ranks > 1 && strcmp(cfg->diloco_transport, "tcp") != 0)
+        fail("diloco_transport %s: a replica of %d ranks (fsdp_size %d) exchanges over tcp only (each rank its own "
+             "connection to the hub; docs/fsdp.md#diloco-over-sharded-replicas)",
+             cfg->diloco_transport, d->ranks, d->ranks);
+    d->numel = shard->local_numel;
     d->log = log;
     d->quant = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
     d->block = cfg->diloco_quant_block;
@@ -171,14 +252,14 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
         largest = d->fragments[p].payload_bytes > largest ? d->fragments[p].payload_bytes : largest;
         largest_mean = d->fragments[p].mean_bytes > largest_mean ? d->fragments[p].mean_bytes : largest_mean;
     }
-    size_t n = (size_t)t->numel;
+    size_t n = (size_t)d->numel;
     d->theta = alloc_floats(n);
     d->momentum = alloc_floats(n);
     if (cfg->diloco_error_feedback && d->quant != QUANT_NONE) d->residual = alloc_floats(n);
     d->delta = alloc_floats(n);
     d->payload = xmalloc(largest);
     const char *dump = getenv("TRAIN_GPT_DILOCO_DUMP");
-    d->dump_dir = dump && *dump ? dump : NULL;
+    d->dump_dir = dump && *dump && d->rank == 0 ? dump : NULL;   // sharded: rank 0's pieces only
     if (strcmp(cfg->diloco_transport, "local") == 0) {
         int m = (int)cfg->diloco_replicas;
         d->local = true;
@@ -204,7 +285,7 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     o.min_replicas = (int)cfg->diloco_min_replicas;
     o.timeout_s = cfg->diloco_timeout_s;
     o.connect_timeout_s = cfg->diloco_connect_timeout_s;
-    o.run_fingerprint = run_fingerprint(cfg, t);
+    o.run_fingerprint = run_fingerprint(cfg, t, d->rank, d->ranks, d->numel);
     o.threaded = d->overlap > 0;
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
@@ -212,10 +293,12 @@ diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *
     } else {
         secret = read_secret_file(cfg->diloco_secret_file, "diloco_secret_file", &o.secret_bytes);
         o.secret = secret;
-        o.rendezvous = cfg->diloco_rendezvous;
+        char *rendezvous = d->ranks > 1 ? rendezvous_of_rank(cfg->diloco_rendezvous, d->rank) : NULL;
+        o.rendezvous = rendezvous ? rendezvous : cfg->diloco_rendezvous;
         o.serve = cfg->diloco_serve;
         o.streams = (int)cfg->diloco_streams;
         d->net = transport_tcp_open(&o);
+        free(rendezvous);
     }
     if (secret) {
         memset(secret, 0, o.secret_bytes);
@@ -247,17 +330,29 @@ static size_t pack_state(diloco *d, const train_state *st) {
     return d->state_bytes;
 }
 
-// Takes over the group's state: θ, m, step counters, data position; params ← θ.
-static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
+// The counters of a donor's state, checked: false (with a one-line reason) when malformed.
+typedef struct {
+    int64_t outer_step, step, tokens;
+} state_counters;
+
+static state_counters check_state(const diloco *d, size_t got) {
     const uint8_t *p = d->state;
     if (got != d->state_bytes || memcmp(p, STATE_MAGIC, 8) != 0 || (int64_t)get_u64(p + 8) != STATE_VERSION ||
         (int64_t)get_u64(p + 40) != d->numel)
         fail("diloco: the state received from the donor replica is malformed (%zu bytes, expected %zu)", got,
              d->state_bytes);
-    int64_t outer_step = (int64_t)get_u64(p + 16), step = (int64_t)get_u64(p + 24), tokens = (int64_t)get_u64(p + 32);
-    if (outer_step < 0 || step < 0 || step > d->cfg->max_steps || tokens < 0)
-        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld)", (long long)outer_step,
-             (long long)step);
+    state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32)};
+    if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0)
+        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld)", (long long)c.outer_step,
+             (long long)c.step);
+    return c;
+}
+
+// Takes over the group's state: θ, m, step counters, data position; params ← θ. Every rank of
+// a sharded replica calls it together (the hash in the log is the replica's).
+static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
+    const uint8_t *p = d->state;
+    state_counters c = check_state(d, got);
     size_t bytes = (size_t)d->numel * sizeof(float);
     memcpy(d->theta, p + STATE_HEADER_BYTES, bytes);
     memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
@@ -266,21 +361,71 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     memcpy(params, d->theta, bytes);
     if (d->residual) memset(d->residual, 0, bytes);
     // This replica's data continues where a replica that had trained all along would be.
-    int64_t batches = step * d->cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
+    int64_t batches = c.step * d->cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
     dataloader_seek(train, (data_position){batches / per_epoch, batches % per_epoch});
     int64_t was = st->step;
-    st->step = step;
-    st->outer_step = outer_step;
-    st->tokens_seen = tokens;
+    st->step = c.step;
+    st->outer_step = c.outer_step;
+    st->tokens_seen = c.tokens;
     st->bad_steps = 0;
     st->merge_step = 0;
     st->data = dataloader_position(train);
+    uint64_t hash = replica_hash(d, d->theta, d->numel);
     char extra[256];
     snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\"",
-             (long long)outer_step, (long long)was, (unsigned long long)diloco_hash(d->theta, d->numel));
-    metrics_event(d->log, "diloco_join", step, extra);
+             (long long)c.outer_step, (long long)was, (unsigned long long)hash);
+    metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld)",
-         diloco_replica_id(d), (long long)outer_step, (long long)step, (long long)was);
+         diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was);
+}
+
+// Joins (or after an eviction rejoins) the group; returns whether it took the group's state.
+//
+// A sharded replica: every rank joins its own group (rank j of every replica), and the ranks
+// then agree. All members: train on. All took a state: adopt it if the donors' counters (step,
+// outer step, tokens) are the same on every rank — the pieces then come from groups at the same
+// outer boundary, so together they are one model; if they differ, or some ranks are members
+// while others took a state (a group's status is known only until its first round closes, so
+// a replica joining at that moment can be a member of one group and not of another), every
+// rank joins again with a status no group has: each then takes its group's state at the next
+// round close, which the live replicas reach together. Three tries, then a one-line error
+// (restarting the replica joins afresh).
+static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
+    for (int attempt = 0; attempt < 3; attempt++) {
+        // After a disagreement a status that matches no group's makes every rank wait for a state.
+        uint64_t hash = diloco_hash(d->theta, d->numel) ^ (attempt ? 0x5a5a5a5a5a5a5a5aull : 0);
+        replica_status s = {st->outer_step, hash};
+        size_t got = 0;
+        join_result r = rejoin || attempt ? transport_rejoin(d->net, &s, d->state, d->state_bytes, &got)
+                                          : transport_join(d->net, &s, d->state, d->state_bytes, &got);
+        if (d->ranks == 1) {
+            if (r != JOIN_GOT_STATE) return false;
+            adopt_state(d, got, params, st, train);
+            return true;
+        }
+        bool took = r == JOIN_GOT_STATE;
+        int ranks_took = (int)replica_sum(d, took ? 1.0 : 0.0);
+        if (ranks_took == 0) return false;
+        if (ranks_took == d->ranks) {
+            state_counters c = check_state(d, got);
+            bool same = true;
+            for (int i = 0; i < 3; i++) {
+                double x = (double)(i == 0 ? c.outer_step : i == 1 ? c.step : c.tokens);
+                same = same && replica_max(d, x) == replica_min(d, x);
+            }
+            if (same) {
+                adopt_state(d, got, params, st, train);
+                return true;
+            }
+        }
+        warn("diloco: replica %d's ranks joined their groups inconsistently (%d of %d took a state%s); joining "
+             "again (try %d of 3)",
+             diloco_replica_id(d), ranks_took, d->ranks, ranks_took == d->ranks ? " of different steps" : "",
+             attempt + 2);
+    }
+    fail("diloco: the %d ranks of replica %d could not take one consistent state from their groups in 3 tries; "
+         "restart the replica (it resumes from its checkpoint and rejoins)",
+         d->ranks, diloco_replica_id(d));
 }
 
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh) {
@@ -291,20 +436,15 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
         if (d->residual) memset(d->residual, 0, bytes);
         st->outer_step = 0;
     }
-    replica_status s = {st->outer_step, diloco_hash(d->theta, d->numel)};
-    size_t got = 0;
-    join_result r = transport_join(d->net, &s, d->state, d->state_bytes, &got);
-    if (r == JOIN_GOT_STATE) {
-        adopt_state(d, got, params, st, train);
-    } else {
-        char extra[128];
-        snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"param_hash\":\"%016llx\"", (long long)st->outer_step,
-                 (unsigned long long)s.param_hash);
-        metrics_event(d->log, "diloco_member", st->step, extra);
-        note("diloco: replica %d of %d joined at outer step %lld (%s transport, %s outer gradients)",
-             diloco_replica_id(d), diloco_replicas(d), (long long)st->outer_step, d->cfg->diloco_transport,
-             quant_kind_name(d->quant));
-    }
+    if (join_group(d, params, st, train, false)) return;
+    uint64_t hash = replica_hash(d, d->theta, d->numel);
+    char extra[128];
+    snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"param_hash\":\"%016llx\"", (long long)st->outer_step,
+             (unsigned long long)hash);
+    metrics_event(d->log, "diloco_member", st->step, extra);
+    note("diloco: replica %d of %d joined at outer step %lld (%s transport, %s outer gradients%s)",
+         diloco_replica_id(d), diloco_replicas(d), (long long)st->outer_step, d->cfg->diloco_transport,
+         quant_kind_name(d->quant), d->ranks > 1 ? ", one group per rank" : "");
 }
 
 // ---------------------------------------------------------------- the outer step
@@ -476,7 +616,23 @@ static void dump_end(diloco *d, const fragment *fr, FILE *f, const float *delta,
 static void log_outer_step(diloco *d, const train_state *st, const round_result *r, bool applied,
                            const char *reason) {
     const flight *fl = &d->flight;
-    uint64_t theta_hash = diloco_hash(d->theta, d->numel), m_hash = diloco_hash(d->momentum, d->numel);
+    // A sharded replica's figures are the replica's: hashes over every rank's pieces, bytes
+    // summed over its ranks (each has its own connection), times the slowest rank's, the
+    // quantization error the ranks' mean; contributors are rank 0's group's (a collective: every
+    // rank logs every round).
+    uint64_t theta_hash = replica_hash(d, d->theta, d->numel), m_hash = replica_hash(d, d->momentum, d->numel);
+    round_result rr = *r;
+    rr.bytes_sent = (uint64_t)replica_sum(d, (double)r->bytes_sent);
+    rr.bytes_recv = (uint64_t)replica_sum(d, (double)r->bytes_recv);
+    rr.sync_s = replica_max(d, r->sync_s);
+    rr.wait_s = replica_max(d, r->wait_s);
+    r = &rr;
+    double quant_err = replica_sum(d, fl->quant_err) / d->ranks;
+    uint64_t fragment_hash = 0;
+    if (d->streaming) {
+        const fragment *f = &d->fragments[fl->fragment];
+        fragment_hash = replica_hash(d, d->theta + f->offset, f->numel);
+    }
     strbuf ids = {0};
     sb_append(&ids, "");
     for (int c = 0; c < r->n; c++) sb_printf(&ids, "%s%d", c ? "," : "", r->ids[c]);
@@ -487,11 +643,10 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               applied ? "true" : "false", (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_recv,
               r->sync_s, r->wait_s);
     sb_printf(&sb, "\"param_hash\":\"%016llx\",\"momentum_hash\":\"%016llx\",\"quant\":\"%s\",\"quant_rel_err\":%.6g",
-              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), fl->quant_err);
+              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), quant_err);
     if (d->streaming) {
-        const fragment *f = &d->fragments[fl->fragment];
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",
-                  fl->fragment, (unsigned long long)diloco_hash(d->theta + f->offset, f->numel),
+                  fl->fragment, (unsigned long long)fragment_hash,
                   (long long)fl->begin_step, (long long)(st->step - fl->begin_step));
     }
     if (reason) {
@@ -513,7 +668,7 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
     printf("outer %4lld | step %6lld%s | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err "
            "%.2e | hash %016llx%s%s\n",
            (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s, r->wait_s,
-           fl->quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
+           quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
     fflush(stdout);
     sb_free(&ids);
 }
@@ -622,10 +777,20 @@ static int64_t fragment_outer_step(const diloco *d, const flight *f) {
     return (k0 - p + P - 1) / P + 1;
 }
 
+// How a round ended for this rank's group, worst first: a sharded replica acts on the worst
+// of its ranks' outcomes (docs/fsdp.md#diloco-over-sharded-replicas).
+enum { ROUND_EVICTED = 0, ROUND_FAILED = 1, ROUND_SKIPPED = 2, ROUND_APPLIED = 3 };
+
 // Waits for the round in flight and applies it to θ and m: the same bits on every replica.
 // Blocking (τ = 0, or a final sync): the fragment of every params[i] becomes θ at once;
 // otherwise it merges at begin + τ (st->merge_step). Returns whether params changed: they did
 // when θ was copied in, or when this replica had been dropped and took the group's state.
+//
+// A sharded replica's ranks each land their own group's round, then agree on the worst
+// outcome. A rank's θ, m and outer step always follow its own group (applied if the group
+// applied), so no rank is ever behind its group; the local weights take θ only when every
+// rank's group applied, else every rank keeps its local weights (the next exchange carries
+// this round's work, as after a failed exchange). If any rank was dropped, every rank rejoins.
 static bool land_round(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train) {
     flight *f = &d->flight;
     if (!f->active) return false;
@@ -640,54 +805,62 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     int64_t k = f->round;  // this exchange makes outer step k + 1
     FILE *dump = f->dump;  // closed below, whatever the outcome
     f->dump = NULL;
-    if (!f->ok) {
-        // Never apply our own Δ as if it were the average: keep training locally, and the next
-        // exchange of this fragment carries the work of both rounds.
+    char why[160] = "";
+    int outcome = ROUND_APPLIED;
+    if (!f->ok) outcome = ROUND_FAILED;
+    else if (r->evicted) outcome = ROUND_EVICTED;
+    else if (!r->apply || r->n < d->cfg->diloco_min_replicas || r->n == 0) {
+        outcome = ROUND_SKIPPED;
+        snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r->n,
+                 (long long)d->cfg->diloco_min_replicas);
+    } else if (!average_delta(d, fr, r)) {
+        outcome = ROUND_SKIPPED;
+        snprintf(why, sizeof why, "the mean holds NaN/Inf (no finite contribution to part of it)");
+    }
+    if (outcome == ROUND_APPLIED) {
+        float *momentum_before = NULL, *delta_dumped = NULL;
+        if (dump) {
+            delta_dumped = dump_delta(d, fr);
+            momentum_before = alloc_floats((size_t)fr->numel);
+            memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
+            dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
+        }
+        apply_outer_step(d, fr, fragment_outer_step(d, f));
+        st->outer_step = k + 1;
+        dump_end(d, fr, dump, delta_dumped, momentum_before);
+        free(momentum_before);
+        free(delta_dumped);
+    } else {
+        // Never apply our own Δ as if it were the average. A skipped round is over for everyone:
+        // θ stays, the count moves on (rounds keep unique numbers); a failed one keeps training
+        // locally, and the next exchange of this fragment carries the work of both rounds.
         dump_discard(d, dump, k + 1, f->fragment);
-        warn("diloco: the exchange for outer step %lld failed (the hub is unreachable); outer step skipped",
-             (long long)k + 1);
+        if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
+    }
+    // The group's joiners wait for its donor, whatever this replica decides next.
+    if (outcome >= ROUND_SKIPPED && r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+    int worst = (int)replica_min(d, (double)outcome);
+    if (worst == ROUND_EVICTED) {
+        if (outcome == ROUND_EVICTED)
+            warn("diloco: replica %d was dropped from outer step %lld (too late); rejoining", diloco_replica_id(d),
+                 (long long)k + 1);
+        else
+            note("diloco: another rank of replica %d was dropped from outer step %lld; every rank rejoins its group",
+                 diloco_replica_id(d), (long long)k + 1);
+        return join_group(d, params[0], st, train, true);
+    }
+    if (worst == ROUND_FAILED) {
+        warn("diloco: the exchange for outer step %lld failed (%s); outer step skipped", (long long)k + 1,
+             outcome == ROUND_FAILED ? "the hub is unreachable" : "another rank's hub is unreachable");
         log_outer_step(d, st, r, false, "exchange failed");
         return false;
     }
-    if (r->evicted) {
-        dump_discard(d, dump, k + 1, f->fragment);
-        warn("diloco: replica %d was dropped from outer step %lld (too late); rejoining", diloco_replica_id(d),
-             (long long)k + 1);
-        replica_status s = {st->outer_step, diloco_hash(d->theta, d->numel)};
-        size_t got = 0;
-        if (transport_rejoin(d->net, &s, d->state, d->state_bytes, &got) == JOIN_GOT_STATE) {
-            adopt_state(d, got, params[0], st, train);
-            return true;
-        }
-        return false;
-    }
-    bool averaged = r->apply && r->n >= d->cfg->diloco_min_replicas && r->n > 0 && average_delta(d, fr, r);
-    if (!averaged) {
-        dump_discard(d, dump, k + 1, f->fragment);
-        char why[96];
-        if (!r->apply || r->n < d->cfg->diloco_min_replicas || r->n == 0)
-            snprintf(why, sizeof why, "%d contributor(s), diloco_min_replicas is %lld", r->n,
-                     (long long)d->cfg->diloco_min_replicas);
-        else
-            snprintf(why, sizeof why, "the mean holds NaN/Inf (no finite contribution to part of it)");
-        // The round is over for everyone: θ stays, the count moves on (rounds keep unique numbers).
-        st->outer_step = k + 1;
+    if (worst == ROUND_SKIPPED) {
+        if (outcome == ROUND_APPLIED)
+            snprintf(why, sizeof why, "another rank's group did not apply it; the local weights stay");
         log_outer_step(d, st, r, false, why);
-        if (r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
         return false;
     }
-    float *momentum_before = NULL, *delta_dumped = NULL;
-    if (dump) {
-        delta_dumped = dump_delta(d, fr);
-        momentum_before = alloc_floats((size_t)fr->numel);
-        memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
-    }
-    if (dump) dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
-    apply_outer_step(d, fr, fragment_outer_step(d, f));
-    st->outer_step = k + 1;
-    dump_end(d, fr, dump, delta_dumped, momentum_before);
-    free(momentum_before);
-    free(delta_dumped);
     bool now = d->overlap == 0 || f->final;
     if (now) {
         for (int i = 0; i < n_params; i++)
@@ -696,7 +869,6 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         st->merge_step = f->begin_step + d->overlap;
     }
     log_outer_step(d, st, r, true, NULL);
-    if (r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
     return now;
 }
 

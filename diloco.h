@@ -33,10 +33,12 @@
 #include <stdint.h>
 
 #include "llmc/checkpoint.h"
+#include "llmc/comm.h"
 #include "llmc/config.h"
 #include "dataloader.h"
 #include "llmc/metrics.h"
 #include "llmc/params.h"
+#include "llmc/shard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,7 +48,16 @@ typedef struct diloco diloco;
 
 // Opens the transport and allocates the outer state. NULL when diloco_replicas = 0.
 // Fatal (one line) on a transport or secret problem.
-diloco *diloco_open(const train_config *cfg, const param_table *t, metrics_log *log);
+//
+// shard: the pieces of the model this process holds (llmc/shard.h; the whole model for a
+// replica of one process); group: the replica's ranks (NULL for one process). A replica of N
+// ranks keeps θ, m and the residual sharded like the weights: every buffer here and every
+// params passed in is the rank's local layout (shard->local_numel values). Rank j exchanges
+// its pieces with rank j of the other replicas over its own tcp connection, to the hub at the
+// rendezvous port + j (`train_gpt relay --shards N`); the ranks agree after every join and
+// every round, so the replica moves as one (docs/fsdp.md#diloco-over-sharded-replicas). Every
+// call below is then a collective of the replica's ranks.
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log);
 
 // This replica's id and the number of replicas (for the data split).
 int diloco_replica_id(const diloco *d);
@@ -109,7 +120,8 @@ bool diloco_agree_stop(diloco *d, bool local_stop);
 void diloco_leave(diloco *d);
 void diloco_close(diloco *d);
 
-// The XXH64 of n fp32 values' bytes (the param_hash of metrics.jsonl).
+// The XXH64 of n fp32 values' bytes (the param_hash of metrics.jsonl; a sharded replica logs
+// the XXH64 of its ranks' hashes, 8 bytes little-endian each, in rank order).
 uint64_t diloco_hash(const float *x, int64_t n);
 
 #ifdef __cplusplus

@@ -1355,7 +1355,7 @@ static void print_banner(const trainer *tr) {
     if (tr->outer)
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
                "transport, %s outer gradients%s\n",
-               tr->rank, tr->world, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
+               (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
                cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant,
                cfg->diloco_error_feedback ? " with error feedback" : "");
     fflush(stdout);
@@ -1715,18 +1715,39 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
 
 // A job the launcher started with several ranks, without DiLoCo, is one model sharded over
 // them: fsdp_size ranks per copy (default: the ranks of a node), dp_replicate copies. With
-// DiLoCo the ranks stay replicas (DiLoCo over sharded replicas comes later).
+// DiLoCo and fsdp_size > 1 the job is one DiLoCo replica sharded over all its ranks (FSDP;
+// docs/fsdp.md#diloco-over-sharded-replicas); with DiLoCo and fsdp_size 0 or 1 every rank is a
+// replica of its own, as before.
 static void setup_job(trainer *tr) {
     train_config *cfg = tr->cfg;
     launch_info l = launch_detect();
     bool diloco = cfg->diloco_replicas > 0;
-    if (l.size <= 1 || diloco) {
+    bool sharded_replica = diloco && cfg->fsdp_size > 1;
+    if (l.size <= 1 || (diloco && !sharded_replica)) {
         if (cfg->fsdp_size > 1 || cfg->dp_replicate > 1)
             fail("fsdp_size %lld / dp_replicate %lld: %s", (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
-                 diloco ? "a DiLoCo replica is one rank today (DiLoCo over sharded replicas is not implemented yet); "
-                          "set both to 0 or 1"
-                        : "this process is the job's only rank; start the ranks with srun or mpirun");
+                 l.size <= 1 ? "this process is the job's only rank; start the ranks with srun or mpirun"
+                             : "HSDP copies inside a DiLoCo replica are not implemented; a replica is one rank "
+                               "(fsdp_size 0 or 1) or one FSDP job (fsdp_size = its ranks, dp_replicate 0 or 1)");
         return;
+    }
+    if (sharded_replica) {
+        if (cfg->dp_replicate > 1)
+            fail("dp_replicate %lld: HSDP copies inside a DiLoCo replica are not implemented; run each copy as a "
+                 "replica of its own (one job per replica, fsdp_size = its ranks)",
+                 (long long)cfg->dp_replicate);
+        if (cfg->fsdp_size != l.size)
+            fail("fsdp_size %lld: a DiLoCo replica is one job, sharded over all its ranks, but this job has %d; "
+                 "start one job of fsdp_size ranks per replica",
+                 (long long)cfg->fsdp_size, l.size);
+        if (strcmp(cfg->diloco_transport, "tcp") != 0)
+            fail("diloco_transport %s: a DiLoCo replica of %lld ranks exchanges over tcp (each rank its own "
+                 "connection to the hub); use diloco_transport = tcp and `train_gpt relay --shards %lld`",
+                 cfg->diloco_transport, (long long)cfg->fsdp_size, (long long)cfg->fsdp_size);
+        if (cfg->diloco_replica_id < 0)
+            fail("diloco_replica_id: a DiLoCo replica of %lld ranks must name its replica (0 .. %lld), the same on "
+                 "every rank",
+                 (long long)cfg->fsdp_size, (long long)cfg->diloco_replicas - 1);
     }
     tr->job = comm_world();
     int rank = comm_rank(tr->job), size = comm_size(tr->job);
@@ -1744,8 +1765,8 @@ static void setup_job(trainer *tr) {
     cfg->dp_replicate = copies;
     log_set_rank(rank, rank == 0);
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fail("cannot silence rank %d's stdout", rank);
-    note("job: %d ranks (%s), FSDP over %lld, %lld cop%s (HSDP)", size, l.launcher, (long long)fsdp,
-         (long long)copies, copies == 1 ? "y" : "ies");
+    note("job: %d ranks (%s), FSDP over %lld, %lld cop%s (HSDP)%s", size, l.launcher, (long long)fsdp,
+         (long long)copies, copies == 1 ? "y" : "ies", sharded_replica ? ": one DiLoCo replica" : "");
 }
 
 static void leave_job(trainer *tr) {
@@ -1755,7 +1776,9 @@ static void leave_job(trainer *tr) {
 }
 
 // The data split: with DiLoCo each replica reads its own 1/M of the data; a job's ranks each
-// read their own 1/ranks.
+// read their own 1/ranks. Rank r of DiLoCo replica i (N ranks, M replicas) reads 1/(M·N): it
+// is process r·M + i of M·N, so that a step of the replica reads the micro-batches an unsharded
+// replica with grad_accum N reads (i + M·(s·N + r), r = 0 .. N−1).
 static void choose_data_split(trainer *tr) {
     train_config *cfg = tr->cfg;
     tr->rank = 0;
@@ -1763,6 +1786,10 @@ static void choose_data_split(trainer *tr) {
     if (tr->job) {
         tr->rank = comm_rank(tr->job);
         tr->world = comm_size(tr->job);
+        if (cfg->diloco_replicas > 0) {
+            tr->rank = tr->rank * (int)cfg->diloco_replicas + (int)cfg->diloco_replica_id;
+            tr->world *= (int)cfg->diloco_replicas;
+        }
         return;
     }
     if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return;
@@ -1799,7 +1826,7 @@ static int train_run(train_config *cfg) {
     // A job's rank 0 keeps the log; the others log nothing (a NULL log).
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     allocate(&tr);
-    tr.outer = diloco_open(cfg, &tr.table, tr.log);
+    tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
     bool resumed = restore_or_init(&tr);
@@ -1981,7 +2008,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
     for (int i = 1; i < M; i++)
         if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
-    diloco *outer = diloco_open(cfg, &lead->table, log);
+    diloco *outer = diloco_open(cfg, &lead->shard, NULL, log);
     diloco_set_quiet(outer, quiet);
     diloco_start_local(outer, lead->params, &lead->state);
     for (int i = 0; i < M; i++)
