@@ -1,0 +1,248 @@
+# DiLoCo over sharded replicas (docs/fsdp.md#diloco-over-sharded-replicas): a replica is one
+# `mpirun -np 2` job (FSDP over its 2 ranks), two replicas meet through one
+# `train_gpt relay --shards 2` (hub j on port + j for rank j), tcp on loopback. Without MPI:
+# skipped, said so.
+#   1. 2 replicas × 2 ranks, int8 + error feedback, H = 5, 40 steps: both exit 0; param_hash
+#      equal on both replicas at every outer step (8); the loss falls; the DiLoCo state per
+#      rank is half of one process's.
+#   2. The same stopped at step 20 and resumed (a fresh hub): every checkpoint file of step 40
+#      byte-identical to the straight run (fp32 downlink: the hub keeps no residual that a
+#      fresh hub would lack).
+#   3. Sharded against unsharded: the same 2 replicas as 2 × 1 rank with grad_accum 2 (the
+#      same micro-batches per step: docs/fsdp.md), fp32 outer exchange (diloco_quant none:
+#      the weights travel, the mean and the outer step are element-wise, so the split of the
+#      layout cannot change them), outer lr 0.7, Nesterov 0.9: θ after the last outer step
+#      (outer.safetensors) within 2e-5 of its scale (measured: 8.6e-7, a few ulp). The inner steps of 2 ranks and of one
+#      process differ in the order of fp32 gradient additions only (docs/fsdp.md); with an
+#      int8 exchange the quantization blocks would cover other values and differ by ~1e-2.
+#   4. Faults: kill -9 one rank of replica 1 → its job ends non-zero within 60 s, mpirun
+#      naming the killed rank; replica 0 carries on alone (applied rounds with contributors
+#      [0]); replica 1 restarted resumes from its checkpoint, every rank takes its group's
+#      state, both contribute again and param_hash is equal at every outer step both logged;
+#      SIGTERM to every rank: both replicas checkpoint and exit 0.
+. "$(dirname "$0")/lib.sh"
+detect_mpi
+if [ "$HAVE_MPI" = 0 ]; then
+    say "  skip (no MPI in this build)"
+    exit 0
+fi
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+make_secret "$tmp/secret"
+common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" --val_every 0 --threads 1
+    --log_every 1000 --ckpt_keep 0 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport tcp
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30)
+
+start_relay() {  # start_relay NAME SHARDS: a fresh hub of SHARDS shards on consecutive ports; sets port
+    local tries
+    for tries in 1 2 3 4 5; do
+        port=$(free_port)
+        "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 --shards "$2" \
+            >"$tmp/relay_$1.log" 2>&1 &
+        pids+=($!)
+        # Listening on every shard's port, or gone (port + 1 was taken: try other ports).
+        while kill -0 "${pids[-1]}" 2>/dev/null && [ "$(grep -c 'listening on' "$tmp/relay_$1.log")" -lt "$2" ]; do
+            sleep 0.05
+        done
+        kill -0 "${pids[-1]}" 2>/dev/null && return 0
+    done
+    die "cannot start a relay of $2 shards"
+}
+replica() {  # replica NP ID OUT_DIR [--key value]...: one replica in the background; sets rpid
+    local np=$1 id=$2 out=$3
+    shift 3
+    if [ "$np" = 1 ]; then
+        "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" \
+            "$@" >>"$out.log" 2>&1 &
+    else
+        "${MPIRUN[@]}" "$np" "$TRAIN_GPT" "${common[@]}" --fsdp_size "$np" --diloco_rendezvous "127.0.0.1:$port" \
+            --diloco_replica_id "$id" --out_dir "$out" "$@" >>"$out.log" 2>&1 &
+    fi
+    rpid=$!
+    pids+=($rpid)
+}
+two_replicas() {  # two_replicas NP NAME [--key value]...: replicas 0 and 1 into $tmp/NAME_<id>, waited for; sets rc
+    local np=$1 name=$2 a b
+    shift 2
+    replica "$np" 0 "$tmp/${name}_0" "$@"; a=$rpid
+    replica "$np" 1 "$tmp/${name}_1" "$@"; b=$rpid
+    rc=0
+    wait "$a" || rc=$?
+    wait "$b" || rc=$?
+}
+# Distinct param_hash values per applied outer step over the given metrics files: "k:count".
+hashes_per_step() {
+    "$PYTHON" - "$@" <<'PY'
+import json, sys
+from collections import defaultdict
+seen = defaultdict(set)
+for path in sys.argv[1:]:
+    for line in open(path):
+        d = json.loads(line)
+        if "param_hash" in d and "event" not in d and d.get("applied"):
+            seen[d["outer_step"]].add(d["param_hash"])
+for k in sorted(seen):
+    print(f"{k}:{len(seen[k])}")
+PY
+}
+all_hashes_agree() {  # all_hashes_agree MIN_STEPS FILES...: >= MIN_STEPS outer steps, one hash each
+    local want=$1; shift
+    local out; out=$(hashes_per_step "$@")
+    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
+    say "    outer step:distinct hashes = $(printf '%s ' $out)"
+    return 1
+}
+loss_falls() {  # the mean loss of the last 5 steps is below the first 5's by 20 %
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
+first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+print("  loss: first 5 steps %.4f, last 5 %.4f" % (first, last))
+sys.exit(0 if last < 0.8 * first else 1)
+PY
+}
+wait_until() {  # wait_until WHAT COMMAND...: polls COMMAND until it succeeds (deadline 300 s: a failure)
+    local what=$1; shift
+    for _ in $(seq 1 3000); do "$@" && return 0; sleep 0.1; done
+    say "  (gave up waiting: $what)"
+    return 1
+}
+
+# ---------------------------------------------------------------- 1. 2 × 2, hashes agree
+int8=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2 --max_steps 40)
+start_relay one 2
+two_replicas 2 int8 "${int8[@]}"
+check "2 replicas × 2 ranks: both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  the relay ran 2 hubs, each with both replicas in round 7" \
+    sh -c "grep -q 'relay shard 0 .*round 7 closed: 2 contributor(s) \[0 1\]' '$tmp/relay_one.log' &&
+           grep -q 'relay shard 1 .*round 7 closed: 2 contributor(s) \[0 1\]' '$tmp/relay_one.log'"
+check "  param_hash equal on both replicas at every outer step (8)" \
+    all_hashes_agree 8 "$tmp/int8_0/metrics.jsonl" "$tmp/int8_1/metrics.jsonl"
+check "  every outer step applied with both replicas" \
+    test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/int8_0/metrics.jsonl")" -eq 8
+check "  the loss falls" loss_falls "$tmp/int8_0/metrics.jsonl"
+check "  outer.safetensors holds θ, m and the residual of the whole model" \
+    grep -q '"outer.residual.model.embed_tokens.weight"' "$tmp/int8_0/step_00000040/outer.safetensors"
+
+# ---------------------------------------------------------------- 2. resume bit-exact
+exact=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_downlink fp32 --diloco_min_replicas 2
+    --max_steps 40 --ckpt_every 10)
+start_relay straight 2
+two_replicas 2 straight "${exact[@]}"
+start_relay stop 2
+two_replicas 2 stop "${exact[@]}" --stop_at_step 20
+start_relay resume 2
+two_replicas 2 stop "${exact[@]}"
+check "stopped at step 20 and resumed: both exit 0 (rc $rc)" test "$rc" -eq 0
+same_checkpoint() {  # same_checkpoint A B: every file of step 40 but state.json, byte for byte
+    local f
+    for f in model.safetensors optimizer.safetensors outer.safetensors; do
+        cmp -s "$1/step_00000040/$f" "$2/step_00000040/$f" || { say "    $f differs"; return 1; }
+    done
+}
+for r in 0 1; do
+    check "  replica $r: resumed from step 20" grep -q "resuming from '.*step_00000020'" "$tmp/stop_$r.log"
+    check "  replica $r: step 40's model, moments and outer state byte-identical to the straight run" \
+        same_checkpoint "$tmp/straight_$r" "$tmp/stop_$r"
+done
+
+# ---------------------------------------------------------------- 3. sharded = unsharded
+fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_min_replicas 2 --max_steps 20)
+start_relay sharded 2
+two_replicas 2 sharded "${fp32[@]}" --grad_accum 1
+start_relay whole 1
+two_replicas 1 whole "${fp32[@]}" --grad_accum 2
+check "fp32 exchange, 2 × 2 ranks and 2 × 1 rank: all exit 0 (rc $rc)" test "$rc" -eq 0
+theta_close() {  # theta_close A B TOL: outer.theta.* of A's and B's step 20 within TOL × max |θ|
+    "$PYTHON" - "$1/step_00000020/outer.safetensors" "$2/step_00000020/outer.safetensors" "$3" <<'PY'
+import json, struct, sys
+import numpy as np
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name.startswith("outer.theta."):
+            s, e = t["data_offsets"]
+            out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4")
+    return out
+a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys() and a
+scale = max(float(np.abs(x).max()) for x in b.values())
+worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+print("  θ after 4 outer steps: max |sharded − unsharded| = %.3g, %.3g of max |θ| = %.3g" % (worst, worst / scale, scale))
+sys.exit(0 if worst <= tol * scale else 1)
+PY
+}
+for r in 0 1; do
+    check "  replica $r: θ sharded = θ unsharded within 2e-5 of its scale" \
+        theta_close "$tmp/sharded_$r" "$tmp/whole_$r" 2e-5
+done
+check "  2 ranks hold half the state each (state_mb)" "$PYTHON" -c "
+import json, sys
+def mb(p): return [json.loads(l) for l in open(p) if '\"end\"' in l][-1]['state_mb']
+a, b = mb('$tmp/whole_0/metrics.jsonl'), mb('$tmp/sharded_0/metrics.jsonl')
+print('  state per rank: 1 rank %.4f MB, 2 ranks %.4f MB' % (a, b)); sys.exit(0 if a / 2 <= b <= a / 2 + 0.001 else 1)"
+
+# ---------------------------------------------------------------- 4. faults
+# Every move waits for what the replicas log, never for a time: the run has no step limit the
+# test could reach, and ends by SIGTERM.
+fault=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 25)
+start_relay faults 2
+outer_lines() {
+    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$1/metrics.jsonl" 2>/dev/null || true)
+    echo "${n:-0}"
+}
+last_outer_step() {
+    local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
+    echo "${k:-0}"
+}
+rounds_after() {  # rounds_after DIR AFTER CONTRIBUTORS: applied outer steps > AFTER with those contributors
+    grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\],"applied":true' "$1/metrics.jsonl" 2>/dev/null |
+        sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a' | wc -l
+}
+rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
+    local k
+    for k in $(pgrep -P "$1"); do
+        tr '\0' '\n' <"/proc/$k/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$k"; return 0; }
+    done
+    return 1
+}
+replica 2 0 "$tmp/fault_0" "${fault[@]}"; f0=$rpid
+replica 2 1 "$tmp/fault_1" "${fault[@]}"; f1=$rpid
+wait_until "replica 1 has 10 outer steps and a checkpoint" \
+    eval '[ "$(outer_lines "$tmp/fault_1")" -ge 10 ] && [ -d "$tmp/fault_1/step_00000050" ]'
+victim=$(rank_pid "$f1" 1) || die "no rank 1 under replica 1's mpirun"
+kill -9 "$victim"
+killed_s=$SECONDS
+rc1=0; wait "$f1" || rc1=$?
+took_s=$((SECONDS - killed_s))
+check "kill -9 rank 1 of replica 1: its job exits non-zero (rc $rc1) within 60 s (${took_s} s)" \
+    test "$rc1" -ne 0 -a "$took_s" -le 60
+check "  and says which rank died and how" grep -q "process rank 1 .* exited on signal 9" "$tmp/fault_1.log"
+check "  no rank of replica 1 is left" sh -c "! pgrep -P $f1 >/dev/null"
+killed_at=$(last_outer_step "$tmp/fault_0")
+wait_until "replica 0 applies 2 rounds alone" eval '[ "$(rounds_after "$tmp/fault_0" "$killed_at" 0)" -ge 2 ]'
+check "  replica 0 carries on alone (applied rounds with contributors [0])" \
+    test "$(rounds_after "$tmp/fault_0" "$killed_at" 0)" -ge 2
+alone_at=$(last_outer_step "$tmp/fault_0")
+replica 2 1 "$tmp/fault_1" "${fault[@]}"; f1=$rpid
+wait_until "replica 1 contributes again" eval '[ "$(rounds_after "$tmp/fault_0" "$alone_at" 0,1)" -ge 3 ]'
+check "restarted, replica 1 resumed from its checkpoint" grep -q "resuming from '.*step_000000" "$tmp/fault_1.log"
+check "  every rank took its group's state" \
+    sh -c "grep -q '\"event\":\"diloco_join\"' '$tmp/fault_1/metrics.jsonl' &&
+           [ \$(grep -c 'relay shard [01] .*replica 1 joined at outer step [1-9]' '$tmp/relay_faults.log') -ge 2 ]"
+check "  both contribute again (>= 3 rounds with [0,1] after the rejoin)" \
+    test "$(rounds_after "$tmp/fault_0" "$alone_at" 0,1)" -ge 3
+check "  param_hash equal at every outer step both replicas logged" \
+    all_hashes_agree 10 "$tmp/fault_0/metrics.jsonl" "$tmp/fault_1/metrics.jsonl"
+check "  the survivor's loss fell over the whole run" loss_falls "$tmp/fault_0/metrics.jsonl"
+for f in "$f0" "$f1"; do
+    for r in 0 1; do kill -TERM "$(rank_pid "$f" $r)" 2>/dev/null || true; done
+done
+rc0=0; wait "$f0" || rc0=$?
+rc1=0; wait "$f1" || rc1=$?
+check "SIGTERM to every rank: both replicas checkpoint and exit 0 (rc $rc0, $rc1)" \
+    sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault_0/metrics.jsonl'"
+finish test_fsdp_diloco
