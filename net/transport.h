@@ -21,9 +21,10 @@
 // feedback). Every replica receives the same bytes, so all end with the same bits; what a
 // replica receives is one payload whatever the number of replicas (docs/protocol.md).
 //
-// A replica is one process today. Later a replica will be a group of ranks (an FSDP
-// island); then only the group's leader opens a transport and the group broadcasts what it
-// returns — nothing here assumes a replica is one process.
+// A replica of several ranks (an FSDP job, docs/fsdp.md#diloco-over-sharded-replicas) opens
+// one transport per rank: rank j's carries its pieces of the model, to hub j (the
+// rendezvous port + j), and diloco.c makes the ranks agree on what each round did. Nothing
+// here knows: to the transport, rank j of every replica is a run of its own.
 #ifndef TRAIN_GPT_TRANSPORT_H
 #define TRAIN_GPT_TRANSPORT_H
 
