@@ -20,6 +20,8 @@
 #      [0]); replica 1 restarted resumes from its checkpoint, every rank takes its group's
 #      state, both contribute again and param_hash is equal at every outer step both logged;
 #      SIGTERM to every rank: both replicas checkpoint and exit 0.
+#   5. Refused with one line: a sharded replica over the mpi transport, HSDP copies inside a
+#      replica, fsdp_size other than the job's ranks, relay --shards without a fixed port.
 . "$(dirname "$0")/lib.sh"
 detect_mpi
 if [ "$HAVE_MPI" = 0 ]; then
@@ -245,4 +247,25 @@ rc0=0; wait "$f0" || rc0=$?
 rc1=0; wait "$f1" || rc1=$?
 check "SIGTERM to every rank: both replicas checkpoint and exit 0 (rc $rc0, $rc1)" \
     sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault_0/metrics.jsonl'"
+
+# ---------------------------------------------------------------- 5. what is refused
+refused() {  # refused PATTERN NP [--key value]...: the job fails with a one-line error matching PATTERN
+    local pattern=$1 np=$2 out rc=0
+    shift 2
+    out=$("${MPIRUN[@]}" "$np" "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous 127.0.0.1:1 --diloco_replica_id 0 \
+        --out_dir "$tmp/refused" "$@" 2>&1) || rc=$?
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -q "^train_gpt: error: $pattern"
+}
+check "refused: a sharded replica over the mpi transport" refused "diloco_transport mpi: a DiLoCo replica of 2" 2 \
+    --fsdp_size 2 --diloco_transport mpi
+check "refused: HSDP copies inside a replica" refused "dp_replicate 2: HSDP copies inside a DiLoCo replica" 2 \
+    --fsdp_size 2 --dp_replicate 2
+check "refused: fsdp_size other than the job's ranks" refused "fsdp_size 4: a DiLoCo replica is one job" 2 \
+    --fsdp_size 4
+relay_refused() {  # relay --shards 2 on port 0: an error, not hubs on random ports
+    local out
+    out=$("$TRAIN_GPT" relay --listen 127.0.0.1:0 --secret_file "$tmp/secret" --shards 2 2>&1) && return 1
+    printf '%s\n' "$out" | grep -q -- "--shards 2 needs a fixed --listen port"
+}
+check "refused: relay --shards on port 0" relay_refused
 finish test_fsdp_diloco
