@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
@@ -739,6 +740,10 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
             memcpy(d->payload, &nan, sizeof nan);
         }
         dump_bytes(d, "sent", f->round + 1, p, d->payload, fr->payload_bytes);
+        if (fault_requested("diloco_late", f->round)) {  // test hook: the hub evicts this rank as late
+            struct timespec late = {(time_t)d->cfg->diloco_timeout_s + 1, 0};
+            nanosleep(&late, NULL);
+        }
         f->threaded = d->overlap > 0 && !final;
         if (f->threaded) {
             int rc = pthread_create(&f->thread, NULL, exchange_thread, d);

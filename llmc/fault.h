@@ -14,6 +14,9 @@
 //                       step STEP+1 (the others must leave it out of the average)
 //   diloco_hostile      DiLoCo (STEP 0): this replica sends 100 times its outer gradient in
 //                       every round (the reducer's bound must hold it)
+//   diloco_late         DiLoCo: this process waits diloco_timeout_s + 1 s before its exchange
+//                       for outer step STEP+1, so the hub evicts it as late (one rank of a
+//                       sharded replica: the whole replica must rejoin)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,
 //   tcp_die_in_upload_after_full, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see

@@ -20,6 +20,12 @@
 #      [0]); replica 1 restarted resumes from its checkpoint, every rank takes its group's
 #      state, both contribute again and param_hash is equal at every outer step both logged;
 #      SIGTERM to every rank: both replicas checkpoint and exit 0.
+#   6. The ranks of a replica disagree (an MPMD mpirun gives rank 1 a fault of its own): at
+#      outer step 4 group 1 skips (every rank 1 sends a NaN) while group 0 applies, so no
+#      replica moves its local weights and param_hash stays equal; at outer step 8 rank 1 of
+#      replica 1 is late and evicted while its rank 0 applied, so every rank of replica 1
+#      rejoins; afterwards param_hash agrees at every outer step and the final weights and
+#      outer state are byte-identical on both replicas.
 #   5. Refused with one line: a sharded replica over the mpi transport, HSDP copies inside a
 #      replica, fsdp_size other than the job's ranks, relay --shards without a fixed port.
 . "$(dirname "$0")/lib.sh"
@@ -36,14 +42,16 @@ common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" -
     --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30)
 
 start_relay() {  # start_relay NAME SHARDS: a fresh hub of SHARDS shards on consecutive ports; sets port
-    local tries
+    local tries n
     for tries in 1 2 3 4 5; do
         port=$(free_port)
         "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 --shards "$2" \
             >"$tmp/relay_$1.log" 2>&1 &
         pids+=($!)
         # Listening on every shard's port, or gone (port + 1 was taken: try other ports).
-        while kill -0 "${pids[-1]}" 2>/dev/null && [ "$(grep -c 'listening on' "$tmp/relay_$1.log")" -lt "$2" ]; do
+        while kill -0 "${pids[-1]}" 2>/dev/null; do
+            n=$(grep -c 'listening on' "$tmp/relay_$1.log" 2>/dev/null || true)
+            [ "${n:-0}" -ge "$2" ] && break
             sleep 0.05
         done
         kill -0 "${pids[-1]}" 2>/dev/null && return 0
@@ -247,6 +255,42 @@ rc0=0; wait "$f0" || rc0=$?
 rc1=0; wait "$f1" || rc1=$?
 check "SIGTERM to every rank: both replicas checkpoint and exit 0 (rc $rc0, $rc1)" \
     sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault_0/metrics.jsonl'"
+
+# ---------------------------------------------------------------- 6. the ranks disagree
+# One rank of each replica carries its own fault (an MPMD mpirun: rank 1 runs under `env`).
+# Outer step 4: rank 1 of both replicas sends a NaN, so group 1 skips while group 0 applies:
+# every rank's θ follows its group, no replica's local weights change, param_hash stays equal.
+# Outer step 8: rank 1 of replica 1 is late and evicted from group 1 while its rank 0 applied
+# in group 0: every rank of replica 1 rejoins and takes its group's state.
+mpmd_replica() {  # mpmd_replica ID FAULT: ranks 0 and 1 of replica ID, rank 1 with TRAIN_GPT_FAULT=FAULT
+    local args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$1"
+        --out_dir "$tmp/split_$1" --diloco_quant int8 --diloco_min_replicas 2 --max_steps 60)
+    "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${args[@]}" : -np 1 env TRAIN_GPT_FAULT="$2" "$TRAIN_GPT" "${args[@]}" \
+        >"$tmp/split_$1.log" 2>&1 &
+    rpid=$!
+    pids+=($rpid)
+}
+start_relay split 2
+mpmd_replica 0 diloco_nan_payload:3; s0=$rpid
+mpmd_replica 1 diloco_nan_payload:3,diloco_late:7; s1=$rpid
+rc0=0; wait "$s0" || rc0=$?
+rc1=0; wait "$s1" || rc1=$?
+check "one rank's group skips, one rank is evicted: both replicas finish (rc $rc0, $rc1)" test "$rc0" -eq 0 -a "$rc1" -eq 0
+skipped_hashes() {  # the param_hash of every replica's outer step 4 line, which says why it was skipped
+    grep -ho '"outer_step":4,.*"param_hash":"[0-9a-f]*"' "$tmp"/split_[01]/metrics.jsonl | grep '"applied":false' |
+        sed 's/.*"param_hash":"\([0-9a-f]*\)"/\1/' | sort -u
+}
+check "  outer step 4: not applied on both replicas, the reason named" \
+    test "$(grep -h '"outer_step":4,' "$tmp"/split_[01]/metrics.jsonl | grep -c "another rank's group did not apply it")" -eq 2
+check "  and both replicas' θ still agree" test "$(skipped_hashes | wc -l)" -eq 1
+check "  outer step 8: replica 1's ranks all rejoined and took their groups' state" \
+    sh -c "grep -q 'every rank rejoins its group' '$tmp/split_1.log' &&
+           grep -q '\"event\":\"diloco_join\"' '$tmp/split_1/metrics.jsonl'"
+check "  param_hash equal at every applied outer step both logged (>= 8)" \
+    all_hashes_agree 8 "$tmp/split_0/metrics.jsonl" "$tmp/split_1/metrics.jsonl"
+check "  step 60: the same weights and outer state on both replicas, byte for byte" \
+    sh -c "cmp -s '$tmp/split_0/step_00000060/model.safetensors' '$tmp/split_1/step_00000060/model.safetensors' &&
+           cmp -s '$tmp/split_0/step_00000060/outer.safetensors' '$tmp/split_1/step_00000060/outer.safetensors'"
 
 # ---------------------------------------------------------------- 5. what is refused
 refused() {  # refused PATTERN NP [--key value]...: the job fails with a one-line error matching PATTERN
