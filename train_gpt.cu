@@ -1834,7 +1834,7 @@ static int train_run(train_config *cfg) {
     install_signal_handlers();
     if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
-    watchdog_start(cfg->watchdog_s, tr.rank);
+    watchdog_start(cfg->watchdog_s, tr.job ? comm_rank(tr.job) : tr.rank);
 
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;

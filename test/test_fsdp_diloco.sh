@@ -4,7 +4,8 @@
 # skipped, said so.
 #   1. 2 replicas × 2 ranks, int8 + error feedback, H = 5, 40 steps: both exit 0; param_hash
 #      equal on both replicas at every outer step (8); the loss falls; the DiLoCo state per
-#      rank is half of one process's.
+#      rank is half of one process's. Streaming (4 fragments, 2 inner steps in flight, a
+#      checkpoint with a fragment in flight): param_hash equal at every fragment sync.
 #   2. The same stopped at step 20 and resumed (a fresh hub): every checkpoint file of step 40
 #      byte-identical to the straight run (fp32 downlink: the hub keeps no residual that a
 #      fresh hub would lack).
@@ -133,6 +134,13 @@ check "  every outer step applied with both replicas" \
 check "  the loss falls" loss_falls "$tmp/int8_0/metrics.jsonl"
 check "  outer.safetensors holds θ, m and the residual of the whole model" \
     grep -q '"outer.residual.model.embed_tokens.weight"' "$tmp/int8_0/step_00000040/outer.safetensors"
+# Streaming: 4 layers in 4 fragments, H = 12, each exchange overlapping 2 inner steps.
+start_relay stream 2
+two_replicas 2 stream --n_layer 4 --diloco_inner_steps 12 --diloco_fragments 4 --diloco_overlap_steps 2 \
+    --diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2 --max_steps 60 --ckpt_every 12
+check "streaming (4 fragments, 2 steps in flight): both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  param_hash equal on both replicas at every fragment sync (23)" \
+    all_hashes_agree 23 "$tmp/stream_0/metrics.jsonl" "$tmp/stream_1/metrics.jsonl"
 
 # ---------------------------------------------------------------- 2. resume bit-exact
 exact=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_downlink fp32 --diloco_min_replicas 2
