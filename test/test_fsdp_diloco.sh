@@ -16,6 +16,8 @@
 #      (outer.safetensors) within 2e-5 of its scale (measured: 8.6e-7, a few ulp). The inner steps of 2 ranks and of one
 #      process differ in the order of fp32 gradient additions only (docs/fsdp.md); with an
 #      int8 exchange the quantization blocks would cover other values and differ by ~1e-2.
+#      The 2-rank replicas' step-10 checkpoints resumed as 1-rank replicas (the outer state
+#      read back into another split): θ at step 20 = the 1-rank run's within the same bound.
 #   4. Faults: kill -9 one rank of replica 1 → its job ends non-zero within 60 s, mpirun
 #      naming the killed rank; replica 0 carries on alone (applied rounds with contributors
 #      [0]); replica 1 restarted resumes from its checkpoint, every rank takes its group's
@@ -165,7 +167,8 @@ for r in 0 1; do
 done
 
 # ---------------------------------------------------------------- 3. sharded = unsharded
-fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_min_replicas 2 --max_steps 20)
+fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_min_replicas 2 --max_steps 20
+    --ckpt_every 10)
 start_relay sharded 2
 two_replicas 2 sharded "${fp32[@]}" --grad_accum 1
 start_relay whole 1
@@ -196,6 +199,18 @@ PY
 for r in 0 1; do
     check "  replica $r: θ sharded = θ unsharded within 2e-5 of its scale" \
         theta_close "$tmp/sharded_$r" "$tmp/whole_$r" 2e-5
+done
+# The outer state loads at another split: the 2-rank replicas' step-10 checkpoints resumed as
+# 1-rank replicas (the whole run moves to N = 1: the replicas of a run share N).
+start_relay moved 1
+for r in 0 1; do mkdir -p "$tmp/moved_$r"; cp -r "$tmp/sharded_$r/step_00000010" "$tmp/moved_$r/"; done
+two_replicas 1 moved "${fp32[@]}" --grad_accum 2
+check "step-10 checkpoints of 2-rank replicas resumed as 1-rank replicas: both exit 0 (rc $rc)" test "$rc" -eq 0
+moved_ok() {  # moved_ok R: replica R resumed from step 10, and its θ at step 20 is the 1-rank run's
+    grep -q "resuming from '.*step_00000010'" "$tmp/moved_$1.log" && theta_close "$tmp/moved_$1" "$tmp/whole_$1" 2e-5
+}
+for r in 0 1; do
+    check "  replica $r: resumed from step 10; θ at step 20 = the 1-rank run's within 2e-5 of its scale" moved_ok $r
 done
 check "  2 ranks hold half the state each (state_mb)" "$PYTHON" -c "
 import json, sys
