@@ -7,7 +7,6 @@
 #include "llmc/json.h"
 #include "llmc/optim.h"
 #include "llmc/quant.h"
-#include "net/socket.h"
 #include "net/transport.h"
 
 #include <errno.h>
@@ -194,24 +193,25 @@ static void split_fragments(diloco *d) {
 }
 
 // Rank j of a sharded replica meets its group at the hub on port + j: every "host:port" of
-// the rendezvous (a comma-separated list keeps its commas) gets its port moved by j.
+// the rendezvous (a comma-separated list keeps its commas; "[v6addr]:port" too) gets its port
+// moved by j. (Parsed here, not by net/socket.c, which a build without tcp lacks.)
 static char *rendezvous_of_rank(const char *rendezvous, int rank) {
     strbuf sb = {0};
     sb_append(&sb, "");
     const char *p = rendezvous;
     for (;;) {
         const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        char one[512], host[256], port[16], err[200];
-        snprintf(one, sizeof one, "%.*s", (int)len, p);
-        if (!net_split_host_port(one, host, sizeof host, port, sizeof port, err, sizeof err))
-            fail("diloco_rendezvous: '%s': %s", one, err);
-        long base = strtol(port, NULL, 10);
-        if (base <= 0 || base + rank > 65535)
-            fail("diloco_rendezvous: '%s': a replica of several ranks needs a fixed port (rank %d uses port + %d)",
-                 one, rank, rank);
-        sb_printf(&sb, "%s%s%s%s:%ld", sb.length ? "," : "", strchr(host, ':') ? "[" : "", host,
-                  strchr(host, ':') ? "]" : "", base + rank);
+        int len = comma ? (int)(comma - p) : (int)strlen(p);
+        const char *colon = NULL;
+        for (const char *q = p; q < p + len; q++)
+            if (*q == ':') colon = q;
+        char *end = NULL;
+        long base = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || end != p + len || base <= 0 || base + rank > 65535)
+            fail("diloco_rendezvous: '%.*s': a replica of several ranks needs HOST:PORT with a fixed port (rank %d "
+                 "uses port + %d)",
+                 len, p, rank, rank);
+        sb_printf(&sb, "%s%.*s:%ld", sb.length ? "," : "", (int)(colon - p), p, base + rank);
         if (!comma) break;
         p = comma + 1;
     }
