@@ -1728,6 +1728,7 @@ static void setup_job(trainer *tr) {
                         : "this process is the job's only rank; start the ranks with srun or mpirun");
         return;
     }
+    comm_set_timeout(cfg->comm_timeout_s);
     tr->job = comm_world();
     int rank = comm_rank(tr->job), size = comm_size(tr->job);
     int64_t fsdp = cfg->fsdp_size > 0 ? cfg->fsdp_size : cfg->dp_replicate > 0 ? size / cfg->dp_replicate
