@@ -145,9 +145,8 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 #                          `make bench-streaming`: classic vs streaming DiLoCo's compute utilization
 -include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk test/aarch64.mk test/hip.mk
 
-# The CUDA encoder against the C reference, byte for byte: a GPU test (not in a HIP build yet:
-# llmc/quant.h declares the GPU encoder for nvcc only).
-ifeq ($(HAVE_CUDA)$(HAVE_HIP),1)
+# The GPU encoder against the C reference, byte for byte: a GPU test (CUDA and HIP).
+ifeq ($(HAVE_CUDA),1)
   GPU_TESTS += $(BUILD)/test_quant_gpu
 endif
 
