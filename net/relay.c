@@ -1104,10 +1104,11 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     }
     make_member(h, id);
     r->member_from = m->first_round;
-    // The replicas that find a hub back follow it at about the same moment: until the group
-    // has had a round, they all start from its founder's first round (or later).
+    // The replicas that find a hub back follow it at about the same moment (each from a step or
+    // two after its own next one): until the group has had a round, they all start from its
+    // founder's first round, so that they agree on the step the hub takes its share again.
     bool unstarted = h->follow_from >= 0 && h->last_closed_step < 0 && !h->round_open;
-    if (unstarted && r->member_from < h->follow_from) r->member_from = h->follow_from;
+    if (unstarted && m->first_round != INT64_MAX) r->member_from = h->follow_from;
     if (h->round_open && !h->contrib[id].began && r->member_from <= h->round_step) r->member_from = h->round_step + 1;
     // JOINED answers a FOLLOW with the round this replica is expected from.
     uint8_t jb[WIRE_JOINED_BYTES];
