@@ -140,4 +140,21 @@ check "kill -9 a hub: every outer step within timeout + 5 s, all but at most 2 a
 check "kill -9 a hub: param_hash equal on every replica at every outer step" \
     all_agree 8 "$tmp"/kill/*/metrics.jsonl
 check "kill -9 a hub: loss falls" loss_falls "$tmp/kill/0/metrics.jsonl"
+# ---------------------------------------------------------------- 3. configuration errors
+bad_list() {  # bad_list WHAT RENDEZVOUS EXTRA...: exits non-zero with one error line naming WHAT
+    local what=$1 rdv=$2 out rc=0
+    shift 2
+    out=$("$TRAIN_GPT" "${common[@]}" --max_steps 5 --diloco_transport tcp --diloco_rendezvous "$rdv" \
+        --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 --diloco_connect_timeout_s 2 "$@" \
+        --out_dir "$tmp/bad" 2>&1) || rc=$?
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -q "$what"
+}
+check "an empty address in the hub list: one line naming diloco_rendezvous" \
+    bad_list "diloco_rendezvous '127.0.0.1:1,,127.0.0.1:2': an empty hub address" "127.0.0.1:1,,127.0.0.1:2"
+check "a hub listed twice: one line naming diloco_rendezvous" \
+    bad_list "is listed twice" "127.0.0.1:$p1,127.0.0.1:$p1"
+check "diloco_serve with several hubs: one line naming diloco_serve" \
+    bad_list "diloco_serve: a replica can host one hub" "127.0.0.1:$p1,127.0.0.1:$p2" --diloco_serve 1
+check "no hub of the list reachable: one line naming the hubs" \
+    bad_list "cannot reach any of the 2 hubs" "127.0.0.1:$p1,127.0.0.1:$p2"
 finish test_diloco_hubs

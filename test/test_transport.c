@@ -45,6 +45,12 @@
 //              fingerprint, a duplicate id, a silent connection, a fake hub → each refused
 //              and logged, nobody crashes, the two replicas finish every round exact
 //   serve      a replica hosting the hub in a thread (diloco_serve)
+//   hubs       two hubs (diloco_rendezvous = a,b), each reducing half of the segments: every
+//              mean exact and the same bytes on every replica; each hub logs its share's rounds
+//   hubsmean   two hubs, int8 both ways with each hub's error feedback on its share: every mean
+//              byte-exact the reference with one residual over the whole model (one hub's)
+//   hubkill    two hubs; kill -9 the first: every exchange completes through the second within
+//              timeout + 5 s; restarted on its port it takes its share again (a round of all three)
 //   cli        relay_main's argument errors
 // `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
