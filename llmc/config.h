@@ -81,6 +81,7 @@ typedef struct {
     int64_t dp_replicate;  // HSDP copies; 0 = ranks / fsdp_size
     bool fsdp_reshard_after_forward;
     bool fsdp_prefetch;
+    double comm_timeout_s;
     // samples
     char *tokenizer;
     int64_t sample_every;
