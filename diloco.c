@@ -25,6 +25,9 @@
 #define STATE_MAGIC "TGDLSTAT"
 #define STATE_VERSION 1
 #define STATE_HEADER_BYTES 48
+// How long a rank of a sharded replica waits for the others while they join: a day (the
+// largest comm_timeout_s), i.e. as long as the job lives.
+#define COMM_NO_TIMEOUT_S 86400.0
 
 // A contiguous range of the flat parameters made of whole layers (the embedding goes with
 // the first fragment, the final norm and the LM head with the last). With P = 1 it is all.
@@ -391,7 +394,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 // rank joins again with a status no group has: each then takes its group's state at the next
 // round close, which the live replicas reach together. Three tries, then a one-line error
 // (restarting the replica joins afresh).
-static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
+static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
     for (int attempt = 0; attempt < 3; attempt++) {
         // After a disagreement a status that matches no group's makes every rank wait for a state.
         uint64_t hash = diloco_hash(d->theta, d->numel) ^ (attempt ? 0x5a5a5a5a5a5a5a5aull : 0);
@@ -427,6 +430,18 @@ static bool join_group(diloco *d, float *params, train_state *st, dataloader *tr
     fail("diloco: the %d ranks of replica %d could not take one consistent state from their groups in 3 tries; "
          "restart the replica (it resumes from its checkpoint and rejoins)",
          d->ranks, diloco_replica_id(d));
+}
+
+// The ranks of a replica join together (join_group_agreed). A join may wait for the group's
+// next boundary (many inner steps of the others), and one rank may come back long before
+// another (a member at once, another waiting for a state): the ranks wait for each other
+// without comm_timeout_s (the launcher still ends a replica whose rank died).
+static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
+    double limit_s = comm_timeout();
+    if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
+    bool took = join_group_agreed(d, params, st, train, rejoin);
+    if (d->ranks > 1) comm_set_timeout(limit_s);
+    return took;
 }
 
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh) {
