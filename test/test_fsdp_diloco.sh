@@ -5,7 +5,8 @@
 #   1. 2 replicas × 2 ranks, int8 + error feedback, H = 5, 40 steps: both exit 0; param_hash
 #      equal on both replicas at every outer step (8); the loss falls; the DiLoCo state per
 #      rank is half of one process's. Streaming (4 fragments, 2 inner steps in flight, a
-#      checkpoint with a fragment in flight): param_hash equal at every fragment sync.
+#      checkpoint with a fragment in flight): param_hash equal at every fragment sync. Two
+#      relays of 2 shards each (diloco_rendezvous = a,b: several hubs): the same.
 #   2. The same stopped at step 20 and resumed (a fresh hub): every checkpoint file of step 40
 #      byte-identical to the straight run (fp32 downlink: the hub keeps no residual that a
 #      fresh hub would lack).
@@ -143,6 +144,23 @@ two_replicas 2 stream --n_layer 4 --diloco_inner_steps 12 --diloco_fragments 4 -
 check "streaming (4 fragments, 2 steps in flight): both exit 0 (rc $rc)" test "$rc" -eq 0
 check "  param_hash equal on both replicas at every fragment sync (23)" \
     all_hashes_agree 23 "$tmp/stream_0/metrics.jsonl" "$tmp/stream_1/metrics.jsonl"
+# Several hubs: two relays of 2 shards each; rank j uses port + j of both.
+start_relay hub_a 2; port_a=$port
+start_relay hub_b 2
+two_replicas 2 hubs --diloco_rendezvous "127.0.0.1:$port_a,127.0.0.1:$port" --diloco_quant int8 \
+    --diloco_min_replicas 2 --max_steps 40
+check "two hubs of 2 shards each: both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  param_hash equal on both replicas at every outer step (8)" \
+    all_hashes_agree 8 "$tmp/hubs_0/metrics.jsonl" "$tmp/hubs_1/metrics.jsonl"
+all_hubs_met() {  # every shard of both relays had both replicas connect
+    local f j r
+    for f in "$tmp/relay_hub_a.log" "$tmp/relay_hub_b.log"; do
+        for j in 0 1; do
+            for r in 0 1; do grep -q "relay shard $j .*replica $r connected" "$f" || return 1; done
+        done
+    done
+}
+check "  both replicas met at all four hubs" all_hubs_met
 
 # ---------------------------------------------------------------- 2. resume bit-exact
 exact=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_downlink fp32 --diloco_min_replicas 2
