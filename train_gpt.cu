@@ -1308,7 +1308,8 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
     const model_config *m = &cfg->model;
     int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * world;
     double state_gib = (double)t->numel * 16 / 1073741824.0;
-    double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len) / 1073741824.0;
+    recompute_setting recompute = config_recompute(cfg);
+    double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len, recompute) / 1073741824.0;
     printf("train_gpt | model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
            (long long)m->n_layer, (long long)m->d_model, (long long)m->n_head, (long long)m->n_kv_head,
            (long long)m->head_dim, (long long)m->d_ff, (long long)m->vocab_size, (long long)m->seq_len);
@@ -1317,8 +1318,12 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            "(6N + 12·L·Hq·D·T)\n",
            format_count((double)t->numel, all, sizeof all), format_count((double)model_matmul_params(t), matmul,
            sizeof matmul), model_flops_per_token(t) / 1e9);
-    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations = %.2f GiB\n",
-           state_gib, act_gib, state_gib + act_gib);
+    char every[48] = "";
+    if (recompute.mode != RECOMPUTE_NONE && recompute.every > 1)
+        snprintf(every, sizeof every, " on 1 layer in %lld", (long long)recompute.every);
+    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
+           "= %.2f GiB\n",
+           state_gib, act_gib, recompute_name(recompute.mode), every, state_gib + act_gib);
     int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len);  // -1: no CUDA backend
     if (gpu_bytes >= 0)
         printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
@@ -1402,10 +1407,15 @@ static void allocate(trainer *tr) {
         fail("fsdp: a job of %d ranks shards the model, which the CUDA backend does not do yet (NCCL: issue #14); "
              "run one rank per GPU job, or device = cpu",
              comm_size(tr->job));
+    if (tr->device == DEVICE_CUDA && strcmp(cfg->recompute, "none") != 0)
+        fail("recompute = %s: the CUDA backend does not recompute activations yet (issue #18); use recompute = none, "
+             "or device = cpu",
+             cfg->recompute);
     tr->be = tr->device == DEVICE_CUDA
                  ? gpu_backend_create(&tr->table, B, T)
                  : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward,
-                                              cfg->fsdp_prefetch, B, T, tr->params, tr->exp_avg, tr->exp_avg_sq);
+                                              cfg->fsdp_prefetch, config_recompute(cfg), B, T, tr->params,
+                                              tr->exp_avg, tr->exp_avg_sq);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = (int32_t *)xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = (int32_t *)xmalloc(tokens * sizeof *tr->targets);
@@ -1904,13 +1914,16 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[256];
-        // This process's: the weights, gradients and moments it holds, and (FSDP) the most
-        // gathered layers at once and the time spent waiting for collectives.
+        char extra[320];
+        // This process's: the weights, gradients and moments it holds, the most activation
+        // bytes held at once (the backend's allocator counts; 0 where it does not count), and
+        // (FSDP) the most gathered layers at once and the time spent waiting for collectives.
         snprintf(extra, sizeof extra,
-                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"gathered_peak_mb\":%.6f,\"comm_wait_s\":%.3f",
+                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
+                 "\"comm_wait_s\":%.3f",
                  (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
-                 (double)tr.be->gathered_peak_bytes / 1048576.0, tr.be->comm_wait_s);
+                 (double)tr.be->activation_peak_bytes / 1048576.0, (double)tr.be->gathered_peak_bytes / 1048576.0,
+                 tr.be->comm_wait_s);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
     metrics_close(tr.log);
