@@ -125,7 +125,7 @@ HOST_CU_SRC := quant.cu
 # train_gpt.cu (main, the training loop, the GPU model) is compiled on its own, not into
 # the library: the tests that need it include it with -DTESTING.
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
-TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c
+TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c test/test_recompute.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
