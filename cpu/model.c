@@ -66,40 +66,39 @@ static float *take(cpu_model *m, int64_t count) {
     return p;
 }
 
-// The buffers of what a layer keeps with `mode` (a full layer keeps none); into `a`, from
-// the allocator or, for the recomputed parts, from `from` (the scratch; NULL: allocate all).
-static void layer_buffers(cpu_model *m, layer_acts *a, recompute_mode mode, const layer_acts *from) {
+// A layer's buffers for `mode`: what it keeps from the allocator, what it recomputes from
+// the scratch (full: all of it, the layer keeps nothing but its input in resid).
+static void layer_buffers(cpu_model *m, layer_acts *a, recompute_mode mode, const layer_acts *scratch) {
     const model_config *c = &m->table->cfg;
     int64_t N = m->dims.N, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, KD = m->dims.KD;
-    bool keep_all = mode == RECOMPUTE_NONE || !from;
-    bool keep_products = keep_all || mode == RECOMPUTE_SELECTIVE;  // what a matmul or attention made
-    if (!keep_all && mode == RECOMPUTE_FULL) {
-        *a = *from;
+    if (mode == RECOMPUTE_FULL) {
+        *a = *scratch;
         a->recompute = mode;
         return;
     }
+    bool keep_all = mode == RECOMPUTE_NONE;  // else selective: the norms, q, k and act are recomputed
     a->recompute = mode;
-    a->resid_mid = keep_products ? take(m, N * C) : from->resid_mid;
-    a->attn_in = keep_all ? take(m, N * C) : from->attn_in;
-    a->attn_rstd = keep_all ? take(m, N) : from->attn_rstd;
+    a->resid_mid = take(m, N * C);
+    a->attn_in = keep_all ? take(m, N * C) : scratch->attn_in;
+    a->attn_rstd = keep_all ? take(m, N) : scratch->attn_rstd;
     // selective keeps the projections before QK-norm and RoPE, with or without qk_norm
-    bool raw = c->qk_norm || (mode == RECOMPUTE_SELECTIVE && from);
+    bool raw = c->qk_norm || mode == RECOMPUTE_SELECTIVE;
     a->q_raw = raw ? take(m, N * QD) : NULL;
     a->k_raw = raw ? take(m, N * KD) : NULL;
     if (c->qk_norm) {
-        a->q_rstd = keep_all ? take(m, N * m->dims.Hq) : from->q_rstd;
-        a->k_rstd = keep_all ? take(m, N * m->dims.Hkv) : from->k_rstd;
+        a->q_rstd = keep_all ? take(m, N * m->dims.Hq) : scratch->q_rstd;
+        a->k_rstd = keep_all ? take(m, N * m->dims.Hkv) : scratch->k_rstd;
     }
-    a->q = keep_all ? take(m, N * QD) : from->q;
-    a->k = keep_all ? take(m, N * KD) : from->k;
+    a->q = keep_all ? take(m, N * QD) : scratch->q;
+    a->k = keep_all ? take(m, N * KD) : scratch->k;
     a->v = take(m, N * KD);
     a->att = take(m, N * QD);
     a->lse = take(m, N * m->dims.Hq);
-    a->mlp_in = keep_all ? take(m, N * C) : from->mlp_in;
-    a->mlp_rstd = keep_all ? take(m, N) : from->mlp_rstd;
+    a->mlp_in = keep_all ? take(m, N * C) : scratch->mlp_in;
+    a->mlp_rstd = keep_all ? take(m, N) : scratch->mlp_rstd;
     a->gate = take(m, N * F);
     a->up = take(m, N * F);
-    a->act = keep_all ? take(m, N * F) : from->act;
+    a->act = keep_all ? take(m, N * F) : scratch->act;
 }
 
 // The scratch of the recomputed parts: the whole layer for full, for selective what it

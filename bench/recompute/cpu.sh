@@ -5,18 +5,19 @@
 #
 #   bash bench/recompute/cpu.sh [OUT_FILE] [ROUNDS] [STEPS] [BATCH]
 #
-# Each run trains STEPS steps (default 4) of one micro-batch of BATCH (default 1) × 1024
-# tokens on a synthetic shard, 2 threads; its step time is the mean of steps 2..STEPS (the
-# first has the page faults of first touch). The modes run interleaved, ROUNDS times (default
-# 2), so that load from other processes on the machine spreads over all of them; reported per
-# mode: the mean and the spread of the rounds' means, the overhead against none, the
-# activation memory the backend's allocator counts (end event: activation_peak_mb; equal to
-# cpu_model_plan_bytes, test/test_recompute.c) and the peak RSS.
+# Each run trains STEPS steps (default 6) of one micro-batch of BATCH (default 1) × 1024
+# tokens on a synthetic shard, 2 threads; steps 2..STEPS are timed (the first has the page
+# faults of first touch). The modes run interleaved, ROUNDS times (default 3), so that load
+# from other processes on a shared machine spreads over all of them. Reported per mode, over
+# all timed steps of all rounds: the median and the fastest step (the least disturbed by other
+# load: on a busy machine the better estimate of the mode's own cost), the overhead of each
+# against none's, the activation memory the backend's allocator counts (end event:
+# activation_peak_mb; equal to cpu_model_plan_bytes, test/test_recompute.c) and the peak RSS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench/results/$(date +%F)-recompute-cpu-$(hostname -s).txt}
-rounds=${2:-2}
-steps=${3:-4}
+rounds=${2:-3}
+steps=${3:-6}
 batch=${4:-1}
 BUILD=${BUILD:-build}
 make -s train_gpt "$BUILD/test_tool" >/dev/null
@@ -43,7 +44,7 @@ done
     echo "# bench/recompute/cpu.sh on $(hostname -s), $(date -u +%FT%TZ), $(nproc) cores" \
         "($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), commit $(git rev-parse --short HEAD)"
     echo "# configs/gpt-124m.conf at seq 1024, batch $batch, grad_accum 1, 2 threads; $rounds interleaved rounds of" \
-        "$steps steps per mode, step time = mean of steps 2..$steps; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+        "$steps steps per mode, steps 2..$steps timed; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
     for mode in "${modes[@]}"; do echo "# $mode: $(sed 's/^train_gpt | //' "$tmp/$mode.banner")"; done
     python3 - "$tmp" "$rounds" "${modes[@]}" <<'PY'
 import json, statistics, sys
@@ -54,16 +55,20 @@ def run(mode, r):
         d = json.loads(line)
         if d.get("event") == "end": end = d
         elif "step_ms" in d and "event" not in d: steps.append(d["step_ms"])
-    return sum(steps[1:]) / len(steps[1:]), end
+    return steps[1:], end
 res = {m: [run(m, r) for r in range(1, rounds + 1)] for m in modes}
-base = statistics.mean(ms for ms, _ in res["none"])
-print("%-12s %11s %15s %9s %18s %12s" % ("mode", "ms/step", "rounds' means", "overhead", "activation MiB", "peak RSS MiB"))
+med = {m: statistics.median([ms for steps, _ in res[m] for ms in steps]) for m in modes}
+low = {m: min(ms for steps, _ in res[m] for ms in steps) for m in modes}
+none_mib = res["none"][-1][1]["activation_peak_mb"]
+print("%-12s %13s %9s %14s %9s %18s %12s" % ("mode", "median ms", "overhead", "fastest ms", "overhead",
+                                              "activation MiB", "peak RSS MiB"))
 for m in modes:
-    means = [ms for ms, _ in res[m]]
     end = res[m][-1][1]
-    mean = statistics.mean(means)
-    print("%-12s %11.0f %15s %8.1f%% %11.1f (%.2f) %12.0f" % (
-        m, mean, "/".join("%.0f" % x for x in means), 100 * (mean / base - 1), end["activation_peak_mb"],
-        end["activation_peak_mb"] / res["none"][-1][1]["activation_peak_mb"], end["peak_rss_mb"]))
+    print("%-12s %13.0f %8.1f%% %14.0f %8.1f%% %11.1f (%.2f) %12.0f" % (
+        m, med[m], 100 * (med[m] / med["none"] - 1), low[m], 100 * (low[m] / low["none"] - 1),
+        end["activation_peak_mb"], end["activation_peak_mb"] / none_mib, end["peak_rss_mb"]))
+print("# every timed step (ms), by round:")
+for m in modes:
+    print("#   %-12s %s" % (m, " | ".join(" ".join("%.0f" % x for x in steps) for steps, _ in res[m])))
 PY
 } | tee "$out"
