@@ -205,6 +205,11 @@ $(BUILD)/reference_dump: $(BUILD)/test/reference_dump.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 # Bytes per parameter and encode / decode throughput of the quantizer (not in `make test`).
+# Step time and activation memory of each recompute mode on the CPU (not in `make test`;
+# bench/recompute/cpu.sh runs it on the 124M config).
+$(BUILD)/bench_recompute: $(BUILD)/bench/recompute_cpu.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 .PHONY: bench-quant
 $(BUILD)/bench_quant_bytes: $(BUILD)/bench/quant_bytes.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
