@@ -118,7 +118,7 @@ CXXFLAGS := $(filter-out -std=c11,$(CFLAGS_BASE)) -std=c++17 -fno-exceptions -fn
 # with nvcc the kernels; HOST_CU_SRC are .cu files of the library).
 LIB_SRC := llmc/common.c llmc/checksum.c llmc/json.c llmc/config.c llmc/params.c llmc/safetensors.c \
            llmc/optim.c llmc/checkpoint.c llmc/metrics.c llmc/device.c llmc/guard.c llmc/watchdog.c \
-           llmc/tensorboard.c llmc/plot.c llmc/shard.c llmc/comm.c \
+           llmc/tensorboard.c llmc/plot.c llmc/shard.c llmc/comm.c llmc/plan.c \
            cpu/gemm.c cpu/ops.c cpu/model.c cpu/backend.c \
            tok/sample.c diloco.c
 HOST_CU_SRC := quant.cu
@@ -129,7 +129,7 @@ TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c 
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
-            test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh \
+            test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
             test/test_recompute.sh test/test_docs.sh test/test_layout.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
@@ -145,9 +145,8 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
 #                          `make bench-streaming`: classic vs streaming DiLoCo's compute utilization
 -include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk test/aarch64.mk test/hip.mk
 
-# The CUDA encoder against the C reference, byte for byte: a GPU test (not in a HIP build yet:
-# llmc/quant.h declares the GPU encoder for nvcc only).
-ifeq ($(HAVE_CUDA)$(HAVE_HIP),1)
+# The GPU encoder against the C reference, byte for byte: a GPU test (CUDA and HIP).
+ifeq ($(HAVE_CUDA),1)
   GPU_TESTS += $(BUILD)/test_quant_gpu
 endif
 

@@ -36,6 +36,7 @@
 #include "llmc/optim.h"
 #include "llmc/params.h"
 #include "llmc/plot.h"
+#include "llmc/plan.h"
 #include "llmc/shard.h"
 #include "net/relay.h"
 #include "net/transport.h"
@@ -560,6 +561,24 @@ static void free_host_side(cuda_model *m) {
 int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
     cuda_model *m = create(t, B, T, true);
     int64_t bytes = m->device_bytes;
+    free_host_side(m);
+    return bytes;
+}
+
+// The part of that figure an FSDP rank holds whatever its share of the model: everything but
+// the fp32 weights, gradients and moments, the bf16 copy and AdamW's chunk list (activations,
+// scratch, tables, the matmul workspace). llmc/plan.h adds the rank's pieces and gathered units.
+int64_t cuda_model_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
+    cuda_model *m = create(t, B, T, true);
+    int count = 0;
+    device_buffer *b = device_buffers(m, &count);
+    void **state[] = {(void **)&m->params, (void **)&m->grads, (void **)&m->exp_avg, (void **)&m->exp_avg_sq,
+                      (void **)&m->params_bf16, (void **)&m->chunks};
+    int64_t bytes = m->device_bytes;
+    for (int i = 0; i < count; i++)
+        for (size_t s = 0; s < sizeof state / sizeof state[0]; s++)
+            if (b[i].slot == state[s]) bytes -= (b[i].count * (int64_t)b[i].elem + 255) / 256 * 256;
+    free(b);
     free_host_side(m);
     return bytes;
 }
@@ -1171,6 +1190,9 @@ static void probe_gpu(gpu_info *info) {
 }
 
 static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T) { return cuda_model_plan_bytes(t, B, T); }
+static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
+    return cuda_model_plan_activation_bytes(t, B, T);
+}
 
 #else  // no nvcc: a CPU-only build
 
@@ -1183,6 +1205,10 @@ static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T) {
     fail("internal error: the CUDA backend was called in a build without it (device_choose should have said cpu)");
 }
 static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T) {
+    (void)t, (void)B, (void)T;
+    return -1;
+}
+static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
     (void)t, (void)B, (void)T;
     return -1;
 }
@@ -1303,6 +1329,23 @@ static void resolve_doc_token(train_config *cfg, const dataloader *train) {
     m->doc_token = from_shards;
 }
 
+// One rank's plan for an FSDP group of `ranks` with this config's split settings, on the CPU
+// backend (fp32, cpu/model.c's activations) or a GPU (bf16 gathered weights, the CUDA model's
+// activations: activation_bytes, from rank_activations).
+static rank_memory rank_plan(const param_table *t, const train_config *cfg, int ranks, bool gpu,
+                             int64_t activation_bytes) {
+    plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu};
+    return plan_rank_memory(t, s, activation_bytes);
+}
+
+// The activations of one micro-batch on the CPU backend or a GPU (-1: this build has no CUDA
+// model to size them).
+static int64_t rank_activations(const param_table *t, const train_config *cfg, bool gpu) {
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len;
+    // The CUDA model does not recompute yet (allocate() refuses it): its activations are none's.
+    return gpu ? gpu_plan_activation_bytes(t, B, T) : cpu_model_plan_bytes(t, B, T, config_recompute(cfg));
+}
+
 // Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
 static void print_model_summary(const param_table *t, const train_config *cfg, int world) {
     const model_config *m = &cfg->model;
@@ -1351,12 +1394,14 @@ static void print_banner(const trainer *tr) {
                tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
     }
     const train_config *cfg = tr->cfg;
-    if (tr->job)
-        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; per rank %.2f MiB of weights+grads+AdamW "
-               "(1/%lld of the model's %.2f MiB), plus the layers gathered at a time\n",
+    if (tr->job) {
+        char line[512];
+        rank_memory plan = rank_plan(&tr->table, cfg, comm_size(tr->group), false, rank_activations(&tr->table, cfg, false));
+        plan_describe(&plan, line, sizeof line);
+        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s\n",
                comm_rank(tr->job), comm_size(tr->job), (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
-               cfg->dp_replicate == 1 ? "y" : "ies", (double)tr->shard.local_numel * 16.0 / 1048576.0,
-               (long long)cfg->fsdp_size, (double)tr->table.numel * 16.0 / 1048576.0);
+               cfg->dp_replicate == 1 ? "y" : "ies", line);
+    }
     if (tr->outer)
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
                "transport, %s outer gradients%s\n",
@@ -1366,9 +1411,57 @@ static void print_banner(const trainer *tr) {
     fflush(stdout);
 }
 
+// The smallest FSDP group (up to max_ranks) whose ranks each fit `bytes` with the headroom; 0: none.
+static int smallest_fitting_world(const param_table *t, const train_config *cfg, int64_t activation_bytes,
+                                  int64_t bytes, int max_ranks) {
+    for (int n = 1; n <= max_ranks; n++)
+        if (rank_plan(t, cfg, n, true, activation_bytes).total + GPU_MEMORY_HEADROOM_BYTES <= bytes) return n;
+    return 0;
+}
+
+// Per-rank memory at `world` ranks (`train_gpt plan --world N [--gpu NAME]`): what each rank
+// holds on the CPU backend and on a GPU, which GPUs hold it, and the smallest group each
+// GPU needs. gpu_row: a row of llmc/device.h's table to single out, or -1.
+static void print_rank_plans(const param_table *t, const train_config *cfg, int world, int gpu_row) {
+    char line[512];
+    printf("train_gpt | per rank, FSDP over %d (fsdp_reshard_after_forward %d, fsdp_prefetch %d; one micro-batch "
+           "of %lld x %lld):\n",
+           world, (int)cfg->fsdp_reshard_after_forward, (int)cfg->fsdp_prefetch, (long long)cfg->batch_size,
+           (long long)cfg->model.seq_len);
+    rank_memory cpu = rank_plan(t, cfg, world, false, rank_activations(t, cfg, false));
+    plan_describe(&cpu, line, sizeof line);
+    printf("train_gpt |   cpu backend (fp32): %s\n", line);
+    int64_t gpu_act = rank_activations(t, cfg, true);
+    if (gpu_act < 0) {
+        printf("train_gpt |   gpu: this build has no CUDA model to size the activations (build with nvcc)\n");
+        return;
+    }
+    rank_memory gpu = rank_plan(t, cfg, world, true, gpu_act);
+    plan_describe(&gpu, line, sizeof line);
+    printf("train_gpt |   gpu (bf16 gathered weights%s): %s\n",
+           world > 1 ? "; the CUDA backend does not shard yet: a projection" : "", line);
+    gpu_memory_fit(gpu.total, line, sizeof line);
+    printf("train_gpt |   fits each rank's GPU (plan + %.0f GiB headroom): %s\n",
+           (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, line);
+    enum { MAX_RANKS = 1024 };
+    printf("train_gpt |   the smallest FSDP group that fits (same micro-batch):");
+    for (int i = 0; i < gpu_memory_rows(); i++) {
+        if (gpu_row >= 0 && i != gpu_row) continue;
+        int n = smallest_fitting_world(t, cfg, gpu_act, gpu_memory_bytes(i), MAX_RANKS);
+        if (n > 0) printf("%s %s %d", i && gpu_row < 0 ? "," : "", gpu_memory_name(i), n);
+        else printf("%s %s none up to %d (the activations alone take %.1f GiB: a smaller micro-batch)",
+                    i && gpu_row < 0 ? "," : "", gpu_memory_name(i), (int)MAX_RANKS,
+                    (double)gpu.activations / 1073741824.0);
+    }
+    printf("\n");
+    if (gpu_row >= 0)
+        printf("train_gpt |   %s at %d rank(s): %s\n", gpu_memory_name(gpu_row), world,
+               gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit");
+}
+
 // Prints the model's size, FLOPs per token and memory plan without touching any data
-// (`train_gpt plan CONFIG`).
-static int train_plan(train_config *cfg) {
+// (`train_gpt plan CONFIG [--world N] [--gpu NAME]`).
+static int train_plan(train_config *cfg, int world, int gpu_row) {
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, 1);
@@ -1379,6 +1472,7 @@ static int train_plan(train_config *cfg) {
         printf("train_gpt | fits one GPU (plan + %.0f GiB headroom): %s\n",
                (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
     }
+    print_rank_plans(&t, cfg, world, gpu_row);
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
@@ -1389,6 +1483,29 @@ static int train_plan(train_config *cfg) {
     }
     param_table_free(&t);
     return 0;
+}
+
+// After a job's first step: what this rank holds against the plan the banner printed. The
+// pieces are exact by construction; the gathered units are the backend's own counters (the
+// most held at once so far), the activations the CPU model's allocation, and the process's RSS
+// says what the allocator and the libraries add.
+static void print_rank_memory(const trainer *tr) {
+    rank_memory plan =
+        rank_plan(&tr->table, tr->cfg, comm_size(tr->group), false, rank_activations(&tr->table, tr->cfg, false));
+    struct rusage usage;
+    double rss = getrusage(RUSAGE_SELF, &usage) == 0 ? (double)usage.ru_maxrss * 1024.0 : 0.0;
+    int64_t pieces = tr->shard.local_numel * 16;
+    bool small = plan.total < ((int64_t)1 << 30);
+    const double g = small ? 1048576.0 : 1073741824.0;
+    const char *u = small ? "MiB" : "GiB";
+    note("memory per rank after the first step (%s): pieces %.3f (planned %.3f), gathered weights %.3f at most "
+         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f; peak RSS %.3f (planned "
+         "total %.3f)",
+         u,
+         (double)pieces / g, (double)(plan.weights + plan.grads + plan.optimizer) / g,
+         (double)tr->be->gathered_peak_bytes / g, (double)plan.gathered_weights / g,
+         (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g, (double)plan.activations / g, rss / g,
+         (double)plan.total / g);
 }
 
 static void allocate(trainer *tr) {
@@ -1738,6 +1855,7 @@ static void setup_job(trainer *tr) {
                         : "this process is the job's only rank; start the ranks with srun or mpirun");
         return;
     }
+    comm_set_timeout(cfg->comm_timeout_s);
     tr->job = comm_world();
     int rank = comm_rank(tr->job), size = comm_size(tr->job);
     int64_t fsdp = cfg->fsdp_size > 0 ? cfg->fsdp_size : cfg->dp_replicate > 0 ? size / cfg->dp_replicate
@@ -1850,6 +1968,7 @@ static int train_run(train_config *cfg) {
             }
         }
         metrics_step(tr.log, &m);
+        if (tr.job && tr.state.step == first_step + 1) print_rank_memory(&tr);
         double step_s = (m.step_ms + (m.has_stall ? m.stall_ms : 0.0)) / 1e3;
         if (step_s > tr.slowest_step_s) tr.slowest_step_s = step_s;
         if (m.step > 1 || cfg->max_steps == 1) {  // the first step includes warm-up costs
@@ -1917,12 +2036,14 @@ static int train_run(train_config *cfg) {
         char extra[320];
         // This process's: the weights, gradients and moments it holds, the most activation
         // bytes held at once (the backend's allocator counts; 0 where it does not count), and
-        // (FSDP) the most gathered layers at once and the time spent waiting for collectives.
+        // (FSDP) the most gathered layers and unit gradients at once and the time spent
+        // waiting for collectives.
         snprintf(extra, sizeof extra,
                  "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
-                 "\"comm_wait_s\":%.3f",
+                 "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f",
                  (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
                  (double)tr.be->activation_peak_bytes / 1048576.0, (double)tr.be->gathered_peak_bytes / 1048576.0,
+                 (double)tr.be->grads_peak_bytes / 1048576.0,
                  tr.be->comm_wait_s);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
@@ -2306,6 +2427,28 @@ static void usage_error(void) {
          "train_gpt plot OUT_DIR... [-o FILE.svg]  |  train_gpt --help");
 }
 
+// `train_gpt plan`'s own options, first after the config: --world N (the ranks that shard one
+// copy; default fsdp_size, or 1) and --gpu NAME (a row of llmc/device.h's table). Returns how
+// many arguments it took; the rest are config keys.
+static int take_plan_options(int argc, char **argv, int *world, int *gpu_row) {
+    int i = 0;
+    for (; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--world") == 0) {
+            char *end = NULL;
+            long n = strtol(argv[i + 1], &end, 10);
+            if (!end || *end || n < 1 || n > 1 << 20) fail("plan: --world: expected a number of ranks, got '%s'", argv[i + 1]);
+            *world = (int)n;
+        } else if (strcmp(argv[i], "--gpu") == 0) {
+            char why[600];
+            *gpu_row = gpu_memory_find(argv[i + 1], why, sizeof why);
+            if (*gpu_row < 0) fail("plan: --gpu: %s", why);
+        } else {
+            break;
+        }
+    }
+    return i;
+}
+
 int main(int argc, char **argv) {
     // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2331,10 +2474,12 @@ int main(int argc, char **argv) {
     // A config file is optional when every required key comes from the command line.
     const char *config_path = strncmp(argv[at], "--", 2) == 0 ? NULL : argv[at];
     int rest = config_path ? at + 1 : at;
+    int world = 0, gpu_row = -1;
+    if (plan) rest += take_plan_options(argc - rest, argv + rest, &world, &gpu_row);
     train_config cfg;
     config_load(&cfg, config_path, argc - rest, argv + rest);
     int rc = 0;
-    if (plan) rc = train_plan(&cfg);
+    if (plan) rc = train_plan(&cfg, world > 0 ? world : cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : 1, gpu_row);
     else if (cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0) train_local(&cfg, false);
     else rc = train_run(&cfg);
     config_free(&cfg);

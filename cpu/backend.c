@@ -46,6 +46,7 @@ typedef struct {
     int scatter_unit;
     float *scatter_out, *scatter_in;
     int64_t gathered_floats, peak_gathered_floats;
+    int64_t grad_floats, peak_grad_floats;  // whole-unit gradients held, and a reduce-scatter's buffers
     bool prefetch;                         // fsdp_prefetch
 } cpu_backend;
 
@@ -103,10 +104,20 @@ static void units_release(cpu_units *u, int unit, bool backward_follows) {
     }
 }
 
+// Counts whole-unit gradient buffers (and the scatter's piece) for the memory plan's check.
+static void count_grad_floats(cpu_backend *c, int64_t delta) {
+    c->grad_floats += delta;
+    if (c->grad_floats > c->peak_grad_floats) c->peak_grad_floats = c->grad_floats;
+    c->base.grads_peak_bytes = c->peak_grad_floats * (int64_t)sizeof(float);
+}
+
 static float *units_grads(cpu_units *u, int unit) {
     cpu_backend *c = of_units(u);
     unit_state *st = &c->unit[unit];
-    if (!st->grad) st->grad = alloc_floats((size_t)(c->map.units[unit].piece * c->map.ranks));  // zeroed
+    if (!st->grad) {
+        st->grad = alloc_floats((size_t)(c->map.units[unit].piece * c->map.ranks));  // zeroed
+        count_grad_floats(c, c->map.units[unit].piece * c->map.ranks);
+    }
     return st->grad;
 }
 
@@ -119,6 +130,7 @@ static void finish_scatter(cpu_backend *c) {
     for (int64_t i = 0; i < x->piece; i++) g[i] += c->scatter_out[i];
     free(c->scatter_out);
     free(c->scatter_in);
+    count_grad_floats(c, -x->piece * (2 * c->map.ranks + 1));
     c->scatter = NULL;
 }
 
@@ -130,6 +142,7 @@ static void units_grads_done(cpu_units *u, int unit) {
     c->scatter_unit = unit;
     c->scatter_in = st->grad;
     c->scatter_out = alloc_floats((size_t)x->piece);
+    count_grad_floats(c, x->piece * (c->map.ranks + 1));  // the piece, and the all-to-all's receive buffer
     c->scatter = comm_ireduce_scatter(c->group, st->grad, x->piece, c->scatter_out);
     st->grad = NULL;
 }

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef HAVE_MPI
 #include <mpi.h>
@@ -41,8 +42,10 @@ struct comm {
 };
 
 struct comm_request {
+    const comm *c;
 #ifdef HAVE_MPI
     MPI_Request req;
+    const char *what;
 #endif
     float *scratch;            // reduce-scatter: every rank's part of mine, summed at the wait
     float *mine;
@@ -61,8 +64,9 @@ static comm *one_rank(bool owned) {
 }
 
 // A request that is already complete (a group of one copies at once).
-static comm_request *done_request(void) {
+static comm_request *done_request(const comm *c) {
     comm_request *r = xcalloc(1, sizeof *r);
+    r->c = c;
 #ifdef HAVE_MPI
     r->req = MPI_REQUEST_NULL;
 #endif
@@ -78,7 +82,36 @@ static void sum_in_rank_order(const float *parts, int size, int64_t n, float *ou
     }
 }
 
+// How long a rank waits for any collective before it decides another rank is gone
+// (comm_timeout_s). Process-wide: a job has one.
+static double wait_limit_s = COMM_DEFAULT_TIMEOUT_S;
+
+void comm_set_timeout(double seconds) { wait_limit_s = seconds > 0 ? seconds : COMM_DEFAULT_TIMEOUT_S; }
+double comm_timeout(void) { return wait_limit_s; }
+
 #ifdef HAVE_MPI
+
+// Waits for req, polling: MPI_Wait would wait forever for a rank that was killed under a
+// launcher that does not end the job (srun without --kill-on-bad-exit) or that hangs. Spins
+// first (a collective usually lands within microseconds), then naps up to 1 ms between polls.
+static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
+    if (*req == MPI_REQUEST_NULL) return;
+    double t0 = wall_seconds(), nap_s = 20e-6;
+    for (long polls = 0;; polls++) {
+        int done = 0;
+        comm_mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        if (done) return;
+        if (polls < 2000) continue;
+        double waited = wall_seconds() - t0;
+        if (waited > wait_limit_s)
+            fail("comm: rank %d of %d waited %.0f s for the other ranks (%s): one of them died, hung or stalls "
+                 "(comm_timeout_s = %g); exiting so that the job can be requeued and resume from its checkpoint",
+                 c->rank, c->size, waited, what, wait_limit_s);
+        struct timespec ts = {0, (long)(nap_s * 1e9)};
+        nanosleep(&ts, NULL);
+        if (nap_s < 1e-3) nap_s *= 2;
+    }
+}
 
 static int count_of(int64_t n) {
     if (n < 0 || n > INT_MAX) fail("comm: %lld values per rank, more than one MPI call takes", (long long)n);
@@ -182,7 +215,7 @@ int comm_rank(const comm *c) { return c->rank; }
 int comm_size(const comm *c) { return c->size; }
 
 comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float *all) {
-    comm_request *r = done_request();
+    comm_request *r = done_request(c);
     if (c->size == 1) {
         memcpy(all, mine, (size_t)n * sizeof(float));
         return r;
@@ -190,12 +223,13 @@ comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float
 #ifdef HAVE_MPI
     comm_mpi_check(MPI_Iallgather(mine, count_of(n), MPI_FLOAT, all, count_of(n), MPI_FLOAT, c->mpi, &r->req),
                    "MPI_Iallgather");
+    r->what = "an all-gather";
 #endif
     return r;
 }
 
 comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine) {
-    comm_request *r = done_request();
+    comm_request *r = done_request(c);
     if (c->size == 1) {
         memcpy(mine, all, (size_t)n * sizeof(float));
         return r;
@@ -209,6 +243,7 @@ comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, f
 #ifdef HAVE_MPI
     comm_mpi_check(MPI_Ialltoall(all, count_of(n), MPI_FLOAT, r->scratch, count_of(n), MPI_FLOAT, c->mpi, &r->req),
                    "MPI_Ialltoall");
+    r->what = "a reduce-scatter";
 #endif
     return r;
 }
@@ -216,7 +251,7 @@ comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, f
 void comm_wait(comm_request *r) {
     if (!r) return;
 #ifdef HAVE_MPI
-    if (r->req != MPI_REQUEST_NULL) comm_mpi_check(MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
+    timed_wait(r->c, &r->req, r->what);
 #endif
     if (r->scratch) {
         sum_in_rank_order(r->scratch, r->size, r->n, r->mine);
@@ -233,12 +268,21 @@ void comm_reduce_scatter(const comm *c, const float *all, int64_t n, float *mine
     comm_wait(comm_ireduce_scatter(c, all, n, mine));
 }
 
+// all[size] ← every rank's x.
+static void gather_doubles(const comm *c, double x, double *all) {
+#ifdef HAVE_MPI
+    MPI_Request req;
+    comm_mpi_check(MPI_Iallgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi, &req), "MPI_Iallgather");
+    timed_wait(c, &req, "an all-gather of one number");
+#else
+    all[0] = x;
+#endif
+}
+
 double comm_sum(const comm *c, double x) {
     if (c->size == 1) return x;
     double *all = xmalloc((size_t)c->size * sizeof *all), s = 0.0;
-#ifdef HAVE_MPI
-    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
-#endif
+    gather_doubles(c, x, all);
     for (int r = 0; r < c->size; r++) s += all[r];
     free(all);
     return s;
@@ -267,7 +311,9 @@ void comm_allreduce(const comm *c, float *x, int64_t n) {
 void comm_broadcast(const comm *c, void *data, int64_t bytes, int root) {
     if (c->size == 1 || bytes == 0) return;
 #ifdef HAVE_MPI
-    comm_mpi_check(MPI_Bcast(data, count_of(bytes), MPI_BYTE, root, c->mpi), "MPI_Bcast");
+    MPI_Request req;
+    comm_mpi_check(MPI_Ibcast(data, count_of(bytes), MPI_BYTE, root, c->mpi, &req), "MPI_Ibcast");
+    timed_wait(c, &req, "a broadcast");
 #else
     (void)data;
     (void)root;
@@ -277,9 +323,7 @@ void comm_broadcast(const comm *c, void *data, int64_t bytes, int root) {
 double comm_max(const comm *c, double x) {
     if (c->size == 1) return x;
     double *all = xmalloc((size_t)c->size * sizeof *all), m = x;
-#ifdef HAVE_MPI
-    comm_mpi_check(MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, c->mpi), "MPI_Allgather");
-#endif
+    gather_doubles(c, x, all);
     for (int r = 0; r < c->size; r++) m = all[r] > m ? all[r] : m;
     free(all);
     return m;

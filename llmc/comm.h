@@ -64,6 +64,15 @@ comm_request *comm_iallgather(const comm *c, const float *mine, int64_t n, float
 comm_request *comm_ireduce_scatter(const comm *c, const float *all, int64_t n, float *mine);
 void comm_wait(comm_request *r);
 
+// Every wait for a collective gives up after comm_timeout_s with a one-line fatal error naming
+// this rank and the collective: a rank that died or hangs ends the job instead of leaving the
+// others waiting forever (launchers that kill the job first are fine too). It must exceed the
+// longest time one rank may spend alone between two collectives (rank 0 hashing a checkpoint,
+// a DiLoCo exchange): docs/fsdp.md. seconds <= 0: the default.
+#define COMM_DEFAULT_TIMEOUT_S 600.0
+void comm_set_timeout(double seconds);
+double comm_timeout(void);
+
 // MPI's thread level after initialising it (MPI_THREAD_* value), -1 without MPI in the build;
 // and a one-line fatal error for a failed MPI call. Shared with net/transport_mpi.c.
 int comm_mpi_init(void);

@@ -96,6 +96,7 @@ static const key_spec KEYS[] = {
     {"fsdp_size", KEY_INT, T(fsdp_size), "0", 0, 1 << 20, NULL, false, "ranks that shard one copy of the model (FSDP); 0 = the ranks of a node"},
     {"dp_replicate", KEY_INT, T(dp_replicate), "0", 0, 1 << 20, NULL, false, "copies of the sharded model whose gradients are all-reduced every step (HSDP); 0 = ranks / fsdp_size"},
     {"fsdp_prefetch", KEY_BOOL, T(fsdp_prefetch), "1", 0, 1, NULL, false, "start gathering the next layer while the current one computes"},
+    {"comm_timeout_s", KEY_FLOAT, T(comm_timeout_s), "600", 1, 86400, NULL, false, "a rank waiting this long for a collective of the job decides another rank died or hangs, and exits with an error (the job can be requeued)"},
     {"fsdp_reshard_after_forward", KEY_BOOL, T(fsdp_reshard_after_forward), "1", 0, 1, NULL, false, "free a layer's gathered weights after its forward (gather again for backward); 0 = keep them until the backward"},
     // --- memory ---
     {"recompute", KEY_CHOICE, T(recompute), "none", 0, 0, "none|selective|full", false, "activation recomputation: none keeps every activation for the backward; selective recomputes norms, QK-norm, RoPE and SwiGLU's activation (no matmul); full keeps only each layer's input and runs its forward again before its backward"},

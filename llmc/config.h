@@ -81,6 +81,7 @@ typedef struct {
     int64_t dp_replicate;  // HSDP copies; 0 = ranks / fsdp_size
     bool fsdp_reshard_after_forward;
     bool fsdp_prefetch;
+    double comm_timeout_s;
     // activation recomputation (docs/config.md#memory)
     char *recompute;            // none | selective | full
     int64_t recompute_layers;   // the mode applies to every N-th layer (l % N == 0); the others keep all

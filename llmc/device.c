@@ -5,6 +5,7 @@
 // same way in both builds.
 #include "llmc/device.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -71,6 +72,37 @@ void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes) {
         if (n < 0) break;
         at += (size_t)n;  // past out_bytes when cut short: the loop ends
     }
+}
+
+int gpu_memory_rows(void) { return (int)(sizeof memory_table / sizeof memory_table[0]); }
+const char *gpu_memory_name(int row) { return memory_table[row].name; }
+int64_t gpu_memory_bytes(int row) { return (int64_t)memory_table[row].gib << 30; }
+
+// Lower case, letters and digits only: "H100 64GB" and "h100-64gb" both become "h10064gb".
+static void squeeze(const char *in, char *out, size_t out_bytes) {
+    size_t n = 0;
+    for (; *in && n + 1 < out_bytes; in++)
+        if (isalnum((unsigned char)*in)) out[n++] = (char)tolower((unsigned char)*in);
+    out[n] = 0;
+}
+
+int gpu_memory_find(const char *spelling, char *why, size_t why_bytes) {
+    char want[64], name[64], names[512] = "";
+    squeeze(spelling, want, sizeof want);
+    int found = -1, matches = 0;
+    for (int i = 0; i < gpu_memory_rows(); i++) {
+        squeeze(memory_table[i].name, name, sizeof name);
+        size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", memory_table[i].name);
+        if (strcmp(name, want) == 0) return i;
+        if (want[0] && strncmp(name, want, strlen(want)) == 0) {
+            found = i;
+            matches++;
+        }
+    }
+    if (matches == 1) return found;
+    snprintf(why, why_bytes, "'%s' %s one of: %s", spelling, matches ? "names more than" : "is not", names);
+    return -1;
 }
 
 // ---------------------------------------------------------------- choosing

@@ -57,6 +57,13 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
 // MI250X is one device (64 GB of the package's 128).
 #define GPU_MEMORY_HEADROOM_BYTES ((int64_t)2 << 30)
 void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes);
+// The same table, row by row: its size, each row's name and memory, and the row a user's
+// spelling names ("h100-64gb", "H100 64GB", "gh200": case, spaces and dashes do not matter; a
+// prefix must name one row). -1 when it names none or several, with the reason in why.
+int gpu_memory_rows(void);
+const char *gpu_memory_name(int row);
+int64_t gpu_memory_bytes(int row);
+int gpu_memory_find(const char *spelling, char *why, size_t why_bytes);
 
 // The peak for MFU: `configured` (the peak_tflops key) when > 0; on DEVICE_CUDA the table's
 // entry for gpu (GPU 0); otherwise 0 = unknown (metrics then log mfu as null, never a

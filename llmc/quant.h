@@ -28,8 +28,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
+// The GPU launchers' stream: CUDA's, or HIP's (cuda/portable.cuh maps one to the other for
+// the kernels; llmc/ cannot include cuda/).
+#if defined(__CUDACC__)
 #include <cuda_runtime_api.h>
+#define QUANT_GPU_STREAM cudaStream_t
+#elif defined(__HIPCC__)
+#include <hip/hip_runtime_api.h>
+#define QUANT_GPU_STREAM hipStream_t
 #endif
 
 #ifdef __cplusplus
@@ -115,8 +121,8 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 // subnormals, zero and non-finite blocks): the same IEEE fp32 division for scale and code,
 // the same round-half-away, no FMA contraction. The decoder gives the same bits as
 // quant_decode. Every launcher takes the stream last and never synchronizes. Declared for
-// code compiled by nvcc only.
-#ifdef __CUDACC__
+// code compiled by nvcc or hipcc only.
+#if defined(__CUDACC__) || defined(__HIPCC__)
 // d_x[n] (+ d_residual[n]) -> d_out[quant_encoded_bytes(k, n, block)], all device memory;
 // d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is).
 // d_residual NULL: quant_encode. Otherwise quant_encode_feedback without its return value:
@@ -124,11 +130,12 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 // is not computed here (a reduction and a host sync the step does not need); quant_decode
 // on the host copy gives it where it is wanted.
 void quant_encode_cuda(quant_kind k, const float *d_x, float *d_residual, int64_t n, int64_t block, uint8_t *d_out,
-                       cudaStream_t stream);
+                       QUANT_GPU_STREAM stream);
 
 // d_in[quant_encoded_bytes(k, n, block)] -> d_x[n], as quant_decode; d_in 4-byte aligned.
-void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, int64_t block, float *d_x, cudaStream_t stream);
-#endif  // __CUDACC__
+void quant_decode_cuda(quant_kind k, const uint8_t *d_in, int64_t n, int64_t block, float *d_x,
+                       QUANT_GPU_STREAM stream);
+#endif  // __CUDACC__ || __HIPCC__
 
 #ifdef __cplusplus
 }

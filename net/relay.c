@@ -130,6 +130,8 @@ typedef struct {
     wire_status status;             // from JOIN
     bool joiner;                    // member for the next round, its state still on the way
     bool held;                      // a founding member whose JOINED waits for the quorum
+    int64_t member_from;            // a member is expected in rounds from this id on (FOLLOW, or a
+                                    // joiner of a run with several hubs); it may begin an earlier one
     int min_replicas;               // from its AUTH
     transfer up;                    // its contribution to the open round (which chunks came)
     pending *queue_head, *queue_tail;
@@ -156,6 +158,7 @@ struct relay {
     uint64_t fingerprint;
     bool status_known;
     wire_status status;
+    int64_t follow_from;            // a group founded by FOLLOW: its founder's first round (-1: none)
     // the open round
     bool round_open;
     int64_t round_step, last_closed_step;
@@ -177,6 +180,8 @@ struct relay {
     // the state transfer
     int donor;                      // -1: none
     double donor_progress_s;        // designation, last chunk, or last moment it was paused
+    double donor_grace_s;           // how long it may take to announce its state: timeout_s, or 3 ×
+                                    // with several hubs (it sends once every share's round is in)
     transfer st;
 };
 
@@ -350,12 +355,16 @@ static void contribution_reset(contribution *k) {
     memset(k, 0, sizeof *k);
 }
 
+// Whether member id takes part in the open round: from its first round on (member_from), or
+// once it has begun one before that.
+static bool due(relay *h, int id) { return h->round_step >= rep(h, id)->member_from || h->contrib[id].began; }
+
 // Whether replica id's segments go into the mean: a member still in the round (it may not
 // have begun yet: then the reduction waits for it), or a whole contribution (even if its
 // sender has gone since).
 static bool expected(relay *h, int id) {
     const contribution *k = &h->contrib[id];
-    return (rep(h, id)->state == R_MEMBER && !k->left) || k->whole;
+    return (rep(h, id)->state == R_MEMBER && !k->left && due(h, id)) || k->whole;
 }
 
 // Whether replica id is sent the mean: it began the round and is still in it.
@@ -586,6 +595,20 @@ static uint64_t rss_bytes(void) {
     return got == 2 ? resident * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
+// A run with several hubs numbers its rounds 64·k + 8·attempt + share (docs/protocol.md).
+#define HUB_ROUNDS_PER_STEP 64
+static bool multi_hub(const relay *h) { return h->round_sized && (h->spec.flags & WIRE_MULTI_HUB); }
+
+// "12", or "777 (step 12, attempt 1, share 1)" for a round of a run with several hubs.
+static const char *round_name(const relay *h, char *buf, size_t bytes) {
+    long long w = (long long)h->round_step;
+    if (multi_hub(h))
+        snprintf(buf, bytes, "%lld (step %lld, attempt %lld, share %lld)", w, w / HUB_ROUNDS_PER_STEP,
+                 w % HUB_ROUNDS_PER_STEP / 8, w % 8);
+    else snprintf(buf, bytes, "%lld", w);
+    return buf;
+}
+
 static void close_round(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].bounded)
@@ -622,20 +645,26 @@ static void close_round(relay *h) {
     char joiners[1200] = "";
     if (donor >= 0) {
         int nj = 0;
+        // With several hubs the donor sends its state once it has the whole outer step (every
+        // share's round): the joiners are members from the next step's first round.
+        int64_t from = multi_hub(h) ? (h->round_step / HUB_ROUNDS_PER_STEP + 1) * HUB_ROUNDS_PER_STEP : 0;
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
             if (h->reps[i].state == R_WAITING) {
                 replica *r = rep(h, i);
                 r->joiner = true;
+                r->member_from = from;
                 r->state = R_MEMBER;   // for the next round; its state comes first on its streams
                 size_t len = strlen(joiners);
                 snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
             }
         h->donor = donor;
         h->donor_progress_s = wall_seconds();
+        h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
         transfer_reset(&h->st);
     }
-    hub_log(h, "round %lld closed: %u contributor(s) [%s], %s in, %s out, rss %s, %s", (long long)h->round_step, m.n,
-            ids, fmt_bytes(h->round_in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
+    char name[96];
+    hub_log(h, "round %s closed: %u contributor(s) [%s], %s in, %s out, rss %s, %s", round_name(h, name, sizeof name),
+            m.n, ids, fmt_bytes(h->round_in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
             fmt_bytes(rss_bytes(), b3, sizeof b3), apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
@@ -681,7 +710,7 @@ static void check_round(relay *h) {
     bool all = true;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
-        if (r->state != R_MEMBER || h->contrib[i].whole) continue;
+        if (r->state != R_MEMBER || h->contrib[i].whole || !due(h, i)) continue;
         // Still uploading and moving: wait for it even past the deadline.
         bool moving = r->up.started && now - r->up.last_progress_s < h->o.timeout_s;
         if (r->up.started && !moving) {
@@ -945,6 +974,7 @@ static void found_group(relay *h, int founder) {
     h->status_known = true;
     h->status = rep(h, founder)->status;
     h->last_closed_step = -1;
+    h->follow_from = -1;
     // A group founded anew starts without the downlink residual (its replicas may have gone
     // back to a checkpoint): what the last means did not carry is lost, at most one round's
     // quantization error of the mean (docs/protocol.md).
@@ -1002,6 +1032,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
             return;
         }
     r->status = *s;
+    r->member_from = 0;
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
@@ -1043,6 +1074,54 @@ static void settle_group(relay *h) {
             send_joined(h, r, JOINED_MEMBER);
         }
     }
+}
+
+// FOLLOW (a run with several hubs, at a hub that is not the replica's primary): a member at
+// once, without a state transfer (the primary hub's join brings the replica in step with the
+// group), expected in rounds from first_round on — never in the round open now, unless it
+// has begun it or begins it. A member that follows again keeps its part in the open round
+// (its chunks may overtake the FOLLOW on the data connections). A group without members is
+// founded by the follower, with its status unknown (a later JOIN waits for a state).
+static void on_follow(relay *h, int id, const wire_follow *m) {
+    replica *r = rep(h, id);
+    if (r->joiner) {
+        r->joiner = false;
+        drop_queue(r);
+        r->state = R_CONNECTED;
+    }
+    r->held = false;
+    for (int st = 1; st <= r->streams; st++)
+        if (!r->data[st]) {
+            drop_replica(h, id, "sent FOLLOW before all its data streams were connected");
+            return;
+        }
+    r->status = (wire_status){.outer_step = m->outer_step, .param_hash = m->param_hash};
+    bool founds = count_members(h) == 0;
+    if (founds) {
+        found_group(h, id);
+        h->status_known = false;
+        if (m->first_round != INT64_MAX) h->follow_from = m->first_round;
+    }
+    make_member(h, id);
+    r->member_from = m->first_round;
+    // The replicas that find a hub back follow it at about the same moment (each from a step or
+    // two after its own next one): until the group has had a round, they all start from its
+    // founder's first round, so that they agree on the step the hub takes its share again.
+    bool unstarted = h->follow_from >= 0 && h->last_closed_step < 0 && !h->round_open;
+    if (unstarted && m->first_round != INT64_MAX) r->member_from = h->follow_from;
+    if (h->round_open && !h->contrib[id].began && r->member_from <= h->round_step) r->member_from = h->round_step + 1;
+    // JOINED answers a FOLLOW with the round this replica is expected from.
+    uint8_t jb[WIRE_JOINED_BYTES];
+    wire_joined j = {.result = JOINED_MEMBER, .group_step = r->member_from, .group_hash = 0};
+    send_control(h, r, WIRE_JOINED, jb, wire_encode_joined(&j, jb));
+    if (m->first_round == INT64_MAX)
+        hub_log(h, "replica %d follows%s: member, expected in no round until it follows again", id,
+                founds ? " and founds the group" : "");
+    else
+        hub_log(h, "replica %d follows%s: member at outer step %lld, expected from round %lld on", id,
+                founds ? " and founds the group" : "", (long long)m->outer_step, (long long)r->member_from);
+    check_round(h);
+    release_held(h);
 }
 
 // ---------------------------------------------------------------- the handshake
@@ -1130,7 +1209,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         hc->role = ROLE_CONTROL;
         hc->replica = id;
         hc->c.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOIN) | CONN_ALLOW(WIRE_CONTRIBUTE) |
-                           CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE);
+                           CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE) | CONN_ALLOW(WIRE_FOLLOW);
         welcome(h, hc, &a, session);
         hub_log(h, "replica %d connected from %s (%d data streams)", id, hc->c.peer, a.streams);
         return;
@@ -1168,6 +1247,11 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     case WIRE_STATE: {
         wire_state m;
         if (!(bad = wire_decode_state(f->payload, (size_t)f->payload_bytes, &m))) on_state_announce(h, id, &m);
+        break;
+    }
+    case WIRE_FOLLOW: {
+        wire_follow m;
+        if (!(bad = wire_decode_follow(f->payload, (size_t)f->payload_bytes, &m))) on_follow(h, id, &m);
         break;
     }
     case WIRE_LEAVE: drop_replica(h, id, "left (goodbye)"); return;
@@ -1261,7 +1345,8 @@ static void housekeeping(relay *h) {
         for (int s = 1; s <= rep(h, h->donor)->streams; s++)
             if (rep(h, h->donor)->data[s]) paused |= donor_paused(h, rep(h, h->donor)->data[s]);
         if (paused) h->donor_progress_s = now;
-        else if (now - h->donor_progress_s > h->o.timeout_s) abort_transfer(h, "the donor sent nothing for a timeout");
+        else if (now - h->donor_progress_s > (h->st.announced ? h->o.timeout_s : h->donor_grace_s))
+            abort_transfer(h, "the donor sent nothing for a timeout");
     }
     check_round(h);
     settle_group(h);
@@ -1381,6 +1466,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->listen_fd = fd;
     h->port = net_local_port(fd);
     h->donor = -1;
+    h->follow_from = -1;
     h->last_closed_step = -1;
     h->first_began_s = -1;
     if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));

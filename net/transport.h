@@ -9,7 +9,8 @@
 //        connections). Frames are length-prefixed, versioned, bounded, and authenticated
 //        with HMAC-SHA256 over a shared secret (docs/protocol.md). The hub keeps the
 //        membership: heartbeats, eviction of a dead or silent replica within timeout_s,
-//        joins at outer boundaries.
+//        joins at outer boundaries. With several hubs (net/transport_hubs.c) each reduces
+//        a share of the payload's segments and a dead one's share moves to the others.
 //   mpi  (net/transport_mpi.c): the replicas are the ranks of one MPI world (one job). The
 //        membership is fixed; a rank that dies ends the job (MPI offers no recovery), so
 //        fault tolerance needs tcp.
@@ -46,7 +47,8 @@ typedef struct {
     double timeout_s;           // eviction, round deadline, and every blocking socket call
     double connect_timeout_s;   // how long a replica keeps trying to reach the hub at start
     // tcp only
-    const char *rendezvous;     // "host:port" of the hub
+    const char *rendezvous;     // "host:port" of the hub, or "h1:p1,h2:p2,..." (several hubs:
+                                // net/transport_hubs.c, docs/protocol.md "Several hubs")
     bool serve;                 // this process also runs the hub, listening on rendezvous
     int streams;                // parallel TCP connections per replica for payloads and states
                                 // (1..64; a control connection comes on top)

@@ -24,6 +24,7 @@
 // configuration causes is fatal (a refused secret, a different run_fingerprint, an id out
 // of range, a hub that cannot prove the secret).
 #include "net/transport_impl.h"
+#include "net/transport_tcp_hub.h"
 
 #include "llmc/common.h"
 #include "llmc/quant.h"
@@ -55,10 +56,12 @@ typedef struct msg {
     uint8_t payload[];
 } msg;
 
-typedef struct {
+struct tcp {
     transport_options o;
     uint8_t *secret;
     char hub[300];                  // the address we connect to
+    bool multi_hub;                 // one hub of several: round ids are 64·k + 8·attempt + share
+    bool quiet;                     // connect_session does not say it waits (a background retry)
     relay *served;
     // the session
     bool connected, member;
@@ -83,6 +86,7 @@ typedef struct {
     wire_round round;
     char evicted_why[WIRE_MAX_TEXT_BYTES + 1];
     uint32_t joined;                // JOINED_MEMBER / JOINED_WAIT / 0
+    int64_t joined_step;            // its group_step (answering FOLLOW: the round we are expected from)
     // the mean of the round in progress, and an incoming state
     uint8_t *mean;
     size_t mean_cap;
@@ -103,7 +107,8 @@ typedef struct {
     double job_progress_s;
     uint8_t *own;
     size_t own_cap;
-} tcp;
+};
+typedef struct tcp tcp;
 
 // ---------------------------------------------------------------- small helpers
 static void random_bytes(uint8_t *p, size_t n) {
@@ -334,6 +339,9 @@ static void disconnect(tcp *t) {
     }
     clear_mailbox(t);
     t->mean_received = 0;
+    // An upload cut off here must not go on over the next session (its round is over for us).
+    t->job_buf = NULL;
+    t->job_total = t->job_next = t->job_end = 0;
     t->connected = false;
     t->member = false;
 }
@@ -396,7 +404,7 @@ static bool connect_session(tcp *t, double deadline, char *err, size_t err_bytes
                      t->o.replica_id, duplicate_why);
             return false;
         }
-        if (!told) {
+        if (!told && !t->quiet) {
             note("diloco: waiting for the hub at %s (%s)", t->hub, why);
             told = true;
         }
@@ -465,6 +473,7 @@ static void take_mail(tcp *t) {
             wire_joined j;
             if (!(bad = wire_decode_joined(m->payload, m->bytes, &j))) {
                 t->joined = j.result;
+                t->joined_step = j.group_step;
                 if (j.result == JOINED_WAIT)
                     note("diloco: replica %d waits for the group's state at the next outer boundary", t->o.replica_id);
             }
@@ -730,7 +739,9 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     if (slow || die) t->job_end = bytes / 2 / chunk * chunk;
     wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = chunk,
                          .up_codec = (uint8_t)spec->up_codec, .down_codec = (uint8_t)spec->down_codec,
-                         .flags = spec->down_feedback ? WIRE_HUB_FEEDBACK : 0, .block = (uint32_t)spec->block,
+                         .flags = (uint8_t)((spec->down_feedback ? WIRE_HUB_FEEDBACK : 0) |
+                                            (t->multi_hub ? WIRE_MULTI_HUB : 0)),
+                         .block = (uint32_t)spec->block,
                          .segment_values = (uint32_t)spec->segment, .bound = spec->bound,
                          .values = (uint64_t)spec->values,
                          .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values};
@@ -879,8 +890,8 @@ static void own_hub_address(const char *rendezvous, int port, char *out, size_t 
     else snprintf(out, out_bytes, "%s:%d", host, port);
 }
 
-transport *transport_tcp_open(const transport_options *o) {
-    if (!o->rendezvous || !o->rendezvous[0]) fail("diloco_rendezvous: must be host:port of the hub");
+// Checks the options and allocates a session with the hub at address (not connected).
+static tcp *tcp_new(const transport_options *o, const char *address) {
     if (!o->secret || o->secret_bytes == 0) fail("diloco_secret_file: no secret");
     if (o->replicas < 1 || o->replicas > WIRE_MAX_REPLICAS || o->replica_id < 0 || o->replica_id >= o->replicas)
         fail("diloco_replica_id %d is not in 0..%d", o->replica_id, o->replicas - 1);
@@ -900,7 +911,14 @@ transport *transport_tcp_open(const transport_options *o) {
     pthread_mutex_init(&t->mailbox_lock, NULL);
     if (pipe2(t->to_io, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(t->to_main, O_NONBLOCK | O_CLOEXEC) != 0)
         fail("tcp transport: pipe: %s", strerror(errno));
-    snprintf(t->hub, sizeof t->hub, "%s", o->rendezvous);
+    snprintf(t->hub, sizeof t->hub, "%s", address);
+    return t;
+}
+
+transport *transport_tcp_open(const transport_options *o) {
+    if (!o->rendezvous || !o->rendezvous[0]) fail("diloco_rendezvous: must be host:port of the hub");
+    if (strchr(o->rendezvous, ',')) return transport_hubs_open(o);
+    tcp *t = tcp_new(o, o->rendezvous);
     if (o->serve) {
         relay_options ro = {.listen = o->rendezvous, .secret = o->secret, .secret_bytes = o->secret_bytes,
                             .timeout_s = o->timeout_s, .min_replicas = o->min_replicas, .replicas = o->replicas,
@@ -917,3 +935,90 @@ transport *transport_tcp_open(const transport_options *o) {
     note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
     return transport_wrap(&tcp_ops, t);
 }
+
+// ---------------------------------------------------------------- one hub of several
+tcp_hub *tcp_hub_new(const transport_options *o, const char *address, bool multi_hub) {
+    tcp *t = tcp_new(o, address);
+    t->multi_hub = multi_hub;
+    return t;
+}
+
+const char *tcp_hub_address(const tcp_hub *t) { return t->hub; }
+bool tcp_hub_connected(const tcp_hub *t) { return t->connected; }
+
+bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, char *err, size_t err_bytes) {
+    t->quiet = quiet;
+    bool ok = connect_session(t, deadline, err, err_bytes);
+    t->quiet = false;
+    return ok;
+}
+
+bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity, size_t *state_bytes,
+                  join_result *result, int64_t *state_round) {
+    char err[256];
+    if (!t->connected) return false;
+    t->joined = 0;
+    t->want_state = true;
+    t->state_buf = state;
+    t->state_cap = state_capacity;
+    reset_state_progress(t);
+    wire_status st = {.outer_step = s->outer_step, .param_hash = s->param_hash};
+    uint8_t buf[WIRE_JOIN_BYTES];
+    bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
+    bool ok = sent && pump(t, join_done);
+    t->want_state = false;
+    t->state_buf = NULL;
+    if (!ok) {
+        note("diloco: lost the hub at %s while joining (%s)", t->hub, sent ? dead_reason(t) : err);
+        disconnect(t);
+        return false;
+    }
+    t->member = true;
+    *result = t->joined == JOINED_MEMBER ? JOIN_MEMBER : JOIN_GOT_STATE;
+    if (*result == JOIN_GOT_STATE) {
+        *state_bytes = (size_t)t->state_total;
+        *state_round = t->state_step;
+    }
+    return true;
+}
+
+static bool joined_member(tcp *t) { return t->joined == JOINED_MEMBER; }
+
+bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, int64_t *from_round) {
+    char err[256];
+    if (!t->connected) return false;
+    t->joined = 0;
+    wire_follow f = {.outer_step = s->outer_step, .param_hash = s->param_hash, .first_round = first_round};
+    uint8_t buf[WIRE_FOLLOW_BYTES];
+    bool sent = send_control(t, WIRE_FOLLOW, buf, wire_encode_follow(&f, buf), err, sizeof err);
+    if (!sent || !pump(t, joined_member)) {
+        note("diloco: lost the hub at %s while following it (%s)", t->hub, sent ? dead_reason(t) : err);
+        disconnect(t);
+        return false;
+    }
+    t->member = true;
+    if (from_round) *from_round = t->joined_step;
+    return true;
+}
+
+bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round) {
+    char err[256];
+    if (!t->connected) return false;
+    wire_follow f = {.outer_step = s->outer_step, .param_hash = s->param_hash, .first_round = first_round};
+    uint8_t buf[WIRE_FOLLOW_BYTES];
+    if (!send_control(t, WIRE_FOLLOW, buf, wire_encode_follow(&f, buf), err, sizeof err)) {
+        post_dead(t, err);
+        return false;
+    }
+    t->member = true;
+    return true;
+}
+
+bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const uint8_t *payload, round_result *r) {
+    return tcp_exchange(t, round, spec, payload, r);
+}
+
+void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes) { tcp_send_state(t, state, bytes); }
+void tcp_hub_disconnect(tcp_hub *t) { disconnect(t); }
+void tcp_hub_leave(tcp_hub *t) { tcp_leave(t); }
+void tcp_hub_free(tcp_hub *t) { tcp_free(t); }

@@ -51,6 +51,7 @@ const char *wire_type_name(unsigned type) {
     case WIRE_STATE: return "STATE";
     case WIRE_STATE_ABORT: return "STATE_ABORT";
     case WIRE_LEAVE: return "LEAVE";
+    case WIRE_FOLLOW: return "FOLLOW";
     case WIRE_DATA: return "DATA";
     }
     return "unknown";
@@ -74,6 +75,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_STATE: lo = hi = WIRE_STATE_BYTES; break;
     case WIRE_STATE_ABORT: lo = hi = 8; break;
     case WIRE_LEAVE: lo = hi = 0; break;
+    case WIRE_FOLLOW: lo = hi = WIRE_FOLLOW_BYTES; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
     default: return false;
     }
@@ -327,6 +329,22 @@ const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m) {
     return NULL;
 }
 
+size_t wire_encode_follow(const wire_follow *m, uint8_t *out) {
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u64(out + 8, m->param_hash);
+    put_u64(out + 16, (uint64_t)m->first_round);
+    return WIRE_FOLLOW_BYTES;
+}
+
+const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m) {
+    if (n != WIRE_FOLLOW_BYTES) return "FOLLOW has the wrong size";
+    m->outer_step = (int64_t)get_u64(p);
+    m->param_hash = get_u64(p + 8);
+    m->first_round = (int64_t)get_u64(p + 16);
+    if (m->outer_step < 0 || m->first_round < 0) return "FOLLOW: negative outer step or round";
+    return NULL;
+}
+
 size_t wire_encode_joined(const wire_joined *m, uint8_t *out) {
     put_u32(out, m->result);
     put_u32(out + 4, 0);
@@ -390,7 +408,7 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
     if (m->up_codec > WIRE_CODEC_BF16 || m->down_codec > WIRE_CODEC_BF16) return "CONTRIBUTE: unknown codec";
-    if (m->flags & ~(unsigned)WIRE_HUB_FEEDBACK) return "CONTRIBUTE: unknown flags";
+    if (m->flags & ~(unsigned)(WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB)) return "CONTRIBUTE: unknown flags";
     if (m->block == 0 || m->segment_values == 0 || m->segment_values % m->block != 0 || m->segment_values % 2 != 0)
         return "CONTRIBUTE: the segment is not an even number of whole blocks";
     if (m->values == 0 || m->values > m->model_values || m->value_offset > m->model_values - m->values)

@@ -32,7 +32,7 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 2   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded)
+#define WIRE_VERSION 3   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -63,6 +63,7 @@ typedef enum {
     WIRE_STATE = 22,       // donor → hub and hub → joiner: a state transfer begins
     WIRE_STATE_ABORT = 23, // hub → joiner: the donor died; wait for the next boundary
     WIRE_LEAVE = 24,       // client → hub: goodbye
+    WIRE_FOLLOW = 25,      // client → hub: member without a state transfer (a hub of several)
     // session, data connections
     WIRE_DATA = 32,        // one chunk of a payload or a state
 } wire_type;
@@ -184,6 +185,17 @@ typedef struct {
 #define WIRE_JOIN_BYTES 16
 
 enum { JOINED_MEMBER = 1, JOINED_WAIT = 2 };
+// FOLLOW: a replica of a run with several hubs joins a hub that is not its primary (the first
+// live one, which does the JOIN and any state transfer). It is a member at once, expected in
+// rounds from first_round on (a round id, 64·k at the boundary of outer step k); a group
+// without members is founded with its status, without waiting for a quorum.
+typedef struct {
+    int64_t outer_step;
+    uint64_t param_hash;
+    int64_t first_round;
+} wire_follow;
+#define WIRE_FOLLOW_BYTES 24
+
 typedef struct {
     uint32_t result;
     int64_t group_step;         // informational: the group's status when known, else -1, 0
@@ -197,7 +209,10 @@ typedef struct {
 // down_codec, the same segments, with the hub's error feedback when WIRE_HUB_FEEDBACK.
 // values at value_offset of the model's model_values (where the hub's residual keeps them).
 enum { WIRE_CODEC_FP32 = 0, WIRE_CODEC_INT8 = 1, WIRE_CODEC_INT4 = 2, WIRE_CODEC_BF16 = 3 };
-enum { WIRE_HUB_FEEDBACK = 1 };
+// WIRE_MULTI_HUB: the run has several hubs and outer_step is a round id
+// 64·k + 8·attempt + share (docs/protocol.md, "Several hubs"): the hub logs it as k/attempt/share
+// and makes the joiners of a round of step k members from 64·(k + 1) on.
+enum { WIRE_HUB_FEEDBACK = 1, WIRE_MULTI_HUB = 2 };
 typedef struct {
     int64_t outer_step;
     uint64_t total_bytes;
@@ -254,6 +269,7 @@ size_t wire_encode_auth(const wire_auth *m, uint8_t *out);
 size_t wire_encode_welcome(const wire_welcome *m, uint8_t *out);
 size_t wire_encode_refuse(uint32_t code, const char *text, uint8_t *out);
 size_t wire_encode_status(const wire_status *m, uint8_t *out);
+size_t wire_encode_follow(const wire_follow *m, uint8_t *out);
 size_t wire_encode_joined(const wire_joined *m, uint8_t *out);
 size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out);
 size_t wire_encode_round(const wire_round *m, uint8_t *out);
@@ -268,6 +284,7 @@ const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m);
 const char *wire_decode_welcome(const uint8_t *p, size_t n, wire_welcome *m);
 const char *wire_decode_refuse(const uint8_t *p, size_t n, wire_refuse *m);
 const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m);
+const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m);
 const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m);
 const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m);
 const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m);

@@ -45,6 +45,12 @@
 //              fingerprint, a duplicate id, a silent connection, a fake hub → each refused
 //              and logged, nobody crashes, the two replicas finish every round exact
 //   serve      a replica hosting the hub in a thread (diloco_serve)
+//   hubs       two hubs (diloco_rendezvous = a,b), each reducing half of the segments: every
+//              mean exact and the same bytes on every replica; each hub logs its share's rounds
+//   hubsmean   two hubs, int8 both ways with each hub's error feedback on its share: every mean
+//              byte-exact the reference with one residual over the whole model (one hub's)
+//   hubkill    two hubs; kill -9 the first: every exchange completes through the second within
+//              timeout + 5 s; restarted on its port it takes its share again (a round of all three)
 //   cli        relay_main's argument errors
 // `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
@@ -138,7 +144,9 @@ typedef struct {
     int up, down;              // quant_kind
     bool feedback;             // the hub's error feedback on the mean
     int partial;               // a replica that may be in a prefix of the mean's segments without
-                               // being named (killed or stopped mid-upload); -1: none
+                               // being named (killed or stopped mid-upload); -1: none; ANY_SHARE:
+                               // any one replica may be in any segment without being named (with
+                               // several hubs, dropped from one share's round after another's closed)
     int nan_id;                // replica nan_id puts a NaN at value nan_index of its step nan_step
     int64_t nan_step, nan_index;
     bool check_traffic;        // bytes received <= 1.1 x bytes sent
@@ -148,6 +156,7 @@ typedef struct {
     int64_t slow_at;           // before this step's exchange, trains slow_s instead (-1: never)
     double slow_s;
     int64_t leave_at;          // leaves once at this step (-1: never)
+    const char *stop_file;     // leaves before the exchange after this file appears (NULL: never)
     bool serve;
     const char *rendezvous;
     const uint8_t *secret;
@@ -258,9 +267,53 @@ typedef struct {
     uint8_t *enc, *out;
 } scratch;
 
+#define ANY_SHARE (-2)
+
+// With several hubs: each segment is the reference over the named contributors and maybe
+// others (whole at one hub's round, cut from another's: the replicas named are those whole in
+// every share). *with: segments with others. Without a residual (exact fp32 sums of small
+// integers).
+static bool check_mean_any(const replica_cfg *c, scratch *w, int64_t k, const round_result *r, int *with) {
+    int named[MAX_IDS], n = 0;
+    for (int i = 0; i < r->n; i++) {
+        if (r->ids[i] < 0 || r->ids[i] >= MAX_IDS) return false;
+        named[n++] = r->ids[i];
+    }
+    for (int id = 0; id < c->replicas && id < MAX_IDS; id++) {
+        if (!w->decoded[id]) w->decoded[id] = xmalloc((size_t)c->values * sizeof(float));
+        contribution_of(c, id, k, w->x, w->enc, w->decoded[id]);
+    }
+    size_t seg_bytes = quant_encoded_bytes((quant_kind)c->down, c->segment, c->block);
+    for (int64_t s0 = 0, seg = 0; s0 < c->values; s0 += c->segment, seg++) {
+        int64_t len = c->values - s0 < c->segment ? c->values - s0 : c->segment;
+        size_t bytes = quant_encoded_bytes((quant_kind)c->down, len, c->block);
+        const uint8_t *got = r->mean + (size_t)seg * seg_bytes;
+        bool match = false;
+        unsigned all = 0, named_mask = 0;
+        for (int id = 0; id < c->replicas && id < MAX_IDS; id++) all |= 1u << id;
+        for (int i = 0; i < n; i++) named_mask |= 1u << named[i];
+        for (unsigned set_mask = 0; set_mask <= all && !match; set_mask++) {
+            if ((set_mask & named_mask) != named_mask || (set_mask & ~all) || !set_mask) continue;
+            int set[MAX_IDS], m = 0;
+            for (int id = 0; id < MAX_IDS; id++)
+                if (set_mask & (1u << id)) set[m++] = id;
+            reference_segment(c, w->decoded, set, m, s0, len, w->mean, NULL, w->out);
+            match = memcmp(w->out, got, bytes) == 0;
+            if (match && set_mask != named_mask) (*with)++;
+        }
+        if (!match) {
+            fprintf(stderr, "test: replica %d: step %lld: segment %lld of the mean is no reference\n", c->id,
+                    (long long)k, (long long)seg);
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool check_mean(const replica_cfg *c, scratch *w, int64_t k, const round_result *r, float *residual,
                        int *with) {
     *with = 0;
+    if (c->partial == ANY_SHARE) return r->mean && check_mean_any(c, w, k, r, with);
     payload_spec sp = spec_of(c);
     if (r->mean_bytes != payload_spec_down_bytes(&sp) || !r->mean) return false;
     int named[MAX_IDS], n = 0, both[MAX_IDS], nb = 0;
@@ -344,6 +397,7 @@ static int replica_main(const replica_cfg *c) {
     bool slowed = false;
     int failures = 0, rc = 0;
     while (k < c->steps) {
+        if (c->stop_file && access(c->stop_file, F_OK) == 0) break;
         bool slow = k == c->slow_at && !slowed;
         slowed |= slow;
         sleep_s(slow ? c->slow_s : c->inner_s);
@@ -1183,6 +1237,175 @@ static void test_hub_restart(void) {
     finish(&s);
 }
 
+// ---------------------------------------------------------------- several hubs
+// A second relay for s (its fields in *second, its log "<s>_second_hub.log"); the replicas
+// get both addresses, s's hub first.
+static void start_second_hub(scenario *s, scenario *second, const char *name) {
+    memset(second, 0, sizeof *second);
+    second->name = name;
+    start_hub(second, NULL);
+    snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d,127.0.0.1:%d", s->port, second->port);
+}
+
+// Whether the hub's log holds needle after its first `from` bytes (a restarted hub appends).
+static bool await_log_after(const char *path, size_t from, const char *needle, double timeout) {
+    double deadline = wall_seconds() + timeout;
+    for (;;) {
+        char *t = slurp(path);
+        bool yes = strlen(t) > from && strstr(t + from, needle) != NULL;
+        free(t);
+        if (yes || wall_seconds() > deadline) return yes;
+        sleep_s(0.05);
+    }
+}
+
+// Two hubs, each reducing half of the segments: every round is the exact mean of the three
+// (the test's reference over the whole payload, byte for byte: what one hub gives), the same
+// bytes on every replica, one payload's worth received; each hub logs its share's rounds.
+static void test_hubs(void) {
+    static scenario s, second;
+    open_reports(&s, "hubs");
+    start_hub(&s, NULL);
+    start_second_hub(&s, &second, "hubs_second");
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.streams = 3;
+        c.values = payload_values(3u << 20);
+        c.steps = 3;
+        c.inner_s = 0.05;
+        c.slow_at = 0, c.slow_s = 0.5;
+        c.check_traffic = true;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 3, 30), "hubs: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "hubs: replica %d exits 0", id);
+    for (int id = 0; id < 3; id++) {
+        bool ok = true;
+        int full = rounds_of(&s, id, 3, &ok);
+        EXPECT(full == 3 && ok, "hubs: replica %d: %d rounds of 3 contributors, each the exact mean: %d", id, full, ok);
+    }
+    EXPECT(means_disagree(&s) == 0, "hubs: every replica receives the same bytes");
+    EXPECT(file_has(s.hub_log, "round 128 (step 2, attempt 0, share 0) closed: 3 contributor(s) [0 1 2]"),
+           "hubs: the first hub reduces share 0");
+    EXPECT(file_has(second.hub_log, "round 129 (step 2, attempt 0, share 1) closed: 3 contributor(s) [0 1 2]"),
+           "hubs: the second hub reduces share 1");
+    EXPECT(file_has(second.hub_log, "replica 2 follows and founds the group") ||
+               file_has(second.hub_log, "replica 2 follows: member"),
+           "hubs: the second hub is followed, not joined");
+    stop_hub(&s);
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
+// int8 both ways with each hub's error feedback on its share: every mean byte-exact the
+// reference with one residual over the whole model (as one hub computes it), a NaN left out
+// of its segment only (segment 1: share 0, the first hub).
+static void test_hubs_mean(void) {
+    static scenario s, second;
+    open_reports(&s, "hubsmean");
+    start_hub(&s, NULL);
+    start_second_hub(&s, &second, "hubsmean_second");
+    const int64_t block = 128, segment = quant_segment_values(block), values = 3 * segment + 12345;
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.up = c.down = QUANT_INT8;
+        c.feedback = true;
+        c.block = block;
+        c.segment = segment;
+        c.values = values;
+        c.steps = 6;
+        c.slow_at = 0, c.slow_s = 1.0;
+        c.nan_id = 1, c.nan_step = 2, c.nan_index = segment + 1000;
+        c.check_traffic = true;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 6, 30), "hubsmean: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "hubsmean: replica %d exits 0", id);
+    for (int id = 0; id < 3; id++) {
+        bool ok = true;
+        int full = rounds_of(&s, id, 3, &ok);
+        EXPECT(full == 6 && ok, "hubsmean: replica %d: %d rounds of 3, each byte-exact the reference (%d)", id, full,
+               ok);
+    }
+    EXPECT(means_disagree(&s) == 0, "hubsmean: every replica receives the same bytes");
+    EXPECT(file_has(s.hub_log, "round 128: replica 1's contribution holds NaN/Inf (segment 1)"),
+           "hubsmean: the first hub logs the NaN it left out");
+    EXPECT(file_has(second.hub_log, "downlink error feedback: a residual of"),
+           "hubsmean: the second hub keeps a residual");
+    stop_hub(&s);
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
+// Two hubs; kill -9 the first (the primary) mid-run: every exchange completes through the
+// second within timeout + 5 s (its share redone there), every mean exact and the same bytes
+// on every replica of a round; restarted on its port, it takes its share again (a round
+// closed there with all three). The replicas stop when told (a file), whatever their step.
+static void test_hubs_kill(void) {
+    static scenario s, second;
+    open_reports(&s, "hubkill");
+    start_hub(&s, NULL);
+    start_second_hub(&s, &second, "hubkill_second");
+    char listen[64], stop_path[400];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", s.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubkill.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 100000;
+        c.stop_file = stop_path;
+        c.partial = ANY_SHARE;   // dropped from one hub's round after another's closed: in a share unnamed
+        start_replica(&s, &c);
+    }
+    const rec *r = await(&s, 0, "round", 2, 20);
+    EXPECT(r != NULL, "hubkill: training");
+    long long k_kill = r ? r->k : 0;
+    kill(s.hub, SIGKILL);
+    waitpid(s.hub, NULL, 0);
+    double killed = wall_seconds();
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k_kill + 3, 30), "hubkill: replica %d goes on through the second hub", id);
+    printf("hubkill: three rounds more %.2f s after the kill\n", wall_seconds() - killed);
+    EXPECT(await_file(second.hub_log, ", share 0) closed: 3 contributor(s) [0 1 2]", 10),
+           "hubkill: the second hub reduces the first one's share");
+    size_t before = strlen(slurp(s.hub_log));
+    start_hub_on(&s, listen, NULL);
+    EXPECT(await_log_after(s.hub_log, before, "closed: 3 contributor(s) [0 1 2]", 30),
+           "hubkill: restarted, the first hub takes its share again");
+    int n_lines = s.n_lines;
+    long long k_back = 0;
+    for (int i = 0; i < n_lines; i++)
+        if (!strcmp(s.lines[i].ev, "round") && s.lines[i].k > k_back) k_back = s.lines[i].k;
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k_back + 2, 30), "hubkill: replica %d goes on with both hubs", id);
+    FILE *f = fopen(stop_path, "w");
+    if (f) fclose(f);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 0, 30), "hubkill: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "hubkill: replica %d exits 0", id);
+    bool ok = true;
+    int slow = 0, failed = 0, full_after = 0;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    for (int i = 0; i < s.n_lines; i++) {
+        const rec *x = &s.lines[i];
+        if (!strcmp(x->ev, "round") && x->dt > TIMEOUT_S + 5) {
+            fprintf(stderr, "hubkill: replica %d's round %lld took %.2f s\n", x->id, x->k, x->dt);
+            slow++;
+        }
+        failed += !strcmp(x->ev, "failed");
+        full_after += !strcmp(x->ev, "round") && x->k > k_back && x->n == 3;
+    }
+    EXPECT(ok, "hubkill: every round every replica saw was exact");
+    EXPECT(slow == 0, "hubkill: every exchange within timeout + 5 s (%d slower)", slow);
+    EXPECT(failed == 0, "hubkill: no exchange failed (%d): the second hub took the share", failed);
+    EXPECT(full_after > 0, "hubkill: rounds of all three after the first hub is back (%d)", full_after);
+    EXPECT(means_disagree(&s) == 0, "hubkill: the replicas of a round receive the same bytes");
+    stop_hub(&s);
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
 // ---------------------------------------------------------------- evil peers
 // Connects and reads the hub's HELLO.
 static int evil_connect(scenario *s, conn *c, wire_hello *hello) {
@@ -1541,7 +1764,9 @@ int main(int argc, char **argv) {
                  {"refound", test_refound}, {"slowread", test_slow_reader},
                  {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
                  {"size", test_size},       {"donor", test_donor_dies},
-                 {"restart", test_hub_restart}, {"evil", test_evil}};
+                 {"restart", test_hub_restart}, {"evil", test_evil},
+                 {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
+                 {"hubkill", test_hubs_kill}};
     bool known = only == NULL;
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
     if (!known) {

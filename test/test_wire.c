@@ -59,6 +59,8 @@ static int samples(sample *s) {
     s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&d, s[n].payload);
     for (int i = 0; i < 904; i++) s[n].payload[s[n].bytes++] = (uint8_t)i;
     n++;
+    wire_follow follow = {.outer_step = 12, .param_hash = 0xfeedull, .first_round = 12 * 64};
+    s[n].type = WIRE_FOLLOW, s[n].bytes = wire_encode_follow(&follow, s[n].payload), n++;
     return n;
 }
 
@@ -67,7 +69,7 @@ static uint8_t frame[WIRE_OVERHEAD_BYTES + sizeof(((sample *)0)->payload)];
 static void test_round_trips(void) {
     static sample s[16];
     int n = samples(s);
-    EXPECT(n == 14, "%d sample types", n);
+    EXPECT(n == 15, "%d sample types", n);
     for (int i = 0; i < n; i++) {
         size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
         wire_frame f;
@@ -90,6 +92,14 @@ static void test_round_trips(void) {
     EXPECT(!wire_decode_auth(s[1].payload, s[1].bytes, &a) && a.replica_id == 2 && a.streams == 4 &&
                a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99,
            "AUTH decodes");
+    wire_follow fo;
+    EXPECT(!wire_decode_follow(s[14].payload, s[14].bytes, &fo) && fo.outer_step == 12 && fo.param_hash == 0xfeedull &&
+               fo.first_round == 768,
+           "FOLLOW decodes");
+    uint8_t fbuf[WIRE_FOLLOW_BYTES];
+    wire_follow negative = {.outer_step = 3, .first_round = -1};
+    wire_encode_follow(&negative, fbuf);
+    EXPECT(wire_decode_follow(fbuf, sizeof fbuf, &fo) != NULL, "FOLLOW with a negative round is refused");
     // CONTRIBUTE says how the payload is encoded; a layout the hub could not reduce is refused.
     wire_contribute c, bad;
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
@@ -102,15 +112,21 @@ static void test_round_trips(void) {
                c.down_codec == WIRE_CODEC_BF16 && c.flags == WIRE_HUB_FEEDBACK && c.block == 100 &&
                c.segment_values == 262000 && c.values == 2900000 && c.value_offset == 100 && c.model_values == 3000100,
            "CONTRIBUTE decodes");
+    bad = want;
+    bad.flags = WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB;
+    wire_encode_contribute(&bad, buf);
+    EXPECT(!wire_decode_contribute(buf, sizeof buf, &c) && c.flags == (WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB),
+           "CONTRIBUTE of a run with several hubs decodes");
     const char *spoiled[] = {"an unknown codec", "a segment of part blocks", "an odd segment",
-                             "values past the model", "no values"};
-    for (int i = 0; i < 5; i++) {
+                             "values past the model", "no values", "an unknown flag"};
+    for (int i = 0; i < 6; i++) {
         bad = want;
         if (i == 0) bad.down_codec = 4;
         if (i == 1) bad.segment_values = 262050;
         if (i == 2) bad.block = 131001, bad.segment_values = 131001;
         if (i == 3) bad.value_offset = 100101;
         if (i == 4) bad.values = 0;
+        if (i == 5) bad.flags = 4;
         wire_encode_contribute(&bad, buf);
         EXPECT(wire_decode_contribute(buf, sizeof buf, &c) != NULL, "CONTRIBUTE with %s is refused", spoiled[i]);
     }

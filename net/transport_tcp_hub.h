@@ -1,0 +1,49 @@
+// net/transport_tcp_hub.h — one hub's session of the tcp transport, for net/transport_hubs.c (a run
+// with several hubs: docs/protocol.md, "Several hubs"). Private to net/transport_tcp.c and
+// net/transport_hubs.c.
+//
+// Unlike transport_tcp_open's transport, a lost hub is never fatal here and nothing retries
+// for long on its own: each call says whether the hub is still there, and the composite
+// transport moves the hub's work to another hub while a background thread tries this one
+// again. Only a fault of this replica's own configuration (secret, fingerprint, id) is fatal.
+#ifndef TRAIN_GPT_TRANSPORT_TCP_HUB_H
+#define TRAIN_GPT_TRANSPORT_TCP_HUB_H
+
+#include "net/transport.h"
+
+typedef struct tcp tcp_hub;
+
+// A session with the hub at address (not connected yet); o->rendezvous and o->serve are ignored.
+// multi_hub: its CONTRIBUTEs say the round ids are 64·k + 8·attempt + share.
+tcp_hub *tcp_hub_new(const transport_options *o, const char *address, bool multi_hub);
+const char *tcp_hub_address(const tcp_hub *t);
+bool tcp_hub_connected(const tcp_hub *t);
+// Connects (control and data connections, handshakes), retrying until deadline; false with
+// the last reason in err. quiet: no line saying it waits.
+bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, char *err, size_t err_bytes);
+// JOIN with this status (the primary hub): *result as transport_join's; *state_round the
+// round id the donor's state came after (JOIN_GOT_STATE). false: the hub is lost (disconnected).
+bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity, size_t *state_bytes,
+                  join_result *result, int64_t *state_round);
+// FOLLOW (docs/protocol.md): a member from round first_round on, without a state; *from_round
+// (may be NULL): the round the hub expects it from (later when the hub's group, founded by
+// another follower, has not begun yet). false: lost.
+bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, int64_t *from_round);
+// The same without waiting for the answer (the hub reads it before anything sent after it;
+// the answer is taken with the next call's mail). false: the hub is lost.
+bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round);
+// transport_exchange for one round (round: its id on the wire). false: the hub is unreachable.
+bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const uint8_t *payload, round_result *r);
+void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes);
+// Closes the connections (the hub drops this replica); the session can connect again.
+void tcp_hub_disconnect(tcp_hub *t);
+// LEAVE (when connected), then frees.
+void tcp_hub_leave(tcp_hub *t);
+void tcp_hub_free(tcp_hub *t);
+
+// net/transport_hubs.c: the composite transport over several hubs ("h1:p1,h2:p2,..." in
+// o->rendezvous, at most TRANSPORT_MAX_HUBS), called by transport_tcp_open.
+#define TRANSPORT_MAX_HUBS 8
+transport *transport_hubs_open(const transport_options *o);
+
+#endif

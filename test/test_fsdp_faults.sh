@@ -1,0 +1,88 @@
+# A rank of an FSDP job that dies or hangs (issue #14 part 7; docs/fsdp.md "When a rank dies"):
+#  1. One rank of an np 2 job stopped (SIGSTOP: hung, the case no launcher catches): the other
+#     exits within comm_timeout_s with the one-line error naming itself and the collective; the
+#     job ends non-zero, nothing is left running.
+#  2. The same command again resumes from the last checkpoint (the job requeued) and runs on.
+#  3. One rank killed (kill -9): the job ends non-zero, every rank gone (mpirun ends the others;
+#     under a launcher that does not, the timeout of 1. does).
+# The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
+# deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
+# a loaded machine — a hang (the bug this guards against) never ends.
+. "$(dirname "$0")/lib.sh"
+detect_mpi
+if [ "$HAVE_MPI" = 0 ]; then
+    say "  skip (no MPI in this build)"
+    exit 0
+fi
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 1000000 --ckpt_every 5 --ckpt_keep 2
+    --log_every 1 --threads 1 --comm_timeout_s 5 --out_dir "$tmp/run")
+
+# The pid of rank R of the job started by mpirun MPIRUN_PID (its environment says which rank).
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$1"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+wait_until() {  # wait_until WHAT SECONDS COMMAND...: polls until COMMAND succeeds, or fails the test
+    local what=$1 limit=$2 t0=$SECONDS; shift 2
+    until "$@" >/dev/null; do
+        [ $((SECONDS - t0)) -lt "$limit" ] || die "waited ${limit}s for: $what"
+        sleep 0.1
+    done
+}
+latest_ckpt() { ls -d "$tmp"/run/step_* 2>/dev/null | sort | tail -n 1; }
+job_gone() { ! kill -0 "$job" 2>/dev/null; }
+no_rank_left() { ! pgrep -f -- "--out_dir $tmp/run" >/dev/null; }
+
+# 1. A hung rank.
+"${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" >"$tmp/hung.log" 2>&1 &
+job=$!
+pids+=("$job")
+wait_until "the first checkpoint" 180 eval '[ -n "$(latest_ckpt)" ]'
+wait_until "rank 1's pid" 30 rank_pid "$job" 1
+victim=$(rank_pid "$job" 1)
+kill -STOP "$victim"
+t0=$SECONDS
+wait_until "the job to end after rank 1 hung" 65 job_gone
+rc=0
+wait "$job" || rc=$?
+took=$((SECONDS - t0))
+kill -9 "$victim" 2>/dev/null || true
+say "  (rank 1 stopped: the job ended after ${took}s, rc $rc)"
+check "hung rank: the job ends non-zero" test "$rc" -ne 0
+check "hung rank: rank 0 says it waited past comm_timeout_s for the others" \
+    grep -q 'comm: rank 0 of 2 waited [0-9]* s for the other ranks (.*comm_timeout_s = 5)' "$tmp/hung.log"
+wait_until "every rank to be gone" 30 no_rank_left
+grep -m1 'comm: rank 0' "$tmp/hung.log" || cat "$tmp/hung.log"
+
+# 2. Requeued: the same command resumes from the last checkpoint.
+saved=$(latest_ckpt)
+saved_step=$((10#${saved##*step_}))
+"${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" --stop_at_step $((saved_step + 5)) >"$tmp/requeue.log" 2>&1
+check "requeued: resumes from step $saved_step and stops cleanly 5 steps later" \
+    sh -c "grep -q \"resuming from '.*step_0*$saved_step' at step $saved_step\" '$tmp/requeue.log' &&
+           grep -q 'stopped after step $((saved_step + 5))' '$tmp/requeue.log'"
+
+# 3. A killed rank.
+"${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" >"$tmp/killed.log" 2>&1 &
+job=$!
+pids+=("$job")
+wait_until "a checkpoint after the requeued one" 180 eval '[ "$(latest_ckpt)" != "$tmp/run/step_$(printf %08d $((saved_step + 5)))" ]'
+wait_until "rank 1's pid" 30 rank_pid "$job" 1
+kill -9 "$(rank_pid "$job" 1)"
+t0=$SECONDS
+wait_until "the job to end after rank 1 was killed" 65 job_gone
+rc=0
+wait "$job" || rc=$?
+say "  (rank 1 killed: the job ended after $((SECONDS - t0))s, rc $rc)"
+check "killed rank: the job ends non-zero" test "$rc" -ne 0
+wait_until "every rank to be gone" 30 no_rank_left
+check "killed rank: no rank left running" no_rank_left
+finish test_fsdp_faults

@@ -1,0 +1,83 @@
+# The per-rank memory plan (issue #14 part 6; llmc/plan.h, docs/fsdp.md "Memory per rank"):
+#  1. `train_gpt plan configs/boom-14b.conf --world 40 --gpu h100-64gb`: this rank's pieces and
+#     the gathered weights checked against hand arithmetic from the config (16 bytes per value
+#     of ⌈unit/40⌉ pieces; two largest whole units in bf16), to the 0.01 GiB the line prints;
+#     the GPU line is asked for only when the build has the CUDA model (it sizes the activations).
+#  2. --gpu names a row of the table or fails with one line; --world must be a number.
+#  3. A job's planned pieces, gathered weights and unit gradients against the backend's own
+#     counters after the first step: np 2 and 4, tied and untied embeddings, and
+#     fsdp_reshard_after_forward 0 — equal within 10 % (the plan is a bound made of the largest
+#     units: the tiny model's layers are all the same size, so it is met exactly; measured:
+#     equal to the printed digits).
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+
+# 1. Hand arithmetic for BOOM's 14B at 40 ranks.
+"$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --gpu h100-64gb >"$tmp/plan.txt" 2>&1 || { cat "$tmp/plan.txt"; die "plan failed"; }
+expect=$("$PYTHON" - <<'PY'
+import math
+V, L, C, Hq, Hkv, D, F, N = 128256, 40, 5120, 40, 8, 128, 17408, 40
+layer = C + Hq*D*C + 2*Hkv*D*C + 2*D + C*Hq*D + C + 3*F*C   # norms, q k v, qk gains, o, mlp norm, gate up down
+units = [V*C] + [layer]*L + [C + V*C]                     # embedding; layers; final norm + untied head
+pieces = [math.ceil(u / N) for u in units]
+whole = sorted((p * N for p in pieces), reverse=True)
+g = 2**30
+print("%.2f weights + %.2f grads + %.2f AdamW" % (4*sum(pieces)/g, 4*sum(pieces)/g, 8*sum(pieces)/g))
+print("%.2f gathered weights" % (2*(whole[0] + whole[1])/g))   # bf16, the unit in use and the next
+print("%.2f gathered weights" % (4*(whole[0] + whole[1])/g))   # fp32 on the CPU backend
+PY
+)
+pieces_line=$(sed -n 1p <<<"$expect")
+check "plan --world 40: the CPU line's pieces are the hand arithmetic ($pieces_line)" \
+    grep -q "cpu backend (fp32): .*= $pieces_line (this rank's pieces) + $(sed -n 3p <<<"$expect")" "$tmp/plan.txt"
+if grep -q "gpu memory:" "$tmp/plan.txt"; then
+    check "plan --world 40: the GPU line's pieces and bf16 gathered weights are the hand arithmetic" \
+        grep -q "gpu (bf16 .*= $pieces_line (this rank's pieces) + $(sed -n 2p <<<"$expect")" "$tmp/plan.txt"
+    check "plan --gpu h100-64gb: says whether 40 ranks fit, and the smallest group" \
+        sh -c "grep -q 'H100 64GB at 40 rank(s): fits' '$tmp/plan.txt' && grep -q 'smallest FSDP group that fits (same micro-batch): H100 64GB [0-9]' '$tmp/plan.txt'"
+else
+    say "  skip the GPU lines (this build has no CUDA model)"
+fi
+grep 'per rank\|cpu backend\|gpu (bf16\|smallest\|at 40' "$tmp/plan.txt"
+
+# 2. Bad options.
+fails_with() {  # fails_with PATTERN ARGS...: exits non-zero with PATTERN on one line of stderr
+    local pattern=$1; shift
+    ! "$TRAIN_GPT" plan configs/boom-14b.conf "$@" >"$tmp/bad.out" 2>"$tmp/bad.err" &&
+        [ "$(wc -l <"$tmp/bad.err")" -eq 1 ] && grep -q "$pattern" "$tmp/bad.err"
+}
+check "--gpu h100: names two rows, refused in one line" fails_with "plan: --gpu: 'h100' names more than one of:" --gpu h100
+check "--gpu tpu: refused in one line" fails_with "plan: --gpu: 'tpu' is not one of:" --gpu tpu
+check "--world two: refused in one line" fails_with "plan: --world: expected a number of ranks, got 'two'" --world two
+
+# 3. Planned against measured in a job.
+detect_mpi
+if [ "$HAVE_MPI" = 0 ]; then
+    say "  skip the job checks (no MPI in this build)"
+    finish test_fsdp_plan
+    exit 0
+fi
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+within() {  # within NP [--key value]...: the job's measured figures are within 10 % of its plan
+    local np=$1; shift
+    "${MPIRUN[@]}" "$np" "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --out_dir "$tmp/run$np" \
+        --max_steps 3 --ckpt_every 0 --threads 1 "$@" >"$tmp/job.log" 2>&1 || { cat "$tmp/job.log"; return 1; }
+    rm -rf "$tmp/run$np"
+    local line
+    line=$(grep 'memory per rank after the first step' "$tmp/job.log") || { cat "$tmp/job.log"; return 1; }
+    say "    $line"
+    "$PYTHON" - "$line" <<'PY'
+import re, sys
+line = sys.argv[1]
+ok = True
+for what in ("pieces", "gathered weights", "unit gradients"):
+    m = re.search(what + r" ([0-9.]+)(?: at most)? \(planned ([0-9.]+)\)", line)
+    measured, planned = float(m.group(1)), float(m.group(2))
+    ok = ok and planned > 0 and abs(measured - planned) <= 0.1 * planned
+sys.exit(0 if ok else 1)
+PY
+}
+check "np 2, tied embeddings: measured within 10 % of the plan" within 2
+check "np 4, untied embeddings: measured within 10 % of the plan" within 4 --tie_embeddings 0
+check "np 2, fsdp_reshard_after_forward 0: measured within 10 % of the plan" within 2 --fsdp_reshard_after_forward 0
+finish test_fsdp_plan
