@@ -1487,7 +1487,7 @@ static int train_plan(train_config *cfg, int world, int gpu_row) {
 
 // After a job's first step: what this rank holds against the plan the banner printed. The
 // pieces are exact by construction; the gathered units are the backend's own counters (the
-// most held at once so far), the activations the CPU model's allocation, and the process's RSS
+// most held at once so far), the activations the CPU model's allocator count, and the process's RSS
 // says what the allocator and the libraries add.
 static void print_rank_memory(const trainer *tr) {
     rank_memory plan =
@@ -1499,12 +1499,13 @@ static void print_rank_memory(const trainer *tr) {
     const double g = small ? 1048576.0 : 1073741824.0;
     const char *u = small ? "MiB" : "GiB";
     note("memory per rank after the first step (%s): pieces %.3f (planned %.3f), gathered weights %.3f at most "
-         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f; peak RSS %.3f (planned "
-         "total %.3f)",
+         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f at most (planned %.3f); peak "
+         "RSS %.3f (planned total %.3f)",
          u,
          (double)pieces / g, (double)(plan.weights + plan.grads + plan.optimizer) / g,
          (double)tr->be->gathered_peak_bytes / g, (double)plan.gathered_weights / g,
-         (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g, (double)plan.activations / g, rss / g,
+         (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g,
+         (double)tr->be->activation_peak_bytes / g, (double)plan.activations / g, rss / g,
          (double)plan.total / g);
 }
 
