@@ -13,8 +13,8 @@
 //      5 more steps: bit for bit the straight run of none.
 //   3. Memory: the activation bytes the model's allocator counts (peak) against
 //      cpu_model_plan_bytes, for every mode, within 10 % (the issue's bound for the planner;
-//      the two differ only by alloc_floats rounding each buffer up to 64 bytes, measured
-//      < 0.5 %), and full against the hand arithmetic of "the layers' inputs plus one layer's
+//      the two can differ only by alloc_floats rounding each buffer up to 64 bytes: measured
+//      equal here, every buffer being a multiple of 64 bytes), and full against the hand arithmetic of "the layers' inputs plus one layer's
 //      activations" (+ the classifier's and the backward's scratch) within the same 10 %. A
 //      layer that keeps what it should recompute moves the figure by > 14 % on these models.
 //      Also on the 124M config's shape at seq 128.
