@@ -125,12 +125,12 @@ HOST_CU_SRC := quant.cu
 # train_gpt.cu (main, the training loop, the GPU model) is compiled on its own, not into
 # the library: the tests that need it include it with -DTESTING.
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
-TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c
+TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c test/test_recompute.c
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
             test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
-            test/test_fsdp_diloco.sh \
+            test/test_fsdp_diloco.sh test/test_recompute.sh \
             test/test_docs.sh test/test_layout.sh
 # Helper programs the shell tests call.
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
@@ -205,6 +205,11 @@ $(BUILD)/reference_dump: $(BUILD)/test/reference_dump.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 # Bytes per parameter and encode / decode throughput of the quantizer (not in `make test`).
+# Step time and activation memory of each recompute mode on the CPU (not in `make test`;
+# bench/recompute/cpu.sh runs it on the 124M config).
+$(BUILD)/bench_recompute: $(BUILD)/bench/recompute_cpu.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 .PHONY: bench-quant
 $(BUILD)/bench_quant_bytes: $(BUILD)/bench/quant_bytes.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

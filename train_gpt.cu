@@ -1342,7 +1342,8 @@ static rank_memory rank_plan(const param_table *t, const train_config *cfg, int 
 // model to size them).
 static int64_t rank_activations(const param_table *t, const train_config *cfg, bool gpu) {
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    return gpu ? gpu_plan_activation_bytes(t, B, T) : cpu_model_plan_bytes(t, B, T);
+    // The CUDA model does not recompute yet (allocate() refuses it): its activations are none's.
+    return gpu ? gpu_plan_activation_bytes(t, B, T) : cpu_model_plan_bytes(t, B, T, config_recompute(cfg));
 }
 
 // Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
@@ -1350,7 +1351,8 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
     const model_config *m = &cfg->model;
     int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * world;
     double state_gib = (double)t->numel * 16 / 1073741824.0;
-    double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len) / 1073741824.0;
+    recompute_setting recompute = config_recompute(cfg);
+    double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len, recompute) / 1073741824.0;
     printf("train_gpt | model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
            (long long)m->n_layer, (long long)m->d_model, (long long)m->n_head, (long long)m->n_kv_head,
            (long long)m->head_dim, (long long)m->d_ff, (long long)m->vocab_size, (long long)m->seq_len);
@@ -1359,8 +1361,12 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            "(6N + 12·L·Hq·D·T)\n",
            format_count((double)t->numel, all, sizeof all), format_count((double)model_matmul_params(t), matmul,
            sizeof matmul), model_flops_per_token(t) / 1e9);
-    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations = %.2f GiB\n",
-           state_gib, act_gib, state_gib + act_gib);
+    char every[48] = "";
+    if (recompute.mode != RECOMPUTE_NONE && recompute.every > 1)
+        snprintf(every, sizeof every, " on 1 layer in %lld", (long long)recompute.every);
+    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
+           "= %.2f GiB\n",
+           state_gib, act_gib, recompute_name(recompute.mode), every, state_gib + act_gib);
     int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len);  // -1: no CUDA backend
     if (gpu_bytes >= 0)
         printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
@@ -1481,7 +1487,7 @@ static int train_plan(train_config *cfg, int world, int gpu_row) {
 
 // After a job's first step: what this rank holds against the plan the banner printed. The
 // pieces are exact by construction; the gathered units are the backend's own counters (the
-// most held at once so far), the activations the CPU model's allocation, and the process's RSS
+// most held at once so far), the activations the CPU model's allocator count, and the process's RSS
 // says what the allocator and the libraries add.
 static void print_rank_memory(const trainer *tr) {
     rank_memory plan =
@@ -1493,12 +1499,13 @@ static void print_rank_memory(const trainer *tr) {
     const double g = small ? 1048576.0 : 1073741824.0;
     const char *u = small ? "MiB" : "GiB";
     note("memory per rank after the first step (%s): pieces %.3f (planned %.3f), gathered weights %.3f at most "
-         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f; peak RSS %.3f (planned "
-         "total %.3f)",
+         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f at most (planned %.3f); peak "
+         "RSS %.3f (planned total %.3f)",
          u,
          (double)pieces / g, (double)(plan.weights + plan.grads + plan.optimizer) / g,
          (double)tr->be->gathered_peak_bytes / g, (double)plan.gathered_weights / g,
-         (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g, (double)plan.activations / g, rss / g,
+         (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g,
+         (double)tr->be->activation_peak_bytes / g, (double)plan.activations / g, rss / g,
          (double)plan.total / g);
 }
 
@@ -1518,10 +1525,15 @@ static void allocate(trainer *tr) {
         fail("fsdp: a job of %d ranks shards the model, which the CUDA backend does not do yet (NCCL: issue #14); "
              "run one rank per GPU job, or device = cpu",
              comm_size(tr->job));
+    if (tr->device == DEVICE_CUDA && strcmp(cfg->recompute, "none") != 0)
+        fail("recompute = %s: the CUDA backend does not recompute activations yet (issue #18); use recompute = none, "
+             "or device = cpu",
+             cfg->recompute);
     tr->be = tr->device == DEVICE_CUDA
                  ? gpu_backend_create(&tr->table, B, T)
                  : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward,
-                                              cfg->fsdp_prefetch, B, T, tr->params, tr->exp_avg, tr->exp_avg_sq);
+                                              cfg->fsdp_prefetch, config_recompute(cfg), B, T, tr->params,
+                                              tr->exp_avg, tr->exp_avg_sq);
     size_t tokens = (size_t)(cfg->batch_size * cfg->model.seq_len);
     tr->inputs = (int32_t *)xmalloc(tokens * sizeof *tr->inputs);
     tr->targets = (int32_t *)xmalloc(tokens * sizeof *tr->targets);
@@ -2049,14 +2061,17 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[256];
-        // This process's: the weights, gradients and moments it holds, and (FSDP) the most
-        // gathered layers at once and the time spent waiting for collectives.
+        char extra[320];
+        // This process's: the weights, gradients and moments it holds, the most activation
+        // bytes held at once (the backend's allocator counts; 0 where it does not count), and
+        // (FSDP) the most gathered layers and unit gradients at once and the time spent
+        // waiting for collectives.
         snprintf(extra, sizeof extra,
-                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"gathered_peak_mb\":%.6f,\"grads_peak_mb\":%.6f,"
-                 "\"comm_wait_s\":%.3f",
+                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
+                 "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f",
                  (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
-                 (double)tr.be->gathered_peak_bytes / 1048576.0, (double)tr.be->grads_peak_bytes / 1048576.0,
+                 (double)tr.be->activation_peak_bytes / 1048576.0, (double)tr.be->gathered_peak_bytes / 1048576.0,
+                 (double)tr.be->grads_peak_bytes / 1048576.0,
                  tr.be->comm_wait_s);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }

@@ -281,8 +281,8 @@ static const backend_ops cpu_ops = {
 };
 
 backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
-                                    bool prefetch, int64_t B, int64_t T, float *params, float *exp_avg,
-                                    float *exp_avg_sq) {
+                                    bool prefetch, recompute_setting recompute, int64_t B, int64_t T, float *params,
+                                    float *exp_avg, float *exp_avg_sq) {
     cpu_backend *c = xcalloc(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->base.name = "cpu";
@@ -293,7 +293,8 @@ backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *cop
     c->copies = copies && comm_size(copies) > 1 ? copies : NULL;
     c->reshard = reshard_after_forward;
     c->prefetch = prefetch;
-    c->model = cpu_model_create(t, B, T);
+    c->model = cpu_model_create_recompute(t, B, T, recompute);
+    c->base.activation_peak_bytes = cpu_model_activation_peak_bytes(c->model);
     c->params = params;
     c->exp_avg = exp_avg;
     c->exp_avg_sq = exp_avg_sq;
@@ -305,5 +306,5 @@ backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *cop
 
 backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *params, float *exp_avg,
                             float *exp_avg_sq) {
-    return cpu_backend_create_sharded(t, NULL, NULL, true, true, B, T, params, exp_avg, exp_avg_sq);
+    return cpu_backend_create_sharded(t, NULL, NULL, true, true, RECOMPUTE_OFF, B, T, params, exp_avg, exp_avg_sq);
 }

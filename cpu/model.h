@@ -8,6 +8,21 @@
 // The classifier never materializes B·T·V logits: it runs over chunks of rows, turning
 // each chunk of logits into its gradient in place and folding it into the gradients of
 // the final norm's output and of the head weights before the next chunk.
+//
+// Activation recomputation (issue #18, llmc/config.h's recompute_setting), per layer:
+//   none       keeps every activation the backward reads;
+//   selective  keeps the residual stream after attention and what the matmuls and the
+//              attention core produce (q and k before QK-norm and RoPE, v, the attention
+//              output and its log-sum-exp, SwiGLU's gate and up) and recomputes, right
+//              before the layer's backward, the cheap rest: both RMSNorms, QK-norm, RoPE and
+//              SwiGLU's activation — no matmul, no attention;
+//   full       keeps only the layer's input (the residual stream entering it) and runs the
+//              layer's forward again right before its backward (all but the last product,
+//              whose output the backward does not read).
+// What a layer recomputes goes to one layer's worth of scratch shared by all layers; the
+// recomputation calls the forward's kernels on the same inputs, so gradients are bit for bit
+// those of none. The last recomputed layer of the forward is still in the scratch when the
+// backward reaches it and is not computed again.
 #ifndef TRAIN_GPT_CPU_MODEL_H
 #define TRAIN_GPT_CPU_MODEL_H
 
@@ -24,12 +39,20 @@ extern "C" {
 
 typedef struct cpu_model cpu_model;
 
+// No recomputation (recompute = none).
 cpu_model *cpu_model_create(const param_table *t, int64_t B, int64_t T);
+cpu_model *cpu_model_create_recompute(const param_table *t, int64_t B, int64_t T, recompute_setting recompute);
 void cpu_model_free(cpu_model *m);
-// Activation memory of the model in bytes (for the start-up banner).
+// The model's activation memory as its allocator counts it: the bytes of activation buffers
+// held now, and the most held at once since create (the CPU model allocates them all at
+// create, so the two agree; the passes allocate nothing else but the attention kernels'
+// per-thread tiles, a few (D + 64)·T floats per thread, not counted).
 int64_t cpu_model_activation_bytes(const cpu_model *m);
-// The same figure for a model that is not allocated (memory plans).
-int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T);
+int64_t cpu_model_activation_peak_bytes(const cpu_model *m);
+// The memory plan's activation term: the bytes a model for micro-batches of B × T tokens with
+// this recomputation allocates, by arithmetic over the model's dimensions (a formula of its
+// own, not a dry run of the allocation: test/test_recompute.c checks one against the other).
+int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute);
 
 // Where the passes find a unit's weights and leave its gradient (units: llmc/shard.h). The
 // whole-model calls below use the caller's flat buffers in place; the FSDP backend
@@ -82,10 +105,14 @@ backend *cpu_backend_create(const param_table *t, int64_t B, int64_t T, float *p
 // this rank's pieces are all-reduced with, NULL or a group of one for none). params,
 // exp_avg and exp_avg_sq are this rank's pieces (llmc/shard.h: local_numel floats each, the
 // map of comm_rank(group) of comm_size(group)). prefetch: start gathering the next unit
-// while the current one computes. A group of one is cpu_backend_create.
+// while the current one computes. recompute: what the backward recomputes (above); a
+// recomputed layer's forward runs inside the backward's acquire of the layer's unit, so it
+// uses the weights gathered for the backward (gathered again after a reshard, or kept with
+// reshard_after_forward = false): no gather more than without recomputation. A group of
+// one with RECOMPUTE_OFF is cpu_backend_create.
 backend *cpu_backend_create_sharded(const param_table *t, comm *group, comm *copies, bool reshard_after_forward,
-                                    bool prefetch, int64_t B, int64_t T, float *params, float *exp_avg,
-                                    float *exp_avg_sq);
+                                    bool prefetch, recompute_setting recompute, int64_t B, int64_t T, float *params,
+                                    float *exp_avg, float *exp_avg_sq);
 
 
 #ifdef __cplusplus

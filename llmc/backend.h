@@ -78,6 +78,9 @@ struct backend {
     // FSDP: the most bytes of gathered units (whole layers) held at once so far; 0 unsharded.
     int64_t gathered_peak_bytes;
     int64_t grads_peak_bytes;   // FSDP: the most bytes of whole-unit gradients held at once
+    // The most bytes of activations (and their scratch) held at once so far, as the backend's
+    // allocator counts them; 0 where a backend does not count them yet (CUDA).
+    int64_t activation_peak_bytes;
     double comm_wait_s;   // FSDP: seconds spent waiting for collectives (not hidden by overlap)
 };
 

@@ -98,6 +98,9 @@ static const key_spec KEYS[] = {
     {"fsdp_prefetch", KEY_BOOL, T(fsdp_prefetch), "1", 0, 1, NULL, false, "start gathering the next layer while the current one computes"},
     {"comm_timeout_s", KEY_FLOAT, T(comm_timeout_s), "600", 1, 86400, NULL, false, "a rank waiting this long for a collective of the job decides another rank died or hangs, and exits with an error (the job can be requeued)"},
     {"fsdp_reshard_after_forward", KEY_BOOL, T(fsdp_reshard_after_forward), "1", 0, 1, NULL, false, "free a layer's gathered weights after its forward (gather again for backward); 0 = keep them until the backward"},
+    // --- memory ---
+    {"recompute", KEY_CHOICE, T(recompute), "none", 0, 0, "none|selective|full", false, "activation recomputation: none keeps every activation for the backward; selective recomputes norms, QK-norm, RoPE and SwiGLU's activation (no matmul); full keeps only each layer's input and runs its forward again before its backward"},
+    {"recompute_layers", KEY_INT, T(recompute_layers), "1", 1, 1024, NULL, false, "recompute applies to every N-th layer only (layers 0, N, 2N, ...); the others keep every activation; 1 = every layer"},
     // --- samples ---
     {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},
     {"sample_every", KEY_INT, T(sample_every), "0", 0, BIG, NULL, false, "print a sampled continuation every N steps (and at the end); 0 = never"},
@@ -344,6 +347,9 @@ void config_finish(train_config *cfg) {
     RULE(cfg->out_dir[0] != '\0', "out_dir", "must not be empty");
     if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
         RULE(cfg->init_from[0] == '\0', "init_from", "cannot be combined with resume = %s", cfg->resume);
+    RULE(cfg->recompute_layers == 1 || strcmp(cfg->recompute, "none") != 0, "recompute_layers",
+         "%lld has no effect with recompute = none (set recompute = selective or full)",
+         (long long)cfg->recompute_layers);
     RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
     if (cfg->diloco_replicas > 0) {
         bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
@@ -370,6 +376,17 @@ void config_finish(train_config *cfg) {
         RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
              "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
     }
+}
+
+recompute_setting config_recompute(const train_config *cfg) {
+    recompute_setting r = {RECOMPUTE_NONE, cfg->recompute_layers};
+    if (strcmp(cfg->recompute, "selective") == 0) r.mode = RECOMPUTE_SELECTIVE;
+    else if (strcmp(cfg->recompute, "full") == 0) r.mode = RECOMPUTE_FULL;
+    return r;
+}
+
+const char *recompute_name(recompute_mode mode) {
+    return mode == RECOMPUTE_FULL ? "full" : mode == RECOMPUTE_SELECTIVE ? "selective" : "none";
 }
 
 void config_check_files(const train_config *cfg) {

@@ -82,6 +82,9 @@ typedef struct {
     bool fsdp_reshard_after_forward;
     bool fsdp_prefetch;
     double comm_timeout_s;
+    // activation recomputation (docs/config.md#memory)
+    char *recompute;            // none | selective | full
+    int64_t recompute_layers;   // the mode applies to every N-th layer (l % N == 0); the others keep all
     // samples
     char *tokenizer;
     int64_t sample_every;
@@ -114,6 +117,21 @@ typedef struct {
     char *diloco_secret_file;
     int64_t diloco_min_replicas;
 } train_config;
+
+// Activation recomputation: what the backward pass computes again instead of keeping it from
+// the forward (cpu/model.h says what each mode keeps). A layer l with l % every == 0 uses
+// `mode`; the layers between keep everything (as with none).
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } recompute_mode;
+typedef struct {
+    recompute_mode mode;
+    int64_t every;  // >= 1
+} recompute_setting;
+static const recompute_setting RECOMPUTE_OFF = {RECOMPUTE_NONE, 1};
+recompute_setting config_recompute(const train_config *cfg);
+static inline recompute_mode recompute_of_layer(recompute_setting r, int64_t layer) {
+    return layer % r.every == 0 ? r.mode : RECOMPUTE_NONE;
+}
+const char *recompute_name(recompute_mode mode);
 
 // Fills defaults, reads `path` (may be NULL: defaults and overrides only), applies the
 // command-line overrides argv[0..argc), checks every value and the relations between

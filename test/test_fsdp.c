@@ -75,7 +75,7 @@ static run_result train(const train_config *cfg, const param_table *t, comm *gro
     r.m = alloc_floats((size_t)numel);
     r.v = alloc_floats((size_t)numel);
     shard_param_init(map, r.params, 1234);
-    backend *be = group ? cpu_backend_create_sharded(t, group, copies, true, true, B, T, r.params, r.m, r.v)
+    backend *be = group ? cpu_backend_create_sharded(t, group, copies, true, true, RECOMPUTE_OFF, B, T, r.params, r.m, r.v)
                         : cpu_backend_create(t, B, T, r.params, r.m, r.v);
     int32_t inputs[B * T], targets[B * T];
     step_limits limits = {INFINITY, INFINITY};

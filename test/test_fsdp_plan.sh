@@ -4,9 +4,10 @@
 #     of ⌈unit/40⌉ pieces; two largest whole units in bf16), to the 0.01 GiB the line prints;
 #     the GPU line is asked for only when the build has the CUDA model (it sizes the activations).
 #  2. --gpu names a row of the table or fails with one line; --world must be a number.
-#  3. A job's planned pieces, gathered weights and unit gradients against the backend's own
-#     counters after the first step: np 2 and 4, tied and untied embeddings, and
-#     fsdp_reshard_after_forward 0 — equal within 10 % (the plan is a bound made of the largest
+#  3. A job's planned pieces, gathered weights, unit gradients and activations against the
+#     backend's own counters after the first step: np 2 and 4, tied and untied embeddings,
+#     fsdp_reshard_after_forward 0 and recompute full (the activations: cpu_model_plan_bytes
+#     against the model's allocator count) — equal within 10 % (the plan is a bound made of the largest
 #     units: the tiny model's layers are all the same size, so it is met exactly; measured:
 #     equal to the printed digits).
 . "$(dirname "$0")/lib.sh"
@@ -70,7 +71,7 @@ within() {  # within NP [--key value]...: the job's measured figures are within 
 import re, sys
 line = sys.argv[1]
 ok = True
-for what in ("pieces", "gathered weights", "unit gradients"):
+for what in ("pieces", "gathered weights", "unit gradients", "activations"):
     m = re.search(what + r" ([0-9.]+)(?: at most)? \(planned ([0-9.]+)\)", line)
     measured, planned = float(m.group(1)), float(m.group(2))
     ok = ok and planned > 0 and abs(measured - planned) <= 0.1 * planned
@@ -80,4 +81,5 @@ PY
 check "np 2, tied embeddings: measured within 10 % of the plan" within 2
 check "np 4, untied embeddings: measured within 10 % of the plan" within 4 --tie_embeddings 0
 check "np 2, fsdp_reshard_after_forward 0: measured within 10 % of the plan" within 2 --fsdp_reshard_after_forward 0
+check "np 2, recompute full: measured within 10 % of the plan" within 2 --recompute full
 finish test_fsdp_plan
