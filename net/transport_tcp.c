@@ -631,32 +631,19 @@ static bool join_done(tcp *t) {
     return t->state_started && t->state_received == t->state_total;
 }
 
+// Joins through tcp_hub_join (below), reconnecting after a lost hub until the join lands.
 static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
                             size_t *state_bytes) {
     tcp *t = impl;
     char err[256];
+    join_result result = JOIN_MEMBER;
+    int64_t state_round = 0;
     for (;;) {
         if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, err, sizeof err))
             fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
                  t->o.connect_timeout_s, err);
-        t->joined = 0;
-        t->want_state = true;
-        t->state_buf = state;
-        t->state_cap = state_capacity;
-        reset_state_progress(t);
-        wire_status st = {.outer_step = s->outer_step, .param_hash = s->param_hash};
-        uint8_t buf[WIRE_JOIN_BYTES];
-        bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
-        if (sent && pump(t, join_done)) break;
-        note("diloco: lost the hub while joining (%s); reconnecting", sent ? dead_reason(t) : err);
-        disconnect(t);
+        if (tcp_hub_join(t, s, state, state_capacity, state_bytes, &result, &state_round)) return result;
     }
-    t->want_state = false;
-    t->state_buf = NULL;
-    t->member = true;
-    if (t->joined == JOINED_MEMBER) return JOIN_MEMBER;
-    *state_bytes = (size_t)t->state_total;
-    return JOIN_GOT_STATE;
 }
 
 // ---------------------------------------------------------------- exchange

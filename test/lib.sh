@@ -42,6 +42,15 @@ detect_mpi() {
     return 0
 }
 
+# A test that needs MPI: detect_mpi, and without it say so and pass.
+require_mpi() {
+    detect_mpi
+    if [ "$HAVE_MPI" = 0 ]; then
+        say "  skip (no MPI in this build)"
+        exit 0
+    fi
+}
+
 # check_ranks NP BINARY LOG: a C test under mpirun -np NP passes on every rank (each prints
 # "…, 0 failed"); the log is shown when it does not.
 check_ranks() {
@@ -75,3 +84,34 @@ final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 
 # A listing of every file under a directory with its checksum, to prove nothing changed.
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+
+# wait_until WHAT COMMAND...: polls COMMAND every 0.1 s until it succeeds; after WAIT_LIMIT_S
+# seconds (default 300: a loaded machine) says what it gave up on and returns 1.
+wait_until() {
+    local what=$1 t0=$SECONDS
+    shift
+    until "$@"; do
+        if [ $((SECONDS - t0)) -ge "${WAIT_LIMIT_S:-300}" ]; then
+            say "  (gave up waiting: $what)"
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# Distinct param_hash values per applied outer step over the given metrics files: "k:count"
+# lines (1 everywhere: the replicas agree).
+hashes_per_step() {
+    "$PYTHON" - "$@" <<'PY'
+import json, sys
+from collections import defaultdict
+seen = defaultdict(set)
+for path in sys.argv[1:]:
+    for line in open(path):
+        d = json.loads(line)
+        if "param_hash" in d and "event" not in d and d.get("applied"):
+            seen[d["outer_step"]].add(d["param_hash"])
+for k in sorted(seen):
+    print(f"{k}:{len(seen[k])}")
+PY
+}

@@ -3,11 +3,7 @@
 # double, their non-blocking forms, and the same inside even / odd groups (test/test_comm.c;
 # make test also runs it as one rank). Without MPI in the build: skipped, and said so.
 . "$(dirname "$0")/lib.sh"
-detect_mpi
-if [ "$HAVE_MPI" = 0 ]; then
-    say "  skip (no MPI in this build)"
-    exit 0
-fi
+require_mpi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for np in 2 4; do check_ranks "$np" "$BUILD/test_comm" "$tmp/np$np.log"; done
 finish test_comm

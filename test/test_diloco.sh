@@ -28,21 +28,6 @@ common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$t
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
 detect_mpi
 
-# Distinct param_hash values per outer step over the given metrics files: "k:count" lines.
-hashes_per_step() {
-    "$PYTHON" - "$@" <<'PY'
-import json, sys
-from collections import defaultdict
-seen = defaultdict(set)
-for path in sys.argv[1:]:
-    for line in open(path):
-        d = json.loads(line)
-        if "param_hash" in d and "event" not in d and d.get("applied"):
-            seen[d["outer_step"]].add(d["param_hash"])
-for k in sorted(seen):
-    print(f"{k}:{len(seen[k])}")
-PY
-}
 all_hashes_agree() {  # all_hashes_agree EXPECTED_STEPS FILES...
     local want=$1; shift
     local out; out=$(hashes_per_step "$@")
@@ -210,12 +195,6 @@ rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
 }
 rounds_with() { rounds_after "$@" | wc -l; }
 first_round_with() { rounds_after "$@" | head -n 1; }
-wait_until() {  # wait_until WHAT COMMAND...: polls COMMAND until it succeeds (deadline 180 s: a failure)
-    local what=$1; shift
-    for _ in $(seq 1 1800); do "$@" && return 0; sleep 0.1; done
-    say "  (gave up waiting: $what)"
-    return 1
-}
 start_relay faults
 for r in 0 1 2; do start_replica $r; done
 wait_until "replica 2 reaches outer step 10" eval '[ "$(outer_steps_done 2)" -ge 10 ]'

@@ -48,12 +48,6 @@ start_relay() {  # start_relay NAME PORT: a relay on 127.0.0.1:PORT, logging to 
     eval "relay_pid_$1=$!"
     wait_until "relay $1 listens" grep -q "listening on" "$tmp/relay_$1.log"
 }
-wait_until() {  # wait_until WHAT COMMAND...: polls COMMAND until it succeeds (deadline 180 s: a failure)
-    local what=$1; shift
-    for _ in $(seq 1 1800); do "$@" && return 0; sleep 0.1; done
-    say "  (gave up waiting: $what)"
-    return 1
-}
 # three NAME RENDEZVOUS ARGS...: replicas 0, 1, 2 into $tmp/NAME/<id>, in the background.
 three() {
     local name=$1 rdv=$2 r

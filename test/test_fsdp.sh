@@ -17,11 +17,7 @@
 #  6. Memory: weights + grads + moments per rank at np 4 are 1/4 of one process's (+ the
 #     padding of at most 3 values per unit), plus the gathered layers.
 . "$(dirname "$0")/lib.sh"
-detect_mpi
-if [ "$HAVE_MPI" = 0 ]; then
-    say "  skip (no MPI in this build)"
-    exit 0
-fi
+require_mpi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for np in 2 4; do
     check_ranks "$np" "$BUILD/test_fsdp" "$tmp/np$np.log"

@@ -33,11 +33,7 @@
 #   5. Refused with one line: a sharded replica over the mpi transport, HSDP copies inside a
 #      replica, fsdp_size other than the job's ranks, relay --shards without a fixed port.
 . "$(dirname "$0")/lib.sh"
-detect_mpi
-if [ "$HAVE_MPI" = 0 ]; then
-    say "  skip (no MPI in this build)"
-    exit 0
-fi
+require_mpi
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 make_secret "$tmp/secret"
@@ -84,21 +80,6 @@ two_replicas() {  # two_replicas NP NAME [--key value]...: replicas 0 and 1 into
     wait "$a" || rc=$?
     wait "$b" || rc=$?
 }
-# Distinct param_hash values per applied outer step over the given metrics files: "k:count".
-hashes_per_step() {
-    "$PYTHON" - "$@" <<'PY'
-import json, sys
-from collections import defaultdict
-seen = defaultdict(set)
-for path in sys.argv[1:]:
-    for line in open(path):
-        d = json.loads(line)
-        if "param_hash" in d and "event" not in d and d.get("applied"):
-            seen[d["outer_step"]].add(d["param_hash"])
-for k in sorted(seen):
-    print(f"{k}:{len(seen[k])}")
-PY
-}
 all_hashes_agree() {  # all_hashes_agree MIN_STEPS FILES...: >= MIN_STEPS outer steps, one hash each
     local want=$1; shift
     local out; out=$(hashes_per_step "$@")
@@ -114,12 +95,6 @@ first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
 print("  loss: first 5 steps %.4f, last 5 %.4f" % (first, last))
 sys.exit(0 if last < 0.8 * first else 1)
 PY
-}
-wait_until() {  # wait_until WHAT COMMAND...: polls COMMAND until it succeeds (deadline 300 s: a failure)
-    local what=$1; shift
-    for _ in $(seq 1 3000); do "$@" && return 0; sleep 0.1; done
-    say "  (gave up waiting: $what)"
-    return 1
 }
 
 # ---------------------------------------------------------------- 1. 2 × 2, hashes agree

@@ -9,11 +9,7 @@
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
 . "$(dirname "$0")/lib.sh"
-detect_mpi
-if [ "$HAVE_MPI" = 0 ]; then
-    say "  skip (no MPI in this build)"
-    exit 0
-fi
+require_mpi
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 1000000 --ckpt_every 5 --ckpt_keep 2
@@ -30,12 +26,10 @@ rank_pid() {
     done
     return 1
 }
-wait_until() {  # wait_until WHAT SECONDS COMMAND...: polls until COMMAND succeeds, or fails the test
-    local what=$1 limit=$2 t0=$SECONDS; shift 2
-    until "$@" >/dev/null; do
-        [ $((SECONDS - t0)) -lt "$limit" ] || die "waited ${limit}s for: $what"
-        sleep 0.1
-    done
+wait_within() {  # wait_within WHAT SECONDS COMMAND...: lib.sh's wait_until with this deadline, or the test fails
+    local what=$1 limit=$2
+    shift 2
+    WAIT_LIMIT_S=$limit wait_until "$what" "$@" >/dev/null || die "waited ${limit}s for: $what"
 }
 latest_ckpt() { ls -d "$tmp"/run/step_* 2>/dev/null | sort | tail -n 1; }
 job_gone() { ! kill -0 "$job" 2>/dev/null; }
@@ -45,12 +39,12 @@ no_rank_left() { ! pgrep -f -- "--out_dir $tmp/run" >/dev/null; }
 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" >"$tmp/hung.log" 2>&1 &
 job=$!
 pids+=("$job")
-wait_until "the first checkpoint" 180 eval '[ -n "$(latest_ckpt)" ]'
-wait_until "rank 1's pid" 30 rank_pid "$job" 1
+wait_within "the first checkpoint" 180 eval '[ -n "$(latest_ckpt)" ]'
+wait_within "rank 1's pid" 30 rank_pid "$job" 1
 victim=$(rank_pid "$job" 1)
 kill -STOP "$victim"
 t0=$SECONDS
-wait_until "the job to end after rank 1 hung" 65 job_gone
+wait_within "the job to end after rank 1 hung" 65 job_gone
 rc=0
 wait "$job" || rc=$?
 took=$((SECONDS - t0))
@@ -59,7 +53,7 @@ say "  (rank 1 stopped: the job ended after ${took}s, rc $rc)"
 check "hung rank: the job ends non-zero" test "$rc" -ne 0
 check "hung rank: rank 0 says it waited past comm_timeout_s for the others" \
     grep -q 'comm: rank 0 of 2 waited [0-9]* s for the other ranks (.*comm_timeout_s = 5)' "$tmp/hung.log"
-wait_until "every rank to be gone" 30 no_rank_left
+wait_within "every rank to be gone" 30 no_rank_left
 grep -m1 'comm: rank 0' "$tmp/hung.log" || cat "$tmp/hung.log"
 
 # 2. Requeued: the same command resumes from the last checkpoint.
@@ -74,15 +68,15 @@ check "requeued: resumes from step $saved_step and stops cleanly 5 steps later" 
 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" >"$tmp/killed.log" 2>&1 &
 job=$!
 pids+=("$job")
-wait_until "a checkpoint after the requeued one" 180 eval '[ "$(latest_ckpt)" != "$tmp/run/step_$(printf %08d $((saved_step + 5)))" ]'
-wait_until "rank 1's pid" 30 rank_pid "$job" 1
+wait_within "a checkpoint after the requeued one" 180 eval '[ "$(latest_ckpt)" != "$tmp/run/step_$(printf %08d $((saved_step + 5)))" ]'
+wait_within "rank 1's pid" 30 rank_pid "$job" 1
 kill -9 "$(rank_pid "$job" 1)"
 t0=$SECONDS
-wait_until "the job to end after rank 1 was killed" 65 job_gone
+wait_within "the job to end after rank 1 was killed" 65 job_gone
 rc=0
 wait "$job" || rc=$?
 say "  (rank 1 killed: the job ended after $((SECONDS - t0))s, rc $rc)"
 check "killed rank: the job ends non-zero" test "$rc" -ne 0
-wait_until "every rank to be gone" 30 no_rank_left
+wait_within "every rank to be gone" 30 no_rank_left
 check "killed rank: no rank left running" no_rank_left
 finish test_fsdp_faults
