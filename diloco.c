@@ -629,6 +629,8 @@ static void dump_end(diloco *d, const fragment *fr, FILE *f, const float *delta,
     dump_close(f);
 }
 
+static int64_t fragment_outer_step(const diloco *d, const flight *f);
+
 static void log_outer_step(diloco *d, const train_state *st, const round_result *r, bool applied,
                            const char *reason) {
     const flight *fl = &d->flight;
@@ -660,6 +662,7 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               r->sync_s, r->wait_s);
     sb_printf(&sb, "\"param_hash\":\"%016llx\",\"momentum_hash\":\"%016llx\",\"quant\":\"%s\",\"quant_rel_err\":%.6g",
               (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), quant_err);
+    if (applied) sb_printf(&sb, ",\"outer_momentum\":%.9g", outer_momentum(d, fragment_outer_step(d, fl)));
     if (d->streaming) {
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",
                   fl->fragment, (unsigned long long)fragment_hash,

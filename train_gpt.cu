@@ -1579,6 +1579,41 @@ static void convert_data_position(trainer *tr) {
     tr->state.data.index = global / now;
 }
 
+// init_from = a checkpoint directory (a warm start: one cluster's run, then DiLoCo): this
+// run reads on where that run stopped, so that no token of its data is trained on twice.
+// That run's processes had taken the first index·world micro-batches of B₀ rows of their
+// epoch; this run's W processes (all replicas and ranks) each start at micro-batch
+// ⌈⌈rows / B⌉ / W⌉ of the epoch, skipping fewer than W·B rows rather than reading any twice.
+// The windows must be the same: seq_len, shuffle and (when shuffled) seed equal.
+static void continue_data_of(trainer *tr, const char *dir) {
+    train_config *cfg = tr->cfg;
+    data_origin o;
+    char why[600];
+    if (!checkpoint_data_origin(dir, &o, why, sizeof why)) fail("init_from: checkpoint '%s': %s", dir, why);
+    if (o.seq_len != cfg->model.seq_len)
+        fail("init_from: '%s' read its data in rows of seq_len %lld, this run's seq_len is %lld: its data position "
+             "does not carry over (name its model.safetensors to take the weights alone)",
+             dir, (long long)o.seq_len, (long long)cfg->model.seq_len);
+    if (o.shuffle != cfg->shuffle || (o.shuffle && o.seed != (int64_t)cfg->seed))
+        fail("init_from: '%s' was trained with shuffle = %d, seed = %lld, this run has shuffle = %d, seed = %lld: the "
+             "order of its data differs, so its position does not carry over (set them equal, or name its "
+             "model.safetensors to take the weights alone)",
+             dir, o.shuffle ? 1 : 0, (long long)o.seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
+    if (o.train_data[0] && strcmp(o.train_data, cfg->train_data) != 0)
+        warn("init_from: '%s' was trained on train_data = %s, this run reads %s; its position is taken as a "
+             "position in these files",
+             dir, o.train_data, cfg->train_data);
+    int64_t rows = o.data.index * o.data_world * o.batch_size, B = cfg->batch_size, W = tr->world;
+    int64_t batches = (rows + B - 1) / B, index = (batches + W - 1) / W;
+    tr->state.data = (data_position){o.data.epoch, index};
+    dataloader_seek(tr->train, tr->state.data);
+    if (tr->rank == 0)
+        note("init_from: the data goes on after step %lld of '%s' (epoch %lld, %lld rows of %lld tokens read): "
+             "each of %lld processes starts at its micro-batch %lld (%lld rows skipped)",
+             (long long)o.step, dir, (long long)o.data.epoch, (long long)rows, (long long)o.seq_len, (long long)W,
+             (long long)index, (long long)(index * W * B - rows));
+}
+
 // Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say. Returns whether
 // a checkpoint was loaded.
 static bool restore_or_init(trainer *tr) {
@@ -1613,10 +1648,13 @@ static bool restore_or_init(trainer *tr) {
              "move them",
              cfg->out_dir);
     if (cfg->init_from[0]) {
-        char why[512];
-        if (!load_weights_pieces(cfg->init_from, &tr->shard, tr->params, why, sizeof why))
-            fail("init_from: '%s': %s", cfg->init_from, why);
-        note("initialized from '%s'", cfg->init_from);
+        char why[512], weights[4200];
+        bool from_checkpoint = dir_exists(cfg->init_from);
+        snprintf(weights, sizeof weights, from_checkpoint ? "%s/model.safetensors" : "%s", cfg->init_from);
+        if (from_checkpoint) continue_data_of(tr, cfg->init_from);
+        if (!load_weights_pieces(weights, &tr->shard, tr->params, why, sizeof why))
+            fail("init_from: '%s': %s", weights, why);
+        note("initialized from '%s'", weights);
     } else {
         shard_param_init(&tr->shard, tr->params, (uint64_t)cfg->seed);  // one process: param_init's values
     }

@@ -580,6 +580,73 @@ static bool read_state(const char *dir, train_state *s, char *why, size_t why_by
     return ok;
 }
 
+// The value of KEY in config_to_text's "key = value" lines, quotes removed; false if absent.
+static bool config_text_value(const char *text, const char *key, char *out, size_t out_bytes) {
+    size_t n = strlen(key);
+    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, key, n) != 0 || strncmp(line + n, " = ", 3) != 0) continue;
+        const char *v = line + n + 3, *end = strchr(v, '\n');
+        size_t len = end ? (size_t)(end - v) : strlen(v);
+        if (len >= 2 && v[0] == '"' && v[len - 1] == '"') {
+            v++;
+            len -= 2;
+        }
+        snprintf(out, out_bytes, "%.*s", (int)len, v);
+        return true;
+    }
+    return false;
+}
+
+bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
+    memset(o, 0, sizeof *o);
+    bool has_outer;
+    if (!verify_checksums(dir, &has_outer, why, why_bytes)) return false;
+    train_state s;
+    memset(&s, 0, sizeof s);
+    if (!read_state(dir, &s, why, why_bytes)) return false;
+    o->step = s.step;
+    o->data = s.data;
+    o->data_world = s.data_world > 0 ? s.data_world : 1;
+    size_t bytes;
+    char *text = read_checkpoint_file(dir, "state.json", &bytes, why, why_bytes);
+    if (!text) return false;
+    json_doc doc;
+    bool ok = json_parse(text, bytes, &doc);
+    free(text);
+    if (!ok) {
+        snprintf(why, why_bytes, "state.json: %s", doc.error);
+        return false;
+    }
+    struct {
+        const char *key;
+        int64_t *field;
+    } fields[] = {{"batch_size", &o->batch_size}, {"seq_len", &o->seq_len}, {"seed", &o->seed}};
+    for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++) {
+        const json_value *v = json_get(&doc.root, fields[i].key);
+        if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0) {
+            snprintf(why, why_bytes, "state.json: bad or missing '%s'", fields[i].key);
+            ok = false;
+        } else {
+            *fields[i].field = v->integer;
+        }
+    }
+    const json_value *shuffle = json_get(&doc.root, "shuffle");
+    if (ok && (!shuffle || shuffle->type != JSON_BOOL)) {
+        snprintf(why, why_bytes, "state.json: bad or missing 'shuffle'");
+        ok = false;
+    }
+    if (ok) o->shuffle = shuffle->boolean;
+    if (ok && (o->batch_size < 1 || o->seq_len < 1)) {
+        snprintf(why, why_bytes, "state.json: batch_size and seq_len must be positive");
+        ok = false;
+    }
+    const json_value *config = json_get(&doc.root, "config");
+    if (ok && config && config->type == JSON_STRING)
+        config_text_value(config->string, "train_data", o->train_data, sizeof o->train_data);
+    json_free(&doc);
+    return ok;
+}
+
 static bool open_in(const char *dir, const char *file, st_file *f, char *why, size_t why_bytes) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);

@@ -58,6 +58,21 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
 // weights, the momentum and residual to zero, and s->outer_step to 0, with a notice.
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes);
 
+// Where an earlier run's training data stream stood when it saved a checkpoint, and the
+// keys that define that stream: what `init_from = <checkpoint directory>` needs to go on
+// reading where that run stopped (docs/config.md, init_from).
+typedef struct {
+    int64_t step;               // the checkpoint's optimizer step
+    data_position data;         // each of its processes' position
+    int64_t data_world;         // processes its data was split over (1 when not recorded)
+    int64_t batch_size, seq_len, seed;
+    bool shuffle;
+    char train_data[1024];      // its train_data key ("" when state.json does not say)
+} data_origin;
+
+// Verifies DIR's checksums and reads its state.json into o. false with a reason in why.
+bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes);
+
 // Loads the newest checkpoint in out_dir that verifies, warning about each one skipped.
 // Returns its path (caller frees), or NULL if out_dir has no checkpoint at all.
 // If checkpoints exist but none verifies, that is a fatal error: the user decides.

@@ -88,7 +88,7 @@ static const key_spec KEYS[] = {
     {"stop_at_step", KEY_INT, T(stop_at_step), "0", 0, BIG, NULL, false, "checkpoint and exit cleanly after this step (split a run into jobs); 0 = run to max_steps"},
     {"ckpt_keep", KEY_INT, T(ckpt_keep), "3", 0, 1 << 30, NULL, false, "newest checkpoints to keep; 0 = keep all"},
     {"resume", KEY_STRING, T(resume), "auto", 0, 0, NULL, false, "auto (newest valid checkpoint in out_dir), never, or a checkpoint directory"},
-    {"init_from", KEY_STRING, T(init_from), "", 0, 0, NULL, false, "start from these weights (a model.safetensors) instead of a random init"},
+    {"init_from", KEY_STRING, T(init_from), "", 0, 0, NULL, false, "start from these weights (a model.safetensors) instead of a random init; a checkpoint directory also continues its data stream"},
     {"log_every", KEY_INT, T(log_every), "1", 1, BIG, NULL, false, "print a progress line every N steps (metrics.jsonl gets every step)"},
     {"tensorboard", KEY_BOOL, T(tensorboard), "0", 0, 1, NULL, false, "also write the numbers of metrics.jsonl and the samples to a TensorBoard event file in out_dir (tensorboard --logdir out_dir)"},
     {"threads", KEY_INT, T(threads), "0", 0, 4096, NULL, false, "CPU threads; 0 = OMP_NUM_THREADS or all cores"},
@@ -393,7 +393,9 @@ void config_check_files(const train_config *cfg) {
     if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
         RULE(dir_exists(cfg->resume), "resume", "'%s' is not auto, never, or an existing checkpoint directory",
              cfg->resume);
-    if (cfg->init_from[0]) RULE(file_exists(cfg->init_from), "init_from", "no such file '%s'", cfg->init_from);
+    if (cfg->init_from[0])
+        RULE(file_exists(cfg->init_from) || dir_exists(cfg->init_from), "init_from", "no such file or checkpoint directory '%s'",
+             cfg->init_from);
     if (cfg->tokenizer[0]) RULE(file_exists(cfg->tokenizer), "tokenizer", "no such file '%s'", cfg->tokenizer);
     if (cfg->diloco_replicas > 0 && cfg->diloco_secret_file[0] && strcmp(cfg->diloco_transport, "tcp") == 0)
         RULE(file_exists(cfg->diloco_secret_file), "diloco_secret_file", "no such file '%s'", cfg->diloco_secret_file);

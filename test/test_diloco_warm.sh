@@ -1,0 +1,92 @@
+# A warm start (docs/diloco.md, "A warm start"): a plain run's checkpoint, then DiLoCo from
+# it with init_from = that checkpoint directory, the way BOOM went from one cluster to four.
+#   1. 3 replicas over MPI (and simulated, diloco_transport = local) start from the same
+#      weights: every replica's first param_hash is the same, and differs from a random init.
+#   2. Each replica reads on where the plain run stopped, disjoint from it and from the
+#      others: the data position in its checkpoint is the one the documented rule gives (the
+#      plain run read 20 micro-batches of 4 rows; at batch 5 over 3 processes each starts at
+#      micro-batch ⌈⌈80 / 5⌉ / 3⌉ = 6).
+#   3. The outer momentum ramps from 0 over diloco_momentum_warmup outer steps: μ·k/W.
+#   4. A checkpoint whose windows differ (seq_len, shuffle) is refused with one line; a
+#      model.safetensors alone takes the weights and starts the data at its beginning.
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
+    --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
+detect_mpi
+
+mkdir -p "$tmp/val.bin.d"
+"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/warm" >"$tmp/warm.log" 2>&1 || die "the plain run: $(tail -1 "$tmp/warm.log")"
+ckpt="$tmp/warm/step_00000020"
+[ -f "$ckpt/model.safetensors" ] || die "the plain run left no checkpoint at step 20"
+
+# W = 3 outer steps of warm-up at μ 0.6: applied outer steps 1, 2, 3, 4 use 0.2, 0.4, 0.6, 0.6.
+diloco=(--batch_size 5 --max_steps 20 --diloco_replicas 3 --diloco_inner_steps 5 --diloco_quant none
+    --diloco_outer_lr 0.7 --diloco_outer_momentum 0.6 --diloco_momentum_warmup 3 --init_from "$ckpt")
+
+first_hashes() {  # the param_hash of each replica's first outer step, one per line
+    for f in "$@"; do grep -m1 '"outer_step":1,' "$f" | sed -E 's/.*"param_hash":"([0-9a-f]+)".*/\1/'; done
+}
+join_hashes() {  # the param_hash of its own weights each replica joined with at outer step 0
+    for f in "$@"; do grep -m1 '"event":"diloco_member"' "$f" | sed -E 's/.*"param_hash":"([0-9a-f]+)".*/\1/'; done
+}
+momenta() {  # the outer_momentum of the applied outer steps, space-separated
+    "$PYTHON" -c '
+import json, sys
+print(" ".join("%g" % d["outer_momentum"] for d in map(json.loads, open(sys.argv[1])) if d.get("applied")))' "$1"
+}
+outer_hashes() { grep '^{"outer_step"' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
+data_index() { sed -nE 's/.*"data_index": ([0-9]+).*/\1/p' "$1/step_00000020/state.json"; }
+
+if [ "$HAVE_MPI" = 1 ]; then
+    "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${diloco[@]}") \
+        --diloco_transport mpi --out_dir '$tmp/mpi/'\$OMPI_COMM_WORLD_RANK" >"$tmp/mpi.log" 2>&1 ||
+        die "3 replicas from the checkpoint: $(grep -m1 'error' "$tmp/mpi.log")"
+    logs=("$tmp"/mpi/0/metrics.jsonl "$tmp"/mpi/1/metrics.jsonl "$tmp"/mpi/2/metrics.jsonl)
+    joins=$(join_hashes "${logs[@]}" | sort -u)
+    check "the 3 replicas joined with one param_hash ($(printf '%s ' $joins))" test "$(printf '%s\n' "$joins" | grep -c .)" = 1
+    "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --batch_size 3 --max_steps 5 \
+        --diloco_replicas 3 --diloco_inner_steps 5 --diloco_transport mpi --out_dir '$tmp/cold/'\$OMPI_COMM_WORLD_RANK" \
+        >"$tmp/cold.log" 2>&1 || die "3 replicas from a random init: $(grep -m1 'error' "$tmp/cold.log")"
+    cold=$(join_hashes "$tmp/cold/0/metrics.jsonl")
+    check "... and it is not a random init's ($cold)" test -n "$cold" -a "$cold" != "$joins"
+    check "every replica's outer steps agree" test "$(hashes_per_step "${logs[@]}" | grep -cv ':1$')" = 0
+    check "each replica read on from micro-batch 6: its position after 20 steps is 26 (got $(data_index "$tmp/mpi/0") $(data_index "$tmp/mpi/1") $(data_index "$tmp/mpi/2"))" \
+        test "$(data_index "$tmp/mpi/0") $(data_index "$tmp/mpi/1") $(data_index "$tmp/mpi/2")" = "26 26 26"
+    check "the note says where the data goes on" grep -q "each of 3 processes starts at its micro-batch 6 (10 rows skipped)" "$tmp/mpi.log"
+    check "the outer momentum ramps 0.2 0.4 0.6 0.6 (got $(momenta "${logs[0]}"))" test "$(momenta "${logs[0]}")" = "0.2 0.4 0.6 0.6"
+else
+    say "  skip the MPI part: no mpirun or no MPI in this build"
+fi
+
+# The same warm start simulated in one process: the same first outer step as over MPI.
+"$TRAIN_GPT" "${common[@]}" "${diloco[@]}" --diloco_transport local --out_dir "$tmp/local" >"$tmp/local.log" 2>&1 ||
+    die "3 simulated replicas from the checkpoint: $(tail -1 "$tmp/local.log")"
+check "simulated replicas: the note says where the data goes on" \
+    grep -q "each of 3 processes starts at its micro-batch 6 (10 rows skipped)" "$tmp/local.log"
+if [ "$HAVE_MPI" = 1 ]; then
+    check "simulated replicas: every outer step's param_hash equals the MPI run's" \
+        test "$(outer_hashes "$tmp/local/metrics.jsonl")" = "$(outer_hashes "$tmp/mpi/0/metrics.jsonl")"
+fi
+
+# Refusals, one line each, and the weights-only form.
+one_line_error() {  # one_line_error PATTERN ARGS...: exit != 0 and exactly one error line matching
+    local pattern=$1; shift
+    local out rc=0
+    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$(mktemp -d -p "$tmp")" "$@" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
+        printf '%s\n' "$out" | grep -q -- "$pattern"
+}
+check "init_from a checkpoint of another seq_len: one line" \
+    one_line_error "seq_len 32, this run's seq_len is 16" --seq_len 16 --init_from "$ckpt"
+check "init_from a checkpoint of another data order: one line" \
+    one_line_error "was trained with shuffle = 1, seed = 1337, this run has shuffle = 0" --shuffle 0 --init_from "$ckpt"
+check "init_from a directory that is not a checkpoint: one line" one_line_error "checksums.xxh64" --init_from "$tmp/val.bin.d"
+check "init_from a path that does not exist: one line" one_line_error "no such file or checkpoint" --init_from "$tmp/nope"
+"$TRAIN_GPT" "${common[@]}" --init_from "$ckpt/model.safetensors" --max_steps 5 --out_dir "$tmp/weights" \
+    >"$tmp/weights.log" 2>&1 || die "init_from a model.safetensors: $(tail -1 "$tmp/weights.log")"
+check "init_from a model.safetensors takes the weights and starts the data at its beginning (position 5 after 5 steps)" \
+    test "$(sed -nE 's/.*"data_index": ([0-9]+).*/\1/p' "$tmp/weights/step_00000005/state.json")" = 5
+finish test_diloco_warm
