@@ -267,6 +267,14 @@ struct cuda_model {
 
     float **resid;             // L+1 × (N,C) fp32: resid[l] enters layer l
     layer_acts *layers;
+    // Activation recomputation (issue #18; llmc/config.h): a layer whose mode is full keeps only
+    // resid[l], its layer_acts all point into `spare`, and its backward first runs its forward
+    // again; a selective layer keeps the matmuls' inputs and outputs and recomputes its two
+    // RMSNorm outputs, QK-norm + RoPE and SwiGLU's product into spare's attn_in, mlp_in, qk
+    // and act. The same kernels on the same inputs give the same bits, so a step's gradients
+    // are those of recompute = none, bit for bit (test/test_gpu_step.cu).
+    recompute_setting recompute;
+    layer_acts spare;
     bf16 *final_out;           // (N,C)
     float *final_rstd;         // (N)
     float *rope_cos, *rope_sin;  // (T, D/2)
@@ -365,7 +373,7 @@ typedef struct {
 static device_buffer *device_buffers(cuda_model *m, int *count) {
     const model_dims *d = &m->dims;
     int64_t N = d->N, C = d->C, F = d->F, numel = m->table->numel;
-    int cap = 64 + 13 * (int)(d->L + 1), n = 0;  // 13 per layer with the residual, fewer than 64 others
+    int cap = 64 + 13 * (int)(d->L + 2), n = 0;  // 13 per layer with the residual and the spare, fewer than 64 others
     device_buffer *b = (device_buffer *)xcalloc((size_t)cap, sizeof *b);
 #define BUFFER(ptr, type, elems)            \
     do {                                    \
@@ -382,22 +390,36 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
     BUFFER(m->params_bf16, bf16, numel);  // the matmuls' copy
     BUFFER(m->chunks, adamw_chunk, m->num_chunks);
     for (int64_t l = 0; l <= d->L; l++) BUFFER(m->resid[l], float, N * C);  // the residual stream
-    for (int64_t l = 0; l < d->L; l++) {  // what each layer keeps for its backward
-        layer_acts *a = &m->layers[l];
-        BUFFER(a->resid_mid, float, N * C);
-        BUFFER(a->attn_in, bf16, N * C);
-        BUFFER(a->attn_rstd, float, N);
-        BUFFER(a->qkv, bf16, N * d->QKV);
-        if (m->cfg.qk_norm) {
-            BUFFER(a->qk, bf16, N * (d->QD + d->KD));
-            BUFFER(a->qk_rstd, float, N * (d->Hq + d->Hkv));
+    // What each layer keeps for its backward (recompute: fewer), and the spare layer that the
+    // recomputing layers share (as much of one as the most recomputing layer needs).
+    recompute_mode most = RECOMPUTE_NONE;
+    for (int64_t l = 0; l < d->L; l++) {
+        recompute_mode mode = recompute_of_layer(m->recompute, l);
+        if (mode > most) most = mode;
+    }
+    for (int64_t l = 0; l <= d->L; l++) {
+        bool spare = l == d->L;
+        recompute_mode mode = spare ? RECOMPUTE_NONE : recompute_of_layer(m->recompute, l);
+        if (spare && most == RECOMPUTE_NONE) break;
+        layer_acts *a = spare ? &m->spare : &m->layers[l];
+        bool kept = spare ? most == RECOMPUTE_FULL : mode == RECOMPUTE_NONE || mode == RECOMPUTE_SELECTIVE;
+        bool cheap = spare || mode == RECOMPUTE_NONE;  // the outputs selective recomputes
+        if (kept) {
+            BUFFER(a->resid_mid, float, N * C);
+            BUFFER(a->attn_rstd, float, N);
+            BUFFER(a->qkv, bf16, N * d->QKV);
+            if (m->cfg.qk_norm) BUFFER(a->qk_rstd, float, N * (d->Hq + d->Hkv));
+            BUFFER(a->att, bf16, N * d->QD);
+            BUFFER(a->lse, float, N * d->Hq);
+            BUFFER(a->mlp_rstd, float, N);
+            BUFFER(a->gate_up, bf16, N * 2 * F);
         }
-        BUFFER(a->att, bf16, N * d->QD);
-        BUFFER(a->lse, float, N * d->Hq);
-        BUFFER(a->mlp_in, bf16, N * C);
-        BUFFER(a->mlp_rstd, float, N);
-        BUFFER(a->gate_up, bf16, N * 2 * F);
-        BUFFER(a->act, bf16, N * F);
+        if (cheap) {
+            BUFFER(a->attn_in, bf16, N * C);
+            if (m->cfg.qk_norm) BUFFER(a->qk, bf16, N * (d->QD + d->KD));
+            BUFFER(a->mlp_in, bf16, N * C);
+            BUFFER(a->act, bf16, N * F);
+        }
     }
     BUFFER(m->final_out, bf16, N * C);
     BUFFER(m->final_rstd, float, N);
@@ -433,11 +455,30 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
     return b;
 }
 
-static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizing_only) {
+// Points what a recomputing layer does not keep at the spare layer (device_buffers allocated
+// only what each keeps).
+static void share_spare(cuda_model *m) {
+    for (int64_t l = 0; l < m->dims.L; l++) {
+        layer_acts *a = &m->layers[l];
+        switch (recompute_of_layer(m->recompute, l)) {
+        case RECOMPUTE_NONE: break;
+        case RECOMPUTE_FULL: *a = m->spare; break;
+        case RECOMPUTE_SELECTIVE:
+            a->attn_in = m->spare.attn_in;
+            a->qk = m->spare.qk;
+            a->mlp_in = m->spare.mlp_in;
+            a->act = m->spare.act;
+            break;
+        }
+    }
+}
+
+static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute, bool sizing_only) {
     const model_config *c = &t->cfg;
-    CHECK(B >= 1 && T >= 1 && T <= c->seq_len);
+    CHECK(B >= 1 && T >= 1 && T <= c->seq_len && recompute.every >= 1);
     cuda_model *m = (cuda_model *)xcalloc(1, sizeof *m);
     m->table = t;
+    m->recompute = recompute;
     m->cfg = *c;
     m->sizing_only = sizing_only;
     m->dims = model_dims_of(c, B, T);
@@ -480,6 +521,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
     device_buffer *buffers = device_buffers(m, &count);
     for (int i = 0; i < count; i++) *buffers[i].slot = take_bytes(m, buffers[i].count * (int64_t)buffers[i].elem);
     free(buffers);
+    share_spare(m);
     if (sizing_only) return m;
 
     adamw_chunk *host = (adamw_chunk *)xmalloc((size_t)m->num_chunks * sizeof *host);
@@ -535,7 +577,12 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, bool sizin
 // Allocates everything for micro-batches of up to B × T tokens on the current GPU (device
 // 0 unless the caller chose another with the CUDA runtime). Gradients start at zero; the
 // parameters are undefined until cuda_model_upload. Fatal (with a HINT) if memory runs out.
-cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T) { return create(t, B, T, false); }
+cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T) { return create(t, B, T, RECOMPUTE_OFF, false); }
+
+// The same, recomputing activations in backward as `recompute` says (cuda_model's comment).
+cuda_model *cuda_model_create_recompute(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    return create(t, B, T, recompute, false);
+}
 
 // Device memory the model allocated, in bytes (for the start-up banner).
 int64_t cuda_model_device_bytes(const cuda_model *m) { return m->device_bytes; }
@@ -558,8 +605,8 @@ static void free_host_side(cuda_model *m) {
 }
 
 // The same figure without a GPU (memory plans, `train_gpt plan`).
-int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
-    cuda_model *m = create(t, B, T, true);
+int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    cuda_model *m = create(t, B, T, recompute, true);
     int64_t bytes = m->device_bytes;
     free_host_side(m);
     return bytes;
@@ -568,8 +615,16 @@ int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T) {
 // The part of that figure an FSDP rank holds whatever its share of the model: everything but
 // the fp32 weights, gradients and moments, the bf16 copy and AdamW's chunk list (activations,
 // scratch, tables, the matmul workspace). llmc/plan.h adds the rank's pieces and gathered units.
+int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t B, int64_t T,
+                                                   recompute_setting recompute);
 int64_t cuda_model_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
-    cuda_model *m = create(t, B, T, true);
+    return cuda_model_plan_activation_bytes_recompute(t, B, T, RECOMPUTE_OFF);
+}
+
+// The same for a model that recomputes as `recompute` says.
+int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t B, int64_t T,
+                                                   recompute_setting recompute) {
+    cuda_model *m = create(t, B, T, recompute, true);
     int count = 0;
     device_buffer *b = device_buffers(m, &count);
     void **state[] = {(void **)&m->params, (void **)&m->grads, (void **)&m->exp_avg, (void **)&m->exp_avg_sq,
@@ -760,38 +815,64 @@ static qknorm_rope_args qknorm_rope_of(cuda_model *m, int l, int64_t N, bool rop
     return q;
 }
 
-static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
+// Layer l's forward: resid[l] → resid[l + 1], keeping what m->layers[l] points at.
+static void forward_layer(cuda_model *m, int l, int64_t B, int64_t T) {
     const model_config *c = &m->cfg;
     int64_t N = B * T, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, QKV = m->dims.QKV;
     cudaStream_t s = m->stream;
+    layer_acts *a = &m->layers[l];
+    bool rope = layer_uses_rope(c, l);
+    mark(m, K_RMSNORM_FWD);
+    rmsnorm_forward(a->attn_in, a->attn_rstd, m->resid[l], W32(P_ATTN_NORM, l), N, C, m->eps, s);
+    mark(m, K_MATMUL_FWD);
+    matmul_forward(m->mm, a->qkv, CUDA_R_16BF, QKV, NULL, a->attn_in, W16(P_WQ, l), N, C, QKV, s);
+    mark(m, K_QKNORM_ROPE_FWD);
+    qknorm_rope_args qr = qknorm_rope_of(m, l, N, rope);
+    if (c->qk_norm) qknorm_rope_forward(&qr, a->qk, QD + m->dims.KD, a->qk_rstd, a->qkv, QKV, s);
+    else if (rope) qknorm_rope_forward(&qr, a->qkv, QKV, NULL, a->qkv, QKV, s);  // rotated in place
+    attention_inputs in = attention_inputs_of(m, a, B, T);
+    mark(m, K_ATTENTION_FWD);
+    if (m->simple_attention) attention_simple_forward(&in, a->att, a->lse, s);
+    else attention_forward(&in, a->att, a->lse, s);
+    mark(m, K_MATMUL_FWD);
+    matmul_forward(m->mm, a->resid_mid, CUDA_R_32F, C, m->resid[l], a->att, W16(P_WO, l), N, QD, C, s);
+    mark(m, K_RMSNORM_FWD);
+    rmsnorm_forward(a->mlp_in, a->mlp_rstd, a->resid_mid, W32(P_MLP_NORM, l), N, C, m->eps, s);
+    mark(m, K_MATMUL_FWD);
+    matmul_forward(m->mm, a->gate_up, CUDA_R_16BF, 2 * F, NULL, a->mlp_in, W16(P_W_GATE, l), N, C, 2 * F, s);
+    mark(m, K_SWIGLU_FWD);
+    swiglu_forward(a->act, a->gate_up, N, F, s);
+    mark(m, K_MATMUL_FWD);
+    matmul_forward(m->mm, m->resid[l + 1], CUDA_R_32F, C, a->resid_mid, a->act, W16(P_W_DOWN, l), N, F, C, s);
+}
+
+// What a selective layer did not keep, from what it kept: the two RMSNorm outputs, q and k
+// after QK-norm and RoPE, SwiGLU's product — the forward's kernels on the forward's inputs
+// (the 1/rms statistics they also write are the same bits again). Without QK-norm, RoPE
+// rotated q and k in the kept qkv, so there is nothing to redo for them.
+static void recompute_selective(cuda_model *m, int l, int64_t N) {
+    int64_t C = m->dims.C, F = m->dims.F, QD = m->dims.QD, QKV = m->dims.QKV;
+    cudaStream_t s = m->stream;
+    layer_acts *a = &m->layers[l];
+    mark(m, K_RMSNORM_FWD);
+    rmsnorm_forward(a->attn_in, a->attn_rstd, m->resid[l], W32(P_ATTN_NORM, l), N, C, m->eps, s);
+    if (m->cfg.qk_norm) {
+        mark(m, K_QKNORM_ROPE_FWD);
+        qknorm_rope_args qr = qknorm_rope_of(m, l, N, layer_uses_rope(&m->cfg, l));
+        qknorm_rope_forward(&qr, a->qk, QD + m->dims.KD, a->qk_rstd, a->qkv, QKV, s);
+    }
+    mark(m, K_RMSNORM_FWD);
+    rmsnorm_forward(a->mlp_in, a->mlp_rstd, a->resid_mid, W32(P_MLP_NORM, l), N, C, m->eps, s);
+    mark(m, K_SWIGLU_FWD);
+    swiglu_forward(a->act, a->gate_up, N, F, s);
+}
+
+static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
+    int64_t N = B * T, C = m->dims.C;
+    cudaStream_t s = m->stream;
     mark(m, K_EMBEDDING);
     embedding_forward(m->resid[0], m->d_inputs, W32(P_EMBED, -1), N, C, s);
-    for (int l = 0; l < (int)m->dims.L; l++) {
-        layer_acts *a = &m->layers[l];
-        bool rope = layer_uses_rope(c, l);
-        mark(m, K_RMSNORM_FWD);
-        rmsnorm_forward(a->attn_in, a->attn_rstd, m->resid[l], W32(P_ATTN_NORM, l), N, C, m->eps, s);
-        mark(m, K_MATMUL_FWD);
-        matmul_forward(m->mm, a->qkv, CUDA_R_16BF, QKV, NULL, a->attn_in, W16(P_WQ, l), N, C, QKV, s);
-        mark(m, K_QKNORM_ROPE_FWD);
-        qknorm_rope_args qr = qknorm_rope_of(m, l, N, rope);
-        if (c->qk_norm) qknorm_rope_forward(&qr, a->qk, QD + m->dims.KD, a->qk_rstd, a->qkv, QKV, s);
-        else if (rope) qknorm_rope_forward(&qr, a->qkv, QKV, NULL, a->qkv, QKV, s);  // rotated in place
-        attention_inputs in = attention_inputs_of(m, a, B, T);
-        mark(m, K_ATTENTION_FWD);
-        if (m->simple_attention) attention_simple_forward(&in, a->att, a->lse, s);
-        else attention_forward(&in, a->att, a->lse, s);
-        mark(m, K_MATMUL_FWD);
-        matmul_forward(m->mm, a->resid_mid, CUDA_R_32F, C, m->resid[l], a->att, W16(P_WO, l), N, QD, C, s);
-        mark(m, K_RMSNORM_FWD);
-        rmsnorm_forward(a->mlp_in, a->mlp_rstd, a->resid_mid, W32(P_MLP_NORM, l), N, C, m->eps, s);
-        mark(m, K_MATMUL_FWD);
-        matmul_forward(m->mm, a->gate_up, CUDA_R_16BF, 2 * F, NULL, a->mlp_in, W16(P_W_GATE, l), N, C, 2 * F, s);
-        mark(m, K_SWIGLU_FWD);
-        swiglu_forward(a->act, a->gate_up, N, F, s);
-        mark(m, K_MATMUL_FWD);
-        matmul_forward(m->mm, m->resid[l + 1], CUDA_R_32F, C, a->resid_mid, a->act, W16(P_W_DOWN, l), N, F, C, s);
-    }
+    for (int l = 0; l < (int)m->dims.L; l++) forward_layer(m, l, B, T);
     mark(m, K_RMSNORM_FWD);
     rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->dims.L], W32(P_FINAL_NORM, -1), N, C, m->eps, s);
 }
@@ -836,6 +917,11 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
     for (int l = (int)m->dims.L - 1; l >= 0; l--) {
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
+        // Recomputation: the layer's forward again (full; it writes resid[l + 1] again, which
+        // nothing reads any more, with the same bits), or its cheap outputs (selective).
+        recompute_mode mode = recompute_of_layer(m->recompute, l);
+        if (mode == RECOMPUTE_FULL) forward_layer(m, l, B, T);
+        else if (mode == RECOMPUTE_SELECTIVE) recompute_selective(m, l, N);
         // MLP: resid_out = resid_mid + down(silu(gate(mlp_in)) ⊙ up(mlp_in))
         mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_act, CUDA_R_16BF, m->d_resid_bf16, C, W16(P_W_DOWN, l), N, F, C, false, s);
@@ -1090,11 +1176,11 @@ static const backend_ops gpu_ops = {gpu_upload,      gpu_upload_params, gpu_down
                                     gpu_step,        gpu_forward_loss,  gpu_last_logits, gpu_poison_grad,
                                     gpu_device_bytes, gpu_destroy};
 
-static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T) {
+static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
     gpu_backend *g = (gpu_backend *)xcalloc(1, sizeof *g);
     g->base.ops = &gpu_ops;
     g->base.name = "cuda";
-    g->model = cuda_model_create(t, B, T);
+    g->model = cuda_model_create_recompute(t, B, T, recompute);
     return &g->base;
 }
 
@@ -1189,9 +1275,11 @@ static void probe_gpu(gpu_info *info) {
     info->usable = true;
 }
 
-static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T) { return cuda_model_plan_bytes(t, B, T); }
-static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
-    return cuda_model_plan_activation_bytes(t, B, T);
+static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    return cuda_model_plan_bytes(t, B, T, recompute);
+}
+static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    return cuda_model_plan_activation_bytes_recompute(t, B, T, recompute);
 }
 
 #else  // no nvcc: a CPU-only build
@@ -1200,16 +1288,16 @@ static void probe_gpu(gpu_info *info) {
     memset(info, 0, sizeof *info);
     snprintf(info->why, sizeof info->why, "this build has no CUDA backend (built without nvcc or with NO_CUDA=1)");
 }
-static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T) {
-    (void)t, (void)B, (void)T;
+static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    (void)t, (void)B, (void)T, (void)recompute;
     fail("internal error: the CUDA backend was called in a build without it (device_choose should have said cpu)");
 }
-static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T) {
-    (void)t, (void)B, (void)T;
+static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    (void)t, (void)B, (void)T, (void)recompute;
     return -1;
 }
-static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
-    (void)t, (void)B, (void)T;
+static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+    (void)t, (void)B, (void)T, (void)recompute;
     return -1;
 }
 
@@ -1342,8 +1430,7 @@ static rank_memory rank_plan(const param_table *t, const train_config *cfg, int 
 // model to size them).
 static int64_t rank_activations(const param_table *t, const train_config *cfg, bool gpu) {
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    // The CUDA model does not recompute yet (allocate() refuses it): its activations are none's.
-    return gpu ? gpu_plan_activation_bytes(t, B, T) : cpu_model_plan_bytes(t, B, T, config_recompute(cfg));
+    return gpu ? gpu_plan_activation_bytes(t, B, T, config_recompute(cfg)) : cpu_model_plan_bytes(t, B, T, config_recompute(cfg));
 }
 
 // Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
@@ -1367,7 +1454,7 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
     printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
            "= %.2f GiB\n",
            state_gib, act_gib, recompute_name(recompute.mode), every, state_gib + act_gib);
-    int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len);  // -1: no CUDA backend
+    int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len, config_recompute(cfg));  // -1: no CUDA backend
     if (gpu_bytes >= 0)
         printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
                "device)\n",
@@ -1465,7 +1552,7 @@ static int train_plan(train_config *cfg, int world, int gpu_row) {
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, 1);
-    int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len);  // -1: no GPU backend
+    int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len, config_recompute(cfg));  // -1: no GPU backend
     if (gpu_bytes >= 0) {
         char fit[512];
         gpu_memory_fit(gpu_bytes, fit, sizeof fit);
@@ -1525,12 +1612,8 @@ static void allocate(trainer *tr) {
         fail("fsdp: a job of %d ranks shards the model, which the CUDA backend does not do yet (NCCL: issue #14); "
              "run one rank per GPU job, or device = cpu",
              comm_size(tr->job));
-    if (tr->device == DEVICE_CUDA && strcmp(cfg->recompute, "none") != 0)
-        fail("recompute = %s: the CUDA backend does not recompute activations yet (issue #18); use recompute = none, "
-             "or device = cpu",
-             cfg->recompute);
     tr->be = tr->device == DEVICE_CUDA
-                 ? gpu_backend_create(&tr->table, B, T)
+                 ? gpu_backend_create(&tr->table, B, T, config_recompute(cfg))
                  : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward,
                                               cfg->fsdp_prefetch, config_recompute(cfg), B, T, tr->params,
                                               tr->exp_avg, tr->exp_avg_sq);

@@ -27,7 +27,11 @@
 //   - 8 training steps on different batches: each step's loss within 2 % of the CPU's;
 //   - the same 8 steps again from the same upload: bit-identical losses and weights;
 //   - validation loss within 1 % (and the same bits twice); logits within 2 % (L2);
-//   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged.
+//   - a NaN gradient: the step is skipped, weights and AdamW's t unchanged;
+//   - activation recomputation (selective, full, full on every 2nd layer): the loss sums and
+//     every gradient of a two-micro-batch step bit-identical to recompute = none's (the same
+//     deterministic kernels on the same inputs: attention's backward has no atomics, the
+//     matmuls run the same cuBLASLt plan), and the model allocates less than none's.
 #define TESTING
 // The trainer's static functions that this test leaves unused (train_run, train_plan, ...)
 // are expected here. (CUDA's cuComplex.h, reached through cublasLt.h, used to silence the
@@ -102,6 +106,43 @@ static train_config optimizer_config(void) {
     memset(&c, 0, sizeof c);
     c.beta1 = 0.9, c.beta2 = 0.95, c.adam_eps = 1e-8, c.weight_decay = 0.1, c.grad_clip = 1.0, c.z_loss = 1e-4;
     return c;
+}
+
+// One step's loss sums and gradients (two micro-batches) with recompute r, on a fresh model.
+static loss_sums recompute_step(const param_table *t, int64_t B, int64_t T, recompute_setting r, const float *p0,
+                                const int32_t *in, const int32_t *tg, float *grads, int64_t *device_bytes) {
+    int64_t N = B * T;
+    cuda_model *gm = cuda_model_create_recompute(t, B, T, r);
+    *device_bytes = cuda_model_device_bytes(gm);
+    cuda_model_upload(gm, p0, NULL, NULL, 0);
+    float scale = 1.0f / (float)(2 * N);
+    cuda_forward_backward(gm, in, tg, B, T, scale, 1e-4f);
+    cuda_forward_backward(gm, in + N, tg + N, B, T, scale, 1e-4f);
+    loss_sums sums = cuda_step_loss_so_far(gm);
+    cuda_model_download_grads(gm, grads);
+    cuda_model_free(gm);
+    return sums;
+}
+
+static void check_recompute(const param_table *t, int64_t B, int64_t T, const float *p0, const int32_t *in,
+                            const int32_t *tg) {
+    int64_t n = t->numel, none_bytes, bytes;
+    float *g_none = alloc_floats((size_t)n), *g = alloc_floats((size_t)n);
+    loss_sums base = recompute_step(t, B, T, RECOMPUTE_OFF, p0, in, tg, g_none, &none_bytes);
+    const recompute_setting modes[3] = {{RECOMPUTE_SELECTIVE, 1}, {RECOMPUTE_FULL, 1}, {RECOMPUTE_FULL, 2}};
+    const char *names[3] = {"selective", "full", "full every 2nd layer"};
+    for (int i = 0; i < 3; i++) {
+        loss_sums got = recompute_step(t, B, T, modes[i], p0, in, tg, g, &bytes);
+        int64_t differ = 0;
+        for (int64_t j = 0; j < n; j++) differ += memcmp(&g[j], &g_none[j], sizeof(float)) != 0;
+        result(differ == 0 && got.ce_sum == base.ce_sum && got.lse_sq_sum == base.lse_sq_sum && bytes < none_bytes,
+               "recompute %s: loss sums %s, %lld of %lld gradients differ from none's (want 0); %.2f MiB against "
+               "none's %.2f MiB",
+               names[i], got.ce_sum == base.ce_sum && got.lse_sq_sum == base.lse_sq_sum ? "equal" : "DIFFER",
+               (long long)differ, (long long)n, (double)bytes / 1048576.0, (double)none_bytes / 1048576.0);
+    }
+    free(g_none);
+    free(g);
 }
 
 static void run_case(const test_case *tc) {
@@ -267,6 +308,7 @@ static void run_case(const test_case *tc) {
 
     free(lc), free(lg), free(last), free(p_first);
     cuda_model_free(gm);
+    check_recompute(&t, B, T, p0, in, tg);
     cpu_model_free(cm);
     free(p0), free(p_cpu), free(g_cpu), free(m_cpu), free(v_cpu), free(g_gpu), free(p_gpu), free(m_gpu), free(v_gpu);
     free(in), free(tg);
