@@ -270,8 +270,8 @@ struct cuda_model {
     // Activation recomputation (issue #18; llmc/config.h): a layer whose mode is full keeps only
     // resid[l], its layer_acts all point into `spare`, and its backward first runs its forward
     // again; a selective layer keeps the matmuls' inputs and outputs and recomputes its two
-    // RMSNorm outputs, QK-norm + RoPE and SwiGLU's product into spare's attn_in, mlp_in, qk
-    // and act. The same kernels on the same inputs give the same bits, so a step's gradients
+    // RMSNorm outputs, QK-norm + RoPE and SwiGLU's product (and their 1/rms statistics) into
+    // the spare's buffers. The same kernels on the same inputs give the same bits, so a step's gradients
     // are those of recompute = none, bit for bit (test/test_gpu_step.cu).
     recompute_setting recompute;
     layer_acts spare;
@@ -406,18 +406,20 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
         bool cheap = spare || mode == RECOMPUTE_NONE;  // the outputs selective recomputes
         if (kept) {
             BUFFER(a->resid_mid, float, N * C);
-            BUFFER(a->attn_rstd, float, N);
             BUFFER(a->qkv, bf16, N * d->QKV);
-            if (m->cfg.qk_norm) BUFFER(a->qk_rstd, float, N * (d->Hq + d->Hkv));
             BUFFER(a->att, bf16, N * d->QD);
             BUFFER(a->lse, float, N * d->Hq);
-            BUFFER(a->mlp_rstd, float, N);
             BUFFER(a->gate_up, bf16, N * 2 * F);
         }
         if (cheap) {
             BUFFER(a->attn_in, bf16, N * C);
-            if (m->cfg.qk_norm) BUFFER(a->qk, bf16, N * (d->QD + d->KD));
+            BUFFER(a->attn_rstd, float, N);
+            if (m->cfg.qk_norm) {
+                BUFFER(a->qk, bf16, N * (d->QD + d->KD));
+                BUFFER(a->qk_rstd, float, N * (d->Hq + d->Hkv));
+            }
             BUFFER(a->mlp_in, bf16, N * C);
+            BUFFER(a->mlp_rstd, float, N);
             BUFFER(a->act, bf16, N * F);
         }
     }
@@ -465,8 +467,11 @@ static void share_spare(cuda_model *m) {
         case RECOMPUTE_FULL: *a = m->spare; break;
         case RECOMPUTE_SELECTIVE:
             a->attn_in = m->spare.attn_in;
+            a->attn_rstd = m->spare.attn_rstd;
             a->qk = m->spare.qk;
+            a->qk_rstd = m->spare.qk_rstd;
             a->mlp_in = m->spare.mlp_in;
+            a->mlp_rstd = m->spare.mlp_rstd;
             a->act = m->spare.act;
             break;
         }
@@ -636,6 +641,50 @@ int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t
     free(b);
     free_host_side(m);
     return bytes;
+}
+
+// One layer's part of that figure under recomputation, as the CUDA backend would hold it if
+// it recomputed (it does not yet: allocate() refuses any mode but none, so this is what the
+// plan shows a mode WOULD need on a GPU). The per-layer buffers of device_buffers, each rounded
+// as take_bytes rounds, split as cpu/model.h splits the CPU's: selective keeps what a matmul
+// or the attention core made (resid_mid fp32, qkv, att, lse, gate_up) and recomputes into one
+// layer's scratch shared by all layers both norms' outputs and 1/rms, QK-norm's output and 1/rms
+// and SwiGLU's act (RoPE without QK-norm rotates qkv in place: nothing to keep twice); full
+// keeps nothing but the layer's input (resid[l], counted apart), its scratch is a whole layer.
+// With scratch: what the mode's shared scratch holds.
+static int64_t rounded(int64_t bytes) { return (bytes + 255) / 256 * 256; }  // as take_bytes rounds
+static int64_t cuda_layer_plan_bytes(const model_dims *d, bool qk_norm, recompute_mode mode, bool scratch) {
+    int64_t N = d->N, C = d->C, F = d->F;
+    int64_t products = rounded(N * C * 4) + rounded(N * d->QKV * 2) + rounded(N * d->QD * 2) + rounded(N * d->Hq * 4) +
+                       rounded(N * 2 * F * 2);
+    int64_t recomputed = 2 * (rounded(N * C * 2) + rounded(N * 4)) + rounded(N * F * 2) +
+                         (qk_norm ? rounded(N * (d->QD + d->KD) * 2) + rounded(N * (d->Hq + d->Hkv) * 4) : 0);
+    if (scratch) return mode == RECOMPUTE_FULL ? products + recomputed : mode == RECOMPUTE_SELECTIVE ? recomputed : 0;
+    return mode == RECOMPUTE_FULL ? 0 : mode == RECOMPUTE_SELECTIVE ? products : products + recomputed;
+}
+
+// cuda_model_plan_activation_bytes split for the plan (llmc/plan.h): activations = the
+// residual stream entering each layer and leaving the last (fp32), the final norm's output
+// and 1/rms, what each layer keeps under `r` and the recompute scratch; workspace = the rest
+// (the backward's scratch, a chunk of logits, RoPE tables, inputs, the matmul workspace).
+activation_plan cuda_model_plan_activations(const param_table *t, int64_t B, int64_t T, recompute_setting r) {
+    int64_t all = cuda_model_plan_activation_bytes(t, B, T);
+    model_dims d = model_dims_of(&t->cfg, B, T);
+    bool qk = t->cfg.qk_norm;
+    int64_t N = d.N;
+    int64_t stream = (d.L + 1) * rounded(N * d.C * 4) + rounded(N * d.C * 2) + rounded(N * 4);
+    int64_t layers = cuda_layer_plan_bytes(&d, qk, r.mode, true);
+    for (int64_t l = 0; l < d.L; l++) layers += cuda_layer_plan_bytes(&d, qk, recompute_of_layer(r, l), false);
+    activation_plan a;
+    a.workspace = all - stream - d.L * cuda_layer_plan_bytes(&d, qk, RECOMPUTE_NONE, false);
+    a.activations = stream + layers;
+    // The formula must be what create() allocates under r (test_plan.sh runs this on every
+    // mode): a change to one without the other stops here, not in a user's plan.
+    int64_t allocated = cuda_model_plan_activation_bytes_recompute(t, B, T, r) - a.workspace;
+    if (allocated != a.activations)
+        fail("internal error: the CUDA activation plan (%lld bytes) differs from the allocation (%lld) for recompute %s",
+             (long long)a.activations, (long long)allocated, recompute_name(r.mode));
+    return a;
 }
 
 void cuda_model_free(cuda_model *m) {
@@ -846,10 +895,10 @@ static void forward_layer(cuda_model *m, int l, int64_t B, int64_t T) {
     matmul_forward(m->mm, m->resid[l + 1], CUDA_R_32F, C, a->resid_mid, a->act, W16(P_W_DOWN, l), N, F, C, s);
 }
 
-// What a selective layer did not keep, from what it kept: the two RMSNorm outputs, q and k
-// after QK-norm and RoPE, SwiGLU's product — the forward's kernels on the forward's inputs
-// (the 1/rms statistics they also write are the same bits again). Without QK-norm, RoPE
-// rotated q and k in the kept qkv, so there is nothing to redo for them.
+// What a selective layer did not keep, from what it kept: the two RMSNorm outputs and their
+// 1/rms, q and k after QK-norm and RoPE (and QK-norm's 1/rms), SwiGLU's product — the
+// forward's kernels on the forward's inputs. Without QK-norm, RoPE rotated q and k in the
+// kept qkv, so there is nothing to redo for them.
 static void recompute_selective(cuda_model *m, int l, int64_t N) {
     int64_t C = m->dims.C, F = m->dims.F, QD = m->dims.QD, QKV = m->dims.QKV;
     cudaStream_t s = m->stream;
@@ -1278,8 +1327,9 @@ static void probe_gpu(gpu_info *info) {
 static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
     return cuda_model_plan_bytes(t, B, T, recompute);
 }
-static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    return cuda_model_plan_activation_bytes_recompute(t, B, T, recompute);
+static bool gpu_plan_activations(const param_table *t, int64_t B, int64_t T, recompute_setting r, activation_plan *a) {
+    *a = cuda_model_plan_activations(t, B, T, r);
+    return true;
 }
 
 #else  // no nvcc: a CPU-only build
@@ -1296,9 +1346,9 @@ static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T, recomp
     (void)t, (void)B, (void)T, (void)recompute;
     return -1;
 }
-static int64_t gpu_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    (void)t, (void)B, (void)T, (void)recompute;
-    return -1;
+static bool gpu_plan_activations(const param_table *t, int64_t B, int64_t T, recompute_setting r, activation_plan *a) {
+    (void)t, (void)B, (void)T, (void)r, (void)a;
+    return false;
 }
 
 #endif  // __CUDACC__ || __HIPCC__
@@ -1417,20 +1467,107 @@ static void resolve_doc_token(train_config *cfg, const dataloader *train) {
     m->doc_token = from_shards;
 }
 
-// One rank's plan for an FSDP group of `ranks` with this config's split settings, on the CPU
-// backend (fp32, cpu/model.c's activations) or a GPU (bf16 gathered weights, the CUDA model's
-// activations: activation_bytes, from rank_activations).
-static rank_memory rank_plan(const param_table *t, const train_config *cfg, int ranks, bool gpu,
-                             int64_t activation_bytes) {
-    plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu};
-    return plan_rank_memory(t, s, activation_bytes);
+// ---------------------------------------------------------------- the memory plan (llmc/plan.h)
+
+// One micro-batch's activations under `r` on the CPU backend (cpu/model.c's plan) or a GPU (the
+// CUDA model's sizing, and what it would hold if it recomputed); false: this build has no CUDA
+// model to size them.
+static bool backend_activations(const param_table *t, const train_config *cfg, bool gpu, recompute_setting r,
+                                activation_plan *a) {
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len;
+    if (gpu) return gpu_plan_activations(t, B, T, r, a);
+    a->workspace = cpu_model_plan_workspace_bytes(t, B, T);
+    a->activations = cpu_model_plan_bytes(t, B, T, r) - a->workspace;
+    return true;
 }
 
-// The activations of one micro-batch on the CPU backend or a GPU (-1: this build has no CUDA
-// model to size them).
-static int64_t rank_activations(const param_table *t, const train_config *cfg, bool gpu) {
-    int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    return gpu ? gpu_plan_activation_bytes(t, B, T, config_recompute(cfg)) : cpu_model_plan_bytes(t, B, T, config_recompute(cfg));
+// One rank's plan for an FSDP group of `ranks` with this config's split and DiLoCo settings, on
+// the CPU backend (fp32) or a GPU (bf16 gathered weights), under recompute r; false as above.
+static bool rank_plan(const param_table *t, const train_config *cfg, int ranks, bool gpu, recompute_setting r,
+                      rank_memory *m) {
+    activation_plan a;
+    if (!backend_activations(t, cfg, gpu, r, &a)) return false;
+    plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu};
+    *m = plan_rank_memory(t, s, a, plan_diloco_memory(cfg, t, ranks).total);
+    return true;
+}
+
+// The CPU backend's plan of the run as configured (recompute = auto resolved already).
+static rank_memory cpu_rank_plan(const param_table *t, const train_config *cfg, int ranks) {
+    rank_memory m;
+    rank_plan(t, cfg, ranks, false, config_recompute(cfg), &m);
+    return m;
+}
+
+static double gib(int64_t bytes) { return (double)bytes / 1073741824.0; }
+
+// "12.34 GiB", or "3.21 MiB" below one GiB (the test models).
+static const char *bytes_text(int64_t bytes, char *buf, size_t buf_bytes) {
+    if (bytes < ((int64_t)1 << 30)) snprintf(buf, buf_bytes, "%.2f MiB", (double)bytes / 1048576.0);
+    else snprintf(buf, buf_bytes, "%.2f GiB", gib(bytes));
+    return buf;
+}
+
+// recompute = auto's candidates (llmc/plan.h), the least recomputation first: the same on
+// both backends.
+enum { MAX_RECOMPUTE_CANDIDATES = 1100 };  // none, selective, at most n_layer (≤ 1024) others
+
+// The first candidate whose plan fits `budget`: its index and plan, or -1.
+static int first_fitting(const param_table *t, const train_config *cfg, int ranks, bool gpu, int64_t budget,
+                         recompute_setting *c, rank_memory *plan) {
+    int n = plan_recompute_candidates(t->cfg.n_layer, c, MAX_RECOMPUTE_CANDIDATES);
+    for (int i = 0; i < n; i++)
+        if (rank_plan(t, cfg, ranks, gpu, c[i], plan) && plan->total <= budget) return i;
+    return -1;
+}
+
+// recompute = auto, resolved once before the model is built: the least recomputation whose plan
+// fits this rank's budget (memory_budget_mb, or the device's: llmc/plan.h), said in one line
+// with the plan and the budget, or a one-line error when not even full fits. replicas: the
+// replicas this process holds (M with diloco_transport = local, which share its memory).
+static void resolve_recompute(trainer *tr, int replicas) {
+    train_config *cfg = tr->cfg;
+    if (!config_recompute_auto(cfg)) return;
+    bool gpu = tr->device == DEVICE_CUDA;
+    int ranks = tr->group ? comm_size(tr->group) : 1;
+    char where[256], a[32], b[32], c2[32];
+    int64_t budget;
+    if (cfg->memory_budget_mb > 0) {
+        budget = cfg->memory_budget_mb * 1048576;
+        snprintf(where, sizeof where, "memory_budget_mb");
+    } else if (gpu) {
+        budget = gpu_probe()->memory_bytes - GPU_MEMORY_HEADROOM_BYTES;
+        snprintf(where, sizeof where, "GPU 0's %.1f GiB − %.0f GiB headroom", gib(gpu_probe()->memory_bytes),
+                 gib(GPU_MEMORY_HEADROOM_BYTES));
+    } else {
+        budget = plan_cpu_budget_bytes(launch_detect().local_size, where, sizeof where);
+    }
+    if (replicas > 1) {
+        budget /= replicas;
+        size_t at = strlen(where);
+        snprintf(where + at, sizeof where - at, ", / %d replicas in this process", replicas);
+    }
+    param_table t;
+    param_table_build(&t, &cfg->model);
+    recompute_setting c[MAX_RECOMPUTE_CANDIDATES];
+    rank_memory plan, none, full;
+    int pick = first_fitting(&t, cfg, ranks, gpu, budget, c, &plan);
+    rank_plan(&t, cfg, ranks, gpu, RECOMPUTE_OFF, &none);
+    if (pick < 0) {
+        rank_plan(&t, cfg, ranks, gpu, (recompute_setting){RECOMPUTE_FULL, 1}, &full);
+        fail("recompute = auto: no mode fits %s = %s per rank: none needs %s, full (the least) %s; use a smaller "
+             "batch_size, more ranks (fsdp_size), or set memory_budget_mb",
+             where, bytes_text(budget, a, sizeof a), bytes_text(none.total, b, sizeof b),
+             bytes_text(full.total, c2, sizeof c2));
+    }
+    char label[64], why[160] = "";
+    plan_recompute_label(c[pick], label, sizeof label);
+    if (pick > 0) snprintf(why, sizeof why, "; none would need %s", bytes_text(none.total, c2, sizeof c2));
+    if (!tr->quiet)
+        note("recompute = auto: %s, the least recomputation whose plan fits %s = %s: %s per rank%s", label, where,
+         bytes_text(budget, a, sizeof a), bytes_text(plan.total, b, sizeof b), why);
+    config_set_recompute(cfg, c[pick]);
+    param_table_free(&t);
 }
 
 // Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
@@ -1448,12 +1585,12 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            "(6N + 12·L·Hq·D·T)\n",
            format_count((double)t->numel, all, sizeof all), format_count((double)model_matmul_params(t), matmul,
            sizeof matmul), model_flops_per_token(t) / 1e9);
-    char every[48] = "";
-    if (recompute.mode != RECOMPUTE_NONE && recompute.every > 1)
-        snprintf(every, sizeof every, " on 1 layer in %lld", (long long)recompute.every);
+    char label[64];
+    plan_recompute_label(recompute, label, sizeof label);
     printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
            "= %.2f GiB\n",
-           state_gib, act_gib, recompute_name(recompute.mode), every, state_gib + act_gib);
+           state_gib, act_gib, label, config_recompute_auto(cfg) ? "'s; auto: each mode below" : "",
+           state_gib + act_gib);
     int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len, config_recompute(cfg));  // -1: no CUDA backend
     if (gpu_bytes >= 0)
         printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
@@ -1481,68 +1618,194 @@ static void print_banner(const trainer *tr) {
                tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
     }
     const train_config *cfg = tr->cfg;
+    char line[512];
     if (tr->job) {
-        char line[512];
-        rank_memory plan = rank_plan(&tr->table, cfg, comm_size(tr->group), false, rank_activations(&tr->table, cfg, false));
+        rank_memory plan = cpu_rank_plan(&tr->table, cfg, comm_size(tr->group));
         plan_describe(&plan, line, sizeof line);
         printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s\n",
                comm_rank(tr->job), comm_size(tr->job), (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
                cfg->dp_replicate == 1 ? "y" : "ies", line);
+    } else if (tr->device == DEVICE_CPU) {
+        rank_memory plan = cpu_rank_plan(&tr->table, cfg, 1);
+        plan_describe(&plan, line, sizeof line);
+        printf("train_gpt | planned memory: %s\n", line);
     }
-    if (tr->outer)
+    if (tr->outer) {
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
                "transport, %s outer gradients%s\n",
                (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
                cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant,
                cfg->diloco_error_feedback ? " with error feedback" : "");
+        diloco_memory d = plan_diloco_memory(cfg, &tr->table, tr->group ? comm_size(tr->group) : 1);
+        if (d.total > 0) {
+            plan_describe_diloco(&d, line, sizeof line);
+            printf("train_gpt | diloco: outer state planned per rank (host memory): %s\n", line);
+        }
+    }
     fflush(stdout);
 }
 
-// The smallest FSDP group (up to max_ranks) whose ranks each fit `bytes` with the headroom; 0: none.
-static int smallest_fitting_world(const param_table *t, const train_config *cfg, int64_t activation_bytes,
-                                  int64_t bytes, int max_ranks) {
+// The smallest FSDP group (up to max_ranks) whose GPU ranks each fit `bytes` with the headroom
+// under recompute r; 0: none.
+static int smallest_fitting_world(const param_table *t, const train_config *cfg, recompute_setting r, int64_t bytes,
+                                  int max_ranks) {
+    rank_memory m;
     for (int n = 1; n <= max_ranks; n++)
-        if (rank_plan(t, cfg, n, true, activation_bytes).total + GPU_MEMORY_HEADROOM_BYTES <= bytes) return n;
+        if (rank_plan(t, cfg, n, true, r, &m) && m.total + GPU_MEMORY_HEADROOM_BYTES <= bytes) return n;
     return 0;
 }
 
+// The GPUs of llmc/device.h's table that hold `total` (+ the headroom): "A100 80GB, H200 141GB"
+// or "none of the table".
+static void fitting_gpus(int64_t total, char *out, size_t out_bytes) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < gpu_memory_rows() && at < out_bytes; i++) {
+        if (total + GPU_MEMORY_HEADROOM_BYTES > gpu_memory_bytes(i)) continue;
+        int n = snprintf(out + at, out_bytes - at, "%s%s", at ? ", " : "", gpu_memory_name(i));
+        if (n < 0) break;
+        at += (size_t)n;
+    }
+    if (!out[0]) snprintf(out, out_bytes, "none of the table");
+}
+
+// Each recompute mode at `world` ranks: a rank's activations and total on the CPU backend and on a
+// GPU, and where it fits (llmc/plan.h; docs/fsdp.md "Memory per rank"). The modes: none,
+// selective, full on every 2nd layer, full, and what auto picks on the CPU if it is another.
+static void print_mode_table(const param_table *t, const train_config *cfg, int world, int gpu_row, bool have_gpu,
+                             recompute_setting cpu_auto) {
+    recompute_setting modes[5] = {RECOMPUTE_OFF, {RECOMPUTE_SELECTIVE, 1}, {RECOMPUTE_FULL, 2}, {RECOMPUTE_FULL, 1}};
+    int count = 4;
+    if (cpu_auto.mode == RECOMPUTE_FULL && cpu_auto.every > 2) modes[count++] = cpu_auto;
+    enum { MAX_RANKS = 1024 };
+    rank_memory none;  // the largest: it sets the unit
+    rank_plan(t, cfg, world, false, RECOMPUTE_OFF, &none);
+    bool small = none.total < ((int64_t)1 << 30);
+    double u = small ? 1048576.0 : 1073741824.0;
+    const char *title = small ? "recompute (MiB)" : "recompute (GiB)";
+    if (gpu_row >= 0)
+        printf("train_gpt |   %-22s %12s %10s %12s %10s   %s at %d (+ %.0f GiB headroom); the smallest group\n", title,
+               "cpu: activ.", "cpu: total", "gpu: activ.", "gpu: total", gpu_memory_name(gpu_row), world,
+               gib(GPU_MEMORY_HEADROOM_BYTES));
+    else
+        printf("train_gpt |   %-22s %12s %10s %12s %10s   GPUs that hold a rank (+ %.0f GiB headroom)\n", title,
+               "cpu: activ.", "cpu: total", "gpu: activ.", "gpu: total", gib(GPU_MEMORY_HEADROOM_BYTES));
+    for (int i = 0; i < count; i++) {
+        char label[64], fits[512];
+        plan_recompute_label(modes[i], label, sizeof label);
+        rank_memory cpu, gpu;
+        rank_plan(t, cfg, world, false, modes[i], &cpu);
+        if (!have_gpu || !rank_plan(t, cfg, world, true, modes[i], &gpu)) {
+            printf("train_gpt |   %-22s %12.2f %10.2f %12s %10s\n", label, (double)cpu.activations / u,
+                   (double)cpu.total / u, "-", "-");
+            continue;
+        }
+        if (gpu_row >= 0) {
+            int n = smallest_fitting_world(t, cfg, modes[i], gpu_memory_bytes(gpu_row), MAX_RANKS);
+            char group[48];
+            if (n > 0) snprintf(group, sizeof group, "%d", n);
+            else snprintf(group, sizeof group, "none up to %d", (int)MAX_RANKS);
+            snprintf(fits, sizeof fits, "%s; %s",
+                     gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit",
+                     group);
+        } else {
+            fitting_gpus(gpu.total, fits, sizeof fits);
+        }
+        printf("train_gpt |   %-22s %12.2f %10.2f %12.2f %10.2f   %s\n", label, (double)cpu.activations / u,
+               (double)cpu.total / u, (double)gpu.activations / u, (double)gpu.total / u, fits);
+    }
+}
+
 // Per-rank memory at `world` ranks (`train_gpt plan --world N [--gpu NAME]`): what each rank
-// holds on the CPU backend and on a GPU, which GPUs hold it, and the smallest group each
-// GPU needs. gpu_row: a row of llmc/device.h's table to single out, or -1.
+// holds on the CPU backend and on a GPU in every term, each recompute mode's activations and
+// where it fits, what recompute = auto picks, which GPUs hold the run as configured and the
+// smallest group each GPU needs. gpu_row: a row of llmc/device.h's table to single out, or -1.
 static void print_rank_plans(const param_table *t, const train_config *cfg, int world, int gpu_row) {
-    char line[512];
+    char line[512], a[32], b[32];
     printf("train_gpt | per rank, FSDP over %d (fsdp_reshard_after_forward %d, fsdp_prefetch %d; one micro-batch "
            "of %lld x %lld):\n",
            world, (int)cfg->fsdp_reshard_after_forward, (int)cfg->fsdp_prefetch, (long long)cfg->batch_size,
            (long long)cfg->model.seq_len);
-    rank_memory cpu = rank_plan(t, cfg, world, false, rank_activations(t, cfg, false));
+    diloco_memory d = plan_diloco_memory(cfg, t, world);
+    if (d.total > 0) {
+        plan_describe_diloco(&d, line, sizeof line);
+        printf("train_gpt |   diloco outer state (host memory, this rank's pieces; in the cpu totals): %s\n", line);
+    }
+    rank_memory probe;
+    bool have_gpu = rank_plan(t, cfg, world, true, RECOMPUTE_OFF, &probe);
+    // What auto picks on the CPU backend of this machine (the budget of a run here).
+    recompute_setting c[MAX_RECOMPUTE_CANDIDATES];
+    char where[256];
+    int64_t budget = cfg->memory_budget_mb > 0 ? cfg->memory_budget_mb * 1048576
+                                               : plan_cpu_budget_bytes(1, where, sizeof where);
+    if (cfg->memory_budget_mb > 0) snprintf(where, sizeof where, "memory_budget_mb");
+    rank_memory cpu_pick;
+    int pick = first_fitting(t, cfg, world, false, budget, c, &cpu_pick);
+    recompute_setting cpu_auto = pick >= 0 ? c[pick] : (recompute_setting){RECOMPUTE_FULL, 1};
+    print_mode_table(t, cfg, world, gpu_row, have_gpu, cpu_auto);
+    char label[64];
+    plan_recompute_label(cpu_auto, label, sizeof label);
+    if (pick >= 0)
+        printf("train_gpt |   recompute = auto on the cpu backend: %s (%s per rank; fits %s = %s)\n", label,
+               bytes_text(cpu_pick.total, a, sizeof a), where, bytes_text(budget, b, sizeof b));
+    else
+        printf("train_gpt |   recompute = auto on the cpu backend: no mode fits %s = %s (a run stops with an error)\n",
+               where, bytes_text(budget, b, sizeof b));
+    if (have_gpu && gpu_row >= 0) {
+        int64_t gpu_budget = gpu_memory_bytes(gpu_row) - GPU_MEMORY_HEADROOM_BYTES;
+        rank_memory gpu_pick;
+        int would = first_fitting(t, cfg, world, true, gpu_budget, c, &gpu_pick);
+        char would_label[64];
+        if (would >= 0) {
+            plan_recompute_label(c[would], would_label, sizeof would_label);
+            printf("train_gpt |   recompute = auto on %s: %s (%s per rank; fits %s)\n", gpu_memory_name(gpu_row),
+                   would_label, bytes_text(gpu_pick.total, a, sizeof a), bytes_text(gpu_budget, b, sizeof b));
+        } else {
+            printf("train_gpt |   recompute = auto on %s: no mode fits %s (a run stops with an error)\n",
+                   gpu_memory_name(gpu_row), bytes_text(gpu_budget, b, sizeof b));
+        }
+    }
+    // Every term of the run as configured: on the CPU its recompute (auto: what it picks here);
+    // on the GPU of --gpu what auto picks there (none without --gpu), or the configured mode.
+    recompute_setting cpu_mode = config_recompute_auto(cfg) ? cpu_auto : config_recompute(cfg);
+    rank_memory cpu;
+    rank_plan(t, cfg, world, false, cpu_mode, &cpu);
     plan_describe(&cpu, line, sizeof line);
-    printf("train_gpt |   cpu backend (fp32): %s\n", line);
-    int64_t gpu_act = rank_activations(t, cfg, true);
-    if (gpu_act < 0) {
+    plan_recompute_label(cpu_mode, label, sizeof label);
+    printf("train_gpt |   cpu backend (fp32), recompute %s: %s\n", label, line);
+    if (!have_gpu) {
         printf("train_gpt |   gpu: this build has no CUDA model to size the activations (build with nvcc)\n");
         return;
     }
-    rank_memory gpu = rank_plan(t, cfg, world, true, gpu_act);
+    recompute_setting gpu_mode = config_recompute(cfg);
+    if (config_recompute_auto(cfg)) {
+        gpu_mode = RECOMPUTE_OFF;
+        rank_memory fit;
+        int64_t gpu_budget = gpu_row >= 0 ? gpu_memory_bytes(gpu_row) - GPU_MEMORY_HEADROOM_BYTES : 0;
+        int would = gpu_row >= 0 ? first_fitting(t, cfg, world, true, gpu_budget, c, &fit) : -1;
+        if (would >= 0) gpu_mode = c[would];
+    }
+    rank_memory gpu;
+    rank_plan(t, cfg, world, true, gpu_mode, &gpu);
     plan_describe(&gpu, line, sizeof line);
-    printf("train_gpt |   gpu (bf16 gathered weights%s): %s\n",
-           world > 1 ? "; the CUDA backend does not shard yet: a projection" : "", line);
+    plan_recompute_label(gpu_mode, label, sizeof label);
+    printf("train_gpt |   gpu (bf16 gathered weights%s), recompute %s: %s\n",
+           world > 1 ? "; the CUDA backend does not shard yet: a projection" : "", label, line);
     gpu_memory_fit(gpu.total, line, sizeof line);
-    printf("train_gpt |   fits each rank's GPU (plan + %.0f GiB headroom): %s\n",
-           (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, line);
+    printf("train_gpt |   fits each rank's GPU (plan + %.0f GiB headroom): %s\n", gib(GPU_MEMORY_HEADROOM_BYTES), line);
     enum { MAX_RANKS = 1024 };
-    printf("train_gpt |   the smallest FSDP group that fits (same micro-batch):");
+    printf("train_gpt |   the smallest FSDP group that fits (same micro-batch, recompute %s):", label);
     for (int i = 0; i < gpu_memory_rows(); i++) {
         if (gpu_row >= 0 && i != gpu_row) continue;
-        int n = smallest_fitting_world(t, cfg, gpu_act, gpu_memory_bytes(i), MAX_RANKS);
+        int n = smallest_fitting_world(t, cfg, gpu_mode, gpu_memory_bytes(i), MAX_RANKS);
         if (n > 0) printf("%s %s %d", i && gpu_row < 0 ? "," : "", gpu_memory_name(i), n);
-        else printf("%s %s none up to %d (the activations alone take %.1f GiB: a smaller micro-batch)",
+        else printf("%s %s none up to %d (the activations alone take %.1f GiB: recompute or a smaller micro-batch)",
                     i && gpu_row < 0 ? "," : "", gpu_memory_name(i), (int)MAX_RANKS,
-                    (double)gpu.activations / 1073741824.0);
+                    gib(gpu.activations + gpu.workspace));
     }
     printf("\n");
     if (gpu_row >= 0)
-        printf("train_gpt |   %s at %d rank(s): %s\n", gpu_memory_name(gpu_row), world,
+        printf("train_gpt |   %s at %d rank(s), recompute %s: %s\n", gpu_memory_name(gpu_row), world, label,
                gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit");
 }
 
@@ -1572,27 +1835,29 @@ static int train_plan(train_config *cfg, int world, int gpu_row) {
     return 0;
 }
 
-// After a job's first step: what this rank holds against the plan the banner printed. The
-// pieces are exact by construction; the gathered units are the backend's own counters (the
-// most held at once so far), the activations the CPU model's allocator count, and the process's RSS
-// says what the allocator and the libraries add.
+// After the first step on the CPU backend: what this rank holds against the plan the banner
+// printed. The pieces are exact by construction; the gathered units are the backend's own
+// counters (the most held at once so far), the activations the CPU model's allocator count
+// (activations and workspace together: it counts both), and the process's RSS says what the
+// allocator and the libraries add.
 static void print_rank_memory(const trainer *tr) {
-    rank_memory plan =
-        rank_plan(&tr->table, tr->cfg, comm_size(tr->group), false, rank_activations(&tr->table, tr->cfg, false));
+    rank_memory plan = cpu_rank_plan(&tr->table, tr->cfg, tr->group ? comm_size(tr->group) : 1);
     struct rusage usage;
     double rss = getrusage(RUSAGE_SELF, &usage) == 0 ? (double)usage.ru_maxrss * 1024.0 : 0.0;
     int64_t pieces = tr->shard.local_numel * 16;
     bool small = plan.total < ((int64_t)1 << 30);
     const double g = small ? 1048576.0 : 1073741824.0;
     const char *u = small ? "MiB" : "GiB";
+    char label[64];
+    plan_recompute_label(config_recompute(tr->cfg), label, sizeof label);
     note("memory per rank after the first step (%s): pieces %.3f (planned %.3f), gathered weights %.3f at most "
-         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f at most (planned %.3f); peak "
-         "RSS %.3f (planned total %.3f)",
+         "(planned %.3f), unit gradients %.3f at most (planned %.3f), activations %.3f at most (planned %.3f, "
+         "recompute %s); peak RSS %.3f (planned total %.3f)",
          u,
          (double)pieces / g, (double)(plan.weights + plan.grads + plan.optimizer) / g,
          (double)tr->be->gathered_peak_bytes / g, (double)plan.gathered_weights / g,
          (double)tr->be->grads_peak_bytes / g, (double)plan.gathered_grads / g,
-         (double)tr->be->activation_peak_bytes / g, (double)plan.activations / g, rss / g,
+         (double)tr->be->activation_peak_bytes / g, (double)(plan.activations + plan.workspace) / g, label, rss / g,
          (double)plan.total / g);
 }
 
@@ -2075,6 +2340,7 @@ static int train_run(train_config *cfg) {
         tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
     // A job's rank 0 keeps the log; the others log nothing (a NULL log).
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
+    resolve_recompute(&tr, 1);
     allocate(&tr);
     tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
@@ -2117,7 +2383,7 @@ static int train_run(train_config *cfg) {
             }
         }
         metrics_step(tr.log, &m);
-        if (tr.job && tr.state.step == first_step + 1) print_rank_memory(&tr);
+        if (tr.device == DEVICE_CPU && tr.state.step == first_step + 1) print_rank_memory(&tr);
         double step_s = (m.step_ms + (m.has_stall ? m.stall_ms : 0.0)) / 1e3;
         if (step_s > tr.slowest_step_s) tr.slowest_step_s = step_s;
         if (m.step > 1 || cfg->max_steps == 1) {  // the first step includes warm-up costs
@@ -2238,6 +2504,8 @@ static local_result train_local(train_config *cfg, bool quiet) {
         lead->device = select_device(lead);
     }
     lead->threads = setup_threads(cfg);
+    lead->quiet = quiet;
+    resolve_recompute(lead, M);  // the M replicas share this process's memory
     metrics_log *log = metrics_open(cfg->out_dir, false);  // a simulated run writes no event file
     dataloader *val = NULL;
     float **params = (float **)xmalloc((size_t)M * sizeof *params);

@@ -187,19 +187,33 @@ static int64_t plan_layer_floats(const model_dims *d, bool qk_norm, recompute_mo
     return all;
 }
 
+// The part of the plan no recomputation changes: the RoPE tables, the tokens' segment starts
+// and positions, the backward's scratch (shared by the layers) and a chunk of logits.
+static int64_t plan_workspace_floats(const model_dims *d) {
+    int64_t N = d->N;
+    int64_t floats = d->T * d->D;                                                // RoPE tables
+    floats += 2 * N;                                                             // start, pos
+    floats += 3 * N * d->C + 2 * N * d->QD + 2 * N * d->KD + 3 * N * d->F;       // backward scratch
+    floats += max_i64(1, min_i64(N, (1 << 24) / d->V)) * d->V;                   // a chunk of logits
+    return floats;
+}
+
 // 64-byte rounding of each buffer (alloc_floats) is left out: under 64 bytes a buffer.
 int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
     model_dims d = model_dims_of(&t->cfg, B, T);
     bool qk = t->cfg.qk_norm;
     int64_t N = d.N;
-    int64_t floats = T * d.D;                                             // RoPE tables
+    int64_t floats = plan_workspace_floats(&d);
     floats += (d.L + 1) * N * d.C;                                        // the layers' inputs and the output
     for (int64_t l = 0; l < d.L; l++) floats += plan_layer_floats(&d, qk, recompute_of_layer(recompute, l), false);
     floats += plan_layer_floats(&d, qk, recompute.mode, true);
-    floats += N * d.C + N + 2 * N;                                        // final norm, start, pos
-    floats += 3 * N * d.C + 2 * N * d.QD + 2 * N * d.KD + 3 * N * d.F;    // backward scratch
-    floats += max_i64(1, min_i64(N, (1 << 24) / d.V)) * d.V;              // a chunk of logits
+    floats += N * d.C + N;                                                // final norm and its 1/rms
     return floats * (int64_t)sizeof(float);
+}
+
+int64_t cpu_model_plan_workspace_bytes(const param_table *t, int64_t B, int64_t T) {
+    model_dims d = model_dims_of(&t->cfg, B, T);
+    return plan_workspace_floats(&d) * (int64_t)sizeof(float);
 }
 
 void cpu_model_free(cpu_model *m) {

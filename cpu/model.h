@@ -53,6 +53,10 @@ int64_t cpu_model_activation_peak_bytes(const cpu_model *m);
 // this recomputation allocates, by arithmetic over the model's dimensions (a formula of its
 // own, not a dry run of the allocation: test/test_recompute.c checks one against the other).
 int64_t cpu_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute);
+// The part of that figure that is the same in every mode (the plan's "workspace"): the
+// backward's scratch, a chunk of logits, the RoPE tables, the tokens' positions. The rest is
+// what the layers keep for the backward (their inputs, their activations, the recompute scratch).
+int64_t cpu_model_plan_workspace_bytes(const param_table *t, int64_t B, int64_t T);
 
 // Where the passes find a unit's weights and leave its gradient (units: llmc/shard.h). The
 // whole-model calls below use the caller's flat buffers in place; the FSDP backend

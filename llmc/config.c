@@ -99,8 +99,9 @@ static const key_spec KEYS[] = {
     {"comm_timeout_s", KEY_FLOAT, T(comm_timeout_s), "600", 1, 86400, NULL, false, "a rank waiting this long for a collective of the job decides another rank died or hangs, and exits with an error (the job can be requeued)"},
     {"fsdp_reshard_after_forward", KEY_BOOL, T(fsdp_reshard_after_forward), "1", 0, 1, NULL, false, "free a layer's gathered weights after its forward (gather again for backward); 0 = keep them until the backward"},
     // --- memory ---
-    {"recompute", KEY_CHOICE, T(recompute), "none", 0, 0, "none|selective|full", false, "activation recomputation: none keeps every activation for the backward; selective recomputes norms, QK-norm, RoPE and SwiGLU's activation (no matmul); full keeps only each layer's input and runs its forward again before its backward"},
+    {"recompute", KEY_CHOICE, T(recompute), "auto", 0, 0, "auto|none|selective|full", false, "activation recomputation: auto picks the least recomputation whose memory plan fits memory_budget_mb; none keeps every activation for the backward; selective recomputes norms, QK-norm, RoPE and SwiGLU's activation (no matmul); full keeps only each layer's input and runs its forward again before its backward"},
     {"recompute_layers", KEY_INT, T(recompute_layers), "1", 1, 1024, NULL, false, "recompute applies to every N-th layer only (layers 0, N, 2N, ...); the others keep every activation; 1 = every layer"},
+    {"memory_budget_mb", KEY_INT, T(memory_budget_mb), "0", 0, BIG, NULL, false, "MiB a rank's memory plan may use, for recompute = auto; 0 = the device's: a GPU's memory less 2 GiB, or on the CPU the machine's memory (or the cgroup's limit) shared by the node's ranks, less 1 GiB each"},
     // --- samples ---
     {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},
     {"sample_every", KEY_INT, T(sample_every), "0", 0, BIG, NULL, false, "print a sampled continuation every N steps (and at the end); 0 = never"},
@@ -350,6 +351,9 @@ void config_finish(train_config *cfg) {
     RULE(cfg->recompute_layers == 1 || strcmp(cfg->recompute, "none") != 0, "recompute_layers",
          "%lld has no effect with recompute = none (set recompute = selective or full)",
          (long long)cfg->recompute_layers);
+    RULE(cfg->recompute_layers == 1 || strcmp(cfg->recompute, "auto") != 0, "recompute_layers",
+         "%lld cannot be combined with recompute = auto, which chooses it (set recompute = selective or full)",
+         (long long)cfg->recompute_layers);
     RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
     if (cfg->diloco_replicas > 0) {
         bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
@@ -383,6 +387,14 @@ recompute_setting config_recompute(const train_config *cfg) {
     if (strcmp(cfg->recompute, "selective") == 0) r.mode = RECOMPUTE_SELECTIVE;
     else if (strcmp(cfg->recompute, "full") == 0) r.mode = RECOMPUTE_FULL;
     return r;
+}
+
+bool config_recompute_auto(const train_config *cfg) { return strcmp(cfg->recompute, "auto") == 0; }
+
+void config_set_recompute(train_config *cfg, recompute_setting r) {
+    free(cfg->recompute);
+    cfg->recompute = xstrdup(recompute_name(r.mode));
+    cfg->recompute_layers = r.every;
 }
 
 const char *recompute_name(recompute_mode mode) {

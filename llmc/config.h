@@ -83,8 +83,9 @@ typedef struct {
     bool fsdp_prefetch;
     double comm_timeout_s;
     // activation recomputation (docs/config.md#memory)
-    char *recompute;            // none | selective | full
+    char *recompute;            // auto | none | selective | full (auto: resolved before the model is built)
     int64_t recompute_layers;   // the mode applies to every N-th layer (l % N == 0); the others keep all
+    int64_t memory_budget_mb;   // what a rank's plan may use (recompute = auto); 0 = the device's
     // samples
     char *tokenizer;
     int64_t sample_every;
@@ -127,7 +128,11 @@ typedef struct {
     int64_t every;  // >= 1
 } recompute_setting;
 static const recompute_setting RECOMPUTE_OFF = {RECOMPUTE_NONE, 1};
+// The configured setting; recompute = auto reads as none until the trainer resolves it
+// (config_set_recompute with the mode that llmc/plan.h's plan chose).
 recompute_setting config_recompute(const train_config *cfg);
+bool config_recompute_auto(const train_config *cfg);
+void config_set_recompute(train_config *cfg, recompute_setting r);
 static inline recompute_mode recompute_of_layer(recompute_setting r, int64_t layer) {
     return layer % r.every == 0 ? r.mode : RECOMPUTE_NONE;
 }

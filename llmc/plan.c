@@ -2,11 +2,16 @@
 #include "llmc/plan.h"
 
 #include "llmc/common.h"
+#include "llmc/quant.h"
 #include "llmc/shard.h"
 
+#include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 // The sum of the k largest whole-unit buffers (ranks·piece values each), leaving out unit `skip`
 // (-1: none).
@@ -34,7 +39,7 @@ static int64_t largest_units(const shard_map *m, int k, int skip) {
 //            tied embeddings the embedding's gradient on top, from the head's backward (first)
 //            to the embedding's (last).
 // Taking the largest units makes it a bound: the true peak depends on which units meet.
-rank_memory plan_rank_memory(const param_table *t, plan_split s, int64_t activation_bytes) {
+rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan a, int64_t diloco_bytes) {
     rank_memory m = {0};
     int ranks = s.ranks > 0 ? s.ranks : 1;
     shard_map map;
@@ -54,19 +59,170 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, int64_t activat
         if (tied >= 0) held_grads += map.units[tied].piece * ranks;
         m.gathered_grads = held_grads * 4;
     }
-    m.activations = activation_bytes;
-    m.total = m.weights + m.grads + m.optimizer + m.gathered_weights + m.gathered_grads + m.activations;
+    m.gpu = s.gpu;
+    m.activations = a.activations;
+    m.workspace = a.workspace;
+    m.diloco = diloco_bytes;
+    m.total = m.weights + m.grads + m.optimizer + m.gathered_weights + m.gathered_grads + m.activations + m.workspace +
+              (s.gpu ? 0 : m.diloco);
     shard_map_free(&map);
     return m;
 }
 
+// The local values of the largest of diloco_fragments fragments, chosen as diloco.c's
+// split_fragments chooses them: whole layers, fragment p starting at the layer boundary nearest
+// p·numel/P of the whole model's layout (the embedding with the first, the head with the last).
+static int64_t largest_fragment(const shard_map *s, const param_table *t, int P) {
+    int L = (int)t->cfg.n_layer;
+    int64_t *global = xmalloc((size_t)(L + 1) * sizeof *global), *local = xmalloc((size_t)(L + 1) * sizeof *local);
+    for (int l = 0; l < L; l++) {
+        global[l] = l == 0 ? 0 : s->units[1 + l].start;  // unit 1 + l is layer l
+        local[l] = l == 0 ? 0 : s->units[1 + l].local;
+    }
+    global[L] = t->numel;
+    local[L] = s->local_numel;
+    int first = 0;
+    int64_t largest = 0;
+    for (int p = 1; p <= P; p++) {
+        int next = L;
+        if (p < P) {
+            double target = (double)t->numel * p / P;
+            next = first + 1;
+            for (int l = next; l <= L - (P - p); l++)
+                if (fabs((double)global[l] - target) < fabs((double)global[next] - target)) next = l;
+        }
+        if (local[next] - local[first] > largest) largest = local[next] - local[first];
+        first = next;
+    }
+    free(global);
+    free(local);
+    return largest;
+}
+
+// What diloco_open (diloco.c) and the transport (net/transport_tcp.c, transport_hubs.c,
+// transport_mpi.c) allocate for a rank's n pieces:
+//   θ, m, Δ: 4n each (m whatever diloco_outer_momentum: the buffer is always there);
+//   the residual: 4n with diloco_error_feedback and a quantized uplink;
+//   the join state: a 48-byte header and θ, m (8n), for a joining replica (tcp, mpi);
+//   the payload: the largest fragment encoded in the uplink codec, held by diloco.c and (tcp)
+//   copied by the transport; the mean: the largest fragment in the downlink codec, held by the
+//   transport (tcp over several hubs: once per hub session and once whole); the mpi transport
+//   reduces in every replica: its downlink residual (4n, diloco_downlink_feedback with an
+//   encoded mean) and one segment of every replica's payload.
+diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks) {
+    diloco_memory d = {0};
+    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return d;
+    shard_map map;
+    shard_map_build(&map, t, 0, ranks > 0 ? ranks : 1);
+    int64_t n = map.local_numel, largest = largest_fragment(&map, t, (int)cfg->diloco_fragments);
+    shard_map_free(&map);
+    int up_kind = quant_kind_from_name(cfg->diloco_quant);
+    quant_kind up = up_kind < 0 ? QUANT_NONE : (quant_kind)up_kind;
+    quant_kind down = up == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+                      : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
+                                                                                    : up;
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
+    bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
+    d.theta = d.momentum = d.delta = 4 * n;
+    d.residual = cfg->diloco_error_feedback && up != QUANT_NONE ? 4 * n : 0;
+    d.join_state = 48 + 8 * n;
+    int64_t payload = (int64_t)quant_segmented_bytes(up, largest, block, segment);
+    int64_t mean = (int64_t)quant_segmented_bytes(down, largest, block, segment);
+    d.payload = tcp ? 2 * payload : payload;
+    if (tcp) {
+        bool hubs = strchr(cfg->diloco_rendezvous, ',') != NULL;
+        d.mean = hubs ? 2 * mean : mean;
+    } else {
+        bool feedback = cfg->diloco_downlink_feedback && down != QUANT_NONE;
+        d.mean = mean + (feedback ? 4 * n : 0) +
+                 (int64_t)(cfg->diloco_replicas * quant_encoded_bytes(up, segment, block) +
+                           quant_encoded_bytes(down, segment, block)) +
+                 4 * segment;
+    }
+    d.total = d.theta + d.momentum + d.delta + d.residual + d.join_state + d.payload + d.mean;
+    return d;
+}
+
+static void units_of(int64_t total, double *u, const char **unit) {
+    bool small = total < ((int64_t)1 << 30);
+    *u = small ? 1048576.0 : 1073741824.0;
+    *unit = small ? "MiB" : "GiB";
+}
+
 void plan_describe(const rank_memory *m, char *out, size_t out_bytes) {
-    bool small = m->total < ((int64_t)1 << 30);
-    const double u = small ? 1048576.0 : 1073741824.0;
-    const char *unit = small ? "MiB" : "GiB";
+    double u;
+    const char *unit;
+    units_of(m->total, &u, &unit);
+    int n = snprintf(out, out_bytes,
+                     "%.2f %s = %.2f weights + %.2f grads + %.2f AdamW (this rank's pieces) + %.2f gathered weights + "
+                     "%.2f unit gradients + %.2f activations + %.2f workspace",
+                     (double)m->total / u, unit, (double)m->weights / u, (double)m->grads / u,
+                     (double)m->optimizer / u, (double)m->gathered_weights / u, (double)m->gathered_grads / u,
+                     (double)m->activations / u, (double)m->workspace / u);
+    if (m->diloco > 0 && n > 0 && (size_t)n < out_bytes)
+        snprintf(out + n, out_bytes - (size_t)n, m->gpu ? " (+ %.2f DiLoCo in host memory)" : " + %.2f DiLoCo",
+                 (double)m->diloco / u);
+}
+
+void plan_describe_diloco(const diloco_memory *m, char *out, size_t out_bytes) {
+    double u;
+    const char *unit;
+    units_of(m->total, &u, &unit);
     snprintf(out, out_bytes,
-             "%.2f %s = %.2f weights + %.2f grads + %.2f AdamW (this rank's pieces) + %.2f gathered weights + "
-             "%.2f unit gradients + %.2f activations",
-             (double)m->total / u, unit, (double)m->weights / u, (double)m->grads / u, (double)m->optimizer / u,
-             (double)m->gathered_weights / u, (double)m->gathered_grads / u, (double)m->activations / u);
+             "%.2f %s = %.2f θ + %.2f momentum + %.2f Δ + %.2f residual + %.2f join state + %.2f payload + %.2f mean",
+             (double)m->total / u, unit, (double)m->theta / u, (double)m->momentum / u, (double)m->delta / u,
+             (double)m->residual / u, (double)m->join_state / u, (double)m->payload / u, (double)m->mean / u);
+}
+
+int plan_recompute_candidates(int64_t n_layer, recompute_setting *out, int cap) {
+    int n = 0;
+    if (n < cap) out[n++] = (recompute_setting){RECOMPUTE_NONE, 1};
+    if (n < cap) out[n++] = (recompute_setting){RECOMPUTE_SELECTIVE, 1};
+    // One recomputed layer saves nothing: the recompute scratch is one layer's worth. Every
+    // layer is full's (k = 1).
+    int64_t last = 1;  // layers recomputed by the previous candidate
+    for (int64_t k = n_layer; k >= 2 && n < cap; k--) {
+        int64_t layers = ceil_div(n_layer, k);
+        if (layers == last || layers == n_layer) continue;  // the same count at a smaller k
+        out[n++] = (recompute_setting){RECOMPUTE_FULL, k};
+        last = layers;
+    }
+    if (n < cap) out[n++] = (recompute_setting){RECOMPUTE_FULL, 1};
+    return n;
+}
+
+void plan_recompute_label(recompute_setting r, char *out, size_t out_bytes) {
+    if (r.mode == RECOMPUTE_NONE || r.every <= 1) snprintf(out, out_bytes, "%s", recompute_name(r.mode));
+    else snprintf(out, out_bytes, "%s on 1 layer in %" PRId64, recompute_name(r.mode), r.every);
+}
+
+// The cgroup's memory limit (v2, then v1), or -1 when there is none.
+static int64_t cgroup_limit_bytes(void) {
+    const char *paths[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        FILE *f = fopen(paths[i], "r");
+        if (!f) continue;
+        char text[64] = "";
+        bool got = fgets(text, sizeof text, f) != NULL;
+        fclose(f);
+        if (!got) continue;
+        char *end = NULL;
+        long long v = strtoll(text, &end, 10);
+        if (end != text && v > 0) return (int64_t)v;  // "max" (v2) or v1's huge "no limit" lose to the RAM below
+    }
+    return -1;
+}
+
+int64_t plan_cpu_budget_bytes(int local_ranks, char *what, size_t what_bytes) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : 0, limit = cgroup_limit_bytes();
+    bool cgroup = limit > 0 && limit < ram;
+    int64_t node = cgroup ? limit : ram;
+    if (local_ranks < 1) local_ranks = 1;
+    int64_t budget = node / local_ranks - PLAN_CPU_HEADROOM_BYTES;
+    if (budget < 0) budget = 0;
+    snprintf(what, what_bytes, "%s %.1f GiB / %d rank(s) on this node − %.0f GiB headroom",
+             cgroup ? "the cgroup's memory limit" : "this machine's memory", (double)node / 1073741824.0,
+             local_ranks, (double)PLAN_CPU_HEADROOM_BYTES / 1073741824.0);
+    return budget;
 }

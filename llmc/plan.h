@@ -1,6 +1,6 @@
 // llmc/plan.h — what one rank of a job holds in memory: the per-rank plan that
-// `train_gpt plan` prints for a world size and a GPU type, and that a run prints next to what
-// it measured (docs/fsdp.md "Memory per rank").
+// `train_gpt plan` prints for a world size and a GPU type, that a run prints next to what it
+// measured (docs/fsdp.md "Memory per rank"), and the choice `recompute = auto` makes from it.
 //
 // A rank of an FSDP group of N ranks holds its pieces of every unit (llmc/shard.h): fp32
 // weights, gradients and AdamW's two moments, 16 bytes per value of its ⌈unit/N⌉ pieces. On
@@ -9,12 +9,23 @@
 // every layer's from the forward to the backward when fsdp_reshard_after_forward = 0, and a
 // unit's gradient (fp32) before and while it is reduce-scattered. The activations of a
 // micro-batch do not shrink with N: the backend that runs them sizes them (cpu/model.c's plan,
-// the CUDA model's sizing), and the caller passes that figure in. One rank (N = 1) is the
-// one-process layout: the weights in place, no gathered units — except the GPU's bf16 copy of
-// the whole model, which the matmuls read.
+// the CUDA model's sizing), split into what the layers keep for the backward (this depends on
+// `recompute`) and a workspace that does not, and the caller passes both in. One rank (N = 1)
+// is the one-process layout: the weights in place, no gathered units — except the GPU's bf16
+// copy of the whole model, which the matmuls read.
+//
+// A DiLoCo replica (diloco.c) holds, per rank, its pieces of the outer state in host memory:
+// θ, the outer momentum, Δ's buffer, the error-feedback residual (diloco_error_feedback with a
+// quantized uplink), the state buffer for joins, the encoded payload and the transport's
+// buffers. On the CPU backend that is the same memory as the rest; on a GPU it is the host's,
+// not the device's.
+//
+// recompute = auto takes the first of plan_recompute_candidates() whose plan fits the
+// budget: the least recomputation (compute) that fits.
 #ifndef TRAIN_GPT_PLAN_H
 #define TRAIN_GPT_PLAN_H
 
+#include "llmc/config.h"
 #include "llmc/params.h"
 
 #include <stdbool.h>
@@ -32,19 +43,62 @@ typedef struct {
     bool gpu;           // gathered weights in bf16 (a GPU), else fp32 (the CPU backend)
 } plan_split;
 
+// A backend's activation memory for one micro-batch.
+typedef struct {
+    int64_t activations;   // kept for the backward: the layers' inputs, what each layer keeps, the recompute scratch
+    int64_t workspace;     // the same in every mode: the backward's scratch, a chunk of logits, tables, buffers
+} activation_plan;
+
+// A DiLoCo replica's outer state on one rank (diloco.c, net/transport_*.c), bytes.
+typedef struct {
+    int64_t theta, momentum, delta;  // fp32 pieces: the outer weights, the outer momentum, Δ's buffer
+    int64_t residual;                // fp32 pieces: error feedback (0 without it or with diloco_quant = none)
+    int64_t join_state;              // θ and m as a joining replica receives them (tcp and mpi)
+    int64_t payload;                 // the encoded outer gradient of the largest fragment, and the transport's copy
+    int64_t mean;                    // the mean coming back (and the mpi transport's reducer buffers)
+    int64_t total;
+} diloco_memory;
+
 typedef struct {
     int64_t weights, grads, optimizer;   // this rank's pieces: fp32 weights, gradients, AdamW's m and v
     int64_t gathered_weights;            // whole units' weights held at once, at the peak (a bound)
     int64_t gathered_grads;              // whole units' gradients and their reduce-scatter's buffers (a bound)
-    int64_t activations;                 // the backend's own figure (activations, scratch, workspace)
-    int64_t total;
+    int64_t activations, workspace;      // the backend's own figures (activation_plan)
+    int64_t diloco;                      // the DiLoCo outer state (host memory: in total on the CPU only)
+    int64_t total;                       // what the device holds: the CPU's memory, or the GPU's
+    bool gpu;                            // plan_split's: total leaves the DiLoCo state out
 } rank_memory;
 
-// The plan for one rank of s.ranks; activation_bytes is the backend's figure for one micro-batch.
-rank_memory plan_rank_memory(const param_table *t, plan_split s, int64_t activation_bytes);
+// The plan for one rank of s.ranks; a: the backend's figures for one micro-batch; diloco_bytes:
+// plan_diloco_memory's total (0 without DiLoCo), counted in total on the CPU backend only.
+rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan a, int64_t diloco_bytes);
 
-// One line: "4.21 GiB = 1.02 weights + 1.02 grads + ... + 0.03 activations".
+// The DiLoCo outer state of one rank of a replica of `ranks` ranks, for cfg's diloco_* keys
+// (all zero without DiLoCo, and for diloco_transport = local, which simulates M replicas in
+// one process and holds M times a replica: not a rank's figure).
+diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks);
+
+// One line: "4.21 GiB = 1.02 weights + 1.02 grads + ... + 0.03 workspace".
 void plan_describe(const rank_memory *m, char *out, size_t out_bytes);
+// One line: "0.71 GiB = 0.14 θ + 0.14 momentum + ...".
+void plan_describe_diloco(const diloco_memory *m, char *out, size_t out_bytes);
+
+// The recompute settings recompute = auto chooses from, in the order of the compute they add,
+// least first: none; selective (norms, QK-norm, RoPE, SwiGLU's activation: no matmul); full on
+// every k-th layer for k = L .. 2 (⌈L/k⌉ ≥ 2 layers run their forward twice; each count once,
+// at its largest k: one layer would save nothing, its scratch being a layer); full. Returns how
+// many were written to out (at most cap).
+int plan_recompute_candidates(int64_t n_layer, recompute_setting *out, int cap);
+// "none", "selective", "full", "full on 1 layer in 3".
+void plan_recompute_label(recompute_setting r, char *out, size_t out_bytes);
+
+// The memory a rank's plan may use when memory_budget_mb = 0: on the CPU backend the smaller of
+// the machine's physical memory and the cgroup's limit (SLURM's --mem), shared by the
+// local_ranks ranks of the node, less PLAN_CPU_HEADROOM_BYTES each (the libraries, MPI's
+// buffers, the data loader, the allocator's own); on a GPU its memory less GPU_MEMORY_HEADROOM_BYTES
+// (llmc/device.h). what receives one line saying where the figure came from.
+#define PLAN_CPU_HEADROOM_BYTES ((int64_t)1 << 30)
+int64_t plan_cpu_budget_bytes(int local_ranks, char *what, size_t what_bytes);
 
 #ifdef __cplusplus
 }

@@ -37,7 +37,7 @@ end_field() {  # end_field OUT_DIR FIELD: a number of the end event
 }
 
 for layers in 2 4; do
-    run "$tmp/none$layers" --n_layer $layers
+    run "$tmp/none$layers" --n_layer $layers --recompute none
     check "$layers layers, none: 10 steps" test -f "$tmp/none$layers/step_00000010/model.safetensors"
     run "$tmp/sel$layers" --n_layer $layers --recompute selective
     run "$tmp/full$layers" --n_layer $layers --recompute full
@@ -77,8 +77,8 @@ fi
 # 6. config errors
 rc=0; "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" --recompute some >"$tmp/bad.log" 2>&1 || rc=$?
 check "recompute = some: refused (rc $rc) naming the choices" \
-    sh -c "[ $rc -eq 1 ] && grep -q 'expected one of none|selective|full' '$tmp/bad.log'"
-rc=0; "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" --recompute_layers 2 >"$tmp/bad.log" 2>&1 || rc=$?
+    sh -c "[ $rc -eq 1 ] && grep -q 'expected one of auto|none|selective|full' '$tmp/bad.log'"
+rc=0; "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" --recompute none --recompute_layers 2 >"$tmp/bad.log" 2>&1 || rc=$?
 check "recompute_layers 2 with recompute = none: refused (rc $rc)" \
     sh -c "[ $rc -eq 1 ] && grep -q 'recompute_layers.*no effect with recompute = none' '$tmp/bad.log'"
 finish test_recompute

@@ -1,0 +1,247 @@
+# The memory plan per recompute mode and recompute = auto (issue #18 part 4), and the DiLoCo
+# outer state's row (issue #14 part 6; llmc/plan.h, docs/fsdp.md "Memory per rank"):
+#  1. `train_gpt plan configs/boom-14b.conf --world 40 --gpu h100-64gb`, at the config's micro-batch
+#     (1 x 4096) and at BOOM's (8 x 4096): each mode's row — activations and total per rank on
+#     the CPU backend and on a GPU, whether an H100 64GB holds a rank, the smallest group — against
+#     hand arithmetic from the config and the two backends' buffer lists (written out below, not
+#     taken from the code), to the 0.01 GiB the table prints. At 8 x 4096 only full fits.
+#  2. The DiLoCo row: int8 with error feedback over tcp, and int4 over mpi in 4 fragments with a
+#     bf16 downlink, against the hand arithmetic of what diloco.c and the transports allocate.
+#  3. recompute = auto in runs (CPU, an 8-layer model): memory_budget_mb from the plan's own
+#     totals picks none, selective, full on every 2nd layer, full, and refuses below full with
+#     one line; each run prints what it chose and, after its first step, the measured
+#     activations (the allocator's count) within 10 % of the plan — for every explicit mode too,
+#     and at np 2.
+#  4. Bad input: memory_budget_mb below 0, recompute_layers with auto, an unknown mode.
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+
+# ---------------------------------------------------------------- 1. BOOM 14B per mode
+# hand_rows BATCH WORLD: one line per mode, "label|cpu act|cpu total|gpu act|gpu total|fits|group"
+hand_rows() {
+    "$PYTHON" - "$1" "$2" <<'PY'
+import math, sys
+B, N = int(sys.argv[1]), int(sys.argv[2])
+V, L, C, Hq, Hkv, D, F, T = 128256, 40, 5120, 40, 8, 128, 17408, 4096
+QD, KD = Hq * D, Hkv * D
+QKV = QD + 2 * KD
+R = B * T                          # token rows
+G = 2**30
+def r256(b): return (b + 255) // 256 * 256
+# The rank's pieces, gathered units and unit gradients (untied: embedding, layers, final norm + head).
+layer_params = C + QD * C + 2 * KD * C + 2 * D + C * QD + C + 3 * F * C
+def state(n, weight_bytes):
+    units = [V * C] + [layer_params] * L + [C + V * C]
+    pieces = [math.ceil(u / n) for u in units]
+    whole = sorted((p * n for p in pieces), reverse=True)
+    if n == 1:
+        gathered, grads = (2 * sum(units) if weight_bytes == 2 else 0), 0
+    else:
+        gathered = weight_bytes * (whole[0] + whole[1])        # the unit in use and the next
+        grads = 4 * (whole[0] + whole[1] + whole[0] + math.ceil(whole[0] / n))
+    return 16 * sum(pieces) + gathered + grads
+# CPU backend (fp32; cpu/model.c): what a layer keeps per mode, and the scratch.
+cpu_products = R * (C + QD + KD + KD + QD + Hq + 2 * F)  # resid_mid, q/k raw, v, att, lse, gate, up
+cpu_redo = R * (C + 1 + Hq + Hkv + QD + KD + C + 1 + F)    # attn_in, 1/rms, q/k 1/rms, q, k, mlp_in, 1/rms, act
+cpu_layer = {"none": cpu_products + cpu_redo, "selective": cpu_products, "full": 0}
+cpu_scratch = {"none": 0, "selective": cpu_redo, "full": cpu_products + cpu_redo}
+cpu_stream = (L + 1) * R * C + R * C + R                   # layer inputs + output, final norm, 1/rms
+cpu_work = 4 * (T * D + 2 * R + 3 * R * C + 2 * R * QD + 2 * R * KD + 3 * R * F + (2**24 // V) * V)
+# GPU (bf16; train_gpt.cu's device_buffers), each buffer rounded to 256 bytes.
+gpu_products = r256(4*R*C) + r256(2*R*QKV) + r256(2*R*QD) + r256(4*R*Hq) + r256(2*R*2*F)
+gpu_redo = 2 * (r256(2*R*C) + r256(4*R)) + r256(2*R*(QD+KD)) + r256(4*R*(Hq+Hkv)) + r256(2*R*F)
+gpu_layer = {"none": gpu_products + gpu_redo, "selective": gpu_products, "full": 0}
+gpu_scratch = {"none": 0, "selective": gpu_redo, "full": gpu_products + gpu_redo}
+gpu_stream = (L + 1) * r256(4*R*C) + r256(2*R*C) + r256(4*R)
+ld, rows = V, max(1, min(R, 2**30 // (V * 6)))             # V is a multiple of 64 already
+gpu_work = (2 * r256(4*T*D//2) + 6 * r256(4*R) + r256(4*(R+1))          # RoPE, inputs and positions
+            + r256(4*R*C) + r256(2*R*C) + 2 * r256(4*R*C)                # backward: d_resid (+bf16), d_norm, d_final
+            + r256(2*R*QD) + r256(2*R*QKV) + r256(2*R*F) + r256(2*R*2*F) + r256(4*R*Hq)
+            + r256(4 * max(math.ceil(R/256) * C, math.ceil(R*Hq/256) * D))  # gain scratch
+            + r256(4*rows*ld) + r256(2*rows*ld) + 2 * r256(4*R)          # logits chunk, its gradient, ce, lse
+            + 256 + r256(8*1024) + 256 + (32 << 20))                     # step scalars, norm partials, eval, matmul
+def mode_bytes(mode, every, table, scratch):
+    return sum(table[mode if l % every == 0 else "none"] for l in range(L)) + scratch[mode]
+modes = [("none", "none", 1), ("selective", "selective", 1), ("full on 1 layer in 2", "full", 2), ("full", "full", 1)]
+for label, mode, every in modes:
+    ca = 4 * (cpu_stream + mode_bytes(mode, every, cpu_layer, cpu_scratch))
+    ga = gpu_stream + mode_bytes(mode, every, gpu_layer, gpu_scratch)
+    ct, gt = state(N, 4) + ca + cpu_work, state(N, 2) + ga + gpu_work
+    fits = "fits" if gt + 2 * G <= 64 * G else "does not fit"
+    group = next((str(n) for n in range(1, 1025) if state(n, 2) + ga + gpu_work + 2 * G <= 64 * G), "none up to 1024")
+    print("%s|%.2f|%.2f|%.2f|%.2f|%s|%s" % (label, ca / G, ct / G, ga / G, gt / G, fits, group))
+PY
+}
+# printed_rows PLAN_FILE: the same from the plan's table
+printed_rows() {
+    sed -n 's/^train_gpt |   \(none\|selective\|full on 1 layer in 2\|full\)  *\([0-9.]*\)  *\([0-9.]*\)  *\([0-9.]*\)  *\([0-9.]*\)   \(fits\|does not fit\); \(.*\)$/\1|\2|\3|\4|\5|\6|\7/p' "$1"
+}
+for batch in 1 8; do
+    "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --gpu h100-64gb --batch_size $batch >"$tmp/plan$batch.txt" 2>&1 ||
+        { cat "$tmp/plan$batch.txt"; die "plan failed"; }
+    if ! grep -q "gpu: activ." "$tmp/plan$batch.txt" || grep -q "gpu: this build has no CUDA model" "$tmp/plan$batch.txt"; then
+        say "  skip the GPU columns (this build has no CUDA model)"
+        break
+    fi
+    hand_rows $batch 40 >"$tmp/hand$batch.txt"
+    printed_rows "$tmp/plan$batch.txt" >"$tmp/printed$batch.txt"
+    say "  $batch x 4096, 40 ranks, GiB (mode|cpu activations|cpu total|gpu activations|gpu total|H100 64GB|smallest group):"
+    sed 's/^/    /' "$tmp/printed$batch.txt"
+    check "boom-14b at $batch x 4096, 40 ranks: every mode's row is the hand arithmetic" \
+        cmp -s "$tmp/hand$batch.txt" "$tmp/printed$batch.txt"
+    cmp -s "$tmp/hand$batch.txt" "$tmp/printed$batch.txt" || diff "$tmp/hand$batch.txt" "$tmp/printed$batch.txt" || true
+done
+if [ -s "$tmp/printed8.txt" ]; then
+    check "8 x 4096 on 40 x H100 64GB: only full fits" \
+        sh -c "[ \"\$(grep -c '|fits|' '$tmp/printed8.txt')\" -eq 1 ] && grep -q '^full|.*|fits|' '$tmp/printed8.txt'"
+    check "8 x 4096: auto on an H100 64GB picks full" \
+        grep -q 'recompute = auto on H100 64GB: full (' "$tmp/plan8.txt"
+    check "1 x 4096: every mode fits, auto on an H100 64GB runs none" \
+        sh -c "[ \"\$(grep -c '|fits|' '$tmp/printed1.txt')\" -eq 4 ] &&
+               grep -q 'recompute = auto on H100 64GB: none (' '$tmp/plan1.txt'"
+fi
+
+# ---------------------------------------------------------------- 2. DiLoCo's row
+hand_diloco() {  # hand_diloco QUANT EF TRANSPORT FRAGMENTS DOWNLINK REPLICAS: the line's figures
+    "$PYTHON" - "$@" <<'PY'
+import math, sys
+quant, ef, transport, P, downlink, M = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+V, L, C, Hq, Hkv, D, F, N = 128256, 40, 5120, 40, 8, 128, 17408, 40
+layer = C + Hq*D*C + 2*Hkv*D*C + 2*D + C*Hq*D + C + 3*F*C
+units = [V*C] + [layer]*L + [C + V*C]
+pieces = [math.ceil(u / N) for u in units]
+n = sum(pieces)
+# Fragments of whole layers: boundary p at the layer start nearest p·numel/P (whole-model layout).
+glob = [0] + [V*C + l*layer for l in range(1, L)] + [sum(units)]
+loc = [0] + [pieces[0] + l*pieces[1] for l in range(1, L)] + [n]
+first = [0]
+for p in range(1, P):
+    target = sum(units) * p / P
+    best = first[-1] + 1
+    for l in range(best, L - (P - p) + 1):
+        if abs(glob[l] - target) < abs(glob[best] - target): best = l
+    first.append(best)
+first.append(L)
+largest = max(loc[first[p+1]] - loc[first[p]] for p in range(P))
+block = 128
+segment = block * 2 * (2**17 // block)
+def enc(kind, m):
+    if kind == "none": return 4*m
+    if kind == "bf16": return 2*m
+    return math.ceil(m / block) * 4 + (m if kind == "int8" else (m + 1) // 2)
+def segmented(kind, m): return (m // segment) * enc(kind, segment) + (enc(kind, m % segment) if m % segment else 0)
+down = "none" if quant == "none" or downlink == "fp32" else "bf16" if downlink == "bf16" else quant
+payload, mean = segmented(quant, largest), segmented(down, largest)
+theta = momentum = delta = 4*n
+residual = 4*n if ef and quant != "none" else 0
+join = 48 + 8*n
+if transport == "tcp":
+    payload *= 2                       # diloco.c's and the transport's copy; one hub: the mean once
+else:                                  # mpi: each replica reduces: downlink feedback, one segment each
+    mean += (4*n if down != "none" else 0) + M * enc(quant, segment) + enc(down, segment) + 4*segment
+total = theta + momentum + delta + residual + join + payload + mean
+G = 2**30
+print("%.2f GiB = %.2f θ + %.2f momentum + %.2f Δ + %.2f residual + %.2f join state + %.2f payload + %.2f mean"
+      % tuple(x / G for x in (total, theta, momentum, delta, residual, join, payload, mean)))
+PY
+}
+diloco_line() {  # diloco_line [--key value]...: the plan's DiLoCo row at 40 ranks
+    "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 "$@" 2>&1 |
+        sed -n 's/.*diloco outer state (host memory, this rank.s pieces; in the cpu totals): //p'
+}
+got=$(diloco_line --diloco_rendezvous 127.0.0.1:9 --diloco_secret_file unused --diloco_quant int8 --diloco_error_feedback 1)
+want=$(hand_diloco int8 1 tcp 1 same 2)
+say "  DiLoCo int8 + error feedback, tcp: $got"
+check "DiLoCo row, int8 + error feedback over tcp, 40 ranks: the hand arithmetic" test "$got" = "$want"
+[ "$got" = "$want" ] || say "    hand: $want"
+got=$(diloco_line --diloco_transport mpi --diloco_quant int4 --diloco_fragments 4 --diloco_downlink bf16)
+want=$(hand_diloco int4 0 mpi 4 bf16 2)
+say "  DiLoCo int4, 4 fragments, bf16 downlink, mpi: $got"
+check "DiLoCo row, int4 in 4 fragments over mpi: the hand arithmetic" test "$got" = "$want"
+[ "$got" = "$want" ] || say "    hand: $want"
+check "DiLoCo row counted in the cpu total, beside the gpu's" sh -c "
+    '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport mpi \
+        2>&1 | grep -q 'cpu backend (fp32), recompute .* + [0-9.]* DiLoCo\$'"
+check "no DiLoCo row without DiLoCo" sh -c "! grep -q 'diloco outer state' '$tmp/plan1.txt'"
+
+# ---------------------------------------------------------------- 3. recompute = auto in runs
+"$TOOL" shard "$tmp/train.bin" 64 0 200000 11
+model=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --n_layer 8 --d_model 128 --d_ff 384 --seq_len 128
+    --max_steps 2 --warmup_steps 1 --ckpt_every 0 --threads 1)
+"$TRAIN_GPT" plan "${model[@]}" >"$tmp/small.txt" 2>&1 || { cat "$tmp/small.txt"; die "plan failed"; }
+cpu_total() { sed -n "s/^train_gpt |   $1  *[0-9.]*  *\([0-9.]*\) .*/\1/p" "$tmp/small.txt"; }
+none=$(cpu_total none) sel=$(cpu_total selective) every2=$(cpu_total "full on 1 layer in 2") full=$(cpu_total full)
+say "  8-layer model, cpu totals (MiB): none $none, selective $sel, full on 1 layer in 2 $every2, full $full"
+# Budgets between the modes' totals: each picks the first that fits in auto's order (none,
+# selective, full on fewer layers first, full). The model is sized so that whole MiB fall between
+# them and full on every 2nd layer needs less than selective (checked here first).
+read -r b_none b_sel b_every2 b_full b_refuse < <("$PYTHON" -c "
+import math
+n, s, e, f = $none, $sel, $every2, $full
+assert e < s < n and f < e and math.ceil(s) < n and e <= math.floor(s) < s and math.floor(f) < f, (n, s, e, f)
+print(math.ceil(n), math.ceil(s), math.floor(s), math.ceil(f), math.floor(f))")
+auto_run() {  # auto_run NAME NP [--key value]...: a run; its log in $tmp/NAME.log
+    local name=$1 np=$2; shift 2
+    local launch=("$TRAIN_GPT")
+    [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" "$np" "$TRAIN_GPT")
+    "${launch[@]}" "${model[@]}" --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
+}
+# within10 LOG: the first-step line's measured activations within 10 % of the plan
+within10() {
+    "$PYTHON" - "$1" <<'PY'
+import re, sys
+m = re.search(r"activations ([0-9.]+) at most \(planned ([0-9.]+), recompute ([^)]*)\)", open(sys.argv[1]).read())
+if not m: sys.exit(1)
+measured, planned = float(m.group(1)), float(m.group(2))
+print("    %s: activations measured %.3f, planned %.3f (%+.2f %%)" % (m.group(3), measured, planned, 100 * (measured - planned) / planned))
+sys.exit(0 if abs(measured - planned) <= 0.1 * planned else 1)
+PY
+}
+chose() { grep -q "recompute = auto: $2, the least recomputation whose plan fits memory_budget_mb" "$tmp/$1.log"; }
+detect_mpi
+for case in "none $b_none" "selective $b_sel" "full on 1 layer in 2 $b_every2" "full $b_full"; do
+    budget=${case##* } mode=${case% *}
+    auto_run "auto$budget" 1 --memory_budget_mb "$budget" || cat "$tmp/auto$budget.log"
+    check "auto, memory_budget_mb $budget: $mode" chose "auto$budget" "$mode"
+    check "auto ($mode): measured activations within 10 % of the plan" within10 "$tmp/auto$budget.log"
+done
+rc=0; auto_run refuse 1 --memory_budget_mb "$b_refuse" || rc=$?
+check "auto, memory_budget_mb $b_refuse (below full): refused in one line (rc $rc)" sh -c "[ $rc -eq 1 ] &&
+    [ \$(grep -c 'error: recompute = auto: no mode fits memory_budget_mb = $b_refuse' '$tmp/refuse.log') -eq 1 ] &&
+    [ \$(grep -c 'error:' '$tmp/refuse.log') -eq 1 ]"
+auto_run default 1 || cat "$tmp/default.log"
+check "auto without a budget: none, within this machine's memory" \
+    grep -q "recompute = auto: none, the least recomputation whose plan fits this machine's memory\|the cgroup's memory limit" \
+    "$tmp/default.log"
+explicit_ok() { ! grep -q 'recompute = auto' "$1" && within10 "$1"; }
+for mode in none selective full; do
+    auto_run "explicit_$mode" 1 --recompute $mode || cat "$tmp/explicit_$mode.log"
+    check "recompute $mode: no auto line; measured activations within 10 % of the plan" \
+        explicit_ok "$tmp/explicit_$mode.log"
+done
+auto_run explicit_every2 1 --recompute full --recompute_layers 2 || cat "$tmp/explicit_every2.log"
+check "recompute full on every 2nd layer: measured activations within 10 % of the plan" \
+    explicit_ok "$tmp/explicit_every2.log"
+if [ "$HAVE_MPI" = 1 ]; then
+    chose_np2() {  # rank 0 says what it chose (the others print no notes; they plan the same)
+        grep -q 'rank 0: recompute = auto: selective, ' "$1" && within10 "$1"
+    }
+    auto_run np2 2 --memory_budget_mb "$b_sel" || cat "$tmp/np2.log"
+    check "np 2, auto, memory_budget_mb $b_sel: selective (pieces halve, gathered units come), measured within 10 %" \
+        chose_np2 "$tmp/np2.log"
+else
+    say "  skip np 2 (no MPI in this build)"
+fi
+
+# ---------------------------------------------------------------- 4. bad input
+fails_with() {  # fails_with PATTERN [--key value]...: exit 1, one line on stderr naming PATTERN
+    local pattern=$1 rc=0; shift
+    "$TRAIN_GPT" "${model[@]}" --out_dir "$tmp/bad" "$@" >"$tmp/bad.out" 2>"$tmp/bad.err" || rc=$?
+    [ "$rc" -eq 1 ] && [ "$(wc -l <"$tmp/bad.err")" -eq 1 ] && grep -q "$pattern" "$tmp/bad.err"
+}
+check "memory_budget_mb -1: refused in one line" fails_with "memory_budget_mb" --memory_budget_mb -1
+check "recompute_layers 2 with auto: refused in one line" fails_with "cannot be combined with recompute = auto" \
+    --recompute_layers 2
+check "recompute = some: refused naming the choices" fails_with "expected one of auto|none|selective|full" \
+    --recompute some
+finish test_plan
