@@ -491,7 +491,13 @@ static bool contributor_paused(relay *h, const hub_conn *hc) {
     return k->began && !k->left && k->prefix >= h->reduced + WINDOW_SEGMENTS;
 }
 
-static void make_member(relay *h, int id) { rep(h, id)->state = R_MEMBER; }
+// A member from now on, expected in every round (FOLLOW narrows it after): not in the rounds a
+// joiner of an earlier close was told it would be in (a group refounded by waiting replicas
+// starts at their step).
+static void make_member(relay *h, int id) {
+    rep(h, id)->state = R_MEMBER;
+    rep(h, id)->member_from = 0;
+}
 
 static void send_joined(relay *h, replica *r, uint32_t result) {
     uint8_t buf[WIRE_JOINED_BYTES];
@@ -591,6 +597,9 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
         return;
     }
     h->st.announced = true;
+    // With several hubs a donor announces up to 3 × timeout_s after it was designated: its
+    // chunks have timeout_s from the announcement on.
+    h->donor_progress_s = wall_seconds();
     wire_state fwd = *m;
     fwd.donor_id = (uint32_t)id;
     uint8_t buf[WIRE_STATE_BYTES];
@@ -1175,9 +1184,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
-    r->state = R_CONNECTED;
     r->held = false;
-    check_round(h);
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
             drop_replica(h, id, "sent JOIN before all its data streams were connected");
@@ -1186,6 +1193,19 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->status = *s;
     r->member_from = 0;
     r->began_step = r->done_step = -1;
+    // The round it left may close now. If it does, the replica waits (after a close the group's
+    // status is unknown), so it waits already: it is a joiner of that close if the close has a
+    // donor, rather than of the next one (with several hubs, replicas evicted together rejoin
+    // together, and the last of them to leave the round is often the one that closes it).
+    r->state = R_WAITING;
+    check_round(h);
+    if (r->joiner) {
+        send_joined(h, r, JOINED_WAIT);
+        hub_log(h, "replica %d joined at outer step %lld (hash %016llx): takes the state of the round that just closed",
+                id, (long long)s->outer_step, (unsigned long long)s->param_hash);
+        return;
+    }
+    r->state = R_CONNECTED;
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
@@ -1640,6 +1660,7 @@ static void run_loop(relay *h) {
 
 // ---------------------------------------------------------------- start and stop
 static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) {
+    wire_init();
     if (o->timeout_s <= 0) {
         snprintf(err, err_bytes, "relay: timeout_s must be positive");
         return NULL;

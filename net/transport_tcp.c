@@ -900,6 +900,7 @@ static void own_hub_address(const char *rendezvous, int port, char *out, size_t 
 
 // Checks the options and allocates a session with the hub at address (not connected).
 static tcp *tcp_new(const transport_options *o, const char *address) {
+    wire_init();
     if (!o->secret || o->secret_bytes == 0) fail("diloco_secret_file: no secret");
     if (o->replicas < 1 || o->replicas > WIRE_MAX_REPLICAS || o->replica_id < 0 || o->replica_id >= o->replicas)
         fail("diloco_replica_id %d is not in 0..%d", o->replica_id, o->replicas - 1);

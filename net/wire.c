@@ -7,6 +7,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,9 +87,20 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
 }
 
 // ---------------------------------------------------------------- HMAC-SHA256
+// OpenSSL without its exit-time cleanup: a process that exits (fail() on one thread) while
+// another thread computes an HMAC (a replica's heartbeat, a handshake to another hub) must not
+// have the algorithms freed under that thread (it crashed: SIGSEGV instead of exit 1).
+static void openssl_init_once(void) { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL); }
+
+void wire_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, openssl_init_once);
+}
+
 // The fetched algorithm is cached (OpenSSL 3 fetches are not free); a lost race frees the
 // loser's copy.
 static EVP_MAC *hmac_algorithm(void) {
+    wire_init();
     static _Atomic(EVP_MAC *) cached = NULL;
     EVP_MAC *mac = atomic_load(&cached);
     if (mac) return mac;

@@ -85,6 +85,11 @@ typedef enum {
     WIRE_BAD_SEQUENCE,  // replayed, dropped or reordered
 } wire_error;
 
+// Initializes OpenSSL for the transport (once, idempotent; before any other OpenSSL call of the
+// process): without its exit-time cleanup, so that exit() on one thread cannot free what another
+// thread's HMAC uses.
+void wire_init(void);
+
 const char *wire_error_string(wire_error e);
 // "HELLO", "DATA", ...; "unknown" for anything else.
 const char *wire_type_name(unsigned type);
