@@ -883,6 +883,28 @@ static void evict_from_round(relay *h, int id, const char *text) {
     check_round(h);
 }
 
+// With several hubs: member id completed outer step k (DONE, or moved_on below). It is expected
+// in no round of step k any more; later contributions to step k are refused (stale); an open
+// round of step k it was expected in and has not begun is another set's: aborted.
+static void take_completion(relay *h, int id, int64_t k) {
+    replica *r = rep(h, id);
+    if (k > r->done_step) r->done_step = k;
+    if (k > h->completed_step) h->completed_step = k;
+    bool was_due = h->round_step >= r->member_from;
+    if (h->round_open && step_of(h->round_step) <= k && !h->contrib[id].began && was_due) abort_round(h, id);
+}
+
+// With several hubs: the first frame of a member for a later outer step than the open round's,
+// when it began a round of the open round's step here and has not begun this one, says it
+// completed that step (failed, it would redo the same step; evicted, it rejoins first and is
+// expected from a later round): its DONE is on the control connection, which a chunk on a data
+// connection may overtake.
+static bool moved_on(relay *h, int id, int64_t round) {
+    const replica *r = rep(h, id);
+    return several_hubs(h) && h->round_open && step_of(round) > step_of(h->round_step) && r->state == R_MEMBER &&
+           !r->joiner && !h->contrib[id].began && r->began_step == step_of(h->round_step) && due(h, id);
+}
+
 // A member begins its contribution with its first frame (CONTRIBUTE, or a chunk, which may
 // overtake it on another connection). Every contribution to a round has the size of the
 // round's first; a member may not begin once segments were reduced without it (it joined
@@ -891,6 +913,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
     replica *r = rep(h, id);
     contribution *k = &h->contrib[id];
     bool first = !k->began;
+    if (moved_on(h, id, step)) take_completion(h, id, step_of(h->round_step));
     const char *why = open_or_check_round(h, step);
     if (!why && total == 0) why = "announced an empty contribution";
     if (!why && h->round_total && (total != h->round_total || chunk != h->round_chunk)) {
@@ -1312,13 +1335,8 @@ static void on_done(relay *h, int id, const wire_done *m) {
     }
     if (h->dying_for == id && m->result == DONE_COMPLETE) die_now(h, "the replica that had the round's ROUND is done");
     if (r->state != R_MEMBER || r->joiner) return;
-    if (m->outer_step > r->done_step) r->done_step = m->outer_step;
-    if (m->result == DONE_COMPLETE) {
-        if (m->outer_step > h->completed_step) h->completed_step = m->outer_step;
-        bool was_due = h->round_step >= r->member_from;
-        if (h->round_open && step_of(h->round_step) <= m->outer_step && !h->contrib[id].began && was_due)
-            abort_round(h, id);
-    }
+    if (m->result == DONE_COMPLETE) take_completion(h, id, m->outer_step);
+    else if (m->outer_step > r->done_step) r->done_step = m->outer_step;
     check_round(h);
 }
 
