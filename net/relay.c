@@ -768,7 +768,6 @@ static void close_round(relay *h) {
 // Evicted from the open round without closing it (abort_round): told why; it must JOIN again.
 static void evict_quietly(relay *h, int id, const char *text) {
     replica *r = rep(h, id);
-    hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
     tell_evicted(h, id, h->round_step, text);
     r->state = R_CONNECTED;
     leave_round(h, id);
@@ -784,9 +783,9 @@ static void abort_round(relay *h, int winner) {
     char name[96], text[300], ids[1200] = "";
     round_name(h, name, sizeof name);
     snprintf(text, sizeof text,
-             "round %s cannot stand: replica %d completed outer step %lld without it (a hub died after some replicas "
-             "had its mean, or the replicas disagree on which hubs are live): rejoin",
-             name, winner, (long long)step_of(h->round_step));
+             "round %lld cannot stand: replica %d completed that outer step without it (a hub died after some "
+             "replicas had its mean, or the replicas disagree on which hubs are live): rejoin",
+             (long long)h->round_step, winner);
     int n = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         if (!h->contrib[i].began || h->contrib[i].left || rep(h, i)->state != R_MEMBER) continue;
@@ -794,7 +793,8 @@ static void abort_round(relay *h, int winner) {
         snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
         evict_quietly(h, i, text);
     }
-    hub_log(h, "round %s aborted: replica %d completed outer step %lld without it; its contributor(s) [%s] evicted",
+    hub_log(h, "round %s aborted: replica %d completed step %lld without it; its contributor(s) [%s] evicted (they "
+               "rejoin)",
             name, winner, (long long)step_of(h->round_step), ids);
     end_round(h);
 }
@@ -808,10 +808,13 @@ static void evict_late(relay *h, int id) {
         unjoin(h, id);
         return;
     }
-    char text[200];
+    // The replica is told the round's id (its own log names the share, step and attempt); the
+    // hub's log names them the hub's way.
+    char text[200], name[96];
     snprintf(text, sizeof text, "late for round %lld: no contribution %.1f s after the first began",
              (long long)h->round_step, late);
-    hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
+    hub_log(h, "replica %d (%s) evicted: late for round %s: no contribution %.1f s after the first began", id, r->peer,
+            round_name(h, name, sizeof name), late);
     uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
     send_control(h, r, WIRE_EVICTED, buf, wire_encode_evicted(h->round_step, 1, text, buf));
     r->state = R_CONNECTED;   // it must JOIN again
@@ -1067,14 +1070,15 @@ static bool stale(relay *h, int id, int64_t step) {
 static void on_contribute(relay *h, int id, const wire_contribute *m) {
     replica *r = rep(h, id);
     if (stale(h, id, m->outer_step)) {
+        const char *why = r->state != R_MEMBER                   ? "not a member of the group (rejoin)"
+                          : left_round(h, id, m->outer_step)     ? "it left that round after beginning it (rejoin)"
+                          : m->outer_step <= h->last_closed_step ? "the group has closed that round"
+                                                                 : "other replicas completed that outer step without "
+                                                                   "this round (rejoin)";
         char text[300], name[96];
-        snprintf(text, sizeof text, "contribution to round %s refused: %s", name_round(h, m->outer_step, name, sizeof name),
-                 r->state != R_MEMBER                ? "not a member of the group (rejoin)"
-                 : left_round(h, id, m->outer_step)  ? "it left that round after beginning it (rejoin)"
-                 : m->outer_step <= h->last_closed_step ? "the group has closed that round"
-                                                        : "other replicas completed that outer step without this round "
-                                                          "(rejoin)");
-        hub_log(h, "replica %d: %s", id, text);
+        snprintf(text, sizeof text, "contribution to round %lld refused: %s", (long long)m->outer_step, why);
+        hub_log(h, "replica %d: contribution to round %s refused: %s", id, name_round(h, m->outer_step, name, sizeof name),
+                why);
         if (r->state == R_MEMBER && !r->joiner) {
             r->state = R_CONNECTED;   // out of step with the group
             leave_round(h, id);

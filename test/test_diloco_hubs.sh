@@ -186,7 +186,7 @@ done
 check "the mixed case: the second relay's ROUND went to replica 0 only, then it died" \
     grep -q "went to replica 0 only; the hub dies at its DONE" "$tmp/relay_tb.log"
 check "the mixed case: the redo of its share cannot stand once replica 0 completed the step (rejoin)" \
-    sh -c "grep -qE 'aborted: replica 0 completed outer step|other replicas completed that outer step' \
+    sh -c "grep -qE 'aborted: replica 0 completed step|other replicas completed that outer step' \
         '$tmp/relay_ta.log' '$tmp/relay_tc.log'"
 check "the mixed case: replicas 1 and 2 take replica 0's state" \
     sh -c "grep -q '\"event\":\"diloco_join\"' '$tmp/three/1/metrics.jsonl' &&

@@ -1555,7 +1555,7 @@ static void test_hubs_mixed(void) {
         EXPECT(await(&s, id, "evicted", k, 1) && await(&s, id, "gotstate", k, 1),
                "hubmixed: replica %d is evicted from step %lld and takes the group's state", id, k);
     }
-    EXPECT(file_has(s.hub_log, "aborted: replica 0 completed outer step") ||
+    EXPECT(file_has(s.hub_log, "aborted: replica 0 completed step") ||
                file_has(s.hub_log, "other replicas completed that outer step without this round"),
            "hubmixed: the first hub refuses the redo of a share that replica 0 completed the step without");
     size_t before = strlen(slurp(second.hub_log));
