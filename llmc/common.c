@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,7 +30,16 @@ static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
     fflush(stderr);
 }
 
+// One error line per process: when two threads fail at once (e.g. the connections to two hubs
+// refused for the same misconfiguration), the second waits for the first to exit. The thread
+// already failing (fail called again on its way out) goes on.
+static atomic_bool failing = false;
+static _Thread_local bool this_thread_failing = false;
+
 void fail(const char *fmt, ...) {
+    if (atomic_exchange(&failing, true) && !this_thread_failing)
+        for (;;) pause();
+    this_thread_failing = true;
     va_list ap;
     va_start(ap, fmt);
     vprint_line("error: ", fmt, ap);

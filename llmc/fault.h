@@ -21,6 +21,9 @@
 //   tcp_die_in_upload_after_full, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see
 //                       net/transport_tcp.c and docs/protocol.md)
+//   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
+//                       contributors after N such rounds, ROUND to the lowest-id contributor
+//                       only, then SIGKILL itself once that replica says DONE (net/relay.c)
 // A real run never sets the variable; the cost when unset is one getenv per query.
 #ifndef TRAIN_GPT_FAULT_H
 #define TRAIN_GPT_FAULT_H

@@ -39,6 +39,7 @@
 #include "net/relay.h"
 
 #include "llmc/common.h"
+#include "llmc/fault.h"
 #include "llmc/quant.h"
 #include "net/conn.h"
 #include "net/socket.h"
@@ -105,6 +106,11 @@ typedef struct {
 
 typedef enum { R_FREE, R_CONNECTED, R_WAITING, R_MEMBER } replica_state;
 
+typedef struct {
+    uint64_t offset, values;        // model positions
+    float *r;
+} residual_range;
+
 // A contributor's part of the open round: its segments that arrived and wait for the
 // others' (each is freed once reduced).
 typedef struct {
@@ -132,6 +138,9 @@ typedef struct {
     bool held;                      // a founding member whose JOINED waits for the quorum
     int64_t member_from;            // a member is expected in rounds from this id on (FOLLOW, or a
                                     // joiner of a run with several hubs); it may begin an earlier one
+    // several hubs (outer step k = round id / 64): the last step it began a round of here, and
+    // the last step it said DONE for (-1: none)
+    int64_t began_step, done_step;
     int min_replicas;               // from its AUTH
     transfer up;                    // its contribution to the open round (which chunks came)
     pending *queue_head, *queue_tail;
@@ -174,9 +183,22 @@ struct relay {
     uint64_t round_in_bytes, round_out_bytes;
     float *scratch;                 // one segment of floats
     size_t scratch_values;
-    // the downlink's error feedback: what the encoded means did not carry, per model value
-    float *residual;
-    uint64_t residual_values;
+    // the downlink's error feedback: what the encoded means did not carry, per model value, for
+    // the ranges of the model this hub has reduced (with several hubs, its shares: not the model)
+    residual_range *residual;
+    int n_residual;
+    uint64_t residual_model;        // the model_values the ranges belong to
+    float *round_residual;          // the open round's range (NULL: no feedback)
+    // several hubs: every replica lists this hub as hub hub_index of hubs (from the first AUTH)
+    bool order_set;
+    int order_by;
+    uint16_t hub_index, hubs;
+    int64_t completed_step;         // the last outer step a member completed (DONE), -1: none
+    // the fault hook relay_die_in_close (docs/protocol.md): rounds closed with 2 or more
+    // contributors; dying: ROUND went to one replica only, the hub dies at its DONE
+    int64_t shared_closes;
+    int dying_for;                  // -1: not dying
+    double dying_deadline_s;
     // the state transfer
     int donor;                      // -1: none
     double donor_progress_s;        // designation, last chunk, or last moment it was paused
@@ -279,6 +301,12 @@ static bool transfer_whole(const transfer *t) { return t->started && t->announce
 // ---------------------------------------------------------------- replicas
 static replica *rep(relay *h, int id) { return &h->reps[id]; }
 
+// A run with several hubs numbers its rounds 64·k + 8·attempt + share (docs/protocol.md); its
+// replicas' AUTH say how many hubs they list.
+#define HUB_ROUNDS_PER_STEP 64
+static bool several_hubs(const relay *h) { return h->order_set && h->hubs > 1; }
+static int64_t step_of(int64_t round) { return round / HUB_ROUNDS_PER_STEP; }
+
 static void queue_data(replica *r, const wire_data *d, const uint8_t *bulk, blob *ref) {
     pending *p = xcalloc(1, sizeof *p);
     wire_encode_data_head(d, p->head);
@@ -356,8 +384,21 @@ static void contribution_reset(contribution *k) {
 }
 
 // Whether member id takes part in the open round: from its first round on (member_from), or
-// once it has begun one before that.
-static bool due(relay *h, int id) { return h->round_step >= rep(h, id)->member_from || h->contrib[id].began; }
+// once it has begun one before that. With several hubs, not in a round of an outer step it has
+// said DONE for (it has that step's means, or gave it up).
+static bool due(relay *h, int id) {
+    const replica *r = rep(h, id);
+    if (h->contrib[id].began) return true;
+    if (h->round_step < r->member_from) return false;
+    return !(several_hubs(h) && step_of(h->round_step) <= r->done_step);
+}
+
+// With several hubs: a member that began a round of this outer step here is between two of the
+// step's rounds (its exchange goes on at this hub or another), not late: it begins this one,
+// says DONE, rejoins or dies (docs/protocol.md, "Several hubs"), so it is never evicted as late.
+static bool between_rounds(relay *h, int id) {
+    return several_hubs(h) && rep(h, id)->began_step == step_of(h->round_step);
+}
 
 // Whether replica id's segments go into the mean: a member still in the round (it may not
 // have begun yet: then the reduction waits for it), or a whole contribution (even if its
@@ -399,7 +440,7 @@ static void try_reduce(relay *h) {
         size_t out_bytes = quant_encoded_bytes(codec(sp->down_codec), len, sp->block);
         blob *b = blob_new(out_bytes);
         if (!b) fail("relay: out of memory for a segment of the mean (%zu bytes)", out_bytes);
-        float *residual = h->residual ? h->residual + sp->value_offset + first : NULL;
+        float *residual = h->round_residual ? h->round_residual + first : NULL;
         quant_effect effect[WIRE_MAX_REPLICAS];
         quant_reduction q = {.up = codec(sp->up_codec), .down = codec(sp->down_codec), .block = sp->block,
                              .bound = sp->bound};
@@ -450,7 +491,13 @@ static bool contributor_paused(relay *h, const hub_conn *hc) {
     return k->began && !k->left && k->prefix >= h->reduced + WINDOW_SEGMENTS;
 }
 
-static void make_member(relay *h, int id) { rep(h, id)->state = R_MEMBER; }
+// A member from now on, expected in every round (FOLLOW narrows it after): not in the rounds a
+// joiner of an earlier close was told it would be in (a group refounded by waiting replicas
+// starts at their step).
+static void make_member(relay *h, int id) {
+    rep(h, id)->state = R_MEMBER;
+    rep(h, id)->member_from = 0;
+}
 
 static void send_joined(relay *h, replica *r, uint32_t result) {
     uint8_t buf[WIRE_JOINED_BYTES];
@@ -463,6 +510,7 @@ static void abort_transfer(relay *h, const char *why);
 static bool donor_paused(relay *h, const hub_conn *hc);
 static void check_round(relay *h);
 static void settle_group(relay *h);
+static void tell_evicted(relay *h, int id, int64_t step, const char *text);
 
 static void release_contribution(replica *r) { transfer_reset(&r->up); }
 
@@ -549,6 +597,9 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
         return;
     }
     h->st.announced = true;
+    // With several hubs a donor announces up to 3 × timeout_s after it was designated: its
+    // chunks have timeout_s from the announcement on.
+    h->donor_progress_s = wall_seconds();
     wire_state fwd = *m;
     fwd.donor_id = (uint32_t)id;
     uint8_t buf[WIRE_STATE_BYTES];
@@ -595,18 +646,53 @@ static uint64_t rss_bytes(void) {
     return got == 2 ? resident * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
-// A run with several hubs numbers its rounds 64·k + 8·attempt + share (docs/protocol.md).
-#define HUB_ROUNDS_PER_STEP 64
 static bool multi_hub(const relay *h) { return h->round_sized && (h->spec.flags & WIRE_MULTI_HUB); }
 
 // "12", or "777 (step 12, attempt 1, share 1)" for a round of a run with several hubs.
-static const char *round_name(const relay *h, char *buf, size_t bytes) {
-    long long w = (long long)h->round_step;
-    if (multi_hub(h))
+static const char *name_round(const relay *h, int64_t round, char *buf, size_t bytes) {
+    long long w = (long long)round;
+    if (several_hubs(h) || multi_hub(h))
         snprintf(buf, bytes, "%lld (step %lld, attempt %lld, share %lld)", w, w / HUB_ROUNDS_PER_STEP,
                  w % HUB_ROUNDS_PER_STEP / 8, w % 8);
     else snprintf(buf, bytes, "%lld", w);
     return buf;
+}
+
+static const char *round_name(const relay *h, char *buf, size_t bytes) {
+    return name_round(h, h->round_step, buf, bytes);
+}
+
+// The open round is over (closed, or aborted): the next frame of a later round opens another.
+static void end_round(relay *h) {
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        contribution_reset(&h->contrib[i]);
+        release_contribution(rep(h, i));
+    }
+    h->round_open = false;
+    h->round_sized = false;
+    h->round_residual = NULL;
+    h->last_closed_step = h->round_step;
+    h->first_began_s = -1;
+    h->round_in_bytes = h->round_out_bytes = 0;
+    // The members move to the next step (apply or not): the group's status is unknown until
+    // a group is founded anew.
+    h->status_known = false;
+}
+
+// The fault hook relay_die_in_close:N (TRAIN_GPT_FAULT; test/test_transport.c `hubmixed`,
+// test/test_diloco_hubs.sh): at the close of the first round with two or more contributors
+// after N such rounds, ROUND goes to the lowest-id contributor only (every contributor may
+// have the mean's bytes: without ROUND they are not done), and the hub dies (SIGKILL) once that
+// replica says DONE for the step (it has every share's mean), or timeout_s later: a hub that
+// dies after some replicas received its mean for a round and others did not.
+static bool dies_in_this_close(relay *h, uint32_t contributors) {
+    if (contributors < 2) return false;
+    return fault_requested("relay_die_in_close", h->shared_closes++);
+}
+
+static void die_now(relay *h, const char *why) {
+    hub_log(h, "fault hook relay_die_in_close: the hub dies now (%s)", why);
+    raise(SIGKILL);
 }
 
 static void close_round(relay *h) {
@@ -630,12 +716,17 @@ static void close_round(relay *h) {
     if (waiting && h->donor < 0)
         for (uint32_t k = 0; k < m.n && donor < 0; k++)
             if (rep(h, (int)m.ids[k])->state == R_MEMBER) donor = (int)m.ids[k];
+    bool dying = dies_in_this_close(h, m.n);
     uint8_t buf[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS];
     for (uint32_t k = 0; k < m.n; k++) {
         replica *r = rep(h, (int)m.ids[k]);
-        if (r->state != R_MEMBER) continue;
+        if (r->state != R_MEMBER || (dying && h->dying_for >= 0)) continue;
         m.flags = (apply ? ROUND_APPLY : 0) | ((int)m.ids[k] == donor ? ROUND_SEND_STATE : 0);
         send_control(h, r, WIRE_ROUND, buf, wire_encode_round(&m, buf));
+        if (dying) {
+            h->dying_for = (int)m.ids[k];
+            h->dying_deadline_s = wall_seconds() + h->o.timeout_s;
+        }
     }
     char ids[1200] = "", b1[32], b2[32], b3[32];
     for (uint32_t k = 0; k < m.n; k++) {
@@ -668,18 +759,44 @@ static void close_round(relay *h) {
             fmt_bytes(rss_bytes(), b3, sizeof b3), apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
+    if (dying)
+        hub_log(h, "fault hook relay_die_in_close: ROUND of round %s went to replica %d only; the hub dies at its DONE",
+                name, h->dying_for);
+    end_round(h);
+}
+
+// Evicted from the open round without closing it (abort_round): told why; it must JOIN again.
+static void evict_quietly(relay *h, int id, const char *text) {
+    replica *r = rep(h, id);
+    tell_evicted(h, id, h->round_step, text);
+    r->state = R_CONNECTED;
+    leave_round(h, id);
+    drop_queue(r);
+}
+
+// With several hubs: member `winner` completed outer step k (DONE) without beginning the open
+// round of step k. Its replicas and the round's contributors took (or would take) a share of
+// step k from different rounds, so they cannot both go on: the round's contributors are
+// evicted (they rejoin and take the state of a replica that completed the step: docs/protocol.md,
+// "Several hubs") and the round ends without a result.
+static void abort_round(relay *h, int winner) {
+    char name[96], text[300], ids[1200] = "";
+    round_name(h, name, sizeof name);
+    snprintf(text, sizeof text,
+             "round %lld cannot stand: replica %d completed that outer step without it (a hub died after some "
+             "replicas had its mean, or the replicas disagree on which hubs are live): rejoin",
+             (long long)h->round_step, winner);
+    int n = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
-        contribution_reset(&h->contrib[i]);
-        release_contribution(rep(h, i));
+        if (!h->contrib[i].began || h->contrib[i].left || rep(h, i)->state != R_MEMBER) continue;
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
+        evict_quietly(h, i, text);
     }
-    h->round_open = false;
-    h->round_sized = false;
-    h->last_closed_step = h->round_step;
-    h->first_began_s = -1;
-    h->round_in_bytes = h->round_out_bytes = 0;
-    // The members move to the next step (apply or not): the group's status is unknown until
-    // a group is founded anew.
-    h->status_known = false;
+    hub_log(h, "round %s aborted: replica %d completed step %lld without it; its contributor(s) [%s] evicted (they "
+               "rejoin)",
+            name, winner, (long long)step_of(h->round_step), ids);
+    end_round(h);
 }
 
 static void evict_late(relay *h, int id) {
@@ -691,10 +808,13 @@ static void evict_late(relay *h, int id) {
         unjoin(h, id);
         return;
     }
-    char text[200];
+    // The replica is told the round's id (its own log names the share, step and attempt); the
+    // hub's log names them the hub's way.
+    char text[200], name[96];
     snprintf(text, sizeof text, "late for round %lld: no contribution %.1f s after the first began",
              (long long)h->round_step, late);
-    hub_log(h, "replica %d (%s) evicted: %s", id, r->peer, text);
+    hub_log(h, "replica %d (%s) evicted: late for round %s: no contribution %.1f s after the first began", id, r->peer,
+            round_name(h, name, sizeof name), late);
     uint8_t buf[WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES];
     send_control(h, r, WIRE_EVICTED, buf, wire_encode_evicted(h->round_step, 1, text, buf));
     r->state = R_CONNECTED;   // it must JOIN again
@@ -719,7 +839,7 @@ static void check_round(relay *h) {
             drop_replica(h, i, why);   // calls check_round again
             return;
         }
-        if (deadline && !moving) evict_late(h, i);
+        if (deadline && !moving && !between_rounds(h, i)) evict_late(h, i);
         else all = false;
     }
     try_reduce(h);
@@ -766,6 +886,28 @@ static void evict_from_round(relay *h, int id, const char *text) {
     check_round(h);
 }
 
+// With several hubs: member id completed outer step k (DONE, or moved_on below). It is expected
+// in no round of step k any more; later contributions to step k are refused (stale); an open
+// round of step k it was expected in and has not begun is another set's: aborted.
+static void take_completion(relay *h, int id, int64_t k) {
+    replica *r = rep(h, id);
+    if (k > r->done_step) r->done_step = k;
+    if (k > h->completed_step) h->completed_step = k;
+    bool was_due = h->round_step >= r->member_from;
+    if (h->round_open && step_of(h->round_step) <= k && !h->contrib[id].began && was_due) abort_round(h, id);
+}
+
+// With several hubs: the first frame of a member for a later outer step than the open round's,
+// when it began a round of the open round's step here and has not begun this one, says it
+// completed that step (failed, it would redo the same step; evicted, it rejoins first and is
+// expected from a later round): its DONE is on the control connection, which a chunk on a data
+// connection may overtake.
+static bool moved_on(relay *h, int id, int64_t round) {
+    const replica *r = rep(h, id);
+    return several_hubs(h) && h->round_open && step_of(round) > step_of(h->round_step) && r->state == R_MEMBER &&
+           !r->joiner && !h->contrib[id].began && r->began_step == step_of(h->round_step) && due(h, id);
+}
+
 // A member begins its contribution with its first frame (CONTRIBUTE, or a chunk, which may
 // overtake it on another connection). Every contribution to a round has the size of the
 // round's first; a member may not begin once segments were reduced without it (it joined
@@ -774,6 +916,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
     replica *r = rep(h, id);
     contribution *k = &h->contrib[id];
     bool first = !k->began;
+    if (moved_on(h, id, step)) take_completion(h, id, step_of(h->round_step));
     const char *why = open_or_check_round(h, step);
     if (!why && total == 0) why = "announced an empty contribution";
     if (!why && h->round_total && (total != h->round_total || chunk != h->round_chunk)) {
@@ -802,6 +945,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
             h->n_segments = (int64_t)((total + chunk - 1) / chunk);
         }
         k->began = true;
+        if (several_hubs(h)) r->began_step = step_of(step);
         k->total = total;
         k->n_segments = h->n_segments;
         k->seg = calloc((size_t)k->n_segments, sizeof *k->seg);
@@ -812,6 +956,54 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
     }
     return true;
+}
+
+// ---------------------------------------------------------------- the downlink's residual
+// Kept per range of the model this hub has reduced: a payload's values at their model offset
+// (the whole model, a streaming fragment, or with several hubs a share of one), allocated
+// (zeroed) when a round first asks for that range. A hub of K holds its shares' values, about
+// 4·N/K bytes, not the whole model's 4·N (docs/protocol.md, "What the hub stores"). Ranges
+// repeat exactly (the same fragments, cut into the same shares); one that overlaps a kept
+// range without matching it replaces it.
+static void free_residual(relay *h) {
+    for (int i = 0; i < h->n_residual; i++) free(h->residual[i].r);
+    free(h->residual);
+    h->residual = NULL;
+    h->n_residual = 0;
+    h->residual_model = 0;
+    h->round_residual = NULL;
+}
+
+static uint64_t residual_values(const relay *h) {
+    uint64_t n = 0;
+    for (int i = 0; i < h->n_residual; i++) n += h->residual[i].values;
+    return n;
+}
+
+static float *residual_for(relay *h, uint64_t offset, uint64_t values, uint64_t model_values) {
+    h->residual_model = model_values;
+    int kept = 0;
+    for (int i = 0; i < h->n_residual; i++) {
+        residual_range *g = &h->residual[i];
+        if (g->offset == offset && g->values == values) return g->r;
+        if (g->offset < offset + values && offset < g->offset + g->values) free(g->r);   // overlaps: replaced
+        else h->residual[kept++] = *g;
+    }
+    h->n_residual = kept;
+    float *r = calloc((size_t)values, sizeof(float));
+    if (!r)
+        fail("relay: out of memory for the downlink's error feedback (%llu values, 4 bytes each); run the replicas "
+             "with diloco_downlink_feedback = 0 or give the hub more memory",
+             (unsigned long long)values);
+    h->residual = xrealloc(h->residual, (size_t)(h->n_residual + 1) * sizeof *h->residual);
+    h->residual[h->n_residual++] = (residual_range){.offset = offset, .values = values, .r = r};
+    char b[32], b2[32];
+    uint64_t all = residual_values(h);
+    hub_log(h, "downlink error feedback: a residual of %llu values (%s) for values %llu .. %llu of %llu; %s in all",
+            (unsigned long long)values, fmt_bytes(values * sizeof(float), b, sizeof b), (unsigned long long)offset,
+            (unsigned long long)(offset + values - 1), (unsigned long long)model_values,
+            fmt_bytes(all * sizeof(float), b2, sizeof b2));
+    return r;
 }
 
 // The round's layout from its first CONTRIBUTE: the sizes must follow from the encoding.
@@ -835,22 +1027,8 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
         if (!h->scratch) fail("relay: out of memory for one segment (%u values)", m->segment_values);
     }
     bool feedback = (m->flags & WIRE_HUB_FEEDBACK) && down != QUANT_NONE;
-    if (!feedback || h->residual_values != m->model_values) {
-        free(h->residual);
-        h->residual = NULL;
-        h->residual_values = 0;
-    }
-    if (feedback && !h->residual) {
-        h->residual = calloc((size_t)m->model_values, sizeof(float));
-        if (!h->residual)
-            fail("relay: out of memory for the downlink's error feedback (%llu values, 4 bytes each); run the "
-                 "replicas with diloco_downlink_feedback = 0 or give the hub more memory",
-                 (unsigned long long)m->model_values);
-        h->residual_values = m->model_values;
-        char b[32];
-        hub_log(h, "downlink error feedback: a residual of %llu values (%s)", (unsigned long long)m->model_values,
-                fmt_bytes(m->model_values * sizeof(float), b, sizeof b));
-    }
+    if (!feedback || h->residual_model != m->model_values) free_residual(h);
+    h->round_residual = feedback ? residual_for(h, m->value_offset, m->values, m->model_values) : NULL;
     return NULL;
 }
 
@@ -877,19 +1055,30 @@ static bool left_round(relay *h, int id, int64_t step) {
     return h->round_open && step == h->round_step && h->contrib[id].left;
 }
 
+// With several hubs, a round of an outer step that a member has completed without it is another
+// set of replicas' (a hub died after some had its mean and others had not, or the replicas
+// disagreed on which hubs are live): it cannot stand (docs/protocol.md, "Several hubs").
+static bool step_completed(relay *h, int64_t round) {
+    return several_hubs(h) && h->completed_step >= 0 && step_of(round) <= h->completed_step;
+}
+
 static bool stale(relay *h, int id, int64_t step) {
-    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step || left_round(h, id, step);
+    return rep(h, id)->state != R_MEMBER || step <= h->last_closed_step || left_round(h, id, step) ||
+           step_completed(h, step);
 }
 
 static void on_contribute(relay *h, int id, const wire_contribute *m) {
     replica *r = rep(h, id);
     if (stale(h, id, m->outer_step)) {
-        char text[160];
-        snprintf(text, sizeof text, "contribution to step %lld refused: %s", (long long)m->outer_step,
-                 r->state != R_MEMBER             ? "not a member of the group (rejoin)"
-                 : left_round(h, id, m->outer_step) ? "it left that step's round after beginning it (rejoin)"
-                                                    : "the group has closed that step");
-        hub_log(h, "replica %d: %s", id, text);
+        const char *why = r->state != R_MEMBER                   ? "not a member of the group (rejoin)"
+                          : left_round(h, id, m->outer_step)     ? "it left that round after beginning it (rejoin)"
+                          : m->outer_step <= h->last_closed_step ? "the group has closed that round"
+                                                                 : "other replicas completed that outer step without "
+                                                                   "this round (rejoin)";
+        char text[300], name[96];
+        snprintf(text, sizeof text, "contribution to round %lld refused: %s", (long long)m->outer_step, why);
+        hub_log(h, "replica %d: contribution to round %s refused: %s", id, name_round(h, m->outer_step, name, sizeof name),
+                why);
         if (r->state == R_MEMBER && !r->joiner) {
             r->state = R_CONNECTED;   // out of step with the group
             leave_round(h, id);
@@ -975,12 +1164,11 @@ static void found_group(relay *h, int founder) {
     h->status = rep(h, founder)->status;
     h->last_closed_step = -1;
     h->follow_from = -1;
+    h->completed_step = -1;
     // A group founded anew starts without the downlink residual (its replicas may have gone
     // back to a checkpoint): what the last means did not carry is lost, at most one round's
     // quantization error of the mean (docs/protocol.md).
-    free(h->residual);
-    h->residual = NULL;
-    h->residual_values = 0;
+    free_residual(h);
 }
 
 // A group being founded starts training only once it has as many replicas as any of them
@@ -1023,9 +1211,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
-    r->state = R_CONNECTED;
     r->held = false;
-    check_round(h);
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
             drop_replica(h, id, "sent JOIN before all its data streams were connected");
@@ -1033,6 +1219,20 @@ static void on_join(relay *h, int id, const wire_status *s) {
         }
     r->status = *s;
     r->member_from = 0;
+    r->began_step = r->done_step = -1;
+    // The round it left may close now. If it does, the replica waits (after a close the group's
+    // status is unknown), so it waits already: it is a joiner of that close if the close has a
+    // donor, rather than of the next one (with several hubs, replicas evicted together rejoin
+    // together, and the last of them to leave the round is often the one that closes it).
+    r->state = R_WAITING;
+    check_round(h);
+    if (r->joiner) {
+        send_joined(h, r, JOINED_WAIT);
+        hub_log(h, "replica %d joined at outer step %lld (hash %016llx): takes the state of the round that just closed",
+                id, (long long)s->outer_step, (unsigned long long)s->param_hash);
+        return;
+    }
+    r->state = R_CONNECTED;
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
@@ -1096,6 +1296,7 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
             return;
         }
     r->status = (wire_status){.outer_step = m->outer_step, .param_hash = m->param_hash};
+    r->began_step = r->done_step = -1;
     bool founds = count_members(h) == 0;
     if (founds) {
         found_group(h, id);
@@ -1122,6 +1323,25 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
                 founds ? " and founds the group" : "", (long long)m->outer_step, (long long)r->member_from);
     check_round(h);
     release_held(h);
+}
+
+// DONE (several hubs): member id's exchange for outer step k is over, everywhere. It is expected
+// in no round of step k or before. Completed, it has every share's mean of step k: a round of
+// step k here that it has not begun is another set of replicas' (abort_round), and later
+// contributions to step k are refused (stale): the replicas that completed step k win, and
+// those that did not take their state (docs/protocol.md, "Several hubs"). Only members count:
+// a replica evicted here rejoins through its primary anyway.
+static void on_done(relay *h, int id, const wire_done *m) {
+    replica *r = rep(h, id);
+    if (!several_hubs(h)) {
+        drop_replica(h, id, "sent DONE, but its diloco_rendezvous lists one hub");
+        return;
+    }
+    if (h->dying_for == id && m->result == DONE_COMPLETE) die_now(h, "the replica that had the round's ROUND is done");
+    if (r->state != R_MEMBER || r->joiner) return;
+    if (m->result == DONE_COMPLETE) take_completion(h, id, m->outer_step);
+    else if (m->outer_step > r->done_step) r->done_step = m->outer_step;
+    check_round(h);
 }
 
 // ---------------------------------------------------------------- the handshake
@@ -1175,13 +1395,21 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     replica *r = rep(h, id);
     bool anyone = false;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) anyone |= h->reps[i].state != R_FREE;
-    if (!anyone) h->fingerprint_set = false;   // a new group: the first replica defines the run
+    if (!anyone) h->fingerprint_set = h->order_set = false;   // a new group: the first replica defines the run
     if (h->fingerprint_set && a.run_fingerprint != h->fingerprint) {
         snprintf(why, sizeof why,
                  "replica %d has run_fingerprint %016llx but the group has %016llx: a different model, M, H, outer "
                  "optimizer or quantization",
                  id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
         refuse(h, hc, REFUSE_FINGERPRINT, why, why);
+        return;
+    }
+    if (h->order_set && (a.hub_index != h->hub_index || a.hubs != h->hubs)) {
+        snprintf(why, sizeof why,
+                 "replica %d lists this hub as hub %u of %u in its diloco_rendezvous, but replica %d lists it as hub "
+                 "%u of %u: every replica must list the same hubs in the same order",
+                 id, a.hub_index + 1u, a.hubs, h->order_by, h->hub_index + 1u, h->hubs);
+        refuse(h, hc, REFUSE_HUB_ORDER, why, why);
         return;
     }
     if (a.stream_index == 0) {
@@ -1195,6 +1423,12 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         }
         h->fingerprint_set = true;
         h->fingerprint = a.run_fingerprint;
+        if (!h->order_set) {
+            h->order_set = true;
+            h->order_by = id;
+            h->hub_index = a.hub_index;
+            h->hubs = a.hubs;
+        }
         uint64_t session = 0;
         while (session == 0)
             if (RAND_bytes((uint8_t *)&session, sizeof session) != 1) fail("relay: OpenSSL RAND_bytes failed");
@@ -1204,12 +1438,14 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         r->control = hc;
         r->streams = a.streams;
         r->min_replicas = (int)a.min_replicas;
+        r->began_step = r->done_step = -1;
         r->next_heartbeat_s = wall_seconds();
         snprintf(r->peer, sizeof r->peer, "%s", hc->c.peer);
         hc->role = ROLE_CONTROL;
         hc->replica = id;
         hc->c.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOIN) | CONN_ALLOW(WIRE_CONTRIBUTE) |
-                           CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE) | CONN_ALLOW(WIRE_FOLLOW);
+                           CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE) | CONN_ALLOW(WIRE_FOLLOW) |
+                           CONN_ALLOW(WIRE_DONE);
         welcome(h, hc, &a, session);
         hub_log(h, "replica %d connected from %s (%d data streams)", id, hc->c.peer, a.streams);
         return;
@@ -1252,6 +1488,11 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     case WIRE_FOLLOW: {
         wire_follow m;
         if (!(bad = wire_decode_follow(f->payload, (size_t)f->payload_bytes, &m))) on_follow(h, id, &m);
+        break;
+    }
+    case WIRE_DONE: {
+        wire_done m;
+        if (!(bad = wire_decode_done(f->payload, (size_t)f->payload_bytes, &m))) on_done(h, id, &m);
         break;
     }
     case WIRE_LEAVE: drop_replica(h, id, "left (goodbye)"); return;
@@ -1348,6 +1589,7 @@ static void housekeeping(relay *h) {
         else if (now - h->donor_progress_s > (h->st.announced ? h->o.timeout_s : h->donor_grace_s))
             abort_transfer(h, "the donor sent nothing for a timeout");
     }
+    if (h->dying_for >= 0 && now > h->dying_deadline_s) die_now(h, "no DONE within timeout_s");
     check_round(h);
     settle_group(h);
 }
@@ -1440,6 +1682,7 @@ static void run_loop(relay *h) {
 
 // ---------------------------------------------------------------- start and stop
 static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) {
+    wire_init();
     if (o->timeout_s <= 0) {
         snprintf(err, err_bytes, "relay: timeout_s must be positive");
         return NULL;
@@ -1468,6 +1711,8 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->donor = -1;
     h->follow_from = -1;
     h->last_closed_step = -1;
+    h->completed_step = -1;
+    h->dying_for = -1;
     h->first_began_s = -1;
     if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));
     atomic_init(&h->stop, false);
@@ -1482,7 +1727,7 @@ static void relay_destroy(relay *h) {
         contribution_reset(&h->contrib[id]);
     }
     free(h->scratch);
-    free(h->residual);
+    free_residual(h);
     transfer_reset(&h->st);
     for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
     sweep_conns(h);

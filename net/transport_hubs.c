@@ -406,6 +406,18 @@ static bool combine(hubs *x, const payload_spec *spec, round_result *r) {
     return true;
 }
 
+// DONE to every live hub: this replica is through with the step (completed: it has every share's
+// mean and takes the step; or it gave up). A hub then expects it in no round of the step, and a
+// completion settles which replicas go on when two sets took a share from different rounds (a
+// hub died after some had its mean and others had not): those that completed it
+// (docs/protocol.md, "Several hubs"). An evicted replica says nothing: it rejoins.
+static void tell_done(hubs *x, bool completed) {
+    for (int i = 0; i < x->n; i++) {
+        hub *hb = &x->h[i];
+        if (atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t)) tcp_hub_done(hb->t, x->step, completed);
+    }
+}
+
 static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
                           round_result *r) {
     hubs *x = impl;
@@ -438,6 +450,7 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
         if (place_share(x, s, s) < 0) x->shares[s].status = SHARE_FAILED;
     run_shares(x);
     bool ok = combine(x, spec, r);
+    if (!r->evicted) tell_done(x, ok);
     r->sync_s = wall_seconds() - t0;
     return ok;
 }
@@ -534,7 +547,7 @@ transport *transport_hubs_open(const transport_options *o) {
         hub *hb = &x->h[i];
         hb->owner = x;
         hb->index = i;
-        hb->t = tcp_hub_new(o, addresses[i], true);
+        hb->t = tcp_hub_new(o, addresses[i], i, x->n);
         atomic_store(&hb->state, HUB_LIVE);
         int rc = pthread_create(&connecting[i], NULL, connect_one, hb);
         if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));

@@ -61,6 +61,7 @@ struct tcp {
     uint8_t *secret;
     char hub[300];                  // the address we connect to
     bool multi_hub;                 // one hub of several: round ids are 64·k + 8·attempt + share
+    int hub_index, hubs;            // this hub's place in diloco_rendezvous, and how many it lists
     bool quiet;                     // connect_session does not say it waits (a background retry)
     relay *served;
     // the session
@@ -143,6 +144,18 @@ static uint64_t bytes_moved(tcp *t, bool sent) {
         pthread_mutex_unlock(&t->ctl_send);
     }
     return b;
+}
+
+// What a replica's log calls an exchange: "outer step 12" (the round number k, as one hub's
+// transport is given it), or with several hubs, where the round id is 64·k + 8·attempt + share,
+// "share 1 of outer step 12 (attempt 0; round 705 at this hub)" with the step numbered as
+// diloco.c and net/transport_hubs.c number it (k + 1).
+static const char *exchange_name(const tcp *t, int64_t round, char *buf, size_t bytes) {
+    if (t->multi_hub)
+        snprintf(buf, bytes, "share %lld of outer step %lld (attempt %lld; round %lld at this hub)",
+                 (long long)(round % 8), (long long)(round / 64 + 1), (long long)(round % 64 / 8), (long long)round);
+    else snprintf(buf, bytes, "outer step %lld", (long long)round);
+    return buf;
 }
 
 // ---------------------------------------------------------------- the I/O thread
@@ -248,7 +261,8 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
     wire_auth a = {.replica_id = (uint32_t)t->o.replica_id, .stream_index = (uint16_t)stream,
                    .streams = (uint16_t)t->o.streams, .replicas = (uint32_t)t->o.replicas,
                    .min_replicas = (uint32_t)t->o.min_replicas, .run_fingerprint = t->o.run_fingerprint,
-                   .session_id = stream ? *session_id : 0};
+                   .session_id = stream ? *session_id : 0, .hub_index = (uint16_t)t->hub_index,
+                   .hubs = (uint16_t)t->hubs};
     random_bytes(a.nonce_c, WIRE_NONCE_BYTES);
     uint8_t buf[WIRE_AUTH_BYTES];
     wire_encode_auth(&a, buf);
@@ -278,6 +292,7 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
                  t->hub);
         case REFUSE_DUPLICATE: snprintf(err, err_bytes, "%s", text); return HS_DUPLICATE;
         case REFUSE_FINGERPRINT:
+        case REFUSE_HUB_ORDER:
         case REFUSE_BAD_ID: fail("the hub at %s refused replica %d: %s", t->hub, t->o.replica_id, text);
         default: snprintf(err, err_bytes, "the hub refused the connection: %s", text); return HS_RETRY;
         }
@@ -518,8 +533,11 @@ static const char *take_chunk(tcp *t, const wire_data *d) {
     if (d->outer_step != t->cur_step || t->job_kind != DATA_PAYLOAD) return NULL;   // stale (before a reconnect)
     if (d->total_bytes != t->mean_total) return "a segment of the mean disagrees with the round's layout";
     // Test hook (TRAIN_GPT_FAULT=tcp_trace:K): when the mean of round K begins to arrive.
-    if (t->mean_received == 0 && fault_requested("tcp_trace", d->outer_step))
-        note("diloco: trace: step %lld: first segment of the mean at %.6f", (long long)d->outer_step, wall_seconds());
+    if (t->mean_received == 0 && fault_requested("tcp_trace", d->outer_step)) {
+        char name[128];
+        note("diloco: trace: %s: first segment of the mean at %.6f", exchange_name(t, d->outer_step, name, sizeof name),
+             wall_seconds());
+    }
     memcpy(t->mean + d->offset, d->bytes, (size_t)d->chunk_len);
     t->mean_received += d->chunk_len;
     t->job_progress_s = wall_seconds();
@@ -663,9 +681,9 @@ static bool upload_finished(tcp *t) { return upload_done(t); }
 
 // After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
 static bool recover(tcp *t, round_result *r, double t0) {
-    char err[256];
-    warn("diloco: lost the hub during the exchange for outer step %lld: %s", (long long)r->outer_step,
-         dead_reason(t));
+    char err[256], name[128];
+    warn("diloco: lost the hub at %s during the exchange for %s: %s", t->hub,
+         exchange_name(t, r->outer_step, name, sizeof name), dead_reason(t));
     disconnect(t);
     bool back = connect_session(t, wall_seconds() + t->o.timeout_s, err, sizeof err);
     r->evicted = back;
@@ -749,7 +767,8 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
         if (!pump(t, upload_finished)) return recover(t, r, t0);
     }
     if (fault_requested("tcp_trace", outer_step))
-        note("diloco: trace: step %lld: own upload done at %.6f", (long long)outer_step, wall_seconds());
+        note("diloco: trace: %s: own upload done at %.6f", exchange_name(t, outer_step, err, sizeof err),
+             wall_seconds());
     double uploaded = wall_seconds();
     // Test hook (TRAIN_GPT_FAULT=tcp_slow_read:K): a replica slow to read round K, so that
     // the others' next payloads could queue up behind this round's in its sockets.
@@ -759,7 +778,9 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     r->bytes_sent = bytes_moved(t, true) - sent0;
     r->bytes_recv = bytes_moved(t, false) - recv0;
     if (t->evicted || !named_in_round(t)) {
-        warn("diloco: replica %d was dropped from outer step %lld: %s", t->o.replica_id, (long long)outer_step,
+        char name[128];
+        warn("diloco: replica %d was dropped from %s by the hub at %s: %s", t->o.replica_id,
+             exchange_name(t, outer_step, name, sizeof name), t->hub,
              t->evicted ? t->evicted_why : "not among the contributors");
         t->member = false;
         r->evicted = true;
@@ -879,6 +900,7 @@ static void own_hub_address(const char *rendezvous, int port, char *out, size_t 
 
 // Checks the options and allocates a session with the hub at address (not connected).
 static tcp *tcp_new(const transport_options *o, const char *address) {
+    wire_init();
     if (!o->secret || o->secret_bytes == 0) fail("diloco_secret_file: no secret");
     if (o->replicas < 1 || o->replicas > WIRE_MAX_REPLICAS || o->replica_id < 0 || o->replica_id >= o->replicas)
         fail("diloco_replica_id %d is not in 0..%d", o->replica_id, o->replicas - 1);
@@ -899,6 +921,7 @@ static tcp *tcp_new(const transport_options *o, const char *address) {
     if (pipe2(t->to_io, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(t->to_main, O_NONBLOCK | O_CLOEXEC) != 0)
         fail("tcp transport: pipe: %s", strerror(errno));
     snprintf(t->hub, sizeof t->hub, "%s", address);
+    t->hubs = 1;
     return t;
 }
 
@@ -924,9 +947,11 @@ transport *transport_tcp_open(const transport_options *o) {
 }
 
 // ---------------------------------------------------------------- one hub of several
-tcp_hub *tcp_hub_new(const transport_options *o, const char *address, bool multi_hub) {
+tcp_hub *tcp_hub_new(const transport_options *o, const char *address, int index, int hubs) {
     tcp *t = tcp_new(o, address);
-    t->multi_hub = multi_hub;
+    t->multi_hub = hubs > 1;
+    t->hub_index = index;
+    t->hubs = hubs;
     return t;
 }
 
@@ -1003,6 +1028,18 @@ bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round
 
 bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const uint8_t *payload, round_result *r) {
     return tcp_exchange(t, round, spec, payload, r);
+}
+
+bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed) {
+    char err[256];
+    if (!t->connected) return false;
+    wire_done d = {.outer_step = outer_step, .result = completed ? DONE_COMPLETE : DONE_GAVE_UP};
+    uint8_t buf[WIRE_DONE_BYTES];
+    if (!send_control(t, WIRE_DONE, buf, wire_encode_done(&d, buf), err, sizeof err)) {
+        post_dead(t, err);
+        return false;
+    }
+    return true;
 }
 
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes) { tcp_send_state(t, state, bytes); }

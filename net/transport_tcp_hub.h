@@ -13,9 +13,10 @@
 
 typedef struct tcp tcp_hub;
 
-// A session with the hub at address (not connected yet); o->rendezvous and o->serve are ignored.
-// multi_hub: its CONTRIBUTEs say the round ids are 64·k + 8·attempt + share.
-tcp_hub *tcp_hub_new(const transport_options *o, const char *address, bool multi_hub);
+// A session with hub `index` of the `hubs` in diloco_rendezvous, at address (not connected yet;
+// AUTH tells the hub its place, which every replica must agree on); o->rendezvous and o->serve
+// are ignored. With hubs > 1 its CONTRIBUTEs say the round ids are 64·k + 8·attempt + share.
+tcp_hub *tcp_hub_new(const transport_options *o, const char *address, int index, int hubs);
 const char *tcp_hub_address(const tcp_hub *t);
 bool tcp_hub_connected(const tcp_hub *t);
 // Connects (control and data connections, handshakes), retrying until deadline; false with
@@ -34,6 +35,10 @@ bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, in
 bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round);
 // transport_exchange for one round (round: its id on the wire). false: the hub is unreachable.
 bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const uint8_t *payload, round_result *r);
+// DONE (docs/protocol.md, "Several hubs"): this replica's exchange for outer step k (the round
+// number, not a round id) is over: completed (it has every share's mean), or given up. Without
+// waiting for an answer; false: the hub is lost.
+bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed);
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);

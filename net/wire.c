@@ -7,6 +7,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@ const char *wire_type_name(unsigned type) {
     case WIRE_STATE_ABORT: return "STATE_ABORT";
     case WIRE_LEAVE: return "LEAVE";
     case WIRE_FOLLOW: return "FOLLOW";
+    case WIRE_DONE: return "DONE";
     case WIRE_DATA: return "DATA";
     }
     return "unknown";
@@ -76,6 +78,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_STATE_ABORT: lo = hi = 8; break;
     case WIRE_LEAVE: lo = hi = 0; break;
     case WIRE_FOLLOW: lo = hi = WIRE_FOLLOW_BYTES; break;
+    case WIRE_DONE: lo = hi = WIRE_DONE_BYTES; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
     default: return false;
     }
@@ -84,9 +87,20 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
 }
 
 // ---------------------------------------------------------------- HMAC-SHA256
+// OpenSSL without its exit-time cleanup: a process that exits (fail() on one thread) while
+// another thread computes an HMAC (a replica's heartbeat, a handshake to another hub) must not
+// have the algorithms freed under that thread (it crashed: SIGSEGV instead of exit 1).
+static void openssl_init_once(void) { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL); }
+
+void wire_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, openssl_init_once);
+}
+
 // The fetched algorithm is cached (OpenSSL 3 fetches are not free); a lost race frees the
 // loser's copy.
 static EVP_MAC *hmac_algorithm(void) {
+    wire_init();
     static _Atomic(EVP_MAC *) cached = NULL;
     EVP_MAC *mac = atomic_load(&cached);
     if (mac) return mac;
@@ -248,8 +262,11 @@ size_t wire_encode_auth(const wire_auth *m, uint8_t *out) {
     put_u32(out + 12, m->min_replicas);
     put_u64(out + 16, m->run_fingerprint);
     put_u64(out + 24, m->session_id);
-    memcpy(out + 32, m->nonce_c, WIRE_NONCE_BYTES);
-    memcpy(out + 64, m->proof, 32);
+    put_u16(out + 32, m->hub_index);
+    put_u16(out + 34, m->hubs);
+    put_u32(out + 36, 0);
+    memcpy(out + 40, m->nonce_c, WIRE_NONCE_BYTES);
+    memcpy(out + 72, m->proof, 32);
     return WIRE_AUTH_BYTES;
 }
 
@@ -262,8 +279,10 @@ const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
     m->min_replicas = get_u32(p + 12);
     m->run_fingerprint = get_u64(p + 16);
     m->session_id = get_u64(p + 24);
-    memcpy(m->nonce_c, p + 32, WIRE_NONCE_BYTES);
-    memcpy(m->proof, p + 64, 32);
+    m->hub_index = get_u16(p + 32);
+    m->hubs = get_u16(p + 34);
+    memcpy(m->nonce_c, p + 40, WIRE_NONCE_BYTES);
+    memcpy(m->proof, p + 72, 32);
     // Range checks that need no secret; the hub checks the proof first and says which failed.
     if (m->replica_id >= WIRE_MAX_REPLICAS) return "AUTH: replica id out of range";
     if (m->replicas == 0 || m->replicas > WIRE_MAX_REPLICAS) return "AUTH: replicas out of range";
@@ -271,6 +290,8 @@ const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
     if (m->streams == 0 || m->streams > WIRE_MAX_STREAMS) return "AUTH: streams out of range";
     if (m->stream_index > m->streams) return "AUTH: stream index above streams";
     if ((m->stream_index == 0) != (m->session_id == 0)) return "AUTH: session id and stream index disagree";
+    if (m->hubs == 0 || m->hubs > WIRE_MAX_HUBS || m->hub_index >= m->hubs) return "AUTH: hub place out of range";
+    if (get_u32(p + 36) != 0) return "AUTH: reserved field not zero";
     return NULL;
 }
 
@@ -342,6 +363,23 @@ const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m) {
     m->param_hash = get_u64(p + 8);
     m->first_round = (int64_t)get_u64(p + 16);
     if (m->outer_step < 0 || m->first_round < 0) return "FOLLOW: negative outer step or round";
+    return NULL;
+}
+
+size_t wire_encode_done(const wire_done *m, uint8_t *out) {
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u32(out + 8, m->result);
+    put_u32(out + 12, 0);
+    return WIRE_DONE_BYTES;
+}
+
+const char *wire_decode_done(const uint8_t *p, size_t n, wire_done *m) {
+    if (n != WIRE_DONE_BYTES) return "DONE has the wrong size";
+    m->outer_step = (int64_t)get_u64(p);
+    m->result = get_u32(p + 8);
+    if (m->outer_step < 0) return "DONE: negative outer step";
+    if (m->result != DONE_COMPLETE && m->result != DONE_GAVE_UP) return "DONE: unknown result";
+    if (get_u32(p + 12) != 0) return "DONE: reserved field not zero";
     return NULL;
 }
 

@@ -32,7 +32,8 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 3   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW)
+#define WIRE_VERSION 4   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+                         // 4: DONE, and AUTH says which hub of how many (several hubs)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -46,6 +47,7 @@ extern "C" {
 #define WIRE_MAX_STREAMS 64                              // data connections per replica
 #define WIRE_MAX_REPLICAS 256                            // = TRANSPORT_MAX_REPLICAS
 #define WIRE_MAX_TEXT_BYTES 1024u                        // the reason in REFUSE and EVICTED
+#define WIRE_MAX_HUBS 8                                  // hubs in a replica's diloco_rendezvous
 
 typedef enum {
     // handshake (tagged with the all-zero key)
@@ -64,6 +66,7 @@ typedef enum {
     WIRE_STATE_ABORT = 23, // hub → joiner: the donor died; wait for the next boundary
     WIRE_LEAVE = 24,       // client → hub: goodbye
     WIRE_FOLLOW = 25,      // client → hub: member without a state transfer (a hub of several)
+    WIRE_DONE = 26,        // client → hub: its exchange for an outer step is over (a hub of several)
     // session, data connections
     WIRE_DATA = 32,        // one chunk of a payload or a state
 } wire_type;
@@ -81,6 +84,11 @@ typedef enum {
     WIRE_BAD_TAG,       // wrong key (wrong secret, another connection) or corrupted bytes
     WIRE_BAD_SEQUENCE,  // replayed, dropped or reordered
 } wire_error;
+
+// Initializes OpenSSL for the transport (once, idempotent; before any other OpenSSL call of the
+// process): without its exit-time cleanup, so that exit() on one thread cannot free what another
+// thread's HMAC uses.
+void wire_init(void);
 
 const char *wire_error_string(wire_error e);
 // "HELLO", "DATA", ...; "unknown" for anything else.
@@ -149,11 +157,13 @@ typedef struct {
     uint32_t min_replicas;
     uint64_t run_fingerprint;
     uint64_t session_id;        // 0 on the control connection; the WELCOME's on data connections
+    uint16_t hub_index;         // this hub's place in the replica's diloco_rendezvous (0-based)
+    uint16_t hubs;              // the hubs listed there (1..WIRE_MAX_HUBS)
     uint8_t nonce_c[WIRE_NONCE_BYTES];
-    uint8_t proof[32];          // wire_auth_proof over nonce_h and the 64 bytes before it
+    uint8_t proof[32];          // wire_auth_proof over nonce_h and the 72 bytes before it
 } wire_auth;
-#define WIRE_AUTH_BYTES 96
-#define WIRE_AUTH_PROVEN_BYTES 64   // the fields the proof covers
+#define WIRE_AUTH_BYTES 104
+#define WIRE_AUTH_PROVEN_BYTES 72   // the fields the proof covers
 
 typedef struct {
     uint64_t session_id;
@@ -170,6 +180,8 @@ typedef enum {
     REFUSE_BAD_ID = 4,          // replica id or stream numbers out of range
     REFUSE_NO_SESSION = 5,      // a data connection for a session the hub does not have
     REFUSE_BUSY = 6,            // too many connections
+    REFUSE_HUB_ORDER = 7,       // the replica lists this hub at another place (or among another number
+                                // of hubs) than the group's replicas do
 } wire_refuse_code;
 
 typedef struct {
@@ -195,6 +207,18 @@ typedef struct {
     int64_t first_round;
 } wire_follow;
 #define WIRE_FOLLOW_BYTES 24
+
+// DONE: a replica of a run with several hubs tells every hub it follows that its exchange for
+// outer step k is over (docs/protocol.md, "Several hubs"): DONE_COMPLETE, it has every share's
+// mean (it takes the step); DONE_GAVE_UP, the exchange failed (it will not come back to step k's
+// rounds). The hub then expects it in no round of step k; a completion also means that any
+// round of step k it has not begun is another set of replicas' and cannot stand.
+enum { DONE_COMPLETE = 1, DONE_GAVE_UP = 2 };
+typedef struct {
+    int64_t outer_step;         // k, the replica's step (not a round id)
+    uint32_t result;
+} wire_done;
+#define WIRE_DONE_BYTES 16
 
 typedef struct {
     uint32_t result;
@@ -270,6 +294,7 @@ size_t wire_encode_welcome(const wire_welcome *m, uint8_t *out);
 size_t wire_encode_refuse(uint32_t code, const char *text, uint8_t *out);
 size_t wire_encode_status(const wire_status *m, uint8_t *out);
 size_t wire_encode_follow(const wire_follow *m, uint8_t *out);
+size_t wire_encode_done(const wire_done *m, uint8_t *out);
 size_t wire_encode_joined(const wire_joined *m, uint8_t *out);
 size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out);
 size_t wire_encode_round(const wire_round *m, uint8_t *out);
@@ -285,6 +310,7 @@ const char *wire_decode_welcome(const uint8_t *p, size_t n, wire_welcome *m);
 const char *wire_decode_refuse(const uint8_t *p, size_t n, wire_refuse *m);
 const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m);
 const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m);
+const char *wire_decode_done(const uint8_t *p, size_t n, wire_done *m);
 const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m);
 const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m);
 const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m);

@@ -8,6 +8,13 @@
 #      closes within timeout + 5 s, through the other relay, and is applied; restarted on its
 #      port, the relay takes its share again (its log: a round closed with all three); the
 #      param_hash agrees on every replica at every outer step; the loss falls.
+#   3. configuration errors: one line each (a hub listed in another order: test_transport hubs3).
+#   4. three relays; the second (not the primary) dies the mixed way (TRAIN_GPT_FAULT
+#      relay_die_in_close: its ROUND of a round goes to replica 0 only, then it dies): replica 0
+#      takes that outer step, replicas 1 and 2 are evicted and take its state; then kill -9 the
+#      third relay: every share goes through the first. Restarted, the second and third take
+#      their shares again. Every outer step within timeout + 5 s, the param_hash equal on every
+#      replica at every applied outer step (none taken from two rounds), the loss falls.
 # Every move waits for what the processes log, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -41,20 +48,28 @@ first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
 sys.exit(0 if last < 0.8 * first else 1)
 PY
 }
-start_relay() {  # start_relay NAME PORT: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$2" --secret_file "$tmp/secret" --timeout_s $TIMEOUT \
-        >>"$tmp/relay_$1.log" 2>&1 &
+start_relay() {  # start_relay NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
+    local before=0
+    [ -f "$tmp/relay_$1.log" ] && before=$(wc -c <"$tmp/relay_$1.log")
+    TRAIN_GPT_FAULT=${3:-} "$TRAIN_GPT" relay --listen "127.0.0.1:$2" --secret_file "$tmp/secret" \
+        --timeout_s $TIMEOUT >>"$tmp/relay_$1.log" 2>&1 &
     pids+=($!)
     eval "relay_pid_$1=$!"
-    wait_until "relay $1 listens" grep -q "listening on" "$tmp/relay_$1.log"
+    wait_until "relay $1 listens" sh -c "tail -c +$((before + 1)) '$tmp/relay_$1.log' 2>/dev/null | grep -q 'listening on'"
 }
-# three NAME RENDEZVOUS ARGS...: replicas 0, 1, 2 into $tmp/NAME/<id>, in the background.
+log_after() {  # log_after FILE BYTES PATTERN: PATTERN in FILE past its first BYTES
+    tail -c +$(($2 + 1)) "$1" | grep -q "$3"
+}
+# three NAME RENDEZVOUS ARGS...: replicas 0, 1, 2 into $tmp/NAME/<id>, in the background (replica
+# 0 with TRAIN_GPT_FAULT=$FAULT0 if set).
 three() {
-    local name=$1 rdv=$2 r
+    local name=$1 rdv=$2 r fault
     shift 2
     mkdir -p "$tmp/dump_$name"
     for r in 0 1 2; do
-        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "$@" --diloco_transport tcp \
+        fault=""
+        [ "$r" = 0 ] && fault=${FAULT0:-}
+        TRAIN_GPT_FAULT=$fault TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "$@" --diloco_transport tcp \
             --diloco_rendezvous "$rdv" --diloco_secret_file "$tmp/secret" --diloco_timeout_s $TIMEOUT \
             --diloco_connect_timeout_s 20 --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" \
             >>"$tmp/${name}_$r.log" 2>&1 &
@@ -92,8 +107,8 @@ check "two hubs: outer step = Nesterov on θ − mean θᵢ (numpy), int8 Δ wit
 kill "$relay_pid_one" "$relay_pid_a" "$relay_pid_b" 2>/dev/null || true
 
 # ---------------------------------------------------------------- 2. kill -9 a hub, restart it
-outer_lines() {  # outer_lines ID: replica ID's outer lines so far
-    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/kill/$1/metrics.jsonl" 2>/dev/null || true)
+outer_lines() {  # outer_lines ID [RUN]: replica ID's outer lines so far in run RUN (kill)
+    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/${2:-kill}/$1/metrics.jsonl" 2>/dev/null || true)
     echo "${n:-0}"
 }
 p4=$(free_port); start_relay k1 "$p4"
@@ -111,17 +126,18 @@ check "kill -9 a hub: the second relay reduces the first one's share" \
 before=$(wc -c <"$tmp/relay_k1.log")
 start_relay k1 "$p4"
 wait_until "the restarted relay closes a round with all three" \
-    sh -c "tail -c +$((before + 1)) '$tmp/relay_k1.log' | grep -q 'closed: 3 contributor(s) \[0 1 2\]'"
+    log_after "$tmp/relay_k1.log" "$before" 'closed: 3 contributor(s) \[0 1 2\]'
 check "restarted on its port, the first relay takes its share again (a round of all three)" \
-    sh -c "tail -c +$((before + 1)) '$tmp/relay_k1.log' | grep -q 'closed: 3 contributor(s) \[0 1 2\]'"
+    log_after "$tmp/relay_k1.log" "$before" 'closed: 3 contributor(s) \[0 1 2\]'
 back=$(outer_lines 0)
 wait_until "replica 0 goes on with both relays" eval '[ "$(outer_lines 0)" -ge $((back + 3)) ]'
 for r in 0 1 2; do eval "kill -TERM \$pid_kill_$r"; done
 wait_three kill
 check "kill -9 a hub: the replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
-every_round() {  # every outer line of replica 0 within timeout + 5 s; most applied (a replica
-    # that got the dead hub's mean while others did not is evicted once and resyncs)
-    "$PYTHON" - "$tmp/kill/0/metrics.jsonl" "$TIMEOUT" <<'PY'
+every_round() {  # every_round METRICS: every outer line within timeout + 5 s; all but 2 applied (the
+    # replicas without a dead hub's ROUND are evicted once and take the state of one that had it;
+    # the step they miss meanwhile has too few contributors)
+    "$PYTHON" - "$1" "$TIMEOUT" <<'PY'
 import json, sys
 lines = [d for d in map(json.loads, open(sys.argv[1])) if "contributors" in d]
 slow = [(d["outer_step"], d["contributors"], round(d["sync_s"], 2)) for d in lines if d["sync_s"] > float(sys.argv[2]) + 5]
@@ -130,7 +146,8 @@ print("  outer steps", len(lines), "slow:", slow[:8], "not applied:", skipped[:8
 sys.exit(0 if lines and not slow and len(skipped) <= 2 else 1)
 PY
 }
-check "kill -9 a hub: every outer step within timeout + 5 s, all but at most 2 applied" every_round
+check "kill -9 a hub: every outer step within timeout + 5 s, all but at most 2 applied" \
+    every_round "$tmp/kill/0/metrics.jsonl"
 check "kill -9 a hub: param_hash equal on every replica at every outer step" \
     all_agree 8 "$tmp"/kill/*/metrics.jsonl
 check "kill -9 a hub: loss falls" loss_falls "$tmp/kill/0/metrics.jsonl"
@@ -151,4 +168,58 @@ check "diloco_serve with several hubs: one line naming diloco_serve" \
     bad_list "diloco_serve: a replica can host one hub" "127.0.0.1:$p1,127.0.0.1:$p2" --diloco_serve 1
 check "no hub of the list reachable: one line naming the hubs" \
     bad_list "cannot reach any of the 2 hubs" "127.0.0.1:$p1,127.0.0.1:$p2"
+
+# ---------------------------------------------------------------- 4. three hubs: the mixed case, two down
+pa=$(free_port); start_relay ta "$pa"
+pb=$(free_port); start_relay tb "$pb" relay_die_in_close:3
+pc=$(free_port); start_relay tc "$pc"
+# Replica 0's exchange after the mixed step (outer step 4, when the relay's first rounds have all
+# three) waits timeout_s + 1 s (diloco_late): the others' redo of the dead relay's share reaches
+# the third relay first, and only replica 0's DONE can tell it that the redo must not stand.
+FAULT0=diloco_late:4 three three "127.0.0.1:$pa,127.0.0.1:$pb,127.0.0.1:$pc" --max_steps 100000000 --batch_size 16
+wait_until "the second relay sends one replica its ROUND and dies" grep -q "the hub dies now" "$tmp/relay_tb.log"
+wait "$relay_pid_tb" 2>/dev/null || true
+died=$(outer_lines 0 three)
+for r in 0 1 2; do
+    wait_until "replica $r goes on without the second relay" eval '[ "$(outer_lines '$r' three)" -ge $((died + 3)) ]'
+done
+check "the mixed case: the second relay's ROUND went to replica 0 only, then it died" \
+    grep -q "went to replica 0 only; the hub dies at its DONE" "$tmp/relay_tb.log"
+check "the mixed case: the redo of its share cannot stand once replica 0 completed the step (rejoin)" \
+    sh -c "grep -qE 'aborted: replica 0 completed step|other replicas completed that outer step' \
+        '$tmp/relay_ta.log' '$tmp/relay_tc.log'"
+check "the mixed case: replicas 1 and 2 take replica 0's state" \
+    sh -c "grep -q '\"event\":\"diloco_join\"' '$tmp/three/1/metrics.jsonl' &&
+           grep -q '\"event\":\"diloco_join\"' '$tmp/three/2/metrics.jsonl'"
+kill -9 "$relay_pid_tc"
+wait "$relay_pid_tc" 2>/dev/null || true
+before_a=$(wc -c <"$tmp/relay_ta.log")
+alone=$(outer_lines 0 three)
+for r in 0 1 2; do
+    wait_until "replica $r goes on through the first relay alone" eval '[ "$(outer_lines '$r' three)" -ge $((alone + 3)) ]'
+done
+check "kill -9 the third relay too: the first reduces every share" \
+    sh -c "tail -c +$((before_a + 1)) '$tmp/relay_ta.log' | grep -q 'share 1) closed: 3 contributor' &&
+           tail -c +$((before_a + 1)) '$tmp/relay_ta.log' | grep -q 'share 2) closed: 3 contributor'"
+before_b=$(wc -c <"$tmp/relay_tb.log")
+before_c=$(wc -c <"$tmp/relay_tc.log")
+start_relay tb "$pb"
+start_relay tc "$pc"
+wait_until "the restarted second relay closes a round with all three" \
+    log_after "$tmp/relay_tb.log" "$before_b" 'share 1) closed: 3 contributor(s) \[0 1 2\]'
+wait_until "the restarted third relay closes a round with all three" \
+    log_after "$tmp/relay_tc.log" "$before_c" 'share 2) closed: 3 contributor(s) \[0 1 2\]'
+check "restarted, the second and third relays take their shares again" \
+    sh -c "tail -c +$((before_b + 1)) '$tmp/relay_tb.log' | grep -q 'share 1) closed: 3 contributor(s) \[0 1 2\]' &&
+           tail -c +$((before_c + 1)) '$tmp/relay_tc.log' | grep -q 'share 2) closed: 3 contributor(s) \[0 1 2\]'"
+for r in 0 1 2; do eval "kill -TERM \$pid_three_$r"; done
+wait_three three
+check "three hubs: the replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
+for r in 0 1 2; do
+    check "three hubs: replica $r's outer steps within timeout + 5 s, all but at most 2 applied" \
+        every_round "$tmp/three/$r/metrics.jsonl"
+done
+check "three hubs: param_hash equal on every replica at every applied outer step (none from two rounds)" \
+    all_agree 8 "$tmp"/three/*/metrics.jsonl
+check "three hubs: loss falls" loss_falls "$tmp/three/0/metrics.jsonl"
 finish test_diloco_hubs

@@ -48,9 +48,16 @@
 //   hubs       two hubs (diloco_rendezvous = a,b), each reducing half of the segments: every
 //              mean exact and the same bytes on every replica; each hub logs its share's rounds
 //   hubsmean   two hubs, int8 both ways with each hub's error feedback on its share: every mean
-//              byte-exact the reference with one residual over the whole model (one hub's)
+//              byte-exact the reference with one residual over the whole model (one hub's); each
+//              hub allocates the residual of its share only
 //   hubkill    two hubs; kill -9 the first: every exchange completes through the second within
 //              timeout + 5 s; restarted on its port it takes its share again (a round of all three)
+//   hubmixed   two hubs; the second dies after sending one replica its round's ROUND
+//              (relay_die_in_close): that replica takes the step, the others are evicted and take
+//              its state; no step taken from two rounds or twice; restarted, it takes its share
+//   hubs3      three hubs; kill -9 the second, then the third: the shares move on within
+//              timeout + 5 s; a replica listing the hubs in another order is refused (one line);
+//              restarted, each takes its share again
 //   cli        relay_main's argument errors
 // `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
@@ -558,12 +565,14 @@ static void redirect(int fd, const char *path) {
     close(f);
 }
 
-// The hub: relay_main in a child process, its stdout (the event lines) into a log file.
-static void start_hub_on(scenario *s, const char *listen, const char *extra) {
+// The hub: relay_main in a child process, its stdout (the event lines) into a log file; fault:
+// its TRAIN_GPT_FAULT (NULL: none).
+static void start_hub_fault(scenario *s, const char *listen, const char *extra, const char *fault) {
     snprintf(s->hub_log, sizeof s->hub_log, "%s/%s_hub.log", dir, s->name);
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
+        if (fault) setenv("TRAIN_GPT_FAULT", fault, 1);
         redirect(1, s->hub_log);
         redirect(2, s->hub_log);
         char timeout[32];
@@ -591,6 +600,9 @@ static void start_hub_on(scenario *s, const char *listen, const char *extra) {
     snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d", s->port);
 }
 
+static void start_hub_on(scenario *s, const char *listen, const char *extra) {
+    start_hub_fault(s, listen, extra, NULL);
+}
 static void start_hub(scenario *s, const char *extra) { start_hub_on(s, "127.0.0.1:0", extra); }
 
 static void stop_hub(scenario *s) {
@@ -676,6 +688,34 @@ static int means_disagree(scenario *s) {
                 bad++;
             }
             break;
+        }
+    }
+    return bad;
+}
+
+// With several hubs, stronger than means_disagree: every replica that takes outer step k takes
+// the same mean, whoever contributed (no step taken from two different rounds of a share by two
+// sets of replicas: they would apply different θ), and no replica takes a step twice. Returns
+// how many lines break either.
+static int steps_disagree(scenario *s) {
+    int bad = 0;
+    for (int i = 0; i < s->n_lines; i++) {
+        const rec *a = &s->lines[i];
+        if (strcmp(a->ev, "round") != 0) continue;
+        for (int j = 0; j < i; j++) {
+            const rec *b = &s->lines[j];
+            if (strcmp(b->ev, "round") != 0 || b->k != a->k) continue;
+            if (b->id == a->id) {
+                fprintf(stderr, "%s: replica %d took step %lld twice\n", s->name, a->id, a->k);
+                bad++;
+                break;
+            }
+            if (b->hash != a->hash) {
+                fprintf(stderr, "%s: step %lld: replica %d's mean is %016llx [%s], replica %d's %016llx [%s]\n",
+                        s->name, a->k, a->id, a->hash, a->ids, b->id, b->hash, b->ids);
+                bad++;
+                break;
+            }
         }
     }
     return bad;
@@ -1331,8 +1371,16 @@ static void test_hubs_mean(void) {
     EXPECT(means_disagree(&s) == 0, "hubsmean: every replica receives the same bytes");
     EXPECT(file_has(s.hub_log, "round 128: replica 1's contribution holds NaN/Inf (segment 1)"),
            "hubsmean: the first hub logs the NaN it left out");
-    EXPECT(file_has(second.hub_log, "downlink error feedback: a residual of"),
-           "hubsmean: the second hub keeps a residual");
+    // Each hub keeps the residual of its share only (segments 0-1 and 2-3 of the 4).
+    char first_share[160], second_share[160];
+    snprintf(first_share, sizeof first_share, "for values 0 .. %lld of %lld; ", (long long)(2 * segment - 1),
+             (long long)values);
+    snprintf(second_share, sizeof second_share, "for values %lld .. %lld of %lld; ", (long long)(2 * segment),
+             (long long)(values - 1), (long long)values);
+    EXPECT(file_has(s.hub_log, first_share) && !file_has(s.hub_log, second_share),
+           "hubsmean: the first hub keeps the residual of share 0 only (%s)", first_share);
+    EXPECT(file_has(second.hub_log, second_share) && !file_has(second.hub_log, first_share),
+           "hubsmean: the second hub keeps the residual of share 1 only (%s)", second_share);
     stop_hub(&s);
     stop_hub(&second);
     finish(&s);
@@ -1400,10 +1448,209 @@ static void test_hubs_kill(void) {
     EXPECT(failed == 0, "hubkill: no exchange failed (%d): the second hub took the share", failed);
     EXPECT(full_after > 0, "hubkill: rounds of all three after the first hub is back (%d)", full_after);
     EXPECT(means_disagree(&s) == 0, "hubkill: the replicas of a round receive the same bytes");
+    EXPECT(steps_disagree(&s) == 0, "hubkill: every replica that takes a step takes the same mean, once");
     stop_hub(&s);
     stop_hub(&second);
     finish(&s);
     finish(&second);
+}
+
+
+static int doomed_replica(scenario *s, const char *name, replica_cfg c, char *err, size_t err_bytes);
+static int count_error_lines(const char *text);
+
+// What a scenario's rounds say after the fact: every round ok, none slower than timeout + 5 s,
+// no exchange failed, every replica that takes a step takes the same mean, once (the name
+// prefixes the checks).
+static void check_hub_rounds(scenario *s, const char *name) {
+    bool ok = true;
+    int slow = 0, failed = 0;
+    for (int id = 0; id < 3; id++) rounds_of(s, id, -1, &ok);
+    for (int i = 0; i < s->n_lines; i++) {
+        const rec *x = &s->lines[i];
+        if (!strcmp(x->ev, "round") && x->dt > TIMEOUT_S + 5) {
+            fprintf(stderr, "%s: replica %d's round %lld took %.2f s\n", name, x->id, x->k, x->dt);
+            slow++;
+        }
+        failed += !strcmp(x->ev, "failed");
+    }
+    EXPECT(ok, "%s: every round every replica saw was exact", name);
+    EXPECT(slow == 0, "%s: every exchange within timeout + 5 s (%d slower)", name, slow);
+    EXPECT(failed == 0, "%s: no exchange failed (%d)", name, failed);
+    EXPECT(means_disagree(s) == 0, "%s: the replicas of a round receive the same bytes", name);
+    EXPECT(steps_disagree(s) == 0, "%s: every replica that takes a step takes the same mean, once", name);
+}
+
+// The largest step any replica has reported a round of.
+static long long last_round_step(scenario *s) {
+    long long k = 0;
+    for (int i = 0; i < s->n_lines; i++)
+        if (!strcmp(s->lines[i].ev, "round") && s->lines[i].k > k) k = s->lines[i].k;
+    return k;
+}
+
+// Whether replica id reported a round of exactly step k.
+static bool took_step(scenario *s, int id, long long k) {
+    for (int i = 0; i < s->n_lines; i++)
+        if (s->lines[i].id == id && !strcmp(s->lines[i].ev, "round") && s->lines[i].k == k) return true;
+    return false;
+}
+
+static void stop_replicas(scenario *s, const char *stop_path, const char *name) {
+    FILE *f = fopen(stop_path, "w");
+    if (f) fclose(f);
+    for (int id = 0; id < 3; id++) EXPECT(await(s, id, "done", 0, 30), "%s: replica %d finishes", name, id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s->pids[id], 10) == 0, "%s: replica %d exits 0", name, id);
+}
+
+// Two hubs; the second (not the primary) dies the mixed way (TRAIN_GPT_FAULT relay_die_in_close):
+// at the close of its round of some step k it sends ROUND to replica 0 only, and dies once
+// replica 0 has completed step k. Replica 0 takes step k; replicas 1 and 2, without that
+// share's ROUND, redo the share at the first hub, where replica 0's DONE leaves their round
+// nothing to stand for: evicted, they rejoin and take replica 0's state. Every replica that
+// takes a step takes the same mean (none from two rounds), none twice; every exchange within
+// timeout + 5 s; restarted, the second hub takes its share again.
+static void test_hubs_mixed(void) {
+    static scenario s, second;
+    open_reports(&s, "hubmixed");
+    start_hub(&s, NULL);
+    memset(&second, 0, sizeof second);
+    second.name = "hubmixed_second";
+    start_hub_fault(&second, "127.0.0.1:0", NULL, "relay_die_in_close:2");
+    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d", s.port, second.port);
+    char listen[64], stop_path[400];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", second.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubmixed.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.steps = 100000;
+        c.stop_file = stop_path;
+        c.partial = ANY_SHARE;
+        // Replica 0's inner phase after step 2 (the step the second hub dies in, when its first
+        // rounds have all three) is longer than the others' failover: their redo of the dead
+        // hub's share reaches the first hub before replica 0's next contribution does, so that
+        // only its DONE can tell the first hub that the redo must not stand.
+        if (id == 0) c.slow_at = 3, c.slow_s = 2 * TIMEOUT_S + 0.5;
+        start_replica(&s, &c);
+    }
+    EXPECT(await_file(second.hub_log, "relay_die_in_close: the hub dies now", 30),
+           "hubmixed: the second hub sends one replica its ROUND and dies");
+    int status = 0;
+    waitpid(second.hub, &status, 0);
+    EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "hubmixed: the second hub died of SIGKILL");
+    char *log = slurp(second.hub_log);
+    const char *at = strstr(log, "went to replica 0 only");
+    const char *st = at ? strstr(log, "ROUND of round ") : NULL;
+    long long k = -1;
+    if (st) st = strstr(st, "(step ");
+    if (st) k = atoll(st + 6);
+    free(log);
+    EXPECT(k >= 0, "hubmixed: the second hub names the step whose ROUND went to replica 0 only");
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 3, 30), "hubmixed: replica %d goes on through the first hub", id);
+    EXPECT(took_step(&s, 0, k), "hubmixed: replica 0, which had every share's ROUND, takes step %lld", k);
+    for (int id = 1; id < 3; id++) {
+        EXPECT(!took_step(&s, id, k), "hubmixed: replica %d, without the dead hub's ROUND, does not take step %lld", id,
+               k);
+        EXPECT(await(&s, id, "evicted", k, 1) && await(&s, id, "gotstate", k, 1),
+               "hubmixed: replica %d is evicted from step %lld and takes the group's state", id, k);
+    }
+    EXPECT(file_has(s.hub_log, "aborted: replica 0 completed step") ||
+               file_has(s.hub_log, "other replicas completed that outer step without this round"),
+           "hubmixed: the first hub refuses the redo of a share that replica 0 completed the step without");
+    size_t before = strlen(slurp(second.hub_log));
+    start_hub_fault(&second, listen, NULL, NULL);
+    EXPECT(await_log_after(second.hub_log, before, "closed: 3 contributor(s) [0 1 2]", 30),
+           "hubmixed: restarted, the second hub takes its share again");
+    long long back = last_round_step(&s);
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", back + 2, 30), "hubmixed: replica %d goes on with both hubs", id);
+    stop_replicas(&s, stop_path, "hubmixed");
+    check_hub_rounds(&s, "hubmixed");
+    stop_hub(&s);
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
+// Three hubs: kill -9 the second (not the primary): its share moves to the third within
+// timeout + 5 s; then kill -9 the third: both shares move to the first. A replica that lists the
+// hubs in another order is refused with one line. Restarted, the second and third hubs each
+// take their share again (a round of all three in each one's log). Every exchange within
+// timeout + 5 s, none failed, every step the same mean on every replica that takes it, once.
+static void test_hubs_three(void) {
+    static scenario s, b, c;
+    open_reports(&s, "hubs3");
+    start_hub(&s, NULL);
+    memset(&b, 0, sizeof b);
+    b.name = "hubs3_b";
+    start_hub(&b, NULL);
+    memset(&c, 0, sizeof c);
+    c.name = "hubs3_c";
+    start_hub(&c, NULL);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
+    char listen_b[64], listen_c[64], stop_path[400];
+    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
+    snprintf(listen_c, sizeof listen_c, "127.0.0.1:%d", c.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubs3.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg cfg = default_cfg(&s, id);
+        cfg.steps = 100000;
+        cfg.stop_file = stop_path;
+        cfg.partial = ANY_SHARE;
+        start_replica(&s, &cfg);
+    }
+    const rec *r = await(&s, 0, "round", 2, 20);
+    EXPECT(r != NULL, "hubs3: training");
+    EXPECT(file_has(c.hub_log, "(step 2, attempt 0, share 2) closed: 3 contributor(s) [0 1 2]"),
+           "hubs3: the third hub reduces share 2");
+
+    // Another order: the first hub takes it as hub 1 of 3 like the others, the second and third
+    // refuse it; one error line, exit 1.
+    replica_cfg bad = default_cfg(&s, 3);
+    bad.replicas = 4;
+    char swapped[200], err[2048];
+    snprintf(swapped, sizeof swapped, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, c.port, b.port);
+    bad.rendezvous = swapped;
+    int rc = doomed_replica(&s, "order", bad, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "refused replica 3") &&
+               strstr(err, "every replica must list the same hubs in the same order"),
+           "hubs3: hubs listed in another order: one line, exit 1 (rc %d): %s", rc, err);
+    EXPECT(file_has(b.hub_log, "replica 3 lists this hub as hub 3 of 3 in its diloco_rendezvous, but replica") ||
+               file_has(c.hub_log, "replica 3 lists this hub as hub 2 of 3 in its diloco_rendezvous, but replica"),
+           "hubs3: the hub logs the order it was given and the group's");
+
+    kill(b.hub, SIGKILL);
+    waitpid(b.hub, NULL, 0);
+    long long k = last_round_step(&s);
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 3, 30), "hubs3: replica %d goes on without the second hub", id);
+    EXPECT(await_file(c.hub_log, ", share 1) closed: 3 contributor(s) [0 1 2]", 10),
+           "hubs3: the third hub reduces the second one's share");
+    kill(c.hub, SIGKILL);
+    waitpid(c.hub, NULL, 0);
+    k = last_round_step(&s);
+    size_t first_before = strlen(slurp(s.hub_log));
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 3, 30), "hubs3: replica %d goes on through the first hub alone", id);
+    EXPECT(await_log_after(s.hub_log, first_before, ", share 1) closed: 3 contributor(s) [0 1 2]", 10) &&
+               await_log_after(s.hub_log, first_before, ", share 2) closed: 3 contributor(s) [0 1 2]", 10),
+           "hubs3: the first hub reduces every share");
+    size_t before_b = strlen(slurp(b.hub_log)), before_c = strlen(slurp(c.hub_log));
+    start_hub_on(&b, listen_b, NULL);
+    start_hub_on(&c, listen_c, NULL);
+    EXPECT(await_log_after(b.hub_log, before_b, "share 1) closed: 3 contributor(s) [0 1 2]", 30),
+           "hubs3: restarted, the second hub takes its share again");
+    EXPECT(await_log_after(c.hub_log, before_c, "share 2) closed: 3 contributor(s) [0 1 2]", 30),
+           "hubs3: restarted, the third hub takes its share again");
+    stop_replicas(&s, stop_path, "hubs3");
+    check_hub_rounds(&s, "hubs3");
+    stop_hub(&s);
+    stop_hub(&b);
+    stop_hub(&c);
+    finish(&s);
+    finish(&b);
+    finish(&c);
 }
 
 // ---------------------------------------------------------------- evil peers
@@ -1424,7 +1671,7 @@ static int evil_connect(scenario *s, conn *c, wire_hello *hello) {
 static size_t evil_auth(uint8_t *frame, const wire_hello *hello, int id, int stream, uint64_t session,
                         uint64_t fingerprint, const char *secret, wire_auth *out) {
     wire_auth a = {.replica_id = (uint32_t)id, .stream_index = (uint16_t)stream, .streams = 1, .replicas = 8,
-                   .min_replicas = 1, .run_fingerprint = fingerprint, .session_id = session};
+                   .min_replicas = 1, .run_fingerprint = fingerprint, .session_id = session, .hubs = 1};
     memset(a.nonce_c, 0x42, sizeof a.nonce_c);
     uint8_t p[WIRE_AUTH_BYTES];
     wire_encode_auth(&a, p);
@@ -1512,7 +1759,7 @@ static void test_evil(void) {
     wire_put_header(frame, WIRE_AUTH, 0, (uint64_t)1 << 63);
     EXPECT(net_send_all(fd, frame, WIRE_HEADER_BYTES, wall_seconds() + 2, err, sizeof err), "evil: send 2^63");
     EXPECT(hub_hangs_up(fd), "evil: 2^63: the hub hangs up");
-    EXPECT(await_file(s.hub_log, "payload length of 9223372036854775808, over its bound of 96", 5),
+    EXPECT(await_file(s.hub_log, "payload length of 9223372036854775808, over its bound of 104", 5),
            "evil: the length of 2^63 is logged");
     conn_close(&c);
 
@@ -1766,7 +2013,8 @@ int main(int argc, char **argv) {
                  {"size", test_size},       {"donor", test_donor_dies},
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
-                 {"hubkill", test_hubs_kill}};
+                 {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
+                 {"hubs3", test_hubs_three}};
     bool known = only == NULL;
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
     if (!known) {

@@ -30,7 +30,7 @@ static int samples(sample *s) {
     for (int i = 0; i < WIRE_NONCE_BYTES; i++) hello.nonce_h[i] = (uint8_t)(i * 7);
     s[n].type = WIRE_HELLO, s[n].bytes = wire_encode_hello(&hello, s[n].payload), n++;
     wire_auth auth = {.replica_id = 2, .stream_index = 1, .streams = 4, .replicas = 3, .min_replicas = 2,
-                      .run_fingerprint = 0x1234567890abcdefull, .session_id = 99};
+                      .run_fingerprint = 0x1234567890abcdefull, .session_id = 99, .hub_index = 1, .hubs = 3};
     memset(auth.nonce_c, 0xab, sizeof auth.nonce_c);
     memset(auth.proof, 0xcd, sizeof auth.proof);
     s[n].type = WIRE_AUTH, s[n].bytes = wire_encode_auth(&auth, s[n].payload), n++;
@@ -61,15 +61,17 @@ static int samples(sample *s) {
     n++;
     wire_follow follow = {.outer_step = 12, .param_hash = 0xfeedull, .first_round = 12 * 64};
     s[n].type = WIRE_FOLLOW, s[n].bytes = wire_encode_follow(&follow, s[n].payload), n++;
+    wire_done done = {.outer_step = 12, .result = DONE_COMPLETE};
+    s[n].type = WIRE_DONE, s[n].bytes = wire_encode_done(&done, s[n].payload), n++;
     return n;
 }
 
 static uint8_t frame[WIRE_OVERHEAD_BYTES + sizeof(((sample *)0)->payload)];
 
 static void test_round_trips(void) {
-    static sample s[16];
+    static sample s[20];
     int n = samples(s);
-    EXPECT(n == 15, "%d sample types", n);
+    EXPECT(n == 16, "%d sample types", n);
     for (int i = 0; i < n; i++) {
         size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
         wire_frame f;
@@ -90,8 +92,19 @@ static void test_round_trips(void) {
            "DATA decodes");
     wire_auth a;
     EXPECT(!wire_decode_auth(s[1].payload, s[1].bytes, &a) && a.replica_id == 2 && a.streams == 4 &&
-               a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99,
+               a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99 && a.hub_index == 1 && a.hubs == 3,
            "AUTH decodes");
+    wire_done dn;
+    EXPECT(!wire_decode_done(s[15].payload, s[15].bytes, &dn) && dn.outer_step == 12 && dn.result == DONE_COMPLETE,
+           "DONE decodes");
+    uint8_t dbuf[WIRE_DONE_BYTES];
+    for (int i = 0; i < 3; i++) {
+        wire_done bad_done = {.outer_step = i == 0 ? -1 : 3, .result = i == 1 ? 3 : DONE_GAVE_UP};
+        wire_encode_done(&bad_done, dbuf);
+        if (i == 2) dbuf[12] = 1;
+        EXPECT(wire_decode_done(dbuf, sizeof dbuf, &dn) != NULL, "DONE with %s is refused",
+               i == 0 ? "a negative step" : i == 1 ? "an unknown result" : "a reserved field set");
+    }
     wire_follow fo;
     EXPECT(!wire_decode_follow(s[14].payload, s[14].bytes, &fo) && fo.outer_step == 12 && fo.param_hash == 0xfeedull &&
                fo.first_round == 768,
@@ -244,10 +257,23 @@ static void test_decoders_refuse_nonsense(void) {
     EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 100, &got) != NULL, "DATA chunk size under the minimum");
 
     uint8_t a[WIRE_AUTH_BYTES];
-    wire_auth auth = {.replica_id = 3, .streams = 1, .replicas = 3};
+    wire_auth auth = {.replica_id = 3, .streams = 1, .replicas = 3, .hubs = 1};
     wire_auth ga;
     wire_encode_auth(&auth, a);
     EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH id 3 of 3 replicas");
+    auth.replica_id = 0;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) == NULL, "valid AUTH");
+    auth.hub_index = 1;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH from hub 2 of 1");
+    auth.hub_index = 0, auth.hubs = 0;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH of 0 hubs");
+    auth.hubs = WIRE_MAX_HUBS + 1;
+    wire_encode_auth(&auth, a);
+    EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH of 9 hubs");
+    auth.hubs = 1;
     auth.replica_id = 0, auth.streams = 0;
     wire_encode_auth(&auth, a);
     EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH with 0 streams");
@@ -272,10 +298,10 @@ static void test_proofs_and_keys(void) {
     uint8_t p1[32], p2[32], p3[32], p4[32];
     wire_auth_proof(s1, 16, nh, fields, sizeof fields, p1);
     wire_auth_proof(s2, 16, nh, fields, sizeof fields, p2);
-    fields[63] ^= 1;
+    fields[WIRE_AUTH_PROVEN_BYTES - 1] ^= 1;
     wire_auth_proof(s1, 16, nh, fields, sizeof fields, p3);
     nh[5] ^= 1;
-    fields[63] ^= 1;
+    fields[WIRE_AUTH_PROVEN_BYTES - 1] ^= 1;
     wire_auth_proof(s1, 16, nh, fields, sizeof fields, p4);
     EXPECT(!wire_equal32(p1, p2), "proof depends on the secret");
     EXPECT(!wire_equal32(p1, p3), "proof depends on the fields");
@@ -309,7 +335,7 @@ static void test_addresses(void) {
 
 static int write_corpus(const char *dir) {
     if (!make_dirs(dir)) fail("--corpus: cannot create '%s': %s", dir, strerror(errno));
-    static sample s[16];
+    static sample s[20];
     int n = samples(s);
     static const uint8_t zero[WIRE_KEY_BYTES] = {0};
     for (int i = 0; i < n; i++) {
