@@ -2,6 +2,8 @@
 
 usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP
                        [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK[:BOUND]]] | --hub off]
+                       [--topk T]
+       diloco_check.py --codec DIR...      (cases of `test_tool quant` / `quant_reduce`)
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>_<p>.f32 at outer
 step k, which syncs fragment p (the whole model when FRAGMENTS = 1): θ before, θᵢ (its local
@@ -42,7 +44,9 @@ diloco_downlink_feedback (0 | 1; no effect when the downlink is fp32), BLOCK =
 diloco_quant_block, BOUND = diloco_bound (a contribution whose segment norm, squares summed
 in float64 in order, is above BOUND times the lower median of the segment's norms is scaled
 to that, in fp32; not for none, which carries weights). Left out, it is train_gpt's defaults,
-same:1:128:3. --hub off skips the hub
+same:1:128:3. --topk T is the run's diloco_topk: the uplink is then sparse (QUANT keeping
+ceil(T·BLOCK) values of every block, docs/quant.md) and the downlink "same" is QUANT dense.
+--hub off skips the hub
 checks; so does a dump without sent_/mean_ files (a binary older than the hub's reduction),
 and the script says so.
 A round whose replicas skipped the outer step leaves no outer_/mean_ dump, but the hub may
@@ -372,10 +376,16 @@ def decode_all(kind, buf, n, block):
 
 # ---------------------------------------------------------------- arguments
 def parse_args(argv):
-    pos, hub = [], None
+    pos, hub, topk = [], None, 1.0
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--topk":
+            if i + 1 >= len(argv):
+                sys.exit("diloco_check: --topk needs a fraction in (0, 1]")
+            topk = float(argv[i + 1])
+            i += 2
+            continue
         if a == "--hub":
             if i + 1 >= len(argv):
                 sys.exit("diloco_check: --hub needs DOWNLINK[:FEEDBACK[:BLOCK]] or off")
@@ -387,9 +397,9 @@ def parse_args(argv):
         else:
             pos.append(a)
         i += 1
-    if len(pos) < 4:
+    if len(pos) < 4 or not 0 < topk <= 1:
         sys.exit(__doc__)
-    return pos, hub
+    return pos, hub, topk
 
 
 def hub_config(spec, quant):
@@ -472,7 +482,7 @@ def codec_cases(dirs):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--codec":
         codec_cases(sys.argv[2:])
-    pos, hub_spec = parse_args(sys.argv[1:])
+    pos, hub_spec, topk = parse_args(sys.argv[1:])
     dump_dir = pos[0]
     lr, mu, quant = float(pos[1]), float(pos[2]), pos[3]
     if quant == "fp32":
@@ -509,7 +519,8 @@ def main():
         print("diloco_check: hub checks skipped: no sent_/mean_ dumps in this directory (a train_gpt without "
               "the hub's reduction); the Δ reference of QUANT = none is the fp32 mean of the dumped θᵢ")
     down, feedback, block = hub if hub else ("none", False, 128)
-    up = quant
+    keep = topk_keep(topk, block) if quant != "none" else 0
+    up = f"{quant}@{keep}" if keep else quant
     failures = 0
     told = {}  # message kind -> times printed
 
