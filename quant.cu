@@ -1088,7 +1088,7 @@ __global__ void quant_sparse_decode_kernel(sparse_layout s, const uint8_t *in, i
             continue;   // uniform: every lane of the warp takes the same branch
         }
         int mine = 0;   // lo and hi are whole bytes of the bitmap (hi may be the block's end)
-        for (int64_t byte = lo / 8; byte < (hi + 7) / 8; byte++) mine += __popc(rec[byte]);
+        for (int64_t byte = lo / 8; lo < hi && byte < (hi + 7) / 8; byte++) mine += __popc(rec[byte]);
         int total;
         int slot = warp_exclusive_sum(mine, lane, &total);
         for (int64_t i = lo; i < hi; i++) {
