@@ -857,8 +857,8 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
 }
 
 static bool same_layout(const wire_contribute *a, const wire_contribute *b) {
-    return a->total_bytes == b->total_bytes && a->chunk_bytes == b->chunk_bytes && a->up_codec == b->up_codec && a->up_keep == b->up_keep &&
-           a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
+    return a->total_bytes == b->total_bytes && a->chunk_bytes == b->chunk_bytes && a->up_codec == b->up_codec &&
+           a->up_keep == b->up_keep && a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
            a->segment_values == b->segment_values && a->bound == b->bound && a->values == b->values &&
            a->value_offset == b->value_offset &&
            a->model_values == b->model_values;
