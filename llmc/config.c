@@ -126,7 +126,7 @@ static const key_spec KEYS[] = {
     {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 20, NULL, false, "values per quantization block (one fp32 scale each)"},
     {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
     {"diloco_topk", KEY_FLOAT, T(diloco_topk), "1", 0.0001, 1, NULL, false, "fraction of each block's outer-gradient values sent (the largest |value|s; 1 = dense); below 1 needs diloco_error_feedback = 1"},
-    {"diloco_downlink", KEY_CHOICE, T(diloco_downlink), "same", 0, 0, "same|bf16|fp32", false, "how the hub sends the mean back: in the uplink's codec (same), bf16 or fp32 (diloco_quant = none: always fp32)"},
+    {"diloco_downlink", KEY_CHOICE, T(diloco_downlink), "same", 0, 0, "same|bf16|fp32", false, "how the hub sends the mean back, always dense: in the uplink's codec (same; without diloco_topk), bf16 or fp32 (diloco_quant = none: always fp32)"},
     {"diloco_bound", KEY_FLOAT, T(diloco_bound), "3", 0, 1e6, NULL, false, "the reducer scales a contribution down to this many times the median norm of the round's contributions (per segment); 0 = no bound"},
     {"diloco_downlink_feedback", KEY_BOOL, T(diloco_downlink_feedback), "1", 0, 1, NULL, false, "the hub keeps what encoding the mean lost and adds it to the next mean (4 bytes per parameter at the hub)"},
     {"diloco_timeout_s", KEY_FLOAT, T(diloco_timeout_s), "60", 0.1, 1e6, NULL, false, "a replica silent or late this long is dropped from the round"},
