@@ -11,7 +11,8 @@
 #   4. The same 2 replicas over MPI: the same param_hash as through the relay at every outer
 #      step; int2 + topk 0.03 over MPI against numpy too.
 #   5. Configuration errors: one line naming diloco_topk.
-# Every wait is for a process to end, never for a time.
+# Every wait is for a process to end, never for a time; the relay starts the group once both
+# replicas are in (min_replicas 2), so the run is the MPI run, bit for bit, however late one starts.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -93,15 +94,15 @@ check "diloco_topk 0.25 changes the run (another param_hash at outer step 1)" \
 
 # ---------------------------------------------------------------- 3. two replicas through a relay
 port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 60 >"$tmp/relay.log" 2>&1 &
+"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 120 >"$tmp/relay.log" 2>&1 &
 relay=$!
 pids+=($relay)
 mkdir -p "$tmp/dump_tcp"
 mine=()
 for r in 0 1; do
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" "${sparse[@]}" --diloco_transport tcp \
-        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 60 \
-        --diloco_connect_timeout_s 60 --diloco_min_replicas 2 --diloco_replica_id "$r" --out_dir "$tmp/tcp/$r" \
+        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 120 \
+        --diloco_connect_timeout_s 300 --diloco_min_replicas 2 --diloco_replica_id "$r" --out_dir "$tmp/tcp/$r" \
         >"$tmp/tcp_$r.log" 2>&1 &
     mine+=($!)
     pids+=($!)
