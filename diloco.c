@@ -69,8 +69,8 @@ struct diloco {
     int64_t numel;
     metrics_log *log;
     transport *net;
-    quant_kind quant;
-    quant_kind down;                       // the codec of the mean (diloco_downlink)
+    quant_codec quant;                     // how Δᵢ travels: diloco_quant, sparse with diloco_topk < 1
+    quant_codec down;                      // the codec of the mean (diloco_downlink): always dense
     bool down_feedback;                    // the reducer's error feedback on the mean
     int64_t block, segment;
     float bound;                           // diloco_bound (0 with diloco_quant = none: weights travel)
@@ -142,6 +142,7 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
               (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
               cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback, cfg->diloco_bound);
+    if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);   // dense runs keep their fingerprint
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -240,12 +241,15 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
              cfg->diloco_transport, d->ranks, d->ranks);
     d->numel = shard->local_numel;
     d->log = log;
-    d->quant = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
     d->block = cfg->diloco_quant_block;
+    quant_kind kind = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
+    d->quant = quant_codec_of(kind, kind == QUANT_NONE ? 0 : quant_topk_keep(cfg->diloco_topk, d->block));
     d->segment = quant_segment_values(d->block);
-    d->down = d->quant == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
-              : strcmp(cfg->diloco_downlink, "bf16") == 0                        ? QUANT_BF16
-                                                                                 : d->quant;
+    // The mean goes back dense: "same" is the uplink's kind without its sparsity (docs/quant.md,
+    // "Sparse outer gradients", says why).
+    d->down = kind == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+              : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
+                                                                            : kind;
     d->down_feedback = cfg->diloco_downlink_feedback && d->down != QUANT_NONE;
     d->bound = d->quant == QUANT_NONE ? 0.0f : (float)cfg->diloco_bound;
     d->overlap = cfg->diloco_overlap_steps;
@@ -458,9 +462,13 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
     snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"param_hash\":\"%016llx\"", (long long)st->outer_step,
              (unsigned long long)hash);
     metrics_event(d->log, "diloco_member", st->step, extra);
-    note("diloco: replica %d of %d joined at outer step %lld (%s transport, %s outer gradients%s)",
+    char sparse[64] = "";
+    if (quant_codec_keep(d->quant))
+        snprintf(sparse, sizeof sparse, ", the largest %lld of every %lld", (long long)quant_codec_keep(d->quant),
+                 (long long)d->block);
+    note("diloco: replica %d of %d joined at outer step %lld (%s transport, %s outer gradients%s%s)",
          diloco_replica_id(d), diloco_replicas(d), (long long)st->outer_step, d->cfg->diloco_transport,
-         quant_kind_name(d->quant), d->ranks > 1 ? ", one group per rank" : "");
+         quant_kind_name(quant_codec_kind(d->quant)), sparse, d->ranks > 1 ? ", one group per rank" : "");
 }
 
 // ---------------------------------------------------------------- the outer step
@@ -661,7 +669,7 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               applied ? "true" : "false", (unsigned long long)r->bytes_sent, (unsigned long long)r->bytes_recv,
               r->sync_s, r->wait_s);
     sb_printf(&sb, "\"param_hash\":\"%016llx\",\"momentum_hash\":\"%016llx\",\"quant\":\"%s\",\"quant_rel_err\":%.6g",
-              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(d->quant), quant_err);
+              (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(quant_codec_kind(d->quant)), quant_err);
     if (applied) sb_printf(&sb, ",\"outer_momentum\":%.9g", outer_momentum(d, fragment_outer_step(d, fl)));
     if (d->streaming) {
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",

@@ -16,8 +16,10 @@
 // same order, so θ and m are bit-identical everywhere. A hash of θ goes into metrics.jsonl
 // each outer step.
 //
-// How Δᵢ travels (diloco_quant): int8 / int4 send the blockwise-quantized Δᵢ (llmc/quant.h),
-// optionally with error feedback. `none` sends θᵢ itself in fp32 — the same 4 bytes per
+// How Δᵢ travels (diloco_quant): int8 / int4 / int2 send the blockwise-quantized Δᵢ
+// (llmc/quant.h), optionally with error feedback; with diloco_topk < 1 only the largest values
+// of every block, with their indices (error feedback required: the rest waits in the
+// residual), and the mean comes back dense. `none` sends θᵢ itself in fp32 — the same 4 bytes per
 // parameter — and Δ = θ − mean(θᵢ) is formed in double on arrival; that is the same Δ, but
 // exact: with M = 1, lr 1 and momentum 0 the outer step gives back θ₁ bit for bit, so such
 // a run is byte-identical to one without DiLoCo.

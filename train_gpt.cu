@@ -1631,10 +1631,12 @@ static void print_banner(const trainer *tr) {
         printf("train_gpt | planned memory: %s\n", line);
     }
     if (tr->outer) {
+        char topk[48] = "";
+        if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
         printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
-               "transport, %s outer gradients%s\n",
+               "transport, %s outer gradients%s%s\n",
                (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
-               cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant,
+               cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant, topk,
                cfg->diloco_error_feedback ? " with error feedback" : "");
         diloco_memory d = plan_diloco_memory(cfg, &tr->table, tr->group ? comm_size(tr->group) : 1);
         if (d.total > 0) {
@@ -2539,11 +2541,13 @@ static local_result train_local(train_config *cfg, bool quiet) {
         backend_upload(reps[i].be, reps[i].params, reps[i].exp_avg, reps[i].exp_avg_sq, reps[i].state.adam_step);
     if (!quiet) {
         print_model_summary(&lead->table, cfg, M);
+        char topk[48] = "";
+        if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
         printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %lld inner steps per "
-               "outer step, outer lr %g, momentum %g%s%s, %s outer gradients%s; validation on the global weights\n",
+               "outer step, outer lr %g, momentum %g%s%s, %s outer gradients%s%s; validation on the global weights\n",
                M, (long long)H, cfg->diloco_outer_lr, cfg->diloco_outer_momentum,
                cfg->diloco_nesterov ? " (Nesterov)" : " (heavy-ball)",
-               cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "", cfg->diloco_quant,
+               cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "", cfg->diloco_quant, topk,
                cfg->diloco_error_feedback ? " with error feedback" : "");
         fflush(stdout);
         install_signal_handlers();

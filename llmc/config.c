@@ -123,10 +123,11 @@ static const key_spec KEYS[] = {
     {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
     {"diloco_streams", KEY_INT, T(diloco_streams), "1", 1, 64, NULL, false, "tcp: parallel TCP data connections per replica for outer gradients"},
-    {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4", false, "how outer gradients travel: fp32, or blockwise int8 / int4"},
+    {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4|int2", false, "how outer gradients travel: fp32, or blockwise int8 / int4 / int2"},
     {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 20, NULL, false, "values per quantization block (one fp32 scale each)"},
     {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
-    {"diloco_downlink", KEY_CHOICE, T(diloco_downlink), "same", 0, 0, "same|bf16|fp32", false, "how the hub sends the mean back: in the uplink's codec (same), bf16 or fp32 (diloco_quant = none: always fp32)"},
+    {"diloco_topk", KEY_FLOAT, T(diloco_topk), "1", 0.0001, 1, NULL, false, "fraction of each block's outer-gradient values sent (the largest |value|s; 1 = dense); below 1 needs diloco_error_feedback = 1"},
+    {"diloco_downlink", KEY_CHOICE, T(diloco_downlink), "same", 0, 0, "same|bf16|fp32", false, "how the hub sends the mean back, always dense: in the uplink's codec (same; without diloco_topk), bf16 or fp32 (diloco_quant = none: always fp32)"},
     {"diloco_bound", KEY_FLOAT, T(diloco_bound), "3", 0, 1e6, NULL, false, "the reducer scales a contribution down to this many times the median norm of the round's contributions (per segment); 0 = no bound"},
     {"diloco_downlink_feedback", KEY_BOOL, T(diloco_downlink_feedback), "1", 0, 1, NULL, false, "the hub keeps what encoding the mean lost and adds it to the next mean (4 bytes per parameter at the hub)"},
     {"diloco_timeout_s", KEY_FLOAT, T(diloco_timeout_s), "60", 0.1, 1e6, NULL, false, "a replica silent or late this long is dropped from the round"},
@@ -377,6 +378,11 @@ void config_finish(train_config *cfg) {
              "next one starts", (long long)cfg->diloco_overlap_steps, (long long)gap);
         RULE(strcmp(cfg->diloco_quant, "none") != 0 || strcmp(cfg->diloco_downlink, "bf16") != 0, "diloco_downlink",
              "bf16 with diloco_quant = none would send the mean of the weights themselves in bf16; use same or fp32");
+        RULE(cfg->diloco_topk == 1 || strcmp(cfg->diloco_quant, "none") != 0, "diloco_topk",
+             "%g < 1 needs diloco_quant int8, int4 or int2 (none sends the weights, not a sparse Δ)", cfg->diloco_topk);
+        RULE(cfg->diloco_topk == 1 || cfg->diloco_error_feedback, "diloco_topk",
+             "%g < 1 needs diloco_error_feedback = 1: the values top-k does not send must wait in the residual",
+             cfg->diloco_topk);
         RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
              "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
     }

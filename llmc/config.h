@@ -107,9 +107,10 @@ typedef struct {
     char *diloco_rendezvous;        // tcp: host:port of the hub
     bool diloco_serve;              // tcp: this replica runs the hub itself
     int64_t diloco_streams;
-    char *diloco_quant;             // none | int8 | int4
+    char *diloco_quant;             // none | int8 | int4 | int2
     int64_t diloco_quant_block;
     bool diloco_error_feedback;
+    double diloco_topk;             // fraction of each block's values sent (1: dense; llmc/quant.h)
     char *diloco_downlink;          // same | bf16 | fp32: the codec of the hub's mean
     bool diloco_downlink_feedback;  // the hub's error feedback on the mean
     double diloco_bound;            // the reducer's bound: times the median norm (0: none)

@@ -414,7 +414,9 @@ static bool receiver(relay *h, int id) {
     return rep(h, id)->state == R_MEMBER && k->began && !k->left;
 }
 
-static quant_kind codec(uint8_t wire_codec) { return (quant_kind)wire_codec; }
+static quant_codec codec(uint8_t wire_codec) { return (quant_codec)wire_codec; }
+// The contributions' codec: the kind, sparse when up_keep > 0 (wire_decode_contribute checked it).
+static quant_codec up_codec(const wire_contribute *m) { return quant_codec_of(codec(m->up_codec), m->up_keep); }
 
 // Reduces and sends every segment that every expected contributor has delivered, in order.
 static void try_reduce(relay *h) {
@@ -442,7 +444,7 @@ static void try_reduce(relay *h) {
         if (!b) fail("relay: out of memory for a segment of the mean (%zu bytes)", out_bytes);
         float *residual = h->round_residual ? h->round_residual + first : NULL;
         quant_effect effect[WIRE_MAX_REPLICAS];
-        quant_reduction q = {.up = codec(sp->up_codec), .down = codec(sp->down_codec), .block = sp->block,
+        quant_reduction q = {.up = up_codec(sp), .down = codec(sp->down_codec), .block = sp->block,
                              .bound = sp->bound};
         if (quant_reduce_segment(&q, ins, count, len, residual, h->scratch, b->data, effect))
             for (int j = 0; j < count; j++) {
@@ -1009,7 +1011,7 @@ static float *residual_for(relay *h, uint64_t offset, uint64_t values, uint64_t 
 // The round's layout from its first CONTRIBUTE: the sizes must follow from the encoding.
 static const char *take_spec(relay *h, const wire_contribute *m) {
     if (m->values > ((uint64_t)1 << 42)) return "its CONTRIBUTE announces too many values";
-    quant_kind up = codec(m->up_codec), down = codec(m->down_codec);
+    quant_codec up = up_codec(m), down = codec(m->down_codec);
     size_t down_chunk = quant_encoded_bytes(down, m->segment_values, m->block);
     if (m->total_bytes != quant_segmented_bytes(up, (int64_t)m->values, m->block, m->segment_values) ||
         m->chunk_bytes != quant_encoded_bytes(up, m->segment_values, m->block))
@@ -1034,7 +1036,7 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
 
 static bool same_layout(const wire_contribute *a, const wire_contribute *b) {
     return a->total_bytes == b->total_bytes && a->chunk_bytes == b->chunk_bytes && a->up_codec == b->up_codec &&
-           a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
+           a->up_keep == b->up_keep && a->down_codec == b->down_codec && a->flags == b->flags && a->block == b->block &&
            a->segment_values == b->segment_values && a->bound == b->bound && a->values == b->values &&
            a->value_offset == b->value_offset &&
            a->model_values == b->model_values;

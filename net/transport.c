@@ -28,11 +28,11 @@ join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *sta
 }
 
 size_t payload_spec_up_bytes(const payload_spec *s) {
-    return quant_segmented_bytes((quant_kind)s->up_codec, s->values, s->block, s->segment);
+    return quant_segmented_bytes(s->up_codec, s->values, s->block, s->segment);
 }
 
 size_t payload_spec_down_bytes(const payload_spec *s) {
-    return quant_segmented_bytes((quant_kind)s->down_codec, s->values, s->block, s->segment);
+    return quant_segmented_bytes(s->down_codec, s->values, s->block, s->segment);
 }
 
 bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,

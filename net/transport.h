@@ -77,8 +77,8 @@ typedef enum {
 // How a payload is encoded, and how its mean comes back (the hub must decode, average and
 // encode it; every replica of a round hands in the same layout).
 typedef struct {
-    int up_codec;               // quant_kind of the contributions
-    int down_codec;             // quant_kind of the mean
+    int up_codec;               // quant_codec of the contributions (llmc/quant.h: a kind, maybe sparse)
+    int down_codec;             // quant_codec of the mean (dense)
     bool down_feedback;         // the reducer keeps an error-feedback residual for the mean
     int64_t block;              // values per quantization block
     int64_t segment;            // values per segment: the unit of the reduction (quant_segment_values)

@@ -115,7 +115,7 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
     comm_mpi_check(MPI_Allreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
     if (memcmp(lo, hi, sizeof lo) != 0)
         fail("diloco (mpi): the ranks encode their outer gradients differently (diloco_quant, diloco_quant_block, "
-             "diloco_downlink or the model differ between their configs)");
+             "diloco_topk, diloco_downlink or the model differ between their configs)");
 }
 
 static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp, const uint8_t *payload,
@@ -126,7 +126,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     r->outer_step = outer_step;
     check_same_spec(t, sp);
     double arrived = wall_seconds();
-    quant_kind up = (quant_kind)sp->up_codec, down = (quant_kind)sp->down_codec;
+    quant_codec up = sp->up_codec, down = sp->down_codec;
     int M = t->size;
     size_t up_chunk = quant_encoded_bytes(up, sp->segment, sp->block);
     size_t down_chunk = quant_encoded_bytes(down, sp->segment, sp->block);

@@ -723,7 +723,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     }
     t->mean_total = mean_bytes;
     t->mean_received = 0;
-    uint32_t chunk = (uint32_t)quant_encoded_bytes((quant_kind)spec->up_codec, spec->segment, spec->block);
+    uint32_t chunk = (uint32_t)quant_encoded_bytes(spec->up_codec, spec->segment, spec->block);
     uint64_t sent0 = bytes_moved(t, true), recv0 = bytes_moved(t, false);
     t->cur_step = outer_step;
     t->have_round = t->evicted = false;
@@ -743,7 +743,8 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
                fault_requested("tcp_die_in_upload_after_full", t->full_rounds);
     if (slow || die) t->job_end = bytes / 2 / chunk * chunk;
     wire_contribute c = {.outer_step = outer_step, .total_bytes = bytes, .chunk_bytes = chunk,
-                         .up_codec = (uint8_t)spec->up_codec, .down_codec = (uint8_t)spec->down_codec,
+                         .up_keep = (uint32_t)quant_codec_keep(spec->up_codec),
+                         .up_codec = (uint8_t)quant_codec_kind(spec->up_codec), .down_codec = (uint8_t)spec->down_codec,
                          .flags = (uint8_t)((spec->down_feedback ? WIRE_HUB_FEEDBACK : 0) |
                                             (t->multi_hub ? WIRE_MULTI_HUB : 0)),
                          .block = (uint32_t)spec->block,

@@ -411,7 +411,7 @@ size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out) {
     put_u64(out, (uint64_t)m->outer_step);
     put_u64(out + 8, m->total_bytes);
     put_u32(out + 16, m->chunk_bytes);
-    put_u32(out + 20, 0);
+    put_u32(out + 20, m->up_keep);
     out[24] = m->up_codec;
     out[25] = m->down_codec;
     out[26] = m->flags;
@@ -432,6 +432,7 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     m->outer_step = (int64_t)get_u64(p);
     m->total_bytes = get_u64(p + 8);
     m->chunk_bytes = get_u32(p + 16);
+    m->up_keep = get_u32(p + 20);
     m->up_codec = p[24];
     m->down_codec = p[25];
     m->flags = p[26];
@@ -442,10 +443,12 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     m->values = get_u64(p + 40);
     m->value_offset = get_u64(p + 48);
     m->model_values = get_u64(p + 56);
-    if (get_u32(p + 20) != 0 || p[27] != 0) return "CONTRIBUTE: reserved field not zero";
+    if (p[27] != 0) return "CONTRIBUTE: reserved field not zero";
     if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
-    if (m->up_codec > WIRE_CODEC_BF16 || m->down_codec > WIRE_CODEC_BF16) return "CONTRIBUTE: unknown codec";
+    if (m->up_codec > WIRE_CODEC_INT2 || m->down_codec > WIRE_CODEC_INT2) return "CONTRIBUTE: unknown codec";
+    if (m->up_keep && (m->up_codec == WIRE_CODEC_FP32 || m->up_codec == WIRE_CODEC_BF16 || m->up_keep >= m->block))
+        return "CONTRIBUTE: a sparse contribution needs codec int8, int4 or int2 and fewer values kept than a block";
     if (m->flags & ~(unsigned)(WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB)) return "CONTRIBUTE: unknown flags";
     if (m->block == 0 || m->segment_values == 0 || m->segment_values % m->block != 0 || m->segment_values % 2 != 0)
         return "CONTRIBUTE: the segment is not an even number of whole blocks";

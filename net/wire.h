@@ -33,7 +33,8 @@ extern "C" {
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
 #define WIRE_VERSION 4   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
-                         // 4: DONE, and AUTH says which hub of how many (several hubs)
+                         // 4: DONE, and AUTH says which hub of how many (several hubs);
+                         //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -229,10 +230,12 @@ typedef struct {
 
 // How a contribution is encoded, so that the hub can decode it, average, and encode the mean:
 // segments of segment_values values (whole blocks, an even count), each encoded on its own
-// in up_codec (llmc/quant.h's quant_kind), one DATA chunk per segment; the mean goes back in
-// down_codec, the same segments, with the hub's error feedback when WIRE_HUB_FEEDBACK.
+// in up_codec (llmc/quant.h's quant_kind), sparse with up_keep values of every block kept when
+// up_keep > 0 (int8 / int4 / int2 only, up_keep < block), one DATA chunk per segment; the mean
+// goes back dense in down_codec, the same segments, with the hub's error feedback when
+// WIRE_HUB_FEEDBACK.
 // values at value_offset of the model's model_values (where the hub's residual keeps them).
-enum { WIRE_CODEC_FP32 = 0, WIRE_CODEC_INT8 = 1, WIRE_CODEC_INT4 = 2, WIRE_CODEC_BF16 = 3 };
+enum { WIRE_CODEC_FP32 = 0, WIRE_CODEC_INT8 = 1, WIRE_CODEC_INT4 = 2, WIRE_CODEC_BF16 = 3, WIRE_CODEC_INT2 = 4 };
 // WIRE_MULTI_HUB: the run has several hubs and outer_step is a round id
 // 64·k + 8·attempt + share (docs/protocol.md, "Several hubs"): the hub logs it as k/attempt/share
 // and makes the joiners of a round of step k members from 64·(k + 1) on.
@@ -241,6 +244,7 @@ typedef struct {
     int64_t outer_step;
     uint64_t total_bytes;
     uint32_t chunk_bytes;       // the bytes of one whole segment in up_codec
+    uint32_t up_keep;           // 0: dense; else values kept of every block (top-k)
     uint8_t up_codec, down_codec, flags;
     uint32_t block;             // values per quantization block
     uint32_t segment_values;

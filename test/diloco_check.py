@@ -2,6 +2,8 @@
 
 usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP
                        [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK[:BOUND]]] | --hub off]
+                       [--topk T]
+       diloco_check.py --codec DIR...      (cases of `test_tool quant` / `quant_reduce`)
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>_<p>.f32 at outer
 step k, which syncs fragment p (the whole model when FRAGMENTS = 1): θ before, θᵢ (its local
@@ -42,7 +44,9 @@ diloco_downlink_feedback (0 | 1; no effect when the downlink is fp32), BLOCK =
 diloco_quant_block, BOUND = diloco_bound (a contribution whose segment norm, squares summed
 in float64 in order, is above BOUND times the lower median of the segment's norms is scaled
 to that, in fp32; not for none, which carries weights). Left out, it is train_gpt's defaults,
-same:1:128:3. --hub off skips the hub
+same:1:128:3. --topk T is the run's diloco_topk: the uplink is then sparse (QUANT keeping
+ceil(T·BLOCK) values of every block, docs/quant.md) and the downlink "same" is QUANT dense.
+--hub off skips the hub
 checks; so does a dump without sent_/mean_ files (a binary older than the hub's reduction),
 and the script says so.
 A round whose replicas skipped the outer step leaves no outer_/mean_ dump, but the hub may
@@ -77,21 +81,59 @@ import sys
 import numpy as np
 
 F32_NAN_BITS = np.uint32(0x7FC00000)
-CODECS = ("none", "int8", "int4", "bf16")
+CODECS = ("none", "int8", "int4", "int2", "bf16")
+QMAX = {"int8": 127.0, "int4": 7.0, "int2": 1.0}
+BITS = {"int8": 8, "int4": 4, "int2": 2}
 
 
 # ---------------------------------------------------------------- codecs (docs/quant.md)
+# A codec is a kind ("none", "int8", ...) or a sparse one, "KIND@KEEP": KEEP values of every
+# block kept (the largest |y|, ties to the lower index), docs/quant.md's sparse layout.
+def split_codec(codec):
+    kind, _, keep = codec.partition("@")
+    return kind, int(keep) if keep else 0
+
+
+def topk_keep(topk, block):
+    """diloco_topk -> values kept per block (0: dense), as quant_topk_keep."""
+    keep = max(1, math.ceil(topk * block - 1e-9))
+    return 0 if keep >= block else keep
+
+
 def segment_values(block):
     return block * max(2, 2 * ((1 << 17) // block))
 
 
-def encoded_bytes(kind, n, block):
+def offset_width(block):
+    return max(0, (block - 1).bit_length())
+
+
+def sparse_shape(block, keep, bits):
+    """(offsets?, w): offsets when ceil(keep·w/8) < ceil(block/8)."""
+    w = offset_width(block)
+    return -(-keep * w // 8) < -(-block // 8), w
+
+
+def sparse_record_bytes(block, keep, bits, ln):
+    offsets, w = sparse_shape(block, keep, bits)
+    k = min(keep, ln)
+    return (-(-k * w // 8) if offsets else -(-ln // 8)) + -(-k * bits // 8)
+
+
+def encoded_bytes(codec, n, block):
+    kind, keep = split_codec(codec)
     if kind == "none":
         return 4 * n
     if kind == "bf16":
         return 2 * n
     blocks = -(-n // block)
-    return 4 * blocks + (n if kind == "int8" else (n + 1) // 2)
+    if keep:
+        if n == 0:
+            return 0
+        last = n - (blocks - 1) * block
+        return 4 * blocks + (blocks - 1) * sparse_record_bytes(block, keep, BITS[kind], block) + \
+            sparse_record_bytes(block, keep, BITS[kind], last)
+    return 4 * blocks + {"int8": n, "int4": (n + 1) // 2, "int2": (n + 3) // 4}[kind]
 
 
 def segmented_bytes(kind, n, block):
@@ -114,8 +156,63 @@ def _nan_f32(shape):
     return np.full(shape, F32_NAN_BITS, dtype=np.uint32).view(np.float32)
 
 
-def decode(kind, b, n, block):
+def _pack(values, width):
+    """Rows of unsigned fields (rows, count) -> bytes (rows, ceil(count·width/8)), LSB first."""
+    v = np.asarray(values, dtype=np.uint64)
+    bits = ((v[..., None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
+    return np.packbits(bits.reshape(v.shape[0], -1), axis=1, bitorder="little")
+
+
+def _unpack(b, count, width):
+    """Rows of bytes -> rows of `count` unsigned fields of `width` bits, LSB first."""
+    bits = np.unpackbits(b, axis=1, bitorder="little")[:, :count * width].reshape(b.shape[0], count, width)
+    return (bits.astype(np.int64) << np.arange(width, dtype=np.int64)).sum(axis=2)
+
+
+def _sparse_groups(n, block):
+    """(first block, number of blocks, their length): the full blocks, then a short last one."""
+    if n == 0:
+        return []
+    blocks = -(-n // block)
+    last = n - (blocks - 1) * block
+    if last == block:
+        return [(0, blocks, block)]
+    return ([(0, blocks - 1, block)] if blocks > 1 else []) + [(blocks - 1, 1, last)]
+
+
+def decode_sparse(kind, keep, b, n, block):
+    bits = BITS[kind]
+    blocks = -(-n // block)
+    scales = np.frombuffer(b, dtype="<f4", count=blocks).astype(np.float32)
+    offsets, w = sparse_shape(block, keep, bits)
+    out = np.empty(n, dtype=np.float32)
+    at = 4 * blocks
+    for first, count, ln in _sparse_groups(n, block):
+        k = min(keep, ln)
+        rec = sparse_record_bytes(block, keep, bits, ln)
+        ib = -(-k * w // 8) if offsets else -(-ln // 8)
+        rows = np.frombuffer(b, dtype=np.uint8, count=count * rec, offset=at).reshape(count, rec)
+        at += count * rec
+        if offsets:
+            pos = _unpack(rows[:, :ib], k, w)
+        else:
+            mask = np.unpackbits(rows[:, :ib], axis=1, bitorder="little")[:, :ln].astype(bool)
+            pos = np.argsort(~mask, axis=1, kind="stable")[:, :k]
+        raw = _unpack(rows[:, ib:], k, bits)
+        codes = (raw ^ (1 << (bits - 1))) - (1 << (bits - 1))
+        s = scales[first:first + count]
+        with np.errstate(invalid="ignore"):
+            vals = np.zeros((count, ln), dtype=np.float32) * s[:, None]  # 0·scale: NaN in a NaN block
+            np.put_along_axis(vals, pos, codes.astype(np.float32) * s[:, None], axis=1)
+        out[first * block:first * block + count * ln] = vals.reshape(-1)
+    return out
+
+
+def decode(codec, b, n, block):
     """The n fp32 values of one encoded segment (value = code·scale, one fp32 multiply)."""
+    kind, keep = split_codec(codec)
+    if keep:
+        return decode_sparse(kind, keep, b, n, block)
     if kind == "none":
         return np.frombuffer(b, dtype="<f4", count=n).astype(np.float32)
     if kind == "bf16":
@@ -125,6 +222,9 @@ def decode(kind, b, n, block):
     code_bytes = np.frombuffer(b, dtype=np.uint8, offset=4 * nb)
     if kind == "int8":
         codes = code_bytes[:n].view(np.int8).astype(np.float32)
+    elif kind == "int2":
+        pairs = np.unpackbits(code_bytes, bitorder="little").reshape(-1, 2).astype(np.int16)
+        codes = (((pairs[:n, 0] | (pairs[:n, 1] << 1)) ^ 2) - 2).astype(np.float32)
     else:
         nib = np.empty(2 * code_bytes.size, dtype=np.int16)
         nib[0::2] = code_bytes & 0x0F
@@ -134,15 +234,17 @@ def decode(kind, b, n, block):
         return codes * np.repeat(scales, block)[:n]  # float32 · float32: one fp32 multiply
 
 
-def is_finite(kind, b, n, block):
+def is_finite(codec, b, n, block):
+    kind, _ = split_codec(codec)
     if kind == "bf16":
         return not np.any((np.frombuffer(b, dtype="<u2", count=n) & 0x7F80) == 0x7F80)
     floats = n if kind == "none" else -(-n // block)
     return bool(np.all(np.isfinite(np.frombuffer(b, dtype="<f4", count=floats))))
 
 
-def encode(kind, x, r, block):
+def encode(codec, x, r, block):
     """Encodes x (+ r, updated in place to y − decode(out) when not None) -> bytes."""
+    kind, keep = split_codec(codec)
     n = x.size
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         y = x + r if r is not None else x  # fp32 add
@@ -158,7 +260,7 @@ def encode(kind, x, r, block):
             if r is not None:
                 r[:] = y - (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
             return h.astype("<u2").tobytes()
-        qmax = np.float32(127.0 if kind == "int8" else 7.0)
+        qmax = np.float32(QMAX[kind])
         nb = -(-n // block)
         pad = np.zeros(nb * block, dtype=np.float32)
         pad[:n] = y
@@ -174,16 +276,55 @@ def encode(kind, x, r, block):
         t = np.floor(a)
         q = t + (a - t >= np.float32(0.5)).astype(np.float32)
         codes = np.where(v < 0, -q, q).astype(np.int8)
+        if keep:
+            # The kept set: per block, |y| as bits descending, the lower index first among equals
+            # (a stable sort of the negated bits; the padding, -1, is never taken).
+            key = np.full(nb * block, -1, dtype=np.int64)
+            key[:n] = (y.view(np.uint32) & np.uint32(0x7FFFFFFF)).astype(np.int64)
+            order = np.argsort(-key.reshape(nb, block), axis=1, kind="stable")
+            lens = np.minimum(block, n - np.arange(nb) * block)
+            take = np.arange(block)[None, :] < np.minimum(keep, lens)[:, None]
+            kept = np.zeros((nb, block), dtype=bool)
+            np.put_along_axis(kept, order, take, axis=1)
+            codes = np.where(kept.reshape(-1)[:n], codes, np.int8(0))
         if r is not None:
             r[:] = y - codes.astype(np.float32) * s
+        if keep:
+            return scales.astype("<f4").tobytes() + _encode_sparse_records(kind, keep, codes, kept, n, block)
         if kind == "int8":
             code_bytes = codes.tobytes()
+        elif kind == "int2":
+            c = (codes.astype(np.uint8) & 0x03)
+            c = np.append(c, np.zeros(-n % 4, dtype=np.uint8))
+            code_bytes = (c[0::4] | (c[1::4] << 2) | (c[2::4] << 4) | (c[3::4] << 6)).astype(np.uint8).tobytes()
         else:
             c = (codes.astype(np.uint8) & 0x0F)
             if n % 2:
                 c = np.append(c, np.uint8(0))
             code_bytes = (c[0::2] | (c[1::2] << 4)).astype(np.uint8).tobytes()
         return scales.astype("<f4").tobytes() + code_bytes
+
+
+def _encode_sparse_records(kind, keep, codes, kept, n, block):
+    """The records (index + codes) of every block, from the codes (0 off the kept set) and the
+    kept mask (nb, block)."""
+    bits = BITS[kind]
+    offsets, w = sparse_shape(block, keep, bits)
+    pad = np.zeros(kept.size, dtype=np.int64)
+    pad[:n] = codes
+    codes2 = pad.reshape(kept.shape)
+    out = []
+    for first, count, ln in _sparse_groups(n, block):
+        k = min(keep, ln)
+        m = kept[first:first + count, :ln]
+        pos = np.argsort(~m, axis=1, kind="stable")[:, :k]  # kept positions, ascending
+        if offsets:
+            index = _pack(pos, w) if k else np.zeros((count, 0), dtype=np.uint8)
+        else:
+            index = np.packbits(m, axis=1, bitorder="little")
+        vals = np.take_along_axis(codes2[first:first + count], pos, axis=1) & ((1 << bits) - 1)
+        out.append(np.concatenate([index, _pack(vals, bits)], axis=1).tobytes())
+    return b"".join(out)
 
 
 BOUND = [3.0]  # diloco_bound (the 4th field of --hub); 0 = none
@@ -193,7 +334,7 @@ def bound_factors(up, values):
     """diloco_bound: each contribution's factor (fp32), from its norm (squares summed in float64
     in order, as quant_norm) against BOUND times the lower median of the norms."""
     bound = float(np.float32(BOUND[0]))
-    if bound <= 0 or up == "none" or not values:
+    if bound <= 0 or split_codec(up)[0] == "none" or not values:
         return [np.float32(1)] * len(values)
     norms = []
     for v in values:
@@ -235,10 +376,16 @@ def decode_all(kind, buf, n, block):
 
 # ---------------------------------------------------------------- arguments
 def parse_args(argv):
-    pos, hub = [], None
+    pos, hub, topk = [], None, 1.0
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--topk":
+            if i + 1 >= len(argv):
+                sys.exit("diloco_check: --topk needs a fraction in (0, 1]")
+            topk = float(argv[i + 1])
+            i += 2
+            continue
         if a == "--hub":
             if i + 1 >= len(argv):
                 sys.exit("diloco_check: --hub needs DOWNLINK[:FEEDBACK[:BLOCK]] or off")
@@ -250,9 +397,9 @@ def parse_args(argv):
         else:
             pos.append(a)
         i += 1
-    if len(pos) < 4:
+    if len(pos) < 4 or not 0 < topk <= 1:
         sys.exit(__doc__)
-    return pos, hub
+    return pos, hub, topk
 
 
 def hub_config(spec, quant):
@@ -275,9 +422,67 @@ def hub_config(spec, quant):
     return down, bool(feedback) and down != "none", block
 
 
+# ---------------------------------------------------------------- codec cases
+def codec_cases(dirs):
+    """--codec DIR...: each DIR holds a case `test_tool quant` or `quant_reduce` wrote; numpy's
+    encoder (with feedback) and decoder, or its hub, must give the same bytes and bits."""
+    failures = 0
+    for d in dirs:
+        words = open(os.path.join(d, "case.txt")).read().split()
+
+        def f32(name):
+            return np.fromfile(os.path.join(d, name), dtype="<f4").astype(np.float32)
+
+        def raw(name):
+            with open(os.path.join(d, name), "rb") as f:
+                return f.read()
+        if words[0] == "encode":
+            codec, block, n = words[1], int(words[2]), int(words[3])
+            r = f32("r.f32")
+            want = encode(codec, f32("x.f32"), r, block)
+            problems = []
+            if want != raw("enc.bin"):
+                got = raw("enc.bin")
+                diff = [i for i in range(min(len(got), len(want))) if got[i] != want[i]]
+                problems.append(f"bytes differ ({len(got)} vs numpy's {len(want)}, first at {diff[:1]})")
+            if not np.array_equal(r.view(np.uint32), f32("r_after.f32").view(np.uint32)) and \
+                    not np.array_equal(np.isnan(r), np.isnan(f32("r_after.f32"))):
+                problems.append("residual differs")
+            else:
+                a, b = r, f32("r_after.f32")
+                if not np.array_equal(np.where(np.isnan(a), 0, a).view(np.uint32),
+                                      np.where(np.isnan(b), 0, b).view(np.uint32)):
+                    problems.append("residual differs")
+            back, dec = decode(codec, raw("enc.bin"), n, block), f32("dec.f32")
+            if not np.array_equal(np.where(np.isnan(back), 0, back).view(np.uint32),
+                                  np.where(np.isnan(dec), 0, dec).view(np.uint32)) or \
+                    not np.array_equal(np.isnan(back), np.isnan(dec)):
+                problems.append("decode differs")
+            if encoded_bytes(codec, n, block) != len(raw("enc.bin")):
+                problems.append("size differs")
+        else:
+            up, down, block, n, m = words[1], words[2], int(words[3]), int(words[4]), int(words[5])
+            r = f32("r.f32")
+            ins = [raw(f"in_{j}.bin") for j in range(m)]
+            out, kept = hub_segment(up, ins, n, block, down, r)
+            problems = []
+            if out != raw("out.bin"):
+                problems.append(f"the mean's bytes differ (contributions used: {kept})")
+            a, b = r, f32("r_after.f32")
+            if not np.array_equal(np.where(np.isnan(a), 0, a).view(np.uint32), np.where(np.isnan(b), 0, b).view(np.uint32)):
+                problems.append("the hub's residual differs")
+        if problems:
+            failures += 1
+            print(f"FAIL {d} ({' '.join(words)}): {'; '.join(problems)}")
+    print(f"diloco_check --codec: {len(dirs) - failures} of {len(dirs)} cases equal to numpy")
+    sys.exit(1 if failures else 0)
+
+
 # ---------------------------------------------------------------- the check
 def main():
-    pos, hub_spec = parse_args(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--codec":
+        codec_cases(sys.argv[2:])
+    pos, hub_spec, topk = parse_args(sys.argv[1:])
     dump_dir = pos[0]
     lr, mu, quant = float(pos[1]), float(pos[2]), pos[3]
     if quant == "fp32":
@@ -314,7 +519,8 @@ def main():
         print("diloco_check: hub checks skipped: no sent_/mean_ dumps in this directory (a train_gpt without "
               "the hub's reduction); the Δ reference of QUANT = none is the fp32 mean of the dumped θᵢ")
     down, feedback, block = hub if hub else ("none", False, 128)
-    up = quant
+    keep = topk_keep(topk, block) if quant != "none" else 0
+    up = f"{quant}@{keep}" if keep else quant
     failures = 0
     told = {}  # message kind -> times printed
 

@@ -1,6 +1,6 @@
-// test/test_quant.c — quant.cu's C reference, the blockwise int8 / int4 quantizer of DiLoCo's outer
-// gradients, against hand-made bytes, a naive reference encoder, derived error bounds, and
-// the error-feedback identity.
+// test/test_quant.c — quant.cu's C reference, the blockwise int8 / int4 / int2 quantizer of DiLoCo's
+// outer gradients, dense and top-k sparse, against hand-made bytes, a naive reference encoder,
+// derived error bounds, and the error-feedback identity.
 //
 // Tolerances, and where they come from (s is a block's scale, max|y| / qmax):
 //   - Elementwise, a decoded value is within (1/2 + 2^-15)·s of what was encoded. Rounding to
@@ -54,7 +54,8 @@ static uint32_t bits_of_float(float f) {
     return b;
 }
 
-static float qmax_of(quant_kind k) { return k == QUANT_INT8 ? 127.0f : 7.0f; }
+static float qmax_of(quant_kind k) { return k == QUANT_INT8 ? 127.0f : k == QUANT_INT4 ? 7.0f : 1.0f; }
+static int bits_of(quant_kind k) { return k == QUANT_INT8 ? 8 : k == QUANT_INT4 ? 4 : 2; }
 static int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
 static float scale_at(const uint8_t *buf, int64_t b) {
@@ -98,8 +99,10 @@ static void reference_encode(quant_kind k, const float *x, int64_t n, int64_t bl
             }
             if (k == QUANT_INT8)
                 out[4 * nb + i] = (uint8_t)(int8_t)code;
-            else
+            else if (k == QUANT_INT4)
                 out[4 * nb + i / 2] |= (uint8_t)((code & 15) << (i % 2 == 0 ? 0 : 4));
+            else
+                out[4 * nb + i / 4] |= (uint8_t)((code & 3) << (2 * (i % 4)));
         }
     }
 }
@@ -111,8 +114,11 @@ static void reference_decode(quant_kind k, const uint8_t *in, int64_t n, int64_t
             memcpy(&x[i], in + 4 * i, 4);
             continue;
         }
-        int code = k == QUANT_INT8 ? (int8_t)in[4 * nb + i] : (in[4 * nb + i / 2] >> (i % 2 ? 4 : 0)) & 15;
+        int code = k == QUANT_INT8   ? (int8_t)in[4 * nb + i]
+                   : k == QUANT_INT4 ? (in[4 * nb + i / 2] >> (i % 2 ? 4 : 0)) & 15
+                                     : (in[4 * nb + i / 4] >> (2 * (i % 4))) & 3;
         if (k == QUANT_INT4 && code > 7) code -= 16;
+        if (k == QUANT_INT2 && code > 1) code -= 4;
         x[i] = (float)code * scale_at(in, i / block);
     }
 }
@@ -123,20 +129,23 @@ static void test_names_and_sizes(void) {
     EXPECT(quant_kind_from_name("none") == QUANT_NONE, "none");
     EXPECT(quant_kind_from_name("int8") == QUANT_INT8, "int8");
     EXPECT(quant_kind_from_name("int4") == QUANT_INT4, "int4");
-    EXPECT(quant_kind_from_name("int2") == -1 && quant_kind_from_name("INT8") == -1 &&
+    EXPECT(quant_kind_from_name("int2") == QUANT_INT2, "int2");
+    EXPECT(quant_kind_from_name("int3") == -1 && quant_kind_from_name("INT8") == -1 &&
                quant_kind_from_name("") == -1 && quant_kind_from_name(NULL) == -1,
            "unknown names are -1");
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         EXPECT(quant_kind_from_name(quant_kind_name((quant_kind)k)) == k, "name of %d round-trips", k);
     EXPECT(quant_encoded_bytes(QUANT_NONE, 10, 4) == 40, "none: 4 bytes a value");
     EXPECT(quant_encoded_bytes(QUANT_INT8, 10, 4) == 3 * 4 + 10, "int8: 3 scales + 10 codes");
     EXPECT(quant_encoded_bytes(QUANT_INT4, 10, 4) == 3 * 4 + 5, "int4: 3 scales + 5 bytes");
     EXPECT(quant_encoded_bytes(QUANT_INT4, 11, 4) == 3 * 4 + 6, "int4, odd n: 3 scales + 6 bytes");
+    EXPECT(quant_encoded_bytes(QUANT_INT2, 11, 4) == 3 * 4 + 3, "int2: 3 scales + 3 bytes (4 codes a byte)");
     EXPECT(quant_encoded_bytes(QUANT_INT8, 0, 4) == 0, "n = 0: nothing");
     EXPECT(quant_encoded_bytes(QUANT_INT8, 128, 128) == 4 + 128, "one whole block");
     uint8_t none[1] = {0xEE};
     float nothing[1] = {1.0f};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) {
+        if (k == QUANT_BF16) continue;
         quant_encode((quant_kind)k, nothing, 0, 32, none);
         EXPECT(quant_encode_feedback((quant_kind)k, nothing, nothing, 0, 32, none) == 0.0 && none[0] == 0xEE &&
                    nothing[0] == 1.0f,
@@ -212,11 +221,12 @@ static void test_against_reference(void) {
     const int64_t sizes[] = {1, 2, 31, 32, 33, 1000, 8191, 8192, 8193, 20001};
     const int64_t blocks[] = {1, 2, 3, 7, 32, 128, 1024, 5000};
     int mismatches = 0, decode_mismatches = 0, cases = 0;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
             for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
                 for (int pattern = 0; pattern < 4; pattern++) {
                     int64_t n = sizes[si], block = blocks[bi];
+                    if (k == QUANT_BF16) continue;
                     float *x = alloc_floats((size_t)n);
                     fill(x, n, block, pattern);
                     size_t bytes = quant_encoded_bytes((quant_kind)k, n, block);
@@ -694,6 +704,381 @@ static void test_bound(void) {
     free(mean), free(sc), free(plain), free(v);
 }
 
+// ---------------------------------------------------------------- sparse (top-k) codecs
+// Tolerances. Sparse encoding is exact bytes (against a naive encoder), so no tolerance there.
+// The error-feedback identity Σ_t sent_t + r_T = Σ_t g_t holds exactly in real arithmetic;
+// in fp32 each round rounds y = g + r once (≤ 2^-24·|y|) and r' = y − code·s once (≤ 2^-24·|r'|
+// ≤ 2^-24·|y|: a value not kept has r' = y exactly, a kept one |r'| ≤ s/2 ≤ |y|max), so after
+// T rounds an element may be 2·T·2^-24·Y off, Y the largest |y| of any element and round.
+// Sums over rounds are taken in double, exactly enough not to matter against that.
+
+static const quant_kind int_kinds[3] = {QUANT_INT8, QUANT_INT4, QUANT_INT2};
+
+static int offset_width_of(int64_t block) {
+    int w = 0;
+    while (((int64_t)1 << w) < block) w++;
+    return w;
+}
+
+static void set_bits(uint8_t *buf, int64_t at, uint32_t v, int width) {
+    for (int j = 0; j < width; j++)
+        if ((v >> j) & 1) buf[(at + j) / 8] |= (uint8_t)(1u << ((at + j) % 8));
+}
+
+static uint32_t read_bits(const uint8_t *buf, int64_t at, int width) {
+    uint32_t v = 0;
+    for (int j = 0; j < width; j++) v |= (uint32_t)((buf[(at + j) / 8] >> ((at + j) % 8)) & 1) << j;
+    return v;
+}
+
+typedef struct {
+    uint32_t bits;
+    int64_t i;
+} ranked;
+
+// |y| as bits descending, then the index ascending: the order the top-k takes.
+static int by_rank(const void *pa, const void *pb) {
+    const ranked *a = (const ranked *)pa, *b = (const ranked *)pb;
+    if (a->bits != b->bits) return a->bits > b->bits ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+// The naive sparse encoder: per block, the dense reference's scale; the kept set from a full
+// qsort; every offset, bitmap bit and code placed bit by bit at the layout's position.
+static void reference_sparse_encode(quant_codec c, const float *x, int64_t n, int64_t block, uint8_t *out) {
+    quant_kind k = quant_codec_kind(c);
+    int64_t keep = quant_codec_keep(c), nb = blocks_of(n, block);
+    int w = offset_width_of(block), vb = bits_of(k);
+    bool offsets = (keep * w + 7) / 8 < (block + 7) / 8;
+    memset(out, 0, quant_encoded_bytes(c, n, block));
+    int64_t pos = 4 * nb;
+    ranked *order = (ranked *)xmalloc((size_t)block * sizeof *order);
+    bool *kept = (bool *)xmalloc((size_t)block);
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t start = b * block, len = start + block < n ? block : n - start, kb = keep < len ? keep : len;
+        float m = 0;
+        bool finite = true;
+        for (int64_t i = 0; i < len; i++) {
+            if (!isfinite(x[start + i])) finite = false;
+            m = fmaxf(m, fabsf(x[start + i]));
+            order[i] = (ranked){bits_of_float(x[start + i]) & 0x7FFFFFFFu, i};
+            kept[i] = false;
+        }
+        float s = finite ? m / qmax_of(k) : float_of_bits(0x7FC00000u);
+        memcpy(out + 4 * b, &s, 4);
+        qsort(order, (size_t)len, sizeof *order, by_rank);
+        for (int64_t t = 0; t < kb; t++) kept[order[t].i] = true;
+        int64_t index_bytes = offsets ? (kb * w + 7) / 8 : (len + 7) / 8, slot = 0;
+        for (int64_t i = 0; i < len; i++) {
+            if (!kept[i]) continue;
+            int code = 0;
+            if (finite && s != 0.0f) code = (int)fminf(fmaxf(roundf(x[start + i] / s), -qmax_of(k)), qmax_of(k));
+            if (offsets) set_bits(out + pos, slot * w, (uint32_t)i, w);
+            else set_bits(out + pos, i, 1, 1);
+            set_bits(out + pos + index_bytes, slot * vb, (uint32_t)code & ((1u << vb) - 1), vb);
+            slot++;
+        }
+        pos += index_bytes + (kb * vb + 7) / 8;
+    }
+    free(order), free(kept);
+}
+
+// code·scale at the kept values, 0·scale elsewhere.
+static void reference_sparse_decode(quant_codec c, const uint8_t *in, int64_t n, int64_t block, float *x) {
+    quant_kind k = quant_codec_kind(c);
+    int64_t keep = quant_codec_keep(c), nb = blocks_of(n, block), pos = 4 * nb;
+    int w = offset_width_of(block), vb = bits_of(k);
+    bool offsets = (keep * w + 7) / 8 < (block + 7) / 8;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t start = b * block, len = start + block < n ? block : n - start, kb = keep < len ? keep : len;
+        float s = scale_at(in, b);
+        for (int64_t i = 0; i < len; i++) x[start + i] = 0.0f * s;
+        int64_t index_bytes = offsets ? (kb * w + 7) / 8 : (len + 7) / 8, slot = 0;
+        for (int64_t i = 0; i < len && slot < kb; i++) {
+            int64_t at = offsets ? (int64_t)read_bits(in + pos, slot * w, w) : i;
+            if (!offsets && !read_bits(in + pos, i, 1)) continue;
+            int code = (int)read_bits(in + pos + index_bytes, slot * vb, vb);
+            if (code >= 1 << (vb - 1)) code -= 1 << vb;
+            x[start + at] = (float)code * s;
+            slot++;
+        }
+        pos += index_bytes + (kb * vb + 7) / 8;
+    }
+}
+
+static void test_sparse_sizes(void) {
+    EXPECT(quant_topk_keep(1.0, 128) == 0 && quant_topk_keep(1.0, 2) == 0, "topk 1 is the dense codec (keep 0)");
+    EXPECT(quant_codec_of(QUANT_INT4, quant_topk_keep(1.0, 128)) == QUANT_INT4, "topk 1: the int4 codec itself");
+    EXPECT(quant_topk_keep(0.25, 128) == 32 && quant_topk_keep(0.03, 128) == 4 && quant_topk_keep(0.3, 10) == 3 &&
+               quant_topk_keep(0.0001, 128) == 1 && quant_topk_keep(0.999, 128) == 0 && quant_topk_keep(0.99, 128) == 127,
+           "keep = ceil(topk·block): 32, 4, 3 (not 4: 0.3·10 is 3.0000000000000004), at least 1, dense at the block");
+    quant_codec c = quant_codec_of(QUANT_INT4, 32);
+    EXPECT(quant_codec_kind(c) == QUANT_INT4 && quant_codec_keep(c) == 32 && c != QUANT_INT4, "a codec carries kind and keep");
+    // block 128: offsets of 7 bits are smaller than the 16-byte bitmap up to 17 values (15 bytes).
+    EXPECT(quant_sparse_offsets(128, 17) && !quant_sparse_offsets(128, 18), "block 128: offsets up to 17 kept, then the bitmap");
+    EXPECT(quant_sparse_offsets(1024, 101) && !quant_sparse_offsets(1024, 102), "block 1024: offsets up to 101 (10 bits)");
+    EXPECT(quant_encoded_bytes(quant_codec_of(QUANT_INT4, 32), 128, 128) == 4 + 16 + 16,
+           "int4 top 32 of 128: scale + 16-byte bitmap + 16 bytes of codes");
+    EXPECT(quant_encoded_bytes(quant_codec_of(QUANT_INT2, 4), 256, 128) == 2 * (4 + 4 + 1),
+           "int2 top 4 of 128: scale + 4 bytes of 7-bit offsets + 1 byte of codes, per block");
+    // The short last block: 10 values of block 8, keep 3 -> block 1 has 2 values, keeps both.
+    EXPECT(quant_encoded_bytes(quant_codec_of(QUANT_INT8, 3), 10, 8) == 8 + (1 + 3) + (1 + 2),
+           "short last block: its own bitmap and keep");
+}
+
+static void test_sparse_hand_made(void) {
+    // int4, block 16, keep 2: offsets (4 bits each, 1 byte) beat the 2-byte bitmap. Kept: 3 (7)
+    // and 10 (-3.5); scale 7/7 = 1; codes 7 and round(-3.5) = -4 (away from zero).
+    float x[16] = {0.5f, -1, 0.25f, 7, 1, 0, -2, 3, 0, 0, -3.5f, 1, 2, -3, 0.75f, 0};
+    const uint8_t want[6] = {0x00, 0x00, 0x80, 0x3F, 0xA3, 0xC7};
+    quant_codec c = quant_codec_of(QUANT_INT4, 2);
+    EXPECT(quant_encoded_bytes(c, 16, 16) == sizeof want, "sparse int4 example size");
+    uint8_t got[32];
+    memset(got, 0xEE, sizeof got);
+    quant_encode(c, x, 16, 16, got);
+    expect_bytes(got, want, sizeof want, "sparse int4 example (offsets)");
+    EXPECT(got[sizeof want] == 0xEE, "sparse encode writes past its size");
+    float back[16];
+    quant_decode(c, want, 16, 16, back);
+    EXPECT(back[3] == 7.0f && back[10] == -4.0f && back[0] == 0.0f && back[13] == 0.0f,
+           "sparse example decodes to code·scale at 3 and 10, 0 elsewhere");
+    // int2, block 8, keep 4, n 10: a bitmap (3-bit offsets would take 2 bytes). |x| = 2 at 1 and
+    // 3, then three values of |x| = 1 (5, 6, 7) for two places: the lower indices 5 and 6.
+    // scale 2/1 = 2; codes -1, 1, round(0.5) = 1, round(-0.5) = -1. The last block (2 values)
+    // keeps both: scale 0.75, codes round(1/3) = 0 and -1.
+    float y[10] = {0.1f, -2, 0.5f, 2, -0.9f, 1, -1, 1, 0.25f, -0.75f};
+    const uint8_t want2[12] = {0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x40, 0x3F, 0x6A, 0xD7, 0x03, 0x0C};
+    quant_codec c2 = quant_codec_of(QUANT_INT2, 4);
+    EXPECT(quant_encoded_bytes(c2, 10, 8) == sizeof want2, "sparse int2 example size");
+    memset(got, 0xEE, sizeof got);
+    quant_encode(c2, y, 10, 8, got);
+    expect_bytes(got, want2, sizeof want2, "sparse int2 example (bitmap, ties to the lower index)");
+    EXPECT(got[sizeof want2] == 0xEE, "sparse int2 encode writes past its size");
+}
+
+// Gaussian, exact ties (every |x| equal), mostly zeros with a few values, subnormals, a NaN.
+static void sparse_fill(float *x, int64_t n, int pattern) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (pattern) {
+        case 0: x[i] = (float)rng_normal(&rng); break;
+        case 1: x[i] = rng_next(&rng) % 2 ? 0.5f : -0.5f; break;
+        case 2: x[i] = rng_next(&rng) % 17 == 0 ? (float)rng_normal(&rng) : 0.0f; break;
+        case 3: x[i] = float_of_bits((uint32_t)(rng_next(&rng) % 400)) * (rng_next(&rng) % 2 ? 1.0f : -1.0f); break;
+        default: x[i] = (float)rng_normal(&rng);
+        }
+    }
+    if (pattern == 4 && n > 0) x[n / 3] = NAN;
+}
+
+static void test_sparse_against_reference(void) {
+    const int64_t sizes[] = {1, 2, 7, 9, 100, 1000, 9001};
+    const int64_t blocks[] = {2, 3, 8, 16, 33, 128, 1000, 9000};
+    int mismatches = 0, decode_mismatches = 0, cases = 0, offsets = 0, bitmaps = 0;
+    for (int ki = 0; ki < 3; ki++)
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+            for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++) {
+                int64_t n = sizes[si], block = blocks[bi];
+                int64_t keeps[4] = {1, block / 8, block / 2, block - 1};
+                for (int kk = 0; kk < 4; kk++) {
+                    int64_t keep = keeps[kk];
+                    if (keep < 1 || (kk > 0 && keep == keeps[kk - 1])) continue;
+                    quant_codec c = quant_codec_of(int_kinds[ki], keep);
+                    quant_sparse_offsets(block, keep) ? offsets++ : bitmaps++;
+                    for (int pattern = 0; pattern < 5; pattern++) {
+                        float *x = alloc_floats((size_t)n);
+                        sparse_fill(x, n, pattern);
+                        size_t bytes = quant_encoded_bytes(c, n, block);
+                        uint8_t *want = xmalloc(bytes + 1), *got = xmalloc(bytes + 1);
+                        got[bytes] = 0xEE;
+                        quant_encode(c, x, n, block, got);
+                        reference_sparse_encode(c, x, n, block, want);
+                        cases++;
+                        if ((memcmp(got, want, bytes) != 0 || got[bytes] != 0xEE) && ++mismatches <= 5)
+                            EXPECT(0, "sparse %s keep %lld n=%lld block=%lld pattern %d differs from the reference",
+                                   quant_kind_name(int_kinds[ki]), (long long)keep, (long long)n, (long long)block,
+                                   pattern);
+                        float *back = alloc_floats((size_t)n), *want_back = alloc_floats((size_t)n);
+                        quant_decode(c, want, n, block, back);
+                        reference_sparse_decode(c, want, n, block, want_back);
+                        if (memcmp(back, want_back, sizeof(float) * n) != 0 && ++decode_mismatches <= 5)
+                            EXPECT(0, "sparse %s keep %lld n=%lld block=%lld pattern %d decodes unlike the reference",
+                                   quant_kind_name(int_kinds[ki]), (long long)keep, (long long)n, (long long)block,
+                                   pattern);
+                        free(x), free(want), free(got), free(back), free(want_back);
+                    }
+                }
+            }
+    EXPECT(mismatches == 0, "sparse: %d of %d cases differ from the reference", mismatches, cases);
+    EXPECT(decode_mismatches == 0, "sparse: %d of %d cases decode unlike the reference", decode_mismatches, cases);
+    EXPECT(offsets > 0 && bitmaps > 0, "both index codings were exercised (%d offsets, %d bitmap settings)", offsets,
+           bitmaps);
+    printf("  sparse: %d cases equal to the naive encoder and decoder\n", cases);
+}
+
+// A sparse encoding is the dense one of codes that are 0 off the kept set: at the kept values
+// it decodes exactly as the dense codec does (same scale, same codes).
+static void test_sparse_is_dense_on_kept(void) {
+    const int64_t n = 50000, block = 128;
+    float *x = gaussian(n, 1.0), *dense = alloc_floats(n), *sparse = alloc_floats(n);
+    for (int ki = 0; ki < 3; ki++) {
+        quant_codec c = quant_codec_of(int_kinds[ki], 32);
+        uint8_t *ed = encode_new(int_kinds[ki], x, n, block), *es = encode_new(c, x, n, block);
+        quant_decode(int_kinds[ki], ed, n, block, dense);
+        quant_decode(c, es, n, block, sparse);
+        int64_t nonzero = 0, bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (sparse[i] != 0.0f) nonzero++;
+            if (sparse[i] != 0.0f && sparse[i] != dense[i]) bad++;
+        }
+        EXPECT(bad == 0 && memcmp(es, ed, (size_t)blocks_of(n, block) * 4) == 0,
+               "sparse %s: same scales as dense, same values where kept (%lld differ)", quant_kind_name(int_kinds[ki]),
+               (long long)bad);
+        EXPECT(nonzero <= 32 * blocks_of(n, block), "sparse %s: at most 32 of every 128 values nonzero (%lld)",
+               quant_kind_name(int_kinds[ki]), (long long)nonzero);
+        free(ed), free(es);
+    }
+    free(x), free(dense), free(sparse);
+}
+
+static void test_sparse_threads(void) {
+#ifdef _OPENMP
+    const int64_t n = 300007, block = 100;
+    float *x = gaussian(n, 1.0), *r1 = gaussian(n, 0.1), *r2 = alloc_floats(n);
+    memcpy(r2, r1, n * sizeof(float));
+    quant_codec c = quant_codec_of(QUANT_INT4, 25);
+    size_t bytes = quant_encoded_bytes(c, n, block);
+    uint8_t *a = xmalloc(bytes), *b = xmalloc(bytes);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double e1 = quant_encode_feedback(c, x, r1, n, block, a);
+    omp_set_num_threads(threads > 1 ? threads : 4);
+    double e2 = quant_encode_feedback(c, x, r2, n, block, b);
+    omp_set_num_threads(threads);
+    EXPECT(memcmp(a, b, bytes) == 0 && memcmp(r1, r2, n * sizeof(float)) == 0 && e1 == e2,
+           "sparse: the same bytes, residual and error on 1 and %d threads", threads > 1 ? threads : 4);
+    free(x), free(r1), free(r2), free(a), free(b);
+#endif
+}
+
+// What top-k does not send stays in the residual: after a round, a value not kept has
+// r = y exactly; over rounds, Σ sent + r_T = Σ g within the fp32 drift above.
+static void test_sparse_feedback(void) {
+    const int64_t n = 16384, block = 128, rounds = 100;
+    const int64_t keeps[2] = {32, 4};
+    for (int case_ = 0; case_ < 2; case_++) {
+        quant_kind k = case_ == 0 ? QUANT_INT4 : QUANT_INT2;
+        quant_codec c = quant_codec_of(k, keeps[case_]);
+        float *g = alloc_floats(n), *r = (float *)xcalloc(n, sizeof(float)), *sent = alloc_floats(n);
+        double *sum_sent = (double *)xcalloc(n, sizeof(double)), *sum_g = (double *)xcalloc(n, sizeof(double));
+        uint8_t *enc = xmalloc(quant_encoded_bytes(c, n, block));
+        float y_max = 0;
+        int64_t not_kept_exact = 0, not_kept = 0;
+        double phase = rng_normal(&rng);
+        for (int64_t t = 0; t < rounds; t++) {
+            for (int64_t i = 0; i < n; i++)
+                g[i] = (float)(0.3 * sin(2 * M_PI * (double)t / 200 + phase + (double)i) + rng_normal(&rng));
+            float *y = alloc_floats(n);
+            for (int64_t i = 0; i < n; i++) {
+                y[i] = g[i] + r[i];
+                y_max = fmaxf(y_max, fabsf(y[i]));
+            }
+            quant_encode_feedback(c, g, r, n, block, enc);
+            quant_decode(c, enc, n, block, sent);
+            for (int64_t i = 0; i < n; i++) {
+                sum_sent[i] += sent[i];
+                sum_g[i] += g[i];
+                if (sent[i] == 0.0f) {   // not kept (or kept with code 0: then too r = y - 0 = y)
+                    not_kept++;
+                    not_kept_exact += bits_of_float(r[i]) == bits_of_float(y[i]);
+                }
+            }
+            free(y);
+        }
+        double tol = 2.0 * (double)rounds * ldexp(1.0, -24) * y_max, worst = 0, err2 = 0, r2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = sum_sent[i] + (double)r[i] - sum_g[i];
+            worst = fmax(worst, fabs(d));
+            double e = sum_sent[i] - sum_g[i];
+            err2 += e * e;
+            r2 += (double)r[i] * r[i];
+        }
+        EXPECT(not_kept_exact == not_kept && not_kept > 0,
+               "sparse %s top %lld: every value not sent is kept whole in the residual (%lld of %lld)",
+               quant_kind_name(k), (long long)keeps[case_], (long long)not_kept_exact, (long long)not_kept);
+        EXPECT(worst <= tol, "sparse %s top %lld: Σ sent + r = Σ g within %.3g (worst %.3g)", quant_kind_name(k),
+               (long long)keeps[case_], tol, worst);
+        printf("  sparse %s top %lld/128, %lld rounds: |Σ sent + r − Σ g| ≤ %.2e (bound %.2e); ||Σ sent − Σ g|| = "
+               "%.2f = ||r|| %.2f\n",
+               quant_kind_name(k), (long long)keeps[case_], (long long)rounds, worst, tol, sqrt(err2), sqrt(r2));
+        free(g), free(r), free(sent), free(sum_sent), free(sum_g), free(enc);
+    }
+}
+
+// The hub's mean of sparse contributions: each decoded to its dense values (0 off its kept set),
+// summed in the given order in fp32 and divided once: the union of the kept sets.
+static void test_sparse_mean(void) {
+    const int64_t n = 1000, block = 100;
+    quant_codec c = quant_codec_of(QUANT_INT4, 25);
+    size_t bytes = quant_encoded_bytes(c, n, block);
+    float *x[3], *v[3], *mean = alloc_floats(n), *want = alloc_floats(n), *scratch = alloc_floats(n);
+    uint8_t *e[3];
+    const uint8_t *ins[3];
+    for (int j = 0; j < 3; j++) {
+        x[j] = gaussian(n, 1.0 + j);
+        e[j] = xmalloc(bytes);
+        quant_encode(c, x[j], n, block, e[j]);
+        ins[j] = e[j];
+        v[j] = alloc_floats(n);
+        quant_decode(c, e[j], n, block, v[j]);
+    }
+    int64_t in_union = 0;
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = ((v[0][i] + v[1][i]) + v[2][i]) / 3.0f;
+        in_union += v[0][i] != 0.0f || v[1][i] != 0.0f || v[2][i] != 0.0f;
+    }
+    quant_mean(c, ins, 3, n, block, NULL, mean);
+    EXPECT(memcmp(mean, want, n * sizeof(float)) == 0, "sparse mean = (v0 + v1 + v2) / 3 in fp32, over the union "
+           "(%lld of %lld values)", (long long)in_union, (long long)n);
+    // Through quant_reduce_segment, downlink int4 dense with the hub's feedback.
+    uint8_t *out = xmalloc(quant_encoded_bytes(QUANT_INT4, n, block)), *ref = xmalloc(quant_encoded_bytes(QUANT_INT4, n, block));
+    float *res = (float *)xcalloc(n, sizeof(float)), *res_ref = (float *)xcalloc(n, sizeof(float));
+    quant_reduction q = {.up = c, .down = QUANT_INT4, .block = block, .bound = 0.0f};
+    quant_reduce_segment(&q, ins, 3, n, res, scratch, out, NULL);
+    quant_encode_feedback(QUANT_INT4, want, res_ref, n, block, ref);
+    EXPECT(memcmp(out, ref, quant_encoded_bytes(QUANT_INT4, n, block)) == 0 && memcmp(res, res_ref, n * 4) == 0,
+           "the hub's sparse reduction = the dense int4 encoding of that mean, with its residual");
+    // A NaN block makes the contribution non-finite (its scale is NaN).
+    x[1][150] = NAN;
+    quant_encode(c, x[1], n, block, e[1]);
+    EXPECT(!quant_is_finite(c, e[1], n, block) && quant_is_finite(c, e[0], n, block), "sparse: a NaN block is not finite");
+    for (int j = 0; j < 3; j++) free(x[j]), free(v[j]), free(e[j]);
+    free(mean), free(want), free(scratch), free(out), free(ref), free(res), free(res_ref);
+}
+
+// Bytes from a peer are not trusted to be well formed: random records garble values but never
+// write outside the output.
+static void test_sparse_malformed(void) {
+    const int64_t n = 1001;
+    const int64_t settings[3][2] = {{128, 4}, {128, 64}, {33, 2}};   // offsets, bitmap, offsets past len
+    for (int s = 0; s < 3; s++) {
+        int64_t block = settings[s][0];
+        quant_codec c = quant_codec_of(QUANT_INT8, settings[s][1]);
+        size_t bytes = quant_encoded_bytes(c, n, block);
+        uint8_t *junk = xmalloc(bytes);
+        float *out = alloc_floats(n + 64);
+        bool fenced = true;
+        for (int trial = 0; trial < 20; trial++) {
+            for (size_t i = 0; i < bytes; i++) junk[i] = (uint8_t)rng_next(&rng);
+            for (int64_t i = 0; i < n + 64; i++) out[i] = 12345.0f;
+            quant_decode(c, junk, n, block, out);
+            for (int64_t i = n; i < n + 64; i++) fenced = fenced && out[i] == 12345.0f;
+        }
+        EXPECT(fenced, "random bytes as sparse (block %lld, keep %lld): nothing written past n", (long long)block,
+               (long long)settings[s][1]);
+        free(junk), free(out);
+    }
+}
+
 int main(void) {
     rng_seed(&rng, 20261122, 0);
     test_names_and_sizes();
@@ -711,5 +1096,13 @@ int main(void) {
     test_bf16();
     test_mean();
     test_bound();
+    test_sparse_sizes();
+    test_sparse_hand_made();
+    test_sparse_against_reference();
+    test_sparse_is_dense_on_kept();
+    test_sparse_threads();
+    test_sparse_feedback();
+    test_sparse_mean();
+    test_sparse_malformed();
     return check_summary("test_quant");
 }

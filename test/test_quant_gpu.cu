@@ -3,6 +3,8 @@
 // block size and data shape; the GPU decoder must give the same bits as quant_decode.
 // Run by `make test-gpu` on a machine with a GPU. There is no tolerance anywhere:
 // the format is the same bytes on every replica, CPU or GPU, or it is broken.
+// Codecs: none, int8, int4, int2 dense, and int8 / int4 / int2 top-k sparse at keeps that take
+// both index codings (offsets and bitmap), one value, and all but one.
 //
 // Data shapes: Gaussian; exact ties (values at half steps of a power-of-two scale, where a
 // round-half-even or an FMA-contracted division shows); subnormals (scale underflow and
@@ -33,10 +35,11 @@ enum {
     SHAPE_OUTLIER,
     SHAPE_NAN,
     SHAPE_INF,
+    SHAPE_EQUAL,   // every |x| the same: the top-k's ties, broken by the index
     N_SHAPES
 };
 static const char *shape_names[N_SHAPES] = {"gaussian", "int8 ties", "int4 ties", "subnormal",
-                                            "zero blocks", "outlier", "NaN", "Inf"};
+                                            "zero blocks", "outlier", "NaN", "Inf", "equal magnitudes"};
 
 static float float_of_bits(uint32_t bits) {
     float f;
@@ -57,6 +60,7 @@ static void fill(float *x, int64_t n, int64_t block, int shape) {
             x[i] = float_of_bits((uint32_t)(rng_next(&rng) % 400)) * (rng_next(&rng) % 2 ? 1.0f : -1.0f);
             break;
         case SHAPE_ZEROS: x[i] = (i / block) % 3 == 1 ? 0.0f : (float)rng_normal(&rng); break;
+        case SHAPE_EQUAL: x[i] = rng_next(&rng) % 2 ? 0.375f : -0.375f; break;
         default: x[i] = (float)rng_normal(&rng);
         }
     }
@@ -89,7 +93,8 @@ static device_buffers device_alloc(int64_t n) {
     CUDA_CHECK(cudaMalloc(&d.x, bytes));
     CUDA_CHECK(cudaMalloc(&d.r, bytes));
     CUDA_CHECK(cudaMalloc(&d.back, bytes));
-    // The largest encoding: int8 with block 1, a 4-byte scale and a 1-byte code per value.
+    // The largest encoding: int8 with block 1, a 4-byte scale and a 1-byte code per value (a
+    // sparse one takes at most 3 bytes a value: block 2, keep 1).
     CUDA_CHECK(cudaMalloc(&d.enc, (size_t)(n > 0 ? n : 1) * 5 + 64));
     return d;
 }
@@ -102,8 +107,12 @@ static void device_free(device_buffers d) {
 }
 
 // One case: C and GPU encode (with and without a residual) and decode the same data.
-static void compare(quant_kind k, int64_t n, int64_t block, int shape, bool feedback) {
-    const char *name = quant_kind_name(k);
+static void compare(quant_codec k, int64_t n, int64_t block, int shape, bool feedback) {
+    char name[48];
+    if (quant_codec_keep(k))
+        snprintf(name, sizeof name, "%s top %lld", quant_kind_name(quant_codec_kind(k)), (long long)quant_codec_keep(k));
+    else
+        snprintf(name, sizeof name, "%s", quant_kind_name(quant_codec_kind(k)));
     float *x = alloc_floats((size_t)n + 1), *r = alloc_floats((size_t)n + 1), *r_gpu = alloc_floats((size_t)n + 1);
     float *back = alloc_floats((size_t)n + 1), *back_gpu = alloc_floats((size_t)n + 1);
     fill(x, n, block, shape);
@@ -145,7 +154,7 @@ static void compare(quant_kind k, int64_t n, int64_t block, int shape, bool feed
 }
 
 // GB/s of fp32 input (encode) or output (decode) at n values, best of 5.
-static void throughput(quant_kind k, int64_t n, int64_t block) {
+static void throughput(quant_codec k, int64_t n, int64_t block) {
     device_buffers d = device_alloc(n);
     float *x = alloc_floats((size_t)n);
     fill(x, n, block, SHAPE_GAUSSIAN);
@@ -168,8 +177,8 @@ static void throughput(quant_kind k, int64_t n, int64_t block) {
             best[op] = fminf(best[op], ms);
         }
     double gb = 4.0 * (double)n / 1e9;
-    printf("  %s block %5lld, n %lld: encode %.1f GB/s, encode+feedback %.1f GB/s, decode %.1f GB/s\n",
-           quant_kind_name(k), (long long)block, (long long)n, gb / (best[0] / 1e3), gb / (best[1] / 1e3),
+    printf("  %s top %lld block %5lld, n %lld: encode %.1f GB/s, encode+feedback %.1f GB/s, decode %.1f GB/s\n",
+           quant_kind_name(quant_codec_kind(k)), (long long)(quant_codec_keep(k) ? quant_codec_keep(k) : block), (long long)block, (long long)n, gb / (best[0] / 1e3), gb / (best[1] / 1e3),
            gb / (best[2] / 1e3));
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
@@ -184,21 +193,43 @@ int main(void) {
     const int64_t sizes[] = {0, 1, 2, 31, 32, 33, 1000, 4097, 100003, 3000001};
     const int64_t blocks[] = {1, 2, 3, 7, 32, 33, 128, 1024, 4096, 100003};
     int cases = 0;
-    for (int k = 0; k < 3; k++)
+    const quant_kind dense[4] = {QUANT_NONE, QUANT_INT8, QUANT_INT4, QUANT_INT2};
+    for (quant_kind k : dense)
         for (int64_t n : sizes)
             for (int64_t block : blocks)
                 for (int shape = 0; shape < N_SHAPES; shape++) {
                     if (n >= 100003 && (shape == SHAPE_NAN || shape == SHAPE_INF || block < 32)) continue; // time
                     for (int feedback = 0; feedback < 2; feedback++) {
-                        compare((quant_kind)k, n, block, shape, feedback != 0);
+                        compare(k, n, block, shape, feedback != 0);
                         cases++;
                     }
                 }
-    printf("test_quant_gpu: %d cases compared with the C reference\n", cases);
+    printf("test_quant_gpu: %d dense cases compared with the C reference\n", cases);
+    // Sparse: keep 1, about 3 % (offsets at block 128), a quarter (the bitmap), all but one.
+    int sparse_cases = 0;
+    for (int ki = 1; ki < 4; ki++)
+        for (int64_t n : sizes)
+            for (int64_t block : blocks) {
+                if (block < 2) continue;
+                const int64_t keeps[4] = {1, (block * 3 + 99) / 100, (block + 3) / 4, block - 1};
+                for (int kk = 0; kk < 4; kk++) {
+                    if (keeps[kk] >= block || (kk > 0 && keeps[kk] == keeps[kk - 1])) continue;
+                    for (int shape = 0; shape < N_SHAPES; shape++) {
+                        if (n >= 100003 && (shape == SHAPE_NAN || shape == SHAPE_INF || block < 32 || kk == 3)) continue;
+                        for (int feedback = 0; feedback < 2; feedback++) {
+                            compare(quant_codec_of(dense[ki], keeps[kk]), n, block, shape, feedback != 0);
+                            sparse_cases++;
+                        }
+                    }
+                }
+            }
+    printf("test_quant_gpu: %d sparse cases compared with the C reference\n", sparse_cases);
     const int64_t n_124m = 121193472; // configs/gpt-124m.conf
     for (int k = 1; k < 3; k++) {
         throughput((quant_kind)k, n_124m, 128);
         throughput((quant_kind)k, n_124m, 1024);
     }
+    throughput(quant_codec_of(QUANT_INT4, 32), n_124m, 128);   // diloco_topk 0.25
+    throughput(quant_codec_of(QUANT_INT2, 4), n_124m, 128);    // diloco_topk 0.03
     return check_summary("test_quant_gpu");
 }

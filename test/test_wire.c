@@ -130,16 +130,25 @@ static void test_round_trips(void) {
     wire_encode_contribute(&bad, buf);
     EXPECT(!wire_decode_contribute(buf, sizeof buf, &c) && c.flags == (WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB),
            "CONTRIBUTE of a run with several hubs decodes");
+    bad = want;
+    bad.up_codec = WIRE_CODEC_INT2, bad.up_keep = 25;
+    wire_encode_contribute(&bad, buf);
+    EXPECT(!wire_decode_contribute(buf, sizeof buf, &c) && c.up_codec == WIRE_CODEC_INT2 && c.up_keep == 25,
+           "CONTRIBUTE of a sparse int2 payload (25 of every 100 values) decodes");
     const char *spoiled[] = {"an unknown codec", "a segment of part blocks", "an odd segment",
-                             "values past the model", "no values", "an unknown flag"};
-    for (int i = 0; i < 6; i++) {
+                             "values past the model", "no values", "an unknown flag",
+                             "a sparse fp32 payload", "a sparse keep of the whole block", "a sparse bf16 payload"};
+    for (int i = 0; i < 9; i++) {
         bad = want;
-        if (i == 0) bad.down_codec = 4;
+        if (i == 0) bad.down_codec = 5;
         if (i == 1) bad.segment_values = 262050;
         if (i == 2) bad.block = 131001, bad.segment_values = 131001;
         if (i == 3) bad.value_offset = 100101;
         if (i == 4) bad.values = 0;
         if (i == 5) bad.flags = 4;
+        if (i == 6) bad.up_codec = WIRE_CODEC_FP32, bad.up_keep = 10;
+        if (i == 7) bad.up_keep = 100;
+        if (i == 8) bad.up_codec = WIRE_CODEC_BF16, bad.up_keep = 10;
         wire_encode_contribute(&bad, buf);
         EXPECT(wire_decode_contribute(buf, sizeof buf, &c) != NULL, "CONTRIBUTE with %s is refused", spoiled[i]);
     }

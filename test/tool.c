@@ -26,13 +26,27 @@
 //   test_tool xxh64 FILE
 //       Prints FILE's XXH64 as 16 hex digits (what checksums.xxh64 lists), for tests that
 //       edit a checkpoint's state.json on purpose.
+//   test_tool quant KIND KEEP BLOCK N SEED PATTERN DIR
+//       quant.cu's encoder with error feedback on N values (PATTERN 0: Gaussian, 1: every |x|
+//       equal, 2: mostly zeros, 3: a NaN in the second block) and a residual of N(0, 0.1)
+//       values, codec KIND (int8, int4, int2, none) keeping KEEP of every BLOCK values (0:
+//       dense). Writes DIR/x.f32, r.f32 (before), enc.bin, r_after.f32, dec.f32 (quant_decode of
+//       enc.bin) and DIR/case.txt ("encode KIND@KEEP BLOCK N") for test/diloco_check.py --codec.
+//   test_tool quant_reduce KIND KEEP DOWN BLOCK N SEED M DIR
+//       The hub's reduction (quant_reduce_segment, bound 3, the downlink's error feedback from a
+//       residual of N(0, 0.01) values) of M contributions encoded as in `quant` (contribution 1
+//       scaled by 100, which the bound catches; with M > 3 contribution 3 holds a NaN). Writes
+//       DIR/in_J.bin, r.f32 (before), out.bin, r_after.f32 and DIR/case.txt ("reduce
+//       KIND@KEEP DOWN BLOCK N M").
 #include "llmc/common.h"
 #include "llmc/checksum.h"
+#include "llmc/quant.h"
 #include "dataloader.h"
 #include "llmc/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -184,8 +198,99 @@ static int print_xxh64(int argc, char **argv) {
     return 0;
 }
 
+static void write_all(const char *dir, const char *name, const void *data, size_t bytes) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, bytes, f) != bytes || fclose(f) != 0) fail("cannot write '%s'", path);
+}
+
+static quant_codec codec_from(const char *kind, const char *keep) {
+    int k = quant_kind_from_name(kind);
+    if (k < 0) fail("quant: unknown codec '%s' (int8, int4, int2, none, bf16)", kind);
+    return quant_codec_of((quant_kind)k, atoll(keep));
+}
+
+static void quant_fill(float *x, int64_t n, int64_t block, int pattern, rng_state *r) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (float)rng_normal(r);
+        if (pattern == 1) x[i] = x[i] < 0 ? -0.5f : 0.5f;
+        if (pattern == 2 && rng_next(r) % 13) x[i] = 0.0f;
+    }
+    if (pattern == 3 && n > block) x[block + 1] = NAN;
+}
+
+static int quant_case(int argc, char **argv) {
+    if (argc != 8) fail("usage: test_tool quant KIND KEEP BLOCK N SEED PATTERN DIR");
+    quant_codec c = codec_from(argv[1], argv[2]);
+    int64_t block = atoll(argv[3]), n = atoll(argv[4]);
+    rng_state r;
+    rng_seed(&r, (uint64_t)atoll(argv[5]), 7);
+    const char *dir = argv[7];
+    float *x = alloc_floats((size_t)n + 1), *res = alloc_floats((size_t)n + 1), *back = alloc_floats((size_t)n + 1);
+    quant_fill(x, n, block, atoi(argv[6]), &r);
+    for (int64_t i = 0; i < n; i++) res[i] = (float)(rng_normal(&r) * 0.1);
+    size_t bytes = quant_encoded_bytes(c, n, block), values = (size_t)n * sizeof(float);
+    uint8_t *enc = xmalloc(bytes + 1);
+    write_all(dir, "x.f32", x, values);
+    write_all(dir, "r.f32", res, values);
+    quant_encode_feedback(c, x, res, n, block, enc);
+    quant_decode(c, enc, n, block, back);
+    write_all(dir, "enc.bin", enc, bytes);
+    write_all(dir, "r_after.f32", res, values);
+    write_all(dir, "dec.f32", back, values);
+    char text[128];
+    int len = snprintf(text, sizeof text, "encode %s@%lld %lld %lld\n", quant_kind_name(quant_codec_kind(c)),
+                       (long long)quant_codec_keep(c), (long long)block, (long long)n);
+    write_all(dir, "case.txt", text, (size_t)len);
+    free(x), free(res), free(back), free(enc);
+    return 0;
+}
+
+static int quant_reduce_case(int argc, char **argv) {
+    if (argc != 9) fail("usage: test_tool quant_reduce KIND KEEP DOWN BLOCK N SEED M DIR");
+    quant_codec up = codec_from(argv[1], argv[2]), down = codec_from(argv[3], "0");
+    int64_t block = atoll(argv[4]), n = atoll(argv[5]);
+    int m = atoi(argv[7]);
+    if (m < 1 || m > 64) fail("quant_reduce: M in 1..64");
+    rng_state r;
+    rng_seed(&r, (uint64_t)atoll(argv[6]), 9);
+    const char *dir = argv[8];
+    size_t bytes = quant_encoded_bytes(up, n, block), values = (size_t)n * sizeof(float);
+    uint8_t *in[64];
+    float *x = alloc_floats((size_t)n + 1), *res = alloc_floats((size_t)n + 1), *scratch = alloc_floats((size_t)n + 1);
+    for (int j = 0; j < m; j++) {
+        quant_fill(x, n, block, j == 3 ? 3 : 0, &r);
+        if (j == 1)
+            for (int64_t i = 0; i < n; i++) x[i] *= 100.0f;
+        in[j] = xmalloc(bytes + 1);
+        quant_encode(up, x, n, block, in[j]);
+        char name[32];
+        snprintf(name, sizeof name, "in_%d.bin", j);
+        write_all(dir, name, in[j], bytes);
+    }
+    for (int64_t i = 0; i < n; i++) res[i] = (float)(rng_normal(&r) * 0.01);
+    write_all(dir, "r.f32", res, values);
+    size_t out_bytes = quant_encoded_bytes(down, n, block);
+    uint8_t *out = xmalloc(out_bytes + 1);
+    quant_reduction q = {.up = up, .down = down, .block = block, .bound = 3.0f};
+    quant_reduce_segment(&q, (const uint8_t *const *)in, m, n, res, scratch, out, NULL);
+    write_all(dir, "out.bin", out, out_bytes);
+    write_all(dir, "r_after.f32", res, values);
+    char text[160];
+    int len = snprintf(text, sizeof text, "reduce %s@%lld %s %lld %lld %d\n", quant_kind_name(quant_codec_kind(up)),
+                       (long long)quant_codec_keep(up), quant_kind_name(quant_codec_kind(down)), (long long)block,
+                       (long long)n, m);
+    write_all(dir, "case.txt", text, (size_t)len);
+    for (int j = 0; j < m; j++) free(in[j]);
+    free(x), free(res), free(scratch), free(out);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|xxh64 ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|xxh64|quant|quant_reduce ...");
+    if (!strcmp(argv[1], "quant")) return quant_case(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "quant_reduce")) return quant_reduce_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
     if (!strcmp(argv[1], "shard")) return write_pattern_shard(argc - 1, argv + 1);
     if (!strcmp(argv[1], "markov")) return write_markov_shard(argc - 1, argv + 1);
