@@ -1211,7 +1211,12 @@ static void on_join(relay *h, int id, const wire_status *s) {
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
+    r->state = R_CONNECTED;
     r->held = false;
+    // The round it left may close now, without it: a replica that waits takes the state of the
+    // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
+    // their groups at different moments of their rounds and must all get the same close's).
+    check_round(h);
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
             drop_replica(h, id, "sent JOIN before all its data streams were connected");
@@ -1220,19 +1225,6 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->status = *s;
     r->member_from = 0;
     r->began_step = r->done_step = -1;
-    // The round it left may close now. If it does, the replica waits (after a close the group's
-    // status is unknown), so it waits already: it is a joiner of that close if the close has a
-    // donor, rather than of the next one (with several hubs, replicas evicted together rejoin
-    // together, and the last of them to leave the round is often the one that closes it).
-    r->state = R_WAITING;
-    check_round(h);
-    if (r->joiner) {
-        send_joined(h, r, JOINED_WAIT);
-        hub_log(h, "replica %d joined at outer step %lld (hash %016llx): takes the state of the round that just closed",
-                id, (long long)s->outer_step, (unsigned long long)s->param_hash);
-        return;
-    }
-    r->state = R_CONNECTED;
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
