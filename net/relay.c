@@ -36,6 +36,12 @@
 // backlog per joiner), never stored whole. If the donor dies mid-transfer the joiners wait
 // again for the next boundary. A group left without members is refounded by the lowest-id
 // waiting replica.
+//
+// Several hubs (docs/protocol.md, "Several hubs"). Round ids are 64·k + 8·attempt + share.
+// FOLLOW makes a replica a member without a state (its primary hub does the joins). DONE says
+// a replica's exchange for step k is over: a completion makes a round of step k it was due in
+// and has not begun another set's (aborted: its contributors rejoin), and later contributions to
+// step k stale. The first AUTH fixes which hub of how many this one is; another place is refused.
 #include "net/relay.h"
 
 #include "llmc/common.h"
