@@ -36,6 +36,12 @@
 // backlog per joiner), never stored whole. If the donor dies mid-transfer the joiners wait
 // again for the next boundary. A group left without members is refounded by the lowest-id
 // waiting replica.
+//
+// Several hubs (docs/protocol.md, "Several hubs"). Round ids are 64·k + 8·attempt + share.
+// FOLLOW makes a replica a member without a state (its primary hub does the joins). DONE says
+// a replica's exchange for step k is over: a completion makes a round of step k it was due in
+// and has not begun another set's (aborted: its contributors rejoin), and later contributions to
+// step k stale. The first AUTH fixes which hub of how many this one is; another place is refused.
 #include "net/relay.h"
 
 #include "llmc/common.h"
@@ -1213,7 +1219,12 @@ static void on_join(relay *h, int id, const wire_status *s) {
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
+    r->state = R_CONNECTED;
     r->held = false;
+    // The round it left may close now, without it: a replica that waits takes the state of the
+    // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
+    // their groups at different moments of their rounds and must all get the same close's).
+    check_round(h);
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
             drop_replica(h, id, "sent JOIN before all its data streams were connected");
@@ -1222,19 +1233,6 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->status = *s;
     r->member_from = 0;
     r->began_step = r->done_step = -1;
-    // The round it left may close now. If it does, the replica waits (after a close the group's
-    // status is unknown), so it waits already: it is a joiner of that close if the close has a
-    // donor, rather than of the next one (with several hubs, replicas evicted together rejoin
-    // together, and the last of them to leave the round is often the one that closes it).
-    r->state = R_WAITING;
-    check_round(h);
-    if (r->joiner) {
-        send_joined(h, r, JOINED_WAIT);
-        hub_log(h, "replica %d joined at outer step %lld (hash %016llx): takes the state of the round that just closed",
-                id, (long long)s->outer_step, (unsigned long long)s->param_hash);
-        return;
-    }
-    r->state = R_CONNECTED;
     if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);

@@ -27,9 +27,15 @@
 //
 // A dead hub is tried again by a thread of its own (reconnect, FOLLOW from the next step);
 // once that is done, the next exchange puts it back in the rotation (it takes its share
-// again). Replicas that disagree for a moment on which hubs are live send a share to
-// different hubs: the rounds they then miss evict them, and they resync through the
-// primary's state transfer (docs/protocol.md).
+// again).
+//
+// DONE. After an exchange the replica tells every live hub its step is over (completed, or
+// given up). When replicas took a share of a step from different rounds — a hub died after
+// some had its ROUND and others had not, or they disagreed for a moment on which hubs are
+// live — the hubs let those that completed the step go on: the others' rounds of that step
+// are aborted or refused, and they rejoin and take a completer's state (docs/protocol.md).
+// Every session's AUTH says which hub of how many it is, so a replica that lists the hubs in
+// another order is refused.
 #include "net/transport_impl.h"
 #include "net/transport_tcp_hub.h"
 
