@@ -163,7 +163,9 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 // code compiled by nvcc or hipcc only.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 // d_x[n] (+ d_residual[n]) -> d_out[quant_encoded_bytes(c, n, block)], all device memory;
-// d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is).
+// d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is); a sparse
+// codec's records are or-ed in through the 32-bit words that hold them, so the allocation must
+// also cover the last of those words (up to 3 bytes past the encoding: cudaMalloc'ed memory does).
 // d_residual NULL: quant_encode. Otherwise quant_encode_feedback without its return value:
 // encodes x + residual and sets residual = (x + residual) - decode(out). The relative error
 // is not computed here (a reduction and a host sync the step does not need); quant_decode
