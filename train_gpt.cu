@@ -582,10 +582,9 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
 // Allocates everything for micro-batches of up to B × T tokens on the current GPU (device
 // 0 unless the caller chose another with the CUDA runtime). Gradients start at zero; the
 // parameters are undefined until cuda_model_upload. Fatal (with a HINT) if memory runs out.
-cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T) { return create(t, B, T, RECOMPUTE_OFF, false); }
-
-// The same, recomputing activations in backward as `recompute` says (cuda_model's comment).
-cuda_model *cuda_model_create_recompute(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+// The backward recomputes activations as `recompute` says (cuda_model's comment; RECOMPUTE_OFF:
+// none).
+cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
     return create(t, B, T, recompute, false);
 }
 
@@ -619,16 +618,9 @@ int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recomp
 
 // The part of that figure an FSDP rank holds whatever its share of the model: everything but
 // the fp32 weights, gradients and moments, the bf16 copy and AdamW's chunk list (activations,
-// scratch, tables, the matmul workspace). llmc/plan.h adds the rank's pieces and gathered units.
-int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t B, int64_t T,
-                                                   recompute_setting recompute);
-int64_t cuda_model_plan_activation_bytes(const param_table *t, int64_t B, int64_t T) {
-    return cuda_model_plan_activation_bytes_recompute(t, B, T, RECOMPUTE_OFF);
-}
-
-// The same for a model that recomputes as `recompute` says.
-int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t B, int64_t T,
-                                                   recompute_setting recompute) {
+// scratch, tables, the matmul workspace), for a model that recomputes as `recompute` says.
+// llmc/plan.h adds the rank's pieces and gathered units.
+int64_t cuda_model_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
     cuda_model *m = create(t, B, T, recompute, true);
     int count = 0;
     device_buffer *b = device_buffers(m, &count);
@@ -643,9 +635,7 @@ int64_t cuda_model_plan_activation_bytes_recompute(const param_table *t, int64_t
     return bytes;
 }
 
-// One layer's part of that figure under recomputation, as the CUDA backend would hold it if
-// it recomputed (it does not yet: allocate() refuses any mode but none, so this is what the
-// plan shows a mode WOULD need on a GPU). The per-layer buffers of device_buffers, each rounded
+// One layer's part of that figure under recomputation: the per-layer buffers of device_buffers, each rounded
 // as take_bytes rounds, split as cpu/model.h splits the CPU's: selective keeps what a matmul
 // or the attention core made (resid_mid fp32, qkv, att, lse, gate_up) and recomputes into one
 // layer's scratch shared by all layers both norms' outputs and 1/rms, QK-norm's output and 1/rms
@@ -668,7 +658,7 @@ static int64_t cuda_layer_plan_bytes(const model_dims *d, bool qk_norm, recomput
 // and 1/rms, what each layer keeps under `r` and the recompute scratch; workspace = the rest
 // (the backward's scratch, a chunk of logits, RoPE tables, inputs, the matmul workspace).
 activation_plan cuda_model_plan_activations(const param_table *t, int64_t B, int64_t T, recompute_setting r) {
-    int64_t all = cuda_model_plan_activation_bytes(t, B, T);
+    int64_t all = cuda_model_plan_activation_bytes(t, B, T, RECOMPUTE_OFF);
     model_dims d = model_dims_of(&t->cfg, B, T);
     bool qk = t->cfg.qk_norm;
     int64_t N = d.N;
@@ -680,7 +670,7 @@ activation_plan cuda_model_plan_activations(const param_table *t, int64_t B, int
     a.activations = stream + layers;
     // The formula must be what create() allocates under r (test_plan.sh runs this on every
     // mode): a change to one without the other stops here, not in a user's plan.
-    int64_t allocated = cuda_model_plan_activation_bytes_recompute(t, B, T, r) - a.workspace;
+    int64_t allocated = cuda_model_plan_activation_bytes(t, B, T, r) - a.workspace;
     if (allocated != a.activations)
         fail("internal error: the CUDA activation plan (%lld bytes) differs from the allocation (%lld) for recompute %s",
              (long long)a.activations, (long long)allocated, recompute_name(r.mode));
@@ -1229,7 +1219,7 @@ static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, r
     gpu_backend *g = (gpu_backend *)xcalloc(1, sizeof *g);
     g->base.ops = &gpu_ops;
     g->base.name = "cuda";
-    g->model = cuda_model_create_recompute(t, B, T, recompute);
+    g->model = cuda_model_create(t, B, T, recompute);
     return &g->base;
 }
 

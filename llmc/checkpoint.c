@@ -526,56 +526,75 @@ static bool check_model_config(const st_file *f, const model_config *want, char 
     return true;
 }
 
-static bool read_state(const char *dir, train_state *s, char *why, size_t why_bytes) {
+// DIR's state.json, parsed and checked to be this version's; the caller frees doc.
+static bool parse_state(const char *dir, json_doc *doc, char *why, size_t why_bytes) {
     size_t bytes;
     char *text = read_checkpoint_file(dir, "state.json", &bytes, why, why_bytes);
     if (!text) return false;
-    json_doc doc;
-    bool ok = json_parse(text, bytes, &doc);
+    bool ok = json_parse(text, bytes, doc);
     free(text);
     if (!ok) {
-        snprintf(why, why_bytes, "state.json: %s", doc.error);
+        snprintf(why, why_bytes, "state.json: %s", doc->error);
         return false;
     }
-    const json_value *format = json_get(&doc.root, "format"), *version = json_get(&doc.root, "version");
+    const json_value *format = json_get(&doc->root, "format"), *version = json_get(&doc->root, "version");
     if (!format || format->type != JSON_STRING || strcmp(format->string, STATE_FORMAT) != 0 || !version ||
         !version->is_integer || version->integer != STATE_VERSION) {
         snprintf(why, why_bytes, "state.json is not a version-%d train_gpt state", STATE_VERSION);
-        json_free(&doc);
+        json_free(doc);
         return false;
     }
-    struct {
-        const char *key;
-        int64_t *field;
-    } fields[] = {{"step", &s->step},           {"adam_step", &s->adam_step}, {"data_epoch", &s->data.epoch},
-                  {"data_index", &s->data.index}, {"bad_steps", &s->bad_steps}, {"tokens_seen", &s->tokens_seen}};
-    for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++) {
-        const json_value *v = json_get(&doc.root, fields[i].key);
+    return true;
+}
+
+typedef struct {
+    const char *key;
+    int64_t *field;
+} int_field;
+
+// Each field from the non-negative integer at its key of root; false naming the first that is not.
+static bool read_int_fields(const json_value *root, const int_field *f, size_t n, char *why, size_t why_bytes) {
+    for (size_t i = 0; i < n; i++) {
+        const json_value *v = json_get(root, f[i].key);
         if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0) {
-            snprintf(why, why_bytes, "state.json: bad or missing '%s'", fields[i].key);
-            ok = false;
-        } else {
-            *fields[i].field = v->integer;
+            snprintf(why, why_bytes, "state.json: bad or missing '%s'", f[i].key);
+            return false;
         }
+        *f[i].field = v->integer;
     }
+    return true;
+}
+
+static bool state_from_json(const json_value *root, train_state *s, char *why, size_t why_bytes) {
+    const int_field fields[] = {{"step", &s->step},         {"adam_step", &s->adam_step},
+                                {"data_epoch", &s->data.epoch}, {"data_index", &s->data.index},
+                                {"bad_steps", &s->bad_steps}, {"tokens_seen", &s->tokens_seen}};
+    if (!read_int_fields(root, fields, sizeof fields / sizeof fields[0], why, why_bytes)) return false;
     // Absent in checkpoints written before DiLoCo existed.
-    const json_value *outer = json_get(&doc.root, "outer_step");
+    const json_value *outer = json_get(root, "outer_step");
     s->outer_step = outer && outer->type == JSON_NUMBER && outer->is_integer && outer->integer >= 0 ? outer->integer : 0;
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
-    const json_value *merge = json_get(&doc.root, "outer_merge_step");
+    const json_value *merge = json_get(root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
-    const json_value *data_world = json_get(&doc.root, "data_world");  // absent: not recorded
+    const json_value *data_world = json_get(root, "data_world");  // absent: not recorded
     s->data_world = data_world && data_world->type == JSON_NUMBER && data_world->is_integer && data_world->integer > 0
                         ? data_world->integer
                         : 0;
-    const json_value *rollbacks = json_get(&doc.root, "rollbacks");  // absent: none
+    const json_value *rollbacks = json_get(root, "rollbacks");  // absent: none
     s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
                        ? rollbacks->integer
                        : 0;
-    if (ok && !read_spike_window(&doc.root, &s->spikes)) {
+    if (!read_spike_window(root, &s->spikes)) {
         snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
-        ok = false;
+        return false;
     }
+    return true;
+}
+
+static bool read_state(const char *dir, train_state *s, char *why, size_t why_bytes) {
+    json_doc doc;
+    if (!parse_state(dir, &doc, why, why_bytes)) return false;
+    bool ok = state_from_json(&doc.root, s, why, why_bytes);
     json_free(&doc);
     return ok;
 }
@@ -600,36 +619,16 @@ static bool config_text_value(const char *text, const char *key, char *out, size
 bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
     memset(o, 0, sizeof *o);
     bool has_outer;
-    if (!verify_checksums(dir, &has_outer, why, why_bytes)) return false;
+    json_doc doc;
+    if (!verify_checksums(dir, &has_outer, why, why_bytes) || !parse_state(dir, &doc, why, why_bytes)) return false;
     train_state s;
     memset(&s, 0, sizeof s);
-    if (!read_state(dir, &s, why, why_bytes)) return false;
+    const int_field fields[] = {{"batch_size", &o->batch_size}, {"seq_len", &o->seq_len}, {"seed", &o->seed}};
+    bool ok = state_from_json(&doc.root, &s, why, why_bytes) &&
+              read_int_fields(&doc.root, fields, sizeof fields / sizeof fields[0], why, why_bytes);
     o->step = s.step;
     o->data = s.data;
     o->data_world = s.data_world > 0 ? s.data_world : 1;
-    size_t bytes;
-    char *text = read_checkpoint_file(dir, "state.json", &bytes, why, why_bytes);
-    if (!text) return false;
-    json_doc doc;
-    bool ok = json_parse(text, bytes, &doc);
-    free(text);
-    if (!ok) {
-        snprintf(why, why_bytes, "state.json: %s", doc.error);
-        return false;
-    }
-    struct {
-        const char *key;
-        int64_t *field;
-    } fields[] = {{"batch_size", &o->batch_size}, {"seq_len", &o->seq_len}, {"seed", &o->seed}};
-    for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++) {
-        const json_value *v = json_get(&doc.root, fields[i].key);
-        if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0) {
-            snprintf(why, why_bytes, "state.json: bad or missing '%s'", fields[i].key);
-            ok = false;
-        } else {
-            *fields[i].field = v->integer;
-        }
-    }
     const json_value *shuffle = json_get(&doc.root, "shuffle");
     if (ok && (!shuffle || shuffle->type != JSON_BOOL)) {
         snprintf(why, why_bytes, "state.json: bad or missing 'shuffle'");

@@ -115,3 +115,37 @@ for k in sorted(seen):
     print(f"{k}:{len(seen[k])}")
 PY
 }
+
+# Every applied outer step over the given metrics files has one param_hash, for at least WANT
+# steps: all_hashes_agree WANT FILES...
+all_hashes_agree() {
+    local want=$1; shift
+    local out; out=$(hashes_per_step "$@")
+    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
+    say "    outer step:distinct hashes over $* = $(printf '%s ' $out)"
+    return 1
+}
+
+# The mean loss of a metrics file's last 5 steps is below its first 5's by 20 %: loss_falls METRICS
+loss_falls() {
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
+first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+print(f"    loss: first 5 steps {first:.4f}, last 5 {last:.4f}")
+sys.exit(0 if last < 0.8 * first else 1)
+PY
+}
+
+# "outer_step param_hash" of every applied outer step of a metrics file, one per line.
+outer_hashes() { grep '"applied":true' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
+
+# The trainer with the test's ${common[@]} and ARGS, in an out_dir of its own, exits non-zero
+# with exactly one error line, matching PATTERN: one_line_error PATTERN ARGS...
+one_line_error() {
+    local pattern=$1; shift
+    local out rc=0
+    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$(mktemp -d -p "$tmp")" "$@" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
+        printf '%s\n' "$out" | grep -q -- "$pattern"
+}

@@ -28,21 +28,6 @@ common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$t
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
 detect_mpi
 
-all_hashes_agree() {  # all_hashes_agree EXPECTED_STEPS FILES...
-    local want=$1; shift
-    local out; out=$(hashes_per_step "$@")
-    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
-    say "    outer step:distinct hashes over $* = $(printf '%s ' $out)"
-    return 1
-}
-loss_falls() {  # loss_falls METRICS: the mean loss of the last 5 steps is below the first 5's by 20 %
-    "$PYTHON" - "$1" <<'PY'
-import json, sys
-losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-sys.exit(0 if last < 0.8 * first else 1)
-PY
-}
 same_bytes() {  # same_bytes DIR_A DIR_B STEP_DIR FILES...
     local a=$1 b=$2 s=$3; shift 3
     for f in "$@"; do cmp -s "$a/$s/$f" "$b/$s/$f" || return 1; done
@@ -99,7 +84,6 @@ fi
 
 # ---------------------------------------------------------------- 8. simulated replicas
 # (outer_step, param_hash) of every applied outer step in a metrics file, one per line.
-outer_hashes() { grep '"applied":true' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
 same_outer_hashes() {  # same_outer_hashes WANT METRICS_A METRICS_B: ≥ WANT outer steps, all equal
     local a b; a=$(outer_hashes "$2"); b=$(outer_hashes "$3")
     [ "$(printf '%s\n' "$a" | grep -c .)" -ge "$1" ] && [ "$a" = "$b" ] && return 0
@@ -367,13 +351,6 @@ if [ "$HAVE_MPI" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- 7. configuration errors
-one_line_error() {  # one_line_error PATTERN ARGS...: exit != 0 and exactly one error line matching
-    local pattern=$1; shift
-    local out rc=0
-    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" "$@" 2>&1 >/dev/null) || rc=$?
-    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
-        printf '%s\n' "$out" | grep -q -- "$pattern"
-}
 check "tcp without a secret file: error names diloco_secret_file" \
     one_line_error diloco_secret_file --diloco_replicas 2 --diloco_replica_id 0 --diloco_rendezvous 127.0.0.1:1
 check "tcp without a replica id: error names diloco_replica_id" \

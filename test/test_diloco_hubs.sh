@@ -40,14 +40,6 @@ all_agree() {  # all_agree MIN_STEPS FILES...: at least MIN_STEPS applied outer 
     local out; out=$(for f in "$@"; do hashes "$f"; done | sort -u | awk '{n[$1]++} END {for (k in n) print k, n[k]}')
     [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | awk '$2 != 1' | grep -q .
 }
-loss_falls() {  # the mean loss of the last 5 steps is below the first 5's by 20 %
-    "$PYTHON" - "$1" <<'PY'
-import json, sys
-losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-sys.exit(0 if last < 0.8 * first else 1)
-PY
-}
 start_relay() {  # start_relay NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
     local before=0
     [ -f "$tmp/relay_$1.log" ] && before=$(wc -c <"$tmp/relay_$1.log")

@@ -25,28 +25,11 @@ sparse=(--diloco_replicas 2 --diloco_inner_steps 5 --max_steps 200 --diloco_oute
 detect_mpi
 
 # (outer_step, param_hash) of every applied outer step in a metrics file, one per line.
-outer_hashes() { grep '"applied":true' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
 outer_bytes() { grep '"applied":true' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"bytes_sent":([0-9]+),"bytes_recv":([0-9]+).*/\1 \2 \3/'; }
 same_lines() {  # same_lines WANT A B: A has >= WANT lines and B the same ones
     [ "$(printf '%s\n' "$2" | grep -c .)" -ge "$1" ] && [ "$2" = "$3" ] && return 0
     say "    $(printf '%s ' $2)"; say "    $(printf '%s ' $3)"
     return 1
-}
-all_hashes_agree() {  # all_hashes_agree EXPECTED_STEPS FILES...
-    local want=$1; shift
-    local out; out=$(hashes_per_step "$@")
-    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
-    say "    outer step:distinct hashes over $* = $(printf '%s ' $out)"
-    return 1
-}
-loss_falls() {  # loss_falls METRICS: the mean loss of the last 5 steps is below the first 5's by 20 %
-    "$PYTHON" - "$1" <<'PY'
-import json, sys
-losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-print(f"    loss: first 5 steps {first:.4f}, last 5 {last:.4f}")
-sys.exit(0 if last < 0.8 * first else 1)
-PY
 }
 
 # ---------------------------------------------------------------- 1. codecs = numpy
@@ -153,14 +136,7 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. configuration errors
-one_line_error() {  # one_line_error PATTERN ARGS...: exit != 0 and exactly one error line matching
-    local pattern=$1; shift
-    local out rc=0
-    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/bad" --diloco_replicas 2 --diloco_transport local "$@" 2>&1 >/dev/null) ||
-        rc=$?
-    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
-        printf '%s\n' "$out" | grep -q -- "$pattern"
-}
+common+=(--diloco_replicas 2 --diloco_transport local)
 check "topk 0.25 without error feedback: one line naming diloco_topk and diloco_error_feedback" \
     one_line_error "diloco_topk.*diloco_error_feedback" --diloco_quant int4 --diloco_topk 0.25
 check "topk 0.25 with quant none: one line naming diloco_topk" \

@@ -37,7 +37,6 @@ momenta() {  # the outer_momentum of the applied outer steps, space-separated
 import json, sys
 print(" ".join("%g" % d["outer_momentum"] for d in map(json.loads, open(sys.argv[1])) if d.get("applied")))' "$1"
 }
-outer_hashes() { grep '^{"outer_step"' "$1" | sed -E 's/.*"outer_step":([0-9]+).*"param_hash":"([0-9a-f]+)".*/\1 \2/'; }
 data_index() { sed -nE 's/.*"data_index": ([0-9]+).*/\1/p' "$1/step_00000020/state.json"; }
 
 if [ "$HAVE_MPI" = 1 ]; then
@@ -72,13 +71,6 @@ if [ "$HAVE_MPI" = 1 ]; then
 fi
 
 # Refusals, one line each, and the weights-only form.
-one_line_error() {  # one_line_error PATTERN ARGS...: exit != 0 and exactly one error line matching
-    local pattern=$1; shift
-    local out rc=0
-    out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$(mktemp -d -p "$tmp")" "$@" 2>&1 >/dev/null) || rc=$?
-    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
-        printf '%s\n' "$out" | grep -q -- "$pattern"
-}
 check "init_from a checkpoint of another seq_len: one line" \
     one_line_error "seq_len 32, this run's seq_len is 16" --seq_len 16 --init_from "$ckpt"
 check "init_from a checkpoint of another data order: one line" \

@@ -80,22 +80,6 @@ two_replicas() {  # two_replicas NP NAME [--key value]...: replicas 0 and 1 into
     wait "$a" || rc=$?
     wait "$b" || rc=$?
 }
-all_hashes_agree() {  # all_hashes_agree MIN_STEPS FILES...: >= MIN_STEPS outer steps, one hash each
-    local want=$1; shift
-    local out; out=$(hashes_per_step "$@")
-    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
-    say "    outer step:distinct hashes = $(printf '%s ' $out)"
-    return 1
-}
-loss_falls() {  # the mean loss of the last 5 steps is below the first 5's by 20 %
-    "$PYTHON" - "$1" <<'PY'
-import json, sys
-losses = [d["loss"] for d in map(json.loads, open(sys.argv[1])) if "loss" in d and "event" not in d]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-print("  loss: first 5 steps %.4f, last 5 %.4f" % (first, last))
-sys.exit(0 if last < 0.8 * first else 1)
-PY
-}
 
 # ---------------------------------------------------------------- 1. 2 × 2, hashes agree
 int8=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2 --max_steps 40)

@@ -112,7 +112,7 @@ static train_config optimizer_config(void) {
 static loss_sums recompute_step(const param_table *t, int64_t B, int64_t T, recompute_setting r, const float *p0,
                                 const int32_t *in, const int32_t *tg, float *grads, int64_t *device_bytes) {
     int64_t N = B * T;
-    cuda_model *gm = cuda_model_create_recompute(t, B, T, r);
+    cuda_model *gm = cuda_model_create(t, B, T, r);
     *device_bytes = cuda_model_device_bytes(gm);
     cuda_model_upload(gm, p0, NULL, NULL, 0);
     float scale = 1.0f / (float)(2 * N);
@@ -168,7 +168,7 @@ static void run_case(const test_case *tc) {
     random_batch(&r, &tc->m, B, in + N, tg + N);
 
     cpu_model *cm = cpu_model_create(&t, B, T);
-    cuda_model *gm = cuda_model_create(&t, B, T);
+    cuda_model *gm = cuda_model_create(&t, B, T, RECOMPUTE_OFF);
     char dev[64];
     format_count((double)cuda_model_device_bytes(gm), dev, sizeof dev);
     printf("   GPU memory: %sB\n", dev);

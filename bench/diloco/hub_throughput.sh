@@ -22,13 +22,8 @@ m=${3:-8}
 rounds=${4:-3}
 train_gpt=${TRAIN_GPT:-./train_gpt}
 build=${BUILD:-build}
-python=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
-chmod 600 "$tmp/secret"
+. bench/diloco/hubs_common.sh
 ticks=$(getconf CLK_TCK)
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 {
 printf '# %s, %s, %d cores (%s); train_gpt %s\n' "$(date -u +%Y-%m-%d)" "$(uname -m)" "$(nproc)" \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" \
@@ -36,24 +31,8 @@ printf '# %s, %s, %d cores (%s); train_gpt %s\n' "$(date -u +%Y-%m-%d)" "$(uname
 printf '# %d replicas, %d rounds of %d values (int8 up, int8 down + hub error feedback, block 128)\n' "$m" "$rounds" "$values"
 printf '# K hubs | relay: payload in over the run, CPU s, MB in per CPU s (each relay) | busiest relay CPU s per replica-step at 1B int8 | replicas of 1B int8 per outer step per minute (one core per hub) | replica wall s per exchange (median)\n'
 for k in 1 2 3; do
-    rdv=""
-    relays=()
-    for ((h = 0; h < k; h++)); do
-        port=$(free_port)
-        OMP_NUM_THREADS=1 "$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 120 \
-            >"$tmp/relay_${k}_$h.log" 2>&1 &
-        relays+=($!)
-        rdv+="${rdv:+,}127.0.0.1:$port"
-        until grep -q "listening on" "$tmp/relay_${k}_$h.log" 2>/dev/null; do sleep 0.05; done
-    done
-    pids=()
-    for ((r = 0; r < m; r++)); do
-        OMP_NUM_THREADS=1 "$build/hub_bench" --rendezvous "$rdv" --replica_id "$r" --replicas "$m" \
-            --secret_file "$tmp/secret" --values "$values" --rounds "$rounds" --timeout_s 120 \
-            >"$tmp/rep_${k}_$r.log" 2>&1 &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || { echo "a replica failed:"; cat "$tmp/rep_${k}_"*.log; exit 1; }; done
+    start_relays "$k"
+    run_replicas "$k"
     cpus=()
     for p in "${relays[@]}"; do
         read -r -a stat <"/proc/$p/stat"

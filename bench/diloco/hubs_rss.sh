@@ -19,13 +19,7 @@ m=${3:-3}
 rounds=${4:-3}
 train_gpt=${TRAIN_GPT:-./train_gpt}
 build=${BUILD:-build}
-python=/usr/bin/python3
-tmp=$(mktemp -d)
-relays=()
-trap 'for p in "${relays[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
-chmod 600 "$tmp/secret"
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/diloco/hubs_common.sh
 status_mib() { awk -v k="$2:" '$1 == k {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 {
 printf '# %s, %s, %d cores (%s); %s (%s)\n' "$(date -u +%Y-%m-%d)" "$(uname -m)" "$(nproc)" \
@@ -45,24 +39,8 @@ printf '0 | idle | none | %s | %s | %s\n' "$(status_mib "$idle" VmHWM)" "$(statu
     "$(status_mib "$idle" VmPeak)"
 kill -TERM "$idle"; wait "$idle" || true
 for k in 1 2 3; do
-    rdv=""
-    relays=()
-    for ((h = 0; h < k; h++)); do
-        port=$(free_port)
-        OMP_NUM_THREADS=1 "$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 120 \
-            >"$tmp/relay_${k}_$h.log" 2>&1 &
-        relays+=($!)
-        rdv+="${rdv:+,}127.0.0.1:$port"
-        until grep -q "listening on" "$tmp/relay_${k}_$h.log" 2>/dev/null; do sleep 0.05; done
-    done
-    pids=()
-    for ((r = 0; r < m; r++)); do
-        OMP_NUM_THREADS=1 "$build/hub_bench" --rendezvous "$rdv" --replica_id "$r" --replicas "$m" \
-            --secret_file "$tmp/secret" --values "$values" --rounds "$rounds" --timeout_s 120 \
-            >"$tmp/rep_${k}_$r.log" 2>&1 &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || { echo "a replica failed:"; cat "$tmp/rep_${k}_"*.log; exit 1; }; done
+    start_relays "$k"
+    run_replicas "$k"
     for ((h = 0; h < k; h++)); do
         p=${relays[$h]}
         residual=$(grep -o 'a residual of [0-9]* values ([^)]*)' "$tmp/relay_${k}_$h.log" | sed 's/a residual of //' |
