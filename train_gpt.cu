@@ -1801,9 +1801,58 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
                gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit");
 }
 
+// DiLoCo's bytes per outer step for one replica of `world` ranks, the time they take on a
+// link of link_mbps each way, what passes through the hub, and (with peak_tflops) how that
+// compares with the inner phase at 40 % MFU: the figures docs/diloco.md's recipes quote.
+static void print_diloco_traffic(const param_table *t, const train_config *cfg, int world, double link_mbps) {
+    if (cfg->diloco_replicas <= 0) return;
+    diloco_traffic x = plan_diloco_traffic(cfg, t, world);
+    double N = (double)t->numel, M = (double)cfg->diloco_replicas, link = link_mbps * 1e6 / 8;  // bytes/s
+    char topk[48] = "";
+    if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, " top %g", cfg->diloco_topk);
+    printf("train_gpt | diloco: per replica per outer step (%lld replicas, H = %lld, %lld fragment(s)): %.3f GB up (%s%s, "
+           "%.3f B/param, %lld bytes) and %.3f GB down (%.3f B/param, %lld bytes), framing (%.2f MB each way) included\n",
+           (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
+           (double)x.up / 1e9, cfg->diloco_quant, topk, (double)x.up / N, (long long)x.up, (double)x.down / 1e9,
+           (double)x.down / N, (long long)x.down,
+           (double)x.framing / 1e6);
+    double up_s = (double)x.up / link, down_s = (double)x.down / link;
+    int hubs = 1;   // diloco_rendezvous = h1:p1,h2:p2,...: each hub reduces 1/K of the segments
+    if (strcmp(cfg->diloco_transport, "tcp") == 0)
+        for (const char *c = cfg->diloco_rendezvous; c && *c; c++) hubs += *c == ',';
+    char a[32], b[32];
+    printf("train_gpt | diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
+           "goes on); through each of %d hub(s) per outer step %.1f GB in, %.1f GB out: a hub link of %g Mbit/s "
+           "each way keeps up\n",
+           link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
+           M * (double)x.up / 1e9 / hubs, M * (double)x.down / 1e9 / hubs, M * link_mbps / hubs);
+    if (cfg->peak_tflops > 0) {
+        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world;
+        double inner_s = (double)cfg->diloco_inner_steps * tokens * model_flops_per_token(t) /
+                         (0.4 * cfg->peak_tflops * 1e12 * (double)world);
+        double exchange_s = up_s > down_s ? up_s : down_s;
+        printf("train_gpt | diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %d GPU(s) "
+               "(%.0f tokens a step): the exchange is %.2f× the inner phase%s\n",
+               (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops, world,
+               tokens, exchange_s / inner_s,
+               exchange_s > inner_s ? " — longer than the compute: larger H, a smaller codec or top-k" : "");
+        // Streaming hides a fragment's sync behind diloco_overlap_steps inner steps (docs/diloco.md).
+        double step_s = inner_s / (double)cfg->diloco_inner_steps;
+        double frag_s = (double)(x.fragment_up > x.fragment_down ? x.fragment_up : x.fragment_down) / link;
+        double window_s = (double)cfg->diloco_overlap_steps * step_s;
+        printf("train_gpt | diloco: the largest of %lld fragment sync(s) takes %s on the link; diloco_overlap_steps "
+               "%lld = %s of inner steps: %s\n",
+               (long long)cfg->diloco_fragments, format_duration(frag_s, a, sizeof a),
+               (long long)cfg->diloco_overlap_steps, format_duration(window_s, b, sizeof b),
+               window_s >= frag_s ? "hidden (training does not wait)"
+               : cfg->diloco_overlap_steps > 0 ? "not hidden: training waits for the rest"
+                                               : "training waits for every sync");
+    }
+}
+
 // Prints the model's size, FLOPs per token and memory plan without touching any data
 // (`train_gpt plan CONFIG [--world N] [--gpu NAME]`).
-static int train_plan(train_config *cfg, int world, int gpu_row) {
+static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbps) {
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, 1);
@@ -1815,6 +1864,7 @@ static int train_plan(train_config *cfg, int world, int gpu_row) {
                (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
     }
     print_rank_plans(&t, cfg, world, gpu_row);
+    print_diloco_traffic(&t, cfg, world, link_mbps);
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
@@ -2839,9 +2889,10 @@ static void usage_error(void) {
 }
 
 // `train_gpt plan`'s own options, first after the config: --world N (the ranks that shard one
-// copy; default fsdp_size, or 1) and --gpu NAME (a row of llmc/device.h's table). Returns how
-// many arguments it took; the rest are config keys.
-static int take_plan_options(int argc, char **argv, int *world, int *gpu_row) {
+// copy; default fsdp_size, or 1), --gpu NAME (a row of llmc/device.h's table) and --link_mbps
+// X (a DiLoCo replica's link, default 100). Returns how many arguments it took; the rest are
+// config keys.
+static int take_plan_options(int argc, char **argv, int *world, int *gpu_row, double *link_mbps) {
     int i = 0;
     for (; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--world") == 0) {
@@ -2853,6 +2904,11 @@ static int take_plan_options(int argc, char **argv, int *world, int *gpu_row) {
             char why[600];
             *gpu_row = gpu_memory_find(argv[i + 1], why, sizeof why);
             if (*gpu_row < 0) fail("plan: --gpu: %s", why);
+        } else if (strcmp(argv[i], "--link_mbps") == 0) {
+            char *end = NULL;
+            double v = strtod(argv[i + 1], &end);
+            if (!end || *end || !(v > 0) || v > 1e9) fail("plan: --link_mbps: expected a link speed in Mbit/s, got '%s'", argv[i + 1]);
+            *link_mbps = v;
         } else {
             break;
         }
@@ -2886,11 +2942,12 @@ int main(int argc, char **argv) {
     const char *config_path = strncmp(argv[at], "--", 2) == 0 ? NULL : argv[at];
     int rest = config_path ? at + 1 : at;
     int world = 0, gpu_row = -1;
-    if (plan) rest += take_plan_options(argc - rest, argv + rest, &world, &gpu_row);
+    double link_mbps = 100;
+    if (plan) rest += take_plan_options(argc - rest, argv + rest, &world, &gpu_row, &link_mbps);
     train_config cfg;
     config_load(&cfg, config_path, argc - rest, argv + rest);
     int rc = 0;
-    if (plan) rc = train_plan(&cfg, world > 0 ? world : cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : 1, gpu_row);
+    if (plan) rc = train_plan(&cfg, world > 0 ? world : cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : 1, gpu_row, link_mbps);
     else if (cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0) train_local(&cfg, false);
     else rc = train_run(&cfg);
     config_free(&cfg);

@@ -69,10 +69,11 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
     return m;
 }
 
-// The local values of the largest of diloco_fragments fragments, chosen as diloco.c's
+// The local values of each of diloco_fragments fragments (sizes[P]), chosen as diloco.c's
 // split_fragments chooses them: whole layers, fragment p starting at the layer boundary nearest
 // p·numel/P of the whole model's layout (the embedding with the first, the head with the last).
-static int64_t largest_fragment(const shard_map *s, const param_table *t, int P) {
+// Returns the largest.
+static int64_t fragment_sizes(const shard_map *s, const param_table *t, int P, int64_t *sizes) {
     int L = (int)t->cfg.n_layer;
     int64_t *global = xmalloc((size_t)(L + 1) * sizeof *global), *local = xmalloc((size_t)(L + 1) * sizeof *local);
     for (int l = 0; l < L; l++) {
@@ -91,12 +92,31 @@ static int64_t largest_fragment(const shard_map *s, const param_table *t, int P)
             for (int l = next; l <= L - (P - p); l++)
                 if (fabs((double)global[l] - target) < fabs((double)global[next] - target)) next = l;
         }
-        if (local[next] - local[first] > largest) largest = local[next] - local[first];
+        sizes[p - 1] = local[next] - local[first];
+        if (sizes[p - 1] > largest) largest = sizes[p - 1];
         first = next;
     }
     free(global);
     free(local);
     return largest;
+}
+
+static int64_t largest_fragment(const shard_map *s, const param_table *t, int P) {
+    int64_t *sizes = xmalloc((size_t)P * sizeof *sizes);
+    int64_t largest = fragment_sizes(s, t, P, sizes);
+    free(sizes);
+    return largest;
+}
+
+// The uplink codec of cfg (diloco.c's: the kind of diloco_quant, sparse with diloco_topk < 1)
+// and the downlink's (dense: the uplink's kind, or bf16 / fp32 as diloco_downlink asks).
+static void diloco_codecs(const train_config *cfg, quant_codec *up, quant_codec *down) {
+    int k = quant_kind_from_name(cfg->diloco_quant);
+    quant_kind kind = k < 0 ? QUANT_NONE : (quant_kind)k;
+    *up = quant_codec_of(kind, kind == QUANT_NONE ? 0 : quant_topk_keep(cfg->diloco_topk, cfg->diloco_quant_block));
+    *down = kind == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+            : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
+                                                                          : kind;
 }
 
 // What diloco_open (diloco.c) and the transport (net/transport_tcp.c, transport_hubs.c,
@@ -116,11 +136,8 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
     shard_map_build(&map, t, 0, ranks > 0 ? ranks : 1);
     int64_t n = map.local_numel, largest = largest_fragment(&map, t, (int)cfg->diloco_fragments);
     shard_map_free(&map);
-    int up_kind = quant_kind_from_name(cfg->diloco_quant);
-    quant_kind up = up_kind < 0 ? QUANT_NONE : (quant_kind)up_kind;
-    quant_kind down = up == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
-                      : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
-                                                                                    : up;
+    quant_codec up, down;
+    diloco_codecs(cfg, &up, &down);
     int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
     bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
     d.theta = d.momentum = d.delta = 4 * n;
@@ -141,6 +158,49 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
     }
     d.total = d.theta + d.momentum + d.delta + d.residual + d.join_state + d.payload + d.mean;
     return d;
+}
+
+// What one replica of `ranks` ranks moves per outer step (every rank its own pieces, each
+// fragment of each piece cut into segments): the encoded payloads up and the mean down in
+// cfg's codecs, plus the framing of every segment's DATA frame. docs/diloco.md's recipes
+// quote it.
+diloco_traffic plan_diloco_traffic(const train_config *cfg, const param_table *t, int ranks) {
+    diloco_traffic x = {0};
+    if (cfg->diloco_replicas <= 0) return x;
+    quant_codec up, down;
+    diloco_codecs(cfg, &up, &down);
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
+    int P = (int)cfg->diloco_fragments;
+    int64_t *sizes = xmalloc((size_t)P * sizeof *sizes);
+    int64_t *frag_up = xcalloc((size_t)P, sizeof *frag_up), *frag_down = xcalloc((size_t)P, sizeof *frag_down);
+    if (ranks < 1) ranks = 1;
+    for (int r = 0; r < ranks; r++) {
+        shard_map map;
+        shard_map_build(&map, t, r, ranks);
+        fragment_sizes(&map, t, P, sizes);
+        shard_map_free(&map);
+        for (int p = 0; p < P; p++) {
+            int64_t segments = (sizes[p] + segment - 1) / segment;
+            int64_t up_bytes = (int64_t)quant_segmented_bytes(up, sizes[p], block, segment);
+            int64_t down_bytes = (int64_t)quant_segmented_bytes(down, sizes[p], block, segment);
+            x.payload_up += up_bytes;
+            x.payload_down += down_bytes;
+            x.framing += segments * PLAN_SEGMENT_FRAMING_BYTES;
+            x.contribute += PLAN_CONTRIBUTE_FRAME_BYTES;
+            frag_up[p] += up_bytes + segments * PLAN_SEGMENT_FRAMING_BYTES + PLAN_CONTRIBUTE_FRAME_BYTES;
+            frag_down[p] += down_bytes + segments * PLAN_SEGMENT_FRAMING_BYTES;
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        if (frag_up[p] > x.fragment_up) x.fragment_up = frag_up[p];
+        if (frag_down[p] > x.fragment_down) x.fragment_down = frag_down[p];
+    }
+    free(frag_up);
+    free(frag_down);
+    free(sizes);
+    x.up = x.payload_up + x.framing + x.contribute;
+    x.down = x.payload_down + x.framing;
+    return x;
 }
 
 static void units_of(int64_t total, double *u, const char **unit) {

@@ -78,6 +78,25 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
 // one process and holds M times a replica: not a rank's figure).
 diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks);
 
+// The tcp transport's framing (docs/protocol.md, "A replica's side"; test_wire checks both
+// against net/wire.h): around each segment, the 40-byte DATA head, the 24-byte frame header
+// and the 32-byte tag; and one CONTRIBUTE frame per exchange on the way up.
+#define PLAN_SEGMENT_FRAMING_BYTES 96
+#define PLAN_CONTRIBUTE_FRAME_BYTES 120
+
+// One replica's bytes per outer step (all its fragments' syncs together), each way.
+typedef struct {
+    int64_t payload_up, payload_down;   // the encoded outer gradient, the encoded mean
+    int64_t framing;                    // DATA frames around the segments, each way
+    int64_t contribute;                 // the CONTRIBUTE frames (up only)
+    int64_t up, down;                   // payload + framing
+    int64_t fragment_up, fragment_down; // the largest fragment's sync (streaming: diloco_fragments > 1)
+} diloco_traffic;
+
+// What one replica of `ranks` ranks sends and receives per outer step with cfg's codecs
+// (all zero without DiLoCo).
+diloco_traffic plan_diloco_traffic(const train_config *cfg, const param_table *t, int ranks);
+
 // One line: "4.21 GiB = 1.02 weights + 1.02 grads + ... + 0.03 workspace".
 void plan_describe(const rank_memory *m, char *out, size_t out_bytes);
 // One line: "0.71 GiB = 0.14 θ + 0.14 momentum + ...".

@@ -5,7 +5,8 @@
 #   2. 72 replicas of a ~1M-parameter model through one relay: a round closes with 72
 #      contributors; on every replica bytes received <= 1.1 x bytes sent at every outer step;
 #      every replica's peak RSS within 10 % of the 4-replica run's; param_hash equal on all
-#      72 at every applied outer step; the relay logs its bytes in / out and RSS per round.
+#      72 at every applied outer step; the relay logs its bytes in / out and RSS per round;
+#      every replica's bytes sent and received per outer step are `train_gpt plan`'s figures.
 # Every wait is for a file or a process, never for a time.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -46,7 +47,7 @@ over_tcp() {
 summary() {
     "$PYTHON" - "$@" <<'PY'
 import json, statistics, sys
-hashes, ratio, rss, applied_by = {}, 0.0, [], {}
+hashes, ratio, rss, applied_by, moved = {}, 0.0, [], {}, set()
 for path in sys.argv[1:]:
     for line in open(path):
         d = json.loads(line)
@@ -57,12 +58,14 @@ for path in sys.argv[1:]:
             applied_by.setdefault(d["outer_step"], 0)
             applied_by[d["outer_step"]] += 1
             ratio = max(ratio, d["bytes_recv"] / max(d["bytes_sent"], 1))
+            if d["outer_step"] > 1: moved.add((d["bytes_sent"], d["bytes_recv"]))   # step 1 has the handshakes
 print("steps=%d" % len(hashes))
 print("distinct=%d" % max((len(v) for v in hashes.values()), default=0))
 print("ratio=%.4f" % ratio)
 print("rss_n=%d" % len(rss))
 print("rss_median=%.1f" % (statistics.median(rss) if rss else 0))
 print("rss_max=%.1f" % (max(rss) if rss else 0))
+print("moved=" + " ".join("%d/%d" % m for m in sorted(moved)))
 print("hashes=" + ",".join("%d:%s" % (k, sorted(v)[0]) for k, v in sorted(hashes.items())))
 PY
 }
@@ -99,6 +102,18 @@ check "72 replicas: bytes received <= 1.1 x bytes sent on every replica (worst $
     "$PYTHON" -c "import sys; sys.exit(0 if $(val "$s72" ratio) <= 1.1 else 1)"
 check "72 replicas: peak RSS (median $(val "$s72" rss_median) MB, max $(val "$s72" rss_max)) within 10 % of 4 replicas' (median $(val "$s4" rss_median) MB)" \
     "$PYTHON" -c "import sys; sys.exit(0 if $(val "$s72" rss_n) == 72 and $(val "$s72" rss_max) <= 1.1 * $(val "$s4" rss_median) else 1)"
+# What `train_gpt plan` says a replica moves per outer step must be what every one of them
+# moved, but for heartbeats: 56-byte frames (a header and a tag, no body) sent whenever the
+# link was quiet for a heartbeat interval, so their number depends on the machine's speed.
+plan_bytes=$("$TRAIN_GPT" plan "${common[@]}" --diloco_replicas 72 --diloco_transport local 2>&1 |
+    sed -nE 's/.*GB up \(.*, ([0-9]+) bytes\) and .* GB down \(.*, ([0-9]+) bytes\).*/\1\/\2/p')
+check "72 replicas: bytes sent/received per outer step after the first ($(val "$s72" moved)) are plan's ($plan_bytes) + heartbeats" \
+    "$PYTHON" -c "
+import sys
+up, down = map(int, '$plan_bytes'.split('/'))
+moved = [tuple(map(int, m.split('/'))) for m in '$(val "$s72" moved)'.split()]
+beats = lambda extra: extra >= 0 and extra % 56 == 0
+sys.exit(0 if moved and all(beats(s - up) and beats(r - down) for s, r in moved) else 1)"
 say "  rounds at the relay (72 replicas):"
 grep "closed:" "$tmp/relay_tcp72.log" | sed 's/\[0 1 2 .* 71\]/[0 .. 71]/; s/^/    /'
 finish test_diloco_scale

@@ -13,6 +13,9 @@
 #     activations (the allocator's count) within 10 % of the plan — for every explicit mode too,
 #     and at np 2.
 #  4. Bad input: memory_budget_mb below 0, recompute_layers with auto, an unknown mode.
+#  5. docs/diloco.md's recipes for the seeds' runs: each quoted `plan` command, run again,
+#     prints every line the docs quote for it (the GPU lines only in a build with the CUDA
+#     model), so the recipes' bytes, link times and memory cannot drift from the code.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 
@@ -244,4 +247,38 @@ check "recompute_layers 2 with auto: refused in one line" fails_with "cannot be 
     --recompute_layers 2
 check "recompute = some: refused naming the choices" fails_with "expected one of auto|none|selective|full" \
     --recompute some
+# ---------------------------------------------------------------- 5. the recipes in docs/diloco.md
+# recipe NAME: the `./train_gpt plan` command of the fenced block before the marker
+# "<!-- recipe-output: NAME -->" (continuation lines joined) to $tmp/recipe_NAME.cmd, and
+# the quoted lines of the fenced block after it to $tmp/recipe_NAME.quoted.
+recipe() {
+    "$PYTHON" - "$1" "$tmp" <<'PY'
+import re, sys
+name, tmp = sys.argv[1], sys.argv[2]
+doc = open("docs/diloco.md").read()
+at = doc.index("<!-- recipe-output: %s -->" % name)
+before = doc[:at].rsplit("```", 2)[1]           # the block that ends just before the marker
+after = doc[at:].split("```", 2)[1]             # the block that follows it
+command = re.sub(r"\\\n\s*", " ", before.strip())
+assert command.startswith("./train_gpt plan "), command
+open("%s/recipe_%s.cmd" % (tmp, name), "w").write(command[len("./train_gpt plan "):] + "\n")
+open("%s/recipe_%s.quoted" % (tmp, name), "w").write(after.strip() + "\n")
+PY
+}
+for name in boom 72; do
+    recipe "$name"
+    read -ra args <"$tmp/recipe_$name.cmd"
+    "$TRAIN_GPT" plan "${args[@]}" >"$tmp/recipe_$name.out" 2>&1 || true
+    cuda_model=1
+    grep -q "gpu: this build has no CUDA model" "$tmp/recipe_$name.out" && cuda_model=0
+    missing=0 quoted=0
+    while IFS= read -r line; do
+        case "$line" in *"H100 64GB"*|*"GH200"*) [ $cuda_model = 1 ] || continue ;; esac
+        quoted=$((quoted + 1))
+        grep -qxF -- "$line" "$tmp/recipe_$name.out" || { missing=$((missing + 1)); say "  not printed: $line"; }
+    done <"$tmp/recipe_$name.quoted"
+    check "recipe $name in docs/diloco.md: plan prints all $quoted quoted lines ($missing differ)" \
+        test "$quoted" -ge 5 -a "$missing" -eq 0
+done
+
 finish test_plan

@@ -5,6 +5,7 @@
 // they should. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
 // frame of every type).
 #include "net/wire.h"
+#include "llmc/plan.h"
 #include "llmc/common.h"
 #include "net/socket.h"
 #include "check.h"
@@ -358,6 +359,17 @@ static int write_corpus(const char *dir) {
     return 0;
 }
 
+// `train_gpt plan` counts the tcp transport's bytes per outer step with its own copies of the
+// framing sizes (llmc/plan.h): they must be the wire's.
+static void test_plan_framing_is_the_wire_s(void) {
+    EXPECT(PLAN_SEGMENT_FRAMING_BYTES == WIRE_DATA_HEAD_BYTES + WIRE_OVERHEAD_BYTES,
+          "plan's framing per segment %d = DATA head + frame overhead %d", PLAN_SEGMENT_FRAMING_BYTES,
+          WIRE_DATA_HEAD_BYTES + WIRE_OVERHEAD_BYTES);
+    EXPECT(PLAN_CONTRIBUTE_FRAME_BYTES == WIRE_CONTRIBUTE_BYTES + WIRE_OVERHEAD_BYTES,
+          "plan's CONTRIBUTE frame %d = its body + frame overhead %d", PLAN_CONTRIBUTE_FRAME_BYTES,
+          WIRE_CONTRIBUTE_BYTES + WIRE_OVERHEAD_BYTES);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--corpus") == 0) return write_corpus(argv[2]);
     test_round_trips();
@@ -366,5 +378,6 @@ int main(int argc, char **argv) {
     test_decoders_refuse_nonsense();
     test_proofs_and_keys();
     test_addresses();
+    test_plan_framing_is_the_wire_s();
     return check_summary("test_wire");
 }
