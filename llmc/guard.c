@@ -3,23 +3,28 @@
 
 #include <math.h>
 
-// exp(mean + z·std) of the logarithms of the first n values, std at least 0.001 (0.1 %).
-// In log space because gradient norms are heavy-tailed: a step at twice the usual norm is
-// common, one at 30 times is not; the same holds for the loss at a smaller scale.
-static double upper_limit(const double *x, int64_t n, double z) {
+// exp(mean + z·std) of the logarithms of the first n values, and at least min_ratio times
+// their geometric mean exp(mean). In log space because gradient norms are heavy-tailed: a step
+// at twice the usual norm is common, one at 30 times is not; the same holds for the loss at a
+// smaller scale. The floor matters on a plateau: a window of nearly equal values has a std
+// near 0, and without it the limit sat a hair above them, so the rise of the gradient norm
+// when the model leaves the plateau (2-2.6x in the DiLoCo benchmark's markov runs) was skipped
+// step after step until the run stopped (docs/config.md#training-health).
+static double upper_limit(const double *x, int64_t n, double z, double min_ratio) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += log(x[i]);
     double mean = sum / (double)n, var = 0.0;
     for (int64_t i = 0; i < n; i++) var += (log(x[i]) - mean) * (log(x[i]) - mean);
     double std = sqrt(var / (double)n);
-    return exp(mean + z * (std > 1e-3 ? std : 1e-3));
+    double margin = z * std > log(min_ratio) ? z * std : log(min_ratio);
+    return exp(mean + margin);
 }
 
 step_limits spike_limits(const spike_window *w, double z, int64_t step, int64_t warmup) {
     step_limits l = {INFINITY, INFINITY};
     if (z <= 0.0 || w->size <= 0 || w->count < w->size || step < warmup) return l;
-    l.max_loss = upper_limit(w->loss, w->size, z);
-    l.max_grad_norm = upper_limit(w->grad_norm, w->size, z);
+    l.max_loss = upper_limit(w->loss, w->size, z, SPIKE_MIN_LOSS_RATIO);
+    l.max_grad_norm = upper_limit(w->grad_norm, w->size, z, SPIKE_MIN_GRAD_NORM_RATIO);
     return l;
 }
 

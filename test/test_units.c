@@ -7,6 +7,7 @@
 #include "llmc/checksum.h"
 #include "llmc/common.h"
 #include "llmc/config.h"
+#include "llmc/guard.h"
 #include "dataloader.h"
 #include "llmc/json.h"
 #include "llmc/params.h"
@@ -414,6 +415,33 @@ static void test_checkpoints(void) {
     param_table_free(&t3);
 }
 
+// The spike guard's limits: z·std in log space above the window's geometric mean, never less
+// than the floors (a flat window: a plateau). The markov DiLoCo run that stopped: a window of
+// gradient norms near 0.63 and a step at 1.2 when the model left the plateau.
+static void test_spike_limits(void) {
+    spike_window *w = calloc(1, sizeof *w);
+    for (int i = 0; i < 20; i++) spike_push(w, 20, 4.7, 0.63 + 0.001 * (i % 3));
+    step_limits off = spike_limits(w, 6.0, 10, 50);
+    EXPECT(isinf(off.max_loss) && isinf(off.max_grad_norm), "during the lr warm-up the guard does not act");
+    step_limits l = spike_limits(w, 6.0, 100, 50);
+    double geo = exp((log(0.63) * 7 + log(0.631) * 7 + log(0.632) * 6) / 20);
+    EXPECT(fabs(l.max_grad_norm / geo - SPIKE_MIN_GRAD_NORM_RATIO) < 1e-9 && fabs(l.max_loss / 4.7 - SPIKE_MIN_LOSS_RATIO) < 1e-9,
+           "a flat window: limits at the floors (norm %.6f = %.6f x its geometric mean, loss %.6f)", l.max_grad_norm,
+           l.max_grad_norm / geo, l.max_loss);
+    EXPECT(!spike_exceeds(&l, 4.69, 1.2), "leaving a plateau (norm 1.2 against 0.63, loss as before) is no spike");
+    EXPECT(spike_exceeds(&l, 4.69, 0.63 * 30), "a norm 30x the window's is a spike");
+    EXPECT(spike_exceeds(&l, 4.7 * 1.2, 0.63), "a loss 20 %% above the window's is a spike");
+    // A window with spread: z·std wins over the floor. Norms alternating 0.1 and 1.0: log-std
+    // ln(10)/2, so the limit is sqrt(0.1) · 10^3 = 316.2 (z 6), far above 4 x the mean.
+    spike_window *v = calloc(1, sizeof *v);
+    for (int i = 0; i < 20; i++) spike_push(v, 20, 3.0, i % 2 ? 1.0 : 0.1);
+    step_limits s = spike_limits(v, 6.0, 100, 50);
+    EXPECT(fabs(s.max_grad_norm - sqrt(0.1) * 1000.0) < 1e-6, "a spread window: limit = exp(mean + z std) = %.4f",
+           s.max_grad_norm);
+    free(w);
+    free(v);
+}
+
 int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/train_gpt_units_%d", (int)getpid());
     CHECK(make_dirs(tmp_root));
@@ -424,6 +452,7 @@ int main(void) {
     test_shards();
     test_safetensors();
     test_checkpoints();
+    test_spike_limits();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0) warn("could not remove %s", tmp_root);
