@@ -28,9 +28,17 @@
 //   shuffle = 1: the stream is cut into windows of T + 1 tokens starting every T tokens;
 //     each epoch visits all windows once in an order given by a keyed permutation of
 //     (seed, epoch), and a micro-batch is B consecutive windows of that order.
-// With several processes (world > 1) process r takes micro-batches r, r + world, … of
-// that sequence, so processes read disjoint data. The position (epoch, micro-batch index)
-// is all a checkpoint needs to resume the stream exactly.
+// With several processes the data is split in two levels (data_split), so processes read
+// disjoint data:
+//   DiLoCo replica i of M takes rows (windows) i, i + M, i + 2M, … of that sequence — a split
+//     by rows, not micro-batches, so replicas with different batch_size still read disjoint
+//     rows (their seq_len, shuffle and seed must agree: the same windows in the same order);
+//   rank r of a replica's N processes (FSDP) takes micro-batches r, r + N, … of its replica's
+//     rows (micro-batch k of the replica holds its rows k·B … k·B + B − 1).
+// So rank r of replica i reads, as its micro-batch `index`, the rows
+//     ((index·N + r)·B + b)·M + i,  b = 0 … B − 1,
+// which with M = 1 is micro-batch index·N + r of the sequence. The position (epoch,
+// micro-batch index) is all a checkpoint needs to resume the stream exactly.
 #ifndef TRAIN_GPT_DATALOADER_H
 #define TRAIN_GPT_DATALOADER_H
 
@@ -87,6 +95,16 @@ typedef struct dataloader dataloader;
 // Opens the shards named by `spec` (a path, a glob, or comma-separated list of either)
 // and checks every header. `key` names the config key for error messages. Fails
 // (one-line error) on no match, a bad shard, or too few tokens for one micro-batch.
+// Who reads which rows (the split above): DiLoCo replica `replica` of `replicas`, and rank
+// `rank` of that replica's `ranks` processes. {0, 1, 0, 1}: one process reads everything.
+typedef struct {
+    int replica, replicas;
+    int rank, ranks;
+} data_split;
+
+dataloader *dataloader_open_split(const char *spec, const char *key, int64_t batch_size, int64_t seq_len,
+                                  bool shuffle, uint64_t seed, data_split split);
+// The same for processes that are not DiLoCo replicas: rank `rank` of `world` ({0, 1, rank, world}).
 dataloader *dataloader_open(const char *spec, const char *key, int64_t batch_size, int64_t seq_len,
                             bool shuffle, uint64_t seed, int rank, int world);
 void dataloader_close(dataloader *d);
@@ -377,10 +395,9 @@ struct dataloader {
     int64_t B, T;
     bool shuffle;
     uint64_t seed;
-    int rank, world;
+    data_split split;
     int64_t batches_per_epoch;   // per process
-    int64_t global_batches;      // per epoch, all processes
-    uint64_t n_windows;          // shuffle: windows of T+1 tokens, stride T
+    uint64_t n_rows;             // per epoch, all processes: windows of T+1 tokens, stride T
     data_position pos;
     int open_fd, open_shard;
     uint8_t *raw;                // read buffer for one row
@@ -428,34 +445,38 @@ static void collect_shards(dataloader *d, const char *spec) {
     if (d->n_shards == 0) fail("%s: no shard files given", d->key);
 }
 
-dataloader *dataloader_open(const char *spec, const char *key, int64_t batch_size, int64_t seq_len, bool shuffle,
-                            uint64_t seed, int rank, int world) {
-    CHECK(batch_size > 0 && seq_len > 0 && world > 0 && rank >= 0 && rank < world);
+dataloader *dataloader_open_split(const char *spec, const char *key, int64_t batch_size, int64_t seq_len,
+                                  bool shuffle, uint64_t seed, data_split split) {
+    CHECK(batch_size > 0 && seq_len > 0 && split.replicas > 0 && split.replica >= 0 &&
+          split.replica < split.replicas && split.ranks > 0 && split.rank >= 0 && split.rank < split.ranks);
     dataloader *d = xcalloc(1, sizeof *d);
     d->key = xstrdup(key);
     d->B = batch_size;
     d->T = seq_len;
     d->shuffle = shuffle;
     d->seed = seed;
-    d->rank = rank;
-    d->world = world;
+    d->split = split;
     d->open_fd = -1;
     d->open_shard = -1;
     collect_shards(d, spec);
     uint64_t usable = d->total_tokens > 0 ? d->total_tokens - 1 : 0;  // the last token is only a target
-    if (shuffle) {
-        d->n_windows = usable / (uint64_t)seq_len;
-        d->global_batches = (int64_t)(d->n_windows / (uint64_t)batch_size);
-    } else {
-        d->global_batches = (int64_t)(usable / (uint64_t)(batch_size * seq_len));
-    }
-    d->batches_per_epoch = d->global_batches / world;
+    // Every replica gets the same number of rows (the last rows_total mod M are not read), so
+    // replicas of any batch size have the same epoch in rows.
+    d->n_rows = usable / (uint64_t)seq_len;
+    uint64_t replica_rows = d->n_rows / (uint64_t)split.replicas;
+    d->batches_per_epoch = (int64_t)(replica_rows / (uint64_t)batch_size) / split.ranks;
     if (d->batches_per_epoch < 1)
         fail("%s: %llu tokens are too few for one micro-batch of %lld x %lld tokens for each of %d process(es)", key,
-             (unsigned long long)d->total_tokens, (long long)batch_size, (long long)seq_len, world);
+             (unsigned long long)d->total_tokens, (long long)batch_size, (long long)seq_len,
+             split.replicas * split.ranks);
     d->raw = xmalloc((size_t)(seq_len + 1) * 4);
     d->row = xmalloc((size_t)(seq_len + 1) * sizeof *d->row);
     return d;
+}
+
+dataloader *dataloader_open(const char *spec, const char *key, int64_t batch_size, int64_t seq_len, bool shuffle,
+                            uint64_t seed, int rank, int world) {
+    return dataloader_open_split(spec, key, batch_size, seq_len, shuffle, seed, (data_split){0, 1, rank, world});
 }
 
 void dataloader_close(dataloader *d) {
@@ -564,17 +585,13 @@ void dataloader_next(dataloader *d, int32_t *inputs, int32_t *targets) {
         d->pos.epoch++;
         d->pos.index = 0;
     }
-    uint64_t global = (uint64_t)(d->pos.index * d->world + d->rank);
+    const data_split *sp = &d->split;
+    uint64_t batch = (uint64_t)(d->pos.index * sp->ranks + sp->rank);   // of the replica's rows
     uint64_t T = (uint64_t)d->T;
     for (int64_t b = 0; b < d->B; b++) {
-        uint64_t start;
-        if (d->shuffle) {
-            uint64_t window = permute_index(global * (uint64_t)d->B + (uint64_t)b, d->n_windows, d->seed,
-                                            (uint64_t)d->pos.epoch);
-            start = window * T;
-        } else {
-            start = (global * (uint64_t)d->B + (uint64_t)b) * T;
-        }
+        uint64_t row = (batch * (uint64_t)d->B + (uint64_t)b) * (uint64_t)sp->replicas + (uint64_t)sp->replica;
+        uint64_t window = d->shuffle ? permute_index(row, d->n_rows, d->seed, (uint64_t)d->pos.epoch) : row;
+        uint64_t start = window * T;
         read_stream(d, start, T + 1);
         for (uint64_t t = 0; t < T; t++) {
             inputs[b * (int64_t)T + (int64_t)t] = (int32_t)d->row[t];

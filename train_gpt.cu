@@ -1406,7 +1406,8 @@ typedef struct {
     sampler *samples;    // NULL without sample_every
     double flops_per_token;
     int threads;
-    int rank, world;     // the data split: DiLoCo replica id and replica count, or 0 and 1
+    int rank, world;     // this process among all that read data (replicas × ranks), and how many
+    data_split split;    // which rows it reads (dataloader.h)
     diloco *outer;       // NULL without DiLoCo
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
@@ -2332,27 +2333,26 @@ static void leave_job(trainer *tr) {
     tr->group = tr->copies = NULL;
 }
 
-// The data split: with DiLoCo each replica reads its own 1/M of the data; a job's ranks each
-// read their own 1/ranks. Rank r of DiLoCo replica i (N ranks, M replicas) reads 1/(M·N): it
-// is process r·M + i of M·N, so that a step of the replica reads the micro-batches an unsharded
-// replica with grad_accum N reads (i + M·(s·N + r), r = 0 .. N−1).
+// The data split (dataloader.h): with DiLoCo each replica reads its own 1/M of the rows
+// (every M-th, whatever its batch size); a job's ranks each read their own 1/ranks of their
+// replica's micro-batches, so that a step of the replica reads the rows an unsharded replica
+// with grad_accum N reads. rank/world number the M·N processes (r·M + i) for the data position's
+// bookkeeping (data_world).
 static void choose_data_split(trainer *tr) {
     train_config *cfg = tr->cfg;
-    tr->rank = 0;
-    tr->world = 1;
+    tr->split = (data_split){0, 1, 0, 1};
     if (tr->job) {
-        tr->rank = comm_rank(tr->job);
-        tr->world = comm_size(tr->job);
-        if (cfg->diloco_replicas > 0) {
-            tr->rank = tr->rank * (int)cfg->diloco_replicas + (int)cfg->diloco_replica_id;
-            tr->world *= (int)cfg->diloco_replicas;
-        }
-        return;
+        tr->split.rank = comm_rank(tr->job);
+        tr->split.ranks = comm_size(tr->job);
+    } else if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") != 0 && cfg->diloco_replica_id < 0) {
+        cfg->diloco_replica_id = transport_mpi_world_rank();
     }
-    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return;
-    if (cfg->diloco_replica_id < 0) cfg->diloco_replica_id = transport_mpi_world_rank();
-    tr->rank = (int)cfg->diloco_replica_id;
-    tr->world = (int)cfg->diloco_replicas;
+    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") != 0) {
+        tr->split.replica = (int)cfg->diloco_replica_id;
+        tr->split.replicas = (int)cfg->diloco_replicas;
+    }
+    tr->rank = tr->split.rank * tr->split.replicas + tr->split.replica;
+    tr->world = tr->split.ranks * tr->split.replicas;
 }
 
 // Checkpoint, then say where the run stands.
@@ -2374,8 +2374,8 @@ static int train_run(train_config *cfg) {
     tr.threads = setup_threads(cfg);
     setup_job(&tr);
     choose_data_split(&tr);
-    tr.train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
-                               (uint64_t)cfg->seed, tr.rank, tr.world);
+    tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
+                                     (uint64_t)cfg->seed, tr.split);
     resolve_doc_token(cfg, tr.train);
     // Every replica validates on the whole validation set, so their val_loss compare.
     if (cfg->val_data[0])
@@ -2560,8 +2560,9 @@ static local_result train_local(train_config *cfg, bool quiet) {
         tr->quiet = quiet;
         tr->rank = i;
         tr->world = M;
-        tr->train = dataloader_open(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
-                                    (uint64_t)cfg->seed, i, M);
+        tr->split = (data_split){i, M, 0, 1};
+        tr->train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len,
+                                          cfg->shuffle, (uint64_t)cfg->seed, tr->split);
         if (i == 0) {
             resolve_doc_token(cfg, tr->train);
             if (cfg->val_data[0]) val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);

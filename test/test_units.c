@@ -241,6 +241,39 @@ static void test_shards(void) {
     }
     EXPECT(disjoint, "rank split");
 
+    // DiLoCo replicas of different batch sizes (and one of two ranks) read disjoint rows: replica
+    // i takes rows i, i + M, ..., each in micro-batches of its own B, a rank every N-th of them.
+    {
+        int M = 3;
+        int64_t rows = 999 / T, Bs[3] = {1, 2, 3}, read = 0;
+        int ranks_of[3] = {1, 2, 1};
+        int *hits = xcalloc((size_t)rows, sizeof *hits);
+        bool formula = true;
+        for (int i = 0; i < M; i++)
+            for (int r = 0; r < ranks_of[i]; r++) {
+                int64_t Bi = Bs[i];
+                int32_t in2[21], tg2[21];
+                d = dataloader_open_split(spec, "test", Bi, T, false, 0, (data_split){i, M, r, ranks_of[i]});
+                EXPECT(dataloader_batches_per_epoch(d) == rows / M / Bi / ranks_of[i], "replica %d rank %d: batches", i, r);
+                for (int64_t k = 0; k < dataloader_batches_per_epoch(d); k++) {
+                    dataloader_next(d, in2, tg2);
+                    for (int64_t b = 0; b < Bi; b++) {
+                        int64_t row = ((k * ranks_of[i] + r) * Bi + b) * M + i;
+                        formula &= in2[b * T] == (int32_t)(row * T) && tg2[b * T + T - 1] == (int32_t)(row * T + T);
+                        if (in2[b * T] % T == 0 && in2[b * T] / T < rows) hits[in2[b * T] / T]++;
+                        read++;
+                    }
+                }
+                dataloader_close(d);
+            }
+        int64_t twice = 0;
+        for (int64_t w2 = 0; w2 < rows; w2++) twice += hits[w2] > 1;
+        EXPECT(formula, "replica split: rank r of replica i reads rows ((index*N + r)*B + b)*M + i");
+        EXPECT(twice == 0 && read > rows / 2, "replicas of batch 1, 2 and 3 read disjoint rows (%lld read twice, %lld read)",
+               (long long)twice, (long long)read);
+        free(hits);
+    }
+
     // Shuffled: every window of T + 1 tokens once per epoch, a new order each epoch, and a
     // position that replays exactly.
     d = dataloader_open(spec, "test", B, T, true, 7, 0, 1);
