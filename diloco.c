@@ -49,6 +49,8 @@ typedef struct {
     int fragment;
     int64_t round;             // st->outer_step when it began: the transport's round number
     int64_t begin_step;
+    int64_t inner_steps;       // this replica's inner steps behind the contribution
+    uint64_t tokens;           // and their training tokens: the contribution's weight in the mean
     double quant_err;
     FILE *dump;
     pthread_t thread;
@@ -127,8 +129,11 @@ static double replica_sum(const diloco *d, double x) { return d->ranks > 1 ? com
 int diloco_replica_id(const diloco *d) { return (int)d->cfg->diloco_replica_id; }
 int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 
-// What every replica of one run must agree on: the model, M, H, the outer optimizer and
-// how Δ is encoded. A replica with a different fingerprint is refused when it joins.
+// What every replica of one run must agree on: the model, M, H, the outer optimizer, how Δ is
+// encoded, when the run ends (max_steps: the final sync) and which rows each replica reads
+// (seq_len is the model's; shuffle and seed). A replica with a different fingerprint is refused
+// when it joins. What may differ (docs/diloco.md#replicas-of-different-sizes): batch_size,
+// grad_accum, threads, device, the inner learning rate and its schedule's shape.
 // A sharded replica's rank j meets rank j of the others only: its fingerprint names the split
 // (ranks per replica, its piece, the local layout's size), so a rank can never join another
 // piece's group, nor a replica of another split.
@@ -142,7 +147,9 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
               (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
               cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback, cfg->diloco_bound);
-    if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);   // dense runs keep their fingerprint
+    if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);
+    sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld", (long long)cfg->max_steps, (int)cfg->shuffle,
+              (long long)cfg->seed);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -490,11 +497,28 @@ static double encode_contribution(diloco *d, const fragment *f, const float *par
                                  payload);
 }
 
-// How fragment f travels: what the transport (and the hub) must know to reduce it.
-static payload_spec spec_of(const diloco *d, const fragment *f) {
+// How fragment f travels: what the transport (and the hub) must know to reduce it, and the
+// tokens behind it (its weight in the mean).
+static payload_spec spec_of(const diloco *d, const fragment *f, uint64_t tokens) {
     return (payload_spec){.up_codec = d->quant, .down_codec = d->down, .down_feedback = d->down_feedback,
                           .block = d->block, .segment = d->segment, .values = f->numel, .offset = f->offset,
-                          .model_values = d->numel, .bound = d->bound};
+                          .model_values = d->numel, .bound = d->bound, .tokens = tokens};
+}
+
+// The inner steps since fragment f last synced, when it syncs after inner step `step`: back to
+// the previous step s with s % H == its offset (or the start). With streaming the fragment's
+// phase is H steps like any other's; the final sync's may be shorter.
+static int64_t steps_since_sync(const diloco *d, const fragment *f, int64_t step) {
+    int64_t H = d->cfg->diloco_inner_steps, r = ((step - f->sync_offset) % H + H) % H;
+    int64_t previous = step - (r == 0 ? H : r);
+    return step - (previous > 0 ? previous : 0);
+}
+
+// Training tokens of one inner step of this replica (all its ranks: each reads its own
+// micro-batches). Replicas may differ in batch_size and grad_accum (docs/diloco.md).
+static uint64_t tokens_per_step(const diloco *d) {
+    const train_config *c = d->cfg;
+    return (uint64_t)(c->batch_size * c->model.seq_len * c->grad_accum) * (uint64_t)d->ranks;
 }
 
 // delta[fragment] ← the decoded mean the reducer sent back (the hub, the MPI ranks, or this
@@ -569,7 +593,8 @@ static void dump_tensor(FILE *f, const float *x, int64_t n) {
 // step k, θ before, θᵢ (local weights), Δ (as fp32), m before, m after, θ after, each the
 // fragment's numel fp32 values; DIR/merge_<replica>_<k>_<fragment>.f32 the local weights
 // before the merge of outer step k's fragment, θ, and the local weights after;
-// DIR/sent_<replica>_<k>_<fragment>.bin the encoded contribution it sent and
+// DIR/sent_<replica>_<k>_<fragment>.bin the encoded contribution it sent, DIR/tokens_… its
+// tokens (u64 little-endian: its weight in the mean) and
 // DIR/mean_<replica>_<k>_<fragment>.bin the encoded mean it received (applied rounds only).
 static void dump_path(const diloco *d, const char *what, int64_t outer_step, int fragment, char *path, size_t bytes) {
     snprintf(path, bytes, "%s/%s_%d_%05lld_%d.f32", d->dump_dir, what, diloco_replica_id(d), (long long)outer_step,
@@ -670,6 +695,8 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               r->sync_s, r->wait_s);
     sb_printf(&sb, "\"param_hash\":\"%016llx\",\"momentum_hash\":\"%016llx\",\"quant\":\"%s\",\"quant_rel_err\":%.6g",
               (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(quant_codec_kind(d->quant)), quant_err);
+    sb_printf(&sb, ",\"inner_steps\":%lld,\"tokens\":%llu", (long long)fl->inner_steps,
+              (unsigned long long)fl->tokens);
     if (applied) sb_printf(&sb, ",\"outer_momentum\":%.9g", outer_momentum(d, fragment_outer_step(d, fl)));
     if (d->streaming) {
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",
@@ -732,7 +759,7 @@ const float *diloco_theta(const diloco *d) { return d->theta; }
 static void *exchange_thread(void *arg) {
     diloco *d = (diloco *)arg;
     flight *f = &d->flight;
-    payload_spec spec = spec_of(d, &d->fragments[f->fragment]);
+    payload_spec spec = spec_of(d, &d->fragments[f->fragment], f->tokens);
     f->ok = transport_exchange(d->net, f->round, &spec, d->payload, &f->r);
     return NULL;
 }
@@ -749,6 +776,8 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->final = final;
     f->round = st->outer_step;
     f->begin_step = st->step;
+    f->inner_steps = steps_since_sync(d, fr, st->step);
+    f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
     round_result *r = &f->r;
     double t0 = wall_seconds();
     for (int i = 0; i < n_params; i++) {
@@ -766,6 +795,9 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
             memcpy(d->payload, &nan, sizeof nan);
         }
         dump_bytes(d, "sent", f->round + 1, p, d->payload, fr->payload_bytes);
+        uint8_t tokens[8];
+        put_u64(tokens, f->tokens);
+        dump_bytes(d, "tokens", f->round + 1, p, tokens, sizeof tokens);
         if (fault_requested("diloco_late", f->round)) {  // test hook: the hub evicts this rank as late
             struct timespec late = {(time_t)d->cfg->diloco_timeout_s + 1, 0};
             nanosleep(&late, NULL);
@@ -775,7 +807,7 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
             int rc = pthread_create(&f->thread, NULL, exchange_thread, d);
             if (rc != 0) fail("diloco: cannot start the exchange thread: %s", strerror(rc));
         } else {
-            payload_spec spec = spec_of(d, fr);
+            payload_spec spec = spec_of(d, fr, f->tokens);
             f->ok = transport_exchange(d->net, f->round, &spec, d->payload, r);
         }
         return;

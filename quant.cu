@@ -836,8 +836,20 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
                 touched += factors[j] != 1.0f;
                 if (effect) effect[index[j]].factor = factors[j];
             }
+        } else {
+            for (int j = 0; j < kept; j++) factors[j] = 1.0f;
         }
-        quant_mean(q->up, finite, kept, n, q->block, bounded ? factors : NULL, scratch);
+        if (q->weights) {
+            // The weighted mean as a plain mean of scaled contributions: f = w·kept/Σw, exactly 1
+            // for equal weights (integers: w·kept and Σw are the same exact double).
+            double total = 0.0;
+            for (int j = 0; j < kept; j++) total += q->weights[index[j]];
+            for (int j = 0; j < kept; j++) {
+                float f = (float)(q->weights[index[j]] * (double)kept / total);
+                if (f != 1.0f) factors[j] = factors[j] * f;
+            }
+        }
+        quant_mean(q->up, finite, kept, n, q->block, bounded || q->weights ? factors : NULL, scratch);
         encode(q->down, scratch, residual, n, q->block, out, NULL);
     }
     free(finite);

@@ -82,7 +82,7 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
 // against net/wire.h): around each segment, the 40-byte DATA head, the 24-byte frame header
 // and the 32-byte tag; and one CONTRIBUTE frame per exchange on the way up.
 #define PLAN_SEGMENT_FRAMING_BYTES 96
-#define PLAN_CONTRIBUTE_FRAME_BYTES 120
+#define PLAN_CONTRIBUTE_FRAME_BYTES 128
 
 // One replica's bytes per outer step (all its fragments' syncs together), each way.
 typedef struct {

@@ -135,6 +135,8 @@ typedef struct {
     float bound;                // > 0 (Δ codecs only, not none, which carries weights): a
                                 // contribution whose norm exceeds bound × the lower median of the
                                 // segment's norms is scaled down to that (diloco_bound)
+    const double *weights;      // NULL: every contribution counts alike; else in[j] counts
+                                // weights[j] (> 0: the tokens it was trained on)
 } quant_reduction;
 
 // What the reduction did to one contribution.
@@ -145,6 +147,9 @@ typedef struct {
 
 // One segment through the hub: the mean of in[0..count) (ascending replica id), each bounded
 // as q says, encoded in q->down into out, with error feedback on residual[n] (NULL: none);
+// with weights, the weighted mean Σ wⱼ·xⱼ / Σ wⱼ over the finite contributions, computed as
+// the plain mean of the xⱼ each scaled by fⱼ = (float)(wⱼ · kept / Σ wⱼ) (in double, then
+// rounded; times the bound's scale): equal weights give fⱼ = 1 exactly, the unweighted bits;
 // scratch holds n floats. A contribution with a NaN or Inf is left out. effect[j] (when not
 // NULL) says what happened to contribution j; returns how many were left out or scaled. With
 // none left (or count 0) it writes a segment of NaN, which every replica refuses to apply.

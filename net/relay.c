@@ -127,6 +127,7 @@ typedef struct {
     bool nonfinite_told;            // a segment of NaN/Inf was logged
     int64_t bounded;                // segments the bound scaled down
     float least_factor;             // the smallest such scale
+    uint64_t tokens;                // from its CONTRIBUTE: its weight in the mean
     uint64_t total;
     int64_t n_segments, prefix;     // segments 0 .. prefix - 1 have arrived
     blob **seg;                     // [n_segments]
@@ -432,11 +433,13 @@ static void try_reduce(relay *h) {
         int64_t c = h->reduced;
         const uint8_t *ins[WIRE_MAX_REPLICAS];
         int ids[WIRE_MAX_REPLICAS], count = 0;
+        double weights[WIRE_MAX_REPLICAS];
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
             if (!expected(h, i)) continue;
             const contribution *k = &h->contrib[i];
             if (!k->announced || !k->seg || !k->seg[c]) return;   // not here yet
             ids[count] = i;
+            weights[count] = (double)k->tokens;
             ins[count++] = k->seg[c]->data;
         }
         if (count == 0) return;
@@ -451,7 +454,7 @@ static void try_reduce(relay *h) {
         float *residual = h->round_residual ? h->round_residual + first : NULL;
         quant_effect effect[WIRE_MAX_REPLICAS];
         quant_reduction q = {.up = up_codec(sp), .down = codec(sp->down_codec), .block = sp->block,
-                             .bound = sp->bound};
+                             .bound = sp->bound, .weights = weights};
         if (quant_reduce_segment(&q, ins, count, len, residual, h->scratch, b->data, effect))
             for (int j = 0; j < count; j++) {
                 contribution *k = &h->contrib[ids[j]];
@@ -736,11 +739,18 @@ static void close_round(relay *h) {
             h->dying_deadline_s = wall_seconds() + h->o.timeout_s;
         }
     }
-    char ids[1200] = "", b1[32], b2[32], b3[32];
+    char ids[1200] = "", tokens[2400] = "", b1[32], b2[32], b3[32];
+    bool unequal = false;
     for (uint32_t k = 0; k < m.n; k++) {
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, "%s%u", k ? " " : "", m.ids[k]);
+        uint64_t t = h->contrib[m.ids[k]].tokens;
+        unequal |= t != h->contrib[m.ids[0]].tokens;
+        len = strlen(tokens);
+        snprintf(tokens + len, sizeof tokens - len, "%s%llu", k ? " " : "", (unsigned long long)t);
     }
+    char weighted[2450] = "";
+    if (unequal) snprintf(weighted, sizeof weighted, ", weighted by tokens [%s]", tokens);
     char joiners[1200] = "";
     if (donor >= 0) {
         int nj = 0;
@@ -762,9 +772,10 @@ static void close_round(relay *h) {
         transfer_reset(&h->st);
     }
     char name[96];
-    hub_log(h, "round %s closed: %u contributor(s) [%s], %s in, %s out, rss %s, %s", round_name(h, name, sizeof name),
-            m.n, ids, fmt_bytes(h->round_in_bytes, b1, sizeof b1), fmt_bytes(h->round_out_bytes, b2, sizeof b2),
-            fmt_bytes(rss_bytes(), b3, sizeof b3), apply ? "apply" : "skip (fewer than min_replicas)");
+    hub_log(h, "round %s closed: %u contributor(s) [%s]%s, %s in, %s out, rss %s, %s",
+            round_name(h, name, sizeof name), m.n, ids, weighted, fmt_bytes(h->round_in_bytes, b1, sizeof b1),
+            fmt_bytes(h->round_out_bytes, b2, sizeof b2), fmt_bytes(rss_bytes(), b3, sizeof b3),
+            apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
     if (dying)
@@ -1122,6 +1133,7 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
     }
     r->up.announced = true;
     h->contrib[id].announced = true;
+    h->contrib[id].tokens = m->tokens;
     finish_contribution_if_whole(h, id);
     try_reduce(h);
 }
@@ -1398,8 +1410,9 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     if (!anyone) h->fingerprint_set = h->order_set = false;   // a new group: the first replica defines the run
     if (h->fingerprint_set && a.run_fingerprint != h->fingerprint) {
         snprintf(why, sizeof why,
-                 "replica %d has run_fingerprint %016llx but the group has %016llx: a different model, M, H, outer "
-                 "optimizer or quantization",
+                 "replica %d has run_fingerprint %016llx but the group has %016llx: its config differs in a key "
+                 "every replica must share (the model, seq_len, max_steps, shuffle, seed, or a diloco_ key; "
+                 "docs/diloco.md#replicas-of-different-sizes)",
                  id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
         refuse(h, hc, REFUSE_FINGERPRINT, why, why);
         return;

@@ -17,8 +17,8 @@
 //
 // An exchange is a reduction: each replica hands in its encoded outer gradient for outer step
 // k (in segments, llmc/quant.h), and gets back one encoded mean of every replica's that
-// contributed to step k (its own included): summed in fp32 in ascending replica id, segment
-// by segment, then encoded for the way back (the downlink codec, with the hub's own error
+// contributed to step k (its own included), weighted by the tokens each was trained on: summed
+// in fp32 in ascending replica id, segment by segment, then encoded for the way back (the downlink codec, with the hub's own error
 // feedback). Every replica receives the same bytes, so all end with the same bits; what a
 // replica receives is one payload whatever the number of replicas (docs/protocol.md).
 //
@@ -86,6 +86,9 @@ typedef struct {
     int64_t offset;             // where they start in the model's flat parameters
     int64_t model_values;       // the model's parameter count
     float bound;                // the reducer's bound on each contribution (diloco_bound; 0: none)
+    // Not part of the layout (it may differ between replicas): the training tokens behind this
+    // contribution, its weight in the mean (≥ 1; replicas of equal tokens get the plain mean).
+    uint64_t tokens;
 } payload_spec;
 
 // Bytes of the payload and of the mean for a spec.

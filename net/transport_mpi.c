@@ -4,7 +4,8 @@
 // (llmc/quant.h) is reduced by rank s mod M. In waves of M segments, an MPI_Alltoallv hands
 // each rank the M contributions to its segment, the rank sums them in rank order and encodes
 // the mean (quant_reduce_segment, with its share of the downlink residual), and an
-// MPI_Allgatherv hands every rank the M encoded means of the wave. The arithmetic is the
+// MPI_Allgatherv hands every rank the M encoded means of the wave. The ranks' tokens (the
+// mean's weights) are all-gathered first. The arithmetic is the
 // hub's, so tcp and mpi give the same θ bit for bit; a rank holds its payload, the mean and
 // one wave (M segments in, M out), never M payloads. The membership is fixed: MPI cannot survive a dead
 // rank, so there is no eviction and no joining; replicas that must survive failures use the
@@ -68,8 +69,8 @@ transport *transport_mpi_open(const transport_options *o) {
     MPI_Allreduce(&mine, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&mine, &highest, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     if (lowest != highest)
-        fail("diloco (mpi): the ranks disagree on the run (model, diloco_replicas, inner steps, outer optimizer or "
-             "quantization differ between their configs)");
+        fail("diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed or a diloco_ "
+             "key differs between their configs; docs/diloco.md#replicas-of-different-sizes)");
     if (o->threaded && thread_level < MPI_THREAD_MULTIPLE)
         fail("diloco_overlap_steps: an exchange that overlaps inner steps needs an MPI library with "
              "MPI_THREAD_MULTIPLE (this one provides level %d of 0..3); use diloco_overlap_steps = 0 or "
@@ -125,6 +126,12 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
     check_same_spec(t, sp);
+    // Every rank's tokens: the weights of the mean (llmc/quant.h), the same on every rank.
+    uint64_t my_tokens = sp->tokens ? sp->tokens : 1, tokens[TRANSPORT_MAX_REPLICAS];
+    comm_mpi_check(MPI_Allgather(&my_tokens, 1, MPI_UINT64_T, tokens, 1, MPI_UINT64_T, t->exchange_comm),
+                   "MPI_Allgather");
+    double weights[TRANSPORT_MAX_REPLICAS];
+    for (int p = 0; p < t->size; p++) weights[p] = (double)tokens[p];
     double arrived = wall_seconds();
     quant_codec up = sp->up_codec, down = sp->down_codec;
     int M = t->size;
@@ -148,7 +155,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     float *scratch = alloc_floats((size_t)sp->segment);
     const uint8_t *ins[TRANSPORT_MAX_REPLICAS];
     quant_effect effect[TRANSPORT_MAX_REPLICAS];
-    quant_reduction q = {.up = up, .down = down, .block = sp->block, .bound = sp->bound};
+    quant_reduction q = {.up = up, .down = down, .block = sp->block, .bound = sp->bound, .weights = weights};
     int64_t bounded[TRANSPORT_MAX_REPLICAS] = {0};
     float least[TRANSPORT_MAX_REPLICAS];
     int scounts[TRANSPORT_MAX_REPLICAS], sdispls[TRANSPORT_MAX_REPLICAS];

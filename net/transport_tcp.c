@@ -750,7 +750,8 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
                          .block = (uint32_t)spec->block,
                          .segment_values = (uint32_t)spec->segment, .bound = spec->bound,
                          .values = (uint64_t)spec->values,
-                         .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values};
+                         .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values,
+                         .tokens = spec->tokens ? spec->tokens : 1};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
     char err[256];
     if (!send_control(t, WIRE_CONTRIBUTE, buf, wire_encode_contribute(&c, buf), err, sizeof err)) {

@@ -32,9 +32,10 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 4   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 5   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
-                         //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4)
+                         //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
+                         // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -250,8 +251,10 @@ typedef struct {
     uint32_t segment_values;
     float bound;                // > 0: the hub bounds each contribution's segment norm (diloco_bound)
     uint64_t values, value_offset, model_values;
+    uint64_t tokens;            // the training tokens behind this Δ (1 .. 2^53): its weight in the mean
 } wire_contribute;
-#define WIRE_CONTRIBUTE_BYTES 64
+#define WIRE_CONTRIBUTE_BYTES 72
+#define WIRE_MAX_TOKENS (1ull << 53)   // exact as a double
 
 enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2 };
 typedef struct {

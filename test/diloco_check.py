@@ -23,13 +23,15 @@ after the merge, which must be α·before + (1 − α)·θ (MERGE_ALPHA = α) an
 outer step k's θ after, bit for bit.
 
 The hub's reduction. The replicas also write DIR/sent_<replica>_<k>_<p>.bin (the encoded
-contribution it sent: θᵢ as fp32 with QUANT = none, else its encoded Δᵢ) and
+contribution it sent: θᵢ as fp32 with QUANT = none, else its encoded Δᵢ),
+DIR/tokens_<replica>_<k>_<p>.bin (the tokens behind it, u64 little-endian: its weight) and
 DIR/mean_<replica>_<k>_<p>.bin (the encoded mean it received; applied rounds only). When they
 are there this script re-does the hub in numpy, with its own decoder and encoder (the byte
 layout of docs/quant.md, segments of quant_segment_values(BLOCK) values relative to the
 fragment, each encoded on its own):
   per segment: leave out a contribution holding NaN/Inf; decode each (code·scale, one fp32
-  multiply); s = v₀, s = s + v₁, ... in ascending replica id, each add rounded to fp32; s / count
+  multiply; with unequal tokens tⱼ, times fp32(tⱼ·count/Σt), the bound's scale folded in by one
+  fp32 multiply); s = v₀, s = s + v₁, ... in ascending replica id, each add rounded to fp32; s / count
   (one fp32 division, none for count 1); then encode y = s + r in the downlink codec with the
   hub's residual r ← y − decode(encoded) (per fragment position, from 0 at the fragment's first
   outer step), and requires the result BYTE-IDENTICAL to every replica's mean_ (which must all
@@ -344,13 +346,26 @@ def bound_factors(up, values):
     return [np.float32(limit / x) if limit > 0 and x > limit else np.float32(1) for x in norms]
 
 
-def hub_segment(up, ins, n, block, down, r, order=None):
+def weight_factors(weights, kept):
+    """Token weights (quant_reduce_segment): contribution j is scaled by fp32(w_j·kept/Σw), the
+    sum in float64 in ascending id; equal weights give exactly 1."""
+    if weights is None:
+        return [np.float32(1)] * len(kept)
+    w = [float(weights[i]) for i in kept]
+    total = 0.0
+    for x in w:
+        total += x
+    return [np.float32(x * len(kept) / total) for x in w]
+
+
+def hub_segment(up, ins, n, block, down, r, order=None, weights=None):
     """The hub's reduction of one segment: (encoded mean, ids used)."""
     kept = [i for i, b in enumerate(ins) if is_finite(up, b, n, block)]
     if not kept:
         return encode(down, _nan_f32(n), None, block), kept
     values = [decode(up, ins[i], n, block) for i in kept]
     factors = bound_factors(up, values)
+    factors = [f if g == 1 else np.float32(f * g) for f, g in zip(factors, weight_factors(weights, kept))]
     values = [v if f == 1 else (v * f).astype(np.float32) for v, f in zip(values, factors)]
     s = values[0].copy()
     for v in values[1:]:
@@ -360,13 +375,14 @@ def hub_segment(up, ins, n, block, down, r, order=None):
     return encode(down, s, r, block), kept
 
 
-def hub_mean(up, sents, n, block, down, residual):
-    """The hub's encoded mean of a fragment from the senders' payloads (ascending id)."""
+def hub_mean(up, sents, n, block, down, residual, weights=None):
+    """The hub's encoded mean of a fragment from the senders' payloads (ascending id), weighted
+    by the senders' tokens when given."""
     pieces = [segments(up, b, n, block) for b in sents]
     out = []
     for j, (s0, ln, _) in enumerate(pieces[0]):
         r = residual[s0:s0 + ln] if residual is not None else None
-        out.append(hub_segment(up, [p[j][2] for p in pieces], ln, block, down, r)[0])
+        out.append(hub_segment(up, [p[j][2] for p in pieces], ln, block, down, r, weights=weights)[0])
     return b"".join(out)
 
 
@@ -495,14 +511,20 @@ def main():
     hub = hub_config(hub_spec, quant)
     steps, merges, fragment_of = {}, {}, {}
     sent, mean = {}, {}  # k -> {replica: bytes}
+    tokens = {}  # k -> {replica: the tokens behind its contribution (its weight in the mean)}
     for path in sorted(glob.glob(os.path.join(dump_dir, "*.f32")) + glob.glob(os.path.join(dump_dir, "*.bin"))):
-        m = re.match(r"(outer|merge)_(\d+)_(\d+)_(\d+)\.f32$|(sent|mean)_(\d+)_(\d+)_(\d+)\.bin$",
+        m = re.match(r"(outer|merge)_(\d+)_(\d+)_(\d+)\.f32$|(sent|mean|tokens)_(\d+)_(\d+)_(\d+)\.bin$",
                      os.path.basename(path))
         assert m, f"{path}: not a dump name"
         if m.group(5):
             kind, replica, k, p = m.group(5), int(m.group(6)), int(m.group(7)), int(m.group(8))
             with open(path, "rb") as f:
-                (sent if kind == "sent" else mean).setdefault(k, {})[replica] = (p, f.read())
+                data = f.read()
+            if kind == "tokens":
+                assert len(data) == 8, f"{path}: not one u64"
+                tokens.setdefault(k, {})[replica] = int.from_bytes(data, "little")
+                continue
+            (sent if kind == "sent" else mean).setdefault(k, {})[replica] = (p, data)
             continue
         kind, replica, k, p = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
         data = np.fromfile(path, dtype=np.float32)
@@ -534,6 +556,11 @@ def main():
                     print(f"FAIL ... (further '{kind}' failures not printed)")
                 return
         print("FAIL " + msg)
+
+    def weights_of(k, ids):
+        """The tokens of replicas ids at outer step k (dumped by train_gpt), or None: equal."""
+        have = tokens.get(k, {})
+        return [have[r] for r in ids] if all(r in have for r in ids) else None
 
     worst = {"delta": 0.0, "momentum": 0.0, "theta": 0.0}
     hub_stats = {"verified": 0, "unverifiable": 0, "mean_files": 0}
@@ -624,7 +651,8 @@ def main():
                         if not cand:
                             continue
                         r_try = residual.copy() if residual is not None else None
-                        b = hub_mean(up, [senders[r][1] for r in cand], numel, block, down, r_try)
+                        b = hub_mean(up, [senders[r][1] for r in cand], numel, block, down, r_try,
+                                     weights_of(k, cand))
                         if hub_calc is None:
                             hub_calc = decode_all(down, b, numel, block)
                         if b == ref:
@@ -648,7 +676,7 @@ def main():
                                 detail = f"; {diff.size} of {len(ref)} bytes differ, the first at byte {diff[0]}"
                             if feedback and residual is not None and np.any(residual != 0):
                                 plain = hub_mean(up, [senders[r][1] for r in cand], numel, block, down,
-                                                 np.zeros(numel, dtype=np.float32))
+                                                 np.zeros(numel, dtype=np.float32), weights_of(k, cand))
                                 if plain == ref:
                                     detail += ("; the dumped mean IS the encoding with a zero hub residual: "
                                                "the hub's downlink error feedback did not carry over")
@@ -682,7 +710,8 @@ def main():
                          f"(max difference {err:.3g} of max|Δ|)", "delta-mean")
 
         # ---- Δ against the true mean
-        locals_mean = np.mean([reps[r][1].astype(np.float64) for r in ids], axis=0)
+        wts = weights_of(k, ids) or [1] * len(ids)
+        locals_mean = sum(float(wi) * reps[r][1].astype(np.float64) for wi, r in zip(wts, ids)) / float(sum(wts))
         delta_true = theta_b - locals_mean
         if quant == "none":
             # The hub's fp32 mean as numpy's hub computed it from the sent_ files, else
@@ -692,7 +721,8 @@ def main():
             else:
                 segs = [segments("none", reps[r][1].astype("<f4").tobytes(), numel, block) for r in ids]
                 mean32 = np.concatenate([decode("none", hub_segment("none", [s[j][2] for s in segs], ln, block,
-                                                                    "none", None)[0], ln, block)
+                                                                    "none", None, weights=weights_of(k, ids))[0],
+                                                ln, block)
                                          for j, (_, ln, _) in enumerate(segs[0])])
             ref_delta = theta_b - mean32.astype(np.float64)
             scale = max(np.max(np.abs(ref_delta)), 1e-30)

@@ -45,7 +45,8 @@ static int samples(sample *s) {
     s[n].type = WIRE_JOINED, s[n].bytes = wire_encode_joined(&joined, s[n].payload), n++;
     wire_contribute c = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20, .up_codec = WIRE_CODEC_INT8,
                          .down_codec = WIRE_CODEC_INT8, .flags = WIRE_HUB_FEEDBACK, .block = 128,
-                         .segment_values = 1 << 18, .values = 2900000, .value_offset = 100, .model_values = 3000000};
+                         .segment_values = 1 << 18, .values = 2900000, .value_offset = 100, .model_values = 3000000,
+                         .tokens = 40960};
     s[n].type = WIRE_CONTRIBUTE, s[n].bytes = wire_encode_contribute(&c, s[n].payload), n++;
     static wire_round round = {.outer_step = 12, .flags = ROUND_APPLY | ROUND_SEND_STATE, .n = 3,
                                .ids = {0, 1, 5}, .bytes = {10, 0, 3000000}};
@@ -120,11 +121,12 @@ static void test_round_trips(void) {
     wire_contribute want = {.outer_step = 12, .total_bytes = 3000000, .chunk_bytes = 1 << 20,
                             .up_codec = WIRE_CODEC_INT4, .down_codec = WIRE_CODEC_BF16, .flags = WIRE_HUB_FEEDBACK,
                             .block = 100, .segment_values = 262000, .values = 2900000, .value_offset = 100,
-                            .model_values = 3000100};
+                            .model_values = 3000100, .tokens = 81920};
     wire_encode_contribute(&want, buf);
     EXPECT(!wire_decode_contribute(buf, sizeof buf, &c) && c.up_codec == WIRE_CODEC_INT4 &&
                c.down_codec == WIRE_CODEC_BF16 && c.flags == WIRE_HUB_FEEDBACK && c.block == 100 &&
-               c.segment_values == 262000 && c.values == 2900000 && c.value_offset == 100 && c.model_values == 3000100,
+               c.segment_values == 262000 && c.values == 2900000 && c.value_offset == 100 && c.model_values == 3000100 &&
+               c.tokens == 81920,
            "CONTRIBUTE decodes");
     bad = want;
     bad.flags = WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB;
@@ -138,8 +140,9 @@ static void test_round_trips(void) {
            "CONTRIBUTE of a sparse int2 payload (25 of every 100 values) decodes");
     const char *spoiled[] = {"an unknown codec", "a segment of part blocks", "an odd segment",
                              "values past the model", "no values", "an unknown flag",
-                             "a sparse fp32 payload", "a sparse keep of the whole block", "a sparse bf16 payload"};
-    for (int i = 0; i < 9; i++) {
+                             "a sparse fp32 payload", "a sparse keep of the whole block", "a sparse bf16 payload",
+                             "no tokens", "more tokens than a double holds exactly"};
+    for (int i = 0; i < 11; i++) {
         bad = want;
         if (i == 0) bad.down_codec = 5;
         if (i == 1) bad.segment_values = 262050;
@@ -150,6 +153,8 @@ static void test_round_trips(void) {
         if (i == 6) bad.up_codec = WIRE_CODEC_FP32, bad.up_keep = 10;
         if (i == 7) bad.up_keep = 100;
         if (i == 8) bad.up_codec = WIRE_CODEC_BF16, bad.up_keep = 10;
+        if (i == 9) bad.tokens = 0;
+        if (i == 10) bad.tokens = WIRE_MAX_TOKENS + 1;
         wire_encode_contribute(&bad, buf);
         EXPECT(wire_decode_contribute(buf, sizeof buf, &c) != NULL, "CONTRIBUTE with %s is refused", spoiled[i]);
     }

@@ -1,0 +1,115 @@
+# Replicas of different sizes (docs/diloco.md#replicas-of-different-sizes): three replicas with
+# different batch_size, grad_accum and threads train one model; the mean weights each outer
+# gradient by the tokens it was trained on.
+#   1. Over MPI, fp32 and int8 outer gradients: param_hash equal on every replica at every
+#      outer step; each replica's metrics give its inner steps and tokens; the reducer's mean,
+#      recomputed in numpy with the token weights, is byte-identical to what the replicas
+#      received (test/diloco_check.py), and the same dump WITHOUT the weights fails the check
+#      (so the check sees the weighting).
+#   2. Through a relay (tcp): the same, and the relay's log names the weights.
+#   3. A key every replica must share (max_steps, seed) differs: refused with one line, over MPI
+#      and at the relay.
+# Batch sizes 4, 8, 4 with grad_accum 1, 1, 2: tokens per step 4·T, 8·T, 8·T, weights 1 : 2 : 2.
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+make_secret "$tmp/secret"
+common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
+    --val_tokens 256 --log_every 1000 --ckpt_keep 0 --diloco_replicas 3 --diloco_inner_steps 5 --max_steps 30)
+# Replica i's own keys.
+sizes=("--batch_size 4 --grad_accum 1 --threads 1" "--batch_size 8 --grad_accum 1 --threads 2"
+       "--batch_size 4 --grad_accum 2 --threads 1")
+detect_mpi
+
+# tokens_of FILE: the tokens of every applied outer step of a replica, one per line.
+tokens_of() { grep '"applied":true' "$1" | sed -E 's/.*"tokens":([0-9]+).*/\1/' | sort -u; }
+
+# The tokens each replica logged: 5 inner steps x its tokens per step (seq_len 32).
+tokens_as_sized() {
+    local dir=$1
+    [ "$(tokens_of "$dir/0/metrics.jsonl")" = 640 ] && [ "$(tokens_of "$dir/1/metrics.jsonl")" = 1280 ] &&
+        [ "$(tokens_of "$dir/2/metrics.jsonl")" = 1280 ] &&
+        grep -q '"inner_steps":5,"tokens":1280' "$dir/2/metrics.jsonl"
+}
+
+# Without the token dumps the check takes equal weights: it must then fail.
+fails_without_weights() {
+    local copy="$tmp/unweighted_$1"
+    cp -r "$tmp/dump_$1" "$copy"
+    rm -f "$copy"/tokens_*
+    ! "$PYTHON" test/diloco_check.py "$copy" 1 0 "${@:2}" >"$copy.log" 2>&1 &&
+        grep -q "is not the hub's reduction" "$copy.log"
+}
+
+# ---------------------------------------------------------------- 1. MPI
+if [ "$HAVE_MPI" = 1 ]; then
+    for quant in none int8; do
+        mkdir -p "$tmp/dump_mpi_$quant"
+        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_mpi_$quant" "${MPIRUN[@]}" 3 sh -c "
+            set -- $(printf "'%s' " "${sizes[@]}")
+            r=\$OMPI_COMM_WORLD_RANK; shift \$r
+            exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") \$1 --diloco_transport mpi --diloco_quant $quant \
+                --diloco_error_feedback $([ $quant = none ] && echo 0 || echo 1) --out_dir '$tmp/mpi_$quant/'\$r" \
+            >"$tmp/mpi_$quant.log" 2>&1 || cat "$tmp/mpi_$quant.log"
+        check "MPI, $quant: param_hash equal on the 3 replicas at all 6 outer steps" \
+            all_hashes_agree 6 "$tmp"/mpi_$quant/*/metrics.jsonl
+        check "MPI, $quant: each replica logs its inner steps and tokens (640, 1280, 1280)" tokens_as_sized "$tmp/mpi_$quant"
+    done
+    check "MPI, fp32: the mean is the token-weighted mean of the θᵢ (numpy, byte for byte; outer step 1e-6)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_mpi_none" 1 0 none
+    check "MPI, int8 + error feedback: the reducer's mean byte for byte with token weights (numpy)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_mpi_int8" 1 0 int8 0.03
+    check "MPI, int8: the same dump checked with equal weights fails (the weights matter)" \
+        fails_without_weights mpi_int8 int8 0.03
+else
+    say "  skip MPI parts: no mpirun or no MPI in this build"
+fi
+
+# ---------------------------------------------------------------- 2. tcp through a relay
+port=$(free_port)
+"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay.log" 2>&1 &
+pids+=($!)
+tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s 10 --diloco_connect_timeout_s 20 --diloco_min_replicas 3)
+mkdir -p "$tmp/dump_tcp"
+for r in 0 1 2; do
+    # shellcheck disable=SC2086
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" ${sizes[$r]} "${tcp[@]}" --diloco_quant int8 \
+        --diloco_replica_id "$r" --out_dir "$tmp/tcp/$r" >"$tmp/tcp_$r.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+check "tcp: the 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
+check "tcp: param_hash equal on the 3 replicas at all 6 outer steps" all_hashes_agree 6 "$tmp"/tcp/*/metrics.jsonl
+check "tcp: each replica logs its inner steps and tokens" tokens_as_sized "$tmp/tcp"
+check "tcp: the relay's mean byte for byte with token weights, int8 both ways with the hub's feedback (numpy)" \
+    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 1 0 int8 0.03
+check "tcp: the same dump with equal weights fails" fails_without_weights tcp int8 0.03
+check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay.log"
+
+# ---------------------------------------------------------------- 3. keys every replica shares
+if [ "$HAVE_MPI" = 1 ]; then
+    out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
+        --diloco_transport mpi --max_steps \$((30 + OMPI_COMM_WORLD_RANK)) --out_dir '$tmp/mismatch/'\$OMPI_COMM_WORLD_RANK" \
+        2>&1 >/dev/null) && rc=0 || rc=$?
+    check "MPI: replicas with different max_steps are refused, naming the keys (rc $rc)" \
+        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q 'train_gpt: error: diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed'" _ "$out"
+fi
+port=$(free_port)
+"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
+relay2=$!
+pids+=($relay2)
+tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s 10 --diloco_connect_timeout_s 20)
+"$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 0 --max_steps 100000000 --out_dir "$tmp/first" \
+    >"$tmp/first.log" 2>&1 &
+first=$!
+pids+=($first)
+wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay2.log"
+check "tcp: a replica with another seed is refused with one line naming the keys" \
+    one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
+    "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
+kill -9 "$first" "$relay2" 2>/dev/null || true
+finish test_diloco_hetero
