@@ -19,12 +19,18 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 1, u32 reserved = 0,
+//   "TGDLSTAT" (8 bytes), u32 version = 2, u32 reserved = 0,
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
+//   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
+//                     byte i/8: replica i's whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel]
+// The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
+// (then it is not carried again: adopt_state).
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 1
-#define STATE_HEADER_BYTES 48
+#define STATE_VERSION 2
+#define RECENT_ROUNDS 8
+#define ROUND_RECORD_BYTES 48
+#define STATE_HEADER_BYTES (48 + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // How long a rank of a sharded replica waits for the others while they join: a day (the
 // largest comm_timeout_s), i.e. as long as the job lives.
 #define COMM_NO_TIMEOUT_S 86400.0
@@ -99,6 +105,13 @@ struct diloco {
     bool quiet;                            // no progress line per outer step (diloco-tune)
     uint8_t *state;                        // join / donor state buffer
     size_t state_bytes;
+    // The last rounds this replica saw close (applied or skipped) and who was in them, for the
+    // state it may donate; slot = round mod RECENT_ROUNDS.
+    struct {
+        int64_t round;                     // -1: none
+        bool applied;
+        uint8_t ids[TRANSPORT_MAX_REPLICAS / 8];
+    } recent[RECENT_ROUNDS];
     const char *dump_dir;                  // TRAIN_GPT_DILOCO_DUMP: tensors of each outer step, for tests
 };
 
@@ -148,8 +161,8 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
               (int)cfg->diloco_error_feedback, (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps,
               cfg->diloco_merge_alpha, cfg->diloco_downlink, (int)cfg->diloco_downlink_feedback, cfg->diloco_bound);
     if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);
-    sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld", (long long)cfg->max_steps, (int)cfg->shuffle,
-              (long long)cfg->seed);
+    sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld|min_replicas %lld", (long long)cfg->max_steps,
+              (int)cfg->shuffle, (long long)cfg->seed, (long long)cfg->diloco_min_replicas);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -293,6 +306,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     }
     d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
     d->state = xmalloc(d->state_bytes);
+    for (int i = 0; i < RECENT_ROUNDS; i++) d->recent[i].round = -1;
 
     transport_options o = {0};
     o.replica_id = (int)cfg->diloco_replica_id;
@@ -339,6 +353,12 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + 24, (uint64_t)st->step);
     put_u64(p + 32, (uint64_t)st->tokens_seen);
     put_u64(p + 40, (uint64_t)d->numel);
+    for (int i = 0; i < RECENT_ROUNDS; i++) {
+        uint8_t *q = p + 48 + (size_t)i * ROUND_RECORD_BYTES;
+        put_u64(q, (uint64_t)d->recent[i].round);
+        put_u64(q + 8, d->recent[i].applied ? 1 : 0);  // u32 flags + u32 0
+        memcpy(q + 16, d->recent[i].ids, sizeof d->recent[i].ids);
+    }
     size_t bytes = (size_t)d->numel * sizeof(float);
     memcpy(p + STATE_HEADER_BYTES, d->theta, bytes);
     memcpy(p + STATE_HEADER_BYTES + bytes, d->momentum, bytes);
@@ -363,22 +383,112 @@ static state_counters check_state(const diloco *d, size_t got) {
     return c;
 }
 
-// Takes over the group's state: θ, m, step counters, data position; params ← θ. Every rank of
-// a sharded replica calls it together (the hash in the log is the replica's).
+static FILE *dump_open(diloco *d, const char *what, int64_t outer_step, int fragment);
+static void dump_tensor(FILE *f, const float *x, int64_t n);
+static void dump_close(FILE *f);
+static void dump_bytes(diloco *d, const char *what, int64_t outer_step, int fragment, const uint8_t *bytes, size_t n);
+
+// Whether the donor's state says the work of round `round` of this replica is in its θ: the
+// round is among the donor's recent ones, was applied, and counted this replica's whole
+// contribution. Unknown (too old, or a donor that joined since) counts as not in.
+static bool work_in_state(const diloco *d, int64_t round) {
+    int id = diloco_replica_id(d);
+    for (int i = 0; i < RECENT_ROUNDS; i++) {
+        const uint8_t *q = d->state + 48 + (size_t)i * ROUND_RECORD_BYTES;
+        if ((int64_t)get_u64(q) == round) return (get_u32(q + 8) & 1) && (q[16 + id / 8] >> (id % 8) & 1);
+    }
+    return false;
+}
+
+// A joiner's unsent work (docs/diloco.md#late-work-carried): the replica took the group's θ at
+// outer step K, while its own θ (the group's at its outer step k < K) and its local weights
+// still hold what it trained since k and the group never received — it was late, dropped or
+// stopped, or its exchange failed. Unless the donor's record says that round's contribution is
+// in θ, the work stays in the local weights, weighted by its staleness:
+//     x ← θ_K − w·(θ_k − x),   w = 1 / (1 + s),   s = ⌈(K − k) / P⌉
+// (s: the outer steps each fragment missed; per element in double, stored in fp32), so the
+// next exchange sends it with the replica's new work. Returns w (0: nothing carried), and says
+// why not in *why.
+static double carry_weight(const diloco *d, int64_t from, int64_t to, const char **why) {
+    *why = NULL;
+    if (!d->cfg->diloco_carry_late) *why = "diloco_carry_late = 0";
+    else if (from >= to) *why = "not behind the group";
+    else if (work_in_state(d, from)) *why = "its contribution is in the group's θ";
+    if (*why) return 0.0;
+    int64_t s = (to - from + d->n_fragments - 1) / d->n_fragments;
+    return 1.0 / (1.0 + (double)s);
+}
+
+// Test hook: DIR/carry_<replica>_<K>_0.f32 holds θ_k, the local weights before, θ_K and the
+// local weights after (each numel fp32 values), and carry_… .bin the weight w (f64).
+static void dump_carry(diloco *d, int64_t to, const float *theta_from, const float *params_from, const float *params,
+                       double w) {
+    FILE *f = dump_open(d, "carry", to, 0);
+    if (!f) return;
+    dump_tensor(f, theta_from, d->numel);
+    dump_tensor(f, params_from, d->numel);
+    dump_tensor(f, d->theta, d->numel);
+    dump_tensor(f, params, d->numel);
+    dump_close(f);
+    dump_bytes(d, "carry", to, 0, (const uint8_t *)&w, sizeof w);
+}
+
+// Takes over the group's state: θ, m, step counters, data position; params ← θ, less the
+// replica's unsent work (carry_weight). Every rank of a sharded replica calls it together (the
+// hash in the log is the replica's).
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
     state_counters c = check_state(d, got);
     size_t bytes = (size_t)d->numel * sizeof(float);
-    memcpy(d->theta, p + STATE_HEADER_BYTES, bytes);
+    const char *why_not = NULL;
+    double w = carry_weight(d, st->outer_step, c.outer_step, &why_not);
+    const float *theta_to = (const float *)(p + STATE_HEADER_BYTES);  // θ_K, in the state buffer
+    // A sharded replica's ranks decide for their own pieces (each group's record of who was in),
+    // and all sum the work's square together (a collective, whatever each decided).
+    double mine = 0.0;
+    if (w > 0.0)
+        for (int64_t i = 0; i < d->numel; i++) {
+            double x = (double)d->theta[i] - (double)params[i];
+            mine += x * x;
+        }
+    if (!isfinite(mine)) {
+        why_not = "its local work holds NaN/Inf";
+        w = 0.0;
+        mine = 0.0;
+    }
+    double work_sq = replica_sum(d, mine);
+    if (w > 0.0 && work_sq == 0.0) {
+        why_not = "no local work since its last outer step";
+        w = 0.0;
+    }
+    // The tensors before, for the test dump only.
+    float *theta_from = NULL, *params_from = NULL;
+    if (w > 0.0 && d->dump_dir) {
+        theta_from = alloc_floats((size_t)d->numel);
+        params_from = alloc_floats((size_t)d->numel);
+        memcpy(theta_from, d->theta, bytes);
+        memcpy(params_from, params, bytes);
+    }
+    if (w > 0.0) {
+        // θ_k is still in d->theta and θ_K in the state buffer: no copy of the model needed.
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < d->numel; i++)
+            params[i] = (float)((double)theta_to[i] - w * ((double)d->theta[i] - (double)params[i]));
+    } else {
+        memcpy(params, theta_to, bytes);
+    }
+    memcpy(d->theta, theta_to, bytes);
     memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
     if (!all_finite(d->theta, d->numel) || !all_finite(d->momentum, d->numel))
         fail("diloco: the donor's state holds NaN/Inf");
-    memcpy(params, d->theta, bytes);
+    if (theta_from) dump_carry(d, c.outer_step, theta_from, params_from, params, w);
+    free(theta_from);
+    free(params_from);
     if (d->residual) memset(d->residual, 0, bytes);
     // This replica's data continues where a replica that had trained all along would be.
     int64_t batches = c.step * d->cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
     dataloader_seek(train, (data_position){batches / per_epoch, batches % per_epoch});
-    int64_t was = st->step;
+    int64_t was = st->step, was_outer = st->outer_step;
     st->step = c.step;
     st->outer_step = c.outer_step;
     st->tokens_seen = c.tokens;
@@ -386,12 +496,21 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->merge_step = 0;
     st->data = dataloader_position(train);
     uint64_t hash = replica_hash(d, d->theta, d->numel);
-    char extra[256];
-    snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\"",
-             (long long)c.outer_step, (long long)was, (unsigned long long)hash);
+    char extra[512], carried[200];
+    if (w > 0.0)
+        snprintf(carried, sizeof carried, "{\"from_outer_step\":%lld,\"weight\":%.17g,\"work_norm\":%.6g}",
+                 (long long)was_outer, w, sqrt(work_sq));
+    else
+        snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
+    snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"carried\":%s",
+             (long long)c.outer_step, (long long)was, (unsigned long long)hash, carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
-    note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld)",
-         diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was);
+    note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
+         diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
+    if (w > 0.0)
+        note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, weight %.3g "
+             "(norm %.3g)",
+             diloco_replica_id(d), (long long)was_outer, (long long)c.outer_step, w, sqrt(work_sq));
 }
 
 // Joins (or after an eviction rejoins) the group; returns whether it took the group's state.
@@ -829,6 +948,18 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->ok = true;
 }
 
+// Who was in round k and whether it was applied, for the state this replica may donate.
+static void record_round(diloco *d, int64_t k, bool applied, const round_result *r) {
+    if (d->local) return;
+    int slot = (int)(k % RECENT_ROUNDS);
+    d->recent[slot].round = k;
+    d->recent[slot].applied = applied;
+    memset(d->recent[slot].ids, 0, sizeof d->recent[slot].ids);
+    for (int c = 0; c < r->n; c++)
+        if (r->ids[c] >= 0 && r->ids[c] < TRANSPORT_MAX_REPLICAS)
+            d->recent[slot].ids[r->ids[c] / 8] |= (uint8_t)(1u << (r->ids[c] % 8));
+}
+
 // The fragment's own count of outer steps (1-based, for the momentum warm-up) at the round in
 // flight. Regular round k is fragment k mod P's ⌊k / P⌋ + 1-th. The final syncs after the last
 // step take fragments 0..P−1 in rounds k0..k0+P−1 whatever k0 mod P is: fragment p's count is
@@ -900,6 +1031,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         dump_discard(d, dump, k + 1, f->fragment);
         if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
     }
+    if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, r);
     // The group's joiners wait for its donor, whatever this replica decides next.
     if (outcome >= ROUND_SKIPPED && r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
     int worst = (int)replica_min(d, (double)outcome);

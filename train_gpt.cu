@@ -2225,6 +2225,7 @@ static step_metrics train_step(trainer *tr) {
         if (fault_requested("nan_batch", first_batch + a)) backend_poison_grad(tr->be, NAN);
     if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
     while (fault_requested("hang_in_step", s)) sleep(1);
+    if (fault_requested("stop_in_step", s)) raise(SIGSTOP);   // resumed by SIGCONT (a test's)
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);

@@ -134,6 +134,7 @@ static const key_spec KEYS[] = {
     {"diloco_connect_timeout_s", KEY_FLOAT, T(diloco_connect_timeout_s), "300", 0.1, 1e6, NULL, false, "how long a replica keeps trying to reach the hub at start"},
     {"diloco_secret_file", KEY_STRING, T(diloco_secret_file), "", 0, 0, NULL, false, "tcp: file holding the shared secret (>= 16 bytes) that authenticates replicas"},
     {"diloco_min_replicas", KEY_INT, T(diloco_min_replicas), "1", 1, 256, NULL, false, "fewer contributors than this: the outer step is skipped"},
+    {"diloco_carry_late", KEY_BOOL, T(diloco_carry_late), "1", 0, 1, NULL, false, "a replica that takes the group's state after missing rounds keeps its unsent work: local weights = θ − w·(its θ − its weights), w = 1/(1 + outer steps missed per fragment); 0 = local weights = θ (the work is dropped)"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 

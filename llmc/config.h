@@ -118,6 +118,7 @@ typedef struct {
     double diloco_connect_timeout_s;
     char *diloco_secret_file;
     int64_t diloco_min_replicas;
+    bool diloco_carry_late;         // a rejoining replica keeps its unsent work (docs/diloco.md)
 } train_config;
 
 // Activation recomputation: what the backward pass computes again instead of keeping it from

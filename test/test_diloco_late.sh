@@ -1,0 +1,139 @@
+# Late work carried (docs/diloco.md#late-work-carried): 4 replicas through a relay,
+# diloco_min_replicas 3, fp32 outer gradients. Replica 3 is SIGSTOPped in the middle of an
+# inner phase (it stops itself at step 12, TRAIN_GPT_FAULT=stop_in_step:12, so that the stop
+# never lands mid-exchange) and stays stopped past the round's cutoff (the hub drops it: no
+# heartbeats); the other three close rounds without it; SIGCONT: it
+# finds itself dropped, takes the group's state, and keeps the work the group never received
+# in its local weights, weighted by its staleness. Checked:
+#   - its join event says what it carried: from which outer step, weight 1/(1 + s) with s the
+#     outer steps it missed, and the work's norm > 0 (nothing lost);
+#   - numpy, from the dumped tensors: its local weights after = fp32(θ_K − w·(θ_k − x)) in
+#     float64, within one fp32 rounding, and θ_K is the group's;
+#   - it then contributes with all four, and the mean of that round is the hub's reduction of
+#     the four byte for byte (test/diloco_check.py over every applied round), so the carried
+#     work reaches θ;
+#   - param_hash equal on every replica at every applied outer step;
+#   - with diloco_carry_late = 0 the same scenario carries nothing (the event says why).
+# Every move waits for a line a process wrote, never for a time or a step count.
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+make_secret "$tmp/secret"
+common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
+    --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0 --ckpt_every 0 --batch_size 16
+    --diloco_replicas 4 --diloco_inner_steps 5 --max_steps 100000000 --diloco_quant none --diloco_min_replicas 3)
+
+# applied_with FILE IDS: an applied outer step of FILE had exactly contributors IDS ("0,1,2").
+applied_with() { grep -s '"applied":true' "$1" | grep -q "\"contributors\":\[$2\]"; }
+# stopped PID: the process is stopped (state T in /proc).
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+# joined_after_stop FILE: a diloco_join event (the state taken after the stop).
+joined_after_stop() { grep -sq '"event":"diloco_join"' "$1"; }
+# all four in a round after the join: the join's outer step K, then a round with [0,1,2,3] past it.
+four_after_join() {
+    "$PYTHON" - "$1" "$2" <<'PY'
+import json, sys
+join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
+if not join:
+    sys.exit(1)
+k = join[-1]["outer_step"]
+rounds = [json.loads(l) for l in open(sys.argv[1]) if '"contributors"' in l]
+sys.exit(0 if any(r["applied"] and r["outer_step"] > k + 1 and r["contributors"] == [0, 1, 2, 3] for r in rounds) else 1)
+PY
+}
+
+# scenario NAME ARGS...: the four replicas (ARGS for replica 3), the stop and the continue;
+# ends with all four SIGTERMed once the late replica contributed again with the others.
+scenario() {
+    local name=$1 r
+    shift
+    local port; port=$(free_port)
+    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$name.log" 2>&1 &
+    local relay=$!
+    pids+=($relay)
+    local tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+        --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
+    mkdir -p "$tmp/dump_$name"
+    local ids=()
+    for r in 0 1 2 3; do
+        local extra=()
+        [ "$r" = 3 ] && extra=("$@")
+        local fault=""
+        [ "$r" = 3 ] && fault=stop_in_step:12
+        TRAIN_GPT_FAULT=$fault TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "${tcp[@]}" \
+            "${extra[@]}" --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" >"$tmp/${name}_$r.log" 2>&1 &
+        ids+=($!)
+        pids+=($!)
+    done
+    wait_until "replica 3 stopped itself" stopped "${ids[3]}"
+    check "$name: replica 3 had applied an outer step with all four before it stopped" \
+        applied_with "$tmp/$name/3/metrics.jsonl" 0,1,2,3
+    wait_until "the others applied an outer step without replica 3" applied_with "$tmp/$name/0/metrics.jsonl" 0,1,2
+    kill -CONT "${ids[3]}"
+    wait_until "replica 3 took the group's state" joined_after_stop "$tmp/$name/3/metrics.jsonl"
+    wait_until "replica 3 contributed again with the others" four_after_join "$tmp/$name/0/metrics.jsonl" \
+        "$tmp/$name/3/metrics.jsonl"
+    rc=0
+    for r in 0 1 2 3; do kill -TERM "${ids[$r]}" 2>/dev/null || true; done
+    for r in 0 1 2 3; do wait "${ids[$r]}" || rc=$?; done
+    kill -TERM "$relay" 2>/dev/null || true
+}
+
+# The event's carry, as "from weight norm s" (s = K − from: outer steps missed, one fragment).
+carried_of() {
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+e = [json.loads(l) for l in open(sys.argv[1]) if '"diloco_join"' in l][-1]
+c = e["carried"]
+if not c:
+    print("none", e.get("not_carried", ""))
+else:
+    print(c["from_outer_step"], repr(c["weight"]), c["work_norm"], e["outer_step"] - c["from_outer_step"])
+PY
+}
+
+# numpy: the dumped carry (θ_k, x before, θ_K, x after; its weight) is x_after = fp32(θ_K − w·(θ_k − x)).
+carry_matches() {
+    "$PYTHON" - "$tmp/dump_$1" "$2" <<'PY'
+import glob, sys
+import numpy as np
+files = sorted(glob.glob(sys.argv[1] + "/carry_3_*_0.f32"))
+if len(files) != 1:
+    print(f"    carry dumps: {files}")
+    sys.exit(1)
+t = np.fromfile(files[0], dtype=np.float32).reshape(4, -1)
+w = float(np.fromfile(files[0][:-4] + ".bin", dtype=np.float64)[0])
+theta_k, x, theta_K, after = (a.astype(np.float64) for a in t)
+want = (theta_K - w * (theta_k - x)).astype(np.float32).astype(np.float64)
+err = np.max(np.abs(after - want)) / max(np.max(np.abs(want)), 1e-30)
+moved = np.max(np.abs(theta_k - x))
+print(f"    carry: w {w}, max |θ_k − x| {moved:.3g}, relative error {err:.3g}")
+sys.exit(0 if abs(w - float(sys.argv[2])) < 1e-15 and err <= 6e-8 and moved > 0 else 1)
+PY
+}
+
+# ---------------------------------------------------------------- carried (the default)
+scenario carry
+check "carry: the four replicas exit 0 after SIGTERM (rc $rc)" test "$rc" -eq 0
+read -r from weight norm missed <<<"$(carried_of "$tmp/carry/3/metrics.jsonl")"
+say "    replica 3 carried the work of outer step $from: $missed outer step(s) missed, weight $weight, norm $norm"
+check "carry: replica 3's join event carries its work (norm > 0) at weight 1/(1 + s), s = outer steps missed" \
+    "$PYTHON" -c "import sys; s=int('$missed'); sys.exit(0 if s >= 1 and float('$norm') > 0 and float('$weight') == 1/(1+s) else 1)"
+check "carry: local weights after = fp32(θ_K − w·(θ_k − x)) (numpy, one fp32 rounding)" \
+    carry_matches carry "$weight"
+check "carry: param_hash equal on the 4 replicas at every applied outer step" \
+    all_hashes_agree 4 "$tmp"/carry/*/metrics.jsonl
+check "carry: every applied round's mean is the hub's reduction byte for byte, the late replica's included (numpy)" \
+    "$PYTHON" test/diloco_check.py "$tmp/dump_carry" 1 0 none
+check "carry: the relay closed rounds without replica 3, then with it" \
+    sh -c "grep -q 'closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_carry.log' && grep -q 'closed: 4 contributor(s) \[0 1 2 3\]' '$tmp/relay_carry.log'"
+
+# ---------------------------------------------------------------- diloco_carry_late = 0
+scenario drop --diloco_carry_late 0
+read -r what why <<<"$(carried_of "$tmp/drop/3/metrics.jsonl")"
+check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)" \
+    test "$what $why" = "none diloco_carry_late = 0"
+check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
+check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
+finish test_diloco_late
