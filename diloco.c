@@ -103,6 +103,10 @@ struct diloco {
     float *hub_residual;
     float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
+    // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
+    // joined), and the extra inner steps it has taken in it beyond its H
+    double phase_start_s;
+    int64_t extra_steps;
     uint8_t *state;                        // join / donor state buffer
     size_t state_bytes;
     // The last rounds this replica saw close (applied or skipped) and who was in them, for the
@@ -163,6 +167,7 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
     if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);
     sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld|min_replicas %lld", (long long)cfg->max_steps,
               (int)cfg->shuffle, (long long)cfg->seed, (long long)cfg->diloco_min_replicas);
+    if (cfg->diloco_sync_every_s > 0) sb_printf(&sb, "|sync every %.17g s", cfg->diloco_sync_every_s);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -571,6 +576,8 @@ static bool join_group(diloco *d, float *params, train_state *st, dataloader *tr
     if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
     bool took = join_group_agreed(d, params, st, train, rejoin);
     if (d->ranks > 1) comm_set_timeout(limit_s);
+    d->phase_start_s = wall_seconds();
+    d->extra_steps = 0;
     return took;
 }
 
@@ -895,7 +902,8 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->final = final;
     f->round = st->outer_step;
     f->begin_step = st->step;
-    f->inner_steps = steps_since_sync(d, fr, st->step);
+    f->inner_steps = steps_since_sync(d, fr, st->step) + d->extra_steps;
+    d->extra_steps = 0;
     f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
     round_result *r = &f->r;
     double t0 = wall_seconds();
@@ -1094,6 +1102,17 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
     }
 }
 
+bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {
+    double T = d->cfg->diloco_sync_every_s;
+    if (T <= 0 || d->local) return false;
+    bool due_now = st->step == max_steps || fragment_due(d, st->step) >= 0;
+    bool mine = due_now && wall_seconds() - d->phase_start_s < T;
+    // A sharded replica's ranks step together: one more step if any rank's clock says so.
+    return replica_max(d, mine ? 1.0 : 0.0) > 0;
+}
+
+void diloco_count_extra_step(diloco *d) { d->extra_steps++; }
+
 bool diloco_after_step(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train,
                        int64_t max_steps, double *stall_s) {
     double t0 = wall_seconds();
@@ -1121,6 +1140,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
         }
     }
     if (stall_s) *stall_s = wall_seconds() - t0;
+    if (!f->active) d->phase_start_s = wall_seconds();   // the next inner phase begins
     return changed;
 }
 

@@ -87,6 +87,14 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
 bool diloco_due(const diloco *d, const train_state *st, int64_t max_steps);
 int64_t diloco_next_due(const diloco *d, const train_state *st, int64_t max_steps);
 
+// diloco_sync_every_s = T > 0: whether this replica, done with the inner steps of its phase
+// (a sync is due after st->step), should take one more inner step first — T has not passed
+// since the phase began. The caller then trains one step that does not advance st->step (at the
+// learning rate of the phase's last step) and calls diloco_count_extra_step; the contribution
+// then counts H + extra inner steps and their tokens. A collective of a sharded replica's ranks.
+bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps);
+void diloco_count_extra_step(diloco *d);
+
 // After inner step st->step: lands the fragment in flight when its τ steps are done, merges
 // it, and begins the fragment due now (at max_steps: the final sync of every fragment).
 // params: this replica's weights (n_params = 1), or the M simulated replicas' (local). Writes

@@ -2206,10 +2206,13 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
 }
 
 // One optimizer step: grad_accum micro-batches of data through the backend's forward and
-// backward, then its step (norm, guards, clip, AdamW); returns the step's metrics.
-static step_metrics train_step(trainer *tr) {
+// backward, then its step (norm, guards, clip, AdamW); returns the step's metrics. extra: one of
+// DiLoCo's extra inner steps (diloco_sync_every_s): at the learning rate of the step before,
+// without advancing the step count (the data, the tokens and AdamW's count advance) and without
+// the test faults keyed by step.
+static step_metrics train_step(trainer *tr, bool extra) {
     const train_config *cfg = tr->cfg;
-    int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step;
+    int64_t B = cfg->batch_size, T = cfg->model.seq_len, s = tr->state.step - (extra ? 1 : 0);
     int64_t step_tokens = B * T * cfg->grad_accum;
     double t0 = wall_seconds();
     // The gradients of a job's ranks are summed (FSDP, HSDP): each scales by all their tokens.
@@ -2220,12 +2223,14 @@ static step_metrics train_step(trainer *tr) {
         dataloader_next(tr->train, tr->inputs, tr->targets);
         backend_forward_backward(tr->be, tr->inputs, tr->targets, B, T, grad_scale, (float)cfg->z_loss);
     }
-    if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be, NAN);
-    for (int64_t a = 0; a < cfg->grad_accum; a++)
-        if (fault_requested("nan_batch", first_batch + a)) backend_poison_grad(tr->be, NAN);
-    if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
-    while (fault_requested("hang_in_step", s)) sleep(1);
-    if (fault_requested("stop_in_step", s)) raise(SIGSTOP);   // resumed by SIGCONT (a test's)
+    if (!extra) {
+        if (fault_requested("nan_grad", s)) backend_poison_grad(tr->be, NAN);
+        for (int64_t a = 0; a < cfg->grad_accum; a++)
+            if (fault_requested("nan_batch", first_batch + a)) backend_poison_grad(tr->be, NAN);
+        if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
+        while (fault_requested("hang_in_step", s)) sleep(1);
+        if (fault_requested("stop_in_step", s)) raise(SIGSTOP);   // resumed by SIGCONT (a test's)
+    }
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
@@ -2248,8 +2253,14 @@ static step_metrics train_step(trainer *tr) {
         spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);
     }
 
+    // Test hook (bench/diloco/speeds.sh): a cluster at half speed takes twice each step's time.
+    if (fault_requested("half_speed", 0)) {
+        double busy = wall_seconds() - t0;
+        struct timespec ts = {(time_t)busy, (long)((busy - (double)(time_t)busy) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     // tok/s and MFU are per process (per device); tokens_seen counts every process's tokens.
-    tr->state.step++;
+    if (!extra) tr->state.step++;
     tr->state.tokens_seen += step_tokens * tr->world;
     tr->state.data = dataloader_position(tr->train);
     double dt = wall_seconds() - t0;
@@ -2405,7 +2416,7 @@ static int train_run(train_config *cfg) {
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
     while (tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
-        step_metrics m = train_step(&tr);
+        step_metrics m = train_step(&tr, false);
         if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
             metrics_step(tr.log, &m);
             print_progress(&tr, &m, m.step_ms / 1e3);
@@ -2416,6 +2427,19 @@ static int train_run(train_config *cfg) {
         // step here.
         if (tr.outer) {
             m.has_stall = true;
+            // diloco_sync_every_s: a replica done with its phase's steps early trains on until
+            // the phase's time is up (steps that count toward its contribution, not the step count).
+            double extra_t0 = wall_seconds();
+            while (diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps)) {
+                watchdog_phase("an extra inner step", tr.state.step);  // each its own: T may be long
+                step_metrics x = train_step(&tr, true);
+                if (x.rolled_back) break;
+                if (!x.skipped) {
+                    diloco_count_extra_step(tr.outer);
+                    m.extra_steps++;
+                }
+            }
+            if (m.extra_steps) m.extra_ms = (wall_seconds() - extra_t0) * 1e3;
             if (diloco_due(tr.outer, &tr.state, cfg->max_steps)) {
                 watchdog_phase("DiLoCo's outer work", tr.state.step);
                 double stall_s = 0.0;
@@ -2605,7 +2629,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         int64_t end = diloco_next_due(outer, &lead->state, cfg->max_steps);
         for (int i = 0; i < M; i++) {
             for (int64_t s = start; s < end; s++) {
-                step_metrics m = train_step(&reps[i]);
+                step_metrics m = train_step(&reps[i], false);
                 step_metrics *r = &round[s - start];
                 if (i == 0) {
                     *r = m;

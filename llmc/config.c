@@ -134,6 +134,7 @@ static const key_spec KEYS[] = {
     {"diloco_connect_timeout_s", KEY_FLOAT, T(diloco_connect_timeout_s), "300", 0.1, 1e6, NULL, false, "how long a replica keeps trying to reach the hub at start"},
     {"diloco_secret_file", KEY_STRING, T(diloco_secret_file), "", 0, 0, NULL, false, "tcp: file holding the shared secret (>= 16 bytes) that authenticates replicas"},
     {"diloco_min_replicas", KEY_INT, T(diloco_min_replicas), "1", 1, 256, NULL, false, "fewer contributors than this: the outer step is skipped"},
+    {"diloco_sync_every_s", KEY_FLOAT, T(diloco_sync_every_s), "0", 0, 1e6, NULL, false, "an inner phase lasts at least this many seconds: a replica done with its diloco_inner_steps sooner goes on with extra inner steps (at its last step's learning rate) until then, so that a fast cluster trains instead of waiting; 0 = exactly diloco_inner_steps"},
     {"diloco_carry_late", KEY_BOOL, T(diloco_carry_late), "1", 0, 1, NULL, false, "a replica that takes the group's state after missing rounds keeps its unsent work: local weights = θ − w·(its θ − its weights), w = 1/(1 + outer steps missed per fragment); 0 = local weights = θ (the work is dropped)"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -386,6 +387,13 @@ void config_finish(train_config *cfg) {
              cfg->diloco_topk);
         RULE(cfg->diloco_min_replicas <= cfg->diloco_replicas, "diloco_min_replicas", "%lld is more than "
              "diloco_replicas %lld", (long long)cfg->diloco_min_replicas, (long long)cfg->diloco_replicas);
+        RULE(cfg->diloco_sync_every_s == 0 || (cfg->diloco_fragments == 1 && cfg->diloco_overlap_steps == 0),
+             "diloco_sync_every_s", "%g cannot be combined with streaming (diloco_fragments %lld, "
+             "diloco_overlap_steps %lld): a phase on wall time is the whole model's", cfg->diloco_sync_every_s,
+             (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps);
+        RULE(cfg->diloco_sync_every_s == 0 || strcmp(cfg->diloco_transport, "local") != 0, "diloco_sync_every_s",
+             "%g has no meaning with diloco_transport = local (the simulated replicas run one after another)",
+             cfg->diloco_sync_every_s);
     }
 }
 

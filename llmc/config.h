@@ -119,6 +119,7 @@ typedef struct {
     char *diloco_secret_file;
     int64_t diloco_min_replicas;
     bool diloco_carry_late;         // a rejoining replica keeps its unsent work (docs/diloco.md)
+    double diloco_sync_every_s;     // an inner phase lasts at least this long: extra inner steps fill it
 } train_config;
 
 // Activation recomputation: what the backward pass computes again instead of keeping it from

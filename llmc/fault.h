@@ -10,6 +10,10 @@
 //                       the gradient norm (the spike guard must skip it)
 //   hang_in_step        stop making progress in that (0-based) step, forever (the watchdog
 //                       must end the process)
+//   stop_in_step        SIGSTOP itself in that (0-based) step, until a SIGCONT (a DiLoCo
+//                       replica stopped mid-phase: test/test_diloco_late.sh)
+//   half_speed          (STEP 0) every training step takes twice its time: the process sleeps
+//                       as long as the step computed (a slower cluster: bench/diloco/speeds.sh)
 //   diloco_nan_payload  DiLoCo: this replica sends a NaN in its outer gradient for outer
 //                       step STEP+1 (the others must leave it out of the average)
 //   diloco_hostile      DiLoCo (STEP 0): this replica sends 100 times its outer gradient in

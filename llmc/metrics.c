@@ -77,6 +77,10 @@ void metrics_step(metrics_log *log, const step_metrics *m) {
     put_number(&sb, "step_ms", m->step_ms);
     sb_printf(&sb, ",\"tokens\":%lld,\"skipped\":%s", (long long)m->tokens, m->skipped ? "true" : "false");
     if (m->has_stall) put_number(&sb, "stall_ms", m->stall_ms);
+    if (m->extra_steps) {
+        sb_printf(&sb, ",\"extra_steps\":%lld", (long long)m->extra_steps);
+        put_number(&sb, "extra_ms", m->extra_ms);
+    }
     write_line(log, &sb);
     // A step that ended in a rollback is not drawn: the rollback's restart drops it anyway.
     if (log && log->tb && !m->rolled_back) {

@@ -1,8 +1,9 @@
 // llmc/metrics.h — out_dir/metrics.jsonl, one JSON object per line, flushed after each line
 // so a crash loses nothing already reported. Line kinds (docs/formats.md):
 //   step:   {"step", "loss", "z_loss", "lr", "grad_norm", "tok_per_s", "mfu", "step_ms",
-//            "tokens", "skipped", "stall_ms"}  mfu is null when the peak is unknown (CPU);
-//                                              stall_ms only in DiLoCo runs
+//            "tokens", "skipped", "stall_ms", "extra_steps", "extra_ms"}  mfu is null when the
+//            peak is unknown (CPU); stall_ms only in DiLoCo runs; extra_steps and extra_ms (DiLoCo's
+//            extra inner steps after this step, diloco_sync_every_s) only when there were some
 //   val:    {"step", "val_loss", "val_tokens"}
 //   event:  {"event", "step", ...}            start, resume, checkpoint, stop, diloco_*
 //   outer:  {"outer_step", "step", "contributors", ...}   one per DiLoCo outer step (diloco.h)
@@ -45,6 +46,8 @@ typedef struct {
     bool skipped;        // the outlier guard skipped the update
     bool has_stall;      // DiLoCo runs: stall_ms is written
     double stall_ms;     // time after the step spent on DiLoCo's outer work (no inner step ran)
+    int64_t extra_steps; // DiLoCo's extra inner steps after this step (diloco_sync_every_s)
+    double extra_ms;     // and their time
     bool rolled_back;    // not written: the step ended in a rollback to a checkpoint
 } step_metrics;
 

@@ -89,6 +89,39 @@ check "tcp: the relay's mean byte for byte with token weights, int8 both ways wi
 check "tcp: the same dump with equal weights fails" fails_without_weights tcp int8 0.03
 check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay.log"
 
+# ---------------------------------------------------------------- 2b. phases on wall time
+# diloco_sync_every_s 0.3: replicas of batch 4, 16 and 4 (the second about 4x slower per step)
+# each train at least 0.3 s per phase; the fast ones fill it with extra inner steps, which their
+# contributions count (tokens) and the weighted mean takes in.
+inner_total() {  # inner_total FILE: the inner steps of every applied outer step, summed
+    "$PYTHON" -c 'import json, sys; print(sum(d["inner_steps"] for d in map(json.loads, open(sys.argv[1])) if d.get("applied")))' "$1"
+}
+more_steps_when_faster() {  # the fast replicas (0, 2) took more inner steps than H each phase on average, and than the slow one
+    local dir=$1 f0 s1 f2
+    f0=$(inner_total "$dir/0/metrics.jsonl"); s1=$(inner_total "$dir/1/metrics.jsonl"); f2=$(inner_total "$dir/2/metrics.jsonl")
+    say "    inner steps over the run: replica 0 (batch 4) $f0, replica 1 (batch 16) $s1, replica 2 (batch 4) $f2 (H = 5 x 6 phases = 30)"
+    [ "$f0" -gt 30 ] && [ "$f2" -gt 30 ] && [ "$f0" -gt "$s1" ] && [ "$f2" -gt "$s1" ]
+}
+if [ "$HAVE_MPI" = 1 ]; then
+    timed=("--batch_size 4 --threads 1" "--batch_size 16 --threads 1" "--batch_size 4 --threads 1")
+    mkdir -p "$tmp/dump_timed"
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_timed" "${MPIRUN[@]}" 3 sh -c "
+        set -- $(printf "'%s' " "${timed[@]}")
+        r=\$OMPI_COMM_WORLD_RANK; shift \$r
+        exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") \$1 --diloco_transport mpi --diloco_quant int8 \
+            --diloco_error_feedback 1 --diloco_sync_every_s 0.3 --out_dir '$tmp/timed/'\$r" \
+        >"$tmp/timed.log" 2>&1 || cat "$tmp/timed.log"
+    check "sync_every_s: param_hash equal on the 3 replicas at all 6 outer steps" \
+        all_hashes_agree 6 "$tmp"/timed/*/metrics.jsonl
+    check "sync_every_s: the fast replicas log more inner steps than H and than the slow one" \
+        more_steps_when_faster "$tmp/timed"
+    check "sync_every_s: the mean weights each contribution by its tokens, extra steps included (numpy, byte for byte)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_timed" 1 0 int8 0.05
+fi
+check "sync_every_s with streaming is refused with one line" \
+    one_line_error "diloco_sync_every_s: 0.5 cannot be combined with streaming" --diloco_transport mpi \
+    --diloco_sync_every_s 0.5 --diloco_fragments 2 --out_dir "$tmp/refused"
+
 # ---------------------------------------------------------------- 3. keys every replica shares
 if [ "$HAVE_MPI" = 1 ]; then
     out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
