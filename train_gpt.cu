@@ -2433,11 +2433,11 @@ static int train_run(train_config *cfg) {
             while (diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps)) {
                 watchdog_phase("an extra inner step", tr.state.step);  // each its own: T may be long
                 step_metrics x = train_step(&tr, true);
-                if (x.rolled_back) break;
-                if (!x.skipped) {
-                    diloco_count_extra_step(tr.outer);
-                    m.extra_steps++;
-                }
+                // A skipped step (the outlier guard) ends the extra steps: the phase syncs now
+                // rather than pile up skips at the same step (max_bad_steps in a row stop a run).
+                if (x.rolled_back || x.skipped) break;
+                diloco_count_extra_step(tr.outer);
+                m.extra_steps++;
             }
             if (m.extra_steps) m.extra_ms = (wall_seconds() - extra_t0) * 1e3;
             if (diloco_due(tr.outer, &tr.state, cfg->max_steps)) {

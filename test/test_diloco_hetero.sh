@@ -7,6 +7,12 @@
 #      received (test/diloco_check.py), and the same dump WITHOUT the weights fails the check
 #      (so the check sees the weighting).
 #   2. Through a relay (tcp): the same, and the relay's log names the weights.
+#   2b. diloco_sync_every_s (phases on wall time) over MPI, batch 4 / 16 / 4: the fast replicas
+#      take extra inner steps (more than H, more than the slow one), the hashes agree, and the
+#      mean weights the contributions by their tokens, extra steps included (numpy). Two int8
+#      quantizations of Δs that differ by up to 4x in steps: Δ within 5 % relative L2 of the
+#      true weighted mean (test_diloco.sh's 3 % is for Δs of equal steps).
+#      With streaming it is refused with one line.
 #   3. A key every replica must share (max_steps, seed) differs: refused with one line, over MPI
 #      and at the relay.
 # Batch sizes 4, 8, 4 with grad_accum 1, 1, 2: tokens per step 4·T, 8·T, 8·T, weights 1 : 2 : 2.

@@ -98,6 +98,7 @@ print(",".join("%.3g" % c["weight"] if c else "0" for c in w) or "-")' "$dir/3/m
     fi
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$(final_val "$dir/metrics.jsonl")" "$joins" "$weights" \
         "$((SECONDS - t0))" >>"$results"
+    rm -rf "$dir"/step_* "$dir"/*/step_* "$dir/secret"   # the final checkpoints and the run's secret: not results
     touch "$dir/done"
 }
 
