@@ -816,7 +816,7 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
     int kept = 0, touched = 0;
     for (int j = 0; j < count; j++) {
         bool ok = quant_is_finite(q->up, in[j], n, q->block);
-        if (effect) effect[j] = (quant_effect){.left_out = !ok, .factor = 1.0f};
+        if (effect) effect[j] = (quant_effect){.left_out = !ok, .factor = 1.0f, .weight_capped = false};
         touched += !ok;
         if (ok) {
             index[kept] = j;
@@ -841,13 +841,34 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
         }
         if (q->weights) {
             // The weighted mean as a plain mean of scaled contributions: f = w·kept/Σw, exactly 1
-            // for equal weights (integers: w·kept and Σw are the same exact double).
-            double total = 0.0;
-            for (int j = 0; j < kept; j++) total += q->weights[index[j]];
+            // for equal weights (integers: w·kept and Σw are the same exact double). With a bound,
+            // a weight counts at most bound × the lower median weight: a replica that claims more
+            // tokens than it could have trained cannot take over the mean either.
+            double *w = (double *)xmalloc((size_t)kept * sizeof *w), total = 0.0;
+            for (int j = 0; j < kept; j++) w[j] = q->weights[index[j]];
+            if (bounded) {
+                double *sorted = (double *)xmalloc((size_t)kept * sizeof *sorted);
+                memcpy(sorted, w, (size_t)kept * sizeof *sorted);
+                for (int j = 1; j < kept; j++)   // insertion sort: a few hundred at most
+                    for (int i = j; i > 0 && sorted[i - 1] > sorted[i]; i--) {
+                        double t = sorted[i];
+                        sorted[i] = sorted[i - 1];
+                        sorted[i - 1] = t;
+                    }
+                double cap = (double)q->bound * sorted[(kept - 1) / 2];
+                for (int j = 0; j < kept; j++)
+                    if (w[j] > cap) {
+                        w[j] = cap;
+                        if (effect) effect[index[j]].weight_capped = true;
+                    }
+                free(sorted);
+            }
+            for (int j = 0; j < kept; j++) total += w[j];
             for (int j = 0; j < kept; j++) {
-                float f = (float)(q->weights[index[j]] * (double)kept / total);
+                float f = (float)(w[j] * (double)kept / total);
                 if (f != 1.0f) factors[j] = factors[j] * f;
             }
+            free(w);
         }
         quant_mean(q->up, finite, kept, n, q->block, bounded || q->weights ? factors : NULL, scratch);
         encode(q->down, scratch, residual, n, q->block, out, NULL);

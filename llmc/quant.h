@@ -143,6 +143,7 @@ typedef struct {
 typedef struct {
     bool left_out;              // it held NaN/Inf
     float factor;               // 1, or the bound's scale
+    bool weight_capped;         // its weight was above bound × the lower median weight: capped
 } quant_effect;
 
 // One segment through the hub: the mean of in[0..count) (ascending replica id), each bounded
@@ -150,6 +151,7 @@ typedef struct {
 // with weights, the weighted mean Σ wⱼ·xⱼ / Σ wⱼ over the finite contributions, computed as
 // the plain mean of the xⱼ each scaled by fⱼ = (float)(wⱼ · kept / Σ wⱼ) (in double, then
 // rounded; times the bound's scale): equal weights give fⱼ = 1 exactly, the unweighted bits;
+// with a bound, each wⱼ is first capped at bound × the lower median of the weights;
 // scratch holds n floats. A contribution with a NaN or Inf is left out. effect[j] (when not
 // NULL) says what happened to contribution j; returns how many were left out or scaled. With
 // none left (or count 0) it writes a segment of NaN, which every replica refuses to apply.

@@ -125,6 +125,7 @@ typedef struct {
     bool whole;                     // its contribution is complete: it counts
     bool left;                      // it began the round and left it (whole or not): no second try
     bool nonfinite_told;            // a segment of NaN/Inf was logged
+    bool capped_told;               // its token weight was capped (logged once)
     int64_t bounded;                // segments the bound scaled down
     float least_factor;             // the smallest such scale
     uint64_t tokens;                // from its CONTRIBUTE: its weight in the mean
@@ -467,6 +468,12 @@ static void try_reduce(relay *h) {
                 if (effect[j].factor != 1.0f) {
                     if (!k->bounded || effect[j].factor < k->least_factor) k->least_factor = effect[j].factor;
                     k->bounded++;
+                }
+                if (effect[j].weight_capped && !k->capped_told) {
+                    k->capped_told = true;
+                    hub_log(h, "round %lld: replica %d claims %llu tokens, more than %g x the round's median: its "
+                               "weight is capped there",
+                            (long long)h->round_step, ids[j], (unsigned long long)k->tokens, (double)sp->bound);
                 }
             }
         wire_data d = {.owner_id = 0, .kind = DATA_MEAN, .outer_step = h->round_step, .total_bytes = h->down_total,

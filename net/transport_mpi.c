@@ -160,7 +160,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     float least[TRANSPORT_MAX_REPLICAS];
     int scounts[TRANSPORT_MAX_REPLICAS], sdispls[TRANSPORT_MAX_REPLICAS];
     int rcounts[TRANSPORT_MAX_REPLICAS], rdispls[TRANSPORT_MAX_REPLICAS];
-    bool told[TRANSPORT_MAX_REPLICAS] = {false};
+    bool told[TRANSPORT_MAX_REPLICAS] = {false}, capped[TRANSPORT_MAX_REPLICAS] = {false};
     for (int64_t base = 0; base < n_segments; base += M) {
         // Segment base + q goes to rank q: its bytes in this payload, and what it takes back.
         int64_t mine = base + t->rank;
@@ -194,6 +194,12 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
                     if (effect[p].factor != 1.0f) {
                         if (!bounded[p] || effect[p].factor < least[p]) least[p] = effect[p].factor;
                         bounded[p]++;
+                    }
+                    if (effect[p].weight_capped && !capped[p]) {
+                        capped[p] = true;
+                        warn("diloco (mpi): outer step %lld: replica %d claims %llu tokens, more than %g x the "
+                             "median: its weight is capped there",
+                             (long long)outer_step + 1, p, (unsigned long long)tokens[p], (double)sp->bound);
                     }
                 }
             my_down = quant_encoded_bytes(down, my_len, sp->block);

@@ -346,12 +346,17 @@ def bound_factors(up, values):
     return [np.float32(limit / x) if limit > 0 and x > limit else np.float32(1) for x in norms]
 
 
-def weight_factors(weights, kept):
+def weight_factors(weights, kept, up="int8"):
     """Token weights (quant_reduce_segment): contribution j is scaled by fp32(w_j·kept/Σw), the
-    sum in float64 in ascending id; equal weights give exactly 1."""
+    sum in float64 in ascending id; equal weights give exactly 1. With BOUND (not for none) a
+    weight counts at most BOUND times the lower median weight."""
     if weights is None:
         return [np.float32(1)] * len(kept)
     w = [float(weights[i]) for i in kept]
+    bound = float(np.float32(BOUND[0]))
+    if bound > 0 and split_codec(up)[0] != "none":
+        cap = bound * sorted(w)[(len(w) - 1) // 2]
+        w = [min(x, cap) for x in w]
     total = 0.0
     for x in w:
         total += x
@@ -365,7 +370,7 @@ def hub_segment(up, ins, n, block, down, r, order=None, weights=None):
         return encode(down, _nan_f32(n), None, block), kept
     values = [decode(up, ins[i], n, block) for i in kept]
     factors = bound_factors(up, values)
-    factors = [f if g == 1 else np.float32(f * g) for f, g in zip(factors, weight_factors(weights, kept))]
+    factors = [f if g == 1 else np.float32(f * g) for f, g in zip(factors, weight_factors(weights, kept, up))]
     values = [v if f == 1 else (v * f).astype(np.float32) for v, f in zip(values, factors)]
     s = values[0].copy()
     for v in values[1:]:

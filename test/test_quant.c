@@ -704,6 +704,69 @@ static void test_bound(void) {
     free(mean), free(sc), free(plain), free(v);
 }
 
+// Token weights (docs/quant.md, "The hub's mean"): equal weights give the unweighted bytes;
+// unequal ones the mean of the contributions each scaled by fp32(w·n/Σw), the same as scaling
+// by hand (and close to Σ w·x / Σ w in double: within the fp32 roundings); with a bound a
+// claim above bound × the lower median weight counts as that.
+static void test_weights(void) {
+    int64_t n = 1000, block = 100;
+    float *g[3];
+    uint8_t *e[3];
+    const uint8_t *ins[3];
+    size_t bytes = quant_encoded_bytes(QUANT_INT8, n, block);
+    for (int j = 0; j < 3; j++) {
+        g[j] = gaussian(n, 1.0 + j);
+        e[j] = (uint8_t *)xmalloc(bytes);
+        quant_encode(QUANT_INT8, g[j], n, block, e[j]);
+        ins[j] = e[j];
+    }
+    float *a = (float *)xmalloc(n * sizeof(float)), *b = (float *)xmalloc(n * sizeof(float));
+    float *sc = (float *)xmalloc(n * sizeof(float));
+    quant_reduction plain = {.up = QUANT_INT8, .down = QUANT_NONE, .block = block};
+    double equal[3] = {4096, 4096, 4096};
+    quant_reduction q = plain;
+    q.weights = equal;
+    quant_reduce_segment(&plain, ins, 3, n, NULL, sc, (uint8_t *)a, NULL);
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, NULL);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "weights: equal tokens give the unweighted bytes");
+    double w[3] = {1000, 2000, 3000};
+    q.weights = w;
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, NULL);
+    float f[3] = {(float)(1000.0 * 3 / 6000), (float)(2000.0 * 3 / 6000), (float)(3000.0 * 3 / 6000)};
+    quant_mean(QUANT_INT8, ins, 3, n, block, f, a);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "weights 1:2:3: the mean of the contributions scaled by w·n/Σw");
+    float *v = (float *)xmalloc(n * sizeof(float));
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double want = 0;
+        for (int j = 0; j < 3; j++) {
+            quant_decode(QUANT_INT8, e[j], n, block, v);
+            want += w[j] * (double)v[i];
+        }
+        want /= 6000.0;
+        worst = fmax(worst, fabs((double)b[i] - want));
+        scale = fmax(scale, fabs(want));
+    }
+    // fp32: a product and a rounding per contribution, two sums and a division: a few ulps.
+    EXPECT(worst <= 8 * 0x1p-24 * scale * 3, "weights 1:2:3: Σ w·x / Σ w within fp32 roundings (%.3g of %.3g)",
+           worst, scale);
+    // A claim of a million times the others' tokens, with the bound 3: counted as 3 x the median.
+    double hostile[3] = {1000, 1e9, 1000};
+    q.weights = hostile;
+    q.bound = 3.0f;
+    quant_effect eff[3];
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, eff);
+    EXPECT(eff[1].weight_capped && !eff[0].weight_capped && !eff[2].weight_capped,
+           "weights: the bound caps only the outsized claim");
+    double capped[3] = {1000, 3000, 1000};
+    q.weights = capped;
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)a, eff);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0 && !eff[1].weight_capped,
+           "weights: a claim above bound x the lower median counts as bound x the median");
+    for (int j = 0; j < 3; j++) free(g[j]), free(e[j]);
+    free(a), free(b), free(sc), free(v);
+}
+
 // ---------------------------------------------------------------- sparse (top-k) codecs
 // Tolerances. Sparse encoding is exact bytes (against a naive encoder), so no tolerance there.
 // The error-feedback identity Σ_t sent_t + r_T = Σ_t g_t holds exactly in real arithmetic;
@@ -1096,6 +1159,7 @@ int main(void) {
     test_bf16();
     test_mean();
     test_bound();
+    test_weights();
     test_sparse_sizes();
     test_sparse_hand_made();
     test_sparse_against_reference();
