@@ -2800,6 +2800,7 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--resume", "never");
     if (o->proxy) ARG("--init_from", "%s", "");  // the user's weights have the user's shape
     ARG("--diloco_transport", "local");
+    ARG("--diloco_sync_every_s", "0");  // the simulated replicas take turns: no wall-time phases
     ARG("--diloco_replicas", "%d", replicas);
     ARG("--diloco_inner_steps", "%lld", (long long)(replicas > 1 ? o->inner_steps : steps));
     ARG("--diloco_outer_lr", "%.17g", lr);
