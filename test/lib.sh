@@ -79,6 +79,14 @@ tmp_with_processes() {
           if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi' EXIT
 }
 
+# The DiLoCo tests' files in $tmp: train.bin and val.bin (random tokens below 64, seeds 11 and
+# 12: 60,000 and 5,000 of them) and a shared secret.
+diloco_test_files() {
+    "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+    "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+    make_secret "$tmp/secret"
+}
+
 # Final loss of a run.
 final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 

@@ -20,9 +20,7 @@
 #      stop and resume with a fragment in flight is bit-exact.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
-"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
-"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
-make_secret "$tmp/secret"
+diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)

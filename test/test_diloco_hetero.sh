@@ -18,9 +18,7 @@
 # Batch sizes 4, 8, 4 with grad_accum 1, 1, 2: tokens per step 4·T, 8·T, 8·T, weights 1 : 2 : 2.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
-"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
-"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
-make_secret "$tmp/secret"
+diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --log_every 1000 --ckpt_keep 0 --diloco_replicas 3 --diloco_inner_steps 5 --max_steps 30)
 # Replica i's own keys.

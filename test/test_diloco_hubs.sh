@@ -18,9 +18,7 @@
 # Every move waits for what the processes log, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
-"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
-"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
-make_secret "$tmp/secret"
+diloco_test_files
 # scale_test: 992,640 parameters, 4 segments of the payload: two shares.
 common=(test/configs/scale_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0 --diloco_replicas 3 --diloco_inner_steps 5

@@ -15,9 +15,7 @@
 # replicas are in (min_replicas 2), so the run is the MPI run, bit for bit, however late one starts.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
-"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
-"$TOOL" shard "$tmp/val.bin" 64 0 5000 12
-make_secret "$tmp/secret"
+diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 sparse=(--diloco_replicas 2 --diloco_inner_steps 5 --max_steps 200 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
