@@ -30,7 +30,8 @@
 #define STATE_VERSION 2
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
-#define STATE_HEADER_BYTES (48 + RECENT_ROUNDS * ROUND_RECORD_BYTES)
+#define STATE_COUNTERS_BYTES 48   // the magic, version and the four i64 counters
+#define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // How long a rank of a sharded replica waits for the others while they join: a day (the
 // largest comm_timeout_s), i.e. as long as the job lives.
 #define COMM_NO_TIMEOUT_S 86400.0
@@ -359,7 +360,7 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + 32, (uint64_t)st->tokens_seen);
     put_u64(p + 40, (uint64_t)d->numel);
     for (int i = 0; i < RECENT_ROUNDS; i++) {
-        uint8_t *q = p + 48 + (size_t)i * ROUND_RECORD_BYTES;
+        uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
         put_u64(q, (uint64_t)d->recent[i].round);
         put_u64(q + 8, d->recent[i].applied ? 1 : 0);  // u32 flags + u32 0
         memcpy(q + 16, d->recent[i].ids, sizeof d->recent[i].ids);
@@ -399,7 +400,7 @@ static void dump_bytes(diloco *d, const char *what, int64_t outer_step, int frag
 static bool work_in_state(const diloco *d, int64_t round) {
     int id = diloco_replica_id(d);
     for (int i = 0; i < RECENT_ROUNDS; i++) {
-        const uint8_t *q = d->state + 48 + (size_t)i * ROUND_RECORD_BYTES;
+        const uint8_t *q = d->state + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
         if ((int64_t)get_u64(q) == round) return (get_u32(q + 8) & 1) && (q[16 + id / 8] >> (id % 8) & 1);
     }
     return false;
@@ -1105,8 +1106,9 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
 bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {
     double T = d->cfg->diloco_sync_every_s;
     if (T <= 0 || d->local) return false;
-    bool due_now = st->step == max_steps || fragment_due(d, st->step) >= 0;
-    bool mine = due_now && wall_seconds() - d->phase_start_s < T;
+    // Only where a sync is due (the same step on every rank): no collective on other steps.
+    if (st->step != max_steps && fragment_due(d, st->step) < 0) return false;
+    bool mine = wall_seconds() - d->phase_start_s < T;
     // A sharded replica's ranks step together: one more step if any rank's clock says so.
     return replica_max(d, mine ? 1.0 : 0.0) > 0;
 }

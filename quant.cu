@@ -789,23 +789,31 @@ double quant_norm(quant_codec k, const uint8_t *in, int64_t n, int64_t block) {
     return sqrt(sum);
 }
 
-// The bound on the finite contributions in[0..kept): factors[j] = bound · median / norm_j (as
-// fp32) for a contribution whose norm exceeds bound times the lower median of the norms, 1
-// for the others (and for all when the median is 0: nothing to measure against).
-static void bound_factors(quant_codec k, const uint8_t *const *in, int kept, int64_t n, int64_t block, float bound,
-                          float *factors) {
-    double *norms = (double *)xmalloc((size_t)kept * sizeof *norms), *sorted = (double *)xmalloc((size_t)kept * sizeof *sorted);
-    for (int j = 0; j < kept; j++) sorted[j] = norms[j] = quant_norm(k, in[j], n, block);
-    for (int j = 1; j < kept; j++)   // insertion sort: a few hundred at most
+// The lower median of x[0..n) (n >= 1): the bound's reference, for norms and for token weights.
+static double lower_median(const double *x, int n) {
+    double *sorted = (double *)xmalloc((size_t)n * sizeof *sorted);
+    memcpy(sorted, x, (size_t)n * sizeof *sorted);
+    for (int j = 1; j < n; j++)   // insertion sort: a few hundred at most
         for (int i = j; i > 0 && sorted[i - 1] > sorted[i]; i--) {
             double t = sorted[i];
             sorted[i] = sorted[i - 1];
             sorted[i - 1] = t;
         }
-    double limit = (double)bound * sorted[(kept - 1) / 2];
+    double m = sorted[(n - 1) / 2];
+    free(sorted);
+    return m;
+}
+
+// The bound on the finite contributions in[0..kept): factors[j] = bound · median / norm_j (as
+// fp32) for a contribution whose norm exceeds bound times the lower median of the norms, 1
+// for the others (and for all when the median is 0: nothing to measure against).
+static void bound_factors(quant_codec k, const uint8_t *const *in, int kept, int64_t n, int64_t block, float bound,
+                          float *factors) {
+    double *norms = (double *)xmalloc((size_t)kept * sizeof *norms);
+    for (int j = 0; j < kept; j++) norms[j] = quant_norm(k, in[j], n, block);
+    double limit = (double)bound * lower_median(norms, kept);
     for (int j = 0; j < kept; j++) factors[j] = limit > 0.0 && norms[j] > limit ? (float)(limit / norms[j]) : 1.0f;
     free(norms);
-    free(sorted);
 }
 
 int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int count, int64_t n, float *residual,
@@ -847,21 +855,12 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
             double *w = (double *)xmalloc((size_t)kept * sizeof *w), total = 0.0;
             for (int j = 0; j < kept; j++) w[j] = q->weights[index[j]];
             if (bounded) {
-                double *sorted = (double *)xmalloc((size_t)kept * sizeof *sorted);
-                memcpy(sorted, w, (size_t)kept * sizeof *sorted);
-                for (int j = 1; j < kept; j++)   // insertion sort: a few hundred at most
-                    for (int i = j; i > 0 && sorted[i - 1] > sorted[i]; i--) {
-                        double t = sorted[i];
-                        sorted[i] = sorted[i - 1];
-                        sorted[i - 1] = t;
-                    }
-                double cap = (double)q->bound * sorted[(kept - 1) / 2];
+                double cap = (double)q->bound * lower_median(w, kept);
                 for (int j = 0; j < kept; j++)
                     if (w[j] > cap) {
                         w[j] = cap;
                         if (effect) effect[index[j]].weight_capped = true;
                     }
-                free(sorted);
             }
             for (int j = 0; j < kept; j++) total += w[j];
             for (int j = 0; j < kept; j++) {
