@@ -169,6 +169,8 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
     sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld|min_replicas %lld", (long long)cfg->max_steps,
               (int)cfg->shuffle, (long long)cfg->seed, (long long)cfg->diloco_min_replicas);
     if (cfg->diloco_sync_every_s > 0) sb_printf(&sb, "|sync every %.17g s", cfg->diloco_sync_every_s);
+    // With plain averaging in the decay phase, where that phase starts decides the outer step.
+    if (cfg->diloco_plain_in_decay) sb_printf(&sb, "|plain in decay|decay_frac %.17g", cfg->decay_frac);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -696,11 +698,21 @@ static double outer_momentum(const diloco *d, int64_t k) {
     return w > 0 && k < w ? mu * (double)k / (double)w : mu;
 }
 
-// Outer step k of fragment f: SGD with momentum μ as torch.optim.SGD(dampening=0) with Δ as
-// the gradient — Nesterov (the default) or heavy-ball (diloco_nesterov = 0) — on θ and m.
-static void apply_outer_step(diloco *d, const fragment *f, int64_t k) {
+// Whether an outer step landed after `step` inner steps is plain averaging (diloco_plain_in_decay):
+// when its inner steps reached the inner schedule's decay phase (lr_at_step's decay_start).
+static bool plain_in_decay(const diloco *d, int64_t step) {
+    const train_config *cfg = d->cfg;
+    int64_t S = cfg->max_steps, decay_start = S - (int64_t)llround(cfg->decay_frac * (double)S);
+    return cfg->diloco_plain_in_decay && S > decay_start && step > decay_start;
+}
+
+// Outer step k of fragment f, landed at inner step `step`: SGD with momentum μ as
+// torch.optim.SGD(dampening=0) with Δ as the gradient — Nesterov (the default) or heavy-ball
+// (diloco_nesterov = 0) — on θ and m; lr 1, μ 0 (θ = the mean) where plain_in_decay says so.
+static void apply_outer_step(diloco *d, const fragment *f, int64_t k, int64_t step) {
     int64_t o = f->offset, n = f->numel;
     double lr = d->cfg->diloco_outer_lr, mu = outer_momentum(d, k);
+    if (plain_in_decay(d, step)) lr = 1.0, mu = 0.0;
     bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) {
@@ -824,7 +836,11 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               (unsigned long long)theta_hash, (unsigned long long)m_hash, quant_kind_name(quant_codec_kind(d->quant)), quant_err);
     sb_printf(&sb, ",\"inner_steps\":%lld,\"tokens\":%llu", (long long)fl->inner_steps,
               (unsigned long long)fl->tokens);
-    if (applied) sb_printf(&sb, ",\"outer_momentum\":%.9g", outer_momentum(d, fragment_outer_step(d, fl)));
+    if (applied) {
+        bool plain = plain_in_decay(d, st->step);
+        sb_printf(&sb, ",\"outer_lr\":%.9g,\"outer_momentum\":%.9g", plain ? 1.0 : d->cfg->diloco_outer_lr,
+                  plain ? 0.0 : outer_momentum(d, fragment_outer_step(d, fl)));
+    }
     if (d->streaming) {
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",
                   fl->fragment, (unsigned long long)fragment_hash,
@@ -1028,7 +1044,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
             memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
             dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
         }
-        apply_outer_step(d, fr, fragment_outer_step(d, f));
+        apply_outer_step(d, fr, fragment_outer_step(d, f), st->step);
         st->outer_step = k + 1;
         dump_end(d, fr, dump, delta_dumped, momentum_before);
         free(momentum_before);

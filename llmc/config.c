@@ -116,6 +116,7 @@ static const key_spec KEYS[] = {
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "0", 0, 0.999999, NULL, false, "outer momentum μ (the paper's: 0.9; docs/diloco.md says when it pays)"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
     {"diloco_momentum_warmup", KEY_INT, T(diloco_momentum_warmup), "0", 0, BIG, NULL, false, "outer steps over which the outer momentum ramps up linearly to diloco_outer_momentum; 0 = none"},
+    {"diloco_plain_in_decay", KEY_BOOL, T(diloco_plain_in_decay), "0", 0, 1, NULL, false, "outer steps landed in the inner schedule's decay phase are plain averaging (outer lr 1, momentum 0)"},
     {"diloco_fragments", KEY_INT, T(diloco_fragments), "1", 1, 1024, NULL, false, "streaming: sync the model in P fragments of whole layers at staggered inner steps; 1 = the whole model at once"},
     {"diloco_overlap_steps", KEY_INT, T(diloco_overlap_steps), "0", 0, BIG, NULL, false, "streaming: inner steps that run while a fragment's exchange is in flight (below diloco_inner_steps / diloco_fragments); 0 = training waits for it"},
     {"diloco_merge_alpha", KEY_FLOAT, T(diloco_merge_alpha), "0.5", 0, 1, NULL, false, "streaming (diloco_overlap_steps > 0): a landed fragment's weights become alpha·local + (1 − alpha)·global"},

@@ -100,6 +100,7 @@ typedef struct {
     double diloco_outer_momentum;
     bool diloco_nesterov;
     int64_t diloco_momentum_warmup;
+    bool diloco_plain_in_decay;
     int64_t diloco_fragments;       // P: streaming DiLoCo syncs the model in P fragments
     int64_t diloco_overlap_steps;   // τ: inner steps a fragment's exchange overlaps
     double diloco_merge_alpha;      // α: θ_local ← α·θ_local + (1−α)·θ_global when a fragment lands (τ > 0)

@@ -2,7 +2,7 @@
 
 usage: diloco_check.py DUMP_DIR OUTER_LR MOMENTUM QUANT [MAX_QUANT_REL_ERR [NESTEROV [MU_WARMUP
                        [FRAGMENTS [MERGE_ALPHA]]]]] [--hub DOWNLINK[:FEEDBACK[:BLOCK[:BOUND]]] | --hub off]
-                       [--topk T]
+                       [--topk T] [--plain_from K]
        diloco_check.py --codec DIR...      (cases of `test_tool quant` / `quant_reduce`)
 
 TRAIN_GPT_DILOCO_DUMP=DIR makes every replica write DIR/outer_<replica>_<k>_<p>.f32 at outer
@@ -16,7 +16,8 @@ recomputes, in float64 and without any train_gpt code:
   μₖ     = μ·j/W for the fragment's outer step j < W = MU_WARMUP, else μ; j = ⌊(k − 1)/FRAGMENTS⌋ + 1
            for a regular round, and for the final syncs after the last step (fragments 0..P−1
            in rounds k0..k0+P−1) fragment p's regular rounds before k0, ⌈(k0 − p)/P⌉, + 1
-and checks each against the dump, plus that all replicas hold the same bits and that a
+and, from outer step K = --plain_from on (diloco_plain_in_decay: the steps landed in the inner
+schedule's decay phase), lr = 1 and μₖ = 0 (θ = the mean); and checks each against the dump, plus that all replicas hold the same bits and that a
 fragment's θ before is its previous outer step's θ after. With streaming (overlap > 0) the
 replicas also write DIR/merge_<replica>_<k>_<p>.f32: local weights before, θ, local weights
 after the merge, which must be α·before + (1 − α)·θ (MERGE_ALPHA = α) and whose θ must be
@@ -397,10 +398,16 @@ def decode_all(kind, buf, n, block):
 
 # ---------------------------------------------------------------- arguments
 def parse_args(argv):
-    pos, hub, topk = [], None, 1.0
+    pos, hub, topk, plain_from = [], None, 1.0, None
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--plain_from":
+            if i + 1 >= len(argv):
+                sys.exit("diloco_check: --plain_from needs an outer step")
+            plain_from = int(argv[i + 1])
+            i += 2
+            continue
         if a == "--topk":
             if i + 1 >= len(argv):
                 sys.exit("diloco_check: --topk needs a fraction in (0, 1]")
@@ -420,7 +427,7 @@ def parse_args(argv):
         i += 1
     if len(pos) < 4 or not 0 < topk <= 1:
         sys.exit(__doc__)
-    return pos, hub, topk
+    return pos, hub, topk, plain_from
 
 
 def hub_config(spec, quant):
@@ -503,7 +510,7 @@ def codec_cases(dirs):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--codec":
         codec_cases(sys.argv[2:])
-    pos, hub_spec, topk = parse_args(sys.argv[1:])
+    pos, hub_spec, topk, plain_from = parse_args(sys.argv[1:])
     dump_dir = pos[0]
     lr, mu, quant = float(pos[1]), float(pos[2]), pos[3]
     if quant == "fp32":
@@ -753,12 +760,15 @@ def main():
             k0 = r_k - p_k
             j = (k0 - p_k + fragments - 1) // fragments + 1
         mu_k = mu * j / mu_warmup if j < mu_warmup else mu
+        lr_k = lr
+        if plain_from is not None and k >= plain_from:
+            lr_k, mu_k = 1.0, 0.0  # diloco_plain_in_decay: θ becomes the mean
         m_exp = mu_k * m_b + delta
         err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
         worst["momentum"] = max(worst["momentum"], err)
         if err > 1e-6:
             fail(f"outer step {k}: momentum off by {err:.3g} of max|m|")
-        theta_exp = theta_b - lr * (delta + mu_k * m_exp if nesterov else m_exp)
+        theta_exp = theta_b - lr_k * (delta + mu_k * m_exp if nesterov else m_exp)
         err = np.max(np.abs(theta_a - theta_exp)) / max(np.max(np.abs(theta_exp)), 1e-30)
         worst["theta"] = max(worst["theta"], err)
         if err > 1e-6:

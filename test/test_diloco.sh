@@ -94,7 +94,8 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "3 simulated replicas (local) = 3 MPI processes: param_hash equal at all 8 outer steps, fp32" \
         same_outer_hashes 8 "$tmp/mpi3/0/metrics.jsonl" "$tmp/local3/metrics.jsonl"
     two=(--diloco_replicas 2 --diloco_inner_steps 4 --max_steps 40 --diloco_quant int8 --diloco_error_feedback 1
-         --diloco_outer_lr 0.8 --diloco_outer_momentum 0.8 --diloco_nesterov 0 --diloco_momentum_warmup 4)
+         --diloco_outer_lr 0.8 --diloco_outer_momentum 0.8 --diloco_nesterov 0 --diloco_momentum_warmup 4
+         --diloco_plain_in_decay 1)
     mkdir -p "$tmp/dump_hb"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_hb" "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${two[@]}") \
         --diloco_transport mpi --out_dir '$tmp/mpi2/'\$OMPI_COMM_WORLD_RANK" >"$tmp/mpi2.log" 2>&1 || cat "$tmp/mpi2.log"
@@ -102,8 +103,10 @@ if [ "$HAVE_MPI" = 1 ]; then
         cat "$tmp/local2.log"
     check "2 simulated replicas = 2 MPI processes: param_hash equal at all 10 outer steps, int8 + error feedback" \
         same_outer_hashes 10 "$tmp/mpi2/0/metrics.jsonl" "$tmp/local2/metrics.jsonl"
-    check "heavy-ball outer step with a 4-step momentum warm-up = numpy (int8 Δ within 3 %)" \
-        "$PYTHON" test/diloco_check.py "$tmp/dump_hb" 0.8 0.8 int8 0.03 0 4
+    # decay_frac 0.2 of 40 steps: the decay phase starts at step 32, so outer steps 9 and 10
+    # (landed after steps 36 and 40) are plain averaging.
+    check "heavy-ball outer step with a 4-step momentum warm-up and plain averaging in the decay phase = numpy (int8 Δ within 3 %)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_hb" 0.8 0.8 int8 0.03 0 4 --plain_from 9
 fi
 check "3 simulated replicas: the loss falls" loss_falls "$tmp/local3/metrics.jsonl"
 
