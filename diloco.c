@@ -698,21 +698,24 @@ static double outer_momentum(const diloco *d, int64_t k) {
     return w > 0 && k < w ? mu * (double)k / (double)w : mu;
 }
 
-// Whether an outer step landed after `step` inner steps is plain averaging (diloco_plain_in_decay):
-// when its inner steps reached the inner schedule's decay phase (lr_at_step's decay_start).
-static bool plain_in_decay(const diloco *d, int64_t step) {
+// The lr and μ of a fragment's outer step k landed after `step` inner steps: the config's, μ
+// ramped (outer_momentum); lr 1, μ 0 (θ = the mean) with diloco_plain_in_decay once its inner
+// steps reached the schedule's decay phase.
+static void outer_settings(const diloco *d, int64_t k, int64_t step, double *lr, double *mu) {
     const train_config *cfg = d->cfg;
-    int64_t S = cfg->max_steps, decay_start = S - (int64_t)llround(cfg->decay_frac * (double)S);
-    return cfg->diloco_plain_in_decay && S > decay_start && step > decay_start;
+    int64_t decay_start = decay_start_step(cfg);
+    bool plain = cfg->diloco_plain_in_decay && cfg->max_steps > decay_start && step > decay_start;
+    *lr = plain ? 1.0 : cfg->diloco_outer_lr;
+    *mu = plain ? 0.0 : outer_momentum(d, k);
 }
 
-// Outer step k of fragment f, landed at inner step `step`: SGD with momentum μ as
+// Outer step k of fragment f, landed after `step` inner steps: SGD with momentum μ as
 // torch.optim.SGD(dampening=0) with Δ as the gradient — Nesterov (the default) or heavy-ball
-// (diloco_nesterov = 0) — on θ and m; lr 1, μ 0 (θ = the mean) where plain_in_decay says so.
+// (diloco_nesterov = 0) — on θ and m, with outer_settings' lr and μ.
 static void apply_outer_step(diloco *d, const fragment *f, int64_t k, int64_t step) {
     int64_t o = f->offset, n = f->numel;
-    double lr = d->cfg->diloco_outer_lr, mu = outer_momentum(d, k);
-    if (plain_in_decay(d, step)) lr = 1.0, mu = 0.0;
+    double lr, mu;
+    outer_settings(d, k, step, &lr, &mu);
     bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) {
@@ -837,9 +840,9 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
     sb_printf(&sb, ",\"inner_steps\":%lld,\"tokens\":%llu", (long long)fl->inner_steps,
               (unsigned long long)fl->tokens);
     if (applied) {
-        bool plain = plain_in_decay(d, st->step);
-        sb_printf(&sb, ",\"outer_lr\":%.9g,\"outer_momentum\":%.9g", plain ? 1.0 : d->cfg->diloco_outer_lr,
-                  plain ? 0.0 : outer_momentum(d, fragment_outer_step(d, fl)));
+        double lr, mu;
+        outer_settings(d, fragment_outer_step(d, fl), st->step, &lr, &mu);
+        sb_printf(&sb, ",\"outer_lr\":%.9g,\"outer_momentum\":%.9g", lr, mu);
     }
     if (d->streaming) {
         sb_printf(&sb, ",\"fragment\":%d,\"fragment_hash\":\"%016llx\",\"began_at_step\":%lld,\"steps_in_flight\":%lld",

@@ -13,9 +13,9 @@
 // as torch.optim.SGD(nesterov=True) would with Δ as the gradient; μ may ramp up over
 // diloco_momentum_warmup outer steps, and with diloco_plain_in_decay the outer steps landed in
 // the inner schedule's decay phase use lr 1, μ 0. The defaults (lr 1, μ 0) make it
-// θ ← mean θᵢ. The arithmetic is done per element in double and stored in fp32; every replica decodes the same bytes in the
-// same order, so θ and m are bit-identical everywhere. A hash of θ goes into metrics.jsonl
-// each outer step.
+// θ ← mean θᵢ. The arithmetic is done per element in double and stored in fp32; every
+// replica decodes the same bytes in the same order, so θ and m are bit-identical
+// everywhere. A hash of θ goes into metrics.jsonl each outer step.
 //
 // How Δᵢ travels (diloco_quant): int8 / int4 / int2 send the blockwise-quantized Δᵢ
 // (llmc/quant.h), optionally with error feedback; with diloco_topk < 1 only the largest values

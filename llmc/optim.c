@@ -6,11 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+int64_t decay_start_step(const train_config *cfg) {
+    return cfg->max_steps - (int64_t)llround(cfg->decay_frac * (double)cfg->max_steps);
+}
+
 double lr_at_step(const train_config *cfg, int64_t s) {
     double peak = cfg->lr, lo = cfg->min_lr_frac * cfg->lr;
     int64_t S = cfg->max_steps;
     if (s < cfg->warmup_steps) return peak * (double)(s + 1) / (double)cfg->warmup_steps;
-    int64_t decay_start = S - (int64_t)llround(cfg->decay_frac * (double)S);
+    int64_t decay_start = decay_start_step(cfg);
     if (s >= decay_start && S > decay_start) {
         double p = (double)(s - decay_start) / (double)(S - decay_start);
         if (strcmp(cfg->decay_shape, "sqrt") == 0) return lo + (peak - lo) * (1.0 - sqrt(p));

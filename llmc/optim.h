@@ -21,6 +21,9 @@
 extern "C" {
 #endif
 
+// The first step of the schedule's decay phase: max_steps − round(decay_frac·max_steps).
+int64_t decay_start_step(const train_config *cfg);
+
 // WSD schedule at 0-based step s of max_steps (docs/model.md gives the formula).
 double lr_at_step(const train_config *cfg, int64_t step);
 

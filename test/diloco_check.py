@@ -17,9 +17,9 @@ recomputes, in float64 and without any train_gpt code:
            for a regular round, and for the final syncs after the last step (fragments 0..P−1
            in rounds k0..k0+P−1) fragment p's regular rounds before k0, ⌈(k0 − p)/P⌉, + 1
 and, from outer step K = --plain_from on (diloco_plain_in_decay: the steps landed in the inner
-schedule's decay phase), lr = 1 and μₖ = 0 (θ = the mean); and checks each against the dump, plus that all replicas hold the same bits and that a
-fragment's θ before is its previous outer step's θ after. With streaming (overlap > 0) the
-replicas also write DIR/merge_<replica>_<k>_<p>.f32: local weights before, θ, local weights
+schedule's decay phase), lr = 1 and μₖ = 0 (θ = the mean); and checks each against the dump,
+plus that all replicas hold the same bits and that a fragment's θ before is its previous
+outer step's θ after. With streaming (overlap > 0) the replicas also write DIR/merge_<replica>_<k>_<p>.f32: local weights before, θ, local weights
 after the merge, which must be α·before + (1 − α)·θ (MERGE_ALPHA = α) and whose θ must be
 outer step k's θ after, bit for bit.
 
@@ -397,37 +397,33 @@ def decode_all(kind, buf, n, block):
 
 
 # ---------------------------------------------------------------- arguments
+# The options that take a value: name -> (parse, what the value must be).
+OPTIONS = {
+    "--hub": (str, "DOWNLINK[:FEEDBACK[:BLOCK]] or off"),
+    "--topk": (float, "a fraction in (0, 1]"),
+    "--plain_from": (int, "an outer step"),
+}
+
+
 def parse_args(argv):
-    pos, hub, topk, plain_from = [], None, 1.0, None
+    pos, opts = [], {"--hub": None, "--topk": 1.0, "--plain_from": None}
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a == "--plain_from":
+        if a in OPTIONS:
             if i + 1 >= len(argv):
-                sys.exit("diloco_check: --plain_from needs an outer step")
-            plain_from = int(argv[i + 1])
-            i += 2
-            continue
-        if a == "--topk":
-            if i + 1 >= len(argv):
-                sys.exit("diloco_check: --topk needs a fraction in (0, 1]")
-            topk = float(argv[i + 1])
-            i += 2
-            continue
-        if a == "--hub":
-            if i + 1 >= len(argv):
-                sys.exit("diloco_check: --hub needs DOWNLINK[:FEEDBACK[:BLOCK]] or off")
-            hub = argv[i + 1]
+                sys.exit(f"diloco_check: {a} needs {OPTIONS[a][1]}")
+            opts[a] = OPTIONS[a][0](argv[i + 1])
             i += 2
             continue
         if a.startswith("--hub="):
-            hub = a[len("--hub="):]
+            opts["--hub"] = a[len("--hub="):]
         else:
             pos.append(a)
         i += 1
-    if len(pos) < 4 or not 0 < topk <= 1:
+    if len(pos) < 4 or not 0 < opts["--topk"] <= 1:
         sys.exit(__doc__)
-    return pos, hub, topk, plain_from
+    return pos, opts["--hub"], opts["--topk"], opts["--plain_from"]
 
 
 def hub_config(spec, quant):
