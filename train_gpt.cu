@@ -1595,6 +1595,19 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
            format_count((double)tokens_per_step * (double)cfg->max_steps, run_tokens, sizeof run_tokens));
 }
 
+// The outer optimizer as the start line gives it: lr, μ (Nesterov or heavy-ball, its warm-up),
+// plain averaging in the decay phase, and why when the auto values chose them.
+static void describe_outer(const train_config *cfg, char *out, size_t n) {
+    char why[112] = "";
+    if (cfg->diloco_outer_auto)
+        snprintf(why, sizeof why, " (auto: a run of %lld outer steps; momentum from %d with 2+ replicas)",
+                 (long long)(cfg->max_steps / cfg->diloco_inner_steps), DILOCO_MOMENTUM_ROUNDS);
+    snprintf(out, n, "outer lr %g, momentum %g%s%s%s%s", cfg->diloco_outer_lr, cfg->diloco_outer_momentum,
+             cfg->diloco_outer_momentum == 0 ? "" : cfg->diloco_nesterov ? " (Nesterov)" : " (heavy-ball)",
+             cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "",
+             cfg->diloco_plain_in_decay ? ", plain averaging in the decay phase" : "", why);
+}
+
 static void print_banner(const trainer *tr) {
     print_model_summary(&tr->table, tr->cfg, tr->world);
     printf("train_gpt | data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
@@ -1624,11 +1637,12 @@ static void print_banner(const trainer *tr) {
     if (tr->outer) {
         char topk[48] = "";
         if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
-        printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, outer lr %g, momentum %g, %s "
-               "transport, %s outer gradients%s%s\n",
-               (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, cfg->diloco_outer_lr,
-               cfg->diloco_outer_momentum, cfg->diloco_transport, cfg->diloco_quant, topk,
-               cfg->diloco_error_feedback ? " with error feedback" : "");
+        char outer[256];
+        describe_outer(cfg, outer, sizeof outer);
+        printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, %s, %s transport, %s outer "
+               "gradients%s%s\n",
+               (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, outer,
+               cfg->diloco_transport, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         diloco_memory d = plan_diloco_memory(cfg, &tr->table, tr->group ? comm_size(tr->group) : 1);
         if (d.total > 0) {
             plan_describe_diloco(&d, line, sizeof line);
@@ -2609,12 +2623,11 @@ static local_result train_local(train_config *cfg, bool quiet) {
         print_model_summary(&lead->table, cfg, M);
         char topk[48] = "";
         if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
+        char outer[256];
+        describe_outer(cfg, outer, sizeof outer);
         printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %lld inner steps per "
-               "outer step, outer lr %g, momentum %g%s%s, %s outer gradients%s%s; validation on the global weights\n",
-               M, (long long)H, cfg->diloco_outer_lr, cfg->diloco_outer_momentum,
-               cfg->diloco_nesterov ? " (Nesterov)" : " (heavy-ball)",
-               cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "", cfg->diloco_quant, topk,
-               cfg->diloco_error_feedback ? " with error feedback" : "");
+               "outer step, %s, %s outer gradients%s%s; validation on the global weights\n",
+               M, (long long)H, outer, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         fflush(stdout);
         install_signal_handlers();
     }

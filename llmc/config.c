@@ -23,7 +23,7 @@ typedef struct {
     size_t offset;        // into train_config
     const char *fallback; // default as text; NULL = required
     double min, max;      // inclusive bounds for KEY_INT / KEY_FLOAT
-    const char *choices;  // KEY_CHOICE: "a|b|c"
+    const char *choices;  // KEY_CHOICE: "a|b|c"; KEY_INT / KEY_FLOAT: the one word it also takes ("auto")
     bool is_model;        // part of model_config (written into checkpoints)
     const char *doc;
 } key_spec;
@@ -31,6 +31,8 @@ typedef struct {
 #define M(field) offsetof(train_config, model.field)
 #define T(field) offsetof(train_config, field)
 #define BIG 9.0e18
+#define TEXT_OF_(x) #x
+#define TEXT_OF(x) TEXT_OF_(x)  // a macro's value as a string literal
 #define REQUIRED NULL
 
 static const key_spec KEYS[] = {
@@ -112,11 +114,11 @@ static const key_spec KEYS[] = {
     {"diloco_replicas", KEY_INT, T(diloco_replicas), "0", 0, 256, NULL, false, "DiLoCo replicas M taking part in the run; 0 = DiLoCo off"},
     {"diloco_replica_id", KEY_INT, T(diloco_replica_id), "-1", -1, 255, NULL, false, "this replica's id in [0, M); -1 = the MPI rank (mpi transport)"},
     {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
-    {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "1.0", 0, 10, NULL, false, "outer SGD learning rate (1 with momentum 0: θ = the mean of the replicas; the paper's: 0.7)"},
-    {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "0", 0, 0.999999, NULL, false, "outer momentum μ (the paper's: 0.9; docs/diloco.md says when it pays)"},
+    {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "auto", 0, 10, "auto", false, "outer SGD learning rate; auto (with diloco_outer_momentum auto): 0.2 with μ 0.9 for a run of at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps (max_steps / diloco_inner_steps), else 1 with μ 0 (θ = the mean of the replicas); auto beside a set μ: 1. The paper's: 0.7"},
+    {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "auto", 0, 0.999999, "auto", false, "outer momentum μ; auto: see diloco_outer_lr (0 beside a set lr). The paper's: 0.9"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
     {"diloco_momentum_warmup", KEY_INT, T(diloco_momentum_warmup), "0", 0, BIG, NULL, false, "outer steps over which the outer momentum ramps up linearly to diloco_outer_momentum; 0 = none"},
-    {"diloco_plain_in_decay", KEY_BOOL, T(diloco_plain_in_decay), "0", 0, 1, NULL, false, "outer steps landed in the inner schedule's decay phase are plain averaging (outer lr 1, momentum 0)"},
+    {"diloco_plain_in_decay", KEY_INT, T(diloco_plain_in_decay), "auto", 0, 1, "auto", false, "1: outer steps landed in the inner schedule's decay phase are plain averaging (outer lr 1, momentum 0); auto: 1 when the outer momentum is above 0"},
     {"diloco_fragments", KEY_INT, T(diloco_fragments), "1", 1, 1024, NULL, false, "streaming: sync the model in P fragments of whole layers at staggered inner steps; 1 = the whole model at once"},
     {"diloco_overlap_steps", KEY_INT, T(diloco_overlap_steps), "0", 0, BIG, NULL, false, "streaming: inner steps that run while a fragment's exchange is in flight (below diloco_inner_steps / diloco_fragments); 0 = training waits for it"},
     {"diloco_merge_alpha", KEY_FLOAT, T(diloco_merge_alpha), "0.5", 0, 1, NULL, false, "streaming (diloco_overlap_steps > 0): a landed fragment's weights become alpha·local + (1 − alpha)·global"},
@@ -168,17 +170,26 @@ static bool choice_allowed(const char *choices, const char *value) {
 static const char *set_value(train_config *cfg, const key_spec *k, const char *text) {
     static char why[256];
     void *field = (char *)cfg + k->offset;
+    // A number key that also takes a word ("auto"): NaN or -1 until config_finish resolves it.
+    const char *or_word = k->type != KEY_CHOICE && k->choices ? " or " : "";
+    const char *word = k->type != KEY_CHOICE && k->choices ? k->choices : "";
+    if (*word && strcmp(text, word) == 0) {
+        if (k->type == KEY_FLOAT) *(double *)field = NAN;
+        else *(int64_t *)field = -1;
+        return NULL;
+    }
     switch (k->type) {
     case KEY_INT: {
         errno = 0;
         char *end;
         long long v = strtoll(text, &end, 10);
         if (errno || end == text || *end != '\0') {
-            snprintf(why, sizeof why, "expected an integer, got '%s'", text);
+            snprintf(why, sizeof why, "expected an integer%s%s, got '%s'", or_word, word, text);
             return why;
         }
         if ((double)v < k->min || (double)v > k->max) {
-            snprintf(why, sizeof why, "expected an integer in [%.0f, %.0f], got '%s'", k->min, k->max, text);
+            snprintf(why, sizeof why, "expected an integer in [%.0f, %.0f]%s%s, got '%s'", k->min, k->max, or_word, word,
+                     text);
             return why;
         }
         *(int64_t *)field = v;
@@ -189,11 +200,11 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
         char *end;
         double v = strtod(text, &end);
         if (errno || end == text || *end != '\0' || !isfinite(v)) {
-            snprintf(why, sizeof why, "expected a number, got '%s'", text);
+            snprintf(why, sizeof why, "expected a number%s%s, got '%s'", or_word, word, text);
             return why;
         }
         if (v < k->min || v > k->max) {
-            snprintf(why, sizeof why, "expected a number in [%g, %g], got '%s'", k->min, k->max, text);
+            snprintf(why, sizeof why, "expected a number in [%g, %g]%s%s, got '%s'", k->min, k->max, or_word, word, text);
             return why;
         }
         *(double *)field = v;
@@ -331,6 +342,20 @@ static const char *source_of(const char *name) {
         }                                                                    \
     } while (0)
 
+// The outer optimizer's auto values. lr and μ both auto: Nesterov μ 0.9 at lr 0.2 for a run
+// of M >= 2 replicas and at least DILOCO_MOMENTUM_ROUNDS outer steps (counted from step 0, so
+// that a resumed run resolves the same), else plain averaging (lr 1, μ 0); one of them auto
+// beside a set one: plain averaging's value. diloco_plain_in_decay auto: on with momentum.
+static void resolve_outer_auto(train_config *cfg) {
+    bool lr_auto = isnan(cfg->diloco_outer_lr), mu_auto = isnan(cfg->diloco_outer_momentum);
+    cfg->diloco_outer_auto = lr_auto && mu_auto;
+    bool momentum = cfg->diloco_outer_auto && cfg->diloco_replicas >= 2 &&
+                    cfg->max_steps / cfg->diloco_inner_steps >= DILOCO_MOMENTUM_ROUNDS;
+    if (lr_auto) cfg->diloco_outer_lr = momentum ? 0.2 : 1.0;
+    if (mu_auto) cfg->diloco_outer_momentum = momentum ? 0.9 : 0.0;
+    if (cfg->diloco_plain_in_decay < 0) cfg->diloco_plain_in_decay = cfg->diloco_outer_momentum > 0;
+}
+
 void config_finish(train_config *cfg) {
     model_config *m = &cfg->model;
     if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
@@ -358,6 +383,7 @@ void config_finish(train_config *cfg) {
     RULE(cfg->recompute_layers == 1 || strcmp(cfg->recompute, "auto") != 0, "recompute_layers",
          "%lld cannot be combined with recompute = auto, which chooses it (set recompute = selective or full)",
          (long long)cfg->recompute_layers);
+    resolve_outer_auto(cfg);
     RULE(cfg->sample_every == 0 || cfg->tokenizer[0], "sample_every", "samples need a tokenizer file (set tokenizer)");
     if (cfg->diloco_replicas > 0) {
         bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;

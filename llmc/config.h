@@ -18,6 +18,11 @@
 extern "C" {
 #endif
 
+// The auto outer optimizer (docs/diloco.md#the-default-outer-optimizer): runs of at least this
+// many outer steps (max_steps / diloco_inner_steps) get Nesterov momentum 0.9 at outer lr 0.2,
+// shorter ones plain averaging.
+#define DILOCO_MOMENTUM_ROUNDS 150
+
 // The architecture: everything a model.safetensors needs to be read back.
 typedef struct {
     int64_t vocab_size;
@@ -100,7 +105,8 @@ typedef struct {
     double diloco_outer_momentum;
     bool diloco_nesterov;
     int64_t diloco_momentum_warmup;
-    bool diloco_plain_in_decay;
+    int64_t diloco_plain_in_decay;  // 0 or 1 once loaded (auto resolved)
+    bool diloco_outer_auto;         // lr and μ were both auto: chosen by the run's length
     int64_t diloco_fragments;       // P: streaming DiLoCo syncs the model in P fragments
     int64_t diloco_overlap_steps;   // τ: inner steps a fragment's exchange overlaps
     double diloco_merge_alpha;      // α: θ_local ← α·θ_local + (1−α)·θ_global when a fragment lands (τ > 0)

@@ -52,8 +52,10 @@ check "M=1 over TCP (serving the hub itself): model and optimizer bytes identica
 
 # ---------------------------------------------------------------- 2 + 3. three replicas
 # The paper's outer optimizer (Nesterov, lr 0.7, μ 0.9): the defaults have no momentum, and
-# the numpy check should see the momentum at work.
-three=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 40 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
+# the numpy check should see the momentum at work. diloco_plain_in_decay 0: the paper's step
+# in the decay phase too (auto would average plainly there, with μ > 0).
+three=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 40 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
+       --diloco_plain_in_decay 0)
 if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/dump_mpi"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_mpi" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${three[@]}") \
@@ -232,7 +234,8 @@ check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)
 # 4 layers in 4 fragments of one layer each, H = 12: fragment p syncs after inner steps
 # 3, 6, 9, 0 (mod 12) and lands 2 inner steps later, merging with α = 0.5.
 stream=(--n_layer 4 --diloco_inner_steps 12 --diloco_fragments 4 --diloco_overlap_steps 2 --diloco_quant int8
-    --diloco_error_feedback 1 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_momentum_warmup 3)
+    --diloco_error_feedback 1 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_momentum_warmup 3
+    --diloco_plain_in_decay 0)
 if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/dump_stream"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_stream" "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' \
@@ -255,7 +258,7 @@ if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/dump_final"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_final" "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") \
         --max_steps 13 --diloco_replicas 2 --diloco_inner_steps 8 --diloco_fragments 2 --diloco_outer_lr 0.7 \
-        --diloco_outer_momentum 0.9 --diloco_momentum_warmup 10 --diloco_quant int8 --diloco_transport mpi \
+        --diloco_outer_momentum 0.9 --diloco_momentum_warmup 10 --diloco_plain_in_decay 0 --diloco_quant int8 --diloco_transport mpi \
         --out_dir '$tmp/sfinal/'\$OMPI_COMM_WORLD_RANK" >"$tmp/sfinal.log" 2>&1 || cat "$tmp/sfinal.log"
     check "streaming: the final syncs' momentum warm-up counts each fragment's own syncs = numpy" \
         "$PYTHON" test/diloco_check.py "$tmp/dump_final" 0.7 0.9 int8 0.2 1 10 2

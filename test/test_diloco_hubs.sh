@@ -22,7 +22,7 @@ diloco_test_files
 # scale_test: 992,640 parameters, 4 segments of the payload: two shares.
 common=(test/configs/scale_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0 --diloco_replicas 3 --diloco_inner_steps 5
-    --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_quant int8 --diloco_min_replicas 3)
+    --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0 --diloco_quant int8 --diloco_min_replicas 3)
 TIMEOUT=3
 
 hashes() {  # hashes METRICS: "outer_step param_hash" of every applied outer step

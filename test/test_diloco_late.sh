@@ -20,7 +20,9 @@ tmp_with_processes
 diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0 --ckpt_every 0 --batch_size 16
-    --diloco_replicas 4 --diloco_inner_steps 5 --max_steps 100000000 --diloco_quant none --diloco_min_replicas 3)
+    --diloco_replicas 4 --diloco_inner_steps 5 --max_steps 100000000 --diloco_quant none --diloco_min_replicas 3
+    --diloco_outer_lr 1 --diloco_outer_momentum 0)  # plain averaging, as the numpy check below expects
+                                                    # (auto would take momentum for 2·10⁷ outer steps)
 
 # applied_with FILE IDS [N]: more than N (default 0) applied outer steps of FILE had exactly
 # contributors IDS ("0,1,2").

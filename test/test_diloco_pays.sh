@@ -1,6 +1,8 @@
-# DiLoCo pays (and diloco-tune, at the end): 2 replicas at the default outer optimizer (diloco_outer_lr, diloco_outer_momentum,
-# diloco_nesterov, diloco_momentum_warmup as the config table sets them) reach a lower
-# validation loss than one worker at equal tokens per replica, for each of 3 seeds.
+# DiLoCo pays (and the auto outer optimizer's choice, and diloco-tune, at the end): 2 replicas at
+# the default outer optimizer (diloco_outer_lr, diloco_outer_momentum, diloco_nesterov,
+# diloco_momentum_warmup as the config table sets them; auto is plain averaging for this run of
+# 30 outer steps) reach a lower validation loss than one worker at equal tokens per replica,
+# for each of 3 seeds.
 #
 # Data: an order-2 Markov "language" over 64 tokens (test_tool markov): 4,096 contexts with 4
 # successors each, so a small model keeps gaining from more tokens for thousands of steps and
@@ -35,6 +37,51 @@ for seed in 1 2 3; do
     check "seed $seed: 2 replicas at the default outer settings ($two) beat one worker ($one) by $MARGIN nats" \
         beats "$two" "$one" "$MARGIN"
 done
+
+# The auto outer optimizer (diloco_outer_lr and diloco_outer_momentum both auto): a run of at
+# least 150 outer steps (max_steps / diloco_inner_steps) with 2+ replicas takes Nesterov μ 0.9 at
+# lr 0.2, and plain averaging (lr 1, μ 0) for the outer steps after the decay phase began
+# (diloco_plain_in_decay auto: on with momentum; step 120 of 150 at decay_frac 0.2); a run of 149,
+# or one replica, or an outer lr set alone, takes plain averaging throughout. Read from the
+# outer_lr / outer_momentum each applied outer step logs (test_diloco.sh checks those values
+# against numpy).
+outer_settings() {  # the distinct "lr mu first_step last_step" runs of a metrics file, in order
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+runs = []
+for d in map(json.loads, open(sys.argv[1])):
+    if not d.get("applied"):
+        continue
+    key = "%g %g" % (d["outer_lr"], d["outer_momentum"])
+    if runs and runs[-1][0] == key:
+        runs[-1][2] = d["step"]
+    else:
+        runs.append([key, d["step"], d["step"]])
+print(", ".join("%s %d %d" % tuple(r) for r in runs))
+PY
+}
+auto_run() {  # auto_run NAME [--key value]...: 2 simulated replicas, H = 1, no validation
+    local name=$1; shift
+    "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0 \
+        --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0 --resume never --diloco_transport local \
+        --diloco_inner_steps 1 --diloco_quant none --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
+        die "$name: $(tail -1 "$tmp/$name.log")"
+}
+auto_run auto150 --diloco_replicas 2 --max_steps 150
+check "auto, 150 outer steps: lr 0.2, mu 0.9 to step 120, then plain averaging ($(outer_settings "$tmp/auto150/metrics.jsonl"))" \
+    test "$(outer_settings "$tmp/auto150/metrics.jsonl")" = "0.2 0.9 1 120, 1 0 121 150"
+check "auto, 150 outer steps: the start line says why" \
+    grep -q 'outer lr 0.2, momentum 0.9 (Nesterov), plain averaging in the decay phase (auto: a run of 150 outer steps' \
+    "$tmp/auto150.log"
+auto_run auto149 --diloco_replicas 2 --max_steps 149
+check "auto, 149 outer steps: plain averaging throughout ($(outer_settings "$tmp/auto149/metrics.jsonl"))" \
+    test "$(outer_settings "$tmp/auto149/metrics.jsonl")" = "1 0 1 149"
+auto_run auto_lr --diloco_replicas 2 --max_steps 150 --diloco_outer_lr 0.8
+check "auto momentum beside a set outer lr: 0, and so no plain averaging in the decay ($(outer_settings "$tmp/auto_lr/metrics.jsonl"))" \
+    test "$(outer_settings "$tmp/auto_lr/metrics.jsonl")" = "0.8 0 1 150"
+auto_run auto_m1 --diloco_replicas 1 --max_steps 150
+check "auto, one replica: plain averaging ($(outer_settings "$tmp/auto_m1/metrics.jsonl"))" \
+    test "$(outer_settings "$tmp/auto_m1/metrics.jsonl")" = "1 0 1 150"
 
 # diloco-tune on the same data, at the test model's own size (--proxy 0): it runs one worker,
 # data parallel and the 2 x 2 grid; its one-worker baseline is plain training (the same val

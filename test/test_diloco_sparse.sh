@@ -19,7 +19,7 @@ diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 sparse=(--diloco_replicas 2 --diloco_inner_steps 5 --max_steps 200 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
-    --diloco_quant int4 --diloco_topk 0.25 --diloco_error_feedback 1)
+    --diloco_plain_in_decay 0 --diloco_quant int4 --diloco_topk 0.25 --diloco_error_feedback 1)
 detect_mpi
 
 # (outer_step, param_hash) of every applied outer step in a metrics file, one per line.

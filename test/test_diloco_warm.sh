@@ -24,7 +24,8 @@ ckpt="$tmp/warm/step_00000020"
 
 # W = 3 outer steps of warm-up at μ 0.6: applied outer steps 1, 2, 3, 4 use 0.2, 0.4, 0.6, 0.6.
 diloco=(--batch_size 5 --max_steps 20 --diloco_replicas 3 --diloco_inner_steps 5 --diloco_quant none
-    --diloco_outer_lr 0.7 --diloco_outer_momentum 0.6 --diloco_momentum_warmup 3 --init_from "$ckpt")
+    --diloco_outer_lr 0.7 --diloco_outer_momentum 0.6 --diloco_momentum_warmup 3 --diloco_plain_in_decay 0
+    --init_from "$ckpt")
 
 first_hashes() {  # the param_hash of each replica's first outer step, one per line
     for f in "$@"; do grep -m1 '"outer_step":1,' "$f" | sed -E 's/.*"param_hash":"([0-9a-f]+)".*/\1/'; done

@@ -144,7 +144,8 @@ for r in 0 1; do
 done
 
 # ---------------------------------------------------------------- 3. sharded = unsharded
-fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_min_replicas 2 --max_steps 20
+fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0
+    --diloco_min_replicas 2 --max_steps 20
     --ckpt_every 10)
 start_relay sharded 2
 two_replicas 2 sharded "${fp32[@]}" --grad_accum 1

@@ -14,7 +14,10 @@
 #          unless the extra keys say otherwise)
 #   START  scratch, or warm: start from the checkpoint that the one-worker run of the same
 #          STEPS and SEED wrote at 20 % of STEPS (that run must come earlier in PLAN)
-#   H, OUTER_LR, MU, NESTEROV, MU_WARMUP: DiLoCo's settings (ignored by one and dp: write -)
+#   H, OUTER_LR, MU, NESTEROV, MU_WARMUP: DiLoCo's settings (ignored by one and dp: write -);
+#          OUTER_LR and MU may both be auto (the run's own choice, docs/config.md); else the
+#          outer step is exactly lr and μ, also in the decay phase unless the extra keys say
+#          --diloco_plain_in_decay 1
 #
 # Every run trains CONFIG (default configs/tiny.conf) with batch B (default 8) on its own
 # 1/M of the data for STEPS steps and validates on the same val_tokens (default 0 = all of
@@ -68,7 +71,10 @@ while read -r name kind M H lr mu nesterov mu_warmup steps seed start extra; do
         dp) args+=(--batch_size $((B * M))) ;;
         diloco) args+=(--diloco_replicas "$M" --diloco_transport local --diloco_inner_steps "$H"
                        --diloco_outer_lr "$lr" --diloco_outer_momentum "$mu" --diloco_nesterov "$nesterov"
-                       --diloco_momentum_warmup "$mu_warmup" --diloco_quant none) ;;
+                       --diloco_momentum_warmup "$mu_warmup" --diloco_quant none)
+                # The row's lr and μ exactly, also in the decay phase (the extra keys may say
+                # --diloco_plain_in_decay 1); OUTER_LR and MU both auto: the auto outer optimizer.
+                [ "$lr" = auto ] && [ "$mu" = auto ] || args+=(--diloco_plain_in_decay 0) ;;
         *) echo "convergence: $name: unknown kind '$kind' (one, dp or diloco)" >&2; exit 1 ;;
     esac
     case "$start" in
