@@ -42,6 +42,7 @@ typedef struct {
     int64_t offset, numel;
     int first_layer, layers;
     int64_t sync_offset;       // synced after every inner step s with s % H == sync_offset
+    int64_t decay_offset;      // in the decay phase: (s − its start) % H_d == decay_offset
     size_t payload_bytes;      // its encoded outer gradient (segmented, llmc/quant.h)
     size_t mean_bytes;         // the encoded mean that comes back
 } fragment;
@@ -92,6 +93,8 @@ struct diloco {
     int n_fragments;                       // P
     fragment *fragments;
     int64_t overlap;                       // τ
+    int64_t decay_from, decay_H;           // after inner step decay_from, sync every decay_H
+                                           // steps (diloco_decay_inner_steps; INT64_MAX: never)
     bool streaming;                        // P > 1 or τ > 0: the metrics say which fragment
     flight flight;
     // diloco_transport = local (all M replicas in this process): one payload and one
@@ -171,6 +174,9 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
     if (cfg->diloco_sync_every_s > 0) sb_printf(&sb, "|sync every %.17g s", cfg->diloco_sync_every_s);
     // With plain averaging in the decay phase, where that phase starts decides the outer step.
     if (cfg->diloco_plain_in_decay) sb_printf(&sb, "|plain in decay|decay_frac %.17g", cfg->decay_frac);
+    // So does the decay phase's sync interval.
+    if (cfg->diloco_decay_inner_steps > 0)
+        sb_printf(&sb, "|decay H %lld|decay_frac %.17g", (long long)cfg->diloco_decay_inner_steps, cfg->decay_frac);
     uint64_t h = xxh64(sb.data, sb.length, 0);
     sb_free(&sb);
     free(model);
@@ -181,6 +187,7 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
 // starts at the layer boundary nearest p·numel/P (every fragment keeps at least one layer).
 // Fragment p syncs after inner steps s with s % H = ⌊(p + 1)·H / P⌋ % H, so with P = 1 at
 // every multiple of H (classic DiLoCo) and otherwise spread evenly, fragment P − 1 last.
+// With diloco_decay_inner_steps H_d, the same spread over H_d counts from the decay's start.
 //
 // A sharded replica chooses the same layers (from the whole model's layout, so its fragments
 // are an unsharded replica's), and a fragment is then the range of the local layout that holds
@@ -216,6 +223,7 @@ static void split_fragments(diloco *d) {
         f->offset = local_start[first[p]];
         f->numel = local_start[first[p + 1]] - f->offset;
         f->sync_offset = ((int64_t)(p + 1) * H / P) % H;
+        f->decay_offset = ((int64_t)(p + 1) * d->decay_H / P) % d->decay_H;
         f->payload_bytes = quant_segmented_bytes(d->quant, f->numel, d->block, d->segment);
         f->mean_bytes = quant_segmented_bytes(d->down, f->numel, d->block, d->segment);
     }
@@ -281,6 +289,9 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     d->down_feedback = cfg->diloco_downlink_feedback && d->down != QUANT_NONE;
     d->bound = d->quant == QUANT_NONE ? 0.0f : (float)cfg->diloco_bound;
     d->overlap = cfg->diloco_overlap_steps;
+    d->decay_H = cfg->diloco_decay_inner_steps > 0 ? cfg->diloco_decay_inner_steps : cfg->diloco_inner_steps;
+    d->decay_from = cfg->diloco_decay_inner_steps > 0 && cfg->max_steps > decay_start_step(cfg)
+                        ? decay_start_step(cfg) : INT64_MAX;
     d->streaming = cfg->diloco_fragments > 1 || d->overlap > 0;
     split_fragments(d);
     size_t largest = 0, largest_mean = 0;
@@ -634,13 +645,21 @@ static payload_spec spec_of(const diloco *d, const fragment *f, uint64_t tokens)
                           .model_values = d->numel, .bound = d->bound, .tokens = tokens};
 }
 
+// Whether fragment f syncs after inner step s (s ≥ 1): every H steps, and after the decay
+// phase's start every H_d (diloco_decay_inner_steps), counted from that start.
+static bool syncs_after(const diloco *d, const fragment *f, int64_t s) {
+    if (s > d->decay_from) return (s - d->decay_from) % d->decay_H == f->decay_offset;
+    return s % d->cfg->diloco_inner_steps == f->sync_offset;
+}
+
 // The inner steps since fragment f last synced, when it syncs after inner step `step`: back to
-// the previous step s with s % H == its offset (or the start). With streaming the fragment's
-// phase is H steps like any other's; the final sync's may be shorter.
+// the previous step it synced at (or the start). With streaming the fragment's phase is H
+// steps like any other's; the final sync's may be shorter, and so may the one that crosses
+// into the decay phase with diloco_decay_inner_steps.
 static int64_t steps_since_sync(const diloco *d, const fragment *f, int64_t step) {
-    int64_t H = d->cfg->diloco_inner_steps, r = ((step - f->sync_offset) % H + H) % H;
-    int64_t previous = step - (r == 0 ? H : r);
-    return step - (previous > 0 ? previous : 0);
+    int64_t previous = step - 1;
+    while (previous > 0 && !syncs_after(d, f, previous)) previous--;
+    return step - previous;
 }
 
 // Training tokens of one inner step of this replica (all its ranks: each reads its own
@@ -878,9 +897,8 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
 // The fragment whose sync begins after inner step `step`, or -1.
 static int fragment_due(const diloco *d, int64_t step) {
     if (step <= 0) return -1;
-    int64_t r = step % d->cfg->diloco_inner_steps;
     for (int p = 0; p < d->n_fragments; p++)
-        if (d->fragments[p].sync_offset == r) return p;
+        if (syncs_after(d, &d->fragments[p], step)) return p;
     return -1;
 }
 

@@ -1608,6 +1608,14 @@ static void describe_outer(const train_config *cfg, char *out, size_t n) {
              cfg->diloco_plain_in_decay ? ", plain averaging in the decay phase" : "", why);
 }
 
+// "H inner steps per outer step", and H_d's where the decay phase has its own.
+static void describe_inner(const train_config *cfg, char *out, size_t n) {
+    char decay[64] = "";
+    if (cfg->diloco_decay_inner_steps > 0)
+        snprintf(decay, sizeof decay, " (%lld in the decay phase)", (long long)cfg->diloco_decay_inner_steps);
+    snprintf(out, n, "%lld inner steps per outer step%s", (long long)cfg->diloco_inner_steps, decay);
+}
+
 static void print_banner(const trainer *tr) {
     print_model_summary(&tr->table, tr->cfg, tr->world);
     printf("train_gpt | data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
@@ -1637,11 +1645,11 @@ static void print_banner(const trainer *tr) {
     if (tr->outer) {
         char topk[48] = "";
         if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
-        char outer[256];
+        char outer[256], inner[112];
         describe_outer(cfg, outer, sizeof outer);
-        printf("train_gpt | diloco: replica %d of %d, %lld inner steps per outer step, %s, %s transport, %s outer "
-               "gradients%s%s\n",
-               (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, outer,
+        describe_inner(cfg, inner, sizeof inner);
+        printf("train_gpt | diloco: replica %d of %d, %s, %s, %s transport, %s outer gradients%s%s\n",
+               (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, inner, outer,
                cfg->diloco_transport, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         diloco_memory d = plan_diloco_memory(cfg, &tr->table, tr->group ? comm_size(tr->group) : 1);
         if (d.total > 0) {
@@ -1841,6 +1849,15 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
            "each way keeps up\n",
            link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
            M * (double)x.up / 1e9 / hubs, M * (double)x.down / 1e9 / hubs, M * link_mbps / hubs);
+    int64_t H = cfg->diloco_inner_steps, Hd = cfg->diloco_decay_inner_steps, D = decay_start_step(cfg);
+    bool decay_syncs = Hd > 0 && cfg->max_steps > D;
+    if (decay_syncs) {  // whole-model syncs: every H to D, then every H_d, and the final one
+        int64_t with = D / H + (cfg->max_steps - D + Hd - 1) / Hd, without = (cfg->max_steps + H - 1) / H;
+        printf("train_gpt | diloco: diloco_decay_inner_steps %lld: an outer step every %lld inner steps from step %lld "
+               "(the decay phase): %lld outer steps in the run instead of %lld (%.2f× the bytes)\n",
+               (long long)Hd, (long long)Hd, (long long)D, (long long)with, (long long)without,
+               (double)with / (double)without);
+    }
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world;
         double inner_s = (double)cfg->diloco_inner_steps * tokens * model_flops_per_token(t) /
@@ -1851,6 +1868,11 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops, world,
                tokens, exchange_s / inner_s,
                exchange_s > inner_s ? " — longer than the compute: larger H, a smaller codec or top-k" : "");
+        if (decay_syncs)
+            printf("train_gpt | diloco: in the decay phase the %lld inner steps take %s: the exchange is %.2f× them%s\n",
+                   (long long)Hd, format_duration(inner_s * (double)Hd / (double)H, a, sizeof a),
+                   exchange_s / (inner_s * (double)Hd / (double)H),
+                   exchange_s > inner_s * (double)Hd / (double)H ? " — training waits there" : "");
         // Streaming hides a fragment's sync behind diloco_overlap_steps inner steps (docs/diloco.md).
         double step_s = inner_s / (double)cfg->diloco_inner_steps;
         double frag_s = (double)(x.fragment_up > x.fragment_down ? x.fragment_up : x.fragment_down) / link;
@@ -2623,17 +2645,19 @@ static local_result train_local(train_config *cfg, bool quiet) {
         print_model_summary(&lead->table, cfg, M);
         char topk[48] = "";
         if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, ", the top %g of every block", cfg->diloco_topk);
-        char outer[256];
+        char outer[256], inner[112];
         describe_outer(cfg, outer, sizeof outer);
-        printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %lld inner steps per "
-               "outer step, %s, %s outer gradients%s%s; validation on the global weights\n",
-               M, (long long)H, outer, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
+        describe_inner(cfg, inner, sizeof inner);
+        printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %s, %s, %s outer "
+               "gradients%s%s; validation on the global weights\n",
+               M, inner, outer, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         fflush(stdout);
         install_signal_handlers();
     }
 
     local_result res = {NAN, 0.0};
-    step_metrics *round = (step_metrics *)xcalloc((size_t)(H + 1), sizeof *round);
+    // A round is at most H steps, or H + H_d where it crosses into the decay phase.
+    step_metrics *round = (step_metrics *)xcalloc((size_t)(H + cfg->diloco_decay_inner_steps + 1), sizeof *round);
     double step_time_sum = 0.0;
     int64_t timed = 0;
     while (lead->state.step < cfg->max_steps) {
@@ -2816,6 +2840,10 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--diloco_sync_every_s", "0");  // the simulated replicas take turns: no wall-time phases
     ARG("--diloco_replicas", "%d", replicas);
     ARG("--diloco_inner_steps", "%lld", (long long)(replicas > 1 ? o->inner_steps : steps));
+    // One H throughout: the tuned lr and μ are those of the phases before the decay (which
+    // diloco_decay_inner_steps would shorten; the default outer optimizer makes them plain
+    // averaging anyway).
+    ARG("--diloco_decay_inner_steps", "0");
     ARG("--diloco_outer_lr", "%.17g", lr);
     ARG("--diloco_outer_momentum", "%.17g", mu);
     ARG("--out_dir", "%s/%s", o->dir, name);

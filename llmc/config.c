@@ -114,6 +114,7 @@ static const key_spec KEYS[] = {
     {"diloco_replicas", KEY_INT, T(diloco_replicas), "0", 0, 256, NULL, false, "DiLoCo replicas M taking part in the run; 0 = DiLoCo off"},
     {"diloco_replica_id", KEY_INT, T(diloco_replica_id), "-1", -1, 255, NULL, false, "this replica's id in [0, M); -1 = the MPI rank (mpi transport)"},
     {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
+    {"diloco_decay_inner_steps", KEY_INT, T(diloco_decay_inner_steps), "0", 0, BIG, NULL, false, "inner steps between outer steps once the inner schedule's decay phase has begun (counted from its start); 0 = diloco_inner_steps throughout"},
     {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "auto", 0, 10, "auto", false, "outer SGD learning rate; auto (with diloco_outer_momentum auto): 0.2 with μ 0.9 for a run of at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps (max_steps / diloco_inner_steps), else 1 with μ 0 (θ = the mean of the replicas); auto beside a set μ: 1. The paper's: 0.7"},
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "auto", 0, 0.999999, "auto", false, "outer momentum μ; auto: see diloco_outer_lr (0 beside a set lr). The paper's: 0.9"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
@@ -405,6 +406,16 @@ void config_finish(train_config *cfg) {
         RULE(cfg->diloco_overlap_steps < gap, "diloco_overlap_steps",
              "%lld must be below diloco_inner_steps / diloco_fragments = %lld, so that a fragment lands before the "
              "next one starts", (long long)cfg->diloco_overlap_steps, (long long)gap);
+        if (cfg->diloco_decay_inner_steps > 0) {
+            int64_t Hd = cfg->diloco_decay_inner_steps;
+            RULE(cfg->diloco_fragments <= Hd, "diloco_decay_inner_steps",
+                 "%lld is less than diloco_fragments %lld: each fragment needs its own inner step to sync at",
+                 (long long)Hd, (long long)cfg->diloco_fragments);
+            RULE(cfg->diloco_fragments > Hd || cfg->diloco_overlap_steps < Hd / cfg->diloco_fragments,
+                 "diloco_overlap_steps", "%lld must be below diloco_decay_inner_steps / diloco_fragments = %lld, so "
+                 "that a fragment lands before the next one starts", (long long)cfg->diloco_overlap_steps,
+                 (long long)(Hd / cfg->diloco_fragments));
+        }
         RULE(strcmp(cfg->diloco_quant, "none") != 0 || strcmp(cfg->diloco_downlink, "bf16") != 0, "diloco_downlink",
              "bf16 with diloco_quant = none would send the mean of the weights themselves in bf16; use same or fp32");
         RULE(cfg->diloco_topk == 1 || strcmp(cfg->diloco_quant, "none") != 0, "diloco_topk",

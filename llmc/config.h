@@ -101,6 +101,7 @@ typedef struct {
     int64_t diloco_replicas;        // M
     int64_t diloco_replica_id;      // -1 = the MPI rank (mpi) ; required for tcp
     int64_t diloco_inner_steps;     // H
+    int64_t diloco_decay_inner_steps;  // H in the decay phase; 0 = diloco_inner_steps
     double diloco_outer_lr;
     double diloco_outer_momentum;
     bool diloco_nesterov;

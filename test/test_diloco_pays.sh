@@ -83,6 +83,34 @@ auto_run auto_m1 --diloco_replicas 1 --max_steps 150
 check "auto, one replica: plain averaging ($(outer_settings "$tmp/auto_m1/metrics.jsonl"))" \
     test "$(outer_settings "$tmp/auto_m1/metrics.jsonl")" = "1 0 1 150"
 
+# diloco_decay_inner_steps: from the decay phase's start (decay_frac 0.4 of 50 steps: step 30)
+# the outer steps come every 4 inner steps instead of 10, and each says how many inner steps it
+# carries; with 2 streaming fragments (H 10, H_d 4, one step in flight, decay from step 20) the
+# fragments sync at offsets 5 / 0 of 10, then 2 / 0 of 4 counted from step 20, and the sync that
+# crosses into the decay phase carries the steps since the fragment's own last sync.
+syncs() {  # the applied outer steps of a metrics file: "began_at_step[:fragment]/inner_steps", in order
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+rows = [d for d in map(json.loads, open(sys.argv[1])) if "outer_step" in d and d.get("applied")]
+print(" ".join("%d%s/%d" % (d.get("began_at_step", d["step"]), ":%d" % d["fragment"] if "fragment" in d else "",
+                           d["inner_steps"]) for d in rows))
+PY
+}
+auto_run decay_h --diloco_replicas 2 --max_steps 50 --decay_frac 0.4 --diloco_inner_steps 10 --diloco_decay_inner_steps 4
+check "decay H: outer steps at 10, 20, 30, then every 4 ($(syncs "$tmp/decay_h/metrics.jsonl"))" \
+    test "$(syncs "$tmp/decay_h/metrics.jsonl")" = "10/10 20/10 30/10 34/4 38/4 42/4 46/4 50/4"
+check "decay H: the start line says so" grep -q '10 inner steps per outer step (4 in the decay phase)' "$tmp/decay_h.log"
+auto_run decay_stream --diloco_replicas 2 --max_steps 40 --decay_frac 0.5 --diloco_inner_steps 10 \
+    --diloco_decay_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 1 --n_layer 2
+check "decay H, 2 streaming fragments ($(syncs "$tmp/decay_stream/metrics.jsonl"))" \
+    test "$(syncs "$tmp/decay_stream/metrics.jsonl")" = \
+    "5:0/5 10:1/10 15:0/10 20:1/10 22:0/7 24:1/4 26:0/4 28:1/4 30:0/4 32:1/4 34:0/4 36:1/4 38:0/4 40:0/2 40:1/4"
+if "$TRAIN_GPT" test/configs/tiny_test.conf --diloco_replicas 2 --diloco_transport local --diloco_inner_steps 10 \
+    --diloco_decay_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 2 --max_steps 40 --train_data "$tmp/train.bin" \
+    --out_dir "$tmp/decay_bad" >"$tmp/decay_bad.log" 2>&1; then bad_rc=0; else bad_rc=$?; fi
+check "decay H: a fragment still in flight at the next decay sync is refused in one line naming the key" \
+    test "$bad_rc" -ne 0 -a "$(grep -c 'diloco_overlap_steps.*diloco_decay_inner_steps' "$tmp/decay_bad.log")" -eq 1
+
 # diloco-tune on the same data, at the test model's own size (--proxy 0): it runs one worker,
 # data parallel and the 2 x 2 grid; its one-worker baseline is plain training (the same val
 # loss to the last digit as a run without DiLoCo), and the settings it recommends are those

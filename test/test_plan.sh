@@ -166,6 +166,11 @@ check "DiLoCo row counted in the cpu total, beside the gpu's" sh -c "
     '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport mpi \
         2>&1 | grep -q 'cpu backend (fp32), recompute .* + [0-9.]* DiLoCo\$'"
 check "no DiLoCo row without DiLoCo" sh -c "! grep -q 'diloco outer state' '$tmp/plan1.txt'"
+# diloco_decay_inner_steps: gpt-1b's 20,000 steps at H 500 are 40 outer steps; with H_d 100 in
+# its decay phase (decay_frac 0.2: from step 16,000), 32 + 40 = 72.
+check "DiLoCo with H_d 100 in the decay: 72 outer steps instead of 40 (1.80x the bytes)" sh -c "
+    '$TRAIN_GPT' plan configs/gpt-1b.conf --diloco_replicas 4 --diloco_transport local --diloco_decay_inner_steps 100 \
+        2>&1 | grep -q 'every 100 inner steps from step 16000 (the decay phase): 72 outer steps in the run instead of 40 (1.80× the bytes)'"
 
 # ---------------------------------------------------------------- 3. recompute = auto in runs
 "$TOOL" shard "$tmp/train.bin" 64 0 200000 11
