@@ -2,7 +2,7 @@
 // boundaries (docs/diloco.md has the whole story).
 //
 // Each of M replicas trains on its own 1/M of the data. Every H = diloco_inner_steps inner
-// steps (and after the last step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the
+// steps (every H_d = diloco_decay_inner_steps in the decay phase, if set; and after the last step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the
 // global weights of the last outer step and θᵢ its own weights now. The replicas exchange
 // their Δᵢ (net/transport.h), average those that arrived — never counting absent replicas —
 // and all apply the same outer step:
@@ -14,7 +14,9 @@
 // diloco_momentum_warmup outer steps, and with diloco_plain_in_decay the outer steps landed in
 // the inner schedule's decay phase use lr 1, μ 0. lr 1, μ 0 make it θ ← mean θᵢ: the
 // defaults (auto, llmc/config.c) for a run of fewer than DILOCO_MOMENTUM_ROUNDS outer steps,
-// μ 0.9 at lr 0.2 with plain averaging in the decay for a longer one. The arithmetic is done per element in double and stored in fp32; every
+// μ 0.9 at lr 0.2 with plain averaging in the decay for a longer one, which then also syncs
+// every H / 4 steps there (diloco_decay_inner_steps). The arithmetic is done per element in
+// double and stored in fp32; every
 // replica decodes the same bytes in the same order, so θ and m are bit-identical
 // everywhere. A hash of θ goes into metrics.jsonl each outer step.
 //

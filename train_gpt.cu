@@ -1610,9 +1610,10 @@ static void describe_outer(const train_config *cfg, char *out, size_t n) {
 
 // "H inner steps per outer step", and H_d's where the decay phase has its own.
 static void describe_inner(const train_config *cfg, char *out, size_t n) {
-    char decay[64] = "";
+    char decay[96] = "";
     if (cfg->diloco_decay_inner_steps > 0)
-        snprintf(decay, sizeof decay, " (%lld in the decay phase)", (long long)cfg->diloco_decay_inner_steps);
+        snprintf(decay, sizeof decay, " (%lld in the decay phase%s)", (long long)cfg->diloco_decay_inner_steps,
+                 cfg->diloco_decay_auto ? ": auto, with plain averaging there" : "");
     snprintf(out, n, "%lld inner steps per outer step%s", (long long)cfg->diloco_inner_steps, decay);
 }
 

@@ -114,7 +114,7 @@ static const key_spec KEYS[] = {
     {"diloco_replicas", KEY_INT, T(diloco_replicas), "0", 0, 256, NULL, false, "DiLoCo replicas M taking part in the run; 0 = DiLoCo off"},
     {"diloco_replica_id", KEY_INT, T(diloco_replica_id), "-1", -1, 255, NULL, false, "this replica's id in [0, M); -1 = the MPI rank (mpi transport)"},
     {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
-    {"diloco_decay_inner_steps", KEY_INT, T(diloco_decay_inner_steps), "0", 0, BIG, NULL, false, "inner steps between outer steps once the inner schedule's decay phase has begun (counted from its start); 0 = diloco_inner_steps throughout"},
+    {"diloco_decay_inner_steps", KEY_INT, T(diloco_decay_inner_steps), "auto", 0, BIG, "auto", false, "inner steps between outer steps once the inner schedule's decay phase has begun (counted from its start); 0 = diloco_inner_steps throughout; auto: diloco_inner_steps / " TEXT_OF(DILOCO_DECAY_SYNC_FACTOR) " with diloco_plain_in_decay (at least diloco_fragments · (diloco_overlap_steps + 1)), else 0"},
     {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "auto", 0, 10, "auto", false, "outer SGD learning rate; auto (with diloco_outer_momentum auto): 0.2 with μ 0.9 for a run of at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps (max_steps / diloco_inner_steps), else 1 with μ 0 (θ = the mean of the replicas); auto beside a set μ: 1. The paper's: 0.7"},
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "auto", 0, 0.999999, "auto", false, "outer momentum μ; auto: see diloco_outer_lr (0 beside a set lr). The paper's: 0.9"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
@@ -355,6 +355,19 @@ static void resolve_outer_auto(train_config *cfg) {
     if (lr_auto) cfg->diloco_outer_lr = momentum ? 0.2 : 1.0;
     if (mu_auto) cfg->diloco_outer_momentum = momentum ? 0.9 : 0.0;
     if (cfg->diloco_plain_in_decay < 0) cfg->diloco_plain_in_decay = cfg->diloco_outer_momentum > 0;
+    // diloco_decay_inner_steps auto: with plain averaging in the decay, H / DILOCO_DECAY_SYNC_FACTOR
+    // there, or the shortest interval a streaming schedule allows (P·(τ + 1)); 0 (= H) where that
+    // is not shorter than H, and without plain averaging in the decay.
+    cfg->diloco_decay_auto = cfg->diloco_decay_inner_steps < 0;
+    if (cfg->diloco_decay_auto) {
+        int64_t H = cfg->diloco_inner_steps, Hd = 0;
+        if (cfg->diloco_plain_in_decay) {
+            int64_t least = cfg->diloco_fragments * (cfg->diloco_overlap_steps + 1);
+            Hd = H / DILOCO_DECAY_SYNC_FACTOR > least ? H / DILOCO_DECAY_SYNC_FACTOR : least;
+            if (Hd >= H) Hd = 0;
+        }
+        cfg->diloco_decay_inner_steps = Hd;
+    }
 }
 
 void config_finish(train_config *cfg) {

@@ -22,6 +22,9 @@ extern "C" {
 // many outer steps (max_steps / diloco_inner_steps) get Nesterov momentum 0.9 at outer lr 0.2,
 // shorter ones plain averaging.
 #define DILOCO_MOMENTUM_ROUNDS 150
+// With plain averaging in the decay phase (diloco_plain_in_decay), diloco_decay_inner_steps auto
+// syncs this many times as often there (docs/diloco.md#syncing-more-often-in-the-decay).
+#define DILOCO_DECAY_SYNC_FACTOR 4
 
 // The architecture: everything a model.safetensors needs to be read back.
 typedef struct {
@@ -101,13 +104,14 @@ typedef struct {
     int64_t diloco_replicas;        // M
     int64_t diloco_replica_id;      // -1 = the MPI rank (mpi) ; required for tcp
     int64_t diloco_inner_steps;     // H
-    int64_t diloco_decay_inner_steps;  // H in the decay phase; 0 = diloco_inner_steps
+    int64_t diloco_decay_inner_steps;  // H in the decay phase; 0 = diloco_inner_steps (auto resolved)
     double diloco_outer_lr;
     double diloco_outer_momentum;
     bool diloco_nesterov;
     int64_t diloco_momentum_warmup;
     int64_t diloco_plain_in_decay;  // 0 or 1 once loaded (auto resolved)
     bool diloco_outer_auto;         // lr and μ were both auto: chosen by the run's length
+    bool diloco_decay_auto;         // diloco_decay_inner_steps was auto
     int64_t diloco_fragments;       // P: streaming DiLoCo syncs the model in P fragments
     int64_t diloco_overlap_steps;   // τ: inner steps a fragment's exchange overlaps
     double diloco_merge_alpha;      // α: θ_local ← α·θ_local + (1−α)·θ_global when a fragment lands (τ > 0)

@@ -60,6 +60,14 @@ for d in map(json.loads, open(sys.argv[1])):
 print(", ".join("%s %d %d" % tuple(r) for r in runs))
 PY
 }
+syncs() {  # the applied outer steps of a metrics file: "began_at_step[:fragment]/inner_steps", in order
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+rows = [d for d in map(json.loads, open(sys.argv[1])) if "outer_step" in d and d.get("applied")]
+print(" ".join("%d%s/%d" % (d.get("began_at_step", d["step"]), ":%d" % d["fragment"] if "fragment" in d else "",
+                           d["inner_steps"]) for d in rows))
+PY
+}
 auto_run() {  # auto_run NAME [--key value]...: 2 simulated replicas, H = 1, no validation
     local name=$1; shift
     "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0 \
@@ -88,14 +96,16 @@ check "auto, one replica: plain averaging ($(outer_settings "$tmp/auto_m1/metric
 # carries; with 2 streaming fragments (H 10, H_d 4, one step in flight, decay from step 20) the
 # fragments sync at offsets 5 / 0 of 10, then 2 / 0 of 4 counted from step 20, and the sync that
 # crosses into the decay phase carries the steps since the fragment's own last sync.
-syncs() {  # the applied outer steps of a metrics file: "began_at_step[:fragment]/inner_steps", in order
-    "$PYTHON" - "$1" <<'PY'
-import json, sys
-rows = [d for d in map(json.loads, open(sys.argv[1])) if "outer_step" in d and d.get("applied")]
-print(" ".join("%d%s/%d" % (d.get("began_at_step", d["step"]), ":%d" % d["fragment"] if "fragment" in d else "",
-                           d["inner_steps"]) for d in rows))
-PY
-}
+# auto (diloco_decay_inner_steps): H / 4 with plain averaging in the decay, at least 1; H = 2 over
+# 150 outer steps: momentum to step 240 every 2 steps, then plain averaging every step; the
+# 150-step run above at H = 1 has no shorter interval to take.
+auto_run auto_decay --diloco_replicas 2 --max_steps 300 --diloco_inner_steps 2
+check "auto decay H: every 2 steps with momentum to step 240, then every step, plain ($(outer_settings "$tmp/auto_decay/metrics.jsonl"); $(syncs "$tmp/auto_decay/metrics.jsonl" | wc -w) outer steps)" \
+    test "$(outer_settings "$tmp/auto_decay/metrics.jsonl") $(syncs "$tmp/auto_decay/metrics.jsonl" | wc -w)" = \
+    "0.2 0.9 2 240, 1 0 241 300 180"
+check "auto decay H: the start line says why" \
+    grep -q '2 inner steps per outer step (1 in the decay phase: auto, with plain averaging there)' "$tmp/auto_decay.log"
+check "auto decay H: none at H = 1 (150 outer steps)" grep -q '1 inner steps per outer step, outer lr 0.2' "$tmp/auto150.log"
 auto_run decay_h --diloco_replicas 2 --max_steps 50 --decay_frac 0.4 --diloco_inner_steps 10 --diloco_decay_inner_steps 4
 check "decay H: outer steps at 10, 20, 30, then every 4 ($(syncs "$tmp/decay_h/metrics.jsonl"))" \
     test "$(syncs "$tmp/decay_h/metrics.jsonl")" = "10/10 20/10 30/10 34/4 38/4 42/4 46/4 50/4"
