@@ -2,8 +2,9 @@
 // boundaries (docs/diloco.md has the whole story).
 //
 // Each of M replicas trains on its own 1/M of the data. Every H = diloco_inner_steps inner
-// steps (every H_d = diloco_decay_inner_steps in the decay phase, if set; and after the last step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the
-// global weights of the last outer step and θᵢ its own weights now. The replicas exchange
+// steps (every H_d = diloco_decay_inner_steps in the decay phase, if set; and after the last
+// step) it forms its outer gradient Δᵢ = θ − θᵢ, where θ is the global weights of the last
+// outer step and θᵢ its own weights now. The replicas exchange
 // their Δᵢ (net/transport.h), average those that arrived — never counting absent replicas —
 // and all apply the same outer step:
 //     Δ   = mean over contributors of Δᵢ

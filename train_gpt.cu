@@ -1869,11 +1869,12 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops, world,
                tokens, exchange_s / inner_s,
                exchange_s > inner_s ? " — longer than the compute: larger H, a smaller codec or top-k" : "");
-        if (decay_syncs)
+        if (decay_syncs) {
+            double decay_s = inner_s * (double)Hd / (double)H;
             printf("train_gpt | diloco: in the decay phase the %lld inner steps take %s: the exchange is %.2f× them%s\n",
-                   (long long)Hd, format_duration(inner_s * (double)Hd / (double)H, a, sizeof a),
-                   exchange_s / (inner_s * (double)Hd / (double)H),
-                   exchange_s > inner_s * (double)Hd / (double)H ? " — training waits there" : "");
+                   (long long)Hd, format_duration(decay_s, a, sizeof a), exchange_s / decay_s,
+                   exchange_s > decay_s ? " — training waits there" : "");
+        }
         // Streaming hides a fragment's sync behind diloco_overlap_steps inner steps (docs/diloco.md).
         double step_s = inner_s / (double)cfg->diloco_inner_steps;
         double frag_s = (double)(x.fragment_up > x.fragment_down ? x.fragment_up : x.fragment_down) / link;

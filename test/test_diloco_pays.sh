@@ -91,11 +91,6 @@ auto_run auto_m1 --diloco_replicas 1 --max_steps 150
 check "auto, one replica: plain averaging ($(outer_settings "$tmp/auto_m1/metrics.jsonl"))" \
     test "$(outer_settings "$tmp/auto_m1/metrics.jsonl")" = "1 0 1 150"
 
-# diloco_decay_inner_steps: from the decay phase's start (decay_frac 0.4 of 50 steps: step 30)
-# the outer steps come every 4 inner steps instead of 10, and each says how many inner steps it
-# carries; with 2 streaming fragments (H 10, H_d 4, one step in flight, decay from step 20) the
-# fragments sync at offsets 5 / 0 of 10, then 2 / 0 of 4 counted from step 20, and the sync that
-# crosses into the decay phase carries the steps since the fragment's own last sync.
 # auto (diloco_decay_inner_steps): H / 4 with plain averaging in the decay, at least 1; H = 2 over
 # 150 outer steps: momentum to step 240 every 2 steps, then plain averaging every step; the
 # 150-step run above at H = 1 has no shorter interval to take.
@@ -106,6 +101,12 @@ check "auto decay H: every 2 steps with momentum to step 240, then every step, p
 check "auto decay H: the start line says why" \
     grep -q '2 inner steps per outer step (1 in the decay phase: auto, with plain averaging there)' "$tmp/auto_decay.log"
 check "auto decay H: none at H = 1 (150 outer steps)" grep -q '1 inner steps per outer step, outer lr 0.2' "$tmp/auto150.log"
+
+# diloco_decay_inner_steps: from the decay phase's start (decay_frac 0.4 of 50 steps: step 30)
+# the outer steps come every 4 inner steps instead of 10, and each says how many inner steps it
+# carries; with 2 streaming fragments (H 10, H_d 4, one step in flight, decay from step 20) the
+# fragments sync at offsets 5 / 0 of 10, then 2 / 0 of 4 counted from step 20, and the sync that
+# crosses into the decay phase carries the steps since the fragment's own last sync.
 auto_run decay_h --diloco_replicas 2 --max_steps 50 --decay_frac 0.4 --diloco_inner_steps 10 --diloco_decay_inner_steps 4
 check "decay H: outer steps at 10, 20, 30, then every 4 ($(syncs "$tmp/decay_h/metrics.jsonl"))" \
     test "$(syncs "$tmp/decay_h/metrics.jsonl")" = "10/10 20/10 30/10 34/4 38/4 42/4 46/4 50/4"
