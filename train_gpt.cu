@@ -2210,6 +2210,7 @@ static bool roll_back(trainer *tr, int64_t s) {
     st.data_world = tr->world;
     st.rollbacks = rollbacks;
     st.bad_steps = 0;
+    st.norm_spikes = 0;
     tr->state = st;
     backend_upload(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq, st.adam_step);
     return true;
@@ -2243,6 +2244,22 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
          cfg->out_dir);
 }
 
+// The step after max_bad_steps − 1 skips for a shifted gradient norm alone was applied with its
+// norm still above the window's limit: the norm has moved (a model leaving a plateau), the
+// window describes a regime that is over, and it starts over from this step (the guard acts
+// again once it is full). Logged as a `spike_shift` event and a warning.
+static void accept_shift(trainer *tr, const step_metrics *m, const step_limits *limits, int64_t s) {
+    char extra[256];
+    snprintf(extra, sizeof extra, "\"loss\":%.9g,\"grad_norm\":%.9g,\"max_loss\":%.9g,\"max_grad_norm\":%.9g",
+             m->loss, m->grad_norm, limits->max_loss, limits->max_grad_norm);
+    metrics_event(tr->log, "spike_shift", s + 1, extra);
+    warn("step %lld: gradient norm %.4g above its limit %.4g for the %lld steps before it too, the loss within its "
+         "own (%.4f, limit %.4f): a lasting shift, not a spike; step applied, the spike guard's window starts over",
+         (long long)s + 1, m->grad_norm, limits->max_grad_norm, (long long)tr->state.norm_spikes, m->loss,
+         limits->max_loss);
+    tr->state.spikes.count = 0;
+}
+
 // One optimizer step: grad_accum micro-batches of data through the backend's forward and
 // backward, then its step (norm, guards, clip, AdamW); returns the step's metrics. extra: one of
 // DiLoCo's extra inner steps (diloco_sync_every_s): at the learning rate of the step before,
@@ -2255,6 +2272,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
     double t0 = wall_seconds();
     // The gradients of a job's ranks are summed (FSDP, HSDP): each scales by all their tokens.
     float grad_scale = 1.0f / (float)(step_tokens * (tr->job ? comm_size(tr->job) : 1));
+    if (fault_from("grad_shift", s)) grad_scale *= 10.0f;
     data_position at = dataloader_position(tr->train);
     int64_t first_batch = at.epoch * dataloader_batches_per_epoch(tr->train) + at.index;
     for (int64_t a = 0; a < cfg->grad_accum; a++) {
@@ -2272,6 +2290,11 @@ static step_metrics train_step(trainer *tr, bool extra) {
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
+    // A lasting shift (llmc/guard.h): after max_bad_steps − 1 skips for a shifted gradient norm
+    // alone, the norm may be up to SPIKE_SHIFT_MAX_RATIO times the limit.
+    bool shift = cfg->max_bad_steps > 1 && tr->state.norm_spikes >= cfg->max_bad_steps - 1;
+    step_limits window_limits = limits;
+    if (shift) limits.max_grad_norm *= SPIKE_SHIFT_MAX_RATIO;
     step_result r = backend_step(tr->be, m.lr, step_tokens, cfg, &limits);
     m.loss = r.loss;
     m.z_loss = r.z_loss;
@@ -2279,6 +2302,8 @@ static step_metrics train_step(trainer *tr, bool extra) {
     m.skipped = r.skipped;
     tr->state.adam_step = r.adam_step;
     if (m.skipped) {
+        bool shifted = r.spike && spike_norm_shift(&window_limits, r.loss, r.grad_norm);
+        tr->state.norm_spikes = shifted ? tr->state.norm_spikes + 1 : 0;
         if (count_bad_step(tr, &m, &limits, r.spike, s)) {
             m.rolled_back = true;  // the state is the checkpoint's now: no step to count
             m.step = s + 1;
@@ -2287,7 +2312,9 @@ static step_metrics train_step(trainer *tr, bool extra) {
             return m;
         }
     } else {
+        if (shift && r.grad_norm > window_limits.max_grad_norm) accept_shift(tr, &m, &window_limits, s);
         tr->state.bad_steps = 0;
+        tr->state.norm_spikes = 0;
         spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);
     }
 

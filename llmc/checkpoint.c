@@ -189,6 +189,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
     if (s->data_world > 0) sb_printf(&sb, "  \"data_world\": %lld,\n", (long long)s->data_world);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
+    if (s->norm_spikes > 0) sb_printf(&sb, "  \"norm_spikes\": %lld,\n", (long long)s->norm_spikes);
     if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
         const spike_window *w = &s->spikes;
         int64_t n = w->count < w->size ? w->count : w->size;
@@ -584,6 +585,11 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
                        ? rollbacks->integer
                        : 0;
+    const json_value *norm_spikes = json_get(root, "norm_spikes");  // absent: none
+    s->norm_spikes = norm_spikes && norm_spikes->type == JSON_NUMBER && norm_spikes->is_integer &&
+                             norm_spikes->integer > 0
+                         ? norm_spikes->integer
+                         : 0;
     if (!read_spike_window(root, &s->spikes)) {
         snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
         return false;

@@ -8,6 +8,9 @@
 //   kill_in_rollback    SIGKILL right after a rollback loaded the checkpoint of step STEP
 //   grad_spike          set one gradient to 1e4 on that (0-based) step: a finite spike of
 //                       the gradient norm (the spike guard must skip it)
+//   grad_shift          from that (0-based) step on, every gradient 10 times larger (the loss
+//                       as before): a lasting shift of the gradient norm, which the spike guard
+//                       must accept after max_bad_steps − 1 skips
 //   hang_in_step        stop making progress in that (0-based) step, forever (the watchdog
 //                       must end the process)
 //   stop_in_step        SIGSTOP itself in that (0-based) step, until a SIGCONT (a DiLoCo
@@ -46,6 +49,15 @@ static inline bool fault_requested(const char *kind, int64_t step) {
     size_t n = strlen(kind);
     for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
         if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) == step) return true;
+    return false;
+}
+
+// Whether TRAIN_GPT_FAULT holds kind:N with N ≤ step (a fault that lasts from step N on).
+static inline bool fault_from(const char *kind, int64_t step) {
+    const char *spec = getenv("TRAIN_GPT_FAULT");
+    size_t n = strlen(kind);
+    for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) <= step) return true;
     return false;
 }
 

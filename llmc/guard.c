@@ -43,3 +43,7 @@ void spike_push(spike_window *w, int64_t window_size, double loss, double grad_n
 bool spike_exceeds(const step_limits *l, double loss, double grad_norm) {
     return loss > l->max_loss || grad_norm > l->max_grad_norm;
 }
+
+bool spike_norm_shift(const step_limits *l, double loss, double grad_norm) {
+    return loss <= l->max_loss && grad_norm > l->max_grad_norm && grad_norm <= l->max_grad_norm * SPIKE_SHIFT_MAX_RATIO;
+}

@@ -30,6 +30,14 @@ extern "C" {
 #define SPIKE_MIN_LOSS_RATIO 1.1
 #define SPIKE_MIN_GRAD_NORM_RATIO 4.0
 
+// A lasting shift of the gradient norm is no spike: when max_bad_steps − 1 steps in a row were
+// skipped for their gradient norm alone (the loss within its limit) and by less than this
+// many times the limit, the next step may have up to this many times the limit, and the
+// window starts over once it is applied. Measured: a model leaving a plateau raised its norm
+// 9-13x its window's for hundreds of steps (the DiLoCo benchmark's markov runs at M = 2 and
+// H = 200); a corrupted gradient (one element at 1e4) is thousands of times the limit.
+#define SPIKE_SHIFT_MAX_RATIO 25.0
+
 typedef struct {
     int64_t size;                       // W the values were collected with (0: empty)
     int64_t count;                      // applied steps pushed so far; slot i % W holds step i
@@ -48,6 +56,9 @@ step_limits spike_limits(const spike_window *w, double z, int64_t step, int64_t 
 void spike_push(spike_window *w, int64_t window_size, double loss, double grad_norm);
 // Whether a step's loss and norm exceed the limits (what the backends test on their side).
 bool spike_exceeds(const step_limits *l, double loss, double grad_norm);
+// Whether a spike looks like part of a lasting shift: the gradient norm above its limit but by
+// less than SPIKE_SHIFT_MAX_RATIO times, the loss within its own.
+bool spike_norm_shift(const step_limits *l, double loss, double grad_norm);
 
 #ifdef __cplusplus
 }

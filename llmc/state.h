@@ -23,7 +23,9 @@ typedef struct {
     int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
     data_position data;    // train loader position after the last step
     int64_t data_world;    // processes the data was split over when saved (0: not recorded)
-    int64_t bad_steps;     // consecutive NaN/Inf steps so far
+    int64_t bad_steps;     // consecutive skipped steps (NaN/Inf or spikes) so far
+    int64_t norm_spikes;   // of them, the last ones in a row skipped for a shifted gradient norm
+                           // alone (spike_norm_shift): max_bad_steps − 1 of them accept a shift
     int64_t tokens_seen;   // train tokens consumed by all processes
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
     int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last

@@ -6,7 +6,12 @@
 #   3. the window is part of the run's state: stop before the spike, resume, and the spike
 #      after the resume is skipped as in the straight run — model and optimizer bit-exact;
 #   4. spikes in a row stop the run at max_bad_steps with one line naming spike_z;
-#   5. 1000 steps of a healthy run: no step skipped (the limit is not noise).
+#   5. 1000 steps of a healthy run: no step skipped (the limit is not noise);
+#  11. a lasting shift (every gradient 10x from step 41 on, the loss as before: what a model
+#      leaving a plateau does) is skipped max_bad_steps − 1 times, then accepted (a spike_shift
+#      event), the window starts over and the run finishes with no other skip; stopped in the
+#      middle of the streak and resumed, it decides the same and ends bit-exact; 1e4 spikes in a
+#      row (section 4) are no shift and still stop the run.
 # Rollback:
 #   8. bad data (NaN in the steps that take micro-batches 33–35; max_bad_steps 3) rolls back to
 #      the step-30 checkpoint, skips the data since it, and goes on; its final weights equal a
@@ -77,6 +82,23 @@ run "$tmp/healthy" --max_steps 1000 --spike_window 100 || true
 check "1000 healthy steps at the defaults (z 6, window 100): none skipped ('$(skipped_steps "$tmp/healthy")')" \
     sh -c "[ -z '$(skipped_steps "$tmp/healthy")' ] && [ $(spike_events "$tmp/healthy") -eq 0 ] &&
            test -f '$tmp/healthy/step_00001000/model.safetensors'"
+
+# 11. (the window of 20 is full from step 21; 0-based step 40 = the 41st step)
+rc=0
+TRAIN_GPT_FAULT=grad_shift:40 run "$tmp/shift" || rc=$?
+check "a lasting shift of the gradient norm: steps 41-44 skipped, then accepted, the run finishes (rc $rc, skipped '$(skipped_steps "$tmp/shift")')" \
+    sh -c "[ $rc -eq 0 ] && [ '$(skipped_steps "$tmp/shift")' = '41 42 43 44' ] && test -f '$tmp/shift/step_00000080/model.safetensors'"
+check "... logged: a spike_shift event at step 45 with the limits" \
+    grep -q '"event":"spike_shift","step":45,"loss":[0-9.e+-]*,"grad_norm":[0-9.e+-]*,"max_loss":' "$tmp/shift/metrics.jsonl"
+TRAIN_GPT_FAULT=grad_shift:40 run "$tmp/shift_stopped" --stop_at_step 43 || true
+check "stopped in the streak: the checkpoint carries it (norm_spikes 3 in state.json)" \
+    grep -q '"norm_spikes": 3' "$tmp/shift_stopped/step_00000043/state.json"
+TRAIN_GPT_FAULT=grad_shift:40 run "$tmp/shift_stopped" || true
+check "... resumed: the same steps skipped (metrics.jsonl goes on), the shift accepted at step 45, bit-exact" \
+    sh -c "[ '$(skipped_steps "$tmp/shift_stopped")' = '41 42 43 44' ] &&
+           grep -q '\"event\":\"spike_shift\",\"step\":45' '$tmp/shift_stopped/metrics.jsonl' &&
+           cmp -s '$tmp/shift/step_00000080/model.safetensors' '$tmp/shift_stopped/step_00000080/model.safetensors' &&
+           cmp -s '$tmp/shift/step_00000080/optimizer.safetensors' '$tmp/shift_stopped/step_00000080/optimizer.safetensors'"
 
 # 8.
 roll=(--ckpt_every 10 --max_steps 60 --max_bad_steps 3)

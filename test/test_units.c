@@ -464,6 +464,10 @@ static void test_spike_limits(void) {
     EXPECT(!spike_exceeds(&l, 4.69, 1.2), "leaving a plateau (norm 1.2 against 0.63, loss as before) is no spike");
     EXPECT(spike_exceeds(&l, 4.69, 0.63 * 30), "a norm 30x the window's is a spike");
     EXPECT(spike_exceeds(&l, 4.7 * 1.2, 0.63), "a loss 20 %% above the window's is a spike");
+    EXPECT(spike_norm_shift(&l, 4.69, 0.63 * 12), "a norm 12x the window's, the loss as before: a possible shift");
+    EXPECT(!spike_norm_shift(&l, 4.7 * 1.2, 0.63 * 12), "... not when the loss is above its limit too");
+    EXPECT(!spike_norm_shift(&l, 4.69, 0.63 * 4 * SPIKE_SHIFT_MAX_RATIO * 1.01), "... nor beyond 25x the limit");
+    EXPECT(!spike_norm_shift(&l, 4.69, 1.2), "... nor below the limit (no spike at all)");
     // A window with spread: z·std wins over the floor. Norms alternating 0.1 and 1.0: log-std
     // ln(10)/2, so the limit is sqrt(0.1) · 10^3 = 316.2 (z 6), far above 4 x the mean.
     spike_window *v = calloc(1, sizeof *v);
