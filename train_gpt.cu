@@ -2216,16 +2216,21 @@ static bool roll_back(trainer *tr, int64_t s) {
     return true;
 }
 
+// A spike guard event in metrics.jsonl: the step's loss and gradient norm and the limits.
+static void spike_event(trainer *tr, const char *event, const step_metrics *m, const step_limits *limits, int64_t s) {
+    char extra[256];
+    snprintf(extra, sizeof extra, "\"loss\":%.9g,\"grad_norm\":%.9g,\"max_loss\":%.9g,\"max_grad_norm\":%.9g",
+             m->loss, m->grad_norm, limits->max_loss, limits->max_grad_norm);
+    metrics_event(tr->log, event, s + 1, extra);
+}
+
 // The outlier guard's bookkeeping: count skipped steps (NaN/Inf or spikes) in a row; at
 // max_bad_steps roll back (above) or stop the run. Returns whether it rolled back.
 static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits *limits, bool spike, int64_t s) {
     const train_config *cfg = tr->cfg;
     tr->state.bad_steps++;
     if (spike) {
-        char extra[256];
-        snprintf(extra, sizeof extra, "\"loss\":%.9g,\"grad_norm\":%.9g,\"max_loss\":%.9g,\"max_grad_norm\":%.9g",
-                 m->loss, m->grad_norm, limits->max_loss, limits->max_grad_norm);
-        metrics_event(tr->log, "spike", s + 1, extra);
+        spike_event(tr, "spike", m, limits, s);
         warn("step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped (%lld in a "
              "row, max_bad_steps %lld)",
              (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
@@ -2249,10 +2254,7 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
 // window describes a regime that is over, and it starts over from this step (the guard acts
 // again once it is full). Logged as a `spike_shift` event and a warning.
 static void accept_shift(trainer *tr, const step_metrics *m, const step_limits *limits, int64_t s) {
-    char extra[256];
-    snprintf(extra, sizeof extra, "\"loss\":%.9g,\"grad_norm\":%.9g,\"max_loss\":%.9g,\"max_grad_norm\":%.9g",
-             m->loss, m->grad_norm, limits->max_loss, limits->max_grad_norm);
-    metrics_event(tr->log, "spike_shift", s + 1, extra);
+    spike_event(tr, "spike_shift", m, limits, s);
     warn("step %lld: gradient norm %.4g above its limit %.4g for the %lld steps before it too, the loss within its "
          "own (%.4f, limit %.4f): a lasting shift, not a spike; step applied, the spike guard's window starts over",
          (long long)s + 1, m->grad_norm, limits->max_grad_norm, (long long)tr->state.norm_spikes, m->loss,

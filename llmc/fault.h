@@ -44,22 +44,21 @@
 extern "C" {
 #endif
 
-static inline bool fault_requested(const char *kind, int64_t step) {
+// Whether TRAIN_GPT_FAULT holds kind:N with N = step, or with lasting, N ≤ step.
+static inline bool fault_match(const char *kind, int64_t step, bool lasting) {
     const char *spec = getenv("TRAIN_GPT_FAULT");
     size_t n = strlen(kind);
-    for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) == step) return true;
+    for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, kind, n) != 0 || p[n] != ':') continue;
+        int64_t at = atoll(p + n + 1);
+        if (at == step || (lasting && at <= step)) return true;
+    }
     return false;
 }
 
-// Whether TRAIN_GPT_FAULT holds kind:N with N ≤ step (a fault that lasts from step N on).
-static inline bool fault_from(const char *kind, int64_t step) {
-    const char *spec = getenv("TRAIN_GPT_FAULT");
-    size_t n = strlen(kind);
-    for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (strncmp(p, kind, n) == 0 && p[n] == ':' && atoll(p + n + 1) <= step) return true;
-    return false;
-}
+static inline bool fault_requested(const char *kind, int64_t step) { return fault_match(kind, step, false); }
+// A fault that lasts from step N on (grad_shift).
+static inline bool fault_from(const char *kind, int64_t step) { return fault_match(kind, step, true); }
 
 #ifdef __cplusplus
 }
