@@ -158,11 +158,15 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 // A sharded replica's rank j meets rank j of the others only: its fingerprint names the split
 // (ranks per replica, its piece, the local layout's size), so a rank can never join another
 // piece's group, nor a replica of another split.
-static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, int rank, int ranks, int64_t local) {
+// The fingerprint is the XXH64 of a text of `key value` fields separated by `|` (`*text`, which
+// the caller frees): the diloco_fingerprint event logs it, and a refusal names the field that
+// differs where the transport can see both texts (MPI).
+static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, int rank, int ranks, int64_t local,
+                                char **text) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
     if (ranks > 1) sb_printf(&sb, "sharded %d ways, piece %d, %lld local values|", ranks, rank, (long long)local);
-    sb_printf(&sb, "%s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d|bound %.9g",
+    sb_printf(&sb, "model %s|numel %lld|M %lld|H %lld|lr %.17g|mu %.17g|nesterov %d|mu warmup %lld|quant %s|block %lld|ef %d|P %lld|tau %lld|alpha %.17g|down %s|down ef %d|bound %.9g",
               model, (long long)t->numel, (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps,
               cfg->diloco_outer_lr, cfg->diloco_outer_momentum, (int)cfg->diloco_nesterov,
               (long long)cfg->diloco_momentum_warmup, cfg->diloco_quant, (long long)cfg->diloco_quant_block,
@@ -172,15 +176,26 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
     sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld|min_replicas %lld", (long long)cfg->max_steps,
               (int)cfg->shuffle, (long long)cfg->seed, (long long)cfg->diloco_min_replicas);
     if (cfg->diloco_sync_every_s > 0) sb_printf(&sb, "|sync every %.17g s", cfg->diloco_sync_every_s);
-    // With plain averaging in the decay phase, where that phase starts decides the outer step.
-    if (cfg->diloco_plain_in_decay) sb_printf(&sb, "|plain in decay|decay_frac %.17g", cfg->decay_frac);
-    // So does the decay phase's sync interval.
-    if (cfg->diloco_decay_inner_steps > 0)
-        sb_printf(&sb, "|decay H %lld|decay_frac %.17g", (long long)cfg->diloco_decay_inner_steps, cfg->decay_frac);
+    // With plain averaging in the decay phase, or another sync interval there, where that phase
+    // starts decides the outer steps.
+    if (cfg->diloco_plain_in_decay) sb_printf(&sb, "|plain in decay");
+    if (cfg->diloco_decay_inner_steps > 0) sb_printf(&sb, "|decay H %lld", (long long)cfg->diloco_decay_inner_steps);
+    if (cfg->diloco_plain_in_decay || cfg->diloco_decay_inner_steps > 0) sb_printf(&sb, "|decay_frac %.17g", cfg->decay_frac);
     uint64_t h = xxh64(sb.data, sb.length, 0);
-    sb_free(&sb);
+    *text = sb.data;  // the strbuf's text, now the caller's
     free(model);
     return h;
+}
+
+// The diloco_fingerprint event: the run fingerprint and the text it hashes, written before the
+// transport opens, so that a replica refused for a different fingerprint has logged what it
+// covers next to the group's replicas' (docs/formats.md).
+static void log_fingerprint(diloco *d, uint64_t fingerprint, const char *text) {
+    strbuf sb = {0};
+    sb_printf(&sb, "\"fingerprint\":\"%016llx\",\"covers\":", (unsigned long long)fingerprint);
+    sb_json_string(&sb, text);
+    metrics_event(d->log, "diloco_fingerprint", 0, sb.data);
+    sb_free(&sb);
 }
 
 // Splits the model into P fragments of whole layers, each about numel / P: fragment p
@@ -333,7 +348,10 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     o.min_replicas = (int)cfg->diloco_min_replicas;
     o.timeout_s = cfg->diloco_timeout_s;
     o.connect_timeout_s = cfg->diloco_connect_timeout_s;
-    o.run_fingerprint = run_fingerprint(cfg, t, d->rank, d->ranks, d->numel);
+    char *fingerprint_text = NULL;
+    o.run_fingerprint = run_fingerprint(cfg, t, d->rank, d->ranks, d->numel, &fingerprint_text);
+    o.fingerprint_text = fingerprint_text;
+    log_fingerprint(d, o.run_fingerprint, fingerprint_text);
     o.threaded = d->overlap > 0;
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
@@ -352,6 +370,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
         memset(secret, 0, o.secret_bytes);
         free(secret);
     }
+    free(fingerprint_text);
     return d;
 }
 

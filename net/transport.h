@@ -58,6 +58,8 @@ typedef struct {
     // Everything a joining replica must agree on with the group: a mismatch is refused at
     // the handshake with a one-line reason (different model, different quantization, ...).
     uint64_t run_fingerprint;
+    const char *fingerprint_text; // what run_fingerprint hashes: `key value` fields joined by
+                                  // `|` (MPI names the field that differs; may be NULL)
     // transport_exchange runs on a second thread while the main thread may call
     // transport_agree_stop (streaming DiLoCo with diloco_overlap_steps > 0).
     bool threaded;

@@ -52,6 +52,52 @@ int transport_mpi_world_rank(void) {
     return rank;
 }
 
+// The first `|`-separated field where a and b differ: its start in a (and *b_field in b), its
+// length in a (*a_len) and b (*b_len). NULL when the texts are equal.
+static const char *first_difference(const char *a, const char *b, const char **b_field, int *a_len, int *b_len) {
+    while (*a || *b) {
+        size_t na = strcspn(a, "|"), nb = strcspn(b, "|");
+        if (na != nb || memcmp(a, b, na) != 0) {
+            *b_field = b;
+            *a_len = (int)na;
+            *b_len = (int)nb;
+            return a;
+        }
+        a += na + (a[na] == '|');
+        b += nb + (b[nb] == '|');
+    }
+    return NULL;
+}
+
+// The ranks' run fingerprints differ: rank 0 sends its fingerprint's text to every rank, each
+// rank finds the first field where its own differs, and every rank exits with the same error,
+// naming the lowest rank that differs and the field (docs/diloco.md#replicas-of-different-sizes).
+static void refuse_fingerprint(const transport_options *o, int rank, int size) {
+    enum { WHY_BYTES = 512 };
+    const char *mine = o->fingerprint_text ? o->fingerprint_text : "";
+    long long bytes = rank == 0 ? (long long)strlen(mine) + 1 : 0;
+    MPI_Bcast(&bytes, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    char *first = xmalloc((size_t)bytes);
+    if (rank == 0) memcpy(first, mine, (size_t)bytes);
+    MPI_Bcast(first, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+    first[bytes - 1] = 0;
+    char why[WHY_BYTES] = "";
+    const char *theirs;
+    int my_len, their_len;
+    const char *field = first_difference(mine, first, &theirs, &my_len, &their_len);
+    if (field && *mine && *first)
+        snprintf(why, sizeof why, "rank %d has '%.*s' where rank 0 has '%.*s'", rank, my_len, field, their_len, theirs);
+    char *all = xmalloc((size_t)size * WHY_BYTES);
+    MPI_Allgather(why, WHY_BYTES, MPI_CHAR, all, WHY_BYTES, MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 1; r < size; r++)
+        if (all[(size_t)r * WHY_BYTES])
+            fail("diloco (mpi): the ranks disagree on the run: %s (every replica must share the model, seq_len, "
+                 "max_steps, shuffle, seed and the diloco_ keys; docs/diloco.md#replicas-of-different-sizes)",
+                 all + (size_t)r * WHY_BYTES);
+    fail("diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed or a diloco_ "
+         "key differs between their configs; docs/diloco.md#replicas-of-different-sizes)");
+}
+
 transport *transport_mpi_open(const transport_options *o) {
     mpi_start();
     mpi_transport *t = xcalloc(1, sizeof *t);
@@ -68,9 +114,7 @@ transport *transport_mpi_open(const transport_options *o) {
     uint64_t mine = o->run_fingerprint, lowest = mine, highest = mine;
     MPI_Allreduce(&mine, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&mine, &highest, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    if (lowest != highest)
-        fail("diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed or a diloco_ "
-             "key differs between their configs; docs/diloco.md#replicas-of-different-sizes)");
+    if (lowest != highest) refuse_fingerprint(o, t->rank, t->size);
     if (o->threaded && thread_level < MPI_THREAD_MULTIPLE)
         fail("diloco_overlap_steps: an exchange that overlaps inner steps needs an MPI library with "
              "MPI_THREAD_MULTIPLE (this one provides level %d of 0..3); use diloco_overlap_steps = 0 or "

@@ -292,6 +292,9 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
                  t->hub);
         case REFUSE_DUPLICATE: snprintf(err, err_bytes, "%s", text); return HS_DUPLICATE;
         case REFUSE_FINGERPRINT:
+            fail("the hub at %s refused replica %d: %s; the fields it hashes are in every replica's "
+                 "diloco_fingerprint event (metrics.jsonl)",
+                 t->hub, t->o.replica_id, text);
         case REFUSE_HUB_ORDER:
         case REFUSE_BAD_ID: fail("the hub at %s refused replica %d: %s", t->hub, t->o.replica_id, text);
         default: snprintf(err, err_bytes, "the hub refused the connection: %s", text); return HS_RETRY;

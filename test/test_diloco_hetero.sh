@@ -131,8 +131,8 @@ if [ "$HAVE_MPI" = 1 ]; then
     out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
         --diloco_transport mpi --max_steps \$((30 + OMPI_COMM_WORLD_RANK)) --out_dir '$tmp/mismatch/'\$OMPI_COMM_WORLD_RANK" \
         2>&1 >/dev/null) && rc=0 || rc=$?
-    check "MPI: replicas with different max_steps are refused, naming the keys (rc $rc)" \
-        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q 'train_gpt: error: diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed'" _ "$out"
+    check "MPI: replicas with different max_steps are refused, naming the field that differs (rc $rc)" \
+        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"train_gpt: error: diloco (mpi): the ranks disagree on the run: rank 1 has 'max_steps 31' where rank 0 has 'max_steps 30' (every replica must share the model, seq_len, max_steps, shuffle, seed\"" _ "$out"
 fi
 port=$(free_port)
 "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
@@ -148,5 +148,11 @@ wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay2.
 check "tcp: a replica with another seed is refused with one line naming the keys" \
     one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
     "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
+check "tcp: the refused replica points to the diloco_fingerprint events" \
+    one_line_error "refused replica 1: .*; the fields it hashes are in every replica's diloco_fingerprint event" \
+    "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
+check "tcp: the group's replica logged the fields its fingerprint hashes (max_steps, seed)" \
+    grep -q '"event":"diloco_fingerprint","step":0,"fingerprint":"[0-9a-f]\{16\}","covers":"model {.*|max_steps 100000000|shuffle 1|seed 1337|' \
+    "$tmp/first/metrics.jsonl"
 kill -9 "$first" "$relay2" 2>/dev/null || true
 finish test_diloco_hetero
