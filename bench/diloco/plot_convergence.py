@@ -19,6 +19,7 @@ Standard library only (Python 3.9 or later). --title TEXT prefixes every title.
 import json
 import math
 import os
+import re
 import statistics
 import sys
 from xml.sax.saxutils import escape
@@ -163,7 +164,10 @@ def seeds_table(rows):
     configs = {}
     for row in rows:
         if row["val"] is not None:
-            configs.setdefault(tuple(row[k] for k in CONFIG_KEYS), []).append(row)
+            # The run's name without its seed suffix ("-s2") tells apart configurations whose
+            # differences are in extra keys (results.tsv does not list them).
+            base = re.sub(r"-s\d+$", "", row["name"])
+            configs.setdefault((base,) + tuple(row[k] for k in CONFIG_KEYS), []).append(row)
     dps = {(r["m"], r["steps"], r["start"], r["seed"]): r["val"]
            for r in rows if r["kind"] == "dp" and r["val"] is not None}
     body = []
@@ -181,7 +185,7 @@ def seeds_table(rows):
                                  f"{statistics.mean(vs_dp):+.2f} %" if vs_dp else DASH])
     if not body:
         return []
-    header = ["kind", "M", "H", "outer lr", "μ", "nesterov", "μ warm-up", "steps", "start",
+    header = ["run", "kind", "M", "H", "outer lr", "μ", "nesterov", "μ warm-up", "steps", "start",
               "n seeds", "mean val_loss", "std", "min", "max", "mean vs data parallel"]
     return table(header, body)
 
