@@ -14,9 +14,9 @@
 // as torch.optim.SGD(nesterov=True) would with Δ as the gradient; μ may ramp up over
 // diloco_momentum_warmup outer steps, and with diloco_plain_in_decay the outer steps landed in
 // the inner schedule's decay phase use lr 1, μ 0. lr 1, μ 0 make it θ ← mean θᵢ: the
-// defaults (auto, llmc/config.c) for a run of fewer than DILOCO_MOMENTUM_ROUNDS outer steps,
-// μ 0.9 at lr 0.2 with plain averaging in the decay for a longer one, which then also syncs
-// every H / 4 steps there (diloco_decay_inner_steps). The arithmetic is done per element in
+// defaults (auto, llmc/config.c) for a run of fewer than DILOCO_MOMENTUM_ROUNDS outer steps
+// and for 2 replicas, μ 0.9 at lr 0.2 with plain averaging in the decay for a longer run of 3+
+// replicas; a longer run also syncs every H / 4 steps in the decay (diloco_decay_inner_steps). The arithmetic is done per element in
 // double and stored in fp32; every
 // replica decodes the same bytes in the same order, so θ and m are bit-identical
 // everywhere. A hash of θ goes into metrics.jsonl each outer step.

@@ -1600,8 +1600,9 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
 static void describe_outer(const train_config *cfg, char *out, size_t n) {
     char why[112] = "";
     if (cfg->diloco_outer_auto)
-        snprintf(why, sizeof why, " (auto: a run of %lld outer steps; momentum from %d with 2+ replicas)",
-                 (long long)(cfg->max_steps / cfg->diloco_inner_steps), DILOCO_MOMENTUM_ROUNDS);
+        snprintf(why, sizeof why, " (auto: a run of %lld outer steps, %lld replicas; momentum from %d with %d+)",
+                 (long long)(cfg->max_steps / cfg->diloco_inner_steps), (long long)cfg->diloco_replicas,
+                 DILOCO_MOMENTUM_ROUNDS, DILOCO_MOMENTUM_REPLICAS);
     snprintf(out, n, "outer lr %g, momentum %g%s%s%s%s", cfg->diloco_outer_lr, cfg->diloco_outer_momentum,
              cfg->diloco_outer_momentum == 0 ? "" : cfg->diloco_nesterov ? " (Nesterov)" : " (heavy-ball)",
              cfg->diloco_momentum_warmup > 0 ? ", momentum warm-up" : "",

@@ -114,8 +114,8 @@ static const key_spec KEYS[] = {
     {"diloco_replicas", KEY_INT, T(diloco_replicas), "0", 0, 256, NULL, false, "DiLoCo replicas M taking part in the run; 0 = DiLoCo off"},
     {"diloco_replica_id", KEY_INT, T(diloco_replica_id), "-1", -1, 255, NULL, false, "this replica's id in [0, M); -1 = the MPI rank (mpi transport)"},
     {"diloco_inner_steps", KEY_INT, T(diloco_inner_steps), "500", 1, BIG, NULL, false, "inner AdamW steps H between outer steps"},
-    {"diloco_decay_inner_steps", KEY_INT, T(diloco_decay_inner_steps), "auto", 0, BIG, "auto", false, "inner steps between outer steps once the inner schedule's decay phase has begun (counted from its start); 0 = diloco_inner_steps throughout; auto: diloco_inner_steps / " TEXT_OF(DILOCO_DECAY_SYNC_FACTOR) " with diloco_plain_in_decay (at least diloco_fragments · (diloco_overlap_steps + 1)), else 0"},
-    {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "auto", 0, 10, "auto", false, "outer SGD learning rate; auto (with diloco_outer_momentum auto): 0.2 with μ 0.9 for a run of at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps (max_steps / diloco_inner_steps), else 1 with μ 0 (θ = the mean of the replicas); auto beside a set μ: 1. The paper's: 0.7"},
+    {"diloco_decay_inner_steps", KEY_INT, T(diloco_decay_inner_steps), "auto", 0, BIG, "auto", false, "inner steps between outer steps once the inner schedule's decay phase has begun (counted from its start); 0 = diloco_inner_steps throughout; auto: diloco_inner_steps / " TEXT_OF(DILOCO_DECAY_SYNC_FACTOR) " with diloco_plain_in_decay, and with the auto outer optimizer over at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps and 2+ replicas (at least diloco_fragments · (diloco_overlap_steps + 1)), else 0"},
+    {"diloco_outer_lr", KEY_FLOAT, T(diloco_outer_lr), "auto", 0, 10, "auto", false, "outer SGD learning rate; auto (with diloco_outer_momentum auto): 0.2 with μ 0.9 for a run of at least " TEXT_OF(DILOCO_MOMENTUM_ROUNDS) " outer steps (max_steps / diloco_inner_steps) with at least " TEXT_OF(DILOCO_MOMENTUM_REPLICAS) " replicas, else 1 with μ 0 (θ = the mean of the replicas); auto beside a set μ: 1. The paper's: 0.7"},
     {"diloco_outer_momentum", KEY_FLOAT, T(diloco_outer_momentum), "auto", 0, 0.999999, "auto", false, "outer momentum μ; auto: see diloco_outer_lr (0 beside a set lr). The paper's: 0.9"},
     {"diloco_nesterov", KEY_BOOL, T(diloco_nesterov), "1", 0, 1, NULL, false, "1: Nesterov outer momentum; 0: heavy-ball"},
     {"diloco_momentum_warmup", KEY_INT, T(diloco_momentum_warmup), "0", 0, BIG, NULL, false, "outer steps over which the outer momentum ramps up linearly to diloco_outer_momentum; 0 = none"},
@@ -344,24 +344,29 @@ static const char *source_of(const char *name) {
     } while (0)
 
 // The outer optimizer's auto values. lr and μ both auto: Nesterov μ 0.9 at lr 0.2 for a run
-// of M >= 2 replicas and at least DILOCO_MOMENTUM_ROUNDS outer steps (counted from step 0, so
-// that a resumed run resolves the same), else plain averaging (lr 1, μ 0); one of them auto
-// beside a set one: plain averaging's value. diloco_plain_in_decay auto: on with momentum.
+// of at least DILOCO_MOMENTUM_ROUNDS outer steps (counted from step 0, so that a resumed run
+// resolves the same) with DILOCO_MOMENTUM_REPLICAS replicas or more, else plain averaging (lr 1,
+// μ 0); one of them auto beside a set one: plain averaging's value. diloco_plain_in_decay auto:
+// on with momentum. diloco_decay_inner_steps auto: shorter in the decay phase wherever that
+// phase is plain averaging after momentum, and for the auto outer optimizer's every run of that
+// length with 2+ replicas (plain averaging throughout at M = 2).
 static void resolve_outer_auto(train_config *cfg) {
     bool lr_auto = isnan(cfg->diloco_outer_lr), mu_auto = isnan(cfg->diloco_outer_momentum);
     cfg->diloco_outer_auto = lr_auto && mu_auto;
-    bool momentum = cfg->diloco_outer_auto && cfg->diloco_replicas >= 2 &&
+    bool long_run = cfg->diloco_outer_auto && cfg->diloco_replicas >= 2 &&
                     cfg->max_steps / cfg->diloco_inner_steps >= DILOCO_MOMENTUM_ROUNDS;
+    bool momentum = long_run && cfg->diloco_replicas >= DILOCO_MOMENTUM_REPLICAS;
     if (lr_auto) cfg->diloco_outer_lr = momentum ? 0.2 : 1.0;
     if (mu_auto) cfg->diloco_outer_momentum = momentum ? 0.9 : 0.0;
     if (cfg->diloco_plain_in_decay < 0) cfg->diloco_plain_in_decay = cfg->diloco_outer_momentum > 0;
-    // diloco_decay_inner_steps auto: with plain averaging in the decay, H / DILOCO_DECAY_SYNC_FACTOR
-    // there, or the shortest interval a streaming schedule allows (P·(τ + 1)); 0 (= H) where that
-    // is not shorter than H, and without plain averaging in the decay.
+    // diloco_decay_inner_steps auto: with plain averaging in the decay (after momentum, or the
+    // auto outer optimizer's over a long run), H / DILOCO_DECAY_SYNC_FACTOR there, or the shortest
+    // interval a streaming schedule allows (P·(τ + 1)); 0 (= H) where that is not shorter than H,
+    // and otherwise.
     cfg->diloco_decay_auto = cfg->diloco_decay_inner_steps < 0;
     if (cfg->diloco_decay_auto) {
         int64_t H = cfg->diloco_inner_steps, Hd = 0;
-        if (cfg->diloco_plain_in_decay) {
+        if (cfg->diloco_plain_in_decay || long_run) {
             int64_t least = cfg->diloco_fragments * (cfg->diloco_overlap_steps + 1);
             Hd = H / DILOCO_DECAY_SYNC_FACTOR > least ? H / DILOCO_DECAY_SYNC_FACTOR : least;
             if (Hd >= H) Hd = 0;

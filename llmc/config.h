@@ -18,10 +18,13 @@
 extern "C" {
 #endif
 
-// The auto outer optimizer (docs/diloco.md#the-default-outer-optimizer): runs of at least this
-// many outer steps (max_steps / diloco_inner_steps) get Nesterov momentum 0.9 at outer lr 0.2,
-// shorter ones plain averaging.
+// The auto outer optimizer (docs/diloco.md#the-default-outer-optimizer): runs of at least
+// DILOCO_MOMENTUM_ROUNDS outer steps (max_steps / diloco_inner_steps) with 2+ replicas sync
+// DILOCO_DECAY_SYNC_FACTOR times as often in the inner schedule's decay phase, and with at least
+// DILOCO_MOMENTUM_REPLICAS replicas take Nesterov momentum 0.9 at outer lr 0.2 before it;
+// everything else is plain averaging at H throughout.
 #define DILOCO_MOMENTUM_ROUNDS 150
+#define DILOCO_MOMENTUM_REPLICAS 3
 // With plain averaging in the decay phase (diloco_plain_in_decay), diloco_decay_inner_steps auto
 // syncs this many times as often there (docs/diloco.md#syncing-more-often-in-the-decay).
 #define DILOCO_DECAY_SYNC_FACTOR 4

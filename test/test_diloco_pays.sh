@@ -39,10 +39,10 @@ for seed in 1 2 3; do
 done
 
 # The auto outer optimizer (diloco_outer_lr and diloco_outer_momentum both auto): a run of at
-# least 150 outer steps (max_steps / diloco_inner_steps) with 2+ replicas takes Nesterov μ 0.9 at
+# least 150 outer steps (max_steps / diloco_inner_steps) with 3+ replicas takes Nesterov μ 0.9 at
 # lr 0.2, and plain averaging (lr 1, μ 0) for the outer steps after the decay phase began
 # (diloco_plain_in_decay auto: on with momentum; step 120 of 150 at decay_frac 0.2); a run of 149,
-# or one replica, or an outer lr set alone, takes plain averaging throughout. Read from the
+# or 2 replicas, or one, or an outer lr set alone, takes plain averaging throughout. Read from the
 # outer_lr / outer_momentum each applied outer step logs (test_diloco.sh checks those values
 # against numpy).
 outer_settings() {  # the distinct "lr mu first_step last_step" runs of a metrics file, in order
@@ -75,13 +75,16 @@ auto_run() {  # auto_run NAME [--key value]...: 2 simulated replicas, H = 1, no 
         --diloco_inner_steps 1 --diloco_quant none --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 ||
         die "$name: $(tail -1 "$tmp/$name.log")"
 }
-auto_run auto150 --diloco_replicas 2 --max_steps 150
-check "auto, 150 outer steps: lr 0.2, mu 0.9 to step 120, then plain averaging ($(outer_settings "$tmp/auto150/metrics.jsonl"))" \
+auto_run auto150 --diloco_replicas 3 --max_steps 150
+check "auto, 150 outer steps, 3 replicas: lr 0.2, mu 0.9 to step 120, then plain averaging ($(outer_settings "$tmp/auto150/metrics.jsonl"))" \
     test "$(outer_settings "$tmp/auto150/metrics.jsonl")" = "0.2 0.9 1 120, 1 0 121 150"
 check "auto, 150 outer steps: the start line says why" \
-    grep -q 'outer lr 0.2, momentum 0.9 (Nesterov), plain averaging in the decay phase (auto: a run of 150 outer steps' \
+    grep -q 'outer lr 0.2, momentum 0.9 (Nesterov), plain averaging in the decay phase (auto: a run of 150 outer steps, 3 replicas' \
     "$tmp/auto150.log"
-auto_run auto149 --diloco_replicas 2 --max_steps 149
+auto_run auto150_m2 --diloco_replicas 2 --max_steps 150
+check "auto, 150 outer steps, 2 replicas: plain averaging throughout ($(outer_settings "$tmp/auto150_m2/metrics.jsonl"))" \
+    test "$(outer_settings "$tmp/auto150_m2/metrics.jsonl")" = "1 0 1 150"
+auto_run auto149 --diloco_replicas 3 --max_steps 149
 check "auto, 149 outer steps: plain averaging throughout ($(outer_settings "$tmp/auto149/metrics.jsonl"))" \
     test "$(outer_settings "$tmp/auto149/metrics.jsonl")" = "1 0 1 149"
 auto_run auto_lr --diloco_replicas 2 --max_steps 150 --diloco_outer_lr 0.8
@@ -92,15 +95,23 @@ check "auto, one replica: plain averaging ($(outer_settings "$tmp/auto_m1/metric
     test "$(outer_settings "$tmp/auto_m1/metrics.jsonl")" = "1 0 1 150"
 
 # auto (diloco_decay_inner_steps): H / 4 with plain averaging in the decay, at least 1; H = 2 over
-# 150 outer steps: momentum to step 240 every 2 steps, then plain averaging every step; the
-# 150-step run above at H = 1 has no shorter interval to take.
-auto_run auto_decay --diloco_replicas 2 --max_steps 300 --diloco_inner_steps 2
+# 150 outer steps: momentum to step 240 every 2 steps, then plain averaging every step (with 2
+# replicas plain averaging throughout, every step in the decay all the same); the 150-step run
+# above at H = 1 has no shorter interval to take; nor has a run of 149 outer steps.
+auto_run auto_decay --diloco_replicas 3 --max_steps 300 --diloco_inner_steps 2
 check "auto decay H: every 2 steps with momentum to step 240, then every step, plain ($(outer_settings "$tmp/auto_decay/metrics.jsonl"); $(syncs "$tmp/auto_decay/metrics.jsonl" | wc -w) outer steps)" \
     test "$(outer_settings "$tmp/auto_decay/metrics.jsonl") $(syncs "$tmp/auto_decay/metrics.jsonl" | wc -w)" = \
     "0.2 0.9 2 240, 1 0 241 300 180"
 check "auto decay H: the start line says why" \
     grep -q '2 inner steps per outer step (1 in the decay phase: auto, with plain averaging there)' "$tmp/auto_decay.log"
 check "auto decay H: none at H = 1 (150 outer steps)" grep -q '1 inner steps per outer step, outer lr 0.2' "$tmp/auto150.log"
+auto_run auto_decay_m2 --diloco_replicas 2 --max_steps 300 --diloco_inner_steps 2
+check "auto decay H, 2 replicas: plain averaging every 2 steps to step 240, then every step ($(outer_settings "$tmp/auto_decay_m2/metrics.jsonl"); $(syncs "$tmp/auto_decay_m2/metrics.jsonl" | wc -w) outer steps)" \
+    test "$(outer_settings "$tmp/auto_decay_m2/metrics.jsonl") $(syncs "$tmp/auto_decay_m2/metrics.jsonl" | wc -w)" = \
+    "1 0 2 300 180"
+auto_run auto_decay_short --diloco_replicas 2 --max_steps 298 --diloco_inner_steps 2
+check "auto decay H: none in a run of 149 outer steps ($(syncs "$tmp/auto_decay_short/metrics.jsonl" | wc -w) outer steps)" \
+    test "$(syncs "$tmp/auto_decay_short/metrics.jsonl" | wc -w)" = 149
 
 # diloco_decay_inner_steps: from the decay phase's start (decay_frac 0.4 of 50 steps: step 30)
 # the outer steps come every 4 inner steps instead of 10, and each says how many inner steps it
