@@ -16,10 +16,10 @@
 // the inner schedule's decay phase use lr 1, μ 0. lr 1, μ 0 make it θ ← mean θᵢ: the
 // defaults (auto, llmc/config.c) for a run of fewer than DILOCO_MOMENTUM_ROUNDS outer steps
 // and for 2 replicas, μ 0.9 at lr 0.2 with plain averaging in the decay for a longer run of 3+
-// replicas; a longer run also syncs every H / 4 steps in the decay (diloco_decay_inner_steps). The arithmetic is done per element in
-// double and stored in fp32; every
-// replica decodes the same bytes in the same order, so θ and m are bit-identical
-// everywhere. A hash of θ goes into metrics.jsonl each outer step.
+// replicas; a longer run also syncs every H / 4 steps in the decay (diloco_decay_inner_steps).
+// The arithmetic is done per element in double and stored in fp32; every replica decodes the
+// same bytes in the same order, so θ and m are bit-identical everywhere. A hash of θ goes into
+// metrics.jsonl each outer step.
 //
 // How Δᵢ travels (diloco_quant): int8 / int4 / int2 send the blockwise-quantized Δᵢ
 // (llmc/quant.h), optionally with error feedback; with diloco_topk < 1 only the largest values

@@ -353,9 +353,9 @@ static const char *source_of(const char *name) {
 static void resolve_outer_auto(train_config *cfg) {
     bool lr_auto = isnan(cfg->diloco_outer_lr), mu_auto = isnan(cfg->diloco_outer_momentum);
     cfg->diloco_outer_auto = lr_auto && mu_auto;
-    bool long_run = cfg->diloco_outer_auto && cfg->diloco_replicas >= 2 &&
-                    cfg->max_steps / cfg->diloco_inner_steps >= DILOCO_MOMENTUM_ROUNDS;
-    bool momentum = long_run && cfg->diloco_replicas >= DILOCO_MOMENTUM_REPLICAS;
+    bool auto_long_run = cfg->diloco_outer_auto && cfg->diloco_replicas >= 2 &&
+                         cfg->max_steps / cfg->diloco_inner_steps >= DILOCO_MOMENTUM_ROUNDS;
+    bool momentum = auto_long_run && cfg->diloco_replicas >= DILOCO_MOMENTUM_REPLICAS;
     if (lr_auto) cfg->diloco_outer_lr = momentum ? 0.2 : 1.0;
     if (mu_auto) cfg->diloco_outer_momentum = momentum ? 0.9 : 0.0;
     if (cfg->diloco_plain_in_decay < 0) cfg->diloco_plain_in_decay = cfg->diloco_outer_momentum > 0;
@@ -366,7 +366,7 @@ static void resolve_outer_auto(train_config *cfg) {
     cfg->diloco_decay_auto = cfg->diloco_decay_inner_steps < 0;
     if (cfg->diloco_decay_auto) {
         int64_t H = cfg->diloco_inner_steps, Hd = 0;
-        if (cfg->diloco_plain_in_decay || long_run) {
+        if (cfg->diloco_plain_in_decay || auto_long_run) {
             int64_t least = cfg->diloco_fragments * (cfg->diloco_overlap_steps + 1);
             Hd = H / DILOCO_DECAY_SYNC_FACTOR > least ? H / DILOCO_DECAY_SYNC_FACTOR : least;
             if (Hd >= H) Hd = 0;
