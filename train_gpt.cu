@@ -2730,7 +2730,11 @@ static local_result train_local(train_config *cfg, bool quiet) {
             if (!quiet && (due(r->step, cfg->log_every, cfg->max_steps) || r->skipped))
                 print_progress(lead, r, step_time_sum / (double)timed);
         }
-        bool val_due = end == cfg->max_steps || (cfg->val_every > 0 && end / cfg->val_every > start / cfg->val_every);
+        // stop_at_step ends the run at the first outer boundary at or after it (a round is
+        // never cut short), validated there like the last step; nothing is written to resume.
+        bool stop_at = cfg->stop_at_step > 0 && end >= cfg->stop_at_step && end < cfg->max_steps;
+        bool val_due = end == cfg->max_steps || stop_at ||
+                       (cfg->val_every > 0 && end / cfg->val_every > start / cfg->val_every);
         // What is validated is θ, the global weights (after the last step every replica holds it).
         if (val && val_due) {
             if (end != cfg->max_steps) backend_upload_params(lead->be, diloco_theta(outer));
@@ -2740,6 +2744,13 @@ static local_result train_local(train_config *cfg, bool quiet) {
         if (stop_signal) {
             note("stopped by signal %d after step %lld (a simulated run writes no checkpoint)", (int)stop_signal,
                  (long long)lead->state.step);
+            break;
+        }
+        if (stop_at) {
+            if (!quiet)
+                note("stopped after step %lld, the first outer boundary at or after stop_at_step = %lld (a simulated "
+                     "run writes no checkpoint)", (long long)end, (long long)cfg->stop_at_step);
+            metrics_event(log, "stop", end, "\"reason\":\"stop_at_step\"");
             break;
         }
     }

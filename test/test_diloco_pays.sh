@@ -122,6 +122,16 @@ auto_run decay_h --diloco_replicas 2 --max_steps 50 --decay_frac 0.4 --diloco_in
 check "decay H: outer steps at 10, 20, 30, then every 4 ($(syncs "$tmp/decay_h/metrics.jsonl"))" \
     test "$(syncs "$tmp/decay_h/metrics.jsonl")" = "10/10 20/10 30/10 34/4 38/4 42/4 46/4 50/4"
 check "decay H: the start line says so" grep -q '10 inner steps per outer step (4 in the decay phase)' "$tmp/decay_h.log"
+# stop_at_step in a simulated run: it stops at the first outer boundary at or after the step (34
+# for 33: a round is never cut), validates there, and its outer steps are those of the whole run.
+auto_run decay_stop --diloco_replicas 2 --max_steps 50 --decay_frac 0.4 --diloco_inner_steps 10 --diloco_decay_inner_steps 4 \
+    --stop_at_step 33
+check "stop_at_step 33, simulated: stops after the outer step at 34 ($(syncs "$tmp/decay_stop/metrics.jsonl"))" \
+    test "$(syncs "$tmp/decay_stop/metrics.jsonl")" = "10/10 20/10 30/10 34/4"
+check "stop_at_step, simulated: validated at 34, a stop event and the note" \
+    test "$(grep -c '"step":34,"val_loss"' "$tmp/decay_stop/metrics.jsonl")" -eq 1 \
+    -a "$(grep -c '"event":"stop","step":34,"reason":"stop_at_step"' "$tmp/decay_stop/metrics.jsonl")" -eq 1 \
+    -a "$(grep -c 'stopped after step 34, the first outer boundary' "$tmp/decay_stop.log")" -eq 1
 auto_run decay_stream --diloco_replicas 2 --max_steps 40 --decay_frac 0.5 --diloco_inner_steps 10 \
     --diloco_decay_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 1 --n_layer 2
 check "decay H, 2 streaming fragments ($(syncs "$tmp/decay_stream/metrics.jsonl"))" \
