@@ -164,9 +164,9 @@ def seeds_table(rows):
     configs = {}
     for row in rows:
         if row["val"] is not None:
-            # The run's name without its seed suffix ("-s2") tells apart configurations whose
-            # differences are in extra keys (results.tsv does not list them).
-            base = re.sub(r"-s\d+$", "", row["name"])
+            # The run's name without its seed suffix ("-s2", also before "-warm") tells apart
+            # configurations whose differences are in extra keys (results.tsv does not list them).
+            base = re.sub(r"-s\d+(?=(-warm)?$)", "", row["name"])
             configs.setdefault((base,) + tuple(row[k] for k in CONFIG_KEYS), []).append(row)
     dps = {(r["m"], r["steps"], r["start"], r["seed"]): r["val"]
            for r in rows if r["kind"] == "dp" and r["val"] is not None}
