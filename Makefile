@@ -126,6 +126,10 @@ HOST_CU_SRC := quant.cu
 # the library: the tests that need it include it with -DTESTING.
 # C test programs: each test/NAME.c becomes $(BUILD)/NAME and runs in `make test`.
 TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c test/test_recompute.c
+# C++ test programs: test/NAME.cc, built with the host C++ compiler (no GPU needed).
+#   test_attention_fa2_emu  the GPU's register-resident attention kernels run on the CPU by
+#                           test/warp_emu.h, against the CPU reference
+TESTS_CXX := test/test_attention_fa2_emu.cc
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_bad_input.sh \
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
@@ -153,7 +157,7 @@ endif
 
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
-TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%)
+TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%)
 
 .PHONY: all test clean info bench
 .SECONDARY:
@@ -197,6 +201,10 @@ train_gpt: $(BUILD)/train_gpt.o $(BUILD)/libtrain_gpt.a
 
 $(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test_%: test/test_%.cc $(BUILD)/libtrain_gpt.a $(BUILD_CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -Wno-unknown-pragmas -I. -MMD -MP -MF $@.d $< $(BUILD)/libtrain_gpt.a -o $@ $(LDLIBS)
 
 $(BUILD)/test_tool: $(BUILD)/test/tool.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

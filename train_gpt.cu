@@ -255,7 +255,10 @@ struct cuda_model {
     float eps;
     bool sizing_only;          // count bytes, allocate nothing, touch no GPU (memory plans)
     int64_t device_bytes;
-    bool simple_attention;
+    // The attention kernels (TRAIN_GPT_ATTENTION): ATT_WMMA (the default, cuda/attention.cu),
+    // ATT_FA2 (softmax in registers, cuda/attention_fa2.cuh; not yet run on a GPU), ATT_SIMPLE
+    // (the one-warp-per-row reference, any head_dim).
+    enum { ATT_WMMA, ATT_FA2, ATT_SIMPLE } attention;
 
     cudaStream_t stream;
     matmul_context *mm;
@@ -493,15 +496,23 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     // run on the one-warp-per-row reference kernels, O(T²) work at minutes per step: only
     // when the user asks for them.
     const char *choice = getenv("TRAIN_GPT_ATTENTION");
-    m->simple_attention = choice && strcmp(choice, "simple") == 0;
+    m->attention = cuda_model::ATT_WMMA;
+    if (choice && strcmp(choice, "simple") == 0) m->attention = cuda_model::ATT_SIMPLE;
+    else if (choice && strcmp(choice, "fa2") == 0) m->attention = cuda_model::ATT_FA2;
+    else if (choice && *choice && strcmp(choice, "wmma") != 0 && !sizing_only)
+        fail("TRAIN_GPT_ATTENTION=%s: the attention kernels are wmma (the default), fa2 or simple", choice);
     if (!sizing_only) {
         if (m->dims.D % 8 != 0 || m->dims.D > 256)
             fail("head_dim %lld: the CUDA backend needs a multiple of 8, at most 256", (long long)m->dims.D);
-        if (!m->simple_attention && !attention_supports_head_dim((int)m->dims.D))
+        if (m->attention != cuda_model::ATT_SIMPLE && !attention_supports_head_dim((int)m->dims.D))
             fail("head_dim %lld: the CUDA backend's attention kernels support head_dim 32, 64 and 128 (set "
                  "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
                  (long long)m->dims.D);
     }
+#if HAVE_NVIDIA_TENSOR_CORES
+    if (!sizing_only && m->attention == cuda_model::ATT_FA2)
+        printf("train_gpt | attention: the register-resident kernels (TRAIN_GPT_ATTENTION=fa2, cuda/attention_fa2.cuh)\n");
+#endif
 #if !HAVE_NVIDIA_TENSOR_CORES
     if (!sizing_only)  // cuda/attention.cu: the tensor-core kernels are NVIDIA's only
         printf("train_gpt | attention: the portable one-warp-per-row kernels (no matrix-core attention for this GPU "
@@ -871,7 +882,8 @@ static void forward_layer(cuda_model *m, int l, int64_t B, int64_t T) {
     else if (rope) qknorm_rope_forward(&qr, a->qkv, QKV, NULL, a->qkv, QKV, s);  // rotated in place
     attention_inputs in = attention_inputs_of(m, a, B, T);
     mark(m, K_ATTENTION_FWD);
-    if (m->simple_attention) attention_simple_forward(&in, a->att, a->lse, s);
+    if (m->attention == cuda_model::ATT_SIMPLE) attention_simple_forward(&in, a->att, a->lse, s);
+    else if (m->attention == cuda_model::ATT_FA2) attention_fa2_forward(&in, a->att, a->lse, s);
     else attention_forward(&in, a->att, a->lse, s);
     mark(m, K_MATMUL_FWD);
     matmul_forward(m->mm, a->resid_mid, CUDA_R_32F, C, m->resid[l], a->att, W16(P_WO, l), N, QD, C, s);
@@ -982,7 +994,10 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
         attention_inputs in = attention_inputs_of(m, a, B, T);
         attention_grads g = {m->d_qkv, m->d_qkv + QD, m->d_qkv + QD + KD, QKV, QKV, QKV};  // dq|dk|dv stacked
         mark(m, K_ATTENTION_BWD);
-        if (m->simple_attention) attention_simple_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
+        if (m->attention == cuda_model::ATT_SIMPLE)
+            attention_simple_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
+        else if (m->attention == cuda_model::ATT_FA2)
+            attention_fa2_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
         else attention_backward(&in, a->att, a->lse, m->d_att, &g, m->delta, s);
         mark(m, K_QKNORM_ROPE_BWD);
         qknorm_rope_args qr = qknorm_rope_of(m, l, N, rope);

@@ -40,6 +40,9 @@
 #include <mma.h>
 #include <string.h>
 
+#include "cuda/mma.cuh"
+#include "cuda/attention_fa2.cuh"
+
 using namespace nvcuda;
 
 namespace {
@@ -515,6 +518,92 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
     else backward_d<128>(a, stream);
 }
 
+// ---------------------------------------------------------------- the register-resident kernels
+
+namespace {
+
+fa2::args make_fa2_args(const attention_inputs *in) {
+    fa2::args a;
+    memset(&a, 0, sizeof a);
+    a.q = reinterpret_cast<const uint16_t *>(in->q);
+    a.k = reinterpret_cast<const uint16_t *>(in->k);
+    a.v = reinterpret_cast<const uint16_t *>(in->v);
+    a.q_stride = in->q_stride;
+    a.k_stride = in->k_stride;
+    a.v_stride = in->v_stride;
+    a.start = in->start;
+    a.B = in->B;
+    a.T = in->T;
+    a.Hq = in->Hq;
+    a.Hkv = in->Hkv;
+    a.scale = 1.0f / sqrtf((float)in->D);
+    a.scale_log2 = a.scale * fa2::LOG2E;
+    return a;
+}
+
+template <int D> void fa2_forward_d(const fa2::args &a, cudaStream_t stream) {
+    static bool ready = false;
+    constexpr int smem = fa2::forward_smem_bytes<D>();
+    if (!ready) {
+        allow_smem(fa2::forward_kernel<D>, smem);
+        ready = true;
+    }
+    dim3 grid((unsigned)cdiv(a.T, fa2::BM), (unsigned)a.Hq, (unsigned)a.B);
+    fa2::forward_kernel<D><<<grid, fa2::THREADS, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D> void fa2_backward_d(const fa2::args &a, cudaStream_t stream) {
+    static bool ready = false;
+    constexpr int smem_q = fa2::dq_smem_bytes<D>(), smem_kv = fa2::dkv_smem_bytes<D>();
+    if (!ready) {
+        allow_smem(fa2::dq_kernel<D>, smem_q);
+        allow_smem(fa2::dkv_kernel<D>, smem_kv);
+        ready = true;
+    }
+    dim3 grid_q((unsigned)cdiv(a.T, fa2::BM), (unsigned)a.Hq, (unsigned)a.B);
+    fa2::dq_kernel<D><<<grid_q, fa2::THREADS, smem_q, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    dim3 grid_kv((unsigned)cdiv(a.T, fa2::BN), (unsigned)a.Hkv, (unsigned)a.B);
+    fa2::dkv_kernel<D><<<grid_kv, fa2::THREADS, smem_kv, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    if (in->B * in->T == 0) return;
+    check_shapes(in);
+    fa2::args a = make_fa2_args(in);
+    a.out = reinterpret_cast<uint16_t *>(out);
+    a.lse = lse;
+    if (in->D == 32) fa2_forward_d<32>(a, stream);
+    else if (in->D == 64) fa2_forward_d<64>(a, stream);
+    else fa2_forward_d<128>(a, stream);
+}
+
+void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                            const attention_grads *g, float *delta, cudaStream_t stream) {
+    if (in->B * in->T == 0) return;
+    check_shapes(in);
+    int64_t rows = in->B * in->T * in->Hq;
+    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
+    CUDA_CHECK_LAUNCH();
+    fa2::args a = make_fa2_args(in);
+    a.lse = const_cast<float *>(lse);
+    a.dout = reinterpret_cast<const uint16_t *>(dout);
+    a.delta = delta;
+    a.dq = reinterpret_cast<uint16_t *>(g->dq);
+    a.dk = reinterpret_cast<uint16_t *>(g->dk);
+    a.dv = reinterpret_cast<uint16_t *>(g->dv);
+    a.dq_stride = g->dq_stride;
+    a.dk_stride = g->dk_stride;
+    a.dv_stride = g->dv_stride;
+    if (in->D == 32) fa2_backward_d<32>(a, stream);
+    else if (in->D == 64) fa2_backward_d<64>(a, stream);
+    else fa2_backward_d<128>(a, stream);
+}
+
 #else  // HIP: no tensor-core attention yet
 
 // The portable kernels, one warp (a 64-wide wavefront on CDNA) per row in fp32: correct
@@ -528,6 +617,15 @@ void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaSt
 
 void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                         const attention_grads *g, float *delta, cudaStream_t stream) {
+    attention_simple_backward(in, out, lse, dout, g, delta, stream);
+}
+
+void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    attention_simple_forward(in, out, lse, stream);
+}
+
+void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                            const attention_grads *g, float *delta, cudaStream_t stream) {
     attention_simple_backward(in, out, lse, dout, g, delta, stream);
 }
 

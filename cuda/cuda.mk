@@ -222,7 +222,12 @@ endif
 # ---------------------------------------------------------------- make bench-gpu, bench-kernels
 # bench-gpu: one row of train_gpt against PyTorch 2 (gpt-1b, seq 4096, causal; other rows:
 # bench/gpu/README.md). bench-kernels: the per-kernel time table of the same configuration.
-.PHONY: bench-gpu bench-kernels
+.PHONY: bench-gpu bench-kernels bench-attention
+# Attention alone: the WMMA and fa2 kernels against PyTorch's SDPA / FlexAttention.
+$(BUILD)/bench_attention: $(BUILD)/bench/gpu/attention.o $(BUILD)/libtrain_gpt.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+bench-attention:
+	bash bench/gpu/attention.sh
 bench-gpu:
 	bash bench/gpu/run.sh
 bench-kernels:

@@ -133,6 +133,15 @@ void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaSt
 void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                         const attention_grads *g, float *delta, cudaStream_t stream);
 
+// The same two functions with the softmax in registers (cuda/attention_fa2.cuh: mma.sync,
+// ldmatrix, cp.async double buffering; FlashAttention-2's structure, deterministic backward).
+// TRAIN_GPT_ATTENTION=fa2 makes the model use them. Checked on the CPU by `make test` through
+// test/warp_emu.h; not yet run on a GPU, so not the default (docs/cuda.md). Under HIP these
+// are the portable kernels too.
+void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
+void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                            const attention_grads *g, float *delta, cudaStream_t stream);
+
 // ---------------------------------------------------------------- attention_simple.cu
 // The same two functions, one warp per row and fp32 arithmetic, no tensor cores: slow,
 // plainly correct, any even D ≤ 256. The tests check the fast kernels against the CPU and

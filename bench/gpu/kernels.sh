@@ -29,9 +29,12 @@ trap 'rm -rf "$tmp"' EXIT
 build/test_tool shard "$tmp/shard.bin" "$(key "$conf" vocab_size)" "$(key "$conf" doc_token)" \
     $(( (steps + 2) * B * T + 1 )) 7 17 $docs >/dev/null || exit 1
 mkdir -p bench/results
-result=bench/results/$(date -u +%F)-kernels-$name-seq$T-$data-$gpu.txt
+# TRAIN_GPT_ATTENTION (wmma, fa2, simple) picks the attention kernels; other than the default
+# it is part of the file's name.
+att=${TRAIN_GPT_ATTENTION:-}
+result=bench/results/$(date -u +%F)-kernels-$name-seq$T-$data${att:+-$att}-$gpu.txt
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
-echo "# TRAIN_GPT_PROFILE=1 ./train_gpt $conf, seq $T, batch $B, data $data; commit $commit" >"$result"
+echo "# TRAIN_GPT_PROFILE=1 ${att:+TRAIN_GPT_ATTENTION=$att }./train_gpt $conf, seq $T, batch $B, data $data; commit $commit" >"$result"
 TRAIN_GPT_PROFILE=1 timeout "${OURS_TIMEOUT:-150}" ./train_gpt "$conf" --device cuda --train_data "$tmp/shard.bin" \
     --val_data "" --tokenizer "" --sample_every 0 --seq_len "$T" --batch_size "$B" --grad_accum 1 \
     --max_steps "$steps" --warmup_steps 1 --shuffle 0 --out_dir "$tmp/out" --ckpt_every 0 --log_every 1 >>"$result" 2>&1
