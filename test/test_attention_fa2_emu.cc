@@ -86,6 +86,95 @@ static std::vector<int32_t> doc_tokens(int64_t B, int64_t T, int doc_min, int do
     return t;
 }
 
+// ---------------------------------------------------------------- the instructions themselves
+
+// The fragments as the PTX ISA tabulates them for mma.m16n8k16 with 16-bit A/B (g = lane/4,
+// t = lane%4), element by element: A's a_i at row g (i = 0, 1, 4, 5) or g + 8, column
+// 2t + (i & 1) (+ 8 for i ≥ 4); B's b_i at row 2t + (i & 1) (+ 8 for i ≥ 2), column g; C's c_i
+// at row g (+ 8 for i ≥ 2), column 2t + (i & 1). Register r holds elements 2r (low half) and
+// 2r + 1. Written from the table, not from the emulator's inverse mapping, so that the two
+// readings check each other.
+static void doc_a(uint32_t (&a)[4], const float *A, int lda, int lane) {
+    int g = lane / 4, t = lane % 4;
+    uint16_t e[8];
+    for (int i = 0; i < 8; i++) {
+        int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+        e[i] = emu::bf16_bits(A[row * lda + col]);
+    }
+    for (int r = 0; r < 4; r++) a[r] = (uint32_t)e[2 * r] | (uint32_t)e[2 * r + 1] << 16;
+}
+static void doc_b(uint32_t (&b)[2], const float *Bm, int ldb, int lane) {  // Bm is K × N (16 × 8)
+    int g = lane / 4, t = lane % 4;
+    uint16_t e[4];
+    for (int i = 0; i < 4; i++) e[i] = emu::bf16_bits(Bm[(2 * t + (i & 1) + (i >= 2 ? 8 : 0)) * ldb + g]);
+    for (int r = 0; r < 2; r++) b[r] = (uint32_t)e[2 * r] | (uint32_t)e[2 * r + 1] << 16;
+}
+static void check_instructions() {
+    constexpr int D = 64, S = fa2::dims<D>::S;
+    std::vector<float> A(16 * 16), Bm(16 * 16), X(16 * 16);  // Bm: 16 (k) × 16 (n): two 8-column blocks
+    for (auto &x : A) x = bf16_round((float)rng_normal(&rng));
+    for (auto &x : Bm) x = bf16_round((float)rng_normal(&rng));
+    for (auto &x : X) x = bf16_round((float)rng_normal(&rng));
+    int bad_mma = 0, bad_a = 0, bad_rows = 0, bad_cols = 0;
+    emu::launch({1, 1, 1}, 32, 3 * 16 * S * 2, [&] {
+        int lane = (int)threadIdx.x;
+        uint16_t *tile_a = reinterpret_cast<uint16_t *>(emu::the_block().smem.data()), *tile_x = tile_a + 16 * S,
+                 *tile_b = tile_x + 16 * S;
+        for (int i = lane; i < 256; i += 32) {
+            tile_a[i / 16 * S + i % 16] = emu::bf16_bits(A[i]);
+            tile_x[i / 16 * S + i % 16] = emu::bf16_bits(X[i]);
+            tile_b[i / 16 * S + i % 16] = emu::bf16_bits(Bm[i]);
+        }
+        block_barrier();
+        // mma on the table's fragments: C = A · B for both 8-column blocks of Bm.
+        uint32_t a[4];
+        doc_a(a, A.data(), 16, lane);
+        for (int nb = 0; nb < 2; nb++) {
+            uint32_t b[2];
+            doc_b(b, Bm.data() + nb * 8, 16, lane);
+            float c[4] = {0, 0, 0, 0};
+            mma_16816(c, a, b[0], b[1]);
+            int g = lane / 4, t = lane % 4;
+            for (int i = 0; i < 4; i++) {
+                int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+                double want = 0.0;
+                for (int k = 0; k < 16; k++) want += (double)A[row * 16 + k] * Bm[k * 16 + nb * 8 + col];
+                bad_mma += fabs(c[i] - want) > 1e-4 * (1.0 + fabs(want));
+            }
+        }
+        // The kernels' ldmatrix address patterns give the table's fragments: load_a = A's;
+        // load_b_rows of X = B fragments of Xᵀ (B[k][n] = X[n][k]); load_b_cols of X = B of X.
+        uint32_t la[4], lr[4], lc[4];
+        fa2::load_a<D>(la, tile_a, 0, 0);
+        for (int r = 0; r < 4; r++) bad_a += la[r] != a[r];
+        fa2::load_b_rows<D>(lr, tile_x, 0, 0);
+        fa2::load_b_cols<D>(lc, tile_x, 0, 0);
+        std::vector<float> Xt(256);
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 16; j++) Xt[j * 16 + i] = X[i * 16 + j];
+        for (int nb = 0; nb < 2; nb++) {
+            uint32_t want_r[2], want_c[2];
+            doc_b(want_r, Xt.data() + nb * 8, 16, lane);
+            doc_b(want_c, X.data() + nb * 8, 16, lane);
+            for (int r = 0; r < 2; r++) bad_rows += lr[2 * nb + r] != want_r[r], bad_cols += lc[2 * nb + r] != want_c[r];
+        }
+    });
+    struct {
+        const char *name;
+        int bad;
+    } rows[] = {{"mma m16n8k16 on the PTX table's fragments", bad_mma},
+                {"load_a (ldmatrix) = the table's A fragment", bad_a},
+                {"load_b_rows (ldmatrix) = B fragments of Xt", bad_rows},
+                {"load_b_cols (ldmatrix.trans) = B of X", bad_cols}};
+    for (auto &r : rows) {
+        checks++;
+        failures += r.bad != 0;
+        printf("%s %-46s %d wrong elements\n", r.bad ? "FAIL" : "PASS", r.name, r.bad);
+    }
+}
+
+// ---------------------------------------------------------------- the kernels
+
 template <int D> static void run_case(int64_t B, int64_t T, int Hq, int Hkv, int doc_min, int doc_max) {
     const int64_t N = B * T, QKV = (int64_t)(Hq + 2 * Hkv) * D, QD = (int64_t)Hq * D, KD = (int64_t)Hkv * D;
     char label[96], name[160];
@@ -164,6 +253,7 @@ template <int D> static void run_case(int64_t B, int64_t T, int Hq, int Hkv, int
 
 int main(void) {
     rng_seed(&rng, 20261129, 0);
+    check_instructions();
     run_case<64>(2, 150, 4, 2, 20, 60);   // GQA, short documents, a partial last tile
     run_case<128>(1, 200, 2, 1, 60, 130); // head_dim 128 (the dk/dv kernel's 32-query steps), long documents
     run_case<32>(1, 130, 2, 2, 0, 0);     // plain causal, MHA
