@@ -157,7 +157,7 @@ endif
 
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
-TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%)
+TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%) $(BUILD)/test_gpu_kernels_emu
 
 .PHONY: all test clean info bench
 .SECONDARY:
@@ -205,6 +205,21 @@ $(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libtrain_gpt.a
 $(BUILD)/test_%: test/test_%.cc $(BUILD)/libtrain_gpt.a $(BUILD_CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -Wno-unknown-pragmas -I. -MMD -MP -MF $@.d $< $(BUILD)/libtrain_gpt.a -o $@ $(LDLIBS)
+
+# Emulated GPU tests: test/test_gpu_kernels.cu and the kernel files of cuda/ (not matmul.cu,
+# which is cuBLASLt) built by the host C++ compiler against test/warp_emu.h and run on the
+# CPU: every kernel checked against the CPU reference in `make test`, without a GPU. The
+# launch syntax k<<<...>>>(args) becomes emu::launcher(k, ...)(args) on the way.
+EMU_CU := cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu cuda/attention.cu \
+          cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu test/test_gpu_kernels.cu
+EMU_FLAGS := -include test/warp_emu.h -Wno-unknown-pragmas -Wno-unused-function
+$(BUILD)/emu/%.cc: %.cu
+	@mkdir -p $(dir $@)
+	perl -pe 's/([A-Za-z_][\w:]*(?:<\w+>)?)<<<(.*?)>>>\(/emu::launcher($$1, $$2)(/g' $< >$@
+$(BUILD)/emu/%.o: $(BUILD)/emu/%.cc test/warp_emu.h $(BUILD_CONFIG)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -I. -c $< -o $@
+$(BUILD)/test_gpu_kernels_emu: $(EMU_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain_gpt.a
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/test_tool: $(BUILD)/test/tool.o $(BUILD)/libtrain_gpt.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

@@ -25,23 +25,66 @@
 // needed by no query tile whose first query starts a document after the tile's last key:
 // those tiles are skipped, which is what makes document masking cheaper than plain causal.
 //
-// Status: written and compiled without a GPU; test/test_gpu_kernels.cu checks it against
-// the CPU reference and against attention_simple.cu. This is a first, plainly structured
-// version (softmax in shared memory between WMMA calls, 4 warps per block); an mma.sync
-// kernel with register-resident softmax (FlashAttention-2 proper) or cuDNN's fused SDPA
-// are the ways to go faster — see docs/cuda.md.
+// Status: checked on an H100 by test/test_gpu_kernels.cu against the CPU reference and
+// attention_simple.cu (2026-11-24), and slow there (59 / 44 TFLOP/s: docs/performance.md).
+// This plainly structured version (softmax in shared memory between WMMA calls) stays the
+// default and the reference for the register-resident kernels of cuda/attention_fa2.cuh,
+// whose launchers (attention_fa2_*) are at the end of this file.
 //
-// NVIDIA only: WMMA is behind HAVE_NVIDIA_TENSOR_CORES (cuda/portable.cuh). Under HIP
-// (AMD) the end of this file sends both launchers to the portable kernels of
-// cuda/attention_simple.cu instead; an MFMA kernel for CDNA can come later.
+// NVIDIA only: WMMA is behind HAVE_NVIDIA_TENSOR_CORES, mma.sync behind HAVE_MMA_SYNC
+// (cuda/portable.cuh). Under HIP (AMD) both sets of launchers go to the portable kernels of
+// cuda/attention_simple.cu instead; an MFMA kernel for CDNA can come later. In the CPU
+// emulator (test/warp_emu.h) the fa2 kernels run and the WMMA launchers are the simple ones.
 #include "cuda/kernels.h"
+
+#include <string.h>
+
+#if HAVE_MMA_SYNC
+#include "cuda/mma.cuh"
+#include "cuda/attention_fa2.cuh"
+#endif
+
+#if HAVE_NVIDIA_TENSOR_CORES || HAVE_MMA_SYNC
+// What the WMMA and the fa2 kernels share: δ, the shared-memory attribute, the shape check.
+namespace {
+
+// δ (B, Hq, T) = Σ_d dO·O per (row, head); one warp each. grid ⌈N·Hq/8⌉, 256 threads.
+__global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int64_t B, int64_t T, int Hq,
+                                       int D) {
+    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;  // (b·T + t)·Hq + j
+    int lane = threadIdx.x % 32;
+    if (row >= B * T * Hq) return;
+    const bf16 *a = dout + row * D, *o = out + row * D;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += bf16_to_float(a[d]) * bf16_to_float(o[d]);
+    s = warp_sum(s);
+    int64_t bt = row / Hq, j = row % Hq, b = bt / T, t = bt % T;
+    if (lane == 0) delta[(b * Hq + j) * T + t] = s;
+}
+
+// Dynamic shared memory above 48 KiB has to be asked for, once per kernel.
+template <typename K> void allow_smem(K kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// The tiled kernels (WMMA and fa2) take head_dim 32, 64 and 128 and 16-byte aligned rows.
+void check_shapes(const attention_inputs *in) {
+    int D = in->D, Hq = in->Hq, Hkv = in->Hkv;
+    if (!(D == 32 || D == 64 || D == 128) || Hkv <= 0 || Hq % Hkv != 0 || in->q_stride % 8 || in->k_stride % 8 ||
+        in->v_stride % 8) {
+        fprintf(stderr,
+                "train_gpt: error: attention kernel: unsupported shape (head_dim %d, %d/%d heads, strides %lld "
+                "%lld %lld)\n---> HINT: head_dim must be 32, 64 or 128 for the CUDA backend\n",
+                D, Hq, Hkv, (long long)in->q_stride, (long long)in->k_stride, (long long)in->v_stride);
+        exit(1);
+    }
+}
+
+}  // namespace
+#endif
 
 #if HAVE_NVIDIA_TENSOR_CORES
 #include <mma.h>
-#include <string.h>
-
-#include "cuda/mma.cuh"
-#include "cuda/attention_fa2.cuh"
 
 using namespace nvcuda;
 
@@ -242,20 +285,6 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_forward_ke
 
 // ---------------------------------------------------------------- backward
 
-// δ (B, Hq, T) = Σ_d dO·O per (row, head); one warp each. grid ⌈N·Hq/8⌉, 256 threads.
-__global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int64_t B, int64_t T, int Hq,
-                                       int D) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;  // (b·T + t)·Hq + j
-    int lane = threadIdx.x % 32;
-    if (row >= B * T * Hq) return;
-    const bf16 *a = dout + row * D, *o = out + row * D;
-    float s = 0.0f;
-    for (int d = lane; d < D; d += 32) s += bf16_to_float(a[d]) * bf16_to_float(o[d]);
-    s = warp_sum(s);
-    int64_t bt = row / Hq, j = row % Hq, b = bt / T, t = bt % T;
-    if (lane == 0) delta[(b * Hq + j) * T + t] = s;
-}
-
 template <int D> constexpr size_t dq_smem() {
     return 4 * region<bf16>(TILE * dims<D>::QS) + 2 * region<float>(TILE * SSTRIDE) + region<bf16>(TILE * PSTRIDE);
 }
@@ -415,11 +444,6 @@ template <int D> __global__ void __launch_bounds__(THREADS) attention_dkv_kernel
     }
 }
 
-// Dynamic shared memory above 48 KiB has to be asked for, once per kernel.
-template <typename K> void allow_smem(K kernel, size_t bytes) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 template <int D> void forward_d(const att_args &a, cudaStream_t stream) {
     static bool ready = false;
     constexpr size_t smem = forward_smem<D>();
@@ -467,18 +491,6 @@ att_args make_args(const attention_inputs *in) {
     return a;
 }
 
-void check_shapes(const attention_inputs *in) {
-    int D = in->D, Hq = in->Hq, Hkv = in->Hkv;
-    if (!attention_supports_head_dim(D) || Hkv <= 0 || Hq % Hkv != 0 || in->q_stride % 8 || in->k_stride % 8 ||
-        in->v_stride % 8) {
-        fprintf(stderr,
-                "train_gpt: error: attention kernel: unsupported shape (head_dim %d, %d/%d heads, strides %lld "
-                "%lld %lld)\n---> HINT: head_dim must be 32, 64 or 128 for the CUDA backend\n",
-                D, Hq, Hkv, (long long)in->q_stride, (long long)in->k_stride, (long long)in->v_stride);
-        exit(1);
-    }
-}
-
 }  // namespace
 
 bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
@@ -518,8 +530,27 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
     else backward_d<128>(a, stream);
 }
 
+#else  // HIP (and the emulator): no WMMA
+
+// The portable kernels, one warp (a 64-wide wavefront on CDNA) per row in fp32: correct
+// and slow (no tiles, no matrix cores: each row reads its keys from memory on its own);
+// any even head_dim up to 256.
+bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
+
+void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    attention_simple_forward(in, out, lse, stream);
+}
+
+void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                        const attention_grads *g, float *delta, cudaStream_t stream) {
+    attention_simple_backward(in, out, lse, dout, g, delta, stream);
+}
+
+#endif  // HAVE_NVIDIA_TENSOR_CORES
+
 // ---------------------------------------------------------------- the register-resident kernels
 
+#if HAVE_MMA_SYNC
 namespace {
 
 fa2::args make_fa2_args(const attention_inputs *in) {
@@ -604,21 +635,7 @@ void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const f
     else fa2_backward_d<128>(a, stream);
 }
 
-#else  // HIP: no tensor-core attention yet
-
-// The portable kernels, one warp (a 64-wide wavefront on CDNA) per row in fp32: correct
-// and slow (no tiles, no matrix cores: each row reads its keys from memory on its own);
-// any even head_dim up to 256.
-bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
-
-void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
-    attention_simple_forward(in, out, lse, stream);
-}
-
-void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
-                        const attention_grads *g, float *delta, cudaStream_t stream) {
-    attention_simple_backward(in, out, lse, dout, g, delta, stream);
-}
+#else  // HIP: no mma.sync
 
 void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
     attention_simple_forward(in, out, lse, stream);
@@ -629,4 +646,4 @@ void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const f
     attention_simple_backward(in, out, lse, dout, g, delta, stream);
 }
 
-#endif  // HAVE_NVIDIA_TENSOR_CORES
+#endif  // HAVE_MMA_SYNC

@@ -23,6 +23,7 @@
 // included behind HAVE_NVIDIA_TENSOR_CORES.
 #ifndef TRAIN_GPT_CUDA_MMA_CUH
 #define TRAIN_GPT_CUDA_MMA_CUH
+#if !defined(TRAIN_GPT_EMULATION)  // else test/warp_emu.h has defined them
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -71,4 +72,5 @@ FA2_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
 FA2_DEVICE float lane_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 FA2_DEVICE void block_barrier() { __syncthreads(); }
 
+#endif  // TRAIN_GPT_EMULATION
 #endif

@@ -18,10 +18,12 @@
 //                  is not a target: the device pass stops with an error for anything but
 //                  gfx9, and the start-up probe refuses a GPU whose warpSize differs.
 //   tensor cores   HAVE_NVIDIA_TENSOR_CORES: 1 under nvcc, 0 under hipcc. The code that
-//                  uses NVIDIA's tensor-core instructions (WMMA today; mma.sync, wgmma,
-//                  cp.async when they come) sits behind this one guard, and under HIP the
-//                  portable kernels take its place (cuda/attention.cu: the one-warp-per-row
+//                  uses NVIDIA's WMMA sits behind this guard, the mma.sync / ldmatrix /
+//                  cp.async code (cuda/mma.cuh) behind HAVE_MMA_SYNC, and under HIP the
+//                  portable kernels take their place (cuda/attention.cu: the one-warp-per-row
 //                  attention of cuda/attention_simple.cu). An MFMA kernel can come later.
+//   emulation      TRAIN_GPT_EMULATION (test/warp_emu.h, tests only): the kernels built by
+//                  the host C++ compiler and run on the CPU; mma.sync emulated, WMMA not.
 //   launch bounds  __launch_bounds__(threads) means the same on both (the most threads a
 //                  block is launched with); its optional second argument does not (minimum
 //                  blocks per SM vs. waves per execution unit), so the backend never uses it.
@@ -34,7 +36,27 @@
 
 #include <stdint.h>
 
-#if defined(__HIPCC__)
+#if defined(TRAIN_GPT_EMULATION)
+// ================================================================ the CPU emulator (tests)
+// test/warp_emu.h, included before everything (the emulated build's -include), has defined
+// the runtime's names, dim3, launches and the instructions; here is what the toolchains'
+// branches define. `make test` builds the kernel files this way (test/test_gpu_kernels.cu).
+#define GPU_RUNTIME_NAME "CUDA (emulated on the CPU)"
+#define GPU_VENDOR "NVIDIA"
+#define GPU_VISIBLE_DEVICES_ENV "CUDA_VISIBLE_DEVICES"
+#define HAVE_NVIDIA_TENSOR_CORES 0  // WMMA's fragment layouts are not documented: not emulated
+#define HAVE_MMA_SYNC 1             // mma.sync's are (cuda/mma.cuh)
+#define PORTABLE_OWN_BF16 1
+enum { WARP_SIZE = 32 };
+#define WARP_FULL_MASK 0xffffffffu
+
+template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu::shuffle_xor(v, lane_mask); }
+
+#define GPU_HINT_DRIVER "(none: the emulator needs no driver)"
+#define GPU_HINT_VISIBLE "(none: the emulator is always there)"
+#define GPU_HINT_REBUILD "(none: the emulator runs every kernel)"
+
+#elif defined(__HIPCC__)
 // ================================================================ HIP (AMD, ROCm)
 #include <hip/hip_runtime.h>
 #include <hip/library_types.h>
@@ -43,6 +65,8 @@
 #define GPU_VENDOR "AMD"
 #define GPU_VISIBLE_DEVICES_ENV "ROCR_VISIBLE_DEVICES"  // what SLURM sets for AMD GPUs (also: HIP_VISIBLE_DEVICES)
 #define HAVE_NVIDIA_TENSOR_CORES 0
+#define HAVE_MMA_SYNC 0
+#define PORTABLE_OWN_BF16 1
 enum { WARP_SIZE = 64 };
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
 #error "train_gpt's HIP build targets CDNA GPUs (gfx9: gfx90a, gfx942), whose wavefronts are 64 wide (WARP_SIZE)"
@@ -107,30 +131,6 @@ enum { WARP_SIZE = 64 };
 #define CUDA_R_16BF ((hipDataType)14)
 #endif
 
-typedef struct {
-    uint16_t bits;
-} bf16;
-
-__host__ __device__ __forceinline__ float bf16_to_float(bf16 x) {
-    uint32_t u = (uint32_t)x.bits << 16;
-    float f;
-    __builtin_memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-__host__ __device__ __forceinline__ bf16 float_to_bf16(float f) {
-    uint32_t u;
-    __builtin_memcpy(&u, &f, sizeof u);
-    bf16 b;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: the one quiet NaN CUDA's conversion gives
-        b.bits = 0x7fff;
-        return b;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even (overflow gives inf)
-    b.bits = (uint16_t)(u >> 16);
-    return b;
-}
-
 template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lane_mask) {
     return __shfl_xor(v, lane_mask, WARP_SIZE);
 }
@@ -155,6 +155,8 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define GPU_VENDOR "NVIDIA"
 #define GPU_VISIBLE_DEVICES_ENV "CUDA_VISIBLE_DEVICES"
 #define HAVE_NVIDIA_TENSOR_CORES 1
+#define HAVE_MMA_SYNC 1
+#define PORTABLE_OWN_BF16 0
 enum { WARP_SIZE = 32 };
 #define WARP_FULL_MASK 0xffffffffu
 
@@ -174,6 +176,35 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define GPU_HINT_REBUILD                                                                                   \
     "this binary has no kernels for this GPU: rebuild with `make CUDA_ARCH=\"-gencode "                    \
     "arch=compute_XY,code=sm_XY\"` for its compute capability"
+
+#endif
+
+// bf16 as a plain 16-bit struct where the toolchain has no type of its own that converts
+// the same way (HIP on ROCm 5, the emulator): the bits of CUDA's __nv_bfloat16.
+#if PORTABLE_OWN_BF16
+typedef struct {
+    uint16_t bits;
+} bf16;
+
+__host__ __device__ __forceinline__ float bf16_to_float(bf16 x) {
+    uint32_t u = (uint32_t)x.bits << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+__host__ __device__ __forceinline__ bf16 float_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    bf16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: the one quiet NaN CUDA's conversion gives
+        b.bits = 0x7fff;
+        return b;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even (overflow gives inf)
+    b.bits = (uint16_t)(u >> 16);
+    return b;
+}
 
 #endif
 

@@ -1,13 +1,17 @@
-// test/warp_emu.h — runs a CUDA block's threads on the CPU, so that kernels written against
-// cuda/mma.cuh's instructions (cuda/attention_fa2.cuh) can be tested by `make test` without
-// a GPU. It checks what a kernel assumes about the instructions; whether the GPU does what
-// the PTX ISA says is left to `make test-gpu` on a GPU.
+// test/warp_emu.h — runs CUDA kernels on the CPU, so that `make test` checks the GPU
+// backend's kernels without a GPU: the register-resident attention written against
+// cuda/mma.cuh (test/test_attention_fa2_emu.cc), and every kernel file of cuda/ except the
+// cuBLASLt products and the WMMA attention through test/test_gpu_kernels.cu built in
+// emulation (TRAIN_GPT_EMULATION; the Makefile's "emulated GPU tests"). It checks what the
+// kernels compute and what they assume about the instructions; whether a GPU does what the
+// PTX ISA says, races between real warps and speed are left to `make test-gpu` on a GPU.
 //
-// A block's threads are lanes with their own stacks (ucontext), run one at a time by a
+// A block's threads are lanes with their own stacks (ucontext to start one, _setjmp/_longjmp
+// to switch: glibc's swapcontext makes a system call per switch), run one at a time by a
 // scheduler: each runs until it reaches a collective (a warp instruction, __syncwarp,
-// __syncthreads) and waits there; when all 32 lanes of a warp wait at the same warp
-// instruction they are released together, and likewise all threads at a block barrier. The
-// instructions are implemented from the PTX ISA's description:
+// __syncthreads) and waits there; when all lanes of a warp wait at the same warp
+// instruction they are released together, and likewise all threads at a block barrier.
+// Blocks run one after another. The instructions are implemented from the PTX ISA:
 //   ldmatrix .m8n8 .x4 (.trans) .b16   lanes 8i..8i+7 address the rows of matrix i; lane l gets
 //                                       row l/4, columns 2(l%4), +1 (transposed: rows 2(l%4), +1
 //                                       of column l/4), the lower column in the lower half
@@ -20,19 +24,31 @@
 // kernel gets wrong: lanes of a warp at different collectives, a barrier some threads never
 // reach, a shared-memory access out of the block's allocation or misaligned.
 //
+// The runtime (emulated build only): device memory is host memory, copies are memcpy, a
+// launch runs the grid at once (streams and events are in order by construction), and
+// `k<<<grid, block, smem, stream>>>(args)` is rewritten by the build into
+// `emu::launcher(k, grid, block, smem, stream)(args)`. Static __shared__ arrays are function
+// statics: the blocks of a grid run one at a time, so each block has them to itself.
+//
 // Single-threaded and deterministic; slow (fine for the tests' small shapes).
 #ifndef TRAIN_GPT_TEST_WARP_EMU_H
 #define TRAIN_GPT_TEST_WARP_EMU_H
+#undef _FORTIFY_SOURCE  // its longjmp check refuses a jump to another stack, which is the point here
+#define TRAIN_GPT_EMULATION 1  // cuda/portable.cuh takes its emulation branch
 
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <deque>
 #include <functional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace emu {
@@ -42,7 +58,7 @@ struct idx3 {
 };
 
 enum lane_status { RUNNING, AT_WARP, AT_BLOCK, DONE };
-enum collective { OP_LDSM, OP_LDSM_T, OP_MMA, OP_SHFL };
+enum collective { OP_LDSM, OP_LDSM_T, OP_MMA, OP_SHFL, OP_SYNCWARP };
 
 struct pending_copy {
     unsigned char *dst;
@@ -52,7 +68,9 @@ struct pending_copy {
 };
 
 struct lane {
-    ucontext_t ctx;
+    ucontext_t ctx;  // the first entry (its own stack)
+    jmp_buf resume;  // every later one: _longjmp, no signal-mask system call
+    bool started;
     lane_status status;
     int op;        // the collective it waits at
     unsigned seq;  // warp collectives so far: which of the two slot sets it uses
@@ -66,15 +84,18 @@ struct slot {
     uint32_t w[6];
     const unsigned char *addr;
     float f;
+    unsigned char raw[8];  // a shuffled value of any type up to 8 bytes
 };
 
 struct block {
     int threads = 0;
+    idx3 dims{1, 1, 1};  // blockDim
     std::vector<lane> lanes;
     std::vector<std::vector<unsigned char>> stacks;
     std::vector<slot> slots[2];
     std::vector<unsigned char> smem;
     ucontext_t scheduler;
+    jmp_buf back;  // where a lane returns to the scheduler
     int current = 0;
     std::function<void()> body;
 };
@@ -91,7 +112,18 @@ inline idx3 &grid_dims() {
     static idx3 g;
     return g;
 }
-inline idx3 thread_index() { return idx3{(unsigned)the_block().current, 0, 0}; }
+inline idx3 thread_index() {
+    block &b = the_block();
+    unsigned t = (unsigned)b.current;
+    return idx3{t % b.dims.x, t / b.dims.x % b.dims.y, t / (b.dims.x * b.dims.y)};
+}
+inline idx3 block_dims() { return the_block().dims; }
+// Lanes in this thread's warp (the last warp of a block may be partial).
+inline int warp_lanes() {
+    block &b = the_block();
+    int first = b.current / 32 * 32;
+    return b.threads - first < 32 ? b.threads - first : 32;
+}
 
 [[noreturn]] inline void fail(const char *what) {
     block &b = the_block();
@@ -106,7 +138,7 @@ inline void wait_as(lane_status status, int op) {
     lane &me = b.lanes[b.current];
     me.status = status;
     me.op = op;
-    swapcontext(&me.ctx, &b.scheduler);
+    if (!_setjmp(me.resume)) _longjmp(b.back, 1);
 }
 
 inline slot &publish() {
@@ -155,15 +187,18 @@ inline uint16_t element(const unsigned char *row, int col) {
 inline void trampoline() {
     block &b = the_block();
     b.body();
-    b.lanes[b.current].status = DONE;  // uc_link returns to the scheduler
+    b.lanes[b.current].status = DONE;
+    _longjmp(b.back, 1);  // this stack is left for good
 }
 
 // Runs `body` as every thread of one block: blockIdx = `index`, `threads` threads, `smem`
 // bytes of dynamic shared memory (filled with a pattern: nothing may rely on zeros).
-inline void run_block(idx3 index, int threads, size_t smem, const std::function<void()> &body) {
+inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<void()> &body) {
     block &b = the_block();
-    const size_t stack_bytes = 256 << 10;
+    const size_t stack_bytes = 64 << 10;
+    int threads = (int)(dims.x * dims.y * dims.z);
     b.threads = threads;
+    b.dims = dims;
     b.body = body;
     b.lanes.assign(threads, lane());
     b.stacks.resize(threads);
@@ -180,31 +215,37 @@ inline void run_block(idx3 index, int threads, size_t smem, const std::function<
         l.ctx.uc_link = &b.scheduler;
         makecontext(&l.ctx, trampoline, 0);
         l.status = RUNNING;
+        l.started = false;
     }
     for (;;) {
         for (int i = 0; i < threads; i++) {
             if (b.lanes[i].status != RUNNING) continue;
             b.current = i;
-            swapcontext(&b.scheduler, &b.lanes[i].ctx);
+            lane &l = b.lanes[i];
+            if (!_setjmp(b.back)) {
+                if (l.started) _longjmp(l.resume, 1);
+                l.started = true;
+                swapcontext(&b.scheduler, &l.ctx);
+            }
         }
         int done = 0, at_block = 0;
         bool released = false;
         for (int i = 0; i < threads; i++) done += b.lanes[i].status == DONE, at_block += b.lanes[i].status == AT_BLOCK;
         if (done == threads) break;
-        for (int w = 0; w < threads / 32; w++) {
-            int waiting = 0;
-            for (int l = 0; l < 32; l++) waiting += b.lanes[w * 32 + l].status == AT_WARP;
+        for (int w = 0; w * 32 < threads; w++) {
+            int lanes = threads - w * 32 < 32 ? threads - w * 32 : 32, waiting = 0;
+            for (int l = 0; l < lanes; l++) waiting += b.lanes[w * 32 + l].status == AT_WARP;
             if (waiting == 0) continue;
-            if (waiting < 32) {
+            if (waiting < lanes) {
                 b.current = w * 32;
                 fail("lanes of a warp wait at a warp instruction that others never reach");
             }
-            for (int l = 1; l < 32; l++)
+            for (int l = 1; l < lanes; l++)
                 if (b.lanes[w * 32 + l].op != b.lanes[w * 32].op) {
                     b.current = w * 32 + l;
                     fail("lanes of a warp at different warp instructions");
                 }
-            for (int l = 0; l < 32; l++) b.lanes[w * 32 + l].status = RUNNING;
+            for (int l = 0; l < lanes; l++) b.lanes[w * 32 + l].status = RUNNING;
             released = true;
         }
         if (released) continue;
@@ -218,20 +259,180 @@ inline void run_block(idx3 index, int threads, size_t smem, const std::function<
 }
 
 // Every block of a grid, in order.
-inline void launch(idx3 grid, int threads, size_t smem, const std::function<void()> &body) {
+inline void launch(idx3 grid, idx3 dims, size_t smem, const std::function<void()> &body) {
+    if ((uint64_t)dims.x * dims.y * dims.z == 0 || (uint64_t)dims.x * dims.y * dims.z > 1024)
+        fail("a launch with 0 or more than 1024 threads per block");
     grid_dims() = grid;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) run_block(idx3{x, y, z}, threads, smem, body);
+            for (unsigned x = 0; x < grid.x; x++) run_block(idx3{x, y, z}, dims, smem, body);
+}
+inline void launch(idx3 grid, int threads, size_t smem, const std::function<void()> &body) {
+    launch(grid, idx3{(unsigned)threads, 1, 1}, smem, body);
+}
+
+// The value of lane (this lane ^ mask) of the warp, any type up to 8 bytes.
+template <typename T> T shuffle_xor(T v, int mask) {
+    static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
+    memcpy(publish().raw, &v, sizeof v);
+    wait_as(AT_WARP, OP_SHFL);
+    int l = the_block().current % 32, other = l ^ mask;
+    T r = v;
+    if (other < warp_lanes()) memcpy(&r, peer(other).raw, sizeof r);
+    next_slot_set();
+    return r;
 }
 
 }  // namespace emu
 
-// ---------------------------------------------------------------- cuda/mma.cuh's interface
+// ---------------------------------------------------------------- CUDA's names
 
 #define threadIdx (emu::thread_index())
 #define blockIdx (emu::block_index())
 #define gridDim (emu::grid_dims())
+#define blockDim (emu::block_dims())
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __syncthreads() emu::wait_as(emu::AT_BLOCK, -1)
+#define __syncwarp(...) emu::wait_as(emu::AT_WARP, emu::OP_SYNCWARP)
+#define __expf expf
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
+
+// The vector types the kernels load and store 8 or 16 bytes at a time with.
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+// The runtime: device memory is host memory; everything happens at the call, in order.
+enum {
+    cudaSuccess = 0,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorDevicesUnavailable = 46,
+    cudaErrorNoDevice = 100,
+    cudaErrorNoKernelImageForDevice = 209,
+    cudaErrorUnsupportedPtxVersion = 222,
+    cudaErrorNotReady = 600,
+};
+typedef int cudaError_t;
+typedef struct emu_stream *cudaStream_t;
+struct emu_event {
+    double seconds;
+};
+typedef emu_event *cudaEvent_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;  // library_types.h's values
+#define cudaStreamNonBlocking 1u
+#define cudaEventDisableTiming 2u
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor, multiProcessorCount, warpSize;
+    size_t totalGlobalMem;
+};
+
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char *cudaGetErrorString(cudaError_t) { return "an error of the CPU emulator"; }
+inline const char *cudaGetErrorName(cudaError_t) { return "emulatorError"; }
+inline cudaError_t cudaGetDeviceCount(int *n) { return *n = 1, cudaSuccess; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "the CPU (test/warp_emu.h)");
+    p->major = 9, p->multiProcessorCount = 1, p->warpSize = 32, p->totalGlobalMem = (size_t)1 << 34;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    *free_bytes = *total = (size_t)1 << 34;
+    return cudaSuccess;
+}
+template <typename T> cudaError_t cudaMalloc(T **p, size_t bytes) {
+    *p = (T *)malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename T> cudaError_t cudaMallocHost(T **p, size_t bytes) { return cudaMalloc(p, bytes); }
+inline cudaError_t cudaFree(void *p) { return free(p), cudaSuccess; }
+inline cudaError_t cudaFreeHost(void *p) { return free(p), cudaSuccess; }
+inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
+    return memmove(dst, src, bytes), cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t = nullptr) {
+    return cudaMemcpy(dst, src, bytes, k);
+}
+inline cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                     size_t height, cudaMemcpyKind, cudaStream_t = nullptr) {
+    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void *p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
+inline cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t = nullptr) { return cudaMemset(p, v, bytes); }
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) { return *s = nullptr, cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return *e = new emu_event{0.0}, cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->seconds = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    return *ms = (float)((b->seconds - a->seconds) * 1e3), cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
+template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
+
+namespace emu {
+// What the build makes of `k<<<grid, block, smem, stream>>>(args)`: emu::launcher(k, grid,
+// block, smem, stream)(args). The arguments are converted to the kernel's parameter types
+// once, as a launch does, and every thread of the grid gets a copy.
+template <typename... P> struct kernel_call {
+    void (*kernel)(P...);
+    dim3 grid, threads;
+    size_t smem;
+    template <typename... A> void operator()(A &&...args) const {
+        std::tuple<P...> params(std::forward<A>(args)...);
+        void (*k)(P...) = kernel;
+        launch(idx3{grid.x, grid.y, grid.z}, idx3{threads.x, threads.y, threads.z}, smem,
+               [&] { std::apply(k, params); });
+    }
+};
+template <typename... P>
+kernel_call<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem = 0, cudaStream_t = nullptr) {
+    return kernel_call<P...>{kernel, grid, threads, smem};
+}
+}  // namespace emu
+
+// ---------------------------------------------------------------- cuda/mma.cuh's interface
+
 #define FA2_DEVICE inline
 #define FA2_KERNEL(threads) void
 #define FA2_SHARED_BYTES(name) unsigned char *name = emu::the_block().smem.data()
@@ -242,7 +443,7 @@ inline void ldsm_common(uint32_t (&r)[4], const void *p, bool trans) {
     emu::check_shared(p, 16, 16);
     emu::publish().addr = (const unsigned char *)p;
     emu::warp_collective(trans ? emu::OP_LDSM_T : emu::OP_LDSM);
-    int l = (int)(threadIdx.x % 32);
+    int l = emu::the_block().current % 32;
     for (int i = 0; i < 4; i++) {
         uint16_t lo, hi;
         if (!trans) {
@@ -266,7 +467,7 @@ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32
     s.w[4] = b0;
     s.w[5] = b1;
     emu::warp_collective(emu::OP_MMA);
-    int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    int l = emu::the_block().current % 32, g = l / 4, t = l % 4;
     for (int e = 0; e < 4; e++) {
         int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
         float sum = 0.0f;
@@ -282,13 +483,7 @@ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32
     emu::next_slot_set();
 }
 
-inline float lane_shfl_xor(float v, int mask) {
-    emu::publish().f = v;
-    emu::warp_collective(emu::OP_SHFL);
-    float r = emu::peer((int)(threadIdx.x % 32) ^ mask).f;
-    emu::next_slot_set();
-    return r;
-}
+inline float lane_shfl_xor(float v, int mask) { return emu::shuffle_xor(v, mask); }
 
 inline void cp_async_bytes(void *dst, const void *src, bool valid, int bytes) {
     emu::check_shared(dst, (size_t)bytes, (size_t)bytes);
