@@ -962,9 +962,8 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
     int Hq = (int)m->dims.Hq, Hkv = (int)m->dims.Hkv;
     cudaStream_t s = m->stream;
     mark(m, K_RMSNORM_BWD);
-    rmsnorm_gain_grad(G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final, m->resid[m->dims.L], m->final_rstd, N, C, s);
-    rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_final, m->resid[m->dims.L], W32(P_FINAL_NORM, -1), m->final_rstd,
-                     N, C, false, s);
+    rmsnorm_backward(m->d_resid, m->d_resid_bf16, G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final,
+                     m->resid[m->dims.L], W32(P_FINAL_NORM, -1), m->final_rstd, N, C, false, s);
     for (int l = (int)m->dims.L - 1; l >= 0; l--) {
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
@@ -984,9 +983,8 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
                               s);
         matmul_backward_weight(m->mm, G32(P_W_GATE, l), m->d_gate_up, 2 * F, a->mlp_in, N, C, 2 * F, s);
         mark(m, K_RMSNORM_BWD);
-        rmsnorm_gain_grad(G32(P_MLP_NORM, l), m->gain_scratch, m->d_norm, a->resid_mid, a->mlp_rstd, N, C, s);
-        rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_norm, a->resid_mid, W32(P_MLP_NORM, l), a->mlp_rstd, N, C,
-                         true, s);
+        rmsnorm_backward(m->d_resid, m->d_resid_bf16, G32(P_MLP_NORM, l), m->gain_scratch, m->d_norm, a->resid_mid,
+                         W32(P_MLP_NORM, l), a->mlp_rstd, N, C, true, s);
         // Attention: resid_mid = resid_in + o(attention(q, k, v))
         mark(m, K_MATMUL_BWD);
         matmul_backward_input(m->mm, m->d_att, CUDA_R_16BF, m->d_resid_bf16, C, W16(P_WO, l), N, QD, C, false, s);
@@ -1014,9 +1012,8 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
         matmul_backward_input(m->mm, m->d_norm, CUDA_R_32F, m->d_qkv, QKV, W16(P_WQ, l), N, C, QKV, false, s);
         matmul_backward_weight(m->mm, G32(P_WQ, l), m->d_qkv, QKV, a->attn_in, N, C, QKV, s);
         mark(m, K_RMSNORM_BWD);
-        rmsnorm_gain_grad(G32(P_ATTN_NORM, l), m->gain_scratch, m->d_norm, m->resid[l], a->attn_rstd, N, C, s);
-        rmsnorm_backward(m->d_resid, m->d_resid_bf16, m->d_norm, m->resid[l], W32(P_ATTN_NORM, l), a->attn_rstd, N, C,
-                         true, s);
+        rmsnorm_backward(m->d_resid, m->d_resid_bf16, G32(P_ATTN_NORM, l), m->gain_scratch, m->d_norm, m->resid[l],
+                         W32(P_ATTN_NORM, l), a->attn_rstd, N, C, true, s);
     }
     mark(m, K_EMBEDDING);
     embedding_backward(G32(P_EMBED, -1), m->d_resid, m->d_unique, m->d_offsets, m->d_positions, num_unique, C, s);

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // ---------------------------------------------------------------- error checks
 
@@ -72,6 +73,26 @@ __device__ __forceinline__ float to_float(bf16 x) { return bf16_to_float(x); }
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) { return float_to_bf16(x); }
+
+// 16-byte loads and stores of four floats, and 8-byte stores of four bf16: the memory-bound
+// kernels' vector accesses. The pointer must be aligned to the access (the GPU faults
+// otherwise; the CPU emulator checks it, test/warp_emu.h).
+__device__ __forceinline__ float4 load_float4(const float *p) {
+    GPU_CHECK_ALIGNED(p, 16);
+    return *reinterpret_cast<const float4 *>(p);
+}
+__device__ __forceinline__ void store_float4(float *p, float4 v) {
+    GPU_CHECK_ALIGNED(p, 16);
+    *reinterpret_cast<float4 *>(p) = v;
+}
+__device__ __forceinline__ void store_bf16x4(bf16 *p, float a, float b, float c, float d) {
+    GPU_CHECK_ALIGNED(p, 8);
+    bf16 h[4] = {float_to_bf16(a), float_to_bf16(b), float_to_bf16(c), float_to_bf16(d)};
+    uint2 u;
+    memcpy(&u, h, sizeof u);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+inline bool aligned_to(const void *p, uintptr_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
 
 // Sum over the WARP_SIZE lanes of a warp, the same butterfly every time: every lane gets
 // the same, deterministic result.

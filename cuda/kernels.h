@@ -54,19 +54,17 @@ void embedding_backward(float *dE, const float *dout, const int32_t *unique, con
 
 // ---------------------------------------------------------------- rmsnorm.cu
 // out (N,C) bf16 = inp / sqrt(mean(inp²) + eps) ⊙ g ; inp (N,C) fp32 (residual stream),
-// g (C) fp32, rstd (N) fp32 kept for the backward. One warp per row.
+// g (C) fp32, rstd (N) fp32 kept for the backward. A row is read once (C ≤ 8192).
 void rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N, int64_t C, float eps,
                      cudaStream_t stream);
 // dinp (N,C) fp32 (+)= ∂/∂inp of dout (N,C) fp32; dinp_bf16 (N,C), if not NULL, receives a
-// bf16 copy of the new dinp (the next matmuls' input). Fused: one pass reads dout, inp
-// and the old dinp, writes both copies.
-void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, const float *dout, const float *inp, const float *g,
-                      const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream);
-// dg (C) += Σ_rows dout·inp·rstd, deterministically: fixed chunks of rows give partial sums
-// (scratch), summed per column in chunk order.
+// bf16 copy of the new dinp (the next matmuls' input); dg (C) += Σ_rows dout·inp·rstd, the
+// gain's gradient, deterministically (partial sums over fixed chunks of rows in scratch,
+// rmsnorm_gain_scratch_floats of them, summed per column in chunk order). Fused: one pass
+// reads dout, inp and the old dinp, writes both copies of dinp and the chunks' gain sums.
+void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, float *dg, float *scratch, const float *dout, const float *inp,
+                      const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream);
 int64_t rmsnorm_gain_scratch_floats(int64_t N, int64_t C);
-void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float *inp, const float *rstd,
-                       int64_t N, int64_t C, cudaStream_t stream);
 
 // ---------------------------------------------------------------- qknorm_rope.cu
 // q and k sit side by side in each row: heads 0..Hq-1 are q, Hq..Hq+Hkv-1 are k, D each.

@@ -51,6 +51,7 @@ enum { WARP_SIZE = 32 };
 #define WARP_FULL_MASK 0xffffffffu
 
 template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu::shuffle_xor(v, lane_mask); }
+#define GPU_CHECK_ALIGNED(p, bytes) emu::check_global_aligned((p), (bytes))
 
 #define GPU_HINT_DRIVER "(none: the emulator needs no driver)"
 #define GPU_HINT_VISIBLE "(none: the emulator is always there)"
@@ -67,6 +68,7 @@ template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu
 #define HAVE_NVIDIA_TENSOR_CORES 0
 #define HAVE_MMA_SYNC 0
 #define PORTABLE_OWN_BF16 1
+#define GPU_CHECK_ALIGNED(p, bytes) ((void)0)
 enum { WARP_SIZE = 64 };
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
 #error "train_gpt's HIP build targets CDNA GPUs (gfx9: gfx90a, gfx942), whose wavefronts are 64 wide (WARP_SIZE)"
@@ -157,6 +159,7 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define HAVE_NVIDIA_TENSOR_CORES 1
 #define HAVE_MMA_SYNC 1
 #define PORTABLE_OWN_BF16 0
+#define GPU_CHECK_ALIGNED(p, bytes) ((void)0)
 enum { WARP_SIZE = 32 };
 #define WARP_FULL_MASK 0xffffffffu
 

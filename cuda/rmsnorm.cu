@@ -8,15 +8,126 @@
 // gradient into the fp32 stream gradient and writes its bf16 copy for the next matmuls in
 // the same pass.
 //
-// One warp per row: rows are 1–8k wide, so a warp's loop over the row is enough to keep
-// the loads coalesced, and the row's statistics need only shuffles (a warp is WARP_SIZE
-// lanes: 32, or 64 on AMD's CDNA). The gain gradient is a sum over all rows, done
-// deterministically in two kernels (partial sums over fixed chunks of rows, then a
-// fixed-order sum over chunks), never with atomics; its blocks are 32 × 8 tiles of
-// threads, whatever the warp size.
+// The row kernels (rows up to 8192 wide, 16-byte aligned: every model of configs/): a block
+// of 256 threads walks a chunk of 32 rows, one row at a time; each thread holds its columns
+// of the row in registers (16-byte loads, 4 columns per load, K loads per row), so a row is
+// read from memory once: the forward reads x and writes y, the backward reads dy, x and
+// the old dx and writes dx and its bf16 copy. The row's sum (Σx², Σdy·g·x) is a block
+// reduction in a fixed order. The backward also folds in the gain gradient: each thread
+// adds dy·x·r of its columns over the chunk's rows in registers and writes the chunk's
+// partial sums; a second small kernel adds the chunks in order. Deterministic, no atomics.
+//
+// The fallback (wider rows, unaligned pointers): one warp per row, 4-byte accesses, the
+// gain gradient in its own pass (partial sums over fixed chunks of rows in 32 × 8 tiles of
+// threads, whatever the warp size, then the same ordered sum over chunks).
 #include "cuda/kernels.h"
 
+#include <initializer_list>
+
 enum { ROWS_PER_BLOCK = 8, GAIN_CHUNK_ROWS = 256 };
+enum { ROW_THREADS = 256, ROW_CHUNK = 32, ROW_MAX_LOADS = 8 };  // the row kernels: C ≤ 4·256·8
+
+// How many 16-byte loads per thread a row of C takes, or 0 when the row kernels do not apply.
+static int row_loads(int64_t C, std::initializer_list<const void *> vectors16, const void *bf16_out) {
+    int64_t K = cdiv(C, 4 * ROW_THREADS);
+    if (C % 4 || K > ROW_MAX_LOADS || !aligned_to(bf16_out, 8)) return 0;
+    for (const void *p : vectors16)
+        if (!aligned_to(p, 16)) return 0;
+    return (int)K;
+}
+
+// Column c of this thread's k-th load.
+__device__ __forceinline__ int64_t row_column(int k) { return 4 * ((int64_t)threadIdx.x + (int64_t)ROW_THREADS * k); }
+
+// grid ⌈N/32⌉, 256 threads.
+template <int K>
+__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_forward_rows_kernel(bf16 *out, float *rstd, const float *inp,
+                                                                           const float *g, int64_t N, int64_t C,
+                                                                           float eps) {
+    __shared__ float red[32];
+    int64_t r0 = (int64_t)blockIdx.x * ROW_CHUNK, r1 = min(N, r0 + ROW_CHUNK);
+    float4 gw[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) gw[k] = row_column(k) < C ? load_float4(g + row_column(k)) : float4{};
+    for (int64_t row = r0; row < r1; row++) {
+        const float *x = inp + row * C;
+        float4 xv[K];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            xv[k] = float4{};
+            if (row_column(k) < C) {
+                xv[k] = load_float4(x + row_column(k));
+                ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+            }
+        }
+        ss = block_sum(ss, red);
+        float r = rsqrtf(ss / (float)C + eps);
+        if (threadIdx.x == 0) rstd[row] = r;
+        bf16 *y = out + row * C;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (row_column(k) < C)
+                store_bf16x4(y + row_column(k), xv[k].x * r * gw[k].x, xv[k].y * r * gw[k].y, xv[k].z * r * gw[k].z,
+                             xv[k].w * r * gw[k].w);
+    }
+}
+
+// grid ⌈N/32⌉, 256 threads; partial (⌈N/32⌉, C): the chunk's Σ dy·x·r per column.
+template <int K>
+__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_backward_rows_kernel(float *dinp, bf16 *dinp_bf16,
+                                                                            float *partial, const float *dout,
+                                                                            const float *inp, const float *g,
+                                                                            const float *rstd, int64_t N, int64_t C,
+                                                                            bool accumulate) {
+    __shared__ float red[32];
+    int64_t r0 = (int64_t)blockIdx.x * ROW_CHUNK, r1 = min(N, r0 + ROW_CHUNK);
+    float4 gw[K], gain[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        gain[k] = float4{};
+        gw[k] = row_column(k) < C ? load_float4(g + row_column(k)) : float4{};
+    }
+    for (int64_t row = r0; row < r1; row++) {
+        const float *x = inp + row * C, *dy = dout + row * C;
+        float r = rstd[row];
+        float4 xv[K], dv[K];
+        float ux = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            xv[k] = dv[k] = float4{};
+            if (row_column(k) < C) {
+                xv[k] = load_float4(x + row_column(k));
+                dv[k] = load_float4(dy + row_column(k));
+                ux += dv[k].x * gw[k].x * xv[k].x + dv[k].y * gw[k].y * xv[k].y + dv[k].z * gw[k].z * xv[k].z +
+                      dv[k].w * gw[k].w * xv[k].w;
+            }
+        }
+        ux = block_sum(ux, red);
+        float kx = ux / (float)C * r * r * r;
+        float *dx = dinp + row * C;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int64_t c = row_column(k);
+            if (c >= C) continue;
+            float4 v = make_float4(r * dv[k].x * gw[k].x - xv[k].x * kx, r * dv[k].y * gw[k].y - xv[k].y * kx,
+                                   r * dv[k].z * gw[k].z - xv[k].z * kx, r * dv[k].w * gw[k].w - xv[k].w * kx);
+            if (accumulate) {
+                float4 old = load_float4(dx + c);
+                v = make_float4(v.x + old.x, v.y + old.y, v.z + old.z, v.w + old.w);
+            }
+            store_float4(dx + c, v);
+            if (dinp_bf16) store_bf16x4(dinp_bf16 + row * C + c, v.x, v.y, v.z, v.w);
+            gain[k].x += dv[k].x * xv[k].x * r;
+            gain[k].y += dv[k].y * xv[k].y * r;
+            gain[k].z += dv[k].z * xv[k].z * r;
+            gain[k].w += dv[k].w * xv[k].w * r;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (row_column(k) < C) store_float4(partial + (int64_t)blockIdx.x * C + row_column(k), gain[k]);
+}
 
 // grid ⌈N/8⌉, block 8 warps: warp w of block b owns row 8b + w.
 __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N,
@@ -34,9 +145,28 @@ __global__ void rmsnorm_forward_kernel(bf16 *out, float *rstd, const float *inp,
     for (int64_t c = lane; c < C; c += WARP_SIZE) y[c] = float_to_bf16(x[c] * r * g[c]);
 }
 
+template <int K>
+static void forward_rows(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N, int64_t C, float eps,
+                         cudaStream_t stream) {
+    rmsnorm_forward_rows_kernel<K><<<(unsigned)cdiv(N, ROW_CHUNK), ROW_THREADS, 0, stream>>>(out, rstd, inp, g, N, C,
+                                                                                              eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 void rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *g, int64_t N, int64_t C, float eps,
                      cudaStream_t stream) {
     if (N == 0) return;
+    switch (row_loads(C, {inp, g}, out)) {
+    case 1: return forward_rows<1>(out, rstd, inp, g, N, C, eps, stream);
+    case 2: return forward_rows<2>(out, rstd, inp, g, N, C, eps, stream);
+    case 3: return forward_rows<3>(out, rstd, inp, g, N, C, eps, stream);
+    case 4: return forward_rows<4>(out, rstd, inp, g, N, C, eps, stream);
+    case 5: return forward_rows<5>(out, rstd, inp, g, N, C, eps, stream);
+    case 6: return forward_rows<6>(out, rstd, inp, g, N, C, eps, stream);
+    case 7: return forward_rows<7>(out, rstd, inp, g, N, C, eps, stream);
+    case 8: return forward_rows<8>(out, rstd, inp, g, N, C, eps, stream);
+    default: break;
+    }
     rmsnorm_forward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), WARP_SIZE * ROWS_PER_BLOCK, 0, stream>>>(
         out, rstd, inp, g, N, C, eps);
     CUDA_CHECK_LAUNCH();
@@ -65,9 +195,42 @@ __global__ void rmsnorm_backward_kernel(float *dinp, bf16 *dinp_bf16, const floa
     }
 }
 
-void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, const float *dout, const float *inp, const float *g,
-                      const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream) {
+static void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float *inp, const float *rstd,
+                              int64_t N, int64_t C, cudaStream_t stream);
+
+template <int K>
+static void backward_rows(float *dinp, bf16 *dinp_bf16, float *partial, const float *dout, const float *inp,
+                          const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate,
+                          cudaStream_t stream) {
+    rmsnorm_backward_rows_kernel<K><<<(unsigned)cdiv(N, ROW_CHUNK), ROW_THREADS, 0, stream>>>(
+        dinp, dinp_bf16, partial, dout, inp, g, rstd, N, C, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void gain_finish_kernel(float *dg, const float *partial, int64_t chunks, int64_t C);
+
+void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, float *dg, float *scratch, const float *dout, const float *inp,
+                      const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
+    int K = row_loads(C, {dinp, dout, inp, g, scratch}, dinp_bf16);
+    switch (K) {
+    case 1: backward_rows<1>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 2: backward_rows<2>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 3: backward_rows<3>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 4: backward_rows<4>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 5: backward_rows<5>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 6: backward_rows<6>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 7: backward_rows<7>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    case 8: backward_rows<8>(dinp, dinp_bf16, scratch, dout, inp, g, rstd, N, C, accumulate, stream); break;
+    default: break;
+    }
+    if (K > 0) {
+        gain_finish_kernel<<<(unsigned)cdiv(C, 256), 256, 0, stream>>>(dg, scratch, cdiv(N, ROW_CHUNK), C);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    // The gains first: dinp may be the buffer the fallback's gain pass reads as dout.
+    rmsnorm_gain_grad(dg, scratch, dout, inp, rstd, N, C, stream);
     rmsnorm_backward_kernel<<<(unsigned)cdiv(N, ROWS_PER_BLOCK), WARP_SIZE * ROWS_PER_BLOCK, 0, stream>>>(
         dinp, dinp_bf16, dout, inp, g, rstd, N, C, accumulate);
     CUDA_CHECK_LAUNCH();
@@ -103,9 +266,9 @@ __global__ void gain_finish_kernel(float *dg, const float *partial, int64_t chun
     dg[c] += total;
 }
 
-int64_t rmsnorm_gain_scratch_floats(int64_t N, int64_t C) { return cdiv(N, GAIN_CHUNK_ROWS) * C; }
+int64_t rmsnorm_gain_scratch_floats(int64_t N, int64_t C) { return cdiv(N, ROW_CHUNK) * C; }
 
-void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float *inp, const float *rstd,
+static void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, const float *inp, const float *rstd,
                        int64_t N, int64_t C, cudaStream_t stream) {
     if (N == 0) return;
     int64_t chunks = cdiv(N, GAIN_CHUNK_ROWS);

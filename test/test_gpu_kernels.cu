@@ -263,9 +263,12 @@ static void test_embedding(void) {
 
 // ---------------------------------------------------------------- rmsnorm
 
-static void test_rmsnorm(void) {
-    const int64_t N = 300, C = 200;
+// The row kernels (C a multiple of 4 up to 8192: widths below, across and at 1024-column
+// loads, chunks of 32 rows cut short by N) and the fallback (C = 202: one warp per row).
+static void test_rmsnorm_case(int64_t N, int64_t C, bool accumulate) {
     const float eps = 1e-6f;
+    char name[96], label[48];
+    snprintf(label, sizeof label, "N=%lld C=%lld%s", (long long)N, (long long)C, accumulate ? "" : " (write)");
     auto x = randn(N * C, 2.0), g = randn(C, 0.3), dy = randn(N * C, 1.0), d0 = randn(N * C, 1.0),
          dg0 = randn(C, 0.1);
     for (auto &v : g) v += 1.0f;
@@ -274,22 +277,41 @@ static void test_rmsnorm(void) {
     float *d_x = up_f32(x), *d_g = up_f32(g), *d_rstd = dev_alloc<float>(N);
     bf16 *d_y = dev_alloc<bf16>(N * C);
     rmsnorm_forward(d_y, d_rstd, d_x, d_g, N, C, eps, stream);
-    compare("rmsnorm forward (bf16 out)", down_bf16(d_y, N * C).data(), want.data(), N * C, BF16_OUT);
-    compare("rmsnorm forward rstd", down_f32(d_rstd, N).data(), rstd.data(), N, FP32_OUT);
+    snprintf(name, sizeof name, "rmsnorm forward (bf16 out) %s", label);
+    compare(name, down_bf16(d_y, N * C).data(), want.data(), N * C, BF16_OUT);
+    snprintf(name, sizeof name, "rmsnorm forward rstd %s", label);
+    compare(name, down_f32(d_rstd, N).data(), rstd.data(), N, FP32_OUT);
 
     std::vector<float> want_dx(d0), want_dg(dg0);
-    rmsnorm_backward(want_dx.data(), want_dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, C, true);
+    rmsnorm_backward(want_dx.data(), want_dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, C, accumulate);
     float *d_dy = up_f32(dy), *d_dx = up_f32(d0), *d_dg = up_f32(dg0);
     float *scratch = dev_alloc<float>(rmsnorm_gain_scratch_floats(N, C));
     bf16 *d_dxb = dev_alloc<bf16>(N * C);
     CUDA_CHECK(cudaMemcpy(d_rstd, rstd.data(), (size_t)N * sizeof(float), cudaMemcpyHostToDevice));
-    rmsnorm_gain_grad(d_dg, scratch, d_dy, d_x, d_rstd, N, C, stream);
-    rmsnorm_backward(d_dx, d_dxb, d_dy, d_x, d_g, d_rstd, N, C, true, stream);
-    compare("rmsnorm backward dinp (fp32, accumulate)", down_f32(d_dx, N * C).data(), want_dx.data(), N * C, FP32_OUT);
-    compare("rmsnorm backward dinp bf16 copy", down_bf16(d_dxb, N * C).data(), want_dx.data(), N * C, BF16_OUT);
-    compare("rmsnorm backward dgain", down_f32(d_dg, C).data(), want_dg.data(), C, FP32_OUT);
+    rmsnorm_backward(d_dx, d_dxb, d_dg, scratch, d_dy, d_x, d_g, d_rstd, N, C, accumulate, stream);
+    snprintf(name, sizeof name, "rmsnorm backward dinp (fp32) %s", label);
+    compare(name, down_f32(d_dx, N * C).data(), want_dx.data(), N * C, FP32_OUT);
+    snprintf(name, sizeof name, "rmsnorm backward dinp bf16 copy %s", label);
+    compare(name, down_bf16(d_dxb, N * C).data(), want_dx.data(), N * C, BF16_OUT);
+    snprintf(name, sizeof name, "rmsnorm backward dgain %s", label);
+    compare(name, down_f32(d_dg, C).data(), want_dg.data(), C, FP32_OUT);
+    // Twice from the same start: the same bits (the gain sums included).
+    auto first_dx = down_f32(d_dx, N * C), first_dg = down_f32(d_dg, C);
+    CUDA_CHECK(cudaMemcpy(d_dx, d0.data(), d0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_dg, dg0.data(), dg0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    rmsnorm_backward(d_dx, nullptr, d_dg, scratch, d_dy, d_x, d_g, d_rstd, N, C, accumulate, stream);
+    snprintf(name, sizeof name, "rmsnorm backward deterministic %s", label);
+    expect(name, same_bits(first_dx, down_f32(d_dx, N * C)) && same_bits(first_dg, down_f32(d_dg, C)),
+           "two runs (the second without the bf16 copy), same bits");
     cudaFree(d_x), cudaFree(d_g), cudaFree(d_rstd), cudaFree(d_y), cudaFree(d_dy), cudaFree(d_dx), cudaFree(d_dg),
         cudaFree(scratch), cudaFree(d_dxb);
+}
+
+static void test_rmsnorm(void) {
+    test_rmsnorm_case(300, 200, true);
+    test_rmsnorm_case(70, 2052, true);
+    test_rmsnorm_case(33, 8192, false);
+    test_rmsnorm_case(45, 202, true);
 }
 
 // ---------------------------------------------------------------- QK-norm + RoPE

@@ -60,7 +60,7 @@ ld, rows = V, max(1, min(R, 2**30 // (V * 6)))             # V is a multiple of 
 gpu_work = (2 * r256(4*T*D//2) + 6 * r256(4*R) + r256(4*(R+1))          # RoPE, inputs and positions
             + r256(4*R*C) + r256(2*R*C) + 2 * r256(4*R*C)                # backward: d_resid (+bf16), d_norm, d_final
             + r256(2*R*QD) + r256(2*R*QKV) + r256(2*R*F) + r256(2*R*2*F) + r256(4*R*Hq)
-            + r256(4 * max(math.ceil(R/256) * C, math.ceil(R*Hq/256) * D))  # gain scratch
+            + r256(4 * max(math.ceil(R/32) * C, math.ceil(R*Hq/256) * D))   # gain scratch (rmsnorm: chunks of 32 rows)
             + r256(4*rows*ld) + r256(2*rows*ld) + 2 * r256(4*R)          # logits chunk, its gradient, ce, lse
             + 256 + r256(8*1024) + 256 + (32 << 20))                     # step scalars, norm partials, eval, matmul
 def mode_bytes(mode, every, table, scratch):

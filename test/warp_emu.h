@@ -164,6 +164,11 @@ inline void check_shared(const void *p, size_t bytes, size_t align) {
     if ((uintptr_t)(c - lo) % align) fail("misaligned shared-memory access");
 }
 
+// A vector access to global memory: the GPU requires it aligned to its size.
+inline void check_global_aligned(const void *p, size_t bytes) {
+    if ((uintptr_t)p % bytes) fail("misaligned vector access to global memory");
+}
+
 inline uint16_t bf16_bits(float f) {  // round to nearest even, NaN → 0x7FFF (cuda/portable.cuh's rule)
     uint32_t u;
     memcpy(&u, &f, 4);
