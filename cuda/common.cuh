@@ -92,6 +92,18 @@ __device__ __forceinline__ void store_bf16x4(bf16 *p, float a, float b, float c,
     memcpy(&u, h, sizeof u);
     *reinterpret_cast<uint2 *>(p) = u;
 }
+// Eight bf16 through one 16-byte access.
+__device__ __forceinline__ void load_bf16x8(bf16 (&v)[8], const bf16 *p) {
+    GPU_CHECK_ALIGNED(p, 16);
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    memcpy(v, &u, sizeof u);
+}
+__device__ __forceinline__ void store_bf16x8(bf16 *p, const bf16 (&v)[8]) {
+    GPU_CHECK_ALIGNED(p, 16);
+    uint4 u;
+    memcpy(&u, v, sizeof u);
+    *reinterpret_cast<uint4 *>(p) = u;
+}
 inline bool aligned_to(const void *p, uintptr_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
 
 // Sum over the WARP_SIZE lanes of a warp, the same butterfly every time: every lane gets

@@ -424,8 +424,10 @@ static void test_qknorm_rope(void) {
 
 // ---------------------------------------------------------------- SwiGLU
 
-static void test_swiglu(void) {
-    const int64_t N = 99, F = 130;
+// F a multiple of 8 (16-byte accesses, and F/8 above one block of threads) and not (one
+// element per thread).
+static void test_swiglu_case(int64_t N, int64_t F) {
+    char name[96];
     auto gu = randn(N * 2 * F, 2.0), dact = randn(N * F, 1.0);
     round_bf16(gu), round_bf16(dact);
     auto gate = columns(gu, N, 2 * F, 0, F), up = columns(gu, N, 2 * F, F, F);
@@ -436,11 +438,19 @@ static void test_swiglu(void) {
          *d_dgu = dev_alloc<bf16>(N * 2 * F);
     swiglu_forward(d_act, d_gu, N, F, stream);
     swiglu_backward(d_dgu, d_dact, d_gu, N, F, stream);
-    compare("swiglu forward", down_bf16(d_act, N * F).data(), want.data(), N * F, BF16_OUT);
+    snprintf(name, sizeof name, "swiglu forward N=%lld F=%lld", (long long)N, (long long)F);
+    compare(name, down_bf16(d_act, N * F).data(), want.data(), N * F, BF16_OUT);
     auto got = down_bf16(d_dgu, N * 2 * F);
-    compare("swiglu backward dgate", columns(got, N, 2 * F, 0, F).data(), want_dg.data(), N * F, BF16_OUT);
-    compare("swiglu backward dup", columns(got, N, 2 * F, F, F).data(), want_du.data(), N * F, BF16_OUT);
+    snprintf(name, sizeof name, "swiglu backward dgate N=%lld F=%lld", (long long)N, (long long)F);
+    compare(name, columns(got, N, 2 * F, 0, F).data(), want_dg.data(), N * F, BF16_OUT);
+    snprintf(name, sizeof name, "swiglu backward dup N=%lld F=%lld", (long long)N, (long long)F);
+    compare(name, columns(got, N, 2 * F, F, F).data(), want_du.data(), N * F, BF16_OUT);
     cudaFree(d_gu), cudaFree(d_act), cudaFree(d_dact), cudaFree(d_dgu);
+}
+
+static void test_swiglu(void) {
+    test_swiglu_case(99, 130);
+    test_swiglu_case(37, 2056);
 }
 
 // ---------------------------------------------------------------- attention
