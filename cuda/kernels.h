@@ -65,6 +65,9 @@ void rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *g, i
 void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, float *dg, float *scratch, const float *dout, const float *inp,
                       const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream);
 int64_t rmsnorm_gain_scratch_floats(int64_t N, int64_t C);
+// dg (C) += Σ over chunks of partial (chunks, C), per column, in a fixed order (32 threads
+// per column, then their 32 sums in order): the last step of every gain gradient.
+void column_sums_add(float *dg, const float *partial, int64_t chunks, int64_t C, cudaStream_t stream);
 
 // ---------------------------------------------------------------- qknorm_rope.cu
 // q and k sit side by side in each row: heads 0..Hq-1 are q, Hq..Hq+Hkv-1 are k, D each.

@@ -146,14 +146,6 @@ __global__ void qknorm_gain_partial_kernel(float *partial, const bf16 *dy, int64
     }
 }
 
-__global__ void qknorm_gain_finish_kernel(float *dg, const float *partial, int64_t chunks, int D) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= D) return;
-    float total = 0.0f;
-    for (int64_t i = 0; i < chunks; i++) total += partial[i * D + c];
-    dg[c] += total;
-}
-
 int64_t qknorm_gain_scratch_floats(int64_t N, int H, int D) { return cdiv(N * H, QK_GAIN_CHUNK_ROWS) * D; }
 
 // ---------------------------------------------------------------- the launchers (cuda/kernels.h)
@@ -186,6 +178,5 @@ void qknorm_gain_grad(const qknorm_rope_args *a, int h0, int H, float *dg, float
         scratch, dy, dy_stride, x, x_stride, rstd, a->pos, a->cos_t, a->sin_t, a->N, h0, H, a->Hq + a->Hkv, a->D,
         a->rope);
     CUDA_CHECK_LAUNCH();
-    qknorm_gain_finish_kernel<<<(unsigned)cdiv(a->D, 128), 128, 0, stream>>>(dg, scratch, chunks, a->D);
-    CUDA_CHECK_LAUNCH();
+    column_sums_add(dg, scratch, chunks, a->D, stream);  // in parallel, in a fixed order (cuda/rmsnorm.cu)
 }

@@ -15,7 +15,7 @@
 // the old dx and writes dx and its bf16 copy. The row's sum (Σx², Σdy·g·x) is a block
 // reduction in a fixed order. The backward also folds in the gain gradient: each thread
 // adds dy·x·r of its columns over the chunk's rows in registers and writes the chunk's
-// partial sums; a second small kernel adds the chunks in order. Deterministic, no atomics.
+// partial sums; column_sums_add adds the chunks in a fixed order. Deterministic, no atomics.
 //
 // The fallback (wider rows, unaligned pointers): one warp per row, 4-byte accesses, the
 // gain gradient in its own pass (partial sums over fixed chunks of rows in 32 × 8 tiles of
@@ -207,8 +207,6 @@ static void backward_rows(float *dinp, bf16 *dinp_bf16, float *partial, const fl
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void gain_finish_kernel(float *dg, const float *partial, int64_t chunks, int64_t C);
-
 void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, float *dg, float *scratch, const float *dout, const float *inp,
                       const float *g, const float *rstd, int64_t N, int64_t C, bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
@@ -225,8 +223,7 @@ void rmsnorm_backward(float *dinp, bf16 *dinp_bf16, float *dg, float *scratch, c
     default: break;
     }
     if (K > 0) {
-        gain_finish_kernel<<<(unsigned)cdiv(C, 256), 256, 0, stream>>>(dg, scratch, cdiv(N, ROW_CHUNK), C);
-        CUDA_CHECK_LAUNCH();
+        column_sums_add(dg, scratch, cdiv(N, ROW_CHUNK), C, stream);
         return;
     }
     // The gains first: dinp may be the buffer the fallback's gain pass reads as dout.
@@ -257,13 +254,29 @@ __global__ void rmsnorm_gain_partial_kernel(float *partial, const float *dout, c
     }
 }
 
-// dg[c] += Σ_chunk partial[chunk][c], chunks in order.
-__global__ void gain_finish_kernel(float *dg, const float *partial, int64_t chunks, int64_t C) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float total = 0.0f;
-    for (int64_t i = 0; i < chunks; i++) total += partial[i * C + c];
-    dg[c] += total;
+// grid ⌈C/32⌉, block (32, 32): thread (tx, ty) adds chunks ty, ty + 32, ... of column
+// 32·bx + tx in order, then the 32 sums are added in ty order: the same bits every run,
+// and 32 threads per column instead of one walking every chunk.
+__global__ void __launch_bounds__(1024) column_sums_kernel(float *dg, const float *partial, int64_t chunks, int64_t C) {
+    __shared__ float acc[32][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t c = (int64_t)blockIdx.x * 32 + tx;
+    float s = 0.0f;
+    if (c < C)
+        for (int64_t i = ty; i < chunks; i += 32) s += partial[i * C + c];
+    acc[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float total = 0.0f;
+        for (int j = 0; j < 32; j++) total += acc[j][tx];
+        dg[c] += total;
+    }
+}
+
+void column_sums_add(float *dg, const float *partial, int64_t chunks, int64_t C, cudaStream_t stream) {
+    if (C == 0) return;
+    column_sums_kernel<<<(unsigned)cdiv(C, 32), dim3(32, 32), 0, stream>>>(dg, partial, chunks, C);
+    CUDA_CHECK_LAUNCH();
 }
 
 int64_t rmsnorm_gain_scratch_floats(int64_t N, int64_t C) { return cdiv(N, ROW_CHUNK) * C; }
@@ -275,6 +288,5 @@ static void rmsnorm_gain_grad(float *dg, float *scratch, const float *dout, cons
     rmsnorm_gain_partial_kernel<<<dim3((unsigned)chunks, (unsigned)cdiv(C, 32)), dim3(32, 8), 0, stream>>>(
         scratch, dout, inp, rstd, N, C);
     CUDA_CHECK_LAUNCH();
-    gain_finish_kernel<<<(unsigned)cdiv(C, 256), 256, 0, stream>>>(dg, scratch, chunks, C);
-    CUDA_CHECK_LAUNCH();
+    column_sums_add(dg, scratch, chunks, C, stream);
 }

@@ -264,7 +264,8 @@ static void test_embedding(void) {
 // ---------------------------------------------------------------- rmsnorm
 
 // The row kernels (C a multiple of 4 up to 8192: widths below, across and at 1024-column
-// loads, chunks of 32 rows cut short by N) and the fallback (C = 202: one warp per row).
+// loads, chunks of 32 rows cut short by N, more chunks than column_sums_add's 32 threads per
+// column) and the fallback (C = 202: one warp per row).
 static void test_rmsnorm_case(int64_t N, int64_t C, bool accumulate) {
     const float eps = 1e-6f;
     char name[96], label[48];
@@ -312,6 +313,7 @@ static void test_rmsnorm(void) {
     test_rmsnorm_case(70, 2052, true);
     test_rmsnorm_case(33, 8192, false);
     test_rmsnorm_case(45, 202, true);
+    test_rmsnorm_case(1100, 64, true);  // 35 chunks of rows: more than the final sum's 32 threads per column
 }
 
 // ---------------------------------------------------------------- QK-norm + RoPE
