@@ -259,6 +259,11 @@ int main(void) {
     run_case<32>(1, 130, 2, 2, 0, 0);     // plain causal, MHA
     run_case<64>(1, 256, 2, 1, 0, 0);     // whole tiles: the unmasked path off the diagonal
     run_case<64>(1, 320, 1, 1, 90, 140);  // key tiles skipped before a document, query tiles after it
+    run_case<64>(2, 2, 2, 1, 0, 0);       // two positions (at one alone dq = dk = 0 exactly: dS = dP − δ = 0,
+                                          // and a relative error would compare rounding noise with itself)
+    run_case<128>(1, 63, 8, 1, 0, 0);     // one partial tile; a GQA group of 8 (MQA)
+    run_case<32>(1, 64, 2, 1, 0, 0);      // exactly one tile
+    run_case<64>(1, 65, 2, 2, 0, 0);      // one row into the second tile
     printf("%s: %d checks, %d failed\n", failures ? "FAIL" : "PASS", checks, failures);
     return failures ? 1 : 0;
 }
