@@ -71,7 +71,7 @@ template <typename K> void allow_smem(K kernel, size_t bytes) {
 void check_shapes(const attention_inputs *in) {
     int D = in->D, Hq = in->Hq, Hkv = in->Hkv;
     if (!(D == 32 || D == 64 || D == 128) || Hkv <= 0 || Hq % Hkv != 0 || in->q_stride % 8 || in->k_stride % 8 ||
-        in->v_stride % 8) {
+        in->v_stride % 8 || in->T >= INT32_MAX) {
         fprintf(stderr,
                 "train_gpt: error: attention kernel: unsupported shape (head_dim %d, %d/%d heads, strides %lld "
                 "%lld %lld)\n---> HINT: head_dim must be 32, 64 or 128 for the CUDA backend\n",

@@ -195,8 +195,8 @@ template <int D> FA2_KERNEL(THREADS) forward_kernel(args p) {
     // and before the first row, and no row is past T.
     int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
 
-    int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8}, lo[2];
-    for (int h = 0; h < 2; h++) lo[h] = row[h] < T ? start[row[h]] : T;
+    int row[2] = {(int)q0 + warp * 16 + g, (int)q0 + warp * 16 + g + 8}, lo[2];  // T < 2³¹
+    for (int h = 0; h < 2; h++) lo[h] = row[h] < T ? start[row[h]] : (int)T;
 
     load_tile_async<D, BM>(Qs, p.q + b * T * p.q_stride + (int64_t)j * D, p.q_stride, q0, T);
     load_tile_async<D, BN>(Ks, kh, p.k_stride, k_first, T);
@@ -224,8 +224,7 @@ template <int D> FA2_KERNEL(THREADS) forward_kernel(args p) {
         for (int n = 0; n < NB; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int64_t key = k0 + n * 8 + tq * 2 + (e & 1);
+                int h = e >> 1, key = (int)k0 + n * 8 + tq * 2 + (e & 1);
                 bool visible = !masked || (row[h] < T && key <= row[h] && key >= lo[h]);
                 s[n][e] = visible ? s[n][e] * p.scale_log2 : -INFINITY;
             }
@@ -286,11 +285,11 @@ template <int D> FA2_KERNEL(THREADS) dq_kernel(args p) {
     int64_t k_first = start[q0] / BN * BN;
     int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
 
-    int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8}, lo[2];
+    int row[2] = {(int)q0 + warp * 16 + g, (int)q0 + warp * 16 + g + 8}, lo[2];  // T < 2³¹
     float row_lse[2], row_delta[2];
     for (int h = 0; h < 2; h++) {
         bool ok = row[h] < T;
-        lo[h] = ok ? start[row[h]] : T;
+        lo[h] = ok ? start[row[h]] : (int)T;
         row_lse[h] = ok ? p.lse[(b * p.Hq + j) * T + row[h]] * LOG2E : 0.0f;
         row_delta[h] = ok ? p.delta[(b * p.Hq + j) * T + row[h]] : 0.0f;
     }
@@ -323,8 +322,7 @@ template <int D> FA2_KERNEL(THREADS) dq_kernel(args p) {
         for (int n = 0; n < NB; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int64_t key = k0 + n * 8 + tq * 2 + (e & 1);
+                int h = e >> 1, key = (int)k0 + n * 8 + tq * 2 + (e & 1);
                 bool visible = !masked || (row[h] < T && key <= row[h] && key >= lo[h]);
                 float pr = visible ? exp2f(s[n][e] * p.scale_log2 - row_lse[h]) : 0.0f;
                 s[n][e] = pr * (dp[n][e] - row_delta[h]);  // dS
@@ -358,7 +356,7 @@ template <int D> FA2_KERNEL(THREADS) dkv_kernel(args p) {
     int kvh = blockIdx.y, group = p.Hq / p.Hkv;
     const int32_t *start = p.start + b * T;
     int64_t k_last = (k0 + BN < T ? k0 + BN : T) - 1;
-    int64_t key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    int kv[2] = {(int)k0 + warp * 16 + g, (int)k0 + warp * 16 + g + 8};  // this lane's keys (T < 2³¹)
 
     // The query tiles that see this key tile: from k0 (causal) while their first query's
     // document starts at or before the tile's last key. The same for every head of the group.
@@ -407,16 +405,23 @@ template <int D> FA2_KERNEL(THREADS) dkv_kernel(args p) {
         float st[NB][4], dpt[NB][4];
         product_abt<D, NB>(st, Ks, warp * 16, Qt);
         product_abt<D, NB>(dpt, Vs, warp * 16, dOt);
+        // Every pair of the tile is visible when all its keys precede its first query and
+        // its last query's document starts at or before the first key: no per-pair test.
+        bool open = k0 + BN - 1 <= q0 && q0 + BQ <= T && qlo[BQ - 1] <= k0;
 #pragma unroll
         for (int n = 0; n < NB; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1, c = n * 8 + tq * 2 + (e & 1);
-                int64_t t = q0 + c;
-                bool visible = key[h] < T && t < T && key[h] <= t && key[h] >= qlo[c];
-                float pr = visible ? exp2f(st[n][e] * p.scale_log2 - lse[c] * LOG2E) : 0.0f;
-                st[n][e] = pr;
-                dpt[n][e] = pr * (dpt[n][e] - delta[c]);  // dSᵀ
+            for (int e2 = 0; e2 < 2; e2++) {  // this lane's two columns (queries) of block n
+                int c = n * 8 + tq * 2 + e2, t = (int)q0 + c;
+                float row_lse = lse[c] * LOG2E, row_delta = delta[c];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {  // its two rows (keys)
+                    int e = 2 * h + e2;
+                    bool visible = open || (kv[h] < (int)T && t < (int)T && kv[h] <= t && kv[h] >= qlo[c]);
+                    float pr = visible ? exp2f(st[n][e] * p.scale_log2 - row_lse) : 0.0f;
+                    st[n][e] = pr;
+                    dpt[n][e] = pr * (dpt[n][e] - row_delta);  // dSᵀ
+                }
             }
         product_ab<D, NB>(dv, st, dOt);
         product_ab<D, NB>(dk, dpt, Qt);
