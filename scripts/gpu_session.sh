@@ -95,7 +95,7 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
         san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
         for tool in racecheck memcheck; do
             run "compute-sanitizer --tool $tool build/test_gpu_kernels" env TRAIN_GPT_TEST_QUICK=1 \
-                timeout "${SANITIZER_TIMEOUT:-120}" "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
+                timeout "${SANITIZER_TIMEOUT:-90}" "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
         done
         ;;
     bench-1b)
