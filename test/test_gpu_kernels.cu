@@ -542,13 +542,13 @@ static void test_attention(void) {
     }
     test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 1, 256, 8, 2, 64, false);
     test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 3, 64, 2, 2, 128, true);
+    test_attention_case("attention_simple", attention_simple_forward, attention_simple_backward, 2, 40, 4, 1, 16,
+                        true);  // a head_dim only the simple kernels take
     // Long sequences: many tiles, the double buffers cycled, whole key tiles skipped by documents
-    // (left out under the sanitizers, TRAIN_GPT_TEST_QUICK=1: minutes there).
+    // (left out under the sanitizers, TRAIN_GPT_TEST_QUICK=1, and in the emulator: minutes there).
     if (getenv("TRAIN_GPT_TEST_QUICK") || TRAIN_GPT_EMULATION) return;
     test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 1, 1100, 4, 1, 128, false);
     test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 2, 1000, 4, 2, 64, true);
-    test_attention_case("attention_simple", attention_simple_forward, attention_simple_backward, 2, 40, 4, 1, 16,
-                        true);  // a head_dim only the simple kernels take
 }
 
 // ---------------------------------------------------------------- classifier
