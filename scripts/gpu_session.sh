@@ -85,6 +85,7 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
     fa2)
         run "nvidia-smi" nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
         run "make" build
+        run "make the GPU tests" make -j"$jobs" build/test_gpu_kernels build/test_gpu_step
         run "build/test_gpu_kernels" build/test_gpu_kernels
         run "build/test_gpu_step with TRAIN_GPT_ATTENTION=fa2" env TRAIN_GPT_ATTENTION=fa2 build/test_gpu_step
         run "bench/gpu/attention.sh" bash bench/gpu/attention.sh
