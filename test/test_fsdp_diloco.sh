@@ -224,8 +224,20 @@ replica 2 0 "$tmp/fault_0" "${fault[@]}"; f0=$rpid
 replica 2 1 "$tmp/fault_1" "${fault[@]}"; f1=$rpid
 wait_until "replica 1 has 10 outer steps and a checkpoint" \
     eval '[ "$(outer_lines "$tmp/fault_1")" -ge 10 ] && [ -d "$tmp/fault_1/step_00000050" ]'
-victim=$(rank_pid "$f1" 1) || die "no rank 1 under replica 1's mpirun"
-other=$(rank_pid "$f1" 0) || die "no rank 0 under replica 1's mpirun"
+# The ranks are mpirun's children, told apart by their environment; wait for both to be
+# found (under load a lookup can miss one), and say what was there if one never is.
+ranks_seen() {  # the children of mpirun PID and the rank their environment names
+    local k
+    for k in $(pgrep -P "$1"); do
+        echo "    pid $k: $(tr '\0' '\n' <"/proc/$k/environ" 2>/dev/null | grep OMPI_COMM_WORLD_RANK= || echo 'no rank in its environment')"
+    done
+}
+for r in 1 0; do
+    WAIT_LIMIT_S=30 wait_until "rank $r of replica 1" rank_pid "$f1" "$r" >/dev/null ||
+        { ranks_seen "$f1"; die "no rank $r under replica 1's mpirun"; }
+done
+victim=$(rank_pid "$f1" 1)
+other=$(rank_pid "$f1" 0)
 kill -9 "$victim"
 killed_s=$SECONDS
 rc1=0; wait "$f1" || rc1=$?
