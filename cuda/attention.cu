@@ -80,6 +80,47 @@ void check_shapes(const attention_inputs *in) {
     }
 }
 
+
+// A call's arguments, for either kernel set (E: bf16 for WMMA, raw bits for fa2).
+template <typename E> fa2::args_of<E> args_for(const attention_inputs *in) {
+    fa2::args_of<E> a;
+    memset(&a, 0, sizeof a);
+    a.q = reinterpret_cast<const E *>(in->q);
+    a.k = reinterpret_cast<const E *>(in->k);
+    a.v = reinterpret_cast<const E *>(in->v);
+    a.q_stride = in->q_stride;
+    a.k_stride = in->k_stride;
+    a.v_stride = in->v_stride;
+    a.start = in->start;
+    a.B = in->B;
+    a.T = in->T;
+    a.Hq = in->Hq;
+    a.Hkv = in->Hkv;
+    a.scale = 1.0f / sqrtf((float)in->D);
+    a.scale_log2 = a.scale * fa2::LOG2E;
+    return a;
+}
+
+// The backward's arguments, after δ = rowsum(dO ⊙ O) has been launched into `delta`.
+template <typename E>
+fa2::args_of<E> backward_args(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                              const attention_grads *g, float *delta, cudaStream_t stream) {
+    int64_t rows = in->B * in->T * in->Hq;
+    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
+    CUDA_CHECK_LAUNCH();
+    fa2::args_of<E> a = args_for<E>(in);
+    a.lse = const_cast<float *>(lse);
+    a.dout = reinterpret_cast<const E *>(dout);
+    a.delta = delta;
+    a.dq = reinterpret_cast<E *>(g->dq);
+    a.dk = reinterpret_cast<E *>(g->dk);
+    a.dv = reinterpret_cast<E *>(g->dv);
+    a.dq_stride = g->dq_stride;
+    a.dk_stride = g->dk_stride;
+    a.dv_stride = g->dv_stride;
+    return a;
+}
+
 }  // namespace
 #endif
 
@@ -104,22 +145,7 @@ template <int D> struct dims {
     static constexpr int KD = D / 16;  // 16-wide slices of the head dimension
 };
 
-struct att_args {
-    const bf16 *q, *k, *v;
-    int64_t q_stride, k_stride, v_stride;
-    bf16 *out;             // (N, Hq·D)
-    float *lse;            // (B, Hq, T), natural log
-    const int32_t *start;  // (N)
-    int64_t B, T;
-    int Hq, Hkv;
-    float scale_log2;      // log2(e)/√D
-    float scale;           // 1/√D
-    // backward
-    const bf16 *dout;      // (N, Hq·D)
-    const float *delta;    // (B, Hq, T)
-    bf16 *dq, *dk, *dv;
-    int64_t dq_stride, dk_stride, dv_stride;
-};
+typedef fa2::args_of<bf16> att_args;  // cuda/attention_fa2.cuh: the same arguments, bf16 elements
 
 // rows [r0, r0 + 64) of one head of a (T, stride) matrix into a [64][QS] tile, zeros past T.
 // 16-byte vectors: D and the strides are multiples of 8 elements.
@@ -472,24 +498,6 @@ template <int D> void backward_d(const att_args &a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-att_args make_args(const attention_inputs *in) {
-    att_args a;
-    memset(&a, 0, sizeof a);
-    a.q = in->q;
-    a.k = in->k;
-    a.v = in->v;
-    a.q_stride = in->q_stride;
-    a.k_stride = in->k_stride;
-    a.v_stride = in->v_stride;
-    a.start = in->start;
-    a.B = in->B;
-    a.T = in->T;
-    a.Hq = in->Hq;
-    a.Hkv = in->Hkv;
-    a.scale = 1.0f / sqrtf((float)in->D);
-    a.scale_log2 = a.scale * LOG2E;
-    return a;
-}
 
 }  // namespace
 
@@ -500,7 +508,7 @@ bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128;
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
     if (in->B * in->T == 0) return;
     check_shapes(in);
-    att_args a = make_args(in);
+    att_args a = args_for<bf16>(in);
     a.out = out;
     a.lse = lse;
     if (in->D == 32) forward_d<32>(a, stream);
@@ -512,19 +520,7 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
                         const attention_grads *g, float *delta, cudaStream_t stream) {
     if (in->B * in->T == 0) return;
     check_shapes(in);
-    int64_t rows = in->B * in->T * in->Hq;
-    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
-    CUDA_CHECK_LAUNCH();
-    att_args a = make_args(in);
-    a.lse = const_cast<float *>(lse);
-    a.dout = dout;
-    a.delta = delta;
-    a.dq = g->dq;
-    a.dk = g->dk;
-    a.dv = g->dv;
-    a.dq_stride = g->dq_stride;
-    a.dk_stride = g->dk_stride;
-    a.dv_stride = g->dv_stride;
+    att_args a = backward_args<bf16>(in, out, lse, dout, g, delta, stream);
     if (in->D == 32) backward_d<32>(a, stream);
     else if (in->D == 64) backward_d<64>(a, stream);
     else backward_d<128>(a, stream);
@@ -553,24 +549,6 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
 #if HAVE_MMA_SYNC
 namespace {
 
-fa2::args make_fa2_args(const attention_inputs *in) {
-    fa2::args a;
-    memset(&a, 0, sizeof a);
-    a.q = reinterpret_cast<const uint16_t *>(in->q);
-    a.k = reinterpret_cast<const uint16_t *>(in->k);
-    a.v = reinterpret_cast<const uint16_t *>(in->v);
-    a.q_stride = in->q_stride;
-    a.k_stride = in->k_stride;
-    a.v_stride = in->v_stride;
-    a.start = in->start;
-    a.B = in->B;
-    a.T = in->T;
-    a.Hq = in->Hq;
-    a.Hkv = in->Hkv;
-    a.scale = 1.0f / sqrtf((float)in->D);
-    a.scale_log2 = a.scale * fa2::LOG2E;
-    return a;
-}
 
 template <int D> void fa2_forward_d(const fa2::args &a, cudaStream_t stream) {
     static bool ready = false;
@@ -605,7 +583,7 @@ template <int D> void fa2_backward_d(const fa2::args &a, cudaStream_t stream) {
 void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
     if (in->B * in->T == 0) return;
     check_shapes(in);
-    fa2::args a = make_fa2_args(in);
+    fa2::args a = args_for<uint16_t>(in);
     a.out = reinterpret_cast<uint16_t *>(out);
     a.lse = lse;
     if (in->D == 32) fa2_forward_d<32>(a, stream);
@@ -617,19 +595,7 @@ void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const f
                             const attention_grads *g, float *delta, cudaStream_t stream) {
     if (in->B * in->T == 0) return;
     check_shapes(in);
-    int64_t rows = in->B * in->T * in->Hq;
-    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
-    CUDA_CHECK_LAUNCH();
-    fa2::args a = make_fa2_args(in);
-    a.lse = const_cast<float *>(lse);
-    a.dout = reinterpret_cast<const uint16_t *>(dout);
-    a.delta = delta;
-    a.dq = reinterpret_cast<uint16_t *>(g->dq);
-    a.dk = reinterpret_cast<uint16_t *>(g->dk);
-    a.dv = reinterpret_cast<uint16_t *>(g->dv);
-    a.dq_stride = g->dq_stride;
-    a.dk_stride = g->dk_stride;
-    a.dv_stride = g->dv_stride;
+    fa2::args a = backward_args<uint16_t>(in, out, lse, dout, g, delta, stream);
     if (in->D == 32) fa2_backward_d<32>(a, stream);
     else if (in->D == 64) fa2_backward_d<64>(a, stream);
     else fa2_backward_d<128>(a, stream);

@@ -58,10 +58,12 @@ template <int D> struct dims {
     static constexpr int BQ = D == 128 ? 32 : 64;  // queries per step of the dk/dv kernel (registers)
 };
 
-struct args {
-    const uint16_t *q, *k, *v;  // bf16 bits; (N, stride): q head j at j·D, kv head g at g·D
+// One call's tensors and sizes; E is the 16-bit element type: raw bits (uint16_t) here, bf16 for
+// cuda/attention.cu's WMMA kernels, which take the same arguments.
+template <typename E> struct args_of {
+    const E *q, *k, *v;         // (N, stride): q head j at j·D, kv head g at g·D
     int64_t q_stride, k_stride, v_stride;
-    uint16_t *out;              // (N, Hq·D)
+    E *out;                     // (N, Hq·D)
     float *lse;                 // (B, Hq, T), natural log
     const int32_t *start;       // (N)
     int64_t B, T;
@@ -69,11 +71,12 @@ struct args {
     float scale_log2;           // log2(e)/√D
     float scale;                // 1/√D
     // backward
-    const uint16_t *dout;       // (N, Hq·D)
+    const E *dout;              // (N, Hq·D)
     const float *delta;         // (B, Hq, T)
-    uint16_t *dq, *dk, *dv;
+    E *dq, *dk, *dv;
     int64_t dq_stride, dk_stride, dv_stride;
 };
+typedef args_of<uint16_t> args;  // bf16 bits
 
 // Rows [r0, r0 + ROWS) of one head (row stride `stride` elements) into a [ROWS][S] shared tile,
 // asynchronously, 16 bytes per copy; rows at or past T become zeros.

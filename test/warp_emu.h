@@ -83,7 +83,6 @@ struct lane {
 struct slot {
     uint32_t w[6];
     const unsigned char *addr;
-    float f;
     unsigned char raw[8];  // a shuffled value of any type up to 8 bytes
 };
 
@@ -217,7 +216,6 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
         getcontext(&l.ctx);
         l.ctx.uc_stack.ss_sp = b.stacks[i].data();
         l.ctx.uc_stack.ss_size = stack_bytes;
-        l.ctx.uc_link = &b.scheduler;
         makecontext(&l.ctx, trampoline, 0);
         l.status = RUNNING;
         l.started = false;
