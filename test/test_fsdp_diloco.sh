@@ -236,8 +236,8 @@ for r in 1 0; do
     WAIT_LIMIT_S=30 wait_until "rank $r of replica 1" rank_pid "$f1" "$r" >/dev/null ||
         { ranks_seen "$f1"; die "no rank $r under replica 1's mpirun"; }
 done
-victim=$(rank_pid "$f1" 1)
-other=$(rank_pid "$f1" 0)
+victim=$(rank_pid "$f1" 1) || { ranks_seen "$f1"; die "rank 1 of replica 1 found, then not"; }
+other=$(rank_pid "$f1" 0) || { ranks_seen "$f1"; die "rank 0 of replica 1 found, then not"; }
 kill -9 "$victim"
 killed_s=$SECONDS
 rc1=0; wait "$f1" || rc1=$?
