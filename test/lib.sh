@@ -129,7 +129,7 @@ PY
 all_hashes_agree() {
     local want=$1; shift
     local out; out=$(hashes_per_step "$@")
-    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -qv ':1$'; then return 0; fi
+    if [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | grep -v ':1$' >/dev/null; then return 0; fi
     say "    outer step:distinct hashes over $* = $(printf '%s ' $out)"
     return 1
 }
@@ -155,5 +155,5 @@ one_line_error() {
     local out rc=0
     out=$("$TRAIN_GPT" "${common[@]}" --out_dir "$(mktemp -d -p "$tmp")" "$@" 2>&1 >/dev/null) || rc=$?
     [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'train_gpt: error:')" -eq 1 ] &&
-        printf '%s\n' "$out" | grep -q -- "$pattern"
+        printf '%s\n' "$out" | grep -- "$pattern" >/dev/null
 }

@@ -36,7 +36,7 @@ PY
 all_agree() {  # all_agree MIN_STEPS FILES...: at least MIN_STEPS applied outer steps, one hash each
     local want=$1; shift
     local out; out=$(for f in "$@"; do hashes "$f"; done | sort -u | awk '{n[$1]++} END {for (k in n) print k, n[k]}')
-    [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | awk '$2 != 1' | grep -q .
+    [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | awk '$2 != 1' | grep . >/dev/null
 }
 start_relay() {  # start_relay NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
     local before=0
@@ -48,7 +48,7 @@ start_relay() {  # start_relay NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, log
     wait_until "relay $1 listens" sh -c "tail -c +$((before + 1)) '$tmp/relay_$1.log' 2>/dev/null | grep -q 'listening on'"
 }
 log_after() {  # log_after FILE BYTES PATTERN: PATTERN in FILE past its first BYTES
-    tail -c +$(($2 + 1)) "$1" | grep -q "$3"
+    tail -c +$(($2 + 1)) "$1" | grep "$3" >/dev/null
 }
 # three NAME RENDEZVOUS ARGS...: replicas 0, 1, 2 into $tmp/NAME/<id>, in the background (replica
 # 0 with TRAIN_GPT_FAULT=$FAULT0 if set).
@@ -148,7 +148,7 @@ bad_list() {  # bad_list WHAT RENDEZVOUS EXTRA...: exits non-zero with one error
     out=$("$TRAIN_GPT" "${common[@]}" --max_steps 5 --diloco_transport tcp --diloco_rendezvous "$rdv" \
         --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 --diloco_connect_timeout_s 2 "$@" \
         --out_dir "$tmp/bad" 2>&1) || rc=$?
-    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -q "$what"
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep "$what" >/dev/null
 }
 check "an empty address in the hub list: one line naming diloco_rendezvous" \
     bad_list "diloco_rendezvous '127.0.0.1:1,,127.0.0.1:2': an empty hub address" "127.0.0.1:1,,127.0.0.1:2"

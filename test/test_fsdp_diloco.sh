@@ -216,7 +216,7 @@ rounds_after() {  # rounds_after DIR AFTER CONTRIBUTORS: applied outer steps > A
 rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
     local k
     for k in $(pgrep -P "$1"); do
-        tr '\0' '\n' <"/proc/$k/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$k"; return 0; }
+        tr '\0' '\n' <"/proc/$k/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null && { echo "$k"; return 0; }
     done
     return 1
 }
@@ -317,7 +317,7 @@ refused() {  # refused PATTERN NP [--key value]...: the job fails with a one-lin
     shift 2
     out=$("${MPIRUN[@]}" "$np" "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous 127.0.0.1:1 --diloco_replica_id 0 \
         --out_dir "$tmp/refused" "$@" 2>&1) || rc=$?
-    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -q "^train_gpt: error: $pattern"
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep "^train_gpt: error: $pattern" >/dev/null
 }
 check "refused: a sharded replica over the mpi transport" refused "diloco_transport mpi: a DiLoCo replica of 2" 2 \
     --fsdp_size 2 --diloco_transport mpi
@@ -328,7 +328,7 @@ check "refused: fsdp_size other than the job's ranks" refused "fsdp_size 4: a Di
 relay_refused() {  # relay --shards 2 on port 0: an error, not hubs on random ports
     local out
     out=$("$TRAIN_GPT" relay --listen 127.0.0.1:0 --secret_file "$tmp/secret" --shards 2 2>&1) && return 1
-    printf '%s\n' "$out" | grep -q -- "--shards 2 needs a fixed --listen port"
+    printf '%s\n' "$out" | grep -- "--shards 2 needs a fixed --listen port" >/dev/null
 }
 check "refused: relay --shards on port 0" relay_refused
 finish test_fsdp_diloco
