@@ -59,7 +59,8 @@
 #define TRAIN_GPT_VERSION "0.1.0"
 
 // ================================================================ the GPU model
-#if defined(__CUDACC__) || defined(__HIPCC__)  // nvcc, or hipcc through cuda/portable.cuh
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
+// nvcc, or hipcc through cuda/portable.cuh, or the CPU emulator of the tests (test/warp_emu.h)
 #include "cpu/ops.h"
 #include "cuda/kernels.h"
 
@@ -495,8 +496,11 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     // The fast attention kernels exist for head_dim 32, 64 and 128. Another head_dim would
     // run on the one-warp-per-row reference kernels, O(T²) work at minutes per step: only
     // when the user asks for them.
+    // The default is WMMA; where the build has mma.sync but no WMMA (the CPU emulator of the
+    // tests, test/warp_emu.h), the register-resident kernels; HIP has neither and runs the
+    // portable kernels whatever is chosen.
     const char *choice = getenv("TRAIN_GPT_ATTENTION");
-    m->attention = cuda_model::ATT_WMMA;
+    m->attention = !HAVE_NVIDIA_TENSOR_CORES && HAVE_MMA_SYNC ? cuda_model::ATT_FA2 : cuda_model::ATT_WMMA;
     if (choice && strcmp(choice, "simple") == 0) m->attention = cuda_model::ATT_SIMPLE;
     else if (choice && strcmp(choice, "fa2") == 0) m->attention = cuda_model::ATT_FA2;
     else if (choice && *choice && strcmp(choice, "wmma") != 0 && !sizing_only)
@@ -509,15 +513,12 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
                  "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
                  (long long)m->dims.D);
     }
-#if HAVE_NVIDIA_TENSOR_CORES
-    if (!sizing_only && m->attention == cuda_model::ATT_FA2)
-        printf("train_gpt | attention: the register-resident kernels (TRAIN_GPT_ATTENTION=fa2, cuda/attention_fa2.cuh)\n");
-#endif
-#if !HAVE_NVIDIA_TENSOR_CORES
-    if (!sizing_only)  // cuda/attention.cu: the tensor-core kernels are NVIDIA's only
-        printf("train_gpt | attention: the portable one-warp-per-row kernels (no matrix-core attention for this GPU "
-               "yet: slow at long sequences)\n");
-#endif
+    if (!sizing_only && m->attention == cuda_model::ATT_FA2 && HAVE_MMA_SYNC)
+        printf("train_gpt | attention: the register-resident kernels (cuda/attention_fa2.cuh)\n");
+    else if (!sizing_only && (m->attention == cuda_model::ATT_SIMPLE || !HAVE_NVIDIA_TENSOR_CORES))
+        printf("train_gpt | attention: the portable one-warp-per-row kernels (%s: slow at long sequences)\n",
+               m->attention == cuda_model::ATT_SIMPLE ? "TRAIN_GPT_ATTENTION=simple"
+                                                      : "no matrix-core attention for this GPU yet");
 
     int64_t N = m->dims.N, numel = t->numel;
     if (!sizing_only) {
@@ -1353,7 +1354,7 @@ static bool gpu_plan_activations(const param_table *t, int64_t B, int64_t T, rec
     return false;
 }
 
-#endif  // __CUDACC__ || __HIPCC__
+#endif  // __CUDACC__ || __HIPCC__ || TRAIN_GPT_EMULATION
 
 // The GPU as this process sees it, asked once (the CUDA runtime is slow to start).
 static const gpu_info *gpu_probe(void) {

@@ -28,7 +28,13 @@
 
 #include <string.h>
 
-#if defined(__HIPCC__)
+#if defined(TRAIN_GPT_EMULATION)
+// The CPU emulator's cuBLASLt (test/cublaslt_emu.h, force-included by the emulated build).
+#define BLAS_NAME "cuBLASLt (emulated on the CPU)"
+#define BLAS_STATUS_PREFIX "CUBLAS_"
+#define BLAS_HAS_ALIGNMENT_PREFERENCES 1
+#define BLAS_HINT_UNSUPPORTED "the emulated cuBLASLt multiplies bf16 matrices into bf16 or fp32 only"
+#elif defined(__HIPCC__)
 #include <hipblaslt/hipblaslt.h>
 #define BLAS_NAME "hipBLASLt"
 #define BLAS_HAS_ALIGNMENT_PREFERENCES 0

@@ -1,13 +1,15 @@
 // test/warp_emu.h — runs CUDA kernels on the CPU, so that `make test` checks the GPU
-// backend's kernels without a GPU: the register-resident attention written against
-// cuda/mma.cuh (test/test_attention_fa2_emu.cc), and every kernel file of cuda/ except the
-// cuBLASLt products and the WMMA attention through test/test_gpu_kernels.cu built in
-// emulation (TRAIN_GPT_EMULATION; the Makefile's "emulated GPU tests"). It checks what the
+// backend without a GPU: the register-resident attention written against cuda/mma.cuh
+// (test/test_attention_fa2_emu.cc), every kernel file of cuda/ but the WMMA attention through
+// test/test_gpu_kernels.cu, and the GPU model of train_gpt.cu, whole training steps, through
+// test/test_gpu_step.cu with test/cublaslt_emu.h for the products (TRAIN_GPT_EMULATION; the
+// Makefile's "emulated GPU tests"). It checks what the
 // kernels compute and what they assume about the instructions; whether a GPU does what the
 // PTX ISA says, races between real warps and speed are left to `make test-gpu` on a GPU.
 //
-// A block's threads are lanes with their own stacks (ucontext to start one, _setjmp/_longjmp
-// to switch: glibc's swapcontext makes a system call per switch), run one at a time by a
+// A block's threads are lanes with their own stacks (ucontext to start one, GCC's and clang's
+// __builtin_setjmp/__builtin_longjmp to switch: glibc's swapcontext makes a system call per
+// switch, its _longjmp walks the thread's cleanup handlers), run one at a time by a
 // scheduler: each runs until it reaches a collective (a warp instruction, __syncwarp,
 // __syncthreads) and waits there; when all lanes of a warp wait at the same warp
 // instruction they are released together, and likewise all threads at a block barrier.
@@ -33,7 +35,6 @@
 // Single-threaded and deterministic; slow (fine for the tests' small shapes).
 #ifndef TRAIN_GPT_TEST_WARP_EMU_H
 #define TRAIN_GPT_TEST_WARP_EMU_H
-#undef _FORTIFY_SOURCE  // its longjmp check refuses a jump to another stack, which is the point here
 #define TRAIN_GPT_EMULATION 1  // cuda/portable.cuh takes its emulation branch
 
 #include <math.h>
@@ -42,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <deque>
@@ -67,10 +68,17 @@ struct pending_copy {
     bool valid;
 };
 
+// A switch between stacks: __builtin_setjmp saves where to come back (the frame, the stack
+// pointer, the resume address; the compiler saves the call-saved registers around it), and
+// __builtin_longjmp, which must sit in another function, goes there.
+typedef void *jump_buf[5];
+__attribute__((noinline)) inline void jump_to(jump_buf to) { __builtin_longjmp(to, 1); }
+
 struct lane {
     ucontext_t ctx;  // the first entry (its own stack)
-    jmp_buf resume;  // every later one: _longjmp, no signal-mask system call
-    bool started;
+    jump_buf resume;  // every later one: jump_to, no system call
+    bool made = false;     // its context and stack exist (kept from block to block)
+    bool started = false;  // it has run once: later starts resume it where it waits
     lane_status status;
     int op;        // the collective it waits at
     unsigned seq;  // warp collectives so far: which of the two slot sets it uses
@@ -89,20 +97,18 @@ struct slot {
 struct block {
     int threads = 0;
     idx3 dims{1, 1, 1};  // blockDim
-    std::vector<lane> lanes;
-    std::vector<std::vector<unsigned char>> stacks;
+    std::vector<lane> lanes;  // room for 1024 from the start: growing never moves a lane made
+    unsigned char *stacks = nullptr;  // the lanes' stacks, one region (stack_area)
     std::vector<slot> slots[2];
     std::vector<unsigned char> smem;
     ucontext_t scheduler;
-    jmp_buf back;  // where a lane returns to the scheduler
+    jump_buf back;  // where a lane returns to the scheduler
     int current = 0;
     std::function<void()> body;
 };
 
-inline block &the_block() {
-    static block b;
-    return b;
-}
+inline block the_current_block;  // a namespace-scope object: no guard to test on every use
+inline block &the_block() { return the_current_block; }
 inline idx3 &block_index() {
     static idx3 i;
     return i;
@@ -131,13 +137,15 @@ inline int warp_lanes() {
     exit(1);
 }
 
-// Back to the scheduler until released.
-inline void wait_as(lane_status status, int op) {
+// Back to the scheduler until released. Not inlined, nor is run_lane: a function that holds a
+// __builtin_setjmp saves every call-saved register on entry and restores them on return, so
+// the switch stays inside these two and their callers keep their registers.
+__attribute__((noinline)) inline void wait_as(lane_status status, int op) {
     block &b = the_block();
     lane &me = b.lanes[b.current];
     me.status = status;
     me.op = op;
-    if (!_setjmp(me.resume)) _longjmp(b.back, 1);
+    if (!__builtin_setjmp(me.resume)) jump_to(b.back);
 }
 
 inline slot &publish() {
@@ -188,48 +196,83 @@ inline uint16_t element(const unsigned char *row, int col) {
     return v;
 }
 
+// A lane's stack is made once and kept for every later block (making a context costs system
+// calls): the lane runs the body, reports DONE, and waits there to run the next block's.
 inline void trampoline() {
+    for (;;) {
+        block &b = the_block();
+        b.body();
+        wait_as(DONE, -1);
+    }
+}
+
+// The lanes' stacks: 1024 of 64 KiB in one region of transparent huge pages (a switch lands
+// on another lane's stack: with 4 KiB pages every switch missed the TLB), at a stride that
+// is not a power of two (the tops of the stacks would otherwise share one cache set).
+enum : size_t { STACK_BYTES = 64 << 10, STACK_STRIDE = STACK_BYTES + 256 };
+inline unsigned char *stack_area() {
     block &b = the_block();
-    b.body();
-    b.lanes[b.current].status = DONE;
-    _longjmp(b.back, 1);  // this stack is left for good
+    if (!b.stacks) {
+        size_t bytes = 1024 * STACK_STRIDE;
+        b.stacks = (unsigned char *)mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (b.stacks == (unsigned char *)MAP_FAILED) {
+            fprintf(stderr, "warp_emu: cannot map %zu bytes for the lanes' stacks\n", bytes);
+            exit(1);
+        }
+        madvise(b.stacks, bytes, MADV_HUGEPAGE);  // advice: without it the stacks still work
+    }
+    return b.stacks;
+}
+
+// Lane i's context, on a stack of its own (getcontext returns twice: kept out of the callers).
+__attribute__((noinline)) inline void make_lane(lane &l, int i) {
+    getcontext(&l.ctx);
+    l.ctx.uc_stack.ss_sp = stack_area() + (size_t)i * STACK_STRIDE;
+    l.ctx.uc_stack.ss_size = STACK_BYTES;
+    makecontext(&l.ctx, trampoline, 0);
+    l.made = true;
+    l.started = false;
+}
+
+// Runs lane l until it waits (or ends).
+__attribute__((noinline)) inline void run_lane(block &b, lane &l) {
+    if (!__builtin_setjmp(b.back)) {
+        if (l.started) jump_to(l.resume);
+        l.started = true;
+        swapcontext(&b.scheduler, &l.ctx);
+    }
 }
 
 // Runs `body` as every thread of one block: blockIdx = `index`, `threads` threads, `smem`
 // bytes of dynamic shared memory (filled with a pattern: nothing may rely on zeros).
 inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<void()> &body) {
     block &b = the_block();
-    const size_t stack_bytes = 64 << 10;
     int threads = (int)(dims.x * dims.y * dims.z);
     b.threads = threads;
     b.dims = dims;
     b.body = body;
-    b.lanes.assign(threads, lane());
-    b.stacks.resize(threads);
+    if ((int)b.lanes.size() < threads) {
+        b.lanes.reserve(1024);  // launch() allows no more threads per block
+        b.lanes.resize(threads);
+    }
     b.slots[0].assign(threads, slot());
     b.slots[1].assign(threads, slot());
     b.smem.assign(smem, 0xA5);
     block_index() = index;
     for (int i = 0; i < threads; i++) {
         lane &l = b.lanes[i];
-        b.stacks[i].resize(stack_bytes);
-        getcontext(&l.ctx);
-        l.ctx.uc_stack.ss_sp = b.stacks[i].data();
-        l.ctx.uc_stack.ss_size = stack_bytes;
-        makecontext(&l.ctx, trampoline, 0);
+        if (!l.made) make_lane(l, i);
         l.status = RUNNING;
-        l.started = false;
+        l.op = -1;
+        l.seq = 0;
+        l.open.clear();
+        l.groups.clear();
     }
     for (;;) {
         for (int i = 0; i < threads; i++) {
             if (b.lanes[i].status != RUNNING) continue;
             b.current = i;
-            lane &l = b.lanes[i];
-            if (!_setjmp(b.back)) {
-                if (l.started) _longjmp(l.resume, 1);
-                l.started = true;
-                swapcontext(&b.scheduler, &l.ctx);
-            }
+            run_lane(b, b.lanes[i]);
         }
         int done = 0, at_block = 0;
         bool released = false;
@@ -412,6 +455,13 @@ inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
 template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
+struct cudaFuncAttributes {
+    int maxThreadsPerBlock, numRegs;
+    size_t sharedSizeBytes;
+};
+template <typename K> cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, K) {
+    return *a = cudaFuncAttributes{1024, 0, 0}, cudaSuccess;
+}
 
 namespace emu {
 // What the build makes of `k<<<grid, block, smem, stream>>>(args)`: emu::launcher(k, grid,
@@ -471,14 +521,15 @@ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32
     s.w[5] = b1;
     emu::warp_collective(emu::OP_MMA);
     int l = emu::the_block().current % 32, g = l / 4, t = l % 4;
+    const emu::slot *warp = &emu::peer(0);  // lane i's slot is warp[i]
     for (int e = 0; e < 4; e++) {
         int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
         float sum = 0.0f;
         for (int k = 0; k < 16; k++) {
             // A[row][k]: lane (row%8)·4 + (k%8)/2, register row/8 + 2·(k/8), half k%2
-            uint32_t aw = emu::peer((row % 8) * 4 + (k % 8) / 2).w[row / 8 + 2 * (k / 8)];
+            uint32_t aw = warp[(row % 8) * 4 + (k % 8) / 2].w[row / 8 + 2 * (k / 8)];
             // B[k][col]: lane col·4 + (k%8)/2, register k/8, half k%2
-            uint32_t bw = emu::peer(col * 4 + (k % 8) / 2).w[4 + k / 8];
+            uint32_t bw = warp[col * 4 + (k % 8) / 2].w[4 + k / 8];
             sum += emu::bf16_value(emu::half_of(aw, k % 2)) * emu::bf16_value(emu::half_of(bw, k % 2));
         }
         c[e] += sum;
