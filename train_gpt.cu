@@ -129,8 +129,10 @@ typedef struct {
 } cuda_step_result;
 
 enum { INPUT_SLOTS = 2, RESULT_SLOTS = 8 };
-// fp32 logits + bf16 gradient per classifier chunk, at most this many bytes.
-static const int64_t LOGITS_CHUNK_BYTES = (int64_t)1 << 30;
+// bf16 logits (their gradient in place) per classifier chunk, at most this many bytes (1.5 GiB):
+// 6 279 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
+// vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
+static const int64_t LOGITS_CHUNK_BYTES = (int64_t)3 << 29;
 
 typedef struct {
     float *resid_mid;          // (N,C) fp32, after the attention residual add
@@ -296,8 +298,7 @@ struct cuda_model {
     float *delta;              // (B,Hq,T)
     float *gain_scratch;
 
-    float *logits;             // (chunk_rows, ld_logits) fp32
-    bf16 *dlogits;             // (chunk_rows, ld_logits)
+    bf16 *logits;              // (chunk_rows, ld_logits) bf16, turned into their gradient in place
     int64_t chunk_rows, ld_logits;
     float *row_ce, *row_lse;   // (N)
 
@@ -449,8 +450,7 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
     BUFFER(m->delta, float, N * d->Hq);
     BUFFER(m->gain_scratch, float,
            max_i64(rmsnorm_gain_scratch_floats(N, C), qknorm_gain_scratch_floats(N, (int)d->Hq, (int)d->D)));
-    BUFFER(m->logits, float, m->chunk_rows * m->ld_logits);  // the classifier, a chunk of rows at a time
-    BUFFER(m->dlogits, bf16, m->chunk_rows * m->ld_logits);
+    BUFFER(m->logits, bf16, m->chunk_rows * m->ld_logits);  // the classifier, a chunk of rows at a time
     BUFFER(m->row_ce, float, N);
     BUFFER(m->row_lse, float, N);
     BUFFER(m->st, step_scalars, 1);  // the step's scalars
@@ -531,7 +531,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     for (int i = 0; i < t->count; i++) m->num_chunks += cdiv(t->params[i].numel, ADAMW_CHUNK_ELEMS);
     // Rows of the logits' row stride padded to 64 elements: aligned rows for the kernels.
     m->ld_logits = (m->dims.V + 63) / 64 * 64;
-    m->chunk_rows = max_i64(1, min_i64(N, LOGITS_CHUNK_BYTES / (m->ld_logits * 6)));
+    m->chunk_rows = max_i64(1, min_i64(N, LOGITS_CHUNK_BYTES / (m->ld_logits * 2)));
     m->resid = (float **)xcalloc((size_t)m->dims.L + 1, sizeof *m->resid);
     m->layers = (layer_acts *)xcalloc((size_t)m->dims.L, sizeof *m->layers);
     int count = 0;
@@ -938,17 +938,17 @@ static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, f
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
         mark(m, K_HEAD_MATMUL_FWD);
-        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + r0 * m->dims.C, head, n, m->dims.C,
-                       m->dims.V, s);
+        matmul_forward(m->mm, m->logits, CUDA_R_16BF, m->ld_logits, NULL, m->final_out + r0 * m->dims.C, head, n,
+                       m->dims.C, m->dims.V, s);
         mark(m, K_CROSS_ENTROPY);
-        cross_entropy_forward_backward(train ? m->dlogits : NULL, m->row_ce + r0, m->row_lse + r0, m->logits,
-                                       m->d_targets + r0, n, m->dims.V, m->ld_logits, z_loss, grad_scale, s);
-        if (train) {
+        cross_entropy_forward_backward(m->logits, m->row_ce + r0, m->row_lse + r0, m->d_targets + r0, n, m->dims.V,
+                                       m->ld_logits, z_loss, grad_scale, train, s);
+        if (train) {  // m->logits now holds their gradient
             mark(m, K_HEAD_MATMUL_BWD);
-            matmul_backward_input(m->mm, m->d_final + r0 * m->dims.C, CUDA_R_32F, m->dlogits, m->ld_logits, head, n, m->dims.C,
-                                  m->dims.V, false, s);
-            matmul_backward_weight(m->mm, dhead, m->dlogits, m->ld_logits, m->final_out + r0 * m->dims.C, n, m->dims.C, m->dims.V,
-                                   s);
+            matmul_backward_input(m->mm, m->d_final + r0 * m->dims.C, CUDA_R_32F, m->logits, m->ld_logits, head, n,
+                                  m->dims.C, m->dims.V, false, s);
+            matmul_backward_weight(m->mm, dhead, m->logits, m->ld_logits, m->final_out + r0 * m->dims.C, n, m->dims.C,
+                                   m->dims.V, s);
         }
     }
     mark(m, K_CROSS_ENTROPY);
@@ -1133,17 +1133,21 @@ loss_sums cuda_forward_loss(cuda_model *m, const int32_t *inputs, const int32_t 
     return sums;
 }
 
-// Logits of rows [r0, r0 + n) of the last forward into host rows (row stride V).
+// Logits of rows [r0, r0 + n) of the last forward into host rows (row stride V), as fp32
+// from the bf16 logits the classifier sees.
 static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
+    int64_t V = m->dims.V;
+    bf16 *rows = (bf16 *)xmalloc((size_t)(min_i64(m->chunk_rows, n) * V) * sizeof(bf16));
     for (int64_t c0 = 0; c0 < n; c0 += m->chunk_rows) {
         int64_t k = min_i64(m->chunk_rows, n - c0);
-        matmul_forward(m->mm, m->logits, CUDA_R_32F, m->ld_logits, NULL, m->final_out + (r0 + c0) * m->dims.C,
-                       W16(P_LM_HEAD, -1), k, m->dims.C, m->dims.V, m->stream);
-        CUDA_CHECK(cudaMemcpy2DAsync(host + c0 * m->dims.V, (size_t)m->dims.V * sizeof(float), m->logits,
-                                     (size_t)m->ld_logits * sizeof(float), (size_t)m->dims.V * sizeof(float), (size_t)k,
-                                     cudaMemcpyDeviceToHost, m->stream));
+        matmul_forward(m->mm, m->logits, CUDA_R_16BF, m->ld_logits, NULL, m->final_out + (r0 + c0) * m->dims.C,
+                       W16(P_LM_HEAD, -1), k, m->dims.C, V, m->stream);
+        CUDA_CHECK(cudaMemcpy2DAsync(rows, (size_t)V * sizeof(bf16), m->logits, (size_t)m->ld_logits * sizeof(bf16),
+                                     (size_t)V * sizeof(bf16), (size_t)k, cudaMemcpyDeviceToHost, m->stream));
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the logits buffer is reused by the next chunk
+        for (int64_t i = 0; i < k * V; i++) host[c0 * V + i] = bf16_to_float(rows[i]);
     }
+    free(rows);
 }
 
 // Forward only: all logits (B·T, V) fp32 into a host array (tests). Synchronous.

@@ -1,64 +1,93 @@
 // cuda/classifier.cu — cross-entropy + z-loss and their gradient, fused, over one chunk of
-// rows of logits.
+// rows of logits, the gradient written in place over the logits.
 //
-// The classifier never holds B·T·V logits: train_gpt.cu's GPU model runs it over chunks of rows (a
-// chunk's fp32 logits and bf16 gradient are bounded to a fixed size whatever the
-// vocabulary), and for each chunk this kernel turns the logits into per-row loss terms and
-// the bf16 gradient that the two backward matmuls of the head read. The logits are fp32
-// (the head matmul's fp32 output) so the loss matches the CPU's to fp32 rounding; the
-// gradient is bf16 because it is a matmul input.
+// The classifier never holds B·T·V logits: train_gpt.cu's GPU model runs it over chunks of
+// rows (a chunk's bf16 logits are bounded to a fixed size whatever the vocabulary), and for
+// each chunk this kernel turns the logits into per-row loss terms and, in the same buffer,
+// the bf16 gradient that the two backward matmuls of the head read. The logits are bf16 (the
+// head matmul's output, as in llm.c and PyTorch's bf16 training): a logit carries a relative
+// rounding of at most 2^-9, so a row's ce = lse − logit[target] moves by up to |logit|·2^-9
+// (~0.01 at |logit| 5), a random error that averages out over the rows of a batch (the GPU
+// tests' loss bound is 1 %); the sums themselves run in fp32 and double.
 //
-// One block per row: pass 1 keeps a running (max, sum of exp) per thread and combines them
-// in a fixed tree (block_max, then block_sum in double); pass 2 writes
-//   dlogits = (softmax · (1 + 2·z_loss·lse) − onehot(target)) · grad_scale
+// One block per row, two passes over the row, each 8 logits per 16-byte access where the row
+// is aligned: pass 1 keeps a running (max, sum of exp) per thread and combines them in a
+// fixed tree (block_max, then block_sum in double); pass 2 overwrites each logit with
+//   dlogit = (softmax · (1 + 2·z_loss·lse) − onehot(target)) · grad_scale
 // which is the gradient of grad_scale·(ce + z_loss·lse²): z-loss adds 2·z·lse·softmax
-// (BACKGROUND.md §3). expf, not __expf: the fast one is off by a few ulp more.
+// (BACKGROUND.md §3). In place is safe: each element is read and written by the same thread,
+// and the target's logit is read before the reductions' barriers, which every thread passes
+// only after the whole row was read. The second pass reads from L2: a row (V·2 bytes, 100 KB
+// at GPT-2's vocabulary) per block in flight is far below L2's size, so HBM sees the row once
+// read and once written. expf, not __expf: the fast one is off by a few ulp more.
 #include "cuda/kernels.h"
 
 enum { CE_THREADS = 512 };
 
+// The online (max, Σ exp) of one more value.
+__device__ __forceinline__ void online_add(float v, float &m, float &s) {
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += expf(v - m);
+    }
+}
+
 __global__ void __launch_bounds__(CE_THREADS)
-    cross_entropy_kernel(bf16 *dlogits, float *row_ce, float *row_lse, const float *logits, const int32_t *targets,
-                         int64_t V, int64_t ld, float z_loss, float grad_scale) {
+    cross_entropy_kernel(bf16 *logits, float *row_ce, float *row_lse, const int32_t *targets, int64_t V, int64_t ld,
+                         bool vec, float z_loss, float grad_scale, bool train) {
     __shared__ float shared_f[32];
     __shared__ double shared_d[32];
     int64_t row = blockIdx.x;
-    const float *x = logits + row * ld;
+    bf16 *x = logits + row * ld;
+    int32_t target = targets[row];
+    float x_target = threadIdx.x == 0 ? bf16_to_float(x[target]) : 0.0f;  // before any thread writes
+    // Columns [0, V8) in 8-wide accesses when the row allows, the rest one by one.
+    int64_t V8 = vec ? V / 8 * 8 : 0;
     float m = -INFINITY, s = 0.0f;
-    for (int64_t i = threadIdx.x; i < V; i += CE_THREADS) {
-        float v = x[i];
-        if (v > m) {
-            s = s * expf(m - v) + 1.0f;
-            m = v;
-        } else {
-            s += expf(v - m);
-        }
+    for (int64_t i = 8 * (int64_t)threadIdx.x; i < V8; i += 8 * CE_THREADS) {
+        bf16 v[8];
+        load_bf16x8(v, x + i);
+#pragma unroll
+        for (int k = 0; k < 8; k++) online_add(bf16_to_float(v[k]), m, s);
     }
+    for (int64_t i = V8 + threadIdx.x; i < V; i += CE_THREADS) online_add(bf16_to_float(x[i]), m, s);
     float mx = block_max(m, shared_f);
     double part = m == -INFINITY ? 0.0 : (double)(s * expf(m - mx));
     double sum = block_sum(part, shared_d);
     float lse = (float)((double)mx + log(sum));
-    int32_t target = targets[row];
     if (threadIdx.x == 0) {
         row_lse[row] = lse;
-        row_ce[row] = lse - x[target];
+        row_ce[row] = lse - x_target;
     }
-    if (!dlogits) return;
+    if (!train) return;
     float coef = (float)((1.0 + 2.0 * (double)z_loss * (double)lse) / sum) * grad_scale;
-    bf16 *d = dlogits + row * ld;
-    for (int64_t i = threadIdx.x; i < V; i += CE_THREADS) {
-        float g = expf(x[i] - mx) * coef;
+    for (int64_t i = 8 * (int64_t)threadIdx.x; i < V8; i += 8 * CE_THREADS) {
+        bf16 v[8];
+        load_bf16x8(v, x + i);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float g = expf(bf16_to_float(v[k]) - mx) * coef;
+            if (i + k == target) g -= grad_scale;
+            v[k] = float_to_bf16(g);
+        }
+        store_bf16x8(x + i, v);
+    }
+    for (int64_t i = V8 + threadIdx.x; i < V; i += CE_THREADS) {
+        float g = expf(bf16_to_float(x[i]) - mx) * coef;
         if (i == target) g -= grad_scale;
-        d[i] = float_to_bf16(g);
+        x[i] = float_to_bf16(g);
     }
 }
 
-void cross_entropy_forward_backward(bf16 *dlogits, float *row_ce, float *row_lse, const float *logits,
-                                    const int32_t *targets, int64_t n, int64_t V, int64_t ld, float z_loss,
-                                    float grad_scale, cudaStream_t stream) {
+void cross_entropy_forward_backward(bf16 *logits, float *row_ce, float *row_lse, const int32_t *targets, int64_t n,
+                                    int64_t V, int64_t ld, float z_loss, float grad_scale, bool train,
+                                    cudaStream_t stream) {
     if (n == 0) return;
-    cross_entropy_kernel<<<(unsigned)n, CE_THREADS, 0, stream>>>(dlogits, row_ce, row_lse, logits, targets, V, ld,
-                                                                 z_loss, grad_scale);
+    bool vec = aligned_to(logits, 16) && ld % 8 == 0;
+    cross_entropy_kernel<<<(unsigned)n, CE_THREADS, 0, stream>>>(logits, row_ce, row_lse, targets, V, ld, vec, z_loss,
+                                                                 grad_scale, train);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -153,15 +153,15 @@ void attention_simple_backward(const attention_inputs *in, const bf16 *out, cons
                                const attention_grads *g, float *delta, cudaStream_t stream);
 
 // ---------------------------------------------------------------- classifier.cu
-// Cross-entropy + z-loss over a chunk of rows: logits (n, V; row stride ld) fp32 from the
+// Cross-entropy + z-loss over a chunk of rows: logits (n, V; row stride ld) bf16 from the
 // chunk's matmul, targets (n). Per row: lse = logsumexp, ce = lse − logit[target], into
-// row_ce, row_lse (n) fp32. If dlogits is not NULL, it receives (bf16, row stride ld) the
+// row_ce, row_lse (n) fp32. With `train`, each logit is overwritten (bf16, in place) by its
 // gradient of grad_scale·(ce + z_loss·lse²):
 //   (softmax·(1 + 2·z_loss·lse) − onehot)·grad_scale
-// One block per row; the row is read twice (max+sum, then the gradient).
-void cross_entropy_forward_backward(bf16 *dlogits, float *row_ce, float *row_lse, const float *logits,
-                                    const int32_t *targets, int64_t n, int64_t V, int64_t ld, float z_loss,
-                                    float grad_scale, cudaStream_t stream);
+// One block per row, 16-byte accesses where logits is 16-byte aligned and ld a multiple of 8.
+void cross_entropy_forward_backward(bf16 *logits, float *row_ce, float *row_lse, const int32_t *targets, int64_t n,
+                                    int64_t V, int64_t ld, float z_loss, float grad_scale, bool train,
+                                    cudaStream_t stream);
 // sums[0] += Σ row_ce, sums[1] += Σ row_lse² over N rows, in double, one block in a fixed
 // order (deterministic).
 void loss_sums_accumulate(double *sums, const float *row_ce, const float *row_lse, int64_t N, cudaStream_t stream);

@@ -553,12 +553,18 @@ static void test_attention(void) {
 
 // ---------------------------------------------------------------- classifier
 
-static void test_classifier(void) {
-    const int64_t n = 37, V = 1000, ld = 1024;
+// The classifier's bf16 logits, turned into their gradient in place. Two row strides: a
+// padded one (16-byte accesses, V not a multiple of 8: a scalar tail) and an odd one (the
+// scalar loop only). The reference runs on the same bf16-rounded logits, so only fp32
+// rounding separates the loss terms.
+static void test_classifier_case(int64_t V, int64_t ld) {
+    const int64_t n = 37;
     const float z = 1e-4f, scale = 1.0f / 512.0f;
     auto logits = randn(n * V, 3.0);
+    round_bf16(logits);
     std::vector<int32_t> targets((size_t)n);
     for (auto &t : targets) t = (int32_t)(rng_next(&rng) % V);
+    targets[0] = (int32_t)(V - 1);  // the last column: the scalar tail of the 16-byte loop
     std::vector<float> want(logits), want_ce((size_t)n), want_lse((size_t)n);
     double ce_sum = 0, sq_sum = 0;
     for (int64_t r = 0; r < n; r++) {
@@ -571,21 +577,38 @@ static void test_classifier(void) {
     }
     std::vector<float> padded((size_t)(n * ld), 0.0f);
     for (int64_t r = 0; r < n; r++) memcpy(&padded[(size_t)(r * ld)], &logits[(size_t)(r * V)], (size_t)V * sizeof(float));
-    float *d_logits = up_f32(padded), *d_ce = dev_alloc<float>(n), *d_lse = dev_alloc<float>(n);
-    bf16 *d_dl = dev_alloc<bf16>(n * ld);
+    bf16 *d_logits = up_bf16(padded);
+    float *d_ce = dev_alloc<float>(n), *d_lse = dev_alloc<float>(n);
     int32_t *d_t = up_i32(targets);
     double *d_sums = dev_alloc<double>(2);
-    cross_entropy_forward_backward(d_dl, d_ce, d_lse, d_logits, d_t, n, V, ld, z, scale, stream);
+    char what[96];
+    // Loss only: the logits stay as they were.
+    cross_entropy_forward_backward(d_logits, d_ce, d_lse, d_t, n, V, ld, z, scale, false, stream);
+    auto kept = down_bf16(d_logits, n * ld);
+    snprintf(what, sizeof what, "cross-entropy, loss only (V %lld, ld %lld): logits unchanged", (long long)V,
+             (long long)ld);
+    compare(what, columns(kept, n, ld, 0, V).data(), logits.data(), n * V, EXACT);
+    snprintf(what, sizeof what, "cross-entropy per row (V %lld, ld %lld)", (long long)V, (long long)ld);
+    compare(what, down_f32(d_ce, n).data(), want_ce.data(), n, FP32_OUT);
+    // Training: the gradient in place.
+    cross_entropy_forward_backward(d_logits, d_ce, d_lse, d_t, n, V, ld, z, scale, true, stream);
     loss_sums_accumulate(d_sums, d_ce, d_lse, n, stream);
-    compare("cross-entropy per row", down_f32(d_ce, n).data(), want_ce.data(), n, FP32_OUT);
+    snprintf(what, sizeof what, "cross-entropy per row, training (V %lld, ld %lld)", (long long)V, (long long)ld);
+    compare(what, down_f32(d_ce, n).data(), want_ce.data(), n, FP32_OUT);
     compare("logsumexp per row", down_f32(d_lse, n).data(), want_lse.data(), n, FP32_OUT);
-    auto got = down_bf16(d_dl, n * ld);
-    compare("dlogits (softmax, z-loss, bf16)", columns(got, n, ld, 0, V).data(), want.data(), n * V, BF16_OUT);
+    auto got = down_bf16(d_logits, n * ld);
+    snprintf(what, sizeof what, "dlogits in place of the logits (softmax, z-loss, bf16; V %lld)", (long long)V);
+    compare(what, columns(got, n, ld, 0, V).data(), want.data(), n * V, BF16_OUT);
     double sums[2];
     CUDA_CHECK(cudaMemcpy(sums, d_sums, sizeof sums, cudaMemcpyDeviceToHost));
     float got_sums[2] = {(float)sums[0], (float)sums[1]}, want_sums[2] = {(float)ce_sum, (float)sq_sum};
     compare("loss sums (Σ ce, Σ lse²)", got_sums, want_sums, 2, FP32_OUT);
-    cudaFree(d_logits), cudaFree(d_ce), cudaFree(d_lse), cudaFree(d_dl), cudaFree(d_t), cudaFree(d_sums);
+    cudaFree(d_logits), cudaFree(d_ce), cudaFree(d_lse), cudaFree(d_t), cudaFree(d_sums);
+}
+
+static void test_classifier(void) {
+    test_classifier_case(1000, 1024);
+    test_classifier_case(1003, 1003);
 }
 
 // ---------------------------------------------------------------- norm, clip, AdamW

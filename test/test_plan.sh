@@ -56,12 +56,12 @@ gpu_redo = 2 * (r256(2*R*C) + r256(4*R)) + r256(2*R*(QD+KD)) + r256(4*R*(Hq+Hkv)
 gpu_layer = {"none": gpu_products + gpu_redo, "selective": gpu_products, "full": 0}
 gpu_scratch = {"none": 0, "selective": gpu_redo, "full": gpu_products + gpu_redo}
 gpu_stream = (L + 1) * r256(4*R*C) + r256(2*R*C) + r256(4*R)
-ld, rows = V, max(1, min(R, 2**30 // (V * 6)))             # V is a multiple of 64 already
+ld, rows = V, max(1, min(R, 3 * 2**29 // (V * 2)))         # V is a multiple of 64 already
 gpu_work = (2 * r256(4*T*D//2) + 6 * r256(4*R) + r256(4*(R+1))          # RoPE, inputs and positions
             + r256(4*R*C) + r256(2*R*C) + 2 * r256(4*R*C)                # backward: d_resid (+bf16), d_norm, d_final
             + r256(2*R*QD) + r256(2*R*QKV) + r256(2*R*F) + r256(2*R*2*F) + r256(4*R*Hq)
             + r256(4 * max(math.ceil(R/32) * C, math.ceil(R*Hq/256) * D))   # gain scratch (rmsnorm: chunks of 32 rows)
-            + r256(4*rows*ld) + r256(2*rows*ld) + 2 * r256(4*R)          # logits chunk, its gradient, ce, lse
+            + r256(2*rows*ld) + 2 * r256(4*R)                            # logits chunk (bf16, its gradient in place), ce, lse
             + 256 + r256(8*1024) + 256 + (32 << 20))                     # step scalars, norm partials, eval, matmul
 def mode_bytes(mode, every, table, scratch):
     return sum(table[mode if l % every == 0 else "none"] for l in range(L)) + scratch[mode]
