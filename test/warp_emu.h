@@ -4,8 +4,10 @@
 // test/test_gpu_kernels.cu, and the GPU model of train_gpt.cu, whole training steps, through
 // test/test_gpu_step.cu with test/cublaslt_emu.h for the products (TRAIN_GPT_EMULATION; the
 // Makefile's "emulated GPU tests"). It checks what the
-// kernels compute and what they assume about the instructions; whether a GPU does what the
-// PTX ISA says, races between real warps and speed are left to `make test-gpu` on a GPU.
+// kernels compute and what they assume about the instructions, and (running the lanes of odd
+// blocks in reverse) a read of what another thread writes with no barrier between them;
+// whether a GPU does what the PTX ISA says, races that need real warps' interleaving and
+// speed are left to `make test-gpu` on a GPU.
 //
 // A block's threads are lanes with their own stacks (ucontext to start one, GCC's and clang's
 // __builtin_setjmp/__builtin_longjmp to switch: glibc's swapcontext makes a system call per
@@ -268,8 +270,13 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
         l.open.clear();
         l.groups.clear();
     }
+    // Lanes run in index order in even blocks and in reverse in odd ones, so that a kernel
+    // that reads what another thread writes without a barrier between (a race on a GPU)
+    // reads the wrong value in one of the two orders.
+    bool reverse = (index.x + index.y + index.z) % 2 == 1;
     for (;;) {
-        for (int i = 0; i < threads; i++) {
+        for (int k = 0; k < threads; k++) {
+            int i = reverse ? threads - 1 - k : k;
             if (b.lanes[i].status != RUNNING) continue;
             b.current = i;
             run_lane(b, b.lanes[i]);
