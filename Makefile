@@ -135,9 +135,9 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
             test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
             test/test_fsdp_diloco.sh test/test_recompute.sh test/test_diloco_warm.sh test/test_plan.sh \
-            test/test_docs.sh test/test_layout.sh
-# Helper programs the shell tests call.
-TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump
+            test/test_docs.sh test/test_layout.sh test/test_gpu_train_emu.sh
+# Helper programs the shell tests call (train_gpt_emu: the trainer on the CPU emulator of the GPU).
+TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump $(BUILD)/train_gpt_emu
 
 # Each folder adds its own sources, tests and detection in a fragment beside its code:
 #   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and GPU_TESTS (first: the others
@@ -229,6 +229,10 @@ $(BUILD)/test_gpu_kernels_emu: $(EMU_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain
 EMU_MODEL_CU := $(filter-out test/test_gpu_kernels.cu,$(EMU_CU)) cuda/matmul.cu
 $(BUILD)/test_gpu_step_emu: $(BUILD)/emu/test/test_gpu_step.o $(EMU_MODEL_CU:%.cu=$(BUILD)/emu/%.o) \
                             $(BUILD)/libtrain_gpt.a
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
+# The trainer itself on the emulated GPU (device = cuda runs on the CPU, slowly): what
+# test/test_gpu_train.sh runs in `make test` with GPU_TRAIN_EMULATED=1.
+$(BUILD)/train_gpt_emu: $(BUILD)/emu/train_gpt.o $(EMU_MODEL_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/test_tool: $(BUILD)/test/tool.o $(BUILD)/libtrain_gpt.a

@@ -13,12 +13,24 @@
 #      within 1 % (bf16 against fp32), the GPU's own resume exactly
 #   5. a CPU checkpoint resumed on the GPU: the next 10 steps within 2 % of the CPU's
 #   6. device = auto picks the GPU and says so
+# With GPU_TRAIN_EMULATED=1 (test/test_gpu_train_emu.sh, in `make test`) TRAIN_GPT is the
+# trainer built on the CPU emulator of the GPU (build/train_gpt_emu), where a step takes about
+# a second: the same checks on a smaller model (2 layers of d_model 64, 2 heads of 32, one
+# sequence of 64 per micro-batch) over 20 steps (stop and resume at 10, the CPU checkpoint
+# of step 10 on the GPU for the next 10).
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 512 0 400000 21
 "$TOOL" shard "$tmp/val.bin" 512 0 20000 22
 common=(test/configs/gpu_tiny.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 10
     --val_tokens 4096 --log_every 1 --ckpt_keep 0)
+steps=50 half=20  # the run's steps; where it stops, and which checkpoint the resumes take
+if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
+    common+=(--n_layer 2 --d_model 64 --n_head 2 --n_kv_head 1 --d_ff 128 --seq_len 64 --batch_size 1
+        --max_steps 20 --val_tokens 512 --threads 1)
+    steps=20 half=10
+fi
+ck() { printf 'step_%08d' "$1"; }
 run() {  # run OUT_DIR DEVICE [--key value]...
     local out=$1 dev=$2; shift 2
     "$TRAIN_GPT" "${common[@]}" --device "$dev" --out_dir "$out" "$@" >"$out.log" 2>&1
@@ -69,7 +81,7 @@ close_curve() { compare_curves "$1" "$2" "$3" 1 1000000000 "$4" "$5"; }         
 # 1. the loss curve
 run "$tmp/cpu" cpu --ckpt_every 10
 run "$tmp/gpu" cuda --ckpt_every 10
-check "50 steps: GPU losses within 5 % of the CPU's, 10-step means within 2 %" \
+check "$steps steps: GPU losses within 5 % of the CPU's, 10-step means within 2 %" \
     close_curve "$tmp/gpu/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.05 10 0.02
 check "GPU run learned (final loss below the first)" "$PYTHON" -c "
 import json, sys
@@ -87,26 +99,27 @@ check "the same GPU run twice: identical losses" \
     test "$(loss_table "$tmp/gpu/metrics.jsonl")" = "$(loss_table "$tmp/gpu2/metrics.jsonl")"
 
 # 3. resume on the GPU
-run "$tmp/stopped" cuda --ckpt_every 10 --stop_at_step 20
+run "$tmp/stopped" cuda --ckpt_every 10 --stop_at_step $half
 run "$tmp/stopped" cuda --ckpt_every 10
-check "GPU stop at 20 + resume: identical losses" \
+check "GPU stop at $half + resume: identical losses" \
     test "$(loss_table "$tmp/gpu/metrics.jsonl")" = "$(loss_table "$tmp/stopped/metrics.jsonl")"
-check "GPU stop at 20 + resume: identical final checkpoint" sh -c \
-    "cmp -s '$tmp/gpu/step_00000050/model.safetensors' '$tmp/stopped/step_00000050/model.safetensors' &&
-     cmp -s '$tmp/gpu/step_00000050/optimizer.safetensors' '$tmp/stopped/step_00000050/optimizer.safetensors'"
+check "GPU stop at $half + resume: identical final checkpoint" sh -c \
+    "cmp -s '$tmp/gpu/$(ck $steps)/model.safetensors' '$tmp/stopped/$(ck $steps)/model.safetensors' &&
+     cmp -s '$tmp/gpu/$(ck $steps)/optimizer.safetensors' '$tmp/stopped/$(ck $steps)/optimizer.safetensors'"
 
 # 4. a GPU checkpoint on the CPU
-run "$tmp/g2c" cpu --resume "$tmp/gpu/step_00000020" --max_steps 21 --ckpt_every 0
-run "$tmp/g2g" cuda --resume "$tmp/gpu/step_00000020" --max_steps 21 --ckpt_every 0
-check "GPU checkpoint resumed on the GPU: step 21 as in the straight run" \
-    test "$(loss_table "$tmp/g2g/metrics.jsonl" | grep '^21 ')" = "$(loss_table "$tmp/gpu/metrics.jsonl" | grep '^21 ')"
-check "GPU checkpoint resumed on the CPU: step 21 within 1 % of the GPU's" \
-    close_losses "$tmp/g2c/metrics.jsonl" "$tmp/g2g/metrics.jsonl" 0.01 21 21
+next=$((half + 1))
+run "$tmp/g2c" cpu --resume "$tmp/gpu/$(ck $half)" --max_steps $next --ckpt_every 0
+run "$tmp/g2g" cuda --resume "$tmp/gpu/$(ck $half)" --max_steps $next --ckpt_every 0
+check "GPU checkpoint resumed on the GPU: step $next as in the straight run" \
+    test "$(loss_table "$tmp/g2g/metrics.jsonl" | grep "^$next ")" = "$(loss_table "$tmp/gpu/metrics.jsonl" | grep "^$next ")"
+check "GPU checkpoint resumed on the CPU: step $next within 1 % of the GPU's" \
+    close_losses "$tmp/g2c/metrics.jsonl" "$tmp/g2g/metrics.jsonl" 0.01 $next $next
 
 # 5. a CPU checkpoint on the GPU
-run "$tmp/c2g" cuda --resume "$tmp/cpu/step_00000020" --max_steps 30 --ckpt_every 0
-check "CPU checkpoint resumed on the GPU: steps 21-30 within 2 % of the CPU's" \
-    close_losses "$tmp/c2g/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.02 21 30
+run "$tmp/c2g" cuda --resume "$tmp/cpu/$(ck $half)" --max_steps $((half + 10)) --ckpt_every 0
+check "CPU checkpoint resumed on the GPU: steps $next-$((half + 10)) within 2 % of the CPU's" \
+    close_losses "$tmp/c2g/metrics.jsonl" "$tmp/cpu/metrics.jsonl" 0.02 $next $((half + 10))
 
 # 6. device = auto
 run "$tmp/auto" auto --max_steps 2 --warmup_steps 0 --ckpt_every 0

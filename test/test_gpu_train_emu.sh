@@ -1,0 +1,6 @@
+# test/test_gpu_train.sh in `make test`: device = cuda on the CPU emulator of the GPU
+# (build/train_gpt_emu: train_gpt.cu's GPU model on test/warp_emu.h and test/cublaslt_emu.h),
+# on a smaller model and 20 steps (GPU_TRAIN_EMULATED=1). So the GPU backend's wiring (the
+# step, validation, checkpoints written from and read into the GPU model, resume across
+# devices, device = auto) is checked against the CPU backend in CI, not only on a GPU.
+GPU_TRAIN_EMULATED=1 TRAIN_GPT="$BUILD/train_gpt_emu" exec bash "$(dirname "$0")/test_gpu_train.sh"
