@@ -158,7 +158,7 @@ endif
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%) $(BUILD)/test_gpu_kernels_emu \
-             $(BUILD)/test_gpu_step_emu
+             $(BUILD)/test_gpu_step_emu $(BUILD)/test_quant_gpu_emu
 
 .PHONY: all test clean info bench
 .SECONDARY:
@@ -229,6 +229,9 @@ $(BUILD)/test_gpu_kernels_emu: $(EMU_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain
 EMU_MODEL_CU := $(filter-out test/test_gpu_kernels.cu,$(EMU_CU)) cuda/matmul.cu
 $(BUILD)/test_gpu_step_emu: $(BUILD)/emu/test/test_gpu_step.o $(EMU_MODEL_CU:%.cu=$(BUILD)/emu/%.o) \
                             $(BUILD)/libtrain_gpt.a
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
+# quant.cu's GPU encoder and decoder against its C reference, byte for byte, on the emulator.
+$(BUILD)/test_quant_gpu_emu: $(BUILD)/emu/test/test_quant_gpu.o $(BUILD)/emu/quant.o $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 # The trainer itself on the emulated GPU (device = cuda runs on the CPU, slowly): what
 # test/test_gpu_train.sh runs in `make test` with GPU_TRAIN_EMULATED=1.

@@ -58,7 +58,7 @@
 #define QUANT_NAN_BITS 0x7FC00000u
 
 // Helpers the GPU section's kernels share with the reference.
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
 #define HOST_DEVICE __host__ __device__
 #else
 #define HOST_DEVICE
@@ -879,7 +879,8 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 }
 
 // ================================================================ the GPU section
-#if defined(__CUDACC__) || defined(__HIPCC__)  // nvcc, or hipcc through cuda/portable.cuh
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
+// nvcc, or hipcc through cuda/portable.cuh, or the tests' CPU emulator (test/warp_emu.h).
 // Two kernels encode a dense codec, as the C reference's two passes do:
 //   quant_scales_kernel  one warp (WARP_SIZE lanes) per block: max of |y| (y = x + residual)
 //                        as an integer max on the bits (exact, so the reduction order and
@@ -1222,4 +1223,4 @@ extern "C" void quant_decode_cuda(quant_codec c, const uint8_t *d_in, int64_t n,
     CUDA_CHECK_LAUNCH();
 }
 
-#endif  // __CUDACC__ || __HIPCC__
+#endif  // __CUDACC__ || __HIPCC__ || TRAIN_GPT_EMULATION

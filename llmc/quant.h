@@ -56,6 +56,8 @@
 #elif defined(__HIPCC__)
 #include <hip/hip_runtime_api.h>
 #define QUANT_GPU_STREAM hipStream_t
+#elif defined(TRAIN_GPT_EMULATION)  // test/warp_emu.h, the tests' CPU emulator of the GPU
+#define QUANT_GPU_STREAM cudaStream_t
 #endif
 
 #ifdef __cplusplus
@@ -167,8 +169,8 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
 // scale and code, the same round-half-away, no FMA contraction, the same top-k set (the
 // order: |x| as bits, descending, then the index ascending). The decoder gives the same bits as
 // quant_decode. Every launcher takes the stream last and never synchronizes. Declared for
-// code compiled by nvcc or hipcc only.
-#if defined(__CUDACC__) || defined(__HIPCC__)
+// code compiled by nvcc or hipcc only (and the tests' CPU emulator of the GPU).
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
 // d_x[n] (+ d_residual[n]) -> d_out[quant_encoded_bytes(c, n, block)], all device memory;
 // d_out 4-byte aligned (its head is the float32 scales; cudaMalloc'ed memory is); a sparse
 // codec's records are or-ed in through the 32-bit words that hold them, so the allocation must

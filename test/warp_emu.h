@@ -353,6 +353,29 @@ template <typename T> T shuffle_xor(T v, int mask) {
 #define __syncthreads() emu::wait_as(emu::AT_BLOCK, -1)
 #define __syncwarp(...) emu::wait_as(emu::AT_WARP, emu::OP_SYNCWARP)
 #define __expf expf
+// fp32 arithmetic rounded to nearest, as the _rn intrinsics (the build has -ffp-contract=off:
+// no fused multiply-add), the bit casts, and an atomic or (lanes switch only at collectives,
+// so a read-modify-write of one lane is never interleaved with another's).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline unsigned atomicOr(unsigned *p, unsigned v) {
+    unsigned old = *p;
+    *p = old | v;
+    return old;
+}
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
 template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
