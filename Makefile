@@ -158,7 +158,7 @@ endif
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%) $(BUILD)/test_gpu_kernels_emu \
-             $(BUILD)/test_gpu_step_emu $(BUILD)/test_quant_gpu_emu
+             $(BUILD)/test_gpu_kernels_emu64 $(BUILD)/test_gpu_step_emu $(BUILD)/test_quant_gpu_emu
 
 .PHONY: all test clean info bench
 .SECONDARY:
@@ -224,11 +224,18 @@ $(BUILD)/emu/%.o: $(BUILD)/emu/%.cc test/warp_emu.h test/cublaslt_emu.h $(BUILD_
 	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -I. -c $< -o $@
 $(BUILD)/test_gpu_kernels_emu: $(EMU_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
-# The GPU model itself: test/test_gpu_step.cu (train_gpt.cu's GPU section, with -DTESTING)
+# The GPU model itself: test/test_gpu_step.cu (which includes train_gpt.cu with TESTING defined)
 # on the emulated kernels and the emulated cuBLASLt (test/cublaslt_emu.h), against the CPU model.
 EMU_MODEL_CU := $(filter-out test/test_gpu_kernels.cu,$(EMU_CU)) cuda/matmul.cu
 $(BUILD)/test_gpu_step_emu: $(BUILD)/emu/test/test_gpu_step.o $(EMU_MODEL_CU:%.cu=$(BUILD)/emu/%.o) \
                             $(BUILD)/libtrain_gpt.a
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
+# The kernels again with 64-wide warps (AMD CDNA's wavefronts, no mma.sync: the paths the HIP
+# build compiles), from the same rewritten sources.
+$(BUILD)/emu64/%.o: $(BUILD)/emu/%.cc test/warp_emu.h test/cublaslt_emu.h $(BUILD_CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DTRAIN_GPT_EMU_WARP=64 -I. -c $< -o $@
+$(BUILD)/test_gpu_kernels_emu64: $(EMU_CU:%.cu=$(BUILD)/emu64/%.o) $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 # quant.cu's GPU encoder and decoder against its C reference, byte for byte, on the emulator.
 $(BUILD)/test_quant_gpu_emu: $(BUILD)/emu/test/test_quant_gpu.o $(BUILD)/emu/quant.o $(BUILD)/libtrain_gpt.a

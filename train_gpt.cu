@@ -130,7 +130,7 @@ typedef struct {
 
 enum { INPUT_SLOTS = 2, RESULT_SLOTS = 8 };
 // bf16 logits (their gradient in place) per classifier chunk, at most this many bytes (1.5 GiB):
-// 6 279 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
+// 6 278 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
 // vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
 static const int64_t LOGITS_CHUNK_BYTES = (int64_t)3 << 29;
 

@@ -45,9 +45,9 @@
 #define GPU_VENDOR "NVIDIA"
 #define GPU_VISIBLE_DEVICES_ENV "CUDA_VISIBLE_DEVICES"
 #define HAVE_NVIDIA_TENSOR_CORES 0  // WMMA's fragment layouts are not documented: not emulated
-#define HAVE_MMA_SYNC 1             // mma.sync's are (cuda/mma.cuh)
+#define HAVE_MMA_SYNC (TRAIN_GPT_EMU_WARP == 32)  // mma.sync's are (cuda/mma.cuh), on 32-wide warps
 #define PORTABLE_OWN_BF16 1
-enum { WARP_SIZE = 32 };
+enum { WARP_SIZE = TRAIN_GPT_EMU_WARP };  // 32, or 64 to run HIP's wavefront width
 #define WARP_FULL_MASK 0xffffffffu
 
 template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu::shuffle_xor(v, lane_mask); }

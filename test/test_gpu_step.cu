@@ -31,7 +31,8 @@
 //   - activation recomputation (selective, full, full on every 2nd layer): the loss sums and
 //     every gradient of a two-micro-batch step bit-identical to recompute = none's (the same
 //     deterministic kernels on the same inputs: attention's backward has no atomics, the
-//     matmuls run the same cuBLASLt plan), and the model allocates less than none's.
+//     matmuls run the same cuBLASLt plan), and the model allocates less than none's (the
+//     same for full recompute of one layer only, whose scratch is a layer: see check_recompute).
 #define TESTING
 // The trainer's static functions that this test leaves unused (train_run, train_plan, ...)
 // are expected here. (CUDA's cuComplex.h, reached through cublasLt.h, used to silence the

@@ -9,9 +9,10 @@
 // whether a GPU does what the PTX ISA says, races that need real warps' interleaving and
 // speed are left to `make test-gpu` on a GPU.
 //
-// A block's threads are lanes with their own stacks (ucontext to start one, GCC's and clang's
-// __builtin_setjmp/__builtin_longjmp to switch: glibc's swapcontext makes a system call per
-// switch, its _longjmp walks the thread's cleanup handlers), run one at a time by a
+// A block's threads are lanes with their own stacks (ucontext to start one, GCC's
+// __builtin_setjmp/__builtin_longjmp to switch, also clang's on x86-64; else _setjmp/_longjmp:
+// glibc's swapcontext makes a system call per switch, its _longjmp walks the thread's cleanup
+// handlers), run one at a time by a
 // scheduler: each runs until it reaches a collective (a warp instruction, __syncwarp,
 // __syncthreads) and waits there; when all lanes of a warp wait at the same warp
 // instruction they are released together, and likewise all threads at a block barrier.
@@ -54,7 +55,18 @@
 #include <utility>
 #include <vector>
 
+// The warp width: 32 as NVIDIA's; TRAIN_GPT_EMU_WARP=64 emulates AMD's CDNA wavefronts, with
+// no mma.sync (as under HIP): the kernels' 64-wide paths run on the CPU too.
+#ifndef TRAIN_GPT_EMU_WARP
+#define TRAIN_GPT_EMU_WARP 32
+#endif
+#if TRAIN_GPT_EMU_WARP != 32 && TRAIN_GPT_EMU_WARP != 64
+#error "TRAIN_GPT_EMU_WARP: 32 (NVIDIA) or 64 (AMD CDNA)"
+#endif
+
 namespace emu {
+
+enum { WARP = TRAIN_GPT_EMU_WARP };
 
 struct idx3 {
     unsigned x, y, z;
@@ -72,9 +84,20 @@ struct pending_copy {
 
 // A switch between stacks: __builtin_setjmp saves where to come back (the frame, the stack
 // pointer, the resume address; the compiler saves the call-saved registers around it), and
-// __builtin_longjmp, which must sit in another function, goes there.
+// __builtin_longjmp, which must sit in another function, goes there. clang has the pair on
+// x86-64 only: elsewhere it takes glibc's _setjmp/_longjmp (slower, the same behaviour; the
+// _FORTIFY_SOURCE check of longjmp refuses a jump to another stack, which is the point).
+#if defined(__clang__) && !defined(__x86_64__)
+#undef _FORTIFY_SOURCE
+#include <setjmp.h>
+typedef jmp_buf jump_buf;
+#define EMU_SAVE(buf) _setjmp(buf)
+__attribute__((noinline)) inline void jump_to(jump_buf to) { _longjmp(to, 1); }
+#else
 typedef void *jump_buf[5];
+#define EMU_SAVE(buf) __builtin_setjmp(buf)
 __attribute__((noinline)) inline void jump_to(jump_buf to) { __builtin_longjmp(to, 1); }
+#endif
 
 struct lane {
     ucontext_t ctx;  // the first entry (its own stack)
@@ -115,6 +138,10 @@ inline idx3 &block_index() {
     static idx3 i;
     return i;
 }
+inline unsigned &launches() {  // kernels launched so far
+    static unsigned n;
+    return n;
+}
 inline idx3 &grid_dims() {
     static idx3 g;
     return g;
@@ -128,8 +155,8 @@ inline idx3 block_dims() { return the_block().dims; }
 // Lanes in this thread's warp (the last warp of a block may be partial).
 inline int warp_lanes() {
     block &b = the_block();
-    int first = b.current / 32 * 32;
-    return b.threads - first < 32 ? b.threads - first : 32;
+    int first = b.current / WARP * WARP;
+    return b.threads - first < WARP ? b.threads - first : WARP;
 }
 
 [[noreturn]] inline void fail(const char *what) {
@@ -147,7 +174,7 @@ __attribute__((noinline)) inline void wait_as(lane_status status, int op) {
     lane &me = b.lanes[b.current];
     me.status = status;
     me.op = op;
-    if (!__builtin_setjmp(me.resume)) jump_to(b.back);
+    if (!EMU_SAVE(me.resume)) jump_to(b.back);
 }
 
 inline slot &publish() {
@@ -159,7 +186,7 @@ inline slot &publish() {
 inline const slot &peer(int l) {
     block &b = the_block();
     lane &me = b.lanes[b.current];
-    return b.slots[me.seq & 1][b.current / 32 * 32 + l];
+    return b.slots[me.seq & 1][b.current / WARP * WARP + l];
 }
 inline void warp_collective(int op) {
     wait_as(AT_WARP, op);
@@ -238,7 +265,7 @@ __attribute__((noinline)) inline void make_lane(lane &l, int i) {
 
 // Runs lane l until it waits (or ends).
 __attribute__((noinline)) inline void run_lane(block &b, lane &l) {
-    if (!__builtin_setjmp(b.back)) {
+    if (!EMU_SAVE(b.back)) {
         if (l.started) jump_to(l.resume);
         l.started = true;
         swapcontext(&b.scheduler, &l.ctx);
@@ -270,10 +297,11 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
         l.open.clear();
         l.groups.clear();
     }
-    // Lanes run in index order in even blocks and in reverse in odd ones, so that a kernel
-    // that reads what another thread writes without a barrier between (a race on a GPU)
-    // reads the wrong value in one of the two orders.
-    bool reverse = (index.x + index.y + index.z) % 2 == 1;
+    // Lanes run in index order in even blocks and in reverse in odd ones (the other way round
+    // every other launch, for grids of one block), so that a kernel that reads what another
+    // thread writes without a barrier between (a race on a GPU) reads the wrong value in one
+    // of the two orders.
+    bool reverse = (index.x + index.y + index.z + launches()) % 2 == 1;
     for (;;) {
         for (int k = 0; k < threads; k++) {
             int i = reverse ? threads - 1 - k : k;
@@ -285,20 +313,20 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
         bool released = false;
         for (int i = 0; i < threads; i++) done += b.lanes[i].status == DONE, at_block += b.lanes[i].status == AT_BLOCK;
         if (done == threads) break;
-        for (int w = 0; w * 32 < threads; w++) {
-            int lanes = threads - w * 32 < 32 ? threads - w * 32 : 32, waiting = 0;
-            for (int l = 0; l < lanes; l++) waiting += b.lanes[w * 32 + l].status == AT_WARP;
+        for (int w = 0; w * WARP < threads; w++) {
+            int lanes = threads - w * WARP < WARP ? threads - w * WARP : WARP, waiting = 0;
+            for (int l = 0; l < lanes; l++) waiting += b.lanes[w * WARP + l].status == AT_WARP;
             if (waiting == 0) continue;
             if (waiting < lanes) {
-                b.current = w * 32;
+                b.current = w * WARP;
                 fail("lanes of a warp wait at a warp instruction that others never reach");
             }
             for (int l = 1; l < lanes; l++)
-                if (b.lanes[w * 32 + l].op != b.lanes[w * 32].op) {
-                    b.current = w * 32 + l;
+                if (b.lanes[w * WARP + l].op != b.lanes[w * WARP].op) {
+                    b.current = w * WARP + l;
                     fail("lanes of a warp at different warp instructions");
                 }
-            for (int l = 0; l < lanes; l++) b.lanes[w * 32 + l].status = RUNNING;
+            for (int l = 0; l < lanes; l++) b.lanes[w * WARP + l].status = RUNNING;
             released = true;
         }
         if (released) continue;
@@ -313,6 +341,7 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
 
 // Every block of a grid, in order.
 inline void launch(idx3 grid, idx3 dims, size_t smem, const std::function<void()> &body) {
+    launches()++;
     if ((uint64_t)dims.x * dims.y * dims.z == 0 || (uint64_t)dims.x * dims.y * dims.z > 1024)
         fail("a launch with 0 or more than 1024 threads per block");
     grid_dims() = grid;
@@ -329,7 +358,7 @@ template <typename T> T shuffle_xor(T v, int mask) {
     static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
     memcpy(publish().raw, &v, sizeof v);
     wait_as(AT_WARP, OP_SHFL);
-    int l = the_block().current % 32, other = l ^ mask;
+    int l = the_block().current % WARP, other = l ^ mask;
     T r = v;
     if (other < warp_lanes()) memcpy(&r, peer(other).raw, sizeof r);
     next_slot_set();
@@ -438,7 +467,7 @@ inline cudaError_t cudaGetDeviceCount(int *n) { return *n = 1, cudaSuccess; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "the CPU (test/warp_emu.h)");
-    p->major = 9, p->multiProcessorCount = 1, p->warpSize = 32, p->totalGlobalMem = (size_t)1 << 34;
+    p->major = 9, p->multiProcessorCount = 1, p->warpSize = emu::WARP, p->totalGlobalMem = (size_t)1 << 34;
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
@@ -515,6 +544,8 @@ kernel_call<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 threads, size_t
 }  // namespace emu
 
 // ---------------------------------------------------------------- cuda/mma.cuh's interface
+// (32-wide warps only: the PTX fragment layouts are per 32 lanes; HIP has no mma.sync)
+#if TRAIN_GPT_EMU_WARP == 32
 
 #define FA2_DEVICE inline
 #define FA2_KERNEL(threads) void
@@ -594,5 +625,6 @@ template <int N> inline void cp_async_wait() {
 }
 
 inline uint32_t pack_bf16x2(float lo, float hi) { return (uint32_t)emu::bf16_bits(lo) | (uint32_t)emu::bf16_bits(hi) << 16; }
+#endif  // TRAIN_GPT_EMU_WARP == 32
 
 #endif
