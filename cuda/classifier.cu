@@ -34,6 +34,13 @@ __device__ __forceinline__ void online_add(float v, float &m, float &s) {
     }
 }
 
+// The gradient of one logit x in column i (coef = (1 + 2·z_loss·lse)·grad_scale / Σ exp).
+__device__ __forceinline__ bf16 dlogit(float x, int64_t i, float mx, float coef, int32_t target, float grad_scale) {
+    float g = expf(x - mx) * coef;
+    if (i == target) g -= grad_scale;
+    return float_to_bf16(g);
+}
+
 __global__ void __launch_bounds__(CE_THREADS)
     cross_entropy_kernel(bf16 *logits, float *row_ce, float *row_lse, const int32_t *targets, int64_t V, int64_t ld,
                          bool vec, float z_loss, float grad_scale, bool train) {
@@ -67,18 +74,11 @@ __global__ void __launch_bounds__(CE_THREADS)
         bf16 v[8];
         load_bf16x8(v, x + i);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float g = expf(bf16_to_float(v[k]) - mx) * coef;
-            if (i + k == target) g -= grad_scale;
-            v[k] = float_to_bf16(g);
-        }
+        for (int k = 0; k < 8; k++) v[k] = dlogit(bf16_to_float(v[k]), i + k, mx, coef, target, grad_scale);
         store_bf16x8(x + i, v);
     }
-    for (int64_t i = V8 + threadIdx.x; i < V; i += CE_THREADS) {
-        float g = expf(bf16_to_float(x[i]) - mx) * coef;
-        if (i == target) g -= grad_scale;
-        x[i] = float_to_bf16(g);
-    }
+    for (int64_t i = V8 + threadIdx.x; i < V; i += CE_THREADS)
+        x[i] = dlogit(bf16_to_float(x[i]), i, mx, coef, target, grad_scale);
 }
 
 void cross_entropy_forward_backward(bf16 *logits, float *row_ce, float *row_lse, const int32_t *targets, int64_t n,

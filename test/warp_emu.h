@@ -102,8 +102,7 @@ __attribute__((noinline)) inline void jump_to(jump_buf to) { __builtin_longjmp(t
 struct lane {
     ucontext_t ctx;  // the first entry (its own stack)
     jump_buf resume;  // every later one: jump_to, no system call
-    bool made = false;     // its context and stack exist (kept from block to block)
-    bool started = false;  // it has run once: later starts resume it where it waits
+    bool started = false;  // its context exists and has run: later starts resume it where it waits
     lane_status status;
     int op;        // the collective it waits at
     unsigned seq;  // warp collectives so far: which of the two slot sets it uses
@@ -122,7 +121,7 @@ struct slot {
 struct block {
     int threads = 0;
     idx3 dims{1, 1, 1};  // blockDim
-    std::vector<lane> lanes;  // room for 1024 from the start: growing never moves a lane made
+    std::vector<lane> lanes;  // room for 1024 from the start: growing never moves a lane started
     unsigned char *stacks = nullptr;  // the lanes' stacks, one region (stack_area)
     std::vector<slot> slots[2];
     std::vector<unsigned char> smem;
@@ -253,22 +252,22 @@ inline unsigned char *stack_area() {
     return b.stacks;
 }
 
-// Lane i's context, on a stack of its own (getcontext returns twice: kept out of the callers).
-__attribute__((noinline)) inline void make_lane(lane &l, int i) {
+// Lane l's first start: its context on a stack of its own, entered (getcontext returns
+// twice: kept out of the callers).
+__attribute__((noinline)) inline void start_lane(block &b, lane &l) {
     getcontext(&l.ctx);
-    l.ctx.uc_stack.ss_sp = stack_area() + (size_t)i * STACK_STRIDE;
+    l.ctx.uc_stack.ss_sp = stack_area() + (size_t)(&l - b.lanes.data()) * STACK_STRIDE;
     l.ctx.uc_stack.ss_size = STACK_BYTES;
     makecontext(&l.ctx, trampoline, 0);
-    l.made = true;
-    l.started = false;
+    l.started = true;
+    swapcontext(&b.scheduler, &l.ctx);
 }
 
 // Runs lane l until it waits (or ends).
 __attribute__((noinline)) inline void run_lane(block &b, lane &l) {
     if (!EMU_SAVE(b.back)) {
         if (l.started) jump_to(l.resume);
-        l.started = true;
-        swapcontext(&b.scheduler, &l.ctx);
+        start_lane(b, l);
     }
 }
 
@@ -290,7 +289,6 @@ inline void run_block(idx3 index, idx3 dims, size_t smem, const std::function<vo
     block_index() = index;
     for (int i = 0; i < threads; i++) {
         lane &l = b.lanes[i];
-        if (!l.made) make_lane(l, i);
         l.status = RUNNING;
         l.op = -1;
         l.seq = 0;
