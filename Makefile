@@ -135,7 +135,7 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
             test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
             test/test_fsdp_diloco.sh test/test_recompute.sh test/test_diloco_warm.sh test/test_plan.sh \
-            test/test_docs.sh test/test_layout.sh test/test_gpu_train_emu.sh
+            test/test_docs.sh test/test_layout.sh test/test_gpu_train_emu.sh test/test_fsdp_gpu_emu.sh
 # Helper programs the shell tests call (train_gpt_emu: the trainer on the CPU emulator of the GPU).
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump $(BUILD)/train_gpt_emu
 
@@ -174,6 +174,7 @@ info:
 	@echo "  $(MSG_NVCC)"
 	@echo "  $(MSG_HIP)"
 	@echo "  $(MSG_CUDNN)"
+	@echo "  $(MSG_NCCL)"
 	@echo "  $(MSG_MPI)"
 	@echo "  $(MSG_OPENSSL)"
 	@echo "  $(MSG_LIBFUZZER)"
@@ -221,12 +222,17 @@ $(BUILD)/emu/%.cc: %.cu
 	@mkdir -p $(dir $@)
 	perl -pe 's/([A-Za-z_][\w:]*(?:<\w+>)?)<<<(.*?)>>>\(/emu::launcher($$1, $$2)(/g' $< >$@
 $(BUILD)/emu/%.o: $(BUILD)/emu/%.cc test/warp_emu.h test/cublaslt_emu.h $(BUILD_CONFIG)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -I. -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) $(EMU_EXTRA) -I. -c $< -o $@
 $(BUILD)/test_gpu_kernels_emu: $(EMU_CU:%.cu=$(BUILD)/emu/%.o) $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 # The GPU model itself: test/test_gpu_step.cu (which includes train_gpt.cu with TESTING defined)
 # on the emulated kernels and the emulated cuBLASLt (test/cublaslt_emu.h), against the CPU model.
-EMU_MODEL_CU := $(filter-out test/test_gpu_kernels.cu,$(EMU_CU)) cuda/matmul.cu
+EMU_MODEL_CU := $(filter-out test/test_gpu_kernels.cu,$(EMU_CU)) cuda/matmul.cu cuda/collective.cu
+# The GPU collectives on the emulator: NCCL's calls over MPI (test/nccl_emu.h), when the build has MPI.
+ifeq ($(HAVE_MPI),1)
+$(BUILD)/emu/cuda/collective.o: EMU_EXTRA := -include test/nccl_emu.h $(MPI_CFLAGS)
+$(BUILD)/emu/cuda/collective.o: test/nccl_emu.h
+endif
 $(BUILD)/test_gpu_step_emu: $(BUILD)/emu/test/test_gpu_step.o $(EMU_MODEL_CU:%.cu=$(BUILD)/emu/%.o) \
                             $(BUILD)/libtrain_gpt.a
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
@@ -302,7 +308,7 @@ clean:
 # Last, when every fragment has added its flags: $(BUILD)/config.txt holds them, and is
 # rewritten only when they change (BUILD_CONFIG at the top says why).
 BUILD_CONFIG_TEXT := CC=$(CC) | CFLAGS=$(CFLAGS) | CXX=$(CXX) | CXXFLAGS=$(CXXFLAGS) | LDLIBS=$(LDLIBS) | \
-    NVCC=$(NVCC) | NVCC_FLAGS=$(NVCC_FLAGS) | CUDA_MODE=$(CUDA_MODE) | MPI=$(MSG_MPI) | OPENSSL=$(MSG_OPENSSL) | \
+    NVCC=$(NVCC) | NVCC_FLAGS=$(NVCC_FLAGS) | CUDA_MODE=$(CUDA_MODE) | NCCL=$(MSG_NCCL) | MPI=$(MSG_MPI) | OPENSSL=$(MSG_OPENSSL) | \
     PCRE2=$(MSG_PCRE2) | BLAS=$(MSG_BLAS) | ZLIB=$(MSG_ZLIB) | ZSTD=$(MSG_ZSTD)
 BUILD_CONFIG_WRITTEN := $(shell mkdir -p $(BUILD) && \
     printf '%s\n' '$(subst ','"'"',$(BUILD_CONFIG_TEXT))' | sed 's/ *| */\n/g' > $(BUILD_CONFIG).new && \

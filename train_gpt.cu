@@ -62,6 +62,7 @@
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
 // nvcc, or hipcc through cuda/portable.cuh, or the CPU emulator of the tests (test/warp_emu.h)
 #include "cpu/ops.h"
+#include "cuda/collective.h"
 #include "cuda/kernels.h"
 
 // The mirror of cpu/model.h + llmc/optim.h's step: the model's parameters, gradients and AdamW
@@ -129,6 +130,35 @@ typedef struct {
 } cuda_step_result;
 
 enum { INPUT_SLOTS = 2, RESULT_SLOTS = 8 };
+
+// FSDP on GPUs (issue #14; docs/fsdp.md "The GPU path"): the ranks of one group, and how the
+// model is cut over them (llmc/shard.h). NULL comms and ranks 1: one process, the whole model.
+typedef struct {
+    int rank, ranks;           // in the FSDP group
+    gpu_comm *group;           // NULL: one rank (no sharding)
+    gpu_comm *copies;          // HSDP: the ranks holding the same pieces in the other copies; NULL: none
+    int copies_size;
+    bool reshard, prefetch;    // fsdp_reshard_after_forward, fsdp_prefetch
+} gpu_shard;
+
+// A whole unit gathered from the group's pieces: fp32 (the norm gains and the embedding
+// lookup read it) and its bf16 copy (the matmuls'), converted once per gather.
+typedef struct {
+    int unit;                  // the unit it holds, -1 when free
+    int refs;
+    bool keep;                 // held from the forward to the backward (fsdp_reshard_after_forward = 0)
+    float *w32;                // (max_unit)
+    bf16 *w16;                 // (max_unit)
+    cudaEvent_t ready;         // the gather and the conversion are done (on the comm stream)
+} gather_slot;
+
+// A whole unit's gradient while its backward runs, then the source of its reduce-scatter.
+typedef struct {
+    int unit;                  // -1 when free
+    float *g;                  // (max_unit)
+    cudaEvent_t sent;          // its last reduce-scatter has read it (on the comm stream)
+} grad_slot;
+enum { GRAD_SLOTS = 3 };
 // bf16 logits (their gradient in place) per classifier chunk, at most this many bytes (1.5 GiB):
 // 6 278 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
 // vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
@@ -258,6 +288,7 @@ struct cuda_model {
     float eps;
     bool sizing_only;          // count bytes, allocate nothing, touch no GPU (memory plans)
     int64_t device_bytes;
+    int64_t state_bytes;       // of which the weights, gradients, moments and bf16 copy (this rank's pieces)
     // The attention kernels (TRAIN_GPT_ATTENTION): ATT_WMMA (the default, cuda/attention.cu),
     // ATT_FA2 (softmax in registers, cuda/attention_fa2.cuh; not yet run on a GPU), ATT_SIMPLE
     // (the one-warp-per-row reference, any head_dim).
@@ -318,7 +349,32 @@ struct cuda_model {
     int64_t results_queued, results_read;  // ring positions
     bool step_open;            // a micro-batch of the current step has been queued
     kernel_profile *profile;   // TRAIN_GPT_PROFILE=1, else NULL
+
+    // FSDP / HSDP (gpu_shard). params, grads, the moments and params_bf16 hold this rank's
+    // pieces (n_local values, llmc/shard.h's local layout); with one rank that is the table's
+    // layout and none of the rest is used. Gathers and reduce-scatters run on comm_stream (the
+    // model's stream without fsdp_prefetch), ordered against the model's stream by events.
+    gpu_shard shard;
+    shard_map map;
+    int64_t n_local;
+    bool sharded;              // an FSDP group of more than one rank
+    cudaStream_t comm_stream;
+    cudaEvent_t order;         // scratch: one stream waits for what another has queued so far
+    int num_gathers;
+    gather_slot *gathers;
+    int *slot_of;              // unit → its gather slot, -1
+    grad_slot grad_slots[GRAD_SLOTS];
+    int *grad_of;              // unit → its grad slot, -1
+    float *recv;               // (xfer) an all-to-all's receive buffer
+    float *xfer_sum;           // (xfer / copies) HSDP's all-reduce: a chunk's sum
+    int64_t xfer;
+    double *partials_all;      // (max(ranks, copies) × GRAD_NORM_BLOCKS)
+    double *sums_all;          // (max(ranks, copies) × 2)
+    int64_t gathered_floats, gathered_peak, grad_floats, grad_peak;
 };
+
+static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from);
+static void settle(cuda_model *m);
 
 // From here on the stream runs work of `family` (K_FAMILY_COUNT: the step's end).
 static void mark(cuda_model *m, int family) {
@@ -377,8 +433,9 @@ typedef struct {
 // The table (caller frees); *count receives its length.
 static device_buffer *device_buffers(cuda_model *m, int *count) {
     const model_dims *d = &m->dims;
-    int64_t N = d->N, C = d->C, F = d->F, numel = m->table->numel;
-    int cap = 64 + 13 * (int)(d->L + 2), n = 0;  // 13 per layer with the residual and the spare, fewer than 64 others
+    int64_t N = d->N, C = d->C, F = d->F, n_local = m->n_local;
+    int cap = 64 + 13 * (int)(d->L + 2) + 2 * m->num_gathers + GRAD_SLOTS, n = 0;  // 13 per layer with the residual
+                                                                                 // and the spare, < 64 others
     device_buffer *b = (device_buffer *)xcalloc((size_t)cap, sizeof *b);
 #define BUFFER(ptr, type, elems)            \
     do {                                    \
@@ -388,12 +445,28 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
         b[n].elem = sizeof(type);           \
         n++;                                \
     } while (0)
-    BUFFER(m->params, float, numel);  // fp32 master weights, gradients, AdamW's moments
-    BUFFER(m->grads, float, numel);
-    BUFFER(m->exp_avg, float, numel);
-    BUFFER(m->exp_avg_sq, float, numel);
-    BUFFER(m->params_bf16, bf16, numel);  // the matmuls' copy
+    // fp32 master weights, gradients, AdamW's moments: this rank's pieces (the whole model with
+    // one rank). The gradients have room for HSDP's all-reduce to round up to whole pieces.
+    BUFFER(m->params, float, n_local);
+    BUFFER(m->grads, float, n_local + m->shard.copies_size);
+    BUFFER(m->exp_avg, float, n_local);
+    BUFFER(m->exp_avg_sq, float, n_local);
+    BUFFER(m->params_bf16, bf16, n_local);  // the matmuls' copy (sharded: AdamW writes it, the gathers do not read it)
     BUFFER(m->chunks, adamw_chunk, m->num_chunks);
+    if (m->sharded) {  // gathered units and unit gradients, each as big as the largest unit
+        for (int k = 0; k < m->num_gathers; k++) {
+            BUFFER(m->gathers[k].w32, float, m->map.max_unit);
+            BUFFER(m->gathers[k].w16, bf16, m->map.max_unit);
+        }
+        for (int k = 0; k < GRAD_SLOTS; k++) BUFFER(m->grad_slots[k].g, float, m->map.max_unit);
+    }
+    if (m->xfer > 0) {
+        int most = m->shard.ranks > m->shard.copies_size ? m->shard.ranks : m->shard.copies_size;
+        BUFFER(m->recv, float, m->xfer);
+        if (m->shard.copies) BUFFER(m->xfer_sum, float, m->xfer / m->shard.copies_size);
+        BUFFER(m->partials_all, double, (int64_t)most * GRAD_NORM_BLOCKS);
+        BUFFER(m->sums_all, double, (int64_t)most * 2);
+    }
     for (int64_t l = 0; l <= d->L; l++) BUFFER(m->resid[l], float, N * C);  // the residual stream
     // What each layer keeps for its backward (recompute: fewer), and the spare layer that the
     // recomputing layers share (as much of one as the most recomputing layer needs).
@@ -482,11 +555,68 @@ static void share_spare(cuda_model *m) {
     }
 }
 
-static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute, bool sizing_only) {
+static int64_t rounded(int64_t bytes);
+
+// AdamW's chunks over this rank's pieces: each inside one tensor, at most ADAMW_CHUNK_ELEMS long,
+// at local offsets (the padding of the last pieces belongs to no chunk and stays zero).
+typedef struct {
+    adamw_chunk *out;   // NULL: count only
+    int64_t count;
+    bool decay;
+} chunk_list;
+
+static void add_chunks(void *ctx, int64_t global, int64_t local, int64_t count) {
+    (void)global;
+    chunk_list *c = (chunk_list *)ctx;
+    for (int64_t s = 0; s < count; s += ADAMW_CHUNK_ELEMS) {
+        if (c->out) {
+            c->out[c->count].start = local + s;
+            c->out[c->count].count = (int32_t)min_i64(ADAMW_CHUNK_ELEMS, count - s);
+            c->out[c->count].decay = c->decay ? 1 : 0;
+        }
+        c->count++;
+    }
+}
+
+static int64_t local_chunks(const cuda_model *m, adamw_chunk *out) {
+    chunk_list c = {out, 0, false};
+    for (int i = 0; i < m->table->count; i++) {
+        const param_info *p = &m->table->params[i];
+        c.decay = p->decay;
+        shard_visit(&m->map, p->offset, p->offset + p->numel, add_chunks, &c);
+    }
+    return c.count;
+}
+
+static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute, bool sizing_only,
+                          const gpu_shard *sh) {
     const model_config *c = &t->cfg;
     CHECK(B >= 1 && T >= 1 && T <= c->seq_len && recompute.every >= 1);
     cuda_model *m = (cuda_model *)xcalloc(1, sizeof *m);
     m->table = t;
+    if (sh) m->shard = *sh;
+    else m->shard.ranks = 1;
+    if (m->shard.copies_size < 1) m->shard.copies_size = 1;
+    shard_map_build(&m->map, t, m->shard.rank, m->shard.ranks);
+    m->n_local = m->map.local_numel;
+    m->sharded = m->shard.ranks > 1 || m->shard.group;  // (a group of one: TRAIN_GPT_FSDP_UNITS=1)
+    if (m->sharded) {
+        // Gathered units held at once: the one in use, the prefetched one, and the final unit
+        // beside a tied head's (the embedding's); without resharding every unit from its forward
+        // to its backward, and one more.
+        m->num_gathers = m->shard.reshard ? 3 : m->map.count + 1;
+        m->gathers = (gather_slot *)xcalloc((size_t)m->num_gathers, sizeof *m->gathers);
+        m->slot_of = (int *)xmalloc((size_t)m->map.count * sizeof(int));
+        m->grad_of = (int *)xmalloc((size_t)m->map.count * sizeof(int));
+        for (int u = 0; u < m->map.count; u++) m->slot_of[u] = m->grad_of[u] = -1;
+        for (int k = 0; k < m->num_gathers; k++) m->gathers[k].unit = -1;
+        for (int k = 0; k < GRAD_SLOTS; k++) m->grad_slots[k].unit = -1;
+        m->xfer = m->map.max_unit;
+    }
+    if (m->shard.copies_size > 1) {
+        int64_t chunk = min_i64(m->n_local + m->shard.copies_size, (int64_t)1 << 26);
+        if (chunk > m->xfer) m->xfer = chunk;
+    }
     m->recompute = recompute;
     m->cfg = *c;
     m->sizing_only = sizing_only;
@@ -520,15 +650,14 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
                m->attention == cuda_model::ATT_SIMPLE ? "TRAIN_GPT_ATTENTION=simple"
                                                       : "no matrix-core attention for this GPU yet");
 
-    int64_t N = m->dims.N, numel = t->numel;
+    int64_t N = m->dims.N;
     if (!sizing_only) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
         m->mm = matmul_create();
     }
     m->device_bytes += 32 << 20;  // the matmul workspace (matmul.cu)
 
-    // AdamW's chunks: each inside one tensor, at most ADAMW_CHUNK_ELEMS long.
-    for (int i = 0; i < t->count; i++) m->num_chunks += cdiv(t->params[i].numel, ADAMW_CHUNK_ELEMS);
+    m->num_chunks = local_chunks(m, NULL);
     // Rows of the logits' row stride padded to 64 elements: aligned rows for the kernels.
     m->ld_logits = (m->dims.V + 63) / 64 * 64;
     m->chunk_rows = max_i64(1, min_i64(N, LOGITS_CHUNK_BYTES / (m->ld_logits * 2)));
@@ -536,25 +665,32 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     m->layers = (layer_acts *)xcalloc((size_t)m->dims.L, sizeof *m->layers);
     int count = 0;
     device_buffer *buffers = device_buffers(m, &count);
-    for (int i = 0; i < count; i++) *buffers[i].slot = take_bytes(m, buffers[i].count * (int64_t)buffers[i].elem);
+    for (int i = 0; i < count; i++) {
+        *buffers[i].slot = take_bytes(m, buffers[i].count * (int64_t)buffers[i].elem);
+        void **state[] = {(void **)&m->params, (void **)&m->grads, (void **)&m->exp_avg, (void **)&m->exp_avg_sq,
+                          (void **)&m->params_bf16};
+        for (size_t k = 0; k < sizeof state / sizeof state[0]; k++)
+            if (buffers[i].slot == state[k]) m->state_bytes += rounded(buffers[i].count * (int64_t)buffers[i].elem);
+    }
     free(buffers);
     share_spare(m);
     if (sizing_only) return m;
 
     adamw_chunk *host = (adamw_chunk *)xmalloc((size_t)m->num_chunks * sizeof *host);
-    int64_t at = 0;
-    for (int i = 0; i < t->count; i++) {
-        const param_info *p = &t->params[i];
-        for (int64_t s = 0; s < p->numel; s += ADAMW_CHUNK_ELEMS) {
-            host[at].start = p->offset + s;
-            host[at].count = (int32_t)min_i64(ADAMW_CHUNK_ELEMS, p->numel - s);
-            host[at].decay = p->decay ? 1 : 0;
-            at++;
-        }
-    }
+    CHECK(local_chunks(m, host) == m->num_chunks);
     CUDA_CHECK(cudaMemcpy(m->chunks, host, (size_t)m->num_chunks * sizeof *host, cudaMemcpyHostToDevice));
     free(host);
-    CUDA_CHECK(cudaMemset(m->grads, 0, (size_t)numel * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->grads, 0, (size_t)(m->n_local + m->shard.copies_size) * sizeof(float)));
+    if (m->sharded || m->shard.copies) {
+        if (m->sharded && m->shard.prefetch)
+            CUDA_CHECK(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
+        else m->comm_stream = m->stream;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->order, cudaEventDisableTiming));
+        for (int k = 0; k < m->num_gathers; k++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&m->gathers[k].ready, cudaEventDisableTiming));
+        for (int k = 0; k < GRAD_SLOTS; k++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&m->grad_slots[k].sent, cudaEventDisableTiming));
+    }
 
     CUDA_CHECK(cudaMemset(m->st, 0, sizeof(step_scalars)));
     float *cos_h = alloc_floats((size_t)(T * (m->dims.D / 2))), *sin_h = alloc_floats((size_t)(T * (m->dims.D / 2)));
@@ -597,7 +733,14 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
 // The backward recomputes activations as `recompute` says (cuda_model's comment; RECOMPUTE_OFF:
 // none).
 cuda_model *cuda_model_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    return create(t, B, T, recompute, false);
+    return create(t, B, T, recompute, false, NULL);
+}
+
+// The same for one rank of an FSDP group (and HSDP copies): sh says which (gpu_shard); the
+// buffers then hold this rank's pieces, and the passes gather and reduce-scatter units.
+cuda_model *cuda_model_create_sharded(const param_table *t, int64_t B, int64_t T, recompute_setting recompute,
+                                      const gpu_shard *sh) {
+    return create(t, B, T, recompute, false, sh);
 }
 
 // Device memory the model allocated, in bytes (for the start-up banner).
@@ -617,12 +760,16 @@ int64_t cuda_device_used_bytes(void) {
 static void free_host_side(cuda_model *m) {
     free(m->resid);
     free(m->layers);
+    free(m->gathers);
+    free(m->slot_of);
+    free(m->grad_of);
+    shard_map_free(&m->map);
     free(m);
 }
 
 // The same figure without a GPU (memory plans, `train_gpt plan`).
 int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    cuda_model *m = create(t, B, T, recompute, true);
+    cuda_model *m = create(t, B, T, recompute, true, NULL);
     int64_t bytes = m->device_bytes;
     free_host_side(m);
     return bytes;
@@ -633,7 +780,7 @@ int64_t cuda_model_plan_bytes(const param_table *t, int64_t B, int64_t T, recomp
 // scratch, tables, the matmul workspace), for a model that recomputes as `recompute` says.
 // llmc/plan.h adds the rank's pieces and gathered units.
 int64_t cuda_model_plan_activation_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    cuda_model *m = create(t, B, T, recompute, true);
+    cuda_model *m = create(t, B, T, recompute, true, NULL);
     int count = 0;
     device_buffer *b = device_buffers(m, &count);
     void **state[] = {(void **)&m->params, (void **)&m->grads, (void **)&m->exp_avg, (void **)&m->exp_avg_sq,
@@ -691,7 +838,13 @@ activation_plan cuda_model_plan_activations(const param_table *t, int64_t B, int
 
 void cuda_model_free(cuda_model *m) {
     if (!m) return;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    settle(m);
+    if (m->comm_stream) {
+        for (int k = 0; k < m->num_gathers; k++) cudaEventDestroy(m->gathers[k].ready);
+        for (int k = 0; k < GRAD_SLOTS; k++) cudaEventDestroy(m->grad_slots[k].sent);
+        cudaEventDestroy(m->order);
+        if (m->comm_stream != m->stream) cudaStreamDestroy(m->comm_stream);
+    }
     if (m->profile) profile_print(m->profile);
     profile_free(m->profile);
     int count = 0;
@@ -714,6 +867,19 @@ void cuda_model_free(cuda_model *m) {
     free_host_side(m);
 }
 
+// `to` runs nothing more until what `from` has queued so far is done (nothing when they are the same).
+static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from) {
+    if (to == from) return;
+    CUDA_CHECK(cudaEventRecord(m->order, from));
+    CUDA_CHECK(cudaStreamWaitEvent(to, m->order, 0));
+}
+
+// Waits for everything queued on the model's streams (the host reads or writes its buffers next).
+static void settle(cuda_model *m) {
+    if (m->comm_stream && m->comm_stream != m->stream) CUDA_CHECK(cudaStreamSynchronize(m->comm_stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
 // ---------------------------------------------------------------- parameters in and out
 
 // Copies go through the model's stream (a non-blocking one): a plain cudaMemcpy from
@@ -731,10 +897,11 @@ static void upload_floats(cuda_model *m, float *dst, const float *src, int64_t n
 void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg, const float *exp_avg_sq,
                        int64_t adam_step) {
     CHECK(params != NULL);
-    upload_floats(m, m->params, params, m->table->numel);
-    upload_floats(m, m->exp_avg, exp_avg, m->table->numel);
-    upload_floats(m, m->exp_avg_sq, exp_avg_sq, m->table->numel);
-    floats_to_bf16(m->params_bf16, m->params, m->table->numel, m->stream);
+    settle(m);
+    upload_floats(m, m->params, params, m->n_local);
+    upload_floats(m, m->exp_avg, exp_avg, m->n_local);
+    upload_floats(m, m->exp_avg_sq, exp_avg_sq, m->n_local);
+    floats_to_bf16(m->params_bf16, m->params, m->n_local, m->stream);
     step_scalars st;
     memset(&st, 0, sizeof st);
     st.adam_step = adam_step;
@@ -744,15 +911,16 @@ void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg,
 
 // Replaces only the weights (DiLoCo's outer step), keeping moments and t. Synchronous.
 void cuda_model_upload_params(cuda_model *m, const float *params) {
-    upload_floats(m, m->params, params, m->table->numel);
-    floats_to_bf16(m->params_bf16, m->params, m->table->numel, m->stream);
+    settle(m);
+    upload_floats(m, m->params, params, m->n_local);
+    floats_to_bf16(m->params_bf16, m->params, m->n_local, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
 // GPU → host after all queued work: any pointer may be NULL. Synchronous.
 void cuda_model_download(cuda_model *m, float *params, float *exp_avg, float *exp_avg_sq) {
-    size_t bytes = (size_t)m->table->numel * sizeof(float);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    size_t bytes = (size_t)m->n_local * sizeof(float);
+    settle(m);
     if (params) CUDA_CHECK(cudaMemcpy(params, m->params, bytes, cudaMemcpyDeviceToHost));
     if (exp_avg) CUDA_CHECK(cudaMemcpy(exp_avg, m->exp_avg, bytes, cudaMemcpyDeviceToHost));
     if (exp_avg_sq) CUDA_CHECK(cudaMemcpy(exp_avg_sq, m->exp_avg_sq, bytes, cudaMemcpyDeviceToHost));
@@ -760,17 +928,19 @@ void cuda_model_download(cuda_model *m, float *params, float *exp_avg, float *ex
 
 // The gradients accumulated so far in this step (tests). Synchronous.
 void cuda_model_download_grads(cuda_model *m, float *grads) {
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    CUDA_CHECK(cudaMemcpy(grads, m->grads, (size_t)m->table->numel * sizeof(float), cudaMemcpyDeviceToHost));
+    settle(m);
+    CUDA_CHECK(cudaMemcpy(grads, m->grads, (size_t)m->n_local * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void cuda_model_zero_grads(cuda_model *m) {
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, (size_t)m->table->numel * sizeof(float), m->stream));
+    if (m->comm_stream) stream_after(m, m->stream, m->comm_stream);
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, (size_t)m->n_local * sizeof(float), m->stream));
 }
 
 // Fault injection (TRAIN_GPT_FAULT=nan_grad / grad_spike): the first gradient element
 // becomes value.
 void cuda_model_poison_grad(cuda_model *m, float value) {
+    if (m->comm_stream) stream_after(m, m->stream, m->comm_stream);  // the reduce-scatters add to the gradients
     CUDA_CHECK(cudaMemcpyAsync(m->grads, &value, sizeof(float), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));  // value lives on the host stack
 }
@@ -817,9 +987,148 @@ static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *ta
 
 // ---------------------------------------------------------------- forward
 
-#define W16(kind, layer) (m->params_bf16 + tensor_offset(m, kind, layer))
-#define W32(kind, layer) (m->params + tensor_offset(m, kind, layer))
-#define G32(kind, layer) (m->grads + tensor_offset(m, kind, layer))
+// ---------------------------------------------------------------- units (FSDP)
+// The forward and backward passes ask for the weights of a unit (llmc/shard.h: the embedding,
+// each layer, the final norm with an untied head) before they use it and give it back after,
+// in cpu/model.c's order: acquire, prefetch the next, release; grads and grads_done around a
+// unit's backward. With one rank these do nothing and the weights and gradients are the
+// model's own buffers.
+
+static gather_slot *slot_holding(const cuda_model *m, int u) {
+    int k = m->slot_of[u];
+    return k >= 0 ? &m->gathers[k] : NULL;
+}
+
+static void count_gathered(cuda_model *m, int64_t delta) {
+    m->gathered_floats += delta;
+    if (m->gathered_floats > m->gathered_peak) m->gathered_peak = m->gathered_floats;
+}
+
+static void count_grads(cuda_model *m, int64_t delta) {
+    m->grad_floats += delta;
+    if (m->grad_floats > m->grad_peak) m->grad_peak = m->grad_floats;
+}
+
+// Queues unit u's all-gather into a free slot, on the comm stream, after everything the model's
+// stream has queued so far (the last optimizer step wrote the pieces; the slot's previous unit
+// may still be read).
+static void start_gather(cuda_model *m, int u) {
+    if (m->slot_of[u] >= 0) return;
+    int k = 0;
+    while (k < m->num_gathers && m->gathers[k].unit >= 0) k++;
+    CHECK(k < m->num_gathers);  // the passes never hold more units than num_slots
+    gather_slot *sl = &m->gathers[k];
+    const shard_unit *x = &m->map.units[u];
+    sl->unit = u;
+    sl->refs = 0;
+    sl->keep = false;
+    m->slot_of[u] = k;
+    int64_t whole = x->piece * m->map.ranks;
+    count_gathered(m, whole);
+    cudaStream_t cs = m->comm_stream;
+    stream_after(m, cs, m->stream);
+    gpu_allgather(m->shard.group, m->params + x->local, x->piece, GPU_F32, sl->w32, cs);
+    floats_to_bf16(sl->w16, sl->w32, whole, cs);
+    CUDA_CHECK(cudaEventRecord(sl->ready, cs));
+}
+
+static void unit_acquire(cuda_model *m, int u) {
+    if (!m->sharded) return;
+    start_gather(m, u);
+    gather_slot *sl = slot_holding(m, u);
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, sl->ready, 0));
+    sl->refs++;
+}
+
+static void unit_prefetch(cuda_model *m, int u) {
+    if (!m->sharded || !m->shard.prefetch || u < 0 || u >= m->map.count) return;
+    start_gather(m, u);
+}
+
+static void unit_release(cuda_model *m, int u, bool backward_follows) {
+    if (!m->sharded) return;
+    gather_slot *sl = slot_holding(m, u);
+    CHECK(sl && sl->refs > 0);
+    sl->refs--;
+    sl->keep = backward_follows && !m->shard.reshard;
+    if (sl->refs == 0 && !sl->keep) {
+        sl->unit = -1;
+        m->slot_of[u] = -1;
+        count_gathered(m, -m->map.units[u].piece * m->map.ranks);
+    }
+}
+
+// Unit u's whole gradient, zeroed when the unit's backward begins.
+static void unit_grads(cuda_model *m, int u) {
+    if (!m->sharded || m->grad_of[u] >= 0) return;
+    int k = 0;
+    while (k < GRAD_SLOTS && m->grad_slots[k].unit >= 0) k++;
+    CHECK(k < GRAD_SLOTS);
+    grad_slot *g = &m->grad_slots[k];
+    g->unit = u;
+    m->grad_of[u] = k;
+    int64_t whole = m->map.units[u].piece * m->map.ranks;
+    count_grads(m, whole);
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, g->sent, 0));  // its previous reduce-scatter has read it
+    CUDA_CHECK(cudaMemsetAsync(g->g, 0, (size_t)whole * sizeof(float), m->stream));
+}
+
+// Unit u's backward is queued: its gradient is reduce-scattered on the comm stream (an
+// all-to-all of pieces, then the rank-order sum added to this rank's gradient pieces) while
+// the next unit's backward runs.
+static void unit_grads_done(cuda_model *m, int u) {
+    if (!m->sharded) return;
+    int k = m->grad_of[u];
+    CHECK(k >= 0);
+    grad_slot *g = &m->grad_slots[k];
+    const shard_unit *x = &m->map.units[u];
+    cudaStream_t cs = m->comm_stream;
+    stream_after(m, cs, m->stream);
+    gpu_alltoall(m->shard.group, g->g, x->piece, m->recv, cs);
+    sum_ranks_add(m->grads + x->local, m->recv, m->map.ranks, x->piece, cs);
+    CUDA_CHECK(cudaEventRecord(g->sent, cs));
+    g->unit = -1;
+    m->grad_of[u] = -1;
+    count_grads(m, -x->piece * m->map.ranks);
+}
+
+// Where a tensor's weights (fp32, bf16) and gradient are now: the model's own buffers with one
+// rank, else the gathered unit that holds it.
+static int64_t unit_offset(const cuda_model *m, param_kind kind, int layer, int *u) {
+    int64_t off = tensor_offset(m, kind, layer);
+    *u = shard_unit_of(&m->map, kind, layer);
+    return off - m->map.units[*u].start;
+}
+
+static const float *w32(const cuda_model *m, param_kind kind, int layer) {
+    if (!m->sharded) return m->params + tensor_offset(m, kind, layer);
+    int u = 0;
+    int64_t at = unit_offset(m, kind, layer, &u);
+    gather_slot *sl = slot_holding(m, u);
+    CHECK(sl && sl->refs > 0);
+    return sl->w32 + at;
+}
+
+static const bf16 *w16(const cuda_model *m, param_kind kind, int layer) {
+    if (!m->sharded) return m->params_bf16 + tensor_offset(m, kind, layer);
+    int u = 0;
+    int64_t at = unit_offset(m, kind, layer, &u);
+    gather_slot *sl = slot_holding(m, u);
+    CHECK(sl && sl->refs > 0);
+    return sl->w16 + at;
+}
+
+static float *g32(const cuda_model *m, param_kind kind, int layer) {
+    if (!m->sharded) return m->grads + tensor_offset(m, kind, layer);
+    int u = 0;
+    int64_t at = unit_offset(m, kind, layer, &u);
+    CHECK(m->grad_of[u] >= 0);
+    return m->grad_slots[m->grad_of[u]].g + at;
+}
+
+#define W16(kind, layer) w16(m, kind, layer)
+#define W32(kind, layer) w32(m, kind, layer)
+#define G32(kind, layer) g32(m, kind, layer)
 
 // Where layer a's attention reads q, k and v (after QK-norm and RoPE), for B × T tokens.
 static attention_inputs attention_inputs_of(const cuda_model *m, const layer_acts *a, int64_t B, int64_t T) {
@@ -919,22 +1228,40 @@ static void recompute_selective(cuda_model *m, int l, int64_t N) {
     swiglu_forward(a->act, a->gate_up, N, F, s);
 }
 
-static void forward_blocks(cuda_model *m, int64_t B, int64_t T) {
+// The blocks and the final norm. The final unit stays acquired for the caller (the classifier
+// reads the final norm's unit again for an untied head; release it with final_unit_release).
+static void forward_blocks(cuda_model *m, int64_t B, int64_t T, bool backward_follows) {
     int64_t N = B * T, C = m->dims.C;
+    int L = (int)m->dims.L;
     cudaStream_t s = m->stream;
     mark(m, K_EMBEDDING);
+    unit_acquire(m, 0);
+    unit_prefetch(m, 1);
     embedding_forward(m->resid[0], m->d_inputs, W32(P_EMBED, -1), N, C, s);
-    for (int l = 0; l < (int)m->dims.L; l++) forward_layer(m, l, B, T);
+    unit_release(m, 0, false);  // the embedding's backward needs no weights (a tied head acquires again)
+    for (int l = 0; l < L; l++) {
+        unit_acquire(m, 1 + l);
+        unit_prefetch(m, 2 + l);
+        forward_layer(m, l, B, T);
+        unit_release(m, 1 + l, backward_follows);
+    }
+    unit_acquire(m, L + 1);
     mark(m, K_RMSNORM_FWD);
     rmsnorm_forward(m->final_out, m->final_rstd, m->resid[m->dims.L], W32(P_FINAL_NORM, -1), N, C, m->eps, s);
 }
+
+static void final_unit_release(cuda_model *m) { unit_release(m, (int)m->dims.L + 1, false); }
+static int head_unit(const cuda_model *m) { return shard_unit_of(&m->map, P_LM_HEAD, -1); }
 
 // Loss over chunks of rows; with `train`, also the head's backward into d_final and the
 // head weight's gradient. Row sums go to `sums` (2 doubles: Σ ce, Σ lse²).
 static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, float z_loss, double *sums) {
     cudaStream_t s = m->stream;
+    int H = head_unit(m);
+    unit_acquire(m, H);  // the final unit again, or the embedding's
+    if (train) unit_grads(m, H);
     const bf16 *head = W16(P_LM_HEAD, -1);
-    float *dhead = G32(P_LM_HEAD, -1);
+    float *dhead = train ? G32(P_LM_HEAD, -1) : NULL;
     for (int64_t r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int64_t n = min_i64(m->chunk_rows, N - r0);
         mark(m, K_HEAD_MATMUL_FWD);
@@ -953,6 +1280,7 @@ static void classifier(cuda_model *m, int64_t N, bool train, float grad_scale, f
     }
     mark(m, K_CROSS_ENTROPY);
     loss_sums_accumulate(sums, m->row_ce, m->row_lse, N, s);
+    unit_release(m, H, false);
 }
 
 // ---------------------------------------------------------------- backward
@@ -962,10 +1290,20 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
     int64_t N = B * T, C = m->dims.C, F = m->dims.F, QD = m->dims.QD, KD = m->dims.KD, QKV = m->dims.QKV;
     int Hq = (int)m->dims.Hq, Hkv = (int)m->dims.Hkv;
     cudaStream_t s = m->stream;
+    int L = (int)m->dims.L;
+    unit_acquire(m, L + 1);
+    unit_grads(m, L + 1);
+    unit_prefetch(m, L);
     mark(m, K_RMSNORM_BWD);
     rmsnorm_backward(m->d_resid, m->d_resid_bf16, G32(P_FINAL_NORM, -1), m->gain_scratch, m->d_final,
                      m->resid[m->dims.L], W32(P_FINAL_NORM, -1), m->final_rstd, N, C, false, s);
-    for (int l = (int)m->dims.L - 1; l >= 0; l--) {
+    unit_grads_done(m, L + 1);
+    unit_release(m, L + 1, false);
+    final_unit_release(m);  // forward_blocks' hold
+    for (int l = L - 1; l >= 0; l--) {
+        unit_acquire(m, 1 + l);
+        if (l > 0) unit_prefetch(m, l);
+        unit_grads(m, 1 + l);
         layer_acts *a = &m->layers[l];
         bool rope = layer_uses_rope(c, l);
         // Recomputation: the layer's forward again (full; it writes resid[l + 1] again, which
@@ -1015,9 +1353,13 @@ static void backward_blocks(cuda_model *m, int64_t B, int64_t T, int64_t num_uni
         mark(m, K_RMSNORM_BWD);
         rmsnorm_backward(m->d_resid, m->d_resid_bf16, G32(P_ATTN_NORM, l), m->gain_scratch, m->d_norm, m->resid[l],
                          W32(P_ATTN_NORM, l), a->attn_rstd, N, C, true, s);
+        unit_grads_done(m, 1 + l);
+        unit_release(m, 1 + l, false);
     }
     mark(m, K_EMBEDDING);
+    unit_grads(m, 0);
     embedding_backward(G32(P_EMBED, -1), m->d_resid, m->d_unique, m->d_offsets, m->d_positions, num_unique, C, s);
+    unit_grads_done(m, 0);
 }
 
 // ---------------------------------------------------------------- the step
@@ -1032,7 +1374,7 @@ void cuda_forward_backward(cuda_model *m, const int32_t *inputs, const int32_t *
     }
     input_slot *sl = &m->slots[m->next_slot];
     queue_inputs(m, inputs, targets, B, T, true);
-    forward_blocks(m, B, T);
+    forward_blocks(m, B, T, true);
     classifier(m, B * T, true, grad_scale, z_loss, &m->st->ce_sum);
     backward_blocks(m, B, T, sl->num_unique);
 }
@@ -1044,6 +1386,43 @@ loss_sums cuda_step_loss_so_far(cuda_model *m) {
     CUDA_CHECK(cudaMemcpy(&st, m->st, sizeof st, cudaMemcpyDeviceToHost));
     loss_sums sums = {st.ce_sum, st.lse_sq_sum, 0};
     return sums;
+}
+
+// HSDP: the copies' gradient pieces summed in copy order, the same bits on every copy: per
+// chunk an all-to-all, the sum, an all-gather (grads has room for the last chunk's padding).
+static void allreduce_copies(cuda_model *m) {
+    int c = m->shard.copies_size;
+    int64_t k = m->xfer / c;
+    for (int64_t off = 0; off < m->n_local; off += c * k) {
+        int64_t kk = cdiv(min_i64(c * k, m->n_local - off), c);
+        gpu_alltoall(m->shard.copies, m->grads + off, kk, m->recv, m->stream);
+        sum_ranks_set(m->xfer_sum, m->recv, c, kk, m->stream);
+        gpu_allgather(m->shard.copies, m->xfer_sum, kk, GPU_F32, m->grads + off, m->stream);
+    }
+}
+
+// Sums over ranks, in rank order, the same on every rank of the job (the FSDP group, then
+// the copies, as cpu/backend.c adds them): the gradient norm's partials (the copies hold equal
+// gradients by now, so the group's sum is the job's) and the step's loss sums. Returns by how
+// much the job's rows exceed this rank's.
+static int64_t job_sums(cuda_model *m) {
+    cudaStream_t s = m->stream;
+    int64_t ranks = 1;
+    if (m->sharded) {
+        int n = m->shard.ranks;
+        gpu_allgather(m->shard.group, m->norm_partials, GRAD_NORM_BLOCKS, GPU_F64, m->partials_all, s);
+        sum_ranks_doubles(m->norm_partials, m->partials_all, n, GRAD_NORM_BLOCKS, s);
+        gpu_allgather(m->shard.group, &m->st->ce_sum, 2, GPU_F64, m->sums_all, s);  // ce_sum, lse_sq_sum lead
+        sum_ranks_doubles(&m->st->ce_sum, m->sums_all, n, 2, s);
+        ranks *= n;
+    }
+    if (m->shard.copies) {
+        int n = m->shard.copies_size;
+        gpu_allgather(m->shard.copies, &m->st->ce_sum, 2, GPU_F64, m->sums_all, s);
+        sum_ranks_doubles(&m->st->ce_sum, m->sums_all, n, 2, s);
+        ranks *= n;
+    }
+    return ranks;
 }
 
 // Ends the step: global norm, guard, clip to cfg->grad_clip, AdamW at learning rate lr
@@ -1060,7 +1439,10 @@ void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train
     cudaStream_t s = m->stream;
     m->step_open = true;  // (a step without micro-batches: the marks below still count)
     mark(m, K_OPTIMIZER);
-    grad_norm_partials(m->norm_partials, m->grads, m->table->numel, s);
+    if (m->comm_stream) stream_after(m, s, m->comm_stream);  // the reduce-scatters have landed
+    if (m->shard.copies) allreduce_copies(m);
+    grad_norm_partials(m->norm_partials, m->grads, m->n_local, s);
+    rows *= job_sums(m);
     step_prepare(m->st, m->norm_partials, (double)rows, cfg->z_loss, cfg->grad_clip, lr, cfg->beta1, cfg->beta2,
                  limits->max_loss, limits->max_grad_norm, s);
     adamw_hparams hp;
@@ -1124,9 +1506,10 @@ bool cuda_step_poll(cuda_model *m, cuda_step_result *r, bool wait) {
 loss_sums cuda_forward_loss(cuda_model *m, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T) {
     CHECK(!m->step_open);  // the activations are shared with the step being accumulated
     queue_inputs(m, inputs, targets, B, T, false);
-    forward_blocks(m, B, T);
+    forward_blocks(m, B, T, false);
     CUDA_CHECK(cudaMemsetAsync(m->eval_sums, 0, 2 * sizeof(double), m->stream));
     classifier(m, B * T, false, 0.0f, 0.0f, m->eval_sums);
+    final_unit_release(m);
     CUDA_CHECK(cudaMemcpyAsync(m->eval_result, m->eval_sums, 2 * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));  // named: validation needs the number now
     loss_sums sums = {m->eval_result[0], m->eval_result[1], B * T};
@@ -1138,6 +1521,7 @@ loss_sums cuda_forward_loss(cuda_model *m, const int32_t *inputs, const int32_t 
 static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
     int64_t V = m->dims.V;
     bf16 *rows = (bf16 *)xmalloc((size_t)(min_i64(m->chunk_rows, n) * V) * sizeof(bf16));
+    unit_acquire(m, head_unit(m));
     for (int64_t c0 = 0; c0 < n; c0 += m->chunk_rows) {
         int64_t k = min_i64(m->chunk_rows, n - c0);
         matmul_forward(m->mm, m->logits, CUDA_R_16BF, m->ld_logits, NULL, m->final_out + (r0 + c0) * m->dims.C,
@@ -1147,6 +1531,8 @@ static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the logits buffer is reused by the next chunk
         for (int64_t i = 0; i < k * V; i++) host[c0 * V + i] = bf16_to_float(rows[i]);
     }
+    unit_release(m, head_unit(m), false);
+    final_unit_release(m);
     free(rows);
 }
 
@@ -1154,7 +1540,7 @@ static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
 void cuda_forward_logits(cuda_model *m, const int32_t *inputs, int64_t B, int64_t T, float *logits) {
     CHECK(!m->step_open);
     queue_inputs(m, inputs, NULL, B, T, false);
-    forward_blocks(m, B, T);
+    forward_blocks(m, B, T, false);
     copy_logits(m, 0, B * T, logits);
 }
 
@@ -1162,7 +1548,7 @@ void cuda_forward_logits(cuda_model *m, const int32_t *inputs, int64_t B, int64_
 void cuda_forward_last_logits(cuda_model *m, const int32_t *inputs, int64_t T, float *logits) {
     CHECK(!m->step_open);
     queue_inputs(m, inputs, NULL, 1, T, false);
-    forward_blocks(m, 1, T);
+    forward_blocks(m, 1, T, false);
     copy_logits(m, T - 1, 1, logits);
 }
 
@@ -1194,9 +1580,19 @@ static void gpu_forward_backward(backend *b, const int32_t *inputs, const int32_
 // launches its first kernels.
 static step_result gpu_step(backend *b, double lr, int64_t rows, const train_config *cfg, const step_limits *limits) {
     gpu_backend *g = (gpu_backend *)b;
-    cuda_step(g->model, ++g->steps_done, lr, rows, cfg, limits);
+    cuda_model *m = g->model;
+    cuda_step(m, ++g->steps_done, lr, rows, cfg, limits);
+    gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
+    if (peers) {
+        // A rank that died leaves NCCL waiting: give up after comm_timeout_s, with one line.
+        double t0 = wall_seconds();
+        gpu_comm_wait(peers, m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
+        b->comm_wait_s += wall_seconds() - t0;  // the whole wait for the step (not only its collectives)
+        b->gathered_peak_bytes = m->gathered_peak * 6;  // fp32 and bf16
+        b->grads_peak_bytes = (m->grad_peak + (m->sharded ? m->map.max_unit : 0)) * 4;  // + the receive buffer
+    }
     cuda_step_result r;
-    CHECK(cuda_step_poll(g->model, &r, true));
+    CHECK(cuda_step_poll(m, &r, true));
     step_result out;
     memset(&out, 0, sizeof out);
     out.loss = r.loss;
@@ -1224,7 +1620,11 @@ static void gpu_last_logits(backend *b, const int32_t *inputs, int64_t T, float 
 static void gpu_poison_grad(backend *b, float value) { cuda_model_poison_grad(model_of(b), value); }
 static int64_t gpu_device_bytes(const backend *b) { return cuda_model_device_bytes(((const gpu_backend *)b)->model); }
 static void gpu_destroy(backend *b) {
-    cuda_model_free(model_of(b));
+    cuda_model *m = model_of(b);
+    gpu_comm *group = m->shard.group, *copies = m->shard.copies;
+    cuda_model_free(m);
+    gpu_comm_free(group);
+    gpu_comm_free(copies);
     free(b);
 }
 
@@ -1232,11 +1632,33 @@ static const backend_ops gpu_ops = {gpu_upload,      gpu_upload_params, gpu_down
                                     gpu_step,        gpu_forward_loss,  gpu_last_logits, gpu_poison_grad,
                                     gpu_device_bytes, gpu_destroy};
 
-static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
+// group: the FSDP group (NULL or one rank: the whole model on this GPU); copies: HSDP's
+// (NULL or one: none). Each rank of the job takes the GPU of its local rank on the node.
+static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute,
+                                   const comm *group, const comm *copies, bool reshard, bool prefetch) {
     gpu_backend *g = (gpu_backend *)xcalloc(1, sizeof *g);
     g->base.ops = &gpu_ops;
     g->base.name = "cuda";
-    g->model = cuda_model_create(t, B, T, recompute);
+    launch_info l = launch_detect();
+    int devices = 1;
+    if (l.size > 1 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1)
+        CUDA_CHECK(cudaSetDevice(l.local_rank % devices));
+    gpu_shard sh;
+    memset(&sh, 0, sizeof sh);
+    sh.ranks = group ? comm_size(group) : 1;
+    sh.rank = group ? comm_rank(group) : 0;
+    sh.copies_size = copies ? comm_size(copies) : 1;
+    sh.reshard = reshard;
+    sh.prefetch = prefetch;
+    // TRAIN_GPT_FSDP_UNITS=1: a one-rank job runs the sharded passes anyway (every unit
+    // gathered and reduce-scattered through NCCL in a world of one): the GPU path's streams and
+    // events checked on a machine with one GPU (docs/fsdp.md).
+    const char *units = getenv("TRAIN_GPT_FSDP_UNITS");
+    bool alone = units && strcmp(units, "1") == 0 && sh.ranks == 1;
+    if (sh.ranks > 1 || alone) sh.group = gpu_comm_create(sh.ranks > 1 ? group : NULL, "fsdp");
+    if (sh.copies_size > 1) sh.copies = gpu_comm_create(copies, "hsdp");
+    g->model = cuda_model_create_sharded(t, B, T, recompute, &sh);
+    g->base.device_state_bytes = g->model->state_bytes;
     return &g->base;
 }
 
@@ -1345,8 +1767,9 @@ static void probe_gpu(gpu_info *info) {
     memset(info, 0, sizeof *info);
     snprintf(info->why, sizeof info->why, "this build has no CUDA backend (built without nvcc or with NO_CUDA=1)");
 }
-static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
-    (void)t, (void)B, (void)T, (void)recompute;
+static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute,
+                                   const comm *group, const comm *copies, bool reshard, bool prefetch) {
+    (void)t, (void)B, (void)T, (void)recompute, (void)group, (void)copies, (void)reshard, (void)prefetch;
     fail("internal error: the CUDA backend was called in a build without it (device_choose should have said cpu)");
 }
 static int64_t gpu_plan_bytes(const param_table *t, int64_t B, int64_t T, recompute_setting recompute) {
@@ -1972,12 +2395,9 @@ static void allocate(trainer *tr) {
     // The one place that knows which backend runs: the CPU's works on the host buffers, the
     // GPU's on its own copy.
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    if (tr->device == DEVICE_CUDA && tr->job)
-        fail("fsdp: a job of %d ranks shards the model, which the CUDA backend does not do yet (NCCL: issue #14); "
-             "run one rank per GPU job, or device = cpu",
-             comm_size(tr->job));
     tr->be = tr->device == DEVICE_CUDA
-                 ? gpu_backend_create(&tr->table, B, T, config_recompute(cfg))
+                 ? gpu_backend_create(&tr->table, B, T, config_recompute(cfg), tr->group, tr->copies,
+                                      cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch)
                  : cpu_backend_create_sharded(&tr->table, tr->group, tr->copies, cfg->fsdp_reshard_after_forward,
                                               cfg->fsdp_prefetch, config_recompute(cfg), B, T, tr->params,
                                               tr->exp_avg, tr->exp_avg_sq);
@@ -2600,18 +3020,21 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[320];
+        char extra[400];
         // This process's: the weights, gradients and moments it holds, the most activation
         // bytes held at once (the backend's allocator counts; 0 where it does not count), and
         // (FSDP) the most gathered layers and unit gradients at once and the time spent
-        // waiting for collectives.
+        // waiting for collectives; device_mb: what the GPU backend allocated on its GPU, and
+        // device_state_mb the part of it that is this rank's weights, gradients and moments (0
+        // on the CPU).
         snprintf(extra, sizeof extra,
                  "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
-                 "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f",
+                 "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f,\"device_mb\":%.6f,\"device_state_mb\":%.6f",
                  (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
                  (double)tr.be->activation_peak_bytes / 1048576.0, (double)tr.be->gathered_peak_bytes / 1048576.0,
                  (double)tr.be->grads_peak_bytes / 1048576.0,
-                 tr.be->comm_wait_s);
+                 tr.be->comm_wait_s, (double)backend_device_bytes(tr.be) / 1048576.0,
+                 (double)tr.be->device_state_bytes / 1048576.0);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
     metrics_close(tr.log);

@@ -132,6 +132,23 @@ else
   MSG_HIP := ✗ hipcc
 endif
 
+# NCCL (CUDA builds): nccl.h next to nvcc, in /usr/include or under NCCL_HOME. With it a job of
+# several GPU ranks shards the model over them (cuda/collective.cu); libnccl.so.2 is loaded at
+# run time (dlopen), so the binary starts and trains on one GPU without it. HIP builds have no
+# RCCL path yet: one GPU rank per job there.
+NCCL_H := $(if $(and $(HAVE_CUDA),$(if $(HAVE_HIP),,1)),$(firstword $(wildcard $(CUDA_HOME)/include/nccl.h \
+              /usr/include/nccl.h $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h))))
+ifneq ($(NCCL_H),)
+  MSG_NCCL := ✓ NCCL $(NCCL_H): FSDP / HSDP over several GPUs (libnccl.so.2 loaded at run time)
+  $(BUILD)/cuda/collective.o: NVCC_FLAGS += -DTRAIN_GPT_NCCL -I$(dir $(NCCL_H))
+else ifeq ($(HAVE_HIP),1)
+  MSG_NCCL := ✗ RCCL (not used yet: GPU jobs of one rank per replica on AMD)
+else ifeq ($(HAVE_CUDA),1)
+  MSG_NCCL := ✗ NCCL (no nccl.h: GPU jobs of one rank per replica; install NCCL or set NCCL_HOME)
+else
+  MSG_NCCL := ✗ NCCL (no CUDA backend in this build)
+endif
+
 # cuDNN: detected and reported; not linked (attention uses cuda/attention.cu).
 CUDNN_H := $(firstword $(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h /usr/include/*-linux-gnu/cudnn.h))
 CUDNN_SO := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudnn.so $(CUDA_HOME)/lib/libcudnn.so \
@@ -158,7 +175,7 @@ $(BUILD)/libtrain_gpt.a: $(BUILD)/cuda_mode.o
 ifeq ($(HAVE_CUDA),1)
   # One concern per file (docs/cuda.md); train_gpt.cu's GPU section assembles them into the model.
   CUDA_SRC := cuda/matmul.cu cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu \
-              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu
+              cuda/attention.cu cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu cuda/collective.cu
   ifeq ($(HAVE_HIP),1)
     ifeq ($(HIP_BLASLT_INC),)
       CUDA_SRC := $(filter-out cuda/matmul.cu,$(CUDA_SRC)) test/hip_matmul_stub.cu  # HIP_CHECK=1 only

@@ -109,6 +109,9 @@ enum { WARP_SIZE = 64 };
 #define cudaEventSynchronize hipEventSynchronize
 #define cudaEventElapsedTime hipEventElapsedTime
 #define cudaEventDestroy hipEventDestroy
+#define cudaStreamWaitEvent hipStreamWaitEvent
+#define cudaSetDevice hipSetDevice
+#define cudaGetDevice hipGetDevice
 #define cudaMalloc hipMalloc
 #define cudaFree hipFree
 #define cudaMallocHost(ptr, bytes) hipHostMalloc((ptr), (bytes), hipHostMallocDefault)

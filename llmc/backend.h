@@ -82,6 +82,9 @@ struct backend {
     // allocator counts them; 0 where a backend does not count them yet (CUDA).
     int64_t activation_peak_bytes;
     double comm_wait_s;   // FSDP: seconds spent waiting for collectives (not hidden by overlap)
+    // GPU: the bytes of this rank's weights, gradients, moments and bf16 copy on the device
+    // (the pieces under FSDP); 0 on the CPU.
+    int64_t device_state_bytes;
 };
 
 static inline void backend_upload(backend *b, const float *params, const float *exp_avg, const float *exp_avg_sq,

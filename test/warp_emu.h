@@ -511,6 +511,9 @@ inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
     return *ms = (float)((b->seconds - a->seconds) * 1e3), cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int *d) { return *d = 0, cudaSuccess; }
 template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
 struct cudaFuncAttributes {
     int maxThreadsPerBlock, numRegs;

@@ -1,0 +1,256 @@
+// cuda/collective.cu — the GPU side of llmc/comm.h's collectives: what the ranks of one FSDP
+// group (or the copies of an HSDP job) exchange between their GPUs, on a CUDA stream, through
+// NCCL (docs/fsdp.md "The GPU path").
+//
+// NCCL is loaded when the first communicator is made (dlopen of libnccl.so.2), not linked: the
+// binary starts, and trains on one GPU, on machines without NCCL; a job of several GPU ranks
+// needs it and says so in one line when it is missing. The build needs nccl.h (cuda/cuda.mk
+// detects it and defines TRAIN_GPT_NCCL); without it a multi-rank GPU job is a clear error.
+// The tests' emulated GPU (test/warp_emu.h) gets test/nccl_emu.h instead: the same calls over
+// MPI between CPU processes.
+//
+// Determinism: an all-gather is a copy; a reduction is never NCCL's own (its summation order is
+// not promised): gradients travel by an all-to-all of pieces (grouped ncclSend/ncclRecv) and
+// each rank adds what it received in rank order (sum_ranks_add), as llmc/comm.c does on the
+// CPU. The same world size gives the same bits run after run.
+#include "cuda/collective.h"
+
+#include "llmc/comm.h"
+#include "llmc/common.h"
+
+#include <time.h>
+
+#if defined(TRAIN_GPT_NCCL) && !defined(TRAIN_GPT_EMULATION)
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+// ---------------------------------------------------------------- kernels
+
+__global__ void sum_ranks_add_kernel(float *dst, const float *parts, int ranks, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        float s = parts[i];
+        for (int r = 1; r < ranks; r++) s += parts[(int64_t)r * n + i];
+        dst[i] += s;
+    }
+}
+
+__global__ void sum_ranks_set_kernel(float *dst, const float *parts, int ranks, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        float s = parts[i];
+        for (int r = 1; r < ranks; r++) s += parts[(int64_t)r * n + i];
+        dst[i] = s;
+    }
+}
+
+__global__ void sum_ranks_doubles_kernel(double *dst, const double *parts, int ranks, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    double s = parts[i];
+    for (int r = 1; r < ranks; r++) s += parts[(int64_t)r * n + i];
+    dst[i] = s;
+}
+
+static int blocks_for(int64_t n) { return (int)(n < 256 ? 1 : n / 256 < 4096 ? (n + 255) / 256 : 4096); }
+
+void sum_ranks_add(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    sum_ranks_add_kernel<<<blocks_for(n), 256, 0, stream>>>(dst, parts, ranks, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void sum_ranks_set(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    sum_ranks_set_kernel<<<blocks_for(n), 256, 0, stream>>>(dst, parts, ranks, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void sum_ranks_doubles(double *dst, const double *parts, int ranks, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    sum_ranks_doubles_kernel<<<(int)((n + 255) / 256), 256, 0, stream>>>(dst, parts, ranks, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- NCCL, loaded at run time
+
+#if defined(TRAIN_GPT_NCCL)
+
+// The NCCL functions train_gpt calls: from libnccl.so.2 (dlsym), or test/nccl_emu.h's.
+typedef struct {
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
+    ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+    ncclResult_t (*comm_abort)(ncclComm_t);
+    ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    const char *(*error_string)(ncclResult_t);
+    ncclResult_t (*get_version)(int *);
+} nccl_api;
+
+static nccl_api nccl;
+static bool nccl_loaded;
+
+#if defined(TRAIN_GPT_EMULATION)
+static void nccl_load(void) {
+    if (nccl_loaded) return;
+    nccl = (nccl_api){ncclGetUniqueId, ncclCommInitRank, ncclCommDestroy, ncclCommAbort, ncclCommGetAsyncError,
+                      ncclAllGather,   ncclSend,         ncclRecv,        ncclGroupStart, ncclGroupEnd,
+                      ncclGetErrorString, ncclGetVersion};
+    nccl_loaded = true;
+}
+#else
+static void *nccl_symbol(void *lib, const char *name) {
+    void *f = dlsym(lib, name);
+    if (!f) fail("NCCL: libnccl.so.2 has no %s (NCCL 2.7 or newer is needed)", name);
+    return f;
+}
+
+static void nccl_load(void) {
+    if (nccl_loaded) return;
+    const char *names[] = {"libnccl.so.2", "libnccl.so"};
+    void *lib = NULL;
+    for (int i = 0; i < 2 && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!lib)
+        fail("NCCL: a job of several GPU ranks needs libnccl.so.2, which could not be loaded (%s); load your "
+             "cluster's NCCL module or add its lib directory to LD_LIBRARY_PATH",
+             dlerror());
+#define NCCL_FN(field, name) *(void **)&nccl.field = nccl_symbol(lib, name)
+    NCCL_FN(get_unique_id, "ncclGetUniqueId");
+    NCCL_FN(comm_init_rank, "ncclCommInitRank");
+    NCCL_FN(comm_destroy, "ncclCommDestroy");
+    NCCL_FN(comm_abort, "ncclCommAbort");
+    NCCL_FN(comm_get_async_error, "ncclCommGetAsyncError");
+    NCCL_FN(all_gather, "ncclAllGather");
+    NCCL_FN(send, "ncclSend");
+    NCCL_FN(recv, "ncclRecv");
+    NCCL_FN(group_start, "ncclGroupStart");
+    NCCL_FN(group_end, "ncclGroupEnd");
+    NCCL_FN(error_string, "ncclGetErrorString");
+    NCCL_FN(get_version, "ncclGetVersion");
+#undef NCCL_FN
+    nccl_loaded = true;
+}
+#endif
+
+struct gpu_comm {
+    ncclComm_t nccl;
+    int rank, size;
+    const char *name;   // "fsdp" or "hsdp" (messages)
+};
+
+static void nccl_check(const gpu_comm *g, ncclResult_t r, const char *what) {
+    if (r == ncclSuccess) return;
+    fail("NCCL: %s failed on rank %d of the %s group: %s", what, g ? g->rank : -1, g ? g->name : "?",
+         nccl.error_string(r));
+}
+
+bool gpu_comm_available(void) { return true; }
+
+gpu_comm *gpu_comm_create(const comm *group, const char *name) {
+    nccl_load();
+    gpu_comm *g = (gpu_comm *)xcalloc(1, sizeof *g);
+    g->rank = group ? comm_rank(group) : 0;
+    g->size = group ? comm_size(group) : 1;
+    g->name = name;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (g->rank == 0) nccl_check(g, nccl.get_unique_id(&id), "ncclGetUniqueId");
+    if (group) comm_broadcast(group, &id, (int64_t)sizeof id, 0);  // over MPI: the bootstrap
+    nccl_check(g, nccl.comm_init_rank(&g->nccl, g->size, id, g->rank), "ncclCommInitRank");
+    return g;
+}
+
+void gpu_comm_free(gpu_comm *g) {
+    if (!g) return;
+    nccl.comm_destroy(g->nccl);
+    free(g);
+}
+
+int gpu_comm_rank(const gpu_comm *g) { return g->rank; }
+int gpu_comm_size(const gpu_comm *g) { return g->size; }
+
+int gpu_comm_nccl_version(void) {
+    nccl_load();
+    int v = 0;
+    if (nccl.get_version(&v) != ncclSuccess) return 0;
+    return v;
+}
+
+void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream) {
+    nccl_check(g, nccl.all_gather(mine, all, (size_t)n, type == GPU_F64 ? ncclFloat64 : ncclFloat32, g->nccl, stream),
+               "ncclAllGather");
+}
+
+void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaStream_t stream) {
+    // This rank's own piece is a device copy; the others travel in one NCCL group.
+    CUDA_CHECK(cudaMemcpyAsync(recv + (int64_t)g->rank * n, send + (int64_t)g->rank * n, (size_t)n * sizeof(float),
+                               cudaMemcpyDeviceToDevice, stream));
+    nccl_check(g, nccl.group_start(), "ncclGroupStart");
+    for (int r = 0; r < g->size; r++) {
+        if (r == g->rank) continue;
+        nccl_check(g, nccl.send(send + (int64_t)r * n, (size_t)n, ncclFloat32, r, g->nccl, stream), "ncclSend");
+        nccl_check(g, nccl.recv(recv + (int64_t)r * n, (size_t)n, ncclFloat32, r, g->nccl, stream), "ncclRecv");
+    }
+    nccl_check(g, nccl.group_end(), "ncclGroupEnd");
+}
+
+void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what) {
+    double timeout = comm_timeout();
+    double t0 = wall_seconds();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(done);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) CUDA_CHECK(e);
+        (void)cudaGetLastError();  // "not ready" is no error
+        ncclResult_t async = ncclSuccess;
+        if (nccl.comm_get_async_error(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+            nccl.comm_abort(g->nccl);
+            fail("NCCL: %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank,
+                 g->name, nccl.error_string(async));
+        }
+        if (wall_seconds() - t0 > timeout) {
+            nccl.comm_abort(g->nccl);
+            fail("fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) for %s: another rank died or hangs",
+                 g->rank, g->name, timeout, what);
+        }
+        struct timespec nap = {0, 200 * 1000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+#else  // no nccl.h at build time
+
+bool gpu_comm_available(void) { return false; }
+gpu_comm *gpu_comm_create(const comm *group, const char *name) {
+    (void)name;
+    fail("fsdp: a job of %d GPU ranks needs NCCL, and this train_gpt was built without nccl.h (install NCCL's "
+         "headers and rebuild; or train on one GPU per job)",
+         group ? comm_size(group) : 1);
+    return NULL;
+}
+void gpu_comm_free(gpu_comm *g) { (void)g; }
+int gpu_comm_rank(const gpu_comm *g) { return g ? 0 : 0; }
+int gpu_comm_size(const gpu_comm *g) { return g ? 1 : 1; }
+int gpu_comm_nccl_version(void) { return 0; }
+void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream) {
+    (void)g, (void)mine, (void)n, (void)type, (void)all, (void)stream;
+    CHECK(false);
+}
+void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaStream_t stream) {
+    (void)g, (void)send, (void)n, (void)recv, (void)stream;
+    CHECK(false);
+}
+void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what) {
+    (void)g, (void)what;
+    CUDA_CHECK(cudaEventSynchronize(done));
+}
+
+#endif

@@ -1,0 +1,41 @@
+// cuda/collective.h — collectives between the GPUs of one job (FSDP / HSDP, issue #14): the
+// GPU implementation of the one collective layer whose CPU implementation is llmc/comm.h.
+// NCCL underneath (cuda/collective.cu loads it at run time); every call takes the CUDA stream
+// it runs on and returns at once. A gpu_comm mirrors one llmc/comm.h group: the same ranks in
+// the same order, made from it (NCCL's unique id goes out over the group's MPI broadcast).
+#ifndef TRAIN_GPT_CUDA_COLLECTIVE_H
+#define TRAIN_GPT_CUDA_COLLECTIVE_H
+
+#include "cuda/common.cuh"
+#include "llmc/comm.h"
+
+typedef struct gpu_comm gpu_comm;
+typedef enum { GPU_F32, GPU_F64 } gpu_dtype;
+
+// Whether this build can make a gpu_comm (it has nccl.h); NCCL itself is loaded at the first
+// gpu_comm_create, which fails with one line where libnccl.so.2 cannot be loaded.
+bool gpu_comm_available(void);
+// A communicator over group's ranks (collective: every rank of the group calls it); NULL
+// group: a world of one (TRAIN_GPT_FSDP_UNITS=1). name says which group in messages ("fsdp",
+// "hsdp").
+gpu_comm *gpu_comm_create(const comm *group, const char *name);
+void gpu_comm_free(gpu_comm *g);
+int gpu_comm_rank(const gpu_comm *g);
+int gpu_comm_size(const gpu_comm *g);
+int gpu_comm_nccl_version(void);   // NCCL_VERSION_CODE of the loaded library, 0 if none
+
+// all[size·n] ← every rank's mine[n], in rank order (device buffers).
+void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream);
+// recv[r·n .. r·n + n) ← rank r's send[me·n .. me·n + n): the pieces of a reduce-scatter,
+// before the rank-order sum (sum_ranks_add).
+void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaStream_t stream);
+// Waits for `done` (an event after collectives), giving up after comm_timeout_s with a one-line
+// error (and aborting the communicator) when another rank died or hangs; what names the wait.
+void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what);
+
+// dst[i] (+)= Σ_r parts[r·n + i], r = 0, 1, … in order: the same bits on every rank and run.
+void sum_ranks_add(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream);
+void sum_ranks_set(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream);
+void sum_ranks_doubles(double *dst, const double *parts, int ranks, int64_t n, cudaStream_t stream);
+
+#endif

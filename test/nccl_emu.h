@@ -1,0 +1,144 @@
+// test/nccl_emu.h — the NCCL calls of cuda/collective.cu over MPI, for the emulated GPU of the
+// tests (test/warp_emu.h: device memory is host memory and every call completes before it
+// returns). With it `mpirun -np 2 build/train_gpt_emu --device cuda` runs the GPU backend's FSDP
+// path between CPU processes: the same unit gathering, all-to-all and rank-order sums the NCCL
+// build runs on GPUs. Included (-include) into cuda/collective.cu's emulated object only.
+//
+// What it does not model: NCCL's asynchrony (a call here has finished when it returns, so a
+// missing stream dependency cannot show), its failure modes (a dead peer makes MPI abort the
+// job here, where NCCL would leave gpu_comm_wait to time out).
+#ifndef TRAIN_GPT_NCCL_EMU_H
+#define TRAIN_GPT_NCCL_EMU_H
+
+#define OMPI_SKIP_MPICXX 1  // the C interface only
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#define TRAIN_GPT_NCCL 1
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclSystemError = 2,
+    ncclInvalidUsage = 5,
+    ncclInProgress = 7,
+} ncclResult_t;
+typedef enum { ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+struct nccl_emu_comm {
+    MPI_Comm mpi;
+    int rank, size;
+};
+typedef nccl_emu_comm *ncclComm_t;
+
+namespace nccl_emu {
+struct p2p {
+    bool send;
+    void *buf;
+    size_t count;
+    ncclDataType_t type;
+    int peer;
+    ncclComm_t comm;
+};
+inline std::vector<p2p> &pending() {
+    static std::vector<p2p> ops;
+    return ops;
+}
+inline int &group_depth() {
+    static int depth = 0;
+    return depth;
+}
+inline MPI_Datatype mpi_type(ncclDataType_t t) { return t == ncclFloat64 ? MPI_DOUBLE : MPI_FLOAT; }
+inline void run_pending() {
+    std::vector<p2p> &ops = pending();
+    if (ops.empty()) return;  // a world of one: only the copy to itself, outside the group
+    std::vector<MPI_Request> reqs(ops.size());
+    for (size_t i = 0; i < ops.size(); i++) {
+        p2p &o = ops[i];
+        if (o.send) MPI_Isend(o.buf, (int)o.count, mpi_type(o.type), o.peer, 77, o.comm->mpi, &reqs[i]);
+        else MPI_Irecv(o.buf, (int)o.count, mpi_type(o.type), o.peer, 77, o.comm->mpi, &reqs[i]);
+    }
+    MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE);
+    ops.clear();
+}
+}  // namespace nccl_emu
+
+// The id names the communicator: the creating world rank and a count, which every rank turns
+// into the same MPI_Comm_split color (every rank of the world makes its communicators in the
+// same order, as the trainer does).
+inline bool nccl_emu_mpi_up() {
+    int up = 0;
+    MPI_Initialized(&up);
+    return up != 0;
+}
+inline ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    static int made = 0;
+    int world = 0;
+    if (nccl_emu_mpi_up()) MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    memset(id, 0, sizeof *id);
+    int color = world * 4096 + ++made;
+    memcpy(id->internal, &color, sizeof color);
+    return ncclSuccess;
+}
+inline ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    int color = 0;
+    memcpy(&color, id.internal, sizeof color);
+    nccl_emu_comm *c = new nccl_emu_comm;
+    if (nranks == 1 && rank == 0) {  // a world of one (TRAIN_GPT_FSDP_UNITS=1): no MPI needed
+        *c = nccl_emu_comm{MPI_COMM_NULL, 0, 1};
+        *comm = c;
+        return ncclSuccess;
+    }
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &c->mpi);
+    MPI_Comm_rank(c->mpi, &c->rank);
+    MPI_Comm_size(c->mpi, &c->size);
+    if (c->size != nranks || c->rank != rank) return ncclInvalidUsage;
+    *comm = c;
+    return ncclSuccess;
+}
+inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
+    delete comm;
+    return ncclSuccess;
+}
+inline ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
+inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) { return *e = ncclSuccess, ncclSuccess; }
+inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                                  cudaStream_t) {
+    MPI_Datatype t = nccl_emu::mpi_type(type);
+    if (comm->size == 1) return memmove(recv, send, count * (type == ncclFloat64 ? 8 : 4)), ncclSuccess;
+    return MPI_Allgather(send, (int)count, t, recv, (int)count, t, comm->mpi) == MPI_SUCCESS ? ncclSuccess
+                                                                                            : ncclSystemError;
+}
+inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                             cudaStream_t) {
+    if (nccl_emu::group_depth() == 0) return ncclInvalidUsage;  // collective.cu always groups them
+    nccl_emu::pending().push_back({true, const_cast<void *>(buf), count, type, peer, comm});
+    return ncclSuccess;
+}
+inline ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+    if (nccl_emu::group_depth() == 0) return ncclInvalidUsage;
+    nccl_emu::pending().push_back({false, buf, count, type, peer, comm});
+    return ncclSuccess;
+}
+inline ncclResult_t ncclGroupStart() {
+    nccl_emu::group_depth()++;
+    return ncclSuccess;
+}
+inline ncclResult_t ncclGroupEnd() {
+    if (--nccl_emu::group_depth() == 0) nccl_emu::run_pending();
+    return ncclSuccess;
+}
+inline const char *ncclGetErrorString(ncclResult_t r) {
+    return r == ncclSuccess ? "no error" : "an error of the NCCL emulation (test/nccl_emu.h)";
+}
+inline ncclResult_t ncclGetVersion(int *v) { return *v = 22800, ncclSuccess; }
+
+#endif

@@ -1,0 +1,116 @@
+# FSDP and HSDP on the GPU backend (issue #14; docs/fsdp.md "The GPU path"), run on the CPU:
+# build/train_gpt_emu is train_gpt.cu's GPU model on the emulated GPU (test/warp_emu.h), its
+# collectives NCCL's calls over MPI between the processes (test/nccl_emu.h). Without MPI:
+# skipped, said so. A smaller model than the CPU's FSDP test (2 layers of d_model 64, one
+# sequence of 64 per micro-batch), 8 steps, at one global batch (np × grad_accum = 4):
+#  1. np 1, np 2 (with and without prefetch, and without resharding), np 4, HSDP 1 × 2 and
+#     2 × 2: the losses agree with np 1 within 5e-4 relative. The forward of every split is
+#     the same bits (the same fp32 weights, the same bf16 copy); the gradients differ in the
+#     order of their fp32 additions (a few ulp), which moves a few weights across a bf16
+#     rounding boundary after an AdamW step: measured 4e-5 at worst over 8 steps. A wrong
+#     piece or a lost micro-batch moves the loss by 1e-2 within a step or two.
+#  2. the splits that add the same values in the same order are the same bits: np 2 with and
+#     without prefetch (the comm stream is the model's stream without it), and without
+#     resharding; HSDP 2 × 2 as np 2 (a copy's sum of two ranks' gradients, as a group's).
+#  3. np 2 twice: byte-identical checkpoints; stopped at step 4 and resumed at np 2: byte-identical
+#     to the straight run.
+#  4. np 2's checkpoint has the one-process layout (size and header bytes), and its step-4
+#     checkpoint resumed at np 1 on the GPU and at np 2 on the CPU gives the np 2 run's step-5
+#     loss (the same weights: within 5e-4, bf16 against fp32 for the CPU within 1e-3).
+#  5. np 2 against the CPU backend at np 2: within 1e-3 per step (bf16 against fp32, as
+#     test_gpu_train.sh's emulated run, measured 9e-5).
+#  6. np 2 holds half of the weights, gradients and moments per rank, on the host and on the
+#     GPU (device_state_mb of the end event: what the GPU backend allocated for them).
+#  7. TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes (a world of one) equals np 4's
+#     order of additions: the same losses as np 4 within 5e-4.
+. "$(dirname "$0")/lib.sh"
+require_mpi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+EMU="$BUILD/train_gpt_emu"
+"$TOOL" shard "$tmp/train.bin" 512 0 100000 21
+"$TOOL" shard "$tmp/val.bin" 512 0 5000 22
+common=(test/configs/gpu_tiny.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 4
+    --val_tokens 256 --log_every 1 --ckpt_every 4 --ckpt_keep 0 --n_layer 2 --d_model 64 --n_head 2 --n_kv_head 1
+    --d_ff 128 --seq_len 64 --batch_size 1 --max_steps 8 --warmup_steps 2 --threads 1)
+run() {  # run NP BINARY DEVICE OUT_DIR [--key value]...: grad_accum 4 / NP
+    local np=$1 bin=$2 dev=$3 out=$4; shift 4
+    local args=("${common[@]}" --device "$dev" --grad_accum $((4 / np)) --out_dir "$out" "$@")
+    if [ "$np" = 1 ]; then "$bin" "${args[@]}" >"$out.log" 2>&1
+    else "${MPIRUN[@]}" "$np" "$bin" "${args[@]}" >"$out.log" 2>&1; fi
+}
+close() {  # close A B TOLERANCE [FIRST_STEP]: the losses of every step A logged, relative to B's
+    "$PYTHON" - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-1}" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        d = json.loads(line)
+        if "loss" in d and "step" in d and "event" not in d:
+            out[d["step"]] = d["loss"]
+    return out
+a, b, tol, first = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+steps = [s for s in a if s >= first]
+worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps) if steps and all(s in b for s in steps) else float("inf")
+print("    %d steps, worst relative difference %.2g (tolerance %g)" % (len(steps), worst, tol))
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+same_losses() { cmp -s <(grep -o '"step":[0-9]*,"loss":[^,]*' "$1/metrics.jsonl") <(grep -o '"step":[0-9]*,"loss":[^,]*' "$2/metrics.jsonl"); }
+same_ckpt() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/optimizer.safetensors" "$2/optimizer.safetensors"; }
+header_of() {
+    "$PYTHON" -c 'import sys,struct; b=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",b[:8])[0]; sys.stdout.buffer.write(b[:8+n])' "$1"
+}
+same_layout() { [ "$(stat -c %s "$1")" = "$(stat -c %s "$2")" ] && cmp -s <(header_of "$1") <(header_of "$2"); }
+end_field() { grep '"event":"end"' "$1/metrics.jsonl" | tail -n 1 | sed "s/.*\"$2\":\([0-9.]*\).*/\1/"; }
+
+run 1 "$EMU" cuda "$tmp/np1"
+if ! run 2 "$EMU" cuda "$tmp/np2"; then
+    tail -n 5 "$tmp/np2.log"
+    die "test_fsdp_gpu_emu: train_gpt_emu --device cuda did not run at np 2"
+fi
+run 2 "$EMU" cuda "$tmp/np2_noprefetch" --fsdp_prefetch 0
+run 2 "$EMU" cuda "$tmp/np2_keep" --fsdp_reshard_after_forward 0
+run 4 "$EMU" cuda "$tmp/np4"
+run 2 "$EMU" cuda "$tmp/hsdp12" --fsdp_size 1 --dp_replicate 2
+run 4 "$EMU" cuda "$tmp/hsdp22" --fsdp_size 2
+check "np 2 says FSDP over 2 on the GPU" grep -q 'FSDP over 2, 1 copy' "$tmp/np2.log"
+for r in np2 np2_noprefetch np2_keep np4 hsdp12 hsdp22; do
+    check "$r: 8 steps, losses as np 1 within 5e-4" close "$tmp/$r" "$tmp/np1" 5e-4
+done
+check "np 2 without prefetch: the same bits as with it" same_losses "$tmp/np2" "$tmp/np2_noprefetch"
+check "np 2 without resharding: the same bits" same_losses "$tmp/np2" "$tmp/np2_keep"
+check "HSDP 2 x 2: the same bits as np 2" same_losses "$tmp/np2" "$tmp/hsdp22"
+
+run 2 "$EMU" cuda "$tmp/np2b"
+check "np 2 twice: byte-identical checkpoints" same_ckpt "$tmp/np2/step_00000008" "$tmp/np2b/step_00000008"
+run 2 "$EMU" cuda "$tmp/stop" --stop_at_step 4
+run 2 "$EMU" cuda "$tmp/stop"
+check "np 2 stopped at step 4 and resumed: byte-identical to the straight run" \
+    same_ckpt "$tmp/np2/step_00000008" "$tmp/stop/step_00000008"
+for f in model.safetensors optimizer.safetensors; do
+    check "np 2's $f has the one-process layout (size and header bytes)" \
+        same_layout "$tmp/np2/step_00000008/$f" "$tmp/np1/step_00000008/$f"
+done
+mkdir -p "$tmp/to1" "$tmp/tocpu"
+cp -r "$tmp/np2/step_00000004" "$tmp/to1/"
+cp -r "$tmp/np2/step_00000004" "$tmp/tocpu/"
+run 1 "$EMU" cuda "$tmp/to1" --max_steps 5
+check "np 2's step-4 checkpoint at np 1 (GPU): step 5 as np 2's within 5e-4" close "$tmp/to1" "$tmp/np2" 5e-4 5
+run 2 "$TRAIN_GPT" cpu "$tmp/tocpu" --max_steps 5
+check "np 2's step-4 checkpoint at np 2 on the CPU: step 5 as the GPU's within 1e-3" close "$tmp/tocpu" "$tmp/np2" 1e-3 5
+
+run 2 "$TRAIN_GPT" cpu "$tmp/cpu2"
+check "np 2 on the GPU against np 2 on the CPU: within 1e-3 per step" close "$tmp/np2" "$tmp/cpu2" 1e-3
+
+s1=$(end_field "$tmp/np1" state_mb) s2=$(end_field "$tmp/np2" state_mb)
+g1=$(end_field "$tmp/np1" device_state_mb) g2=$(end_field "$tmp/np2" device_state_mb)
+say "  per rank: state np 1 $s1 MB, np 2 $s2 MB (host); on the GPU np 1 $g1 MB, np 2 $g2 MB (+ $(end_field "$tmp/np2" gathered_peak_mb) MB of gathered units at most)"
+check "np 2 holds half the state per rank on the host (+ padding)" "$PYTHON" -c "
+import sys; a, b = $s1, $s2; sys.exit(0 if a / 2 <= b <= a / 2 + 0.001 else 1)"
+check "np 2 holds half the state per rank on the GPU (+ padding and 256-byte rounding)" "$PYTHON" -c "
+import sys; a, b = $g1, $g2; sys.exit(0 if a / 2 - 0.001 <= b <= a / 2 + 0.002 else 1)"
+
+TRAIN_GPT_FSDP_UNITS=1 run 1 "$EMU" cuda "$tmp/units1"
+check "TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes, losses as np 4's within 5e-4" \
+    close "$tmp/units1" "$tmp/np4" 5e-4
+finish test_fsdp_gpu_emu
