@@ -141,24 +141,25 @@ typedef struct {
     bool reshard, prefetch;    // fsdp_reshard_after_forward, fsdp_prefetch
 } gpu_shard;
 
-// A whole unit gathered from the group's pieces: fp32 (the norm gains and the embedding
-// lookup read it) and its bf16 copy (the matmuls'), converted once per gather.
+// A whole unit's bf16 weights, gathered from the group's bf16 pieces (what the matmuls read;
+// the norm gains and the embedding lookup read fp32, which cuda_model keeps apart).
 typedef struct {
     int unit;                  // the unit it holds, -1 when free
     int refs;
     bool keep;                 // held from the forward to the backward (fsdp_reshard_after_forward = 0)
-    float *w32;                // (max_unit)
-    bf16 *w16;                 // (max_unit)
-    cudaEvent_t ready;         // the gather and the conversion are done (on the comm stream)
+    int64_t cap;               // values it holds: its units' whole size
+    bf16 *w16;                 // (cap)
+    cudaEvent_t ready;         // the gather is done (on the comm stream)
 } gather_slot;
 
 // A whole unit's gradient while its backward runs, then the source of its reduce-scatter.
 typedef struct {
     int unit;                  // -1 when free
-    float *g;                  // (max_unit)
+    int64_t cap;
+    float *g;                  // (cap)
     cudaEvent_t sent;          // its last reduce-scatter has read it (on the comm stream)
 } grad_slot;
-enum { GRAD_SLOTS = 3 };
+enum { GRAD_SLOTS = PLAN_GPU_GRAD_SLOTS };
 // bf16 logits (their gradient in place) per classifier chunk, at most this many bytes (1.5 GiB):
 // 6 278 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
 // vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
@@ -370,11 +371,27 @@ struct cuda_model {
     int64_t xfer;
     double *partials_all;      // (max(ranks, copies) × GRAD_NORM_BLOCKS)
     double *sums_all;          // (max(ranks, copies) × 2)
-    int64_t gathered_floats, gathered_peak, grad_floats, grad_peak;
+    // What reads fp32 weights under FSDP: the norm gains, replicated in fp32 on every rank and
+    // brought up to date after each change of the weights (sync_gains: a rank's own gain values,
+    // zeros elsewhere, all-gathered and added — exact, one value is not zero), and the embedding,
+    // gathered in fp32 for its lookup at the start of each forward.
+    float *gains;              // (gain_numel) every norm gain, the table's order
+    float *gains_mine;         // (gain_numel) this rank's values of them, zeros elsewhere
+    float *gains_recv;         // (ranks × gain_numel)
+    int64_t gain_numel;
+    int64_t *gain_at;          // host: tensor index → its offset in gains, -1 for matrices
+    copy_stretch *gain_stretches;  // (num_gain_stretches) this rank's pieces of the gains: local → gains_mine
+    int64_t num_gain_stretches;
+    float *embed32;            // (unit 0 whole) the embedding in fp32 while its lookup runs: the largest
+                               // unit gradient's slot, which no backward uses while a forward begins
+    bool embed_held;
+    cudaEvent_t embed_ready;
+    int64_t gathered_bytes, gathered_peak, grad_floats, grad_peak;
 };
 
 static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from);
 static void settle(cuda_model *m);
+static void sync_gains(cuda_model *m);
 
 // From here on the stream runs work of `family` (K_FAMILY_COUNT: the step's end).
 static void mark(cuda_model *m, int family) {
@@ -454,11 +471,12 @@ static device_buffer *device_buffers(cuda_model *m, int *count) {
     BUFFER(m->params_bf16, bf16, n_local);  // the matmuls' copy (sharded: AdamW writes it, the gathers do not read it)
     BUFFER(m->chunks, adamw_chunk, m->num_chunks);
     if (m->sharded) {  // gathered units and unit gradients, each as big as the largest unit
-        for (int k = 0; k < m->num_gathers; k++) {
-            BUFFER(m->gathers[k].w32, float, m->map.max_unit);
-            BUFFER(m->gathers[k].w16, bf16, m->map.max_unit);
-        }
-        for (int k = 0; k < GRAD_SLOTS; k++) BUFFER(m->grad_slots[k].g, float, m->map.max_unit);
+        for (int k = 0; k < m->num_gathers; k++) BUFFER(m->gathers[k].w16, bf16, m->gathers[k].cap);
+        for (int k = 0; k < GRAD_SLOTS; k++) BUFFER(m->grad_slots[k].g, float, m->grad_slots[k].cap);
+        BUFFER(m->gains, float, m->gain_numel);
+        BUFFER(m->gains_mine, float, m->gain_numel);
+        BUFFER(m->gains_recv, float, m->gain_numel * m->map.ranks);
+        BUFFER(m->gain_stretches, copy_stretch, m->num_gain_stretches);
     }
     if (m->xfer > 0) {
         int most = m->shard.ranks > m->shard.copies_size ? m->shard.ranks : m->shard.copies_size;
@@ -588,6 +606,26 @@ static int64_t local_chunks(const cuda_model *m, adamw_chunk *out) {
     return c.count;
 }
 
+// The stretches of tensor i (a norm gain) that this rank holds, as copies from the local
+// pieces into gains_mine; written to out from index at (NULL: counted only). Returns how many.
+typedef struct {
+    copy_stretch *out;
+    int64_t at, n, tensor_offset, gain_offset;
+} stretch_list;
+
+static void add_stretch(void *ctx, int64_t global, int64_t local, int64_t count) {
+    stretch_list *l = (stretch_list *)ctx;
+    if (l->out) l->out[l->at + l->n] = (copy_stretch){local, l->gain_offset + (global - l->tensor_offset), count};
+    l->n++;
+}
+
+static int64_t gain_stretches(const cuda_model *m, int i, copy_stretch *out, int64_t at) {
+    const param_info *p = &m->table->params[i];
+    stretch_list l = {out, at, 0, p->offset, m->gain_at[i]};
+    shard_visit(&m->map, p->offset, p->offset + p->numel, add_stretch, &l);
+    return l.n;
+}
+
 static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_setting recompute, bool sizing_only,
                           const gpu_shard *sh) {
     const model_config *c = &t->cfg;
@@ -601,17 +639,36 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     m->n_local = m->map.local_numel;
     m->sharded = m->shard.ranks > 1 || m->shard.group;  // (a group of one: TRAIN_GPT_FSDP_UNITS=1)
     if (m->sharded) {
-        // Gathered units held at once: the one in use, the prefetched one, and the final unit
-        // beside a tied head's (the embedding's); without resharding every unit from its forward
-        // to its backward, and one more.
-        m->num_gathers = m->shard.reshard ? 3 : m->map.count + 1;
+        // Gathered units held at once (llmc/plan.h): two layers (the one in use and the
+        // prefetched one), or a layer and the final unit, or the final unit and a tied head's
+        // (the embedding's): two slots of a layer's size and one of the largest unit's. Without
+        // resharding every unit from its forward to its backward: a slot of each unit's size.
+        // Unit gradients held at once: the largest (the head's, or a tied embedding's from the
+        // head's backward to the embedding's) and two layers' (the one whose backward runs and the
+        // one being reduce-scattered). A unit takes the smallest free slot that holds it.
+        int64_t layer_unit = 0, *whole = (int64_t *)xmalloc((size_t)m->map.count * sizeof(int64_t));
+        for (int u = 0; u < m->map.count; u++) whole[u] = m->map.units[u].piece * m->map.ranks;
+        for (int u = 1; u <= (int)c->n_layer; u++) layer_unit = max_i64(layer_unit, whole[u]);
+        m->num_gathers = m->shard.reshard ? PLAN_GPU_GATHER_SLOTS : m->map.count;
         m->gathers = (gather_slot *)xcalloc((size_t)m->num_gathers, sizeof *m->gathers);
+        for (int k = 0; k < m->num_gathers; k++)
+            m->gathers[k].cap = m->shard.reshard ? (k == 0 ? m->map.max_unit : layer_unit) : whole[k];
+        for (int k = 0; k < GRAD_SLOTS; k++) m->grad_slots[k].cap = k == 0 ? m->map.max_unit : layer_unit;
+        free(whole);
         m->slot_of = (int *)xmalloc((size_t)m->map.count * sizeof(int));
         m->grad_of = (int *)xmalloc((size_t)m->map.count * sizeof(int));
         for (int u = 0; u < m->map.count; u++) m->slot_of[u] = m->grad_of[u] = -1;
         for (int k = 0; k < m->num_gathers; k++) m->gathers[k].unit = -1;
         for (int k = 0; k < GRAD_SLOTS; k++) m->grad_slots[k].unit = -1;
         m->xfer = m->map.max_unit;
+        m->gain_at = (int64_t *)xmalloc((size_t)t->count * sizeof(int64_t));
+        for (int i = 0; i < t->count; i++) {
+            m->gain_at[i] = t->params[i].ndim == 1 ? m->gain_numel : -1;
+            if (t->params[i].ndim == 1) {
+                m->gain_numel += t->params[i].numel;
+                m->num_gain_stretches += gain_stretches(m, i, NULL, 0);
+            }
+        }
     }
     if (m->shard.copies_size > 1) {
         int64_t chunk = min_i64(m->n_local + m->shard.copies_size, (int64_t)1 << 26);
@@ -674,6 +731,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     }
     free(buffers);
     share_spare(m);
+    if (m->sharded) m->embed32 = m->grad_slots[0].g;
     if (sizing_only) return m;
 
     adamw_chunk *host = (adamw_chunk *)xmalloc((size_t)m->num_chunks * sizeof *host);
@@ -681,6 +739,17 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     CUDA_CHECK(cudaMemcpy(m->chunks, host, (size_t)m->num_chunks * sizeof *host, cudaMemcpyHostToDevice));
     free(host);
     CUDA_CHECK(cudaMemset(m->grads, 0, (size_t)(m->n_local + m->shard.copies_size) * sizeof(float)));
+    if (m->sharded) {
+        copy_stretch *table = (copy_stretch *)xmalloc((size_t)max_i64(1, m->num_gain_stretches) * sizeof *table);
+        int64_t at = 0;
+        for (int i = 0; i < t->count; i++)
+            if (m->gain_at[i] >= 0) at += gain_stretches(m, i, table, at);
+        CHECK(at == m->num_gain_stretches);
+        CUDA_CHECK(cudaMemcpy(m->gain_stretches, table, (size_t)at * sizeof *table, cudaMemcpyHostToDevice));
+        free(table);
+        CUDA_CHECK(cudaMemset(m->gains_mine, 0, (size_t)m->gain_numel * sizeof(float)));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->embed_ready, cudaEventDisableTiming));
+    }
     if (m->sharded || m->shard.copies) {
         if (m->sharded && m->shard.prefetch)
             CUDA_CHECK(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
@@ -763,6 +832,7 @@ static void free_host_side(cuda_model *m) {
     free(m->gathers);
     free(m->slot_of);
     free(m->grad_of);
+    free(m->gain_at);
     shard_map_free(&m->map);
     free(m);
 }
@@ -842,6 +912,7 @@ void cuda_model_free(cuda_model *m) {
     if (m->comm_stream) {
         for (int k = 0; k < m->num_gathers; k++) cudaEventDestroy(m->gathers[k].ready);
         for (int k = 0; k < GRAD_SLOTS; k++) cudaEventDestroy(m->grad_slots[k].sent);
+        if (m->sharded) cudaEventDestroy(m->embed_ready);
         cudaEventDestroy(m->order);
         if (m->comm_stream != m->stream) cudaStreamDestroy(m->comm_stream);
     }
@@ -902,6 +973,7 @@ void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg,
     upload_floats(m, m->exp_avg, exp_avg, m->n_local);
     upload_floats(m, m->exp_avg_sq, exp_avg_sq, m->n_local);
     floats_to_bf16(m->params_bf16, m->params, m->n_local, m->stream);
+    sync_gains(m);
     step_scalars st;
     memset(&st, 0, sizeof st);
     st.adam_step = adam_step;
@@ -914,6 +986,7 @@ void cuda_model_upload_params(cuda_model *m, const float *params) {
     settle(m);
     upload_floats(m, m->params, params, m->n_local);
     floats_to_bf16(m->params_bf16, m->params, m->n_local, m->stream);
+    sync_gains(m);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
@@ -999,9 +1072,9 @@ static gather_slot *slot_holding(const cuda_model *m, int u) {
     return k >= 0 ? &m->gathers[k] : NULL;
 }
 
-static void count_gathered(cuda_model *m, int64_t delta) {
-    m->gathered_floats += delta;
-    if (m->gathered_floats > m->gathered_peak) m->gathered_peak = m->gathered_floats;
+static void count_gathered(cuda_model *m, int64_t bytes) {
+    m->gathered_bytes += bytes;
+    if (m->gathered_bytes > m->gathered_peak) m->gathered_peak = m->gathered_bytes;
 }
 
 static void count_grads(cuda_model *m, int64_t delta) {
@@ -1009,27 +1082,58 @@ static void count_grads(cuda_model *m, int64_t delta) {
     if (m->grad_floats > m->grad_peak) m->grad_peak = m->grad_floats;
 }
 
-// Queues unit u's all-gather into a free slot, on the comm stream, after everything the model's
-// stream has queued so far (the last optimizer step wrote the pieces; the slot's previous unit
-// may still be read).
+// Queues unit u's all-gather (bf16) into a free slot, on the comm stream, after everything the
+// model's stream has queued so far (the last optimizer step wrote the pieces; the slot's
+// previous unit may still be read).
 static void start_gather(cuda_model *m, int u) {
     if (m->slot_of[u] >= 0) return;
-    int k = 0;
-    while (k < m->num_gathers && m->gathers[k].unit >= 0) k++;
-    CHECK(k < m->num_gathers);  // the passes never hold more units than num_slots
-    gather_slot *sl = &m->gathers[k];
     const shard_unit *x = &m->map.units[u];
+    int k = -1;
+    for (int j = 0; j < m->num_gathers; j++)
+        if (m->gathers[j].unit < 0 && m->gathers[j].cap >= x->piece * m->map.ranks &&
+            (k < 0 || m->gathers[j].cap < m->gathers[k].cap))
+            k = j;
+    CHECK(k >= 0);  // the passes never hold more units than the slots (create's comment)
+    gather_slot *sl = &m->gathers[k];
     sl->unit = u;
     sl->refs = 0;
     sl->keep = false;
     m->slot_of[u] = k;
-    int64_t whole = x->piece * m->map.ranks;
-    count_gathered(m, whole);
+    count_gathered(m, x->piece * m->map.ranks * 2);
     cudaStream_t cs = m->comm_stream;
     stream_after(m, cs, m->stream);
-    gpu_allgather(m->shard.group, m->params + x->local, x->piece, GPU_F32, sl->w32, cs);
-    floats_to_bf16(sl->w16, sl->w32, whole, cs);
+    gpu_allgather(m->shard.group, m->params_bf16 + x->local, x->piece, GPU_BF16, sl->w16, cs);
     CUDA_CHECK(cudaEventRecord(sl->ready, cs));
+}
+
+// The embedding in fp32 for its lookup (unit 0 gathered whole from the fp32 pieces), held until
+// embedding_release.
+static void embedding_acquire(cuda_model *m) {
+    if (!m->sharded) return;
+    const shard_unit *x = &m->map.units[0];
+    count_gathered(m, x->piece * m->map.ranks * 4);
+    cudaStream_t cs = m->comm_stream;
+    stream_after(m, cs, m->stream);
+    gpu_allgather(m->shard.group, m->params + x->local, x->piece, GPU_F32, m->embed32, cs);
+    CUDA_CHECK(cudaEventRecord(m->embed_ready, cs));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->embed_ready, 0));
+    m->embed_held = true;
+}
+
+static void embedding_release(cuda_model *m) {
+    if (!m->sharded) return;
+    m->embed_held = false;
+    count_gathered(m, -m->map.units[0].piece * m->map.ranks * 4);
+}
+
+// After the weights changed (an AdamW step, an upload): every rank's fp32 copy of the norm
+// gains from the ranks that hold them, on the model's stream.
+static void sync_gains(cuda_model *m) {
+    if (!m->sharded) return;
+    cudaStream_t s = m->stream;
+    copy_stretches(m->gains_mine, m->params, m->gain_stretches, m->num_gain_stretches, s);
+    gpu_allgather(m->shard.group, m->gains_mine, m->gain_numel, GPU_F32, m->gains_recv, s);
+    sum_ranks_set(m->gains, m->gains_recv, m->map.ranks, m->gain_numel, s);
 }
 
 static void unit_acquire(cuda_model *m, int u) {
@@ -1054,20 +1158,23 @@ static void unit_release(cuda_model *m, int u, bool backward_follows) {
     if (sl->refs == 0 && !sl->keep) {
         sl->unit = -1;
         m->slot_of[u] = -1;
-        count_gathered(m, -m->map.units[u].piece * m->map.ranks);
+        count_gathered(m, -m->map.units[u].piece * m->map.ranks * 2);
     }
 }
 
 // Unit u's whole gradient, zeroed when the unit's backward begins.
 static void unit_grads(cuda_model *m, int u) {
     if (!m->sharded || m->grad_of[u] >= 0) return;
-    int k = 0;
-    while (k < GRAD_SLOTS && m->grad_slots[k].unit >= 0) k++;
-    CHECK(k < GRAD_SLOTS);
+    int64_t whole = m->map.units[u].piece * m->map.ranks;
+    int k = -1;
+    for (int j = 0; j < GRAD_SLOTS; j++)
+        if (m->grad_slots[j].unit < 0 && m->grad_slots[j].cap >= whole &&
+            (k < 0 || m->grad_slots[j].cap < m->grad_slots[k].cap))
+            k = j;
+    CHECK(k >= 0);
     grad_slot *g = &m->grad_slots[k];
     g->unit = u;
     m->grad_of[u] = k;
-    int64_t whole = m->map.units[u].piece * m->map.ranks;
     count_grads(m, whole);
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, g->sent, 0));  // its previous reduce-scatter has read it
     CUDA_CHECK(cudaMemsetAsync(g->g, 0, (size_t)whole * sizeof(float), m->stream));
@@ -1100,13 +1207,18 @@ static int64_t unit_offset(const cuda_model *m, param_kind kind, int layer, int 
     return off - m->map.units[*u].start;
 }
 
+// fp32 weights are read by the norms (their gains) and the embedding's lookup only.
 static const float *w32(const cuda_model *m, param_kind kind, int layer) {
     if (!m->sharded) return m->params + tensor_offset(m, kind, layer);
-    int u = 0;
-    int64_t at = unit_offset(m, kind, layer, &u);
-    gather_slot *sl = slot_holding(m, u);
-    CHECK(sl && sl->refs > 0);
-    return sl->w32 + at;
+    const param_info *p = param_find(m->table, kind, layer);
+    CHECK(p != NULL);
+    if (kind == P_EMBED) {
+        CHECK(m->embed_held);
+        return m->embed32;
+    }
+    int64_t at = m->gain_at[p - m->table->params];
+    CHECK(at >= 0);
+    return m->gains + at;
 }
 
 static const bf16 *w16(const cuda_model *m, param_kind kind, int layer) {
@@ -1235,10 +1347,10 @@ static void forward_blocks(cuda_model *m, int64_t B, int64_t T, bool backward_fo
     int L = (int)m->dims.L;
     cudaStream_t s = m->stream;
     mark(m, K_EMBEDDING);
-    unit_acquire(m, 0);
+    embedding_acquire(m);
     unit_prefetch(m, 1);
     embedding_forward(m->resid[0], m->d_inputs, W32(P_EMBED, -1), N, C, s);
-    unit_release(m, 0, false);  // the embedding's backward needs no weights (a tied head acquires again)
+    embedding_release(m);  // the embedding's backward needs no weights (a tied head gathers bf16)
     for (int l = 0; l < L; l++) {
         unit_acquire(m, 1 + l);
         unit_prefetch(m, 2 + l);
@@ -1454,6 +1566,7 @@ void cuda_step(cuda_model *m, int64_t step, double lr, int64_t rows, const train
     hp.eps = (float)cfg->adam_eps;
     adamw_update(m->params, m->params_bf16, m->grads, m->exp_avg, m->exp_avg_sq, m->chunks, m->num_chunks, m->st, hp,
                  s);
+    sync_gains(m);
     mark(m, K_FAMILY_COUNT);
     if (m->profile) profile_end_step(m->profile);
     CUDA_CHECK(cudaMemcpyAsync(&m->results[slot], m->st, sizeof(step_scalars), cudaMemcpyDeviceToHost, s));
@@ -1588,7 +1701,7 @@ static step_result gpu_step(backend *b, double lr, int64_t rows, const train_con
         double t0 = wall_seconds();
         gpu_comm_wait(peers, m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
         b->comm_wait_s += wall_seconds() - t0;  // the whole wait for the step (not only its collectives)
-        b->gathered_peak_bytes = m->gathered_peak * 6;  // fp32 and bf16
+        b->gathered_peak_bytes = m->gathered_peak;
         b->grads_peak_bytes = (m->grad_peak + (m->sharded ? m->map.max_unit : 0)) * 4;  // + the receive buffer
     }
     cuda_step_result r;
@@ -2074,11 +2187,20 @@ static void print_banner(const trainer *tr) {
     const train_config *cfg = tr->cfg;
     char line[512];
     if (tr->job) {
-        rank_memory plan = cpu_rank_plan(&tr->table, cfg, comm_size(tr->group));
+        // The plan of the backend that runs: on a GPU its total is what this rank's GPU holds,
+        // which the backend's own count of its allocations follows (the start's measured figure).
+        bool gpu = tr->device == DEVICE_CUDA;
+        rank_memory plan;
+        if (!rank_plan(&tr->table, cfg, tr->group ? comm_size(tr->group) : 1, gpu, config_recompute(cfg), &plan))
+            plan = cpu_rank_plan(&tr->table, cfg, tr->group ? comm_size(tr->group) : 1);
         plan_describe(&plan, line, sizeof line);
-        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s\n",
+        char measured[96] = "";
+        if (gpu)
+            snprintf(measured, sizeof measured, "; allocated on this GPU: %.2f MiB",
+                     (double)backend_device_bytes(tr->be) / 1048576.0);
+        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s%s\n",
                comm_rank(tr->job), comm_size(tr->job), (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
-               cfg->dp_replicate == 1 ? "y" : "ies", line);
+               cfg->dp_replicate == 1 ? "y" : "ies", line, measured);
     } else if (tr->device == DEVICE_CPU) {
         rank_memory plan = cpu_rank_plan(&tr->table, cfg, 1);
         plan_describe(&plan, line, sizeof line);
@@ -2247,7 +2369,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     plan_describe(&gpu, line, sizeof line);
     plan_recompute_label(gpu_mode, label, sizeof label);
     printf("train_gpt |   gpu (bf16 gathered weights%s), recompute %s: %s\n",
-           world > 1 ? "; the CUDA backend does not shard yet: a projection" : "", label, line);
+           world > 1 ? ", as the CUDA backend allocates them" : "", label, line);
     gpu_memory_fit(gpu.total, line, sizeof line);
     printf("train_gpt |   fits each rank's GPU (plan + %.0f GiB headroom): %s\n", gib(GPU_MEMORY_HEADROOM_BYTES), line);
     enum { MAX_RANKS = 1024 };

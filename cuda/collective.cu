@@ -55,6 +55,17 @@ __global__ void sum_ranks_doubles_kernel(double *dst, const double *parts, int r
     dst[i] = s;
 }
 
+__global__ void copy_stretches_kernel(float *dst, const float *src, const copy_stretch *table) {
+    copy_stretch c = table[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < c.count; i += blockDim.x) dst[c.dst + i] = src[c.src + i];
+}
+
+void copy_stretches(float *dst, const float *src, const copy_stretch *table, int64_t count, cudaStream_t stream) {
+    if (count <= 0) return;
+    copy_stretches_kernel<<<(unsigned)count, 256, 0, stream>>>(dst, src, table);
+    CUDA_CHECK_LAUNCH();
+}
+
 static int blocks_for(int64_t n) { return (int)(n < 256 ? 1 : n / 256 < 4096 ? (n + 255) / 256 : 4096); }
 
 void sum_ranks_add(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream) {
@@ -185,8 +196,8 @@ int gpu_comm_nccl_version(void) {
 }
 
 void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream) {
-    nccl_check(g, nccl.all_gather(mine, all, (size_t)n, type == GPU_F64 ? ncclFloat64 : ncclFloat32, g->nccl, stream),
-               "ncclAllGather");
+    ncclDataType_t t = type == GPU_F64 ? ncclFloat64 : type == GPU_BF16 ? ncclBfloat16 : ncclFloat32;
+    nccl_check(g, nccl.all_gather(mine, all, (size_t)n, t, g->nccl, stream), "ncclAllGather");
 }
 
 void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaStream_t stream) {

@@ -10,7 +10,7 @@
 #include "llmc/comm.h"
 
 typedef struct gpu_comm gpu_comm;
-typedef enum { GPU_F32, GPU_F64 } gpu_dtype;
+typedef enum { GPU_F32, GPU_F64, GPU_BF16 } gpu_dtype;
 
 // Whether this build can make a gpu_comm (it has nccl.h); NCCL itself is loaded at the first
 // gpu_comm_create, which fails with one line where libnccl.so.2 cannot be loaded.
@@ -37,5 +37,12 @@ void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what);
 void sum_ranks_add(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream);
 void sum_ranks_set(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream);
 void sum_ranks_doubles(double *dst, const double *parts, int ranks, int64_t n, cudaStream_t stream);
+
+// dst[t.dst + i] = src[t.src + i] for i < t.count, for each of count entries t of table (device):
+// one block per entry (the norm gains a rank holds, packed for their all-gather).
+typedef struct {
+    int64_t src, dst, count;
+} copy_stretch;
+void copy_stretches(float *dst, const float *src, const copy_stretch *table, int64_t count, cudaStream_t stream);
 
 #endif

@@ -35,7 +35,7 @@
 .DEFAULT_GOAL := all
 TESTS_C += test/test_device.c
 GPU_TESTS += $(BUILD)/test_gpu_kernels $(BUILD)/test_gpu_step
-GPU_TESTS_SH += test/test_gpu_train.sh
+GPU_TESTS_SH += test/test_gpu_train.sh test/test_fsdp_gpu.sh
 
 # hipcc: on PATH (the rocm module puts it there) or under ROCM_PATH.
 comma := ,

@@ -50,6 +50,25 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
     int64_t weight_bytes = s.gpu ? 2 : 4;
     if (ranks == 1) {
         m.gathered_weights = s.gpu ? t->numel * 2 : 0;  // the GPU's bf16 copy; the CPU reads in place
+    } else if (s.gpu) {
+        // What the CUDA backend allocates (train_gpt.cu's create; docs/fsdp.md "The GPU path"):
+        // the bf16 copy of the pieces (what the gathers send); bf16 slots for whole units, one of
+        // the largest unit and PLAN_GPU_GATHER_SLOTS − 1 of a layer's (without resharding one per
+        // unit, each its size); the norm gains in fp32 (all of them, this rank's share of them,
+        // and the all-gather's ranks copies); unit gradients: one slot of the largest unit (the
+        // embedding's fp32 lookup borrows it during the forward), PLAN_GPU_GRAD_SLOTS − 1 of a
+        // layer's, and the all-to-all's receive buffer. Exact but for 256-byte rounding.
+        int64_t layer_unit = 0, all_units = 0, gains = 0;
+        for (int u = 0; u < map.count; u++) {
+            int64_t whole = map.units[u].piece * ranks;
+            all_units += whole;
+            if (u >= 1 && u <= t->cfg.n_layer && whole > layer_unit) layer_unit = whole;
+        }
+        for (int i = 0; i < t->count; i++)
+            if (t->params[i].ndim == 1) gains += t->params[i].numel;
+        int64_t slots = s.reshard ? map.max_unit + (PLAN_GPU_GATHER_SLOTS - 1) * layer_unit : all_units;
+        m.gathered_weights = map.local_numel * 2 + slots * 2 + gains * 4 * (ranks + 2);
+        m.gathered_grads = (map.max_unit + (PLAN_GPU_GRAD_SLOTS - 1) * layer_unit + map.max_unit) * 4;
     } else {
         int64_t held = s.reshard ? largest_units(&map, s.prefetch ? 2 : 1, -1) : map.local_numel * ranks;
         m.gathered_weights = held * weight_bytes;

@@ -36,6 +36,13 @@
 extern "C" {
 #endif
 
+// The CUDA backend's FSDP buffers (train_gpt.cu's create): slots for whole units' bf16 weights
+// with fsdp_reshard_after_forward (one of the largest unit, the others a layer's: two layers, a
+// layer and the final unit, or the final unit and a tied head's at once), and for whole units'
+// gradients (one of the largest unit, two of a layer's: the unit whose backward runs, the one
+// being reduce-scattered, a tied embedding's from the head's backward to its own).
+enum { PLAN_GPU_GATHER_SLOTS = 3, PLAN_GPU_GRAD_SLOTS = 3 };
+
 typedef struct {
     int ranks;          // N: the ranks that shard one copy (fsdp_size)
     bool reshard;       // fsdp_reshard_after_forward

@@ -28,7 +28,7 @@ typedef enum {
     ncclInvalidUsage = 5,
     ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef struct {
     char internal[128];
 } ncclUniqueId;
@@ -55,7 +55,10 @@ inline int &group_depth() {
     static int depth = 0;
     return depth;
 }
-inline MPI_Datatype mpi_type(ncclDataType_t t) { return t == ncclFloat64 ? MPI_DOUBLE : MPI_FLOAT; }
+inline MPI_Datatype mpi_type(ncclDataType_t t) {
+    return t == ncclFloat64 ? MPI_DOUBLE : t == ncclBfloat16 ? MPI_UINT16_T : MPI_FLOAT;
+}
+inline size_t type_bytes(ncclDataType_t t) { return t == ncclFloat64 ? 8 : t == ncclBfloat16 ? 2 : 4; }
 inline void run_pending() {
     std::vector<p2p> &ops = pending();
     if (ops.empty()) return;  // a world of one: only the copy to itself, outside the group
@@ -113,7 +116,7 @@ inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) { return 
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                   cudaStream_t) {
     MPI_Datatype t = nccl_emu::mpi_type(type);
-    if (comm->size == 1) return memmove(recv, send, count * (type == ncclFloat64 ? 8 : 4)), ncclSuccess;
+    if (comm->size == 1) return memmove(recv, send, count * nccl_emu::type_bytes(type)), ncclSuccess;
     return MPI_Allgather(send, (int)count, t, recv, (int)count, t, comm->mpi) == MPI_SUCCESS ? ncclSuccess
                                                                                             : ncclSystemError;
 }

@@ -1,7 +1,8 @@
 # The per-rank memory plan (issue #14 part 6; llmc/plan.h, docs/fsdp.md "Memory per rank"):
 #  1. `train_gpt plan configs/boom-14b.conf --world 40 --gpu h100-64gb`: this rank's pieces and
 #     the gathered weights checked against hand arithmetic from the config (16 bytes per value
-#     of ⌈unit/40⌉ pieces; two largest whole units in bf16), to the 0.01 GiB the line prints;
+#     of ⌈unit/40⌉ pieces; on the CPU the two largest whole units in fp32, on a GPU what the CUDA
+#     backend allocates: docs/fsdp.md), to the 0.01 GiB the line prints;
 #     the GPU line is asked for only when the build has the CUDA model (it sizes the activations).
 #  2. --gpu names a row of the table or fails with one line; --world must be a number.
 #  3. A job's planned pieces, gathered weights, unit gradients and activations against the
@@ -24,7 +25,10 @@ pieces = [math.ceil(u / N) for u in units]
 whole = sorted((p * N for p in pieces), reverse=True)
 g = 2**30
 print("%.2f weights + %.2f grads + %.2f AdamW" % (4*sum(pieces)/g, 4*sum(pieces)/g, 8*sum(pieces)/g))
-print("%.2f gathered weights" % (2*(whole[0] + whole[1])/g))   # bf16, the unit in use and the next
+gains = L*(2*C + 2*D) + C
+# the GPU (train_gpt.cu's FSDP buffers): the bf16 pieces, bf16 slots of the largest unit and of two
+# layers, the norm gains in fp32 (all, this rank's, the all-gather's N copies)
+print("%.2f gathered weights" % ((2*sum(pieces) + 2*(whole[0] + 2*pieces[1]*N) + 4*gains*(N + 2))/g))
 print("%.2f gathered weights" % (4*(whole[0] + whole[1])/g))   # fp32 on the CPU backend
 PY
 )

@@ -39,6 +39,11 @@ def state(n, weight_bytes):
     whole = sorted((p * n for p in pieces), reverse=True)
     if n == 1:
         gathered, grads = (2 * sum(units) if weight_bytes == 2 else 0), 0
+    elif weight_bytes == 2:  # the GPU: train_gpt.cu's FSDP buffers: the bf16 pieces, bf16 slots of the
+        gains = L * (2 * C + 2 * D) + C  # largest unit and of two layers, the norm gains in fp32 (all,
+        layer_whole = pieces[1] * n      # this rank's, the all-gather's n copies); grad slots of the
+        gathered = 2 * sum(pieces) + 2 * (whole[0] + 2 * layer_whole) + 4 * gains * (n + 2)  # largest unit
+        grads = 4 * (whole[0] + 2 * layer_whole + whole[0])  # and two layers, the receive buffer
     else:
         gathered = weight_bytes * (whole[0] + whole[1])        # the unit in use and the next
         grads = 4 * (whole[0] + whole[1] + whole[0] + math.ceil(whole[0] / n))
