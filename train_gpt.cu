@@ -59,6 +59,8 @@
 #define TRAIN_GPT_VERSION "0.1.0"
 
 // ================================================================ the GPU model
+static const gpu_info *gpu_probe(void);
+
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(TRAIN_GPT_EMULATION)
 // nvcc, or hipcc through cuda/portable.cuh, or the CPU emulator of the tests (test/warp_emu.h)
 #include "cpu/ops.h"
@@ -1130,10 +1132,12 @@ static void embedding_release(cuda_model *m) {
 // gains from the ranks that hold them, on the model's stream.
 static void sync_gains(cuda_model *m) {
     if (!m->sharded) return;
-    cudaStream_t s = m->stream;
-    copy_stretches(m->gains_mine, m->params, m->gain_stretches, m->num_gain_stretches, s);
-    gpu_allgather(m->shard.group, m->gains_mine, m->gain_numel, GPU_F32, m->gains_recv, s);
-    sum_ranks_set(m->gains, m->gains_recv, m->map.ranks, m->gain_numel, s);
+    cudaStream_t cs = m->comm_stream;
+    stream_after(m, cs, m->stream);
+    copy_stretches(m->gains_mine, m->params, m->gain_stretches, m->num_gain_stretches, cs);
+    gpu_allgather(m->shard.group, m->gains_mine, m->gain_numel, GPU_F32, m->gains_recv, cs);
+    sum_ranks_set(m->gains, m->gains_recv, m->map.ranks, m->gain_numel, cs);
+    stream_after(m, m->stream, cs);
 }
 
 static void unit_acquire(cuda_model *m, int u) {
@@ -1505,20 +1509,28 @@ loss_sums cuda_step_loss_so_far(cuda_model *m) {
 static void allreduce_copies(cuda_model *m) {
     int c = m->shard.copies_size;
     int64_t k = m->xfer / c;
+    cudaStream_t cs = m->comm_stream;
+    stream_after(m, cs, m->stream);
     for (int64_t off = 0; off < m->n_local; off += c * k) {
         int64_t kk = cdiv(min_i64(c * k, m->n_local - off), c);
-        gpu_alltoall(m->shard.copies, m->grads + off, kk, m->recv, m->stream);
-        sum_ranks_set(m->xfer_sum, m->recv, c, kk, m->stream);
-        gpu_allgather(m->shard.copies, m->xfer_sum, kk, GPU_F32, m->grads + off, m->stream);
+        gpu_alltoall(m->shard.copies, m->grads + off, kk, m->recv, cs);
+        sum_ranks_set(m->xfer_sum, m->recv, c, kk, cs);
+        gpu_allgather(m->shard.copies, m->xfer_sum, kk, GPU_F32, m->grads + off, cs);
     }
+    stream_after(m, m->stream, cs);
 }
 
+// Every NCCL call of a communicator goes to the comm stream, in the same order on every rank
+// (NCCL needs one order per communicator; two streams could run them in different orders on
+// different ranks): the step's collectives wait for the model's stream there, and it for them.
+//
 // Sums over ranks, in rank order, the same on every rank of the job (the FSDP group, then
 // the copies, as cpu/backend.c adds them): the gradient norm's partials (the copies hold equal
 // gradients by now, so the group's sum is the job's) and the step's loss sums. Returns by how
 // much the job's rows exceed this rank's.
 static int64_t job_sums(cuda_model *m) {
-    cudaStream_t s = m->stream;
+    cudaStream_t s = m->comm_stream ? m->comm_stream : m->stream;
+    stream_after(m, s, m->stream);
     int64_t ranks = 1;
     if (m->sharded) {
         int n = m->shard.ranks;
@@ -1534,6 +1546,7 @@ static int64_t job_sums(cuda_model *m) {
         sum_ranks_doubles(&m->st->ce_sum, m->sums_all, n, 2, s);
         ranks *= n;
     }
+    stream_after(m, m->stream, s);
     return ranks;
 }
 
@@ -1752,10 +1765,7 @@ static backend *gpu_backend_create(const param_table *t, int64_t B, int64_t T, r
     gpu_backend *g = (gpu_backend *)xcalloc(1, sizeof *g);
     g->base.ops = &gpu_ops;
     g->base.name = "cuda";
-    launch_info l = launch_detect();
-    int devices = 1;
-    if (l.size > 1 && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1)
-        CUDA_CHECK(cudaSetDevice(l.local_rank % devices));
+    (void)gpu_probe();  // selects this rank's GPU (probe_gpu), if nothing has asked yet
     gpu_shard sh;
     memset(&sh, 0, sizeof sh);
     sh.ranks = group ? comm_size(group) : 1;
@@ -1822,10 +1832,21 @@ static void probe_gpu(gpu_info *info) {
         say(info, "the " GPU_RUNTIME_NAME " runtime reports error %d (%s)", e);
         return;
     }
+    // A job of several ranks on a node: each rank takes the GPU of its rank on the node (where
+    // the launcher shows each rank one GPU, that is GPU 0), before anything makes a context.
+    launch_info l = launch_detect();
+    int dev = l.size > 1 && count > 1 ? l.local_rank % count : 0;
+    if (dev != 0) {
+        e = cudaSetDevice(dev);
+        if (e != cudaSuccess) {
+            say(info, "the " GPU_RUNTIME_NAME " runtime cannot select this rank's GPU: error %d (%s)", e);
+            return;
+        }
+    }
     cudaDeviceProp prop;
-    e = cudaGetDeviceProperties(&prop, 0);
+    e = cudaGetDeviceProperties(&prop, dev);
     if (e != cudaSuccess) {
-        say(info, "the " GPU_RUNTIME_NAME " runtime cannot read the properties of GPU 0: error %d (%s)", e);
+        say(info, "the " GPU_RUNTIME_NAME " runtime cannot read the properties of this rank's GPU: error %d (%s)", e);
         return;
     }
     snprintf(info->name, sizeof info->name, "%s", prop.name);
@@ -1835,14 +1856,14 @@ static void probe_gpu(gpu_info *info) {
     info->sm_count = prop.multiProcessorCount;
     if (prop.major < 8) {
         snprintf(info->why, sizeof info->why,
-                 "GPU 0 (%s) has compute capability %d.%d; the CUDA backend needs bf16 tensor cores, 8.0 (A100) or "
+                 "GPU %d (%s) has compute capability %d.%d; the CUDA backend needs bf16 tensor cores, 8.0 (A100) or "
                  "newer",
-                 prop.name, prop.major, prop.minor);
+                 dev, prop.name, prop.major, prop.minor);
         return;
     }
     if (prop.warpSize != WARP_SIZE) {
-        snprintf(info->why, sizeof info->why, "GPU 0 (%s) runs %d-wide warps; this binary's kernels were built for %d",
-                 prop.name, prop.warpSize, (int)WARP_SIZE);
+        snprintf(info->why, sizeof info->why, "GPU %d (%s) runs %d-wide warps; this binary's kernels were built for %d",
+                 dev, prop.name, prop.warpSize, (int)WARP_SIZE);
         return;
     }
     cudaFuncAttributes attr;
@@ -1850,14 +1871,14 @@ static void probe_gpu(gpu_info *info) {
     if (e != cudaSuccess) {
 #if defined(__HIPCC__)
         snprintf(info->why, sizeof info->why,
-                 "this binary has no kernels for GPU 0 (%s, %s): error %d (%s); rebuild with "
+                 "this binary has no kernels for GPU %d (%s, %s): error %d (%s); rebuild with "
                  "make HIP_ARCH=\"--offload-arch=%s\"",
-                 prop.name, prop.gcnArchName, (int)e, cudaGetErrorString(e), prop.gcnArchName);
+                 dev, prop.name, prop.gcnArchName, (int)e, cudaGetErrorString(e), prop.gcnArchName);
 #else
         snprintf(info->why, sizeof info->why,
-                 "this binary has no kernels for GPU 0 (%s, sm_%d%d): error %d (%s); rebuild with "
+                 "this binary has no kernels for GPU %d (%s, sm_%d%d): error %d (%s); rebuild with "
                  "make CUDA_ARCH=\"-gencode arch=compute_%d%d,code=sm_%d%d\"",
-                 prop.name, prop.major, prop.minor, (int)e, cudaGetErrorString(e), prop.major, prop.minor, prop.major,
+                 dev, prop.name, prop.major, prop.minor, (int)e, cudaGetErrorString(e), prop.major, prop.minor, prop.major,
                  prop.minor);
 #endif
         cudaGetLastError();  // clear it: the caller may go on with the CPU
@@ -2081,7 +2102,7 @@ static void resolve_recompute(trainer *tr, int replicas) {
         snprintf(where, sizeof where, "memory_budget_mb");
     } else if (gpu) {
         budget = gpu_probe()->memory_bytes - GPU_MEMORY_HEADROOM_BYTES;
-        snprintf(where, sizeof where, "GPU 0's %.1f GiB − %.0f GiB headroom", gib(gpu_probe()->memory_bytes),
+        snprintf(where, sizeof where, "the GPU's %.1f GiB − %.0f GiB headroom", gib(gpu_probe()->memory_bytes),
                  gib(GPU_MEMORY_HEADROOM_BYTES));
     } else {
         budget = plan_cpu_budget_bytes(launch_detect().local_size, where, sizeof where);
