@@ -114,6 +114,14 @@ static const gpu_info *gpu_probe(void);
 // Host ↔ GPU traffic inside a step is one small copy per micro-batch (tokens, document
 // starts and positions, the embedding backward's token buckets) through pinned slots, and
 // one copy of the step's scalars back.
+//
+// FSDP (a job of several GPU ranks, docs/fsdp.md "The GPU path"): the same passes over units
+// (llmc/shard.h), in cpu/model.c's order of acquire / prefetch / release / grads / grads_done.
+// The model's buffers then hold this rank's pieces; a unit's bf16 weights are all-gathered
+// into a slot before use, its gradient reduce-scattered from a slot after its backward (an
+// all-to-all and a rank-order sum: cuda/collective.cu), both on a comm stream; the norm gains
+// are read from an fp32 copy every rank keeps, the embedding's lookup from an fp32 gather.
+// With one rank none of that runs and the buffers are the whole model, as before.
 typedef struct cuda_model cuda_model;
 
 // What one step did, read back from the GPU by cuda_step_poll.
@@ -160,8 +168,11 @@ typedef struct {
     int64_t cap;
     float *g;                  // (cap)
     cudaEvent_t sent;          // its last reduce-scatter has read it (on the comm stream)
+    int64_t freed;             // when it was last given back (m->grad_clock): the oldest is taken first,
+                               // so that a layer's backward does not wait for the previous layer's scatter
 } grad_slot;
 enum { GRAD_SLOTS = PLAN_GPU_GRAD_SLOTS };
+
 // bf16 logits (their gradient in place) per classifier chunk, at most this many bytes (1.5 GiB):
 // 6 278 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
 // vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
@@ -363,6 +374,7 @@ struct cuda_model {
     bool sharded;              // an FSDP group of more than one rank
     cudaStream_t comm_stream;
     cudaEvent_t order;         // scratch: one stream waits for what another has queued so far
+    cudaEvent_t host_done;     // the host waits for the streams (settle)
     int num_gathers;
     gather_slot *gathers;
     int *slot_of;              // unit → its gather slot, -1
@@ -389,6 +401,7 @@ struct cuda_model {
     bool embed_held;
     cudaEvent_t embed_ready;
     int64_t gathered_bytes, gathered_peak, grad_floats, grad_peak;
+    int64_t grad_clock;
 };
 
 static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from);
@@ -757,6 +770,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
             CUDA_CHECK(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
         else m->comm_stream = m->stream;
         CUDA_CHECK(cudaEventCreateWithFlags(&m->order, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->host_done, cudaEventDisableTiming));
         for (int k = 0; k < m->num_gathers; k++)
             CUDA_CHECK(cudaEventCreateWithFlags(&m->gathers[k].ready, cudaEventDisableTiming));
         for (int k = 0; k < GRAD_SLOTS; k++)
@@ -916,6 +930,7 @@ void cuda_model_free(cuda_model *m) {
         for (int k = 0; k < GRAD_SLOTS; k++) cudaEventDestroy(m->grad_slots[k].sent);
         if (m->sharded) cudaEventDestroy(m->embed_ready);
         cudaEventDestroy(m->order);
+        cudaEventDestroy(m->host_done);
         if (m->comm_stream != m->stream) cudaStreamDestroy(m->comm_stream);
     }
     if (m->profile) profile_print(m->profile);
@@ -948,8 +963,17 @@ static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from) {
 }
 
 // Waits for everything queued on the model's streams (the host reads or writes its buffers next).
+// With peers (FSDP, HSDP) the wait gives up after comm_timeout_s: queued collectives of a
+// rank that died would never finish (gpu_comm_wait).
 static void settle(cuda_model *m) {
-    if (m->comm_stream && m->comm_stream != m->stream) CUDA_CHECK(cudaStreamSynchronize(m->comm_stream));
+    gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
+    if (peers) {
+        stream_after(m, m->stream, m->comm_stream);
+        CUDA_CHECK(cudaEventRecord(m->host_done, m->stream));
+        gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies, m->host_done,
+                      "the GPU's queued work");
+        return;
+    }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
@@ -980,7 +1004,7 @@ void cuda_model_upload(cuda_model *m, const float *params, const float *exp_avg,
     memset(&st, 0, sizeof st);
     st.adam_step = adam_step;
     CUDA_CHECK(cudaMemcpyAsync(m->st, &st, sizeof st, cudaMemcpyHostToDevice, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    settle(m);
 }
 
 // Replaces only the weights (DiLoCo's outer step), keeping moments and t. Synchronous.
@@ -989,7 +1013,7 @@ void cuda_model_upload_params(cuda_model *m, const float *params) {
     upload_floats(m, m->params, params, m->n_local);
     floats_to_bf16(m->params_bf16, m->params, m->n_local, m->stream);
     sync_gains(m);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    settle(m);
 }
 
 // GPU → host after all queued work: any pointer may be NULL. Synchronous.
@@ -1017,7 +1041,7 @@ void cuda_model_zero_grads(cuda_model *m) {
 void cuda_model_poison_grad(cuda_model *m, float value) {
     if (m->comm_stream) stream_after(m, m->stream, m->comm_stream);  // the reduce-scatters add to the gradients
     CUDA_CHECK(cudaMemcpyAsync(m->grads, &value, sizeof(float), cudaMemcpyHostToDevice, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));  // value lives on the host stack
+    settle(m);  // value lives on the host stack
 }
 
 // ---------------------------------------------------------------- inputs
@@ -1037,8 +1061,12 @@ static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *ta
     }
     input_slot *sl = &m->slots[m->next_slot];
     m->next_slot = (m->next_slot + 1) % INPUT_SLOTS;
-    // Named wait: the slot's previous copy must have been taken by the GPU.
-    CUDA_CHECK(cudaEventSynchronize(sl->copied));
+    // Named wait: the slot's previous copy must have been taken by the GPU (with peers, it may
+    // sit behind collectives: a deadline, gpu_comm_wait).
+    gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
+    if (peers) gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies, sl->copied,
+                             "an input copy queued behind collectives");
+    else CUDA_CHECK(cudaEventSynchronize(sl->copied));
     memcpy(sl->inputs, inputs, (size_t)N * sizeof(int32_t));
     if (targets) memcpy(sl->targets, targets, (size_t)N * sizeof(int32_t));
     document_positions(sl->start, sl->pos, inputs, B, T, m->cfg.doc_masking, m->cfg.doc_token);
@@ -1173,7 +1201,8 @@ static void unit_grads(cuda_model *m, int u) {
     int k = -1;
     for (int j = 0; j < GRAD_SLOTS; j++)
         if (m->grad_slots[j].unit < 0 && m->grad_slots[j].cap >= whole &&
-            (k < 0 || m->grad_slots[j].cap < m->grad_slots[k].cap))
+            (k < 0 || m->grad_slots[j].cap < m->grad_slots[k].cap ||
+             (m->grad_slots[j].cap == m->grad_slots[k].cap && m->grad_slots[j].freed < m->grad_slots[k].freed)))
             k = j;
     CHECK(k >= 0);
     grad_slot *g = &m->grad_slots[k];
@@ -1198,6 +1227,7 @@ static void unit_grads_done(cuda_model *m, int u) {
     gpu_alltoall(m->shard.group, g->g, x->piece, m->recv, cs);
     sum_ranks_add(m->grads + x->local, m->recv, m->map.ranks, x->piece, cs);
     CUDA_CHECK(cudaEventRecord(g->sent, cs));
+    g->freed = ++m->grad_clock;
     g->unit = -1;
     m->grad_of[u] = -1;
     count_grads(m, -x->piece * m->map.ranks);
@@ -1629,15 +1659,40 @@ bool cuda_step_poll(cuda_model *m, cuda_step_result *r, bool wait) {
 
 // ---------------------------------------------------------------- forward only
 
+// What a forward pass and the classifier acquire and release, in their order, without
+// computing: a rank whose validation turn has no rows still takes part in every gather.
+static void forward_units_only(cuda_model *m) {
+    int L = (int)m->dims.L, H = head_unit(m);
+    embedding_acquire(m);
+    unit_prefetch(m, 1);
+    embedding_release(m);
+    for (int l = 0; l < L; l++) {
+        unit_acquire(m, 1 + l);
+        unit_prefetch(m, 2 + l);
+        unit_release(m, 1 + l, false);
+    }
+    unit_acquire(m, L + 1);
+    unit_acquire(m, H);
+    unit_release(m, H, false);
+    final_unit_release(m);
+}
+
+// B = 0: a turn without rows (a job's validation, trainer's validate): the sums of nothing.
 loss_sums cuda_forward_loss(cuda_model *m, const int32_t *inputs, const int32_t *targets, int64_t B, int64_t T) {
     CHECK(!m->step_open);  // the activations are shared with the step being accumulated
+    if (B == 0) {
+        forward_units_only(m);
+        settle(m);
+        loss_sums none = {0.0, 0.0, 0};
+        return none;
+    }
     queue_inputs(m, inputs, targets, B, T, false);
     forward_blocks(m, B, T, false);
     CUDA_CHECK(cudaMemsetAsync(m->eval_sums, 0, 2 * sizeof(double), m->stream));
     classifier(m, B * T, false, 0.0f, 0.0f, m->eval_sums);
     final_unit_release(m);
     CUDA_CHECK(cudaMemcpyAsync(m->eval_result, m->eval_sums, 2 * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));  // named: validation needs the number now
+    settle(m);  // named: validation needs the number now
     loss_sums sums = {m->eval_result[0], m->eval_result[1], B * T};
     return sums;
 }
@@ -1654,7 +1709,7 @@ static void copy_logits(cuda_model *m, int64_t r0, int64_t n, float *host) {
                        W16(P_LM_HEAD, -1), k, m->dims.C, V, m->stream);
         CUDA_CHECK(cudaMemcpy2DAsync(rows, (size_t)V * sizeof(bf16), m->logits, (size_t)m->ld_logits * sizeof(bf16),
                                      (size_t)V * sizeof(bf16), (size_t)k, cudaMemcpyDeviceToHost, m->stream));
-        CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the logits buffer is reused by the next chunk
+        settle(m);  // the logits buffer is reused by the next chunk
         for (int64_t i = 0; i < k * V; i++) host[c0 * V + i] = bf16_to_float(rows[i]);
     }
     unit_release(m, head_unit(m), false);
@@ -1712,7 +1767,8 @@ static step_result gpu_step(backend *b, double lr, int64_t rows, const train_con
     if (peers) {
         // A rank that died leaves NCCL waiting: give up after comm_timeout_s, with one line.
         double t0 = wall_seconds();
-        gpu_comm_wait(peers, m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
+        gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies,
+                      m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
         b->comm_wait_s += wall_seconds() - t0;  // the whole wait for the step (not only its collectives)
         b->gathered_peak_bytes = m->gathered_peak;
         b->grads_peak_bytes = (m->grad_peak + (m->sharded ? m->map.max_unit : 0)) * 4;  // + the receive buffer
@@ -2052,7 +2108,8 @@ static bool rank_plan(const param_table *t, const train_config *cfg, int ranks, 
                       rank_memory *m) {
     activation_plan a;
     if (!backend_activations(t, cfg, gpu, r, &a)) return false;
-    plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu};
+    plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu,
+                    cfg->dp_replicate > 1 ? (int)cfg->dp_replicate : 1};
     *m = plan_rank_memory(t, s, a, plan_diloco_memory(cfg, t, ranks).total);
     return true;
 }

@@ -120,7 +120,7 @@ static void nccl_load(void) {
 #else
 static void *nccl_symbol(void *lib, const char *name) {
     void *f = dlsym(lib, name);
-    if (!f) fail("NCCL: libnccl.so.2 has no %s (NCCL 2.7 or newer is needed)", name);
+    if (!f) fail("NCCL: libnccl.so.2 has no %s (NCCL 2.10 or newer is needed)", name);
     return f;
 }
 
@@ -147,6 +147,9 @@ static void nccl_load(void) {
     NCCL_FN(error_string, "ncclGetErrorString");
     NCCL_FN(get_version, "ncclGetVersion");
 #undef NCCL_FN
+    int version = 0;
+    if (nccl.get_version(&version) != ncclSuccess || version < 21000)
+        fail("NCCL: the libnccl.so.2 loaded is version %d; train_gpt needs 2.10 or newer (bf16 all-gathers)", version);
     nccl_loaded = true;
 }
 #endif
@@ -213,7 +216,18 @@ void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaSt
     nccl_check(g, nccl.group_end(), "ncclGroupEnd");
 }
 
-void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what) {
+// NCCL's asynchronous error of g, if any: the communicator is aborted and the run ends with one line.
+static void check_async(gpu_comm *g, const char *what) {
+    ncclResult_t async = ncclSuccess;
+    if (!g || nccl.comm_get_async_error(g->nccl, &async) != ncclSuccess || async == ncclSuccess ||
+        async == ncclInProgress)
+        return;
+    nccl.comm_abort(g->nccl);
+    fail("NCCL: %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank, g->name,
+         nccl.error_string(async));
+}
+
+void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *what) {
     double timeout = comm_timeout();
     double t0 = wall_seconds();
     for (;;) {
@@ -221,14 +235,11 @@ void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what) {
         if (e == cudaSuccess) return;
         if (e != cudaErrorNotReady) CUDA_CHECK(e);
         (void)cudaGetLastError();  // "not ready" is no error
-        ncclResult_t async = ncclSuccess;
-        if (nccl.comm_get_async_error(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-            nccl.comm_abort(g->nccl);
-            fail("NCCL: %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank,
-                 g->name, nccl.error_string(async));
-        }
+        check_async(g, what);
+        check_async(also, what);
         if (wall_seconds() - t0 > timeout) {
             nccl.comm_abort(g->nccl);
+            if (also) nccl.comm_abort(also->nccl);
             fail("fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) for %s: another rank died or hangs",
                  g->rank, g->name, timeout, what);
         }
@@ -259,8 +270,8 @@ void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaSt
     (void)g, (void)send, (void)n, (void)recv, (void)stream;
     CHECK(false);
 }
-void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what) {
-    (void)g, (void)what;
+void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *what) {
+    (void)g, (void)also, (void)what;
     CUDA_CHECK(cudaEventSynchronize(done));
 }
 

@@ -29,9 +29,10 @@ void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, voi
 // recv[r·n .. r·n + n) ← rank r's send[me·n .. me·n + n): the pieces of a reduce-scatter,
 // before the rank-order sum (sum_ranks_add).
 void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaStream_t stream);
-// Waits for `done` (an event after collectives), giving up after comm_timeout_s with a one-line
-// error (and aborting the communicator) when another rank died or hangs; what names the wait.
-void gpu_comm_wait(gpu_comm *g, cudaEvent_t done, const char *what);
+// Waits for `done` (an event after collectives of g and of also, which may be NULL), giving up
+// with a one-line error (and aborting the communicators) on NCCL's asynchronous error of either
+// or after comm_timeout_s: another rank died or hangs. what names the wait.
+void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *what);
 
 // dst[i] (+)= Σ_r parts[r·n + i], r = 0, 1, … in order: the same bits on every rank and run.
 void sum_ranks_add(float *dst, const float *parts, int ranks, int64_t n, cudaStream_t stream);

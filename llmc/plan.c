@@ -57,7 +57,8 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
         // unit, each its size); the norm gains in fp32 (all of them, this rank's share of them,
         // and the all-gather's ranks copies); unit gradients: one slot of the largest unit (the
         // embedding's fp32 lookup borrows it during the forward), PLAN_GPU_GRAD_SLOTS − 1 of a
-        // layer's, and the all-to-all's receive buffer. Exact but for 256-byte rounding.
+        // layer's; the receive buffer below. Exact but for 256-byte rounding and the small
+        // tables (AdamW's chunks, the gains' stretches).
         int64_t layer_unit = 0, all_units = 0, gains = 0;
         for (int u = 0; u < map.count; u++) {
             int64_t whole = map.units[u].piece * ranks;
@@ -68,7 +69,7 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
             if (t->params[i].ndim == 1) gains += t->params[i].numel;
         int64_t slots = s.reshard ? map.max_unit + (PLAN_GPU_GATHER_SLOTS - 1) * layer_unit : all_units;
         m.gathered_weights = map.local_numel * 2 + slots * 2 + gains * 4 * (ranks + 2);
-        m.gathered_grads = (map.max_unit + (PLAN_GPU_GRAD_SLOTS - 1) * layer_unit + map.max_unit) * 4;
+        m.gathered_grads = (map.max_unit + (PLAN_GPU_GRAD_SLOTS - 1) * layer_unit) * 4;
     } else {
         int64_t held = s.reshard ? largest_units(&map, s.prefetch ? 2 : 1, -1) : map.local_numel * ranks;
         m.gathered_weights = held * weight_bytes;
@@ -77,6 +78,21 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
         int64_t held_grads = largest_units(&map, 2, tied) + biggest + piece;
         if (tied >= 0) held_grads += map.units[tied].piece * ranks;
         m.gathered_grads = held_grads * 4;
+    }
+    if (s.gpu) {
+        // The GPU's collective buffers: the all-to-all's receive buffer (the largest unit under
+        // FSDP; with HSDP at least a chunk of the copies' all-reduce, min(P/N + copies, 2²⁶)
+        // values, and its sum, 1/copies of it), room past the gradient pieces for that
+        // all-reduce's padding, and the step's gathered norm partials and loss sums.
+        int copies = s.copies > 1 ? s.copies : 1, most = ranks > copies ? ranks : copies;
+        int64_t xfer = ranks > 1 ? map.max_unit : 0;
+        if (copies > 1) {
+            int64_t chunk = map.local_numel + copies < ((int64_t)1 << 26) ? map.local_numel + copies : (int64_t)1 << 26;
+            if (chunk > xfer) xfer = chunk;
+        }
+        m.gathered_grads += copies * 4;
+        if (xfer > 0)  // + every rank's 1024 norm partials (GRAD_NORM_BLOCKS) and 2 loss sums, doubles
+            m.gathered_grads += xfer * 4 + (copies > 1 ? xfer / copies * 4 : 0) + (int64_t)most * (1024 + 2) * 8;
     }
     m.gpu = s.gpu;
     m.activations = a.activations;

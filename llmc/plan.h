@@ -48,6 +48,7 @@ typedef struct {
     bool reshard;       // fsdp_reshard_after_forward
     bool prefetch;      // fsdp_prefetch
     bool gpu;           // gathered weights in bf16 (a GPU), else fp32 (the CPU backend)
+    int copies;         // HSDP: dp_replicate (1 or 0: none)
 } plan_split;
 
 // A backend's activation memory for one micro-batch.

@@ -3,8 +3,10 @@
 # each fit one 10-minute device command, raw output kept as evidence to commit:
 #
 #   bash scripts/gpu_session.sh check       # the machine and toolchain, `make`, every GPU test
-#                                           # (make test-gpu's programs, each on its own), the
-#                                           # kernel tests under memcheck, racecheck, initcheck
+#                                           # (make test-gpu's programs, each on its own, FSDP's
+#                                           # test_fsdp_gpu.sh among them), the FSDP bench at
+#                                           # gpt-124m, the kernel tests under memcheck,
+#                                           # racecheck, initcheck
 #   bash scripts/gpu_session.sh bench-1b    # gpt-1b, seq 4096: train_gpt vs PyTorch 2 (causal,
 #                                           # documents) and the per-kernel table of each
 #   bash scripts/gpu_session.sh bench-rest  # the same for gpt-124m and gpt-350m
@@ -73,6 +75,8 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
             run "$t" env TRAIN_GPT="$PWD/train_gpt" BUILD="$PWD/build" PYTHON=python3 bash "$t"
         done
         run "build/test_gpu_step with TRAIN_GPT_ATTENTION=fa2" env TRAIN_GPT_ATTENTION=fa2 build/test_gpu_step
+        run "bench/fsdp/gpu.sh gpt-124m 1024 (FSDP through NCCL: world 1, or the GPUs here)" \
+            bash bench/fsdp/gpu.sh gpt-124m 1024
         # The kernel tests under the sanitizers: out-of-bounds and misaligned accesses
         # (memcheck), shared-memory races (racecheck), uninitialized reads (initcheck).
         # --error-exitcode makes a finding fail the line, not only print.

@@ -23,14 +23,20 @@
 #     GPU (device_state_mb of the end event: what the GPU backend allocated for them).
 #  7. TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes (a world of one) equals np 4's
 #     order of additions: the same losses as np 4 within 5e-4.
+#  1b. Validation over 3 rows (at np 2 and 4 a rank's last turn has none, and still takes part in
+#     the gathers): the val_loss as np 1's within 5e-4; every run's start line plans per rank
+#     what its GPU then allocated (within 0.05 MiB: 256-byte rounding, small tables).
+#  8. DiLoCo over GPU-sharded replicas: 2 replicas of 2 ranks each (tcp through one relay of 2
+#     hubs, int8 with error feedback, H = 4, 8 steps): both exit 0, both outer steps applied
+#     with both replicas, param_hash equal on both at each.
 . "$(dirname "$0")/lib.sh"
 require_mpi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp_with_processes
 EMU="$BUILD/train_gpt_emu"
 "$TOOL" shard "$tmp/train.bin" 512 0 100000 21
 "$TOOL" shard "$tmp/val.bin" 512 0 5000 22
 common=(test/configs/gpu_tiny.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 4
-    --val_tokens 256 --log_every 1 --ckpt_every 4 --ckpt_keep 0 --n_layer 2 --d_model 64 --n_head 2 --n_kv_head 1
+    --val_tokens 192 --log_every 1 --ckpt_every 4 --ckpt_keep 0 --n_layer 2 --d_model 64 --n_head 2 --n_kv_head 1
     --d_ff 128 --seq_len 64 --batch_size 1 --max_steps 8 --warmup_steps 2 --threads 1)
 run() {  # run NP BINARY DEVICE OUT_DIR [--key value]...: grad_accum 4 / NP
     local np=$1 bin=$2 dev=$3 out=$4; shift 4
@@ -74,8 +80,34 @@ run 4 "$EMU" cuda "$tmp/np4"
 run 2 "$EMU" cuda "$tmp/hsdp12" --fsdp_size 1 --dp_replicate 2
 run 4 "$EMU" cuda "$tmp/hsdp22" --fsdp_size 2
 check "np 2 says FSDP over 2 on the GPU" grep -q 'FSDP over 2, 1 copy' "$tmp/np2.log"
+val_close() {  # val_close A B: the validation losses (3 rows: at np 2 and 4 a rank's last turn is empty)
+    "$PYTHON" - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import json, sys
+def val(path):
+    return {d["step"]: (d["val_loss"], d["val_tokens"]) for d in map(json.loads, open(path)) if "val_loss" in d}
+a, b = val(sys.argv[1]), val(sys.argv[2])
+ok = len(a) == 2 and a.keys() == b.keys() and all(a[s][1] == b[s][1] == 192 for s in a)
+worst = max(abs(a[s][0] - b[s][0]) / b[s][0] for s in a) if ok else float("inf")
+print("    val_loss at steps %s, worst relative difference %.2g (tolerance 5e-4)" % (sorted(a), worst))
+sys.exit(0 if ok and worst <= 5e-4 else 1)
+PY
+}
+planned_vs_allocated() {  # the start line's plan against what rank 0's GPU allocated, within 0.05 MiB
+    "$PYTHON" - "$1" <<'PY'
+import re, sys
+m = re.search(r"planned per rank: ([0-9.]+) MiB .*allocated on this GPU: ([0-9.]+) MiB", open(sys.argv[1]).read())
+print("    planned %s MiB, allocated %s MiB" % (m.group(1), m.group(2)) if m else "    no plan line")
+sys.exit(0 if m and abs(float(m.group(1)) - float(m.group(2))) <= 0.05 else 1)
+PY
+}
 for r in np2 np2_noprefetch np2_keep np4 hsdp12 hsdp22; do
     check "$r: 8 steps, losses as np 1 within 5e-4" close "$tmp/$r" "$tmp/np1" 5e-4
+done
+for r in np2 np4 hsdp12; do
+    check "$r: validation (a rank's turn without rows included) as np 1's within 5e-4" val_close "$tmp/$r" "$tmp/np1"
+done
+for r in np2 np2_keep np4 hsdp12 hsdp22; do
+    check "$r: the start line's plan per rank is what the GPU allocated" planned_vs_allocated "$tmp/$r.log"
 done
 check "np 2 without prefetch: the same bits as with it" same_losses "$tmp/np2" "$tmp/np2_noprefetch"
 check "np 2 without resharding: the same bits" same_losses "$tmp/np2" "$tmp/np2_keep"
@@ -113,4 +145,26 @@ import sys; a, b = $g1, $g2; sys.exit(0 if a / 2 - 0.001 <= b <= a / 2 + 0.002 e
 TRAIN_GPT_FSDP_UNITS=1 run 1 "$EMU" cuda "$tmp/units1"
 check "TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes, losses as np 4's within 5e-4" \
     close "$tmp/units1" "$tmp/np4" 5e-4
+make_secret "$tmp/secret"
+port=$(free_port)
+"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 --shards 2 \
+    >"$tmp/relay.log" 2>&1 &
+pids+=($!)
+wait_until "the relay listens on 2 ports" sh -c "[ \$(grep -c 'listening on' '$tmp/relay.log') -ge 2 ]"
+dl=(--diloco_replicas 2 --diloco_inner_steps 4 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2
+    --diloco_timeout_s 10 --diloco_connect_timeout_s 60 --fsdp_size 2 --ckpt_every 0)
+for id in 0 1; do
+    "${MPIRUN[@]}" 2 "$EMU" "${common[@]}" --device cuda --grad_accum 1 --out_dir "$tmp/dl$id" "${dl[@]}" \
+        --diloco_replica_id $id >"$tmp/dl$id.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+wait "${pids[-2]}" || rc=$?
+wait "${pids[-1]}" || rc=$?
+check "DiLoCo, 2 replicas x 2 GPU ranks: both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  both outer steps applied with both replicas" \
+    test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/dl0/metrics.jsonl")" -eq 2
+check "  param_hash equal on both replicas at every outer step (2)" \
+    all_hashes_agree 2 "$tmp/dl0/metrics.jsonl" "$tmp/dl1/metrics.jsonl"
 finish test_fsdp_gpu_emu
