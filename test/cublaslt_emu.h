@@ -163,31 +163,37 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
                                      cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b,
                                      const void *beta, const void *C, cublasLtMatrixLayout_t c, void *D,
                                      cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *, void *, size_t,
-                                     cudaStream_t) {
+                                     cudaStream_t stream) {
     uint64_t m, n, k;
     cublasStatus_t s = emu::lt_shapes(d, a, b, c, dl, &m, &n, &k);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     h->calls++;
+    // Read now (host pointers), run in the stream's order (test/warp_emu.h's deferred streams);
+    // the descriptors are the caller's cached ones, alive until it destroys them.
     float al = *(const float *)alpha, be = *(const float *)beta;
     bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
+    int64_t lda = a->ld, ldb = b->ld, ldc = c ? c->ld : 0, ldd = dl->ld;
+    cudaDataType_t ctype = c ? c->type : CUDA_R_32F, dtype = dl->type;
+    emu::enqueue(stream, [=] {
     // op(A) row by row and op(B) column by column as floats, then Dᵀ (n, m) = op(B)ᵀ · op(A)ᵀ
     // by the CPU backend's row-major product (cpu/gemm.h: OpenBLAS when the build has it).
     const uint16_t *Ab = (const uint16_t *)A, *Bb = (const uint16_t *)B;
     std::vector<float> opa(m * k), opbt(n * k), dt(n * m);
     for (uint64_t i = 0; i < m; i++)
-        for (uint64_t p = 0; p < k; p++) opa[i * k + p] = emu::bf16_value(Ab[ta ? i * a->ld + p : p * a->ld + i]);
+        for (uint64_t p = 0; p < k; p++) opa[i * k + p] = emu::bf16_value(Ab[ta ? i * lda + p : p * lda + i]);
     for (uint64_t j = 0; j < n; j++)
-        for (uint64_t p = 0; p < k; p++) opbt[j * k + p] = emu::bf16_value(Bb[tb ? p * b->ld + j : j * b->ld + p]);
+        for (uint64_t p = 0; p < k; p++) opbt[j * k + p] = emu::bf16_value(Bb[tb ? p * ldb + j : j * ldb + p]);
     gemm(false, true, (int64_t)n, (int64_t)m, (int64_t)k, 1.0f, opbt.data(), (int64_t)k, opa.data(), (int64_t)k, 0.0f,
          dt.data(), (int64_t)m);
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             float v = al * dt[j * m + i];
-            if (be != 0.0f) v += be * emu::lt_load(C, c->type, (int64_t)(j * c->ld + i));
-            int64_t at = (int64_t)(j * dl->ld + i);
-            if (dl->type == CUDA_R_32F) ((float *)D)[at] = v;
+            if (be != 0.0f) v += be * emu::lt_load(C, ctype, (int64_t)(j * ldc + i));
+            int64_t at = (int64_t)(j * ldd + i);
+            if (dtype == CUDA_R_32F) ((float *)D)[at] = v;
             else ((uint16_t *)D)[at] = emu::bf16_bits(v);
         }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

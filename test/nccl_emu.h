@@ -4,9 +4,10 @@
 // path between CPU processes: the same unit gathering, all-to-all and rank-order sums the NCCL
 // build runs on GPUs. Included (-include) into cuda/collective.cu's emulated object only.
 //
-// What it does not model: NCCL's asynchrony (a call here has finished when it returns, so a
-// missing stream dependency cannot show), its failure modes (a dead peer makes MPI abort the
-// job here, where NCCL would leave gpu_comm_wait to time out).
+// A call runs in its stream's order like a kernel: at once, or later on a deferred stream
+// (TRAIN_GPT_EMU_DEFER, test/warp_emu.h), so a missing stream dependency around a collective
+// shows. What it does not model: NCCL's failure modes (a dead peer makes MPI abort the job
+// here, where NCCL would leave gpu_comm_wait to time out).
 #ifndef TRAIN_GPT_NCCL_EMU_H
 #define TRAIN_GPT_NCCL_EMU_H
 
@@ -46,6 +47,7 @@ struct p2p {
     ncclDataType_t type;
     int peer;
     ncclComm_t comm;
+    cudaStream_t stream;
 };
 inline std::vector<p2p> &pending() {
     static std::vector<p2p> ops;
@@ -59,17 +61,22 @@ inline MPI_Datatype mpi_type(ncclDataType_t t) {
     return t == ncclFloat64 ? MPI_DOUBLE : t == ncclBfloat16 ? MPI_UINT16_T : MPI_FLOAT;
 }
 inline size_t type_bytes(ncclDataType_t t) { return t == ncclFloat64 ? 8 : t == ncclBfloat16 ? 2 : 4; }
-inline void run_pending() {
-    std::vector<p2p> &ops = pending();
-    if (ops.empty()) return;  // a world of one: only the copy to itself, outside the group
+inline void run(const std::vector<p2p> &ops) {
     std::vector<MPI_Request> reqs(ops.size());
     for (size_t i = 0; i < ops.size(); i++) {
-        p2p &o = ops[i];
+        const p2p &o = ops[i];
         if (o.send) MPI_Isend(o.buf, (int)o.count, mpi_type(o.type), o.peer, 77, o.comm->mpi, &reqs[i]);
         else MPI_Irecv(o.buf, (int)o.count, mpi_type(o.type), o.peer, 77, o.comm->mpi, &reqs[i]);
     }
     MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE);
-    ops.clear();
+}
+// A group's sends and receives run together, in their stream's order (test/warp_emu.h's
+// deferred streams run them when the stream gets there).
+inline void run_pending() {
+    std::vector<p2p> ops;
+    ops.swap(pending());
+    if (ops.empty()) return;  // a world of one: only the copy to itself, outside the group
+    emu::enqueue(ops[0].stream, [ops] { run(ops); });
 }
 }  // namespace nccl_emu
 
@@ -114,21 +121,28 @@ inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 inline ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
 inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) { return *e = ncclSuccess, ncclSuccess; }
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
-                                  cudaStream_t) {
+                                  cudaStream_t stream) {
     MPI_Datatype t = nccl_emu::mpi_type(type);
-    if (comm->size == 1) return memmove(recv, send, count * nccl_emu::type_bytes(type)), ncclSuccess;
-    return MPI_Allgather(send, (int)count, t, recv, (int)count, t, comm->mpi) == MPI_SUCCESS ? ncclSuccess
-                                                                                            : ncclSystemError;
-}
-inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                             cudaStream_t) {
-    if (nccl_emu::group_depth() == 0) return ncclInvalidUsage;  // collective.cu always groups them
-    nccl_emu::pending().push_back({true, const_cast<void *>(buf), count, type, peer, comm});
+    size_t bytes = count * nccl_emu::type_bytes(type);
+    emu::enqueue(stream, [=] {
+        if (comm->size == 1) memmove(recv, send, bytes);
+        else if (MPI_Allgather(send, (int)count, t, recv, (int)count, t, comm->mpi) != MPI_SUCCESS) {
+            fprintf(stderr, "test/nccl_emu.h: MPI_Allgather failed\n");
+            exit(1);
+        }
+    });
     return ncclSuccess;
 }
-inline ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                             cudaStream_t stream) {
+    if (nccl_emu::group_depth() == 0) return ncclInvalidUsage;  // collective.cu always groups them
+    nccl_emu::pending().push_back({true, const_cast<void *>(buf), count, type, peer, comm, stream});
+    return ncclSuccess;
+}
+inline ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                             cudaStream_t stream) {
     if (nccl_emu::group_depth() == 0) return ncclInvalidUsage;
-    nccl_emu::pending().push_back({false, buf, count, type, peer, comm});
+    nccl_emu::pending().push_back({false, buf, count, type, peer, comm, stream});
     return ncclSuccess;
 }
 inline ncclResult_t ncclGroupStart() {

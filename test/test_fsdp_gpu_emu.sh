@@ -12,6 +12,14 @@
 #  2. the splits that add the same values in the same order are the same bits: np 2 with and
 #     without prefetch (the comm stream is the model's stream without it), and without
 #     resharding; HSDP 2 × 2 as np 2 (a copy's sum of two ranks' gradients, as a group's).
+#     The streams: np 2 and HSDP 2 × 2 again with the emulator's streams deferred
+#     (TRAIN_GPT_EMU_DEFER, test/warp_emu.h): the model's stream run only when waited for, so
+#     the comm stream runs as early as its events allow ("first"), and the comm stream run
+#     only when waited for, as late as possible ("others"): the same bits. A missing event
+#     between the two reads a buffer too early or too late and changes the losses (planted:
+#     no wait for a gather before its unit's compute → "others" differs from step 1; a gather
+#     not waiting for the model's stream → "first" differs from step 1; the step not waiting
+#     for the last reduce-scatter → "others" differs from step 2).
 #  3. np 2 twice: byte-identical checkpoints; stopped at step 4 and resumed at np 2: byte-identical
 #     to the straight run.
 #  4. np 2's checkpoint has the one-process layout (size and header bytes), and its step-4
@@ -112,6 +120,14 @@ done
 check "np 2 without prefetch: the same bits as with it" same_losses "$tmp/np2" "$tmp/np2_noprefetch"
 check "np 2 without resharding: the same bits" same_losses "$tmp/np2" "$tmp/np2_keep"
 check "HSDP 2 x 2: the same bits as np 2" same_losses "$tmp/np2" "$tmp/hsdp22"
+TRAIN_GPT_EMU_DEFER=first run 2 "$EMU" cuda "$tmp/np2_first"
+TRAIN_GPT_EMU_DEFER=others run 2 "$EMU" cuda "$tmp/np2_others"
+TRAIN_GPT_EMU_DEFER=others run 4 "$EMU" cuda "$tmp/hsdp22_others" --fsdp_size 2
+check "np 2, the model's stream deferred (collectives as early as their events allow): the same bits" \
+    same_losses "$tmp/np2" "$tmp/np2_first"
+check "np 2, the comm stream deferred (collectives as late as possible): the same bits" \
+    same_losses "$tmp/np2" "$tmp/np2_others"
+check "HSDP 2 x 2, the comm stream deferred: the same bits" same_losses "$tmp/hsdp22" "$tmp/hsdp22_others"
 
 run 2 "$EMU" cuda "$tmp/np2b"
 check "np 2 twice: byte-identical checkpoints" same_ckpt "$tmp/np2/step_00000008" "$tmp/np2b/step_00000008"

@@ -50,6 +50,7 @@
 #include <ucontext.h>
 
 #include <deque>
+#include <memory>
 #include <functional>
 #include <tuple>
 #include <utility>
@@ -442,11 +443,86 @@ enum {
     cudaErrorNotReady = 600,
 };
 typedef int cudaError_t;
-typedef struct emu_stream *cudaStream_t;
+
+// Streams. By default every call runs when it is made, in program order (the streams are one
+// order). With TRAIN_GPT_EMU_DEFER set, some streams are deferred: what is queued on them runs
+// only when something waits for it (an event or stream synchronization, cudaStreamWaitEvent
+// from another stream, a copy into pageable host memory, cudaFree); the others run at once,
+// after what they were told to wait for. Two schedules, the extremes a GPU can take:
+//   TRAIN_GPT_EMU_DEFER=first    the first stream created is deferred (the model's), the rest
+//                                run at once: a comm stream runs as early as its waits allow
+//   TRAIN_GPT_EMU_DEFER=others   every stream but the first is deferred: as late as possible
+// A missing cross-stream dependency then reads data too early or too late, and the run's
+// numbers change (test/test_fsdp_gpu_emu.sh runs FSDP under both).
+struct emu_stream {
+    std::deque<std::function<void()>> queue;
+    int64_t queued = 0, done = 0;   // ops queued and run so far
+    bool deferred = false;
+};
+typedef emu_stream *cudaStream_t;
 struct emu_event {
     double seconds;
+    emu_stream *stream;   // of its last record (NULL: none, or the default stream)
+    int64_t pos;          // complete once stream->done reaches it
 };
 typedef emu_event *cudaEvent_t;
+
+namespace emu {
+inline std::vector<emu_stream *> &streams() {
+    static std::vector<emu_stream *> all;
+    return all;
+}
+inline int defer_mode() {  // 0 none, 1 first, 2 others
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("TRAIN_GPT_EMU_DEFER");
+        mode = !e || !*e ? 0 : strcmp(e, "first") == 0 ? 1 : strcmp(e, "others") == 0 ? 2 : -2;
+        if (mode == -2) {
+            fprintf(stderr, "test/warp_emu.h: TRAIN_GPT_EMU_DEFER=%s: first or others\n", e);
+            exit(2);
+        }
+    }
+    return mode;
+}
+// Runs stream s's queued ops until `upto` of them have run.
+inline void flush(emu_stream *s, int64_t upto) {
+    while (s && s->done < upto && !s->queue.empty()) {
+        std::function<void()> op = std::move(s->queue.front());
+        s->queue.pop_front();
+        op();
+        s->done++;
+    }
+}
+inline void flush_all() {
+    for (emu_stream *s : streams()) flush(s, s->queued);
+}
+// Queues op on s: run now unless s is deferred.
+inline void enqueue(emu_stream *s, std::function<void()> op) {
+    if (!s) {
+        op();
+        return;
+    }
+    s->queued++;
+    if (s->deferred) {
+        s->queue.push_back(std::move(op));
+        return;
+    }
+    flush(s, s->queued - 1);
+    op();
+    s->done++;
+}
+// Page-locked host allocations (cudaMallocHost): an async copy reads them when it runs;
+// pageable memory is read when the call is made (and a copy into it is synchronous), as CUDA does.
+inline std::vector<std::pair<const char *, size_t>> &pinned() {
+    static std::vector<std::pair<const char *, size_t>> all;
+    return all;
+}
+inline bool is_pinned(const void *p) {
+    for (auto &r : pinned())
+        if ((const char *)p >= r.first && (const char *)p < r.first + r.second) return true;
+    return false;
+}
+}  // namespace emu
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;  // library_types.h's values
@@ -468,7 +544,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     p->major = 9, p->multiProcessorCount = 1, p->warpSize = emu::WARP, p->totalGlobalMem = (size_t)1 << 34;
     return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return emu::flush_all(), cudaSuccess; }
 inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
     *free_bytes = *total = (size_t)1 << 34;
     return cudaSuccess;
@@ -477,41 +553,104 @@ template <typename T> cudaError_t cudaMalloc(T **p, size_t bytes) {
     *p = (T *)malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-template <typename T> cudaError_t cudaMallocHost(T **p, size_t bytes) { return cudaMalloc(p, bytes); }
-inline cudaError_t cudaFree(void *p) { return free(p), cudaSuccess; }
-inline cudaError_t cudaFreeHost(void *p) { return free(p), cudaSuccess; }
+template <typename T> cudaError_t cudaMallocHost(T **p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) emu::pinned().push_back({(const char *)*p, bytes ? bytes : 1});
+    return e;
+}
+inline cudaError_t cudaFree(void *p) {  // like CUDA's, it waits for the device first
+    emu::flush_all();
+    return free(p), cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void *p) {
+    emu::flush_all();
+    auto &all = emu::pinned();
+    for (size_t i = 0; i < all.size(); i++)
+        if (all[i].first == (const char *)p) {
+            all.erase(all.begin() + (long)i);
+            break;
+        }
+    return free(p), cudaSuccess;
+}
+// The legacy stream: synchronous, and (as with CUDA's non-blocking streams) not ordered after them.
 inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
     return memmove(dst, src, bytes), cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t = nullptr) {
-    return cudaMemcpy(dst, src, bytes, k);
+inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s = nullptr) {
+    if (k == cudaMemcpyHostToDevice && !emu::is_pinned(src)) {  // pageable: read now
+        std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src,
+                                                                                      (const char *)src + bytes);
+        emu::enqueue(s, [=] { memmove(dst, copy->data(), bytes); });
+    } else {
+        emu::enqueue(s, [=] { memmove(dst, src, bytes); });
+    }
+    if (k == cudaMemcpyDeviceToHost && !emu::is_pinned(dst) && s) emu::flush(s, s->queued);  // pageable: synchronous
+    return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                                     size_t height, cudaMemcpyKind, cudaStream_t = nullptr) {
-    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+                                     size_t height, cudaMemcpyKind k, cudaStream_t s = nullptr) {
+    emu::enqueue(s, [=] {
+        for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    });
+    if (k == cudaMemcpyDeviceToHost && !emu::is_pinned(dst) && s) emu::flush(s, s->queued);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void *p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
-inline cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t = nullptr) { return cudaMemset(p, v, bytes); }
-inline cudaError_t cudaStreamCreate(cudaStream_t *s) { return *s = nullptr, cudaSuccess; }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return *e = new emu_event{0.0}, cudaSuccess; }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    e->seconds = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+inline cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s = nullptr) {
+    emu::enqueue(s, [=] { memset(p, v, bytes); });
     return cudaSuccess;
 }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = new emu_stream;
+    int mode = emu::defer_mode();
+    (*s)->deferred = mode == 1 ? emu::streams().empty() : mode == 2 ? !emu::streams().empty() : false;
+    emu::streams().push_back(*s);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (s) emu::flush(s, s->queued);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return cudaSuccess;
+    emu::flush(s, s->queued);
+    auto &all = emu::streams();
+    for (size_t i = 0; i < all.size(); i++)
+        if (all[i] == s) {
+            all.erase(all.begin() + (long)i);
+            break;
+        }
+    delete s;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return *e = new emu_event{0.0, nullptr, 0}, cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+    emu::enqueue(s, [e] {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        e->seconds = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    });
+    e->stream = s;
+    e->pos = s ? s->queued : 0;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {  // never "not ready": the host would only poll again
+    emu::flush(e->stream, e->pos);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
 inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     return *ms = (float)((b->seconds - a->seconds) * 1e3), cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+    emu_stream *from = e->stream;
+    int64_t pos = e->pos;  // the record this call sees, not a later one
+    if (from != s) emu::enqueue(s, [from, pos] { emu::flush(from, pos); });
+    return cudaSuccess;
+}
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int *d) { return *d = 0, cudaSuccess; }
 template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
@@ -531,16 +670,19 @@ template <typename... P> struct kernel_call {
     void (*kernel)(P...);
     dim3 grid, threads;
     size_t smem;
+    cudaStream_t stream;
     template <typename... A> void operator()(A &&...args) const {
-        std::tuple<P...> params(std::forward<A>(args)...);
+        std::tuple<P...> params(std::forward<A>(args)...);  // converted now, as a launch does
         void (*k)(P...) = kernel;
-        launch(idx3{grid.x, grid.y, grid.z}, idx3{threads.x, threads.y, threads.z}, smem,
-               [&] { std::apply(k, params); });
+        idx3 g{grid.x, grid.y, grid.z}, t{threads.x, threads.y, threads.z};
+        size_t bytes = smem;
+        enqueue(stream, [=] { launch(g, t, bytes, [&] { std::apply(k, params); }); });
     }
 };
 template <typename... P>
-kernel_call<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem = 0, cudaStream_t = nullptr) {
-    return kernel_call<P...>{kernel, grid, threads, smem};
+kernel_call<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem = 0,
+                           cudaStream_t stream = nullptr) {
+    return kernel_call<P...>{kernel, grid, threads, smem, stream};
 }
 }  // namespace emu
 
