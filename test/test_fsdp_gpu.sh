@@ -2,13 +2,14 @@
 # test/configs/gpu_tiny.conf with a synthetic learnable shard, 20 steps:
 #  1. TRAIN_GPT_FSDP_UNITS=1 (one rank through the sharded passes: every unit gathered and
 #     reduce-scattered through NCCL in a world of one, on a second stream) against the plain
-#     GPU path: losses within 5e-4 relative (the forward is the same bits; the gradients are
-#     added in another order, which moves a few weights across a bf16 rounding boundary:
-#     test_fsdp_gpu_emu.sh measured 7e-5 on the emulated GPU).
+#     GPU path: losses within 2e-3 relative (the forward is the same bits; the gradients are
+#     added in another order, which moves a few weights across a bf16 rounding boundary, and
+#     at lr 3e-3 that compounds: the emulated GPU measured 1.9e-4 over 20 steps of a smaller
+#     model, 7e-5 over 8; a wrong piece or a lost gradient moves the loss by more than 1e-2).
 #  2. that run twice, and with fsdp_prefetch 0 (everything on the model's stream): the same
 #     bits — a missing stream dependency on the real GPU shows here as a difference.
 #  3. With two GPUs or more and MPI: np 2 × grad_accum 1 against np 1 × grad_accum 2 within
-#     5e-4, and np 2 twice the same bits. With one GPU: skipped, said so (NCCL refuses two
+#     2e-3, and np 2 twice the same bits. With one GPU: skipped, said so (NCCL refuses two
 #     ranks on one GPU).
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -43,7 +44,7 @@ if ! TRAIN_GPT_FSDP_UNITS=1 run "$tmp/units"; then
 fi
 TRAIN_GPT_FSDP_UNITS=1 run "$tmp/units_b"
 TRAIN_GPT_FSDP_UNITS=1 run "$tmp/units_serial" --fsdp_prefetch 0
-check "TRAIN_GPT_FSDP_UNITS=1: 20 steps within 5e-4 of the plain GPU path" close "$tmp/units" "$tmp/plain" 5e-4
+check "TRAIN_GPT_FSDP_UNITS=1: 20 steps within 2e-3 of the plain GPU path" close "$tmp/units" "$tmp/plain" 2e-3
 check "  twice: the same bits" same_losses "$tmp/units" "$tmp/units_b"
 check "  with fsdp_prefetch 0 (one stream): the same bits" same_losses "$tmp/units" "$tmp/units_serial"
 
@@ -52,7 +53,7 @@ detect_mpi
 if [ "${gpus:-0}" -ge 2 ] && [ "$HAVE_MPI" = 1 ]; then
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --grad_accum 1 --out_dir "$tmp/np2" >"$tmp/np2.log" 2>&1
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --grad_accum 1 --out_dir "$tmp/np2b" >"$tmp/np2b.log" 2>&1
-    check "np 2 (two GPUs, NCCL): within 5e-4 of np 1" close "$tmp/np2" "$tmp/plain" 5e-4
+    check "np 2 (two GPUs, NCCL): within 2e-3 of np 1" close "$tmp/np2" "$tmp/plain" 2e-3
     check "  twice: the same bits" same_losses "$tmp/np2" "$tmp/np2b"
 else
     say "  skip np 2: ${gpus:-0} GPU(s) here, MPI in the build: $HAVE_MPI (two ranks need two GPUs and MPI)"
