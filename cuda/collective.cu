@@ -18,7 +18,9 @@
 #include "llmc/comm.h"
 #include "llmc/common.h"
 
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(TRAIN_GPT_NCCL) && !defined(TRAIN_GPT_EMULATION)
 #include <dlfcn.h>
@@ -168,6 +170,34 @@ static void nccl_check(const gpu_comm *g, ncclResult_t r, const char *what) {
 
 bool gpu_comm_available(void) { return true; }
 
+// ncclCommInitRank blocks until every rank of the group has called it: a rank that died before
+// then would leave the others waiting for ever, so a thread ends the process after
+// comm_timeout_s (one line, exit status 1) unless the call returned first.
+typedef struct {
+    int done;
+    double timeout_s;
+    int rank;
+    const char *name;
+} init_deadline;
+
+static void *init_deadline_thread(void *arg) {
+    init_deadline *d = (init_deadline *)arg;
+    double t0 = wall_seconds();
+    while (!__atomic_load_n(&d->done, __ATOMIC_ACQUIRE)) {
+        if (wall_seconds() - t0 > d->timeout_s) {
+            fprintf(stderr,
+                    "train_gpt: error: fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) in "
+                    "ncclCommInitRank: another rank died or hangs\n",
+                    d->rank, d->name, d->timeout_s);
+            fflush(stderr);
+            _exit(1);
+        }
+        struct timespec nap = {0, 50 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+    return NULL;
+}
+
 gpu_comm *gpu_comm_create(const comm *group, const char *name) {
     nccl_load();
     gpu_comm *g = (gpu_comm *)xcalloc(1, sizeof *g);
@@ -178,7 +208,13 @@ gpu_comm *gpu_comm_create(const comm *group, const char *name) {
     memset(&id, 0, sizeof id);
     if (g->rank == 0) nccl_check(g, nccl.get_unique_id(&id), "ncclGetUniqueId");
     if (group) comm_broadcast(group, &id, (int64_t)sizeof id, 0);  // over MPI: the bootstrap
-    nccl_check(g, nccl.comm_init_rank(&g->nccl, g->size, id, g->rank), "ncclCommInitRank");
+    init_deadline d = {0, comm_timeout(), g->rank, name};
+    pthread_t watcher;
+    bool watched = pthread_create(&watcher, NULL, init_deadline_thread, &d) == 0;
+    ncclResult_t r = nccl.comm_init_rank(&g->nccl, g->size, id, g->rank);
+    __atomic_store_n(&d.done, 1, __ATOMIC_RELEASE);
+    if (watched) pthread_join(watcher, NULL);
+    nccl_check(g, r, "ncclCommInitRank");
     return g;
 }
 
