@@ -248,14 +248,19 @@ $(BUILD)/test_quant_gpu_emu: $(BUILD)/emu/test/test_quant_gpu.o $(BUILD)/emu/qua
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(LDLIBS)
 # `make check-emu-asan`: the emulated kernel and attention tests again under AddressSanitizer
 # (device memory is host memory there: a kernel that reads or writes past an allocation is
-# reported). Not in `make test`: about 4 minutes on 2 cores, plus the build. (The codec test
-# is left out: over 10 minutes under ASan.)
+# reported), and the trainer on the emulated GPU with FSDP under both deferred-stream
+# schedules (test/emu_asan_fsdp.sh: an op run after what it reads was freed). Not in `make
+# test`: about 10 minutes on 2 cores, plus the build. (The codec test is left out: over 10
+# minutes under ASan.)
 .PHONY: check-emu-asan
 check-emu-asan:
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer" CXXFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
-	    $(MAKE) BUILD=$(BUILD)/asan NO_CUDA=1 $(BUILD)/asan/test_gpu_kernels_emu $(BUILD)/asan/test_attention_fa2_emu
+	    $(MAKE) BUILD=$(BUILD)/asan NO_CUDA=1 $(BUILD)/asan/test_gpu_kernels_emu $(BUILD)/asan/test_attention_fa2_emu \
+	    $(BUILD)/asan/train_gpt_emu $(BUILD)/asan/test_tool
 	@set -e; for t in test_attention_fa2_emu test_gpu_kernels_emu; do \
 	    echo "== $$t (AddressSanitizer)"; $(BUILD)/asan/$$t | tail -n 1; done
+	@echo "== the trainer on the emulated GPU, FSDP with deferred streams (AddressSanitizer)"
+	@bash test/emu_asan_fsdp.sh $(BUILD)/asan $(BUILD)/asan/test_tool
 	@echo "make check-emu-asan: all passed"
 # The trainer itself on the emulated GPU (device = cuda runs on the CPU, slowly): what
 # test/test_gpu_train.sh runs in `make test` with GPU_TRAIN_EMULATED=1.
