@@ -963,18 +963,22 @@ static void stream_after(cuda_model *m, cudaStream_t to, cudaStream_t from) {
 }
 
 // Waits for everything queued on the model's streams (the host reads or writes its buffers next).
-// With peers (FSDP, HSDP) the wait gives up after comm_timeout_s: queued collectives of a
-// rank that died would never finish (gpu_comm_wait).
-static void settle(cuda_model *m) {
+// The host waits for `done`; with peers (FSDP, HSDP) it gives up after comm_timeout_s, since
+// queued collectives of a rank that died would never finish (gpu_comm_wait).
+static void host_wait(const cuda_model *m, cudaEvent_t done, const char *what) {
     gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
-    if (peers) {
-        stream_after(m, m->stream, m->comm_stream);
-        CUDA_CHECK(cudaEventRecord(m->host_done, m->stream));
-        gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies, m->host_done,
-                      "the GPU's queued work");
+    if (peers) gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies, done, what);
+    else CUDA_CHECK(cudaEventSynchronize(done));
+}
+
+static void settle(cuda_model *m) {
+    if (!m->shard.group && !m->shard.copies) {
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));
         return;
     }
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    stream_after(m, m->stream, m->comm_stream);
+    CUDA_CHECK(cudaEventRecord(m->host_done, m->stream));
+    host_wait(m, m->host_done, "the GPU's queued work");
 }
 
 // ---------------------------------------------------------------- parameters in and out
@@ -1063,10 +1067,7 @@ static void queue_inputs(cuda_model *m, const int32_t *inputs, const int32_t *ta
     m->next_slot = (m->next_slot + 1) % INPUT_SLOTS;
     // Named wait: the slot's previous copy must have been taken by the GPU (with peers, it may
     // sit behind collectives: a deadline, gpu_comm_wait).
-    gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
-    if (peers) gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies, sl->copied,
-                             "an input copy queued behind collectives");
-    else CUDA_CHECK(cudaEventSynchronize(sl->copied));
+    host_wait(m, sl->copied, "an input copy queued behind collectives");
     memcpy(sl->inputs, inputs, (size_t)N * sizeof(int32_t));
     if (targets) memcpy(sl->targets, targets, (size_t)N * sizeof(int32_t));
     document_positions(sl->start, sl->pos, inputs, B, T, m->cfg.doc_masking, m->cfg.doc_token);
@@ -1763,12 +1764,10 @@ static step_result gpu_step(backend *b, double lr, int64_t rows, const train_con
     gpu_backend *g = (gpu_backend *)b;
     cuda_model *m = g->model;
     cuda_step(m, ++g->steps_done, lr, rows, cfg, limits);
-    gpu_comm *peers = m->shard.group ? m->shard.group : m->shard.copies;
-    if (peers) {
+    if (m->shard.group || m->shard.copies) {
         // A rank that died leaves NCCL waiting: give up after comm_timeout_s, with one line.
         double t0 = wall_seconds();
-        gpu_comm_wait(peers, peers == m->shard.copies ? NULL : m->shard.copies,
-                      m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
+        host_wait(m, m->result_done[(m->results_queued - 1) % RESULT_SLOTS], "the step's collectives");
         b->comm_wait_s += wall_seconds() - t0;  // the whole wait for the step (not only its collectives)
         b->gathered_peak_bytes = m->gathered_peak;
         b->grads_peak_bytes = (m->grad_peak + (m->sharded ? m->map.max_unit : 0)) * 4;  // + the receive buffer
