@@ -523,16 +523,13 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     free(theta_from);
     free(params_from);
     if (d->residual) memset(d->residual, 0, bytes);
-    // This replica's data continues where a replica that had trained all along would be.
-    int64_t batches = c.step * d->cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
-    dataloader_seek(train, (data_position){batches / per_epoch, batches % per_epoch});
     int64_t was = st->step, was_outer = st->outer_step;
     st->step = c.step;
     st->outer_step = c.outer_step;
     st->tokens_seen = c.tokens;
     st->bad_steps = 0;
     st->merge_step = 0;
-    st->data = dataloader_position(train);
+    diloco_seek_data(d->cfg, train, st);
     uint64_t hash = replica_hash(d, d->theta, d->numel);
     char extra[512], carried[200];
     if (w > 0.0)
@@ -614,6 +611,12 @@ static bool join_group(diloco *d, float *params, train_state *st, dataloader *tr
     return took;
 }
 
+void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st) {
+    int64_t batches = st->step * cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
+    dataloader_seek(train, (data_position){batches / per_epoch, batches % per_epoch});
+    st->data = dataloader_position(train);
+}
+
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh) {
     size_t bytes = (size_t)d->numel * sizeof(float);
     if (fresh) {
@@ -681,11 +684,12 @@ static int64_t steps_since_sync(const diloco *d, const fragment *f, int64_t step
     return step - previous;
 }
 
-// Training tokens of one inner step of this replica (all its ranks: each reads its own
-// micro-batches). Replicas may differ in batch_size and grad_accum (docs/diloco.md).
+// Training tokens of one inner step of this replica (all its ranks, HSDP's copies too: each
+// reads its own micro-batches). Replicas may differ in batch_size and grad_accum (docs/diloco.md).
 static uint64_t tokens_per_step(const diloco *d) {
     const train_config *c = d->cfg;
-    return (uint64_t)(c->batch_size * c->model.seq_len * c->grad_accum) * (uint64_t)d->ranks;
+    uint64_t copies = c->dp_replicate > 1 ? (uint64_t)c->dp_replicate : 1;
+    return (uint64_t)(c->batch_size * c->model.seq_len * c->grad_accum) * (uint64_t)d->ranks * copies;
 }
 
 // delta[fragment] ← the decoded mean the reducer sent back (the hub, the MPI ranks, or this

@@ -78,6 +78,11 @@ void diloco_attach_buffers(diloco *d, model_buffers *b);
 // receives its state and overwrites params, θ, m, the step counters and the data position.
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh);
 
+// A replica that takes the group's state continues its data where a replica that had trained
+// all along to st->step would be: seeks train there and records it in st->data. (HSDP's other
+// copies do the same for their own rows when the first copy's rank rejoined: train_gpt.cu.)
+void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st);
+
 // Streaming (docs/diloco.md#streaming): with diloco_fragments P > 1 the model is synced in
 // P fragments of whole layers, fragment p after inner steps s with s % H = ⌊(p+1)·H/P⌋ % H,
 // each its own round of the transport (its own outer step number, quantization, error

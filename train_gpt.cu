@@ -2037,7 +2037,8 @@ typedef struct {
     int threads;
     int rank, world;     // this process among all that read data (replicas × ranks), and how many
     data_split split;    // which rows it reads (dataloader.h)
-    diloco *outer;       // NULL without DiLoCo
+    diloco *outer;       // NULL without DiLoCo, and on HSDP's other copies (copies_follow)
+    bool copies_follow;  // DiLoCo with HSDP copies: the first copy's ranks run it, the others follow
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
     double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
@@ -2622,10 +2623,83 @@ static void release(trainer *tr) {
 
 static model_buffers buffers_of(trainer *tr) {
     model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL, &tr->shard, tr->job,
-                       true};
+                       true, tr->copies_follow};
     if (tr->job) b.writer = !tr->copies || comm_rank(tr->copies) == 0;  // HSDP: the first copy writes
     if (tr->outer) diloco_attach_buffers(tr->outer, &b);
     return b;
+}
+
+// ---------------------------------------------------------------- HSDP copies in a DiLoCo replica
+// A DiLoCo replica may be an HSDP job (docs/fsdp.md#hsdp-copies-in-a-diloco-replica): its copies
+// hold the same weights after every step (their gradients are all-reduced), so only the first
+// copy's ranks run DiLoCo, each with its own connection to the hub as an FSDP replica's ranks
+// do, and every rank of another copy takes what DiLoCo did from the first copy's rank that
+// holds the same pieces (a broadcast over `copies`, root 0): whether an extra step or a sync
+// is due, and after DiLoCo changed the weights, the weights and counters — after a rejoin at
+// the group's step, with its own data position at that step. The followers wait for DiLoCo's
+// outcome without comm_timeout_s, as a sharded replica's ranks do in a join: a round may wait
+// long for the other replicas (the launcher still ends a job whose rank died).
+
+static bool outer_on(const trainer *tr) { return tr->outer || tr->copies_follow; }
+
+static void copies_broadcast(trainer *tr, void *data, int64_t bytes) {
+    double limit_s = comm_timeout();
+    comm_set_timeout(86400.0);
+    const int64_t chunk = (int64_t)1 << 30;  // one MPI call carries < 2 GiB
+    for (int64_t at = 0; at < bytes; at += chunk)
+        comm_broadcast(tr->copies, (char *)data + at, min_i64(chunk, bytes - at), 0);
+    comm_set_timeout(limit_s);
+}
+
+// The first copy's answer, on every copy.
+static bool first_copy_says(trainer *tr, bool answer) {
+    if (!tr->copies_follow) return answer;
+    uint8_t b = answer ? 1 : 0;
+    copies_broadcast(tr, &b, 1);
+    return b != 0;
+}
+
+// After DiLoCo's part on the first copy (changed: whether it changed the weights; before: its
+// data position before), every copy holds the same weights and counters, and its own data
+// position. Returns changed.
+static bool follow_first_copy(trainer *tr, bool changed, data_position before) {
+    if (!tr->copies_follow) return changed;
+    uint8_t flags[2] = {(uint8_t)(changed ? 1 : 0), 0};
+    if (tr->outer) flags[1] = memcmp(&before, &tr->state.data, sizeof before) != 0;  // a rejoin moved it
+    copies_broadcast(tr, flags, sizeof flags);
+    train_state st = tr->state;  // the counters (outer_step, merge_step) move without the weights too
+    copies_broadcast(tr, &st, sizeof st);
+    if (flags[0]) {
+        bool skip = !tr->outer && fault_requested("hsdp_skip_follow", st.step);  // the guard's test
+        if (skip) {
+            float *lost = (float *)xmalloc((size_t)tr->shard.local_numel * sizeof(float));
+            copies_broadcast(tr, lost, tr->shard.local_numel * (int64_t)sizeof(float));
+            free(lost);
+        } else {
+            copies_broadcast(tr, tr->params, tr->shard.local_numel * (int64_t)sizeof(float));
+        }
+    }
+    if (!tr->outer) {
+        data_position mine = tr->state.data;
+        tr->state = st;
+        tr->state.data = mine;
+        if (flags[1]) diloco_seek_data(tr->cfg, tr->train, &tr->state);
+    }
+    return flags[0] != 0;
+}
+
+// Every checkpoint of an HSDP job first checks that its copies hold the same weights (the
+// first copy writes them for all): the XXH64 of every rank's pieces against its first copy's.
+// Copies that differ are a bug that would otherwise go unseen; the run stops before it writes.
+static void check_copies_agree(trainer *tr) {
+    if (!tr->copies || comm_size(tr->copies) == 1) return;
+    uint64_t mine = diloco_hash(tr->params, tr->shard.local_numel), first = mine;
+    comm_broadcast(tr->copies, &first, sizeof first, 0);
+    double differ = comm_max(tr->job, mine != first ? (double)comm_rank(tr->job) + 1.0 : 0.0);
+    if (differ > 0)
+        fail("HSDP: the copies of the model hold different weights at step %lld (rank %d's pieces differ from its "
+             "first copy's); no checkpoint is written — this is a bug, please report it with the log",
+             (long long)tr->state.step, (int)differ - 1);
 }
 
 // A checkpoint saved by a job of another size (FSDP at np 4, resumed at np 2): the loader's
@@ -2778,6 +2852,7 @@ static bool save_checkpoint(trainer *tr) {
     model_buffers b = buffers_of(tr);
     double t0 = wall_seconds();
     backend_download(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq);
+    check_copies_agree(tr);
     if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
     if (!tr->job || comm_rank(tr->job) == 0) checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
     char extra[64];
@@ -2819,7 +2894,7 @@ static bool due(int64_t step, int64_t every, int64_t last) { return step == last
 // outer state would have to rejoin the group).
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
-    if (tr->state.rollbacks >= cfg->max_rollbacks || tr->outer || checkpoint_count(cfg->out_dir) == 0) return false;
+    if (tr->state.rollbacks >= cfg->max_rollbacks || outer_on(tr) || checkpoint_count(cfg->out_dir) == 0) return false;
     data_position here = dataloader_position(tr->train);
     int64_t rollbacks = tr->state.rollbacks + 1;
     model_buffers b = buffers_of(tr);
@@ -2882,7 +2957,7 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
          "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "
          "above the spike guard's limits: raise spike_z, or 0 turns the guard off)",
          (long long)tr->state.bad_steps, (long long)s + 1, (long long)tr->state.rollbacks, (long long)cfg->max_rollbacks,
-         tr->outer ? "; DiLoCo replicas do not roll back yet" : checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
+         outer_on(tr) ? "; DiLoCo replicas do not roll back yet" : checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
          cfg->out_dir);
 }
 
@@ -2988,39 +3063,40 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
 
 // A job the launcher started with several ranks, without DiLoCo, is one model sharded over
 // them: fsdp_size ranks per copy (default: the ranks of a node), dp_replicate copies. With
-// DiLoCo and fsdp_size > 1 the job is one DiLoCo replica sharded over all its ranks (FSDP;
-// docs/fsdp.md#diloco-over-sharded-replicas); with DiLoCo and fsdp_size 0 or 1 every rank is a
-// replica of its own, as before.
+// DiLoCo and fsdp_size > 1 or dp_replicate > 1 the job is one DiLoCo replica of all its ranks
+// (FSDP, HSDP: docs/fsdp.md#diloco-over-sharded-replicas); with DiLoCo and neither, every rank
+// is a replica of its own, as before.
 static void setup_job(trainer *tr) {
     train_config *cfg = tr->cfg;
     launch_info l = launch_detect();
     bool diloco = cfg->diloco_replicas > 0;
-    bool sharded_replica = diloco && cfg->fsdp_size > 1;
+    bool sharded_replica = diloco && (cfg->fsdp_size > 1 || cfg->dp_replicate > 1);
     if (l.size <= 1 || (diloco && !sharded_replica)) {
         if (cfg->fsdp_size > 1 || cfg->dp_replicate > 1)
-            fail("fsdp_size %lld / dp_replicate %lld: %s", (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
-                 l.size <= 1 ? "this process is the job's only rank; start the ranks with srun or mpirun"
-                             : "HSDP copies inside a DiLoCo replica are not implemented; a replica is one rank "
-                               "(fsdp_size 0 or 1) or one FSDP job (fsdp_size = its ranks, dp_replicate 0 or 1)");
+            fail("fsdp_size %lld / dp_replicate %lld: this process is the job's only rank; start the ranks with srun "
+                 "or mpirun",
+                 (long long)cfg->fsdp_size, (long long)cfg->dp_replicate);
         return;
     }
-    if (sharded_replica) {
-        if (cfg->dp_replicate > 1)
-            fail("dp_replicate %lld: HSDP copies inside a DiLoCo replica are not implemented; run each copy as a "
-                 "replica of its own (one job per replica, fsdp_size = its ranks)",
-                 (long long)cfg->dp_replicate);
-        if (cfg->fsdp_size != l.size)
+    if (sharded_replica) {  // one job of fsdp_size × dp_replicate ranks per replica
+        int64_t copies = cfg->dp_replicate > 1 ? cfg->dp_replicate : 1;
+        int64_t shards = cfg->fsdp_size > 0 ? cfg->fsdp_size : l.size / copies;
+        if (copies == 1 && cfg->fsdp_size != l.size)
             fail("fsdp_size %lld: a DiLoCo replica is one job, sharded over all its ranks, but this job has %d; "
-                 "start one job of fsdp_size ranks per replica",
+                 "start one job of fsdp_size ranks per replica (or of fsdp_size × dp_replicate with HSDP copies)",
                  (long long)cfg->fsdp_size, l.size);
+        if (shards < 1 || shards * copies != l.size)
+            fail("fsdp_size %lld × dp_replicate %lld: a DiLoCo replica is one job of fsdp_size × dp_replicate ranks "
+                 "(HSDP), but this job has %d; start one such job per replica",
+                 (long long)cfg->fsdp_size, (long long)cfg->dp_replicate, l.size);
         if (strcmp(cfg->diloco_transport, "tcp") != 0)
-            fail("diloco_transport %s: a DiLoCo replica of %lld ranks exchanges over tcp (each rank its own "
-                 "connection to the hub); use diloco_transport = tcp and `train_gpt relay --shards %lld`",
-                 cfg->diloco_transport, (long long)cfg->fsdp_size, (long long)cfg->fsdp_size);
+            fail("diloco_transport %s: a DiLoCo replica of %d ranks exchanges over tcp (each rank of its first copy "
+                 "its own connection to the hub); use diloco_transport = tcp and `train_gpt relay --shards %lld`",
+                 cfg->diloco_transport, l.size, (long long)shards);
         if (cfg->diloco_replica_id < 0)
-            fail("diloco_replica_id: a DiLoCo replica of %lld ranks must name its replica (0 .. %lld), the same on "
+            fail("diloco_replica_id: a DiLoCo replica of %d ranks must name its replica (0 .. %lld), the same on "
                  "every rank",
-                 (long long)cfg->fsdp_size, (long long)cfg->diloco_replicas - 1);
+                 l.size, (long long)cfg->diloco_replicas - 1);
     }
     comm_set_timeout(cfg->comm_timeout_s);
     tr->job = comm_world();
@@ -3100,13 +3176,18 @@ static int train_run(train_config *cfg) {
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     resolve_recompute(&tr, 1);
     allocate(&tr);
-    tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
+    tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
+    if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
-    if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
+    if (outer_on(&tr)) {
+        data_position before = tr.state.data;
+        if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
+        follow_first_copy(&tr, true, before);
+    }
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
     watchdog_start(cfg->watchdog_s, tr.job ? comm_rank(tr.job) : tr.rank);
 
@@ -3129,28 +3210,33 @@ static int train_run(train_config *cfg) {
         // DiLoCo's outer work comes first, so that validation, samples and checkpoints at an
         // outer boundary see its weights. A replica that had to rejoin may jump to the group's
         // step here.
-        if (tr.outer) {
+        if (outer_on(&tr)) {
             m.has_stall = true;
             // diloco_sync_every_s: a replica done with its phase's steps early trains on until
             // the phase's time is up (steps that count toward its contribution, not the step count).
             double extra_t0 = wall_seconds();
-            while (diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps)) {
+            while (first_copy_says(&tr, tr.outer && diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps))) {
                 watchdog_phase("an extra inner step", tr.state.step);  // each its own: T may be long
                 step_metrics x = train_step(&tr, true);
                 // A skipped step (the outlier guard) ends the extra steps: the phase syncs now
                 // rather than pile up skips at the same step (max_bad_steps in a row stop a run).
                 if (x.rolled_back || x.skipped) break;
-                diloco_count_extra_step(tr.outer);
+                if (tr.outer) diloco_count_extra_step(tr.outer);
                 m.extra_steps++;
             }
             if (m.extra_steps) m.extra_ms = (wall_seconds() - extra_t0) * 1e3;
-            if (diloco_due(tr.outer, &tr.state, cfg->max_steps)) {
+            if (first_copy_says(&tr, tr.outer && diloco_due(tr.outer, &tr.state, cfg->max_steps))) {
                 watchdog_phase("DiLoCo's outer work", tr.state.step);
-                double stall_s = 0.0;
-                backend_download(tr.be, tr.params, NULL, NULL);
-                if (diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps, &stall_s))
-                    backend_upload_params(tr.be, tr.params);
-                m.stall_ms = stall_s * 1e3;
+                double stall_s = 0.0, t0 = wall_seconds();
+                data_position before = tr.state.data;
+                bool changed = false;
+                if (tr.outer) {
+                    backend_download(tr.be, tr.params, NULL, NULL);
+                    changed = diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps,
+                                                &stall_s);
+                }
+                if (follow_first_copy(&tr, changed, before)) backend_upload_params(tr.be, tr.params);
+                m.stall_ms = (tr.outer ? stall_s : wall_seconds() - t0) * 1e3;
             }
         }
         metrics_step(tr.log, &m);
@@ -3182,9 +3268,14 @@ static int train_run(train_config *cfg) {
         }
         watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
-            if (tr.outer && diloco_in_flight(tr.outer)) {  // a fragment in flight lands first
-                backend_download(tr.be, tr.params, NULL, NULL);
-                if (diloco_settle(tr.outer, tr.params, &tr.state, tr.train)) backend_upload_params(tr.be, tr.params);
+            if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
+                data_position before = tr.state.data;
+                bool changed = false;
+                if (tr.outer) {
+                    backend_download(tr.be, tr.params, NULL, NULL);
+                    changed = diloco_settle(tr.outer, tr.params, &tr.state, tr.train);
+                }
+                if (follow_first_copy(&tr, changed, before)) backend_upload_params(tr.be, tr.params);
             }
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }

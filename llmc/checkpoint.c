@@ -350,7 +350,7 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
         {b->table, b->outer_residual ? 3 : 2, OUTER_PREFIXES, outer, {"optimizer", "outer_step"},
          {"DiLoCo outer Nesterov SGD", outer_text}, 2},
     };
-    int files = b->outer_theta ? N_CHECKPOINT_FILES : N_REQUIRED_FILES;
+    int files = b->outer_theta || b->outer_elsewhere ? N_CHECKPOINT_FILES : N_REQUIRED_FILES;
     uint64_t hashes[N_CHECKPOINT_FILES];
     for (int i = 0; ok && i < files; i++) {
         if (i == 2) continue;

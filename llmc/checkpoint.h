@@ -46,6 +46,9 @@ typedef struct {
     const shard_map *shard;
     comm *job;        // NULL: one process, the whole model
     bool writer;
+    // The checkpoint holds DiLoCo's outer state though this process has no outer buffers: an
+    // HSDP copy other than the first, which writes nothing but takes part in the job's calls.
+    bool outer_elsewhere;
 } model_buffers;
 
 // Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on

@@ -36,7 +36,9 @@
 #     what its GPU then allocated (within 0.05 MiB: 256-byte rounding, small tables).
 #  8. DiLoCo over GPU-sharded replicas: 2 replicas of 2 ranks each (tcp through one relay of 2
 #     hubs, int8 with error feedback, H = 4, 8 steps): both exit 0, both outer steps applied
-#     with both replicas, param_hash equal on both at each.
+#     with both replicas, param_hash equal on both at each. The same with HSDP replicas of 1
+#     shard x 2 copies (the second copy takes DiLoCo's weights from the first and uploads them
+#     to its GPU; the copies' check passes at both checkpoints).
 . "$(dirname "$0")/lib.sh"
 require_mpi
 tmp_with_processes
@@ -183,4 +185,26 @@ check "  both outer steps applied with both replicas" \
     test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/dl0/metrics.jsonl")" -eq 2
 check "  param_hash equal on both replicas at every outer step (2)" \
     all_hashes_agree 2 "$tmp/dl0/metrics.jsonl" "$tmp/dl1/metrics.jsonl"
+# 8b. HSDP replicas: 1 shard x 2 copies each (relay of 1 hub); the second copy follows the first.
+port=$(free_port)
+"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 \
+    >"$tmp/relay_hsdp.log" 2>&1 &
+pids+=($!)
+wait_until "the relay listens" grep -q 'listening on' "$tmp/relay_hsdp.log"
+for id in 0 1; do
+    "${MPIRUN[@]}" 2 "$EMU" "${common[@]}" --device cuda --grad_accum 1 --out_dir "$tmp/hd$id" "${dl[@]}" \
+        --diloco_rendezvous "127.0.0.1:$port" --fsdp_size 1 --dp_replicate 2 --ckpt_every 4 \
+        --diloco_replica_id $id >"$tmp/hd$id.log" 2>&1 &
+    pids+=($!)
+done
+rc=0
+wait "${pids[-2]}" || rc=$?
+wait "${pids[-1]}" || rc=$?
+check "DiLoCo, 2 replicas x (1 GPU shard x 2 copies): both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  both outer steps applied with both replicas" \
+    test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/hd0/metrics.jsonl")" -eq 2
+check "  param_hash equal on both replicas at every outer step (2)" \
+    all_hashes_agree 2 "$tmp/hd0/metrics.jsonl" "$tmp/hd1/metrics.jsonl"
+check "  the copies' weights agreed at both checkpoints (steps 4 and 8 written)" \
+    test -d "$tmp/hd0/step_00000004" -a -d "$tmp/hd0/step_00000008" -a -d "$tmp/hd1/step_00000008"
 finish test_fsdp_gpu_emu

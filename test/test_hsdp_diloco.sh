@@ -1,0 +1,193 @@
+# HSDP copies inside a DiLoCo replica (docs/fsdp.md#hsdp-copies-in-a-diloco-replica): a
+# replica is one `mpirun` job of fsdp_size × dp_replicate ranks; only the first copy's ranks
+# talk to the hub (`train_gpt relay --shards fsdp_size`), the other copies take DiLoCo's
+# outcome from them. Two replicas on loopback tcp. Without MPI: skipped, said so.
+#   1. Replicas of 1 × 2 ranks (one shard, two copies), fp32 exchange, outer lr 0.7, Nesterov
+#      0.9, H = 5, 20 steps, against the same replicas as one process each with grad_accum 2
+#      (the same micro-batches per step: a copy reads every second one): both exit 0, the relay
+#      saw one connection per replica, param_hash equal on both replicas at every outer step,
+#      and θ after the last outer step within 2e-5 of its scale (fp32: the runs differ only in
+#      the order of gradient additions, a few ulp per step; a copy that did not take DiLoCo's
+#      weights would train its half of the batch on stale weights, far outside this bound).
+#      Every checkpoint checked the copies' weights equal before it was written (the run stops
+#      otherwise: part 4).
+#   2. Replicas of 2 × 2 ranks (two shards, two copies; relay --shards 2), int8 with error
+#      feedback: both exit 0, param_hash equal at every outer step, the loss falls, the
+#      outer state per rank is half of one process's on the first copy and none on the other.
+#   3. Stopped at step 10 and resumed (a fresh hub; fp32 downlink): the 1 × 2 replicas' step-20
+#      checkpoints byte-identical to a straight run's.
+#   4. A rejoin: replica 1's first copy is late for outer step 2 and evicted (diloco_late): it
+#      takes the group's state, its other copy takes the weights and moves its data to the
+#      same step; both finish, param_hash agrees at every applied outer step, and the
+#      checkpoints after the rejoin pass the copies' check. The check can fail: a run whose
+#      second copy skips the weights of outer step 2 (TRAIN_GPT_FAULT=hsdp_skip_follow:10) stops
+#      with a one-line error at its next checkpoint and writes none.
+#   5. Refused with one line: HSDP replicas over the mpi transport, fsdp_size × dp_replicate
+#      other than the job's ranks.
+. "$(dirname "$0")/lib.sh"
+require_mpi
+tmp_with_processes
+"$TOOL" shard "$tmp/train.bin" 64 0 60000 11
+make_secret "$tmp/secret"
+common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" --val_every 0 --threads 1
+    --log_every 1000 --ckpt_keep 0 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport tcp
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30 --diloco_min_replicas 2)
+
+start_relay() {  # start_relay NAME SHARDS: a fresh hub of SHARDS shards on consecutive ports; sets port
+    local tries n
+    for tries in 1 2 3 4 5; do
+        port=$(free_port)
+        "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 --shards "$2" \
+            >"$tmp/relay_$1.log" 2>&1 &
+        pids+=($!)
+        while kill -0 "${pids[-1]}" 2>/dev/null; do
+            n=$(grep -c 'listening on' "$tmp/relay_$1.log" 2>/dev/null || true)
+            [ "${n:-0}" -ge "$2" ] && break
+            sleep 0.05
+        done
+        kill -0 "${pids[-1]}" 2>/dev/null && return 0
+    done
+    die "cannot start a relay of $2 shards"
+}
+replica() {  # replica SHARDS COPIES ID OUT_DIR [--key value]...: one replica in the background; sets rpid
+    local shards=$1 copies=$2 id=$3 out=$4
+    shift 4
+    if [ "$shards" = 1 ] && [ "$copies" = 1 ]; then
+        "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" \
+            "$@" >>"$out.log" 2>&1 &
+    else
+        "${MPIRUN[@]}" $((shards * copies)) "$TRAIN_GPT" "${common[@]}" --fsdp_size "$shards" --dp_replicate "$copies" \
+            --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" "$@" >>"$out.log" 2>&1 &
+    fi
+    rpid=$!
+    pids+=($rpid)
+}
+two_replicas() {  # two_replicas SHARDS COPIES NAME [--key value]...: replicas 0 and 1 into $tmp/NAME_<id>; sets rc
+    local shards=$1 copies=$2 name=$3 a b
+    shift 3
+    replica "$shards" "$copies" 0 "$tmp/${name}_0" "$@"; a=$rpid
+    replica "$shards" "$copies" 1 "$tmp/${name}_1" "$@"; b=$rpid
+    rc=0
+    wait "$a" || rc=$?
+    wait "$b" || rc=$?
+}
+theta_close() {  # theta_close A B STEP TOL: outer.theta.* of A's and B's step STEP within TOL × max |θ|
+    "$PYTHON" - "$1/step_$(printf %08d "$3")/outer.safetensors" "$2/step_$(printf %08d "$3")/outer.safetensors" "$4" <<'PY'
+import json, struct, sys
+import numpy as np
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name.startswith("outer.theta."):
+            s, e = t["data_offsets"]
+            out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4")
+    return out
+a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys() and a
+scale = max(float(np.abs(x).max()) for x in b.values())
+worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+print("  θ: max |HSDP − one process| = %.3g, %.3g of max |θ| = %.3g" % (worst, worst / scale, scale))
+sys.exit(0 if worst <= tol * scale else 1)
+PY
+}
+
+# ---------------------------------------------------------------- 1. 1 × 2 against one process
+fp32=(--diloco_quant none --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0
+    --max_steps 20 --ckpt_every 10)
+start_relay copies 1
+two_replicas 1 2 copies "${fp32[@]}"
+check "replicas of 1 shard x 2 copies: both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  the start line says one DiLoCo replica of 2 copies" \
+    grep -q "job: 2 ranks .*FSDP over 1, 2 copies (HSDP): one DiLoCo replica" "$tmp/copies_0.log"
+check "  the relay saw one connection per replica (the first copy's)" \
+    test "$(grep -c 'replica [01] connected' "$tmp/relay_copies.log")" -eq 2
+check "  param_hash equal on both replicas at every outer step (4)" \
+    all_hashes_agree 4 "$tmp/copies_0/metrics.jsonl" "$tmp/copies_1/metrics.jsonl"
+check "  the outer steps weigh both copies' tokens (2 copies x 5 steps x 4 rows x 32)" \
+    grep -q '"inner_steps":5,"tokens":1280' "$tmp/copies_0/metrics.jsonl"
+start_relay whole 1
+two_replicas 1 1 whole "${fp32[@]}" --grad_accum 2
+check "the same replicas as one process each, grad_accum 2: both exit 0 (rc $rc)" test "$rc" -eq 0
+for r in 0 1; do
+    check "  replica $r: θ with 2 copies = θ of one process within 2e-5 of its scale" \
+        theta_close "$tmp/copies_$r" "$tmp/whole_$r" 20 2e-5
+done
+
+# ---------------------------------------------------------------- 2. 2 × 2
+start_relay two 2
+two_replicas 2 2 two --diloco_quant int8 --diloco_error_feedback 1 --max_steps 40
+check "replicas of 2 shards x 2 copies (relay --shards 2): both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  param_hash equal on both replicas at every outer step (8)" \
+    all_hashes_agree 8 "$tmp/two_0/metrics.jsonl" "$tmp/two_1/metrics.jsonl"
+check "  the loss falls" loss_falls "$tmp/two_0/metrics.jsonl"
+check "  outer state per rank: half of one process's (the first copy holds it)" "$PYTHON" -c "
+import json, sys
+def mb(p): return [json.loads(l) for l in open(p) if '\"end\"' in l][-1]['state_mb']
+a, b = mb('$tmp/whole_0/metrics.jsonl'), mb('$tmp/two_0/metrics.jsonl')
+print('  state per rank: 1 process %.4f MB, 2 x 2 ranks %.4f MB' % (a, b)); sys.exit(0 if a / 2 <= b <= a / 2 + 0.001 else 1)"
+
+# ---------------------------------------------------------------- 3. resume bit-exact
+exact=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_downlink fp32 --max_steps 20 --ckpt_every 5)
+start_relay straight 1
+two_replicas 1 2 straight "${exact[@]}"
+start_relay stop 1
+two_replicas 1 2 stop "${exact[@]}" --stop_at_step 10
+start_relay resume 1
+two_replicas 1 2 stop "${exact[@]}"
+check "1 x 2 replicas stopped at step 10 and resumed: both exit 0 (rc $rc)" test "$rc" -eq 0
+same_checkpoint() {  # same_checkpoint A B: every table file of step 20, byte for byte
+    local f
+    for f in model.safetensors optimizer.safetensors outer.safetensors; do
+        cmp -s "$1/step_00000020/$f" "$2/step_00000020/$f" || { say "    $f differs"; return 1; }
+    done
+}
+for r in 0 1; do
+    check "  replica $r: resumed from step 10, step 20 byte-identical to the straight run" \
+        sh -c "grep -q \"resuming from '.*step_00000010'\" '$tmp/stop_$r.log'" && same_checkpoint "$tmp/straight_$r" "$tmp/stop_$r"
+done
+
+# ---------------------------------------------------------------- 4. a rejoin, and the copies' check
+# Replica 0 (one process, grad_accum 2) stops itself at step 12 (SIGSTOP) so that it is still
+# there when replica 1, late for outer step 2, rejoins; it goes on once the hub has replica 1
+# waiting for the group's state (a logged event, not a time).
+start_relay late 1
+TRAIN_GPT_FAULT=stop_in_step:12 replica 1 1 0 "$tmp/late_0" --grad_accum 2 --diloco_quant int8 --max_steps 40 \
+    --ckpt_every 10; a=$rpid
+TRAIN_GPT_FAULT=diloco_late:1 replica 1 2 1 "$tmp/late_1" --diloco_quant int8 --max_steps 40 --ckpt_every 10; b=$rpid
+stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
+wait_until "replica 0 stops at step 12" stopped "$a"
+wait_until "replica 1 waits for the group's state" \
+    grep -q "replica 1 joined at outer step .*waits for the group's state" "$tmp/relay_late.log"
+kill -CONT "$a"
+rc=0; wait "$a" || rc=$?; wait "$b" || rc=$?
+check "replica 1's first copy late and evicted: both finish (rc $rc)" test "$rc" -eq 0
+check "  replica 1 took the group's state" grep -q '"event":"diloco_join"' "$tmp/late_1/metrics.jsonl"
+check "  param_hash equal at every outer step both applied (>= 5)" \
+    all_hashes_agree 5 "$tmp/late_0/metrics.jsonl" "$tmp/late_1/metrics.jsonl"
+check "  its checkpoints after the rejoin passed the copies' check (step 40 written)" test -d "$tmp/late_1/step_00000040"
+start_relay skip 1
+skip=(--diloco_quant int8 --max_steps 20 --ckpt_every 10 --diloco_min_replicas 1)
+replica 1 2 0 "$tmp/skip_0" "${skip[@]}"; a=$rpid
+TRAIN_GPT_FAULT=hsdp_skip_follow:10 replica 1 2 1 "$tmp/skip_1" "${skip[@]}"; b=$rpid
+rcb=0; wait "$b" || rcb=$?
+wait "$a" || true
+check "a second copy that skipped DiLoCo's weights: the run stops non-zero (rc $rcb)" test "$rcb" -ne 0
+check "  naming the copies' difference" grep -q "^train_gpt: rank 0: error: HSDP: the copies of the model hold different weights at step 10 (rank 1's" "$tmp/skip_1.log"
+check "  and writing no checkpoint at step 10" test ! -d "$tmp/skip_1/step_00000010"
+
+# ---------------------------------------------------------------- 5. what is refused
+refused() {  # refused PATTERN NP [--key value]...: the job fails with a one-line error matching PATTERN
+    local pattern=$1 np=$2 out rc=0
+    shift 2
+    out=$("${MPIRUN[@]}" "$np" "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous 127.0.0.1:1 --diloco_replica_id 0 \
+        --out_dir "$tmp/refused" "$@" 2>&1) || rc=$?
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep "^train_gpt: error: $pattern" >/dev/null
+}
+check "refused: HSDP replicas over the mpi transport" refused "diloco_transport mpi: a DiLoCo replica of 2 ranks" 2 \
+    --dp_replicate 2 --diloco_transport mpi
+check "refused: fsdp_size x dp_replicate other than the job's ranks" \
+    refused "fsdp_size 2 × dp_replicate 2: a DiLoCo replica is one job of" 2 --fsdp_size 2 --dp_replicate 2
+finish test_hsdp_diloco
