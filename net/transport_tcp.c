@@ -106,6 +106,7 @@ struct tcp {
     int64_t job_step;
     unsigned job_kind;
     double job_progress_s;
+    double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
     uint8_t *own;
     size_t own_cap;
 };
@@ -577,11 +578,28 @@ static void feed_upload(tcp *t) {
 typedef bool (*done_fn)(tcp *t);
 
 // Moves bytes until done(t) or the session dies (false; t->dead_why says why).
+// A join the hub does not answer yet: said every hub timeout (a minute by default), so that
+// a replica held back is not a silent one. The hub answers a JOIN at once, but for a group
+// being founded, which it holds until diloco_min_replicas replicas are present (the others may
+// be queued, or the run may have ended without this replica).
+static void say_join_waits(tcp *t) {
+    if (t->joined != 0 || t->state_started) return;
+    double now = wall_seconds(), every = t->hub_timeout_s > 1.0 ? t->hub_timeout_s : 1.0;
+    if (now - t->join_said_s < every) return;
+    t->join_said_s = now;
+    note("diloco: replica %d has waited %.0f s for the hub at %s to answer its join: it holds a new group until %d "
+         "replica(s) are present (diloco_min_replicas; the others may not have started, or have finished)",
+         t->o.replica_id, now - t->join_sent_s, t->hub, t->o.min_replicas);
+}
+
+static bool join_done(tcp *t);
+
 static bool pump(tcp *t, done_fn done) {
     struct pollfd p[1 + WIRE_MAX_STREAMS];
     char err[256], why[1024];
     t->job_progress_s = wall_seconds();
     for (;;) {
+        if (done == join_done) say_join_waits(t);
         take_mail(t);
         pthread_mutex_lock(&t->mailbox_lock);
         bool dead = t->dead;
@@ -982,6 +1000,7 @@ bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t st
     wire_status st = {.outer_step = s->outer_step, .param_hash = s->param_hash};
     uint8_t buf[WIRE_JOIN_BYTES];
     bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
+    t->join_sent_s = t->join_said_s = wall_seconds();
     bool ok = sent && pump(t, join_done);
     t->want_state = false;
     t->state_buf = NULL;

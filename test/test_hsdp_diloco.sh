@@ -16,7 +16,8 @@
 #      outer state per rank is half of one process's on the first copy and none on the other.
 #   3. Stopped at step 10 and resumed (a fresh hub; fp32 downlink): the 1 × 2 replicas' step-20
 #      checkpoints byte-identical to a straight run's.
-#   4. A rejoin: replica 1's first copy is late for outer step 2 and evicted (diloco_late): it
+#   4. Replica 1 alone at first: held by the hub until both are there (min_replicas 2), it
+#      says it waits. A rejoin: replica 1's first copy is late for outer step 2 and evicted (diloco_late): it
 #      takes the group's state, its other copy takes the weights and moves its data to the
 #      same step; both finish, param_hash agrees at every applied outer step, and the
 #      checkpoints after the rejoin pass the copies' check. The check can fail: a run whose
@@ -153,10 +154,16 @@ done
 # Replica 0 (one process, grad_accum 2) stops itself at step 12 (SIGSTOP) so that it is still
 # there when replica 1, late for outer step 2, rejoins; it goes on once the hub has replica 1
 # waiting for the group's state (a logged event, not a time).
+# Replica 1 starts first: the hub holds the new group until both are present (min_replicas
+# 2), and replica 1 says so while it waits (every hub timeout, 3 s here).
 start_relay late 1
+TRAIN_GPT_FAULT=diloco_late:1 replica 1 2 1 "$tmp/late_1" --diloco_quant int8 --max_steps 40 --ckpt_every 10; b=$rpid
+check "alone, replica 1 says it waits for the hub to answer its join (diloco_min_replicas 2)" \
+    wait_until "replica 1 says it waits" \
+    grep -q "replica 1 has waited [0-9]* s for the hub at .* to answer its join: it holds a new group until 2" \
+    "$tmp/late_1.log"
 TRAIN_GPT_FAULT=stop_in_step:12 replica 1 1 0 "$tmp/late_0" --grad_accum 2 --diloco_quant int8 --max_steps 40 \
     --ckpt_every 10; a=$rpid
-TRAIN_GPT_FAULT=diloco_late:1 replica 1 2 1 "$tmp/late_1" --diloco_quant int8 --max_steps 40 --ckpt_every 10; b=$rpid
 stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
 wait_until "replica 0 stops at step 12" stopped "$a"
 wait_until "replica 1 waits for the group's state" \
