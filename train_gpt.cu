@@ -3078,13 +3078,13 @@ static void setup_job(trainer *tr) {
                  (long long)cfg->fsdp_size, (long long)cfg->dp_replicate);
         return;
     }
-    if (sharded_replica) {  // one job of fsdp_size × dp_replicate ranks per replica
-        int64_t copies = cfg->dp_replicate > 1 ? cfg->dp_replicate : 1;
-        int64_t shards = cfg->fsdp_size > 0 ? cfg->fsdp_size : l.size / copies;
-        if (copies == 1 && cfg->fsdp_size != l.size)
-            fail("fsdp_size %lld: a DiLoCo replica is one job, sharded over all its ranks, but this job has %d; "
-                 "start one job of fsdp_size ranks per replica (or of fsdp_size × dp_replicate with HSDP copies)",
+    if (sharded_replica) {  // one job of fsdp_size × dp_replicate ranks per replica (dp_replicate 0: all)
+        if (cfg->dp_replicate <= 0 && (cfg->fsdp_size > l.size || l.size % cfg->fsdp_size != 0))
+            fail("fsdp_size %lld: a DiLoCo replica is one job of fsdp_size × dp_replicate ranks, but this job has %d, "
+                 "which fsdp_size does not divide; start one job of fsdp_size (× dp_replicate) ranks per replica",
                  (long long)cfg->fsdp_size, l.size);
+        int64_t shards = cfg->fsdp_size > 0 ? cfg->fsdp_size : l.size / cfg->dp_replicate;
+        int64_t copies = cfg->dp_replicate > 0 ? cfg->dp_replicate : l.size / shards;
         if (shards < 1 || shards * copies != l.size)
             fail("fsdp_size %lld × dp_replicate %lld: a DiLoCo replica is one job of fsdp_size × dp_replicate ranks "
                  "(HSDP), but this job has %d; start one such job per replica",
@@ -3178,6 +3178,7 @@ static int train_run(train_config *cfg) {
     allocate(&tr);
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
     if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
+    first_copy_says(&tr, true);  // the other copies wait for the first's connection, without comm_timeout_s
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
     bool resumed = restore_or_init(&tr);
@@ -3215,7 +3216,8 @@ static int train_run(train_config *cfg) {
             // diloco_sync_every_s: a replica done with its phase's steps early trains on until
             // the phase's time is up (steps that count toward its contribution, not the step count).
             double extra_t0 = wall_seconds();
-            while (first_copy_says(&tr, tr.outer && diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps))) {
+            while (cfg->diloco_sync_every_s > 0 &&
+                   first_copy_says(&tr, tr.outer && diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps))) {
                 watchdog_phase("an extra inner step", tr.state.step);  // each its own: T may be long
                 step_metrics x = train_step(&tr, true);
                 // A skipped step (the outlier guard) ends the extra steps: the phase syncs now

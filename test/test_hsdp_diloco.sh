@@ -11,7 +11,8 @@
 #      weights would train its half of the batch on stale weights, far outside this bound).
 #      Every checkpoint checked the copies' weights equal before it was written (the run stops
 #      otherwise: part 4).
-#   2. Replicas of 2 × 2 ranks (two shards, two copies; relay --shards 2), int8 with error
+#   2. Replicas of 2 × 2 ranks (two shards, two copies inferred from dp_replicate 0; relay
+#      --shards 2), int8 with error
 #      feedback: both exit 0, param_hash equal at every outer step, the loss falls, the
 #      outer state per rank is half of one process's on the first copy and none on the other.
 #   3. Stopped at step 10 and resumed (a fresh hub; fp32 downlink): the 1 × 2 replicas' step-20
@@ -119,8 +120,10 @@ done
 
 # ---------------------------------------------------------------- 2. 2 × 2
 start_relay two 2
-two_replicas 2 2 two --diloco_quant int8 --diloco_error_feedback 1 --max_steps 40
+two_replicas 2 2 two --diloco_quant int8 --diloco_error_feedback 1 --max_steps 40 --dp_replicate 0
 check "replicas of 2 shards x 2 copies (relay --shards 2): both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  dp_replicate 0: the copies are the job's ranks / fsdp_size" \
+    grep -q "job: 4 ranks .*FSDP over 2, 2 copies (HSDP): one DiLoCo replica" "$tmp/two_0.log"
 check "  param_hash equal on both replicas at every outer step (8)" \
     all_hashes_agree 8 "$tmp/two_0/metrics.jsonl" "$tmp/two_1/metrics.jsonl"
 check "  the loss falls" loss_falls "$tmp/two_0/metrics.jsonl"
