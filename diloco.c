@@ -107,6 +107,7 @@ struct diloco {
     float *hub_residual;
     float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
+    bool over;                             // the hub said the run is over (diloco_group_over)
     // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
     // joined), and the extra inner steps it has taken in it beyond its H
     double phase_start_s;
@@ -567,6 +568,14 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
         size_t got = 0;
         join_result r = rejoin || attempt ? transport_rejoin(d->net, &s, d->state, d->state_bytes, &got)
                                           : transport_join(d->net, &s, d->state, d->state_bytes, &got);
+        // The run is over for every rank if it is over for one: that rank's group has nobody
+        // left, so the replica could never apply an outer step again.
+        bool over = r == JOIN_FINISHED;
+        if (d->ranks > 1) over = replica_max(d, over ? 1.0 : 0.0) > 0;
+        if (over) {
+            d->over = true;
+            return false;
+        }
         if (d->ranks == 1) {
             if (r != JOIN_GOT_STATE) return false;
             adopt_state(d, got, params, st, train);
@@ -626,6 +635,11 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
         st->outer_step = 0;
     }
     if (join_group(d, params, st, train, false)) return;
+    if (d->over) {
+        note("diloco: replica %d at step %lld (outer step %lld): the run is over, nothing to join; it stops",
+             diloco_replica_id(d), (long long)st->step, (long long)st->outer_step);
+        return;
+    }
     uint64_t hash = replica_hash(d, d->theta, d->numel);
     char extra[128];
     snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"param_hash\":\"%016llx\"", (long long)st->outer_step,
@@ -1182,6 +1196,10 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     flight *f = &d->flight;
     if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
         changed |= land_round(d, params, n_params, st, train);
+    if (d->over) {   // a rejoin found the run over: no round to begin
+        if (stall_s) *stall_s = wall_seconds() - t0;
+        return changed;
+    }
     if (st->merge_step > 0 && (st->step >= st->merge_step || st->step == max_steps)) {
         merge_fragment(d, params, n_params, st);
         changed = true;
@@ -1192,7 +1210,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
         for (int p = 0; p < d->n_fragments; p++) {
             begin_round(d, p, params, n_params, st, true);
             changed |= land_round(d, params, n_params, st, train);
-            if (st->step != max_steps) break;  // took the group's state: it trains on
+            if (st->step != max_steps || d->over) break;  // took the group's state: it trains on
         }
     } else {
         int p = fragment_due(d, st->step);
@@ -1224,6 +1242,8 @@ void diloco_start_local(diloco *d, const float *params, train_state *st) {
     st->merge_step = 0;
 }
 
+bool diloco_group_over(const diloco *d) { return d->over; }
+
 bool diloco_agree_stop(diloco *d, bool local_stop) { return transport_agree_stop(d->net, local_stop); }
 
 // An exchange still in flight when the run ends early (a fatal error elsewhere): wait for the
@@ -1234,11 +1254,11 @@ static void abandon_flight(diloco *d) {
     memset(&d->flight, 0, sizeof d->flight);
 }
 
-void diloco_leave(diloco *d) {
+void diloco_leave(diloco *d, const train_state *st, bool finished) {
     if (!d) return;
     abandon_flight(d);
     if (!d->net) return;
-    transport_leave(d->net);
+    transport_leave(d->net, st->outer_step, finished && !d->over);
     d->net = NULL;
 }
 

@@ -78,6 +78,12 @@ void diloco_attach_buffers(diloco *d, model_buffers *b);
 // receives its state and overwrites params, θ, m, the step counters and the data position.
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh);
 
+// Whether the run is over without this replica (tcp): at its join or a rejoin, the hub had no
+// member left and a replica had left having finished the run (JOIN_FINISHED). The replica
+// then stops (train_gpt.cu): there is no group to train with, and the final weights are in
+// the finished replica's checkpoint. Agreed by a sharded replica's ranks.
+bool diloco_group_over(const diloco *d);
+
 // A replica that takes the group's state continues its data where a replica that had trained
 // all along to st->step would be: seeks train there and records it in st->data. (HSDP's other
 // copies do the same for their own rows when the first copy's rank rejoined: train_gpt.cu.)
@@ -136,8 +142,10 @@ void diloco_set_quiet(diloco *d, bool quiet);
 // Whether to stop now: tcp: local_stop; mpi: whether any rank wants to (all agree).
 bool diloco_agree_stop(diloco *d, bool local_stop);
 
-// Says goodbye to the group (after the final checkpoint at a stop signal or at the end).
-void diloco_leave(diloco *d);
+// Says goodbye to the group (after the final checkpoint at a stop signal or at the end);
+// finished: the replica reached max_steps (the hub then tells a replica that comes back
+// after every other has gone that the run is over, instead of letting it found a group).
+void diloco_leave(diloco *d, const train_state *st, bool finished);
 void diloco_close(diloco *d);
 
 // The XXH64 of n fp32 values' bytes (the param_hash of metrics.jsonl; a sharded replica logs

@@ -3184,10 +3184,14 @@ static int train_run(train_config *cfg) {
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
+    // over: the hub says the run was finished by the others (diloco_group_over): this replica
+    // stops without training (at its join) or after its step (at a rejoin).
+    bool over = false;
     if (outer_on(&tr)) {
         data_position before = tr.state.data;
         if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
         follow_first_copy(&tr, true, before);
+        over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
     }
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
     watchdog_start(cfg->watchdog_s, tr.job ? comm_rank(tr.job) : tr.rank);
@@ -3200,7 +3204,7 @@ static int train_run(train_config *cfg) {
     if (job_end > 0)
         note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
-    while (tr.state.step < cfg->max_steps) {
+    while (!over && tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr, false);
         if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
@@ -3239,6 +3243,7 @@ static int train_run(train_config *cfg) {
                 }
                 if (follow_first_copy(&tr, changed, before)) backend_upload_params(tr.be, tr.params);
                 m.stall_ms = (tr.outer ? stall_s : wall_seconds() - t0) * 1e3;
+                over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
             }
         }
         metrics_step(tr.log, &m);
@@ -3259,7 +3264,7 @@ static int train_run(train_config *cfg) {
             sampler_run(tr.samples, tr.be, step, tr.log);
         double left_s = 0.0;
         bool walltime = step < cfg->max_steps && walltime_near(&tr, job_end, &left_s);
-        bool stop_here = stop_signal || step == cfg->stop_at_step || walltime;
+        bool stop_here = stop_signal || step == cfg->stop_at_step || walltime || over;
         watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
         if (tr.job) {  // a job's ranks stop together: any rank's signal or walltime stops all
@@ -3283,8 +3288,13 @@ static int train_run(train_config *cfg) {
         }
         if (stop_here) {
             const char *reason = stop_signal ? "signal" : walltime ? "walltime" : step == cfg->stop_at_step ?
-                                 "stop_at_step" : "replica";
-            if (stop_signal)
+                                 "stop_at_step" : over ? "run_over" : "replica";
+            if (over && !stop_signal && !walltime)
+                note("stopped after step %lld: the run is over (the other replicas finished it and left, so there is "
+                     "no group to rejoin); this replica's own work is in the checkpoint written, the final weights in "
+                     "the checkpoint of the replica that finished",
+                     (long long)step);
+            else if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
                      (int)stop_signal, (long long)step);
             else if (walltime)
@@ -3305,9 +3315,17 @@ static int train_run(train_config *cfg) {
         }
     }
     watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
-    if (tr.state.step == first_step)
+    if (over && tr.state.step == first_step) {
+        note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
+             "the checkpoint is unchanged, the final weights are in the checkpoint of the replica that finished",
+             (long long)tr.state.step);
+        char extra[64];
+        snprintf(extra, sizeof extra, "\"reason\":\"run_over\"");
+        metrics_event(tr.log, "stop", tr.state.step, extra);
+    } else if (tr.state.step == first_step) {
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
-    diloco_leave(tr.outer);
+    }
+    diloco_leave(tr.outer, &tr.state, tr.state.step >= cfg->max_steps);
     diloco_close(tr.outer);
     sampler_free(tr.samples);
     struct rusage usage;

@@ -176,6 +176,11 @@ struct relay {
     bool status_known;
     wire_status status;
     int64_t follow_from;            // a group founded by FOLLOW: its founder's first round (-1: none)
+    // the run is over: a replica of this fingerprint left having finished it (LEAVE_FINISHED);
+    // a replica that comes back once no member is left is told so instead of founding a group
+    int finished_by;                // -1: none
+    int64_t finished_step;
+    uint64_t finished_fingerprint;
     // the open round
     bool round_open;
     int64_t round_step, last_closed_step;
@@ -522,6 +527,19 @@ static void send_joined(relay *h, replica *r, uint32_t result) {
     wire_joined j = {.result = result, .group_step = h->status_known ? h->status.outer_step : -1,
                      .group_hash = h->status_known ? h->status.param_hash : 0};
     send_control(h, r, WIRE_JOINED, buf, wire_encode_joined(&j, buf));
+}
+
+// JOINED(finished): the run is over, nothing to join; the replica stays connected until it leaves.
+static void send_finished(relay *h, int id) {
+    replica *r = rep(h, id);
+    r->state = R_CONNECTED;
+    r->held = false;
+    uint8_t buf[WIRE_JOINED_BYTES];
+    wire_joined j = {.result = JOINED_FINISHED, .group_step = h->finished_step, .group_hash = (uint64_t)h->finished_by};
+    send_control(h, r, WIRE_JOINED, buf, wire_encode_joined(&j, buf));
+    hub_log(h, "replica %d at outer step %lld: the run is over (replica %d finished it at outer step %lld and no "
+               "replica is training), told so",
+            id, (long long)r->status.outer_step, h->finished_by, (long long)h->finished_step);
 }
 
 static void abort_transfer(relay *h, const char *why);
@@ -1252,7 +1270,9 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->status = *s;
     r->member_from = 0;
     r->began_step = r->done_step = -1;
-    if (count_members(h) == 0) {
+    if (count_members(h) == 0 && h->finished_by >= 0) {
+        send_finished(h, id);
+    } else if (count_members(h) == 0) {
         found_group(h, id);
         make_member(h, id);
         r->held = true;
@@ -1283,6 +1303,11 @@ static void settle_group(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS && founder < 0; i++)
         if (h->reps[i].state == R_WAITING) founder = i;
     if (founder < 0) return;
+    if (h->finished_by >= 0) {  // the last member finished the run: nobody is left to train with
+        for (int i = founder; i < WIRE_MAX_REPLICAS; i++)
+            if (h->reps[i].state == R_WAITING) send_finished(h, i);
+        return;
+    }
     found_group(h, founder);
     hub_log(h, "the group has no members: replica %d founds it anew at outer step %lld", founder,
             (long long)h->status.outer_step);
@@ -1443,6 +1468,11 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         }
         h->fingerprint_set = true;
         h->fingerprint = a.run_fingerprint;
+        if (h->finished_by >= 0 && h->finished_fingerprint != a.run_fingerprint) {
+            hub_log(h, "a replica of another run (fingerprint %016llx): the finished run's record is forgotten",
+                    (unsigned long long)a.run_fingerprint);
+            h->finished_by = -1;
+        }
         if (!h->order_set) {
             h->order_set = true;
             h->order_by = id;
@@ -1515,7 +1545,18 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
         if (!(bad = wire_decode_done(f->payload, (size_t)f->payload_bytes, &m))) on_done(h, id, &m);
         break;
     }
-    case WIRE_LEAVE: drop_replica(h, id, "left (goodbye)"); return;
+    case WIRE_LEAVE: {
+        wire_leave m;
+        if ((bad = wire_decode_leave(f->payload, (size_t)f->payload_bytes, &m))) break;
+        bool finished = m.reason == LEAVE_FINISHED && rep(h, id)->state == R_MEMBER && !rep(h, id)->joiner;
+        if (finished && h->finished_by < 0) {
+            h->finished_by = id;
+            h->finished_step = m.outer_step;
+            h->finished_fingerprint = h->fingerprint;
+        }
+        drop_replica(h, id, finished ? "left: it finished the run" : "left (goodbye)");
+        return;
+    }
     }
     if (bad) drop_replica(h, id, bad);
 }
@@ -1733,6 +1774,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->last_closed_step = -1;
     h->completed_step = -1;
     h->dying_for = -1;
+    h->finished_by = -1;
     h->first_began_s = -1;
     if (pipe2(h->wake, O_NONBLOCK | O_CLOEXEC) != 0) fail("relay: pipe: %s", strerror(errno));
     atomic_init(&h->stop, false);

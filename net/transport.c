@@ -44,9 +44,9 @@ void transport_send_state(transport *t, const uint8_t *state, size_t bytes) { t-
 
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }
 
-void transport_leave(transport *t) {
+void transport_leave(transport *t, int64_t outer_step, bool finished) {
     if (!t) return;
-    t->ops->leave(t->impl);
+    t->ops->leave(t->impl, outer_step, finished);
     free(t);
 }
 

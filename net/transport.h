@@ -74,6 +74,8 @@ typedef struct {
 typedef enum {
     JOIN_MEMBER = 1,            // in sync with the group: train and contribute
     JOIN_GOT_STATE = 2,         // out of sync: *state now holds a donor's state (see below)
+    JOIN_FINISHED = 3,          // tcp: the group has no members and a replica left having finished
+                                // the run (the transport says which and when): nothing to join
 } join_result;
 
 // How a payload is encoded, and how its mean comes back (the hub must decode, average and
@@ -150,8 +152,10 @@ void transport_send_state(transport *t, const uint8_t *state, size_t bytes);
 bool transport_agree_stop(transport *t, bool local_stop);
 
 // Says goodbye (the hub drops this replica at once instead of waiting for a timeout) and
-// closes. transport_close alone just closes.
-void transport_leave(transport *t);
+// closes; finished: it reached max_steps at outer_step (a replica that comes back to the hub
+// after every other has gone then learns the run is over, JOIN_FINISHED, instead of founding
+// a group alone). transport_close alone just closes.
+void transport_leave(transport *t, int64_t outer_step, bool finished);
 void transport_close(transport *t);
 
 #ifdef __cplusplus

@@ -243,6 +243,7 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         if (tcp_hub_join(x->h[p].t, s, state, state_capacity, state_bytes, &result, &state_round)) break;
         mark_dead(x, &x->h[p], "while joining");
     }
+    if (result == JOIN_FINISHED) return result;   // the run is over: nothing to follow
     int64_t step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
     replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
     follow_others(x, p, &now, step * ROUNDS_PER_STEP);
@@ -476,12 +477,12 @@ static bool hubs_agree_stop(void *impl, bool local_stop) {
 }
 
 // ---------------------------------------------------------------- open, close
-static void hubs_free(hubs *x, bool leave) {
+static void hubs_free(hubs *x, bool leave, int64_t outer_step, bool finished) {
     atomic_store(&x->stopping, true);
     for (int i = 0; i < x->n; i++)
         if (x->h[i].reviver_running) pthread_join(x->h[i].reviver, NULL);
     for (int i = 0; i < x->n; i++) {
-        if (leave) tcp_hub_leave(x->h[i].t);
+        if (leave) tcp_hub_leave(x->h[i].t, outer_step, finished);
         else tcp_hub_free(x->h[i].t);
     }
     pthread_mutex_destroy(&x->lock);
@@ -490,8 +491,8 @@ static void hubs_free(hubs *x, bool leave) {
     free(x);
 }
 
-static void hubs_leave(void *impl) { hubs_free(impl, true); }
-static void hubs_close(void *impl) { hubs_free(impl, false); }
+static void hubs_leave(void *impl, int64_t outer_step, bool finished) { hubs_free(impl, true, outer_step, finished); }
+static void hubs_close(void *impl) { hubs_free(impl, false, 0, false); }
 
 static const transport_ops hubs_ops = {
     .name = "tcp (several hubs)",

@@ -19,7 +19,7 @@ typedef struct {
                      round_result *r);
     void (*send_state)(void *impl, const uint8_t *state, size_t bytes);
     bool (*agree_stop)(void *impl, bool local_stop);
-    void (*leave)(void *impl);   // says goodbye and frees
+    void (*leave)(void *impl, int64_t outer_step, bool finished);   // says goodbye and frees
     void (*close)(void *impl);   // frees
 } transport_ops;
 

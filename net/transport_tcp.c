@@ -495,6 +495,10 @@ static void take_mail(tcp *t) {
                 t->joined_step = j.group_step;
                 if (j.result == JOINED_WAIT)
                     note("diloco: replica %d waits for the group's state at the next outer boundary", t->o.replica_id);
+                if (j.result == JOINED_FINISHED)
+                    note("diloco: the hub at %s says the run is over: replica %llu finished it at outer step %lld and "
+                         "left, and no replica is training; its checkpoint holds the final weights",
+                         t->hub, (unsigned long long)j.group_hash, (long long)j.group_step);
             }
             break;
         }
@@ -666,7 +670,7 @@ static const char *dead_reason(tcp *t) {
 
 // ---------------------------------------------------------------- join
 static bool join_done(tcp *t) {
-    if (t->joined == JOINED_MEMBER) return true;
+    if (t->joined == JOINED_MEMBER || t->joined == JOINED_FINISHED) return true;
     return t->state_started && t->state_received == t->state_total;
 }
 
@@ -883,12 +887,15 @@ static void tcp_free(tcp *t) {
     free(t);
 }
 
-static void tcp_leave(void *impl) {
+static void tcp_leave(void *impl, int64_t outer_step, bool finished) {
     tcp *t = impl;
     if (t->connected) {
         char err[256];
+        wire_leave m = {.outer_step = outer_step, .reason = finished ? LEAVE_FINISHED : LEAVE_STOPPED};
+        uint8_t buf[WIRE_LEAVE_BYTES];
+        size_t n = wire_encode_leave(&m, buf);
         pthread_mutex_lock(&t->ctl_send);
-        conn_send(&t->ctl, WIRE_LEAVE, NULL, 0, NULL, 0, NULL);
+        conn_send(&t->ctl, WIRE_LEAVE, buf, n, NULL, 0, NULL);
         double grace = t->hub_timeout_s < 2 ? t->hub_timeout_s : 2;
         if (!conn_flush_until(&t->ctl, wall_seconds() + grace, err, sizeof err))
             warn("diloco: could not say goodbye to the hub at %s: %s", t->hub, err);
@@ -1009,6 +1016,10 @@ bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t st
         disconnect(t);
         return false;
     }
+    if (t->joined == JOINED_FINISHED) {
+        *result = JOIN_FINISHED;
+        return true;
+    }
     t->member = true;
     *result = t->joined == JOINED_MEMBER ? JOIN_MEMBER : JOIN_GOT_STATE;
     if (*result == JOIN_GOT_STATE) {
@@ -1068,5 +1079,5 @@ bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed) {
 
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes) { tcp_send_state(t, state, bytes); }
 void tcp_hub_disconnect(tcp_hub *t) { disconnect(t); }
-void tcp_hub_leave(tcp_hub *t) { tcp_leave(t); }
+void tcp_hub_leave(tcp_hub *t, int64_t outer_step, bool finished) { tcp_leave(t, outer_step, finished); }
 void tcp_hub_free(tcp_hub *t) { tcp_free(t); }

@@ -43,7 +43,7 @@ void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);
 // LEAVE (when connected), then frees.
-void tcp_hub_leave(tcp_hub *t);
+void tcp_hub_leave(tcp_hub *t, int64_t outer_step, bool finished);
 void tcp_hub_free(tcp_hub *t);
 
 // net/transport_hubs.c: the composite transport over several hubs ("h1:p1,h2:p2,..." in

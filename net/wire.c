@@ -76,7 +76,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_EVICTED: lo = WIRE_EVICTED_HEAD_BYTES, hi = WIRE_EVICTED_HEAD_BYTES + WIRE_MAX_TEXT_BYTES; break;
     case WIRE_STATE: lo = hi = WIRE_STATE_BYTES; break;
     case WIRE_STATE_ABORT: lo = hi = 8; break;
-    case WIRE_LEAVE: lo = hi = 0; break;
+    case WIRE_LEAVE: lo = hi = WIRE_LEAVE_BYTES; break;
     case WIRE_FOLLOW: lo = hi = WIRE_FOLLOW_BYTES; break;
     case WIRE_DONE: lo = hi = WIRE_DONE_BYTES; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
@@ -396,8 +396,26 @@ const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m) {
     m->result = get_u32(p);
     m->group_step = (int64_t)get_u64(p + 8);
     m->group_hash = get_u64(p + 16);
-    if (m->result != JOINED_MEMBER && m->result != JOINED_WAIT) return "JOINED: unknown result";
+    if (m->result != JOINED_MEMBER && m->result != JOINED_WAIT && m->result != JOINED_FINISHED)
+        return "JOINED: unknown result";
     if (get_u32(p + 4) != 0) return "JOINED: reserved field not zero";
+    return NULL;
+}
+
+size_t wire_encode_leave(const wire_leave *m, uint8_t *out) {
+    put_u64(out, (uint64_t)m->outer_step);
+    put_u32(out + 8, m->reason);
+    put_u32(out + 12, 0);
+    return WIRE_LEAVE_BYTES;
+}
+
+const char *wire_decode_leave(const uint8_t *p, size_t n, wire_leave *m) {
+    if (n != WIRE_LEAVE_BYTES) return "LEAVE has the wrong size";
+    m->outer_step = (int64_t)get_u64(p);
+    m->reason = get_u32(p + 8);
+    if (m->outer_step < 0) return "LEAVE: negative outer step";
+    if (m->reason != LEAVE_STOPPED && m->reason != LEAVE_FINISHED) return "LEAVE: unknown reason";
+    if (get_u32(p + 12) != 0) return "LEAVE: reserved field not zero";
     return NULL;
 }
 

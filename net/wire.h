@@ -32,10 +32,11 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 5   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 6   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
+                         // 6: LEAVE says whether the replica finished the run; JOINED(finished)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -198,7 +199,10 @@ typedef struct {
 } wire_status;                  // JOIN
 #define WIRE_JOIN_BYTES 16
 
-enum { JOINED_MEMBER = 1, JOINED_WAIT = 2 };
+// JOINED_FINISHED: the group has no members and a replica of this run left having finished it
+// (its LEAVE said LEAVE_FINISHED): there is no group to join; group_step is the outer step it
+// finished at, group_hash the id of that replica.
+enum { JOINED_MEMBER = 1, JOINED_WAIT = 2, JOINED_FINISHED = 3 };
 // FOLLOW: a replica of a run with several hubs joins a hub that is not its primary (the first
 // live one, which does the JOIN and any state transfer). It is a member at once, expected in
 // rounds from first_round on (a round id, 64·k at the boundary of outer step k); a group
@@ -221,6 +225,15 @@ typedef struct {
     uint32_t result;
 } wire_done;
 #define WIRE_DONE_BYTES 16
+
+// LEAVE: goodbye, with why. LEAVE_STOPPED: it will be back (a signal, the walltime, an error);
+// LEAVE_FINISHED: it reached max_steps, the run is over for it.
+enum { LEAVE_STOPPED = 1, LEAVE_FINISHED = 2 };
+typedef struct {
+    int64_t outer_step;         // the replica's outer step as it leaves
+    uint32_t reason;
+} wire_leave;
+#define WIRE_LEAVE_BYTES 16
 
 typedef struct {
     uint32_t result;
@@ -303,6 +316,7 @@ size_t wire_encode_status(const wire_status *m, uint8_t *out);
 size_t wire_encode_follow(const wire_follow *m, uint8_t *out);
 size_t wire_encode_done(const wire_done *m, uint8_t *out);
 size_t wire_encode_joined(const wire_joined *m, uint8_t *out);
+size_t wire_encode_leave(const wire_leave *m, uint8_t *out);
 size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out);
 size_t wire_encode_round(const wire_round *m, uint8_t *out);
 size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out);
@@ -319,6 +333,7 @@ const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m);
 const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m);
 const char *wire_decode_done(const uint8_t *p, size_t n, wire_done *m);
 const char *wire_decode_joined(const uint8_t *p, size_t n, wire_joined *m);
+const char *wire_decode_leave(const uint8_t *p, size_t n, wire_leave *m);
 const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *m);
 const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m);
 const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m);

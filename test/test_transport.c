@@ -458,7 +458,7 @@ static int replica_main(const replica_cfg *c) {
         if (k == c->leave_at) break;
     }
     if (rc == 0) report_event(c->id, k == c->leave_at ? "left" : "done", k, true, 0);
-    if (rc == 0) transport_leave(t);
+    if (rc == 0) transport_leave(t, 0, false);
     else transport_close(t);
     free(payload);
     free(residual);

@@ -55,7 +55,8 @@ static int samples(sample *s) {
     wire_state state = {.outer_step = 12, .total_bytes = 5000, .chunk_bytes = 4096, .donor_id = 1};
     s[n].type = WIRE_STATE, s[n].bytes = wire_encode_state(&state, s[n].payload), n++;
     s[n].type = WIRE_STATE_ABORT, s[n].bytes = wire_encode_step(12, s[n].payload), n++;
-    s[n].type = WIRE_LEAVE, s[n].bytes = 0, n++;
+    wire_leave leave = {.outer_step = 12, .reason = LEAVE_FINISHED};
+    s[n].type = WIRE_LEAVE, s[n].bytes = wire_encode_leave(&leave, s[n].payload), n++;
     wire_data d = {.owner_id = 5, .kind = DATA_STATE, .outer_step = 12, .total_bytes = 5000, .offset = 4096,
                    .chunk_bytes = 4096, .chunk_len = 904};
     s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&d, s[n].payload);
@@ -107,6 +108,28 @@ static void test_round_trips(void) {
         EXPECT(wire_decode_done(dbuf, sizeof dbuf, &dn) != NULL, "DONE with %s is refused",
                i == 0 ? "a negative step" : i == 1 ? "an unknown result" : "a reserved field set");
     }
+    wire_leave lv;
+    EXPECT(!wire_decode_leave(s[12].payload, s[12].bytes, &lv) && lv.outer_step == 12 && lv.reason == LEAVE_FINISHED,
+           "LEAVE decodes");
+    uint8_t lbuf[WIRE_LEAVE_BYTES];
+    for (int i = 0; i < 3; i++) {
+        wire_leave bad_leave = {.outer_step = i == 0 ? -1 : 3, .reason = i == 1 ? 3 : LEAVE_STOPPED};
+        wire_encode_leave(&bad_leave, lbuf);
+        if (i == 2) lbuf[12] = 1;
+        EXPECT(wire_decode_leave(lbuf, sizeof lbuf, &lv) != NULL, "LEAVE with %s is refused",
+               i == 0 ? "a negative step" : i == 1 ? "an unknown reason" : "a reserved field set");
+    }
+    wire_joined jd;
+    EXPECT(!wire_decode_joined(s[6].payload, s[6].bytes, &jd) && jd.result == JOINED_WAIT && jd.group_step == 13,
+           "JOINED decodes");
+    wire_joined over = {.result = JOINED_FINISHED, .group_step = 40, .group_hash = 2};
+    uint8_t jbuf[WIRE_JOINED_BYTES];
+    wire_encode_joined(&over, jbuf);
+    EXPECT(!wire_decode_joined(jbuf, sizeof jbuf, &jd) && jd.result == JOINED_FINISHED && jd.group_step == 40,
+           "JOINED(finished) decodes");
+    over.result = 4;
+    wire_encode_joined(&over, jbuf);
+    EXPECT(wire_decode_joined(jbuf, sizeof jbuf, &jd) != NULL, "JOINED with an unknown result is refused");
     wire_follow fo;
     EXPECT(!wire_decode_follow(s[14].payload, s[14].bytes, &fo) && fo.outer_step == 12 && fo.param_hash == 0xfeedull &&
                fo.first_round == 768,

@@ -399,7 +399,7 @@ static int run_transport(const options *o) {
         // For the group's round time: every replica runs on this machine, on one monotonic clock.
         printf("TIMING %s|%d|%d|%.6f|%.6f|%.0f\n", o->label, o->replica_id, k, t0, t1, moved);
     }
-    transport_leave(r.t);
+    transport_leave(r.t, 0, false);
     qsort(goodput, (size_t)o->exchanges, sizeof *goodput, compare_doubles);
     double overall = mbit_per_s(total_bytes, total_s);
     printf("%s replica %d summary: %d exchanges of %zu B, %d stream(s): goodput overall %.2f Mbit/s = %.1f %% of "

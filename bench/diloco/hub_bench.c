@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         if (!ok || r.evicted) return 1;
     }
-    transport_leave(t);
+    transport_leave(t, 0, false);
     free(x);
     free(payload);
     free(secret);

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The run is over (docs/diloco.md#membership-and-faults-tcp): a replica that comes back to the
+# relay after the other replicas finished the run and left is told so (JOINED(finished)) and
+# stops with exit 0, instead of founding a group alone — where, with diloco_min_replicas 2, it
+# waited forever for a quorum that could not come, and with 1 trained on alone.
+#   1. Two replicas, min_replicas 2, H 5, 40 steps: replica 1 stops at step 10 (stop_at_step:
+#      checkpoint, goodbye "stopped"); replica 0 trains on alone (its rounds skipped) and leaves
+#      at step 40 having finished. Replica 1 restarted from its checkpoint: exits 0, says the
+#      run is over, logs the stop event "run_over", trains no step, leaves its checkpoint
+#      directory unchanged; the relay logs whom it told and who finished. Without the fix the
+#      restarted replica never exits (the wait below gives up and the check fails).
+#   2. A replica of another run on the same relay (another seed: another fingerprint) is not
+#      told so: the relay forgets the finished run and the replica trains to its end.
+#   3. At a rejoin: min_replicas 1, H 5, 20 steps; replica 1 is late for the last exchange
+#      (diloco_late) and evicted; replica 0 closes the round alone, finishes and leaves. Replica
+#      1's rejoin finds the run over (at once, or when replica 0 leaves while it waits for a
+#      state): it stops after step 20 with the stop event "run_over" and a checkpoint, exit 0.
+. "$(dirname "$0")/lib.sh"
+tmp_with_processes
+diloco_test_files
+common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" --val_every 0 --threads 1
+    --log_every 1000 --ckpt_keep 0 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport tcp
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30)
+
+relay_up() {  # relay_up NAME: a fresh relay, logged to $tmp/relay_NAME.log; sets port
+    port=$(free_port)
+    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$1.log" 2>&1 &
+    pids+=($!)
+    wait_until "relay $1 listening" grep -q 'listening on' "$tmp/relay_$1.log" || die "relay $1 did not start"
+}
+replica() {  # replica ID OUT_DIR [--key value]...: one replica in the background; sets rpid
+    local id=$1 out=$2
+    shift 2
+    "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" \
+        "$@" >>"$out.log" 2>&1 &
+    rpid=$!
+    pids+=("$rpid")
+}
+exited() { ! kill -0 "$1" 2>/dev/null; }
+# wait_exit PID: waits (WAIT_LIMIT_S) for the process to end; rc = its exit status, 124 if it
+# did not end (then it is killed).
+wait_exit() {
+    if wait_until "process $1 to exit" exited "$1"; then
+        rc=0
+        wait "$1" || rc=$?
+    else
+        kill -9 "$1" 2>/dev/null || true
+        wait "$1" 2>/dev/null || true
+        rc=124
+    fi
+}
+# stopped_over OUT_DIR STEP: the run's last stop event says run_over, and a checkpoint of STEP is there.
+stopped_over() {
+    grep '"event":"stop"' "$1/metrics.jsonl" | tail -n 1 | grep -q '"reason":"run_over"' &&
+        [ -d "$1/$(printf 'step_%08d' "$2")" ]
+}
+last_step() { grep -v '"event"' "$1" | grep '"loss"' | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/'; }
+
+# ---------------------------------------------------------------- 1. back after the end
+relay_up end
+over=(--max_steps 40 --ckpt_every 10 --diloco_min_replicas 2)
+replica 0 "$tmp/end0" "${over[@]}"
+r0=$rpid
+replica 1 "$tmp/end1" "${over[@]}" --stop_at_step 10
+r1=$rpid
+wait_exit "$r1"
+check "replica 1 stopped at step 10 (rc $rc)" test "$rc" -eq 0
+wait_exit "$r0"
+check "replica 0 trained on alone to step 40 and finished (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && [ \"\$(grep -c '\"step\":40,' '$tmp/end0/metrics.jsonl')\" -ge 1 ]"
+check "the relay heard replica 0 finish the run" grep -q 'replica 0 .* left: it finished the run' "$tmp/relay_end.log"
+before=$(tree_digest "$tmp/end1")
+lines_before=$(grep -c . "$tmp/end1/metrics.jsonl")
+replica 1 "$tmp/end1" "${over[@]}"
+WAIT_LIMIT_S=120 wait_exit "$rpid"
+say "    replica 1 back after the end: rc $rc"
+check "replica 1, back after the end, exits 0 instead of waiting forever (rc $rc)" test "$rc" -eq 0
+check "it says the run is over" grep -q 'the run is over' "$tmp/end1.log"
+check "its stop event says run_over and it trained no step" \
+    sh -c "[ \"\$(tail -n +$((lines_before + 1)) '$tmp/end1/metrics.jsonl' | grep -c '\"loss\"')\" -eq 0 ] &&
+           tail -n +$((lines_before + 1)) '$tmp/end1/metrics.jsonl' | grep -q '\"event\":\"stop\".*\"reason\":\"run_over\"'"
+after=$(tree_digest "$tmp/end1" | grep -v ' ./metrics.jsonl$')
+check "its checkpoints are unchanged" test "$after" = "$(printf '%s\n' "$before" | grep -v ' ./metrics.jsonl$')"
+check "the relay says whom it told and who finished" \
+    grep -q 'replica 1 at outer step 2: the run is over (replica 0 finished it at outer step 8' "$tmp/relay_end.log"
+
+# ---------------------------------------------------------------- 2. another run, same relay
+replica 0 "$tmp/other" --max_steps 10 --seed 7 --diloco_min_replicas 1
+WAIT_LIMIT_S=120 wait_exit "$rpid"
+check "a replica of another run on the same relay trains to its end (rc $rc, step $(last_step "$tmp/other/metrics.jsonl"))" \
+    sh -c "[ $rc -eq 0 ] && [ \"$(last_step "$tmp/other/metrics.jsonl")\" = 10 ]"
+check "the relay forgot the finished run" grep -q 'the finished run.s record is forgotten' "$tmp/relay_end.log"
+
+# ---------------------------------------------------------------- 3. over at a rejoin
+relay_up rejoin
+late=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 1)
+replica 0 "$tmp/late0" "${late[@]}"
+r0=$rpid
+TRAIN_GPT_FAULT=diloco_late:3 replica 1 "$tmp/late1" "${late[@]}"
+r1=$rpid
+wait_exit "$r0"
+check "replica 0 closes the last round alone and finishes (rc $rc)" test "$rc" -eq 0
+wait_exit "$r1"
+check "replica 1, late for the last exchange, exits 0 (rc $rc)" test "$rc" -eq 0
+check "replica 1 was evicted and found the run over at its rejoin" \
+    sh -c "grep -q 'too late' '$tmp/late1.log' && grep -q 'the run is over' '$tmp/late1.log'"
+check "replica 1 stopped after step 20 with the stop event run_over and a checkpoint" stopped_over "$tmp/late1" 20
+finish test_diloco_over
