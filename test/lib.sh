@@ -87,6 +87,56 @@ diloco_test_files() {
     make_secret "$tmp/secret"
 }
 
+# start_relay NAME SHARDS: a fresh DiLoCo hub (`train_gpt relay`, timeout 3 s, secret
+# $tmp/secret) of SHARDS shards on consecutive ports from a free one, in the background
+# (killed on exit), logging to $tmp/relay_NAME.log; returns once it listens on every shard's
+# port, trying up to 5 ports; sets port.
+start_relay() {
+    local n
+    for _ in 1 2 3 4 5; do
+        port=$(free_port)
+        "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 --shards "$2" \
+            >"$tmp/relay_$1.log" 2>&1 &
+        pids+=($!)
+        # Listening on every shard's port, or gone (port + 1 was taken: try other ports).
+        while kill -0 "${pids[-1]}" 2>/dev/null; do
+            n=$(grep -c 'listening on' "$tmp/relay_$1.log" 2>/dev/null || true)
+            [ "${n:-0}" -ge "$2" ] && break
+            sleep 0.05
+        done
+        kill -0 "${pids[-1]}" 2>/dev/null && return 0
+    done
+    die "cannot start a relay of $2 shards"
+}
+
+# theta_close A B STEP TOL: the outer.theta.* tensors of the step-STEP outer.safetensors in
+# out_dirs A and B differ by at most TOL × max |θ| (of B's); prints the worst difference.
+theta_close() {
+    local step_dir; step_dir=step_$(printf %08d "$3")
+    "$PYTHON" - "$1/$step_dir/outer.safetensors" "$2/$step_dir/outer.safetensors" "$4" "$3" <<'PY'
+import json, os, struct, sys
+import numpy as np
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name.startswith("outer.theta."):
+            s, e = t["data_offsets"]
+            out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4")
+    return out
+a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys() and a
+scale = max(float(np.abs(x).max()) for x in b.values())
+worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+run_a, run_b = (os.path.basename(os.path.dirname(os.path.dirname(p))) for p in sys.argv[1:3])
+print("  θ at step %s: max |%s − %s| = %.3g, %.3g of max |θ| = %.3g"
+      % (sys.argv[4], run_a, run_b, worst, worst / scale, scale))
+sys.exit(0 if worst <= tol * scale else 1)
+PY
+}
+
 # Final loss of a run.
 final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 

@@ -172,14 +172,19 @@ wait_until "the relay listens on 2 ports" sh -c "[ \$(grep -c 'listening on' '$t
 dl=(--diloco_replicas 2 --diloco_inner_steps 4 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
     --diloco_rendezvous "127.0.0.1:$port" --diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2
     --diloco_timeout_s 10 --diloco_connect_timeout_s 60 --fsdp_size 2 --ckpt_every 0)
-for id in 0 1; do
-    "${MPIRUN[@]}" 2 "$EMU" "${common[@]}" --device cuda --grad_accum 1 --out_dir "$tmp/dl$id" "${dl[@]}" \
-        --diloco_replica_id $id >"$tmp/dl$id.log" 2>&1 &
-    pids+=($!)
-done
-rc=0
-wait "${pids[-2]}" || rc=$?
-wait "${pids[-1]}" || rc=$?
+two_replicas() {  # two_replicas NAME [--key value]...: replicas 0 and 1 (2 GPU ranks, $dl) into $tmp/NAME<id>; sets rc
+    local name=$1 id
+    shift
+    for id in 0 1; do
+        "${MPIRUN[@]}" 2 "$EMU" "${common[@]}" --device cuda --grad_accum 1 --out_dir "$tmp/$name$id" "${dl[@]}" \
+            "$@" --diloco_replica_id $id >"$tmp/$name$id.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    wait "${pids[-2]}" || rc=$?
+    wait "${pids[-1]}" || rc=$?
+}
+two_replicas dl
 check "DiLoCo, 2 replicas x 2 GPU ranks: both exit 0 (rc $rc)" test "$rc" -eq 0
 check "  both outer steps applied with both replicas" \
     test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/dl0/metrics.jsonl")" -eq 2
@@ -191,15 +196,7 @@ port=$(free_port)
     >"$tmp/relay_hsdp.log" 2>&1 &
 pids+=($!)
 wait_until "the relay listens" grep -q 'listening on' "$tmp/relay_hsdp.log"
-for id in 0 1; do
-    "${MPIRUN[@]}" 2 "$EMU" "${common[@]}" --device cuda --grad_accum 1 --out_dir "$tmp/hd$id" "${dl[@]}" \
-        --diloco_rendezvous "127.0.0.1:$port" --fsdp_size 1 --dp_replicate 2 --ckpt_every 4 \
-        --diloco_replica_id $id >"$tmp/hd$id.log" 2>&1 &
-    pids+=($!)
-done
-rc=0
-wait "${pids[-2]}" || rc=$?
-wait "${pids[-1]}" || rc=$?
+two_replicas hd --diloco_rendezvous "127.0.0.1:$port" --fsdp_size 1 --dp_replicate 2 --ckpt_every 4
 check "DiLoCo, 2 replicas x (1 GPU shard x 2 copies): both exit 0 (rc $rc)" test "$rc" -eq 0
 check "  both outer steps applied with both replicas" \
     test "$(grep -c '"contributors":\[0,1\],"applied":true' "$tmp/hd0/metrics.jsonl")" -eq 2

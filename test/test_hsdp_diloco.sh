@@ -35,22 +35,6 @@ common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" -
     --log_every 1000 --ckpt_keep 0 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport tcp
     --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30 --diloco_min_replicas 2)
 
-start_relay() {  # start_relay NAME SHARDS: a fresh hub of SHARDS shards on consecutive ports; sets port
-    local tries n
-    for tries in 1 2 3 4 5; do
-        port=$(free_port)
-        "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 --shards "$2" \
-            >"$tmp/relay_$1.log" 2>&1 &
-        pids+=($!)
-        while kill -0 "${pids[-1]}" 2>/dev/null; do
-            n=$(grep -c 'listening on' "$tmp/relay_$1.log" 2>/dev/null || true)
-            [ "${n:-0}" -ge "$2" ] && break
-            sleep 0.05
-        done
-        kill -0 "${pids[-1]}" 2>/dev/null && return 0
-    done
-    die "cannot start a relay of $2 shards"
-}
 replica() {  # replica SHARDS COPIES ID OUT_DIR [--key value]...: one replica in the background; sets rpid
     local shards=$1 copies=$2 id=$3 out=$4
     shift 4
@@ -72,28 +56,6 @@ two_replicas() {  # two_replicas SHARDS COPIES NAME [--key value]...: replicas 0
     rc=0
     wait "$a" || rc=$?
     wait "$b" || rc=$?
-}
-theta_close() {  # theta_close A B STEP TOL: outer.theta.* of A's and B's step STEP within TOL × max |θ|
-    "$PYTHON" - "$1/step_$(printf %08d "$3")/outer.safetensors" "$2/step_$(printf %08d "$3")/outer.safetensors" "$4" <<'PY'
-import json, struct, sys
-import numpy as np
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    head = json.loads(b[8:8 + n])
-    out = {}
-    for name, t in head.items():
-        if name.startswith("outer.theta."):
-            s, e = t["data_offsets"]
-            out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4")
-    return out
-a, b, tol = tensors(sys.argv[1]), tensors(sys.argv[2]), float(sys.argv[3])
-assert a.keys() == b.keys() and a
-scale = max(float(np.abs(x).max()) for x in b.values())
-worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
-print("  θ: max |HSDP − one process| = %.3g, %.3g of max |θ| = %.3g" % (worst, worst / scale, scale))
-sys.exit(0 if worst <= tol * scale else 1)
-PY
 }
 
 # ---------------------------------------------------------------- 1. 1 × 2 against one process
