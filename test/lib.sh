@@ -143,6 +143,15 @@ final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 # A listing of every file under a directory with its checksum, to prove nothing changed.
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
 
+# same_checkpoint A B STEP: the checkpoints of STEP in out_dirs A and B hold byte-identical
+# model, optimizer and outer-state files (state.json is not compared).
+same_checkpoint() {
+    local f dir; dir=$(printf 'step_%08d' "$3")
+    for f in model.safetensors optimizer.safetensors outer.safetensors; do
+        cmp -s "$1/$dir/$f" "$2/$dir/$f" || { say "    $f of $dir differs"; return 1; }
+    done
+}
+
 # wait_until WHAT COMMAND...: polls COMMAND every 0.1 s until it succeeds; after WAIT_LIMIT_S
 # seconds (default 300: a loaded machine) says what it gave up on and returns 1.
 wait_until() {

@@ -14,7 +14,7 @@
 #      same micro-batches per step: docs/fsdp.md), fp32 outer exchange (diloco_quant none:
 #      the weights travel, the mean and the outer step are element-wise, so the split of the
 #      layout cannot change them), outer lr 0.7, Nesterov 0.9: θ after the last outer step
-#      (outer.safetensors) within 2e-5 of its scale (measured: 8.6e-7, a few ulp). The inner steps of 2 ranks and of one
+#      (outer.safetensors) within 2e-5 of its scale (measured: 3.2e-7, a few ulp). The inner steps of 2 ranks and of one
 #      process differ in the order of fp32 gradient additions only (docs/fsdp.md); with an
 #      int8 exchange the quantization blocks would cover other values and differ by ~1e-2.
 #      The 2-rank replicas' step-10 checkpoints resumed as 1-rank replicas (the outer state
@@ -115,16 +115,10 @@ two_replicas 2 stop "${exact[@]}" --stop_at_step 20
 start_relay resume 2
 two_replicas 2 stop "${exact[@]}"
 check "stopped at step 20 and resumed: both exit 0 (rc $rc)" test "$rc" -eq 0
-same_checkpoint() {  # same_checkpoint A B: every file of step 40 but state.json, byte for byte
-    local f
-    for f in model.safetensors optimizer.safetensors outer.safetensors; do
-        cmp -s "$1/step_00000040/$f" "$2/step_00000040/$f" || { say "    $f differs"; return 1; }
-    done
-}
 for r in 0 1; do
     check "  replica $r: resumed from step 20" grep -q "resuming from '.*step_00000020'" "$tmp/stop_$r.log"
     check "  replica $r: step 40's model, moments and outer state byte-identical to the straight run" \
-        same_checkpoint "$tmp/straight_$r" "$tmp/stop_$r"
+        same_checkpoint "$tmp/straight_$r" "$tmp/stop_$r" 40
 done
 
 # ---------------------------------------------------------------- 3. sharded = unsharded

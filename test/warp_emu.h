@@ -464,6 +464,7 @@ struct emu_event {
     double seconds;
     emu_stream *stream;   // of its last record (NULL: none, or the default stream)
     int64_t pos;          // complete once stream->done reaches it
+    int64_t told;         // the pos a query last answered "not ready" for (-1: none)
 };
 typedef emu_event *cudaEvent_t;
 
@@ -624,7 +625,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     delete s;
     return cudaSuccess;
 }
-inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return *e = new emu_event{0.0, nullptr, 0}, cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return *e = new emu_event{0.0, nullptr, 0, -1}, cudaSuccess; }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
     emu::enqueue(s, [e] {
@@ -636,11 +637,19 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
     e->pos = s ? s->queued : 0;
     return cudaSuccess;
 }
-inline cudaError_t cudaEventQuery(cudaEvent_t e) {  // never "not ready": the host would only poll again
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     emu::flush(e->stream, e->pos);
     return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+// A record whose work a deferred stream has not run yet is "not ready" to the first query (the
+// host's polling loops take that path, as on a GPU); the next query runs it.
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (e->stream && e->stream->done < e->pos && e->told != e->pos) {
+        e->told = e->pos;
+        return cudaErrorNotReady;
+    }
+    return cudaEventSynchronize(e);
+}
 inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     return *ms = (float)((b->seconds - a->seconds) * 1e3), cudaSuccess;
 }
