@@ -15,6 +15,9 @@
 #      (diloco_late) and evicted; replica 0 closes the round alone, finishes and leaves. Replica
 #      1's rejoin finds the run over (at once, or when replica 0 leaves while it waits for a
 #      state): it stops after step 20 with the stop event "run_over" and a checkpoint, exit 0.
+#   4. Sharded replicas (MPI; skipped without): 2 shards x 2 copies each (relay --shards 2),
+#      part 1's story: every rank of the returning replica stops (its shards' groups both say
+#      the run is over; its second copy follows the first), exit 0, checkpoint unchanged.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 diloco_test_files
@@ -22,17 +25,19 @@ common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" -
     --log_every 1000 --ckpt_keep 0 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport tcp
     --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30)
 
-relay_up() {  # relay_up NAME: a fresh relay, logged to $tmp/relay_NAME.log; sets port
-    port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$1.log" 2>&1 &
-    pids+=($!)
-    wait_until "relay $1 listening" grep -q 'listening on' "$tmp/relay_$1.log" || die "relay $1 did not start"
-}
 replica() {  # replica ID OUT_DIR [--key value]...: one replica in the background; sets rpid
     local id=$1 out=$2
     shift 2
     "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" \
         "$@" >>"$out.log" 2>&1 &
+    rpid=$!
+    pids+=("$rpid")
+}
+sharded() {  # sharded ID OUT_DIR [--key value]...: a replica of 2 shards x 2 copies (mpirun -np 4); sets rpid
+    local id=$1 out=$2
+    shift 2
+    "${MPIRUN[@]}" 4 "$TRAIN_GPT" "${common[@]}" --fsdp_size 2 --dp_replicate 2 --diloco_rendezvous "127.0.0.1:$port" \
+        --diloco_replica_id "$id" --out_dir "$out" "$@" >>"$out.log" 2>&1 &
     rpid=$!
     pids+=("$rpid")
 }
@@ -57,7 +62,7 @@ stopped_over() {
 last_step() { grep -v '"event"' "$1" | grep '"loss"' | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/'; }
 
 # ---------------------------------------------------------------- 1. back after the end
-relay_up end
+start_relay end 1
 over=(--max_steps 40 --ckpt_every 10 --diloco_min_replicas 2)
 replica 0 "$tmp/end0" "${over[@]}"
 r0=$rpid
@@ -92,7 +97,7 @@ check "a replica of another run on the same relay trains to its end (rc $rc, ste
 check "the relay forgot the finished run" grep -q 'the finished run.s record is forgotten' "$tmp/relay_end.log"
 
 # ---------------------------------------------------------------- 3. over at a rejoin
-relay_up rejoin
+start_relay rejoin 1
 late=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 1)
 replica 0 "$tmp/late0" "${late[@]}"
 r0=$rpid
@@ -105,4 +110,29 @@ check "replica 1, late for the last exchange, exits 0 (rc $rc)" test "$rc" -eq 0
 check "replica 1 was evicted and found the run over at its rejoin" \
     sh -c "grep -q 'too late' '$tmp/late1.log' && grep -q 'the run is over' '$tmp/late1.log'"
 check "replica 1 stopped after step 20 with the stop event run_over and a checkpoint" stopped_over "$tmp/late1" 20
+
+# ---------------------------------------------------------------- 4. sharded replicas
+detect_mpi
+if [ "$HAVE_MPI" = 1 ]; then
+    start_relay sharded 2
+    over=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2)
+    sharded 0 "$tmp/sh0" "${over[@]}"
+    r0=$rpid
+    sharded 1 "$tmp/sh1" "${over[@]}" --stop_at_step 10
+    wait_exit "$rpid"
+    check "sharded: replica 1 stopped at step 10 (rc $rc)" test "$rc" -eq 0
+    wait_exit "$r0"
+    check "sharded: replica 0 finished (rc $rc)" test "$rc" -eq 0
+    check "  both shards' hubs heard it finish" test "$(grep -c 'replica 0 .* left: it finished the run' "$tmp/relay_sharded.log")" -eq 2
+    before=$(tree_digest "$tmp/sh1" | grep -v ' ./metrics.jsonl$')
+    sharded 1 "$tmp/sh1" "${over[@]}"
+    WAIT_LIMIT_S=120 wait_exit "$rpid"
+    check "sharded: replica 1, back after the end, exits 0 on every rank (rc $rc)" test "$rc" -eq 0
+    check "  both shards' hubs told it the run is over" \
+        test "$(grep -c 'replica 1 at outer step 2: the run is over' "$tmp/relay_sharded.log")" -eq 2
+    check "  its stop event says run_over" sh -c "tail -n 2 '$tmp/sh1/metrics.jsonl' | grep -q '\"reason\":\"run_over\"'"
+    check "  its checkpoints are unchanged" test "$(tree_digest "$tmp/sh1" | grep -v ' ./metrics.jsonl$')" = "$before"
+else
+    say "  skip part 4 (no MPI in this build)"
+fi
 finish test_diloco_over
