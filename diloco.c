@@ -108,6 +108,7 @@ struct diloco {
     float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
     bool over;                             // the hub said the run is over (diloco_group_over)
+    int64_t changed_lo, changed_hi;        // the local values the last call changed: [lo, hi)
     // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
     // joined), and the extra inner steps it has taken in it beyond its H
     double phase_start_s;
@@ -475,6 +476,17 @@ static void dump_carry(diloco *d, int64_t to, const float *theta_from, const flo
 // Takes over the group's state: θ, m, step counters, data position; params ← θ, less the
 // replica's unsent work (carry_weight). Every rank of a sharded replica calls it together (the
 // hash in the log is the replica's).
+// What the last diloco_join / diloco_after_step / diloco_settle changed in params (HSDP's other
+// copies take only that: diloco_changed_range).
+static void changed_none(diloco *d) {
+    d->changed_lo = d->numel;
+    d->changed_hi = 0;
+}
+static void changed_add(diloco *d, int64_t offset, int64_t numel) {
+    if (offset < d->changed_lo) d->changed_lo = offset;
+    if (offset + numel > d->changed_hi) d->changed_hi = offset + numel;
+}
+
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
     state_counters c = check_state(d, got);
@@ -516,6 +528,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     } else {
         memcpy(params, theta_to, bytes);
     }
+    changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
     memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
     if (!all_finite(d->theta, d->numel) || !all_finite(d->momentum, d->numel))
@@ -634,6 +647,7 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
         if (d->residual) memset(d->residual, 0, bytes);
         st->outer_step = 0;
     }
+    changed_none(d);
     if (join_group(d, params, st, train, false)) return;
     if (d->over) {
         note("diloco: replica %d at step %lld (outer step %lld): the run is over, nothing to join; it stops",
@@ -1143,6 +1157,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     if (now) {
         for (int i = 0; i < n_params; i++)
             memcpy(params[i] + fr->offset, d->theta + fr->offset, (size_t)fr->numel * sizeof(float));
+        changed_add(d, fr->offset, fr->numel);
     } else {
         st->merge_step = f->begin_step + d->overlap;
     }
@@ -1175,6 +1190,7 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
         dump_tensor(dump, params[0] + fr->offset, fr->numel);
         dump_close(dump);
     }
+    changed_add(d, fr->offset, fr->numel);
 }
 
 bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {
@@ -1194,6 +1210,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     double t0 = wall_seconds();
     bool changed = false;
     flight *f = &d->flight;
+    changed_none(d);
     if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
         changed |= land_round(d, params, n_params, st, train);
     if (d->over) {   // a rejoin found the run over: no round to begin
@@ -1225,6 +1242,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
 }
 
 bool diloco_settle(diloco *d, float *params, train_state *st, dataloader *train) {
+    changed_none(d);
     if (!d->flight.active) return false;
     float *p[1] = {params};
     return land_round(d, p, 1, st, train);
@@ -1243,6 +1261,11 @@ void diloco_start_local(diloco *d, const float *params, train_state *st) {
 }
 
 bool diloco_group_over(const diloco *d) { return d->over; }
+
+void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel) {
+    *offset = d->changed_hi > d->changed_lo ? d->changed_lo : 0;
+    *numel = d->changed_hi > d->changed_lo ? d->changed_hi - d->changed_lo : 0;
+}
 
 bool diloco_agree_stop(diloco *d, bool local_stop) { return transport_agree_stop(d->net, local_stop); }
 

@@ -84,6 +84,11 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
 // the finished replica's checkpoint. Agreed by a sharded replica's ranks.
 bool diloco_group_over(const diloco *d);
 
+// The span of this rank's local values that the last diloco_join, diloco_after_step or
+// diloco_settle wrote into params (numel 0: none): one fragment's after a streaming merge or
+// landing, everything after taking the group's state. HSDP's other copies receive only it.
+void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel);
+
 // A replica that takes the group's state continues its data where a replica that had trained
 // all along to st->step would be: seeks train there and records it in st->data. (HSDP's other
 // copies do the same for their own rows when the first copy's rank rejoined: train_gpt.cu.)

@@ -2039,6 +2039,7 @@ typedef struct {
     data_split split;    // which rows it reads (dataloader.h)
     diloco *outer;       // NULL without DiLoCo, and on HSDP's other copies (copies_follow)
     bool copies_follow;  // DiLoCo with HSDP copies: the first copy's ranks run it, the others follow
+    int64_t follow_bytes;  // weights this rank sent (first copy) or took (the others) after DiLoCo changed them
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
     double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
@@ -2659,10 +2660,11 @@ static bool first_copy_says(trainer *tr, bool answer) {
     return b != 0;
 }
 
-// After DiLoCo's part on the first copy (changed: whether it changed the weights; before: its
+// After DiLoCo's part on the first copy (changed: whether it changed the weights; whole: send
+// all of them, else only the span DiLoCo wrote — one fragment's with streaming; before: its
 // data position before), every copy holds the same weights and counters, and its own data
 // position. Returns changed.
-static bool follow_first_copy(trainer *tr, bool changed, data_position before) {
+static bool follow_first_copy(trainer *tr, bool changed, bool whole, data_position before) {
     if (!tr->copies_follow) return changed;
     uint8_t flags[2] = {(uint8_t)(changed ? 1 : 0), 0};
     if (tr->outer) flags[1] = memcmp(&before, &tr->state.data, sizeof before) != 0;  // a rejoin moved it
@@ -2670,14 +2672,19 @@ static bool follow_first_copy(trainer *tr, bool changed, data_position before) {
     train_state st = tr->state;  // the counters (outer_step, merge_step) move without the weights too
     copies_broadcast(tr, &st, sizeof st);
     if (flags[0]) {
+        int64_t span[2] = {0, tr->shard.local_numel};  // offset, values
+        if (tr->outer && !whole) diloco_changed_range(tr->outer, &span[0], &span[1]);
+        copies_broadcast(tr, span, sizeof span);
+        int64_t bytes = span[1] * (int64_t)sizeof(float);
         bool skip = !tr->outer && fault_requested("hsdp_skip_follow", st.step);  // the guard's test
         if (skip) {
-            float *lost = (float *)xmalloc((size_t)tr->shard.local_numel * sizeof(float));
-            copies_broadcast(tr, lost, tr->shard.local_numel * (int64_t)sizeof(float));
+            float *lost = (float *)xmalloc((size_t)bytes + 1);
+            copies_broadcast(tr, lost, bytes);
             free(lost);
         } else {
-            copies_broadcast(tr, tr->params, tr->shard.local_numel * (int64_t)sizeof(float));
+            copies_broadcast(tr, tr->params + span[0], bytes);
         }
+        tr->follow_bytes += bytes;
     }
     if (!tr->outer) {
         data_position mine = tr->state.data;
@@ -3190,7 +3197,7 @@ static int train_run(train_config *cfg) {
     if (outer_on(&tr)) {
         data_position before = tr.state.data;
         if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
-        follow_first_copy(&tr, true, before);
+        follow_first_copy(&tr, true, true, before);
         over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
     }
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
@@ -3241,7 +3248,7 @@ static int train_run(train_config *cfg) {
                     changed = diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps,
                                                 &stall_s);
                 }
-                if (follow_first_copy(&tr, changed, before)) backend_upload_params(tr.be, tr.params);
+                if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
                 m.stall_ms = (tr.outer ? stall_s : wall_seconds() - t0) * 1e3;
                 over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
             }
@@ -3282,7 +3289,7 @@ static int train_run(train_config *cfg) {
                     backend_download(tr.be, tr.params, NULL, NULL);
                     changed = diloco_settle(tr.outer, tr.params, &tr.state, tr.train);
                 }
-                if (follow_first_copy(&tr, changed, before)) backend_upload_params(tr.be, tr.params);
+                if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
             }
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }
@@ -3330,21 +3337,24 @@ static int train_run(train_config *cfg) {
     sampler_free(tr.samples);
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) == 0) {  // ru_maxrss: KiB on Linux
-        char extra[400];
+        char extra[480];
         // This process's: the weights, gradients and moments it holds, the most activation
         // bytes held at once (the backend's allocator counts; 0 where it does not count), and
         // (FSDP) the most gathered layers and unit gradients at once and the time spent
         // waiting for collectives; device_mb: what the GPU backend allocated on its GPU, and
         // device_state_mb the part of it that is this rank's weights, gradients and moments (0
-        // on the CPU).
-        snprintf(extra, sizeof extra,
-                 "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
-                 "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f,\"device_mb\":%.6f,\"device_state_mb\":%.6f",
-                 (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
-                 (double)tr.be->activation_peak_bytes / 1048576.0, (double)tr.be->gathered_peak_bytes / 1048576.0,
-                 (double)tr.be->grads_peak_bytes / 1048576.0,
-                 tr.be->comm_wait_s, (double)backend_device_bytes(tr.be) / 1048576.0,
-                 (double)tr.be->device_state_bytes / 1048576.0);
+        // on the CPU); follow_mb (HSDP copies in a DiLoCo replica): the weights it sent the
+        // other copies after DiLoCo changed them.
+        int at = snprintf(extra, sizeof extra,
+                          "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
+                          "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f,\"device_mb\":%.6f,\"device_state_mb\":%.6f",
+                          (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
+                          (double)tr.be->activation_peak_bytes / 1048576.0,
+                          (double)tr.be->gathered_peak_bytes / 1048576.0, (double)tr.be->grads_peak_bytes / 1048576.0,
+                          tr.be->comm_wait_s, (double)backend_device_bytes(tr.be) / 1048576.0,
+                          (double)tr.be->device_state_bytes / 1048576.0);
+        if (tr.copies_follow && at > 0 && at < (int)sizeof extra)
+            snprintf(extra + at, sizeof extra - (size_t)at, ",\"follow_mb\":%.6f", (double)tr.follow_bytes / 1048576.0);
         metrics_event(tr.log, "end", tr.state.step, extra);
     }
     metrics_close(tr.log);

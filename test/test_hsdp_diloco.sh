@@ -15,6 +15,9 @@
 #      --shards 2), int8 with error
 #      feedback: both exit 0, param_hash equal at every outer step, the loss falls, the
 #      outer state per rank is half of one process's on the first copy and none on the other.
+#   2b. Streaming (2 fragments, 1 step in flight), 1 × 2 ranks: both finish with the copies'
+#      check passed at every checkpoint, param_hash equal, and the other copy received only the
+#      span each landing or merge changed (follow_mb below 3/4 of a whole piece per change).
 #   3. Stopped at step 10 and resumed (a fresh hub; fp32 downlink): the 1 × 2 replicas' step-20
 #      checkpoints byte-identical to a straight run's.
 #   4. Replica 1 alone at first: held by the hub until both are there (min_replicas 2), it
@@ -94,6 +97,26 @@ import json, sys
 def mb(p): return [json.loads(l) for l in open(p) if '\"end\"' in l][-1]['state_mb']
 a, b = mb('$tmp/whole_0/metrics.jsonl'), mb('$tmp/two_0/metrics.jsonl')
 print('  state per rank: 1 process %.4f MB, 2 x 2 ranks %.4f MB' % (a, b)); sys.exit(0 if a / 2 <= b <= a / 2 + 0.001 else 1)"
+
+# ---------------------------------------------------------------- 2b. streaming
+# Two fragments, one step in flight: each landing or merge changes one fragment's weights, and
+# the other copy receives only that span. The copies' check at every checkpoint (every 5
+# steps) fails the run if a copy missed a value; follow_mb (the end event) counts what went.
+start_relay stream 1
+two_replicas 1 2 stream --diloco_fragments 2 --diloco_overlap_steps 1 --max_steps 20 --ckpt_every 5
+check "streaming replicas of 1 shard x 2 copies: both exit 0, the copies' check passed at steps 5-20 (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && [ -d '$tmp/stream_0/step_00000020' ] && [ -d '$tmp/stream_1/step_00000020' ]"
+check "  param_hash equal on both replicas at every outer step (>= 8)" \
+    all_hashes_agree 8 "$tmp/stream_0/metrics.jsonl" "$tmp/stream_1/metrics.jsonl"
+check "  the other copy received less than 3/4 of the weights per change (one fragment's span, not all)" "$PYTHON" -c "
+import json, sys
+lines = [json.loads(l) for l in open('$tmp/stream_0/metrics.jsonl')]
+end = [d for d in lines if d.get('event') == 'end'][-1]
+changes = 1 + sum(1 for d in lines if 'outer_step' in d and 'event' not in d and d.get('applied'))  # + the join
+piece = end['state_mb'] / 4  # fp32 weights of this rank: 4 of the 16 bytes per value
+print('  follow_mb %.4f for %d changes of a %.4f MB piece (all of it each time: %.4f)'
+      % (end['follow_mb'], changes, piece, changes * piece))
+sys.exit(0 if end['follow_mb'] < 0.75 * changes * piece else 1)"
 
 # ---------------------------------------------------------------- 3. resume bit-exact
 exact=(--diloco_quant int8 --diloco_error_feedback 1 --diloco_downlink fp32 --max_steps 20 --ckpt_every 5)
