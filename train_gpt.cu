@@ -1905,6 +1905,7 @@ static void probe_gpu(gpu_info *info) {
         return;
     }
     snprintf(info->name, sizeof info->name, "%s", prop.name);
+    info->index = dev;
     info->cc_major = prop.major;
     info->cc_minor = prop.minor;
     info->memory_bytes = (int64_t)prop.totalGlobalMem;

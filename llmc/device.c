@@ -118,8 +118,8 @@ device_kind device_choose(const char *key, const gpu_info *g, char *why, size_t 
         return DEVICE_ERROR;
     }
     if (g->usable) {
-        snprintf(why, why_bytes, "device = %s: GPU 0 is %s (sm_%d%d, %.1f GiB, %d SMs)", key, g->name, g->cc_major,
-                 g->cc_minor, (double)g->memory_bytes / 1073741824.0, g->sm_count);
+        snprintf(why, why_bytes, "device = %s: GPU %d is %s (sm_%d%d, %.1f GiB, %d SMs)", key, g->index, g->name,
+                 g->cc_major, g->cc_minor, (double)g->memory_bytes / 1073741824.0, g->sm_count);
         return DEVICE_CUDA;
     }
     if (want_auto) {

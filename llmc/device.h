@@ -39,6 +39,7 @@ typedef struct {
     int cc_major, cc_minor;      // compute capability
     int64_t memory_bytes;        // total device memory
     int sm_count;
+    int index;                   // which of the GPUs this process sees it uses (its rank on the node)
     char why[512];               // when not usable: the reason, one line
 } gpu_info;
 

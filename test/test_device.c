@@ -86,6 +86,11 @@ static void test_choose(void) {
     EXPECT(device_choose("auto", &h100, why, sizeof why) == DEVICE_CUDA, "auto takes a usable GPU");
     EXPECT(strstr(why, h100.name) && strstr(why, "132 SMs"), "auto names the GPU: %s", why);
     EXPECT(device_choose("cuda", &h100, why, sizeof why) == DEVICE_CUDA, "cuda takes a usable GPU");
+    EXPECT(strstr(why, "GPU 0 is") != NULL, "a one-GPU process names GPU 0: %s", why);
+    gpu_info fourth = h100;
+    fourth.index = 3;  // rank 3 of a node's 4
+    device_choose("cuda", &fourth, why, sizeof why);
+    EXPECT(strstr(why, "GPU 3 is") != NULL, "a node's rank 3 names the GPU it uses: %s", why);
 
     const gpu_info *without[] = {&no_driver, &cpu_only};
     for (int i = 0; i < 2; i++) {
