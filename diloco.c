@@ -649,6 +649,11 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
     }
     changed_none(d);
     if (join_group(d, params, st, train, false)) return;
+    if (d->over && fresh)
+        fail("diloco: replica %d starts a run that the relay says is over (another replica of the same "
+             "configuration finished it); for a new run of this configuration restart the relay, or resume this "
+             "replica from its checkpoint",
+             diloco_replica_id(d));
     if (d->over) {
         note("diloco: replica %d at step %lld (outer step %lld): the run is over, nothing to join; it stops",
              diloco_replica_id(d), (long long)st->step, (long long)st->outer_step);

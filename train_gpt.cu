@@ -2676,6 +2676,9 @@ static bool follow_first_copy(trainer *tr, bool changed, bool whole, data_positi
         int64_t span[2] = {0, tr->shard.local_numel};  // offset, values
         if (tr->outer && !whole) diloco_changed_range(tr->outer, &span[0], &span[1]);
         copies_broadcast(tr, span, sizeof span);
+        // The caller uploads all of params: outside the span they must be this copy's own
+        // trained weights, which only the backend holds (a GPU's; on the CPU the same memory).
+        if (!tr->outer && span[1] < tr->shard.local_numel) backend_download(tr->be, tr->params, NULL, NULL);
         int64_t bytes = span[1] * (int64_t)sizeof(float);
         bool skip = !tr->outer && fault_requested("hsdp_skip_follow", st.step);  // the guard's test
         if (skip) {
@@ -3291,6 +3294,11 @@ static int train_run(train_config *cfg) {
                     changed = diloco_settle(tr.outer, tr.params, &tr.state, tr.train);
                 }
                 if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
+                // A rejoin in the landing may have found the run over: this checkpoint is the last.
+                if (!over && first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer))) {
+                    over = true;
+                    stop_here = true;
+                }
             }
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }

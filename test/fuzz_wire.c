@@ -71,6 +71,11 @@ static void decode_payload(unsigned type, const uint8_t *p, size_t n) {
         if (!wire_decode_done(p, n, &x)) m = wire_encode_done(&x, scratch);
         break;
     }
+    case WIRE_LEAVE: {
+        wire_leave x;
+        if (!wire_decode_leave(p, n, &x)) m = wire_encode_leave(&x, scratch);
+        break;
+    }
     case WIRE_JOINED: {
         wire_joined x;
         if (!wire_decode_joined(p, n, &x)) m = wire_encode_joined(&x, scratch);

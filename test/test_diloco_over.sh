@@ -8,7 +8,8 @@
 #      at step 40 having finished. Replica 1 restarted from its checkpoint: exits 0, says the
 #      run is over, logs the stop event "run_over", trains no step, leaves its checkpoint
 #      directory unchanged; the relay logs whom it told and who finished. Without the fix the
-#      restarted replica never exits (the wait below gives up and the check fails).
+#      restarted replica never exits (the wait below gives up and the check fails). A fresh
+#      replica of the same configuration (no checkpoint: a rerun) is refused with one line.
 #   2. A replica of another run on the same relay (another seed: another fingerprint) is not
 #      told so: the relay forgets the finished run and the replica trains to its end.
 #   3. At a rejoin: min_replicas 1, H 5, 20 steps; replica 1 is late for the last exchange
@@ -88,6 +89,9 @@ after=$(tree_digest "$tmp/end1" | grep -v ' ./metrics.jsonl$')
 check "its checkpoints are unchanged" test "$after" = "$(printf '%s\n' "$before" | grep -v ' ./metrics.jsonl$')"
 check "the relay says whom it told and who finished" \
     grep -q 'replica 1 at outer step 2: the run is over (replica 0 finished it at outer step 8' "$tmp/relay_end.log"
+
+check "a fresh replica of the same configuration (no checkpoint) is refused with one line, non-zero" \
+    one_line_error "restart the relay" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id 1 "${over[@]}"
 
 # ---------------------------------------------------------------- 2. another run, same relay
 replica 0 "$tmp/other" --max_steps 10 --seed 7 --diloco_min_replicas 1

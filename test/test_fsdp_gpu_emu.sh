@@ -38,7 +38,9 @@
 #     hubs, int8 with error feedback, H = 4, 8 steps): both exit 0, both outer steps applied
 #     with both replicas, param_hash equal on both at each. The same with HSDP replicas of 1
 #     shard x 2 copies (the second copy takes DiLoCo's weights from the first and uploads them
-#     to its GPU; the copies' check passes at both checkpoints).
+#     to its GPU; the copies' check passes at both checkpoints), and streaming (2 fragments,
+#     1 step in flight: the second copy takes only the changed span into the weights it
+#     trained; the copies' check passes at every checkpoint, every 2 steps).
 . "$(dirname "$0")/lib.sh"
 require_mpi
 tmp_with_processes
@@ -204,4 +206,14 @@ check "  param_hash equal on both replicas at every outer step (2)" \
     all_hashes_agree 2 "$tmp/hd0/metrics.jsonl" "$tmp/hd1/metrics.jsonl"
 check "  the copies' weights agreed at both checkpoints (steps 4 and 8 written)" \
     test -d "$tmp/hd0/step_00000004" -a -d "$tmp/hd0/step_00000008" -a -d "$tmp/hd1/step_00000008"
+# 8c. The same, streaming (2 fragments, 1 step in flight): the second copy receives only the
+# span each landing or merge changed, into the weights it trained on its GPU (which its host
+# copy does not hold). The copies' check at every checkpoint (every 2 steps) fails otherwise.
+two_replicas hs --diloco_rendezvous "127.0.0.1:$port" --fsdp_size 1 --dp_replicate 2 --ckpt_every 2 \
+    --diloco_fragments 2 --diloco_overlap_steps 1
+check "streaming DiLoCo, 2 replicas x (1 GPU shard x 2 copies): both exit 0 (rc $rc)" test "$rc" -eq 0
+check "  param_hash equal on both replicas at every outer step (>= 3)" \
+    all_hashes_agree 3 "$tmp/hs0/metrics.jsonl" "$tmp/hs1/metrics.jsonl"
+check "  the copies' weights agreed at every checkpoint (steps 2 to 8 written)" \
+    test -d "$tmp/hs0/step_00000002" -a -d "$tmp/hs0/step_00000006" -a -d "$tmp/hs1/step_00000008"
 finish test_fsdp_gpu_emu
