@@ -2041,6 +2041,7 @@ typedef struct {
     diloco *outer;       // NULL without DiLoCo, and on HSDP's other copies (copies_follow)
     bool copies_follow;  // DiLoCo with HSDP copies: the first copy's ranks run it, the others follow
     int64_t follow_bytes;  // weights this rank sent (first copy) or took (the others) after DiLoCo changed them
+    bool over;             // DiLoCo: the hub said the others finished the run (diloco_group_over), on every copy
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
     double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
@@ -2664,12 +2665,14 @@ static bool first_copy_says(trainer *tr, bool answer) {
 // After DiLoCo's part on the first copy (changed: whether it changed the weights; whole: send
 // all of them, else only the span DiLoCo wrote — one fragment's with streaming; before: its
 // data position before), every copy holds the same weights and counters, and its own data
-// position. Returns changed.
+// position, and tr->over says whether DiLoCo found the run over. Returns changed.
 static bool follow_first_copy(trainer *tr, bool changed, bool whole, data_position before) {
+    tr->over = tr->outer && diloco_group_over(tr->outer);
     if (!tr->copies_follow) return changed;
-    uint8_t flags[2] = {(uint8_t)(changed ? 1 : 0), 0};
+    uint8_t flags[3] = {(uint8_t)(changed ? 1 : 0), 0, (uint8_t)(tr->over ? 1 : 0)};
     if (tr->outer) flags[1] = memcmp(&before, &tr->state.data, sizeof before) != 0;  // a rejoin moved it
     copies_broadcast(tr, flags, sizeof flags);
+    tr->over = flags[2] != 0;
     train_state st = tr->state;  // the counters (outer_step, merge_step) move without the weights too
     copies_broadcast(tr, &st, sizeof st);
     if (flags[0]) {
@@ -3195,14 +3198,12 @@ static int train_run(train_config *cfg) {
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
     install_signal_handlers();
-    // over: the hub says the run was finished by the others (diloco_group_over): this replica
-    // stops without training (at its join) or after its step (at a rejoin).
-    bool over = false;
+    // tr.over: the hub says the run was finished by the others: this replica stops without
+    // training (at its join) or after its step (at a rejoin).
     if (outer_on(&tr)) {
         data_position before = tr.state.data;
         if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
         follow_first_copy(&tr, true, true, before);
-        over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
     }
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
     watchdog_start(cfg->watchdog_s, tr.job ? comm_rank(tr.job) : tr.rank);
@@ -3215,7 +3216,7 @@ static int train_run(train_config *cfg) {
     if (job_end > 0)
         note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
-    while (!over && tr.state.step < cfg->max_steps) {
+    while (!tr.over && tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr, false);
         if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
@@ -3254,7 +3255,6 @@ static int train_run(train_config *cfg) {
                 }
                 if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
                 m.stall_ms = (tr.outer ? stall_s : wall_seconds() - t0) * 1e3;
-                over = first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer));
             }
         }
         metrics_step(tr.log, &m);
@@ -3275,7 +3275,7 @@ static int train_run(train_config *cfg) {
             sampler_run(tr.samples, tr.be, step, tr.log);
         double left_s = 0.0;
         bool walltime = step < cfg->max_steps && walltime_near(&tr, job_end, &left_s);
-        bool stop_here = stop_signal || step == cfg->stop_at_step || walltime || over;
+        bool stop_here = stop_signal || step == cfg->stop_at_step || walltime || tr.over;
         watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
         if (tr.job) {  // a job's ranks stop together: any rank's signal or walltime stops all
@@ -3294,18 +3294,14 @@ static int train_run(train_config *cfg) {
                     changed = diloco_settle(tr.outer, tr.params, &tr.state, tr.train);
                 }
                 if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
-                // A rejoin in the landing may have found the run over: this checkpoint is the last.
-                if (!over && first_copy_says(&tr, tr.outer && diloco_group_over(tr.outer))) {
-                    over = true;
-                    stop_here = true;
-                }
+                stop_here = stop_here || tr.over;  // a rejoin in the landing found the run over: the last checkpoint
             }
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }
         if (stop_here) {
             const char *reason = stop_signal ? "signal" : walltime ? "walltime" : step == cfg->stop_at_step ?
-                                 "stop_at_step" : over ? "run_over" : "replica";
-            if (over && !stop_signal && !walltime)
+                                 "stop_at_step" : tr.over ? "run_over" : "replica";
+            if (tr.over && !stop_signal && !walltime)
                 note("stopped after step %lld: the run is over (the other replicas finished it and left, so there is "
                      "no group to rejoin); this replica's own work is in the checkpoint written, the final weights in "
                      "the checkpoint of the replica that finished",
@@ -3331,13 +3327,11 @@ static int train_run(train_config *cfg) {
         }
     }
     watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
-    if (over && tr.state.step == first_step) {
+    if (tr.over && tr.state.step == first_step) {
         note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
              "the checkpoint is unchanged, the final weights are in the checkpoint of the replica that finished",
              (long long)tr.state.step);
-        char extra[64];
-        snprintf(extra, sizeof extra, "\"reason\":\"run_over\"");
-        metrics_event(tr.log, "stop", tr.state.step, extra);
+        metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"run_over\"");
     } else if (tr.state.step == first_step) {
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
     }
