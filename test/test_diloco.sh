@@ -112,14 +112,12 @@ if [ "$HAVE_MPI" = 1 ]; then
 fi
 check "3 simulated replicas: the loss falls" loss_falls "$tmp/local3/metrics.jsonl"
 
-start_relay() {  # start_relay NAME: a fresh hub; sets tcp=(...) to reach it
-    local port; port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$1.log" 2>&1 &
-    pids+=($!)
+relay_tcp() {  # relay_tcp NAME: a fresh hub (lib.sh's start_relay, one shard); sets tcp=(...) to reach it
+    start_relay "$1" 1
     tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
         --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
 }
-# three_over_tcp NAME ARGS...: replicas 0, 1, 2 through the relay of the last start_relay into
+# three_over_tcp NAME ARGS...: replicas 0, 1, 2 through the relay of the last relay_tcp into
 # $tmp/NAME/<id> (logs $tmp/NAME_<id>.log, dumps in $tmp/dump_NAME), waited for; rc = the
 # last non-zero exit status. min_replicas 3: on a loaded machine one replica may start a
 # second or more after the others; the rounds before all three are in are skipped (and the
@@ -136,7 +134,7 @@ three_over_tcp() {
     rc=0
     for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
 }
-start_relay three
+relay_tcp three
 three_over_tcp tcp3 "${three[@]}" --diloco_quant int8 --max_steps 200
 check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
 check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
@@ -182,7 +180,7 @@ rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
 }
 rounds_with() { rounds_after "$@" | wc -l; }
 first_round_with() { rounds_after "$@" | head -n 1; }
-start_relay faults
+relay_tcp faults
 for r in 0 1 2; do start_replica $r; done
 wait_until "replica 2 reaches outer step 10" eval '[ "$(outer_steps_done 2)" -ge 10 ]'
 kill -9 "$fault_pid_2" 2>/dev/null || true
@@ -283,7 +281,7 @@ if [ "$HAVE_MPI" = 1 ]; then
         outer.safetensors
 fi
 
-start_relay stream
+relay_tcp stream
 three_over_tcp stcp "${stream[@]}" --diloco_replicas 3 --max_steps 96
 check "streaming, 3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
 check "streaming over TCP: param_hash equal on every replica at every applied fragment sync (>= 8)" \
@@ -298,7 +296,7 @@ check "streaming over TCP: outer steps and merges = numpy" \
 # Restarted once replica 0 closed a round without it, it must rejoin and agree.
 fault=(--diloco_replicas 3 "${stream[@]}" --max_steps 100000000 --ckpt_every 24 --diloco_min_replicas 3)
 fdir=sfault
-start_relay sfault
+relay_tcp sfault
 start_replica 0
 start_replica 1
 TRAIN_GPT_FAULT=tcp_die_in_upload_after_full:3 start_replica 2

@@ -38,7 +38,7 @@ all_agree() {  # all_agree MIN_STEPS FILES...: at least MIN_STEPS applied outer 
     local out; out=$(for f in "$@"; do hashes "$f"; done | sort -u | awk '{n[$1]++} END {for (k in n) print k, n[k]}')
     [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | awk '$2 != 1' | grep . >/dev/null
 }
-start_relay() {  # start_relay NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
+relay_on() {  # relay_on NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
     local before=0
     [ -f "$tmp/relay_$1.log" ] && before=$(wc -c <"$tmp/relay_$1.log")
     TRAIN_GPT_FAULT=${3:-} "$TRAIN_GPT" relay --listen "127.0.0.1:$2" --secret_file "$tmp/secret" \
@@ -74,12 +74,12 @@ wait_three() {  # wait_three NAME: rc = the last non-zero exit status
 }
 
 # ---------------------------------------------------------------- 1. one hub, two hubs
-p1=$(free_port); start_relay one "$p1"
+p1=$(free_port); relay_on one "$p1"
 three one "127.0.0.1:$p1" --max_steps 60
 wait_three one
 check "one hub: 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
-p2=$(free_port); start_relay a "$p2"
-p3=$(free_port); start_relay b "$p3"
+p2=$(free_port); relay_on a "$p2"
+p3=$(free_port); relay_on b "$p3"
 three two "127.0.0.1:$p2,127.0.0.1:$p3" --max_steps 60
 wait_three two
 check "two hubs: 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
@@ -101,8 +101,8 @@ outer_lines() {  # outer_lines ID [RUN]: replica ID's outer lines so far in run 
     local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/${2:-kill}/$1/metrics.jsonl" 2>/dev/null || true)
     echo "${n:-0}"
 }
-p4=$(free_port); start_relay k1 "$p4"
-p5=$(free_port); start_relay k2 "$p5"
+p4=$(free_port); relay_on k1 "$p4"
+p5=$(free_port); relay_on k2 "$p5"
 three kill "127.0.0.1:$p4,127.0.0.1:$p5" --max_steps 100000000 --batch_size 16
 wait_until "replica 0 reaches outer step 5" eval '[ "$(outer_lines 0)" -ge 5 ]'
 kill -9 "$relay_pid_k1"
@@ -114,7 +114,7 @@ done
 check "kill -9 a hub: the second relay reduces the first one's share" \
     grep -q 'share 0) closed: 3 contributor' "$tmp/relay_k2.log"
 before=$(wc -c <"$tmp/relay_k1.log")
-start_relay k1 "$p4"
+relay_on k1 "$p4"
 wait_until "the restarted relay closes a round with all three" \
     log_after "$tmp/relay_k1.log" "$before" 'closed: 3 contributor(s) \[0 1 2\]'
 check "restarted on its port, the first relay takes its share again (a round of all three)" \
@@ -160,9 +160,9 @@ check "no hub of the list reachable: one line naming the hubs" \
     bad_list "cannot reach any of the 2 hubs" "127.0.0.1:$p1,127.0.0.1:$p2"
 
 # ---------------------------------------------------------------- 4. three hubs: the mixed case, two down
-pa=$(free_port); start_relay ta "$pa"
-pb=$(free_port); start_relay tb "$pb" relay_die_in_close:3
-pc=$(free_port); start_relay tc "$pc"
+pa=$(free_port); relay_on ta "$pa"
+pb=$(free_port); relay_on tb "$pb" relay_die_in_close:3
+pc=$(free_port); relay_on tc "$pc"
 # Replica 0's exchange after the mixed step (outer step 4, when the relay's first rounds have all
 # three) waits timeout_s + 1 s (diloco_late): the others' redo of the dead relay's share reaches
 # the third relay first, and only replica 0's DONE can tell it that the redo must not stand.
@@ -193,8 +193,8 @@ check "kill -9 the third relay too: the first reduces every share" \
            tail -c +$((before_a + 1)) '$tmp/relay_ta.log' | grep -q 'share 2) closed: 3 contributor'"
 before_b=$(wc -c <"$tmp/relay_tb.log")
 before_c=$(wc -c <"$tmp/relay_tc.log")
-start_relay tb "$pb"
-start_relay tc "$pc"
+relay_on tb "$pb"
+relay_on tc "$pc"
 wait_until "the restarted second relay closes a round with all three" \
     log_after "$tmp/relay_tb.log" "$before_b" 'share 1) closed: 3 contributor(s) \[0 1 2\]'
 wait_until "the restarted third relay closes a round with all three" \
