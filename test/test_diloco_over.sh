@@ -12,8 +12,10 @@
 #      replica of the same configuration (no checkpoint: a rerun) is refused with one line.
 #   2. A replica of another run on the same relay (another seed: another fingerprint) is not
 #      told so: the relay forgets the finished run and the replica trains to its end.
-#   3. At a rejoin: min_replicas 1, H 5, 20 steps; replica 1 is late for the last exchange
-#      (diloco_late) and evicted; replica 0 closes the round alone, finishes and leaves. Replica
+#   3. At a rejoin: min_replicas 2 (the hub holds the group until both are in: with 1, replica 0
+#      could train all 20 short steps and leave before replica 1 connected), H 5, 20 steps;
+#      replica 1 is late for the last exchange (diloco_late) and evicted; replica 0 closes the
+#      round alone (skipped: one contributor), finishes and leaves. Replica
 #      1's rejoin finds the run over (at once, or when replica 0 leaves while it waits for a
 #      state): it stops after step 20 with the stop event "run_over" and a checkpoint, exit 0.
 #   4. Sharded replicas (MPI; skipped without): 2 shards x 2 copies each (relay --shards 2),
@@ -102,7 +104,7 @@ check "the relay forgot the finished run" grep -q 'the finished run.s record is 
 
 # ---------------------------------------------------------------- 3. over at a rejoin
 start_relay rejoin 1
-late=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 1)
+late=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2)
 replica 0 "$tmp/late0" "${late[@]}"
 r0=$rpid
 TRAIN_GPT_FAULT=diloco_late:3 replica 1 "$tmp/late1" "${late[@]}"
