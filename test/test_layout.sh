@@ -2,7 +2,9 @@
 #   1. the root holds exactly the design card's files and folders (plus dotfiles);
 #   2. no file in a folder includes anything above it: llmc/ only llmc/; cpu/, net/, tok/
 #      and cuda/ only their own folder and llmc/; nothing in a folder includes a root file;
-#   3. no backend branch left in the loop: train_gpt.cu creates the backend in one place.
+#   3. no backend branch left in the loop: train_gpt.cu creates the backend in one place;
+#   4. the tracked tree stays small enough to travel to a lent GPU (the device tool sends the
+#      working tree and refuses one over 64 MiB; 40 MiB leaves room for what a call carries).
 # A check fails by naming the file and line that breaks the rule.
 . "$(dirname "$0")/lib.sh"
 
@@ -42,4 +44,11 @@ check "train_gpt.cu creates the backend in one place" \
     test "$(grep -c 'cpu_backend_create\|gpu_backend_create(&' train_gpt.cu)" -eq 2
 check "the training loop calls no backend directly (cuda_*/cpu_forward_*)" sh -c \
     "sed -n '/^\/\/ =* the training loop/,\$p' train_gpt.cu | grep -nE '\\b(cuda_[a-z_]+|cpu_forward_[a-z_]+|cpu_model_create)\\(' | grep -v plan_bytes; test \$? -ne 0"
+# 4. The size of what travels: the tracked files (committed results keep large metrics.jsonl
+# gzipped, bench/diloco/README.md).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    bytes=$(git ls-files -z | xargs -0 cat 2>/dev/null | wc -c)
+    check "the tracked tree is $((bytes / 1048576)) MiB, within 40 MiB (largest: $(git ls-files -z | xargs -0 du -b 2>/dev/null | sort -n | tail -n 1 | cut -f2))" \
+        test "$bytes" -le $((40 * 1048576))
+fi
 finish test_layout

@@ -16,6 +16,7 @@ Writes:
 
 Standard library only (Python 3.9 or later). --title TEXT prefixes every title.
 """
+import gzip
 import json
 import math
 import os
@@ -85,11 +86,16 @@ def read_results(path):
 
 
 def read_curve(path):
-    """[(training tokens, val_loss)] from a metrics.jsonl; [] when the file is missing."""
+    """[(training tokens, val_loss)] from a metrics.jsonl, or from its gzipped copy (committed
+    results keep the large ones as metrics.jsonl.gz); [] when neither is there."""
     tokens, vals = {}, []
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
+        if not os.path.exists(path) and os.path.exists(path + ".gz"):
+            with gzip.open(path + ".gz", "rt", encoding="utf-8") as f:
+                lines = f.readlines()
+        else:
+            with open(path, encoding="utf-8") as f:
+                lines = f.readlines()
     except OSError:
         return []
     for line in lines:
