@@ -15,13 +15,29 @@
 #                                           # against the WMMA kernels and PyTorch's SDPA/Flex, the
 #                                           # per-kernel table of gpt-1b with it, then the sanitizers
 #
-# On an H100 (2026-11-24) the stages took about 4, 5 and 7 minutes. Output goes to $OUT (the
-# device tool's folder that comes back) when set, else to bench/results/, as
+#   bash scripts/gpu_session.sh lease       # the session's whole device time in one list, most
+#                                           # needed first, for a lease of ~15 minutes (below)
+#
+# On an H100 (2026-11-24) the first three stages took about 4, 5 and 7 minutes. Output goes to
+# $OUT (the device tool's folder that comes back) when set, else to bench/results/, as
 # DATE-STAGE-GPUNAME.txt; the benchmark scripts write their own files beside it. COMMIT=...
 # names the code when the checkout travels without its git history.
+#
+# lease: a session is lent ~15 minutes of device time in all, the machine's start included,
+# and a machine stays warm only ~30 s after a call: one call of about 9 minutes and, at once,
+# a short second one. The stage runs the checks of all four stages as one list in order of
+# need (correctness, then #11's speed against PyTorch, then FSDP and recompute, then the
+# sanitizers and the other rows) while LEASE_S seconds last (500); an item whose estimate no
+# longer fits is skipped and named, each runs under `timeout` of its cap or of what is left.
+# Items finished are listed in build/lease.done.COMMIT, so a second call on the warm machine
+# (`LEASE_S=150 bash scripts/gpu_session.sh lease`) goes on where the first stopped. The
+# build is for this GPU's architecture alone (exported CUDA_ARCH, so that the benchmark
+# scripts' own `make` reuses it), with NCCL from PyTorch's wheel when the system has none.
+# With $OUT set, the files the items write (results, logs) are packed after every item into
+# $OUT/lease-files.tar.gz, next to the stage's log: the device tool brings back 8 files at most.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-stage=${1:?usage: gpu_session.sh check|bench-1b|bench-rest|fa2}
+stage=${1:?usage: gpu_session.sh check|bench-1b|bench-rest|fa2|lease}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr ' /' '--' | tr -cd 'A-Za-z0-9._-')
 dest=${OUT:-bench/results}
 mkdir -p "$dest"
@@ -29,12 +45,13 @@ log="$dest/$(date -u +%F)-$stage-${gpu:-nogpu}.txt"
 jobs=$(nproc)
 export PATH=$PATH:/usr/local/cuda/bin
 
-run() {  # run TITLE COMMAND...: prints the title, the command's output and its exit status
+run() {  # run TITLE COMMAND...: prints the title, the command's output and its exit status (also in $last_rc)
     echo "==== $1"
     shift
     local t0=$SECONDS rc=0
     "$@" 2>&1 || rc=$?
     echo "==== exit $rc after $((SECONDS - t0)) s"
+    last_rc=$rc
     return 0
 }
 
@@ -47,6 +64,118 @@ build() {
     *) make -j"$jobs" all build/test_tool build/reference_dump build/bench_attention \
         CUDA_ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_${cc},code=sm_${cc}" ;;
     esac
+}
+
+# --- lease ---------------------------------------------------------------------------------
+lease_setup() {
+    commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+    export COMMIT=$commit
+    done_file=build/lease.done.$commit
+    deadline=$((SECONDS + ${LEASE_S:-500}))
+    skipped=()
+    mkdir -p build
+    local cc
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
+    export CUDA_ARCH="-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"
+    if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
+        local d
+        d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+        if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
+            export NCCL_HOME=$d LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        fi
+    fi
+    echo "lease: ${LEASE_S:-500} s, CUDA_ARCH=$CUDA_ARCH, NCCL_HOME=${NCCL_HOME:-(system)}," \
+        "done before: $(cat "$done_file" 2>/dev/null | tr '\n' ' ')"
+    # The items' own files: the benchmark scripts copy theirs into $OUT, which becomes a folder
+    # of this call's (build/lease-files/callN) that is packed, with the earlier calls' folders,
+    # into the real $OUT after every item. What they write under bench/results is copied there
+    # too (a folder per call: the tree that travels again may bring a result file back without
+    # the rows an earlier call appended).
+    real_out=${OUT:-}
+    if [ -n "$real_out" ]; then
+        local n=1
+        while [ -e "build/lease-files/call$n" ]; do n=$((n + 1)); done
+        export OUT=$PWD/build/lease-files/call$n
+        mkdir -p "$OUT"
+        touch "$OUT.start"
+    fi
+}
+
+pack() {
+    [ -n "$real_out" ] || return 0
+    find bench/results -type f -newer "$OUT.start" -exec cp {} "$OUT/" \; 2>/dev/null
+    tar czf "$real_out/lease-files.tar.gz.part" -C build/lease-files . &&
+        mv "$real_out/lease-files.tar.gz.part" "$real_out/lease-files.tar.gz"
+}
+
+item() {  # item NAME ESTIMATE_S CAP_S COMMAND...: run it if its estimate fits what is left, under timeout
+    local name=$1 est=$2 cap=$3
+    shift 3
+    if grep -qxF "$name" "$done_file" 2>/dev/null; then
+        echo "==== $name: done in an earlier call"
+        last_rc=0
+        return 0
+    fi
+    local left=$((deadline - SECONDS))
+    if [ "$est" -gt "$left" ]; then
+        echo "==== $name: skipped (about $est s; $left s left)"
+        skipped+=("$name")
+        last_rc=skipped
+        return 0
+    fi
+    run "$name" timeout -k 5 "$((cap < left ? cap : left))" "$@"
+    # Cut off by the lease's end rather than its own cap: not done, a later call runs it again.
+    case "$last_rc" in 124 | 137) [ $((deadline - SECONDS)) -le 5 ] && { skipped+=("$name (cut off)"); pack; return 0; } ;; esac
+    echo "$name" >>"$done_file"
+    pack
+}
+
+need() {  # need NAME ESTIMATE_S CAP_S COMMAND...: an item the rest depends on (the build); fails the list without it
+    item "$@"
+    [ "$last_rc" = 0 ] && return 0
+    sed -i "/^$1\$/d" "$done_file" 2>/dev/null
+    echo "==== lease: stopping: '$1' did not succeed ($last_rc), and every item after it needs it"
+    return 1
+}
+
+lease() {
+    lease_setup
+    run "nvidia-smi" nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm --format=csv
+    run "nvcc" nvcc --version
+    run "torch" python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+    local gpu_tests
+    gpu_tests=$(make -s -f Makefile -f - print-gpu-tests <<<'print-gpu-tests: ; @echo $(GPU_TESTS)')
+    # shellcheck disable=SC2086
+    need make 60 300 make -s -j"$jobs" all build/test_tool build/reference_dump build/bench_attention $gpu_tests ||
+        { pack; return 0; }
+    # Correctness: every kernel against its reference, the GPU step against the CPU's, both attentions.
+    item test_gpu_kernels 20 120 build/test_gpu_kernels
+    item test_gpu_step 25 120 build/test_gpu_step
+    item "test_gpu_step fa2" 25 120 env TRAIN_GPT_ATTENTION=fa2 build/test_gpu_step
+    item test_quant_gpu 20 120 build/test_quant_gpu
+    # #11: attention alone against PyTorch's, then the 1B model against PyTorch 2 (register-resident
+    # attention), the same row on the default kernels (ours alone), and where the time goes.
+    item attention 70 240 bash bench/gpu/attention.sh
+    item "gpt-1b docs fa2" 80 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-1b 4096 docs
+    item "gpt-1b docs wmma" 30 150 env TORCH=0 bash bench/gpu/run.sh gpt-1b 4096 docs
+    item test_gpu_train 70 200 env TRAIN_GPT="$PWD/train_gpt" BUILD="$PWD/build" PYTHON=python3 bash test/test_gpu_train.sh
+    item test_fsdp_gpu 60 200 env TRAIN_GPT="$PWD/train_gpt" BUILD="$PWD/build" PYTHON=python3 bash test/test_fsdp_gpu.sh
+    item "kernels gpt-1b docs fa2" 40 150 env TRAIN_GPT_ATTENTION=fa2 bash bench/gpu/kernels.sh gpt-1b 4096 docs
+    # #18 and #14's figures.
+    item "recompute gpt-1b" 150 240 env TRAIN_GPT_ATTENTION=fa2 bash bench/recompute/gpu.sh gpt-1b 4096
+    item "fsdp gpt-124m" 60 200 bash bench/fsdp/gpu.sh gpt-124m 1024
+    # The kernel tests under the sanitizers (out of bounds, shared-memory races, uninitialized reads).
+    local san tool
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck initcheck; do
+        item "$tool" 40 120 env TRAIN_GPT_TEST_QUICK=1 "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
+    done
+    # The other rows, as time allows.
+    item "gpt-1b causal fa2" 80 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-1b 4096 causal
+    item "kernels gpt-1b causal fa2" 40 150 env TRAIN_GPT_ATTENTION=fa2 bash bench/gpu/kernels.sh gpt-1b 4096 causal
+    item "gpt-124m docs fa2" 60 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-124m 4096 docs
+    echo "==== lease: $((SECONDS)) s; skipped: ${skipped[*]:-none}"
+    pack
 }
 
 bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, the kernels
@@ -111,6 +240,7 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
         build >/dev/null 2>&1
         bench_rows gpt-124m gpt-350m
         ;;
+    lease) lease ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
     esac
 } | tee "$log"

@@ -19,7 +19,10 @@
 # uses `train_gpt plan`'s FLOPs per token (6N + 12·L·Hq·D·T); "MFU done" replaces the
 # attention term by what document masking leaves (12·L·Hq·D·Σℓ²/T over the timed rows).
 # Environment: STEPS (20), WARMUP (5), BATCH (conf's batch_size × 2048 / SEQ), PEAK_TFLOPS
-# (from the GPU's name), OURS_TIMEOUT, TORCH_TIMEOUT, PYTHON (python3).
+# (from the GPU's name), OURS_TIMEOUT, TORCH_TIMEOUT, PYTHON (python3); TORCH=0 leaves the
+# PyTorch side out (its columns say `skipped`); TRAIN_GPT_ATTENTION (wmma, fa2) picks
+# train_gpt's attention kernels, and other than the default it is added to the row's config
+# name (gpt-1b+fa2) and the logs' names.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -112,7 +115,7 @@ if [ ! -s "$result" ]; then
     emit "#   T-token row (mean over the timed rows): the attention work document masking leaves. Equal to the standard on causal rows."
     emit "# data causal: no document token (torch: SDPA is_causal, flash/cuDNN). docs: documents of $doc_min..$doc_max tokens, uniform (torch: FlexAttention)."
     emit "# mem GiB: peak nvidia-smi memory.used (100 ms samples) over each side's process; alloc: torch.cuda.max_memory_allocated, timed steps."
-    emit "$(printf '%-9s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14s %-11s | %6s | %s' \
+    emit "$(printf '%-12s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14s %-11s | %6s | %s' \
         config seq B data GF/tok "GF done" "ours tok/s" MFU "MFU done" "mem GiB" "torch tok/s" MFU "MFU done" \
         "mem GiB (alloc)" attention ratio "steps+warmup UTC commit")"
 fi
@@ -147,7 +150,9 @@ tail_to_stdout() {  # WHO RC LOG
     echo "bench/gpu: $1 failed (exit status $2$( [ "$2" -eq 124 ] || [ "$2" -eq 137 ] && echo ": timed out")); the end of its log:"
     tail -n 20 "$3"
 }
-tag="$name-$T-$data"
+att=${TRAIN_GPT_ATTENTION:-}
+[ "$att" != wmma ] || att=
+tag="$name${att:++$att}-$T-$data"
 
 out="$tmp/out"
 mem_start
@@ -168,24 +173,27 @@ if [ "$ours_rc" -ne 0 ] || [ -z "$ours_tps" ]; then
     tail_to_stdout train_gpt "$ours_rc" "$tmp/ours.log"
 fi
 
-mem_start
-PYTHONUNBUFFERED=1 timeout -k 10 "$torch_timeout" "$python" bench/gpu/torch_model.py "$conf" "$shard" --batch "$B" \
-    --seq "$T" --steps "$steps" --warmup "$warmup" --attention "$attention" >"$tmp/torch.out" 2>"$tmp/torch.err"
-torch_rc=$?
-torch_mem=$(mem_stop)
-theirs=$(grep '^torch ' "$tmp/torch.out")
-torch_tps=$(echo "$theirs" | sed -n 's/.*tok_per_s=\([0-9.]*\).*/\1/p' | cut -d. -f1)
-torch_alloc=$(echo "$theirs" | sed -n 's/.*peak_mem_gib=\([0-9.]*\).*/\1/p')
-torch_attention=$(echo "$theirs" | sed -n 's/.*attention=\([^ ]*\).*/\1/p')
-if [ "$torch_rc" -ne 0 ] || [ -z "$torch_tps" ]; then
-    torch_tps=failed
-    [ "$torch_rc" -eq 124 ] || [ "$torch_rc" -eq 137 ] && torch_tps=timeout
-    cat "$tmp/torch.out" >>"$tmp/torch.err"
-    tail_to_stdout "PyTorch" "$torch_rc" "$tmp/torch.err"
+torch_rc=0 torch_mem= torch_tps=skipped torch_alloc= torch_attention=
+if [ "${TORCH:-1}" != 0 ]; then
+    mem_start
+    PYTHONUNBUFFERED=1 timeout -k 10 "$torch_timeout" "$python" bench/gpu/torch_model.py "$conf" "$shard" --batch "$B" \
+        --seq "$T" --steps "$steps" --warmup "$warmup" --attention "$attention" >"$tmp/torch.out" 2>"$tmp/torch.err"
+    torch_rc=$?
+    torch_mem=$(mem_stop)
+    theirs=$(grep '^torch ' "$tmp/torch.out")
+    torch_tps=$(echo "$theirs" | sed -n 's/.*tok_per_s=\([0-9.]*\).*/\1/p' | cut -d. -f1)
+    torch_alloc=$(echo "$theirs" | sed -n 's/.*peak_mem_gib=\([0-9.]*\).*/\1/p')
+    torch_attention=$(echo "$theirs" | sed -n 's/.*attention=\([^ ]*\).*/\1/p')
+    if [ "$torch_rc" -ne 0 ] || [ -z "$torch_tps" ]; then
+        torch_tps=failed
+        [ "$torch_rc" -eq 124 ] || [ "$torch_rc" -eq 137 ] && torch_tps=timeout
+        cat "$tmp/torch.out" >>"$tmp/torch.err"
+        tail_to_stdout "PyTorch" "$torch_rc" "$tmp/torch.err"
+    fi
 fi
 if [ -n "${OUT:-}" ]; then
     cp "$tmp/ours.log" "$OUT/ours-$tag.log" 2>/dev/null
-    cat "$tmp/torch.out" "$tmp/torch.err" >"$OUT/torch-$tag.log" 2>/dev/null
+    [ "${TORCH:-1}" = 0 ] || cat "$tmp/torch.out" "$tmp/torch.err" >"$OUT/torch-$name-$T-$data.log" 2>/dev/null
 fi
 
 is_number() { case "$1" in '' | *[!0-9.]*) return 1 ;; esac; }
@@ -203,8 +211,8 @@ fi
 # COMMIT=... names the code when the tree travels without its history (a copied checkout).
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
 [ -n "${COMMIT:-}" ] || [ "$commit" = - ] || git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
-emit "$(printf '%-9s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14s %-11s | %6s | %s' \
-    "$name" "$T" "$B" "$data" "${gflop:--}" "${gflop_done:--}" \
+emit "$(printf '%-12s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14s %-11s | %6s | %s' \
+    "$name${att:++$att}" "$T" "$B" "$data" "${gflop:--}" "${gflop_done:--}" \
     "$ours_tps" "$(mfu "$ours_tps" "$gflop")" "$(mfu "$ours_tps" "$gflop_done")" "${ours_mem:--}" \
     "$torch_tps" "$(mfu "$torch_tps" "$gflop")" "$(mfu "$torch_tps" "$gflop_done")" \
     "${torch_mem:--} (${torch_alloc:--})" "${torch_attention:--}" "$ratio" \
