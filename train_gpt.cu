@@ -3169,6 +3169,19 @@ static void checkpoint_now(trainer *tr, bool must_succeed) {
              (long long)tr->state.step);
 }
 
+// TRAIN_GPT_NO_FINAL_CHECKPOINT=1, for benchmarks that throw the run away (at ~1B the last
+// checkpoint is ~9 s of a one-minute benchmark run): no checkpoint when the run reaches
+// max_steps, unless ckpt_every schedules one there anyway. Checkpoints at stop_at_step, on
+// signals and before the walltime are written as always. Ignored by DiLoCo replicas (their
+// last checkpoint holds the landing of the last outer step). A job's ranks agree: all skip or
+// none does.
+static bool skip_final_checkpoint(const trainer *tr) {
+    const char *v = getenv("TRAIN_GPT_NO_FINAL_CHECKPOINT");
+    bool skip = v && strcmp(v, "1") == 0 && !tr->outer;
+    if (tr->job) skip = comm_max(tr->job, skip ? 0.0 : 1.0) == 0.0;
+    return skip;
+}
+
 // Runs the whole training; returns the process exit code (0 = finished or stopped cleanly
 // with a checkpoint). User errors are fatal inside (one line, exit 1).
 static int train_run(train_config *cfg) {
@@ -3213,6 +3226,10 @@ static int train_run(train_config *cfg) {
     int64_t first_step = tr.state.step;
     int exit_status = 0;
     double job_end = walltime_end(cfg);
+    bool no_final_checkpoint = skip_final_checkpoint(&tr);
+    if (no_final_checkpoint)
+        note("TRAIN_GPT_NO_FINAL_CHECKPOINT=1: no checkpoint at max_steps = %lld (a benchmark run)",
+             (long long)cfg->max_steps);
     if (job_end > 0)
         note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
@@ -3285,7 +3302,8 @@ static int train_run(train_config *cfg) {
             if (why >= 100.0) stop_signal = (sig_atomic_t)(why - 100.0);
         }
         watchdog_phase("a checkpoint", step);
-        if (due(step, cfg->ckpt_every, cfg->max_steps) || stop_here) {
+        bool scheduled = cfg->ckpt_every > 0 && step % cfg->ckpt_every == 0;
+        if (scheduled || stop_here || (step == cfg->max_steps && !no_final_checkpoint)) {
             if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
                 data_position before = tr.state.data;
                 bool changed = false;

@@ -5,6 +5,8 @@
 #   stop_at_step 8, then resume;  SIGUSR1 mid-run, then resume;
 #   SIGKILL halfway through writing the step-10 checkpoint (fault injection), then resume
 #   from step 5;  kill -9 from outside at an arbitrary moment, then resume.
+# And TRAIN_GPT_NO_FINAL_CHECKPOINT=1 (benchmarks): no checkpoint at max_steps, but one
+# where ckpt_every falls on it and at stop_at_step.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -79,4 +81,14 @@ check "kill -9 + resume: identical losses and bytes" same_as_long "$tmp/killed"
 # 5. resume on a finished run does nothing and succeeds
 run "$tmp/straight" >"$tmp/again.log" 2>&1
 check "a finished run resumes to a no-op" grep -q "already reached max_steps" "$tmp/again.log"
+# 5. TRAIN_GPT_NO_FINAL_CHECKPOINT=1: 12 steps with ckpt_every 5 leave steps 5 and 10 only;
+# at 10 steps (a multiple of ckpt_every) the last one stays; stop_at_step still writes its own.
+TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench" --max_steps 12 >"$tmp/bench.log" 2>&1
+check "no final checkpoint: steps 5 and 10 written, not 12 ($(ls "$tmp/bench" | grep step_ | tr '\n' ' '))" \
+    sh -c "test -d '$tmp/bench/step_00000010' && ! test -e '$tmp/bench/step_00000012'"
+check "no final checkpoint: the run says so" grep -q "TRAIN_GPT_NO_FINAL_CHECKPOINT=1: no checkpoint at max_steps = 12" "$tmp/bench.log"
+TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench10" --max_steps 10 >/dev/null 2>&1
+check "no final checkpoint: ckpt_every's own at max_steps stays" test -d "$tmp/bench10/step_00000010"
+TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench_stop" --max_steps 12 --stop_at_step 7 >/dev/null 2>&1
+check "no final checkpoint: stop_at_step still writes one" test -d "$tmp/bench_stop/step_00000007"
 finish test_resume

@@ -16,6 +16,8 @@ T=${2:-2048}
 steps=${STEPS:-8}
 conf=bench/gpu/$name.conf
 [ -f "$conf" ] || { echo "bench/fsdp/gpu.sh: no such config '$conf'" >&2; exit 2; }
+# The runs are thrown away: no checkpoint at their end (docs/config.md, ~9 s at ~1B).
+export TRAIN_GPT_NO_FINAL_CHECKPOINT=1
 make -s -j"$(nproc)" train_gpt build/test_tool >/dev/null || { echo "bench/fsdp/gpu.sh: build failed" >&2; exit 1; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
 [ -n "$gpu" ] || { echo "bench/fsdp/gpu.sh: no GPU (nvidia-smi found none)" >&2; exit 1; }
