@@ -78,10 +78,13 @@ lease_setup() {
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
     export CUDA_ARCH="-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"
     if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
-        local d
-        d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-        if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
-            export NCCL_HOME=$d LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        # The wheel's layout varies (nvidia/nccl/{include,lib}, nvidia/cu13/...): look for the files.
+        local d h so
+        d=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
+        h=$([ -n "$d" ] && find "$d" -maxdepth 4 -name nccl.h -path '*include*' 2>/dev/null | head -n 1)
+        so=$([ -n "$d" ] && find "$d" -maxdepth 4 -name 'libnccl.so*' 2>/dev/null | head -n 1)
+        if [ -n "$h" ] && [ -n "$so" ]; then
+            export NCCL_HOME=${h%/include/nccl.h} LD_LIBRARY_PATH=$(dirname "$so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         fi
     fi
     echo "lease: ${LEASE_S:-500} s, CUDA_ARCH=$CUDA_ARCH, NCCL_HOME=${NCCL_HOME:-(system)}," \
