@@ -135,7 +135,7 @@ TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.
             test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
             test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
             test/test_fsdp_diloco.sh test/test_hsdp_diloco.sh test/test_diloco_over.sh test/test_recompute.sh test/test_diloco_warm.sh test/test_plan.sh \
-            test/test_docs.sh test/test_layout.sh test/test_gpu_train_emu.sh test/test_fsdp_gpu_emu.sh
+            test/test_docs.sh test/test_layout.sh test/test_gpu_session.sh test/test_gpu_train_emu.sh test/test_fsdp_gpu_emu.sh
 # Helper programs the shell tests call (train_gpt_emu: the trainer on the CPU emulator of the GPU).
 TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump $(BUILD)/train_gpt_emu
 

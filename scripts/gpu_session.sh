@@ -42,6 +42,14 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 
 dest=${OUT:-bench/results}
 mkdir -p "$dest"
 log="$dest/$(date -u +%F)-$stage-${gpu:-nogpu}.txt"
+# LEASE_DRY=1 (lease only; `make test` runs it, test/test_gpu_session.sh): run nothing, check
+# that every item's script and build target exists, so that a rename breaks CI and not the
+# next rare GPU session.
+dry=${LEASE_DRY:-0}
+if [ "$dry" = 1 ]; then
+    [ "$stage" = lease ] || { echo "gpu_session: LEASE_DRY=1 is for the lease stage" >&2; exit 2; }
+    log=/dev/null
+fi
 jobs=$(nproc)
 export PATH=$PATH:/usr/local/cuda/bin
 
@@ -68,6 +76,11 @@ build() {
 
 # --- lease ---------------------------------------------------------------------------------
 lease_setup() {
+    if [ "$dry" = 1 ]; then
+        deadline=$((SECONDS + 100000)) done_file=/dev/null real_out= missing=0 items=0 targets_ok=
+        skipped=()
+        return 0
+    fi
     commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
     export COMMIT=$commit
     done_file=build/lease.done.$commit
@@ -111,9 +124,30 @@ pack() {
         mv "$real_out/lease-files.tar.gz.part" "$real_out/lease-files.tar.gz"
 }
 
+dry_check() {  # dry_check NAME COMMAND...: its scripts exist and its build/ targets are make targets
+    local name=$1 a ok=1
+    shift
+    for a in "$@"; do
+        case "$a" in
+        *.sh | *.py) [ -f "$a" ] || { echo "  missing script $a"; ok=0; } ;;
+        build/*)  # each target once (make -n reads the whole Makefile: about a second)
+            case " $targets_ok " in *" $a "*) continue ;; esac
+            if make -n "$a" >/dev/null 2>&1; then targets_ok="$targets_ok $a"; else echo "  no make target $a"; ok=0; fi ;;
+        gpt-*) [ -f "bench/gpu/$a.conf" ] || { echo "  no config bench/gpu/$a.conf"; ok=0; } ;;
+        esac
+    done
+    items=$((items + 1))
+    if [ "$ok" = 1 ]; then echo "==== $name: ok"; else echo "==== $name: BROKEN"; missing=$((missing + 1)); fi
+    last_rc=0
+}
+
 item() {  # item NAME ESTIMATE_S CAP_S COMMAND...: run it if its estimate fits what is left, under timeout
     local name=$1 est=$2 cap=$3
     shift 3
+    if [ "$dry" = 1 ]; then
+        dry_check "$name" "$@"
+        return 0
+    fi
     if grep -qxF "$name" "$done_file" 2>/dev/null; then
         echo "==== $name: done in an earlier call"
         last_rc=0
@@ -143,11 +177,14 @@ need() {  # need NAME ESTIMATE_S CAP_S COMMAND...: an item the rest depends on (
 
 lease() {
     lease_setup
-    run "nvidia-smi" nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm --format=csv
-    run "nvcc" nvcc --version
-    run "torch" python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+    if [ "$dry" != 1 ]; then
+        run "nvidia-smi" nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm --format=csv
+        run "nvcc" nvcc --version
+        run "torch" python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+    fi
     local gpu_tests
     gpu_tests=$(make -s -f Makefile -f - print-gpu-tests <<<'print-gpu-tests: ; @echo $(GPU_TESTS)')
+    [ "$dry" != 1 ] || [ -n "$gpu_tests" ] || { echo "==== the Makefile lists no GPU tests (a build without nvcc?)"; missing=$((missing + 1)); }
     # shellcheck disable=SC2086
     need make 60 300 make -s -j"$jobs" all build/test_tool build/reference_dump build/bench_attention $gpu_tests ||
         { pack; return 0; }
@@ -177,6 +214,11 @@ lease() {
     item "gpt-1b causal fa2" 80 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-1b 4096 causal
     item "kernels gpt-1b causal fa2" 40 150 env TRAIN_GPT_ATTENTION=fa2 bash bench/gpu/kernels.sh gpt-1b 4096 causal
     item "gpt-124m docs fa2" 60 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-124m 4096 docs
+    if [ "$dry" = 1 ]; then
+        echo "==== lease (dry): $items items, $missing broken"
+        [ "$missing" = 0 ] || exit 1
+        return 0
+    fi
     echo "==== lease: $((SECONDS)) s; skipped: ${skipped[*]:-none}"
     pack
 }
@@ -247,4 +289,6 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
     *) echo "unknown stage '$stage'"; exit 2 ;;
     esac
 } | tee "$log"
-echo "gpu_session: wrote $log"
+rc=${PIPESTATUS[0]}
+[ "$dry" = 1 ] || echo "gpu_session: wrote $log"
+exit "$rc"
