@@ -7,13 +7,15 @@
 #
 # CONFIG names bench/gpu/CONFIG.conf; batch as bench/gpu/run.sh (BATCH=... overrides);
 # docs data: documents of 200..2000 tokens, as run.sh's. STEPS (6): the first is left out
-# of the table (cuBLASLt's algorithm search). About a minute at ~1B on an H100.
+# of the table (cuBLASLt's algorithm search). About a minute at ~1B on an H100. TRAIN_GPT
+# (./train_gpt): the binary.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 name=${1:-gpt-1b}
 T=${2:-4096}
 data=${3:-causal}
 steps=${STEPS:-6}
+tg=${TRAIN_GPT:-./train_gpt}
 conf=bench/gpu/$name.conf
 [ -f "$conf" ] || { echo "bench/gpu/kernels.sh: no such config '$conf'" >&2; exit 2; }
 case "$data" in causal) docs="0 0" ;; docs) docs="200 2000" ;; *) echo "bench/gpu/kernels.sh: DATA is causal or docs, not '$data'" >&2; exit 2 ;; esac
@@ -37,7 +39,7 @@ att=${TRAIN_GPT_ATTENTION:-}
 result=bench/results/$(date -u +%F)-kernels-$name-seq$T-$data${att:+-$att}-$gpu.txt
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
 echo "# TRAIN_GPT_PROFILE=1 ${att:+TRAIN_GPT_ATTENTION=$att }./train_gpt $conf, seq $T, batch $B, data $data; commit $commit" >"$result"
-TRAIN_GPT_PROFILE=1 timeout "${OURS_TIMEOUT:-150}" ./train_gpt "$conf" --device cuda --train_data "$tmp/shard.bin" \
+TRAIN_GPT_PROFILE=1 timeout "${OURS_TIMEOUT:-150}" "$tg" "$conf" --device cuda --train_data "$tmp/shard.bin" \
     --val_data "" --tokenizer "" --sample_every 0 --seq_len "$T" --batch_size "$B" --grad_accum 1 \
     --max_steps "$steps" --warmup_steps 1 --shuffle 0 --out_dir "$tmp/out" --ckpt_every 0 --log_every 1 >>"$result" 2>&1
 rc=$?

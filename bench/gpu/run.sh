@@ -22,7 +22,8 @@
 # (from the GPU's name), OURS_TIMEOUT, TORCH_TIMEOUT, PYTHON (python3); TORCH=0 leaves the
 # PyTorch side out (its columns say `skipped`); TRAIN_GPT_ATTENTION (wmma, fa2) picks
 # train_gpt's attention kernels, and other than the default it is added to the row's config
-# name (gpt-1b+fa2) and the logs' names.
+# name (gpt-1b+fa2) and the logs' names. TRAIN_GPT (./train_gpt): the binary (build/train_gpt_emu
+# runs train_gpt's side on the CPU emulator of the GPU, to check the script without one).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -49,6 +50,7 @@ steps=${STEPS:-20}
 warmup=${WARMUP:-5}
 python=${PYTHON:-python3}
 ours_timeout=${OURS_TIMEOUT:-120}
+tg=${TRAIN_GPT:-./train_gpt}
 torch_timeout=${TORCH_TIMEOUT:-300}
 for n in "$T" "$steps" "$warmup" "${BATCH:-1}"; do
     case "$n" in '' | *[!0-9]* | 0) echo "bench/gpu: SEQ, STEPS, WARMUP and BATCH must be positive integers" >&2; usage ;; esac
@@ -141,7 +143,7 @@ build/test_tool shard "$shard" "$vocab" "$doc" $((need + need / 4)) 7 100003 $le
     { echo "bench/gpu: cannot write the shard" >&2; exit 1; }
 sumsq=$(doc_sumsq_mean "$shard" "$doc" "$T" $((warmup * B * T)) $((steps * B)))
 
-gflop=$(./train_gpt plan "$conf" --seq_len "$T" --batch_size "$B" 2>/dev/null | sed -n 's/.*; \([0-9.]*\) GFLOP\/token.*/\1/p')
+gflop=$("$tg" plan "$conf" --seq_len "$T" --batch_size "$B" 2>/dev/null | sed -n 's/.*; \([0-9.]*\) GFLOP\/token.*/\1/p')
 gflop_done=
 if [ -n "$gflop" ] && [ -n "$sumsq" ]; then
     gflop_done=$(awk -v g="$gflop" -v L="$L" -v H="$H" -v D="$D" -v T="$T" -v s="$sumsq" \
@@ -158,7 +160,7 @@ tag="$name${att:++$att}-$T-$data"
 
 out="$tmp/out"
 mem_start
-timeout -s KILL "$ours_timeout" ./train_gpt "$conf" --device cuda --train_data "$shard" --val_data "" --tokenizer "" \
+timeout -s KILL "$ours_timeout" "$tg" "$conf" --device cuda --train_data "$shard" --val_data "" --tokenizer "" \
     --sample_every 0 --seq_len "$T" --batch_size "$B" --grad_accum 1 --max_steps $((steps + warmup)) --warmup_steps 2 \
     --shuffle 0 --out_dir "$out" --ckpt_every 0 --log_every 1000 >"$tmp/ours.log" 2>&1
 ours_rc=$?
