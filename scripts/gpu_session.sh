@@ -167,10 +167,14 @@ item() {  # item NAME ESTIMATE_S CAP_S COMMAND...: run it if its estimate fits w
     pack
 }
 
-need() {  # need NAME ESTIMATE_S CAP_S COMMAND...: an item the rest depends on (the build); fails the list without it
+# need NAME ESTIMATE_S CAP_S COMMAND...: an item the rest depends on (the build), run in every
+# call (a no-op when nothing changed; the tree sent again for a second call may have newer
+# files, and the benchmark scripts' own `make` would rebuild inside their time); without it
+# the list stops.
+need() {
     item "$@"
+    [ "$dry" = 1 ] || sed -i "/^$1\$/d" "$done_file" 2>/dev/null
     [ "$last_rc" = 0 ] && return 0
-    sed -i "/^$1\$/d" "$done_file" 2>/dev/null
     echo "==== lease: stopping: '$1' did not succeed ($last_rc), and every item after it needs it"
     return 1
 }
