@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# scripts/gpu_session.sh — everything a session with a lent GPU runs, in three stages that
-# each fit one 10-minute device command, raw output kept as evidence to commit:
+# scripts/gpu_session.sh — everything a session with a lent GPU runs, raw output kept as
+# evidence to commit: `lease` (below) for today's ~15-minute lease, and the four stages it
+# was made from, each one 10-minute device command, for a longer one:
 #
 #   bash scripts/gpu_session.sh check       # the machine and toolchain, `make`, every GPU test
 #                                           # (make test-gpu's programs, each on its own, FSDP's
