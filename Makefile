@@ -285,10 +285,15 @@ $(BUILD)/bench_quant_bytes: $(BUILD)/bench/quant_bytes.o $(BUILD)/libtrain_gpt.a
 bench-quant: $(BUILD)/bench_quant_bytes
 	$(BUILD)/bench_quant_bytes configs/gpt-124m.conf
 
+# Each test's seconds are printed after it ("== NAME: N s"), and the total at the end, so
+# that the slow ones are known (CI must stay well under 30 minutes).
 test: all $(TEST_BINS) $(TOOLS)
-	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
-	@set -e; for t in $(TESTS_SH); do echo "== $$t"; TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; done
-	@echo "make test: all passed"
+	@set -e; t0=$$(date +%s); \
+	for t in $(TEST_BINS); do echo "== $$t"; s=$$(date +%s); $$t; echo "== $$t: $$(($$(date +%s) - s)) s"; done; \
+	for t in $(TESTS_SH); do echo "== $$t"; s=$$(date +%s); \
+	    TRAIN_GPT=$(CURDIR)/train_gpt BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON) bash $$t; \
+	    echo "== $$t: $$(($$(date +%s) - s)) s"; done; \
+	echo "make test: all passed in $$(($$(date +%s) - t0)) s"
 
 # Every kernel against the CPU reference, the full step against the CPU step, then the
 # training-level checks (loss curve, resume, GPU → CPU checkpoint). Prints PASS / FAIL
