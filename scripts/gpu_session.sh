@@ -86,7 +86,7 @@ lease_setup() {
     export COMMIT=$commit
     done_file=build/lease.done.$commit
     deadline=$((SECONDS + ${LEASE_S:-500}))
-    skipped=()
+    skipped=() summary=()
     mkdir -p build
     local cc
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
@@ -161,7 +161,9 @@ item() {  # item NAME ESTIMATE_S CAP_S COMMAND...: run it if its estimate fits w
         last_rc=skipped
         return 0
     fi
+    local t0=$SECONDS
     run "$name" timeout -k 5 "$((cap < left ? cap : left))" "$@"
+    summary+=("$(printf '%-28s exit %-4s %4d s' "$name" "$last_rc" $((SECONDS - t0)))")
     # Cut off by the lease's end rather than its own cap: not done, a later call runs it again.
     case "$last_rc" in 124 | 137) [ $((deadline - SECONDS)) -le 5 ] && { skipped+=("$name (cut off)"); pack; return 0; } ;; esac
     echo "$name" >>"$done_file"
@@ -228,6 +230,21 @@ lease() {
     fi
     echo "==== lease: $((SECONDS)) s; skipped: ${skipped[*]:-none}"
     pack
+    lease_summary
+}
+
+# The end of the output is what the device tool's reply shows: the items' exit statuses and
+# the result tables this call wrote, short.
+lease_summary() {
+    echo "==== summary of this call (exit 0: passed; 124: its timeout)"
+    local line f
+    for line in "${summary[@]}"; do echo "  $line"; done
+    [ -n "$real_out" ] || return 0
+    for f in "$OUT"/*-gpu-vs-pytorch-*.txt "$OUT"/*-recompute-gpu-*.txt "$OUT"/*-attention-*.txt; do
+        [ -f "$f" ] || continue
+        echo "---- $(basename "$f")"
+        grep -v '^#' "$f" | grep -v -i 'warning' | tail -n 14 | cut -c1-200
+    done
 }
 
 bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, the kernels
