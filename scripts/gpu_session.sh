@@ -218,6 +218,9 @@ lease() {
     # #18 and #14's figures.
     item "recompute gpt-1b" 100 240 env TRAIN_GPT_ATTENTION=fa2 bash bench/recompute/gpu.sh gpt-1b 4096
     item "fsdp gpt-124m" 60 200 bash bench/fsdp/gpu.sh gpt-124m 1024
+    # The default kernels' table with today's memory-bound kernels: with the 2026-11-24 tables
+    # (before) and fa2's (after), #11's before/after per kernel family.
+    item "kernels gpt-1b docs wmma" 40 150 bash bench/gpu/kernels.sh gpt-1b 4096 docs
     item initcheck 40 120 env TRAIN_GPT_TEST_QUICK=1 "$san" --tool initcheck --error-exitcode 3 build/test_gpu_kernels
     # The other rows, as time allows.
     item "gpt-1b causal fa2" 80 300 env TRAIN_GPT_ATTENTION=fa2 TORCH_TIMEOUT=220 bash bench/gpu/run.sh gpt-1b 4096 causal
