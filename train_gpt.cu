@@ -3302,8 +3302,7 @@ static int train_run(train_config *cfg) {
             if (why >= 100.0) stop_signal = (sig_atomic_t)(why - 100.0);
         }
         watchdog_phase("a checkpoint", step);
-        bool scheduled = cfg->ckpt_every > 0 && step % cfg->ckpt_every == 0;
-        if (scheduled || stop_here || (step == cfg->max_steps && !no_final_checkpoint)) {
+        if (due(step, cfg->ckpt_every, no_final_checkpoint ? -1 : cfg->max_steps) || stop_here) {
             if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
                 data_position before = tr.state.data;
                 bool changed = false;

@@ -53,6 +53,8 @@ if [ "$dry" = 1 ]; then
 fi
 jobs=$(nproc)
 export PATH=$PATH:/usr/local/cuda/bin
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+compute_cap() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.'; }  # 90 on Hopper
 
 run() {  # run TITLE COMMAND...: prints the title, the command's output and its exit status (also in $last_rc)
     echo "==== $1"
@@ -67,7 +69,7 @@ run() {  # run TITLE COMMAND...: prints the title, the command's output and its 
 build() {
     # The GPU's own architecture too, so that nothing is JIT-compiled from PTX at start-up.
     local cc
-    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
+    cc=$(compute_cap)
     case "$cc" in
     80 | 90) make -j"$jobs" all build/test_tool build/reference_dump build/bench_attention ;;
     *) make -j"$jobs" all build/test_tool build/reference_dump build/bench_attention \
@@ -89,7 +91,7 @@ lease_setup() {
     skipped=() summary=()
     mkdir -p build
     local cc
-    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
+    cc=$(compute_cap)
     export CUDA_ARCH="-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"
     if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
         # The wheel's layout varies (nvidia/nccl/{include,lib}, nvidia/cu13/...): look for the files.
@@ -202,8 +204,7 @@ lease() {
     item test_quant_gpu 20 120 build/test_quant_gpu
     # The kernel tests under the sanitizers: out-of-bounds accesses, and shared-memory races
     # between real warps (what the CPU's warp emulator cannot show for fa2); initcheck later.
-    local san tool
-    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    local tool
     for tool in memcheck racecheck; do
         item "$tool" 40 120 env TRAIN_GPT_TEST_QUICK=1 "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
     done
@@ -281,7 +282,6 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
         # The kernel tests under the sanitizers: out-of-bounds and misaligned accesses
         # (memcheck), shared-memory races (racecheck), uninitialized reads (initcheck).
         # --error-exitcode makes a finding fail the line, not only print.
-        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
         for tool in memcheck racecheck initcheck; do
             run "compute-sanitizer --tool $tool build/test_gpu_kernels" env TRAIN_GPT_TEST_QUICK=1 \
                 timeout "${SANITIZER_TIMEOUT:-200}" "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels
@@ -298,7 +298,6 @@ bench_rows() {  # bench_rows CONFIG...: both data kinds at seq 4096, the table, 
             run "TRAIN_GPT_ATTENTION=fa2 bench/gpu/kernels.sh gpt-1b 4096 $data" \
                 env TRAIN_GPT_ATTENTION=fa2 bash bench/gpu/kernels.sh gpt-1b 4096 "$data"
         done
-        san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
         for tool in racecheck memcheck; do
             run "compute-sanitizer --tool $tool build/test_gpu_kernels" env TRAIN_GPT_TEST_QUICK=1 \
                 timeout "${SANITIZER_TIMEOUT:-90}" "$san" --tool "$tool" --error-exitcode 3 build/test_gpu_kernels

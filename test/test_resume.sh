@@ -81,7 +81,7 @@ check "kill -9 + resume: identical losses and bytes" same_as_long "$tmp/killed"
 # 5. resume on a finished run does nothing and succeeds
 run "$tmp/straight" >"$tmp/again.log" 2>&1
 check "a finished run resumes to a no-op" grep -q "already reached max_steps" "$tmp/again.log"
-# 5. TRAIN_GPT_NO_FINAL_CHECKPOINT=1: 12 steps with ckpt_every 5 leave steps 5 and 10 only;
+# 6. TRAIN_GPT_NO_FINAL_CHECKPOINT=1: 12 steps with ckpt_every 5 leave steps 5 and 10 only;
 # at 10 steps (a multiple of ckpt_every) the last one stays; stop_at_step still writes its own.
 TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench" --max_steps 12 >"$tmp/bench.log" 2>&1
 check "no final checkpoint: steps 5 and 10 written, not 12 ($(ls "$tmp/bench" | grep step_ | tr '\n' ' '))" \

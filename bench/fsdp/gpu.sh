@@ -11,6 +11,7 @@
 # About 3 minutes at gpt-1b on an H100.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/gpu/lib.sh
 name=${1:-gpt-1b}
 T=${2:-2048}
 steps=${STEPS:-8}
@@ -19,10 +20,9 @@ conf=bench/gpu/$name.conf
 # The runs are thrown away: no checkpoint at their end (docs/config.md, ~9 s at ~1B).
 export TRAIN_GPT_NO_FINAL_CHECKPOINT=1
 make -s -j"$(nproc)" train_gpt build/test_tool >/dev/null || { echo "bench/fsdp/gpu.sh: build failed" >&2; exit 1; }
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
+gpu=$(gpu_tag)
 [ -n "$gpu" ] || { echo "bench/fsdp/gpu.sh: no GPU (nvidia-smi found none)" >&2; exit 1; }
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
-key() { awk -F= -v k="$2" '{split($2, a, "#"); gsub(/ /, "", $1); gsub(/ /, "", a[1])} $1 == k {print a[1]}' "$1"; }
 B=${BATCH:-$(( $(key "$conf" batch_size) * 2048 / T ))}
 [ "$B" -ge 1 ] || B=1
 tmp=$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)

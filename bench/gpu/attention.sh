@@ -9,9 +9,10 @@
 # TORCH_TIMEOUT (240 s) bounds the PyTorch side (flex_attention is compiled on first use).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/gpu/lib.sh
 iters=${1:-10}
 make -s -j"$(nproc)" build/bench_attention >/dev/null || { echo "bench/gpu/attention.sh: build failed" >&2; exit 1; }
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
+gpu=$(gpu_tag)
 [ -n "$gpu" ] || { echo "bench/gpu/attention.sh: no GPU (nvidia-smi found none)" >&2; exit 1; }
 mkdir -p bench/results
 result=bench/results/$(date -u +%F)-attention-$gpu.txt

@@ -26,6 +26,7 @@
 # runs train_gpt's side on the CPU emulator of the GPU, to check the script without one).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/gpu/lib.sh
 
 usage() {
     echo "usage: bash bench/gpu/run.sh [CONFIG [SEQ [causal|docs]]]   e.g. bash bench/gpu/run.sh gpt-1b 4096 docs" >&2
@@ -95,7 +96,6 @@ mem_stop() {  # → peak GiB
     sort -n "$tmp/mem.log" | tail -n 1 | awk '{printf "%.1f", $1 / 1024}'
 }
 
-key() { awk -F= -v k="$2" '{split($2, a, "#"); gsub(/ /, "", $1); gsub(/ /, "", a[1])} $1 == k {print a[1]}' "$1"; }
 
 # Mean over ROWS consecutive T-token rows starting at token FIRST of Σ ℓ², ℓ the lengths of
 # the document pieces of a row: a row starts a piece, and so does every document token

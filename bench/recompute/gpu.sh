@@ -20,6 +20,7 @@
 # it in $OUT only when the device tool sets it.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
+. bench/gpu/lib.sh
 name=${1:-gpt-1b}
 T=${2:-4096}
 steps=${STEPS:-5}
@@ -35,10 +36,9 @@ done
 # The runs are thrown away: no checkpoint at their end (docs/config.md, ~9 s at ~1B).
 export TRAIN_GPT_NO_FINAL_CHECKPOINT=1
 make -s -j"$(nproc)" train_gpt build/test_tool >/dev/null || { echo "bench/recompute/gpu.sh: build failed" >&2; exit 1; }
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
+gpu=$(gpu_tag)
 [ -n "$gpu" ] || { echo "bench/recompute/gpu.sh: no GPU (nvidia-smi found none)" >&2; exit 1; }
 gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | awk '{printf "%.2f", $1 / 1024}')
-key() { awk -F= -v k="$2" '{split($2, a, "#"); gsub(/ /, "", $1); gsub(/ /, "", a[1])} $1 == k {print a[1]}' "$1"; }
 
 # plan_gib MODE B: the plan's per-rank GPU total for MODE at micro-batch B in GiB (the last
 # figure of its recompute table, whose header gives the unit)
