@@ -55,10 +55,10 @@ PY
 scenario() {
     local name=$1 r
     shift
-    local port; port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 >"$tmp/relay_$name.log" 2>&1 &
-    local relay=$!
-    pids+=($relay)
+    # lib.sh's hub: listening before the replicas start, another port if this one was taken.
+    local port
+    start_relay "$name" 1
+    local relay=${pids[-1]}
     local tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
         --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
     mkdir -p "$tmp/dump_$name"
@@ -73,7 +73,9 @@ scenario() {
         ids+=($!)
         pids+=($!)
     done
-    wait_until "replica 3 stopped itself" stopped "${ids[3]}"
+    if ! wait_until "replica 3 stopped itself" stopped "${ids[3]}"; then
+        tail -n 5 "$tmp/${name}_3.log" "$tmp/relay_$name.log"
+    fi
     # (It may have started after the others and taken their state first: either way its θ is
     # the group's of some outer step and it has trained since.)
     check "$name: replica 3 was in the group before it stopped" in_group "$tmp/$name/3/metrics.jsonl"
