@@ -159,7 +159,7 @@ check "  param_hash equal at every outer step both applied (>= 5)" \
     all_hashes_agree 5 "$tmp/late_0/metrics.jsonl" "$tmp/late_1/metrics.jsonl"
 check "  its checkpoints after the rejoin passed the copies' check (step 40 written)" test -d "$tmp/late_1/step_00000040"
 start_relay skip 1
-skip=(--diloco_quant int8 --max_steps 20 --ckpt_every 10 --diloco_min_replicas 1)
+skip=(--diloco_quant int8 --max_steps 20 --ckpt_every 10 --diloco_min_replicas 2)
 replica 1 2 0 "$tmp/skip_0" "${skip[@]}"; a=$rpid
 TRAIN_GPT_FAULT=hsdp_skip_follow:10 replica 1 2 1 "$tmp/skip_1" "${skip[@]}"; b=$rpid
 rcb=0; wait "$b" || rcb=$?
