@@ -158,7 +158,8 @@ endif
 # dataloader.h is a single header: its implementation section is compiled once, here.
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(HOST_CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/dataloader_impl.o
 TEST_BINS := $(TESTS_C:test/%.c=$(BUILD)/%) $(TESTS_CXX:test/%.cc=$(BUILD)/%) $(BUILD)/test_gpu_kernels_emu \
-             $(BUILD)/test_gpu_kernels_emu64 $(BUILD)/test_gpu_step_emu $(BUILD)/test_quant_gpu_emu
+             $(BUILD)/test_gpu_kernels_emu64 $(BUILD)/test_gpu_step_emu $(BUILD)/test_quant_gpu_emu \
+             $(NCCL_ABI_TEST)
 
 .PHONY: all test clean info bench
 .SECONDARY:

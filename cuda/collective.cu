@@ -1,13 +1,13 @@
 // cuda/collective.cu — the GPU side of llmc/comm.h's collectives: what the ranks of one FSDP
 // group (or the copies of an HSDP job) exchange between their GPUs, on a CUDA stream, through
-// NCCL (docs/fsdp.md "The GPU path").
+// NCCL, or RCCL on AMD GPUs (docs/fsdp.md "The GPU path").
 //
-// NCCL is loaded when the first communicator is made (dlopen of libnccl.so.2), not linked: the
-// binary starts, and trains on one GPU, on machines without NCCL; a job of several GPU ranks
-// needs it and says so in one line when it is missing. The build needs nccl.h (cuda/cuda.mk
-// detects it and defines TRAIN_GPT_NCCL); without it a multi-rank GPU job is a clear error.
-// The tests' emulated GPU (test/warp_emu.h) gets test/nccl_emu.h instead: the same calls over
-// MPI between CPU processes.
+// The library is loaded when the first communicator is made (dlopen of libnccl.so.2, or
+// librccl.so.1 in a HIP build), not linked, and declared by cuda/nccl_abi.h rather than by
+// nccl.h: the build needs no NCCL headers, the binary starts and trains on one GPU on machines
+// without the library, and a job of several GPU ranks needs it and says so in one line when it
+// is missing. The tests' emulated GPU (test/warp_emu.h) gets test/nccl_emu.h instead: the same
+// calls over MPI between CPU processes.
 //
 // Determinism: an all-gather is a copy; a reduction is never NCCL's own (its summation order is
 // not promised): gradients travel by an all-to-all of pieces (grouped ncclSend/ncclRecv) and
@@ -24,8 +24,8 @@
 
 #if defined(TRAIN_GPT_NCCL) && !defined(TRAIN_GPT_EMULATION)
 #include <dlfcn.h>
-#include <nccl.h>
 #endif
+#include "cuda/nccl_abi.h"
 
 // ---------------------------------------------------------------- kernels
 
@@ -85,7 +85,8 @@ void sum_ranks_doubles(double *dst, const double *parts, int ranks, int64_t n, c
 
 #if defined(TRAIN_GPT_NCCL)
 
-// The NCCL functions train_gpt calls: from libnccl.so.2 (dlsym), or test/nccl_emu.h's.
+// The NCCL functions train_gpt calls: from libnccl.so.2 or librccl.so.1 (dlsym), or
+// test/nccl_emu.h's.
 typedef struct {
     ncclResult_t (*get_unique_id)(ncclUniqueId *);
     ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
@@ -115,19 +116,18 @@ static void nccl_load(void) {
 #else
 static void *nccl_symbol(void *lib, const char *name) {
     void *f = dlsym(lib, name);
-    if (!f) fail("NCCL: libnccl.so.2 has no %s (NCCL 2.10 or newer is needed)", name);
+    if (!f) fail("%s: %s has no %s (%s)", GPU_COLLECTIVES, GPU_COLLECTIVES_LIB, name, GPU_COLLECTIVES_MIN);
     return f;
 }
 
 static void nccl_load(void) {
     if (nccl_loaded) return;
-    const char *names[] = {"libnccl.so.2", "libnccl.so"};
+    const char *names[] = {GPU_COLLECTIVES_LIB, GPU_COLLECTIVES_LIB_DEV};
     void *lib = NULL;
     for (int i = 0; i < 2 && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
     if (!lib)
-        fail("NCCL: a job of several GPU ranks needs libnccl.so.2, which could not be loaded (%s); load your "
-             "cluster's NCCL module or add its lib directory to LD_LIBRARY_PATH",
-             dlerror());
+        fail("%s: a job of several GPU ranks needs %s, which could not be loaded (%s); %s", GPU_COLLECTIVES,
+             GPU_COLLECTIVES_LIB, dlerror(), GPU_COLLECTIVES_HINT);
 #define NCCL_FN(field, name) *(void **)&nccl.field = nccl_symbol(lib, name)
     NCCL_FN(get_unique_id, "ncclGetUniqueId");
     NCCL_FN(comm_init_rank, "ncclCommInitRank");
@@ -142,9 +142,11 @@ static void nccl_load(void) {
     NCCL_FN(error_string, "ncclGetErrorString");
     NCCL_FN(get_version, "ncclGetVersion");
 #undef NCCL_FN
+    // RCCL reports the NCCL version it implements, so one threshold serves both.
     int version = 0;
     if (nccl.get_version(&version) != ncclSuccess || version < 21000)
-        fail("NCCL: the libnccl.so.2 loaded is version %d; train_gpt needs 2.10 or newer (bf16 all-gathers)", version);
+        fail("%s: the %s loaded reports version %d; train_gpt needs %s", GPU_COLLECTIVES, GPU_COLLECTIVES_LIB,
+             version, GPU_COLLECTIVES_MIN);
     nccl_loaded = true;
 }
 #endif
@@ -157,7 +159,7 @@ struct gpu_comm {
 
 static void nccl_check(const gpu_comm *g, ncclResult_t r, const char *what) {
     if (r == ncclSuccess) return;
-    fail("NCCL: %s failed on rank %d of the %s group: %s", what, g ? g->rank : -1, g ? g->name : "?",
+    fail(GPU_COLLECTIVES ": %s failed on rank %d of the %s group: %s", what, g ? g->rank : -1, g ? g->name : "?",
          nccl.error_string(r));
 }
 
@@ -208,6 +210,14 @@ gpu_comm *gpu_comm_create(const comm *group, const char *name) {
     __atomic_store_n(&d.done, 1, __ATOMIC_RELEASE);
     if (watched) pthread_join(watcher, NULL);
     nccl_check(g, r, "ncclCommInitRank");
+    static bool told;  // which library the job's collectives run on: once, from the first group's rank 0
+    if (!told && g->rank == 0) {
+        int v = 0;
+        nccl.get_version(&v);
+        note("%s: %s %d.%d.%d, %d rank%s", name, GPU_COLLECTIVES, v / 10000, v / 100 % 100, v % 100, g->size,
+             g->size == 1 ? "" : "s");
+    }
+    told = true;
     return g;
 }
 
@@ -252,7 +262,7 @@ static void check_async(gpu_comm *g, const char *what) {
         async == ncclInProgress)
         return;
     nccl.comm_abort(g->nccl);
-    fail("NCCL: %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank, g->name,
+    fail(GPU_COLLECTIVES ": %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank, g->name,
          nccl.error_string(async));
 }
 
@@ -277,13 +287,12 @@ void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *wh
     }
 }
 
-#else  // no nccl.h at build time
+#else  // the emulated GPU of a build without MPI: no collectives to emulate them with
 
 bool gpu_comm_available(void) { return false; }
 gpu_comm *gpu_comm_create(const comm *group, const char *name) {
     (void)name;
-    fail("fsdp: a job of %d GPU ranks needs NCCL, and this train_gpt was built without nccl.h (install NCCL's "
-         "headers and rebuild; or train on one GPU per job)",
+    fail("fsdp: a job of %d GPU ranks needs NCCL, which the emulated GPU of a build without MPI does not have",
          group ? comm_size(group) : 1);
     return NULL;
 }

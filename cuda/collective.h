@@ -1,8 +1,9 @@
 // cuda/collective.h — collectives between the GPUs of one job (FSDP / HSDP, issue #14): the
 // GPU implementation of the one collective layer whose CPU implementation is llmc/comm.h.
-// NCCL underneath (cuda/collective.cu loads it at run time); every call takes the CUDA stream
-// it runs on and returns at once. A gpu_comm mirrors one llmc/comm.h group: the same ranks in
-// the same order, made from it (NCCL's unique id goes out over the group's MPI broadcast).
+// NCCL underneath, or RCCL on AMD GPUs (cuda/collective.cu loads it at run time, declared by
+// cuda/nccl_abi.h); every call takes the CUDA stream it runs on and returns at once. A gpu_comm
+// mirrors one llmc/comm.h group: the same ranks in the same order, made from it (NCCL's unique
+// id goes out over the group's MPI broadcast).
 #ifndef TRAIN_GPT_CUDA_COLLECTIVE_H
 #define TRAIN_GPT_CUDA_COLLECTIVE_H
 
@@ -12,8 +13,9 @@
 typedef struct gpu_comm gpu_comm;
 typedef enum { GPU_F32, GPU_F64, GPU_BF16 } gpu_dtype;
 
-// Whether this build can make a gpu_comm (it has nccl.h); NCCL itself is loaded at the first
-// gpu_comm_create, which fails with one line where libnccl.so.2 cannot be loaded.
+// Whether this build can make a gpu_comm (every GPU build; not the emulated GPU of a build
+// without MPI); the library is loaded at the first gpu_comm_create, which fails with one line
+// where libnccl.so.2 (librccl.so.1) cannot be loaded.
 bool gpu_comm_available(void);
 // A communicator over group's ranks (collective: every rank of the group calls it); NULL
 // group: a world of one (TRAIN_GPT_FSDP_UNITS=1). name says which group in messages ("fsdp",
@@ -22,7 +24,7 @@ gpu_comm *gpu_comm_create(const comm *group, const char *name);
 void gpu_comm_free(gpu_comm *g);
 int gpu_comm_rank(const gpu_comm *g);
 int gpu_comm_size(const gpu_comm *g);
-int gpu_comm_nccl_version(void);   // NCCL_VERSION_CODE of the loaded library, 0 if none
+int gpu_comm_nccl_version(void);   // NCCL_VERSION_CODE of the library (loaded by this call), 0 if none
 
 // all[size·n] ← every rank's mine[n], in rank order (device buffers).
 void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream);

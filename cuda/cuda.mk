@@ -132,21 +132,27 @@ else
   MSG_HIP := ✗ hipcc
 endif
 
-# NCCL (CUDA builds): nccl.h next to nvcc, in /usr/include or under NCCL_HOME. With it a job of
-# several GPU ranks shards the model over them (cuda/collective.cu); libnccl.so.2 is loaded at
-# run time (dlopen), so the binary starts and trains on one GPU without it. HIP builds have no
-# RCCL path yet: one GPU rank per job there.
-NCCL_H := $(if $(and $(HAVE_CUDA),$(if $(HAVE_HIP),,1)),$(firstword $(wildcard $(CUDA_HOME)/include/nccl.h \
-              /usr/include/nccl.h $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h))))
-ifneq ($(NCCL_H),)
-  MSG_NCCL := ✓ NCCL $(NCCL_H): FSDP / HSDP over several GPUs (libnccl.so.2 loaded at run time)
-  $(BUILD)/cuda/collective.o: NVCC_FLAGS += -DTRAIN_GPT_NCCL -I$(dir $(NCCL_H))
-else ifeq ($(HAVE_HIP),1)
-  MSG_NCCL := ✗ RCCL (not used yet: GPU jobs of one rank per replica on AMD)
+# NCCL (CUDA builds) or RCCL (HIP builds): a job of several GPU ranks shards the model over
+# them (cuda/collective.cu). The library is opened at run time (libnccl.so.2, librccl.so.1) and
+# declared by cuda/nccl_abi.h, so the build needs no NCCL headers and every GPU build has the
+# path; a binary on a machine without the library trains on one GPU per job.
+ifeq ($(HAVE_HIP),1)
+  MSG_NCCL := ✓ RCCL: FSDP / HSDP over several GPUs (librccl.so.1 loaded at run time; no header needed)
+  $(BUILD)/cuda/collective.o: NVCC_FLAGS += -DTRAIN_GPT_NCCL
 else ifeq ($(HAVE_CUDA),1)
-  MSG_NCCL := ✗ NCCL (no nccl.h: GPU jobs of one rank per replica; install NCCL or set NCCL_HOME)
+  MSG_NCCL := ✓ NCCL: FSDP / HSDP over several GPUs (libnccl.so.2 loaded at run time; no header needed)
+  $(BUILD)/cuda/collective.o: NVCC_FLAGS += -DTRAIN_GPT_NCCL
+  # Where this machine has NCCL (header and library), make test checks cuda/nccl_abi.h and the
+  # loader against them (test/test_nccl_abi.cu; no GPU needed).
+  NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+  NCCL_SO := $(firstword $(wildcard $(CUDA_LIB_DIR)libnccl.so.2 /usr/lib/*-linux-gnu/libnccl.so.2))
+  ifneq ($(and $(NCCL_H),$(NCCL_SO)),)
+    NCCL_ABI_TEST := $(BUILD)/test_nccl_abi
+    $(BUILD)/test/test_nccl_abi.o: NVCC_FLAGS += -I$(dir $(NCCL_H))
+    MSG_NCCL += ; make test checks it against $(NCCL_H) and $(NCCL_SO)
+  endif
 else
-  MSG_NCCL := ✗ NCCL (no CUDA backend in this build)
+  MSG_NCCL := ✗ NCCL (no GPU backend in this build)
 endif
 
 # cuDNN: detected and reported; not linked (attention uses cuda/attention.cu).

@@ -29,6 +29,9 @@
 //                  blocks per SM vs. waves per execution unit), so the backend never uses it.
 //   names          the vendor's words in messages and HINT lines (runtime, driver, the
 //                  variable that picks visible devices, how to rebuild for another GPU).
+//   collectives    GPU_COLLECTIVES*: the library cuda/collective.cu opens at run time, NCCL's
+//                  libnccl.so.2 or RCCL's librccl.so.1 (the same interface, cuda/nccl_abi.h),
+//                  and what to tell a user whose job cannot load it.
 //
 // Matrix products (cuBLASLt or hipBLASLt) are mapped in their one user, cuda/matmul.cu.
 #ifndef TRAIN_GPT_CUDA_PORTABLE_CUH
@@ -56,6 +59,7 @@ template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu
 #define GPU_HINT_DRIVER "(none: the emulator needs no driver)"
 #define GPU_HINT_VISIBLE "(none: the emulator is always there)"
 #define GPU_HINT_REBUILD "(none: the emulator runs every kernel)"
+#define GPU_COLLECTIVES "NCCL"  // test/nccl_emu.h's calls over MPI: nothing is loaded
 
 #elif defined(__HIPCC__)
 // ================================================================ HIP (AMD, ROCm)
@@ -149,6 +153,11 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define GPU_HINT_REBUILD                                                                                   \
     "this binary has no kernels for this GPU: rebuild with `make HIP_ARCH=\"--offload-arch=gfxXYZ\"` for its " \
     "architecture (rocminfo names it)"
+#define GPU_COLLECTIVES "RCCL"
+#define GPU_COLLECTIVES_LIB "librccl.so.1"
+#define GPU_COLLECTIVES_LIB_DEV "librccl.so"
+#define GPU_COLLECTIVES_MIN "RCCL 2.10 or newer (bf16 all-gathers)"
+#define GPU_COLLECTIVES_HINT "load your cluster's ROCm module or add ROCm's lib directory to LD_LIBRARY_PATH"
 
 #else
 // ================================================================ CUDA (NVIDIA)
@@ -182,6 +191,11 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define GPU_HINT_REBUILD                                                                                   \
     "this binary has no kernels for this GPU: rebuild with `make CUDA_ARCH=\"-gencode "                    \
     "arch=compute_XY,code=sm_XY\"` for its compute capability"
+#define GPU_COLLECTIVES "NCCL"
+#define GPU_COLLECTIVES_LIB "libnccl.so.2"
+#define GPU_COLLECTIVES_LIB_DEV "libnccl.so"
+#define GPU_COLLECTIVES_MIN "NCCL 2.10 or newer (bf16 all-gathers)"
+#define GPU_COLLECTIVES_HINT "load your cluster's NCCL module or add its lib directory to LD_LIBRARY_PATH"
 
 #endif
 

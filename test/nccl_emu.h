@@ -23,21 +23,13 @@
 
 #define TRAIN_GPT_NCCL 1
 
-typedef enum {
-    ncclSuccess = 0,
-    ncclSystemError = 2,
-    ncclInvalidUsage = 5,
-    ncclInProgress = 7,
-} ncclResult_t;
-typedef enum { ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
-typedef struct {
-    char internal[128];
-} ncclUniqueId;
-struct nccl_emu_comm {
+// NCCL's types as cuda/collective.cu declares them; the emulator gives the opaque communicator
+// its body.
+#include "cuda/nccl_abi.h"
+struct ncclComm {
     MPI_Comm mpi;
     int rank, size;
 };
-typedef nccl_emu_comm *ncclComm_t;
 
 namespace nccl_emu {
 struct p2p {
@@ -100,9 +92,9 @@ inline ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 inline ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
     int color = 0;
     memcpy(&color, id.internal, sizeof color);
-    nccl_emu_comm *c = new nccl_emu_comm;
+    ncclComm *c = new ncclComm;
     if (nranks == 1 && rank == 0) {  // a world of one (TRAIN_GPT_FSDP_UNITS=1): no MPI needed
-        *c = nccl_emu_comm{MPI_COMM_NULL, 0, 1};
+        *c = ncclComm{MPI_COMM_NULL, 0, 1};
         *comm = c;
         return ncclSuccess;
     }
