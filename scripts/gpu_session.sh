@@ -33,7 +33,7 @@
 # Items finished are listed in build/lease.done.COMMIT, so a second call on the warm machine
 # (`LEASE_S=150 bash scripts/gpu_session.sh lease`) goes on where the first stopped. The
 # build is for this GPU's architecture alone (exported CUDA_ARCH, so that the benchmark
-# scripts' own `make` reuses it), with NCCL from PyTorch's wheel when the system has none.
+# scripts' own `make` reuses it), with libnccl.so.2 from PyTorch's wheel when the system has none.
 # With $OUT set, the files the items write (results, logs) are packed after every item into
 # $OUT/lease-files.tar.gz, next to the stage's log: the device tool brings back 8 files at most.
 set -uo pipefail
@@ -93,17 +93,22 @@ lease_setup() {
     local cc
     cc=$(compute_cap)
     export CUDA_ARCH="-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"
-    if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
-        # The wheel's layout varies (nvidia/nccl/{include,lib}, nvidia/cu13/...): look for the files.
-        local d h so
+    # NCCL: the build needs no header (cuda/nccl_abi.h); a job of GPU ranks needs libnccl.so.2
+    # where dlopen finds it. Where the system has none, PyTorch's wheel has one (its layout
+    # varies: nvidia/nccl/lib, nvidia/cu13/lib, ...).
+    local nccl_lib=system
+    if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' && [ ! -f /usr/local/cuda/lib64/libnccl.so.2 ]; then
+        local d so
         d=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
-        h=$([ -n "$d" ] && find "$d" -maxdepth 4 -name nccl.h -path '*include*' 2>/dev/null | head -n 1)
-        so=$([ -n "$d" ] && find "$d" -maxdepth 4 -name 'libnccl.so*' 2>/dev/null | head -n 1)
-        if [ -n "$h" ] && [ -n "$so" ]; then
-            export NCCL_HOME=${h%/include/nccl.h} LD_LIBRARY_PATH=$(dirname "$so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        so=$([ -n "$d" ] && find "$d" -maxdepth 4 -name 'libnccl.so.2' 2>/dev/null | head -n 1)
+        if [ -n "$so" ]; then
+            export LD_LIBRARY_PATH=$(dirname "$so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            nccl_lib=$so
+        else
+            nccl_lib="none found (multi-rank GPU items will fail)"
         fi
     fi
-    echo "lease: ${LEASE_S:-500} s, CUDA_ARCH=$CUDA_ARCH, NCCL_HOME=${NCCL_HOME:-(system)}," \
+    echo "lease: ${LEASE_S:-500} s, CUDA_ARCH=$CUDA_ARCH, libnccl.so.2: $nccl_lib," \
         "done before: $(cat "$done_file" 2>/dev/null | tr '\n' ' ')"
     # The items' own files: the benchmark scripts copy theirs into $OUT, which becomes a folder
     # of this call's (build/lease-files/callN) that is packed, with the earlier calls' folders,
