@@ -39,6 +39,8 @@
 #ifndef TRAIN_GPT_CUDA_ATTENTION_FA2_CUH
 #define TRAIN_GPT_CUDA_ATTENTION_FA2_CUH
 
+#include "cuda/attention_args.h"
+
 #include <math.h>
 #include <stdint.h>
 
@@ -58,24 +60,9 @@ template <int D> struct dims {
     static constexpr int BQ = D == 128 ? 32 : 64;  // queries per step of the dk/dv kernel (registers)
 };
 
-// One call's tensors and sizes; E is the 16-bit element type: raw bits (uint16_t) here, bf16 for
-// cuda/attention.cu's WMMA kernels, which take the same arguments.
-template <typename E> struct args_of {
-    const E *q, *k, *v;         // (N, stride): q head j at j·D, kv head g at g·D
-    int64_t q_stride, k_stride, v_stride;
-    E *out;                     // (N, Hq·D)
-    float *lse;                 // (B, Hq, T), natural log
-    const int32_t *start;       // (N)
-    int64_t B, T;
-    int Hq, Hkv;
-    float scale_log2;           // log2(e)/√D
-    float scale;                // 1/√D
-    // backward
-    const E *dout;              // (N, Hq·D)
-    const float *delta;         // (B, Hq, T)
-    E *dq, *dk, *dv;
-    int64_t dq_stride, dk_stride, dv_stride;
-};
+// One call's tensors and sizes (cuda/attention_args.h); E is the 16-bit element type: raw bits
+// (uint16_t) here, bf16 for cuda/attention.cu's WMMA kernels, which take the same arguments.
+template <typename E> using args_of = attention_args_of<E>;
 typedef args_of<uint16_t> args;  // bf16 bits
 
 // Rows [r0, r0 + ROWS) of one head (row stride `stride` elements) into a [ROWS][S] shared tile,
