@@ -699,8 +699,8 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     // run on the one-warp-per-row reference kernels, O(T²) work at minutes per step: only
     // when the user asks for them.
     // The default is WMMA; where the build has mma.sync but no WMMA (the CPU emulator of the
-    // tests, test/warp_emu.h), the register-resident kernels; HIP has neither and runs the
-    // portable kernels whatever is chosen.
+    // tests, test/warp_emu.h), the register-resident kernels; HIP has neither and runs its
+    // MFMA kernels (the portable ones for another head_dim) for wmma and fa2 alike.
     const char *choice = getenv("TRAIN_GPT_ATTENTION");
     m->attention = !HAVE_NVIDIA_TENSOR_CORES && HAVE_MMA_SYNC ? cuda_model::ATT_FA2 : cuda_model::ATT_WMMA;
     if (choice && strcmp(choice, "simple") == 0) m->attention = cuda_model::ATT_SIMPLE;
@@ -715,11 +715,16 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
                  "TRAIN_GPT_ATTENTION=simple to train on the slow reference kernels, or use the CPU backend)",
                  (long long)m->dims.D);
     }
+    bool tiled_d = m->dims.D == 32 || m->dims.D == 64 || m->dims.D == 128;
     if (!sizing_only && m->attention == cuda_model::ATT_FA2 && HAVE_MMA_SYNC)
         printf("train_gpt | attention: the register-resident kernels (cuda/attention_fa2.cuh)\n");
+    else if (!sizing_only && m->attention != cuda_model::ATT_SIMPLE && HAVE_MFMA && tiled_d)
+        printf("train_gpt | attention: the MFMA kernels (cuda/attention_mfma.cuh: AMD matrix cores; not yet run on "
+               "an AMD GPU)\n");
     else if (!sizing_only && (m->attention == cuda_model::ATT_SIMPLE || !HAVE_NVIDIA_TENSOR_CORES))
         printf("train_gpt | attention: the portable one-warp-per-row kernels (%s: slow at long sequences)\n",
                m->attention == cuda_model::ATT_SIMPLE ? "TRAIN_GPT_ATTENTION=simple"
+               : HAVE_MFMA                            ? "head_dim other than 32, 64, 128"
                                                       : "no matrix-core attention for this GPU yet");
 
     int64_t N = m->dims.N;

@@ -32,9 +32,11 @@
 // whose launchers (attention_fa2_*) are at the end of this file.
 //
 // NVIDIA only: WMMA is behind HAVE_NVIDIA_TENSOR_CORES, mma.sync behind HAVE_MMA_SYNC
-// (cuda/portable.cuh). Under HIP (AMD) both sets of launchers go to the portable kernels of
-// cuda/attention_simple.cu instead; an MFMA kernel for CDNA can come later. In the CPU
-// emulator (test/warp_emu.h) the fa2 kernels run and the WMMA launchers are the simple ones.
+// (cuda/portable.cuh). Under HIP (AMD) both sets of launchers go to the MFMA kernels of
+// cuda/attention_mfma.cuh (HAVE_MFMA; head_dim 32, 64, 128) or, for another head_dim, to the
+// portable kernels of cuda/attention_simple.cu. In the CPU emulator (test/warp_emu.h) the fa2
+// kernels run on 32-wide warps and the MFMA kernels on 64-wide ones; the WMMA launchers are
+// the simple ones at 32.
 #include "cuda/kernels.h"
 
 #include <string.h>
@@ -43,29 +45,38 @@
 #include "cuda/mma.cuh"
 #include "cuda/attention_fa2.cuh"
 #endif
+#if HAVE_MFMA
+#include "cuda/mfma.cuh"
+#include "cuda/attention_mfma.cuh"
+#endif
 
-#if HAVE_NVIDIA_TENSOR_CORES || HAVE_MMA_SYNC
-// What the WMMA and the fa2 kernels share: δ, the shared-memory attribute, the shape check.
+#if HAVE_NVIDIA_TENSOR_CORES || HAVE_MMA_SYNC || HAVE_MFMA
+// What the tiled kernels (WMMA, fa2, MFMA) share: δ, the shape check, their arguments.
 namespace {
 
-// δ (B, Hq, T) = Σ_d dO·O per (row, head); one warp each. grid ⌈N·Hq/8⌉, 256 threads.
+constexpr int DELTA_ROWS = 256 / WARP_SIZE;  // rows per block of the δ kernel: one warp each
+
+// δ (B, Hq, T) = Σ_d dO·O per (row, head); one warp each. grid ⌈N·Hq/DELTA_ROWS⌉, 256 threads.
 __global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int64_t B, int64_t T, int Hq,
                                        int D) {
-    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;  // (b·T + t)·Hq + j
-    int lane = threadIdx.x % 32;
+    int64_t row = (int64_t)blockIdx.x * DELTA_ROWS + threadIdx.x / WARP_SIZE;  // (b·T + t)·Hq + j
+    int lane = threadIdx.x % WARP_SIZE;
     if (row >= B * T * Hq) return;
     const bf16 *a = dout + row * D, *o = out + row * D;
     float s = 0.0f;
-    for (int d = lane; d < D; d += 32) s += bf16_to_float(a[d]) * bf16_to_float(o[d]);
+    for (int d = lane; d < D; d += WARP_SIZE) s += bf16_to_float(a[d]) * bf16_to_float(o[d]);
     s = warp_sum(s);
     int64_t bt = row / Hq, j = row % Hq, b = bt / T, t = bt % T;
     if (lane == 0) delta[(b * Hq + j) * T + t] = s;
 }
 
-// Dynamic shared memory above 48 KiB has to be asked for, once per kernel.
+#if HAVE_NVIDIA_TENSOR_CORES || HAVE_MMA_SYNC
+// Dynamic shared memory above 48 KiB has to be asked for, once per kernel (CUDA; HIP gives a
+// kernel the whole 64 KiB of LDS without asking).
 template <typename K> void allow_smem(K kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
+#endif
 
 // The tiled kernels (WMMA and fa2) take head_dim 32, 64 and 128 and 16-byte aligned rows.
 void check_shapes(const attention_inputs *in) {
@@ -82,8 +93,8 @@ void check_shapes(const attention_inputs *in) {
 
 
 // A call's arguments, for either kernel set (E: bf16 for WMMA, raw bits for fa2).
-template <typename E> fa2::args_of<E> args_for(const attention_inputs *in) {
-    fa2::args_of<E> a;
+template <typename E> attention_args_of<E> args_for(const attention_inputs *in) {
+    attention_args_of<E> a;
     memset(&a, 0, sizeof a);
     a.q = reinterpret_cast<const E *>(in->q);
     a.k = reinterpret_cast<const E *>(in->k);
@@ -97,18 +108,19 @@ template <typename E> fa2::args_of<E> args_for(const attention_inputs *in) {
     a.Hq = in->Hq;
     a.Hkv = in->Hkv;
     a.scale = 1.0f / sqrtf((float)in->D);
-    a.scale_log2 = a.scale * fa2::LOG2E;
+    a.scale_log2 = a.scale * 1.4426950408889634f;  // log2(e)/√D
     return a;
 }
 
 // The backward's arguments, after δ = rowsum(dO ⊙ O) has been launched into `delta`.
 template <typename E>
-fa2::args_of<E> backward_args(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+attention_args_of<E> backward_args(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                               const attention_grads *g, float *delta, cudaStream_t stream) {
     int64_t rows = in->B * in->T * in->Hq;
-    attention_delta_kernel<<<(unsigned)cdiv(rows, 8), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq, in->D);
+    attention_delta_kernel<<<(unsigned)cdiv(rows, DELTA_ROWS), 256, 0, stream>>>(delta, dout, out, in->B, in->T, in->Hq,
+                                                                               in->D);
     CUDA_CHECK_LAUNCH();
-    fa2::args_of<E> a = args_for<E>(in);
+    attention_args_of<E> a = args_for<E>(in);
     a.lse = const_cast<float *>(lse);
     a.dout = reinterpret_cast<const E *>(dout);
     a.delta = delta;
@@ -145,7 +157,7 @@ template <int D> struct dims {
     static constexpr int KD = D / 16;  // 16-wide slices of the head dimension
 };
 
-typedef fa2::args_of<bf16> att_args;  // cuda/attention_fa2.cuh: the same arguments, bf16 elements
+typedef attention_args_of<bf16> att_args;  // cuda/attention_fa2.cuh: the same arguments, bf16 elements
 
 // rows [r0, r0 + 64) of one head of a (T, stride) matrix into a [64][QS] tile, zeros past T.
 // 16-byte vectors: D and the strides are multiples of 8 elements.
@@ -526,11 +538,60 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
     else backward_d<128>(a, stream);
 }
 
-#else  // HIP (and the emulator): no WMMA
+#elif HAVE_MFMA  // HIP (and the emulator at 64-wide wavefronts): AMD's matrix cores
 
-// The portable kernels, one warp (a 64-wide wavefront on CDNA) per row in fp32: correct
-// and slow (no tiles, no matrix cores: each row reads its keys from memory on its own);
-// any even head_dim up to 256.
+namespace {
+
+template <int D> void mfma_forward_d(const mfa::args &a, cudaStream_t stream) {
+    dim3 grid((unsigned)cdiv(a.T, mfa::BM), (unsigned)a.Hq, (unsigned)a.B);
+    mfa::forward_kernel<D><<<grid, mfa::THREADS, mfa::forward_smem_bytes<D>(), stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D> void mfma_backward_d(const mfa::args &a, cudaStream_t stream) {
+    dim3 grid_q((unsigned)cdiv(a.T, mfa::BM), (unsigned)a.Hq, (unsigned)a.B);
+    mfa::dq_kernel<D><<<grid_q, mfa::THREADS, mfa::dq_smem_bytes<D>(), stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    dim3 grid_kv((unsigned)cdiv(a.T, mfa::BN), (unsigned)a.Hkv, (unsigned)a.B);
+    mfa::dkv_kernel<D><<<grid_kv, mfa::THREADS, mfa::dkv_smem_bytes<D>(), stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+bool mfma_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
+
+}  // namespace
+
+// The MFMA kernels for head_dim 32, 64 and 128; another even head_dim up to 256 runs on the
+// portable one-warp-per-row kernels (correct, slow at long sequences).
+bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
+
+void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
+    if (in->B * in->T == 0) return;
+    if (!mfma_head_dim(in->D)) return attention_simple_forward(in, out, lse, stream);
+    check_shapes(in);
+    mfa::args a = args_for<uint16_t>(in);
+    a.out = reinterpret_cast<uint16_t *>(out);
+    a.lse = lse;
+    if (in->D == 32) mfma_forward_d<32>(a, stream);
+    else if (in->D == 64) mfma_forward_d<64>(a, stream);
+    else mfma_forward_d<128>(a, stream);
+}
+
+void attention_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
+                        const attention_grads *g, float *delta, cudaStream_t stream) {
+    if (in->B * in->T == 0) return;
+    if (!mfma_head_dim(in->D)) return attention_simple_backward(in, out, lse, dout, g, delta, stream);
+    check_shapes(in);
+    mfa::args a = backward_args<uint16_t>(in, out, lse, dout, g, delta, stream);
+    if (in->D == 32) mfma_backward_d<32>(a, stream);
+    else if (in->D == 64) mfma_backward_d<64>(a, stream);
+    else mfma_backward_d<128>(a, stream);
+}
+
+#else  // the emulator's 32-wide warps: no WMMA (its fragment layouts are not documented)
+
+// The portable kernels, one warp per row in fp32: correct and slow (no tiles, no matrix
+// cores: each row reads its keys from memory on its own); any even head_dim up to 256.
 bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
 
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
@@ -601,15 +662,16 @@ void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const f
     else fa2_backward_d<128>(a, stream);
 }
 
-#else  // HIP: no mma.sync
+#else  // HIP (and the emulator at 64-wide wavefronts): no mma.sync; the default launchers
+      // above (MFMA, or the portable kernels) serve TRAIN_GPT_ATTENTION=fa2 too
 
 void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
-    attention_simple_forward(in, out, lse, stream);
+    attention_forward(in, out, lse, stream);
 }
 
 void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                             const attention_grads *g, float *delta, cudaStream_t stream) {
-    attention_simple_backward(in, out, lse, dout, g, delta, stream);
+    attention_backward(in, out, lse, dout, g, delta, stream);
 }
 
 #endif  // HAVE_MMA_SYNC

@@ -138,7 +138,7 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
 // ldmatrix, cp.async double buffering; FlashAttention-2's structure, deterministic backward).
 // TRAIN_GPT_ATTENTION=fa2 makes the model use them. Checked on the CPU by `make test` through
 // test/warp_emu.h; not yet run on a GPU, so not the default (docs/cuda.md). Under HIP these
-// are the portable kernels too.
+// are attention_forward / attention_backward (the MFMA kernels) again.
 void attention_fa2_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
 void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                             const attention_grads *g, float *delta, cudaStream_t stream);
@@ -147,7 +147,8 @@ void attention_fa2_backward(const attention_inputs *in, const bf16 *out, const f
 // The same two functions, one warp per row and fp32 arithmetic, no tensor cores: slow,
 // plainly correct, any even D ≤ 256. The tests check the fast kernels against the CPU and
 // against these; TRAIN_GPT_ATTENTION=simple makes the model use them. Under HIP (AMD),
-// attention_forward / attention_backward are these (no tensor-core kernel there yet).
+// attention_forward / attention_backward are the MFMA kernels of cuda/attention_mfma.cuh for
+// head_dim 32, 64 and 128, and these for any other.
 void attention_simple_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
 void attention_simple_backward(const attention_inputs *in, const bf16 *out, const float *lse, const bf16 *dout,
                                const attention_grads *g, float *delta, cudaStream_t stream);

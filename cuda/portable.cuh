@@ -19,11 +19,12 @@
 //                  gfx9, and the start-up probe refuses a GPU whose warpSize differs.
 //   tensor cores   HAVE_NVIDIA_TENSOR_CORES: 1 under nvcc, 0 under hipcc. The code that
 //                  uses NVIDIA's WMMA sits behind this guard, the mma.sync / ldmatrix /
-//                  cp.async code (cuda/mma.cuh) behind HAVE_MMA_SYNC, and under HIP the
-//                  portable kernels take their place (cuda/attention.cu: the one-warp-per-row
-//                  attention of cuda/attention_simple.cu). An MFMA kernel can come later.
+//                  cp.async code (cuda/mma.cuh) behind HAVE_MMA_SYNC, and AMD's matrix
+//                  instruction (cuda/mfma.cuh: the MFMA attention) behind HAVE_MFMA, 1 under
+//                  hipcc (cuda/attention.cu picks the kernels).
 //   emulation      TRAIN_GPT_EMULATION (test/warp_emu.h, tests only): the kernels built by
-//                  the host C++ compiler and run on the CPU; mma.sync emulated, WMMA not.
+//                  the host C++ compiler and run on the CPU; mma.sync (32-wide warps) and MFMA
+//                  (64-wide) emulated, WMMA not.
 //   launch bounds  __launch_bounds__(threads) means the same on both (the most threads a
 //                  block is launched with); its optional second argument does not (minimum
 //                  blocks per SM vs. waves per execution unit), so the backend never uses it.
@@ -49,6 +50,7 @@
 #define GPU_VISIBLE_DEVICES_ENV "CUDA_VISIBLE_DEVICES"
 #define HAVE_NVIDIA_TENSOR_CORES 0  // WMMA's fragment layouts are not documented: not emulated
 #define HAVE_MMA_SYNC (TRAIN_GPT_EMU_WARP == 32)  // mma.sync's are (cuda/mma.cuh), on 32-wide warps
+#define HAVE_MFMA (TRAIN_GPT_EMU_WARP == 64)      // and CDNA's MFMA (cuda/mfma.cuh), on 64-wide ones
 #define PORTABLE_OWN_BF16 1
 enum { WARP_SIZE = TRAIN_GPT_EMU_WARP };  // 32, or 64 to run HIP's wavefront width
 #define WARP_FULL_MASK 0xffffffffu
@@ -71,6 +73,7 @@ template <typename T> inline T warp_shuffle_xor(T v, int lane_mask) { return emu
 #define GPU_VISIBLE_DEVICES_ENV "ROCR_VISIBLE_DEVICES"  // what SLURM sets for AMD GPUs (also: HIP_VISIBLE_DEVICES)
 #define HAVE_NVIDIA_TENSOR_CORES 0
 #define HAVE_MMA_SYNC 0
+#define HAVE_MFMA 1  // v_mfma_f32_16x16x16bf16_1k: gfx90a (MI250X) and gfx94x (MI300X)
 #define PORTABLE_OWN_BF16 1
 #define GPU_CHECK_ALIGNED(p, bytes) ((void)0)
 enum { WARP_SIZE = 64 };
@@ -170,6 +173,7 @@ template <typename T> __device__ __forceinline__ T warp_shuffle_xor(T v, int lan
 #define GPU_VISIBLE_DEVICES_ENV "CUDA_VISIBLE_DEVICES"
 #define HAVE_NVIDIA_TENSOR_CORES 1
 #define HAVE_MMA_SYNC 1
+#define HAVE_MFMA 0
 #define PORTABLE_OWN_BF16 0
 #define GPU_CHECK_ALIGNED(p, bytes) ((void)0)
 enum { WARP_SIZE = 32 };

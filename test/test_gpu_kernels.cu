@@ -24,7 +24,8 @@
 // `make test` also builds this file in emulation (TRAIN_GPT_EMULATION, test/warp_emu.h):
 // the same checks run on the CPU, every kernel but the cuBLASLt products and the WMMA
 // attention (which the emulator cannot run: WMMA's fragment layouts are not documented;
-// attention_forward is the simple kernels there), and without the largest cases.
+// attention_forward is the simple kernels at 32-wide warps, the MFMA ones at 64), and
+// without the largest cases.
 #include "cuda/kernels.h"
 
 extern "C" {
@@ -526,15 +527,15 @@ static void test_attention_case(const char *which, att_fwd_fn fwd, att_bwd_fn bw
 }
 
 static void test_attention(void) {
-    // Without mma.sync (HIP, and the emulator at 64-wide warps) the fa2 launchers are the
-    // simple kernels: in the emulator those take minutes at these lengths, and the short
-    // cases below cover them.
-    const bool fa2 = HAVE_MMA_SYNC || !TRAIN_GPT_EMULATION;
+    // attention_forward is WMMA on NVIDIA, MFMA on AMD and in the emulator at 64-wide
+    // wavefronts; in the emulator at 32-wide warps the simple kernels (WMMA is not emulated),
+    // which the short cases cover. The fa2 launchers are their own kernels where mma.sync is
+    // (NVIDIA, the emulator at 32), else attention_forward again (not tested twice).
+    const bool tiled = !TRAIN_GPT_EMULATION || HAVE_MFMA, fa2 = HAVE_MMA_SYNC;
     const int dims_[] = {32, 64, 128};
     for (int i = 0; i < 3; i++) {
         int D = dims_[i];
-        if (!TRAIN_GPT_EMULATION)  // WMMA: not emulated (attention_forward is the simple kernels there)
-            test_attention_case("attention", attention_forward, attention_backward, 2, 150, 4, 2, D, true);
+        if (tiled) test_attention_case("attention", attention_forward, attention_backward, 2, 150, 4, 2, D, true);
         if (!TRAIN_GPT_EMULATION)  // a warp reduction per (query, key): hours in the emulator
             test_attention_case("attention_simple", attention_simple_forward, attention_simple_backward, 2, 150, 4, 2,
                                 D, true);
@@ -544,7 +545,7 @@ static void test_attention(void) {
             test_attention_case("attention_simple", attention_simple_forward, attention_simple_backward, 1, 24, 4, 2,
                                 D, true);
     }
-    if (!TRAIN_GPT_EMULATION) {
+    if (tiled) {
         test_attention_case("attention", attention_forward, attention_backward, 1, 256, 8, 2, 64, false);  // causal
         test_attention_case("attention", attention_forward, attention_backward, 3, 64, 2, 2, 128, true);   // MHA
     }
@@ -557,8 +558,14 @@ static void test_attention(void) {
     // Long sequences: many tiles, the double buffers cycled, whole key tiles skipped by documents
     // (left out under the sanitizers, TRAIN_GPT_TEST_QUICK=1, and in the emulator: minutes there).
     if (getenv("TRAIN_GPT_TEST_QUICK") || TRAIN_GPT_EMULATION) return;
-    test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 1, 1100, 4, 1, 128, false);
-    test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 2, 1000, 4, 2, 64, true);
+    if (fa2) {
+        test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 1, 1100, 4, 1, 128, false);
+        test_attention_case("attention_fa2", attention_fa2_forward, attention_fa2_backward, 2, 1000, 4, 2, 64, true);
+    }
+    if (HAVE_MFMA) {
+        test_attention_case("attention", attention_forward, attention_backward, 1, 1100, 4, 1, 128, false);
+        test_attention_case("attention", attention_forward, attention_backward, 2, 1000, 4, 2, 64, true);
+    }
 }
 
 // ---------------------------------------------------------------- classifier

@@ -4,7 +4,8 @@
 # $BUILD/hip), warnings as errors (HIP_WERROR=1), and train_gpt links. Then:
 #   1. each file with kernels gave device code for gfx90a (the offload bundle names it);
 #   2. the NVIDIA-only tensor-core kernels stayed out (cuda/attention.o has no WMMA
-#      kernel, and its launchers are the portable ones);
+#      kernel); its launchers are the MFMA kernels, whose gfx90a code holds the matrix
+#      instruction and spills no register, and the portable ones for other head_dims;
 #   3. `make HIP=1` says what it found (hipBLASLt present or missing) in one ✓ / ✗ line;
 #   4. the HIP train_gpt starts: `plan` gives the same GPU memory plan as the CUDA build
 #      and the line of GPUs it fits, MI250X and MI300X among them;
@@ -66,11 +67,33 @@ done
 check "the $with_kernels objects of files with kernels hold $ARCH device code (missing:${missing:- none})" \
     test -z "$missing"
 
-# 2. The tensor-core attention is NVIDIA's only; the HIP launchers are the portable kernels.
+# 2. NVIDIA's tensor-core attention stays out; the HIP launchers are the MFMA kernels
+# (cuda/attention_mfma.cuh) and, for other head_dims, the portable ones. The MFMA kernels'
+# gfx90a code (unbundled from the object) holds the matrix instruction, and no kernel spills
+# registers to scratch (the AMDGPU metadata's spill counts and private segment).
 nm -C "$dir/cuda/attention.o" >"$tmp/attention.nm"
-check "cuda/attention.o: no WMMA kernel under HIP, attention_forward calls the portable one" \
-    sh -c "! grep -q attention_forward_kernel '$tmp/attention.nm' &&
-           grep -q ' T attention_forward(' '$tmp/attention.nm' && grep -q ' U attention_simple_forward(' '$tmp/attention.nm'"
+check "cuda/attention.o: no WMMA kernel under HIP; attention_forward has the MFMA kernels and the portable one" \
+    sh -c "! grep -q attention_forward_kernel '$tmp/attention.nm' && grep -q ' T attention_forward(' '$tmp/attention.nm' &&
+           grep -q 'mfa::forward_kernel<128>' '$tmp/attention.nm' && grep -q 'mfa::dkv_kernel<64>' '$tmp/attention.nm' &&
+           grep -q ' U attention_simple_forward(' '$tmp/attention.nm'"
+llvm_bin=$(dirname "$(readlink -f "$(command -v clang-offload-bundler 2>/dev/null || ls /usr/lib/llvm-*/bin/clang-offload-bundler 2>/dev/null | tail -n 1)" 2>/dev/null)" 2>/dev/null)
+objdump=$(command -v llvm-objdump || ls "$llvm_bin/llvm-objdump" /usr/bin/llvm-objdump-* 2>/dev/null | head -n 1 || true)
+readelf_=$(command -v llvm-readelf || ls "$llvm_bin/llvm-readelf" /usr/bin/llvm-readelf-* 2>/dev/null | head -n 1 || true)
+if [ -x "$llvm_bin/clang-offload-bundler" ] && [ -n "$objdump" ] && [ -n "$readelf_" ] &&
+    objcopy -O binary --only-section=.hip_fatbin "$dir/cuda/attention.o" "$tmp/attention.fatbin" &&
+    "$llvm_bin/clang-offload-bundler" --type=o --targets="hipv4-amdgcn-amd-amdhsa--$ARCH" \
+        --input="$tmp/attention.fatbin" --output="$tmp/attention.$ARCH.o" --unbundle 2>/dev/null; then
+    mfma=$("$objdump" -d "$tmp/attention.$ARCH.o" | grep -c 'v_mfma_f32_16x16x16bf16_1k' || true)
+    "$readelf_" --notes "$tmp/attention.$ARCH.o" | grep -E '\.name:|\.vgpr_count:|\.agpr_count:|spill_count:|private_segment_fixed_size:' |
+        paste - - - - - - | grep 'mfa' | sed -e 's/  */ /g' -e 's/_ZN3mfa[0-9]*\([a-z_]*\)ILi\([0-9]*\)E[^ ]*/\1<\2>/' >"$tmp/mfma.resources"
+    sed 's/^/       /' "$tmp/mfma.resources"
+    kernels=$(wc -l <"$tmp/mfma.resources")
+    spilled=$(grep -c -E 'spill_count: [1-9]|private_segment_fixed_size: [1-9]' "$tmp/mfma.resources" || true)
+    check "the MFMA kernels' $ARCH code: $mfma v_mfma_f32_16x16x16bf16_1k, $kernels kernels, $spilled spilling" \
+        sh -c "[ '$mfma' -gt 0 ] && [ '$kernels' -eq 9 ] && [ '$spilled' -eq 0 ]"
+else
+    say "  -- the MFMA kernels' device code not inspected: no clang-offload-bundler / llvm-objdump / llvm-readelf"
+fi
 
 # 3. What `make HIP=1` says about this machine: the backend, or why not, in one line.
 line=$(MAKEFLAGS= MFLAGS= make --no-print-directory BUILD="$tmp/info" HIP=1 info 2>/dev/null | grep 'hipcc' || true)

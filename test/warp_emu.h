@@ -57,7 +57,8 @@
 #include <vector>
 
 // The warp width: 32 as NVIDIA's; TRAIN_GPT_EMU_WARP=64 emulates AMD's CDNA wavefronts, with
-// no mma.sync (as under HIP): the kernels' 64-wide paths run on the CPU too.
+// no mma.sync (as under HIP) and CDNA's MFMA instead (cuda/mfma.cuh): the kernels' 64-wide
+// paths run on the CPU too.
 #ifndef TRAIN_GPT_EMU_WARP
 #define TRAIN_GPT_EMU_WARP 32
 #endif
@@ -74,7 +75,7 @@ struct idx3 {
 };
 
 enum lane_status { RUNNING, AT_WARP, AT_BLOCK, DONE };
-enum collective { OP_LDSM, OP_LDSM_T, OP_MMA, OP_SHFL, OP_SYNCWARP };
+enum collective { OP_LDSM, OP_LDSM_T, OP_MMA, OP_MFMA, OP_SHFL, OP_SYNCWARP };
 
 struct pending_copy {
     unsigned char *dst;
@@ -778,5 +779,46 @@ template <int N> inline void cp_async_wait() {
 
 inline uint32_t pack_bf16x2(float lo, float hi) { return (uint32_t)emu::bf16_bits(lo) | (uint32_t)emu::bf16_bits(hi) << 16; }
 #endif  // TRAIN_GPT_EMU_WARP == 32
+
+// ---------------------------------------------------------------- cuda/mfma.cuh's interface
+// (64-wide wavefronts only: CDNA's matrix instructions are per 64 lanes)
+#if TRAIN_GPT_EMU_WARP == 64
+
+#define MFMA_DEVICE inline
+#define MFMA_KERNEL(threads) void
+#define MFMA_SHARED_BYTES(name) unsigned char *name = emu::the_block().smem.data()
+
+inline void block_barrier() { emu::wait_as(emu::AT_BLOCK, -1); }
+inline float lane_shfl_xor(float v, int mask) { return emu::shuffle_xor(v, mask); }
+inline uint32_t pack_bf16x2(float lo, float hi) { return (uint32_t)emu::bf16_bits(lo) | (uint32_t)emu::bf16_bits(hi) << 16; }
+
+// v_mfma_f32_16x16x16bf16_1k as AMD's CDNA2/CDNA3 ISA guides lay it out over the 64 lanes of a
+// wavefront (l = lane, r = l % 16, h = l / 16): A (16 × 16) element [r][4h + j] and B (16 × 16)
+// element [4h + j][r] in lane l, j = 0..3, two per 32-bit register (the lower k in the lower
+// half); C and D (16 × 16, fp32) element [4h + i][r] in c[i]. Products summed in fp32.
+inline void mfma_16x16x16(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2]) {
+    emu::slot &s = emu::publish();
+    s.w[0] = a[0];
+    s.w[1] = a[1];
+    s.w[2] = b[0];
+    s.w[3] = b[1];
+    emu::warp_collective(emu::OP_MFMA);
+    int l = emu::the_block().current % 64, r = l % 16, h = l / 16;
+    const emu::slot *wave = &emu::peer(0);  // lane i's slot is wave[i]
+    for (int i = 0; i < 4; i++) {
+        int row = 4 * h + i, col = r;
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            // A[row][k]: lane row + 16·(k/4), register (k%4)/2, half k%2
+            uint32_t aw = wave[row + 16 * (k / 4)].w[(k % 4) / 2];
+            // B[k][col]: lane col + 16·(k/4), register 2 + (k%4)/2, half k%2
+            uint32_t bw = wave[col + 16 * (k / 4)].w[2 + (k % 4) / 2];
+            sum += emu::bf16_value(emu::half_of(aw, k % 2)) * emu::bf16_value(emu::half_of(bw, k % 2));
+        }
+        c[i] += sum;
+    }
+    emu::next_slot_set();
+}
+#endif  // TRAIN_GPT_EMU_WARP == 64
 
 #endif
