@@ -258,8 +258,9 @@ $(BUILD)/test_quant_gpu_emu: $(BUILD)/emu/test/test_quant_gpu.o $(BUILD)/emu/qua
 check-emu-asan:
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer" CXXFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
 	    $(MAKE) BUILD=$(BUILD)/asan NO_CUDA=1 $(BUILD)/asan/test_gpu_kernels_emu $(BUILD)/asan/test_attention_fa2_emu \
-	    $(BUILD)/asan/train_gpt_emu $(BUILD)/asan/test_tool
-	@set -e; for t in test_attention_fa2_emu test_gpu_kernels_emu; do \
+	    $(BUILD)/asan/test_gpu_kernels_emu64 $(BUILD)/asan/test_attention_mfma_emu $(BUILD)/asan/train_gpt_emu \
+	    $(BUILD)/asan/test_tool
+	@set -e; for t in test_attention_fa2_emu test_attention_mfma_emu test_gpu_kernels_emu test_gpu_kernels_emu64; do \
 	    echo "== $$t (AddressSanitizer)"; $(BUILD)/asan/$$t | tail -n 1; done
 	@echo "== the trainer on the emulated GPU, FSDP with deferred streams (AddressSanitizer)"
 	@bash test/emu_asan_fsdp.sh $(BUILD)/asan $(BUILD)/asan/test_tool
