@@ -24,4 +24,38 @@ template <typename E> struct attention_args_of {
     int64_t dq_stride, dk_stride, dv_stride;
 };
 
+// What a block of a forward or dq kernel owns: `rows` queries of head blockIdx.y of sequence
+// blockIdx.z (the query tiles with the most keys first: grid x counts down), and the keys they
+// need, in tiles of `keys`. Query t sees keys [start[t], t] and start is non-decreasing, so no
+// key tile before the first query's document start is needed; a key tile starting in
+// [open_from, open_to] lies after the last query's document start and before the first query,
+// with no query past T: every pair of it is visible, no per-element mask.
+template <typename E> struct attention_query_block {
+    int64_t T, b, q0, q_last;    // queries [q0, q_last] of sequence b
+    int64_t k_first;             // the first key of the first key tile
+    int64_t open_from, open_to;  // key tiles starting in this range need no mask
+    int j, kvh;                  // the query head, its kv head
+    const int32_t *start;        // this sequence's document starts
+    const E *k, *v;              // the kv head's first row of this sequence
+};
+
+template <typename E>
+__device__ inline attention_query_block<E> attention_query_block_of(const attention_args_of<E> &p, int D, int rows,
+                                                                    int keys) {
+    attention_query_block<E> a;
+    a.T = p.T;
+    a.b = blockIdx.z;
+    a.q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * rows;
+    a.j = blockIdx.y;
+    a.kvh = a.j / (p.Hq / p.Hkv);
+    a.start = p.start + a.b * a.T;
+    a.k = p.k + a.b * a.T * p.k_stride + (int64_t)a.kvh * D;
+    a.v = p.v + a.b * a.T * p.v_stride + (int64_t)a.kvh * D;
+    a.q_last = (a.q0 + rows < a.T ? a.q0 + rows : a.T) - 1;
+    a.k_first = a.start[a.q0] / keys * keys;
+    a.open_from = a.start[a.q_last];
+    a.open_to = a.q0 + rows <= a.T ? a.q0 - keys : -1;
+    return a;
+}
+
 #endif

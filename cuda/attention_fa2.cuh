@@ -174,16 +174,12 @@ template <int D> FA2_KERNEL(THREADS) forward_kernel(args p) {
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem_raw), *Ks = Qs + BM * S, *Vs = Ks + 2 * BN * S;
 
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
-    int64_t T = p.T, b = blockIdx.z;
-    int64_t q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;  // the longest rows first
-    int j = blockIdx.y, kvh = j / (p.Hq / p.Hkv);
-    const int32_t *start = p.start + b * T;
-    const uint16_t *kh = p.k + b * T * p.k_stride + (int64_t)kvh * D, *vh = p.v + b * T * p.v_stride + (int64_t)kvh * D;
-    int64_t q_last = (q0 + BM < T ? q0 + BM : T) - 1;
-    int64_t k_first = start[q0] / BN * BN;
-    // The whole tile is visible to every row when it lies after the last row's document start
-    // and before the first row, and no row is past T.
-    int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
+    const attention_query_block<uint16_t> qt = attention_query_block_of(p, D, BM, BN);
+    int64_t T = qt.T, b = qt.b, q0 = qt.q0, q_last = qt.q_last, k_first = qt.k_first;
+    int64_t open_from = qt.open_from, open_to = qt.open_to;
+    int j = qt.j;
+    const int32_t *start = qt.start;
+    const uint16_t *kh = qt.k, *vh = qt.v;
 
     int row[2] = {(int)q0 + warp * 16 + g, (int)q0 + warp * 16 + g + 8}, lo[2];  // T < 2³¹
     for (int h = 0; h < 2; h++) lo[h] = row[h] < T ? start[row[h]] : (int)T;
@@ -266,14 +262,12 @@ template <int D> FA2_KERNEL(THREADS) dq_kernel(args p) {
              *Vs = Ks + 2 * BN * S;
 
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
-    int64_t T = p.T, b = blockIdx.z;
-    int64_t q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
-    int j = blockIdx.y, kvh = j / (p.Hq / p.Hkv);
-    const int32_t *start = p.start + b * T;
-    const uint16_t *kh = p.k + b * T * p.k_stride + (int64_t)kvh * D, *vh = p.v + b * T * p.v_stride + (int64_t)kvh * D;
-    int64_t q_last = (q0 + BM < T ? q0 + BM : T) - 1;
-    int64_t k_first = start[q0] / BN * BN;
-    int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
+    const attention_query_block<uint16_t> qt = attention_query_block_of(p, D, BM, BN);
+    int64_t T = qt.T, b = qt.b, q0 = qt.q0, q_last = qt.q_last, k_first = qt.k_first;
+    int64_t open_from = qt.open_from, open_to = qt.open_to;
+    int j = qt.j;
+    const int32_t *start = qt.start;
+    const uint16_t *kh = qt.k, *vh = qt.v;
 
     int row[2] = {(int)q0 + warp * 16 + g, (int)q0 + warp * 16 + g + 8}, lo[2];  // T < 2³¹
     float row_lse[2], row_delta[2];

@@ -158,16 +158,12 @@ template <int D> MFMA_KERNEL(THREADS) forward_kernel(args p) {
     uint16_t *Ks = reinterpret_cast<uint16_t *>(smem_raw), *Vt = Ks + BN * S;
 
     int wave = threadIdx.x / 64, lane = threadIdx.x % 64, r = lane % 16, h = lane / 16;
-    int64_t T = p.T, b = blockIdx.z;
-    int64_t q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;  // the longest rows first
-    int j = blockIdx.y, kvh = j / (p.Hq / p.Hkv);
-    const int32_t *start = p.start + b * T;
-    const uint16_t *kh = p.k + b * T * p.k_stride + (int64_t)kvh * D, *vh = p.v + b * T * p.v_stride + (int64_t)kvh * D;
-    int64_t q_last = (q0 + BM < T ? q0 + BM : T) - 1;
-    int64_t k_first = start[q0] / BN * BN;
-    // A tile is visible to every row when it lies after the last row's document start and
-    // before the first row, and no row is past T.
-    int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
+    const attention_query_block<uint16_t> qt = attention_query_block_of(p, D, BM, BN);
+    int64_t T = qt.T, b = qt.b, q0 = qt.q0, q_last = qt.q_last, k_first = qt.k_first;
+    int64_t open_from = qt.open_from, open_to = qt.open_to;
+    int j = qt.j;
+    const int32_t *start = qt.start;
+    const uint16_t *kh = qt.k, *vh = qt.v;
 
     int row = (int)q0 + wave * 16 + r;  // this lane's query (T < 2³¹)
     int lo = row < T ? start[row] : (int)T;
@@ -236,14 +232,12 @@ template <int D> MFMA_KERNEL(THREADS) dq_kernel(args p) {
     uint16_t *Ks = reinterpret_cast<uint16_t *>(smem_raw), *Vs = Ks + BN * S, *Kt = Vs + BN * S;
 
     int wave = threadIdx.x / 64, lane = threadIdx.x % 64, r = lane % 16, h = lane / 16;
-    int64_t T = p.T, b = blockIdx.z;
-    int64_t q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
-    int j = blockIdx.y, kvh = j / (p.Hq / p.Hkv);
-    const int32_t *start = p.start + b * T;
-    const uint16_t *kh = p.k + b * T * p.k_stride + (int64_t)kvh * D, *vh = p.v + b * T * p.v_stride + (int64_t)kvh * D;
-    int64_t q_last = (q0 + BM < T ? q0 + BM : T) - 1;
-    int64_t k_first = start[q0] / BN * BN;
-    int64_t open_from = start[q_last], open_to = q0 + BM <= T ? q0 - BN : -1;
+    const attention_query_block<uint16_t> qt = attention_query_block_of(p, D, BM, BN);
+    int64_t T = qt.T, b = qt.b, q0 = qt.q0, q_last = qt.q_last, k_first = qt.k_first;
+    int64_t open_from = qt.open_from, open_to = qt.open_to;
+    int j = qt.j;
+    const int32_t *start = qt.start;
+    const uint16_t *kh = qt.k, *vh = qt.v;
 
     int row = (int)q0 + wave * 16 + r;
     bool ok = row < T;
