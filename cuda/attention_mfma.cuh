@@ -23,8 +23,10 @@
 //
 // A block is 4 wavefronts (256 threads). Forward and dq: 64 queries of one head per block, 16
 // per wavefront, 64-key tiles, the longest query tiles first. dk, dv: 64 keys of a kv head,
-// 16 per wavefront, query steps of BQ (64; 32 at head_dim 128, for shared memory). Tiles are
-// loaded with plain loads between two barriers (no asynchronous copies).
+// 16 per wavefront, query steps of BQ (64; 32 at head_dim 128, for shared memory). The next
+// tile is read into registers while the block computes on this one (AMD has no asynchronous
+// global → shared copies: the registers are the second buffer), then written to shared
+// memory between two barriers.
 //
 // Two compilers: hipcc with cuda/mfma.cuh, or the host C++ compiler with test/warp_emu.h at
 // TRAIN_GPT_EMU_WARP=64, which implements the instruction from the ISA's layout; `make test`
@@ -60,27 +62,45 @@ MFMA_DEVICE void load4(uint32_t (&r)[2], const uint16_t *p) {
     r[1] = w[1];
 }
 
-// Rows [r0, r0 + ROWS) of one head (row stride `stride` elements) into a row-major tile
-// [ROWS][D + 4] and, with transposed_stride > 0, a transposed one [D][transposed_stride]; rows
-// at or past T become zeros.
+// A tile of ROWS rows of one head on its way to shared memory: each thread's share of it
+// (8 bytes at a time) in registers. fetch() reads it from global memory and put() writes it
+// to shared memory, so that the next tile's reads are in flight while the block computes on
+// this one (no asynchronous copies on AMD: the registers are the second buffer).
+template <int D, int ROWS> struct staged_tile {
+    static constexpr int V = D / 4, PER = (ROWS * V + THREADS - 1) / THREADS;
+    uint32_t w[PER][2];
+};
+
+// Rows [r0, r0 + ROWS) of one head (row stride `stride` elements); rows at or past T are zeros.
 template <int D, int ROWS>
-MFMA_DEVICE void load_tile(uint16_t *tile, uint16_t *transposed, int transposed_stride, const uint16_t *head,
-                           int64_t stride, int64_t r0, int64_t T) {
-    constexpr int V = D / 4, S = dims<D>::S;
-    for (int i = threadIdx.x; i < ROWS * V; i += THREADS) {
-        int r = i / V, c = (i % V) * 4;
-        uint32_t w[2] = {0u, 0u};
-        if (r0 + r < T) load4(w, head + (r0 + r) * stride + c);
+MFMA_DEVICE void fetch(staged_tile<D, ROWS> &t, const uint16_t *head, int64_t stride, int64_t r0, int64_t T) {
+    constexpr int V = staged_tile<D, ROWS>::V;
+#pragma unroll
+    for (int n = 0; n < staged_tile<D, ROWS>::PER; n++) {
+        int i = (int)threadIdx.x + n * THREADS, r = i / V, c = (i % V) * 4;
+        t.w[n][0] = t.w[n][1] = 0u;
+        if (i < ROWS * V && r0 + r < T) load4(t.w[n], head + (r0 + r) * stride + c);
+    }
+}
+
+// Into a row-major tile [ROWS][D + 4] (if tile) and a transposed one [D][ts] (if transposed).
+template <int D, int ROWS>
+MFMA_DEVICE void put(const staged_tile<D, ROWS> &t, uint16_t *tile, uint16_t *transposed, int ts) {
+    constexpr int V = staged_tile<D, ROWS>::V, S = dims<D>::S;
+#pragma unroll
+    for (int n = 0; n < staged_tile<D, ROWS>::PER; n++) {
+        int i = (int)threadIdx.x + n * THREADS, r = i / V, c = (i % V) * 4;
+        if (i >= ROWS * V) continue;
         if (tile) {
             uint32_t *dst = reinterpret_cast<uint32_t *>(tile + r * S + c);
-            dst[0] = w[0];
-            dst[1] = w[1];
+            dst[0] = t.w[n][0];
+            dst[1] = t.w[n][1];
         }
         if (transposed) {
-            transposed[(c + 0) * transposed_stride + r] = (uint16_t)(w[0] & 0xffffu);
-            transposed[(c + 1) * transposed_stride + r] = (uint16_t)(w[0] >> 16);
-            transposed[(c + 2) * transposed_stride + r] = (uint16_t)(w[1] & 0xffffu);
-            transposed[(c + 3) * transposed_stride + r] = (uint16_t)(w[1] >> 16);
+            transposed[(c + 0) * ts + r] = (uint16_t)(t.w[n][0] & 0xffffu);
+            transposed[(c + 1) * ts + r] = (uint16_t)(t.w[n][0] >> 16);
+            transposed[(c + 2) * ts + r] = (uint16_t)(t.w[n][1] & 0xffffu);
+            transposed[(c + 3) * ts + r] = (uint16_t)(t.w[n][1] >> 16);
         }
     }
 }
@@ -174,11 +194,18 @@ template <int D> MFMA_KERNEL(THREADS) forward_kernel(args p) {
 #pragma unroll
     for (int d = 0; d < KD; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
+    staged_tile<D, BN> kn, vn;  // the next K and V tiles
+    fetch<D, BN>(kn, kh, p.k_stride, k_first, T);
+    fetch<D, BN>(vn, vh, p.v_stride, k_first, T);
     for (int64_t k0 = k_first; k0 <= q_last; k0 += BN) {
         block_barrier();  // the previous tile's readers are done
-        load_tile<D, BN>(Ks, nullptr, 0, kh, p.k_stride, k0, T);
-        load_tile<D, BN>(nullptr, Vt, ST, vh, p.v_stride, k0, T);
+        put<D, BN>(kn, Ks, nullptr, 0);
+        put<D, BN>(vn, nullptr, Vt, ST);
         block_barrier();
+        if (k0 + BN <= q_last) {  // the next tile's reads, in flight during this tile's products
+            fetch<D, BN>(kn, kh, p.k_stride, k0 + BN, T);
+            fetch<D, BN>(vn, vh, p.v_stride, k0 + BN, T);
+        }
 
         float s[NB][4];  // Sᵀ: keys k0 + 16n + 4h + i, query `row`
 #pragma unroll
@@ -252,11 +279,18 @@ template <int D> MFMA_KERNEL(THREADS) dq_kernel(args p) {
 #pragma unroll
     for (int d = 0; d < KD; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
+    staged_tile<D, BN> kn, vn;
+    fetch<D, BN>(kn, kh, p.k_stride, k_first, T);
+    fetch<D, BN>(vn, vh, p.v_stride, k_first, T);
     for (int64_t k0 = k_first; k0 <= q_last; k0 += BN) {
         block_barrier();
-        load_tile<D, BN>(Ks, Kt, ST, kh, p.k_stride, k0, T);
-        load_tile<D, BN>(Vs, nullptr, 0, vh, p.v_stride, k0, T);
+        put<D, BN>(kn, Ks, Kt, ST);
+        put<D, BN>(vn, Vs, nullptr, 0);
         block_barrier();
+        if (k0 + BN <= q_last) {
+            fetch<D, BN>(kn, kh, p.k_stride, k0 + BN, T);
+            fetch<D, BN>(vn, vh, p.v_stride, k0 + BN, T);
+        }
 
         bool masked = !(k0 >= open_from && k0 <= open_to);
 #pragma unroll
@@ -315,19 +349,35 @@ template <int D> MFMA_KERNEL(THREADS) dkv_kernel(args p) {
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[d][i] = dv[d][i] = 0.0f;
 
-    for (int it = 0; it < steps; it++) {
+    // Step `it`'s Q and dO tiles and its rows' statistics (thread i < BQ: row i's lse, δ and
+    // document start; zeros past T, where every pair is masked), fetched a step ahead.
+    staged_tile<D, BQ> qn, on;
+    float lse_n = 0.0f, delta_n = 0.0f;
+    int lo_n = 0;
+    auto fetch_step = [&](int it) {
         int jh = kvh * group + it / nq;
+        int64_t q0 = k0 + (int64_t)(it % nq) * BQ, t = q0 + (int64_t)threadIdx.x;
+        fetch<D, BQ>(qn, p.q + b * T * p.q_stride + (int64_t)jh * D, p.q_stride, q0, T);
+        fetch<D, BQ>(on, p.dout + b * T * p.Hq * D + (int64_t)jh * D, (int64_t)p.Hq * D, q0, T);
+        bool ok = (int)threadIdx.x < BQ && t < T;
+        lse_n = ok ? p.lse[(b * p.Hq + jh) * T + t] * LOG2E : 0.0f;
+        delta_n = ok ? p.delta[(b * p.Hq + jh) * T + t] : 0.0f;
+        lo_n = ok ? start[t] : 0;
+    };
+    if (steps > 0) fetch_step(0);
+
+    for (int it = 0; it < steps; it++) {
         int64_t q0 = k0 + (int64_t)(it % nq) * BQ;
         block_barrier();
-        load_tile<D, BQ>(Qs, Qt, QT, p.q + b * T * p.q_stride + (int64_t)jh * D, p.q_stride, q0, T);
-        load_tile<D, BQ>(dOs, dOt, QT, p.dout + b * T * p.Hq * D + (int64_t)jh * D, (int64_t)p.Hq * D, q0, T);
-        for (int i = threadIdx.x; i < BQ; i += THREADS) {  // the rows' statistics; zeros past T (masked)
-            bool ok = q0 + i < T;
-            q_lse[i] = ok ? p.lse[(b * p.Hq + jh) * T + q0 + i] * LOG2E : 0.0f;
-            q_delta[i] = ok ? p.delta[(b * p.Hq + jh) * T + q0 + i] : 0.0f;
-            q_lo[i] = ok ? start[q0 + i] : 0;
+        put<D, BQ>(qn, Qs, Qt, QT);
+        put<D, BQ>(on, dOs, dOt, QT);
+        if ((int)threadIdx.x < BQ) {
+            q_lse[threadIdx.x] = lse_n;
+            q_delta[threadIdx.x] = delta_n;
+            q_lo[threadIdx.x] = lo_n;
         }
         block_barrier();
+        if (it + 1 < steps) fetch_step(it + 1);
 
         // Every pair of the step is visible when all the tile's keys precede its first query
         // and its last query's document starts at or before the first key.
