@@ -30,7 +30,7 @@ ARCH=gfx90a
 HIP_BIN="$dir/train_gpt"
 
 sources="cuda/embedding.cu cuda/rmsnorm.cu cuda/qknorm_rope.cu cuda/swiglu.cu cuda/attention.cu
-         cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu quant.cu train_gpt.cu
+         cuda/attention_simple.cu cuda/classifier.cu cuda/adamw.cu cuda/collective.cu quant.cu train_gpt.cu
          test/test_gpu_kernels.cu test/test_gpu_step.cu test/test_quant_gpu.cu"
 blaslt=""
 for d in "$ROCM_PATH" "$(dirname "$(dirname "$(readlink -f "$HIPCC")")")"; do
