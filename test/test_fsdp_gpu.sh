@@ -49,6 +49,8 @@ check "  twice: the same bits" same_losses "$tmp/units" "$tmp/units_b"
 check "  with fsdp_prefetch 0 (one stream): the same bits" same_losses "$tmp/units" "$tmp/units_serial"
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# AMD (the HIP build, RCCL): rocm-smi lists each GPU (a GCD of an MI250X) as GPU[i].
+[ "${gpus:-0}" -gt 0 ] || gpus=$(rocm-smi --showid 2>/dev/null | grep -c '^GPU\[' || true)
 detect_mpi
 if [ "${gpus:-0}" -ge 2 ] && [ "$HAVE_MPI" = 1 ]; then
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --grad_accum 1 --out_dir "$tmp/np2" >"$tmp/np2.log" 2>&1
