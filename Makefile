@@ -261,7 +261,9 @@ check-emu-asan:
 	    $(BUILD)/asan/test_gpu_kernels_emu64 $(BUILD)/asan/test_attention_mfma_emu $(BUILD)/asan/train_gpt_emu \
 	    $(BUILD)/asan/test_tool
 	@set -e; for t in test_attention_fa2_emu test_attention_mfma_emu test_gpu_kernels_emu test_gpu_kernels_emu64; do \
-	    echo "== $$t (AddressSanitizer)"; $(BUILD)/asan/$$t | tail -n 1; done
+	    echo "== $$t (AddressSanitizer)"; \
+	    if ! $(BUILD)/asan/$$t >$(BUILD)/asan/$$t.log 2>&1; then tail -n 30 $(BUILD)/asan/$$t.log; exit 1; fi; \
+	    tail -n 1 $(BUILD)/asan/$$t.log; done
 	@echo "== the trainer on the emulated GPU, FSDP with deferred streams (AddressSanitizer)"
 	@bash test/emu_asan_fsdp.sh $(BUILD)/asan $(BUILD)/asan/test_tool
 	@echo "make check-emu-asan: all passed"

@@ -718,12 +718,13 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     bool tiled_d = m->dims.D == 32 || m->dims.D == 64 || m->dims.D == 128;
     if (!sizing_only && m->attention == cuda_model::ATT_FA2 && HAVE_MMA_SYNC)
         printf("train_gpt | attention: the register-resident kernels (cuda/attention_fa2.cuh)\n");
-    else if (!sizing_only && m->attention != cuda_model::ATT_SIMPLE && HAVE_MFMA && tiled_d)
+    else if (!sizing_only && m->attention != cuda_model::ATT_SIMPLE && tiled_d && attention_mfma_available())
         printf("train_gpt | attention: the MFMA kernels (cuda/attention_mfma.cuh: AMD matrix cores; not yet run on "
                "an AMD GPU)\n");
     else if (!sizing_only && (m->attention == cuda_model::ATT_SIMPLE || !HAVE_NVIDIA_TENSOR_CORES))
         printf("train_gpt | attention: the portable one-warp-per-row kernels (%s: slow at long sequences)\n",
                m->attention == cuda_model::ATT_SIMPLE ? "TRAIN_GPT_ATTENTION=simple"
+               : HAVE_MFMA && tiled_d                 ? "this GPU has no v_mfma_f32_16x16x16bf16_1k"
                : HAVE_MFMA                            ? "head_dim other than 32, 64, 128"
                                                       : "no matrix-core attention for this GPU yet");
 

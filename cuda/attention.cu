@@ -514,6 +514,7 @@ template <int D> void backward_d(const att_args &a, cudaStream_t stream) {
 }  // namespace
 
 bool attention_supports_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
+bool attention_mfma_available(void) { return false; }
 
 // ---------------------------------------------------------------- the launchers (cuda/kernels.h)
 
@@ -540,6 +541,26 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
 
 #elif HAVE_MFMA  // HIP (and the emulator at 64-wide wavefronts): AMD's matrix cores
 
+// Whether this GPU has v_mfma_f32_16x16x16bf16_1k: gfx90a (MI250X), gfx94x (MI300X), gfx950,
+// asked once. Others (gfx908 = MI100, gfx906) run the portable kernels.
+bool attention_mfma_available(void) {
+#if defined(__HIPCC__) && !defined(TRAIN_GPT_EMULATION)
+    static int known = -1;
+    if (known < 0) {
+        int dev = 0;
+        cudaDeviceProp prop;
+        known = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+            const char *a = prop.gcnArchName;
+            known = strncmp(a, "gfx90a", 6) == 0 || strncmp(a, "gfx94", 5) == 0 || strncmp(a, "gfx950", 6) == 0;
+        }
+    }
+    return known == 1;
+#else
+    return true;  // the emulator at 64-wide wavefronts emulates the instruction
+#endif
+}
+
 namespace {
 
 template <int D> void mfma_forward_d(const mfa::args &a, cudaStream_t stream) {
@@ -557,9 +578,10 @@ template <int D> void mfma_backward_d(const mfa::args &a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-bool mfma_head_dim(int D) { return D == 32 || D == 64 || D == 128; }
+bool mfma_head_dim(int D) { return (D == 32 || D == 64 || D == 128) && attention_mfma_available(); }
 
 }  // namespace
+
 
 // The MFMA kernels for head_dim 32, 64 and 128; another even head_dim up to 256 runs on the
 // portable one-warp-per-row kernels (correct, slow at long sequences).
@@ -593,6 +615,7 @@ void attention_backward(const attention_inputs *in, const bf16 *out, const float
 // The portable kernels, one warp per row in fp32: correct and slow (no tiles, no matrix
 // cores: each row reads its keys from memory on its own); any even head_dim up to 256.
 bool attention_supports_head_dim(int D) { return D > 0 && D % 2 == 0 && D <= 256; }
+bool attention_mfma_available(void) { return false; }
 
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream) {
     attention_simple_forward(in, out, lse, stream);

@@ -116,18 +116,21 @@ static void nccl_load(void) {
 #else
 static void *nccl_symbol(void *lib, const char *name) {
     void *f = dlsym(lib, name);
-    if (!f) fail("%s: %s has no %s (%s)", GPU_COLLECTIVES, GPU_COLLECTIVES_LIB, name, GPU_COLLECTIVES_MIN);
+    if (!f) fail("%s: the library loaded has no %s (%s)", GPU_COLLECTIVES, name, GPU_COLLECTIVES_MIN);
     return f;
 }
 
 static void nccl_load(void) {
     if (nccl_loaded) return;
-    const char *names[] = {GPU_COLLECTIVES_LIB, GPU_COLLECTIVES_LIB_DEV};
-    void *lib = NULL;
-    for (int i = 0; i < 2 && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+    // The versioned name, else the development link; the first one's error is the one to tell
+    // (a libnccl.so.2 that exists but cannot load, say for a missing dependency).
+    void *lib = dlopen(GPU_COLLECTIVES_LIB, RTLD_NOW | RTLD_GLOBAL);
+    char why[512];
+    snprintf(why, sizeof why, "%s", lib ? "" : dlerror());
+    if (!lib) lib = dlopen(GPU_COLLECTIVES_LIB_DEV, RTLD_NOW | RTLD_GLOBAL);
     if (!lib)
         fail("%s: a job of several GPU ranks needs %s, which could not be loaded (%s); %s", GPU_COLLECTIVES,
-             GPU_COLLECTIVES_LIB, dlerror(), GPU_COLLECTIVES_HINT);
+             GPU_COLLECTIVES_LIB, why, GPU_COLLECTIVES_HINT);
 #define NCCL_FN(field, name) *(void **)&nccl.field = nccl_symbol(lib, name)
     NCCL_FN(get_unique_id, "ncclGetUniqueId");
     NCCL_FN(comm_init_rank, "ncclCommInitRank");
@@ -145,8 +148,8 @@ static void nccl_load(void) {
     // RCCL reports the NCCL version it implements, so one threshold serves both.
     int version = 0;
     if (nccl.get_version(&version) != ncclSuccess || version < 21000)
-        fail("%s: the %s loaded reports version %d; train_gpt needs %s", GPU_COLLECTIVES, GPU_COLLECTIVES_LIB,
-             version, GPU_COLLECTIVES_MIN);
+        fail("%s: the library loaded reports version %d; train_gpt needs %s", GPU_COLLECTIVES, version,
+             GPU_COLLECTIVES_MIN);
     nccl_loaded = true;
 }
 #endif

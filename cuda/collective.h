@@ -24,7 +24,8 @@ gpu_comm *gpu_comm_create(const comm *group, const char *name);
 void gpu_comm_free(gpu_comm *g);
 int gpu_comm_rank(const gpu_comm *g);
 int gpu_comm_size(const gpu_comm *g);
-int gpu_comm_nccl_version(void);   // NCCL_VERSION_CODE of the library (loaded by this call), 0 if none
+int gpu_comm_nccl_version(void);   // NCCL_VERSION_CODE of the library (loaded by this call; a missing
+                                   // one ends the run with one line); 0 where the build has no collectives
 
 // all[size·n] ← every rank's mine[n], in rank order (device buffers).
 void gpu_allgather(gpu_comm *g, const void *mine, int64_t n, gpu_dtype type, void *all, cudaStream_t stream);

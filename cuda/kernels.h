@@ -125,6 +125,10 @@ typedef struct {
     int64_t dq_stride, dk_stride, dv_stride;
 } attention_grads;
 bool attention_supports_head_dim(int D);   // 32, 64, 128 (HIP: any even D ≤ 256, see below)
+// Whether attention_forward / attention_backward run the MFMA kernels (cuda/attention_mfma.cuh)
+// for head_dim 32, 64 and 128: a HIP build on a GPU with v_mfma_f32_16x16x16bf16_1k (gfx90a,
+// gfx94x, gfx950; asked once), and the emulator at 64-wide wavefronts. False on NVIDIA.
+bool attention_mfma_available(void);
 // out (N, Hq·D) bf16, lse (B, Hq, T) fp32.
 void attention_forward(const attention_inputs *in, bf16 *out, float *lse, cudaStream_t stream);
 // From the forward's out and lse and the gradient dout (N, Hq·D). Deterministic without

@@ -6,10 +6,11 @@
 // same names and values (its header is a copy of NCCL's with HIP's stream type), so the HIP
 // build opens librccl.so.1 through the same declarations.
 //
-// What is declared is NCCL's ABI, unchanged since NCCL 2.0 for these names: the communicator
-// is an opaque pointer, the unique id 128 bytes passed by value, the result codes and the data
-// types small enums. test/test_nccl_abi.cc checks every value and size against the nccl.h of
-// the build machine where it has one (make test), and calls the library through them.
+// What is declared is NCCL's ABI, each name unchanged since the version that introduced it
+// (the notes below; train_gpt needs 2.10): the communicator is an opaque pointer, the unique
+// id 128 bytes passed by value, the result codes and the data types small enums.
+// test/test_nccl_abi.cu checks every value and size against the nccl.h of the build machine
+// where it has one (make test), and calls the library through them.
 #ifndef TRAIN_GPT_CUDA_NCCL_ABI_H
 #define TRAIN_GPT_CUDA_NCCL_ABI_H
 

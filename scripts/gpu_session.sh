@@ -97,7 +97,8 @@ lease_setup() {
     # where dlopen finds it. Where the system has none, PyTorch's wheel has one (its layout
     # varies: nvidia/nccl/lib, nvidia/cu13/lib, ...).
     local nccl_lib=system
-    if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' && [ ! -f /usr/local/cuda/lib64/libnccl.so.2 ]; then
+    # (grep without -q: under pipefail its early exit would fail ldconfig with SIGPIPE)
+    if ! ldconfig -p 2>/dev/null | grep 'libnccl\.so\.2 ' >/dev/null && [ ! -f /usr/local/cuda/lib64/libnccl.so.2 ]; then
         local d so
         d=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
         so=$([ -n "$d" ] && find "$d" -maxdepth 4 -name 'libnccl.so.2' 2>/dev/null | head -n 1)

@@ -18,9 +18,9 @@
 
 // v_mfma_f32_16x16x16bf16_1k's operands element by element as the CDNA ISA guides tabulate
 // them (lane l, r = l % 16, h = l / 16): A[r][4h + j] and B[4h + j][r] are element j of lane
-// l's four (register j / 2, the lower half for even j); D[4h + i][r] is its result i. The
-// kernels' operand loads (product_rows: a row of a tile; load_row_operands: a row of a head
-// as B; product_transposed: a row of a transposed tile) must give exactly these fragments.
+// l's four (register j / 2, the lower half for even j); D[4h + i][r] is its result i. Then
+// product_rows' A load (a tile row's 8 bytes) against the table; the other operand loads
+// (load_row_operands' B, product_transposed's A and B) are covered by the kernels' results.
 static void check_instruction() {
     constexpr int D = 64;
     std::vector<float> A(256), Bm(256);

@@ -49,8 +49,16 @@ check "  twice: the same bits" same_losses "$tmp/units" "$tmp/units_b"
 check "  with fsdp_prefetch 0 (one stream): the same bits" same_losses "$tmp/units" "$tmp/units_serial"
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-# AMD (the HIP build, RCCL): rocm-smi lists each GPU (a GCD of an MI250X) as GPU[i].
-[ "${gpus:-0}" -gt 0 ] || gpus=$(rocm-smi --showid 2>/dev/null | grep -c '^GPU\[' || true)
+# AMD (the HIP build, RCCL): the GPUs this job may use (ROCR_VISIBLE_DEVICES, as SLURM sets
+# it), else the distinct GPU[i] indices rocm-smi lists (one per GCD of an MI250X; it prints
+# several lines per GPU and ignores the visibility variables).
+if [ "${gpus:-0}" -eq 0 ]; then
+    if [ -n "${ROCR_VISIBLE_DEVICES:-}" ]; then
+        gpus=$(printf '%s\n' "$ROCR_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)
+    else
+        gpus=$( (rocm-smi --showid 2>/dev/null || true) | { grep -o '^GPU\[[0-9]*\]' || true; } | sort -u | wc -l)
+    fi
+fi
 detect_mpi
 if [ "${gpus:-0}" -ge 2 ] && [ "$HAVE_MPI" = 1 ]; then
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --grad_accum 1 --out_dir "$tmp/np2" >"$tmp/np2.log" 2>&1

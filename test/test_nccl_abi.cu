@@ -33,8 +33,12 @@ SAME(ncclSystemError, ncclSystemError);
 SAME(ncclInternalError, ncclInternalError);
 SAME(ncclInvalidArgument, ncclInvalidArgument);
 SAME(ncclInvalidUsage, ncclInvalidUsage);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 12, 0)  // older headers have not these codes
 SAME(ncclRemoteError, ncclRemoteError);
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
 SAME(ncclInProgress, ncclInProgress);
+#endif
 SAME(ncclFloat32, ncclFloat32);
 SAME(ncclFloat64, ncclFloat64);
 SAME(ncclBfloat16, ncclBfloat16);
