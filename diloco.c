@@ -543,7 +543,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->tokens_seen = c.tokens;
     st->bad_steps = 0;
     st->merge_step = 0;
-    diloco_seek_data(d->cfg, train, st);
+    diloco_seek_data(d->cfg, train, st, was);
     uint64_t hash = replica_hash(d, d->theta, d->numel);
     char extra[512], carried[200];
     if (w > 0.0)
@@ -633,9 +633,11 @@ static bool join_group(diloco *d, float *params, train_state *st, dataloader *tr
     return took;
 }
 
-void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st) {
-    int64_t batches = st->step * cfg->grad_accum, per_epoch = dataloader_batches_per_epoch(train);
-    dataloader_seek(train, (data_position){batches / per_epoch, batches % per_epoch});
+void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st, int64_t from_step) {
+    int64_t per_epoch = dataloader_batches_per_epoch(train);
+    int64_t at = st->data.epoch * per_epoch + st->data.index + (st->step - from_step) * cfg->grad_accum;
+    if (at < 0) at = 0;
+    dataloader_seek(train, (data_position){at / per_epoch, at % per_epoch});
     st->data = dataloader_position(train);
 }
 

@@ -90,9 +90,11 @@ bool diloco_group_over(const diloco *d);
 void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel);
 
 // A replica that takes the group's state continues its data where a replica that had trained
-// all along to st->step would be: seeks train there and records it in st->data. (HSDP's other
-// copies do the same for their own rows when the first copy's rank rejoined: train_gpt.cu.)
-void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st);
+// all along to st->step would be: st->data, its position at from_step, moves by the steps
+// between (× grad_accum), so that what it read before joining stays behind it (init_from's
+// warm-up rows, a restart's own steps); seeks train there and records it in st->data. (HSDP's
+// other copies do the same for their own rows when the first copy's rank rejoined: train_gpt.cu.)
+void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *st, int64_t from_step);
 
 // Streaming (docs/diloco.md#streaming): with diloco_fragments P > 1 the model is synced in
 // P fragments of whole layers, fragment p after inner steps s with s % H = ⌊(p+1)·H/P⌋ % H,

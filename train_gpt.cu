@@ -2701,9 +2701,10 @@ static bool follow_first_copy(trainer *tr, bool changed, bool whole, data_positi
     }
     if (!tr->outer) {
         data_position mine = tr->state.data;
+        int64_t was = tr->state.step;
         tr->state = st;
         tr->state.data = mine;
-        if (flags[1]) diloco_seek_data(tr->cfg, tr->train, &tr->state);
+        if (flags[1]) diloco_seek_data(tr->cfg, tr->train, &tr->state, was);
     }
     return flags[0] != 0;
 }
@@ -2722,21 +2723,33 @@ static void check_copies_agree(trainer *tr) {
              (long long)tr->state.step, (int)differ - 1);
 }
 
-// A checkpoint saved by a job of another size (FSDP at np 4, resumed at np 2): the loader's
-// position counts each process's micro-batches, so the same place in the data is index ·
-// saved ranks / ranks now (micro-batch i of rank r is the data's i · ranks + r).
+// A checkpoint saved by a job of another size or micro-batch (FSDP at np 4 resumed at np 2,
+// batch_size 4 resumed at 8): the position counts each process's micro-batches, and
+// micro-batch i of process r of W holds rows (i · W + r) · B .. + B − 1 of the epoch's order,
+// so the index · W · B rows read are the first rows for every W and B. This run's processes
+// each take ⌈rows / (W′ · B′)⌉ of theirs: exactly the same place when that divides, else fewer
+// than W′ · B′ rows are skipped (none is read twice). A position at the end of an epoch turns
+// into the next epoch's start at the first micro-batch, as it does without a resume.
 static void convert_data_position(trainer *tr) {
-    int64_t was = tr->state.data_world, now = tr->world;
+    const train_config *cfg = tr->cfg;
+    const data_window *w = &tr->state.window;
+    bool recorded = w->batch_size > 0;
+    if (recorded && (w->shuffle != cfg->shuffle || (cfg->shuffle && w->seed != cfg->seed)) && tr->rank == 0)
+        warn("resume: the checkpoint's data was read with shuffle = %d, seed = %lld, this run has shuffle = %d, seed = "
+             "%lld: its position is kept, but rows of this epoch may now repeat or be missed",
+             w->shuffle ? 1 : 0, (long long)w->seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
+    int64_t was = tr->state.data_world > 0 ? tr->state.data_world : tr->world, now = tr->world;
+    int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
     tr->state.data_world = now;
-    if (was <= 0 || was == now) return;
-    int64_t global = tr->state.data.index * was;
-    if (global % now != 0)
-        fail("resume: the checkpoint was saved by %lld processes at micro-batch %lld of its epoch (%lld in all), "
-             "which %lld processes cannot split evenly; resume with a number of ranks that divides it",
-             (long long)was, (long long)tr->state.data.index, (long long)global, (long long)now);
-    note("resume: the data position of %lld processes (%lld micro-batches each) is %lld each for %lld", (long long)was,
-         (long long)tr->state.data.index, (long long)(global / now), (long long)now);
-    tr->state.data.index = global / now;
+    if (was == now && was_batch == batch) return;
+    int64_t rows = tr->state.data.index * was * was_batch, per = now * batch, index = (rows + per - 1) / per;
+    if (tr->rank == 0)
+        note("resume: the data position of %lld process(es) x %lld rows (%lld micro-batches each, %lld rows of the "
+             "epoch) is %lld micro-batches each for %lld x %lld%s",
+             (long long)was, (long long)was_batch, (long long)tr->state.data.index, (long long)rows, (long long)index,
+             (long long)now, (long long)batch,
+             index * per == rows ? "" : " (fewer than one micro-batch of rows per process skipped, none read twice)");
+    tr->state.data.index = index;
 }
 
 // init_from = a checkpoint directory (a warm start: one cluster's run, then DiLoCo): this
@@ -2787,6 +2800,15 @@ static bool restore_or_init(trainer *tr) {
         char why[512];
         if (!checkpoint_load(cfg->resume, &b, &tr->state, why, sizeof why))
             fail("resume: checkpoint '%s' cannot be used: %s", cfg->resume, why);
+        // Going back to an older checkpoint in (or into) an out_dir with newer ones would
+        // write the new branch's steps below the old branch's: ckpt_keep would delete them
+        // and resume = auto would return to the old branch.
+        int64_t newest = checkpoint_newest_step(cfg->out_dir);
+        if (newest > tr->state.step)
+            fail("resume: out_dir '%s' holds step_%08lld, newer than the checkpoint resumed (step %lld): the run would "
+                 "write its steps below it, ckpt_keep would delete them and a restart would go back to it; move the "
+                 "newer checkpoints aside or choose another out_dir",
+                 cfg->out_dir, (long long)newest, (long long)tr->state.step);
         from = xstrdup(cfg->resume);
     }
     if (from) {

@@ -566,6 +566,24 @@ static bool read_int_fields(const json_value *root, const int_field *f, size_t n
     return true;
 }
 
+// The loader's keys a save wrote beside the position; batch_size 0 where they are not all there.
+static void read_window(const json_value *root, data_window *w) {
+    const char *keys[3] = {"batch_size", "seq_len", "seed"};
+    int64_t *fields[3] = {&w->batch_size, &w->seq_len, &w->seed};
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < 3; i++) {
+        const json_value *v = json_get(root, keys[i]);
+        if (!v || v->type != JSON_NUMBER || !v->is_integer) return;
+        *fields[i] = v->integer;
+    }
+    const json_value *shuffle = json_get(root, "shuffle");
+    if (!shuffle || shuffle->type != JSON_BOOL || w->batch_size < 1) {
+        w->batch_size = 0;
+        return;
+    }
+    w->shuffle = shuffle->boolean;
+}
+
 static bool state_from_json(const json_value *root, train_state *s, char *why, size_t why_bytes) {
     const int_field fields[] = {{"step", &s->step},         {"adam_step", &s->adam_step},
                                 {"data_epoch", &s->data.epoch}, {"data_index", &s->data.index},
@@ -594,6 +612,7 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
         snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
         return false;
     }
+    read_window(root, &s->window);
     return true;
 }
 
@@ -794,6 +813,14 @@ int checkpoint_count(const char *out_dir) {
     int count = list_checkpoints(out_dir, &dirs);
     free(dirs);
     return count;
+}
+
+int64_t checkpoint_newest_step(const char *out_dir) {
+    checkpoint_dir *dirs;
+    int count = list_checkpoints(out_dir, &dirs);
+    int64_t step = count > 0 ? dirs[0].step : -1;
+    free(dirs);
+    return step;
 }
 
 void checkpoint_prune(const char *out_dir, int64_t keep) {

@@ -84,6 +84,9 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
 // Number of checkpoint directories (step_*) in out_dir, valid or not.
 int checkpoint_count(const char *out_dir);
 
+// The step of the newest checkpoint directory in out_dir (valid or not); -1 when there is none.
+int64_t checkpoint_newest_step(const char *out_dir);
+
 // Removes all but the newest `keep` checkpoints (keep 0 = remove none).
 void checkpoint_prune(const char *out_dir, int64_t keep);
 

@@ -3,6 +3,7 @@
 #ifndef TRAIN_GPT_STATE_H
 #define TRAIN_GPT_STATE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "llmc/guard.h"
@@ -18,11 +19,19 @@ typedef struct {
     int64_t index;   // micro-batches this process has taken in this epoch
 } data_position;
 
+// How the rows behind a data position were cut and ordered: the loader's keys when it was
+// saved (state.json's batch_size, seq_len, shuffle, seed). batch_size 0 = not recorded.
+typedef struct {
+    int64_t batch_size, seq_len, seed;
+    bool shuffle;
+} data_window;
+
 typedef struct {
     int64_t step;          // optimizer steps done (the next step to run, 0-based)
     int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
     data_position data;    // train loader position after the last step
     int64_t data_world;    // processes the data was split over when saved (0: not recorded)
+    data_window window;    // read from a checkpoint only: a save writes the run's own keys
     int64_t bad_steps;     // consecutive skipped steps (NaN/Inf or spikes) so far
     int64_t norm_spikes;   // of them, the last ones in a row skipped for a shifted gradient norm
                            // alone (spike_norm_shift): max_bad_steps − 1 of them accept a shift

@@ -9,10 +9,15 @@
 #   3. The outer momentum ramps from 0 over diloco_momentum_warmup outer steps: μ·k/W.
 #   4. A checkpoint whose windows differ (seq_len, shuffle) is refused with one line; a
 #      model.safetensors alone takes the weights and starts the data at its beginning.
+#   5. A replica that joins late (over TCP, evicted from the first exchange: diloco_late)
+#      and takes the group's state still reads on from the warm-up: its data position at the
+#      end is the other replica's (it once went back to step·grad_accum from the epoch's start,
+#      re-reading the warm-up's rows).
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
+make_secret "$tmp/secret"
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 detect_mpi
@@ -70,6 +75,32 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "simulated replicas: every outer step's param_hash equals the MPI run's" \
         test "$(outer_hashes "$tmp/local/metrics.jsonl")" = "$(outer_hashes "$tmp/mpi/0/metrics.jsonl")"
 fi
+
+# 5. Two replicas over TCP. Replica 0 trains alone (diloco_min_replicas 1) and stops itself at
+# step 12; replica 1 starts then, finds the group at outer step 2 and waits for its state;
+# replica 0 continues, and replica 1 takes the group's state at outer step 3 (step 15).
+start_relay late 1
+late=(--batch_size 5 --max_steps 20 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_quant none
+    --diloco_outer_lr 1 --diloco_outer_momentum 0 --init_from "$ckpt" --diloco_transport tcp
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3
+    --diloco_connect_timeout_s 60 --diloco_min_replicas 1)
+TRAIN_GPT_FAULT=stop_in_step:12 "$TRAIN_GPT" "${common[@]}" "${late[@]}" --diloco_replica_id 0 \
+    --out_dir "$tmp/late/0" >"$tmp/late0.log" 2>&1 &
+p0=$!
+pids+=("$p0")
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+wait_until "replica 0 stopped itself at step 12" stopped "$p0" || die "replica 0 did not stop: $(tail -1 "$tmp/late0.log")"
+"$TRAIN_GPT" "${common[@]}" "${late[@]}" --diloco_replica_id 1 --out_dir "$tmp/late/1" >"$tmp/late1.log" 2>&1 &
+p1=$!
+pids+=("$p1")
+wait_until "replica 1 waiting for the group's state" grep -q "waits for the group's state" "$tmp/late1.log" ||
+    die "replica 1: $(tail -1 "$tmp/late1.log")"
+kill -CONT "$p0"
+wait "$p0" || die "replica 0: $(grep -m1 error "$tmp/late0.log")"
+wait "$p1" || die "replica 1: $(grep -m1 error "$tmp/late1.log")"
+check "the late replica took the group's state at step 15" grep -q "replica 1 took the group's state: outer step 3, step 15" "$tmp/late1.log"
+check "... and reads on from the warm-up: both end at micro-batch 28 (8 + 20; got $(data_index "$tmp/late/0") $(data_index "$tmp/late/1"))" \
+    test "$(data_index "$tmp/late/0") $(data_index "$tmp/late/1")" = "28 28"
 
 # Refusals, one line each, and the weights-only form.
 check "init_from a checkpoint of another seq_len: one line" \

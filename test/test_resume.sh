@@ -22,6 +22,7 @@ same_as() {  # same_as REFERENCE_DIR OUT_DIR FINAL_STEP_DIR_NAME
         cmp -s "$1/$3/model.safetensors" "$2/$3/model.safetensors" &&
         cmp -s "$1/$3/optimizer.safetensors" "$2/$3/optimizer.safetensors"
 }
+state_index() { sed -nE 's/.*"data_(epoch|index)": ([0-9]+).*/\2/p' "$1/state.json" | tr '\n' ' ' | sed 's/ $//'; }
 same_as_straight() { same_as "$tmp/straight" "$1" step_00000020; }
 # The signal and kill -9 cases need a run long enough that the signal surely lands
 # before its end: 300 steps (~1 s) with its own straight reference.
@@ -91,4 +92,51 @@ TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench10" --max_steps 10 >/dev/null 2>&
 check "no final checkpoint: ckpt_every's own at max_steps stays" test -d "$tmp/bench10/step_00000010"
 TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench_stop" --max_steps 12 --stop_at_step 7 >/dev/null 2>&1
 check "no final checkpoint: stop_at_step still writes one" test -d "$tmp/bench_stop/step_00000007"
+# 7. resume = an older checkpoint into an out_dir that holds newer ones: refused with one line
+# before anything is written (the new branch's steps would sit below the old branch's, and
+# ckpt_keep would delete them); the directory is untouched.
+before=$(tree_digest "$tmp/straight")
+rc=0
+run "$tmp/straight" --resume "$tmp/straight/step_00000010" --max_steps 30 >"$tmp/branch.log" 2>&1 || rc=$?
+check "resume = an older checkpoint beside newer ones: refused (status $rc)" test "$rc" -ne 0
+check "... with one line naming the newer checkpoint" \
+    grep -q "out_dir '$tmp/straight' holds step_00000020, newer than the checkpoint resumed (step 10)" "$tmp/branch.log"
+check "... and the out_dir is untouched" test "$(tree_digest "$tmp/straight")" = "$before"
+run "$tmp/branch" --resume "$tmp/straight/step_00000010" --max_steps 12 >"$tmp/branch2.log" 2>&1
+check "the same checkpoint into a fresh out_dir continues" grep -q "resuming from '$tmp/straight/step_00000010' at step 10" "$tmp/branch2.log"
+
+# 8. Another batch_size on resume: the position is converted by rows (docs/config.md, resume).
+# 8 steps of 2 × 4 rows read micro-batches 0..15 = rows 0..63; at batch_size 8 and grad_accum 1
+# that is micro-batch 8, and 12 more steps end at 20 (unconverted: 28).
+mkdir -p "$tmp/rebatch" && cp -r "$tmp/stopped/step_00000008" "$tmp/rebatch/"
+run "$tmp/rebatch" --batch_size 8 --grad_accum 1 >"$tmp/rebatch.log" 2>&1
+check "batch_size 4 x 2 -> 8 x 1: the note says micro-batch 16 is 8" \
+    grep -q "1 process(es) x 4 rows (16 micro-batches each, 64 rows of the epoch) is 8 micro-batches each for 1 x 8" "$tmp/rebatch.log"
+check "... and the run ends at micro-batch 20 (got $(state_index "$tmp/rebatch/step_00000020"))" \
+    test "$(state_index "$tmp/rebatch/step_00000020")" = "0 20"
+# A position at an epoch's very end (2,000 tokens: 62 rows of 32, 15 micro-batches of 4) at
+# another batch size: its 60 rows are ⌈60 / 8⌉ = 8 micro-batches of 8, past this epoch's 7,
+# so the next step starts epoch 1.
+"$TOOL" shard "$tmp/small.bin" 64 0 2000 13
+edge=(--train_data "$tmp/small.bin" --max_steps 10 --val_every 0 --threads 1)
+run "$tmp/edge" "${edge[@]}" --batch_size 4 --grad_accum 3 --stop_at_step 5 >/dev/null 2>&1
+check "the epoch's end: saved at micro-batch 15 (got $(state_index "$tmp/edge/step_00000005"))" \
+    test "$(state_index "$tmp/edge/step_00000005")" = "0 15"
+cp -r "$tmp/edge" "$tmp/edge_np2"
+run "$tmp/edge" "${edge[@]}" --batch_size 8 --grad_accum 1 >"$tmp/edge.log" 2>&1
+check "... resumed at batch_size 8: epoch 1, micro-batch 5 after 5 more steps (got $(state_index "$tmp/edge/step_00000010"))" \
+    test "$(state_index "$tmp/edge/step_00000010")" = "1 5"
+# The same position at 2 processes: 15 micro-batches of one process do not split in two, but
+# the epoch is over (60 rows: 8 each, past its 7), so the run goes on in epoch 1 (it was once
+# refused as "cannot split evenly").
+detect_mpi
+if [ "$HAVE_MPI" = 1 ]; then
+    rc=0
+    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/edge_np2" "${edge[@]}" --batch_size 4 \
+        --grad_accum 1 >"$tmp/edge_np2.log" 2>&1 || rc=$?
+    check "... resumed at np 2: runs (status $rc) and ends at epoch 1, micro-batch 5 (got $(state_index "$tmp/edge_np2/step_00000010" 2>/dev/null))" \
+        test "$rc" = 0 -a "$(state_index "$tmp/edge_np2/step_00000010" 2>/dev/null)" = "1 5"
+else
+    say "  skip the np 2 resume: no MPI in this build"
+fi
 finish test_resume
