@@ -37,7 +37,7 @@ static int64_t largest_units(const shard_map *m, int k, int skip) {
 //   grads:   the unit whose backward runs, and the one being reduce-scattered with its
 //            all-to-all's receive buffer (another ranks·piece) and its piece of the sum; with
 //            tied embeddings the embedding's gradient on top, from the head's backward (first)
-//            to the embedding's (last).
+//            to the embedding's (last), or its own reduce-scatter at the end where that is more.
 // Taking the largest units makes it a bound: the true peak depends on which units meet.
 rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan a, int64_t diloco_bytes) {
     rank_memory m = {0};
@@ -76,7 +76,13 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
         int tied = t->cfg.tie_embeddings ? shard_unit_of(&map, P_EMBED, -1) : -1;
         int64_t biggest = largest_units(&map, 1, tied), piece = ceil_div(biggest, ranks);
         int64_t held_grads = largest_units(&map, 2, tied) + biggest + piece;
-        if (tied >= 0) held_grads += map.units[tied].piece * ranks;
+        if (tied >= 0) {
+            // Held from the head's backward on; and at the end its own reduce-scatter (the
+            // gradient, the all-to-all's receive buffer, its piece), alone by then.
+            int64_t embed = map.units[tied].piece * ranks;
+            held_grads += embed;
+            if (2 * embed + map.units[tied].piece > held_grads) held_grads = 2 * embed + map.units[tied].piece;
+        }
         m.gathered_grads = held_grads * 4;
     }
     if (s.gpu) {

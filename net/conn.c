@@ -20,6 +20,7 @@ struct out_frame {
     size_t bulk_bytes;
     blob *ref;
     uint8_t tag[WIRE_TAG_BYTES];
+    uint64_t seq;               // its sequence number (sealed into head and tag)
     size_t sent;                // of head_bytes + bulk_bytes + WIRE_TAG_BYTES
 };
 
@@ -82,7 +83,8 @@ void conn_send(conn *c, unsigned type, const void *payload, size_t payload_bytes
     out_frame *f = xcalloc(1, sizeof *f);
     f->head_bytes = WIRE_HEADER_BYTES + payload_bytes;
     f->head = xmalloc(f->head_bytes);
-    wire_put_header(f->head, type, c->seq_tx++, payload_bytes + bulk_bytes);
+    f->seq = c->seq_tx++;
+    wire_put_header(f->head, type, f->seq, payload_bytes + bulk_bytes);
     if (payload_bytes) memcpy(f->head + WIRE_HEADER_BYTES, payload, payload_bytes);
     f->bulk = bulk;
     f->bulk_bytes = bulk_bytes;
@@ -95,9 +97,13 @@ void conn_send(conn *c, unsigned type, const void *payload, size_t payload_bytes
     c->out_bytes += f->head_bytes + bulk_bytes + WIRE_TAG_BYTES;
 }
 
+// The dropped frames were sealed with sequence numbers the peer has not seen: the next frame
+// takes the first of them, so the numbers the peer sees stay contiguous (the peer rejects a gap
+// as a replayed or reordered frame).
 void conn_drop_unsent(conn *c) {
     out_frame *keep = c->out_head && c->out_head->sent > 0 ? c->out_head : NULL;
     out_frame *f = keep ? keep->next : c->out_head;
+    if (f) c->seq_tx = f->seq;
     while (f) {
         out_frame *next = f->next;
         c->out_bytes -= f->head_bytes + f->bulk_bytes + WIRE_TAG_BYTES;

@@ -71,7 +71,8 @@ int conn_flush(conn *c, char *err, size_t err_bytes);
 // Writes the whole queue, waiting until deadline. false with a reason.
 bool conn_flush_until(conn *c, double deadline, char *err, size_t err_bytes);
 // Drops every queued frame not yet begun (the one half-written must finish: the stream
-// would lose its framing).
+// would lose its framing) and gives their sequence numbers back: the next frame sent takes the
+// first dropped one's, so the peer still sees contiguous numbers.
 void conn_drop_unsent(conn *c);
 
 typedef enum { CONN_FRAME, CONN_AGAIN, CONN_CLOSED, CONN_ERROR } conn_result;

@@ -83,6 +83,7 @@ sys.exit(0 if ok else 1)
 PY
 }
 check "np 2, tied embeddings: measured within 10 % of the plan" within 2
+check "np 2, tied embeddings as the largest unit (vocab 8192): measured within 10 % of the plan" within 2 --vocab_size 8192
 check "np 4, untied embeddings: measured within 10 % of the plan" within 4 --tie_embeddings 0
 check "np 2, fsdp_reshard_after_forward 0: measured within 10 % of the plan" within 2 --fsdp_reshard_after_forward 0
 check "np 2, recompute full: measured within 10 % of the plan" within 2 --recompute full

@@ -2,15 +2,20 @@
 // every single flipped byte, every truncation, a length of 2^63, a wrong key, a replayed
 // sequence number and plain garbage are each rejected with their own error; the payload
 // decoders refuse inconsistent fields; the handshake's proofs and keys depend on everything
-// they should. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
+// they should; a connection (net/conn.c) that drops its unsent frames keeps its sequence
+// numbers contiguous for the frames after. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
 // frame of every type).
 #include "net/wire.h"
 #include "llmc/plan.h"
 #include "llmc/common.h"
 #include "net/socket.h"
+#include "net/conn.h"
 #include "check.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -398,6 +403,61 @@ static void test_plan_framing_is_the_wire_s(void) {
           WIRE_CONTRIBUTE_BYTES + WIRE_OVERHEAD_BYTES);
 }
 
+// conn_drop_unsent (an eviction: the hub's drop_queue, a replica's EVICTED) frees frames that
+// were sealed with sequence numbers: the next frame must take the first dropped number, or the
+// peer rejects it ("replayed or reordered") and the session, which stays open, is torn down.
+// Once with the first frame half-written (it must finish), once with nothing written yet.
+static void test_drop_unsent_keeps_sequence(void) {
+    for (int partial = 0; partial < 2; partial++) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+            EXPECT(0, "socketpair: %s", strerror(errno));
+            return;
+        }
+        int small = 4096;
+        setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+        setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        fcntl(sv[0], F_SETFL, O_NONBLOCK);
+        fcntl(sv[1], F_SETFL, O_NONBLOCK);
+        conn tx, rx;
+        conn_init(&tx, sv[0], "tx");
+        conn_init(&rx, sv[1], "rx");
+        memcpy(tx.key_tx, KEY, WIRE_KEY_BYTES);
+        memcpy(rx.key_rx, KEY, WIRE_KEY_BYTES);
+        rx.allowed_rx = CONN_ALLOW(WIRE_DATA);
+        static uint8_t chunk[65536];
+        uint8_t head[WIRE_DATA_HEAD_BYTES] = {0};
+        char err[256] = "";
+        for (int i = 0; i < 3; i++) conn_send(&tx, WIRE_DATA, head, sizeof head, chunk, sizeof chunk, NULL);
+        if (partial) EXPECT(conn_flush(&tx, err, sizeof err) == 0, "the first frame is half-written (%s)", err);
+        conn_drop_unsent(&tx);
+        EXPECT(tx.out_frames == (size_t)partial, "%zu frame(s) left queued, expected %d", tx.out_frames, partial);
+        conn_send(&tx, WIRE_DATA, head, sizeof head, chunk, 100, NULL);
+        int frames = 0;
+        uint64_t last_seq = 0;
+        size_t last_len = 0;
+        conn_result r = CONN_AGAIN;
+        for (int spin = 0; spin < 1000000 && frames < partial + 1; spin++) {
+            if (conn_flush(&tx, err, sizeof err) < 0) break;
+            wire_frame f;
+            r = conn_read(&rx, &f, err, sizeof err);
+            if (r == CONN_ERROR || r == CONN_CLOSED) break;
+            if (r == CONN_FRAME) {
+                frames++;
+                last_seq = f.seq;
+                last_len = (size_t)f.payload_bytes;
+            }
+        }
+        EXPECT(frames == partial + 1, "%s: %d of %d frames arrived after the drop (receiver: %s)",
+               partial ? "half-written" : "nothing written", frames, partial + 1, r == CONN_ERROR ? err : "no error");
+        EXPECT(last_seq == (uint64_t)partial && last_len == sizeof head + 100,
+               "the frame after the drop has sequence number %llu (%zu bytes), expected %d", (unsigned long long)last_seq,
+               last_len, partial);
+        conn_close(&tx);
+        conn_close(&rx);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--corpus") == 0) return write_corpus(argv[2]);
     test_round_trips();
@@ -407,5 +467,6 @@ int main(int argc, char **argv) {
     test_proofs_and_keys();
     test_addresses();
     test_plan_framing_is_the_wire_s();
+    test_drop_unsent_keeps_sequence();
     return check_summary("test_wire");
 }
