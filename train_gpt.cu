@@ -3807,32 +3807,43 @@ static void usage_error(void) {
          "train_gpt plot OUT_DIR... [-o FILE.svg]  |  train_gpt --help");
 }
 
-// `train_gpt plan`'s own options, first after the config: --world N (the ranks that shard one
-// copy; default fsdp_size, or 1), --gpu NAME (a row of llmc/device.h's table) and --link_mbps
-// X (a DiLoCo replica's link, default 100). Returns how many arguments it took; the rest are
-// config keys.
+// `train_gpt plan`'s own options, anywhere after the config, as `--opt V` or `--opt=V`: --world
+// N (the ranks that shard one copy; default fsdp_size, or 1), --gpu NAME (a row of
+// llmc/device.h's table) and --link_mbps X (a DiLoCo replica's link, default 100). Moves them
+// out of argv and returns how many arguments are left: the config keys.
 static int take_plan_options(int argc, char **argv, int *world, int *gpu_row, double *link_mbps) {
-    int i = 0;
-    for (; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--world") == 0) {
-            char *end = NULL;
-            long n = strtol(argv[i + 1], &end, 10);
-            if (!end || *end || n < 1 || n > 1 << 20) fail("plan: --world: expected a number of ranks, got '%s'", argv[i + 1]);
+    int kept = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *names[3] = {"--world", "--gpu", "--link_mbps"};
+        int which = -1;
+        const char *value = NULL;
+        for (int n = 0; n < 3 && which < 0; n++) {
+            size_t len = strlen(names[n]);
+            if (strncmp(argv[i], names[n], len) != 0) continue;
+            if (argv[i][len] == '=') which = n, value = argv[i] + len + 1;
+            else if (argv[i][len] == '\0') which = n, value = i + 1 < argc ? argv[++i] : NULL;
+        }
+        if (which < 0) {
+            argv[kept++] = argv[i];
+            continue;
+        }
+        if (!value) fail("plan: %s: needs a value", names[which]);
+        char *end = NULL;
+        if (which == 0) {
+            long n = strtol(value, &end, 10);
+            if (!end || *end || n < 1 || n > 1 << 20) fail("plan: --world: expected a number of ranks, got '%s'", value);
             *world = (int)n;
-        } else if (strcmp(argv[i], "--gpu") == 0) {
+        } else if (which == 1) {
             char why[600];
-            *gpu_row = gpu_memory_find(argv[i + 1], why, sizeof why);
+            *gpu_row = gpu_memory_find(value, why, sizeof why);
             if (*gpu_row < 0) fail("plan: --gpu: %s", why);
-        } else if (strcmp(argv[i], "--link_mbps") == 0) {
-            char *end = NULL;
-            double v = strtod(argv[i + 1], &end);
-            if (!end || *end || !(v > 0) || v > 1e9) fail("plan: --link_mbps: expected a link speed in Mbit/s, got '%s'", argv[i + 1]);
-            *link_mbps = v;
         } else {
-            break;
+            double v = strtod(value, &end);
+            if (!end || *end || !(v > 0) || v > 1e9) fail("plan: --link_mbps: expected a link speed in Mbit/s, got '%s'", value);
+            *link_mbps = v;
         }
     }
-    return i;
+    return kept;
 }
 
 int main(int argc, char **argv) {
@@ -3862,9 +3873,10 @@ int main(int argc, char **argv) {
     int rest = config_path ? at + 1 : at;
     int world = 0, gpu_row = -1;
     double link_mbps = 100;
-    if (plan) rest += take_plan_options(argc - rest, argv + rest, &world, &gpu_row, &link_mbps);
+    int keys = argc - rest;
+    if (plan) keys = take_plan_options(keys, argv + rest, &world, &gpu_row, &link_mbps);
     train_config cfg;
-    config_load(&cfg, config_path, argc - rest, argv + rest);
+    config_load(&cfg, config_path, keys, argv + rest);
     int rc = 0;
     if (plan) rc = train_plan(&cfg, world > 0 ? world : cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : 1, gpu_row, link_mbps);
     else if (cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0) train_local(&cfg, false);

@@ -127,7 +127,7 @@ static const key_spec KEYS[] = {
     {"diloco_rendezvous", KEY_STRING, T(diloco_rendezvous), "", 0, 0, NULL, false, "tcp: host:port of the hub (a `train_gpt relay`, or the replica with diloco_serve = 1)"},
     {"diloco_serve", KEY_BOOL, T(diloco_serve), "0", 0, 1, NULL, false, "tcp: this replica also runs the hub, listening on diloco_rendezvous"},
     {"diloco_streams", KEY_INT, T(diloco_streams), "1", 1, 64, NULL, false, "tcp: parallel TCP data connections per replica for outer gradients"},
-    {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4|int2", false, "how outer gradients travel: fp32, or blockwise int8 / int4 / int2"},
+    {"diloco_quant", KEY_CHOICE, T(diloco_quant), "int8", 0, 0, "none|int8|int4|int2", false, "how outer gradients travel: none (fp32), or blockwise int8 / int4 / int2"},
     {"diloco_quant_block", KEY_INT, T(diloco_quant_block), "128", 2, 1 << 20, NULL, false, "values per quantization block (one fp32 scale each)"},
     {"diloco_error_feedback", KEY_BOOL, T(diloco_error_feedback), "0", 0, 1, NULL, false, "keep what quantization lost and add it to the next outer gradient"},
     {"diloco_topk", KEY_FLOAT, T(diloco_topk), "1", 0.0001, 1, NULL, false, "fraction of each block's outer-gradient values sent (the largest |value|s; 1 = dense); below 1 needs diloco_error_feedback = 1"},
@@ -617,8 +617,14 @@ char *config_to_text(const train_config *cfg) {
 }
 
 void config_print_help(void) {
-    printf("usage: train_gpt CONFIG [--key value | --key=value]...\n"
-           "       train_gpt --help\n\n"
+    printf("usage: train_gpt CONFIG [--key value | --key=value]...      train (docs/config.md)\n"
+           "       train_gpt plan CONFIG [--world N] [--gpu NAME] [--link_mbps X] [--key value]...\n"
+           "                                                           memory per rank (docs/fsdp.md)\n"
+           "       train_gpt prepare ...                               text to token shards (docs/data.md)\n"
+           "       train_gpt relay --listen HOST:PORT --secret_file F ...  a DiLoCo hub (docs/protocol.md)\n"
+           "       train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  outer lr (docs/diloco.md)\n"
+           "       train_gpt plot OUT_DIR... [-o FILE.svg]             the dashboard (docs/plot.md)\n"
+           "       train_gpt --help | --version\n\n"
            "keys (default in brackets; 'required' has none):\n");
     for (int i = 0; i < N_KEYS; i++) {
         const key_spec *k = &KEYS[i];

@@ -54,6 +54,9 @@ fails_with() {  # fails_with PATTERN ARGS...: exits non-zero with PATTERN on one
 check "--gpu h100: names two rows, refused in one line" fails_with "plan: --gpu: 'h100' names more than one of:" --gpu h100
 check "--gpu tpu: refused in one line" fails_with "plan: --gpu: 'tpu' is not one of:" --gpu tpu
 check "--world two: refused in one line" fails_with "plan: --world: expected a number of ranks, got 'two'" --world two
+"$TRAIN_GPT" plan configs/boom-14b.conf --batch_size 1 --world=40 --gpu h100-64gb >"$tmp/plan_after.txt" 2>&1 || true
+check "plan's options also after a config key, as --opt=V: the same per-rank lines" \
+    test "$(grep 'cpu backend\|at 40' "$tmp/plan_after.txt")" = "$(grep 'cpu backend\|at 40' "$tmp/plan.txt")"
 
 # 3. Planned against measured in a job.
 detect_mpi

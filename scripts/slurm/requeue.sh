@@ -8,8 +8,9 @@
 #   status 76  stopped early with a checkpoint (SLURM's --signal=USR1 before the walltime,
 #              or train_gpt's own walltime guard): requeue; the failure count starts over
 #   status 75  the watchdog ended a run that made no progress (a hung collective, file
-#              system or GPU), or the step died from a signal (status > 128: a node
-#              failure, the OOM killer): requeue, at most MAX_FAILURES times in a row
+#              system or GPU), or the step died from a signal (status 129-159: a node
+#              failure, the OOM killer): requeue, until the MAX_FAILURES-th such failure in
+#              a row, which is not requeued
 #   other      an error (a bad config, data or checkpoint: exit status 1): never requeue —
 #              it would fail the same way again
 #
