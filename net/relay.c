@@ -952,17 +952,43 @@ static bool moved_on(relay *h, int id, int64_t round) {
            !r->joiner && !h->contrib[id].began && r->began_step == step_of(h->round_step) && due(h, id);
 }
 
+// The round's size so far came from chunks alone (they may overtake their CONTRIBUTE): a
+// CONTRIBUTE whose sizes follow from its encoding (spec_problem) says what it is. The
+// contributions begun with another size are evicted; a broken replica's chunks must not make
+// the others' whole contributions wrong.
+static void resize_round(relay *h, int id, uint64_t total, uint32_t chunk) {
+    char text[300];
+    snprintf(text, sizeof text,
+             "its payload for step %lld is %llu bytes in chunks of %u, but the round's first CONTRIBUTE says %llu "
+             "bytes in chunks of %u (the replicas' configs differ)",
+             (long long)h->round_step, (unsigned long long)h->round_total, h->round_chunk, (unsigned long long)total,
+             chunk);
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        if (i == id || !h->contrib[i].began || h->contrib[i].left) continue;
+        hub_log(h, "replica %d (%s) evicted: %s", i, rep(h, i)->peer, text);
+        evict_quietly(h, i, text);
+    }
+    h->round_total = total;
+    h->round_chunk = chunk;
+    h->n_segments = (int64_t)((total + chunk - 1) / chunk);
+}
+
 // A member begins its contribution with its first frame (CONTRIBUTE, or a chunk, which may
 // overtake it on another connection). Every contribution to a round has the size of the
 // round's first; a member may not begin once segments were reduced without it (it joined
-// the group after the round had begun).
-static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk) {
+// the group after the round had begun). spec: the CONTRIBUTE, checked by spec_problem (NULL
+// for a chunk).
+static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, uint32_t chunk,
+                               const wire_contribute *spec) {
     replica *r = rep(h, id);
     contribution *k = &h->contrib[id];
     bool first = !k->began;
     if (moved_on(h, id, step)) take_completion(h, id, step_of(h->round_step));
     const char *why = open_or_check_round(h, step);
     if (!why && total == 0) why = "announced an empty contribution";
+    if (!why && h->round_total && !h->round_sized && spec && first && h->reduced == 0 &&
+        (total != h->round_total || chunk != h->round_chunk))
+        resize_round(h, id, total, chunk);
     if (!why && h->round_total && (total != h->round_total || chunk != h->round_chunk)) {
         // One broken replica must not make the hub (or the receivers) hold what it likes.
         char text[200];
@@ -1024,21 +1050,23 @@ static uint64_t residual_values(const relay *h) {
     return n;
 }
 
+// NULL when the memory is not there: nothing kept is changed, and the caller refuses the
+// contribution that asked for it (a peer's claim must never stop the hub).
 static float *residual_for(relay *h, uint64_t offset, uint64_t values, uint64_t model_values) {
+    if (h->residual_model == model_values)
+        for (int i = 0; i < h->n_residual; i++)
+            if (h->residual[i].offset == offset && h->residual[i].values == values) return h->residual[i].r;
+    float *r = values <= SIZE_MAX / sizeof(float) ? calloc((size_t)values, sizeof(float)) : NULL;
+    if (!r) return NULL;
+    if (h->residual_model != model_values) free_residual(h);   // a model of another size
     h->residual_model = model_values;
     int kept = 0;
     for (int i = 0; i < h->n_residual; i++) {
         residual_range *g = &h->residual[i];
-        if (g->offset == offset && g->values == values) return g->r;
         if (g->offset < offset + values && offset < g->offset + g->values) free(g->r);   // overlaps: replaced
         else h->residual[kept++] = *g;
     }
     h->n_residual = kept;
-    float *r = calloc((size_t)values, sizeof(float));
-    if (!r)
-        fail("relay: out of memory for the downlink's error feedback (%llu values, 4 bytes each); run the replicas "
-             "with diloco_downlink_feedback = 0 or give the hub more memory",
-             (unsigned long long)values);
     h->residual = xrealloc(h->residual, (size_t)(h->n_residual + 1) * sizeof *h->residual);
     h->residual[h->n_residual++] = (residual_range){.offset = offset, .values = values, .r = r};
     char b[32], b2[32];
@@ -1050,8 +1078,10 @@ static float *residual_for(relay *h, uint64_t offset, uint64_t values, uint64_t 
     return r;
 }
 
-// The round's layout from its first CONTRIBUTE: the sizes must follow from the encoding.
-static const char *take_spec(relay *h, const wire_contribute *m) {
+// Whether a CONTRIBUTE can be a round's layout: the sizes must follow from the encoding.
+// Checked before the contribution fixes anything (the round's size), so that a refused one
+// leaves the round to the next.
+static const char *spec_problem(const wire_contribute *m) {
     if (m->values > ((uint64_t)1 << 42)) return "its CONTRIBUTE announces too many values";
     quant_codec up = up_codec(m), down = codec(m->down_codec);
     size_t down_chunk = quant_encoded_bytes(down, m->segment_values, m->block);
@@ -1060,19 +1090,47 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
         return "its CONTRIBUTE's sizes disagree with its encoding";
     if (down_chunk < WIRE_MIN_CHUNK_BYTES || down_chunk > WIRE_MAX_CHUNK_BYTES)
         return "its segments of the mean would be out of the chunk bounds";
-    h->spec = *m;
-    h->round_sized = true;
-    h->down_chunk = (uint32_t)down_chunk;
-    h->down_total = quant_segmented_bytes(down, (int64_t)m->values, m->block, m->segment_values);
+    return NULL;
+}
+
+// The round's layout from its first CONTRIBUTE (spec_problem passed). NULL, or why the hub
+// cannot take it (its memory): the round is then left unsized, the caller refuses the contributor.
+static const char *take_spec(relay *h, const wire_contribute *m) {
+    static char why[400];
+    quant_codec down = codec(m->down_codec);
     if (h->scratch_values < m->segment_values) {
+        float *scratch = malloc((size_t)m->segment_values * sizeof(float));
+        if (!scratch) {
+            snprintf(why, sizeof why, "the hub is out of memory for one segment of its contribution (%u values)",
+                     m->segment_values);
+            return why;
+        }
         free(h->scratch);
-        h->scratch = malloc((size_t)m->segment_values * sizeof(float));
-        h->scratch_values = h->scratch ? m->segment_values : 0;
-        if (!h->scratch) fail("relay: out of memory for one segment (%u values)", m->segment_values);
+        h->scratch = scratch;
+        h->scratch_values = m->segment_values;
     }
     bool feedback = (m->flags & WIRE_HUB_FEEDBACK) && down != QUANT_NONE;
-    if (!feedback || h->residual_model != m->model_values) free_residual(h);
-    h->round_residual = feedback ? residual_for(h, m->value_offset, m->values, m->model_values) : NULL;
+    float *residual = NULL;
+    if (feedback) {
+        residual = residual_for(h, m->value_offset, m->values, m->model_values);
+        if (!residual) {
+            char b[32];
+            snprintf(why, sizeof why,
+                     "the hub cannot hold the downlink's error feedback its contribution asks for (values %llu .. "
+                     "%llu of a model of %llu: %s): out of memory; run the replicas with diloco_downlink_feedback = 0 "
+                     "or give the hub more memory",
+                     (unsigned long long)m->value_offset, (unsigned long long)(m->value_offset + m->values - 1),
+                     (unsigned long long)m->model_values, fmt_bytes(m->values * sizeof(float), b, sizeof b));
+            return why;
+        }
+    } else {
+        free_residual(h);
+    }
+    h->spec = *m;
+    h->round_sized = true;
+    h->down_chunk = (uint32_t)quant_encoded_bytes(down, m->segment_values, m->block);
+    h->down_total = quant_segmented_bytes(down, (int64_t)m->values, m->block, m->segment_values);
+    h->round_residual = residual;
     return NULL;
 }
 
@@ -1140,10 +1198,24 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
         drop_replica(h, id, "announced its contribution twice");
         return;
     }
-    if (!start_contribution(h, id, m->outer_step, m->total_bytes, m->chunk_bytes)) return;
+    // A CONTRIBUTE that would fix the round's layout is checked before it fixes anything (the
+    // round's size): refused, it leaves the round to the next contribution.
+    bool sizes_round = !(h->round_open && h->round_step == m->outer_step && h->round_sized);
+    const char *bad = sizes_round ? spec_problem(m) : NULL;
+    if (bad) {
+        drop_replica(h, id, bad);
+        return;
+    }
+    if (!start_contribution(h, id, m->outer_step, m->total_bytes, m->chunk_bytes, m)) return;
     if (!h->round_sized) {
         const char *why = take_spec(h, m);
         if (why) {
+            // The hub cannot take this layout: the size it fixed goes with it, unless another
+            // contribution in the round began with that size.
+            bool others = false;
+            for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+                others |= i != id && h->contrib[i].began && !h->contrib[i].left;
+            if (!others) h->round_total = 0, h->round_chunk = 0, h->n_segments = 0;
             drop_replica(h, id, why);
             return;
         }
@@ -1170,7 +1242,7 @@ static void on_payload_chunk(relay *h, int id, const wire_data *d) {
         drop_replica(h, id, "sent a chunk of another replica's payload");
         return;
     }
-    if (!start_contribution(h, id, d->outer_step, d->total_bytes, d->chunk_bytes)) return;
+    if (!start_contribution(h, id, d->outer_step, d->total_bytes, d->chunk_bytes, NULL)) return;
     const char *why = transfer_take(&r->up, d);
     if (why) {
         drop_replica(h, id, why);

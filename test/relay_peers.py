@@ -1,0 +1,277 @@
+# test/relay_peers.py — hand-made peers of the DiLoCo hub (`train_gpt relay`), for
+# test/test_relay_peers.sh: each scenario plays one or more replicas speaking the wire protocol
+# of docs/protocol.md (HMAC handshake, frames, CONTRIBUTE, DATA) and misbehaving in one way,
+# and checks what the hub does to the honest ones. Usage:
+#     relay_peers.py SCENARIO PORT SECRET_FILE
+# Exit 0 when the scenario went as the protocol says; otherwise one line saying what happened.
+# Every wait has a deadline (a frame, a closed connection), never a fixed sleep.
+import hashlib
+import hmac
+import os
+import select
+import socket
+import struct
+import sys
+import time
+
+VERSION = 6
+HELLO, AUTH, WELCOME, REFUSE = 1, 2, 3, 4
+HEARTBEAT, JOIN, JOINED, CONTRIBUTE, ROUND, EVICTED = 16, 17, 18, 19, 20, 21
+DATA = 32
+KIND_PAYLOAD, KIND_MEAN = 1, 3
+INT8 = 1
+HUB_FEEDBACK = 1
+BLOCK = 128
+
+
+def mac(key, *parts):
+    m = hmac.new(key, digestmod=hashlib.sha256)
+    for p in parts:
+        m.update(p)
+    return m.digest()
+
+
+def int8_bytes(values):
+    return values + 4 * ((values + BLOCK - 1) // BLOCK)
+
+
+class Closed(Exception):
+    pass
+
+
+class Conn:
+    """One framed connection: tags and sequence numbers both ways."""
+
+    def __init__(self, port, rcvbuf=None):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect(("127.0.0.1", port))
+        self.key_tx = self.key_rx = bytes(32)
+        self.seq_tx = self.seq_rx = 0
+        self.buf = b""
+        self.closed = False
+
+    def frame(self, ftype, payload):
+        head = b"TGPW" + struct.pack("<HBBQQ", VERSION, ftype, 0, self.seq_tx, len(payload))
+        self.seq_tx += 1
+        return head + payload + mac(self.key_tx, head, payload)
+
+    def send(self, ftype, payload=b""):
+        self.sock.sendall(self.frame(ftype, payload))
+
+    def take(self):
+        """A whole frame from the buffer, or None."""
+        if len(self.buf) < 24:
+            return None
+        assert self.buf[:4] == b"TGPW", self.buf[:24]
+        _, ftype, _, seq, n = struct.unpack("<HBBQQ", self.buf[4:24])
+        if len(self.buf) < 24 + n + 32:
+            return None
+        head, payload, tag = self.buf[:24], self.buf[24:24 + n], self.buf[24 + n:24 + n + 32]
+        assert hmac.compare_digest(tag, mac(self.key_rx, head, payload)), "bad tag from the hub"
+        assert seq == self.seq_rx, "sequence number %d, expected %d" % (seq, self.seq_rx)
+        self.seq_rx += 1
+        self.buf = self.buf[24 + n + 32:]
+        return ftype, payload
+
+    def fill(self):
+        try:
+            d = self.sock.recv(1 << 20)
+        except ConnectionResetError:
+            d = b""
+        if not d:
+            self.closed = True
+        self.buf += d
+
+    def read(self, deadline):
+        while True:
+            f = self.take()
+            if f:
+                return f
+            if self.closed:
+                raise Closed()
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError("no frame from the hub in time")
+            r, _, _ = select.select([self.sock], [], [], left)
+            if r:
+                self.fill()
+
+
+def handshake(port, secret, rid, stream=0, streams=1, session=0, rcvbuf=None):
+    c = Conn(port, rcvbuf)
+    t, p = c.read(time.time() + 10)
+    assert t == HELLO, t
+    nonce_h, nonce_c = p[:32], os.urandom(32)
+    fields = struct.pack("<IHHIIQQHHI", rid, stream, streams, 8, 1, 0x5EED, session, 0, 1, 0) + nonce_c
+    c.send(AUTH, fields + mac(secret, b"train_gpt auth v1\0", nonce_h, fields))
+    t, p = c.read(time.time() + 10)
+    if t == REFUSE:
+        raise RuntimeError("refused: " + p[8:].decode(errors="replace"))
+    assert t == WELCOME, t
+    c.key_tx = mac(secret, b"train_gpt key client-to-hub v1\0", nonce_h, nonce_c)
+    c.key_rx = mac(secret, b"train_gpt key hub-to-client v1\0", nonce_h, nonce_c)
+    return c, struct.unpack("<Q", p[:8])[0]
+
+
+class Replica:
+    """A control connection and `streams` data connections; frames of interest are kept in
+    self.got (type -> list of payloads; the mean's bytes counted in self.mean_bytes)."""
+
+    def __init__(self, port, secret, rid, streams=1, rcvbuf=None):
+        self.rid = rid
+        self.ctl, sid = handshake(port, secret, rid, 0, streams)
+        self.data = [handshake(port, secret, rid, s, streams, sid, rcvbuf)[0] for s in range(1, streams + 1)]
+        self.got = {}
+        self.mean_bytes = 0
+        self.reading = True   # False: the data connections are not read (a receiver that stalls)
+        self.next_beat = 0
+
+    def conns(self):
+        return [self.ctl] + (self.data if self.reading else [])
+
+    def pump(self, deadline):
+        """Heartbeats, and every frame the hub has for us, until deadline (at least one look)."""
+        while True:
+            now = time.time()
+            if now >= self.next_beat and not self.ctl.closed:
+                try:
+                    self.ctl.send(HEARTBEAT)
+                except OSError:
+                    self.ctl.closed = True
+                self.next_beat = now + 0.3
+            live = [c for c in self.conns() if not c.closed]
+            if live:
+                r, _, _ = select.select([c.sock for c in live], [], [], max(0.0, min(0.1, deadline - now)))
+                for c in live:
+                    if c.sock in r:
+                        c.fill()
+            for c in self.conns():
+                while True:
+                    f = c.take()
+                    if not f:
+                        break
+                    if f[0] == DATA:
+                        self.mean_bytes += len(f[1]) - 40
+                    elif f[0] != HEARTBEAT:
+                        self.got.setdefault(f[0], []).append(f[1])
+            if time.time() >= deadline or not live:
+                return
+
+    def wait(self, cond, seconds, others=()):
+        deadline = time.time() + seconds
+        while not cond():
+            if time.time() >= deadline:
+                return False
+            for o in others:
+                o.pump(time.time())
+            self.pump(min(deadline, time.time() + 0.05))
+        return True
+
+    def join(self, step=0, param_hash=0xABC):
+        self.ctl.send(JOIN, struct.pack("<qQ", step, param_hash))
+        return self.wait(lambda: JOINED in self.got, 10)
+
+    def contribute(self, step, values, segment, total=None, chunk=None, model=None):
+        total = total if total is not None else segmented_bytes(values, segment)
+        chunk = chunk if chunk is not None else int8_bytes(segment)
+        self.ctl.send(CONTRIBUTE, struct.pack("<qQIIBBBBIIfQQQQ", step, total, chunk, 0, INT8, INT8, HUB_FEEDBACK, 0,
+                                              BLOCK, segment, 0.0, values, 0, model or values, 1))
+
+    def chunk_frame(self, stream, step, total, chunk, index, body):
+        head = struct.pack("<IB3xqQQII", self.rid, KIND_PAYLOAD, step, total, index * chunk, chunk, 0)
+        return self.data[stream].frame(DATA, head + body)
+
+    def upload(self, step, values, segment, order=None, stream_of=lambda c: 0):
+        total, chunk = segmented_bytes(values, segment), int8_bytes(segment)
+        n = (values + segment - 1) // segment
+        for c in order if order is not None else range(n):
+            size = int8_bytes(min(segment, values - c * segment))
+            self.data[stream_of(c)].sock.sendall(self.chunk_frame(stream_of(c), step, total, chunk, c, bytes(size)))
+
+
+def segmented_bytes(values, segment):
+    full, rest = divmod(values, segment)
+    return full * int8_bytes(segment) + (int8_bytes(rest) if rest else 0)
+
+
+def round_ids(payload):
+    n = struct.unpack("<I", payload[12:16])[0]
+    return [struct.unpack("<I", payload[16 + 16 * i:20 + 16 * i])[0] for i in range(n)]
+
+
+def closes_with(rep, ids, seconds=15, others=()):
+    """rep gets ROUND naming exactly ids and the whole mean."""
+    ok = rep.wait(lambda: ROUND in rep.got, seconds, others)
+    if not ok:
+        return "replica %d got no ROUND within %d s (frames: %s)" % (rep.rid, seconds, sorted(rep.got))
+    got = round_ids(rep.got[ROUND][0])
+    if got != ids:
+        return "replica %d's ROUND names %s, expected %s" % (rep.rid, got, ids)
+    return None
+
+
+SEG = 4096             # values per segment (int8, block 128: 4224 bytes)
+VALUES = 4 * SEG       # a payload of 4 segments
+
+
+def scenario_residual_claim(port, secret):
+    # Replica 1 claims a model of 2^38 values (1 TiB of residual) with sizes that follow from its
+    # encoding: the hub cannot hold that, refuses replica 1 and goes on with replica 0's round.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    big = 1 << 38
+    b.contribute(0, big, 262144)
+    if not b.wait(lambda: b.ctl.closed, 10, [a]):
+        return "the hub kept replica 1 after its claim of %d values" % big
+    a.contribute(0, VALUES, SEG)
+    a.upload(0, VALUES, SEG)
+    return closes_with(a, [0])
+
+
+def scenario_poisoned_round(port, secret):
+    # Replica 0's CONTRIBUTE has sizes that disagree with its encoding (one segment too many):
+    # it is refused, and the round takes replica 1's honest contribution.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    a.contribute(0, VALUES, SEG, total=segmented_bytes(VALUES, SEG) + int8_bytes(SEG))
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept replica 0 after its inconsistent CONTRIBUTE"
+    b.contribute(0, VALUES, SEG)
+    b.upload(0, VALUES, SEG)
+    return closes_with(b, [1])
+
+
+def scenario_poisoned_by_chunk(port, secret):
+    # Replica 0 sends a chunk claiming a payload of another size before any CONTRIBUTE (a chunk may
+    # overtake its CONTRIBUTE): replica 1's CONTRIBUTE, whose sizes follow from its encoding, sizes
+    # the round; replica 0 is evicted, replica 1's round closes.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    wrong_total = segmented_bytes(VALUES, SEG) * 2
+    # Loopback delivers at the send: any poll of the hub that sees b's CONTRIBUTE sees a's chunk
+    # too, and reads a's connections (opened first) first.
+    a.data[0].sock.sendall(a.chunk_frame(0, 0, wrong_total, int8_bytes(SEG), 1, bytes(int8_bytes(SEG))))
+    b.contribute(0, VALUES, SEG)
+    b.upload(0, VALUES, SEG)
+    err = closes_with(b, [1], others=[a])
+    if err:
+        return err
+    if not a.wait(lambda: EVICTED in a.got, 10):
+        return "replica 0 was not told it was evicted"
+    return None
+
+
+def main():
+    name, port, secret_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    secret = open(secret_file, "rb").read().rstrip()
+    err = globals()["scenario_" + name](port, secret)
+    if err:
+        print("%s: %s" % (name, err))
+        sys.exit(1)
+    print("%s: as expected" % name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+#!/bin/bash
+# test/test_relay_peers.sh — the hub (`train_gpt relay`) against peers that hold the secret and
+# misbehave (test/relay_peers.py plays them): whatever one replica claims or withholds, the
+# relay stays up, says in one line what was wrong, and the honest replicas' rounds close.
+#   residual_claim     a CONTRIBUTE claiming 2^38 values (a 1 TiB residual): that replica is
+#                      refused, the relay does not exit (it did: "out of memory ...")
+#   poisoned_round     a CONTRIBUTE refused for sizes that disagree with its encoding does not
+#                      fix the round's size (the honest replica was evicted next)
+#   poisoned_by_chunk  nor does a chunk of another size that comes before any CONTRIBUTE
+source "$(dirname "$0")/lib.sh"
+tmp_with_processes
+make_secret "$tmp/secret"
+PEERS="$(dirname "$0")/relay_peers.py"
+
+# run_scenario NAME [PREFIX...]: a fresh relay (under PREFIX, e.g. prlimit), the scenario
+# against it; the relay must still be running afterwards. Leaves its log in $tmp/relay_NAME.log.
+run_scenario() {
+    local name=$1 rc=0 relay
+    shift
+    port=$(free_port)
+    "$@" "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 \
+        >"$tmp/relay_$name.log" 2>&1 &
+    relay=$!
+    pids+=("$relay")
+    while ! grep -q 'listening on' "$tmp/relay_$name.log" 2>/dev/null; do
+        kill -0 "$relay" 2>/dev/null || { cat "$tmp/relay_$name.log"; die "$name: the relay did not start"; }
+        sleep 0.05
+    done
+    "$PYTHON" "$PEERS" "$name" "$port" "$tmp/secret" >"$tmp/$name.out" 2>&1 || rc=$?
+    check "$name: $(tail -n 1 "$tmp/$name.out")" [ "$rc" -eq 0 ]
+    check "$name: the relay is still running" kill -0 "$relay"
+    kill "$relay" 2>/dev/null || true
+    wait "$relay" 2>/dev/null || true
+    if [ "$rc" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then cat "$tmp/$name.out" "$tmp/relay_$name.log"; fi
+}
+
+# in_log NAME PATTERN: the relay's log of scenario NAME has a line matching PATTERN.
+in_log() { grep -q -- "$2" "$tmp/relay_$1.log"; }
+
+# The residual's allocation must fail whatever the machine's overcommit policy: 16 GiB of
+# address space is far more than the relay needs (about 1 GiB with the CUDA libraries).
+limit=()
+command -v prlimit >/dev/null && limit=(prlimit --as=$((16 << 30)))
+run_scenario residual_claim "${limit[@]}"
+check "residual_claim: one line refuses replica 1" \
+    in_log residual_claim "replica 1 .* dropped: the hub cannot hold the downlink's error feedback"
+
+run_scenario poisoned_round
+check "poisoned_round: replica 0 refused for its sizes" \
+    in_log poisoned_round "replica 0 .* dropped: its CONTRIBUTE's sizes disagree with its encoding"
+check "poisoned_round: replica 1 not evicted" sh -c "! grep -q 'replica 1 .* evicted' '$tmp/relay_poisoned_round.log'"
+
+run_scenario poisoned_by_chunk
+check "poisoned_by_chunk: replica 0 evicted for its chunk's size" \
+    in_log poisoned_by_chunk "replica 0 .* evicted: its payload for step 0 is .* but the round's first CONTRIBUTE says"
+
+finish test_relay_peers
