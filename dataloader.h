@@ -331,6 +331,12 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
     }
     close(fd);
     if (!ok || !decode_header(raw, h, why, why_bytes)) return false;
+    uint64_t payload = (uint64_t)st.st_size - SHARD_HEADER_BYTES;
+    if (h->n_tokens > payload / h->token_bytes) {  // also where n_tokens · width would wrap
+        snprintf(why, why_bytes, "truncated shard: %lld bytes, the header says %llu tokens of %u bytes",
+                 (long long)st.st_size, (unsigned long long)h->n_tokens, h->token_bytes);
+        return false;
+    }
     uint64_t expected = SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
     if ((uint64_t)st.st_size != expected) {
         snprintf(why, why_bytes, "%s shard: %lld bytes, the header says %llu tokens = %llu bytes",

@@ -61,6 +61,11 @@ expect_error "missing train_data file" "train_data: no such shard file '$tmp/abs
 expect_error "glob with no match" "train_data: no file matches" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/none_*.bin" --out_dir "$tmp/o1"
 cp "$tmp/train.bin" "$tmp/trunc.bin"; "$TOOL" truncate "$tmp/trunc.bin" -3
 expect_error "truncated shard" "truncated shard" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/trunc.bin" --out_dir "$tmp/o1"
+# A forged header whose n_tokens · 2 wraps past 2⁶⁴ to the file's size (2⁶³ + 20000 tokens):
+# it once passed the size check and the loader overflowed its row buffer.
+cp "$tmp/train.bin" "$tmp/wrap.bin"; "$TOOL" forge_n_tokens "$tmp/wrap.bin" 9223372036854795808
+expect_error "n_tokens that wraps the size check" "truncated shard: 40064 bytes, the header says 9223372036854795808 tokens" \
+    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/wrap.bin" --shuffle 0 --out_dir "$tmp/o1"
 cp "$tmp/train.bin" "$tmp/magic.bin"; "$TOOL" flip "$tmp/magic.bin" 2
 expect_error "wrong magic" "bad magic" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/magic.bin" --out_dir "$tmp/o1"
 cp "$tmp/train.bin" "$tmp/payload.bin"; "$TOOL" flip "$tmp/payload.bin" 1000

@@ -23,6 +23,8 @@
 //       Cuts FILE to BYTES bytes (negative: remove that many from the end).
 //   test_tool tokens SHARD
 //       Prints the shard's tokens, one per line (after full verification).
+//   test_tool forge_n_tokens SHARD N
+//       Sets the header's n_tokens to N and its header checksum to match (a forged header).
 //   test_tool xxh64 FILE
 //       Prints FILE's XXH64 as 16 hex digits (what checksums.xxh64 lists), for tests that
 //       edit a checkpoint's state.json on purpose.
@@ -177,6 +179,23 @@ static int truncate_file(int argc, char **argv) {
     return 0;
 }
 
+// A forged header: n_tokens set to N (decimal, up to 2⁶⁴ − 1) and the header checksum made
+// to match, so that only the size check can refuse it.
+static int forge_n_tokens(int argc, char **argv) {
+    if (argc < 3) fail("usage: test_tool forge_n_tokens SHARD N");
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) fail("cannot open '%s': %s", argv[1], strerror(errno));
+    uint8_t h[SHARD_HEADER_BYTES];
+    if (!pread_exact(fd, h, sizeof h, 0)) fail("cannot read the header of '%s'", argv[1]);
+    uint64_t n = strtoull(argv[2], NULL, 10);
+    for (int i = 0; i < 8; i++) h[16 + i] = (uint8_t)(n >> (8 * i));
+    uint64_t sum = xxh64(h, 56, 0);
+    for (int i = 0; i < 8; i++) h[56 + i] = (uint8_t)(sum >> (8 * i));
+    if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h) fail("write failed");
+    close(fd);
+    return 0;
+}
+
 static int print_tokens(int argc, char **argv) {
     if (argc < 2) fail("usage: test_tool tokens SHARD");
     shard_header h;
@@ -288,7 +307,7 @@ static int quant_reduce_case(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|xxh64|quant|quant_reduce ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|xxh64|quant|quant_reduce ...");
     if (!strcmp(argv[1], "quant")) return quant_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "quant_reduce")) return quant_reduce_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
@@ -297,5 +316,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "flip")) return flip_byte(argc - 1, argv + 1);
     if (!strcmp(argv[1], "truncate")) return truncate_file(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "forge_n_tokens")) return forge_n_tokens(argc - 1, argv + 1);
     fail("unknown test_tool command '%s'", argv[1]);
 }
