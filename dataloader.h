@@ -121,6 +121,10 @@ uint32_t dataloader_vocab_size(const dataloader *d);
 uint32_t dataloader_doc_token(const dataloader *d);
 // Micro-batches per epoch for one process.
 int64_t dataloader_batches_per_epoch(const dataloader *d);
+// Verifies now (payload checksums) every shard that holds one of the stream's first `tokens`
+// tokens, as a first read would; fails with one line naming the shard. For the validation set
+// at start, so that a bad one stops the run before it trains rather than after.
+void dataloader_verify_prefix(dataloader *d, uint64_t tokens);
 
 #ifdef __cplusplus
 }
@@ -637,5 +641,10 @@ uint32_t dataloader_doc_token(const dataloader *d) {
 }
 
 int64_t dataloader_batches_per_epoch(const dataloader *d) { return d->batches_per_epoch; }
+
+void dataloader_verify_prefix(dataloader *d, uint64_t tokens) {
+    for (int i = 0; i < d->n_shards && d->shards[i].first_token < tokens; i++)
+        if (!d->shards[i].verified) verify_shard(d, i);
+}
 
 #endif  // DATALOADER_IMPLEMENTATION

@@ -2845,14 +2845,36 @@ static bool restore_or_init(trainer *tr) {
     return false;
 }
 
+// The validation set's rows: the first val_tokens / seq_len sequences, all when val_tokens is 0
+// or more than the set holds.
+static int64_t validation_rows(const train_config *cfg, const dataloader *val) {
+    int64_t rows = dataloader_batches_per_epoch(val);  // the val loader reads one sequence per batch
+    if (cfg->val_tokens > 0) rows = min_i64(rows, max_i64(1, cfg->val_tokens / cfg->model.seq_len));
+    return rows;
+}
+
+// The validation set, checked before training (else a bad one shows only at the first
+// validation, possibly after the whole run and before its final checkpoint): its shards'
+// vocabulary against vocab_size, and the checksums of the shards validation reads.
+static dataloader *open_validation(const train_config *cfg) {
+    if (!cfg->val_data[0]) return NULL;
+    dataloader *val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
+    uint32_t vocab = dataloader_vocab_size(val);
+    if ((int64_t)vocab > cfg->model.vocab_size)
+        fail("val_data: the shards hold token ids up to %u, above vocab_size %lld (were they written by another "
+             "tokenizer than the train shards?)",
+             vocab - 1, (long long)cfg->model.vocab_size);
+    dataloader_verify_prefix(val, (uint64_t)(validation_rows(cfg, val) * cfg->model.seq_len + 1));
+    return val;
+}
+
 // The loss on the first val_tokens / seq_len sequences of val_data (all when val_tokens is 0
 // or more than the set holds), in micro-batches of up to batch_size rows: the same tokens
 // whatever the batch size, so runs with different batch sizes or replica counts compare.
 static double validate(trainer *tr) {
     const train_config *cfg = tr->cfg;
     int64_t B = cfg->batch_size, T = cfg->model.seq_len;
-    int64_t rows = dataloader_batches_per_epoch(tr->val);  // the val loader reads one sequence per batch
-    if (cfg->val_tokens > 0) rows = min_i64(rows, max_i64(1, cfg->val_tokens / T));
+    int64_t rows = validation_rows(cfg, tr->val);
     dataloader_rewind(tr->val);
     double ce = 0.0;
     int64_t tokens = 0;
@@ -2896,7 +2918,7 @@ static bool save_checkpoint(trainer *tr) {
     backend_download(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq);
     check_copies_agree(tr);
     if (!checkpoint_save(tr->cfg->out_dir, &b, &tr->state, tr->cfg)) return false;
-    if (!tr->job || comm_rank(tr->job) == 0) checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep);
+    if (!tr->job || comm_rank(tr->job) == 0) checkpoint_prune(tr->cfg->out_dir, tr->cfg->ckpt_keep, tr->state.step);
     char extra[64];
     snprintf(extra, sizeof extra, "\"seconds\":%.3f", wall_seconds() - t0);
     metrics_event(tr->log, "checkpoint", tr->state.step, extra);
@@ -3225,8 +3247,7 @@ static int train_run(train_config *cfg) {
                                      (uint64_t)cfg->seed, tr.split);
     resolve_doc_token(cfg, tr.train);
     // Every replica validates on the whole validation set, so their val_loss compare.
-    if (cfg->val_data[0])
-        tr.val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
+    tr.val = open_validation(cfg);
     // A job's rank 0 keeps the log; the others log nothing (a NULL log).
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     resolve_recompute(&tr, 1);
@@ -3466,7 +3487,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
                                           cfg->shuffle, (uint64_t)cfg->seed, tr->split);
         if (i == 0) {
             resolve_doc_token(cfg, tr->train);
-            if (cfg->val_data[0]) val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
+            val = open_validation(cfg);
         }
         tr->val = val;
         tr->log = i == 0 ? log : NULL;

@@ -823,11 +823,15 @@ int64_t checkpoint_newest_step(const char *out_dir) {
     return step;
 }
 
-void checkpoint_prune(const char *out_dir, int64_t keep) {
+void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written) {
     if (keep <= 0) return;
     checkpoint_dir *dirs;
-    int count = list_checkpoints(out_dir, &dirs);
-    for (int i = (int)keep; i < count; i++) remove_tree(dirs[i].path);
+    int count = list_checkpoints(out_dir, &dirs), kept = 0;
+    for (int i = 0; i < count; i++) {
+        if (dirs[i].step > written) continue;  // not of this run's line: left alone, not counted
+        if (kept < keep) kept++;
+        else remove_tree(dirs[i].path);
+    }
     free(dirs);
 }
 

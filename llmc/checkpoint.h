@@ -87,8 +87,11 @@ int checkpoint_count(const char *out_dir);
 // The step of the newest checkpoint directory in out_dir (valid or not); -1 when there is none.
 int64_t checkpoint_newest_step(const char *out_dir);
 
-// Removes all but the newest `keep` checkpoints (keep 0 = remove none).
-void checkpoint_prune(const char *out_dir, int64_t keep);
+// Removes all but the newest `keep` checkpoints at or below step `written` (the one just
+// written; keep 0 = remove none). Newer ones are another line of the run — ones a resume
+// skipped because they failed their checksums — and are neither counted nor removed: counting
+// them once deleted every valid checkpoint and kept the corrupt one.
+void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written);
 
 // Writes a model.safetensors (weights + model_config metadata) atomically to path.
 bool save_weights(const char *path, const param_table *t, const float *params);

@@ -72,6 +72,13 @@ cp "$tmp/train.bin" "$tmp/payload.bin"; "$TOOL" flip "$tmp/payload.bin" 1000
 expect_error "corrupt payload" "payload checksum mismatch" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/payload.bin" --out_dir "$tmp/o1"
 expect_error "shard vocabulary above vocab_size" "vocab_size: the train shards hold token ids up to 63" \
     "$TRAIN_GPT" "${base[@]}" --vocab_size 32 --out_dir "$tmp/o1"
+# A bad validation set stops the run at its start, not at its first validation after training.
+expect_error "corrupt val_data payload, at start" "val_data: shard '$tmp/payload.bin': payload checksum mismatch" \
+    "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/payload.bin" --out_dir "$tmp/o_val"
+check "... before any step" sh -c "! grep -q '^step ' '$tmp/out.txt' && ! test -e '$tmp/o_val/metrics.jsonl' || ! grep -q '\"loss\"' '$tmp/o_val/metrics.jsonl'"
+"$TOOL" shard "$tmp/val200.bin" 200 0 5000 24
+expect_error "val_data of a larger vocabulary, at start" "val_data: the shards hold token ids up to 199, above vocab_size 64" \
+    "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val200.bin" --out_dir "$tmp/o_val"
 "$TOOL" shard "$tmp/nodoc.bin" 64 -1 20000 22
 expect_error "no doc_token anywhere" "doc_token: not set" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/nodoc.bin" \
     --doc_token -1 --out_dir "$tmp/o1"
@@ -86,6 +93,15 @@ expect_error "resume = auto with one corrupt checkpoint" "none of the 1 checkpoi
 expect_error "resume = PATH with a corrupt checkpoint" "model.safetensors fails its checksum" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck2" --resume "$tmp/ck/step_00000004"
 check "no checkpoint file was changed or deleted" test "$before" = "$(tree_digest "$tmp/ck")"
+# A newer checkpoint that fails its checksum is skipped on resume, and pruning does not count
+# it: ckpt_keep 1 once kept only the corrupt step 8 and deleted every checkpoint written since.
+"$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 4 --out_dir "$tmp/kp" >/dev/null 2>&1
+"$TOOL" flip "$tmp/kp/step_00000008/model.safetensors" 300
+"$TRAIN_GPT" "${base[@]}" --max_steps 12 --ckpt_every 1 --ckpt_keep 1 --stop_at_step 6 --out_dir "$tmp/kp" >/dev/null 2>&1
+check "ckpt_keep 1 beside a corrupt newer checkpoint: the new step 6 stays ($(ls "$tmp/kp" | grep step_ | tr '\n' ' '))" \
+    test -d "$tmp/kp/step_00000006"
+"$TRAIN_GPT" "${base[@]}" --max_steps 12 --ckpt_every 1 --ckpt_keep 1 --out_dir "$tmp/kp" >"$tmp/kp.log" 2>&1 || true
+check "... and the next start resumes from it" grep -q "resuming from '$tmp/kp/step_00000006'" "$tmp/kp.log"
 expect_error "resume = never over another run's checkpoints" "already holds checkpoints" \
     "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/ck" --resume never
 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/good" >/dev/null 2>&1

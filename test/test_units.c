@@ -429,8 +429,16 @@ static void test_checkpoints(void) {
     // Pruning keeps the newest.
     s.step = 11;
     checkpoint_save(out_dir, &b, &s, &cfg);
-    checkpoint_prune(out_dir, 2);
+    checkpoint_prune(out_dir, 2, 11);
     EXPECT(checkpoint_count(out_dir) == 2 && !dir_exists(dir7), "prune to 2 removes the oldest");
+    // A newer checkpoint (one a resume skipped as corrupt) is neither counted nor removed.
+    char dir20[320], dir11[320];
+    snprintf(dir20, sizeof dir20, "%s/step_00000020", out_dir);
+    snprintf(dir11, sizeof dir11, "%s/step_00000011", out_dir);
+    EXPECT(mkdir(dir20, 0755) == 0, "mkdir %s", dir20);
+    checkpoint_prune(out_dir, 1, 11);
+    EXPECT(checkpoint_count(out_dir) == 2 && dir_exists(dir11) && dir_exists(dir20),
+           "prune to 1 at step 11 keeps step 11 and the newer step 20");
     // A NaN never reaches a checkpoint.
     p[3] = NAN;
     s.step = 12;
