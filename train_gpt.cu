@@ -2793,6 +2793,9 @@ static bool restore_or_init(trainer *tr) {
     train_config *cfg = tr->cfg;
     model_buffers b = buffers_of(tr);
     memset(&tr->state, 0, sizeof tr->state);
+    char why_not[4400];
+    if (!checkpoint_dir_writable(cfg->out_dir, why_not, sizeof why_not))  // before the run, not at its end
+        fail("out_dir: %s", why_not);
     char *from = NULL;
     if (strcmp(cfg->resume, "auto") == 0) {
         from = checkpoint_load_latest(cfg->out_dir, &b, &tr->state);

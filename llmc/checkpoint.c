@@ -815,6 +815,23 @@ int checkpoint_count(const char *out_dir) {
     return count;
 }
 
+bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes) {
+    if (!make_dirs(out_dir)) {
+        snprintf(why, why_bytes, "cannot create '%s': %s", out_dir, strerror(errno));
+        return false;
+    }
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.tmp-probe-%s-%ld", out_dir, host, (long)getpid());
+    if (mkdir(probe, 0755) != 0) {
+        snprintf(why, why_bytes, "cannot create a checkpoint directory in '%s': %s", out_dir, strerror(errno));
+        return false;
+    }
+    rmdir(probe);
+    return true;
+}
+
 int64_t checkpoint_newest_step(const char *out_dir) {
     checkpoint_dir *dirs;
     int count = list_checkpoints(out_dir, &dirs);

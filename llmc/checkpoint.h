@@ -84,6 +84,10 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
 // Number of checkpoint directories (step_*) in out_dir, valid or not.
 int checkpoint_count(const char *out_dir);
 
+// Whether checkpoints can be written in out_dir (created if absent): a directory is made and
+// removed there. false with the reason in why.
+bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes);
+
 // The step of the newest checkpoint directory in out_dir (valid or not); -1 when there is none.
 int64_t checkpoint_newest_step(const char *out_dir);
 

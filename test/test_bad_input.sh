@@ -108,6 +108,24 @@ expect_error "resume = never over another run's checkpoints" "already holds chec
 expect_error "resume with another architecture" "d_model = 64, the config says 32" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck3" --resume "$tmp/good/step_00000004" --d_model 32
 
+# An out_dir where no checkpoint can be written (read-only, its metrics.jsonl writable) stops
+# the run at its start, not after training when the final checkpoint fails. Root ignores
+# modes: as root the run is made as nobody (runuser), in a directory nobody can read.
+ro=$(mktemp -d)
+chmod 755 "$ro"
+cp test/configs/tiny_test.conf "$tmp/train.bin" "$ro/"
+mkdir "$ro/out" && : >"$ro/out/metrics.jsonl" && chmod 666 "$ro/out/metrics.jsonl" "$ro/train.bin" && chmod 555 "$ro/out"
+as=()
+[ "$(id -u)" -eq 0 ] && command -v runuser >/dev/null && as=(runuser -u nobody --)
+if [ "$(id -u)" -ne 0 ] || [ ${#as[@]} -gt 0 ]; then
+    expect_error "an out_dir where checkpoints cannot be written, at start" "out_dir: cannot create a checkpoint directory in '$ro/out'" \
+        "${as[@]}" "$TRAIN_GPT" "$ro/tiny_test.conf" --train_data "$ro/train.bin" --max_steps 4 --out_dir "$ro/out"
+    check "... before any step" sh -c "! grep -q '^step ' '$tmp/out.txt'"
+else
+    say "  skip the read-only out_dir: root without runuser"
+fi
+chmod -R u+w "$ro" && rm -rf "$ro"
+
 # --- outlier guard
 TRAIN_GPT_FAULT=nan_grad:2 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/nan1" >/dev/null 2>"$tmp/nan1.err"
 check "one NaN gradient: step 3 skipped and logged" grep -q '"step":3,.*"skipped":true' "$tmp/nan1/metrics.jsonl"
