@@ -3637,6 +3637,16 @@ static int parse_list(const char *flag, const char *text, double *out, int max, 
     return n;
 }
 
+// An integer flag of diloco-tune in [lo, hi]; anything else (4x, 1e9, 2³² + 2) fails with one line.
+static int64_t tune_int(const char *flag, const char *text, int64_t lo, int64_t hi) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || !end || *end || end == text || v < lo || v > hi)
+        fail("diloco-tune: %s: expected an integer in [%lld, %lld], got '%s'", flag, (long long)lo, (long long)hi, text);
+    return v;
+}
+
 // Splits the tuner's own flags from the config overrides (which stay in argv, compacted).
 static tune_options parse_tune_options(int *argc, char **argv) {
     tune_options o = {};
@@ -3650,10 +3660,10 @@ static tune_options parse_tune_options(int *argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
         bool ours = true;
-        if (!strcmp(a, "--replicas") && v) o.replicas = atoi(v);
-        else if (!strcmp(a, "--inner_steps") && v) o.inner_steps = atoll(v);
-        else if (!strcmp(a, "--rounds") && v) o.rounds = atoll(v);
-        else if (!strcmp(a, "--proxy") && v) o.proxy = atoi(v) != 0;
+        if (!strcmp(a, "--replicas") && v) o.replicas = (int)tune_int(a, v, 2, 256);
+        else if (!strcmp(a, "--inner_steps") && v) o.inner_steps = tune_int(a, v, 1, 1000000);
+        else if (!strcmp(a, "--rounds") && v) o.rounds = tune_int(a, v, 2, 1000);
+        else if (!strcmp(a, "--proxy") && v) o.proxy = tune_int(a, v, 0, 1) != 0;
         else if (!strcmp(a, "--dir") && v) o.dir = v;
         else if (!strcmp(a, "--outer_lr") && v) o.n_lr = parse_list(a, v, o.lrs, 16, 0, 10);
         else if (!strcmp(a, "--outer_momentum") && v) o.n_mu = parse_list(a, v, o.mus, 16, 0, 0.999999);

@@ -55,6 +55,16 @@ else
 fi
 expect_error "init_from a missing file" "init_from: no such file" "$TRAIN_GPT" "${base[@]}" --init_from "$tmp/none.safetensors"
 
+# --- subcommands' own flags: strict numbers, in range
+expect_error "diloco-tune --replicas 4x" "diloco-tune: --replicas: expected an integer in \[2, 256\], got '4x'" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4x --inner_steps 10
+expect_error "diloco-tune --inner_steps 1e9" "diloco-tune: --inner_steps: expected an integer in \[1, 1000000\], got '1e9'" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 1e9
+expect_error "diloco-tune --proxy yes" "diloco-tune: --proxy: expected an integer in \[0, 1\], got 'yes'" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 10 --proxy yes
+expect_error "prepare --threads 100000" "\-\-threads must be an integer in \[1, 4096\], not '100000'" \
+    "$TRAIN_GPT" prepare --threads 100000 --input "$tmp/none.txt" --out_dir "$tmp/o_prep"
+
 # --- data
 expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
     "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/absent.bin" --out_dir "$tmp/o1"

@@ -181,7 +181,11 @@ static prepare_options parse_options(int argc, char **argv) {
             o.separator = parse_separator(value, &o.separator_bytes);
         } else if (strcmp(name, "seed") == 0) o.seed = parse_count(name, value, 0);
         else if (strcmp(name, "shard_tokens") == 0) o.shard_tokens = parse_count(name, value, 1);
-        else if (strcmp(name, "threads") == 0) o.threads = (int)parse_count(name, value, 1);
+        else if (strcmp(name, "threads") == 0) {
+            uint64_t threads = parse_count(name, value, 1);  // the trainer's own bound
+            if (threads > 4096) fail("--threads must be an integer in [1, 4096], not '%s'", value);
+            o.threads = (int)threads;
+        }
         else if (strcmp(name, "batch_bytes") == 0) o.batch_bytes = parse_count(name, value, 1);
         else if (strcmp(name, "val_frac") == 0) {
             char *end = NULL;
