@@ -86,6 +86,10 @@ typedef struct {
     int replica;                    // control/data: the replica's id
     int stream;                     // data: 1..streams
     uint8_t nonce_h[WIRE_NONCE_BYTES];
+    // data: the last payload segment read from this connection in round seg_round (a replica
+    // sends its segments in order on each connection, so the next one is beyond it)
+    int64_t last_seg;
+    uint64_t seg_round;
     double opened_s, closing_deadline_s;
     bool dead;                      // swept at the end of the loop iteration
 } hub_conn;
@@ -183,6 +187,7 @@ struct relay {
     uint64_t finished_fingerprint;
     // the open round
     bool round_open;
+    uint64_t round_serial;          // counts the rounds opened (hub_conn.seg_round)
     int64_t round_step, last_closed_step;
     double first_began_s;           // < 0: no contribution began yet
     bool round_sized;               // spec is fixed (by the first CONTRIBUTE)
@@ -507,11 +512,31 @@ static bool reduction_done(relay *h) {
     return true;
 }
 
-// A contributor this far ahead of the reduction is not read until the others catch up.
+// Whether a data connection's last segment of the open round is beyond the window: the next
+// one it brings is too (a replica sends its segments in order on each connection).
+static bool stream_ahead(relay *h, const hub_conn *hc) {
+    return hc->seg_round == h->round_serial && hc->last_seg >= h->reduced + WINDOW_SEGMENTS;
+}
+
+// A contributor this far ahead of the reduction is not read until the others catch up: all its
+// connections once its segments up to the window are in, and each connection that brought a
+// segment beyond the window. So the hub holds at most WINDOW_SEGMENTS + streams segments of a
+// contribution, whatever order they come in (a segment withheld does not open the window).
 static bool contributor_paused(relay *h, const hub_conn *hc) {
     if (hc->role != ROLE_DATA || !h->round_open) return false;
     const contribution *k = &h->contrib[hc->replica];
-    return k->began && !k->left && k->prefix >= h->reduced + WINDOW_SEGMENTS;
+    if (!k->began || k->left) return false;
+    return k->prefix >= h->reduced + WINDOW_SEGMENTS || stream_ahead(h, hc);
+}
+
+static bool donor_paused(relay *h, const hub_conn *hc);
+
+// Paused with the segment the reduction waits for in: held back by the hub (for the others, or
+// the receivers' backlog), not stalled. A contributor paused while its own segment is missing is
+// waiting for itself: its upload may stall out.
+static bool held_back(relay *h, const hub_conn *hc) {
+    if (donor_paused(h, hc)) return true;
+    return contributor_paused(h, hc) && h->contrib[hc->replica].prefix > h->reduced;
 }
 
 // A member from now on, expected in every round (FOLLOW narrows it after): not in the rounds a
@@ -543,7 +568,6 @@ static void send_finished(relay *h, int id) {
 }
 
 static void abort_transfer(relay *h, const char *why);
-static bool donor_paused(relay *h, const hub_conn *hc);
 static void check_round(relay *h);
 static void settle_group(relay *h);
 static void tell_evicted(relay *h, int id, int64_t step, const char *text);
@@ -904,6 +928,7 @@ static const char *open_or_check_round(relay *h, int64_t step) {
         return why;
     }
     h->round_open = true;
+    h->round_serial++;
     h->round_step = step;
     h->first_began_s = -1;
     h->round_in_bytes = h->round_out_bytes = 0;
@@ -1235,7 +1260,8 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
     try_reduce(h);
 }
 
-static void on_payload_chunk(relay *h, int id, const wire_data *d) {
+static void on_payload_chunk(relay *h, hub_conn *hc, const wire_data *d) {
+    int id = hc->replica;
     replica *r = rep(h, id);
     if (stale(h, id, d->outer_step)) return;
     if (d->owner_id != (uint32_t)id) {
@@ -1264,6 +1290,24 @@ static void on_payload_chunk(relay *h, int id, const wire_data *d) {
     k->seg[c] = b;
     while (k->prefix < k->n_segments && (k->prefix < h->reduced || k->seg[k->prefix])) k->prefix++;
     h->round_in_bytes += d->chunk_len;
+    hc->last_seg = c;
+    hc->seg_round = h->round_serial;
+    // Every connection of it has brought a segment beyond the window while the segment the
+    // reduction waits for has not come: it cannot come (each connection is in order), and the
+    // hub would hold whatever such a peer sends.
+    if (c >= h->reduced + WINDOW_SEGMENTS && k->prefix <= h->reduced) {
+        bool all = true;
+        for (int s = 1; s <= r->streams; s++) all &= r->data[s] && stream_ahead(h, r->data[s]);
+        if (all) {
+            char why[300];
+            snprintf(why, sizeof why,
+                     "sent segment %lld of round %lld before segment %lld, which the reduction waits for: more than %d "
+                     "segments ahead of the reduction on every data stream (the hub's window)",
+                     (long long)c, (long long)h->round_step, (long long)h->reduced, WINDOW_SEGMENTS);
+            drop_replica(h, id, why);
+            return;
+        }
+    }
     finish_contribution_if_whole(h, id);
     try_reduce(h);
 }
@@ -1638,13 +1682,14 @@ static void on_data_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     wire_data d;
     const char *bad = wire_decode_data(f->payload, (size_t)f->payload_bytes, &d);
     if (bad) drop_replica(h, id, bad);
-    else if (d.kind == DATA_PAYLOAD) on_payload_chunk(h, id, &d);
+    else if (d.kind == DATA_PAYLOAD) on_payload_chunk(h, hc, &d);
     else on_state_chunk(h, id, &d);
 }
 
 // Reads what the connection has (a bounded number of frames, to stay fair).
 static void read_conn(relay *h, hub_conn *hc) {
     for (int frames = 0; frames < 16 && !hc->dead && hc->role != ROLE_CLOSING; frames++) {
+        if (donor_paused(h, hc) || contributor_paused(h, hc)) return;   // the window: not one frame more
         wire_frame f;
         char err[256];
         conn_result r = conn_read(&hc->c, &f, err, sizeof err);
@@ -1777,7 +1822,7 @@ static void run_loop(relay *h) {
             hub_conn *hc = h->conns[i];
             short ev = 0;
             bool paused = donor_paused(h, hc) || contributor_paused(h, hc);
-            if (paused && hc->role == ROLE_DATA && rep(h, hc->replica)->up.started)
+            if (paused && held_back(h, hc) && rep(h, hc->replica)->up.started)
                 rep(h, hc->replica)->up.last_progress_s = wall_seconds();   // held back by us, not stalled
             if (hc->role != ROLE_CLOSING && !paused) ev |= POLLIN;
             if (hc->c.out_head) ev |= POLLOUT;

@@ -263,6 +263,39 @@ def scenario_poisoned_by_chunk(port, secret):
     return None
 
 
+SMALL = 1024           # values per segment for the window's scenarios (1056 bytes)
+MANY = 64 * SMALL      # 64 segments: 4 windows
+
+
+def scenario_window_bypass(port, secret):
+    # Replica 0 withholds segment 0 and sends segments 1 .. 63 (the window counted only the
+    # segments in order, so the hub kept every one): once it is a window ahead of the reduction
+    # on its one data stream it is dropped; replica 1's round closes.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    a.contribute(0, MANY, SMALL)
+    b.contribute(0, MANY, SMALL)
+    a.upload(0, MANY, SMALL, order=range(1, 64))
+    b.upload(0, MANY, SMALL)
+    err = closes_with(b, [1], others=[a])
+    if err:
+        return err
+    if not a.wait(lambda: a.ctl.closed, 10):
+        return "replica 0 is still connected"
+    return None
+
+
+def scenario_window_reorder(port, secret):
+    # Two data streams, each in order, but stream 2 far ahead of stream 1 (all odd segments
+    # first, then the even ones): a replica's segments may come in any order across its streams;
+    # the hub stops reading the stream that is ahead and takes the rest. The round closes.
+    a = Replica(port, secret, 0, streams=2)
+    a.join()
+    a.contribute(0, MANY, SMALL)
+    a.upload(0, MANY, SMALL, order=list(range(1, 64, 2)) + list(range(0, 64, 2)), stream_of=lambda c: 1 - c % 2)
+    return closes_with(a, [0])
+
+
 def main():
     name, port, secret_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     secret = open(secret_file, "rb").read().rstrip()

@@ -7,6 +7,9 @@
 #   poisoned_round     a CONTRIBUTE refused for sizes that disagree with its encoding does not
 #                      fix the round's size (the honest replica was evicted next)
 #   poisoned_by_chunk  nor does a chunk of another size that comes before any CONTRIBUTE
+#   window_bypass      a contributor that withholds segment 0 and sends 1 .. 63 is dropped once
+#                      a window ahead (the hub kept every segment: the window counted the prefix)
+#   window_reorder     while two streams in order, one far ahead of the other, are fine
 source "$(dirname "$0")/lib.sh"
 tmp_with_processes
 make_secret "$tmp/secret"
@@ -53,5 +56,12 @@ check "poisoned_round: replica 1 not evicted" sh -c "! grep -q 'replica 1 .* evi
 run_scenario poisoned_by_chunk
 check "poisoned_by_chunk: replica 0 evicted for its chunk's size" \
     in_log poisoned_by_chunk "replica 0 .* evicted: its payload for step 0 is .* but the round's first CONTRIBUTE says"
+
+run_scenario window_bypass
+check "window_bypass: one line drops replica 0 at the window" \
+    in_log window_bypass "replica 0 .* dropped: sent segment 16 of round 0 before segment 0"
+
+run_scenario window_reorder
+check "window_reorder: nobody dropped" sh -c "! grep -q 'dropped: sent segment' '$tmp/relay_window_reorder.log'"
 
 finish test_relay_peers
