@@ -2742,6 +2742,9 @@ static void convert_data_position(trainer *tr) {
     int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
     tr->state.data_world = now;
     if (was == now && was_batch == batch) return;
+    if (tr->state.data.index > INT64_MAX / was / was_batch)
+        fail("resume: the checkpoint's data position (%lld micro-batches of %lld x %lld rows) is out of range",
+             (long long)tr->state.data.index, (long long)was, (long long)was_batch);
     int64_t rows = tr->state.data.index * was * was_batch, per = now * batch, index = (rows + per - 1) / per;
     if (tr->rank == 0)
         note("resume: the data position of %lld process(es) x %lld rows (%lld micro-batches each, %lld rows of the "

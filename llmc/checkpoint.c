@@ -553,11 +553,13 @@ typedef struct {
     int64_t *field;
 } int_field;
 
-// Each field from the non-negative integer at its key of root; false naming the first that is not.
+// Each field from the integer in [0, 2⁵³] at its key of root (a count no run reaches beyond, and
+// far enough from int64's end that the arithmetic on it cannot overflow); false naming the
+// first that is not.
 static bool read_int_fields(const json_value *root, const int_field *f, size_t n, char *why, size_t why_bytes) {
     for (size_t i = 0; i < n; i++) {
         const json_value *v = json_get(root, f[i].key);
-        if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0) {
+        if (!v || v->type != JSON_NUMBER || !v->is_integer || v->integer < 0 || v->integer > ((int64_t)1 << 53)) {
             snprintf(why, why_bytes, "state.json: bad or missing '%s'", f[i].key);
             return false;
         }
@@ -577,7 +579,7 @@ static void read_window(const json_value *root, data_window *w) {
         *fields[i] = v->integer;
     }
     const json_value *shuffle = json_get(root, "shuffle");
-    if (!shuffle || shuffle->type != JSON_BOOL || w->batch_size < 1) {
+    if (!shuffle || shuffle->type != JSON_BOOL || w->batch_size < 1 || w->batch_size > (1 << 20)) {
         w->batch_size = 0;
         return;
     }
@@ -589,6 +591,11 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
                                 {"data_epoch", &s->data.epoch}, {"data_index", &s->data.index},
                                 {"bad_steps", &s->bad_steps}, {"tokens_seen", &s->tokens_seen}};
     if (!read_int_fields(root, fields, sizeof fields / sizeof fields[0], why, why_bytes)) return false;
+    if (s->data.epoch > ((int64_t)1 << 31) || s->data.index > ((int64_t)1 << 40)) {  // × batches or rows per epoch
+        snprintf(why, why_bytes, "state.json: data_epoch %lld / data_index %lld out of range", (long long)s->data.epoch,
+                 (long long)s->data.index);
+        return false;
+    }
     // Absent in checkpoints written before DiLoCo existed.
     const json_value *outer = json_get(root, "outer_step");
     s->outer_step = outer && outer->type == JSON_NUMBER && outer->is_integer && outer->integer >= 0 ? outer->integer : 0;
@@ -599,6 +606,10 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     s->data_world = data_world && data_world->type == JSON_NUMBER && data_world->is_integer && data_world->integer > 0
                         ? data_world->integer
                         : 0;
+    if (s->data_world > (1 << 24)) {
+        snprintf(why, why_bytes, "state.json: data_world %lld out of range", (long long)s->data_world);
+        return false;
+    }
     const json_value *rollbacks = json_get(root, "rollbacks");  // absent: none
     s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
                        ? rollbacks->integer
@@ -699,6 +710,15 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
         return false;
     }
+    if (!all_finite(b->exp_avg, n) || !all_finite(b->exp_avg_sq, n)) {
+        snprintf(why, why_bytes, "the AdamW moments hold NaN/Inf");
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (b->exp_avg_sq[i] < 0.0f) {
+            snprintf(why, why_bytes, "the AdamW second moment holds a negative value (%g)", (double)b->exp_avg_sq[i]);
+            return false;
+        }
     if (!b->outer_theta) return true;
     if (!has_outer) {
         note("'%s' has no DiLoCo outer state: θ starts from its weights, with zero momentum", dir);
