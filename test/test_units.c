@@ -362,6 +362,24 @@ static void test_safetensors(void) {
     close(fd);
     EXPECT(!safetensors_open(path, &f, why, sizeof why) && strstr(why, "header length"), "huge header length: %s",
            why);
+    // Hand-written headers (8 bytes of length, the JSON, then the data): a name twice at
+    // disjoint offsets, and a shape whose product wraps int64 (2⁴⁰ · 2⁴⁰) without the check.
+    const char *headers[2][2] = {
+        {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"x\" :{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         "appears twice"},
+        {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,8]}}",
+         "implausibly large"}};
+    for (int h = 0; h < 2; h++) {
+        fd = open(path, O_WRONLY | O_TRUNC);
+        uint64_t len = strlen(headers[h][0]);
+        float data[2] = {1, 2};
+        write(fd, &len, 8);
+        write(fd, headers[h][0], len);
+        write(fd, data, sizeof data);
+        close(fd);
+        EXPECT(!safetensors_open(path, &f, why, sizeof why) && strstr(why, headers[h][1]), "%s: %s", headers[h][1], why);
+    }
 }
 
 static void test_checkpoints(void) {
