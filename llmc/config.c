@@ -390,6 +390,18 @@ void config_finish(train_config *cfg) {
     RULE(m->doc_token < m->vocab_size, "doc_token", "%lld is not below vocab_size %lld", (long long)m->doc_token,
          (long long)m->vocab_size);
     RULE(m->norm_eps > 0, "norm_eps", "must be > 0");
+    // Each key is within its range, but their products need not be: bound the model (2⁴⁴
+    // parameters, ~70 times the largest dense models trained) and a micro-batch's activations
+    // (2⁴⁸ values) so that every size the planner and the backends compute fits int64.
+    double C = (double)m->d_model, QD = (double)m->n_head * (double)m->head_dim,
+           KD = (double)m->n_kv_head * (double)m->head_dim, F = (double)m->d_ff, L = (double)m->n_layer;
+    double params = (double)m->vocab_size * C * 2 + L * (2 * C * QD + 2 * C * KD + 3 * C * F + 2 * C);
+    RULE(params <= 0x1p44, "d_model", "the model would have %.3g parameters: more than 2^44 (check d_model, d_ff, "
+         "n_layer, vocab_size)", params);
+    double rows = (double)cfg->batch_size * (double)m->seq_len;
+    double acts = rows * L * (3 * C + 3 * QD + 3 * KD + 3 * F + 2 * (double)m->n_head) + rows * (double)m->vocab_size;
+    RULE(acts <= 0x1p48, "batch_size", "a micro-batch of %lld x %lld tokens would hold %.3g activation values: more "
+         "than 2^48 (lower batch_size or seq_len)", (long long)cfg->batch_size, (long long)m->seq_len, acts);
     RULE(cfg->warmup_steps <= cfg->max_steps, "warmup_steps", "%lld is more than max_steps %lld",
          (long long)cfg->warmup_steps, (long long)cfg->max_steps);
     RULE(cfg->lr > 0, "lr", "must be > 0");

@@ -55,6 +55,13 @@ else
 fi
 expect_error "init_from a missing file" "init_from: no such file" "$TRAIN_GPT" "${base[@]}" --init_from "$tmp/none.safetensors"
 
+# Keys each in range whose products are not (the planner overflowed int64 and printed a
+# negative size; a 10¹⁶-parameter model made it plan for minutes).
+expect_error "a micro-batch beyond 2^48 activation values" "would hold 2.77e+19 activation values" \
+    "$TRAIN_GPT" plan "${base[@]}" --batch_size 1048576 --seq_len 4194304 --d_model 1048576 --head_dim 2
+expect_error "a model beyond 2^44 parameters" "the model would have 1.69e+16 parameters" \
+    "$TRAIN_GPT" plan "${base[@]}" --n_layer 1024 --d_model 1048576 --d_ff 4194304
+
 # --- subcommands' own flags: strict numbers, in range
 expect_error "diloco-tune --replicas 4x" "diloco-tune: --replicas: expected an integer in \[2, 256\], got '4x'" \
     "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4x --inner_steps 10
