@@ -2819,6 +2819,15 @@ static bool restore_or_init(trainer *tr) {
     }
     if (from) {
         note("resuming from '%s' at step %lld", from, (long long)tr->state.step);
+        int64_t was_max = tr->state.saved_max_steps, at = tr->state.step;
+        if (was_max > 0 && was_max != cfg->max_steps && tr->rank == 0) {
+            train_config then = *cfg;
+            then.max_steps = was_max;
+            warn("resume: max_steps was %lld when saved, now %lld: the learning-rate schedule is the new run's (at step "
+                 "%lld the lr is %.3g, it was %.3g%s)",
+                 (long long)was_max, (long long)cfg->max_steps, (long long)at, lr_at_step(cfg, at),
+                 lr_at_step(&then, at), at >= was_max ? ": the saved run had finished" : "");
+        }
         convert_data_position(tr);
         dataloader_seek(tr->train, tr->state.data);
         strbuf extra = {};

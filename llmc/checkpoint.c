@@ -568,6 +568,8 @@ static bool read_int_fields(const json_value *root, const int_field *f, size_t n
     return true;
 }
 
+static bool config_text_value(const char *text, const char *key, char *out, size_t out_bytes);
+
 // The loader's keys a save wrote beside the position; batch_size 0 where they are not all there.
 static void read_window(const json_value *root, data_window *w) {
     const char *keys[3] = {"batch_size", "seq_len", "seed"};
@@ -624,6 +626,11 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
         return false;
     }
     read_window(root, &s->window);
+    const json_value *config = json_get(root, "config");
+    char max_steps[32];
+    s->saved_max_steps = 0;
+    if (config && config->type == JSON_STRING && config_text_value(config->string, "max_steps", max_steps, sizeof max_steps))
+        s->saved_max_steps = strtoll(max_steps, NULL, 10) > 0 ? strtoll(max_steps, NULL, 10) : 0;
     return true;
 }
 

@@ -32,6 +32,7 @@ typedef struct {
     data_position data;    // train loader position after the last step
     int64_t data_world;    // processes the data was split over when saved (0: not recorded)
     data_window window;    // read from a checkpoint only: a save writes the run's own keys
+    int64_t saved_max_steps;  // read from a checkpoint only: its config's max_steps (0: not recorded)
     int64_t bad_steps;     // consecutive skipped steps (NaN/Inf or spikes) so far
     int64_t norm_spikes;   // of them, the last ones in a row skipped for a shifted gradient norm
                            // alone (spike_norm_shift): max_bad_steps − 1 of them accept a shift

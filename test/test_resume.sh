@@ -139,4 +139,10 @@ if [ "$HAVE_MPI" = 1 ]; then
 else
     say "  skip the np 2 resume: no MPI in this build"
 fi
+# 9. A resume with another max_steps says that the schedule changed (a finished run extended
+# goes back up to the new schedule's lr).
+cp -r "$tmp/straight" "$tmp/extended"
+run "$tmp/extended" --max_steps 24 >"$tmp/extended.log" 2>&1
+check "max_steps 20 -> 24 on resume: a warning names both and the saved run as finished" \
+    grep -q "resume: max_steps was 20 when saved, now 24: .*the saved run had finished" "$tmp/extended.log"
 finish test_resume
