@@ -157,6 +157,10 @@ typedef struct {
     transfer up;                    // its contribution to the open round (which chunks came)
     pending *queue_head, *queue_tail;
     uint64_t queued_bytes;
+    // the way down: when its data connections last took a byte of what the hub has for it (or
+    // it had nothing waiting), and their byte count then
+    double down_progress_s;
+    uint64_t down_tx_seen;
     double next_heartbeat_s;
 } replica;
 
@@ -325,7 +329,10 @@ static replica *rep(relay *h, int id) { return &h->reps[id]; }
 static bool several_hubs(const relay *h) { return h->order_set && h->hubs > 1; }
 static int64_t step_of(int64_t round) { return round / HUB_ROUNDS_PER_STEP; }
 
+static uint64_t backlog_bytes(const replica *r);
+
 static void queue_data(replica *r, const wire_data *d, const uint8_t *bulk, blob *ref) {
+    if (backlog_bytes(r) == 0) r->down_progress_s = wall_seconds();   // the way down's clock starts
     pending *p = xcalloc(1, sizeof *p);
     wire_encode_data_head(d, p->head);
     p->bulk = bulk;
@@ -1748,6 +1755,21 @@ static void housekeeping(relay *h) {
         if (silent > h->o.timeout_s) {
             char why[96];
             snprintf(why, sizeof why, "silent for %.1f s (no heartbeat)", silent);
+            drop_replica(h, id, why);
+            continue;
+        }
+        // A receiver that takes nothing of the mean (or of a state) for timeout_s: the reduction
+        // waits on its backlog (and a donor on a joiner's), so it would hold everyone.
+        uint64_t backlog = backlog_bytes(r), tx = 0;
+        for (int s = 1; s <= r->streams; s++)
+            if (r->data[s]) tx += r->data[s]->c.bytes_tx;
+        if (backlog == 0 || tx != r->down_tx_seen) {
+            r->down_tx_seen = tx;
+            r->down_progress_s = now;
+        } else if (now - r->down_progress_s > h->o.timeout_s) {
+            char why[160], b[32];
+            snprintf(why, sizeof why, "its data streams took nothing of what the hub sends it for %.1f s (%s waiting)",
+                     now - r->down_progress_s, fmt_bytes(backlog, b, sizeof b));
             drop_replica(h, id, why);
             continue;
         }

@@ -12,6 +12,7 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 
 VERSION = 6
@@ -294,6 +295,42 @@ def scenario_window_reorder(port, secret):
     a.contribute(0, MANY, SMALL)
     a.upload(0, MANY, SMALL, order=list(range(1, 64, 2)) + list(range(0, 64, 2)), stream_of=lambda c: 1 - c % 2)
     return closes_with(a, [0])
+
+
+def quietly(fn, *args):
+    """fn(*args) in a thread whose connection the hub may close."""
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def scenario_nonreader(port, secret):
+    # Replica 1 uploads, keeps its heartbeats going, and never reads its data connection (a small
+    # receive buffer): the reduction waits on its backlog. It is dropped timeout_s later, and
+    # replica 0 gets ROUND and the whole mean. The mean (17 MiB) is larger than what the sockets
+    # between them can hold.
+    seg, n = 262144, 64
+    values = seg * n
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1, rcvbuf=4096)
+    a.join(), b.join()
+    b.reading = False
+    for r in (a, b):
+        r.contribute(0, values, seg)
+    # Uploads from threads: the hub stops reading them (the window) while the reduction waits.
+    ups = [threading.Thread(target=quietly, args=(r.upload, 0, values, seg), daemon=True) for r in (a, b)]
+    for t in ups:
+        t.start()
+    ok = a.wait(lambda: ROUND in a.got, 20, [b])
+    if not ok:
+        return "replica 0 got no ROUND within 20 s (%d of %d bytes of the mean)" % (a.mean_bytes,
+                                                                                 segmented_bytes(values, seg))
+    if 0 not in round_ids(a.got[ROUND][0]):
+        return "ROUND does not name replica 0"
+    mean = segmented_bytes(values, seg)
+    if not a.wait(lambda: a.mean_bytes == mean, 10):
+        return "replica 0 has %d of the mean's %d bytes" % (a.mean_bytes, mean)
+    return None
 
 
 def main():

@@ -10,6 +10,8 @@
 #   window_bypass      a contributor that withholds segment 0 and sends 1 .. 63 is dropped once
 #                      a window ahead (the hub kept every segment: the window counted the prefix)
 #   window_reorder     while two streams in order, one far ahead of the other, are fine
+#   nonreader          a receiver that reads none of the mean is dropped timeout_s later and
+#                      the others' round closes (it stalled forever, without a line)
 source "$(dirname "$0")/lib.sh"
 tmp_with_processes
 make_secret "$tmp/secret"
@@ -29,7 +31,8 @@ run_scenario() {
         kill -0 "$relay" 2>/dev/null || { cat "$tmp/relay_$name.log"; die "$name: the relay did not start"; }
         sleep 0.05
     done
-    "$PYTHON" "$PEERS" "$name" "$port" "$tmp/secret" >"$tmp/$name.out" 2>&1 || rc=$?
+    RELAY_PID=$relay RELAY_LOG="$tmp/relay_$name.log" "$PYTHON" "$PEERS" "$name" "$port" "$tmp/secret" \
+        >"$tmp/$name.out" 2>&1 || rc=$?
     check "$name: $(tail -n 1 "$tmp/$name.out")" [ "$rc" -eq 0 ]
     check "$name: the relay is still running" kill -0 "$relay"
     kill "$relay" 2>/dev/null || true
@@ -63,5 +66,9 @@ check "window_bypass: one line drops replica 0 at the window" \
 
 run_scenario window_reorder
 check "window_reorder: nobody dropped" sh -c "! grep -q 'dropped: sent segment' '$tmp/relay_window_reorder.log'"
+
+run_scenario nonreader
+check "nonreader: one line drops replica 1" \
+    in_log nonreader "replica 1 .* dropped: its data streams took nothing of what the hub sends it for"
 
 finish test_relay_peers
