@@ -62,6 +62,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -170,6 +171,13 @@ struct relay {
     FILE *log;
     double t0, heartbeat_s;
     int listen_fd, port;
+    // Out of file descriptors (accept: EMFILE): a descriptor kept in reserve is given up to
+    // accept and close the next connection (so that it does not wait in the backlog, keeping the
+    // listener readable: a busy loop); without one the listener is not polled for a moment.
+    int reserve_fd;
+    double listen_paused_until_s;
+    double fd_warned_s;             // the last warning (one per 10 s)
+    uint64_t fd_refused;            // connections refused since
     int wake[2];                    // a byte here wakes the loop (stop)
     atomic_bool stop;
     atomic_int sessions;            // replicas connected (for relay_wait_until_empty)
@@ -1795,11 +1803,47 @@ static void housekeeping(relay *h) {
 }
 
 // ---------------------------------------------------------------- the loop
+// accept failed for want of descriptors or memory: the connection waiting is refused (closed at
+// once, through the reserve descriptor), or, without a reserve, the listener rests 0.25 s. One
+// line per 10 s says so.
+static void out_of_descriptors(relay *h, int err) {
+    double now = wall_seconds();
+    char peer[96] = "";
+    bool refused = false;
+    if (h->reserve_fd >= 0) {
+        close(h->reserve_fd);
+        h->reserve_fd = -1;
+        int fd = net_accept(h->listen_fd, peer, sizeof peer);
+        if (fd >= 0) {
+            close(fd);
+            refused = true;
+        }
+        h->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (!refused || h->reserve_fd < 0) h->listen_paused_until_s = now + 0.25;
+    h->fd_refused += refused;
+    if (now - h->fd_warned_s < 10.0) return;
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    hub_log(h, "out of file descriptors (accept: %s; %d connections open, open-file limit %llu): new connections "
+               "are refused%s%s (%llu so far) until some close; raise the limit (ulimit -n, or the hard limit: "
+               "ulimit -Hn) for M replicas × (1 + diloco_streams) connections",
+            strerror(err), h->n_conns, (unsigned long long)rl.rlim_cur, refused ? ", the last from " : "",
+            refused ? peer : "", (unsigned long long)h->fd_refused);
+    h->fd_warned_s = now;
+}
+
 static void accept_all(relay *h) {
     for (;;) {
         char peer[96];
         int fd = net_accept(h->listen_fd, peer, sizeof peer);
-        if (fd < 0) return;
+        if (fd < 0) {
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED) continue;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) out_of_descriptors(h, err);
+            else if (err != EAGAIN && err != EWOULDBLOCK) h->listen_paused_until_s = wall_seconds() + 0.25;
+            return;
+        }
         int handshakes = 0;
         for (int i = 0; i < h->n_conns; i++) handshakes += h->conns[i]->role == ROLE_HANDSHAKE;
         if (h->n_conns >= MAX_CONNS || handshakes >= MAX_HANDSHAKES) {
@@ -1838,7 +1882,9 @@ static void run_loop(relay *h) {
             cap = n * 2;
             fds = xrealloc(fds, (size_t)cap * sizeof *fds);
         }
-        fds[0] = (struct pollfd){.fd = h->listen_fd, .events = POLLIN};
+        // A negative fd is skipped by poll: the listener rests (out of descriptors).
+        bool listening = wall_seconds() >= h->listen_paused_until_s;
+        fds[0] = (struct pollfd){.fd = listening ? h->listen_fd : -1, .events = POLLIN};
         fds[1] = (struct pollfd){.fd = h->wake[0], .events = POLLIN};
         for (int i = 0; i < h->n_conns; i++) {
             hub_conn *hc = h->conns[i];
@@ -1868,7 +1914,7 @@ static void run_loop(relay *h) {
                 if (!hc->dead && (re & (POLLIN | POLLHUP | POLLERR))) read_conn(h, hc);
                 if (!hc->dead && (re & POLLOUT)) write_conn(h, hc);
             }
-            if (fds[0].revents & POLLIN) accept_all(h);
+            if (listening && (fds[0].revents & POLLIN)) accept_all(h);
         }
         // New frames were queued while reading: send what the sockets take now.
         for (int id = 0; id < WIRE_MAX_REPLICAS; id++)
@@ -1908,6 +1954,8 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
     h->listen_fd = fd;
     h->port = net_local_port(fd);
+    h->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    h->fd_warned_s = -1e9;
     h->donor = -1;
     h->follow_from = -1;
     h->last_closed_step = -1;
@@ -1934,6 +1982,7 @@ static void relay_destroy(relay *h) {
     sweep_conns(h);
     free(h->conns);
     close(h->listen_fd);
+    if (h->reserve_fd >= 0) close(h->reserve_fd);
     close(h->wake[0]);
     close(h->wake[1]);
     memset(h->secret, 0, h->o.secret_bytes);
@@ -2050,6 +2099,28 @@ static relay **start_shard_hubs(const relay_options *o, int shards, char ***name
     return hubs;
 }
 
+// Every connection is a descriptor: the soft limit (often 1024) goes up to what a hub may hold
+// (MAX_CONNS per shard), within the hard one, and the start-up says so, or that the hard limit is
+// lower (then accept fails with EMFILE and out_of_descriptors refuses the excess).
+static void raise_open_file_limit(relay *h, int shards) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    rlim_t need = (rlim_t)shards * (MAX_CONNS + 16) + 64, was = rl.rlim_cur;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+        if (rl.rlim_cur > was && setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            hub_log(h, "open files: soft limit raised from %llu to %llu (RLIMIT_NOFILE; a hub holds up to %d "
+                       "connections)",
+                    (unsigned long long)was, (unsigned long long)rl.rlim_cur, MAX_CONNS);
+        else rl.rlim_cur = was;
+    }
+    if (rl.rlim_cur < need)
+        hub_log(h, "open files: the limit is %llu (hard %llu): about %llu connections in all, each replica takes 1 + "
+                   "diloco_streams per shard; raise it (ulimit -Hn) for more",
+                (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                (unsigned long long)(rl.rlim_cur > (rlim_t)(16 * shards) ? rl.rlim_cur - 16 * shards : 0));
+}
+
 int relay_main(int argc, char **argv) {
     relay_options o = {.timeout_s = 60, .min_replicas = 1};
     const char *secret_path = NULL;
@@ -2103,6 +2174,7 @@ int relay_main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     hub_log(h, "listening on %s (port %d), timeout %.1f s, min_replicas %d%s", o.listen, h->port, h->o.timeout_s,
             h->o.min_replicas, o.replicas ? "" : ", any replica id");
+    raise_open_file_limit(h, shards);
     one_thread();
     run_loop(h);
     hub_log(h, "stopping (signal)");

@@ -12,6 +12,8 @@
 #   window_reorder     while two streams in order, one far ahead of the other, are fine
 #   nonreader          a receiver that reads none of the mean is dropped timeout_s later and
 #                      the others' round closes (it stalled forever, without a line)
+#   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
+#                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
 tmp_with_processes
 make_secret "$tmp/secret"
@@ -70,5 +72,14 @@ check "window_reorder: nobody dropped" sh -c "! grep -q 'dropped: sent segment' 
 run_scenario nonreader
 check "nonreader: one line drops replica 1" \
     in_log nonreader "replica 1 .* dropped: its data streams took nothing of what the hub sends it for"
+
+if command -v prlimit >/dev/null; then
+    run_scenario emfile prlimit --nofile=40:40
+    check "emfile: the start-up names the low limit" in_log emfile "open files: the limit is 40"
+    check "emfile: one warning line, not one per connection" \
+        test "$(grep -c 'out of file descriptors' "$tmp/relay_emfile.log")" -le 2
+else
+    say "  skip emfile (no prlimit)"
+fi
 
 finish test_relay_peers
