@@ -29,6 +29,7 @@
 #ifndef TRAIN_GPT_TRANSPORT_H
 #define TRAIN_GPT_TRANSPORT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,6 +64,10 @@ typedef struct {
     // transport_exchange runs on a second thread while the main thread may call
     // transport_agree_stop (streaming DiLoCo with diloco_overlap_steps > 0).
     bool threaded;
+    // tcp: the caller's stop request (its signal handler's flag; NULL: none). A join waiting for
+    // the hub (a quorum, a donor's state) returns JOIN_STOPPED within 0.2 s of it becoming
+    // non-zero, so that the caller can stop as documented (checkpoint, LEAVE, exit 0).
+    const volatile sig_atomic_t *stop;
 } transport_options;
 
 // What a replica says about itself when it (re)joins the group.
@@ -76,6 +81,8 @@ typedef enum {
     JOIN_GOT_STATE = 2,         // out of sync: *state now holds a donor's state (see below)
     JOIN_FINISHED = 3,          // tcp: the group has no members and a replica left having finished
                                 // the run (the transport says which and when): nothing to join
+    JOIN_STOPPED = 4,           // tcp: *options.stop was set while the join waited: not joined (no
+                                // state taken); the caller stops (transport_leave says goodbye)
 } join_result;
 
 // How a payload is encoded, and how its mean comes back (the hub must decode, average and

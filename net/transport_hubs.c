@@ -243,7 +243,7 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         if (tcp_hub_join(x->h[p].t, s, state, state_capacity, state_bytes, &result, &state_round)) break;
         mark_dead(x, &x->h[p], "while joining");
     }
-    if (result == JOIN_FINISHED) return result;   // the run is over: nothing to follow
+    if (result == JOIN_FINISHED || result == JOIN_STOPPED) return result;   // nothing to follow
     int64_t step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
     replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
     follow_others(x, p, &now, step * ROUNDS_PER_STEP);

@@ -669,9 +669,14 @@ static const char *dead_reason(tcp *t) {
 }
 
 // ---------------------------------------------------------------- join
+static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
+
+// Joined, or the caller asked to stop (transport_options.stop: a signal while the hub holds the
+// join for a quorum or a state).
 static bool join_done(tcp *t) {
     if (t->joined == JOINED_MEMBER || t->joined == JOINED_FINISHED) return true;
-    return t->state_started && t->state_received == t->state_total;
+    if (t->state_started && t->state_received == t->state_total) return true;
+    return stop_requested(t);
 }
 
 // Joins through tcp_hub_join (below), reconnecting after a lost hub until the join lands.
@@ -1018,6 +1023,12 @@ bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t st
     }
     if (t->joined == JOINED_FINISHED) {
         *result = JOIN_FINISHED;
+        return true;
+    }
+    bool got_state = t->state_started && t->state_received == t->state_total;
+    if (t->joined != JOINED_MEMBER && !got_state) {   // stop_requested: not joined
+        note("diloco: replica %d stops while its join waits for the hub at %s", t->o.replica_id, t->hub);
+        *result = JOIN_STOPPED;
         return true;
     }
     t->member = true;

@@ -25,6 +25,8 @@
 //              SIGCONT it finds itself evicted, rejoins through a state transfer, contributes
 //   late       a replica alive but late for a round: evicted timeout_s after the first
 //              contribution began, rejoins
+//   stopjoin   SIGTERM while the hub holds a replica's join (a quorum that never comes): the
+//              join returns JOIN_STOPPED (transport_options.stop), the replica leaves, exit 0
 //   slowread   a replica slow to read its rounds among fast ones: every round is exact on
 //              every replica (the reduction waits for its backlog)
 //   cutthrough the hub reduces segments as they arrive: a replica receives the first segment
@@ -1968,6 +1970,53 @@ static int relay_child(char **argv, int argc, char *err, size_t err_bytes) {
     return rc;
 }
 
+// stopjoin: a replica whose join the hub holds (a quorum of 2 that never comes) gets SIGTERM: its
+// join returns JOIN_STOPPED (transport_options.stop, the caller's signal flag), it says LEAVE and
+// exits 0. The join ignored the signal: only SIGKILL ended the process.
+static volatile sig_atomic_t stopjoin_flag = 0;
+static void stopjoin_on_term(int sig) { stopjoin_flag = sig; }
+
+static void test_stop_in_join(void) {
+    static scenario s;
+    open_reports(&s, "stopjoin");
+    start_hub(&s, NULL);
+    char err_path[400];
+    snprintf(err_path, sizeof err_path, "%s/stopjoin_R0.err", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        redirect(2, err_path);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = stopjoin_on_term;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGTERM, &sa, NULL);
+        transport_options o = {.replica_id = 0, .replicas = 2, .min_replicas = 2, .timeout_s = TIMEOUT_S,
+                               .connect_timeout_s = 10, .rendezvous = s.hub_addr, .streams = 1,
+                               .secret = (const uint8_t *)SECRET, .secret_bytes = strlen(SECRET),
+                               .run_fingerprint = FINGERPRINT, .stop = &stopjoin_flag};
+        transport *t = transport_tcp_open(&o);
+        replica_status st = {0, status_hash(0)};
+        uint8_t state[64];
+        size_t got = 0;
+        join_result r = transport_join(t, &st, state, sizeof state, &got);
+        transport_leave(t, 0, false);
+        _exit(r == JOIN_STOPPED && stopjoin_flag == SIGTERM ? 0 : 3);
+    }
+    s.pids[s.n_pids++] = pid;
+    EXPECT(await_file(s.hub_log, "founds the group", 10), "stopjoin: the replica's join is held for the quorum");
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid, 5);
+    EXPECT(rc == 0, "stopjoin: SIGTERM in the join: it returns JOIN_STOPPED and the replica exits 0 (rc %d; -1: still "
+                    "running 5 s later)",
+           rc);
+    EXPECT(await_file(s.hub_log, "left (goodbye)", 5), "stopjoin: it says goodbye to the hub");
+    EXPECT(file_has(err_path, "stops while its join waits"), "stopjoin: the replica says why it stops");
+    stop_hub(&s);
+    finish(&s);
+}
+
 static void test_cli(void) {
     char err[2048];
     char *no_listen[] = {"relay", "--secret_file", secret_path};
@@ -2014,7 +2063,7 @@ int main(int argc, char **argv) {
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
-                 {"hubs3", test_hubs_three}};
+                 {"hubs3", test_hubs_three}, {"stopjoin", test_stop_in_join}};
     bool known = only == NULL;
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
     if (!known) {
