@@ -1844,12 +1844,28 @@ static void accept_all(relay *h) {
             else if (err != EAGAIN && err != EWOULDBLOCK) h->listen_paused_until_s = wall_seconds() + 0.25;
             return;
         }
+        // At most MAX_HANDSHAKES in the handshake: a new connection takes the place of the oldest.
+        // Connections that never speak (no secret needed) then cannot keep a replica out for
+        // timeout_s: a replica's handshake takes a round trip, and only a flood of
+        // MAX_HANDSHAKES connections within it pushes it out.
         int handshakes = 0;
-        for (int i = 0; i < h->n_conns; i++) handshakes += h->conns[i]->role == ROLE_HANDSHAKE;
-        if (h->n_conns >= MAX_CONNS || handshakes >= MAX_HANDSHAKES) {
+        hub_conn *oldest = NULL;
+        for (int i = 0; i < h->n_conns; i++) {
+            hub_conn *hc = h->conns[i];
+            if (hc->dead || hc->role != ROLE_HANDSHAKE) continue;
+            handshakes++;
+            if (!oldest || hc->opened_s < oldest->opened_s) oldest = hc;
+        }
+        if (h->n_conns >= MAX_CONNS) {
             hub_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, h->n_conns, handshakes);
             close(fd);
             continue;
+        }
+        if (handshakes >= MAX_HANDSHAKES && oldest) {
+            hub_log(h, "cut off %s: not authenticated after %.1f s, the oldest of %d connections in the handshake "
+                       "(%s takes its place)",
+                    oldest->c.peer, wall_seconds() - oldest->opened_s, handshakes, peer);
+            oldest->dead = true;
         }
         hub_conn *hc = add_conn(h, fd, peer);
         hc->c.allowed_rx = CONN_ALLOW(WIRE_AUTH);

@@ -372,6 +372,34 @@ def scenario_emfile(port, secret):
     return None
 
 
+def scenario_handshake_flood(port, secret):
+    # 300 connections that never speak (no secret needed) fill the 128 places in the handshake
+    # and are kept for timeout_s: a replica could not connect meanwhile ("too many connections"),
+    # and opened again every timeout_s they kept replicas out for good. Each new connection now
+    # takes the place of the oldest: the replica gets in at once.
+    log = os.environ["RELAY_LOG"]
+    silent = []
+    for _ in range(300):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        silent.append(s)
+    deadline = time.time() + 10
+    while open(log).read().count("\n") < 150:   # the hub has taken (and cut off) most of them
+        if time.time() > deadline:
+            return "the hub logged nothing about the silent connections within 10 s"
+        time.sleep(0.05)
+    t0 = time.time()
+    try:
+        a = Replica(port, secret, 0)
+    except (Closed, OSError, TimeoutError) as e:
+        return "the replica could not connect while the silent connections were held: %r" % e
+    if time.time() - t0 > 2.0:
+        return "the replica took %.1f s to connect" % (time.time() - t0)
+    a.join()
+    return None
+
+
 def main():
     name, port, secret_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     secret = open(secret_file, "rb").read().rstrip()

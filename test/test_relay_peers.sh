@@ -12,6 +12,9 @@
 #   window_reorder     while two streams in order, one far ahead of the other, are fine
 #   nonreader          a receiver that reads none of the mean is dropped timeout_s later and
 #                      the others' round closes (it stalled forever, without a line)
+#   handshake_flood    300 connections that never speak do not keep a replica out: a new one
+#                      takes the place of the oldest in the handshake (it was refused until
+#                      the silent ones timed out)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -72,6 +75,9 @@ check "window_reorder: nobody dropped" sh -c "! grep -q 'dropped: sent segment' 
 run_scenario nonreader
 check "nonreader: one line drops replica 1" \
     in_log nonreader "replica 1 .* dropped: its data streams took nothing of what the hub sends it for"
+
+run_scenario handshake_flood
+check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
 
 if command -v prlimit >/dev/null; then
     run_scenario emfile prlimit --nofile=40:40
