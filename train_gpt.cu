@@ -2723,13 +2723,15 @@ static void check_copies_agree(trainer *tr) {
              (long long)tr->state.step, (int)differ - 1);
 }
 
-// A checkpoint saved by a job of another size or micro-batch (FSDP at np 4 resumed at np 2,
-// batch_size 4 resumed at 8): the position counts each process's micro-batches, and
-// micro-batch i of process r of W holds rows (i · W + r) · B .. + B − 1 of the epoch's order,
-// so the index · W · B rows read are the first rows for every W and B. This run's processes
-// each take ⌈rows / (W′ · B′)⌉ of theirs: exactly the same place when that divides, else fewer
-// than W′ · B′ rows are skipped (none is read twice). A position at the end of an epoch turns
-// into the next epoch's start at the first micro-batch, as it does without a resume.
+// A checkpoint saved by a job of another size, micro-batch or row length (FSDP at np 4
+// resumed at np 2, batch_size 4 resumed at 8, seq_len 1024 resumed at 2048): the position
+// counts each process's micro-batches, and micro-batch i of process r of W holds rows
+// (i · W + r) · B .. + B − 1 of the epoch's order, so the index · W · B rows read are the first
+// rows for every W and B; unshuffled, they are the stream's first index · W · B · T tokens. This
+// run's processes each take ⌈rows′ / (W′ · B′)⌉ of theirs, rows′ = ⌈tokens / T′⌉ (= rows when T
+// is unchanged): exactly the same place when that divides, else fewer than W′ · B′ rows are
+// skipped (none is read twice). At most an epoch: a position at an epoch's end turns into the
+// next epoch's start at the first micro-batch, as it does without a resume.
 static void convert_data_position(trainer *tr) {
     const train_config *cfg = tr->cfg;
     const data_window *w = &tr->state.window;
@@ -2740,17 +2742,26 @@ static void convert_data_position(trainer *tr) {
              w->shuffle ? 1 : 0, (long long)w->seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
     int64_t was = tr->state.data_world > 0 ? tr->state.data_world : tr->world, now = tr->world;
     int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
+    int64_t was_T = recorded && w->seq_len > 0 ? w->seq_len : cfg->model.seq_len, T = cfg->model.seq_len;
     tr->state.data_world = now;
-    if (was == now && was_batch == batch) return;
-    if (tr->state.data.index > INT64_MAX / was / was_batch)
-        fail("resume: the checkpoint's data position (%lld micro-batches of %lld x %lld rows) is out of range",
-             (long long)tr->state.data.index, (long long)was, (long long)was_batch);
-    int64_t rows = tr->state.data.index * was * was_batch, per = now * batch, index = (rows + per - 1) / per;
+    if (was == now && was_batch == batch && was_T == T) return;
+    if (was_T != T && cfg->shuffle && tr->rank == 0)
+        warn("resume: the checkpoint read rows of %lld tokens in a shuffled order, this run's rows are %lld tokens: "
+             "the order of the epoch's rows changes, so rows of this epoch may repeat or be missed",
+             (long long)was_T, (long long)T);
+    if (tr->state.data.index > INT64_MAX / was / was_batch / was_T)
+        fail("resume: the checkpoint's data position (%lld micro-batches of %lld x %lld rows of %lld tokens) is out "
+             "of range",
+             (long long)tr->state.data.index, (long long)was, (long long)was_batch, (long long)was_T);
+    int64_t rows = tr->state.data.index * was * was_batch;
+    if (was_T != T) rows = (rows * was_T + T - 1) / T;
+    int64_t per = now * batch, index = (rows + per - 1) / per;
+    index = min_i64(index, dataloader_batches_per_epoch(tr->train));
     if (tr->rank == 0)
-        note("resume: the data position of %lld process(es) x %lld rows (%lld micro-batches each, %lld rows of the "
-             "epoch) is %lld micro-batches each for %lld x %lld%s",
-             (long long)was, (long long)was_batch, (long long)tr->state.data.index, (long long)rows, (long long)index,
-             (long long)now, (long long)batch,
+        note("resume: the data position of %lld process(es) x %lld rows of %lld tokens (%lld micro-batches each) is "
+             "%lld micro-batches each for %lld x %lld rows of %lld%s",
+             (long long)was, (long long)was_batch, (long long)was_T, (long long)tr->state.data.index, (long long)index,
+             (long long)now, (long long)batch, (long long)T,
              index * per == rows ? "" : " (fewer than one micro-batch of rows per process skipped, none read twice)");
     tr->state.data.index = index;
 }
@@ -2790,6 +2801,20 @@ static void continue_data_of(trainer *tr, const char *dir) {
              (long long)index, (long long)(index * W * B - rows));
 }
 
+// Whether checkpoint directory `path` lies directly in directory `dir` (both resolved).
+static bool inside_dir(const char *path, const char *dir) {
+    char *p = realpath(path, NULL), *d = realpath(dir, NULL);
+    bool inside = false;
+    if (p && d) {
+        char *slash = strrchr(p, '/');
+        if (slash) *slash = '\0';
+        inside = strcmp(p[0] ? p : "/", d) == 0;
+    }
+    free(p);
+    free(d);
+    return inside;
+}
+
 // Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say. Returns whether
 // a checkpoint was loaded.
 static bool restore_or_init(trainer *tr) {
@@ -2806,16 +2831,29 @@ static bool restore_or_init(trainer *tr) {
         char why[512];
         if (!checkpoint_load(cfg->resume, &b, &tr->state, why, sizeof why))
             fail("resume: checkpoint '%s' cannot be used: %s", cfg->resume, why);
-        // Going back to an older checkpoint in (or into) an out_dir with newer ones would
-        // write the new branch's steps below the old branch's: ckpt_keep would delete them
-        // and resume = auto would return to the old branch.
-        int64_t newest = checkpoint_newest_step(cfg->out_dir);
-        if (newest > tr->state.step)
-            fail("resume: out_dir '%s' holds step_%08lld, newer than the checkpoint resumed (step %lld): the run would "
-                 "write its steps below it, ckpt_keep would delete them and a restart would go back to it; move the "
-                 "newer checkpoints aside or choose another out_dir",
-                 cfg->out_dir, (long long)newest, (long long)tr->state.step);
         from = xstrdup(cfg->resume);
+        int64_t newest = checkpoint_newest_step(cfg->out_dir), named = tr->state.step;
+        if (newest > named && inside_dir(cfg->resume, cfg->out_dir))
+            // Going back within a run: the new steps would sit below the old ones, ckpt_keep
+            // would delete them and resume = auto would return to the old line.
+            fail("resume: '%s' is older than out_dir's newest checkpoint step_%08lld: going back within a run would "
+                 "write its steps below the newer ones, ckpt_keep would delete them and a restart would return to "
+                 "them; move the newer checkpoints aside, or resume into another out_dir",
+                 cfg->resume, (long long)newest);
+        if (newest > named) {
+            // The same command again: a run that began from another directory's checkpoint has
+            // its own progress in out_dir.
+            note("resume: out_dir '%s' holds step_%08lld, newer than '%s' (step %lld): this run's progress; going on "
+                 "from out_dir's newest valid checkpoint, as resume = auto",
+                 cfg->out_dir, (long long)newest, cfg->resume, (long long)named);
+            free(from);
+            memset(&tr->state, 0, sizeof tr->state);
+            from = checkpoint_load_latest(cfg->out_dir, &b, &tr->state);
+            if (!from || tr->state.step < named)
+                fail("resume: out_dir '%s' holds no valid checkpoint at or after step %lld of '%s' (see the warnings "
+                     "above); move its checkpoints aside to start again from '%s'",
+                     cfg->out_dir, (long long)named, cfg->resume, cfg->resume);
+        }
     }
     if (from) {
         note("resuming from '%s' at step %lld", from, (long long)tr->state.step);

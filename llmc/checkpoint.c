@@ -847,11 +847,9 @@ bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes) {
         snprintf(why, why_bytes, "cannot create '%s': %s", out_dir, strerror(errno));
         return false;
     }
-    char host[64] = "";
-    gethostname(host, sizeof host - 1);
     char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.tmp-probe-%s-%ld", out_dir, host, (long)getpid());
-    if (mkdir(probe, 0755) != 0) {
+    snprintf(probe, sizeof probe, "%s/.tmp-probe-XXXXXX", out_dir);  // unique whatever ranks share
+    if (!mkdtemp(probe)) {
         snprintf(why, why_bytes, "cannot create a checkpoint directory in '%s': %s", out_dir, strerror(errno));
         return false;
     }

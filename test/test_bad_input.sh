@@ -118,17 +118,17 @@ sed -i "s/^[0-9a-f]*  optimizer.safetensors\$/$("$TOOL" xxh64 "$tmp/mom/step_000
     "$tmp/mom/step_00000004/checksums.xxh64"
 expect_error "a negative AdamW second moment under matching checksums" "the AdamW second moment holds a negative value" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/mom2" --resume "$tmp/mom/step_00000004"
-# state.json counters far beyond any run (data_epoch 2⁶², which the data position's arithmetic
-# would overflow), under matching checksums: refused.
+# state.json counters far beyond any run (data_epoch 2³², which the data position's arithmetic
+# times the micro-batches per epoch could overflow), under matching checksums: refused.
 resum() {  # resum STEP_DIR FILE: FILE's line in checksums.xxh64 made to match it
     sed -i "s/^[0-9a-f]*  $2\$/$("$TOOL" xxh64 "$1/$2")  $2/" "$1/checksums.xxh64"
 }
 cp -r "$tmp/mom" "$tmp/big"
 "$TOOL" flip "$tmp/big/step_00000004/optimizer.safetensors" -1  # the moments as they were
 resum "$tmp/big/step_00000004" optimizer.safetensors
-sed -i 's/"data_epoch": [0-9]*/"data_epoch": 4611686018427387904/' "$tmp/big/step_00000004/state.json"
+sed -i 's/"data_epoch": [0-9]*/"data_epoch": 4294967296/' "$tmp/big/step_00000004/state.json"
 resum "$tmp/big/step_00000004" state.json
-expect_error "state.json's data_epoch 2^62 under matching checksums" "state.json: bad or missing 'data_epoch'" \
+expect_error "state.json's data_epoch 2^32 under matching checksums" "data_epoch 4294967296 / data_index [0-9]* out of range" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/big2" --resume "$tmp/big/step_00000004"
 # A newer checkpoint that fails its checksum is skipped on resume, and pruning does not count
 # it: ckpt_keep 1 once kept only the corrupt step 8 and deleted every checkpoint written since.

@@ -92,18 +92,23 @@ TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench10" --max_steps 10 >/dev/null 2>&
 check "no final checkpoint: ckpt_every's own at max_steps stays" test -d "$tmp/bench10/step_00000010"
 TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench_stop" --max_steps 12 --stop_at_step 7 >/dev/null 2>&1
 check "no final checkpoint: stop_at_step still writes one" test -d "$tmp/bench_stop/step_00000007"
-# 7. resume = an older checkpoint into an out_dir that holds newer ones: refused with one line
-# before anything is written (the new branch's steps would sit below the old branch's, and
-# ckpt_keep would delete them); the directory is untouched.
+# 7. resume = an older checkpoint of out_dir itself, which holds newer ones: refused with one
+# line before anything is written (the new branch's steps would sit below the old branch's,
+# and ckpt_keep would delete them); the directory is untouched.
 before=$(tree_digest "$tmp/straight")
 rc=0
 run "$tmp/straight" --resume "$tmp/straight/step_00000010" --max_steps 30 >"$tmp/branch.log" 2>&1 || rc=$?
 check "resume = an older checkpoint beside newer ones: refused (status $rc)" test "$rc" -ne 0
 check "... with one line naming the newer checkpoint" \
-    grep -q "out_dir '$tmp/straight' holds step_00000020, newer than the checkpoint resumed (step 10)" "$tmp/branch.log"
+    grep -q "resume: '$tmp/straight/step_00000010' is older than out_dir's newest checkpoint step_00000020" "$tmp/branch.log"
 check "... and the out_dir is untouched" test "$(tree_digest "$tmp/straight")" = "$before"
 run "$tmp/branch" --resume "$tmp/straight/step_00000010" --max_steps 12 >"$tmp/branch2.log" 2>&1
 check "the same checkpoint into a fresh out_dir continues" grep -q "resuming from '$tmp/straight/step_00000010' at step 10" "$tmp/branch2.log"
+# The same command again (a requeued job whose ARGS name that checkpoint) goes on from its own
+# progress in out_dir, as resume = auto would.
+run "$tmp/branch" --resume "$tmp/straight/step_00000010" --max_steps 14 >"$tmp/branch3.log" 2>&1
+check "... and the same command again goes on from out_dir's step 12" \
+    sh -c "grep -q \"going on from out_dir's newest valid checkpoint\" '$tmp/branch3.log' && grep -q \"resuming from '$tmp/branch/step_00000012' at step 12\" '$tmp/branch3.log' && test -d '$tmp/branch/step_00000014'"
 
 # 8. Another batch_size on resume: the position is converted by rows (docs/config.md, resume).
 # 8 steps of 2 × 4 rows read micro-batches 0..15 = rows 0..63; at batch_size 8 and grad_accum 1
@@ -111,7 +116,7 @@ check "the same checkpoint into a fresh out_dir continues" grep -q "resuming fro
 mkdir -p "$tmp/rebatch" && cp -r "$tmp/stopped/step_00000008" "$tmp/rebatch/"
 run "$tmp/rebatch" --batch_size 8 --grad_accum 1 >"$tmp/rebatch.log" 2>&1
 check "batch_size 4 x 2 -> 8 x 1: the note says micro-batch 16 is 8" \
-    grep -q "1 process(es) x 4 rows (16 micro-batches each, 64 rows of the epoch) is 8 micro-batches each for 1 x 8" "$tmp/rebatch.log"
+    grep -q "1 process(es) x 4 rows of 32 tokens (16 micro-batches each) is 8 micro-batches each for 1 x 8 rows of 32" "$tmp/rebatch.log"
 check "... and the run ends at micro-batch 20 (got $(state_index "$tmp/rebatch/step_00000020"))" \
     test "$(state_index "$tmp/rebatch/step_00000020")" = "0 20"
 # A position at an epoch's very end (2,000 tokens: 62 rows of 32, 15 micro-batches of 4) at
@@ -139,6 +144,13 @@ if [ "$HAVE_MPI" = 1 ]; then
 else
     say "  skip the np 2 resume: no MPI in this build"
 fi
+# Another seq_len, unshuffled: 4 steps of 2 × 4 rows of 32 tokens read the stream's first 1,024
+# tokens = 64 rows of 16, micro-batch 16 at batch 4; 2 more steps of 2 end at 20 (unconverted: 12).
+run "$tmp/reseq" --shuffle 0 --max_steps 6 --stop_at_step 4 --val_every 0 >/dev/null 2>&1
+run "$tmp/reseq" --shuffle 0 --max_steps 6 --val_every 0 --seq_len 16 >"$tmp/reseq.log" 2>&1
+check "seq_len 32 -> 16 unshuffled: the position is converted by tokens, ends at micro-batch 20 (got $(state_index "$tmp/reseq/step_00000006"))" \
+    test "$(state_index "$tmp/reseq/step_00000006")" = "0 20"
+
 # 9. A resume with another max_steps says that the schedule changed (a finished run extended
 # goes back up to the new schedule's lr).
 cp -r "$tmp/straight" "$tmp/extended"
