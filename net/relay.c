@@ -2168,6 +2168,8 @@ int relay_main(int argc, char **argv) {
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");
+    if (o.replicas > 0 && o.min_replicas > o.replicas)  // a quorum no group can reach: every join would wait
+        fail("relay: --min_replicas %d is more than --replicas %d", o.min_replicas, o.replicas);
     if (!secret_path) fail("relay: --secret_file PATH is required: the run's diloco_secret_file");
     uint8_t *secret = read_secret_file(secret_path, "relay: --secret_file", &o.secret_bytes);
     o.secret = secret;

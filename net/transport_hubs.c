@@ -36,6 +36,7 @@
 // are aborted or refused, and they rejoin and take a completer's state (docs/protocol.md).
 // Every session's AUTH says which hub of how many it is, so a replica that lists the hubs in
 // another order is refused.
+#include "net/socket.h"
 #include "net/transport_impl.h"
 #include "net/transport_tcp_hub.h"
 
@@ -521,6 +522,9 @@ static int parse_hubs(const char *list, char out[TRANSPORT_MAX_HUBS][300]) {
         out[n][len] = '\0';
         for (int i = 0; i < n; i++)
             if (!strcmp(out[i], out[n])) fail("diloco_rendezvous '%s': the hub %s is listed twice", list, out[n]);
+        char host[256], port[16], err[400];  // malformed: at once, not after connect_timeout_s of retries
+        if (!net_split_host_port(out[n], host, sizeof host, port, sizeof port, err, sizeof err))
+            fail("diloco_rendezvous: %s", err);
         n++;
         if (!end) return n;
         p = end + 1;

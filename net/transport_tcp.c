@@ -963,6 +963,9 @@ static tcp *tcp_new(const transport_options *o, const char *address) {
 transport *transport_tcp_open(const transport_options *o) {
     if (!o->rendezvous || !o->rendezvous[0]) fail("diloco_rendezvous: must be host:port of the hub");
     if (strchr(o->rendezvous, ',')) return transport_hubs_open(o);
+    char host[256], port[16], bad[400];  // malformed: at once, not after connect_timeout_s of retries
+    if (!net_split_host_port(o->rendezvous, host, sizeof host, port, sizeof port, bad, sizeof bad))
+        fail("diloco_rendezvous: %s", bad);
     tcp *t = tcp_new(o, o->rendezvous);
     if (o->serve) {
         relay_options ro = {.listen = o->rendezvous, .secret = o->secret, .secret_bytes = o->secret_bytes,

@@ -72,6 +72,17 @@ expect_error "diloco-tune --proxy yes" "diloco-tune: --proxy: expected an intege
 expect_error "prepare --threads 100000" "\-\-threads must be an integer in \[1, 4096\], not '100000'" \
     "$TRAIN_GPT" prepare --threads 100000 --input "$tmp/none.txt" --out_dir "$tmp/o_prep"
 
+# A malformed hub address fails at once (it was retried for diloco_connect_timeout_s).
+make_secret "$tmp/secret"
+tcp=(--diloco_replicas 2 --diloco_replica_id 0 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
+    --diloco_connect_timeout_s 3600 --out_dir "$tmp/o_tcp")
+expect_error "diloco_rendezvous with a bad port" "diloco_rendezvous: '127.0.0.1:99999': the port must be a number" \
+    "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:99999
+expect_error "diloco_rendezvous with a bad second hub" "diloco_rendezvous: 'nohost': expected host:port" \
+    "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,nohost
+expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5
+
 # --- data
 expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
     "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/absent.bin" --out_dir "$tmp/o1"
