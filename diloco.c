@@ -108,6 +108,7 @@ struct diloco {
     float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
     bool over;                             // the hub said the run is over (diloco_group_over)
+    bool stopped;                          // a stop request ended a join (diloco_join_stopped)
     int64_t changed_lo, changed_hi;        // the local values the last call changed: [lo, hi)
     // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
     // joined), and the extra inner steps it has taken in it beyond its H
@@ -275,7 +276,8 @@ static char *rendezvous_of_rank(const char *rendezvous, int rank) {
     return sb.data;
 }
 
-diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log) {
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log,
+                    const volatile sig_atomic_t *stop) {
     if (cfg->diloco_replicas <= 0) return NULL;
     const param_table *t = shard->table;
     diloco *d = xcalloc(1, sizeof *d);
@@ -355,6 +357,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     o.fingerprint_text = fingerprint_text;
     log_fingerprint(d, o.run_fingerprint, fingerprint_text);
     o.threaded = d->overlap > 0;
+    o.stop = stop;
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
         d->net = transport_mpi_open(&o);
@@ -589,6 +592,13 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
             d->over = true;
             return false;
         }
+        // A stop request while the hub held the join: every rank stops, none adopts a state.
+        bool stopped = r == JOIN_STOPPED;
+        if (d->ranks > 1) stopped = replica_max(d, stopped ? 1.0 : 0.0) > 0;
+        if (stopped) {
+            d->stopped = true;
+            return false;
+        }
         if (d->ranks == 1) {
             if (r != JOIN_GOT_STATE) return false;
             adopt_state(d, got, params, st, train);
@@ -659,6 +669,12 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
     if (d->over) {
         note("diloco: replica %d at step %lld (outer step %lld): the run is over, nothing to join; it stops",
              diloco_replica_id(d), (long long)st->step, (long long)st->outer_step);
+        return;
+    }
+    if (d->stopped) {
+        note("diloco: replica %d was stopped by a signal while it waited to join the group; it stops without "
+             "training",
+             diloco_replica_id(d));
         return;
     }
     uint64_t hash = replica_hash(d, d->theta, d->numel);
@@ -1220,7 +1236,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     changed_none(d);
     if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
         changed |= land_round(d, params, n_params, st, train);
-    if (d->over) {   // a rejoin found the run over: no round to begin
+    if (d->over || d->stopped) {   // a rejoin found the run over, or was stopped: no round to begin
         if (stall_s) *stall_s = wall_seconds() - t0;
         return changed;
     }
@@ -1234,7 +1250,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
         for (int p = 0; p < d->n_fragments; p++) {
             begin_round(d, p, params, n_params, st, true);
             changed |= land_round(d, params, n_params, st, train);
-            if (st->step != max_steps || d->over) break;  // took the group's state: it trains on
+            if (st->step != max_steps || d->over || d->stopped) break;  // took the group's state: it trains on
         }
     } else {
         int p = fragment_due(d, st->step);
@@ -1268,6 +1284,8 @@ void diloco_start_local(diloco *d, const float *params, train_state *st) {
 }
 
 bool diloco_group_over(const diloco *d) { return d->over; }
+
+bool diloco_join_stopped(const diloco *d) { return d && d->stopped; }
 
 void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel) {
     *offset = d->changed_hi > d->changed_lo ? d->changed_lo : 0;

@@ -36,6 +36,7 @@
 #ifndef TRAIN_GPT_DILOCO_H
 #define TRAIN_GPT_DILOCO_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -63,8 +64,11 @@ typedef struct diloco diloco;
 // its pieces with rank j of the other replicas over its own tcp connection, to the hub at the
 // rendezvous port + j (`train_gpt relay --shards N`); the ranks agree after every join and
 // every round, so the replica moves as one (docs/fsdp.md#diloco-over-sharded-replicas). Every
-// call below is then a collective of the replica's ranks.
-diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log);
+// call below is then a collective of the replica's ranks. stop: the caller's stop request (its
+// signal handler's flag, or NULL): a join the hub holds returns when it is set
+// (diloco_join_stopped).
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log,
+                    const volatile sig_atomic_t *stop);
 
 // This replica's id and the number of replicas (for the data split).
 int diloco_replica_id(const diloco *d);
@@ -83,6 +87,10 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
 // then stops (train_gpt.cu): there is no group to train with, and the final weights are in
 // the finished replica's checkpoint. Agreed by a sharded replica's ranks.
 bool diloco_group_over(const diloco *d);
+
+// Whether a join or rejoin returned because the stop request was set while the hub held it:
+// the replica is not in the group (its own weights are as they were) and stops.
+bool diloco_join_stopped(const diloco *d);
 
 // The span of this rank's local values that the last diloco_join, diloco_after_step or
 // diloco_settle wrote into params (numel 0: none): one fragment's after a streaming merge or

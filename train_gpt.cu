@@ -2048,6 +2048,7 @@ typedef struct {
     bool copies_follow;  // DiLoCo with HSDP copies: the first copy's ranks run it, the others follow
     int64_t follow_bytes;  // weights this rank sent (first copy) or took (the others) after DiLoCo changed them
     bool over;             // DiLoCo: the hub said the others finished the run (diloco_group_over), on every copy
+    bool join_stopped;     // DiLoCo: a stop signal ended a join (diloco_join_stopped), on every copy
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
     double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
@@ -2674,11 +2675,13 @@ static bool first_copy_says(trainer *tr, bool answer) {
 // position, and tr->over says whether DiLoCo found the run over. Returns changed.
 static bool follow_first_copy(trainer *tr, bool changed, bool whole, data_position before) {
     tr->over = tr->outer && diloco_group_over(tr->outer);
+    tr->join_stopped = tr->outer && diloco_join_stopped(tr->outer);
     if (!tr->copies_follow) return changed;
-    uint8_t flags[3] = {(uint8_t)(changed ? 1 : 0), 0, (uint8_t)(tr->over ? 1 : 0)};
+    uint8_t flags[3] = {(uint8_t)(changed ? 1 : 0), 0, (uint8_t)(tr->over ? 1 : tr->join_stopped ? 2 : 0)};
     if (tr->outer) flags[1] = memcmp(&before, &tr->state.data, sizeof before) != 0;  // a rejoin moved it
     copies_broadcast(tr, flags, sizeof flags);
-    tr->over = flags[2] != 0;
+    tr->over = flags[2] == 1;
+    tr->join_stopped = flags[2] == 2;
     train_state st = tr->state;  // the counters (outer_step, merge_step) move without the weights too
     copies_broadcast(tr, &st, sizeof st);
     if (flags[0]) {
@@ -3306,7 +3309,7 @@ static int train_run(train_config *cfg) {
     resolve_recompute(&tr, 1);
     allocate(&tr);
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
-    if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log);
+    if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log, &stop_signal);
     first_copy_says(&tr, true);  // the other copies wait for the first's connection, without comm_timeout_s
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
@@ -3335,7 +3338,7 @@ static int train_run(train_config *cfg) {
     if (job_end > 0)
         note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
-    while (!tr.over && tr.state.step < cfg->max_steps) {
+    while (!tr.over && !tr.join_stopped && tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr, false);
         if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
@@ -3446,7 +3449,15 @@ static int train_run(train_config *cfg) {
         }
     }
     watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
-    if (tr.over && tr.state.step == first_step) {
+    if (tr.join_stopped && tr.state.step == first_step) {
+        // Stopped while the hub held its join (a quorum, a donor's state): nothing was trained,
+        // so the checkpoint it started from stands.
+        note("stopped by signal %d at step %lld while waiting to join the group: nothing trained, the checkpoint is "
+             "unchanged; run the same command to resume",
+             (int)stop_signal, (long long)tr.state.step);
+        metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"signal\"");
+        if (stop_signal == SIGUSR1) exit_status = EXIT_REQUEUE;
+    } else if (tr.over && tr.state.step == first_step) {
         note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
              "the checkpoint is unchanged, the final weights are in the checkpoint of the replica that finished",
              (long long)tr.state.step);
@@ -3550,7 +3561,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
     for (int i = 1; i < M; i++)
         if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
-    diloco *outer = diloco_open(cfg, &lead->shard, NULL, log);
+    diloco *outer = diloco_open(cfg, &lead->shard, NULL, log, NULL);
     diloco_set_quiet(outer, quiet);
     diloco_start_local(outer, lead->params, &lead->state);
     for (int i = 0; i < M; i++)

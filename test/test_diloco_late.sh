@@ -150,4 +150,25 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
     test "$what $why" = "none diloco_carry_late = 0"
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
+
+# A stop signal while the hub holds a join (here a quorum of 2 that never comes): the replica
+# stops at once with status 0 and says so, the checkpoint it started from unchanged (it used to
+# wait in its join until SIGKILL).
+start_relay quorum 1
+"$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --max_steps 20 \
+    --diloco_replicas 2 --diloco_replica_id 0 --diloco_min_replicas 2 --diloco_transport tcp \
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 \
+    --out_dir "$tmp/quorum" >"$tmp/quorum.log" 2>&1 &
+q=$!
+pids+=("$q")
+waiting_or_gone() { grep -q "to answer its join" "$tmp/quorum.log" || ! kill -0 "$q" 2>/dev/null; }
+wait_until "the replica held in its join" waiting_or_gone
+kill -TERM "$q"
+gone() { ! kill -0 "$q" 2>/dev/null || [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$q/stat" 2>/dev/null)" = Z ]; }
+WAIT_LIMIT_S=60 wait_until "the replica's exit after SIGTERM" gone || kill -9 "$q"
+rc=0
+wait "$q" || rc=$?
+check "SIGTERM in a join held for a quorum: status 0 (got $rc)" test "$rc" = 0
+check "... and the replica says it stopped without training" \
+    grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/quorum.log"
 finish test_diloco_late
