@@ -161,16 +161,18 @@ expect_error "resume with another architecture" "d_model = 64, the config says 3
 # modes: as root the run is made as nobody (runuser), in a directory nobody can read.
 ro=$(mktemp -d)
 chmod 755 "$ro"
-cp test/configs/tiny_test.conf "$tmp/train.bin" "$ro/"
+cp test/configs/tiny_test.conf "$tmp/train.bin" "$TRAIN_GPT" "$ro/"  # the binary too: the clone may be private
 mkdir "$ro/out" && : >"$ro/out/metrics.jsonl" && chmod 666 "$ro/out/metrics.jsonl" "$ro/train.bin" && chmod 555 "$ro/out"
+chmod 755 "$ro/train_gpt"
 as=()
-[ "$(id -u)" -eq 0 ] && command -v runuser >/dev/null && as=(runuser -u nobody --)
+[ "$(id -u)" -eq 0 ] && command -v runuser >/dev/null && runuser -u nobody -- test -x "$ro/train_gpt" 2>/dev/null &&
+    as=(runuser -u nobody --)
 if [ "$(id -u)" -ne 0 ] || [ ${#as[@]} -gt 0 ]; then
     expect_error "an out_dir where checkpoints cannot be written, at start" "out_dir: cannot create a checkpoint directory in '$ro/out'" \
-        "${as[@]}" "$TRAIN_GPT" "$ro/tiny_test.conf" --train_data "$ro/train.bin" --max_steps 4 --out_dir "$ro/out"
+        "${as[@]}" "$ro/train_gpt" "$ro/tiny_test.conf" --train_data "$ro/train.bin" --max_steps 4 --out_dir "$ro/out"
     check "... before any step" sh -c "! grep -q '^step ' '$tmp/out.txt'"
 else
-    say "  skip the read-only out_dir: root without runuser"
+    say "  skip the read-only out_dir: root without runuser, or nobody cannot run $ro/train_gpt"
 fi
 chmod -R u+w "$ro" && rm -rf "$ro"
 
