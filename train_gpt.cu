@@ -2745,7 +2745,7 @@ static void convert_data_position(trainer *tr) {
              w->shuffle ? 1 : 0, (long long)w->seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
     int64_t was = tr->state.data_world > 0 ? tr->state.data_world : tr->world, now = tr->world;
     int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
-    int64_t was_T = recorded && w->seq_len > 0 ? w->seq_len : cfg->model.seq_len, T = cfg->model.seq_len;
+    int64_t was_T = recorded ? w->seq_len : cfg->model.seq_len, T = cfg->model.seq_len;
     tr->state.data_world = now;
     if (was == now && was_batch == batch && was_T == T) return;
     if (was_T != T && cfg->shuffle && tr->rank == 0)
@@ -2780,27 +2780,27 @@ static void continue_data_of(trainer *tr, const char *dir) {
     data_origin o;
     char why[600];
     if (!checkpoint_data_origin(dir, &o, why, sizeof why)) fail("init_from: checkpoint '%s': %s", dir, why);
-    if (o.seq_len != cfg->model.seq_len)
+    if (o.window.seq_len != cfg->model.seq_len)
         fail("init_from: '%s' read its data in rows of seq_len %lld, this run's seq_len is %lld: its data position "
              "does not carry over (name its model.safetensors to take the weights alone)",
-             dir, (long long)o.seq_len, (long long)cfg->model.seq_len);
-    if (o.shuffle != cfg->shuffle || (o.shuffle && o.seed != (int64_t)cfg->seed))
+             dir, (long long)o.window.seq_len, (long long)cfg->model.seq_len);
+    if (o.window.shuffle != cfg->shuffle || (o.window.shuffle && o.window.seed != (int64_t)cfg->seed))
         fail("init_from: '%s' was trained with shuffle = %d, seed = %lld, this run has shuffle = %d, seed = %lld: the "
              "order of its data differs, so its position does not carry over (set them equal, or name its "
              "model.safetensors to take the weights alone)",
-             dir, o.shuffle ? 1 : 0, (long long)o.seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
+             dir, o.window.shuffle ? 1 : 0, (long long)o.window.seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
     if (o.train_data[0] && strcmp(o.train_data, cfg->train_data) != 0)
         warn("init_from: '%s' was trained on train_data = %s, this run reads %s; its position is taken as a "
              "position in these files",
              dir, o.train_data, cfg->train_data);
-    int64_t rows = o.data.index * o.data_world * o.batch_size, B = cfg->batch_size, W = tr->world;
+    int64_t rows = o.data.index * o.data_world * o.window.batch_size, B = cfg->batch_size, W = tr->world;
     int64_t batches = (rows + B - 1) / B, index = (batches + W - 1) / W;
     tr->state.data = (data_position){o.data.epoch, index};
     dataloader_seek(tr->train, tr->state.data);
     if (tr->rank == 0)
         note("init_from: the data goes on after step %lld of '%s' (epoch %lld, %lld rows of %lld tokens read): "
              "each of %lld processes starts at its micro-batch %lld (%lld rows skipped)",
-             (long long)o.step, dir, (long long)o.data.epoch, (long long)rows, (long long)o.seq_len, (long long)W,
+             (long long)o.step, dir, (long long)o.data.epoch, (long long)rows, (long long)o.window.seq_len, (long long)W,
              (long long)index, (long long)(index * W * B - rows));
 }
 

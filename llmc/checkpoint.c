@@ -570,7 +570,8 @@ static bool read_int_fields(const json_value *root, const int_field *f, size_t n
 
 static bool config_text_value(const char *text, const char *key, char *out, size_t out_bytes);
 
-// The loader's keys a save wrote beside the position; batch_size 0 where they are not all there.
+// The loader's keys a save wrote beside the position; batch_size 0 where they are not all there
+// or not all within the config's bounds.
 static void read_window(const json_value *root, data_window *w) {
     const char *keys[3] = {"batch_size", "seq_len", "seed"};
     int64_t *fields[3] = {&w->batch_size, &w->seq_len, &w->seed};
@@ -581,7 +582,8 @@ static void read_window(const json_value *root, data_window *w) {
         *fields[i] = v->integer;
     }
     const json_value *shuffle = json_get(root, "shuffle");
-    if (!shuffle || shuffle->type != JSON_BOOL || w->batch_size < 1 || w->batch_size > (1 << 20)) {
+    if (!shuffle || shuffle->type != JSON_BOOL || w->batch_size < 1 || w->batch_size > (1 << 20) || w->seq_len < 1 ||
+        w->seq_len > (1 << 22) || w->seed < 0) {
         w->batch_size = 0;
         return;
     }
@@ -627,10 +629,10 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     }
     read_window(root, &s->window);
     const json_value *config = json_get(root, "config");
-    char max_steps[32];
-    s->saved_max_steps = 0;
-    if (config && config->type == JSON_STRING && config_text_value(config->string, "max_steps", max_steps, sizeof max_steps))
-        s->saved_max_steps = strtoll(max_steps, NULL, 10) > 0 ? strtoll(max_steps, NULL, 10) : 0;
+    char max_steps[32] = "0";
+    if (config && config->type == JSON_STRING)
+        config_text_value(config->string, "max_steps", max_steps, sizeof max_steps);
+    s->saved_max_steps = max_i64(strtoll(max_steps, NULL, 10), 0);
     return true;
 }
 
@@ -666,20 +668,13 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
     if (!verify_checksums(dir, &has_outer, why, why_bytes) || !parse_state(dir, &doc, why, why_bytes)) return false;
     train_state s;
     memset(&s, 0, sizeof s);
-    const int_field fields[] = {{"batch_size", &o->batch_size}, {"seq_len", &o->seq_len}, {"seed", &o->seed}};
-    bool ok = state_from_json(&doc.root, &s, why, why_bytes) &&
-              read_int_fields(&doc.root, fields, sizeof fields / sizeof fields[0], why, why_bytes);
+    bool ok = state_from_json(&doc.root, &s, why, why_bytes);
     o->step = s.step;
     o->data = s.data;
     o->data_world = s.data_world > 0 ? s.data_world : 1;
-    const json_value *shuffle = json_get(&doc.root, "shuffle");
-    if (ok && (!shuffle || shuffle->type != JSON_BOOL)) {
-        snprintf(why, why_bytes, "state.json: bad or missing 'shuffle'");
-        ok = false;
-    }
-    if (ok) o->shuffle = shuffle->boolean;
-    if (ok && (o->batch_size < 1 || o->seq_len < 1)) {
-        snprintf(why, why_bytes, "state.json: batch_size and seq_len must be positive");
+    o->window = s.window;
+    if (ok && s.window.batch_size == 0) {
+        snprintf(why, why_bytes, "state.json: bad or missing batch_size, seq_len, seed or shuffle");
         ok = false;
     }
     const json_value *config = json_get(&doc.root, "config");

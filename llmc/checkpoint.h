@@ -68,8 +68,7 @@ typedef struct {
     int64_t step;               // the checkpoint's optimizer step
     data_position data;         // each of its processes' position
     int64_t data_world;         // processes its data was split over (1 when not recorded)
-    int64_t batch_size, seq_len, seed;
-    bool shuffle;
+    data_window window;         // how its rows were cut and ordered (always recorded here)
     char train_data[1024];      // its train_data key ("" when state.json does not say)
 } data_origin;
 
