@@ -27,7 +27,7 @@
 //   hsdp_skip_follow    an HSDP copy other than the first of a DiLoCo replica drops the
 //                       weights the sync after step STEP sent it (the copies' check before
 //                       the next checkpoint must stop the run: test/test_hsdp_diloco.sh)
-//   tcp_slow_read, tcp_die_in_state, tcp_slow_upload, tcp_die_in_upload,
+//   tcp_slow_read, tcp_die_in_state, tcp_slow_state, tcp_slow_upload, tcp_die_in_upload,
 //   tcp_die_in_upload_after_full, tcp_trace
 //                       the tcp transport's own hooks for test/test_transport.c (see
 //                       net/transport_tcp.c and docs/protocol.md)

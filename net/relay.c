@@ -23,7 +23,9 @@
 // DOWN_BACKLOG_SEGMENTS unsent, so the hub holds O(M · window) segments, not M payloads. A
 // member that has not begun blocks the reduction: the round's deadline is timeout_s after
 // the first contribution began; members that have not begun by then are evicted as late,
-// uploads that move are waited for (one stalled for timeout_s is dropped). The round closes
+// uploads that move are waited for (one stalled for timeout_s is dropped). A state transfer
+// holds the round: its donor and joiners are waited for while it moves, and have its duration
+// on top of timeout_s after it; the heartbeats say HOLD meanwhile. The round closes
 // when every member has contributed whole and every segment is sent: ROUND names the whole
 // contributions (apply = n >= min_replicas). A contributor dropped mid-upload is in the
 // segments reduced before it stopped and not in the later ones; it may not contribute to
@@ -163,6 +165,9 @@ typedef struct {
     double down_progress_s;
     uint64_t down_tx_seen;
     double next_heartbeat_s;
+    // How long a state transfer it sent or received kept it from its inner phase: its deadline
+    // in the next round it is due in is that much later (0 once it begins a contribution).
+    double transfer_delay_s;
 } replica;
 
 struct relay {
@@ -234,6 +239,7 @@ struct relay {
     double donor_progress_s;        // designation, last chunk, or last moment it was paused
     double donor_grace_s;           // how long it may take to announce its state: timeout_s, or 3 ×
                                     // with several hubs (it sends once every share's round is in)
+    double transfer_began_s;        // the donor's designation
     transfer st;
 };
 
@@ -644,19 +650,24 @@ static void abort_transfer(relay *h, const char *why) {
     transfer_reset(&h->st);
 }
 
+// The donor and its joiners begin their inner phase only now: each round's deadline for them
+// moves by the transfer's time, until they begin a contribution (check_round).
 static void finish_transfer_if_whole(relay *h) {
     if (h->donor < 0 || !transfer_whole(&h->st)) return;
     char b[32];
     int n = 0;
     char ids[1024] = "";
+    double took = wall_seconds() - h->transfer_began_s;
+    rep(h, h->donor)->transfer_delay_s = took;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->reps[i].joiner) {
             h->reps[i].joiner = false;
+            h->reps[i].transfer_delay_s = took;
             size_t len = strlen(ids);
             snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
         }
-    hub_log(h, "state after round %lld relayed from replica %d to [%s]: %s", (long long)h->st.step, h->donor, ids,
-            fmt_bytes(h->st.total, b, sizeof b));
+    hub_log(h, "state after round %lld relayed from replica %d to [%s]: %s in %.1f s", (long long)h->st.step,
+            h->donor, ids, fmt_bytes(h->st.total, b, sizeof b), took);
     h->donor = -1;
     transfer_reset(&h->st);
 }
@@ -831,7 +842,7 @@ static void close_round(relay *h) {
                 snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
             }
         h->donor = donor;
-        h->donor_progress_s = wall_seconds();
+        h->transfer_began_s = h->donor_progress_s = wall_seconds();
         h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
         transfer_reset(&h->st);
     }
@@ -885,12 +896,6 @@ static void abort_round(relay *h, int winner) {
 static void evict_late(relay *h, int id) {
     replica *r = rep(h, id);
     double late = wall_seconds() - h->first_began_s;
-    if (r->joiner) {
-        hub_log(h, "replica %d (%s) is late for round %lld (its state transfer is still on the way): waits again",
-                id, r->peer, (long long)h->round_step);
-        unjoin(h, id);
-        return;
-    }
     // The replica is told the round's id (its own log names the share, step and attempt); the
     // hub's log names them the hub's way.
     char text[200], name[96];
@@ -905,15 +910,46 @@ static void evict_late(relay *h, int id) {
     drop_queue(r);
 }
 
-// Closes the round if it can close now; evicts the late at the deadline.
+// Whether replica id sends or receives the state transfer in flight. The transfer holds the
+// round for it (a stalled transfer is aborted: run_loop), however long it takes: evicted as
+// late, a donor would have to take a state itself, and its joiners would wait again (a state
+// longer than timeout_s could never arrive).
+static bool in_transfer(const relay *h, int id) { return h->donor >= 0 && (id == h->donor || h->reps[id].joiner); }
+
+// Whether member id, due in the open round and not yet begun, is one the round waits for past
+// its deadline: in a transfer, or in the inner phase the transfer delayed.
+static bool held_by_transfer(const relay *h, int id, double now) {
+    if (in_transfer(h, id)) return true;
+    const replica *r = &h->reps[id];
+    return r->transfer_delay_s > 0 && h->first_began_s >= 0 &&
+           now - h->first_began_s < h->o.timeout_s + r->transfer_delay_s;
+}
+
+// Whether the open round waits for a transfer (HEARTBEAT_HOLD: the uploads held back meanwhile
+// are not stuck).
+static bool round_held(relay *h, double now) {
+    if (!h->round_open) return false;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        const replica *r = rep(h, i);
+        if (r->state == R_MEMBER && !h->contrib[i].began && due(h, i) && held_by_transfer(h, i, now)) return true;
+    }
+    return false;
+}
+
+// Closes the round if it can close now; evicts the late at the deadline (for the donor and
+// joiners of a transfer, that long after it ended).
 static void check_round(relay *h) {
     if (!h->round_open) return;
     double now = wall_seconds();
-    bool deadline = h->first_began_s >= 0 && now - h->first_began_s >= h->o.timeout_s;
     bool all = true;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
         if (r->state != R_MEMBER || h->contrib[i].whole || !due(h, i)) continue;
+        if (in_transfer(h, i)) {
+            all = false;
+            continue;
+        }
+        bool deadline = h->first_began_s >= 0 && now - h->first_began_s >= h->o.timeout_s + r->transfer_delay_s;
         // Still uploading and moving: wait for it even past the deadline.
         bool moving = r->up.started && now - r->up.last_progress_s < h->o.timeout_s;
         if (r->up.started && !moving) {
@@ -1064,6 +1100,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
             return false;
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
+        r->transfer_delay_s = 0;
     }
     return true;
 }
@@ -1389,6 +1426,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
     if (r->state == R_MEMBER) leave_round(h, id);
     r->state = R_CONNECTED;
     r->held = false;
+    r->transfer_delay_s = 0;
     // The round it left may close now, without it: a replica that waits takes the state of the
     // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
     // their groups at different moments of their rounds and must all get the same close's).
@@ -1756,6 +1794,7 @@ static void housekeeping(relay *h) {
             hc->dead = true;
         }
     }
+    bool hold = round_held(h, now);
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++) {
         replica *r = rep(h, id);
         if (r->state == R_FREE) continue;
@@ -1782,7 +1821,8 @@ static void housekeeping(relay *h) {
             continue;
         }
         if (now >= r->next_heartbeat_s) {
-            send_control(h, r, WIRE_HEARTBEAT, NULL, 0);
+            uint8_t hb[WIRE_HEARTBEAT_BYTES];
+            send_control(h, r, WIRE_HEARTBEAT, hb, wire_encode_heartbeat(hold ? HEARTBEAT_HOLD : 0, hb));
             r->next_heartbeat_s = now + h->heartbeat_s;
         }
     }

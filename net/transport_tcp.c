@@ -81,6 +81,8 @@ struct tcp {
     msg *mail_head, *mail_tail;
     bool dead;                      // under mailbox_lock
     char dead_why[1024];
+    double hub_held_s;              // under mailbox_lock: the last HEARTBEAT_HOLD (the hub holds
+                                    // the round for a state transfer: an upload held back is not stuck)
     // what the training thread learnt from the mailbox
     int64_t cur_step;
     bool have_round, evicted;
@@ -106,6 +108,8 @@ struct tcp {
     int64_t job_step;
     unsigned job_kind;
     double job_progress_s;
+    double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
+    double job_next_chunk_s;
     double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
     uint8_t *own;
     size_t own_cap;
@@ -226,8 +230,23 @@ static void *io_thread(void *arg) {
             wire_frame f;
             conn_result r = conn_read(&t->ctl, &f, err, sizeof err);
             if (r == CONN_AGAIN) break;
+            if (r == CONN_FRAME && f.type == WIRE_HEARTBEAT) {
+                uint32_t flags;
+                const char *bad = wire_decode_heartbeat(f.payload, (size_t)f.payload_bytes, &flags);
+                if (bad) {
+                    snprintf(why, sizeof why, "the hub at %s: %s", t->hub, bad);
+                    post_dead(t, why);
+                    return NULL;
+                }
+                if (flags & HEARTBEAT_HOLD) {
+                    pthread_mutex_lock(&t->mailbox_lock);
+                    t->hub_held_s = wall_seconds();
+                    pthread_mutex_unlock(&t->mailbox_lock);
+                }
+                continue;
+            }
             if (r == CONN_FRAME) {
-                if (f.type != WIRE_HEARTBEAT) post_frame(t, &f);
+                post_frame(t, &f);
                 continue;
             }
             if (r == CONN_CLOSED) snprintf(why, sizeof why, "the hub at %s closed the connection", t->hub);
@@ -338,6 +357,7 @@ static void clear_mailbox(tcp *t) {
     }
     t->mail_head = t->mail_tail = NULL;
     t->dead = false;
+    t->hub_held_s = 0;
     t->dead_why[0] = '\0';
     pthread_mutex_unlock(&t->mailbox_lock);
     drain(t->to_main[0]);
@@ -566,6 +586,11 @@ static void feed_upload(tcp *t) {
         for (int s = 0; s < t->o.streams && t->job_next < t->job_end; s++) {
             conn *c = &t->data[s];
             if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
+            if (t->job_slow_s > 0) {
+                double now = wall_seconds();
+                if (now < t->job_next_chunk_s) return;
+                t->job_next_chunk_s = now + t->job_slow_s;
+            }
             uint64_t len = t->job_total - t->job_next < t->job_chunk ? t->job_total - t->job_next : t->job_chunk;
             wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
                            .total_bytes = t->job_total, .offset = t->job_next, .chunk_bytes = t->job_chunk,
@@ -607,6 +632,7 @@ static bool pump(tcp *t, done_fn done) {
         take_mail(t);
         pthread_mutex_lock(&t->mailbox_lock);
         bool dead = t->dead;
+        double held_s = t->hub_held_s;
         pthread_mutex_unlock(&t->mailbox_lock);
         if (dead) return false;
         if (done(t)) return true;
@@ -651,8 +677,10 @@ static bool pump(tcp *t, done_fn done) {
         }
         // The hub holds an upload back while the others catch up (a member not yet begun is
         // evicted timeout_s after the first began; a stalled one is dropped after timeout_s):
-        // nothing moving either way for 3 timeouts means the hub is stuck.
-        if (!upload_done(t) && wall_seconds() - t->job_progress_s > 3 * t->hub_timeout_s) {
+        // nothing moving either way for 3 timeouts means the hub is stuck — unless the hub says
+        // it holds the round for a state transfer, which may take hours (HEARTBEAT_HOLD).
+        double quiet_since = t->job_progress_s > held_s ? t->job_progress_s : held_s;
+        if (!upload_done(t) && wall_seconds() - quiet_since > 3 * t->hub_timeout_s) {
             snprintf(why, sizeof why, "upload to the hub at %s stalled for %.1f s", t->hub, 3 * t->hub_timeout_s);
             post_dead(t, why);
         }
@@ -844,19 +872,27 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_step = t->cur_step;
     t->job_kind = DATA_STATE;
     t->job_chunk = CHUNK_BYTES;
-    // Test hook (TRAIN_GPT_FAULT=tcp_die_in_state:0): the donor dies halfway through.
+    // Test hooks (TRAIN_GPT_FAULT): tcp_die_in_state:0, the donor dies halfway through;
+    // tcp_slow_state:0, it sends chunks of 256 KiB, one per 0.4 × timeout_s: a link too slow for
+    // the state to arrive within the round's deadline, never stalled for a timeout.
     bool die = fault_requested("tcp_die_in_state", 0);
     if (die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
+    bool slow = fault_requested("tcp_slow_state", 0);
+    t->job_slow_s = slow ? 0.4 * t->hub_timeout_s : 0;
+    t->job_next_chunk_s = 0;
+    if (slow) t->job_chunk = m.chunk_bytes = CHUNK_BYTES / 4;
     if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
     else if (pump(t, upload_finished)) {
         if (die) raise(SIGKILL);
         t->job_buf = NULL;
+        t->job_slow_s = 0;
         return;
     }
     // The hub is gone: the next exchange reconnects and rejoins.
     warn("diloco: lost the hub while sending our state: %s", dead_reason(t));
     t->job_buf = NULL;
     t->job_total = t->job_next = t->job_end = 0;
+    t->job_slow_s = 0;
     disconnect(t);
 }
 

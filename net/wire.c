@@ -66,7 +66,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_AUTH: lo = hi = WIRE_AUTH_BYTES; break;
     case WIRE_WELCOME: lo = hi = WIRE_WELCOME_BYTES; break;
     case WIRE_REFUSE: lo = 8, hi = 8 + WIRE_MAX_TEXT_BYTES; break;
-    case WIRE_HEARTBEAT: lo = hi = 0; break;
+    case WIRE_HEARTBEAT: lo = 0, hi = WIRE_HEARTBEAT_BYTES; break;
     case WIRE_JOIN: lo = hi = WIRE_JOIN_BYTES; break;
     case WIRE_JOINED: lo = hi = WIRE_JOINED_BYTES; break;
     case WIRE_CONTRIBUTE: lo = hi = WIRE_CONTRIBUTE_BYTES; break;
@@ -560,6 +560,20 @@ size_t wire_encode_step(int64_t outer_step, uint8_t *out) {
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step) {
     if (n != 8) return "STATE_ABORT has the wrong size";
     *outer_step = (int64_t)get_u64(p);
+    return NULL;
+}
+
+size_t wire_encode_heartbeat(uint32_t flags, uint8_t out[WIRE_HEARTBEAT_BYTES]) {
+    put_u32(out, flags);
+    return WIRE_HEARTBEAT_BYTES;
+}
+
+const char *wire_decode_heartbeat(const uint8_t *p, size_t n, uint32_t *flags) {
+    *flags = 0;
+    if (n == 0) return NULL;
+    if (n != WIRE_HEARTBEAT_BYTES) return "HEARTBEAT has the wrong size";
+    *flags = get_u32(p);
+    if (*flags & ~(uint32_t)HEARTBEAT_HOLD) return "HEARTBEAT has unknown flags";
     return NULL;
 }
 

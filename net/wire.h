@@ -32,11 +32,12 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 6   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 7   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
                          // 6: LEAVE says whether the replica finished the run; JOINED(finished)
+                         // 7: HEARTBEAT's flags (the hub holds the round for a state transfer)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -269,6 +270,12 @@ typedef struct {
 #define WIRE_CONTRIBUTE_BYTES 72
 #define WIRE_MAX_TOKENS (1ull << 53)   // exact as a double
 
+// HEARTBEAT: empty, or (hub → client) u32 flags. HOLD: the open round waits for a state
+// transfer (its donor and joiners are not late while it moves) or for their inner phase after
+// it: an upload the hub holds back meanwhile is not stuck.
+enum { HEARTBEAT_HOLD = 1 };
+#define WIRE_HEARTBEAT_BYTES 4
+
 enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2 };
 typedef struct {
     int64_t outer_step;
@@ -322,6 +329,7 @@ size_t wire_encode_round(const wire_round *m, uint8_t *out);
 size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out);
 size_t wire_encode_state(const wire_state *m, uint8_t *out);
 size_t wire_encode_step(int64_t outer_step, uint8_t *out);   // STATE_ABORT
+size_t wire_encode_heartbeat(uint32_t flags, uint8_t out[WIRE_HEARTBEAT_BYTES]);
 // The DATA sub-header only (the chunk bytes follow it in the frame).
 size_t wire_encode_data_head(const wire_data *m, uint8_t out[WIRE_DATA_HEAD_BYTES]);
 
@@ -339,6 +347,7 @@ const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m);
 const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m);
 const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m);
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step);
+const char *wire_decode_heartbeat(const uint8_t *p, size_t n, uint32_t *flags);   // empty: flags 0
 const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m);
 
 // Copies a peer's text (REFUSE, EVICTED) into a printable, NUL-terminated one-liner.

@@ -105,6 +105,15 @@ static void decode_payload(unsigned type, const uint8_t *p, size_t n) {
         if (!wire_decode_state(p, n, &x)) m = wire_encode_state(&x, scratch);
         break;
     }
+    case WIRE_HEARTBEAT: {
+        uint32_t flags;
+        if (!wire_decode_heartbeat(p, n, &flags)) {
+            MUST(flags == 0 || n == WIRE_HEARTBEAT_BYTES);
+            if (n == 0) return;
+            m = wire_encode_heartbeat(flags, scratch);
+        }
+        break;
+    }
     case WIRE_STATE_ABORT: {
         int64_t step;
         if (!wire_decode_step(p, n, &step)) m = wire_encode_step(step, scratch);

@@ -113,6 +113,15 @@ static void test_round_trips(void) {
         EXPECT(wire_decode_done(dbuf, sizeof dbuf, &dn) != NULL, "DONE with %s is refused",
                i == 0 ? "a negative step" : i == 1 ? "an unknown result" : "a reserved field set");
     }
+    // HEARTBEAT: empty (flags 0) or u32 flags, HOLD the only one.
+    uint8_t hb[WIRE_HEARTBEAT_BYTES];
+    uint32_t flags = 7;
+    EXPECT(!wire_decode_heartbeat(NULL, 0, &flags) && flags == 0, "an empty HEARTBEAT decodes");
+    EXPECT(!wire_decode_heartbeat(hb, wire_encode_heartbeat(HEARTBEAT_HOLD, hb), &flags) && flags == HEARTBEAT_HOLD,
+           "HEARTBEAT(hold) decodes");
+    wire_encode_heartbeat(2, hb);
+    EXPECT(wire_decode_heartbeat(hb, sizeof hb, &flags) != NULL, "HEARTBEAT with an unknown flag is refused");
+    EXPECT(wire_decode_heartbeat(hb, 2, &flags) != NULL, "HEARTBEAT of 2 bytes is refused");
     wire_leave lv;
     EXPECT(!wire_decode_leave(s[12].payload, s[12].bytes, &lv) && lv.outer_step == 12 && lv.reason == LEAVE_FINISHED,
            "LEAVE decodes");
