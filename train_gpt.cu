@@ -3309,13 +3309,15 @@ static int train_run(train_config *cfg) {
     resolve_recompute(&tr, 1);
     allocate(&tr);
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
+    // Before the hub is reached: a signal while it is retried (diloco_connect_timeout_s) stops
+    // the replica at its join (status 0, or 76 for SIGUSR1), not by the signal's default action.
+    install_signal_handlers();
     if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log, &stop_signal);
     first_copy_says(&tr, true);  // the other copies wait for the first's connection, without comm_timeout_s
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
     bool resumed = restore_or_init(&tr);
     print_banner(&tr);
-    install_signal_handlers();
     // tr.over: the hub says the run was finished by the others: this replica stops without
     // training (at its join) or after its step (at a rejoin).
     if (outer_on(&tr)) {

@@ -152,7 +152,7 @@ static void *revive(void *arg) {
     char err[256];
     while (!atomic_load(&x->stopping)) {
         double t0 = wall_seconds();
-        if (tcp_hub_connected(hb->t) || tcp_hub_connect(hb->t, t0 + REVIVE_PERIOD_S, true, err, sizeof err))
+        if (tcp_hub_connected(hb->t) || tcp_hub_connect(hb->t, t0 + REVIVE_PERIOD_S, true, false, err, sizeof err))
             if (follow_back(x, hb)) return NULL;
         sleep_s(t0 + REVIVE_PERIOD_S - wall_seconds());
     }
@@ -198,12 +198,16 @@ static int live_hubs(hubs *x) {
     return n;
 }
 
-// Waits (up to connect_timeout_s) until some hub is back; fatal if none comes.
-static void await_any_hub(hubs *x) {
+static bool stop_requested(const hubs *x) { return x->o.stop && *x->o.stop; }
+
+// Waits (up to connect_timeout_s) until some hub is back (true), or the caller asks to stop
+// (false); fatal if none comes.
+static bool await_any_hub(hubs *x) {
     double deadline = wall_seconds() + x->o.connect_timeout_s;
     for (;;) {
         take_back(x, -1);
-        if (live_hubs(x) > 0) return;
+        if (live_hubs(x) > 0) return true;
+        if (stop_requested(x)) return false;
         if (wall_seconds() > deadline)
             fail("cannot reach any of the %d hubs (diloco_rendezvous) within diloco_connect_timeout_s = %g s", x->n,
                  x->o.connect_timeout_s);
@@ -235,7 +239,7 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
     int p;
     for (;;) {
         take_back(x, -1);
-        if (live_hubs(x) == 0) await_any_hub(x);
+        if (live_hubs(x) == 0 && !await_any_hub(x)) return JOIN_STOPPED;
         p = primary(x);
         // A rejoining replica is still a member elsewhere: those rounds must not wait for it
         // while it waits for its state here.
@@ -534,7 +538,7 @@ static int parse_hubs(const char *list, char out[TRANSPORT_MAX_HUBS][300]) {
 static void *connect_one(void *arg) {
     hub *hb = arg;
     char err[256];
-    if (!tcp_hub_connect(hb->t, wall_seconds() + hb->owner->o.connect_timeout_s, false, err, sizeof err))
+    if (!tcp_hub_connect(hb->t, wall_seconds() + hb->owner->o.connect_timeout_s, false, true, err, sizeof err))
         warn("diloco: cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s (trying it again in the "
              "background)",
              tcp_hub_address(hb->t), hb->owner->o.connect_timeout_s, err);
@@ -568,12 +572,13 @@ transport *transport_hubs_open(const transport_options *o) {
         pthread_join(connecting[i], NULL);
         up += tcp_hub_connected(x->h[i].t);
     }
-    if (up == 0)
+    if (up == 0 && !stop_requested(x))   // stopped meanwhile: the join says so (JOIN_STOPPED)
         fail("cannot reach any of the %d hubs (diloco_rendezvous %s) within diloco_connect_timeout_s = %g s", x->n,
              o->rendezvous, o->connect_timeout_s);
     for (int i = 0; i < x->n; i++)
         if (!tcp_hub_connected(x->h[i].t)) mark_dead(x, &x->h[i], "unreachable at start");
-    note("diloco: replica %d connected to %d of %d hubs (%s; %d data streams each)", o->replica_id, up, x->n,
-         o->rendezvous, o->streams);
+    if (up > 0)
+        note("diloco: replica %d connected to %d of %d hubs (%s; %d data streams each)", o->replica_id, up, x->n,
+             o->rendezvous, o->streams);
     return transport_wrap(&hubs_ops, x);
 }

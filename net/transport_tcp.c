@@ -385,15 +385,24 @@ static void disconnect(tcp *t) {
     t->member = false;
 }
 
+static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
+
 // Connects the control connection and every data stream, retrying until deadline.
-// false with the last reason in err.
-static bool connect_session(tcp *t, double deadline, char *err, size_t err_bytes) {
+// false with the last reason in err. stoppable (a join, the start): false as soon as the
+// caller asks to stop (transport_options.stop), so that a walltime signal is not lost in
+// diloco_connect_timeout_s of retries while the hub is down; not in an exchange, whose failure
+// the ranks of a sharded replica must not meet at different moments.
+static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, size_t err_bytes) {
     disconnect(t);
     double pause = 0.1;
     bool told = false, duplicate = false;
     char duplicate_why[300] = "";
     err[0] = '\0';
     for (;;) {
+        if (stoppable && stop_requested(t)) {
+            snprintf(err, err_bytes, "stopped by a signal");
+            return false;
+        }
         char why[300] = "";
         uint64_t session = 0;
         double attempt_deadline = wall_seconds() + t->o.timeout_s;
@@ -697,7 +706,6 @@ static const char *dead_reason(tcp *t) {
 }
 
 // ---------------------------------------------------------------- join
-static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
 
 // Joined, or the caller asked to stop (transport_options.stop: a signal while the hub holds the
 // join for a quorum or a state).
@@ -715,9 +723,11 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
     join_result result = JOIN_MEMBER;
     int64_t state_round = 0;
     for (;;) {
-        if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, err, sizeof err))
+        if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, true, err, sizeof err)) {
+            if (stop_requested(t)) return JOIN_STOPPED;
             fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
                  t->o.connect_timeout_s, err);
+        }
         if (tcp_hub_join(t, s, state, state_capacity, state_bytes, &result, &state_round)) return result;
     }
 }
@@ -743,7 +753,7 @@ static bool recover(tcp *t, round_result *r, double t0) {
     warn("diloco: lost the hub at %s during the exchange for %s: %s", t->hub,
          exchange_name(t, r->outer_step, name, sizeof name), dead_reason(t));
     disconnect(t);
-    bool back = connect_session(t, wall_seconds() + t->o.timeout_s, err, sizeof err);
+    bool back = connect_session(t, wall_seconds() + t->o.timeout_s, false, err, sizeof err);
     r->evicted = back;
     r->sync_s = wall_seconds() - t0;
     if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
@@ -759,7 +769,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     r->outer_step = outer_step;
     if (!t->connected) {
         char err[256];
-        bool back = connect_session(t, t0 + t->o.timeout_s, err, sizeof err);
+        bool back = connect_session(t, t0 + t->o.timeout_s, false, err, sizeof err);
         if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
         r->evicted = back;   // the hub dropped us when we went: rejoin
         r->sync_s = wall_seconds() - t0;
@@ -1013,10 +1023,12 @@ transport *transport_tcp_open(const transport_options *o) {
         own_hub_address(o->rendezvous, relay_port(t->served), t->hub, sizeof t->hub);
     }
     char err[256];
-    if (!connect_session(t, wall_seconds() + o->connect_timeout_s, err, sizeof err))
+    // Stopped meanwhile: the join says so (JOIN_STOPPED) without trying again.
+    if (connect_session(t, wall_seconds() + o->connect_timeout_s, true, err, sizeof err))
+        note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
+    else if (!stop_requested(t))
         fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub, o->connect_timeout_s,
              err);
-    note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
     return transport_wrap(&tcp_ops, t);
 }
 
@@ -1032,9 +1044,9 @@ tcp_hub *tcp_hub_new(const transport_options *o, const char *address, int index,
 const char *tcp_hub_address(const tcp_hub *t) { return t->hub; }
 bool tcp_hub_connected(const tcp_hub *t) { return t->connected; }
 
-bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, char *err, size_t err_bytes) {
+bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, bool stoppable, char *err, size_t err_bytes) {
     t->quiet = quiet;
-    bool ok = connect_session(t, deadline, err, err_bytes);
+    bool ok = connect_session(t, deadline, stoppable, err, err_bytes);
     t->quiet = false;
     return ok;
 }

@@ -20,8 +20,9 @@ tcp_hub *tcp_hub_new(const transport_options *o, const char *address, int index,
 const char *tcp_hub_address(const tcp_hub *t);
 bool tcp_hub_connected(const tcp_hub *t);
 // Connects (control and data connections, handshakes), retrying until deadline; false with
-// the last reason in err. quiet: no line saying it waits.
-bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, char *err, size_t err_bytes);
+// the last reason in err. quiet: no line saying it waits; stoppable: false at once when the
+// options' stop flag is set.
+bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, bool stoppable, char *err, size_t err_bytes);
 // JOIN with this status (the primary hub): *result as transport_join's; *state_round the
 // round id the donor's state came after (JOIN_GOT_STATE). false: the hub is lost (disconnected).
 bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity, size_t *state_bytes,

@@ -171,4 +171,27 @@ wait "$q" || rc=$?
 check "SIGTERM in a join held for a quorum: status 0 (got $rc)" test "$rc" = 0
 check "... and the replica says it stopped without training" \
     grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/quorum.log"
+# The same while the hub cannot be reached at all (nothing listens; diloco_connect_timeout_s
+# 300): the replica stops within moments of the signal instead of retrying for 300 s (and then
+# failing) — with one hub, and with two (diloco_rendezvous a,b). Both fail on the old code:
+# the signal waited out the retries.
+for hubs in 1 2; do
+    rv="127.0.0.1:$(free_port)"
+    [ "$hubs" = 2 ] && rv="$rv,127.0.0.1:$(free_port)"
+    "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --max_steps 20 \
+        --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport tcp --diloco_rendezvous "$rv" \
+        --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 300 \
+        --out_dir "$tmp/nohub$hubs" >"$tmp/nohub$hubs.log" 2>&1 &
+    q=$!
+    pids+=("$q")
+    waiting_for_hub() { grep -q "waiting for the hub" "$tmp/nohub$hubs.log" || ! kill -0 "$q" 2>/dev/null; }
+    wait_until "the replica retrying an unreachable hub ($hubs)" waiting_for_hub
+    kill -TERM "$q"
+    WAIT_LIMIT_S=60 wait_until "the replica's exit after SIGTERM ($hubs hub(s))" gone || kill -9 "$q"
+    rc=0
+    wait "$q" || rc=$?
+    check "SIGTERM while $hubs unreachable hub(s) are retried: status 0 (got $rc)" test "$rc" = 0
+    check "... and the replica says it stopped without training" \
+        grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/nohub$hubs.log"
+done
 finish test_diloco_late
