@@ -151,6 +151,49 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
 
+# ---------------------------------------------------------------- a state slower than the deadline
+# 3 replicas of a wider model (2.4 MB of state: 10 chunks of 256 KiB), diloco_timeout_s 2;
+# replica 0, the donor, sends its state at one chunk per 0.8 s (TRAIN_GPT_FAULT=tcp_slow_state:0:
+# 3.6 s, longer than the deadline, never stalled). Replica 2 starts late and waits for the state:
+# the hub holds the round for the transfer, so the donor is not evicted, replica 2 takes the
+# state and all three contribute together, every param_hash equal. On the old relay the donor
+# was evicted as late, the transfer dropped, and the next donor caught the same way.
+start_relay slow 1 2
+slow=(--d_model 128 --d_ff 256 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
+spids=()
+for r in 0 1 2; do
+    [ "$r" = 2 ] && wait_until "replica 0's third outer step" applied_with "$tmp/slow/0/metrics.jsonl" 0,1 2
+    fault=""
+    [ "$r" = 0 ] && fault=tcp_slow_state:0
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${slow[@]}" --diloco_replica_id "$r" --out_dir "$tmp/slow/$r" \
+        >"$tmp/slow$r.log" 2>&1 &
+    spids+=($!)
+    pids+=($!)
+done
+three_after_join() {
+    "$PYTHON" - "$tmp/slow/0/metrics.jsonl" "$tmp/slow/2/metrics.jsonl" <<'PY'
+import json, sys
+join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
+rounds = [json.loads(l) for l in open(sys.argv[1]) if '"contributors"' in l]
+sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_step"] + 1
+                           and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
+PY
+}
+wait_until "all three contribute after replica 2's join" three_after_join
+kill -TERM "${spids[@]}"
+rc=0
+for p in "${spids[@]}"; do wait "$p" || rc=$?; done
+check "slow state: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+took=$(sed -n 's/.*relayed from replica 0 to \[2\]: .* in \([0-9.]*\) s.*/\1/p' "$tmp/relay_slow.log" | head -n 1)
+check "slow state: the state went from replica 0 to 2 in ${took:-?} s, longer than the 2 s deadline" \
+    awk -v t="${took:-0}" 'BEGIN { exit !(t > 2) }'
+check "slow state: nobody was evicted, no transfer aborted" \
+    sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_slow.log'"
+check "slow state: replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/slow/2/metrics.jsonl"
+check "slow state: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
+
 # A stop signal while the hub holds a join (here a quorum of 2 that never comes): the replica
 # stops at once with status 0 and says so, the checkpoint it started from unchanged (it used to
 # wait in its join until SIGKILL).
