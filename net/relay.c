@@ -168,6 +168,8 @@ typedef struct {
     // How long a state transfer it sent or received kept it from its inner phase: its deadline
     // in the next round it is due in is that much later (0 once it begins a contribution).
     double transfer_delay_s;
+    // several hubs: since when it sends a state through another hub (HOLD_BEGIN; < 0: not)
+    double donating_since_s;
 } replica;
 
 struct relay {
@@ -633,6 +635,7 @@ static void drop_replica(relay *h, int id, const char *why) {
     bool was_donor = h->donor == id;
     memset(r, 0, sizeof *r);
     r->state = R_FREE;
+    r->donating_since_s = -1;
     if (was_donor) abort_transfer(h, "the donor left");
     check_round(h);
     settle_group(h);
@@ -914,7 +917,9 @@ static void evict_late(relay *h, int id) {
 // round for it (a stalled transfer is aborted: run_loop), however long it takes: evicted as
 // late, a donor would have to take a state itself, and its joiners would wait again (a state
 // longer than timeout_s could never arrive).
-static bool in_transfer(const relay *h, int id) { return h->donor >= 0 && (id == h->donor || h->reps[id].joiner); }
+static bool in_transfer(const relay *h, int id) {
+    return (h->donor >= 0 && (id == h->donor || h->reps[id].joiner)) || h->reps[id].donating_since_s >= 0;
+}
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
 // its deadline: in a transfer, or in the inner phase the transfer delayed.
@@ -1101,6 +1106,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
         r->transfer_delay_s = 0;
+        r->donating_since_s = -1;
     }
     return true;
 }
@@ -1427,6 +1433,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->state = R_CONNECTED;
     r->held = false;
     r->transfer_delay_s = 0;
+    r->donating_since_s = -1;
     // The round it left may close now, without it: a replica that waits takes the state of the
     // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
     // their groups at different moments of their rounds and must all get the same close's).
@@ -1491,8 +1498,8 @@ static void settle_group(relay *h) {
 
 // FOLLOW (a run with several hubs, at a hub that is not the replica's primary): a member at
 // once, without a state transfer (the primary hub's join brings the replica in step with the
-// group), expected in rounds from first_round on — never in the round open now, unless it
-// has begun it or begins it. A member that follows again keeps its part in the open round
+// group), expected in rounds from first_round on — in the round open now only while the hub has
+// reduced none of its segments (then with timeout_s from now), else once it begins it. A member that follows again keeps its part in the open round
 // (its chunks may overtake the FOLLOW on the data connections). A group without members is
 // founded by the follower, with its status unknown (a later JOIN waits for a state).
 static void on_follow(relay *h, int id, const wire_follow *m) {
@@ -1523,7 +1530,15 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     // founder's first round, so that they agree on the step the hub takes its share again.
     bool unstarted = h->follow_from >= 0 && h->last_closed_step < 0 && !h->round_open;
     if (unstarted && m->first_round != INT64_MAX) r->member_from = h->follow_from;
-    if (h->round_open && !h->contrib[id].began && r->member_from <= h->round_step) r->member_from = h->round_step + 1;
+    // Not in the open round once the hub has reduced segments of it without this replica (it
+    // could not be in their mean); before that, it is expected like the others: a joiner's
+    // first round here is open while the group waits for the donor (HOLD), and it must be in it.
+    if (h->round_open && !h->contrib[id].began && r->member_from <= h->round_step && h->reduced > 0)
+        r->member_from = h->round_step + 1;
+    // Expected in a round that began before it followed (a joiner, after its state came through
+    // its primary hub): its deadline counts from now.
+    if (h->round_open && h->first_began_s >= 0 && !h->contrib[id].began && r->member_from <= h->round_step)
+        r->transfer_delay_s = wall_seconds() - h->first_began_s;
     // JOINED answers a FOLLOW with the round this replica is expected from.
     uint8_t jb[WIRE_JOINED_BYTES];
     wire_joined j = {.result = JOINED_MEMBER, .group_step = r->member_from, .group_hash = 0};
@@ -1554,6 +1569,28 @@ static void on_done(relay *h, int id, const wire_done *m) {
     if (r->state != R_MEMBER || r->joiner) return;
     if (m->result == DONE_COMPLETE) take_completion(h, id, m->outer_step);
     else if (m->outer_step > r->done_step) r->done_step = m->outer_step;
+    check_round(h);
+}
+
+// HOLD (several hubs): member id sends its state to joiners through another hub. Its rounds
+// here wait for it as that hub's do (in_transfer), and after it it has the transfer's duration on
+// top of timeout_s. A replica that dies meanwhile is dropped as any other; one whose transfer
+// ends badly says HOLD_END all the same.
+static void on_hold(relay *h, int id, uint32_t what) {
+    replica *r = rep(h, id);
+    if (!several_hubs(h)) {
+        drop_replica(h, id, "sent HOLD, but its diloco_rendezvous lists one hub");
+        return;
+    }
+    double now = wall_seconds();
+    if (what == HOLD_BEGIN) {
+        r->donating_since_s = now;
+        hub_log(h, "replica %d sends its state through another hub: its rounds here wait for it", id);
+    } else if (r->donating_since_s >= 0) {
+        r->transfer_delay_s = now - r->donating_since_s;
+        r->donating_since_s = -1;
+        hub_log(h, "replica %d has sent its state through another hub in %.1f s", id, r->transfer_delay_s);
+    }
     check_round(h);
 }
 
@@ -1658,13 +1695,14 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         r->streams = a.streams;
         r->min_replicas = (int)a.min_replicas;
         r->began_step = r->done_step = -1;
+        r->donating_since_s = -1;
         r->next_heartbeat_s = wall_seconds();
         snprintf(r->peer, sizeof r->peer, "%s", hc->c.peer);
         hc->role = ROLE_CONTROL;
         hc->replica = id;
         hc->c.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOIN) | CONN_ALLOW(WIRE_CONTRIBUTE) |
                            CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE) | CONN_ALLOW(WIRE_FOLLOW) |
-                           CONN_ALLOW(WIRE_DONE);
+                           CONN_ALLOW(WIRE_DONE) | CONN_ALLOW(WIRE_HOLD);
         welcome(h, hc, &a, session);
         hub_log(h, "replica %d connected from %s (%d data streams)", id, hc->c.peer, a.streams);
         return;
@@ -1712,6 +1750,11 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     case WIRE_DONE: {
         wire_done m;
         if (!(bad = wire_decode_done(f->payload, (size_t)f->payload_bytes, &m))) on_done(h, id, &m);
+        break;
+    }
+    case WIRE_HOLD: {
+        uint32_t what;
+        if (!(bad = wire_decode_hold(f->payload, (size_t)f->payload_bytes, &what))) on_hold(h, id, what);
         break;
     }
     case WIRE_LEAVE: {

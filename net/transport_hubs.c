@@ -467,13 +467,24 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
     return ok;
 }
 
+// The state goes to the hubs that asked for it (the joiners' primary); the others hold their
+// rounds for this replica meanwhile (HOLD), or a transfer longer than their timeout_s would make
+// them evict it as late.
 static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes) {
     hubs *x = impl;
+    bool held[TRANSPORT_MAX_HUBS] = {false};
+    for (int i = 0; i < x->n; i++) {
+        hub *hb = &x->h[i];
+        if (!hb->send_state && atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t))
+            held[i] = tcp_hub_hold(hb->t, true);
+    }
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
         if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) tcp_hub_send_state(hb->t, state, bytes);
         hb->send_state = false;
     }
+    for (int i = 0; i < x->n; i++)
+        if (held[i] && atomic_load(&x->h[i].state) == HUB_LIVE) tcp_hub_hold(x->h[i].t, false);
 }
 
 static bool hubs_agree_stop(void *impl, bool local_stop) {

@@ -1139,6 +1139,17 @@ bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed) {
     return true;
 }
 
+bool tcp_hub_hold(tcp_hub *t, bool begin) {
+    char err[256];
+    if (!t->connected) return false;
+    uint8_t buf[WIRE_HOLD_BYTES];
+    if (!send_control(t, WIRE_HOLD, buf, wire_encode_hold(begin ? HOLD_BEGIN : HOLD_END, buf), err, sizeof err)) {
+        post_dead(t, err);
+        return false;
+    }
+    return true;
+}
+
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes) { tcp_send_state(t, state, bytes); }
 void tcp_hub_disconnect(tcp_hub *t) { disconnect(t); }
 void tcp_hub_leave(tcp_hub *t, int64_t outer_step, bool finished) { tcp_leave(t, outer_step, finished); }

@@ -40,6 +40,10 @@ bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const
 // number, not a round id) is over: completed (it has every share's mean), or given up. Without
 // waiting for an answer; false: the hub is lost.
 bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed);
+// HOLD (docs/protocol.md, "Several hubs"): this replica begins to send its state through
+// another hub (begin), or is done: this hub holds its rounds for it meanwhile. Without waiting
+// for an answer; false: the hub is lost.
+bool tcp_hub_hold(tcp_hub *t, bool begin);
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);

@@ -54,6 +54,7 @@ const char *wire_type_name(unsigned type) {
     case WIRE_LEAVE: return "LEAVE";
     case WIRE_FOLLOW: return "FOLLOW";
     case WIRE_DONE: return "DONE";
+    case WIRE_HOLD: return "HOLD";
     case WIRE_DATA: return "DATA";
     }
     return "unknown";
@@ -79,6 +80,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_LEAVE: lo = hi = WIRE_LEAVE_BYTES; break;
     case WIRE_FOLLOW: lo = hi = WIRE_FOLLOW_BYTES; break;
     case WIRE_DONE: lo = hi = WIRE_DONE_BYTES; break;
+    case WIRE_HOLD: lo = hi = WIRE_HOLD_BYTES; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
     default: return false;
     }
@@ -574,6 +576,20 @@ const char *wire_decode_heartbeat(const uint8_t *p, size_t n, uint32_t *flags) {
     if (n != WIRE_HEARTBEAT_BYTES) return "HEARTBEAT has the wrong size";
     *flags = get_u32(p);
     if (*flags & ~(uint32_t)HEARTBEAT_HOLD) return "HEARTBEAT has unknown flags";
+    return NULL;
+}
+
+size_t wire_encode_hold(uint32_t what, uint8_t out[WIRE_HOLD_BYTES]) {
+    put_u32(out, what);
+    put_u32(out + 4, 0);
+    return WIRE_HOLD_BYTES;
+}
+
+const char *wire_decode_hold(const uint8_t *p, size_t n, uint32_t *what) {
+    if (n != WIRE_HOLD_BYTES) return "HOLD has the wrong size";
+    *what = get_u32(p);
+    if (*what != HOLD_BEGIN && *what != HOLD_END) return "HOLD: unknown kind";
+    if (get_u32(p + 4) != 0) return "HOLD: reserved field not zero";
     return NULL;
 }
 

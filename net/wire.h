@@ -37,7 +37,7 @@ extern "C" {
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
                          // 6: LEAVE says whether the replica finished the run; JOINED(finished)
-                         // 7: HEARTBEAT's flags (the hub holds the round for a state transfer)
+                         // 7: HEARTBEAT's flags (the hub holds the round for a state transfer), HOLD
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -71,6 +71,7 @@ typedef enum {
     WIRE_LEAVE = 24,       // client → hub: goodbye
     WIRE_FOLLOW = 25,      // client → hub: member without a state transfer (a hub of several)
     WIRE_DONE = 26,        // client → hub: its exchange for an outer step is over (a hub of several)
+    WIRE_HOLD = 27,        // client → hub: it sends a state through another hub (begin), or is done (end)
     // session, data connections
     WIRE_DATA = 32,        // one chunk of a payload or a state
 } wire_type;
@@ -227,6 +228,13 @@ typedef struct {
 } wire_done;
 #define WIRE_DONE_BYTES 16
 
+// HOLD: a replica of a run with several hubs tells its other hubs that it sends its state to
+// joiners through one hub (HOLD_BEGIN) and that it is done (HOLD_END): until then they hold
+// their rounds for it as that hub does (it is not late), and after it they give it the
+// transfer's duration on top of timeout_s.
+enum { HOLD_BEGIN = 1, HOLD_END = 2 };
+#define WIRE_HOLD_BYTES 8
+
 // LEAVE: goodbye, with why. LEAVE_STOPPED: it will be back (a signal, the walltime, an error);
 // LEAVE_FINISHED: it reached max_steps, the run is over for it.
 enum { LEAVE_STOPPED = 1, LEAVE_FINISHED = 2 };
@@ -330,6 +338,7 @@ size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text
 size_t wire_encode_state(const wire_state *m, uint8_t *out);
 size_t wire_encode_step(int64_t outer_step, uint8_t *out);   // STATE_ABORT
 size_t wire_encode_heartbeat(uint32_t flags, uint8_t out[WIRE_HEARTBEAT_BYTES]);
+size_t wire_encode_hold(uint32_t what, uint8_t out[WIRE_HOLD_BYTES]);
 // The DATA sub-header only (the chunk bytes follow it in the frame).
 size_t wire_encode_data_head(const wire_data *m, uint8_t out[WIRE_DATA_HEAD_BYTES]);
 
@@ -348,6 +357,7 @@ const char *wire_decode_evicted(const uint8_t *p, size_t n, wire_evicted *m);
 const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m);
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step);
 const char *wire_decode_heartbeat(const uint8_t *p, size_t n, uint32_t *flags);   // empty: flags 0
+const char *wire_decode_hold(const uint8_t *p, size_t n, uint32_t *what);
 const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m);
 
 // Copies a peer's text (REFUSE, EVICTED) into a printable, NUL-terminated one-liner.

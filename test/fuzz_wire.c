@@ -114,6 +114,11 @@ static void decode_payload(unsigned type, const uint8_t *p, size_t n) {
         }
         break;
     }
+    case WIRE_HOLD: {
+        uint32_t what;
+        if (!wire_decode_hold(p, n, &what)) m = wire_encode_hold(what, scratch);
+        break;
+    }
     case WIRE_STATE_ABORT: {
         int64_t step;
         if (!wire_decode_step(p, n, &step)) m = wire_encode_step(step, scratch);

@@ -42,6 +42,7 @@
 //              round for its donor and joiner instead of evicting them as late, the others'
 //              uploads held back meanwhile are not taken for a stuck hub (HEARTBEAT_HOLD), no
 //              exchange fails, the joiner gets the state and the next round has all three
+//   slowstate2 the same with two hubs: the other hub holds its rounds for the donor too (HOLD)
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -1223,39 +1224,44 @@ static void test_donor_dies(void) {
 // the transfer, however long, and for the donor's and joiner's inner phase after it. Before,
 // the donor was evicted as late, the joiner's transfer dropped, and the next donor likewise.
 // Payloads of 32 MiB in 128 segments on one stream, far beyond the hub's window of 16 and what
-// the loopback's socket buffers take, so the others' uploads are held back for the whole transfer.
-static void test_slow_state(void) {
-    static scenario s;
-    open_reports(&s, "slowstate");
+// the loopback's socket buffers take, so the others' uploads are held back for the whole
+// transfer. With two hubs (slowstate2, 8 MiB) the state goes through the donor's primary hub;
+// the other must hold its rounds for the donor too (HOLD begin/end), or it evicts it as late.
+static void start_second_hub(scenario *s, scenario *second, const char *name);
+
+static void slow_state(const char *name, bool two_hubs) {
+    static scenario s, second;
+    open_reports(&s, name);
     start_hub(&s, NULL);
+    char second_name[64];
+    snprintf(second_name, sizeof second_name, "%s_second", name);
+    if (two_hubs) start_second_hub(&s, &second, second_name);
+    replica_cfg c = default_cfg(&s, 0);
+    c.steps = 7;
+    c.values = payload_values(two_hubs ? 8u << 20 : 32u << 20);
+    c.segment = 1 << 16;
+    c.streams = 1;
+    c.partial = two_hubs ? ANY_SHARE : 2;   // killed at any moment: maybe mid-upload
     for (int id = 0; id < 3; id++) {
-        replica_cfg c = default_cfg(&s, id);
-        c.steps = 7;
-        c.values = payload_values(32u << 20);
-        c.segment = 1 << 16;
-        c.streams = 1;
-        c.partial = 2;   // killed at any moment: maybe mid-upload
+        c.id = id;
         // Replica 0 is the donor (lowest id): 12 chunks of 256 KiB, one per 0.8 s.
         start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
     }
-    EXPECT(await(&s, 2, "round", 2, 20), "slowstate: replica 2 reaches round 2");
+    EXPECT(await(&s, 2, "round", 2, 20), "%s: replica 2 reaches round 2", name);
     kill(s.pids[2], SIGKILL);
     waitpid(s.pids[2], NULL, 0);
-    EXPECT(await(&s, 0, "round", 3, 20), "slowstate: the others go on");
-    replica_cfg c = default_cfg(&s, 2);
-    c.steps = 7;
-    c.values = payload_values(32u << 20);
-    c.segment = 1 << 16;
-    c.streams = 1;
+    EXPECT(await(&s, 0, "round", 3, 20), "%s: the others go on", name);
+    c.id = 2;
+    c.partial = two_hubs ? ANY_SHARE : -1;
     start_replica(&s, &c);   // stale: it needs a donor
     const rec *g = await(&s, 2, "gotstate", 0, 60);
-    EXPECT(g && g->ok, "slowstate: the joiner gets a byte-exact state");
+    EXPECT(g && g->ok, "%s: the joiner gets a byte-exact state", name);
     const rec *back = await(&s, 2, "round", g ? g->k : 0, 30);
     EXPECT(back && back->n == 3 && !strcmp(back->ids, "0,1,2") && back->ok,
-           "slowstate: the next round has all three (n %d, ids %s)", back ? back->n : -1, back ? back->ids : "-");
-    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 7, 60), "slowstate: replica %d finishes", id);
+           "%s: the next round has all three (n %d, ids %s)", name, back ? back->n : -1, back ? back->ids : "-");
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 7, 60), "%s: replica %d finishes", name, id);
     EXPECT(wait_exit(s.pids[0], 10) == 0 && wait_exit(s.pids[1], 10) == 0 && wait_exit(s.pids[3], 10) == 0,
-           "slowstate: every replica exits 0");
+           "%s: every replica exits 0", name);
     // The transfer took longer than the hub's timeouts: the test is of what it says.
     char *log = slurp(s.hub_log);
     const char *at = strstr(log, "relayed from replica 0 to [2]: ");
@@ -1265,20 +1271,28 @@ static void test_slow_state(void) {
         if (in) took = atof(in + 4);
     }
     free(log);
-    EXPECT(took > 3 * TIMEOUT_S, "slowstate: the state went from 0 to 2 through the hub in %.1f s (> 3 x timeout)",
+    EXPECT(took > 3 * TIMEOUT_S, "%s: the state went from 0 to 2 through the hub in %.1f s (> 3 x timeout)", name,
            took);
     EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "aborted") && !file_has(s.hub_log, "waits again"),
-           "slowstate: nobody was evicted and no transfer aborted (hub log %s)", s.hub_log);
+           "%s: nobody was evicted and no transfer aborted (hub log %s)", name, s.hub_log);
+    if (two_hubs)
+        EXPECT(!file_has(second.hub_log, "evicted"), "%s: the other hub evicted nobody (log %s)", name,
+               second.hub_log);
     int failed = 0;
     for (int i = 0; i < s.n_lines; i++) failed += !strcmp(s.lines[i].ev, "failed") || !strcmp(s.lines[i].ev, "evicted");
-    EXPECT(failed == 0, "slowstate: no exchange failed or was evicted (%d)", failed);
+    EXPECT(failed == 0, "%s: no exchange failed or was evicted (%d)", name, failed);
     bool ok = true;
     for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
-    EXPECT(ok, "slowstate: every round was exact");
-    EXPECT(means_disagree(&s) == 0, "slowstate: the replicas of a round receive the same bytes");
+    EXPECT(ok, "%s: every round was exact", name);
+    EXPECT((two_hubs ? steps_disagree(&s) : means_disagree(&s)) == 0, "%s: the replicas of a round receive the same "
+           "bytes", name);
     stop_hub(&s);
+    if (two_hubs) stop_hub(&second);
     finish(&s);
+    if (two_hubs) finish(&second);
 }
+static void test_slow_state(void) { slow_state("slowstate", false); }
+static void test_slow_state_hubs(void) { slow_state("slowstate2", true); }
 
 // The others finish and leave while a late replica is away: back, it finds the group empty,
 // founds it anew at its own (older) step, and trains on alone.
@@ -2125,7 +2139,7 @@ int main(int argc, char **argv) {
                  {"refound", test_refound}, {"slowread", test_slow_reader},
                  {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
                  {"size", test_size},       {"donor", test_donor_dies},
-                 {"slowstate", test_slow_state},
+                 {"slowstate", test_slow_state}, {"slowstate2", test_slow_state_hubs},
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},

@@ -71,6 +71,8 @@ static int samples(sample *s) {
     s[n].type = WIRE_FOLLOW, s[n].bytes = wire_encode_follow(&follow, s[n].payload), n++;
     wire_done done = {.outer_step = 12, .result = DONE_COMPLETE};
     s[n].type = WIRE_DONE, s[n].bytes = wire_encode_done(&done, s[n].payload), n++;
+    s[n].type = WIRE_HOLD, s[n].bytes = wire_encode_hold(HOLD_BEGIN, s[n].payload), n++;
+    s[n].type = WIRE_HEARTBEAT, s[n].bytes = wire_encode_heartbeat(HEARTBEAT_HOLD, s[n].payload), n++;
     return n;
 }
 
@@ -79,7 +81,7 @@ static uint8_t frame[WIRE_OVERHEAD_BYTES + sizeof(((sample *)0)->payload)];
 static void test_round_trips(void) {
     static sample s[20];
     int n = samples(s);
-    EXPECT(n == 16, "%d sample types", n);
+    EXPECT(n == 18, "%d sample types", n);
     for (int i = 0; i < n; i++) {
         size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
         wire_frame f;
@@ -122,6 +124,15 @@ static void test_round_trips(void) {
     wire_encode_heartbeat(2, hb);
     EXPECT(wire_decode_heartbeat(hb, sizeof hb, &flags) != NULL, "HEARTBEAT with an unknown flag is refused");
     EXPECT(wire_decode_heartbeat(hb, 2, &flags) != NULL, "HEARTBEAT of 2 bytes is refused");
+    // HOLD: begin or end, reserved zero.
+    uint8_t hold[WIRE_HOLD_BYTES];
+    uint32_t what = 0;
+    EXPECT(!wire_decode_hold(hold, wire_encode_hold(HOLD_END, hold), &what) && what == HOLD_END, "HOLD decodes");
+    wire_encode_hold(3, hold);
+    EXPECT(wire_decode_hold(hold, sizeof hold, &what) != NULL, "HOLD of an unknown kind is refused");
+    wire_encode_hold(HOLD_BEGIN, hold);
+    hold[5] = 1;
+    EXPECT(wire_decode_hold(hold, sizeof hold, &what) != NULL, "HOLD with a reserved field set is refused");
     wire_leave lv;
     EXPECT(!wire_decode_leave(s[12].payload, s[12].bytes, &lv) && lv.outer_step == 12 && lv.reason == LEAVE_FINISHED,
            "LEAVE decodes");
