@@ -224,6 +224,14 @@ const char *format_count(double n, char *buf, size_t bytes) {
     return buf;
 }
 
+const char *format_bytes(uint64_t n, char *buf, size_t bytes) {
+    if (n >= (1ull << 30)) snprintf(buf, bytes, "%.2f GiB", (double)n / 1073741824.0);
+    else if (n >= (1ull << 20)) snprintf(buf, bytes, "%.2f MiB", (double)n / 1048576.0);
+    else if (n >= 1024) snprintf(buf, bytes, "%.1f KiB", (double)n / 1024.0);
+    else snprintf(buf, bytes, "%llu B", (unsigned long long)n);
+    return buf;
+}
+
 const char *format_duration(double seconds, char *buf, size_t bytes) {
     if (!(seconds >= 0) || seconds > 1e9) {
         snprintf(buf, bytes, "?");

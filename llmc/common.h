@@ -68,6 +68,8 @@ bool fsync_dir(const char *path);
 double wall_seconds(void);
 // 14.53B, 121.19M, 7.21K into buf.
 const char *format_count(double n, char *buf, size_t bytes);
+// "2.86 MiB", "1.50 GiB", "12.0 KiB", "512 B" into buf.
+const char *format_bytes(uint64_t n, char *buf, size_t bytes);
 // "1h02m", "3m10s", "12s" into buf.
 const char *format_duration(double seconds, char *buf, size_t bytes);
 // The UTF-8 character at p (NUL-terminated text): its length in bytes (1-4) when it is well

@@ -258,14 +258,6 @@ static void PRINTF_LIKE(2, 3) hub_log(relay *h, const char *fmt, ...) {
     fflush(h->log);
 }
 
-static const char *fmt_bytes(uint64_t b, char *buf, size_t n) {
-    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
-    else if (b >= (1ull << 20)) snprintf(buf, n, "%.2f MiB", b / 1048576.0);
-    else if (b >= 1024) snprintf(buf, n, "%.1f KiB", b / 1024.0);
-    else snprintf(buf, n, "%llu B", (unsigned long long)b);
-    return buf;
-}
-
 // ---------------------------------------------------------------- connections
 static hub_conn *add_conn(relay *h, int fd, const char *peer) {
     hub_conn *hc = xcalloc(1, sizeof *hc);
@@ -670,7 +662,7 @@ static void finish_transfer_if_whole(relay *h) {
             snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
         }
     hub_log(h, "state after round %lld relayed from replica %d to [%s]: %s in %.1f s", (long long)h->st.step,
-            h->donor, ids, fmt_bytes(h->st.total, b, sizeof b), took);
+            h->donor, ids, format_bytes(h->st.total, b, sizeof b), took);
     h->donor = -1;
     transfer_reset(&h->st);
 }
@@ -851,8 +843,8 @@ static void close_round(relay *h) {
     }
     char name[96];
     hub_log(h, "round %s closed: %u contributor(s) [%s]%s, %s in, %s out, rss %s, %s",
-            round_name(h, name, sizeof name), m.n, ids, weighted, fmt_bytes(h->round_in_bytes, b1, sizeof b1),
-            fmt_bytes(h->round_out_bytes, b2, sizeof b2), fmt_bytes(rss_bytes(), b3, sizeof b3),
+            round_name(h, name, sizeof name), m.n, ids, weighted, format_bytes(h->round_in_bytes, b1, sizeof b1),
+            format_bytes(h->round_out_bytes, b2, sizeof b2), format_bytes(rss_bytes(), b3, sizeof b3),
             apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
@@ -1155,9 +1147,9 @@ static float *residual_for(relay *h, uint64_t offset, uint64_t values, uint64_t 
     char b[32], b2[32];
     uint64_t all = residual_values(h);
     hub_log(h, "downlink error feedback: a residual of %llu values (%s) for values %llu .. %llu of %llu; %s in all",
-            (unsigned long long)values, fmt_bytes(values * sizeof(float), b, sizeof b), (unsigned long long)offset,
+            (unsigned long long)values, format_bytes(values * sizeof(float), b, sizeof b), (unsigned long long)offset,
             (unsigned long long)(offset + values - 1), (unsigned long long)model_values,
-            fmt_bytes(all * sizeof(float), b2, sizeof b2));
+            format_bytes(all * sizeof(float), b2, sizeof b2));
     return r;
 }
 
@@ -1203,7 +1195,7 @@ static const char *take_spec(relay *h, const wire_contribute *m) {
                      "%llu of a model of %llu: %s): out of memory; run the replicas with diloco_downlink_feedback = 0 "
                      "or give the hub more memory",
                      (unsigned long long)m->value_offset, (unsigned long long)(m->value_offset + m->values - 1),
-                     (unsigned long long)m->model_values, fmt_bytes(m->values * sizeof(float), b, sizeof b));
+                     (unsigned long long)m->model_values, format_bytes(m->values * sizeof(float), b, sizeof b));
             return why;
         }
     } else {
@@ -1859,7 +1851,7 @@ static void housekeeping(relay *h) {
         } else if (now - r->down_progress_s > h->o.timeout_s) {
             char why[160], b[32];
             snprintf(why, sizeof why, "its data streams took nothing of what the hub sends it for %.1f s (%s waiting)",
-                     now - r->down_progress_s, fmt_bytes(backlog, b, sizeof b));
+                     now - r->down_progress_s, format_bytes(backlog, b, sizeof b));
             drop_replica(h, id, why);
             continue;
         }

@@ -111,6 +111,9 @@ struct tcp {
     double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
     double job_next_chunk_s;
     double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
+    // A state on its way in or out: when it began (its progress is said every hub timeout), and
+    // when a long wait (a state, or a round the hub holds for one) was last said.
+    double state_began_s, job_began_s, wait_said_s, hold_began_s;
     uint8_t *own;
     size_t own_cap;
 };
@@ -489,6 +492,7 @@ static bool start_state(tcp *t, int64_t step, uint64_t total) {
     t->state_step = step;
     t->state_total = total;
     t->state_received = 0;
+    t->state_began_s = wall_seconds();
     return true;
 }
 
@@ -533,11 +537,12 @@ static void take_mail(tcp *t) {
         }
         case WIRE_STATE: {
             wire_state s;
+            char size[32];
             if (!(bad = wire_decode_state(m->payload, m->bytes, &s)) && t->want_state) {
                 if (!start_state(t, s.outer_step, s.total_bytes)) bad = "STATE disagrees with its chunks";
                 else
-                    note("diloco: receiving the group's state from replica %u (%llu bytes)", s.donor_id,
-                         (unsigned long long)s.total_bytes);
+                    note("diloco: receiving the group's state from replica %u (%s)", s.donor_id,
+                         format_bytes(s.total_bytes, size, sizeof size));
             }
             break;
         }
@@ -632,10 +637,49 @@ static void say_join_waits(tcp *t) {
 
 static bool join_done(tcp *t);
 
+// "3.10 GiB of 8.00 GiB (39 %), 11.9 MiB/s, about 7m02s left"
+static void transfer_progress(uint64_t done, uint64_t total, double began_s, char *out, size_t bytes) {
+    double took = wall_seconds() - began_s, rate = took > 0 ? (double)done / took : 0;
+    char d[32], t[32], r[32], left[32];
+    format_bytes(done, d, sizeof d);
+    format_bytes(total, t, sizeof t);
+    format_bytes((uint64_t)rate, r, sizeof r);
+    format_duration(rate > 0 ? (double)(total - done) / rate : -1, left, sizeof left);
+    snprintf(out, bytes, "%s of %s (%.0f %%), %s/s, about %s left", d, t, total ? 100.0 * (double)done / (double)total : 0,
+             r, left);
+}
+
+// A long wait says what it waits for every hub timeout (a minute by default): a state on its way
+// in or out (a 14B model's takes hours on a slow link), or a round the hub holds for another
+// replica's state (HEARTBEAT_HOLD) — never a silent replica that looks hung.
+static void say_long_wait(tcp *t, double held_s) {
+    double now = wall_seconds(), every = t->hub_timeout_s > 1.0 ? t->hub_timeout_s : 1.0;
+    bool held = now - held_s < every;
+    if (!held) t->hold_began_s = 0;
+    else if (t->hold_began_s == 0) t->hold_began_s = now;
+    if (now - t->wait_said_s < every) return;
+    char line[160], waited[32];
+    if (t->state_started && t->state_received < t->state_total) {
+        transfer_progress(t->state_received, t->state_total, t->state_began_s, line, sizeof line);
+        note("diloco: replica %d receives the group's state: %s", t->o.replica_id, line);
+    } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_total) {
+        transfer_progress(t->job_next, t->job_total, t->job_began_s, line, sizeof line);
+        note("diloco: replica %d sends its state to the joiners: %s", t->o.replica_id, line);
+    } else if (held && t->hold_began_s > 0 && now - t->hold_began_s >= every) {
+        note("diloco: replica %d waits for its exchange: the hub at %s holds the round for a state transfer "
+             "(a replica joins; waited %s)",
+             t->o.replica_id, t->hub, format_duration(now - t->hold_began_s, waited, sizeof waited));
+    } else {
+        return;
+    }
+    t->wait_said_s = now;
+}
+
 static bool pump(tcp *t, done_fn done) {
     struct pollfd p[1 + WIRE_MAX_STREAMS];
     char err[256], why[1024];
     t->job_progress_s = wall_seconds();
+    t->wait_said_s = t->job_progress_s;
     for (;;) {
         if (done == join_done) say_join_waits(t);
         take_mail(t);
@@ -644,6 +688,7 @@ static bool pump(tcp *t, done_fn done) {
         double held_s = t->hub_held_s;
         pthread_mutex_unlock(&t->mailbox_lock);
         if (dead) return false;
+        say_long_wait(t, held_s);
         if (done(t)) return true;
         feed_upload(t);
         p[0] = (struct pollfd){.fd = t->to_main[0], .events = POLLIN};
@@ -882,6 +927,7 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_step = t->cur_step;
     t->job_kind = DATA_STATE;
     t->job_chunk = CHUNK_BYTES;
+    t->job_began_s = wall_seconds();
     // Test hooks (TRAIN_GPT_FAULT): tcp_die_in_state:0, the donor dies halfway through;
     // tcp_slow_state:0, it sends chunks of 256 KiB, one per 0.4 × timeout_s: a link too slow for
     // the state to arrive within the round's deadline, never stalled for a timeout.

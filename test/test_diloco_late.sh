@@ -191,6 +191,12 @@ check "slow state: the state went from replica 0 to 2 in ${took:-?} s, longer th
 check "slow state: nobody was evicted, no transfer aborted" \
     sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_slow.log'"
 check "slow state: replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/slow/2/metrics.jsonl"
+check "slow state: the joiner says how its state comes on (bytes, rate, time left)" \
+    grep -q "replica 2 receives the group's state: .* of .* (.* %), .*/s, about .* left" "$tmp/slow2.log"
+check "slow state: the donor says how its state goes out" \
+    grep -q "replica 0 sends its state to the joiners: .* of .* (.* %)" "$tmp/slow0.log"
+check "slow state: replica 1 says its exchange waits for the transfer" \
+    grep -q "replica 1 waits for its exchange: the hub at .* holds the round for a state transfer" "$tmp/slow1.log"
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
 
