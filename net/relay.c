@@ -242,6 +242,10 @@ struct relay {
     double donor_grace_s;           // how long it may take to announce its state: timeout_s, or 3 ×
                                     // with several hubs (it sends once every share's round is in)
     double transfer_began_s;        // the donor's designation
+    // A transfer cut for holding the round longer than max_hold_s: its donor's frames still on
+    // the way (it stops at the STATE_ABORT it is sent) are let go, not taken for a protocol error,
+    // until the next donor is designated.
+    int cut_donor;                  // -1: none
     transfer st;
 };
 
@@ -647,6 +651,24 @@ static void abort_transfer(relay *h, const char *why) {
 
 // The donor and its joiners begin their inner phase only now: each round's deadline for them
 // moves by the transfer's time, until they begin a contribution (check_round).
+// --max_hold_s: the transfer has held the round too long. Its joiners wait again (STATE_ABORT),
+// its donor is told to stop sending (STATE_ABORT too) and goes on training, with the time it
+// spent on top of timeout_s in the round it is due in, as after a whole transfer.
+static void cut_transfer(relay *h) {
+    int donor = h->donor;
+    double took = wall_seconds() - h->transfer_began_s;
+    h->cut_donor = donor;
+    rep(h, donor)->transfer_delay_s = took;
+    uint8_t buf[8];
+    send_control(h, rep(h, donor), WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
+    char b[32], t[32];
+    hub_log(h, "state transfer from replica %d cut after %.1f s (--max_hold_s %g; %s of %s relayed): the group goes "
+               "on without its joiners",
+            donor, took, h->o.max_hold_s, format_bytes((uint64_t)h->st.chunks_have * h->st.chunk, b, sizeof b),
+            format_bytes(h->st.total, t, sizeof t));
+    abort_transfer(h, "held the round longer than --max_hold_s");
+}
+
 static void finish_transfer_if_whole(relay *h) {
     if (h->donor < 0 || !transfer_whole(&h->st)) return;
     char b[32];
@@ -669,6 +691,7 @@ static void finish_transfer_if_whole(relay *h) {
 
 static void on_state_announce(relay *h, int id, const wire_state *m) {
     if (h->donor != id) {
+        if (id == h->cut_donor) return;   // cut (--max_hold_s) before it announced
         drop_replica(h, id, "sent a STATE it was not asked for");
         return;
     }
@@ -692,6 +715,7 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
 
 static void on_state_chunk(relay *h, int id, const wire_data *d) {
     if (h->donor != id) {
+        if (id == h->cut_donor) return;   // cut (--max_hold_s): what was on the way
         drop_replica(h, id, "sent state chunks it was not asked for");
         return;
     }
@@ -837,6 +861,7 @@ static void close_round(relay *h) {
                 snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
             }
         h->donor = donor;
+        h->cut_donor = -1;
         h->transfer_began_s = h->donor_progress_s = wall_seconds();
         h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
         transfer_reset(&h->st);
@@ -1871,6 +1896,8 @@ static void housekeeping(relay *h) {
         if (paused) h->donor_progress_s = now;
         else if (now - h->donor_progress_s > (h->st.announced ? h->o.timeout_s : h->donor_grace_s))
             abort_transfer(h, "the donor sent nothing for a timeout");
+        else if (h->o.max_hold_s > 0 && now - h->transfer_began_s > h->o.max_hold_s)
+            cut_transfer(h);
     }
     if (h->dying_for >= 0 && now > h->dying_deadline_s) die_now(h, "no DONE within timeout_s");
     check_round(h);
@@ -2048,6 +2075,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     h->fd_warned_s = -1e9;
     h->donor = -1;
+    h->cut_donor = -1;
     h->follow_from = -1;
     h->last_closed_step = -1;
     h->completed_step = -1;
@@ -2143,7 +2171,7 @@ static void on_stop_signal(int sig) {
 
 static const char relay_usage[] =
     "usage: train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]\n"
-    "                       [--replicas M] [--shards N]\n"
+    "                       [--replicas M] [--shards N] [--max_hold_s S]\n"
     "Runs the hub the replicas of a DiLoCo run meet at (diloco_transport = tcp), until SIGINT or SIGTERM.\n"
     "  --listen        address to listen on: HOST:PORT, *:PORT (every address), [v6addr]:PORT\n"
     "  --secret_file   the run's diloco_secret_file (the same bytes every replica reads)\n"
@@ -2153,6 +2181,9 @@ static const char relay_usage[] =
     "  --replicas      refuse replica ids >= M (default: any id below 256)\n"
     "  --shards        replicas of N ranks each (fsdp_size N): N independent hubs on ports PORT .. PORT+N-1,\n"
     "                  hub j for rank j of every replica (open all N ports in the firewall)\n"
+    "  --max_hold_s    the longest a state transfer may hold the group's round (a replica that joins a big\n"
+    "                  model over a slow link); then it is cut: the joiners wait, the group goes on.\n"
+    "                  0 (the default): as long as it moves\n"
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 
@@ -2240,6 +2271,7 @@ int relay_main(int argc, char **argv) {
         else if (strcmp(name, "min_replicas") == 0) o.min_replicas = (int)parse_number(name, value, 1, 256);
         else if (strcmp(name, "replicas") == 0) o.replicas = (int)parse_number(name, value, 1, 256);
         else if (strcmp(name, "shards") == 0) shards = (int)parse_number(name, value, 1, 1024);
+        else if (strcmp(name, "max_hold_s") == 0) o.max_hold_s = parse_number(name, value, 0, 1e9);
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");

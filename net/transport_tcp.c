@@ -548,8 +548,15 @@ static void take_mail(tcp *t) {
         }
         case WIRE_STATE_ABORT:
             if (t->want_state) {
-                note("diloco: the donor left mid-transfer; waiting for the next outer boundary");
+                note("diloco: the hub aborted the state transfer (the donor left or stalled, or the transfer held "
+                     "the group longer than the relay's --max_hold_s); waiting for the next outer boundary");
                 reset_state_progress(t);
+            } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_end) {
+                // The donor: the hub cut the transfer (--max_hold_s); what is queued goes, the rest not.
+                note("diloco: replica %d stops sending its state: the hub cut the transfer (it held the group "
+                     "longer than the relay's --max_hold_s); training on",
+                     t->o.replica_id);
+                t->job_end = t->job_next;
             }
             break;
         }

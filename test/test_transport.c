@@ -43,6 +43,8 @@
 //              uploads held back meanwhile are not taken for a stuck hub (HEARTBEAT_HOLD), no
 //              exchange fails, the joiner gets the state and the next round has all three
 //   slowstate2 the same with two hubs: the other hub holds its rounds for the donor too (HOLD)
+//   slowcut    the same with the relay's --max_hold_s 3: the hub cuts the transfer after 3 s, the
+//              joiner waits again, the donor stops sending and goes on, not dropped or evicted
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -1292,6 +1294,71 @@ static void slow_state(const char *name, bool two_hubs) {
     if (two_hubs) finish(&second);
 }
 static void test_slow_state(void) { slow_state("slowstate", false); }
+
+// The same slow state with the relay's --max_hold_s 3: after 3 s the hub cuts the transfer, the
+// joiner waits again, the donor stops sending and goes on (it is not evicted or dropped, its
+// chunks still on the way are let go), and the group closes rounds without the joiner.
+static void test_slow_cut(void) {
+    static scenario s;
+    open_reports(&s, "slowcut");
+    start_hub(&s, "--max_hold_s 3");
+    char stop_path[400];
+    snprintf(stop_path, sizeof stop_path, "%s/slowcut.stop", dir);
+    replica_cfg c = default_cfg(&s, 0);
+    c.steps = 100000;
+    c.stop_file = stop_path;
+    c.partial = 2;
+    for (int id = 0; id < 3; id++) {
+        c.id = id;
+        start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
+    }
+    EXPECT(await(&s, 2, "round", 2, 20), "slowcut: replica 2 reaches round 2");
+    kill(s.pids[2], SIGKILL);
+    waitpid(s.pids[2], NULL, 0);
+    const rec *r = await(&s, 0, "round", 3, 20);
+    long long k = r ? r->k : 0;
+    c.id = 2;
+    c.partial = -1;
+    start_replica(&s, &c);   // stale: it needs a donor
+    EXPECT(await_file(s.hub_log, "cut after", 30), "slowcut: the hub cuts the transfer");
+    EXPECT(await(&s, 0, "round", k + 4, 60) && await(&s, 1, "round", k + 4, 60),
+           "slowcut: replicas 0 and 1 go on past the cut");
+    FILE *f = fopen(stop_path, "w");
+    if (f) fclose(f);
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 0, 60), "slowcut: replica %d finishes", id);
+    kill(s.pids[3], SIGKILL);   // the joiner, still waiting
+    EXPECT(wait_exit(s.pids[0], 10) == 0 && wait_exit(s.pids[1], 10) == 0, "slowcut: replicas 0 and 1 exit 0");
+    EXPECT(file_has(s.hub_log, "state transfer from replica 0 cut after") &&
+               file_has(s.hub_log, "--max_hold_s 3"),
+           "slowcut: the hub says why it cut");
+    char *log = slurp(s.hub_log);
+    bool dropped = false;
+    for (char *line = strstr(log, "replica 0 ("); line; line = strstr(line + 1, "replica 0 (")) {
+        char *end = strchr(line, '\n');
+        char *d = strstr(line, ") dropped");
+        dropped |= d && (!end || d < end);
+    }
+    free(log);
+    EXPECT(!dropped && !file_has(s.hub_log, "evicted"), "slowcut: the donor was neither dropped nor evicted (hub log %s)",
+           s.hub_log);
+    char path[400];
+    snprintf(path, sizeof path, "%s/slowcut_R0.err", dir);
+    EXPECT(file_has(path, "stops sending its state: the hub cut the transfer"), "slowcut: the donor says it stops");
+    snprintf(path, sizeof path, "%s/slowcut_R2.err", dir);
+    EXPECT(file_has(path, "the hub aborted the state transfer"), "slowcut: the joiner says it waits again");
+    int failed = 0, got = 0;
+    for (int i = 0; i < s.n_lines; i++) {
+        failed += s.lines[i].id < 2 && (!strcmp(s.lines[i].ev, "failed") || !strcmp(s.lines[i].ev, "evicted"));
+        got += !strcmp(s.lines[i].ev, "gotstate");
+    }
+    EXPECT(failed == 0 && got == 0, "slowcut: no exchange of 0 or 1 failed (%d), the joiner got no state (%d)", failed,
+           got);
+    bool ok = true;
+    for (int id = 0; id < 2; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "slowcut: every round was exact");
+    stop_hub(&s);
+    finish(&s);
+}
 static void test_slow_state_hubs(void) { slow_state("slowstate2", true); }
 
 // The others finish and leave while a late replica is away: back, it finds the group empty,
@@ -2118,6 +2185,10 @@ static void test_cli(void) {
     char *bad_timeout[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--timeout_s", "-1"};
     rc = relay_child(bad_timeout, 7, err, sizeof err);
     EXPECT(rc == 1 && strstr(err, "--timeout_s"), "cli: a bad timeout (rc %d): %s", rc, err);
+    char *bad_hold[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--max_hold_s", "soon"};
+    rc = relay_child(bad_hold, 7, err, sizeof err);
+    EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "--max_hold_s"), "cli: a bad --max_hold_s (rc %d): %s",
+           rc, err);
     char *unknown[] = {"relay", "--listen", "127.0.0.1:0", "--secret_file", secret_path, "--frobnicate", "1"};
     rc = relay_child(unknown, 7, err, sizeof err);
     EXPECT(rc == 1 && strstr(err, "unknown option --frobnicate"), "cli: an unknown option (rc %d): %s", rc, err);
@@ -2140,6 +2211,7 @@ int main(int argc, char **argv) {
                  {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
                  {"size", test_size},       {"donor", test_donor_dies},
                  {"slowstate", test_slow_state}, {"slowstate2", test_slow_state_hubs},
+                 {"slowcut", test_slow_cut},
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
