@@ -25,7 +25,9 @@
 // the first contribution began; members that have not begun by then are evicted as late,
 // uploads that move are waited for (one stalled for timeout_s is dropped). A state transfer
 // holds the round: its donor and joiners are waited for while it moves, and have its duration
-// on top of timeout_s after it; the heartbeats say HOLD meanwhile. The round closes
+// on top of timeout_s after it; the heartbeats say HOLD meanwhile. --max_hold_s cuts one that
+// holds too long (its joiners get a donor again only after 2, 4, .. 64 closes); one left without
+// joiners is stopped; either way the donor is told to stop sending (STATE_ABORT). The round closes
 // when every member has contributed whole and every segment is sent: ROUND names the whole
 // contributions (apply = n >= min_replicas). A contributor dropped mid-upload is in the
 // segments reduced before it stopped and not in the later ones; it may not contribute to
@@ -168,8 +170,20 @@ typedef struct {
     // How long a state transfer it sent or received kept it from its inner phase: its deadline
     // in the next round it is due in is that much later (0 once it begins a contribution).
     double transfer_delay_s;
-    // several hubs: since when it sends a state through another hub (HOLD_BEGIN; < 0: not)
+    // A joiner whose state is whole at the hub but still in its queue: held until it drains;
+    // when its transfer began (its donor's designation).
+    bool state_draining;
+    double state_began_s;
+    // Expected in a round that was open when it followed (several hubs): its deadline counts
+    // from its FOLLOW, this much after the round's first contribution.
+    double follow_delay_s;
+    // several hubs: it sends a state through another hub (HOLD_BEGIN), since when
+    bool donating;
     double donating_since_s;
+    // Transfers to it cut by --max_hold_s, and the close from which it may be given a donor
+    // again (a replica whose state cannot arrive in time must not hold the group every round).
+    int cuts;
+    int64_t retry_at_close;
 } replica;
 
 struct relay {
@@ -242,6 +256,7 @@ struct relay {
     double donor_grace_s;           // how long it may take to announce its state: timeout_s, or 3 ×
                                     // with several hubs (it sends once every share's round is in)
     double transfer_began_s;        // the donor's designation
+    int64_t closes;                 // rounds closed
     // A transfer cut for holding the round longer than max_hold_s: its donor's frames still on
     // the way (it stops at the STATE_ABORT it is sent) are let go, not taken for a protocol error,
     // until the next donor is designated.
@@ -586,7 +601,7 @@ static void send_finished(relay *h, int id) {
             id, (long long)r->status.outer_step, h->finished_by, (long long)h->finished_step);
 }
 
-static void abort_transfer(relay *h, const char *why);
+static void abort_transfer(relay *h, const char *why, bool backoff);
 static void check_round(relay *h);
 static void settle_group(relay *h);
 static void tell_evicted(relay *h, int id, int64_t step, const char *text);
@@ -606,6 +621,8 @@ static void leave_round(relay *h, int id) {
     }
     release_contribution(r);
 }
+
+static void stop_transfer_without_joiners(relay *h);
 
 // A joiner that will not get this transfer goes back to waiting.
 static void unjoin(relay *h, int id) {
@@ -631,44 +648,66 @@ static void drop_replica(relay *h, int id, const char *why) {
     bool was_donor = h->donor == id;
     memset(r, 0, sizeof *r);
     r->state = R_FREE;
-    r->donating_since_s = -1;
-    if (was_donor) abort_transfer(h, "the donor left");
+    if (was_donor) abort_transfer(h, "the donor left", false);
+    else stop_transfer_without_joiners(h);
     check_round(h);
     settle_group(h);
 }
 
 // ---------------------------------------------------------------- the state transfer
-static void abort_transfer(relay *h, const char *why) {
+// Ends the transfer in flight before its state is whole: its joiners wait again (STATE_ABORT;
+// with backoff, a transfer cut by --max_hold_s: such a joiner is given a donor again only after
+// 2, 4, .. 64 more closes). A donor still here is told to stop sending (STATE_ABORT too; its
+// frames on the way are let go: cut_donor) and trains on, with the time it spent on top of
+// timeout_s in the round it is due in, as after a whole transfer.
+static void abort_transfer(relay *h, const char *why, bool backoff) {
     if (h->donor < 0) return;
-    int joiners = 0;
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].joiner) unjoin(h, i), joiners++;
-    hub_log(h, "state transfer from replica %d aborted (%s): %d joiner(s) wait for the next round", h->donor, why,
+    int donor = h->donor, joiners = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        replica *r = rep(h, i);
+        if (!r->joiner) continue;
+        unjoin(h, i);
+        joiners++;
+        if (backoff) {
+            r->cuts++;
+            r->retry_at_close = h->closes + ((int64_t)1 << (r->cuts < 6 ? r->cuts : 6));
+        }
+    }
+    replica *d = rep(h, donor);
+    if (d->state != R_FREE) {
+        h->cut_donor = donor;
+        d->transfer_delay_s = wall_seconds() - h->transfer_began_s;
+        uint8_t buf[8];
+        send_control(h, d, WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
+    }
+    hub_log(h, "state transfer from replica %d aborted (%s): %d joiner(s) wait for the next round", donor, why,
             joiners);
     h->donor = -1;
     transfer_reset(&h->st);
 }
 
-// The donor and its joiners begin their inner phase only now: each round's deadline for them
-// moves by the transfer's time, until they begin a contribution (check_round).
-// --max_hold_s: the transfer has held the round too long. Its joiners wait again (STATE_ABORT),
-// its donor is told to stop sending (STATE_ABORT too) and goes on training, with the time it
-// spent on top of timeout_s in the round it is due in, as after a whole transfer.
+// A transfer left without joiners (dropped, or joining again) is stopped: nobody would get it.
+static void stop_transfer_without_joiners(relay *h) {
+    if (h->donor < 0) return;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (h->reps[i].joiner) return;
+    abort_transfer(h, "no joiner left", false);
+}
+
+// --max_hold_s: the transfer has held the round too long.
 static void cut_transfer(relay *h) {
-    int donor = h->donor;
-    double took = wall_seconds() - h->transfer_began_s;
-    h->cut_donor = donor;
-    rep(h, donor)->transfer_delay_s = took;
-    uint8_t buf[8];
-    send_control(h, rep(h, donor), WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
     char b[32], t[32];
     hub_log(h, "state transfer from replica %d cut after %.1f s (--max_hold_s %g; %s of %s relayed): the group goes "
                "on without its joiners",
-            donor, took, h->o.max_hold_s, format_bytes((uint64_t)h->st.chunks_have * h->st.chunk, b, sizeof b),
+            h->donor, wall_seconds() - h->transfer_began_s, h->o.max_hold_s,
+            format_bytes((uint64_t)h->st.chunks_have * h->st.chunk, b, sizeof b),
             format_bytes(h->st.total, t, sizeof t));
-    abort_transfer(h, "held the round longer than --max_hold_s");
+    abort_transfer(h, "held the round longer than --max_hold_s", true);
 }
 
+// The state is whole at the hub. The donor begins its inner phase now, each joiner once the
+// state has left its queue: each round's deadline for them moves by the transfer's time until
+// they begin a contribution (check_round).
 static void finish_transfer_if_whole(relay *h) {
     if (h->donor < 0 || !transfer_whole(&h->st)) return;
     char b[32];
@@ -679,7 +718,7 @@ static void finish_transfer_if_whole(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->reps[i].joiner) {
             h->reps[i].joiner = false;
-            h->reps[i].transfer_delay_s = took;
+            h->reps[i].state_draining = true;
             size_t len = strlen(ids);
             snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
         }
@@ -687,6 +726,13 @@ static void finish_transfer_if_whole(relay *h) {
             h->donor, ids, format_bytes(h->st.total, b, sizeof b), took);
     h->donor = -1;
     transfer_reset(&h->st);
+}
+
+// A joiner's state has left its queue: it begins its inner phase (housekeeping).
+static void state_drained(relay *h, int id) {
+    replica *r = rep(h, id);
+    r->state_draining = false;
+    r->transfer_delay_s = wall_seconds() - r->state_began_s;
 }
 
 static void on_state_announce(relay *h, int id, const wire_state *m) {
@@ -727,7 +773,7 @@ static void on_state_chunk(relay *h, int id, const wire_data *d) {
     }
     blob *b = blob_new((size_t)d->chunk_len);
     if (!b) {
-        abort_transfer(h, "the hub is out of memory");
+        abort_transfer(h, "the hub is out of memory", false);
         return;
     }
     memcpy(b->data, d->bytes, (size_t)d->chunk_len);
@@ -800,6 +846,12 @@ static void die_now(relay *h, const char *why) {
     raise(SIGKILL);
 }
 
+// Whether waiting replica id may be given a donor at this close (backoff after cut transfers).
+static bool may_get_state(const relay *h, int id) {
+    const replica *r = &h->reps[id];
+    return r->state == R_WAITING && h->closes >= r->retry_at_close;
+}
+
 static void close_round(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].bounded)
@@ -816,8 +868,9 @@ static void close_round(relay *h) {
         }
     bool apply = (int)m.n >= h->o.min_replicas;
     // A donor for the waiting replicas: the lowest-id contributor still here.
+    h->closes++;
     int donor = -1, waiting = 0;
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) waiting += h->reps[i].state == R_WAITING;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) waiting += may_get_state(h, i);
     if (waiting && h->donor < 0)
         for (uint32_t k = 0; k < m.n && donor < 0; k++)
             if (rep(h, (int)m.ids[k])->state == R_MEMBER) donor = (int)m.ids[k];
@@ -852,9 +905,10 @@ static void close_round(relay *h) {
         // share's round): the joiners are members from the next step's first round.
         int64_t from = multi_hub(h) ? (h->round_step / HUB_ROUNDS_PER_STEP + 1) * HUB_ROUNDS_PER_STEP : 0;
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-            if (h->reps[i].state == R_WAITING) {
+            if (may_get_state(h, i)) {
                 replica *r = rep(h, i);
                 r->joiner = true;
+                r->state_began_s = wall_seconds();
                 r->member_from = from;
                 r->state = R_MEMBER;   // for the next round; its state comes first on its streams
                 size_t len = strlen(joiners);
@@ -935,7 +989,8 @@ static void evict_late(relay *h, int id) {
 // late, a donor would have to take a state itself, and its joiners would wait again (a state
 // longer than timeout_s could never arrive).
 static bool in_transfer(const relay *h, int id) {
-    return (h->donor >= 0 && (id == h->donor || h->reps[id].joiner)) || h->reps[id].donating_since_s >= 0;
+    const replica *r = &h->reps[id];
+    return (h->donor >= 0 && (id == h->donor || r->joiner)) || r->state_draining || r->donating;
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -971,7 +1026,8 @@ static void check_round(relay *h) {
             all = false;
             continue;
         }
-        bool deadline = h->first_began_s >= 0 && now - h->first_began_s >= h->o.timeout_s + r->transfer_delay_s;
+        double extra = r->transfer_delay_s > r->follow_delay_s ? r->transfer_delay_s : r->follow_delay_s;
+        bool deadline = h->first_began_s >= 0 && now - h->first_began_s >= h->o.timeout_s + extra;
         // Still uploading and moving: wait for it even past the deadline.
         bool moving = r->up.started && now - r->up.last_progress_s < h->o.timeout_s;
         if (r->up.started && !moving) {
@@ -1122,8 +1178,8 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
             return false;
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
-        r->transfer_delay_s = 0;
-        r->donating_since_s = -1;
+        r->transfer_delay_s = r->follow_delay_s = 0;
+        r->donating = false;
     }
     return true;
 }
@@ -1449,8 +1505,9 @@ static void on_join(relay *h, int id, const wire_status *s) {
     if (r->state == R_MEMBER) leave_round(h, id);
     r->state = R_CONNECTED;
     r->held = false;
-    r->transfer_delay_s = 0;
-    r->donating_since_s = -1;
+    r->transfer_delay_s = r->follow_delay_s = 0;
+    r->state_draining = r->donating = false;
+    stop_transfer_without_joiners(h);
     // The round it left may close now, without it: a replica that waits takes the state of the
     // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
     // their groups at different moments of their rounds and must all get the same close's).
@@ -1525,8 +1582,11 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
         r->joiner = false;
         drop_queue(r);
         r->state = R_CONNECTED;
+        stop_transfer_without_joiners(h);
     }
     r->held = false;
+    r->transfer_delay_s = r->follow_delay_s = 0;
+    r->state_draining = r->donating = false;
     for (int st = 1; st <= r->streams; st++)
         if (!r->data[st]) {
             drop_replica(h, id, "sent FOLLOW before all its data streams were connected");
@@ -1555,7 +1615,7 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     // Expected in a round that began before it followed (a joiner, after its state came through
     // its primary hub): its deadline counts from now.
     if (h->round_open && h->first_began_s >= 0 && !h->contrib[id].began && r->member_from <= h->round_step)
-        r->transfer_delay_s = wall_seconds() - h->first_began_s;
+        r->follow_delay_s = wall_seconds() - h->first_began_s;
     // JOINED answers a FOLLOW with the round this replica is expected from.
     uint8_t jb[WIRE_JOINED_BYTES];
     wire_joined j = {.result = JOINED_MEMBER, .group_step = r->member_from, .group_hash = 0};
@@ -1601,11 +1661,12 @@ static void on_hold(relay *h, int id, uint32_t what) {
     }
     double now = wall_seconds();
     if (what == HOLD_BEGIN) {
+        r->donating = true;
         r->donating_since_s = now;
         hub_log(h, "replica %d sends its state through another hub: its rounds here wait for it", id);
-    } else if (r->donating_since_s >= 0) {
+    } else if (r->donating) {
+        r->donating = false;
         r->transfer_delay_s = now - r->donating_since_s;
-        r->donating_since_s = -1;
         hub_log(h, "replica %d has sent its state through another hub in %.1f s", id, r->transfer_delay_s);
     }
     check_round(h);
@@ -1712,7 +1773,6 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         r->streams = a.streams;
         r->min_replicas = (int)a.min_replicas;
         r->began_step = r->done_step = -1;
-        r->donating_since_s = -1;
         r->next_heartbeat_s = wall_seconds();
         snprintf(r->peer, sizeof r->peer, "%s", hc->c.peer);
         hc->role = ROLE_CONTROL;
@@ -1895,10 +1955,11 @@ static void housekeeping(relay *h) {
             if (rep(h, h->donor)->data[s]) paused |= donor_paused(h, rep(h, h->donor)->data[s]);
         if (paused) h->donor_progress_s = now;
         else if (now - h->donor_progress_s > (h->st.announced ? h->o.timeout_s : h->donor_grace_s))
-            abort_transfer(h, "the donor sent nothing for a timeout");
-        else if (h->o.max_hold_s > 0 && now - h->transfer_began_s > h->o.max_hold_s)
-            cut_transfer(h);
+            abort_transfer(h, "the donor sent nothing for a timeout", false);
     }
+    if (h->donor >= 0 && h->o.max_hold_s > 0 && now - h->transfer_began_s > h->o.max_hold_s) cut_transfer(h);
+    for (int id = 0; id < WIRE_MAX_REPLICAS; id++)
+        if (h->reps[id].state_draining && backlog_bytes(&h->reps[id]) == 0) state_drained(h, id);
     if (h->dying_for >= 0 && now > h->dying_deadline_s) die_now(h, "no DONE within timeout_s");
     check_round(h);
     settle_group(h);

@@ -238,6 +238,7 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
     int64_t state_round = 0;
     int p;
     for (;;) {
+        if (stop_requested(x)) return JOIN_STOPPED;
         take_back(x, -1);
         if (live_hubs(x) == 0 && !await_any_hub(x)) return JOIN_STOPPED;
         p = primary(x);
@@ -549,7 +550,8 @@ static int parse_hubs(const char *list, char out[TRANSPORT_MAX_HUBS][300]) {
 static void *connect_one(void *arg) {
     hub *hb = arg;
     char err[256];
-    if (!tcp_hub_connect(hb->t, wall_seconds() + hb->owner->o.connect_timeout_s, false, true, err, sizeof err))
+    if (!tcp_hub_connect(hb->t, wall_seconds() + hb->owner->o.connect_timeout_s, false, true, err, sizeof err) &&
+        !stop_requested(hb->owner))
         warn("diloco: cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s (trying it again in the "
              "background)",
              tcp_hub_address(hb->t), hb->owner->o.connect_timeout_s, err);
@@ -586,7 +588,7 @@ transport *transport_hubs_open(const transport_options *o) {
     if (up == 0 && !stop_requested(x))   // stopped meanwhile: the join says so (JOIN_STOPPED)
         fail("cannot reach any of the %d hubs (diloco_rendezvous %s) within diloco_connect_timeout_s = %g s", x->n,
              o->rendezvous, o->connect_timeout_s);
-    for (int i = 0; i < x->n; i++)
+    for (int i = 0; i < x->n && !stop_requested(x); i++)   // stopped: the join says so, nothing to revive
         if (!tcp_hub_connected(x->h[i].t)) mark_dead(x, &x->h[i], "unreachable at start");
     if (up > 0)
         note("diloco: replica %d connected to %d of %d hubs (%s; %d data streams each)", o->replica_id, up, x->n,

@@ -936,14 +936,14 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_chunk = CHUNK_BYTES;
     t->job_began_s = wall_seconds();
     // Test hooks (TRAIN_GPT_FAULT): tcp_die_in_state:0, the donor dies halfway through;
-    // tcp_slow_state:0, it sends chunks of 256 KiB, one per 0.4 × timeout_s: a link too slow for
+    // tcp_slow_state:0, it sends chunks of 128 KiB, one per 0.25 × timeout_s: a link too slow for
     // the state to arrive within the round's deadline, never stalled for a timeout.
     bool die = fault_requested("tcp_die_in_state", 0);
     if (die) t->job_end = bytes / 2 / CHUNK_BYTES * CHUNK_BYTES;
     bool slow = fault_requested("tcp_slow_state", 0);
-    t->job_slow_s = slow ? 0.4 * t->hub_timeout_s : 0;
+    t->job_slow_s = slow ? 0.25 * t->hub_timeout_s : 0;
     t->job_next_chunk_s = 0;
-    if (slow) t->job_chunk = m.chunk_bytes = CHUNK_BYTES / 4;
+    if (slow) t->job_chunk = m.chunk_bytes = CHUNK_BYTES / 8;
     if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
     else if (pump(t, upload_finished)) {
         if (die) raise(SIGKILL);

@@ -152,9 +152,9 @@ check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* 
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
 
 # ---------------------------------------------------------------- a state slower than the deadline
-# 3 replicas of a wider model (2.4 MB of state: 10 chunks of 256 KiB), diloco_timeout_s 2;
-# replica 0, the donor, sends its state at one chunk per 0.8 s (TRAIN_GPT_FAULT=tcp_slow_state:0:
-# 3.6 s, longer than the deadline, never stalled). Replica 2 starts late and waits for the state:
+# 3 replicas of a wider model (2.4 MB of state: 20 chunks of 128 KiB), diloco_timeout_s 2;
+# replica 0, the donor, sends its state at one chunk per 0.5 s (TRAIN_GPT_FAULT=tcp_slow_state:0:
+# about 10 s, longer than the deadline, never stalled). Replica 2 starts late and waits for the state:
 # the hub holds the round for the transfer, so the donor is not evicted, replica 2 takes the
 # state and all three contribute together, every param_hash equal. On the old relay the donor
 # was evicted as late, the transfer dropped, and the next donor caught the same way.

@@ -38,13 +38,16 @@
 //   size       a payload of another size, and one of the same size encoded differently: both
 //              evicted from the round and logged, the round goes on without them
 //   donor      the donor dies halfway through the state: the next round's donor sends it
-//   slowstate  a state that takes 4.4 x timeout_s to arrive (tcp_slow_state): the hub holds the
+//   slowstate  a state that takes about 5.7 x timeout_s to arrive (tcp_slow_state): the hub holds the
 //              round for its donor and joiner instead of evicting them as late, the others'
 //              uploads held back meanwhile are not taken for a stuck hub (HEARTBEAT_HOLD), no
 //              exchange fails, the joiner gets the state and the next round has all three
 //   slowstate2 the same with two hubs: the other hub holds its rounds for the donor too (HOLD)
 //   slowcut    the same with the relay's --max_hold_s 3: the hub cuts the transfer after 3 s, the
-//              joiner waits again, the donor stops sending and goes on, not dropped or evicted
+//              joiner waits again, the donor stops sending and goes on, not dropped or evicted;
+//              after a cut the joiner gets no donor for 2, 4, .. closes (the group goes on unheld)
+//   slowgone   the joiner of a slow state is killed: the hub stops the transfer (no joiner left)
+//              and tells the donor, instead of holding the round for a state nobody gets
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -179,6 +182,7 @@ typedef struct {
     size_t secret_bytes;
     uint64_t fingerprint;
     double connect_timeout_s;
+    double timeout_s;          // 0: TIMEOUT_S
 } replica_cfg;
 
 static int report_fd = -1;
@@ -386,7 +390,8 @@ static int replica_main(const replica_cfg *c) {
     omp_set_num_threads(1);
 #endif
     transport_options o = {.replica_id = c->id, .replicas = c->replicas, .min_replicas = c->min_replicas,
-                           .timeout_s = TIMEOUT_S, .connect_timeout_s = c->connect_timeout_s,
+                           .timeout_s = c->timeout_s > 0 ? c->timeout_s : TIMEOUT_S,
+                           .connect_timeout_s = c->connect_timeout_s,
                            .rendezvous = c->rendezvous, .serve = c->serve, .streams = c->streams,
                            .secret = c->secret, .secret_bytes = c->secret_bytes, .run_fingerprint = c->fingerprint};
     transport *t = transport_tcp_open(&o);
@@ -1229,24 +1234,27 @@ static void test_donor_dies(void) {
 // the loopback's socket buffers take, so the others' uploads are held back for the whole
 // transfer. With two hubs (slowstate2, 8 MiB) the state goes through the donor's primary hub;
 // the other must hold its rounds for the donor too (HOLD begin/end), or it evicts it as late.
-static void start_second_hub(scenario *s, scenario *second, const char *name);
+static void start_second_hub(scenario *s, scenario *second, const char *name, const char *extra);
+#define SLOW_TIMEOUT_S 3.0   // the slow-state scenarios' hub and replicas: tcp_slow_state sends a chunk per
+                             // 0.25 x timeout, so a stall of the loaded machine under 0.75 x timeout is not one
 
 static void slow_state(const char *name, bool two_hubs) {
     static scenario s, second;
     open_reports(&s, name);
-    start_hub(&s, NULL);
+    start_hub(&s, "--timeout_s 3");   // SLOW_TIMEOUT_S
     char second_name[64];
     snprintf(second_name, sizeof second_name, "%s_second", name);
-    if (two_hubs) start_second_hub(&s, &second, second_name);
+    if (two_hubs) start_second_hub(&s, &second, second_name, "--timeout_s 3");
     replica_cfg c = default_cfg(&s, 0);
     c.steps = 7;
     c.values = payload_values(two_hubs ? 8u << 20 : 32u << 20);
     c.segment = 1 << 16;
     c.streams = 1;
     c.partial = two_hubs ? ANY_SHARE : 2;   // killed at any moment: maybe mid-upload
+    c.timeout_s = SLOW_TIMEOUT_S;
     for (int id = 0; id < 3; id++) {
         c.id = id;
-        // Replica 0 is the donor (lowest id): 12 chunks of 256 KiB, one per 0.8 s.
+        // Replica 0 is the donor (lowest id): 23 chunks of 128 KiB, one per 0.75 s.
         start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
     }
     EXPECT(await(&s, 2, "round", 2, 20), "%s: replica 2 reaches round 2", name);
@@ -1273,13 +1281,17 @@ static void slow_state(const char *name, bool two_hubs) {
         if (in) took = atof(in + 4);
     }
     free(log);
-    EXPECT(took > 3 * TIMEOUT_S, "%s: the state went from 0 to 2 through the hub in %.1f s (> 3 x timeout)", name,
-           took);
-    EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "aborted") && !file_has(s.hub_log, "waits again"),
+    EXPECT(took > 3 * SLOW_TIMEOUT_S, "%s: the state went from 0 to 2 through the hub in %.1f s (> 3 x timeout)",
+           name, took);
+    EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "aborted"),
            "%s: nobody was evicted and no transfer aborted (hub log %s)", name, s.hub_log);
-    if (two_hubs)
+    if (two_hubs) {
         EXPECT(!file_has(second.hub_log, "evicted"), "%s: the other hub evicted nobody (log %s)", name,
                second.hub_log);
+        EXPECT(file_has(second.hub_log, "replica 0 sends its state through another hub") &&
+                   file_has(second.hub_log, "replica 0 has sent its state through another hub in "),
+               "%s: the other hub held its rounds for the donor (HOLD begin and end)", name);
+    }
     int failed = 0;
     for (int i = 0; i < s.n_lines; i++) failed += !strcmp(s.lines[i].ev, "failed") || !strcmp(s.lines[i].ev, "evicted");
     EXPECT(failed == 0, "%s: no exchange failed or was evicted (%d)", name, failed);
@@ -1294,6 +1306,60 @@ static void slow_state(const char *name, bool two_hubs) {
     if (two_hubs) finish(&second);
 }
 static void test_slow_state(void) { slow_state("slowstate", false); }
+
+// The joiner of a slow state is killed mid-transfer: the hub stops the transfer at once (no
+// joiner left: STATE_ABORT to the donor, which stops sending), the group goes on without
+// holding its round for a state nobody gets, and the donor is neither dropped nor evicted.
+static void test_slow_gone(void) {
+    static scenario s;
+    open_reports(&s, "slowgone");
+    start_hub(&s, NULL);
+    char stop_path[400];
+    snprintf(stop_path, sizeof stop_path, "%s/slowgone.stop", dir);
+    replica_cfg c = default_cfg(&s, 0);
+    c.steps = 100000;
+    c.stop_file = stop_path;
+    c.partial = 2;
+    for (int id = 0; id < 3; id++) {
+        c.id = id;
+        start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
+    }
+    EXPECT(await(&s, 2, "round", 2, 20), "slowgone: replica 2 reaches round 2");
+    kill(s.pids[2], SIGKILL);
+    waitpid(s.pids[2], NULL, 0);
+    EXPECT(await(&s, 0, "round", 3, 20), "slowgone: the others go on");
+    c.id = 2;
+    c.partial = -1;
+    start_replica(&s, &c);   // stale: it needs a donor
+    char path[400];
+    snprintf(path, sizeof path, "%s/slowgone_R2.err", dir);
+    EXPECT(await_file(path, "receiving the group's state", 30), "slowgone: the joiner's state is on its way");
+    kill(s.pids[3], SIGKILL);
+    waitpid(s.pids[3], NULL, 0);
+    double killed = wall_seconds();
+    EXPECT(await_file(s.hub_log, "aborted (no joiner left)", 10), "slowgone: the hub stops the transfer");
+    double stopped = wall_seconds() - killed;
+    int n0 = s.n_lines;
+    long long k = 0;
+    for (int i = 0; i < n0; i++)
+        if (s.lines[i].id == 0 && !strcmp(s.lines[i].ev, "round") && s.lines[i].k > k) k = s.lines[i].k;
+    EXPECT(await(&s, 0, "round", k + 2, 30) && await(&s, 1, "round", k + 2, 30), "slowgone: 0 and 1 go on");
+    FILE *f = fopen(stop_path, "w");
+    if (f) fclose(f);
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 0, 60), "slowgone: replica %d finishes", id);
+    EXPECT(wait_exit(s.pids[0], 10) == 0 && wait_exit(s.pids[1], 10) == 0, "slowgone: replicas 0 and 1 exit 0");
+    printf("slowgone: the transfer stopped %.2f s after its joiner was killed\n", stopped);
+    EXPECT(stopped < 2 * TIMEOUT_S + 1, "slowgone: within the joiner's drop (%.2f s), not the transfer's 11 s", stopped);
+    snprintf(path, sizeof path, "%s/slowgone_R0.err", dir);
+    EXPECT(file_has(path, "stops sending its state"), "slowgone: the donor is told to stop sending");
+    EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "sent state chunks it was not asked for"),
+           "slowgone: the donor was neither evicted nor dropped (hub log %s)", s.hub_log);
+    bool ok = true;
+    for (int id = 0; id < 2; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "slowgone: every round was exact");
+    stop_hub(&s);
+    finish(&s);
+}
 
 // The same slow state with the relay's --max_hold_s 3: after 3 s the hub cuts the transfer, the
 // joiner waits again, the donor stops sending and goes on (it is not evicted or dropped, its
@@ -1331,6 +1397,23 @@ static void test_slow_cut(void) {
     EXPECT(file_has(s.hub_log, "state transfer from replica 0 cut after") &&
                file_has(s.hub_log, "--max_hold_s 3"),
            "slowcut: the hub says why it cut");
+    // Backoff: after a cut the joiner gets no donor for a close (two after the second cut...), so
+    // the group closes rounds unheld in between: at least 2 closes between two cuts.
+    char *text = slurp(s.hub_log);
+    int cuts = 0, closes_between = -1, fewest = 1000;
+    for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (memmem(line, len, "cut after", 9)) {
+            if (cuts++ && closes_between < fewest) fewest = closes_between;
+            closes_between = 0;
+        } else if (closes_between >= 0 && memmem(line, len, " closed: ", 9)) {
+            closes_between++;
+        }
+    }
+    free(text);
+    EXPECT(cuts >= 1 && (cuts == 1 || fewest >= 2), "slowcut: %d cut(s), at least 2 closes between two (fewest %d)",
+           cuts, fewest);
     char *log = slurp(s.hub_log);
     bool dropped = false;
     for (char *line = strstr(log, "replica 0 ("); line; line = strstr(line + 1, "replica 0 (")) {
@@ -1428,10 +1511,10 @@ static void test_hub_restart(void) {
 // ---------------------------------------------------------------- several hubs
 // A second relay for s (its fields in *second, its log "<s>_second_hub.log"); the replicas
 // get both addresses, s's hub first.
-static void start_second_hub(scenario *s, scenario *second, const char *name) {
+static void start_second_hub(scenario *s, scenario *second, const char *name, const char *extra) {
     memset(second, 0, sizeof *second);
     second->name = name;
-    start_hub(second, NULL);
+    start_hub(second, extra);
     snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d,127.0.0.1:%d", s->port, second->port);
 }
 
@@ -1454,7 +1537,7 @@ static void test_hubs(void) {
     static scenario s, second;
     open_reports(&s, "hubs");
     start_hub(&s, NULL);
-    start_second_hub(&s, &second, "hubs_second");
+    start_second_hub(&s, &second, "hubs_second", NULL);
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
         c.streams = 3;
@@ -1493,7 +1576,7 @@ static void test_hubs_mean(void) {
     static scenario s, second;
     open_reports(&s, "hubsmean");
     start_hub(&s, NULL);
-    start_second_hub(&s, &second, "hubsmean_second");
+    start_second_hub(&s, &second, "hubsmean_second", NULL);
     const int64_t block = 128, segment = quant_segment_values(block), values = 3 * segment + 12345;
     for (int id = 0; id < 3; id++) {
         replica_cfg c = default_cfg(&s, id);
@@ -1543,7 +1626,7 @@ static void test_hubs_kill(void) {
     static scenario s, second;
     open_reports(&s, "hubkill");
     start_hub(&s, NULL);
-    start_second_hub(&s, &second, "hubkill_second");
+    start_second_hub(&s, &second, "hubkill_second", NULL);
     char listen[64], stop_path[400];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", s.port);
     snprintf(stop_path, sizeof stop_path, "%s/hubkill.stop", dir);
@@ -2211,7 +2294,7 @@ int main(int argc, char **argv) {
                  {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
                  {"size", test_size},       {"donor", test_donor_dies},
                  {"slowstate", test_slow_state}, {"slowstate2", test_slow_state_hubs},
-                 {"slowcut", test_slow_cut},
+                 {"slowcut", test_slow_cut}, {"slowgone", test_slow_gone},
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
