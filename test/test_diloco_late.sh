@@ -200,47 +200,42 @@ check "slow state: replica 1 says its exchange waits for the transfer" \
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
 
+# stopped_in_join NAME WAIT_FOR ARGS...: a replica (tiny_test, replica 0 of 2, tcp) started with
+# ARGS, logging to $tmp/NAME.log; once its log says WAIT_FOR, SIGTERM; it must exit 0 within
+# 60 s and say it stopped without training.
+stopped_in_join() {
+    local name=$1 wait_for=$2
+    shift 2
+    "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --max_steps 20 \
+        --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport tcp --diloco_secret_file "$tmp/secret" \
+        --diloco_timeout_s 3 --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 &
+    q=$!
+    pids+=("$q")
+    waiting_or_gone() { grep -q "$wait_for" "$tmp/$name.log" || ! kill -0 "$q" 2>/dev/null; }
+    wait_until "$name: the replica waiting ($wait_for)" waiting_or_gone
+    kill -TERM "$q"
+    gone() { ! kill -0 "$q" 2>/dev/null || [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$q/stat" 2>/dev/null)" = Z ]; }
+    WAIT_LIMIT_S=60 wait_until "$name: the replica's exit after SIGTERM" gone || kill -9 "$q"
+    local rc=0
+    wait "$q" || rc=$?
+    check "$name: SIGTERM while it waits: status 0 (got $rc)" test "$rc" = 0
+    check "$name: ... and the replica says it stopped without training" \
+        grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/$name.log"
+}
+
 # A stop signal while the hub holds a join (here a quorum of 2 that never comes): the replica
 # stops at once with status 0 and says so, the checkpoint it started from unchanged (it used to
 # wait in its join until SIGKILL).
 start_relay quorum 1
-"$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --max_steps 20 \
-    --diloco_replicas 2 --diloco_replica_id 0 --diloco_min_replicas 2 --diloco_transport tcp \
-    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 \
-    --out_dir "$tmp/quorum" >"$tmp/quorum.log" 2>&1 &
-q=$!
-pids+=("$q")
-waiting_or_gone() { grep -q "to answer its join" "$tmp/quorum.log" || ! kill -0 "$q" 2>/dev/null; }
-wait_until "the replica held in its join" waiting_or_gone
-kill -TERM "$q"
-gone() { ! kill -0 "$q" 2>/dev/null || [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$q/stat" 2>/dev/null)" = Z ]; }
-WAIT_LIMIT_S=60 wait_until "the replica's exit after SIGTERM" gone || kill -9 "$q"
-rc=0
-wait "$q" || rc=$?
-check "SIGTERM in a join held for a quorum: status 0 (got $rc)" test "$rc" = 0
-check "... and the replica says it stopped without training" \
-    grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/quorum.log"
+stopped_in_join quorum "to answer its join" --diloco_min_replicas 2 --diloco_rendezvous "127.0.0.1:$port"
 # The same while the hub cannot be reached at all (nothing listens; diloco_connect_timeout_s
 # 300): the replica stops within moments of the signal instead of retrying for 300 s (and then
 # failing) — with one hub, and with two (diloco_rendezvous a,b). Both fail on the old code:
 # the signal waited out the retries.
-for hubs in 1 2; do
-    rv="127.0.0.1:$(free_port)"
-    [ "$hubs" = 2 ] && rv="$rv,127.0.0.1:$(free_port)"
-    "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --max_steps 20 \
-        --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport tcp --diloco_rendezvous "$rv" \
-        --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 300 \
-        --out_dir "$tmp/nohub$hubs" >"$tmp/nohub$hubs.log" 2>&1 &
-    q=$!
-    pids+=("$q")
-    waiting_for_hub() { grep -q "waiting for the hub" "$tmp/nohub$hubs.log" || ! kill -0 "$q" 2>/dev/null; }
-    wait_until "the replica retrying an unreachable hub ($hubs)" waiting_for_hub
-    kill -TERM "$q"
-    WAIT_LIMIT_S=60 wait_until "the replica's exit after SIGTERM ($hubs hub(s))" gone || kill -9 "$q"
-    rc=0
-    wait "$q" || rc=$?
-    check "SIGTERM while $hubs unreachable hub(s) are retried: status 0 (got $rc)" test "$rc" = 0
-    check "... and the replica says it stopped without training" \
-        grep -q "stopped by signal 15 at step 0 while waiting to join the group: nothing trained" "$tmp/nohub$hubs.log"
-done
+stopped_in_join nohub1 "waiting for the hub" --diloco_connect_timeout_s 300 \
+    --diloco_rendezvous "127.0.0.1:$(free_port)"
+p1=$(free_port)
+p2=$(free_port)
+[ "$p2" = "$p1" ] && p2=$((p1 + 1))   # two closed ports, not one listed twice
+stopped_in_join nohub2 "waiting for the hub" --diloco_connect_timeout_s 300 --diloco_rendezvous "127.0.0.1:$p1,127.0.0.1:$p2"
 finish test_diloco_late

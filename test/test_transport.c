@@ -1307,30 +1307,40 @@ static void slow_state(const char *name, bool two_hubs) {
 }
 static void test_slow_state(void) { slow_state("slowstate", false); }
 
-// The joiner of a slow state is killed mid-transfer: the hub stops the transfer at once (no
-// joiner left: STATE_ABORT to the donor, which stops sending), the group goes on without
-// holding its round for a state nobody gets, and the donor is neither dropped nor evicted.
-static void test_slow_gone(void) {
-    static scenario s;
-    open_reports(&s, "slowgone");
-    start_hub(&s, NULL);
-    char stop_path[400];
-    snprintf(stop_path, sizeof stop_path, "%s/slowgone.stop", dir);
-    replica_cfg c = default_cfg(&s, 0);
+// The start of slowcut and slowgone: a hub (extra: its options), three replicas training until
+// stop_path appears, replica 0 the slow donor (tcp_slow_state); replica 2 is killed at round 2
+// and restarted stale once the others go on, so that it waits for replica 0's state. Returns
+// the round replica 0 had reached then.
+static long long start_slow_joiner(scenario *s, const char *name, const char *extra, char *stop_path, size_t bytes) {
+    open_reports(s, name);
+    start_hub(s, extra);
+    snprintf(stop_path, bytes, "%s/%s.stop", dir, name);
+    replica_cfg c = default_cfg(s, 0);
     c.steps = 100000;
     c.stop_file = stop_path;
     c.partial = 2;
     for (int id = 0; id < 3; id++) {
         c.id = id;
-        start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
+        start_replica_env(s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
     }
-    EXPECT(await(&s, 2, "round", 2, 20), "slowgone: replica 2 reaches round 2");
-    kill(s.pids[2], SIGKILL);
-    waitpid(s.pids[2], NULL, 0);
-    EXPECT(await(&s, 0, "round", 3, 20), "slowgone: the others go on");
+    EXPECT(await(s, 2, "round", 2, 20), "%s: replica 2 reaches round 2", name);
+    kill(s->pids[2], SIGKILL);
+    waitpid(s->pids[2], NULL, 0);
+    const rec *r = await(s, 0, "round", 3, 20);
+    EXPECT(r != NULL, "%s: the others go on", name);
     c.id = 2;
     c.partial = -1;
-    start_replica(&s, &c);   // stale: it needs a donor
+    start_replica(s, &c);   // stale: it needs a donor
+    return r ? r->k : 0;
+}
+
+// The joiner of a slow state is killed mid-transfer: the hub stops the transfer at once (no
+// joiner left: STATE_ABORT to the donor, which stops sending), the group goes on without
+// holding its round for a state nobody gets, and the donor is neither dropped nor evicted.
+static void test_slow_gone(void) {
+    static scenario s;
+    char stop_path[400];
+    start_slow_joiner(&s, "slowgone", NULL, stop_path, sizeof stop_path);
     char path[400];
     snprintf(path, sizeof path, "%s/slowgone_R2.err", dir);
     EXPECT(await_file(path, "receiving the group's state", 30), "slowgone: the joiner's state is on its way");
@@ -1366,26 +1376,8 @@ static void test_slow_gone(void) {
 // chunks still on the way are let go), and the group closes rounds without the joiner.
 static void test_slow_cut(void) {
     static scenario s;
-    open_reports(&s, "slowcut");
-    start_hub(&s, "--max_hold_s 3");
     char stop_path[400];
-    snprintf(stop_path, sizeof stop_path, "%s/slowcut.stop", dir);
-    replica_cfg c = default_cfg(&s, 0);
-    c.steps = 100000;
-    c.stop_file = stop_path;
-    c.partial = 2;
-    for (int id = 0; id < 3; id++) {
-        c.id = id;
-        start_replica_env(&s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
-    }
-    EXPECT(await(&s, 2, "round", 2, 20), "slowcut: replica 2 reaches round 2");
-    kill(s.pids[2], SIGKILL);
-    waitpid(s.pids[2], NULL, 0);
-    const rec *r = await(&s, 0, "round", 3, 20);
-    long long k = r ? r->k : 0;
-    c.id = 2;
-    c.partial = -1;
-    start_replica(&s, &c);   // stale: it needs a donor
+    long long k = start_slow_joiner(&s, "slowcut", "--max_hold_s 3", stop_path, sizeof stop_path);
     EXPECT(await_file(s.hub_log, "cut after", 30), "slowcut: the hub cuts the transfer");
     EXPECT(await(&s, 0, "round", k + 4, 60) && await(&s, 1, "round", k + 4, 60),
            "slowcut: replicas 0 and 1 go on past the cut");
