@@ -184,6 +184,9 @@ typedef struct {
     // again (a replica whose state cannot arrive in time must not hold the group every round).
     int cuts;
     int64_t retry_at_close;
+    // A donor whose transfer ended early (it is told to stop: STATE_ABORT): its state frames
+    // still on the way are let go, not taken for a protocol error, until it is a donor again.
+    bool state_cut;
 } replica;
 
 struct relay {
@@ -257,10 +260,6 @@ struct relay {
                                     // with several hubs (it sends once every share's round is in)
     double transfer_began_s;        // the donor's designation
     int64_t closes;                 // rounds closed
-    // A transfer cut for holding the round longer than max_hold_s: its donor's frames still on
-    // the way (it stops at the STATE_ABORT it is sent) are let go, not taken for a protocol error,
-    // until the next donor is designated.
-    int cut_donor;                  // -1: none
     transfer st;
 };
 
@@ -658,7 +657,7 @@ static void drop_replica(relay *h, int id, const char *why) {
 // Ends the transfer in flight before its state is whole: its joiners wait again (STATE_ABORT;
 // with backoff, a transfer cut by --max_hold_s: such a joiner is given a donor again only after
 // 2, 4, .. 64 more closes). A donor still here is told to stop sending (STATE_ABORT too; its
-// frames on the way are let go: cut_donor) and trains on, with the time it spent on top of
+// frames on the way are let go: state_cut) and trains on, with the time it spent on top of
 // timeout_s in the round it is due in, as after a whole transfer.
 static void abort_transfer(relay *h, const char *why, bool backoff) {
     if (h->donor < 0) return;
@@ -675,7 +674,7 @@ static void abort_transfer(relay *h, const char *why, bool backoff) {
     }
     replica *d = rep(h, donor);
     if (d->state != R_FREE) {
-        h->cut_donor = donor;
+        d->state_cut = true;
         d->transfer_delay_s = wall_seconds() - h->transfer_began_s;
         uint8_t buf[8];
         send_control(h, d, WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
@@ -737,7 +736,7 @@ static void state_drained(relay *h, int id) {
 
 static void on_state_announce(relay *h, int id, const wire_state *m) {
     if (h->donor != id) {
-        if (id == h->cut_donor) return;   // cut (--max_hold_s) before it announced
+        if (rep(h, id)->state_cut) return;   // told to stop before it announced
         drop_replica(h, id, "sent a STATE it was not asked for");
         return;
     }
@@ -761,7 +760,7 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
 
 static void on_state_chunk(relay *h, int id, const wire_data *d) {
     if (h->donor != id) {
-        if (id == h->cut_donor) return;   // cut (--max_hold_s): what was on the way
+        if (rep(h, id)->state_cut) return;   // told to stop: what was on the way
         drop_replica(h, id, "sent state chunks it was not asked for");
         return;
     }
@@ -915,7 +914,7 @@ static void close_round(relay *h) {
                 snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
             }
         h->donor = donor;
-        h->cut_donor = -1;
+        rep(h, donor)->state_cut = false;
         h->transfer_began_s = h->donor_progress_s = wall_seconds();
         h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
         transfer_reset(&h->st);
@@ -1179,7 +1178,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
         r->transfer_delay_s = r->follow_delay_s = 0;
-        r->donating = false;
+        r->donating = r->state_draining = false;
     }
     return true;
 }
@@ -2136,7 +2135,6 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     h->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     h->fd_warned_s = -1e9;
     h->donor = -1;
-    h->cut_donor = -1;
     h->follow_from = -1;
     h->last_closed_step = -1;
     h->completed_step = -1;

@@ -109,6 +109,7 @@ struct tcp {
     unsigned job_kind;
     double job_progress_s;
     double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
+    bool state_cut;                 // the hub ended the transfer this replica is to donate before it began
     double job_next_chunk_s;
     double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
     // A state on its way in or out: when it began (its progress is said every hub timeout), and
@@ -475,6 +476,7 @@ static void take_round(tcp *t, const msg *m) {
     if (r.outer_step != t->cur_step) return;   // a stale round (before a reconnect)
     t->round = r;
     t->have_round = true;
+    if (r.flags & ROUND_SEND_STATE) t->state_cut = false;   // a new transfer: an old end is not its
 }
 
 static void reset_state_progress(tcp *t) {
@@ -552,11 +554,13 @@ static void take_mail(tcp *t) {
                      "the group longer than the relay's --max_hold_s); waiting for the next outer boundary");
                 reset_state_progress(t);
             } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_end) {
-                // The donor: the hub cut the transfer (--max_hold_s); what is queued goes, the rest not.
-                note("diloco: replica %d stops sending its state: the hub cut the transfer (it held the group "
-                     "longer than the relay's --max_hold_s); training on",
+                // The donor: the hub ended the transfer; what is queued goes, the rest not.
+                note("diloco: replica %d stops sending its state: the hub ended the transfer (cut by the relay's "
+                     "--max_hold_s, no joiner left, or stalled); training on",
                      t->o.replica_id);
                 t->job_end = t->job_next;
+            } else {
+                t->state_cut = true;   // before this donor began to send: tcp_send_state sends nothing
             }
             break;
         }
@@ -924,6 +928,12 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
 static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     tcp *t = impl;
     if (!t->connected) return;
+    take_mail(t);   // a STATE_ABORT already here
+    if (t->state_cut) {
+        t->state_cut = false;
+        note("diloco: replica %d sends no state: the hub ended the transfer before it began", t->o.replica_id);
+        return;
+    }
     wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = CHUNK_BYTES,
                     .donor_id = (uint32_t)t->o.replica_id};
     uint8_t buf[WIRE_STATE_BYTES];

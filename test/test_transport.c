@@ -1418,7 +1418,7 @@ static void test_slow_cut(void) {
            s.hub_log);
     char path[400];
     snprintf(path, sizeof path, "%s/slowcut_R0.err", dir);
-    EXPECT(file_has(path, "stops sending its state: the hub cut the transfer"), "slowcut: the donor says it stops");
+    EXPECT(file_has(path, "stops sending its state: the hub ended the transfer"), "slowcut: the donor says it stops");
     snprintf(path, sizeof path, "%s/slowcut_R2.err", dir);
     EXPECT(file_has(path, "the hub aborted the state transfer"), "slowcut: the joiner says it waits again");
     int failed = 0, got = 0;
