@@ -4,14 +4,16 @@
 # needs no GPU and little CPU; it restarts itself if it ends, and logs to relay.log.
 #   openssl rand -hex 32 > diloco.secret && chmod 600 diloco.secret   # once; copy to every cluster
 #   nohup scripts/slurm/diloco-relay.sh 29500 diloco.secret &          # or inside tmux / screen
+#   scripts/slurm/diloco-relay.sh 29500 diloco.secret --max_hold_s 3600 # more options: train_gpt relay --help
 # Replicas that lose the hub keep training and skip outer steps until it is back; a hub
 # restart costs the round in progress, nothing else.
 set -u
 port=${1:-29500}
 secret=${2:-diloco.secret}
+extra=("${@:3}")
 cd "$(dirname "$0")/../.."
 while :; do
-    ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" >>relay.log 2>&1
+    ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1
     rc=$?
     [ "$rc" -eq 1 ] && { echo "diloco-relay.sh: the relay stopped with an error (see relay.log)" >&2; exit 1; }
     echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in 5 s" >>relay.log
