@@ -19,19 +19,24 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 2, u32 reserved = 0,
+//   "TGDLSTAT" (8 bytes), u32 version = 3, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
 //   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
 //                     byte i/8: replica i's whole contribution is in the round's mean) },
-//   f32 θ[numel], f32 m[numel]
+//   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
+//   zeroes its own — half the bytes where the outer steps take no momentum, apply_outer_step)
 // The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
 // (then it is not carried again: adopt_state).
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 2
+#define STATE_VERSION 3
+#define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
 #define STATE_COUNTERS_BYTES 48   // the magic, version and the four i64 counters
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
+// θ and m live in one block laid out as that state, the header just before θ, so a donor sends
+// them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
+#define STATE_THETA_OFFSET ((STATE_HEADER_BYTES + 63) / 64 * 64)
 // How long a rank of a sharded replica waits for the others while they join: a day (the
 // largest comm_timeout_s), i.e. as long as the job lives.
 #define COMM_NO_TIMEOUT_S 86400.0
@@ -114,8 +119,9 @@ struct diloco {
     // joined), and the extra inner steps it has taken in it beyond its H
     double phase_start_s;
     int64_t extra_steps;
-    uint8_t *state;                        // join / donor state buffer
-    size_t state_bytes;
+    uint8_t *outer_block;                  // θ and m as a state (STATE_THETA_OFFSET): what a donor sends
+    uint8_t *state;                        // a joiner's received state: allocated for the join only
+    size_t state_bytes;                    // of a state: header + θ + m
     // The last rounds this replica saw close (applied or skipped) and who was in them, for the
     // state it may donate; slot = round mod RECENT_ROUNDS.
     struct {
@@ -319,8 +325,10 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
         largest_mean = d->fragments[p].mean_bytes > largest_mean ? d->fragments[p].mean_bytes : largest_mean;
     }
     size_t n = (size_t)d->numel;
-    d->theta = alloc_floats(n);
-    d->momentum = alloc_floats(n);
+    d->outer_block = (uint8_t *)alloc_floats((STATE_THETA_OFFSET + 2 * n * sizeof(float)) / sizeof(float));
+    d->theta = (float *)(d->outer_block + STATE_THETA_OFFSET);
+    d->momentum = d->theta + n;
+    d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
     if (cfg->diloco_error_feedback && d->quant != QUANT_NONE) d->residual = alloc_floats(n);
     d->delta = alloc_floats(n);
     d->payload = xmalloc(largest);
@@ -342,8 +350,6 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
         if (d->down_feedback) d->hub_residual = xcalloc(n, sizeof(float));
         return d;  // no transport: the exchange happens in memory, nobody joins late
     }
-    d->state_bytes = STATE_HEADER_BYTES + 2 * n * sizeof(float);
-    d->state = xmalloc(d->state_bytes);
     for (int i = 0; i < RECENT_ROUNDS; i++) d->recent[i].round = -1;
 
     transport_options o = {0};
@@ -388,10 +394,23 @@ void diloco_attach_buffers(diloco *d, model_buffers *b) {
 // ---------------------------------------------------------------- state transfer
 
 
-static size_t pack_state(diloco *d, const train_state *st) {
-    uint8_t *p = d->state;
+// Whether every bit of x is 0 (a -0.0 is not: the joiner's memset must give the same bytes).
+static bool all_zero_bits(const float *x, int64_t n) {
+    const uint32_t *b = (const uint32_t *)x;
+    uint32_t any = 0;
+#pragma omp parallel for schedule(static) reduction(| : any)
+    for (int64_t i = 0; i < n; i++) any |= b[i];
+    return any == 0;
+}
+
+// The donor's state: the header written in front of θ and m, which follow it in their block;
+// *bytes: what to send (m left out where it is all zero).
+static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes) {
+    uint8_t *p = d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES;
+    bool with_m = !all_zero_bits(d->momentum, d->numel);
     memcpy(p, STATE_MAGIC, 8);
-    put_u64(p + 8, STATE_VERSION);  // u32 version + u32 reserved = 0
+    put_u32(p + 8, STATE_VERSION);
+    put_u32(p + 12, with_m ? STATE_HAS_MOMENTUM : 0);
     put_u64(p + 16, (uint64_t)st->outer_step);
     put_u64(p + 24, (uint64_t)st->step);
     put_u64(p + 32, (uint64_t)st->tokens_seen);
@@ -402,24 +421,32 @@ static size_t pack_state(diloco *d, const train_state *st) {
         put_u64(q + 8, d->recent[i].applied ? 1 : 0);  // u32 flags + u32 0
         memcpy(q + 16, d->recent[i].ids, sizeof d->recent[i].ids);
     }
-    size_t bytes = (size_t)d->numel * sizeof(float);
-    memcpy(p + STATE_HEADER_BYTES, d->theta, bytes);
-    memcpy(p + STATE_HEADER_BYTES + bytes, d->momentum, bytes);
-    return d->state_bytes;
+    *bytes = STATE_HEADER_BYTES + (with_m ? 2 : 1) * (size_t)d->numel * sizeof(float);
+    return p;
 }
 
 // The counters of a donor's state, checked: false (with a one-line reason) when malformed.
 typedef struct {
     int64_t outer_step, step, tokens;
+    bool with_m;  // m follows θ (else it is zero)
 } state_counters;
 
 static state_counters check_state(const diloco *d, size_t got) {
     const uint8_t *p = d->state;
-    if (got != d->state_bytes || memcmp(p, STATE_MAGIC, 8) != 0 || (int64_t)get_u64(p + 8) != STATE_VERSION ||
-        (int64_t)get_u64(p + 40) != d->numel)
-        fail("diloco: the state received from the donor replica is malformed (%zu bytes, expected %zu)", got,
-             d->state_bytes);
-    state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32)};
+    uint32_t flags = got >= STATE_HEADER_BYTES ? get_u32(p + 12) : 0;
+    size_t want = STATE_HEADER_BYTES + (flags & STATE_HAS_MOMENTUM ? 2 : 1) * (size_t)d->numel * sizeof(float);
+    if (got < STATE_HEADER_BYTES || memcmp(p, STATE_MAGIC, 8) != 0)
+        fail("diloco: the state received from the donor replica is malformed (%zu bytes, no state header)", got);
+    if (get_u32(p + 8) != STATE_VERSION)
+        fail("diloco: the donor's state is of version %u, this build reads version %d (replicas of different "
+             "builds)",
+             get_u32(p + 8), STATE_VERSION);
+    if ((flags & ~STATE_HAS_MOMENTUM) != 0 || (int64_t)get_u64(p + 40) != d->numel || got != want)
+        fail("diloco: the state received from the donor replica is malformed (%zu bytes, flags %u, %lld values; "
+             "expected %zu bytes of %lld values)",
+             got, flags, (long long)get_u64(p + 40), want, (long long)d->numel);
+    state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32),
+                        (flags & STATE_HAS_MOMENTUM) != 0};
     if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0)
         fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld)", (long long)c.outer_step,
              (long long)c.step);
@@ -533,7 +560,8 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     }
     changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
-    memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
+    if (c.with_m) memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
+    else memset(d->momentum, 0, bytes);
     if (!all_finite(d->theta, d->numel) || !all_finite(d->momentum, d->numel))
         fail("diloco: the donor's state holds NaN/Inf");
     if (theta_from) dump_carry(d, c.outer_step, theta_from, params_from, params, w);
@@ -554,8 +582,9 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
                  (long long)was_outer, w, sqrt(work_sq));
     else
         snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
-    snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"carried\":%s",
-             (long long)c.outer_step, (long long)was, (unsigned long long)hash, carried);
+    snprintf(extra, sizeof extra,
+             "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,\"carried\":%s",
+             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
@@ -636,7 +665,11 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
 static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
     double limit_s = comm_timeout();
     if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
+    // 8 B/param that pages in only as a state arrives, and goes back to the system after it.
+    d->state = xmalloc(d->state_bytes);
     bool took = join_group_agreed(d, params, st, train, rejoin);
+    free(d->state);
+    d->state = NULL;
     if (d->ranks > 1) comm_set_timeout(limit_s);
     d->phase_start_s = wall_seconds();
     d->extra_steps = 0;
@@ -815,7 +848,10 @@ static void apply_outer_step(diloco *d, const fragment *f, int64_t k, int64_t st
         double delta = d->quant == QUANT_NONE ? (double)d->theta[i] - (double)d->delta[i] : (double)d->delta[i];
         double m = mu * (double)d->momentum[i] + delta;
         double update = nesterov ? delta + mu * m : m;
-        d->momentum[i] = (float)m;
+        // μ = 0 (diloco_outer_momentum 0, or diloco_plain_in_decay's steps): no later step
+        // reads m, and it is kept at zero, as torch's SGD keeps no buffer without momentum —
+        // so a donor need not send it (pack_state).
+        d->momentum[i] = mu == 0.0 ? 0.0f : (float)m;
         d->theta[i] = (float)((double)d->theta[i] - lr * update);
     }
 }
@@ -1153,7 +1189,11 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     }
     if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, r);
     // The group's joiners wait for its donor, whatever this replica decides next.
-    if (outcome >= ROUND_SKIPPED && r->send_state) transport_send_state(d->net, d->state, pack_state(d, st));
+    if (outcome >= ROUND_SKIPPED && r->send_state) {
+        size_t bytes = 0;
+        const uint8_t *state = pack_state(d, st, &bytes);
+        transport_send_state(d->net, state, bytes);
+    }
     int worst = (int)replica_min(d, (double)outcome);
     if (worst == ROUND_EVICTED) {
         if (outcome == ROUND_EVICTED)
@@ -1314,8 +1354,7 @@ void diloco_close(diloco *d) {
     if (!d) return;
     abandon_flight(d);
     if (d->net) transport_close(d->net);
-    free(d->theta);
-    free(d->momentum);
+    free(d->outer_block);
     if (d->local_payload)
         for (int i = 1; i < diloco_replicas(d); i++) {
             free(d->local_payload[i]);
@@ -1330,6 +1369,5 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->fragments);
-    free(d->state);
     free(d);
 }

@@ -61,7 +61,7 @@ typedef struct {
 typedef struct {
     int64_t theta, momentum, delta;  // fp32 pieces: the outer weights, the outer momentum, Δ's buffer
     int64_t residual;                // fp32 pieces: error feedback (0 without it or with diloco_quant = none)
-    int64_t join_state;              // θ and m as a joining replica receives them (tcp and mpi)
+    int64_t join_state;              // θ and m as a joining replica receives them (tcp; during a join)
     int64_t payload;                 // the encoded outer gradient of the largest fragment, and the transport's copy
     int64_t mean;                    // the mean coming back (and the mpi transport's reducer buffers)
     int64_t total;

@@ -13,6 +13,7 @@ recomputes, in float64 and without any train_gpt code:
   m      = μₖ·m_before + Δ
   θ      = θ_before − lr·(Δ + μₖ·m)                 (torch.optim.SGD, nesterov=True)
          = θ_before − lr·m                          (NESTEROV = 0: heavy-ball)
+  m is stored as 0 where μₖ = 0 (no later step reads it: torch's SGD keeps no buffer then)
   μₖ     = μ·j/W for the fragment's outer step j < W = MU_WARMUP, else μ; j = ⌊(k − 1)/FRAGMENTS⌋ + 1
            for a regular round, and for the final syncs after the last step (fragments 0..P−1
            in rounds k0..k0+P−1) fragment p's regular rounds before k0, ⌈(k0 − p)/P⌉, + 1
@@ -760,7 +761,10 @@ def main():
         if plain_from is not None and k >= plain_from:
             lr_k, mu_k = 1.0, 0.0  # diloco_plain_in_decay: θ becomes the mean
         m_exp = mu_k * m_b + delta
-        err = np.max(np.abs(m_a - m_exp)) / max(np.max(np.abs(m_exp)), 1e-30)
+        m_kept = m_exp if mu_k > 0 else np.zeros_like(m_exp)   # μ = 0: stored as 0, bit for bit
+        if mu_k == 0 and (np.any(m_a != 0) or np.any(np.signbit(m_a))):
+            fail(f"outer step {k}: μ = 0 but the momentum kept is not all zero bits")
+        err = np.max(np.abs(m_a - m_kept)) / max(np.max(np.abs(m_exp)), 1e-30)
         worst["momentum"] = max(worst["momentum"], err)
         if err > 1e-6:
             fail(f"outer step {k}: momentum off by {err:.3g} of max|m|")

@@ -151,15 +151,30 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
 
+# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 432 + B·N bytes (N parameters:
+# the header, θ, and m when B is 8).
+state_bytes_are() {
+    "$PYTHON" - "$tmp/$1" "$2" <<'PY'
+import json, sys
+root, b = sys.argv[1], int(sys.argv[2])
+end = [json.loads(l) for l in open(f"{root}/0/metrics.jsonl") if '"event":"end"' in l][-1]
+n = round(end["state_mb"] * 2**20 / 16)          # state_mb: 16 B/param of weights, grads, moments
+got = [json.loads(l) for l in open(f"{root}/2/metrics.jsonl") if '"diloco_join"' in l][-1]["state_bytes"]
+print(f"    state: {got} bytes for {n} parameters (want 432 + {b}·{n} = {432 + b * n})")
+sys.exit(0 if got == 432 + b * n else 1)
+PY
+}
+
 # ---------------------------------------------------------------- a state slower than the deadline
-# 3 replicas of a wider model (2.4 MB of state: 20 chunks of 128 KiB), diloco_timeout_s 2;
+# 3 replicas of a wider model, with outer momentum (so m is sent: 2.4 MB of state, 20 chunks
+# of 128 KiB), diloco_timeout_s 2;
 # replica 0, the donor, sends its state at one chunk per 0.5 s (TRAIN_GPT_FAULT=tcp_slow_state:0:
 # about 10 s, longer than the deadline, never stalled). Replica 2 starts late and waits for the state:
 # the hub holds the round for the transfer, so the donor is not evicted, replica 2 takes the
 # state and all three contribute together, every param_hash equal. On the old relay the donor
 # was evicted as late, the transfer dropped, and the next donor caught the same way.
 start_relay slow 1 2
-slow=(--d_model 128 --d_ff 256 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
+slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
 spids=()
 for r in 0 1 2; do
@@ -171,16 +186,19 @@ for r in 0 1 2; do
     spids+=($!)
     pids+=($!)
 done
+# three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
 three_after_join() {
-    "$PYTHON" - "$tmp/slow/0/metrics.jsonl" "$tmp/slow/2/metrics.jsonl" <<'PY'
-import json, sys
+    "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
+import json, os, sys
+if not os.path.exists(sys.argv[2]):
+    sys.exit(1)
 join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
 rounds = [json.loads(l) for l in open(sys.argv[1]) if '"contributors"' in l]
 sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_step"] + 1
                            and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
 PY
 }
-wait_until "all three contribute after replica 2's join" three_after_join
+wait_until "all three contribute after replica 2's join" three_after_join slow
 kill -TERM "${spids[@]}"
 rc=0
 for p in "${spids[@]}"; do wait "$p" || rc=$?; done
@@ -199,6 +217,52 @@ check "slow state: replica 1 says its exchange waits for the transfer" \
     grep -q "replica 1 waits for its exchange: the hub at .* holds the round for a state transfer" "$tmp/slow1.log"
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
+check "slow state: with outer momentum the state holds θ and m (432 + 8N bytes)" state_bytes_are slow 8
+
+# ---------------------------------------------------------------- what a state transfer costs in memory
+# 3 replicas of a 4.7M-parameter model (its state θ ‖ m: 8 B/param, 36 MiB). Replica 2 starts
+# late and takes the state. The donor sends θ and m from where they live (the state's header is
+# written in front of them): its peak RSS is within 8N/2 of the member's that gave nothing. On the
+# old code it packed them into an 8 B/param copy first, resident for the rest of the run: its
+# peak was 8N above the member's. The run has no outer momentum (μ 0, as `common` sets): m is kept
+# at zero and left out of the state, which is 432 + 4N bytes (it was 8N: m held the last Δ).
+start_relay mem 1
+mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 1
+    --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s 20)
+mpids=()
+for r in 0 1 2; do
+    [ "$r" = 2 ] && wait_until "replica 0's second outer step" applied_with "$tmp/mem/0/metrics.jsonl" 0,1 1
+    "$TRAIN_GPT" "${common[@]}" "${mem[@]}" --diloco_replica_id "$r" --out_dir "$tmp/mem/$r" >"$tmp/mem$r.log" 2>&1 &
+    mpids+=($!)
+    pids+=($!)
+done
+# Until all three contributed to a round after the join: every buffer of an exchange touched on each.
+wait_until "all three contribute after replica 2's join" three_after_join mem
+wait_until "the relay names the donor" grep -q 'relayed from replica [01] to \[2\]' "$tmp/relay_mem.log"
+kill -TERM "${mpids[@]}"
+rc=0
+for p in "${mpids[@]}"; do wait "$p" || rc=$?; done
+check "state memory: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+donor=$(sed -n 's/.*relayed from replica \([01]\) to \[2\].*/\1/p' "$tmp/relay_mem.log" | head -n 1)
+state_memory() {
+    "$PYTHON" - "$tmp/mem" "$donor" <<'PY'
+import json, sys
+root, donor = sys.argv[1], int(sys.argv[2])
+def end(r):
+    return [json.loads(l) for l in open(f"{root}/{r}/metrics.jsonl") if '"event":"end"' in l][-1]
+state = end(0)["state_mb"] / 2                  # θ ‖ m, 8 B/param, in MiB (state_mb counts 16 B/param)
+peak = {r: end(r)["peak_rss_mb"] for r in (0, 1, 2)}
+member = 1 - donor
+print(f"    peak RSS (MiB): donor {peak[donor]}, member {peak[member]}, joiner {peak[2]}; a state is {state:.1f}")
+sys.exit(0 if peak[donor] - peak[member] < state / 2 else 1)
+PY
+}
+check "state memory: the donor's peak RSS stays within 8N/2 of the member's (no copy of its state)" \
+    state_memory
+check "state memory: μ 0: the state leaves m out (432 + 4N bytes)" state_bytes_are mem 4
+check "state memory: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 1 "$tmp"/mem/*/metrics.jsonl
 
 # stopped_in_join NAME WAIT_FOR ARGS...: a replica (tiny_test, replica 0 of 2, tcp) started with
 # ARGS, logging to $tmp/NAME.log; once its log says WAIT_FOR, SIGTERM; it must exit 0 within
