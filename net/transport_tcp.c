@@ -925,9 +925,23 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
 }
 
 // ---------------------------------------------------------------- the rest
+// Test hook tcp_hold_state:0: the donor holds its state back until the hub ends the transfer
+// (STATE_ABORT) or 10 × timeout_s pass: the path of a transfer ended before its donor began.
+static double hold_state_until_s;
+static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > hold_state_until_s; }
+
 static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     tcp *t = impl;
     if (!t->connected) return;
+    if (fault_requested("tcp_hold_state", 0)) {
+        note("diloco: trace: replica %d holds back its state (test hook)", t->o.replica_id);
+        hold_state_until_s = wall_seconds() + 10 * t->hub_timeout_s;
+        if (!pump(t, hold_state_done)) {
+            warn("diloco: lost the hub while holding back our state: %s", dead_reason(t));
+            disconnect(t);
+            return;
+        }
+    }
     take_mail(t);   // a STATE_ABORT already here
     if (t->state_cut) {
         t->state_cut = false;

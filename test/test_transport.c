@@ -48,6 +48,7 @@
 //              after a cut the joiner gets no donor for 2, 4, .. closes (the group goes on unheld)
 //   slowgone   the joiner of a slow state is killed: the hub stops the transfer (no joiner left)
 //              and tells the donor, instead of holding the round for a state nobody gets
+//   heldgone   the same before the donor began to send (tcp_hold_state): it sends nothing
 //   refound    the late replica comes back to an empty group and founds it anew at its step
 //   restart    the hub is killed and restarted: exchanges fail (skipped), then everyone
 //              reconnects, rejoins and goes on
@@ -1307,11 +1308,27 @@ static void slow_state(const char *name, bool two_hubs) {
 }
 static void test_slow_state(void) { slow_state("slowstate", false); }
 
-// The start of slowcut and slowgone: a hub (extra: its options), three replicas training until
-// stop_path appears, replica 0 the slow donor (tcp_slow_state); replica 2 is killed at round 2
-// and restarted stale once the others go on, so that it waits for replica 0's state. Returns
-// the round replica 0 had reached then.
-static long long start_slow_joiner(scenario *s, const char *name, const char *extra, char *stop_path, size_t bytes) {
+// Whether the hub's log says it dropped replica id ("replica ID (PEER) dropped: ...").
+static bool hub_dropped(const char *hub_log, int id) {
+    char *log = slurp(hub_log);
+    char who[32];
+    snprintf(who, sizeof who, "replica %d (", id);
+    bool dropped = false;
+    for (char *line = strstr(log, who); line; line = strstr(line + 1, who)) {
+        char *end = strchr(line, '\n');
+        char *d = strstr(line, ") dropped");
+        dropped |= d && (!end || d < end);
+    }
+    free(log);
+    return dropped;
+}
+
+// The start of slowcut, slowgone and heldgone: a hub (extra: its options), three replicas
+// training until stop_path appears, replica 0 the donor with TRAIN_GPT_FAULT=donor_fault (a slow
+// one: tcp_slow_state:0); replica 2 is killed at round 2 and restarted stale once the others go
+// on, so that it waits for replica 0's state. Returns the round replica 0 had reached then.
+static long long start_slow_joiner(scenario *s, const char *name, const char *extra, const char *donor_fault,
+                                   char *stop_path, size_t bytes) {
     open_reports(s, name);
     start_hub(s, extra);
     snprintf(stop_path, bytes, "%s/%s.stop", dir, name);
@@ -1321,7 +1338,7 @@ static long long start_slow_joiner(scenario *s, const char *name, const char *ex
     c.partial = 2;
     for (int id = 0; id < 3; id++) {
         c.id = id;
-        start_replica_env(s, &c, id == 0 ? "tcp_slow_state:0" : NULL);
+        start_replica_env(s, &c, id == 0 ? donor_fault : NULL);
     }
     EXPECT(await(s, 2, "round", 2, 20), "%s: replica 2 reaches round 2", name);
     kill(s->pids[2], SIGKILL);
@@ -1340,7 +1357,7 @@ static long long start_slow_joiner(scenario *s, const char *name, const char *ex
 static void test_slow_gone(void) {
     static scenario s;
     char stop_path[400];
-    start_slow_joiner(&s, "slowgone", NULL, stop_path, sizeof stop_path);
+    start_slow_joiner(&s, "slowgone", NULL, "tcp_slow_state:0", stop_path, sizeof stop_path);
     char path[400];
     snprintf(path, sizeof path, "%s/slowgone_R2.err", dir);
     EXPECT(await_file(path, "receiving the group's state", 30), "slowgone: the joiner's state is on its way");
@@ -1371,13 +1388,52 @@ static void test_slow_gone(void) {
     finish(&s);
 }
 
+// The joiner is killed after the hub named the donor but before the donor began to send (it holds
+// its state back: tcp_hold_state): the hub ends the transfer (no joiner left) with a STATE_ABORT
+// that reaches the donor before its STATE; the donor sends nothing ("sends no state") and trains
+// on, neither evicted nor dropped (a state sent anyway would be chunks it was not asked for).
+static void test_held_gone(void) {
+    static scenario s;
+    char stop_path[400], path[400];
+    start_slow_joiner(&s, "heldgone", NULL, "tcp_hold_state:0", stop_path, sizeof stop_path);
+    snprintf(path, sizeof path, "%s/heldgone_R0.err", dir);
+    EXPECT(await_file(path, "holds back its state (test hook)", 30), "heldgone: the donor holds its state back");
+    kill(s.pids[3], SIGKILL);
+    waitpid(s.pids[3], NULL, 0);
+    EXPECT(await_file(s.hub_log, "state transfer from replica 0 aborted", 30), "heldgone: the hub ends the transfer");
+    EXPECT(await_file(path, "sends no state: the hub ended the transfer before it began", 30),
+           "heldgone: the donor sends nothing");
+    int n0 = s.n_lines;
+    long long k = 0;
+    for (int i = 0; i < n0; i++)
+        if (s.lines[i].id == 0 && !strcmp(s.lines[i].ev, "round") && s.lines[i].k > k) k = s.lines[i].k;
+    EXPECT(await(&s, 0, "round", k + 2, 30) && await(&s, 1, "round", k + 2, 30), "heldgone: 0 and 1 go on");
+    FILE *f = fopen(stop_path, "w");
+    if (f) fclose(f);
+    for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 0, 60), "heldgone: replica %d finishes", id);
+    EXPECT(wait_exit(s.pids[0], 10) == 0 && wait_exit(s.pids[1], 10) == 0, "heldgone: replicas 0 and 1 exit 0");
+    EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "sent state chunks it was not asked for") &&
+               !hub_dropped(s.hub_log, 0),
+           "heldgone: the donor was neither evicted nor dropped (hub log %s)", s.hub_log);
+    EXPECT(!file_has(path, "stops sending its state"), "heldgone: the donor had nothing on its way to stop");
+    int failed = 0;
+    for (int i = 0; i < s.n_lines; i++)
+        failed += s.lines[i].id < 2 && (!strcmp(s.lines[i].ev, "failed") || !strcmp(s.lines[i].ev, "evicted"));
+    EXPECT(failed == 0, "heldgone: no exchange of 0 or 1 failed or was evicted (%d)", failed);
+    bool ok = true;
+    for (int id = 0; id < 2; id++) rounds_of(&s, id, -1, &ok);
+    EXPECT(ok, "heldgone: every round was exact");
+    stop_hub(&s);
+    finish(&s);
+}
+
 // The same slow state with the relay's --max_hold_s 3: after 3 s the hub cuts the transfer, the
 // joiner waits again, the donor stops sending and goes on (it is not evicted or dropped, its
 // chunks still on the way are let go), and the group closes rounds without the joiner.
 static void test_slow_cut(void) {
     static scenario s;
     char stop_path[400];
-    long long k = start_slow_joiner(&s, "slowcut", "--max_hold_s 3", stop_path, sizeof stop_path);
+    long long k = start_slow_joiner(&s, "slowcut", "--max_hold_s 3", "tcp_slow_state:0", stop_path, sizeof stop_path);
     EXPECT(await_file(s.hub_log, "cut after", 30), "slowcut: the hub cuts the transfer");
     EXPECT(await(&s, 0, "round", k + 4, 60) && await(&s, 1, "round", k + 4, 60),
            "slowcut: replicas 0 and 1 go on past the cut");
@@ -1406,15 +1462,7 @@ static void test_slow_cut(void) {
     free(text);
     EXPECT(cuts >= 1 && (cuts == 1 || fewest >= 2), "slowcut: %d cut(s), at least 2 closes between two (fewest %d)",
            cuts, fewest);
-    char *log = slurp(s.hub_log);
-    bool dropped = false;
-    for (char *line = strstr(log, "replica 0 ("); line; line = strstr(line + 1, "replica 0 (")) {
-        char *end = strchr(line, '\n');
-        char *d = strstr(line, ") dropped");
-        dropped |= d && (!end || d < end);
-    }
-    free(log);
-    EXPECT(!dropped && !file_has(s.hub_log, "evicted"), "slowcut: the donor was neither dropped nor evicted (hub log %s)",
+    EXPECT(!hub_dropped(s.hub_log, 0) && !file_has(s.hub_log, "evicted"), "slowcut: the donor was neither dropped nor evicted (hub log %s)",
            s.hub_log);
     char path[400];
     snprintf(path, sizeof path, "%s/slowcut_R0.err", dir);
@@ -2286,7 +2334,7 @@ int main(int argc, char **argv) {
                  {"cutthrough", test_cutthrough_slow}, {"cutkill", test_cutthrough_killed},
                  {"size", test_size},       {"donor", test_donor_dies},
                  {"slowstate", test_slow_state}, {"slowstate2", test_slow_state_hubs},
-                 {"slowcut", test_slow_cut}, {"slowgone", test_slow_gone},
+                 {"slowcut", test_slow_cut}, {"slowgone", test_slow_gone}, {"heldgone", test_held_gone},
                  {"restart", test_hub_restart}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
