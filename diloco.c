@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@
 // The state a donor sends to a joining replica, little-endian:
 //   "TGDLSTAT" (8 bytes), u32 version = 3, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
+//   i64 sent_at_step (the donor's step when the state's last chunk went: it trains while it
+//                     sends, and the joiner skips the steps it took meanwhile),
 //   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
 //                     byte i/8: replica i's whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
@@ -32,7 +35,7 @@
 #define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
-#define STATE_COUNTERS_BYTES 48   // the magic, version and the four i64 counters
+#define STATE_COUNTERS_BYTES 56   // the magic, version, flags and the five i64 counters
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // θ and m live in one block laid out as that state, the header just before θ, so a donor sends
 // them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
@@ -122,6 +125,14 @@ struct diloco {
     uint8_t *outer_block;                  // θ and m as a state (STATE_THETA_OFFSET): what a donor sends
     uint8_t *state;                        // a joiner's received state: allocated for the join only
     size_t state_bytes;                    // of a state: header + θ + m
+    // A donor sends its state from a thread while it trains on (θ and m do not change until
+    // its next exchange, which waits for the thread first: finish_sending_state).
+    pthread_t sender;
+    bool sending;
+    const uint8_t *send_buf;
+    size_t send_bytes;
+    _Atomic int64_t live_step;             // the last inner step this replica finished
+    int64_t *skipped;                      // per fragment: steps a joiner skipped in its phase
     // The last rounds this replica saw close (applied or skipped) and who was in them, for the
     // state it may donate; slot = round mod RECENT_ROUNDS.
     struct {
@@ -240,6 +251,7 @@ static void split_fragments(diloco *d) {
     }
     d->n_fragments = P;
     d->fragments = xcalloc((size_t)P, sizeof *d->fragments);
+    d->skipped = xcalloc((size_t)P, sizeof *d->skipped);
     for (int p = 0; p < P; p++) {
         fragment *f = &d->fragments[p];
         f->first_layer = first[p];
@@ -415,6 +427,7 @@ static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes
     put_u64(p + 24, (uint64_t)st->step);
     put_u64(p + 32, (uint64_t)st->tokens_seen);
     put_u64(p + 40, (uint64_t)d->numel);
+    put_u64(p + 48, (uint64_t)st->step);   // sent_at_step: stamped again as the last chunk goes
     for (int i = 0; i < RECENT_ROUNDS; i++) {
         uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
         put_u64(q, (uint64_t)d->recent[i].round);
@@ -425,10 +438,43 @@ static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes
     return p;
 }
 
+// A donor sends its state from a thread and trains on meanwhile: θ and m stay as they are
+// until its next exchange (begin_round), rejoin or goodbye, each of which waits for the thread
+// first. The state's first chunk goes last, stamped with the step the donor had reached then.
+static void stamp_sent_at(void *arg) {
+    diloco *d = (diloco *)arg;
+    put_u64(d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES + 48, (uint64_t)atomic_load(&d->live_step));
+}
+
+static void *state_sender_main(void *arg) {
+    diloco *d = (diloco *)arg;
+    transport_send_state(d->net, d->send_buf, d->send_bytes, stamp_sent_at, d);
+    return NULL;
+}
+
+static void start_sending_state(diloco *d, const train_state *st) {
+    atomic_store(&d->live_step, st->step);
+    d->send_buf = pack_state(d, st, &d->send_bytes);
+    char size[32];
+    note("diloco: replica %d sends its state (%s) to the joining replica(s) while it trains on",
+         diloco_replica_id(d), format_bytes(d->send_bytes, size, sizeof size));
+    int rc = pthread_create(&d->sender, NULL, state_sender_main, d);
+    if (rc != 0) fail("diloco: cannot start the thread that sends the state: %s", strerror(rc));
+    d->sending = true;
+}
+
+static void finish_sending_state(diloco *d) {
+    if (!d->sending) return;
+    int rc = pthread_join(d->sender, NULL);
+    if (rc != 0) fail("diloco: cannot join the thread that sends the state: %s", strerror(rc));
+    d->sending = false;
+}
+
 // The counters of a donor's state, checked: false (with a one-line reason) when malformed.
 typedef struct {
     int64_t outer_step, step, tokens;
-    bool with_m;  // m follows θ (else it is zero)
+    int64_t sent_at_step;   // the donor's step when the last chunk went
+    bool with_m;            // m follows θ (else it is zero)
 } state_counters;
 
 static state_counters check_state(const diloco *d, size_t got) {
@@ -446,10 +492,11 @@ static state_counters check_state(const diloco *d, size_t got) {
              "expected %zu bytes of %lld values)",
              got, flags, (long long)get_u64(p + 40), want, (long long)d->numel);
     state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32),
-                        (flags & STATE_HAS_MOMENTUM) != 0};
-    if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0)
-        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld)", (long long)c.outer_step,
-             (long long)c.step);
+                        (int64_t)get_u64(p + 48), (flags & STATE_HAS_MOMENTUM) != 0};
+    if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0 || c.sent_at_step < c.step ||
+        c.sent_at_step > d->cfg->max_steps)
+        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld, sent at step %lld)",
+             (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step);
     return c;
 }
 
@@ -517,6 +564,37 @@ static void changed_add(diloco *d, int64_t offset, int64_t numel) {
     if (offset + numel > d->changed_hi) d->changed_hi = offset + numel;
 }
 
+static bool syncs_after(const diloco *d, const fragment *f, int64_t s);
+static uint64_t tokens_per_step(const diloco *d);
+
+// Whether some fragment syncs after inner step s, or s is the run's last step.
+static bool any_sync_after(const diloco *d, int64_t s) {
+    if (s >= d->cfg->max_steps) return true;
+    for (int p = 0; p < d->n_fragments; p++)
+        if (syncs_after(d, &d->fragments[p], s)) return true;
+    return false;
+}
+
+// The steps from `step` to the next sync (that sync's step included): what a replica at
+// `step` trains before it contributes.
+static int64_t steps_to_sync(const diloco *d, int64_t step) {
+    int64_t s = step + 1;
+    while (!any_sync_after(d, s)) s++;
+    return s - step;
+}
+
+// The steps a joiner skips: those its donor trained while the state went (c->step to
+// c->sent_at_step), so that its phase ends with the group's instead of a transfer later — but
+// never a step after which some fragment syncs (each sync is a round the joiner takes part in),
+// so it trains at least the step that ends its phase. Its data moves by them like the steps a
+// late joiner missed (diloco_seek_data), and its next contribution of each fragment counts only
+// the steps it trained (its tokens weigh it in the mean).
+static int64_t joiner_skip(const diloco *d, const state_counters *c) {
+    int64_t to = c->step;
+    while (to < c->sent_at_step && !any_sync_after(d, to + 1)) to++;
+    return to - c->step;
+}
+
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
     state_counters c = check_state(d, got);
@@ -569,9 +647,11 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     free(params_from);
     if (d->residual) memset(d->residual, 0, bytes);
     int64_t was = st->step, was_outer = st->outer_step;
-    st->step = c.step;
+    int64_t skip = (int64_t)replica_min(d, (double)joiner_skip(d, &c));
+    for (int p = 0; p < d->n_fragments; p++) d->skipped[p] = skip;
+    st->step = c.step + skip;
     st->outer_step = c.outer_step;
-    st->tokens_seen = c.tokens;
+    st->tokens_seen = c.tokens + (uint64_t)skip * tokens_per_step(d);
     st->bad_steps = 0;
     st->merge_step = 0;
     diloco_seek_data(d->cfg, train, st, was);
@@ -583,11 +663,16 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     else
         snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
     snprintf(extra, sizeof extra,
-             "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,\"carried\":%s",
-             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, carried);
+             "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
+             "\"skipped_steps\":%lld,\"carried\":%s",
+             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
+    if (skip > 0)
+        note("diloco: replica %d skips to step %lld, where its donor was when the state arrived: its phase ends with "
+             "the group's, its contribution counts the %lld step(s) it trains",
+             diloco_replica_id(d), (long long)st->step, (long long)(steps_to_sync(d, st->step)));
     if (w > 0.0)
         note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, weight %.3g "
              "(norm %.3g)",
@@ -663,6 +748,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
 // another (a member at once, another waiting for a state): the ranks wait for each other
 // without comm_timeout_s (the launcher still ends a replica whose rank died).
 static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
+    finish_sending_state(d);
     double limit_s = comm_timeout();
     if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
     // 8 B/param that pages in only as a state arrives, and goes back to the system after it.
@@ -848,9 +934,10 @@ static void apply_outer_step(diloco *d, const fragment *f, int64_t k, int64_t st
         double delta = d->quant == QUANT_NONE ? (double)d->theta[i] - (double)d->delta[i] : (double)d->delta[i];
         double m = mu * (double)d->momentum[i] + delta;
         double update = nesterov ? delta + mu * m : m;
-        // μ = 0 (diloco_outer_momentum 0, or diloco_plain_in_decay's steps): no later step
-        // reads m, and it is kept at zero, as torch's SGD keeps no buffer without momentum —
-        // so a donor need not send it (pack_state).
+        // μ = 0 (diloco_outer_momentum 0, or diloco_plain_in_decay's steps): no later step of
+        // the run reads m, and it is kept at zero, as torch's SGD keeps no buffer without
+        // momentum — so a donor need not send it (pack_state). (A run resumed with a larger
+        // max_steps may take momentum again: it starts from m = 0, as torch turning it on.)
         d->momentum[i] = mu == 0.0 ? 0.0f : (float)m;
         d->theta[i] = (float)((double)d->theta[i] - lr * update);
     }
@@ -1012,6 +1099,8 @@ static int fragment_due(const diloco *d, int64_t step) {
     return -1;
 }
 
+void diloco_stepped(diloco *d, int64_t step) { atomic_store(&d->live_step, step); }
+
 bool diloco_due(const diloco *d, const train_state *st, int64_t max_steps) {
     int64_t s = st->step;
     return s == max_steps || (d->flight.active && s >= d->flight.begin_step + d->overlap) ||
@@ -1042,6 +1131,7 @@ static void *exchange_thread(void *arg) {
 // with diloco_transport = local) and hands it to the transport — on the exchange thread
 // when it is to overlap inner steps, otherwise here, blocking.
 static void begin_round(diloco *d, int p, float *const *params, int n_params, const train_state *st, bool final) {
+    finish_sending_state(d);
     flight *f = &d->flight;
     const fragment *fr = &d->fragments[p];
     memset(f, 0, sizeof *f);
@@ -1050,8 +1140,9 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->final = final;
     f->round = st->outer_step;
     f->begin_step = st->step;
-    f->inner_steps = steps_since_sync(d, fr, st->step) + d->extra_steps;
+    f->inner_steps = steps_since_sync(d, fr, st->step) + d->extra_steps - d->skipped[p];
     d->extra_steps = 0;
+    d->skipped[p] = 0;
     f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
     round_result *r = &f->r;
     double t0 = wall_seconds();
@@ -1189,11 +1280,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     }
     if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, r);
     // The group's joiners wait for its donor, whatever this replica decides next.
-    if (outcome >= ROUND_SKIPPED && r->send_state) {
-        size_t bytes = 0;
-        const uint8_t *state = pack_state(d, st, &bytes);
-        transport_send_state(d->net, state, bytes);
-    }
+    if (outcome >= ROUND_SKIPPED && r->send_state) start_sending_state(d, st);
     int worst = (int)replica_min(d, (double)outcome);
     if (worst == ROUND_EVICTED) {
         if (outcome == ROUND_EVICTED)
@@ -1344,6 +1431,7 @@ static void abandon_flight(diloco *d) {
 
 void diloco_leave(diloco *d, const train_state *st, bool finished) {
     if (!d) return;
+    finish_sending_state(d);
     abandon_flight(d);
     if (!d->net) return;
     transport_leave(d->net, st->outer_step, finished && !d->over);
@@ -1352,6 +1440,7 @@ void diloco_leave(diloco *d, const train_state *st, bool finished) {
 
 void diloco_close(diloco *d) {
     if (!d) return;
+    finish_sending_state(d);
     abandon_flight(d);
     if (d->net) transport_close(d->net);
     free(d->outer_block);
@@ -1369,5 +1458,6 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->fragments);
+    free(d->skipped);
     free(d);
 }

@@ -116,6 +116,9 @@ void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *s
 // Whether diloco_after_step has work after inner step st->step (the caller then hands it the
 // host weights), and the next step after st->step at which it will (max_steps at most).
 bool diloco_due(const diloco *d, const train_state *st, int64_t max_steps);
+// The replica finished inner step `step` (every step): a state this replica sends meanwhile
+// says how far it got (a joiner skips those steps).
+void diloco_stepped(diloco *d, int64_t step);
 int64_t diloco_next_due(const diloco *d, const train_state *st, int64_t max_steps);
 
 // diloco_sync_every_s = T > 0: whether this replica, done with the inner steps of its phase

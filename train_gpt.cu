@@ -3367,6 +3367,7 @@ static int train_run(train_config *cfg) {
                 m.extra_steps++;
             }
             if (m.extra_steps) m.extra_ms = (wall_seconds() - extra_t0) * 1e3;
+            if (tr.outer) diloco_stepped(tr.outer, tr.state.step);
             if (first_copy_says(&tr, tr.outer && diloco_due(tr.outer, &tr.state, cfg->max_steps))) {
                 watchdog_phase("DiLoCo's outer work", tr.state.step);
                 double stall_s = 0.0, t0 = wall_seconds();

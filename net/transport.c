@@ -40,7 +40,9 @@ bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *sp
     return t->ops->exchange(t->impl, outer_step, spec, payload, r);
 }
 
-void transport_send_state(transport *t, const uint8_t *state, size_t bytes) { t->ops->send_state(t->impl, state, bytes); }
+void transport_send_state(transport *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
+    t->ops->send_state(t->impl, state, bytes, stamp, arg);
+}
 
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }
 

@@ -111,6 +111,8 @@ struct tcp {
     double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
     bool state_cut;                 // the hub ended the transfer this replica is to donate before it began
     double job_next_chunk_s;
+    void (*job_stamp)(void *arg);   // a state: called just before its first chunk, which goes last
+    void *job_stamp_arg;
     double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
     // A state on its way in or out: when it began (its progress is said every hub timeout), and
     // when a long wait (a state, or a round the hub holds for one) was last said.
@@ -616,14 +618,21 @@ static void feed_upload(tcp *t) {
                 if (now < t->job_next_chunk_s) return;
                 t->job_next_chunk_s = now + t->job_slow_s;
             }
-            uint64_t len = t->job_total - t->job_next < t->job_chunk ? t->job_total - t->job_next : t->job_chunk;
+            // A state's chunks go 1, 2, .., n − 1, then 0 (its first bytes, stamped just before).
+            uint64_t at = t->job_next;
+            if (t->job_kind == DATA_STATE) {
+                uint64_t chunks = (t->job_total + t->job_chunk - 1) / t->job_chunk;
+                at = (t->job_next / t->job_chunk + 1) % chunks * t->job_chunk;
+                if (at == 0 && t->job_stamp) t->job_stamp(t->job_stamp_arg);
+            }
+            uint64_t len = t->job_total - at < t->job_chunk ? t->job_total - at : t->job_chunk;
             wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
-                           .total_bytes = t->job_total, .offset = t->job_next, .chunk_bytes = t->job_chunk,
+                           .total_bytes = t->job_total, .offset = at, .chunk_bytes = t->job_chunk,
                            .chunk_len = len};
             uint8_t head[WIRE_DATA_HEAD_BYTES];
             wire_encode_data_head(&d, head);
-            conn_send(c, WIRE_DATA, head, sizeof head, t->job_buf + t->job_next, (size_t)len, NULL);
-            t->job_next += len;
+            conn_send(c, WIRE_DATA, head, sizeof head, t->job_buf + at, (size_t)len, NULL);
+            t->job_next = t->job_total - t->job_next < t->job_chunk ? t->job_total : t->job_next + t->job_chunk;
             progress = true;
         }
     }
@@ -802,6 +811,8 @@ static bool round_done(tcp *t) {
 }
 
 static bool upload_finished(tcp *t) { return upload_done(t); }
+// A state's upload: also over when the caller asks to stop (its donor does not wait for it).
+static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || stop_requested(t); }
 
 // After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
 static bool recover(tcp *t, round_result *r, double t0) {
@@ -930,7 +941,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
 static double hold_state_until_s;
 static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > hold_state_until_s; }
 
-static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
+static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
     tcp *t = impl;
     if (!t->connected) return;
     if (fault_requested("tcp_hold_state", 0)) {
@@ -959,6 +970,8 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_kind = DATA_STATE;
     t->job_chunk = CHUNK_BYTES;
     t->job_began_s = wall_seconds();
+    t->job_stamp = stamp;
+    t->job_stamp_arg = arg;
     // Test hooks (TRAIN_GPT_FAULT): tcp_die_in_state:0, the donor dies halfway through;
     // tcp_slow_state:0, it sends chunks of 128 KiB, one per 0.25 × timeout_s: a link too slow for
     // the state to arrive within the round's deadline, never stalled for a timeout.
@@ -969,10 +982,13 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes) {
     t->job_next_chunk_s = 0;
     if (slow) t->job_chunk = m.chunk_bytes = CHUNK_BYTES / 8;
     if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
-    else if (pump(t, upload_finished)) {
+    else if (pump(t, state_sent_or_stopping)) {
         if (die) raise(SIGKILL);
+        if (!upload_done(t))
+            note("diloco: replica %d stops sending its state: it was asked to stop", t->o.replica_id);
         t->job_buf = NULL;
         t->job_slow_s = 0;
+        t->job_stamp = NULL;
         return;
     }
     // The hub is gone: the next exchange reconnects and rejoins.
@@ -1227,7 +1243,9 @@ bool tcp_hub_hold(tcp_hub *t, bool begin) {
     return true;
 }
 
-void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes) { tcp_send_state(t, state, bytes); }
+void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
+    tcp_send_state(t, state, bytes, stamp, arg);
+}
 void tcp_hub_disconnect(tcp_hub *t) { disconnect(t); }
 void tcp_hub_leave(tcp_hub *t, int64_t outer_step, bool finished) { tcp_leave(t, outer_step, finished); }
 void tcp_hub_free(tcp_hub *t) { tcp_free(t); }

@@ -151,7 +151,7 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
 
-# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 432 + B·N bytes (N parameters:
+# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 440 + B·N bytes (N parameters:
 # the header, θ, and m when B is 8).
 state_bytes_are() {
     "$PYTHON" - "$tmp/$1" "$2" <<'PY'
@@ -160,8 +160,8 @@ root, b = sys.argv[1], int(sys.argv[2])
 end = [json.loads(l) for l in open(f"{root}/0/metrics.jsonl") if '"event":"end"' in l][-1]
 n = round(end["state_mb"] * 2**20 / 16)          # state_mb: 16 B/param of weights, grads, moments
 got = [json.loads(l) for l in open(f"{root}/2/metrics.jsonl") if '"diloco_join"' in l][-1]["state_bytes"]
-print(f"    state: {got} bytes for {n} parameters (want 432 + {b}·{n} = {432 + b * n})")
-sys.exit(0 if got == 432 + b * n else 1)
+print(f"    state: {got} bytes for {n} parameters (want 440 + {b}·{n} = {440 + b * n})")
+sys.exit(0 if got == 440 + b * n else 1)
 PY
 }
 
@@ -217,7 +217,7 @@ check "slow state: replica 1 says its exchange waits for the transfer" \
     grep -q "replica 1 waits for its exchange: the hub at .* holds the round for a state transfer" "$tmp/slow1.log"
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
-check "slow state: with outer momentum the state holds θ and m (432 + 8N bytes)" state_bytes_are slow 8
+check "slow state: with outer momentum the state holds θ and m (440 + 8N bytes)" state_bytes_are slow 8
 
 # ---------------------------------------------------------------- what a state transfer costs in memory
 # 3 replicas of a 4.7M-parameter model (its state θ ‖ m: 8 B/param, 36 MiB). Replica 2 starts
@@ -225,8 +225,8 @@ check "slow state: with outer momentum the state holds θ and m (432 + 8N bytes)
 # written in front of them): its peak RSS is within 8N/2 of the member's that gave nothing. On the
 # old code it packed them into an 8 B/param copy first, resident for the rest of the run: its
 # peak was 8N above the member's. The run has no outer momentum (μ 0, as `common` sets): m is kept
-# at zero and left out of the state, which is 432 + 4N bytes (it was 8N: m held the last Δ).
-start_relay mem 1
+# at zero and left out of the state, which is 440 + 4N bytes (it was 8N: m held the last Δ).
+start_relay mem 1 20   # no eviction under load: a rejoin would touch a state buffer mid-run
 mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 1
     --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
     --diloco_timeout_s 20)
@@ -260,9 +260,53 @@ PY
 }
 check "state memory: the donor's peak RSS stays within 8N/2 of the member's (no copy of its state)" \
     state_memory
-check "state memory: μ 0: the state leaves m out (432 + 4N bytes)" state_bytes_are mem 4
+check "state memory: μ 0: the state leaves m out (440 + 4N bytes)" state_bytes_are mem 4
 check "state memory: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/mem/*/metrics.jsonl
+
+# ---------------------------------------------------------------- the donor trains while it sends
+# 3 replicas, H = 100; replica 0, the donor, sends its state at one 128 KiB chunk per 0.5 s
+# (tcp_slow_state) from a thread while it trains on, and stamps the step it reached as the last
+# chunk goes (the chunk with the state's header goes last). Replica 2, the joiner, skips the
+# steps its donor took meanwhile: its phase ends with the group's instead of a transfer later,
+# and its first contribution counts only the steps it trained (H − skipped: tokens weigh it).
+# On the old code the donor sent before it trained on: nothing to skip, the round waited.
+start_relay live 1
+live=(--batch_size 64 --diloco_inner_steps 100 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
+lpids=()
+for r in 0 1 2; do
+    [ "$r" = 2 ] && wait_until "replica 0's first outer step" applied_with "$tmp/live/0/metrics.jsonl" 0,1 0
+    fault=""
+    [ "$r" = 0 ] && fault=tcp_slow_state:0
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${live[@]}" --diloco_replica_id "$r" --out_dir "$tmp/live/$r" \
+        >"$tmp/live$r.log" 2>&1 &
+    lpids+=($!)
+    pids+=($!)
+done
+wait_until "all three contribute after replica 2's join" three_after_join live
+kill -TERM "${lpids[@]}"
+rc=0
+for p in "${lpids[@]}"; do wait "$p" || rc=$?; done
+check "donor trains on: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+check "donor trains on: the donor says it sends while it trains" \
+    grep -q "replica 0 sends its state (.*) to the joining replica(s) while it trains on" "$tmp/live0.log"
+skipped_fewer() {
+    "$PYTHON" - "$tmp/live/2/metrics.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+join = [l for l in lines if l.get("event") == "diloco_join"][-1]
+after = [l for l in lines if "contributors" in l and l["outer_step"] > join["outer_step"]]
+first = after[0]
+print(f"    joined at outer step {join['outer_step']} (step {join['step']}), skipped {join['skipped_steps']} step(s); "
+      f"first contribution: {first['inner_steps']} inner steps, {first['tokens']} tokens")
+sys.exit(0 if 0 < join["skipped_steps"] < 100 and first["inner_steps"] == 100 - join["skipped_steps"]
+         and first["tokens"] == first["inner_steps"] * 64 * 32 else 1)
+PY
+}
+check "donor trains on: the joiner skipped the steps its donor took, and contributed H − skipped steps" skipped_fewer
+check "donor trains on: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 2 "$tmp"/live/*/metrics.jsonl
 
 # stopped_in_join NAME WAIT_FOR ARGS...: a replica (tiny_test, replica 0 of 2, tcp) started with
 # ARGS, logging to $tmp/NAME.log; once its log says WAIT_FOR, SIGTERM; it must exit 0 within

@@ -468,7 +468,7 @@ static int replica_main(const replica_cfg *c) {
         k++;
         if (r.send_state) {
             make_state(state, k);
-            transport_send_state(t, state, STATE_BYTES);
+            transport_send_state(t, state, STATE_BYTES, NULL, NULL);
         }
         if (k == c->leave_at) break;
     }
@@ -1400,7 +1400,8 @@ static void test_held_gone(void) {
     EXPECT(await_file(path, "holds back its state (test hook)", 30), "heldgone: the donor holds its state back");
     kill(s.pids[3], SIGKILL);
     waitpid(s.pids[3], NULL, 0);
-    EXPECT(await_file(s.hub_log, "state transfer from replica 0 aborted", 30), "heldgone: the hub ends the transfer");
+    EXPECT(await_file(s.hub_log, "state transfer from replica 0 aborted (no joiner left)", 30),
+           "heldgone: the hub ends the transfer (no joiner left)");
     EXPECT(await_file(path, "sends no state: the hub ended the transfer before it began", 30),
            "heldgone: the donor sends nothing");
     int n0 = s.n_lines;
