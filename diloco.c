@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 3, u32 flags (1: m follows θ),
+//   "TGDLSTAT" (8 bytes), u32 version = 4, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
 //   i64 sent_at_step (the donor's step when the state's last chunk went: it trains while it
 //                     sends, and the joiner skips the steps it took meanwhile),
@@ -31,7 +31,7 @@
 // The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
 // (then it is not carried again: adopt_state).
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 3
+#define STATE_VERSION 4
 #define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
@@ -129,10 +129,12 @@ struct diloco {
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
     bool sending;
+    atomic_bool cancel_sending;            // the donor leaves: its sender stops
     const uint8_t *send_buf;
     size_t send_bytes;
     _Atomic int64_t live_step;             // the last inner step this replica finished
-    int64_t *skipped;                      // per fragment: steps a joiner skipped in its phase
+    int64_t *joined_at;                    // per fragment: a joiner's step when it took the state,
+                                           // until that fragment's next contribution (else -1)
     // The last rounds this replica saw close (applied or skipped) and who was in them, for the
     // state it may donate; slot = round mod RECENT_ROUNDS.
     struct {
@@ -251,7 +253,8 @@ static void split_fragments(diloco *d) {
     }
     d->n_fragments = P;
     d->fragments = xcalloc((size_t)P, sizeof *d->fragments);
-    d->skipped = xcalloc((size_t)P, sizeof *d->skipped);
+    d->joined_at = xmalloc((size_t)P * sizeof *d->joined_at);
+    for (int p = 0; p < P; p++) d->joined_at[p] = -1;
     for (int p = 0; p < P; p++) {
         fragment *f = &d->fragments[p];
         f->first_layer = first[p];
@@ -446,9 +449,12 @@ static void stamp_sent_at(void *arg) {
     put_u64(d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES + 48, (uint64_t)atomic_load(&d->live_step));
 }
 
+static bool sending_cancelled(void *arg) { return atomic_load(&((diloco *)arg)->cancel_sending); }
+
 static void *state_sender_main(void *arg) {
     diloco *d = (diloco *)arg;
-    transport_send_state(d->net, d->send_buf, d->send_bytes, stamp_sent_at, d);
+    state_hooks hooks = {stamp_sent_at, sending_cancelled, d};
+    transport_send_state(d->net, d->send_buf, d->send_bytes, &hooks);
     return NULL;
 }
 
@@ -458,13 +464,17 @@ static void start_sending_state(diloco *d, const train_state *st) {
     char size[32];
     note("diloco: replica %d sends its state (%s) to the joining replica(s) while it trains on",
          diloco_replica_id(d), format_bytes(d->send_bytes, size, sizeof size));
+    atomic_store(&d->cancel_sending, false);
     int rc = pthread_create(&d->sender, NULL, state_sender_main, d);
     if (rc != 0) fail("diloco: cannot start the thread that sends the state: %s", strerror(rc));
     d->sending = true;
 }
 
-static void finish_sending_state(diloco *d) {
+// cancel: the replica leaves (a stop, walltime, the run's end): the rest of the state is not
+// sent (the hub ends the transfer when the donor goes; its joiners wait for another donor).
+static void finish_sending_state(diloco *d, bool cancel) {
     if (!d->sending) return;
+    if (cancel) atomic_store(&d->cancel_sending, true);
     int rc = pthread_join(d->sender, NULL);
     if (rc != 0) fail("diloco: cannot join the thread that sends the state: %s", strerror(rc));
     d->sending = false;
@@ -648,8 +658,8 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     if (d->residual) memset(d->residual, 0, bytes);
     int64_t was = st->step, was_outer = st->outer_step;
     int64_t skip = (int64_t)replica_min(d, (double)joiner_skip(d, &c));
-    for (int p = 0; p < d->n_fragments; p++) d->skipped[p] = skip;
     st->step = c.step + skip;
+    for (int p = 0; p < d->n_fragments; p++) d->joined_at[p] = st->step;
     st->outer_step = c.outer_step;
     st->tokens_seen = c.tokens + (uint64_t)skip * tokens_per_step(d);
     st->bad_steps = 0;
@@ -671,7 +681,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
     if (skip > 0)
         note("diloco: replica %d skips to step %lld, where its donor was when the state arrived: its phase ends with "
-             "the group's, its contribution counts the %lld step(s) it trains",
+             "the group's (%lld step(s) to its next sync)",
              diloco_replica_id(d), (long long)st->step, (long long)(steps_to_sync(d, st->step)));
     if (w > 0.0)
         note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, weight %.3g "
@@ -748,7 +758,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
 // another (a member at once, another waiting for a state): the ranks wait for each other
 // without comm_timeout_s (the launcher still ends a replica whose rank died).
 static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
-    finish_sending_state(d);
+    finish_sending_state(d, false);
     double limit_s = comm_timeout();
     if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
     // 8 B/param that pages in only as a state arrives, and goes back to the system after it.
@@ -1131,7 +1141,7 @@ static void *exchange_thread(void *arg) {
 // with diloco_transport = local) and hands it to the transport — on the exchange thread
 // when it is to overlap inner steps, otherwise here, blocking.
 static void begin_round(diloco *d, int p, float *const *params, int n_params, const train_state *st, bool final) {
-    finish_sending_state(d);
+    finish_sending_state(d, false);
     flight *f = &d->flight;
     const fragment *fr = &d->fragments[p];
     memset(f, 0, sizeof *f);
@@ -1140,9 +1150,12 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->final = final;
     f->round = st->outer_step;
     f->begin_step = st->step;
-    f->inner_steps = steps_since_sync(d, fr, st->step) + d->extra_steps - d->skipped[p];
+    // A joiner's first contribution of each fragment counts the steps it trained since it took
+    // the state, not since the fragment's previous sync (before it joined).
+    int64_t from = d->joined_at[p] >= 0 ? d->joined_at[p] : st->step - steps_since_sync(d, fr, st->step);
+    f->inner_steps = st->step - from + d->extra_steps;
     d->extra_steps = 0;
-    d->skipped[p] = 0;
+    d->joined_at[p] = -1;
     f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
     round_result *r = &f->r;
     double t0 = wall_seconds();
@@ -1431,7 +1444,7 @@ static void abandon_flight(diloco *d) {
 
 void diloco_leave(diloco *d, const train_state *st, bool finished) {
     if (!d) return;
-    finish_sending_state(d);
+    finish_sending_state(d, true);
     abandon_flight(d);
     if (!d->net) return;
     transport_leave(d->net, st->outer_step, finished && !d->over);
@@ -1440,7 +1453,7 @@ void diloco_leave(diloco *d, const train_state *st, bool finished) {
 
 void diloco_close(diloco *d) {
     if (!d) return;
-    finish_sending_state(d);
+    finish_sending_state(d, true);
     abandon_flight(d);
     if (d->net) transport_close(d->net);
     free(d->outer_block);
@@ -1458,6 +1471,6 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->fragments);
-    free(d->skipped);
+    free(d->joined_at);
     free(d);
 }

@@ -40,8 +40,8 @@ bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *sp
     return t->ops->exchange(t->impl, outer_step, spec, payload, r);
 }
 
-void transport_send_state(transport *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
-    t->ops->send_state(t->impl, state, bytes, stamp, arg);
+void transport_send_state(transport *t, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
+    t->ops->send_state(t->impl, state, bytes, hooks);
 }
 
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }

@@ -151,12 +151,20 @@ join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *sta
 bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
                         round_result *r);
 
-// The donor's state for the replicas joining at this boundary (after result.send_state). The
-// chunk that holds its first bytes goes last; just before it goes, stamp(arg) (when not NULL)
-// may still write those first bytes (a donor that trains while it sends records how far it
-// got: diloco.c). Returns once every byte went, the hub ended the transfer, the session died,
-// or (tcp) transport_options.stop was raised: a donor stopping does not wait for the transfer.
-void transport_send_state(transport *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg);
+// What the owner of a state being sent may do while it goes (each may be NULL): stamp, called
+// just before the chunk that holds the state's first bytes is queued — that chunk is queued
+// last — may still write those bytes (a donor that trains while it sends records how far it
+// got: diloco.c); cancelled, polled while it goes, ends the send when true (the donor leaves).
+typedef struct {
+    void (*stamp)(void *arg);
+    bool (*cancelled)(void *arg);
+    void *arg;
+} state_hooks;
+
+// The donor's state for the replicas joining at this boundary (after result.send_state).
+// Returns once every byte went, the hub ended the transfer, the session died, hooks->cancelled
+// said so, or (tcp) transport_options.stop was raised: a donor stopping does not wait for it.
+void transport_send_state(transport *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
 
 // tcp: local_stop. mpi: true on every rank when any rank saw a stop signal (an all-reduce),
 // so that all ranks stop at the same step instead of deadlocking in the next exchange.

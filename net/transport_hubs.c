@@ -471,7 +471,7 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
 // The state goes to the hubs that asked for it (the joiners' primary); the others hold their
 // rounds for this replica meanwhile (HOLD), or a transfer longer than their timeout_s would make
 // them evict it as late.
-static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
+static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     hubs *x = impl;
     bool held[TRANSPORT_MAX_HUBS] = {false};
     for (int i = 0; i < x->n; i++) {
@@ -481,7 +481,7 @@ static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes, void
     }
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
-        if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) tcp_hub_send_state(hb->t, state, bytes, stamp, arg);
+        if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) tcp_hub_send_state(hb->t, state, bytes, hooks);
         hb->send_state = false;
     }
     for (int i = 0; i < x->n; i++)

@@ -17,7 +17,7 @@ typedef struct {
                           size_t *state_bytes);
     bool (*exchange)(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
                      round_result *r);
-    void (*send_state)(void *impl, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg);
+    void (*send_state)(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks);
     bool (*agree_stop)(void *impl, bool local_stop);
     void (*leave)(void *impl, int64_t outer_step, bool finished);   // says goodbye and frees
     void (*close)(void *impl);   // frees

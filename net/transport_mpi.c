@@ -282,9 +282,9 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     return true;
 }
 
-static void mpi_send_state(void *impl, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
-    (void)impl, (void)state, (void)bytes, (void)stamp, (void)arg;  // never asked for: the membership
-                                                                   // of an MPI world is fixed
+static void mpi_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
+    (void)impl, (void)state, (void)bytes, (void)hooks;  // never asked for: the membership of an MPI
+                                                        // world is fixed
 }
 
 static bool mpi_agree_stop(void *impl, bool local_stop) {

@@ -111,8 +111,7 @@ struct tcp {
     double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
     bool state_cut;                 // the hub ended the transfer this replica is to donate before it began
     double job_next_chunk_s;
-    void (*job_stamp)(void *arg);   // a state: called just before its first chunk, which goes last
-    void *job_stamp_arg;
+    const state_hooks *job_hooks;   // a state's (transport_send_state)
     double join_sent_s, join_said_s;  // a JOIN without an answer yet: when sent, when last said so
     // A state on its way in or out: when it began (its progress is said every hub timeout), and
     // when a long wait (a state, or a round the hub holds for one) was last said.
@@ -623,7 +622,7 @@ static void feed_upload(tcp *t) {
             if (t->job_kind == DATA_STATE) {
                 uint64_t chunks = (t->job_total + t->job_chunk - 1) / t->job_chunk;
                 at = (t->job_next / t->job_chunk + 1) % chunks * t->job_chunk;
-                if (at == 0 && t->job_stamp) t->job_stamp(t->job_stamp_arg);
+                if (at == 0 && t->job_hooks && t->job_hooks->stamp) t->job_hooks->stamp(t->job_hooks->arg);
             }
             uint64_t len = t->job_total - at < t->job_chunk ? t->job_total - at : t->job_chunk;
             wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
@@ -811,8 +810,13 @@ static bool round_done(tcp *t) {
 }
 
 static bool upload_finished(tcp *t) { return upload_done(t); }
-// A state's upload: also over when the caller asks to stop (its donor does not wait for it).
-static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || stop_requested(t); }
+// A state's upload: also over when the caller asks to stop or cancels it (its donor does not
+// wait for it).
+static bool state_cancelled(const tcp *t) {
+    const state_hooks *h = t->job_hooks;
+    return stop_requested(t) || (h && h->cancelled && h->cancelled(h->arg));
+}
+static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || state_cancelled(t); }
 
 // After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
 static bool recover(tcp *t, round_result *r, double t0) {
@@ -941,7 +945,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
 static double hold_state_until_s;
 static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > hold_state_until_s; }
 
-static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
+static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     tcp *t = impl;
     if (!t->connected) return;
     if (fault_requested("tcp_hold_state", 0)) {
@@ -970,8 +974,7 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, void 
     t->job_kind = DATA_STATE;
     t->job_chunk = CHUNK_BYTES;
     t->job_began_s = wall_seconds();
-    t->job_stamp = stamp;
-    t->job_stamp_arg = arg;
+    t->job_hooks = hooks;
     // Test hooks (TRAIN_GPT_FAULT): tcp_die_in_state:0, the donor dies halfway through;
     // tcp_slow_state:0, it sends chunks of 128 KiB, one per 0.25 × timeout_s: a link too slow for
     // the state to arrive within the round's deadline, never stalled for a timeout.
@@ -984,11 +987,13 @@ static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, void 
     if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) post_dead(t, err);
     else if (pump(t, state_sent_or_stopping)) {
         if (die) raise(SIGKILL);
-        if (!upload_done(t))
-            note("diloco: replica %d stops sending its state: it was asked to stop", t->o.replica_id);
+        if (!upload_done(t)) {
+            note("diloco: replica %d stops sending its state: it stops or leaves", t->o.replica_id);
+            t->job_end = t->job_next;   // nothing more to feed; what is queued goes or is dropped
+        }
         t->job_buf = NULL;
         t->job_slow_s = 0;
-        t->job_stamp = NULL;
+        t->job_hooks = NULL;
         return;
     }
     // The hub is gone: the next exchange reconnects and rejoins.
@@ -1243,8 +1248,8 @@ bool tcp_hub_hold(tcp_hub *t, bool begin) {
     return true;
 }
 
-void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg) {
-    tcp_send_state(t, state, bytes, stamp, arg);
+void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
+    tcp_send_state(t, state, bytes, hooks);
 }
 void tcp_hub_disconnect(tcp_hub *t) { disconnect(t); }
 void tcp_hub_leave(tcp_hub *t, int64_t outer_step, bool finished) { tcp_leave(t, outer_step, finished); }

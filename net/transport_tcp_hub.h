@@ -44,7 +44,7 @@ bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed);
 // another hub (begin), or is done: this hub holds its rounds for it meanwhile. Without waiting
 // for an answer; false: the hub is lost.
 bool tcp_hub_hold(tcp_hub *t, bool begin);
-void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, void (*stamp)(void *arg), void *arg);
+void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);
 // LEAVE (when connected), then frees.

@@ -219,6 +219,39 @@ check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
 check "slow state: with outer momentum the state holds θ and m (440 + 8N bytes)" state_bytes_are slow 8
 
+# ---------------------------------------------------------------- a donor stopped while it sends
+# The slow state again (about 10 s); the donor gets SIGTERM while its state goes. It does not
+# wait for the transfer: it stops sending, exits 0, and the hub ends the transfer before the
+# state was whole (the donor left, or — stopped while it waited for its sender at its boundary,
+# it still takes part in that exchange — sent nothing for a timeout). A donor that waited would
+# have the relay log the state as relayed.
+start_relay stopdonor 1 2
+stopdonor=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3
+    --diloco_min_replicas 1 --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port"
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
+spids=()
+for r in 0 1 2; do
+    [ "$r" = 2 ] && wait_until "replica 0's second outer step" applied_with "$tmp/stopdonor/0/metrics.jsonl" 0,1 1
+    fault=""
+    [ "$r" = 0 ] && fault=tcp_slow_state:0
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${stopdonor[@]}" --diloco_replica_id "$r" \
+        --out_dir "$tmp/stopdonor/$r" >"$tmp/stopdonor$r.log" 2>&1 &
+    spids+=($!)
+    pids+=($!)
+done
+wait_until "replica 0 sends its state" grep -q "replica 0 sends its state (" "$tmp/stopdonor0.log"
+kill -TERM "${spids[0]}"
+rc=0
+wait "${spids[0]}" || rc=$?
+check "stopped donor: exits 0 on SIGTERM mid-transfer (rc $rc)" test "$rc" = 0
+check "stopped donor: it stops sending instead of waiting for the transfer" \
+    grep -q "replica 0 stops sending its state: it stops or leaves" "$tmp/stopdonor0.log"
+wait_until "the hub ends the transfer" grep -q "state transfer from replica 0 aborted" "$tmp/relay_stopdonor.log"
+check "stopped donor: the hub ended the transfer before the state was whole" \
+    sh -c "! grep -q 'relayed from replica 0' '$tmp/relay_stopdonor.log'"
+kill -TERM "${spids[1]}" "${spids[2]}"
+for p in "${spids[1]}" "${spids[2]}"; do wait "$p" || true; done
+
 # ---------------------------------------------------------------- what a state transfer costs in memory
 # 3 replicas of a 4.7M-parameter model (its state θ ‖ m: 8 B/param, 36 MiB). Replica 2 starts
 # late and takes the state. The donor sends θ and m from where they live (the state's header is

@@ -468,7 +468,7 @@ static int replica_main(const replica_cfg *c) {
         k++;
         if (r.send_state) {
             make_state(state, k);
-            transport_send_state(t, state, STATE_BYTES, NULL, NULL);
+            transport_send_state(t, state, STATE_BYTES, NULL);
         }
         if (k == c->leave_at) break;
     }
