@@ -151,6 +151,27 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
 
+# start_three NAME AFTER FAULT ARGS...: replicas 0, 1 and 2 (common + ARGS) on this scenario's
+# relay, in $tmp/NAME/R logging to $tmp/NAMER.log; replica 0 with TRAIN_GPT_FAULT=FAULT (may be
+# empty); replica 2 started once replica 0 applied more than AFTER outer steps with [0,1], so
+# that it joins late. Their pids in group_pids. (ARGS give diloco_min_replicas 2: 0 and 1 found
+# the group together, neither takes a state from the other.)
+start_three() {
+    local name=$1 after=$2 fault=$3 r f
+    shift 3
+    group_pids=()
+    for r in 0 1 2; do
+        [ "$r" = 2 ] && wait_until "replica 0's outer step $((after + 1))" \
+            applied_with "$tmp/$name/0/metrics.jsonl" 0,1 "$after"
+        f=""
+        [ "$r" = 0 ] && f=$fault
+        TRAIN_GPT_FAULT=$f "$TRAIN_GPT" "${common[@]}" "$@" --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" \
+            >"$tmp/$name$r.log" 2>&1 &
+        group_pids+=($!)
+        pids+=($!)
+    done
+}
+
 # state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 440 + B·N bytes (N parameters:
 # the header, θ, and m when B is 8).
 state_bytes_are() {
@@ -174,18 +195,9 @@ PY
 # state and all three contribute together, every param_hash equal. On the old relay the donor
 # was evicted as late, the transfer dropped, and the next donor caught the same way.
 start_relay slow 1 2
-slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
+slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
-spids=()
-for r in 0 1 2; do
-    [ "$r" = 2 ] && wait_until "replica 0's third outer step" applied_with "$tmp/slow/0/metrics.jsonl" 0,1 2
-    fault=""
-    [ "$r" = 0 ] && fault=tcp_slow_state:0
-    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${slow[@]}" --diloco_replica_id "$r" --out_dir "$tmp/slow/$r" \
-        >"$tmp/slow$r.log" 2>&1 &
-    spids+=($!)
-    pids+=($!)
-done
+start_three slow 2 tcp_slow_state:0 "${slow[@]}"
 # three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
 three_after_join() {
     "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
@@ -199,9 +211,9 @@ sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_st
 PY
 }
 wait_until "all three contribute after replica 2's join" three_after_join slow
-kill -TERM "${spids[@]}"
+kill -TERM "${group_pids[@]}"
 rc=0
-for p in "${spids[@]}"; do wait "$p" || rc=$?; done
+for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
 check "slow state: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
 took=$(sed -n 's/.*relayed from replica 0 to \[2\]: .* in \([0-9.]*\) s.*/\1/p' "$tmp/relay_slow.log" | head -n 1)
 check "slow state: the state went from replica 0 to 2 in ${took:-?} s, longer than the 2 s deadline" \
@@ -226,31 +238,20 @@ check "slow state: with outer momentum the state holds θ and m (440 + 8N bytes)
 # it still takes part in that exchange — sent nothing for a timeout). A donor that waited would
 # have the relay log the state as relayed.
 start_relay stopdonor 1 2
-stopdonor=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3
-    --diloco_min_replicas 1 --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port"
-    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
-spids=()
-for r in 0 1 2; do
-    [ "$r" = 2 ] && wait_until "replica 0's second outer step" applied_with "$tmp/stopdonor/0/metrics.jsonl" 0,1 1
-    fault=""
-    [ "$r" = 0 ] && fault=tcp_slow_state:0
-    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${stopdonor[@]}" --diloco_replica_id "$r" \
-        --out_dir "$tmp/stopdonor/$r" >"$tmp/stopdonor$r.log" 2>&1 &
-    spids+=($!)
-    pids+=($!)
-done
-wait_until "replica 0 sends its state" grep -q "replica 0 sends its state (" "$tmp/stopdonor0.log"
-kill -TERM "${spids[0]}"
+start_three stopdonor 1 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"   # slow's, on this relay
+wait_until "replica 0 sends its state to replica 2" grep -q "replica 0 is the donor: it sends its state to \[2\]" \
+    "$tmp/relay_stopdonor.log"
+kill -TERM "${group_pids[0]}"
 rc=0
-wait "${spids[0]}" || rc=$?
+wait "${group_pids[0]}" || rc=$?
 check "stopped donor: exits 0 on SIGTERM mid-transfer (rc $rc)" test "$rc" = 0
 check "stopped donor: it stops sending instead of waiting for the transfer" \
     grep -q "replica 0 stops sending its state: it stops or leaves" "$tmp/stopdonor0.log"
 wait_until "the hub ends the transfer" grep -q "state transfer from replica 0 aborted" "$tmp/relay_stopdonor.log"
 check "stopped donor: the hub ended the transfer before the state was whole" \
     sh -c "! grep -q 'relayed from replica 0' '$tmp/relay_stopdonor.log'"
-kill -TERM "${spids[1]}" "${spids[2]}"
-for p in "${spids[1]}" "${spids[2]}"; do wait "$p" || true; done
+kill -TERM "${group_pids[1]}" "${group_pids[2]}"
+for p in "${group_pids[1]}" "${group_pids[2]}"; do wait "$p" || true; done
 
 # ---------------------------------------------------------------- what a state transfer costs in memory
 # 3 replicas of a 4.7M-parameter model (its state θ ‖ m: 8 B/param, 36 MiB). Replica 2 starts
@@ -260,22 +261,16 @@ for p in "${spids[1]}" "${spids[2]}"; do wait "$p" || true; done
 # peak was 8N above the member's. The run has no outer momentum (μ 0, as `common` sets): m is kept
 # at zero and left out of the state, which is 440 + 4N bytes (it was 8N: m held the last Δ).
 start_relay mem 1 20   # no eviction under load: a rejoin would touch a state buffer mid-run
-mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 1
+mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 2
     --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
     --diloco_timeout_s 20)
-mpids=()
-for r in 0 1 2; do
-    [ "$r" = 2 ] && wait_until "replica 0's second outer step" applied_with "$tmp/mem/0/metrics.jsonl" 0,1 1
-    "$TRAIN_GPT" "${common[@]}" "${mem[@]}" --diloco_replica_id "$r" --out_dir "$tmp/mem/$r" >"$tmp/mem$r.log" 2>&1 &
-    mpids+=($!)
-    pids+=($!)
-done
+start_three mem 1 "" "${mem[@]}"
 # Until all three contributed to a round after the join: every buffer of an exchange touched on each.
 wait_until "all three contribute after replica 2's join" three_after_join mem
 wait_until "the relay names the donor" grep -q 'relayed from replica [01] to \[2\]' "$tmp/relay_mem.log"
-kill -TERM "${mpids[@]}"
+kill -TERM "${group_pids[@]}"
 rc=0
-for p in "${mpids[@]}"; do wait "$p" || rc=$?; done
+for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
 check "state memory: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
 donor=$(sed -n 's/.*relayed from replica \([01]\) to \[2\].*/\1/p' "$tmp/relay_mem.log" | head -n 1)
 state_memory() {
@@ -305,22 +300,13 @@ check "state memory: param_hash equal on the three at every applied outer step" 
 # and its first contribution counts only the steps it trained (H − skipped: tokens weigh it).
 # On the old code the donor sent before it trained on: nothing to skip, the round waited.
 start_relay live 1
-live=(--batch_size 64 --diloco_inner_steps 100 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_transport tcp
+live=(--batch_size 64 --diloco_inner_steps 100 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
-lpids=()
-for r in 0 1 2; do
-    [ "$r" = 2 ] && wait_until "replica 0's first outer step" applied_with "$tmp/live/0/metrics.jsonl" 0,1 0
-    fault=""
-    [ "$r" = 0 ] && fault=tcp_slow_state:0
-    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${common[@]}" "${live[@]}" --diloco_replica_id "$r" --out_dir "$tmp/live/$r" \
-        >"$tmp/live$r.log" 2>&1 &
-    lpids+=($!)
-    pids+=($!)
-done
+start_three live 0 tcp_slow_state:0 "${live[@]}"
 wait_until "all three contribute after replica 2's join" three_after_join live
-kill -TERM "${lpids[@]}"
+kill -TERM "${group_pids[@]}"
 rc=0
-for p in "${lpids[@]}"; do wait "$p" || rc=$?; done
+for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
 check "donor trains on: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
 check "donor trains on: the donor says it sends while it trains" \
     grep -q "replica 0 sends its state (.*) to the joining replica(s) while it trains on" "$tmp/live0.log"
