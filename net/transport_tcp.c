@@ -8,8 +8,9 @@
 //     phase from a dead or stopped one, and the replica can tell a dead hub from a quiet
 //     one. The frames it reads (ROUND, EVICTED, JOINED, STATE, STATE_ABORT) go into a
 //     mailbox, and a byte on a pipe wakes the training thread.
-//   - the training thread, inside join/exchange/send_state, pumps the data connections
-//     (non-blocking, one poll() loop): uploads its payload segment by segment (one chunk
+//   - the caller's thread, inside join/exchange/send_state, pumps the data connections
+//     (non-blocking, one poll() loop; one call at a time: the training thread, or the thread
+//     diloco.c runs an overlapping exchange or a donor's state send on): uploads its payload segment by segment (one chunk
 //     each) to whichever stream has room, and reads the segments of the mean the hub sends
 //     back, which it places by offset (they are self-describing, so their order across
 //     streams is free).
