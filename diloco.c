@@ -36,6 +36,7 @@
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
 #define STATE_COUNTERS_BYTES 56   // the magic, version, flags and the five i64 counters
+#define STATE_SENT_AT 48          // where sent_at_step is
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // θ and m live in one block laid out as that state, the header just before θ, so a donor sends
 // them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
@@ -130,8 +131,7 @@ struct diloco {
     pthread_t sender;
     bool sending;
     atomic_bool cancel_sending;            // the donor leaves: its sender stops
-    const uint8_t *send_buf;
-    size_t send_bytes;
+    size_t send_bytes;                     // of the state being sent (state_header on)
     _Atomic int64_t live_step;             // the last inner step this replica finished
     int64_t *joined_at;                    // per fragment: a joiner's step when it took the state,
                                            // until that fragment's next contribution (else -1)
@@ -418,10 +418,13 @@ static bool all_zero_bits(const float *x, int64_t n) {
     return any == 0;
 }
 
+// Where a donor's state begins: its header, just before θ in their block.
+static uint8_t *state_header(const diloco *d) { return d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES; }
+
 // The donor's state: the header written in front of θ and m, which follow it in their block;
-// *bytes: what to send (m left out where it is all zero).
-static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes) {
-    uint8_t *p = d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES;
+// returns the bytes to send (m left out where it is all zero).
+static size_t pack_state(diloco *d, const train_state *st) {
+    uint8_t *p = state_header(d);
     bool with_m = !all_zero_bits(d->momentum, d->numel);
     memcpy(p, STATE_MAGIC, 8);
     put_u32(p + 8, STATE_VERSION);
@@ -430,15 +433,14 @@ static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes
     put_u64(p + 24, (uint64_t)st->step);
     put_u64(p + 32, (uint64_t)st->tokens_seen);
     put_u64(p + 40, (uint64_t)d->numel);
-    put_u64(p + 48, (uint64_t)st->step);   // sent_at_step: stamped again as the last chunk goes
+    put_u64(p + STATE_SENT_AT, (uint64_t)st->step);   // stamped again as the last chunk goes
     for (int i = 0; i < RECENT_ROUNDS; i++) {
         uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
         put_u64(q, (uint64_t)d->recent[i].round);
         put_u64(q + 8, d->recent[i].applied ? 1 : 0);  // u32 flags + u32 0
         memcpy(q + 16, d->recent[i].ids, sizeof d->recent[i].ids);
     }
-    *bytes = STATE_HEADER_BYTES + (with_m ? 2 : 1) * (size_t)d->numel * sizeof(float);
-    return p;
+    return STATE_HEADER_BYTES + (with_m ? 2 : 1) * (size_t)d->numel * sizeof(float);
 }
 
 // A donor sends its state from a thread and trains on meanwhile: θ and m stay as they are
@@ -446,7 +448,7 @@ static const uint8_t *pack_state(diloco *d, const train_state *st, size_t *bytes
 // first. The state's first chunk goes last, stamped with the step the donor had reached then.
 static void stamp_sent_at(void *arg) {
     diloco *d = (diloco *)arg;
-    put_u64(d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES + 48, (uint64_t)atomic_load(&d->live_step));
+    put_u64(state_header(d) + STATE_SENT_AT, (uint64_t)atomic_load(&d->live_step));
 }
 
 static bool sending_cancelled(void *arg) { return atomic_load(&((diloco *)arg)->cancel_sending); }
@@ -454,13 +456,13 @@ static bool sending_cancelled(void *arg) { return atomic_load(&((diloco *)arg)->
 static void *state_sender_main(void *arg) {
     diloco *d = (diloco *)arg;
     state_hooks hooks = {stamp_sent_at, sending_cancelled, d};
-    transport_send_state(d->net, d->send_buf, d->send_bytes, &hooks);
+    transport_send_state(d->net, state_header(d), d->send_bytes, &hooks);
     return NULL;
 }
 
 static void start_sending_state(diloco *d, const train_state *st) {
     atomic_store(&d->live_step, st->step);
-    d->send_buf = pack_state(d, st, &d->send_bytes);
+    d->send_bytes = pack_state(d, st);
     char size[32];
     note("diloco: replica %d sends its state (%s) to the joining replica(s) while it trains on",
          diloco_replica_id(d), format_bytes(d->send_bytes, size, sizeof size));
@@ -502,7 +504,7 @@ static state_counters check_state(const diloco *d, size_t got) {
              "expected %zu bytes of %lld values)",
              got, flags, (long long)get_u64(p + 40), want, (long long)d->numel);
     state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32),
-                        (int64_t)get_u64(p + 48), (flags & STATE_HAS_MOMENTUM) != 0};
+                        (int64_t)get_u64(p + STATE_SENT_AT), (flags & STATE_HAS_MOMENTUM) != 0};
     if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0 || c.sent_at_step < c.step ||
         c.sent_at_step > d->cfg->max_steps)
         fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld, sent at step %lld)",
@@ -574,16 +576,11 @@ static void changed_add(diloco *d, int64_t offset, int64_t numel) {
     if (offset + numel > d->changed_hi) d->changed_hi = offset + numel;
 }
 
-static bool syncs_after(const diloco *d, const fragment *f, int64_t s);
+static int fragment_due(const diloco *d, int64_t step);
 static uint64_t tokens_per_step(const diloco *d);
 
-// Whether some fragment syncs after inner step s, or s is the run's last step.
-static bool any_sync_after(const diloco *d, int64_t s) {
-    if (s >= d->cfg->max_steps) return true;
-    for (int p = 0; p < d->n_fragments; p++)
-        if (syncs_after(d, &d->fragments[p], s)) return true;
-    return false;
-}
+// Whether some fragment syncs after inner step s (s ≥ 1), or s is the run's last step.
+static bool any_sync_after(const diloco *d, int64_t s) { return s >= d->cfg->max_steps || fragment_due(d, s) >= 0; }
 
 // The steps from `step` to the next sync (that sync's step included): what a replica at
 // `step` trains before it contributes.
