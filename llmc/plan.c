@@ -142,9 +142,17 @@ static int64_t fragment_sizes(const shard_map *s, const param_table *t, int P, i
     return largest;
 }
 
-static int64_t largest_fragment(const shard_map *s, const param_table *t, int P) {
+// The largest of the P fragments; *share (when not NULL) gets the values of the mpi transport's
+// packed downlink residual in its replica 0 (net/transport_mpi.c): of every fragment, the
+// segments of S values that replica reduces (0, M, 2M, ...), each whole.
+static int64_t largest_fragment(const shard_map *s, const param_table *t, int P, int64_t S, int64_t M,
+                                int64_t *share) {
     int64_t *sizes = xmalloc((size_t)P * sizeof *sizes);
     int64_t largest = fragment_sizes(s, t, P, sizes);
+    if (share) {
+        *share = 0;
+        for (int p = 0; p < P; p++) *share += ((sizes[p] + S - 1) / S + M - 1) / M * S;
+    }
     free(sizes);
     return largest;
 }
@@ -170,18 +178,20 @@ static void diloco_codecs(const train_config *cfg, quant_codec *up, quant_codec 
 //   the payload: the largest fragment encoded in the uplink codec, held by diloco.c and (tcp)
 //   copied by the transport; the mean: the largest fragment in the downlink codec, held by the
 //   transport (tcp over several hubs: once per hub session and once whole); the mpi transport
-//   reduces in every replica: its downlink residual (4n, diloco_downlink_feedback with an
-//   encoded mean) and one segment of every replica's payload.
+//   reduces in every replica: its downlink residual (diloco_downlink_feedback with an encoded
+//   mean: 4 B for each value of the segments it reduces, about 4n/M) and one segment of every
+//   replica's payload.
 diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks) {
     diloco_memory d = {0};
     if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return d;
     shard_map map;
     shard_map_build(&map, t, 0, ranks > 0 ? ranks : 1);
-    int64_t n = map.local_numel, largest = largest_fragment(&map, t, (int)cfg->diloco_fragments);
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block), share = 0;
+    int64_t n = map.local_numel,
+            largest = largest_fragment(&map, t, (int)cfg->diloco_fragments, segment, cfg->diloco_replicas, &share);
     shard_map_free(&map);
     quant_codec up, down;
     diloco_codecs(cfg, &up, &down);
-    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
     bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
     d.theta = d.momentum = d.delta = 4 * n;
     d.residual = cfg->diloco_error_feedback && up != QUANT_NONE ? 4 * n : 0;
@@ -194,7 +204,7 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
         d.mean = hubs ? 2 * mean : mean;
     } else {
         bool feedback = cfg->diloco_downlink_feedback && down != QUANT_NONE;
-        d.mean = mean + (feedback ? 4 * n : 0) +
+        d.mean = mean + (feedback ? 4 * share : 0) +
                  (int64_t)(cfg->diloco_replicas * quant_encoded_bytes(up, segment, block) +
                            quant_encoded_bytes(down, segment, block)) +
                  4 * segment;

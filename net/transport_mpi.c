@@ -25,6 +25,12 @@
 #ifdef HAVE_MPI
 #include <mpi.h>
 
+// Where one payload layout's share of the packed downlink residual begins.
+typedef struct {
+    int64_t offset, values;  // the payload's place in the model (payload_spec)
+    int64_t base;            // its first value in mpi_transport.residual
+} residual_piece;
+
 typedef struct {
     int rank, size;
     MPI_Comm exchange_comm;  // a duplicate of the world: exchanges may run on a second thread
@@ -32,10 +38,13 @@ typedef struct {
     int min_replicas;
     uint8_t *mean;          // the encoded mean of the last exchange
     size_t mean_capacity;
-    // The downlink residual of the segments this rank reduces, at their model positions: the
-    // array spans the model (zero pages cost nothing) but only 1/M of it is ever touched.
+    // The downlink residual of the segments this rank reduces, packed: for each payload layout
+    // (a fragment: its model offset and length) the rank's segments s = rank, rank + M, ... lie
+    // one after another from that layout's base, so the rank holds about 4/M bytes per parameter.
     float *residual;
     int64_t residual_values;
+    residual_piece *pieces;
+    int n_pieces;
 } mpi_transport;
 
 static const transport_ops MPI_OPS;
@@ -163,6 +172,23 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
              "diloco_topk, diloco_downlink or the model differ between their configs)");
 }
 
+// This rank's share of the downlink residual for the payload sp lays out: its segments
+// rank, rank + M, ... of that payload, packed, zero the first time the layout is seen.
+static float *residual_share(mpi_transport *t, const payload_spec *sp) {
+    for (int i = 0; i < t->n_pieces; i++)
+        if (t->pieces[i].offset == sp->offset && t->pieces[i].values == sp->values)
+            return t->residual + t->pieces[i].base;
+    int64_t n_segments = (sp->values + sp->segment - 1) / sp->segment;
+    int64_t mine = n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0;
+    int64_t grow = mine * sp->segment;
+    t->pieces = xrealloc(t->pieces, (size_t)(t->n_pieces + 1) * sizeof *t->pieces);
+    t->pieces[t->n_pieces++] = (residual_piece){.offset = sp->offset, .values = sp->values, .base = t->residual_values};
+    t->residual = xrealloc(t->residual, (size_t)(t->residual_values + grow) * sizeof(float));
+    memset(t->residual + t->residual_values, 0, (size_t)grow * sizeof(float));
+    t->residual_values += grow;
+    return t->residual + t->pieces[t->n_pieces - 1].base;
+}
+
 static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp, const uint8_t *payload,
                          round_result *r) {
     mpi_transport *t = impl;
@@ -187,12 +213,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         t->mean = xmalloc(mean_bytes);
         t->mean_capacity = mean_bytes;
     }
-    if (sp->down_feedback && down != QUANT_NONE && t->residual_values != sp->model_values) {
-        free(t->residual);
-        t->residual = xcalloc((size_t)sp->model_values, sizeof(float));
-        t->residual_values = sp->model_values;
-    }
-    float *residual = sp->down_feedback && down != QUANT_NONE ? t->residual : NULL;
+    float *residual = sp->down_feedback && down != QUANT_NONE ? residual_share(t, sp) : NULL;
     CHECK((size_t)M * up_chunk < (size_t)INT32_MAX && (size_t)M * down_chunk < (size_t)INT32_MAX);
     int64_t n_segments = (sp->values + sp->segment - 1) / sp->segment;
     uint8_t *in = xmalloc((size_t)M * up_chunk), *out = xmalloc(down_chunk);
@@ -226,7 +247,7 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         size_t my_down = 0;
         if (my_len) {
             for (int p = 0; p < M; p++) ins[p] = in + (size_t)p * up_chunk;
-            float *res = residual ? residual + sp->offset + mine * sp->segment : NULL;
+            float *res = residual ? residual + (base / M) * sp->segment : NULL;
             if (quant_reduce_segment(&q, ins, M, my_len, res, scratch, out, effect))
                 for (int p = 0; p < M; p++) {
                     if (effect[p].left_out && !told[p]) {
@@ -299,6 +320,7 @@ static void mpi_close(void *impl) {
     MPI_Comm_free(&t->exchange_comm);
     free(t->mean);
     free(t->residual);
+    free(t->pieces);
     free(t);
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -145,8 +145,10 @@ residual = 4*n if ef and quant != "none" else 0
 join = 440 + 8*n if transport == "tcp" else 0   # received by a joiner (header + θ + m); mpi never joins
 if transport == "tcp":
     payload *= 2                       # diloco.c's and the transport's copy; one hub: the mean once
-else:                                  # mpi: each replica reduces: downlink feedback, one segment each
-    mean += (4*n if down != "none" else 0) + M * enc(quant, segment) + enc(down, segment) + 4*segment
+else:                                  # mpi: each replica reduces: downlink feedback on the segments
+    sizes = [loc[first[p+1]] - loc[first[p]] for p in range(P)]   # it reduces (0, M, 2M, ... of each
+    share = sum(math.ceil(math.ceil(f / segment) / M) * segment for f in sizes)   # fragment), one each
+    mean += (4*share if down != "none" else 0) + M * enc(quant, segment) + enc(down, segment) + 4*segment
 total = theta + momentum + delta + residual + join + payload + mean
 G = 2**30
 print("%.2f GiB = %.2f θ + %.2f momentum + %.2f Δ + %.2f residual + %.2f join state + %.2f payload + %.2f mean"
@@ -166,6 +168,14 @@ got=$(diloco_line --diloco_transport mpi --diloco_quant int4 --diloco_fragments 
 want=$(hand_diloco int4 0 mpi 4 bf16 2)
 say "  DiLoCo int4, 4 fragments, bf16 downlink, mpi: $got"
 check "DiLoCo row, int4 in 4 fragments over mpi: the hand arithmetic" test "$got" = "$want"
+[ "$got" = "$want" ] || say "    hand: $want"
+# Over mpi each of M replicas reduces 1/M of the segments and keeps the downlink residual of
+# those only: at M = 8 the row's mean term holds 4/8 B per value of residual, not 4.
+got=$(diloco_line --diloco_transport mpi --diloco_quant int8 --diloco_replicas 8)
+want=$(hand_diloco int8 0 mpi 1 same 8)
+say "  DiLoCo int8, 8 replicas, mpi: $got"
+check "DiLoCo row, int8 over mpi at 8 replicas (a 1/8 share of the downlink residual): the hand arithmetic" \
+    test "$got" = "$want"
 [ "$got" = "$want" ] || say "    hand: $want"
 check "DiLoCo row counted in the cpu total, beside the gpu's" sh -c "
     '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport mpi \
