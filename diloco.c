@@ -133,8 +133,6 @@ struct diloco {
     atomic_bool cancel_sending;            // the donor leaves: its sender stops
     size_t send_bytes;                     // of the state being sent (state_header on)
     _Atomic int64_t live_step;             // the last inner step this replica finished
-    int64_t *joined_at;                    // per fragment: a joiner's step when it took the state,
-                                           // until that fragment's next contribution (else -1)
     // The last rounds this replica saw close (applied or skipped) and who was in them, for the
     // state it may donate; slot = round mod RECENT_ROUNDS.
     struct {
@@ -253,8 +251,6 @@ static void split_fragments(diloco *d) {
     }
     d->n_fragments = P;
     d->fragments = xcalloc((size_t)P, sizeof *d->fragments);
-    d->joined_at = xmalloc((size_t)P * sizeof *d->joined_at);
-    for (int p = 0; p < P; p++) d->joined_at[p] = -1;
     for (int p = 0; p < P; p++) {
         fragment *f = &d->fragments[p];
         f->first_layer = first[p];
@@ -400,10 +396,21 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     return d;
 }
 
+static bool restore_reducer(void *arg, const uint8_t *bytes, size_t n, char *why, size_t why_bytes) {
+    diloco *d = arg;
+    return !d->net || transport_restore_reducer(d->net, bytes, n, why, why_bytes);
+}
+
 void diloco_attach_buffers(diloco *d, model_buffers *b) {
     b->outer_theta = d->theta;
     b->outer_momentum = d->momentum;
     b->outer_residual = d->residual;
+    b->reducer_head = b->reducer_body = NULL;
+    if (d->net)
+        transport_reducer_state(d->net, &b->reducer_head, &b->reducer_head_bytes, &b->reducer_body,
+                                &b->reducer_body_bytes);
+    b->reducer_load = restore_reducer;
+    b->reducer_arg = d;
 }
 
 // ---------------------------------------------------------------- state transfer
@@ -656,7 +663,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     int64_t was = st->step, was_outer = st->outer_step;
     int64_t skip = (int64_t)replica_min(d, (double)joiner_skip(d, &c));
     st->step = c.step + skip;
-    for (int p = 0; p < d->n_fragments; p++) d->joined_at[p] = st->step;
+    st->restart_step = st->step;
     st->outer_step = c.outer_step;
     st->tokens_seen = c.tokens + (uint64_t)skip * tokens_per_step(d);
     st->bad_steps = 0;
@@ -1147,12 +1154,11 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->final = final;
     f->round = st->outer_step;
     f->begin_step = st->step;
-    // A joiner's first contribution of each fragment counts the steps it trained since it took
-    // the state, not since the fragment's previous sync (before it joined).
-    int64_t from = d->joined_at[p] >= 0 ? d->joined_at[p] : st->step - steps_since_sync(d, fr, st->step);
+    // The steps since the fragment's previous sync; after a join or a rollback (the weights
+    // started over from θ at st->restart_step, saved in checkpoints) only those trained since.
+    int64_t from = max_i64(st->restart_step, st->step - steps_since_sync(d, fr, st->step));
     f->inner_steps = st->step - from + d->extra_steps;
     d->extra_steps = 0;
-    d->joined_at[p] = -1;
     f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
     round_result *r = &f->r;
     double t0 = wall_seconds();
@@ -1408,6 +1414,18 @@ bool diloco_settle(diloco *d, float *params, train_state *st, dataloader *train)
     return land_round(d, p, 1, st, train);
 }
 
+int64_t diloco_restart_from_theta(diloco *d, float *params, train_state *st, int64_t step) {
+    int64_t discarded = 0;
+    for (int p = 0; p < d->n_fragments; p++)
+        discarded = max_i64(discarded, step - max_i64(st->restart_step, step - steps_since_sync(d, &d->fragments[p], step)));
+    memcpy(params, d->theta, (size_t)d->numel * sizeof(float));
+    changed_none(d);
+    changed_add(d, 0, d->numel);
+    st->restart_step = step;
+    d->extra_steps = 0;
+    return discarded;
+}
+
 void diloco_set_quiet(diloco *d, bool quiet) { d->quiet = quiet; }
 
 void diloco_start_local(diloco *d, const float *params, train_state *st) {
@@ -1468,6 +1486,5 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->fragments);
-    free(d->joined_at);
     free(d);
 }

@@ -144,6 +144,15 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
 bool diloco_settle(diloco *d, float *params, train_state *st, dataloader *train);
 bool diloco_in_flight(const diloco *d);
 
+// A rollback (train_gpt.cu): after inner step `step`, whose update was skipped, this replica's
+// weights start over from θ — the point the group agreed on last, each fragment's own with
+// streaming — and its next contribution of each fragment counts only the steps trained from
+// here (st->restart_step, saved in checkpoints). θ, m, the outer step, a fragment in flight or
+// waiting to merge stay as they are: the replica remains a member and nothing goes over the
+// network. Returns the inner steps whose work was dropped (since the later of the last restart
+// and the sync longest ago). The caller uploads params (diloco_changed_range: all of them).
+int64_t diloco_restart_from_theta(diloco *d, float *params, train_state *st, int64_t step);
+
 // The global weights θ (the local run validates them).
 const float *diloco_theta(const diloco *d);
 

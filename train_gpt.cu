@@ -2632,8 +2632,16 @@ static void release(trainer *tr) {
 }
 
 static model_buffers buffers_of(trainer *tr) {
-    model_buffers b = {&tr->table, tr->params, tr->exp_avg, tr->exp_avg_sq, NULL, NULL, NULL, &tr->shard, tr->job,
-                       true, tr->copies_follow};
+    model_buffers b;
+    memset(&b, 0, sizeof b);
+    b.table = &tr->table;
+    b.params = tr->params;
+    b.exp_avg = tr->exp_avg;
+    b.exp_avg_sq = tr->exp_avg_sq;
+    b.shard = &tr->shard;
+    b.job = tr->job;
+    b.writer = true;
+    b.outer_elsewhere = tr->copies_follow;
     if (tr->job) b.writer = !tr->copies || comm_rank(tr->copies) == 0;  // HSDP: the first copy writes
     if (tr->outer) diloco_attach_buffers(tr->outer, &b);
     return b;
@@ -3010,11 +3018,10 @@ static bool due(int64_t step, int64_t every, int64_t last) { return step == last
 // Rollback: back to the newest valid checkpoint in out_dir with its weights, moments,
 // counters and spike window, but with the data where it is now, so the batches taken since
 // that checkpoint (among them the ones that led to the trouble) are skipped. Checkpoints
-// are only read. false: no rollback left, no checkpoint, or a DiLoCo replica (not yet: its
-// outer state would have to rejoin the group).
+// are only read. false: no rollback left, or no checkpoint. (A DiLoCo replica: restart_replica.)
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
-    if (tr->state.rollbacks >= cfg->max_rollbacks || outer_on(tr) || checkpoint_count(cfg->out_dir) == 0) return false;
+    if (tr->state.rollbacks >= cfg->max_rollbacks || checkpoint_count(cfg->out_dir) == 0) return false;
     data_position here = dataloader_position(tr->train);
     int64_t rollbacks = tr->state.rollbacks + 1;
     model_buffers b = buffers_of(tr);
@@ -3048,6 +3055,34 @@ static bool roll_back(trainer *tr, int64_t s) {
     return true;
 }
 
+// A DiLoCo replica's rollback: its weights start over from θ, the point the group agreed on
+// last (diloco_restart_from_theta), not from a checkpoint — its step, data and outer state go on
+// with the group's, so it stays a member, nothing goes over the network, and the micro-batches
+// of the bad steps stay behind it. AdamW's moments stay (the skipped steps did not change them).
+// The other copies of an HSDP replica take the first copy's weights. false: no rollback left.
+static bool restart_replica(trainer *tr, int64_t s) {
+    const train_config *cfg = tr->cfg;
+    if (tr->state.rollbacks >= cfg->max_rollbacks) return false;
+    int64_t rollbacks = tr->state.rollbacks + 1, discarded = 0;
+    data_position before = tr->state.data;
+    if (tr->outer) discarded = diloco_restart_from_theta(tr->outer, tr->params, &tr->state, s + 1);
+    tr->state.rollbacks = rollbacks;
+    tr->state.bad_steps = 0;
+    tr->state.norm_spikes = 0;
+    follow_first_copy(tr, true, true, before);
+    backend_upload_params(tr->be, tr->params);
+    char extra[200];
+    snprintf(extra, sizeof extra, "\"to\":\"outer_theta\",\"outer_step\":%lld,\"discarded_steps\":%lld,\"rollbacks\":%lld",
+             (long long)tr->state.outer_step, (long long)discarded, (long long)rollbacks);
+    metrics_event(tr->log, "rollback", s + 1, extra);
+    warn("step %lld: %lld bad steps in a row; this DiLoCo replica's weights start over from the group's θ of outer "
+         "step %lld (the work of its last %lld inner step(s) dropped; its next contribution counts the steps from "
+         "here); rollback %lld of max_rollbacks %lld",
+         (long long)s + 1, (long long)cfg->max_bad_steps, (long long)tr->state.outer_step, (long long)discarded,
+         (long long)rollbacks, (long long)cfg->max_rollbacks);
+    return true;
+}
+
 // A spike guard event in metrics.jsonl: the step's loss and gradient norm and the limits.
 static void spike_event(trainer *tr, const char *event, const step_metrics *m, const step_limits *limits, int64_t s) {
     char extra[256];
@@ -3057,7 +3092,8 @@ static void spike_event(trainer *tr, const char *event, const step_metrics *m, c
 }
 
 // The outlier guard's bookkeeping: count skipped steps (NaN/Inf or spikes) in a row; at
-// max_bad_steps roll back (above) or stop the run. Returns whether it rolled back.
+// max_bad_steps roll back (above) or stop the run. Returns whether it rolled back to a
+// checkpoint (a DiLoCo replica's rollback keeps its step: the step goes on as a skipped one).
 static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits *limits, bool spike, int64_t s) {
     const train_config *cfg = tr->cfg;
     tr->state.bad_steps++;
@@ -3072,12 +3108,12 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
              (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     }
     if (tr->state.bad_steps < cfg->max_bad_steps) return false;
-    if (roll_back(tr, s)) return true;
+    if (outer_on(tr) ? restart_replica(tr, s) : roll_back(tr, s)) return !outer_on(tr);
     fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld) and no rollback is "
          "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "
          "above the spike guard's limits: raise spike_z, or 0 turns the guard off)",
          (long long)tr->state.bad_steps, (long long)s + 1, (long long)tr->state.rollbacks, (long long)cfg->max_rollbacks,
-         outer_on(tr) ? "; DiLoCo replicas do not roll back yet" : checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
+         outer_on(tr) || checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
          cfg->out_dir);
 }
 

@@ -21,12 +21,14 @@
 
 #define STATE_FORMAT "train_gpt-state"
 #define STATE_VERSION 1
-// The first three are in every checkpoint; outer.safetensors only in DiLoCo runs.
+// The first three are in every checkpoint; outer.safetensors only in DiLoCo runs,
+// outer_reducer.bin only in those whose transport keeps a reducer state (mpi).
 static const char *const CHECKPOINT_FILES[] = {"model.safetensors", "optimizer.safetensors", "state.json",
-                                               "outer.safetensors"};
-#define N_CHECKPOINT_FILES 4
+                                               "outer.safetensors", "outer_reducer.bin"};
+#define N_CHECKPOINT_FILES 5
 #define N_REQUIRED_FILES 3
 #define OUTER_FILE 3
+#define REDUCER_FILE 4
 
 // ---------------------------------------------------------------- helpers
 
@@ -154,6 +156,20 @@ static bool write_text_file(const char *dir, const char *name, const char *text,
     return finish_file(fd, write_exact(fd, text, strlen(text)));
 }
 
+// A file of two stretches of bytes one after the other (outer_reducer.bin: header, values).
+static bool write_two_part_file(const char *dir, const char *name, const void *a, size_t a_bytes, const void *b,
+                                size_t b_bytes, uint64_t *hash) {
+    char path[4200];
+    int fd = open_new_file(dir, name, path, sizeof path);
+    if (fd < 0) return false;
+    xxh64_state h;
+    xxh64_init(&h, 0);
+    xxh64_update(&h, a, a_bytes);
+    xxh64_update(&h, b, b_bytes);
+    *hash = xxh64_digest(&h);
+    return finish_file(fd, write_exact(fd, a, a_bytes) && write_exact(fd, b, b_bytes));
+}
+
 // The spike guard's window (llmc/guard.h), absent in checkpoints without one: empty then.
 static bool read_spike_window(const json_value *root, spike_window *w) {
     memset(w, 0, sizeof *w);
@@ -188,6 +204,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
     if (s->data_world > 0) sb_printf(&sb, "  \"data_world\": %lld,\n", (long long)s->data_world);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
+    if (s->restart_step > 0) sb_printf(&sb, "  \"outer_restart_step\": %lld,\n", (long long)s->restart_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
     if (s->norm_spikes > 0) sb_printf(&sb, "  \"norm_spikes\": %lld,\n", (long long)s->norm_spikes);
     if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
@@ -350,7 +367,7 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
         {b->table, b->outer_residual ? 3 : 2, OUTER_PREFIXES, outer, {"optimizer", "outer_step"},
          {"DiLoCo outer Nesterov SGD", outer_text}, 2},
     };
-    int files = b->outer_theta || b->outer_elsewhere ? N_CHECKPOINT_FILES : N_REQUIRED_FILES;
+    int files = b->outer_theta || b->outer_elsewhere ? OUTER_FILE + 1 : N_REQUIRED_FILES;  // the table files + state.json
     uint64_t hashes[N_CHECKPOINT_FILES];
     for (int i = 0; ok && i < files; i++) {
         if (i == 2) continue;
@@ -358,6 +375,10 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
         if (ok && i == 0 && root) maybe_inject_fault(s->step);
     }
     free(config_json);
+    bool reducer = ok && root && b->reducer_head && b->outer_theta;
+    if (reducer)
+        ok = write_two_part_file(tmp_dir, CHECKPOINT_FILES[REDUCER_FILE], b->reducer_head, b->reducer_head_bytes,
+                                 b->reducer_body, b->reducer_body_bytes, &hashes[REDUCER_FILE]);
     // Rank 0 finishes as one process does; a job's table files are hashed from disk (one read).
     if (ok && root) {
         char *state_json = state_to_json(s, cfg);
@@ -373,6 +394,9 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
             strbuf sums = {0};
             for (int i = 0; i < files; i++)
                 sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[i], CHECKPOINT_FILES[i]);
+            if (reducer)
+                sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[REDUCER_FILE],
+                          CHECKPOINT_FILES[REDUCER_FILE]);
             ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
             sb_free(&sums);
         }
@@ -400,8 +424,9 @@ static char *read_checkpoint_file(const char *dir, const char *name, size_t *byt
     return text;
 }
 
-// Checks every file checksums.xxh64 lists; *has_outer tells whether outer.safetensors is one.
-static bool verify_checksums(const char *dir, bool *has_outer, char *why, size_t why_bytes) {
+// Checks every file checksums.xxh64 lists; *has_outer and *has_reducer (may be NULL) tell
+// whether outer.safetensors and outer_reducer.bin are among them.
+static bool verify_checksums(const char *dir, bool *has_outer, bool *has_reducer, char *why, size_t why_bytes) {
     char path[4200];
     size_t bytes;
     char *text = read_checkpoint_file(dir, "checksums.xxh64", &bytes, why, why_bytes);
@@ -439,6 +464,7 @@ static bool verify_checksums(const char *dir, bool *has_outer, char *why, size_t
     }
     free(text);
     *has_outer = seen[OUTER_FILE];
+    if (has_reducer) *has_reducer = seen[REDUCER_FILE];
     for (int i = 0; ok && i < N_REQUIRED_FILES; i++)
         if (!seen[i]) {
             snprintf(why, why_bytes, "checksums.xxh64 does not cover %s", CHECKPOINT_FILES[i]);
@@ -606,6 +632,15 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
     const json_value *merge = json_get(root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
+    // Only once a DiLoCo replica took a state or rolled back (diloco.h); absent: never.
+    const json_value *restart = json_get(root, "outer_restart_step");
+    s->restart_step =
+        restart && restart->type == JSON_NUMBER && restart->is_integer && restart->integer > 0 ? restart->integer : 0;
+    if (s->restart_step > s->step) {
+        snprintf(why, why_bytes, "state.json: outer_restart_step %lld is after step %lld", (long long)s->restart_step,
+                 (long long)s->step);
+        return false;
+    }
     const json_value *data_world = json_get(root, "data_world");  // absent: not recorded
     s->data_world = data_world && data_world->type == JSON_NUMBER && data_world->is_integer && data_world->integer > 0
                         ? data_world->integer
@@ -665,7 +700,8 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
     memset(o, 0, sizeof *o);
     bool has_outer;
     json_doc doc;
-    if (!verify_checksums(dir, &has_outer, why, why_bytes) || !parse_state(dir, &doc, why, why_bytes)) return false;
+    if (!verify_checksums(dir, &has_outer, NULL, why, why_bytes) || !parse_state(dir, &doc, why, why_bytes))
+        return false;
     train_state s;
     memset(&s, 0, sizeof s);
     bool ok = state_from_json(&doc.root, &s, why, why_bytes);
@@ -692,7 +728,7 @@ static bool open_in(const char *dir, const char *file, st_file *f, char *why, si
 
 // The tensors and state of a verified checkpoint: this process's values (split) of each.
 static bool load_verified(const char *dir, const model_buffers *b, const shard_map *split, bool has_outer,
-                          train_state *s, char *why, size_t why_bytes) {
+                          bool has_reducer, train_state *s, char *why, size_t why_bytes) {
     st_file f;
     if (!open_in(dir, "model.safetensors", &f, why, why_bytes)) return false;
     bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table(&f, split, "", b->params, why,
@@ -729,6 +765,7 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
         if (b->outer_residual) memset(b->outer_residual, 0, (size_t)n * sizeof(float));
         s->outer_step = 0;
         s->merge_step = 0;
+        s->restart_step = 0;
         return true;
     }
     if (!open_in(dir, "outer.safetensors", &f, why, why_bytes)) return false;
@@ -745,27 +782,34 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
         snprintf(why, why_bytes, "the outer state holds NaN/Inf");
         ok = false;
     }
+    if (ok && has_reducer && b->reducer_load) {
+        size_t bytes = 0;
+        char *raw = read_checkpoint_file(dir, CHECKPOINT_FILES[REDUCER_FILE], &bytes, why, why_bytes);
+        ok = raw && b->reducer_load(b->reducer_arg, (const uint8_t *)raw, bytes, why, why_bytes);
+        free(raw);
+    }
     return ok;
 }
 
 // A job: rank 0 reads every byte once against checksums.xxh64 and tells all its verdict;
 // every rank reads its own pieces; a rank that failed tells all why (the lowest such rank).
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
-    bool has_outer = false, ok = true;
-    if (is_root(b)) ok = verify_checksums(dir, &has_outer, why, why_bytes);
+    bool has_outer = false, has_reducer = false, ok = true;
+    if (is_root(b)) ok = verify_checksums(dir, &has_outer, &has_reducer, why, why_bytes);
     if (b->job) {
         char verdict[514];
         verdict[0] = (char)ok;
-        verdict[1] = (char)has_outer;
+        verdict[1] = (char)((has_outer ? 1 : 0) | (has_reducer ? 2 : 0));
         snprintf(verdict + 2, sizeof verdict - 2, "%s", ok ? "" : why);
         comm_broadcast(b->job, verdict, sizeof verdict, 0);
         ok = verdict[0] != 0;
-        has_outer = verdict[1] != 0;
+        has_outer = (verdict[1] & 1) != 0;
+        has_reducer = (verdict[1] & 2) != 0;
         if (!ok) snprintf(why, why_bytes, "%s", verdict + 2);
     }
     if (!ok) return false;
     shard_map whole;
-    ok = load_verified(dir, b, split_of(b, &whole), has_outer, s, why, why_bytes);
+    ok = load_verified(dir, b, split_of(b, &whole), has_outer, has_reducer, s, why, why_bytes);
     shard_map_free(&whole);
     if (!b->job) return ok;
     double failed_rank = comm_max(b->job, ok ? -1.0 : (double)(comm_size(b->job) - comm_rank(b->job)));

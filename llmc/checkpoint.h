@@ -49,6 +49,14 @@ typedef struct {
     // The checkpoint holds DiLoCo's outer state though this process has no outer buffers: an
     // HSDP copy other than the first, which writes nothing but takes part in the job's calls.
     bool outer_elsewhere;
+    // DiLoCo's reducer state (the mpi transport's downlink residual: diloco_attach_buffers),
+    // saved by rank 0 as outer_reducer.bin, the header then the values; reducer_head NULL:
+    // none. On load, a checkpoint that lists the file hands its bytes to reducer_load (NULL:
+    // the file is not read).
+    const void *reducer_head, *reducer_body;
+    size_t reducer_head_bytes, reducer_body_bytes;
+    bool (*reducer_load)(void *arg, const uint8_t *bytes, size_t n, char *why, size_t why_bytes);
+    void *reducer_arg;
 } model_buffers;
 
 // Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on

@@ -44,6 +44,19 @@ void transport_send_state(transport *t, const uint8_t *state, size_t bytes, cons
     t->ops->send_state(t->impl, state, bytes, hooks);
 }
 
+bool transport_reducer_state(transport *t, const void **head, size_t *head_bytes, const void **body,
+                             size_t *body_bytes) {
+    return t->ops->reducer_state && t->ops->reducer_state(t->impl, head, head_bytes, body, body_bytes);
+}
+
+bool transport_restore_reducer(transport *t, const uint8_t *bytes, size_t n, char *why, size_t why_bytes) {
+    if (t->ops->restore_reducer) return t->ops->restore_reducer(t->impl, bytes, n, why, why_bytes);
+    note("diloco (%s): the checkpoint holds a downlink residual of the mpi transport; this transport keeps none: "
+         "not used",
+         t->ops->name);
+    return true;
+}
+
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }
 
 void transport_leave(transport *t, int64_t outer_step, bool finished) {

@@ -170,6 +170,18 @@ void transport_send_state(transport *t, const uint8_t *state, size_t bytes, cons
 // so that all ranks stop at the same step instead of deadlocking in the next exchange.
 bool transport_agree_stop(transport *t, bool local_stop);
 
+// The reducer's state this replica keeps between its exchanges, for its checkpoint
+// (outer_reducer.bin, docs/formats.md): the mpi transport's downlink residual of the segments
+// it reduces, a header (*head) and the values (*body), both valid until the next exchange.
+// false: none (tcp: the hub keeps its own; mpi before its first exchange or without feedback).
+bool transport_reducer_state(transport *t, const void **head, size_t *head_bytes, const void **body,
+                             size_t *body_bytes);
+// Takes it back from a checkpoint (the file's bytes) before the first exchange, so that a
+// resume is bit-exact. A state another replica or another number of replicas saved, or one
+// this transport does not keep, is let go with a note (the residual starts from zero);
+// false with why: the bytes are not such a state.
+bool transport_restore_reducer(transport *t, const uint8_t *bytes, size_t n, char *why, size_t why_bytes);
+
 // Says goodbye (the hub drops this replica at once instead of waiting for a timeout) and
 // closes; finished: it reached max_steps at outer_step (a replica that comes back to the hub
 // after every other has gone then learns the run is over, JOIN_FINISHED, instead of founding

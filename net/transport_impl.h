@@ -21,6 +21,10 @@ typedef struct {
     bool (*agree_stop)(void *impl, bool local_stop);
     void (*leave)(void *impl, int64_t outer_step, bool finished);   // says goodbye and frees
     void (*close)(void *impl);   // frees
+    // Optional (NULL: the transport keeps no reducer state): transport_reducer_state and
+    // transport_restore_reducer.
+    bool (*reducer_state)(void *impl, const void **head, size_t *head_bytes, const void **body, size_t *body_bytes);
+    bool (*restore_reducer)(void *impl, const uint8_t *bytes, size_t n, char *why, size_t why_bytes);
 } transport_ops;
 
 // Wraps an implementation in the public handle.

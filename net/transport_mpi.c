@@ -18,6 +18,7 @@
 #include "llmc/common.h"
 #include "llmc/quant.h"
 #include "llmc/comm.h"
+#include "llmc/bytes.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +29,17 @@
 // Where one payload layout's share of the packed downlink residual begins.
 typedef struct {
     int64_t offset, values;  // the payload's place in the model (payload_spec)
+    int64_t segment;         // its values per segment (payload_spec)
     int64_t base;            // its first value in mpi_transport.residual
 } residual_piece;
+
+// The residual as a checkpoint keeps it (outer_reducer.bin, docs/formats.md), little-endian:
+// "TGREDUCE", u32 version, u32 replicas M, u32 this rank, u32 pieces, i64 values; per piece
+// i64 offset, i64 values, i64 segment, i64 base; then the f32 values.
+#define REDUCER_MAGIC "TGREDUCE"
+#define REDUCER_VERSION 1u
+#define REDUCER_HEAD_BYTES 32
+#define REDUCER_PIECE_BYTES 32
 
 typedef struct {
     int rank, size;
@@ -45,6 +55,7 @@ typedef struct {
     int64_t residual_values;
     residual_piece *pieces;
     int n_pieces;
+    uint8_t *reducer_head;   // its checkpoint header (transport_reducer_state)
 } mpi_transport;
 
 static const transport_ops MPI_OPS;
@@ -176,13 +187,15 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
 // rank, rank + M, ... of that payload, packed, zero the first time the layout is seen.
 static float *residual_share(mpi_transport *t, const payload_spec *sp) {
     for (int i = 0; i < t->n_pieces; i++)
-        if (t->pieces[i].offset == sp->offset && t->pieces[i].values == sp->values)
+        if (t->pieces[i].offset == sp->offset && t->pieces[i].values == sp->values &&
+            t->pieces[i].segment == sp->segment)
             return t->residual + t->pieces[i].base;
     int64_t n_segments = (sp->values + sp->segment - 1) / sp->segment;
     int64_t mine = n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0;
     int64_t grow = mine * sp->segment;
     t->pieces = xrealloc(t->pieces, (size_t)(t->n_pieces + 1) * sizeof *t->pieces);
-    t->pieces[t->n_pieces++] = (residual_piece){.offset = sp->offset, .values = sp->values, .base = t->residual_values};
+    t->pieces[t->n_pieces++] =
+        (residual_piece){.offset = sp->offset, .values = sp->values, .segment = sp->segment, .base = t->residual_values};
     t->residual = xrealloc(t->residual, (size_t)(t->residual_values + grow) * sizeof(float));
     memset(t->residual + t->residual_values, 0, (size_t)grow * sizeof(float));
     t->residual_values += grow;
@@ -308,6 +321,90 @@ static void mpi_send_state(void *impl, const uint8_t *state, size_t bytes, const
                                                         // world is fixed
 }
 
+static bool mpi_reducer_state(void *impl, const void **head, size_t *head_bytes, const void **body,
+                              size_t *body_bytes) {
+    mpi_transport *t = impl;
+    if (!t->residual_values) return false;
+    *head_bytes = REDUCER_HEAD_BYTES + (size_t)t->n_pieces * REDUCER_PIECE_BYTES;
+    free(t->reducer_head);
+    uint8_t *h = t->reducer_head = xmalloc(*head_bytes);
+    memcpy(h, REDUCER_MAGIC, 8);
+    put_u32(h + 8, REDUCER_VERSION);
+    put_u32(h + 12, (uint32_t)t->size);
+    put_u32(h + 16, (uint32_t)t->rank);
+    put_u32(h + 20, (uint32_t)t->n_pieces);
+    put_u64(h + 24, (uint64_t)t->residual_values);
+    for (int i = 0; i < t->n_pieces; i++) {
+        uint8_t *q = h + REDUCER_HEAD_BYTES + (size_t)i * REDUCER_PIECE_BYTES;
+        put_u64(q, (uint64_t)t->pieces[i].offset);
+        put_u64(q + 8, (uint64_t)t->pieces[i].values);
+        put_u64(q + 16, (uint64_t)t->pieces[i].segment);
+        put_u64(q + 24, (uint64_t)t->pieces[i].base);
+    }
+    *head = h;
+    *body = t->residual;
+    *body_bytes = (size_t)t->residual_values * sizeof(float);
+    return true;
+}
+
+// The values a piece's share holds (residual_share's arithmetic); -1 when its fields are out of range.
+static int64_t share_values(const mpi_transport *t, int64_t values, int64_t segment) {
+    if (values <= 0 || segment <= 0 || values > ((int64_t)1 << 42) || segment > ((int64_t)1 << 30)) return -1;
+    int64_t n_segments = (values + segment - 1) / segment;
+    return (n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0) * segment;
+}
+
+static bool mpi_restore_reducer(void *impl, const uint8_t *b, size_t n, char *why, size_t why_bytes) {
+    mpi_transport *t = impl;
+    if (n < REDUCER_HEAD_BYTES || memcmp(b, REDUCER_MAGIC, 8) != 0 || get_u32(b + 8) != REDUCER_VERSION) {
+        snprintf(why, why_bytes, "outer_reducer.bin: not a reducer state of version %u", REDUCER_VERSION);
+        return false;
+    }
+    uint32_t replicas = get_u32(b + 12), rank = get_u32(b + 16), pieces = get_u32(b + 20);
+    uint64_t values = get_u64(b + 24);
+    size_t head = REDUCER_HEAD_BYTES + (size_t)pieces * REDUCER_PIECE_BYTES;
+    if (pieces > 1u << 20 || values > ((uint64_t)1 << 42) || n != head + values * sizeof(float)) {
+        snprintf(why, why_bytes, "outer_reducer.bin: %zu bytes, not the %u piece(s) and %llu value(s) it announces", n,
+                 pieces, (unsigned long long)values);
+        return false;
+    }
+    residual_piece *p = xcalloc(pieces ? pieces : 1, sizeof *p);
+    int64_t next = 0;
+    for (uint32_t i = 0; i < pieces; i++) {
+        const uint8_t *q = b + REDUCER_HEAD_BYTES + (size_t)i * REDUCER_PIECE_BYTES;
+        p[i] = (residual_piece){.offset = (int64_t)get_u64(q), .values = (int64_t)get_u64(q + 8),
+                                .segment = (int64_t)get_u64(q + 16), .base = (int64_t)get_u64(q + 24)};
+        int64_t share = replicas == (uint32_t)t->size && rank == (uint32_t)t->rank ? share_values(t, p[i].values, p[i].segment) : 0;
+        if (share < 0 || p[i].base != next || p[i].offset < 0) {
+            free(p);
+            snprintf(why, why_bytes, "outer_reducer.bin: piece %u's layout is inconsistent", i);
+            return false;
+        }
+        next += share;
+    }
+    if (replicas != (uint32_t)t->size || rank != (uint32_t)t->rank) {
+        free(p);
+        note("diloco (mpi): the checkpoint's downlink residual was replica %u's of %u; this is replica %d of %d: it "
+             "starts from zero",
+             rank, replicas, t->rank, t->size);
+        return true;
+    }
+    if (next != (int64_t)values) {
+        free(p);
+        snprintf(why, why_bytes, "outer_reducer.bin: its pieces hold %lld values, not %llu", (long long)next,
+                 (unsigned long long)values);
+        return false;
+    }
+    free(t->pieces);
+    free(t->residual);
+    t->pieces = p;
+    t->n_pieces = (int)pieces;
+    t->residual_values = (int64_t)values;
+    t->residual = alloc_floats((size_t)values);
+    memcpy(t->residual, b + head, (size_t)values * sizeof(float));
+    return true;
+}
+
 static bool mpi_agree_stop(void *impl, bool local_stop) {
     (void)impl;
     int mine = local_stop, any = 0;
@@ -321,6 +418,7 @@ static void mpi_close(void *impl) {
     free(t->mean);
     free(t->residual);
     free(t->pieces);
+    free(t->reducer_head);
     free(t);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -333,8 +431,9 @@ static void mpi_leave(void *impl, int64_t outer_step, bool finished) {
     mpi_close(impl);
 }
 
-static const transport_ops MPI_OPS = {"mpi", mpi_join, mpi_rejoin, mpi_exchange, mpi_send_state, mpi_agree_stop,
-                                      mpi_leave, mpi_close};
+static const transport_ops MPI_OPS = {"mpi",          mpi_join,  mpi_rejoin,        mpi_exchange,
+                                      mpi_send_state, mpi_agree_stop, mpi_leave, mpi_close,
+                                      mpi_reducer_state, mpi_restore_reducer};
 
 #else  // no MPI in this build
 

@@ -345,6 +345,26 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "int8 + error feedback, stop mid-round + resume: model, optimizer, outer state bit-exact" \
         same_bytes "$tmp/ef_straight" "$tmp/ef_stop" step_00000020 model.safetensors optimizer.safetensors \
         outer.safetensors
+    # Two replicas: each reduces half the segments and keeps their downlink residual (int8
+    # downlink with feedback, the defaults), which a checkpoint saves (outer_reducer.bin) and a
+    # resume takes back. Before 2026-12 it was lost at the resume: the next mean differed. A
+    # wider model (1.2M values: 5 segments of 262,144) gives both replicas segments to reduce.
+    ef2() {  # ef2 NAME [--key value]...
+        local name=$1; shift
+        "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${ef[@]}" "$@") --diloco_replicas 2 \
+            --d_model 192 --d_ff 768 --diloco_transport mpi --out_dir '$tmp/$name/'\$OMPI_COMM_WORLD_RANK" \
+            >>"$tmp/$name.log" 2>&1
+    }
+    ef2 ef2_straight
+    ef2 ef2_stop --stop_at_step 7
+    check "2 replicas over MPI: the mid-round checkpoint holds each one's downlink residual (outer_reducer.bin)" \
+        sh -c "grep -q '  outer_reducer.bin\$' '$tmp/ef2_stop/0/step_00000007/checksums.xxh64' &&
+               grep -q '  outer_reducer.bin\$' '$tmp/ef2_stop/1/step_00000007/checksums.xxh64'"
+    ef2 ef2_stop
+    check "2 replicas over MPI, int8 with downlink feedback, stop mid-round + resume: both bit-exact" \
+        sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
+                   cmp -s '$tmp/ef2_straight/'\$r/step_00000020/\$f '$tmp/ef2_stop/'\$r/step_00000020/\$f || exit 1
+               done; done"
 
     out=$("$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/from_plain" \
         --resume "$tmp/plain/step_00000020" --max_steps 25 2>&1) || true

@@ -26,6 +26,10 @@
 #      other ranks' watchdog lines.
 # The reducer's bound:
 #  10. a replica sending 100 x its outer gradient is bounded, named, and the loss holds.
+# A DiLoCo replica's rollback:
+#  12. NaN in max_bad_steps steps in a row on one of two MPI replicas: its weights start over
+#      from θ (bit for bit), it stays a member, its next contribution counts the steps since,
+#      θ agrees at every outer step; stopped after the rollback and resumed: bit-exact.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -191,5 +195,64 @@ if [ "$HAVE_MPI" = 1 ]; then
         "$PYTHON" -c "import sys; sys.exit(0 if $v_wild <= 1.02 * $v_clean else 1)"
     check "without it (diloco_bound 0) the hostile replica ruins the model ($v_off > 1.2 x $v_clean)" \
         "$PYTHON" -c "import sys; sys.exit(0 if $v_off > 1.2 * $v_clean else 1)"
+fi
+# 12. A DiLoCo replica rolls back to θ: 2 replicas over MPI, H = 5, max_bad_steps 3; replica 1's
+#     gradients are NaN in steps 12–14, so at step 14 its weights start over from θ of outer
+#     step 2 (after step 10), the work of steps 11–14 dropped, and it stays a member: its next
+#     contribution (after step 15) counts 1 inner step, replica 0's 5, and θ agrees on both at
+#     every outer step (before, the replica stopped with an error: "DiLoCo replicas do not roll
+#     back yet"). Stopped at step 14 (a checkpoint after the rollback, before the sync) and
+#     resumed: at step 14 the weights are θ bit for bit, and the run ends byte-identical to the
+#     straight one (state.json keeps the restart's step: without it the resumed contribution
+#     counted the whole phase, 5 steps, and θ differed).
+if [ "$HAVE_MPI" = 1 ]; then
+    restart=(--max_steps 30 --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport mpi --max_bad_steps 3)
+    restart_run() {  # restart_run NAME [--key value]...: returns mpirun's status
+        local name=$1; shift
+        "${MPIRUN[@]}" 2 sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && export TRAIN_GPT_FAULT=nan_grad:11,nan_grad:12,nan_grad:13; \
+            exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${restart[@]}" "$@") --out_dir '$tmp/$name/'\$OMPI_COMM_WORLD_RANK" \
+            >>"$tmp/$name.log" 2>&1
+    }
+    rc=0
+    restart_run straight || rc=$?
+    check "DiLoCo rollback: the run with replica 1's 3 NaN steps finishes (rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ -f '$tmp/straight/1/step_00000030/model.safetensors' ]"
+    check "... replica 1 logs the rollback to θ of outer step 2 at step 14, the work of 4 steps dropped" \
+        grep -q '"event":"rollback","step":14,"to":"outer_theta","outer_step":2,"discarded_steps":4,"rollbacks":1' \
+        "$tmp/straight/1/metrics.jsonl"
+    contribution_steps() {  # contribution_steps METRICS OUTER_STEP: the inner_steps of that outer line
+        grep "\"outer_step\":$2,.*\"contributors\"" "$1" | sed -E 's/.*"inner_steps":([0-9]+).*/\1/'
+    }
+    got1=$(contribution_steps "$tmp/straight/1/metrics.jsonl" 3)
+    got0=$(contribution_steps "$tmp/straight/0/metrics.jsonl" 3)
+    check "... its next contribution counts 1 inner step (got $got1), replica 0's 5 (got $got0)" \
+        sh -c "[ '$got1' = 1 ] && [ '$got0' = 5 ]"
+    check "... and param_hash agrees on both replicas at all 6 outer steps" \
+        all_hashes_agree 6 "$tmp/straight/0/metrics.jsonl" "$tmp/straight/1/metrics.jsonl"
+    rc=0
+    restart_run resumed --stop_at_step 14 || rc=$?
+    restart_run resumed || rc=$?
+    weights_are_theta() {  # weights_are_theta CHECKPOINT: model.safetensors = outer.theta.* bit for bit
+        "$PYTHON" - "$1" <<'PY'
+import json, struct, sys
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
+model, outer = tensors(sys.argv[1] + "/model.safetensors"), tensors(sys.argv[1] + "/outer.safetensors")
+same = [outer.get("outer.theta." + k) == v for k, v in model.items()]
+print(f"    {sys.argv[1].split('/')[-2]}: {sum(same)} of {len(same)} tensors equal θ")
+sys.exit(0 if same and all(same) else 1)
+PY
+    }
+    check "stopped at step 14: replica 1's weights are θ bit for bit" weights_are_theta "$tmp/resumed/1/step_00000014"
+    weights_differ() { ! weights_are_theta "$1" >/dev/null; }
+    check "... replica 0's are not (it trained 4 steps since the sync)" weights_differ "$tmp/resumed/0/step_00000014"
+    check "... state.json keeps the restart's step (outer_restart_step 14)" \
+        grep -q '"outer_restart_step": 14,' "$tmp/resumed/1/step_00000014/state.json"
+    check "stopped after the rollback and resumed (rc $rc): both replicas byte-identical to the straight run at step 30" \
+        sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
+                   cmp -s '$tmp/straight/'\$r/step_00000030/\$f '$tmp/resumed/'\$r/step_00000030/\$f || exit 1; done; done"
 fi
 finish test_guards

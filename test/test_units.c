@@ -403,7 +403,7 @@ static void test_checkpoints(void) {
     model_buffers b = {.table = &t, .params = p, .exp_avg = mm, .exp_avg_sq = vv};
     char out_dir[300];
     path_in_tmp(out_dir, sizeof out_dir, "ckpt");
-    train_state s = {.step = 7, .adam_step = 6, .data = {1, 2}, .bad_steps = 1, .tokens_seen = 99};
+    train_state s = {.step = 7, .adam_step = 6, .data = {1, 2}, .bad_steps = 1, .tokens_seen = 99, .restart_step = 5};
     EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step 7");
     s.step = 9;
     EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step 9");
@@ -416,8 +416,8 @@ static void test_checkpoints(void) {
     EXPECT(memcmp(p, p2, n * 4) == 0 && memcmp(mm, m2, n * 4) == 0 && memcmp(vv, v2, n * 4) == 0,
            "weights and moments round trip bit for bit");
     EXPECT(s2.step == 9 && s2.adam_step == 6 && s2.data.epoch == 1 && s2.data.index == 2 && s2.bad_steps == 1 &&
-               s2.tokens_seen == 99,
-           "state round trip");
+               s2.tokens_seen == 99 && s2.restart_step == 5,
+           "state round trip (DiLoCo's outer_restart_step too)");
     // A flipped byte anywhere in the newest makes resume fall back to the older one.
     char victim[400], why[512];
     snprintf(victim, sizeof victim, "%s/step_00000009/optimizer.safetensors", out_dir);
