@@ -20,10 +20,12 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 4, u32 flags (1: m follows θ),
+//   "TGDLSTAT" (8 bytes), u32 version = 5, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
 //   i64 sent_at_step (the donor's step when the state's last chunk went: it trains while it
 //                     sends, and the joiner skips the steps it took meanwhile),
+//   i64 phase_ms (the donor's time in its inner phase then, in ms: with diloco_sync_every_s a
+//                 joiner's phase ends T after the donor's began, not T after its join),
 //   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
 //                     byte i/8: replica i's whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
@@ -31,12 +33,13 @@
 // The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
 // (then it is not carried again: adopt_state).
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 4
+#define STATE_VERSION 5
 #define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
-#define STATE_COUNTERS_BYTES 56   // the magic, version, flags and the five i64 counters
+#define STATE_COUNTERS_BYTES 64   // the magic, version, flags and the six i64 counters
 #define STATE_SENT_AT 48          // where sent_at_step is
+#define STATE_PHASE_MS 56         // where phase_ms is
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // θ and m live in one block laid out as that state, the header just before θ, so a donor sends
 // them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
@@ -121,7 +124,8 @@ struct diloco {
     int64_t changed_lo, changed_hi;        // the local values the last call changed: [lo, hi)
     // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
     // joined), and the extra inner steps it has taken in it beyond its H
-    double phase_start_s;
+    _Atomic double phase_start_s;          // read by a donor's sender thread (its stamp)
+    double joined_phase_s;                 // a joiner: its donor's time in its phase (phase_ms)
     int64_t extra_steps;
     uint8_t *outer_block;                  // θ and m as a state (STATE_THETA_OFFSET): what a donor sends
     uint8_t *state;                        // a joiner's received state: allocated for the join only
@@ -441,6 +445,7 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + 32, (uint64_t)st->tokens_seen);
     put_u64(p + 40, (uint64_t)d->numel);
     put_u64(p + STATE_SENT_AT, (uint64_t)st->step);   // stamped again as the last chunk goes
+    put_u64(p + STATE_PHASE_MS, 0);
     for (int i = 0; i < RECENT_ROUNDS; i++) {
         uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
         put_u64(q, (uint64_t)d->recent[i].round);
@@ -456,6 +461,8 @@ static size_t pack_state(diloco *d, const train_state *st) {
 static void stamp_sent_at(void *arg) {
     diloco *d = (diloco *)arg;
     put_u64(state_header(d) + STATE_SENT_AT, (uint64_t)atomic_load(&d->live_step));
+    double in_phase_s = wall_seconds() - atomic_load(&d->phase_start_s);
+    put_u64(state_header(d) + STATE_PHASE_MS, (uint64_t)(in_phase_s > 0 ? llround(in_phase_s * 1e3) : 0));
 }
 
 static bool sending_cancelled(void *arg) { return atomic_load(&((diloco *)arg)->cancel_sending); }
@@ -493,6 +500,7 @@ static void finish_sending_state(diloco *d, bool cancel) {
 typedef struct {
     int64_t outer_step, step, tokens;
     int64_t sent_at_step;   // the donor's step when the last chunk went
+    int64_t phase_ms;       // the donor's time in its inner phase then
     bool with_m;            // m follows θ (else it is zero)
 } state_counters;
 
@@ -511,11 +519,13 @@ static state_counters check_state(const diloco *d, size_t got) {
              "expected %zu bytes of %lld values)",
              got, flags, (long long)get_u64(p + 40), want, (long long)d->numel);
     state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32),
-                        (int64_t)get_u64(p + STATE_SENT_AT), (flags & STATE_HAS_MOMENTUM) != 0};
+                        (int64_t)get_u64(p + STATE_SENT_AT), (int64_t)get_u64(p + STATE_PHASE_MS),
+                        (flags & STATE_HAS_MOMENTUM) != 0};
     if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0 || c.sent_at_step < c.step ||
-        c.sent_at_step > d->cfg->max_steps)
-        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld, sent at step %lld)",
-             (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step);
+        c.sent_at_step > d->cfg->max_steps || c.phase_ms < 0 || c.phase_ms > ((int64_t)1 << 40))
+        fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld, sent at step %lld, "
+             "%lld ms into its phase)",
+             (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step, (long long)c.phase_ms);
     return c;
 }
 
@@ -669,6 +679,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->bad_steps = 0;
     st->merge_step = 0;
     diloco_seek_data(d->cfg, train, st, was);
+    d->joined_phase_s = (double)c.phase_ms / 1e3;  // join_group starts this replica's phase there
     uint64_t hash = replica_hash(d, d->theta, d->numel);
     char extra[512], carried[200];
     if (w > 0.0)
@@ -678,8 +689,9 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
     snprintf(extra, sizeof extra,
              "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
-             "\"skipped_steps\":%lld,\"carried\":%s",
-             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, carried);
+             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"carried\":%s",
+             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, d->joined_phase_s,
+             carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
@@ -687,6 +699,11 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         note("diloco: replica %d skips to step %lld, where its donor was when the state arrived: its phase ends with "
              "the group's (%lld step(s) to its next sync)",
              diloco_replica_id(d), (long long)st->step, (long long)(steps_to_sync(d, st->step)));
+    if (d->cfg->diloco_sync_every_s > 0)
+        note("diloco: replica %d's inner phase began %.1f s ago with its donor's: it syncs when diloco_sync_every_s "
+             "%g s is up (%.1f s from now, after at least %lld step(s))",
+             diloco_replica_id(d), d->joined_phase_s, d->cfg->diloco_sync_every_s,
+             fmax(0.0, d->cfg->diloco_sync_every_s - d->joined_phase_s), (long long)steps_to_sync(d, st->step));
     if (w > 0.0)
         note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, weight %.3g "
              "(norm %.3g)",
@@ -771,7 +788,8 @@ static bool join_group(diloco *d, float *params, train_state *st, dataloader *tr
     free(d->state);
     d->state = NULL;
     if (d->ranks > 1) comm_set_timeout(limit_s);
-    d->phase_start_s = wall_seconds();
+    // A joiner's phase began with its donor's (diloco_sync_every_s: it syncs with the group).
+    d->phase_start_s = wall_seconds() - (took ? d->joined_phase_s : 0.0);
     d->extra_steps = 0;
     return took;
 }

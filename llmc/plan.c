@@ -172,7 +172,7 @@ static void diloco_codecs(const train_config *cfg, quant_codec *up, quant_codec 
 // transport_mpi.c) allocate for a rank's n pieces:
 //   θ, m, Δ: 4n each (m whatever diloco_outer_momentum: the buffer is always there);
 //   the residual: 4n with diloco_error_feedback and a quantized uplink;
-//   the join state: a 440-byte header and θ, m (8n) as a joining replica receives them (tcp:
+//   the join state: a 448-byte header and θ, m (8n) as a joining replica receives them (tcp:
 //   allocated for the join and freed after it, so a peak at a join; a donor sends its θ and m
 //   where they are; mpi: membership is fixed, nothing is received);
 //   the payload: the largest fragment encoded in the uplink codec, held by diloco.c and (tcp)
@@ -195,7 +195,7 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
     bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
     d.theta = d.momentum = d.delta = 4 * n;
     d.residual = cfg->diloco_error_feedback && up != QUANT_NONE ? 4 * n : 0;
-    d.join_state = tcp ? 440 + 8 * n : 0;
+    d.join_state = tcp ? 448 + 8 * n : 0;
     int64_t payload = (int64_t)quant_segmented_bytes(up, largest, block, segment);
     int64_t mean = (int64_t)quant_segmented_bytes(down, largest, block, segment);
     d.payload = tcp ? 2 * payload : payload;

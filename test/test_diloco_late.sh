@@ -172,7 +172,7 @@ start_three() {
     done
 }
 
-# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 440 + B·N bytes (N parameters:
+# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 448 + B·N bytes (N parameters:
 # the header, θ, and m when B is 8).
 state_bytes_are() {
     "$PYTHON" - "$tmp/$1" "$2" <<'PY'
@@ -181,8 +181,8 @@ root, b = sys.argv[1], int(sys.argv[2])
 end = [json.loads(l) for l in open(f"{root}/0/metrics.jsonl") if '"event":"end"' in l][-1]
 n = round(end["state_mb"] * 2**20 / 16)          # state_mb: 16 B/param of weights, grads, moments
 got = [json.loads(l) for l in open(f"{root}/2/metrics.jsonl") if '"diloco_join"' in l][-1]["state_bytes"]
-print(f"    state: {got} bytes for {n} parameters (want 440 + {b}·{n} = {440 + b * n})")
-sys.exit(0 if got == 440 + b * n else 1)
+print(f"    state: {got} bytes for {n} parameters (want 448 + {b}·{n} = {448 + b * n})")
+sys.exit(0 if got == 448 + b * n else 1)
 PY
 }
 
@@ -197,7 +197,6 @@ PY
 start_relay slow 1 2
 slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
-start_three slow 2 tcp_slow_state:0 "${slow[@]}"
 # three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
 three_after_join() {
     "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
@@ -210,11 +209,18 @@ sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_st
                            and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
 PY
 }
-wait_until "all three contribute after replica 2's join" three_after_join slow
-kill -TERM "${group_pids[@]}"
-rc=0
-for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
-check "slow state: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+# three_through_join NAME LABEL AFTER FAULT ARGS...: start_three NAME AFTER FAULT ARGS, wait until
+# all three contributed after replica 2's join, SIGTERM them; each must exit 0.
+three_through_join() {
+    local name=$1 label=$2 rc=0 p
+    shift 2
+    start_three "$name" "$@"
+    wait_until "all three contribute after replica 2's join" three_after_join "$name"
+    kill -TERM "${group_pids[@]}"
+    for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
+    check "$label: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+}
+three_through_join slow "slow state" 2 tcp_slow_state:0 "${slow[@]}"
 took=$(sed -n 's/.*relayed from replica 0 to \[2\]: .* in \([0-9.]*\) s.*/\1/p' "$tmp/relay_slow.log" | head -n 1)
 check "slow state: the state went from replica 0 to 2 in ${took:-?} s, longer than the 2 s deadline" \
     awk -v t="${took:-0}" 'BEGIN { exit !(t > 2) }'
@@ -229,7 +235,7 @@ check "slow state: replica 1 says its exchange waits for the transfer" \
     grep -q "replica 1 waits for its exchange: the hub at .* holds the round for a state transfer" "$tmp/slow1.log"
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
-check "slow state: with outer momentum the state holds θ and m (440 + 8N bytes)" state_bytes_are slow 8
+check "slow state: with outer momentum the state holds θ and m (448 + 8N bytes)" state_bytes_are slow 8
 
 # ---------------------------------------------------------------- a donor stopped while it sends
 # The slow state again (about 10 s); the donor gets SIGTERM while its state goes. It does not
@@ -259,7 +265,7 @@ for p in "${group_pids[1]}" "${group_pids[2]}"; do wait "$p" || true; done
 # written in front of them): its peak RSS is within 8N/2 of the member's that gave nothing. On the
 # old code it packed them into an 8 B/param copy first, resident for the rest of the run: its
 # peak was 8N above the member's. The run has no outer momentum (μ 0, as `common` sets): m is kept
-# at zero and left out of the state, which is 440 + 4N bytes (it was 8N: m held the last Δ).
+# at zero and left out of the state, which is 448 + 4N bytes (it was 8N: m held the last Δ).
 start_relay mem 1 20   # no eviction under load: a rejoin would touch a state buffer mid-run
 mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 2
     --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
@@ -288,7 +294,7 @@ PY
 }
 check "state memory: the donor's peak RSS stays within 8N/2 of the member's (no copy of its state)" \
     state_memory
-check "state memory: μ 0: the state leaves m out (440 + 4N bytes)" state_bytes_are mem 4
+check "state memory: μ 0: the state leaves m out (448 + 4N bytes)" state_bytes_are mem 4
 check "state memory: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/mem/*/metrics.jsonl
 
@@ -302,12 +308,7 @@ check "state memory: param_hash equal on the three at every applied outer step" 
 start_relay live 1
 live=(--batch_size 64 --diloco_inner_steps 100 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
-start_three live 0 tcp_slow_state:0 "${live[@]}"
-wait_until "all three contribute after replica 2's join" three_after_join live
-kill -TERM "${group_pids[@]}"
-rc=0
-for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
-check "donor trains on: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+three_through_join live "donor trains on" 0 tcp_slow_state:0 "${live[@]}"
 check "donor trains on: the donor says it sends while it trains" \
     grep -q "replica 0 sends its state (.*) to the joining replica(s) while it trains on" "$tmp/live0.log"
 skipped_fewer() {
@@ -326,6 +327,48 @@ PY
 check "donor trains on: the joiner skipped the steps its donor took, and contributed H − skipped steps" skipped_fewer
 check "donor trains on: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 2 "$tmp"/live/*/metrics.jsonl
+
+# ---------------------------------------------------------------- phases on wall time
+# 3 replicas with diloco_sync_every_s 12 (H = 5, then extra inner steps until 12 s have passed
+# since the phase began), a wider model whose state (448 + 4N bytes, 10 chunks of 128 KiB) takes
+# about 5 s at tcp_slow_state's one chunk per 0.5 s. The donor stamps how far into its phase it
+# was as the last chunk went, and the joiner's phase begins that long before its join: the
+# round after the join closes with all three at once, the members waiting less than half the
+# transfer (wait_s). On the old code the joiner's phase lasted 12 s from its join, and the
+# members waited about a transfer for its contribution. spike_z 0: a step the spike guard skips
+# ends a replica's extra steps, and so its phase, early (docs/diloco.md): that replica would wait.
+start_relay timed 1
+timed=(--d_model 128 --d_ff 256 --diloco_sync_every_s 12 --diloco_replicas 3 --diloco_min_replicas 2
+    --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s 2 --spike_z 0)
+three_through_join timed "phases on wall time" 0 tcp_slow_state:0 "${timed[@]}"
+timed_waits() {
+    "$PYTHON" - "$tmp/timed" "$tmp/relay_timed.log" <<'PY'
+import json, re, sys
+root, relay = sys.argv[1], sys.argv[2]
+took = [float(m) for m in re.findall(r"relayed from replica \d+ to \[2\]: .* in ([0-9.]+) s", open(relay).read())]
+join = [json.loads(l) for l in open(f"{root}/2/metrics.jsonl") if '"diloco_join"' in l][-1]
+outer = {r: {l["outer_step"]: l for l in map(json.loads, open(f"{root}/{r}/metrics.jsonl")) if "contributors" in l}
+         for r in (0, 1, 2)}
+# The first outer step after the join that all three contributed to, on every replica.
+k = min(s for s, l in outer[0].items() if s > join["outer_step"] and l["applied"] and l["contributors"] == [0, 1, 2])
+waits = [outer[r][k]["wait_s"] for r in (0, 1, 2)]
+t = took[-1] if took else 0.0
+print(f"    transfer {t:.1f} s; the donor was {join['donor_phase_s']:.1f} s into its phase as it ended; wait at outer "
+      f"step {k} (the first of the three): {waits[0]:.2f} s, {waits[1]:.2f} s, joiner {waits[2]:.2f} s")
+ok = t > 3 and join["donor_phase_s"] > 0.5 * t and max(waits[:2]) < 0.5 * t
+if not ok:  # what happened, for the log
+    for r in (0, 1, 2):
+        print(f"    replica {r}: " + "; ".join(f"{s}: wait {l['wait_s']} sync {l['sync_s']} inner {l['inner_steps']}"
+                                               for s, l in sorted(outer[r].items())))
+    print("    relay: " + " | ".join(l.strip() for l in open(relay) if "round" in l or "state" in l))
+sys.exit(0 if ok else 1)
+PY
+}
+check "phases on wall time: the joiner's phase began with its donor's; the next round waited under half the transfer for it" \
+    timed_waits
+check "phases on wall time: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 2 "$tmp"/timed/*/metrics.jsonl
 
 # stopped_in_join NAME WAIT_FOR ARGS...: a replica (tiny_test, replica 0 of 2, tcp) started with
 # ARGS, logging to $tmp/NAME.log; once its log says WAIT_FOR, SIGTERM; it must exit 0 within

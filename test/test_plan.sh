@@ -142,7 +142,7 @@ down = "none" if quant == "none" or downlink == "fp32" else "bf16" if downlink =
 payload, mean = segmented(quant, largest), segmented(down, largest)
 theta = momentum = delta = 4*n
 residual = 4*n if ef and quant != "none" else 0
-join = 440 + 8*n if transport == "tcp" else 0   # received by a joiner (header + θ + m); mpi never joins
+join = 448 + 8*n if transport == "tcp" else 0   # received by a joiner (header + θ + m); mpi never joins
 if transport == "tcp":
     payload *= 2                       # diloco.c's and the transport's copy; one hub: the mean once
 else:                                  # mpi: each replica reduces: downlink feedback on the segments
