@@ -183,16 +183,23 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
              "diloco_topk, diloco_downlink or the model differ between their configs)");
 }
 
-// This rank's share of the downlink residual for the payload sp lays out: its segments
-// rank, rank + M, ... of that payload, packed, zero the first time the layout is seen.
+// The values this rank's share of a payload's downlink residual holds: its segments rank,
+// rank + M, ... each whole; -1 when the layout is out of range (a checkpoint's).
+static int64_t share_values(const mpi_transport *t, int64_t values, int64_t segment) {
+    if (values <= 0 || segment <= 0 || values > ((int64_t)1 << 42) || segment > ((int64_t)1 << 30)) return -1;
+    int64_t n_segments = (values + segment - 1) / segment;
+    return (n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0) * segment;
+}
+
+// This rank's share of the downlink residual for the payload sp lays out, packed, zero the
+// first time the layout is seen.
 static float *residual_share(mpi_transport *t, const payload_spec *sp) {
     for (int i = 0; i < t->n_pieces; i++)
         if (t->pieces[i].offset == sp->offset && t->pieces[i].values == sp->values &&
             t->pieces[i].segment == sp->segment)
             return t->residual + t->pieces[i].base;
-    int64_t n_segments = (sp->values + sp->segment - 1) / sp->segment;
-    int64_t mine = n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0;
-    int64_t grow = mine * sp->segment;
+    int64_t grow = share_values(t, sp->values, sp->segment);
+    CHECK(grow >= 0);
     t->pieces = xrealloc(t->pieces, (size_t)(t->n_pieces + 1) * sizeof *t->pieces);
     t->pieces[t->n_pieces++] =
         (residual_piece){.offset = sp->offset, .values = sp->values, .segment = sp->segment, .base = t->residual_values};
@@ -345,13 +352,6 @@ static bool mpi_reducer_state(void *impl, const void **head, size_t *head_bytes,
     *body = t->residual;
     *body_bytes = (size_t)t->residual_values * sizeof(float);
     return true;
-}
-
-// The values a piece's share holds (residual_share's arithmetic); -1 when its fields are out of range.
-static int64_t share_values(const mpi_transport *t, int64_t values, int64_t segment) {
-    if (values <= 0 || segment <= 0 || values > ((int64_t)1 << 42) || segment > ((int64_t)1 << 30)) return -1;
-    int64_t n_segments = (values + segment - 1) / segment;
-    return (n_segments > t->rank ? (n_segments - t->rank + t->size - 1) / t->size : 0) * segment;
 }
 
 static bool mpi_restore_reducer(void *impl, const uint8_t *b, size_t n, char *why, size_t why_bytes) {
