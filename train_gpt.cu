@@ -2660,6 +2660,15 @@ static model_buffers buffers_of(trainer *tr) {
 
 static bool outer_on(const trainer *tr) { return tr->outer || tr->copies_follow; }
 
+// The watchdog during DiLoCo's outer work: on a rank that runs it, stuck only when its network
+// moves nothing (an exchange may wait hours for a state transfer: watchdog_phase_moving); on
+// another HSDP copy, not watched while it waits for the first copy's outcome (as the ranks of
+// a sharded replica wait in a join: the launcher still ends a job whose rank died).
+static void watch_outer_work(const trainer *tr, const char *phase) {
+    if (tr->outer) watchdog_phase_moving(phase, tr->state.step);
+    else watchdog_phase(NULL, tr->state.step);
+}
+
 static void copies_broadcast(trainer *tr, void *data, int64_t bytes) {
     double limit_s = comm_timeout();
     comm_set_timeout(86400.0);
@@ -3405,7 +3414,7 @@ static int train_run(train_config *cfg) {
             if (m.extra_steps) m.extra_ms = (wall_seconds() - extra_t0) * 1e3;
             if (tr.outer) diloco_stepped(tr.outer, tr.state.step);
             if (first_copy_says(&tr, tr.outer && diloco_due(tr.outer, &tr.state, cfg->max_steps))) {
-                watchdog_phase("DiLoCo's outer work", tr.state.step);
+                watch_outer_work(&tr, "DiLoCo's outer work");
                 double stall_s = 0.0, t0 = wall_seconds();
                 data_position before = tr.state.data;
                 bool changed = false;
@@ -3448,6 +3457,7 @@ static int train_run(train_config *cfg) {
         watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, no_final_checkpoint ? -1 : cfg->max_steps) || stop_here) {
             if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
+                watch_outer_work(&tr, "DiLoCo's fragment in flight, before a checkpoint");
                 data_position before = tr.state.data;
                 bool changed = false;
                 if (tr.outer) {
@@ -3456,6 +3466,7 @@ static int train_run(train_config *cfg) {
                 }
                 if (follow_first_copy(&tr, changed, false, before)) backend_upload_params(tr.be, tr.params);
                 stop_here = stop_here || tr.over;  // a rejoin in the landing found the run over: the last checkpoint
+                watchdog_phase("a checkpoint", step);
             }
             checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
         }

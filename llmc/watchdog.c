@@ -3,6 +3,7 @@
 #include "llmc/common.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <time.h>
@@ -16,23 +17,26 @@ static struct {
     double timeout_s;
     int rank;
     const char *phase;      // NULL: not watched
+    bool moving;            // watchdog_phase_moving: progress counts
     int64_t step;
     double since;           // wall_seconds() when the phase began
 } dog = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+static _Atomic double progress_s;  // wall_seconds() of the last watchdog_progress
 
 static void *watch(void *arg) {
     (void)arg;
     pthread_mutex_lock(&dog.lock);
     while (!dog.stopping) {
-        double now = wall_seconds();
-        if (dog.phase && now - dog.since > dog.timeout_s) {
-            time_t began = time(NULL) - (time_t)(now - dog.since);
+        double now = wall_seconds(), progress = atomic_load(&progress_s);
+        double quiet_since = dog.moving && progress > dog.since ? progress : dog.since;
+        if (dog.phase && now - quiet_since > dog.timeout_s) {
+            time_t began = time(NULL) - (time_t)(now - quiet_since);
             char when[32];
             strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&began));
             fprintf(stderr,
                     "train_gpt: error: watchdog: rank %d made no progress for %.0f s in %s at step %lld (since %s; "
                     "watchdog_s = %g); exiting with status %d so that the job can be requeued\n",
-                    dog.rank, now - dog.since, dog.phase, (long long)dog.step, when, dog.timeout_s,
+                    dog.rank, now - quiet_since, dog.phase, (long long)dog.step, when, dog.timeout_s,
                     WATCHDOG_EXIT_STATUS);
             fflush(stderr);
             _exit(WATCHDOG_EXIT_STATUS);
@@ -57,14 +61,20 @@ void watchdog_start(double timeout_s, int rank) {
     dog.running = true;
 }
 
-void watchdog_phase(const char *phase, int64_t step) {
+static void enter(const char *phase, int64_t step, bool moving) {
     if (!dog.running) return;
     pthread_mutex_lock(&dog.lock);
     dog.phase = phase;
+    dog.moving = moving;
     dog.step = step;
     dog.since = wall_seconds();
     pthread_mutex_unlock(&dog.lock);
 }
+
+void watchdog_phase(const char *phase, int64_t step) { enter(phase, step, false); }
+void watchdog_phase_moving(const char *phase, int64_t step) { enter(phase, step, true); }
+
+void watchdog_progress(void) { atomic_store(&progress_s, wall_seconds()); }
 
 void watchdog_stop(void) {
     if (!dog.running) return;

@@ -23,6 +23,15 @@ void watchdog_start(double timeout_s, int rank);
 // The loop enters a phase (a string literal) at this step; NULL: not watched (a wait that
 // has its own limit, such as joining a DiLoCo group).
 void watchdog_phase(const char *phase, int64_t step);
+// The same for a phase whose work says when it moves on (watchdog_progress): its time without
+// progress counts from its last progress, not from its start. DiLoCo's outer work is one: an
+// exchange may wait hours for a state transfer or move a 14B model's outer gradients over a
+// slow link, and is stuck only when nothing moves (the transport has its own limits on a
+// stalled link too: diloco_timeout_s).
+void watchdog_phase_moving(const char *phase, int64_t step);
+// Progress of such a phase, from any thread, without a lock (DiLoCo's tcp transport: when bytes
+// move, or the hub says it holds the round for a state transfer). No effect in other phases.
+void watchdog_progress(void);
 void watchdog_stop(void);
 
 #ifdef __cplusplus

@@ -31,6 +31,7 @@
 #include "llmc/quant.h"
 #include "net/conn.h"
 #include "llmc/fault.h"
+#include "llmc/watchdog.h"
 #include "net/socket.h"
 #include "net/relay.h"
 #include "net/wire.h"
@@ -700,6 +701,7 @@ static bool pump(tcp *t, done_fn done) {
     char err[256], why[1024];
     t->job_progress_s = wall_seconds();
     t->wait_said_s = t->job_progress_s;
+    double hold_seen_s = 0;
     for (;;) {
         if (done == join_done) say_join_waits(t);
         take_mail(t);
@@ -708,6 +710,12 @@ static bool pump(tcp *t, done_fn done) {
         double held_s = t->hub_held_s;
         pthread_mutex_unlock(&t->mailbox_lock);
         if (dead) return false;
+        // Progress for the watchdog (llmc/watchdog.h): bytes moved (below), or the hub saying
+        // anew that it holds the round for a state transfer.
+        if (held_s > hold_seen_s) {
+            hold_seen_s = held_s;
+            watchdog_progress();
+        }
         say_long_wait(t, held_s);
         if (done(t)) return true;
         feed_upload(t);
@@ -732,7 +740,10 @@ static bool pump(tcp *t, done_fn done) {
                         wire_data d;
                         bad = wire_decode_data(f.payload, (size_t)f.payload_bytes, &d);
                         if (!bad) bad = take_chunk(t, &d);
-                        if (!bad) continue;
+                        if (!bad) {
+                            watchdog_progress();
+                            continue;
+                        }
                     }
                     snprintf(why, sizeof why, "data stream %d from the hub at %s: %s", s + 1, t->hub,
                              r == CONN_CLOSED ? "connection closed" : bad ? bad : err);
@@ -746,7 +757,10 @@ static bool pump(tcp *t, done_fn done) {
                     snprintf(why, sizeof why, "data stream %d to the hub at %s: %s", s + 1, t->hub, err);
                     post_dead(t, why);
                 }
-                if (c->bytes_tx != before) t->job_progress_s = wall_seconds();
+                if (c->bytes_tx != before) {
+                    t->job_progress_s = wall_seconds();
+                    watchdog_progress();
+                }
             }
         }
         // The hub holds an upload back while the others catch up (a member not yet begun is

@@ -196,7 +196,7 @@ PY
 # was evicted as late, the transfer dropped, and the next donor caught the same way.
 start_relay slow 1 2
 slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
-    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
+    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2 --watchdog_s 3)
 # three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
 three_after_join() {
     "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
@@ -226,6 +226,11 @@ check "slow state: the state went from replica 0 to 2 in ${took:-?} s, longer th
     awk -v t="${took:-0}" 'BEGIN { exit !(t > 2) }'
 check "slow state: nobody was evicted, no transfer aborted" \
     sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_slow.log'"
+# watchdog_s 3: the members' exchange and the donor's next one wait for the transfer (about
+# 10 s) while the hub says it holds the round and the state's bytes move: progress, not a hang.
+# Before, the watchdog ended replicas 0 and 1 (status 75) 3 s into that wait.
+check "slow state: watchdog_s 3 and a 10 s wait for the transfer: no watchdog exit" \
+    sh -c "! grep -q 'watchdog' '$tmp'/slow[012].log"
 check "slow state: replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/slow/2/metrics.jsonl"
 check "slow state: the joiner says how its state comes on (bytes, rate, time left)" \
     grep -q "replica 2 receives the group's state: .* of .* (.* %), .*/s, about .* left" "$tmp/slow2.log"
