@@ -254,5 +254,20 @@ PY
     check "stopped after the rollback and resumed (rc $rc): both replicas byte-identical to the straight run at step 30" \
         sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
                    cmp -s '$tmp/straight/'\$r/step_00000030/\$f '$tmp/resumed/'\$r/step_00000030/\$f || exit 1; done; done"
+    # The same with streaming (2 fragments, each exchange overlapping 1 inner step): the
+    # rollback takes each fragment's θ, with a fragment in flight or waiting to merge.
+    stream=(--diloco_fragments 2 --diloco_overlap_steps 1)
+    rc=0
+    restart_run stream_straight "${stream[@]}" || rc=$?
+    restart_run stream_resumed "${stream[@]}" --stop_at_step 14 || rc=$?
+    restart_run stream_resumed "${stream[@]}" || rc=$?
+    check "streaming: replica 1 rolls back to θ at step 14 and the runs finish (rc $rc)" \
+        grep -q '"event":"rollback","step":14,"to":"outer_theta"' "$tmp/stream_straight/1/metrics.jsonl"
+    check "streaming: param_hash agrees on both replicas at every fragment sync (at least 10)" \
+        all_hashes_agree 10 "$tmp/stream_straight/0/metrics.jsonl" "$tmp/stream_straight/1/metrics.jsonl"
+    check "streaming: stopped after the rollback and resumed: both replicas byte-identical at step 30" \
+        sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
+                   cmp -s '$tmp/stream_straight/'\$r/step_00000030/\$f '$tmp/stream_resumed/'\$r/step_00000030/\$f || exit 1
+               done; done"
 fi
 finish test_guards
