@@ -2476,6 +2476,58 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
                gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit");
 }
 
+// The inner phase of diloco_inner_steps steps at 40 % MFU of peak_tflops on `world` GPUs (0
+// without peak_tflops).
+static double inner_phase_s(const param_table *t, const train_config *cfg, int world) {
+    if (cfg->peak_tflops <= 0) return 0.0;
+    double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world;
+    return (double)cfg->diloco_inner_steps * tokens * model_flops_per_token(t) /
+           (0.4 * cfg->peak_tflops * 1e12 * (double)world);
+}
+
+// What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
+// (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
+// time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase; decay_s the
+// decay phase's, 0 without one), whether the group's round waits for it: a transfer longer than
+// the inner phase holds the round for the rest (docs/diloco.md, "Not yet").
+static void print_join_transfer(const param_table *t, const train_config *cfg, int world, double link, double inner_s,
+                                double decay_s) {
+    if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
+    bool with_m = cfg->diloco_outer_momentum != 0.0;
+    int ranks = world > 0 ? world : 1;
+    int64_t bytes = 0;
+    for (int r = 0; r < ranks; r++) {
+        shard_map map;
+        shard_map_build(&map, t, r, ranks);
+        bytes += 448 + (with_m ? 8 : 4) * map.local_numel;
+        shard_map_free(&map);
+    }
+    double s = (double)bytes / link;
+    char a[32], b[32], c[32], e[96] = "";
+    printf("train_gpt | diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
+           "%.3f GB (%lld bytes%s), %s on the link",
+           with_m ? " and the outer momentum" : " (no outer momentum)", (double)bytes / 1e9, (long long)bytes,
+           ranks > 1 ? ", every rank its pieces over its own connection" : "", format_duration(s, a, sizeof a));
+    if (inner_s <= 0) {
+        printf("\n");
+        return;
+    }
+    if (decay_s > 0 && s > decay_s)
+        snprintf(e, sizeof e, ", about %s in the decay phase", format_duration(s - decay_s, c, sizeof c));
+    if (s <= inner_s && !e[0])
+        printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait\n",
+               format_duration(inner_s, b, sizeof b));
+    else if (s <= inner_s)
+        printf("; the inner phase takes %s: the group does not wait, but for a join in the decay phase, which holds "
+               "the round about %s\n",
+               format_duration(inner_s, b, sizeof b), format_duration(s - decay_s, c, sizeof c));
+    else
+        printf("; the inner phase takes %s: each join holds the group's round about %s%s; the relay's --max_hold_s "
+               "caps that wait, but a transfer it cuts is tried again later: a join needs a longer inner phase or a "
+               "faster link\n",
+               format_duration(inner_s, b, sizeof b), format_duration(s - inner_s, c, sizeof c), e);
+}
+
 // DiLoCo's bytes per outer step for one replica of `world` ranks, the time they take on a
 // link of link_mbps each way, what passes through the hub, and (with peak_tflops) how that
 // compares with the inner phase at 40 % MFU: the figures docs/diloco.md's recipes quote.
@@ -2512,8 +2564,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
     }
     if (cfg->peak_tflops > 0) {
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world;
-        double inner_s = (double)cfg->diloco_inner_steps * tokens * model_flops_per_token(t) /
-                         (0.4 * cfg->peak_tflops * 1e12 * (double)world);
+        double inner_s = inner_phase_s(t, cfg, world);
         double exchange_s = up_s > down_s ? up_s : down_s;
         printf("train_gpt | diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %d GPU(s) "
                "(%.0f tokens a step): the exchange is %.2f× the inner phase%s\n",
@@ -2538,6 +2589,8 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                : cfg->diloco_overlap_steps > 0 ? "not hidden: training waits for the rest"
                                                : "training waits for every sync");
     }
+    double inner_s = inner_phase_s(t, cfg, world);
+    print_join_transfer(t, cfg, world, link, inner_s, decay_syncs && inner_s > 0 ? inner_s * (double)Hd / (double)H : 0);
 }
 
 // Prints the model's size, FLOPs per token and memory plan without touching any data
