@@ -2528,6 +2528,31 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                format_duration(inner_s, b, sizeof b), format_duration(s - inner_s, c, sizeof c), e);
 }
 
+// One hub host's CPU and memory per outer step (plan_hub_load) against link_s, a replica's
+// exchange on its link: a hub thread slower than that sets the exchange's pace.
+static void print_hub_load(const param_table *t, const train_config *cfg, int world, double link_s) {
+    hub_load h = plan_hub_load(cfg, t, world);
+    if (h.hubs == 0) return;
+    double relay_s = h.cpu_s / h.relays;
+    char a[32], b[32], c[32], d[32], e[32], relays[128] = "`relay` (one thread)";
+    if (h.relays > 1)
+        snprintf(relays, sizeof relays, "`relay --shards %d` (a thread per rank of a replica, ports p .. p + %d)",
+                 h.relays, h.relays - 1);
+    printf("train_gpt | diloco: each of %d hub host(s) runs %s: about %s of CPU per outer step at the measured "
+           "%.1f GB of contributions per core-second (%s per thread); memory about %s (%s downlink residual + %s of "
+           "segments on their way); ",
+           h.hubs, relays, format_duration(h.cpu_s, a, sizeof a), PLAN_HUB_BYTES_PER_CORE_S / 1e9,
+           format_duration(relay_s, b, sizeof b), format_bytes((uint64_t)(h.residual + h.in_flight), c, sizeof c),
+           format_bytes((uint64_t)h.residual, d, sizeof d), format_bytes((uint64_t)h.in_flight, e, sizeof e));
+    if (relay_s <= link_s)
+        printf("the links (%s) set the exchange's pace\n", format_duration(link_s, b, sizeof b));
+    else {
+        int more = (int)ceil((double)h.hubs * relay_s / link_s);
+        printf("a thread is slower than the links (%s): the exchange takes its time; %d hubs would keep up\n",
+               format_duration(link_s, b, sizeof b), more);
+    }
+}
+
 // DiLoCo's bytes per outer step for one replica of `world` ranks, the time they take on a
 // link of link_mbps each way, what passes through the hub, and (with peak_tflops) how that
 // compares with the inner phase at 40 % MFU: the figures docs/diloco.md's recipes quote.
@@ -2553,6 +2578,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
            "each way keeps up\n",
            link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
            M * (double)x.up / 1e9 / hubs, M * (double)x.down / 1e9 / hubs, M * link_mbps / hubs);
+    print_hub_load(t, cfg, world, up_s > down_s ? up_s : down_s);
     int64_t H = cfg->diloco_inner_steps, Hd = cfg->diloco_decay_inner_steps, D = decay_start_step(cfg);
     bool decay_syncs = Hd > 0 && cfg->max_steps > D;
     if (decay_syncs) {  // whole-model syncs: every H to D, then every H_d, and the final one

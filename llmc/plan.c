@@ -256,6 +256,39 @@ diloco_traffic plan_diloco_traffic(const train_config *cfg, const param_table *t
     return x;
 }
 
+// A hub host: M replicas' uploads split over K hubs; the residual of every value a relay
+// reduces (4 B, with an encoded downlink and diloco_downlink_feedback); on the way, per relay,
+// each contributor's window of segments plus one per data stream, and the mean's backlog.
+hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks) {
+    hub_load h = {0};
+    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "tcp") != 0) return h;
+    if (ranks < 1) ranks = 1;
+    h.hubs = 1;
+    for (const char *c = cfg->diloco_rendezvous; c && *c; c++) h.hubs += *c == ',';
+    h.relays = ranks;
+    diloco_traffic x = plan_diloco_traffic(cfg, t, ranks);
+    int64_t M = cfg->diloco_replicas, K = h.hubs;
+    h.in = M * x.up / K;
+    h.out = M * x.down / K;
+    quant_codec up, down;
+    diloco_codecs(cfg, &up, &down);
+    int64_t values = 0;
+    for (int r = 0; r < ranks; r++) {
+        shard_map map;
+        shard_map_build(&map, t, r, ranks);
+        values += map.local_numel;
+        shard_map_free(&map);
+    }
+    if (cfg->diloco_downlink_feedback && down != QUANT_NONE) h.residual = 4 * values / K;
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
+    int64_t seg_up = (int64_t)quant_encoded_bytes(up, segment, block),
+            seg_down = (int64_t)quant_encoded_bytes(down, segment, block);
+    h.in_flight = (int64_t)ranks * (M * (PLAN_HUB_WINDOW_SEGMENTS + cfg->diloco_streams) * seg_up +
+                                    PLAN_HUB_DOWN_BACKLOG_SEGMENTS * seg_down);
+    h.cpu_s = (double)h.in / PLAN_HUB_BYTES_PER_CORE_S;
+    return h;
+}
+
 static void units_of(int64_t total, double *u, const char **unit) {
     bool small = total < ((int64_t)1 << 30);
     *u = small ? 1048576.0 : 1073741824.0;

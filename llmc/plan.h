@@ -105,6 +105,26 @@ typedef struct {
 // (all zero without DiLoCo).
 diloco_traffic plan_diloco_traffic(const train_config *cfg, const param_table *t, int ranks);
 
+// What one hub host carries per outer step (net/relay.c; docs/protocol.md "What the hub
+// stores"). A replica of W ranks meets its groups at W relays per hub (port + rank), each
+// reducing its rank's pieces on one thread; with K hubs (diloco_rendezvous = h1,h2,..) each
+// relay reduces about 1/K of the segments.
+#define PLAN_HUB_BYTES_PER_CORE_S 0.2e9   // contributions reduced per core-second, measured
+                                          // (bench/diloco/hub_scale.sh, int8, one thread)
+#define PLAN_HUB_WINDOW_SEGMENTS 16       // net/relay.c's WINDOW_SEGMENTS
+#define PLAN_HUB_DOWN_BACKLOG_SEGMENTS 8  // net/relay.c's DOWN_BACKLOG_SEGMENTS
+typedef struct {
+    int hubs;            // K
+    int relays;          // relay processes on each hub host: one per rank of a replica (W)
+    int64_t in, out;     // bytes into and out of one hub host per outer step (all its relays)
+    int64_t residual;    // the downlink residual held on one hub host (diloco_downlink_feedback)
+    int64_t in_flight;   // contributions and means on their way on one hub host, at most
+    double cpu_s;        // core-seconds per outer step on one hub host at PLAN_HUB_BYTES_PER_CORE_S
+} hub_load;
+
+// One hub host's load for cfg with replicas of `ranks` ranks (tcp; all zero otherwise).
+hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks);
+
 // One line: "4.21 GiB = 1.02 weights + 1.02 grads + ... + 0.03 workspace".
 void plan_describe(const rank_memory *m, char *out, size_t out_bytes);
 // One line: "0.71 GiB = 0.14 θ + 0.14 momentum + ...".

@@ -219,6 +219,51 @@ check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
 check "no joiner's line over mpi (its replicas never join late)" sh -c "
     ! '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
         --diloco_transport mpi 2>&1 | grep -q 'joins late or rejoins'"
+# A hub host's load: BOOM's 14B, int8, one hub, in replicas of 40 ranks at M = 10 and 72, and
+# of one rank at M = 72. A replica sends per rank its pieces' segments (int8: 4 B of scale per
+# 128 values + 1 B a value, 96 bytes of framing a segment, a 128-byte CONTRIBUTE); the hub host
+# takes M of those at 0.2 GB per core-second, spread over one hub thread per rank (`relay
+# --shards`); it holds 4 B of downlink residual per value and, per thread, M contributors' 16 + 1
+# segments and 8 of the mean. A replica's exchange takes its upload's time at 100 Mbit/s; a
+# thread slower than that sets the pace (one for a whole 14B model at M = 72: 5 hubs keep up).
+hub_want=$("$PYTHON" - <<'PY'
+import math
+V, L, C, Hq, Hkv, D, F = 128256, 40, 5120, 40, 8, 128, 17408
+layer = C + Hq*D*C + 2*Hkv*D*C + 2*D + C*Hq*D + C + 3*F*C
+S, block = 262144, 128
+enc = lambda m: math.ceil(m / block) * 4 + m
+def dur(x):
+    s = int(x + 0.5)
+    return "%dh%02dm" % (s // 3600, s % 3600 // 60) if s >= 3600 else "%dm%02ds" % (s // 60, s % 60) if s >= 60 else "%ds" % s
+def gib(x): return "%.2f GiB" % (x / 2**30) if x >= 2**30 else "%.2f MiB" % (x / 2**20)
+for W, M in ((40, 10), (40, 72), (1, 72)):
+    n = sum(math.ceil(u / W) for u in [V*C] + [layer]*L + [C + V*C])   # one rank's pieces
+    segmented = (n // S) * enc(S) + (enc(n % S) if n % S else 0)
+    up = W * (segmented + math.ceil(n / S) * 96 + 128)                 # one replica, all its ranks
+    link = up / 12.5e6
+    cpu = M * up / 0.2e9
+    resid, flight = 4 * W * n, W * (M * 17 * enc(S) + 8 * enc(S))
+    verdict = ("the links (%s) set the exchange's pace" % dur(link) if cpu / W <= link else
+               "a thread is slower than the links (%s): the exchange takes its time; %d hubs would keep up"
+               % (dur(link), math.ceil(cpu / W / link)))
+    print("about %s of CPU per outer step at the measured 0.2 GB of contributions per core-second (%s per thread); "
+          "memory about %s (%s downlink residual + %s of segments on their way); %s"
+          % (dur(cpu), dur(cpu / W), gib(resid + flight), gib(resid), gib(flight), verdict))
+PY
+)
+hub_line() {  # hub_line RANKS M: the plan's hub line, BOOM's 14B, int8, one hub
+    "$TRAIN_GPT" plan configs/boom-14b.conf --world "$1" --diloco_replicas "$2" --diloco_replica_id 0 \
+        --diloco_rendezvous 127.0.0.1:9 --diloco_secret_file unused --diloco_quant int8 2>&1 |
+        sed -n 's/.*diloco: each of 1 hub host(s) runs `relay\( --shards 40` (a thread per rank of a replica, ports p .. p + 39)\|` (one thread)\): //p'
+}
+i=0
+for case in "40 10" "40 72" "1 72"; do
+    i=$((i + 1))
+    got=$(hub_line $case) want=$(echo "$hub_want" | sed -n ${i}p)
+    say "  hub host, ranks and M = $case: $got"
+    check "a hub host's CPU, memory and pace, ranks and M = $case: the hand arithmetic" test "$got" = "$want"
+    [ "$got" = "$want" ] || say "    hand: $want"
+done
 # diloco_decay_inner_steps: gpt-1b's 20,000 steps at H 500 are 40 outer steps; with H_d 100 in
 # its decay phase (decay_frac 0.2: from step 16,000), 32 + 40 = 72.
 check "DiLoCo with H_d 100 in the decay: 72 outer steps instead of 40 (1.80x the bytes)" sh -c "
