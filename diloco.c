@@ -29,9 +29,23 @@
 //   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
 //                     byte i/8: replica i's whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
-//   zeroes its own — half the bytes where the outer steps take no momentum, apply_outer_step)
+//   zeroes its own — half the bytes where the outer steps take no momentum, outer_update)
 // The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
 // (then it is not carried again: adopt_state).
+//
+// A catch-up transfer (relay --catch_up, docs/protocol.md "Catch-up"): the state above stays
+// the one of its round (the donor keeps aside what a later landing changes before it is sent:
+// transport_preserve_state), and after it comes, for each round the donor lands meanwhile, a
+// catch-up mean, little-endian:
+//   "TGDLCTCH" (8 bytes), u32 version = 1, u32 flags (1: applied), i64 round, i64 fragment,
+//   i64 step (the donor's, at the landing), i64 tokens_seen (its, then), i64 phase_ms (its time
+//   in its inner phase then), f64 outer lr, f64 outer μ (of this step of this fragment),
+//   u8 ids[32] (the round's contributors), then with flag 1 the encoded mean of the fragment
+//   (fragment mean_bytes).
+// The joiner applies each to the state's θ and m as the members did (apply_catchup).
+#define CATCHUP_MAGIC "TGDLCTCH"
+#define CATCHUP_VERSION 1
+#define CATCHUP_HEADER_BYTES 104
 #define STATE_MAGIC "TGDLSTAT"
 #define STATE_VERSION 5
 #define STATE_HAS_MOMENTUM 1u
@@ -134,6 +148,10 @@ struct diloco {
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
     bool sending;
+    bool catching_up;                      // the transfer is a catch-up one: the donor exchanges on,
+                                           // keeps the unsent state, sends each landed round's mean
+    atomic_bool sender_finished;           // its sender returned (the hub ended the transfer)
+    uint8_t *catchup;                      // a catch-up mean being built (header + the largest mean)
     atomic_bool cancel_sending;            // the donor leaves: its sender stops
     size_t send_bytes;                     // of the state being sent (state_header on)
     _Atomic int64_t live_step;             // the last inner step this replica finished
@@ -471,15 +489,22 @@ static void *state_sender_main(void *arg) {
     diloco *d = (diloco *)arg;
     state_hooks hooks = {stamp_sent_at, sending_cancelled, d};
     transport_send_state(d->net, state_header(d), d->send_bytes, &hooks);
+    atomic_store(&d->sender_finished, true);
     return NULL;
 }
 
-static void start_sending_state(diloco *d, const train_state *st) {
+static void finish_sending_state(diloco *d, bool cancel);
+
+static void start_sending_state(diloco *d, const train_state *st, bool catch_up) {
+    finish_sending_state(d, false);   // a catch-up transfer before it: ended by the hub already
     atomic_store(&d->live_step, st->step);
     d->send_bytes = pack_state(d, st);
     char size[32];
-    note("diloco: replica %d sends its state (%s) to the joining replica(s) while it trains on",
-         diloco_replica_id(d), format_bytes(d->send_bytes, size, sizeof size));
+    note("diloco: replica %d sends its state (%s) to the joining replica(s) while it trains on%s",
+         diloco_replica_id(d), format_bytes(d->send_bytes, size, sizeof size),
+         catch_up ? " and exchanges (catch-up: then the means of the rounds it lands meanwhile)" : "");
+    d->catching_up = catch_up;
+    atomic_store(&d->sender_finished, false);
     atomic_store(&d->cancel_sending, false);
     int rc = pthread_create(&d->sender, NULL, state_sender_main, d);
     if (rc != 0) fail("diloco: cannot start the thread that sends the state: %s", strerror(rc));
@@ -494,6 +519,12 @@ static void finish_sending_state(diloco *d, bool cancel) {
     int rc = pthread_join(d->sender, NULL);
     if (rc != 0) fail("diloco: cannot join the thread that sends the state: %s", strerror(rc));
     d->sending = false;
+    d->catching_up = false;
+}
+
+// Whether a catch-up transfer of this donor is still going (its state, or the means after it).
+static bool catching_up_as_donor(const diloco *d) {
+    return d->sending && d->catching_up && !atomic_load(&d->sender_finished);
 }
 
 // The counters of a donor's state, checked: false (with a one-line reason) when malformed.
@@ -619,9 +650,65 @@ static int64_t joiner_skip(const diloco *d, const state_counters *c) {
     return to - c->step;
 }
 
+// A catch-up join: the means of the rounds the group closed while the state came (round K + 1,
+// K + 2, .. after the state's K), applied to the state's θ and m in order, elementwise as every
+// member applied them; the counters become those of the donor at its last landing, and the
+// state's record of recent rounds takes each. Returns how many; a malformed one is fatal.
+static bool average_delta(diloco *d, const fragment *f, const round_result *r);
+static void outer_update(const diloco *d, const fragment *f, float *theta, float *momentum, double lr, double mu);
+
+static int apply_catchup(diloco *d, state_counters *c) {
+    int count = transport_catchup_count(d->net);
+    if (count <= 0) return 0;
+    float *theta = (float *)(d->state + STATE_HEADER_BYTES), *momentum = theta + d->numel;
+    if (!c->with_m) {
+        memset(momentum, 0, (size_t)d->numel * sizeof(float));
+        c->with_m = true;
+    }
+    for (int i = 0; i < count; i++) {
+        size_t bytes = 0;
+        const uint8_t *p = transport_catchup_patch(d->net, i, &bytes);
+        if (bytes < CATCHUP_HEADER_BYTES || memcmp(p, CATCHUP_MAGIC, 8) != 0 || get_u32(p + 8) != CATCHUP_VERSION)
+            fail("diloco: catch-up mean %d of %d from the donor is malformed (%zu bytes)", i + 1, count, bytes);
+        bool applied = get_u32(p + 12) & 1;
+        int64_t round = (int64_t)get_u64(p + 16), frag = (int64_t)get_u64(p + 24);
+        int64_t step = (int64_t)get_u64(p + 32), tokens = (int64_t)get_u64(p + 40), phase_ms = (int64_t)get_u64(p + 48);
+        double lr, mu;
+        uint64_t bits = get_u64(p + 56);
+        memcpy(&lr, &bits, 8);
+        bits = get_u64(p + 64);
+        memcpy(&mu, &bits, 8);
+        if (round != c->outer_step || frag < 0 || frag >= d->n_fragments || step < c->step || step > d->cfg->max_steps ||
+            tokens < c->tokens || phase_ms < 0 || (get_u32(p + 12) & ~1u) != 0 ||
+            bytes != CATCHUP_HEADER_BYTES + (applied ? d->fragments[frag].mean_bytes : 0) || !isfinite(lr) ||
+            !isfinite(mu))
+            fail("diloco: catch-up mean %d of %d is inconsistent (round %lld after outer step %lld, fragment %lld, "
+                 "step %lld after %lld, %zu bytes)",
+                 i + 1, count, (long long)round, (long long)c->outer_step, (long long)frag, (long long)step,
+                 (long long)c->step, bytes);
+        if (applied) {
+            const fragment *fr = &d->fragments[frag];
+            round_result r = {.mean = p + CATCHUP_HEADER_BYTES, .mean_bytes = fr->mean_bytes};
+            if (!average_delta(d, fr, &r)) fail("diloco: catch-up mean of round %lld holds NaN/Inf", (long long)round);
+            outer_update(d, fr, theta, momentum, lr, mu);
+        }
+        uint8_t *q = d->state + STATE_COUNTERS_BYTES + (size_t)(round % RECENT_ROUNDS) * ROUND_RECORD_BYTES;
+        put_u64(q, (uint64_t)round);
+        put_u64(q + 8, applied ? 1 : 0);
+        memcpy(q + 16, p + 72, TRANSPORT_MAX_REPLICAS / 8);
+        c->outer_step = round + 1;
+        c->step = c->sent_at_step = step;
+        c->tokens = tokens;
+        c->phase_ms = phase_ms;
+    }
+    return count;
+}
+
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
     state_counters c = check_state(d, got);
+    int64_t state_round = c.outer_step;
+    int caught_up = apply_catchup(d, &c);
     size_t bytes = (size_t)d->numel * sizeof(float);
     const char *why_not = NULL;
     double w = carry_weight(d, st->outer_step, c.outer_step, &why_not);
@@ -689,12 +776,16 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
     snprintf(extra, sizeof extra,
              "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
-             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"carried\":%s",
+             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"caught_up_rounds\":%d,\"carried\":%s",
              (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, d->joined_phase_s,
-             carried);
+             caught_up, carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
+    if (caught_up > 0)
+        note("diloco: replica %d caught up: the state of outer step %lld, then the means of the %d round(s) the group "
+             "closed while it came",
+             diloco_replica_id(d), (long long)state_round, caught_up);
     if (skip > 0)
         note("diloco: replica %d skips to step %lld, where its donor was when the state arrived: its phase ends with "
              "the group's (%lld step(s) to its next sync)",
@@ -721,6 +812,22 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 // rank joins again with a status no group has: each then takes its group's state at the next
 // round close, which the live replicas reach together. Three tries, then a one-line error
 // (restarting the replica joins afresh).
+// A sharded replica's ranks that took catch-up states end them at one round: each rank's hub
+// answered its CAUGHT_UP with the last round it had closed, which may be one more at one hub
+// than at another; those behind take the means up to the furthest (transport_catchup_extend),
+// until all agree. false: a rank lost its hub meanwhile (every rank joins again).
+static bool agree_catchup_round(diloco *d, size_t got) {
+    state_counters c = check_state(d, got);
+    int64_t mine = c.outer_step - 1 + transport_catchup_count(d->net);
+    for (int attempt = 0; attempt < 16; attempt++) {
+        if (replica_max(d, mine < 0 ? 1.0 : 0.0) > 0) return false;
+        int64_t hi = (int64_t)replica_max(d, (double)mine), lo = (int64_t)replica_min(d, (double)mine);
+        if (hi == lo) return true;
+        if (mine < hi) mine = transport_catchup_extend(d->net, hi);
+    }
+    return false;
+}
+
 static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
     for (int attempt = 0; attempt < 3; attempt++) {
         // After a disagreement a status that matches no group's makes every rank wait for a state.
@@ -752,7 +859,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
         bool took = r == JOIN_GOT_STATE;
         int ranks_took = (int)replica_sum(d, took ? 1.0 : 0.0);
         if (ranks_took == 0) return false;
-        if (ranks_took == d->ranks) {
+        if (ranks_took == d->ranks && agree_catchup_round(d, got)) {
             state_counters c = check_state(d, got);
             bool same = true;
             for (int i = 0; i < 3; i++) {
@@ -779,7 +886,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
 // another (a member at once, another waiting for a state): the ranks wait for each other
 // without comm_timeout_s (the launcher still ends a replica whose rank died).
 static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
-    finish_sending_state(d, false);
+    finish_sending_state(d, d->catching_up);   // rejoining, a catch-up donor's transfer is over
     double limit_s = comm_timeout();
     if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
     // 8 B/param that pages in only as a state arrives, and goes back to the system after it.
@@ -956,22 +1063,22 @@ static void outer_settings(const diloco *d, int64_t k, int64_t step, double *lr,
 // Outer step k of fragment f, landed after `step` inner steps: SGD with momentum μ as
 // torch.optim.SGD(dampening=0) with Δ as the gradient — Nesterov (the default) or heavy-ball
 // (diloco_nesterov = 0) — on θ and m, with outer_settings' lr and μ.
-static void apply_outer_step(diloco *d, const fragment *f, int64_t k, int64_t step) {
+// theta and momentum: d->theta and d->momentum, or (a joiner catching up) the state's; Δ in
+// d->delta.
+static void outer_update(const diloco *d, const fragment *f, float *theta, float *momentum, double lr, double mu) {
     int64_t o = f->offset, n = f->numel;
-    double lr, mu;
-    outer_settings(d, k, step, &lr, &mu);
     bool nesterov = d->cfg->diloco_nesterov;
 #pragma omp parallel for schedule(static)
     for (int64_t i = o; i < o + n; i++) {
-        double delta = d->quant == QUANT_NONE ? (double)d->theta[i] - (double)d->delta[i] : (double)d->delta[i];
-        double m = mu * (double)d->momentum[i] + delta;
+        double delta = d->quant == QUANT_NONE ? (double)theta[i] - (double)d->delta[i] : (double)d->delta[i];
+        double m = mu * (double)momentum[i] + delta;
         double update = nesterov ? delta + mu * m : m;
         // μ = 0 (diloco_outer_momentum 0, or diloco_plain_in_decay's steps): no later step of
         // the run reads m, and it is kept at zero, as torch's SGD keeps no buffer without
         // momentum — so a donor need not send it (pack_state). (A run resumed with a larger
         // max_steps may take momentum again: it starts from m = 0, as torch turning it on.)
-        d->momentum[i] = mu == 0.0 ? 0.0f : (float)m;
-        d->theta[i] = (float)((double)d->theta[i] - lr * update);
+        momentum[i] = mu == 0.0 ? 0.0f : (float)m;
+        theta[i] = (float)((double)theta[i] - lr * update);
     }
 }
 
@@ -1163,7 +1270,7 @@ static void *exchange_thread(void *arg) {
 // with diloco_transport = local) and hands it to the transport — on the exchange thread
 // when it is to overlap inner steps, otherwise here, blocking.
 static void begin_round(diloco *d, int p, float *const *params, int n_params, const train_state *st, bool final) {
-    finish_sending_state(d, false);
+    if (!catching_up_as_donor(d)) finish_sending_state(d, false);   // a catch-up donor exchanges on
     flight *f = &d->flight;
     const fragment *fr = &d->fragments[p];
     memset(f, 0, sizeof *f);
@@ -1252,6 +1359,49 @@ static int64_t fragment_outer_step(const diloco *d, const flight *f) {
     return (k0 - p + P - 1) / P + 1;
 }
 
+// A catch-up donor is about to change fragment f of θ and m: what of them is not yet on its way
+// to the joiners is kept as it is (the state stays the one of its round).
+static void keep_unsent_fragment(diloco *d, const fragment *f) {
+    size_t theta_at = (size_t)STATE_HEADER_BYTES + (size_t)f->offset * sizeof(float);
+    size_t bytes = (size_t)f->numel * sizeof(float);
+    transport_preserve_state(d->net, theta_at, bytes);
+    if (d->send_bytes > STATE_HEADER_BYTES + (size_t)d->numel * sizeof(float))   // m is sent too
+        transport_preserve_state(d->net, theta_at + (size_t)d->numel * sizeof(float), bytes);
+}
+
+// A catch-up donor landed round f->round (applied, or skipped): its mean and settings go to
+// the joiners after the state (the format above CATCHUP_MAGIC).
+static void send_catchup_mean(diloco *d, const flight *f, const round_result *r, const train_state *st, bool applied,
+                              double lr, double mu) {
+    const fragment *fr = &d->fragments[f->fragment];
+    size_t n = CATCHUP_HEADER_BYTES + (applied ? fr->mean_bytes : 0);
+    if (!d->catchup) {
+        size_t largest = 0;
+        for (int p = 0; p < d->n_fragments; p++)
+            if (d->fragments[p].mean_bytes > largest) largest = d->fragments[p].mean_bytes;
+        d->catchup = xmalloc(CATCHUP_HEADER_BYTES + largest);
+    }
+    uint8_t *p = d->catchup;
+    memset(p, 0, CATCHUP_HEADER_BYTES);
+    memcpy(p, CATCHUP_MAGIC, 8);
+    put_u32(p + 8, CATCHUP_VERSION);
+    put_u32(p + 12, applied ? 1 : 0);
+    put_u64(p + 16, (uint64_t)f->round);
+    put_u64(p + 24, (uint64_t)f->fragment);
+    put_u64(p + 32, (uint64_t)st->step);
+    put_u64(p + 40, (uint64_t)st->tokens_seen);
+    put_u64(p + 48, 0);   // phase ms: its next inner phase begins now
+    uint64_t bits;
+    memcpy(&bits, &lr, 8);
+    put_u64(p + 56, bits);
+    memcpy(&bits, &mu, 8);
+    put_u64(p + 64, bits);
+    for (int c = 0; c < r->n; c++)
+        if (r->ids[c] >= 0 && r->ids[c] < TRANSPORT_MAX_REPLICAS) p[72 + r->ids[c] / 8] |= (uint8_t)(1u << (r->ids[c] % 8));
+    if (applied) memcpy(p + CATCHUP_HEADER_BYTES, r->mean, fr->mean_bytes);
+    transport_send_catchup(d->net, f->round, p, n);
+}
+
 // How a round ended for this rank's group, worst first: a sharded replica acts on the worst
 // of its ranks' outcomes (docs/fsdp.md#diloco-over-sharded-replicas).
 enum { ROUND_EVICTED = 0, ROUND_FAILED = 1, ROUND_SKIPPED = 2, ROUND_APPLIED = 3 };
@@ -1278,6 +1428,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     const fragment *fr = &d->fragments[f->fragment];
     round_result *r = &f->r;
     int64_t k = f->round;  // this exchange makes outer step k + 1
+    bool catch_up = catching_up_as_donor(d);   // a catch-up transfer of an earlier round goes on
     FILE *dump = f->dump;  // closed below, whatever the outcome
     f->dump = NULL;
     char why[160] = "";
@@ -1300,7 +1451,11 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
             memcpy(momentum_before, d->momentum + fr->offset, (size_t)fr->numel * sizeof(float));
             dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
         }
-        apply_outer_step(d, fr, fragment_outer_step(d, f), st->step);
+        double lr, mu;
+        outer_settings(d, fragment_outer_step(d, f), st->step, &lr, &mu);
+        if (catch_up) keep_unsent_fragment(d, fr);
+        outer_update(d, fr, d->theta, d->momentum, lr, mu);
+        if (catch_up) send_catchup_mean(d, f, r, st, true, lr, mu);
         st->outer_step = k + 1;
         dump_end(d, fr, dump, delta_dumped, momentum_before);
         free(momentum_before);
@@ -1311,10 +1466,11 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         // locally, and the next exchange of this fragment carries the work of both rounds.
         dump_discard(d, dump, k + 1, f->fragment);
         if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
+        if (outcome == ROUND_SKIPPED && catch_up) send_catchup_mean(d, f, r, st, false, 0.0, 0.0);
     }
     if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, r);
     // The group's joiners wait for its donor, whatever this replica decides next.
-    if (outcome >= ROUND_SKIPPED && r->send_state) start_sending_state(d, st);
+    if (outcome >= ROUND_SKIPPED && r->send_state) start_sending_state(d, st, r->catch_up);
     int worst = (int)replica_min(d, (double)outcome);
     if (worst == ROUND_EVICTED) {
         if (outcome == ROUND_EVICTED)
@@ -1500,6 +1656,7 @@ void diloco_close(diloco *d) {
     free(d->local_mean);
     free(d->hub_residual);
     free(d->segment_scratch);
+    free(d->catchup);
     free(d->residual);
     free(d->delta);
     free(d->payload);

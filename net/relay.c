@@ -187,6 +187,11 @@ typedef struct {
     // A donor whose transfer ended early (it is told to stop: STATE_ABORT): its state frames
     // still on the way are let go, not taken for a protocol error, until it is a donor again.
     bool state_cut;
+    // A joiner of a catch-up transfer: from its donor's designation until it begins a
+    // contribution, it gets the donor's state and means; caught_up_to: the round it said it will
+    // have reached (CAUGHT_UP: it is due from the next one), -1 before.
+    bool catching_up;
+    int64_t caught_up_to;
 } replica;
 
 struct relay {
@@ -261,7 +266,24 @@ struct relay {
     double transfer_began_s;        // the donor's designation
     int64_t closes;                 // rounds closed
     transfer st;
+    // A catch-up transfer (relay_options.catch_up): the state is the donor's θ and m after round
+    // `st.step`; then the donor sends the mean and settings of each round it lands (patch: the
+    // one on its way), patched_through the last whole one. It ends once every joiner began a
+    // contribution (or left): the donor is told STATE_END.
+    bool catchup;
+    int64_t patched_through;
+    transfer patch;
+    // The chunks of means beyond what some joiner was told to wait for (its caught_up_to): kept
+    // until the transfer ends, in case a CAUGHT_UP said again moves it on (a sharded joiner's
+    // ranks agree on one round), not queued to it meanwhile (it trains and does not read them).
+    struct held_chunk *held;
 };
+
+typedef struct held_chunk {
+    struct held_chunk *next;
+    wire_data d;                    // d.bytes: into ref
+    blob *ref;
+} held_chunk;
 
 // ---------------------------------------------------------------- logging
 static void PRINTF_LIKE(2, 3) hub_log(relay *h, const char *fmt, ...) {
@@ -348,6 +370,17 @@ static bool transfer_whole(const transfer *t) { return t->started && t->announce
 
 // ---------------------------------------------------------------- replicas
 static replica *rep(relay *h, int id) { return &h->reps[id]; }
+
+static void free_held(relay *h) {
+    for (held_chunk *c = h->held, *next; c; c = next) {
+        next = c->next;
+        blob_release(c->ref);
+        free(c);
+    }
+    h->held = NULL;
+}
+// Whether the donor's frames go to replica r: a joiner, or (catch-up) a replica catching up.
+static bool receives_state(const replica *r) { return r->joiner || r->catching_up; }
 
 // A run with several hubs numbers its rounds 64·k + 8·attempt + share (docs/protocol.md); its
 // replicas' AUTH say how many hubs they list.
@@ -627,7 +660,9 @@ static void stop_transfer_without_joiners(relay *h);
 static void unjoin(relay *h, int id) {
     replica *r = rep(h, id);
     uint8_t buf[8];
-    r->joiner = false;
+    r->joiner = r->catching_up = false;
+    r->caught_up_to = -1;
+    r->member_from = 0;
     r->state = R_WAITING;
     leave_round(h, id);
     drop_queue(r);
@@ -664,7 +699,7 @@ static void abort_transfer(relay *h, const char *why, bool backoff) {
     int donor = h->donor, joiners = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
-        if (!r->joiner) continue;
+        if (!receives_state(r)) continue;
         unjoin(h, i);
         joiners++;
         if (backoff) {
@@ -682,14 +717,17 @@ static void abort_transfer(relay *h, const char *why, bool backoff) {
     hub_log(h, "state transfer from replica %d aborted (%s): %d joiner(s) wait for the next round", donor, why,
             joiners);
     h->donor = -1;
+    h->catchup = false;
     transfer_reset(&h->st);
+    transfer_reset(&h->patch);
+    free_held(h);
 }
 
 // A transfer left without joiners (dropped, or joining again) is stopped: nobody would get it.
 static void stop_transfer_without_joiners(relay *h) {
     if (h->donor < 0) return;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].joiner) return;
+        if (receives_state(&h->reps[i])) return;
     abort_transfer(h, "no joiner left", false);
 }
 
@@ -708,7 +746,7 @@ static void cut_transfer(relay *h) {
 // state has left its queue: each round's deadline for them moves by the transfer's time until
 // they begin a contribution (check_round).
 static void finish_transfer_if_whole(relay *h) {
-    if (h->donor < 0 || !transfer_whole(&h->st)) return;
+    if (h->donor < 0 || h->catchup || !transfer_whole(&h->st)) return;
     char b[32];
     int n = 0;
     char ids[1024] = "";
@@ -751,10 +789,11 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
     h->donor_progress_s = wall_seconds();
     wire_state fwd = *m;
     fwd.donor_id = (uint32_t)id;
+    fwd.flags = h->catchup ? STATE_CATCHUP : 0;
     uint8_t buf[WIRE_STATE_BYTES];
     size_t n = wire_encode_state(&fwd, buf);
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].joiner) send_control(h, rep(h, i), WIRE_STATE, buf, n);
+        if (receives_state(&h->reps[i])) send_control(h, rep(h, i), WIRE_STATE, buf, n);
     finish_transfer_if_whole(h);   // a state of 0 bytes has no chunks
 }
 
@@ -780,9 +819,128 @@ static void on_state_chunk(relay *h, int id, const wire_data *d) {
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].joiner) queue_data(rep(h, i), &fwd, b->data, b);
+        if (receives_state(&h->reps[i])) queue_data(rep(h, i), &fwd, b->data, b);
     blob_release(b);
     finish_transfer_if_whole(h);
+}
+
+// ---------------------------------------------------------------- the catch-up transfer
+// (docs/protocol.md "Catch-up"). The joiners are due in no round until they say CAUGHT_UP, and
+// the donor trains and contributes as any member: the group does not wait for the transfer.
+
+// The transfer is over once no joiner of it still catches up (each began a contribution, or
+// left): the donor stops sending means.
+static void end_catchup_if_done(relay *h) {
+    if (h->donor < 0 || !h->catchup) return;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
+        if (receives_state(&h->reps[i])) return;
+    replica *d = rep(h, h->donor);
+    uint8_t buf[8];
+    send_control(h, d, WIRE_STATE_END, buf, wire_encode_step(h->patched_through, buf));
+    char b[32];
+    hub_log(h, "catch-up transfer from replica %d over after %.1f s: its state after round %lld (%s) and the means "
+               "of rounds up to %lld relayed; its joiners train",
+            h->donor, wall_seconds() - h->transfer_began_s, (long long)h->st.step,
+            format_bytes(h->st.total, b, sizeof b), (long long)h->patched_through);
+    h->donor = -1;
+    h->catchup = false;
+    transfer_reset(&h->st);
+    transfer_reset(&h->patch);
+    free_held(h);
+}
+
+// A chunk of the mean and settings of a round the donor landed (DATA_CATCHUP), in order: round
+// patched_through + 1, then the next. Relayed to the replicas catching up as it arrives.
+static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
+    if (h->donor != id || !h->catchup) {
+        if (rep(h, id)->state_cut || rep(h, id)->state == R_MEMBER) return;   // after its transfer ended
+        drop_replica(h, id, "sent a catch-up mean it was not asked for");
+        return;
+    }
+    if (!h->patch.started && d->outer_step != h->patched_through + 1) {
+        char why[160];
+        snprintf(why, sizeof why, "sent the mean of round %lld for its catch-up transfer, expected round %lld",
+                 (long long)d->outer_step, (long long)h->patched_through + 1);
+        drop_replica(h, id, why);
+        return;
+    }
+    const char *why = transfer_expect(&h->patch, d->outer_step, d->total_bytes, d->chunk_bytes);
+    if (!why) why = transfer_take(&h->patch, d);
+    if (why) {
+        drop_replica(h, id, why);
+        return;
+    }
+    h->patch.announced = true;   // a patch has no announcement: its chunks say its size
+    blob *b = blob_new((size_t)d->chunk_len);
+    if (!b) {
+        abort_transfer(h, "the hub is out of memory", false);
+        return;
+    }
+    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
+    h->donor_progress_s = wall_seconds();
+    wire_data fwd = *d;
+    fwd.owner_id = (uint32_t)id;
+    fwd.bytes = b->data;
+    bool beyond = false;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        replica *r = rep(h, i);
+        if (!r->catching_up) continue;
+        if (r->caught_up_to < 0 || d->outer_step <= r->caught_up_to) queue_data(r, &fwd, b->data, b);
+        else beyond = true;
+    }
+    if (beyond) {
+        held_chunk *c = xcalloc(1, sizeof *c);
+        c->d = fwd;
+        c->ref = blob_ref(b);
+        c->next = h->held;   // newest first; on_caught_up queues them oldest first
+        h->held = c;
+    }
+    blob_release(b);
+    if (transfer_whole(&h->patch)) {
+        h->patched_through = h->patch.step;
+        transfer_reset(&h->patch);
+    }
+}
+
+// CAUGHT_UP from a joiner: it holds the state and will have the means up to `round`. It is due
+// from the next round the hub has not closed: round' = max(round, the last closed), answered
+// with STATE_END(round'); it waits for the means up to round' (the donor lands every closed
+// round) and then trains. Said again before it contributes (a sharded replica's ranks agree on
+// one round), it moves on.
+static void on_caught_up(relay *h, int id, int64_t round) {
+    replica *r = rep(h, id);
+    if (!r->catching_up || h->donor < 0 || !h->catchup) return;   // its transfer ended meanwhile (STATE_ABORT)
+    if (round < h->st.step) {
+        drop_replica(h, id, "said CAUGHT_UP for a round before its state");
+        return;
+    }
+    int64_t to = round > h->last_closed_step ? round : h->last_closed_step;
+    if (h->round_open && h->round_step == to + 1 && h->reduced > 0) to = h->round_step;  // reduced without it
+    // Kept chunks of means it is now to wait for (it said CAUGHT_UP before, for an earlier round),
+    // oldest first.
+    if (r->caught_up_to >= 0 && to > r->caught_up_to) {
+        held_chunk *order = NULL;
+        for (held_chunk *c = h->held; c; c = c->next) {   // reverse the newest-first list
+            held_chunk *copy = xcalloc(1, sizeof *copy);
+            *copy = *c;
+            copy->next = order;
+            order = copy;
+        }
+        for (held_chunk *c = order, *next; c; c = next) {
+            next = c->next;
+            if (c->d.outer_step > r->caught_up_to && c->d.outer_step <= to) queue_data(r, &c->d, c->d.bytes, c->ref);
+            free(c);
+        }
+    }
+    r->joiner = false;
+    r->caught_up_to = to;
+    r->member_from = to + 1;
+    r->state_began_s = h->transfer_began_s;
+    uint8_t buf[8];
+    send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
+    hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to round %lld; due "
+               "from round %lld",
+            id, (long long)h->st.step, (long long)to, (long long)to + 1);
 }
 
 // ---------------------------------------------------------------- rounds
@@ -851,6 +1009,11 @@ static bool may_get_state(const relay *h, int id) {
     return r->state == R_WAITING && h->closes >= r->retry_at_close;
 }
 
+// Whether a transfer designated now is a catch-up one: asked for (relay_options.catch_up), and
+// the replicas list one hub (with several, the donor's other hubs would need the means too). A
+// hub of `--shards N` does it for its rank's pieces; the ranks of a joiner agree on one round.
+static bool catch_up_here(const relay *h) { return h->o.catch_up && !several_hubs(h) && !multi_hub(h); }
+
 static void close_round(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].bounded)
@@ -874,11 +1037,13 @@ static void close_round(relay *h) {
         for (uint32_t k = 0; k < m.n && donor < 0; k++)
             if (rep(h, (int)m.ids[k])->state == R_MEMBER) donor = (int)m.ids[k];
     bool dying = dies_in_this_close(h, m.n);
+    bool catchup = donor >= 0 && catch_up_here(h);
     uint8_t buf[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS];
     for (uint32_t k = 0; k < m.n; k++) {
         replica *r = rep(h, (int)m.ids[k]);
         if (r->state != R_MEMBER || (dying && h->dying_for >= 0)) continue;
-        m.flags = (apply ? ROUND_APPLY : 0) | ((int)m.ids[k] == donor ? ROUND_SEND_STATE : 0);
+        m.flags = (apply ? ROUND_APPLY : 0) |
+                  ((int)m.ids[k] == donor ? ROUND_SEND_STATE | (catchup ? ROUND_CATCHUP : 0) : 0);
         send_control(h, r, WIRE_ROUND, buf, wire_encode_round(&m, buf));
         if (dying) {
             h->dying_for = (int)m.ids[k];
@@ -910,10 +1075,18 @@ static void close_round(relay *h) {
                 r->state_began_s = wall_seconds();
                 r->member_from = from;
                 r->state = R_MEMBER;   // for the next round; its state comes first on its streams
+                if (catchup) {         // due in no round until CAUGHT_UP
+                    r->catching_up = true;
+                    r->caught_up_to = -1;
+                    r->member_from = INT64_MAX;
+                }
                 size_t len = strlen(joiners);
                 snprintf(joiners + len, sizeof joiners - len, "%s%d", nj++ ? " " : "", i);
             }
         h->donor = donor;
+        h->catchup = catchup;
+        h->patched_through = h->round_step;
+        transfer_reset(&h->patch);
         rep(h, donor)->state_cut = false;
         h->transfer_began_s = h->donor_progress_s = wall_seconds();
         h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
@@ -924,7 +1097,11 @@ static void close_round(relay *h) {
             round_name(h, name, sizeof name), m.n, ids, weighted, format_bytes(h->round_in_bytes, b1, sizeof b1),
             format_bytes(h->round_out_bytes, b2, sizeof b2), format_bytes(rss_bytes(), b3, sizeof b3),
             apply ? "apply" : "skip (fewer than min_replicas)");
-    if (donor >= 0)
+    if (donor >= 0 && catchup)
+        hub_log(h, "replica %d is the donor: it sends its state to [%s] and then the means of the rounds it lands "
+                   "until they catch up (the rounds do not wait for them)",
+                donor, joiners);
+    else if (donor >= 0)
         hub_log(h, "replica %d is the donor: it sends its state to [%s], members from the next round", donor, joiners);
     if (dying)
         hub_log(h, "fault hook relay_die_in_close: ROUND of round %s went to replica %d only; the hub dies at its DONE",
@@ -939,6 +1116,7 @@ static void evict_quietly(relay *h, int id, const char *text) {
     r->state = R_CONNECTED;
     leave_round(h, id);
     drop_queue(r);
+    if (h->donor == id) abort_transfer(h, "the donor was evicted", false);
 }
 
 // With several hubs: member `winner` completed outer step k (DONE) without beginning the open
@@ -981,6 +1159,7 @@ static void evict_late(relay *h, int id) {
     r->state = R_CONNECTED;   // it must JOIN again
     leave_round(h, id);
     drop_queue(r);
+    if (h->donor == id) abort_transfer(h, "the donor was evicted", false);
 }
 
 // Whether replica id sends or receives the state transfer in flight. The transfer holds the
@@ -989,7 +1168,8 @@ static void evict_late(relay *h, int id) {
 // longer than timeout_s could never arrive).
 static bool in_transfer(const relay *h, int id) {
     const replica *r = &h->reps[id];
-    return (h->donor >= 0 && (id == h->donor || r->joiner)) || r->state_draining || r->donating;
+    return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) || r->catching_up || r->state_draining ||
+           r->donating;
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -1179,6 +1359,10 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
         r->transfer_delay_s = r->follow_delay_s = 0;
         r->donating = r->state_draining = false;
+        if (r->catching_up) {
+            r->catching_up = false;
+            end_catchup_if_done(h);
+        }
     }
     return true;
 }
@@ -1506,6 +1690,9 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->held = false;
     r->transfer_delay_s = r->follow_delay_s = 0;
     r->state_draining = r->donating = false;
+    r->catching_up = false;
+    r->caught_up_to = -1;
+    if (h->donor == id) abort_transfer(h, "the donor joins again", false);
     stop_transfer_without_joiners(h);
     // The round it left may close now, without it: a replica that waits takes the state of the
     // next close, never of the one its own JOIN let close (the ranks of a sharded replica join
@@ -1778,7 +1965,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         hc->replica = id;
         hc->c.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOIN) | CONN_ALLOW(WIRE_CONTRIBUTE) |
                            CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_LEAVE) | CONN_ALLOW(WIRE_FOLLOW) |
-                           CONN_ALLOW(WIRE_DONE) | CONN_ALLOW(WIRE_HOLD);
+                           CONN_ALLOW(WIRE_DONE) | CONN_ALLOW(WIRE_HOLD) | CONN_ALLOW(WIRE_CAUGHT_UP);
         welcome(h, hc, &a, session);
         hub_log(h, "replica %d connected from %s (%d data streams)", id, hc->c.peer, a.streams);
         return;
@@ -1828,6 +2015,11 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
         if (!(bad = wire_decode_done(f->payload, (size_t)f->payload_bytes, &m))) on_done(h, id, &m);
         break;
     }
+    case WIRE_CAUGHT_UP: {
+        int64_t round;
+        if (!(bad = wire_decode_step(f->payload, (size_t)f->payload_bytes, &round))) on_caught_up(h, id, round);
+        break;
+    }
     case WIRE_HOLD: {
         uint32_t what;
         if (!(bad = wire_decode_hold(f->payload, (size_t)f->payload_bytes, &what))) on_hold(h, id, what);
@@ -1855,6 +2047,7 @@ static void on_data_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     const char *bad = wire_decode_data(f->payload, (size_t)f->payload_bytes, &d);
     if (bad) drop_replica(h, id, bad);
     else if (d.kind == DATA_PAYLOAD) on_payload_chunk(h, hc, &d);
+    else if (d.kind == DATA_CATCHUP) on_catchup_chunk(h, id, &d);
     else on_state_chunk(h, id, &d);
 }
 
@@ -1948,6 +2141,8 @@ static void housekeeping(relay *h) {
     int sessions = 0;
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++) sessions += h->reps[id].state != R_FREE;
     atomic_store(&h->sessions, sessions);
+    // A catch-up donor whose state is whole waits for its next landing to send a mean: not stalled.
+    if (h->donor >= 0 && h->catchup && transfer_whole(&h->st) && !h->patch.started) h->donor_progress_s = now;
     if (h->donor >= 0) {
         bool paused = false;
         for (int s = 1; s <= rep(h, h->donor)->streams; s++)
@@ -1956,7 +2151,8 @@ static void housekeeping(relay *h) {
         else if (now - h->donor_progress_s > (h->st.announced ? h->o.timeout_s : h->donor_grace_s))
             abort_transfer(h, "the donor sent nothing for a timeout", false);
     }
-    if (h->donor >= 0 && h->o.max_hold_s > 0 && now - h->transfer_began_s > h->o.max_hold_s) cut_transfer(h);
+    if (h->donor >= 0 && !h->catchup && h->o.max_hold_s > 0 && now - h->transfer_began_s > h->o.max_hold_s)
+        cut_transfer(h);
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++)
         if (h->reps[id].state_draining && backlog_bytes(&h->reps[id]) == 0) state_drained(h, id);
     if (h->dying_for >= 0 && now > h->dying_deadline_s) die_now(h, "no DONE within timeout_s");
@@ -2043,7 +2239,7 @@ static void accept_all(relay *h) {
 static bool donor_paused(relay *h, const hub_conn *hc) {
     if (hc->role != ROLE_DATA || hc->replica != h->donor) return false;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->reps[i].joiner && backlog_bytes(&h->reps[i]) > STATE_BACKLOG_BYTES) return true;
+        if (receives_state(&h->reps[i]) && backlog_bytes(&h->reps[i]) > STATE_BACKLOG_BYTES) return true;
     return false;
 }
 
@@ -2156,6 +2352,8 @@ static void relay_destroy(relay *h) {
     free(h->scratch);
     free_residual(h);
     transfer_reset(&h->st);
+    transfer_reset(&h->patch);
+    free_held(h);
     for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
     sweep_conns(h);
     free(h->conns);
@@ -2230,7 +2428,7 @@ static void on_stop_signal(int sig) {
 
 static const char relay_usage[] =
     "usage: train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]\n"
-    "                       [--replicas M] [--shards N] [--max_hold_s S]\n"
+    "                       [--replicas M] [--shards N] [--max_hold_s S] [--catch_up 0|1]\n"
     "Runs the hub the replicas of a DiLoCo run meet at (diloco_transport = tcp), until SIGINT or SIGTERM.\n"
     "  --listen        address to listen on: HOST:PORT, *:PORT (every address), [v6addr]:PORT\n"
     "  --secret_file   the run's diloco_secret_file (the same bytes every replica reads)\n"
@@ -2243,6 +2441,10 @@ static const char relay_usage[] =
     "  --max_hold_s    the longest a state transfer may hold the group's round (a replica that joins a big\n"
     "                  model over a slow link); then it is cut: the joiners wait, the group goes on.\n"
     "                  0 (the default): as long as it moves\n"
+    "  --catch_up      1 (the default): a joiner's state transfer does not hold the rounds: the donor sends its state, then\n"
+    "                  the mean of every round it lands meanwhile, and the joiner applies them before it trains\n"
+    "                  (with several hubs in the replicas' diloco_rendezvous a transfer holds the round as with 0:\n"
+    "                  the donor's exchange waits for its state, and the round for the joiners)\n"
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 
@@ -2303,7 +2505,7 @@ static void raise_open_file_limit(relay *h, int shards) {
 }
 
 int relay_main(int argc, char **argv) {
-    relay_options o = {.timeout_s = 60, .min_replicas = 1};
+    relay_options o = {.timeout_s = 60, .min_replicas = 1, .catch_up = true};
     const char *secret_path = NULL;
     int shards = 1;
     for (int i = 1; i < argc; i++) {
@@ -2331,6 +2533,7 @@ int relay_main(int argc, char **argv) {
         else if (strcmp(name, "replicas") == 0) o.replicas = (int)parse_number(name, value, 1, 256);
         else if (strcmp(name, "shards") == 0) shards = (int)parse_number(name, value, 1, 1024);
         else if (strcmp(name, "max_hold_s") == 0) o.max_hold_s = parse_number(name, value, 0, 1e9);
+        else if (strcmp(name, "catch_up") == 0) o.catch_up = parse_number(name, value, 0, 1) != 0;
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");

@@ -57,6 +57,24 @@ bool transport_restore_reducer(transport *t, const uint8_t *bytes, size_t n, cha
     return true;
 }
 
+void transport_preserve_state(transport *t, size_t offset, size_t bytes) {
+    if (t->ops->preserve_state) t->ops->preserve_state(t->impl, offset, bytes);
+}
+
+void transport_send_catchup(transport *t, int64_t round, const uint8_t *bytes, size_t n) {
+    if (t->ops->send_catchup) t->ops->send_catchup(t->impl, round, bytes, n);
+}
+
+int transport_catchup_count(transport *t) { return t->ops->catchup_count ? t->ops->catchup_count(t->impl) : 0; }
+
+const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes) {
+    return t->ops->catchup_patch(t->impl, i, bytes);
+}
+
+int64_t transport_catchup_extend(transport *t, int64_t round) {
+    return t->ops->catchup_extend ? t->ops->catchup_extend(t->impl, round) : -1;
+}
+
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }
 
 void transport_leave(transport *t, int64_t outer_step, bool finished) {

@@ -119,6 +119,10 @@ typedef struct {
                                 // call transport_rejoin() before contributing again
     bool send_state;            // this replica is the donor for joiners: after applying the outer
                                 // step it must call transport_send_state()
+    bool catch_up;              // with send_state: a catch-up transfer (tcp, relay --catch_up): the
+                                // state goes while the donor trains and exchanges on; before each
+                                // later landing changes θ or m the donor calls
+                                // transport_preserve_state, after it transport_send_catchup
     uint64_t bytes_sent, bytes_recv;   // payload + framing bytes of this exchange, this replica
     double wait_s;              // time from handing in the payload until the last contributor's arrived
     double sync_s;              // whole call, wall time
@@ -165,6 +169,27 @@ typedef struct {
 // Returns once every byte went, the hub ended the transfer, the session died, hooks->cancelled
 // said so, or (tcp) transport_options.stop was raised: a donor stopping does not wait for it.
 void transport_send_state(transport *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
+
+// A catch-up transfer (round_result.catch_up), the donor's side. transport_send_state then
+// returns only once the hub ends the transfer (its joiners caught up, or it was aborted), the
+// session dies, or it is cancelled; meanwhile it runs beside exchanges on other threads.
+// preserve: bytes [offset, offset + bytes) of the state being sent are about to change: what of
+// them is not yet on its way is kept as it is (copied aside), so the state stays the one of its
+// round. send_catchup: the landed round's mean and settings (opaque: diloco.c's), sent after the
+// state, in the order given. Both do nothing without a catch-up transfer in flight.
+void transport_preserve_state(transport *t, size_t offset, size_t bytes);
+void transport_send_catchup(transport *t, int64_t round, const uint8_t *bytes, size_t n);
+
+// The joiner's side: after transport_join / transport_rejoin returned JOIN_GOT_STATE from a
+// catch-up transfer, the means of the rounds after the state's, in order (round state round + 1,
+// + 2, ...), valid until the next join; 0 after any other join.
+int transport_catchup_count(transport *t);
+const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes);
+// The ranks of a sharded replica end their catch-up at one round (each rank's hub may have
+// closed one more before it asked): a rank behind asks its hub to take it to `round` (CAUGHT_UP
+// again) and waits for the means up to the round the hub answers (≥ round). Returns that round
+// (the state's round + transport_catchup_count), or -1 when the session was lost (rejoin).
+int64_t transport_catchup_extend(transport *t, int64_t round);
 
 // tcp: local_stop. mpi: true on every rank when any rank saw a stop signal (an all-reduce),
 // so that all ranks stop at the same step instead of deadlocking in the next exchange.

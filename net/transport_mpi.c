@@ -431,9 +431,16 @@ static void mpi_leave(void *impl, int64_t outer_step, bool finished) {
     mpi_close(impl);
 }
 
-static const transport_ops MPI_OPS = {"mpi",          mpi_join,  mpi_rejoin,        mpi_exchange,
-                                      mpi_send_state, mpi_agree_stop, mpi_leave, mpi_close,
-                                      mpi_reducer_state, mpi_restore_reducer};
+static const transport_ops MPI_OPS = {.name = "mpi",
+                                      .join = mpi_join,
+                                      .rejoin = mpi_rejoin,
+                                      .exchange = mpi_exchange,
+                                      .send_state = mpi_send_state,
+                                      .agree_stop = mpi_agree_stop,
+                                      .leave = mpi_leave,
+                                      .close = mpi_close,
+                                      .reducer_state = mpi_reducer_state,
+                                      .restore_reducer = mpi_restore_reducer};
 
 #else  // no MPI in this build
 

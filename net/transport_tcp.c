@@ -38,6 +38,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <pthread.h>
@@ -57,6 +58,28 @@ typedef struct msg {
     size_t bytes;
     uint8_t payload[];
 } msg;
+
+// A catch-up donor's bytes of its state kept as they were before a landing changed them.
+typedef struct overlay {
+    struct overlay *next;
+    uint64_t offset, bytes;
+    uint8_t *kept;
+} overlay;
+
+// A landed round's mean and settings a catch-up donor sends after its state.
+typedef struct catchup_out {
+    struct catchup_out *next;
+    int64_t round;
+    blob *b;
+    size_t n;
+} catchup_out;
+
+// One a joiner receives.
+typedef struct {
+    int64_t round;
+    uint8_t *bytes;
+    uint64_t total, received;
+} catchup_in;
 
 struct tcp {
     transport_options o;
@@ -120,6 +143,33 @@ struct tcp {
     double state_began_s, job_began_s, wait_said_s, hold_began_s;
     uint8_t *own;
     size_t own_cap;
+    // One pump at a time (the calls below take it): the training or exchange thread, or a
+    // catch-up donor's sender, which pumps in slices beside them; whichever pumps moves both.
+    pthread_mutex_t pump_lock;
+    atomic_int pump_wanted;         // callers waiting for the pump: the sender lets them have it
+    uint64_t session_serial;        // counts the sessions (a catch-up sender of an old one ends)
+    bool payload_open;              // an exchange's payload is not all written: the state waits
+    // A catch-up transfer, the donor's side (docs/protocol.md "Catch-up"): the state's chunks in
+    // the order 1 .. n − 1, 0, each copied as it is queued (with the overlays), then the means of
+    // the rounds it lands, until STATE_END or STATE_ABORT (cu_over).
+    bool send_catchup;              // the last ROUND asked this donor for a catch-up transfer
+    bool cu_active, cu_over;
+    const uint8_t *cu_buf;
+    uint64_t cu_total, cu_chunks, cu_queued;
+    uint32_t cu_chunk;              // CHUNK_BYTES (an eighth with the test hook tcp_slow_state)
+    double cu_slow_s, cu_next_chunk_s;   // tcp_slow_state: one state chunk per cu_slow_s
+    int64_t cu_step;
+    double cu_began_s;
+    const state_hooks *cu_hooks;
+    overlay *cu_overlays;
+    catchup_out *cu_out_head, *cu_out_tail;
+    uint64_t cu_out_next;           // the first mean's next byte to queue
+    // The joiner's side: the state is a catch-up one (STATE's flag), CAUGHT_UP sent, the round of
+    // STATE_END, and the means received.
+    bool state_announced, state_catchup, caught_up_sent, state_end_known;
+    int64_t state_end_round;
+    catchup_in *patches;
+    int n_patches, cap_patches;
 };
 typedef struct tcp tcp;
 
@@ -388,6 +438,8 @@ static void disconnect(tcp *t) {
     // An upload cut off here must not go on over the next session (its round is over for us).
     t->job_buf = NULL;
     t->job_total = t->job_next = t->job_end = 0;
+    t->payload_open = false;
+    t->cu_over = true;   // a catch-up transfer ends with its session (the hub dropped it)
     t->connected = false;
     t->member = false;
 }
@@ -434,7 +486,8 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         }
         if (hs == HS_OK) {
             t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
-                                CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT);
+                                CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT) |
+                                CONN_ALLOW(WIRE_STATE_END);
             for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
             t->ctl.last_rx_s = wall_seconds();
             atomic_store(&t->io_stop, false);
@@ -442,6 +495,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
             if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));
             t->io_running = true;
             t->connected = true;
+            t->session_serial++;
             return true;
         }
         disconnect(t);
@@ -480,12 +534,20 @@ static void take_round(tcp *t, const msg *m) {
     t->round = r;
     t->have_round = true;
     if (r.flags & ROUND_SEND_STATE) t->state_cut = false;   // a new transfer: an old end is not its
+    t->send_catchup = (r.flags & ROUND_SEND_STATE) && (r.flags & ROUND_CATCHUP);
+}
+
+static void free_patches(tcp *t) {
+    for (int i = 0; i < t->n_patches; i++) free(t->patches[i].bytes);
+    t->n_patches = 0;
 }
 
 static void reset_state_progress(tcp *t) {
     t->state_started = false;
     t->state_received = 0;
     t->state_total = 0;
+    t->state_announced = t->state_catchup = t->caught_up_sent = t->state_end_known = false;
+    free_patches(t);
 }
 
 static bool start_state(tcp *t, int64_t step, uint64_t total) {
@@ -545,9 +607,13 @@ static void take_mail(tcp *t) {
             char size[32];
             if (!(bad = wire_decode_state(m->payload, m->bytes, &s)) && t->want_state) {
                 if (!start_state(t, s.outer_step, s.total_bytes)) bad = "STATE disagrees with its chunks";
-                else
-                    note("diloco: receiving the group's state from replica %u (%s)", s.donor_id,
-                         format_bytes(s.total_bytes, size, sizeof size));
+                else {
+                    t->state_announced = true;
+                    t->state_catchup = (s.flags & STATE_CATCHUP) != 0;
+                    note("diloco: receiving the group's state from replica %u (%s%s)", s.donor_id,
+                         format_bytes(s.total_bytes, size, sizeof size),
+                         t->state_catchup ? ", then the means of the rounds the group closes meanwhile" : "");
+                }
             }
             break;
         }
@@ -556,6 +622,11 @@ static void take_mail(tcp *t) {
                 note("diloco: the hub aborted the state transfer (the donor left or stalled, or the transfer held "
                      "the group longer than the relay's --max_hold_s); waiting for the next outer boundary");
                 reset_state_progress(t);
+            } else if (t->cu_active && !t->cu_over) {
+                note("diloco: replica %d stops sending its state: the hub ended the transfer (no joiner left, or "
+                     "stalled); training on",
+                     t->o.replica_id);
+                t->cu_over = true;
             } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_end) {
                 // The donor: the hub ended the transfer; what is queued goes, the rest not.
                 note("diloco: replica %d stops sending its state: the hub ended the transfer (cut by the relay's "
@@ -566,6 +637,17 @@ static void take_mail(tcp *t) {
                 t->state_cut = true;   // before this donor began to send: tcp_send_state sends nothing
             }
             break;
+        case WIRE_STATE_END: {
+            int64_t round;
+            if ((bad = wire_decode_step(m->payload, m->bytes, &round))) break;
+            if (t->want_state && t->state_catchup) {   // the joiner: caught up to this round
+                t->state_end_known = true;
+                t->state_end_round = round;
+            } else if (t->cu_active) {                  // the donor: its joiners have what they need
+                t->cu_over = true;
+            }
+            break;
+        }
         }
         if (bad) {
             char why[200];
@@ -577,7 +659,49 @@ static void take_mail(tcp *t) {
     }
 }
 
+// A chunk of a landed round's mean for a joiner catching up: kept by round (they are few; the
+// frames of several may interleave over several streams).
+static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
+    if (!t->want_state) return NULL;   // after the join: a mean for a round it no longer needs
+    if (d->total_bytes > ((uint64_t)1 << 36)) return "a catch-up mean larger than 64 GiB";
+    catchup_in *p = NULL;
+    for (int i = 0; i < t->n_patches && !p; i++)
+        if (t->patches[i].round == d->outer_step) p = &t->patches[i];
+    if (!p) {
+        if (t->n_patches >= 4096) return "more than 4096 catch-up means";
+        if (t->n_patches == t->cap_patches) {
+            t->cap_patches = t->cap_patches ? 2 * t->cap_patches : 8;
+            t->patches = xrealloc(t->patches, (size_t)t->cap_patches * sizeof *t->patches);
+        }
+        p = &t->patches[t->n_patches++];
+        *p = (catchup_in){.round = d->outer_step, .bytes = xmalloc((size_t)d->total_bytes), .total = d->total_bytes};
+    }
+    if (p->total != d->total_bytes) return "a catch-up mean's chunks disagree on its size";
+    memcpy(p->bytes + d->offset, d->bytes, (size_t)d->chunk_len);
+    p->received += d->chunk_len;
+    if (p->received > p->total) return "a catch-up mean's chunk came twice";
+    return NULL;
+}
+
+static const catchup_in *patch_of(const tcp *t, int64_t round) {
+    for (int i = 0; i < t->n_patches; i++)
+        if (t->patches[i].round == round) return &t->patches[i];
+    return NULL;
+}
+
+// The last round r such that the means of rounds state_step + 1 .. r are all here (the state's
+// own round when none is).
+static int64_t patched_through(const tcp *t) {
+    int64_t r = t->state_step;
+    for (;;) {
+        const catchup_in *p = patch_of(t, r + 1);
+        if (!p || p->received != p->total) return r;
+        r++;
+    }
+}
+
 static const char *take_chunk(tcp *t, const wire_data *d) {
+    if (d->kind == DATA_CATCHUP) return take_catchup_chunk(t, d);
     if (d->kind == DATA_STATE) {
         if (!t->want_state) return NULL;
         if (!start_state(t, d->outer_step, d->total_bytes)) return "a state chunk disagrees with its transfer";
@@ -605,6 +729,150 @@ static bool upload_done(const tcp *t) {
     for (int s = 0; s < t->o.streams; s++)
         if (t->data[s].out_head) return false;
     return true;
+}
+
+// The pump for a call (exchange, join, a landing's preserve or mean): a catch-up donor's sender,
+// which takes it back between its slices, lets a waiting caller have it first.
+static void take_pump(tcp *t) {
+    atomic_fetch_add(&t->pump_wanted, 1);
+    wake(t->to_main[1]);   // a sender's slice in poll() ends at once
+    pthread_mutex_lock(&t->pump_lock);
+    atomic_fetch_sub(&t->pump_wanted, 1);
+}
+
+// ---------------------------------------------------------------- a catch-up donor's sending
+// The state's k-th chunk in sending order: 1, 2, .., n − 1, then 0 (its first bytes, stamped
+// just before).
+static uint64_t catchup_chunk_index(const tcp *t, uint64_t k) { return k + 1 < t->cu_chunks ? k + 1 : 0; }
+
+static void free_overlays(tcp *t) {
+    for (overlay *o = t->cu_overlays, *next; o; o = next) {
+        next = o->next;
+        free(o->kept);
+        free(o);
+    }
+    t->cu_overlays = NULL;
+}
+
+static void free_catchup_out(tcp *t) {
+    for (catchup_out *o = t->cu_out_head, *next; o; o = next) {
+        next = o->next;
+        blob_release(o->b);
+        free(o);
+    }
+    t->cu_out_head = t->cu_out_tail = NULL;
+    t->cu_out_next = 0;
+}
+
+// Queues chunk i of the state: its bytes now, with what the overlays kept of them.
+static void queue_state_chunk(tcp *t, conn *c, uint64_t i) {
+    uint64_t at = i * t->cu_chunk, len = t->cu_total - at < t->cu_chunk ? t->cu_total - at : t->cu_chunk;
+    if (i == 0 && t->cu_hooks && t->cu_hooks->stamp) t->cu_hooks->stamp(t->cu_hooks->arg);
+    blob *b = blob_new((size_t)len);
+    if (!b) fail("tcp transport: out of memory for a chunk of the state (%llu bytes)", (unsigned long long)len);
+    memcpy(b->data, t->cu_buf + at, (size_t)len);
+    for (const overlay *o = t->cu_overlays; o; o = o->next) {
+        uint64_t lo = o->offset > at ? o->offset : at, hi = o->offset + o->bytes < at + len ? o->offset + o->bytes : at + len;
+        if (lo < hi) memcpy(b->data + (lo - at), o->kept + (lo - o->offset), (size_t)(hi - lo));
+    }
+    wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = DATA_STATE, .outer_step = t->cu_step,
+                   .total_bytes = t->cu_total, .offset = at, .chunk_bytes = t->cu_chunk, .chunk_len = len};
+    uint8_t head[WIRE_DATA_HEAD_BYTES];
+    wire_encode_data_head(&d, head);
+    conn_send(c, WIRE_DATA, head, sizeof head, b->data, (size_t)len, b);
+    blob_release(b);
+}
+
+static void queue_catchup_chunk(tcp *t, conn *c) {
+    catchup_out *o = t->cu_out_head;
+    uint64_t at = t->cu_out_next, len = o->n - at < CHUNK_BYTES ? o->n - at : CHUNK_BYTES;
+    wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = DATA_CATCHUP, .outer_step = o->round,
+                   .total_bytes = o->n, .offset = at, .chunk_bytes = CHUNK_BYTES, .chunk_len = len};
+    uint8_t head[WIRE_DATA_HEAD_BYTES];
+    wire_encode_data_head(&d, head);
+    conn_send(c, WIRE_DATA, head, sizeof head, o->b->data + at, (size_t)len, o->b);
+    t->cu_out_next += len;
+    if (t->cu_out_next == o->n) {
+        t->cu_out_head = o->next;
+        if (!t->cu_out_head) t->cu_out_tail = NULL;
+        t->cu_out_next = 0;
+        blob_release(o->b);
+        free(o);
+    }
+}
+
+// Feeds the catch-up transfer, after an exchange's payload (which the round waits for): the
+// state's chunks, then the means queued by transport_send_catchup.
+static void feed_catchup(tcp *t) {
+    if (!t->cu_active || t->cu_over || t->payload_open) return;
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < t->o.streams; s++) {
+            conn *c = &t->data[s];
+            if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
+            if (t->cu_queued < t->cu_chunks) {
+                if (t->cu_slow_s > 0) {
+                    double now = wall_seconds();
+                    if (now < t->cu_next_chunk_s) return;
+                    t->cu_next_chunk_s = now + t->cu_slow_s;
+                }
+                queue_state_chunk(t, c, catchup_chunk_index(t, t->cu_queued++));
+                if (t->cu_queued == t->cu_chunks) free_overlays(t);   // every byte is on its way
+            } else if (t->cu_out_head) {
+                queue_catchup_chunk(t, c);
+            } else {
+                return;
+            }
+            progress = true;
+        }
+    }
+}
+
+// transport_preserve_state: of [offset, offset + bytes), what is not yet queued and not kept
+// already (a fragment lands again: its first copy holds the state's bytes) is copied aside.
+static void keep_unsent(tcp *t, uint64_t lo, uint64_t hi) {
+    if (lo >= hi) return;
+    for (const overlay *o = t->cu_overlays; o; o = o->next)
+        if (o->offset < hi && lo < o->offset + o->bytes) return;   // a fragment's range: kept whole before
+    overlay *o = xcalloc(1, sizeof *o);
+    o->offset = lo;
+    o->bytes = hi - lo;
+    o->kept = xmalloc((size_t)(hi - lo));
+    memcpy(o->kept, t->cu_buf + lo, (size_t)(hi - lo));
+    o->next = t->cu_overlays;
+    t->cu_overlays = o;
+}
+
+static void tcp_preserve_state(void *impl, size_t offset, size_t bytes) {
+    tcp *t = impl;
+    take_pump(t);
+    if (t->cu_active && !t->cu_over && t->cu_queued < t->cu_chunks) {
+        uint64_t lo = offset, hi = offset + bytes;
+        if (hi > t->cu_total) hi = t->cu_total;
+        // Not yet queued: chunks cu_queued + 1 .. n − 1 (in order), and chunk 0.
+        uint64_t tail = (t->cu_queued + 1) * (uint64_t)t->cu_chunk;
+        if (t->cu_queued + 1 < t->cu_chunks) keep_unsent(t, lo > tail ? lo : tail, hi);
+        uint64_t first = t->cu_total < t->cu_chunk ? t->cu_total : t->cu_chunk;
+        keep_unsent(t, lo, hi < first ? hi : first);
+    }
+    pthread_mutex_unlock(&t->pump_lock);
+}
+
+static void tcp_send_catchup(void *impl, int64_t round, const uint8_t *bytes, size_t n) {
+    tcp *t = impl;
+    take_pump(t);
+    if (t->cu_active && !t->cu_over) {
+        catchup_out *o = xcalloc(1, sizeof *o);
+        o->round = round;
+        o->n = n;
+        o->b = blob_new(n);
+        if (!o->b) fail("tcp transport: out of memory for a catch-up mean (%zu bytes)", n);
+        memcpy(o->b->data, bytes, n);
+        if (t->cu_out_tail) t->cu_out_tail->next = o;
+        else t->cu_out_head = o;
+        t->cu_out_tail = o;
+    }
+    pthread_mutex_unlock(&t->pump_lock);
 }
 
 static void feed_upload(tcp *t) {
@@ -637,6 +905,7 @@ static void feed_upload(tcp *t) {
             progress = true;
         }
     }
+    feed_catchup(t);
 }
 
 typedef bool (*done_fn)(tcp *t);
@@ -683,6 +952,10 @@ static void say_long_wait(tcp *t, double held_s) {
     if (t->state_started && t->state_received < t->state_total) {
         transfer_progress(t->state_received, t->state_total, t->state_began_s, line, sizeof line);
         note("diloco: replica %d receives the group's state: %s", t->o.replica_id, line);
+    } else if (t->want_state && t->state_catchup && t->state_end_known) {
+        note("diloco: replica %d has the group's state; waits for the means up to round %lld (has them up to "
+             "%lld)",
+             t->o.replica_id, (long long)t->state_end_round, (long long)patched_through(t));
     } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_total) {
         transfer_progress(t->job_next, t->job_total, t->job_began_s, line, sizeof line);
         note("diloco: replica %d sends its state to the joiners: %s", t->o.replica_id, line);
@@ -696,11 +969,18 @@ static void say_long_wait(tcp *t, double held_s) {
     t->wait_said_s = now;
 }
 
-static bool pump(tcp *t, done_fn done) {
+typedef enum { PUMP_DONE, PUMP_DEAD, PUMP_SLICE } pump_result;
+static pump_result pump_until(tcp *t, done_fn done, double until_s);
+
+static bool pump(tcp *t, done_fn done) { return pump_until(t, done, INFINITY) == PUMP_DONE; }
+
+// pump, for a slice of time at most (until_s): a catch-up donor's sender gives the pump to an
+// exchange between slices.
+static pump_result pump_until(tcp *t, done_fn done, double until_s) {
     struct pollfd p[1 + WIRE_MAX_STREAMS];
     char err[256], why[1024];
     t->job_progress_s = wall_seconds();
-    t->wait_said_s = t->job_progress_s;
+    if (until_s == INFINITY || t->wait_said_s == 0) t->wait_said_s = t->job_progress_s;
     double hold_seen_s = 0;
     for (;;) {
         if (done == join_done) say_join_waits(t);
@@ -709,7 +989,7 @@ static bool pump(tcp *t, done_fn done) {
         bool dead = t->dead;
         double held_s = t->hub_held_s;
         pthread_mutex_unlock(&t->mailbox_lock);
-        if (dead) return false;
+        if (dead) return PUMP_DEAD;
         // Progress for the watchdog (llmc/watchdog.h): bytes moved (below), or the hub saying
         // anew that it holds the round for a state transfer.
         if (held_s > hold_seen_s) {
@@ -717,12 +997,13 @@ static bool pump(tcp *t, done_fn done) {
             watchdog_progress();
         }
         say_long_wait(t, held_s);
-        if (done(t)) return true;
+        if (done(t)) return PUMP_DONE;
+        if (until_s != INFINITY && (wall_seconds() >= until_s || atomic_load(&t->pump_wanted) > 0)) return PUMP_SLICE;
         feed_upload(t);
         p[0] = (struct pollfd){.fd = t->to_main[0], .events = POLLIN};
         for (int s = 0; s < t->o.streams; s++)
             p[1 + s] = (struct pollfd){.fd = t->data[s].fd, .events = POLLIN | (t->data[s].out_head ? POLLOUT : 0)};
-        if (poll(p, (nfds_t)(1 + t->o.streams), 200) < 0 && errno != EINTR) {
+        if (poll(p, (nfds_t)(1 + t->o.streams), until_s == INFINITY ? 200 : 50) < 0 && errno != EINTR) {
             snprintf(why, sizeof why, "poll: %s", strerror(errno));
             post_dead(t, why);
             continue;
@@ -790,7 +1071,28 @@ static const char *dead_reason(tcp *t) {
 // join for a quorum or a state).
 static bool join_done(tcp *t) {
     if (t->joined == JOINED_MEMBER || t->joined == JOINED_FINISHED) return true;
-    if (t->state_started && t->state_received == t->state_total) return true;
+    bool whole = t->state_started && t->state_announced && t->state_received == t->state_total;
+    if (whole && !t->state_catchup) return true;
+    if (whole) {
+        // Catch-up: the state is here; the hub says up to which round's mean to wait for (the
+        // last it closed, or this replica's word if later), and it is due from the next.
+        if (!t->caught_up_sent) {
+            uint8_t buf[8];
+            char err[256];
+            // Test hook (TRAIN_GPT_FAULT=tcp_caught_up_late:0): one rank of a sharded replica asks
+            // 1.5 s after its state arrived, so that its hub has closed more rounds than the
+            // others' when they asked: the ranks must agree on one last round.
+            if (fault_requested("tcp_caught_up_late", 0)) sleep_s(1.5);
+            int64_t through = patched_through(t);
+            if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err))
+                post_dead(t, err);
+            t->caught_up_sent = true;
+            note("diloco: replica %d has the group's state of round %lld and the means up to round %lld; asks the hub "
+                 "which round it is due in",
+                 t->o.replica_id, (long long)t->state_step, (long long)through);
+        }
+        if (t->state_end_known && patched_through(t) >= t->state_end_round) return true;
+    }
     return stop_requested(t);
 }
 
@@ -820,7 +1122,7 @@ static bool named_in_round(const tcp *t) {
 
 static bool round_done(tcp *t) {
     if (t->evicted) return upload_done(t);
-    if (!upload_done(t) || !t->have_round) return false;
+    if (t->payload_open || !t->have_round) return false;
     return !named_in_round(t) || t->mean_received == t->mean_total;
 }
 
@@ -846,9 +1148,8 @@ static bool recover(tcp *t, round_result *r, double t0) {
     return back;
 }
 
-static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
-                         round_result *r) {
-    tcp *t = impl;
+static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                            round_result *r) {
     size_t bytes = payload_spec_up_bytes(spec);
     double t0 = wall_seconds();
     memset(r, 0, sizeof *r);
@@ -887,6 +1188,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     t->job_next = 0;
     t->job_step = outer_step;
     t->job_kind = DATA_PAYLOAD;
+    t->payload_open = true;
     // Test hooks (TRAIN_GPT_FAULT): tcp_slow_upload:K uploads the first half of round K's
     // payload, pauses 0.6 s, then the rest; tcp_die_in_upload:K uploads the first half,
     // waits 0.3 s (the hub passes it on), and SIGKILLs itself; tcp_die_in_upload_after_full:N
@@ -925,6 +1227,7 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     if (fault_requested("tcp_trace", outer_step))
         note("diloco: trace: %s: own upload done at %.6f", exchange_name(t, outer_step, err, sizeof err),
              wall_seconds());
+    t->payload_open = false;   // a catch-up transfer's state goes on while the mean comes back
     double uploaded = wall_seconds();
     // Test hook (TRAIN_GPT_FAULT=tcp_slow_read:K): a replica slow to read round K, so that
     // the others' next payloads could queue up behind this round's in its sockets.
@@ -949,9 +1252,22 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
     r->mean_bytes = mean_bytes;
     r->apply = (t->round.flags & ROUND_APPLY) && r->n >= t->o.min_replicas;
     r->send_state = (t->round.flags & ROUND_SEND_STATE) != 0;
+    r->catch_up = r->send_state && (t->round.flags & ROUND_CATCHUP) != 0;
     r->sync_s = wall_seconds() - t0;
     if (r->n == t->o.replicas) t->full_rounds++;
     return true;
+}
+
+// The exchange holds the pump: a catch-up donor's sender waits, and the exchange's pump moves
+// the state after its payload.
+static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spec, const uint8_t *payload,
+                         round_result *r) {
+    tcp *t = impl;
+    take_pump(t);
+    bool ok = exchange_locked(t, outer_step, spec, payload, r);
+    t->payload_open = false;
+    pthread_mutex_unlock(&t->pump_lock);
+    return ok;
 }
 
 // ---------------------------------------------------------------- the rest
@@ -960,8 +1276,99 @@ static bool tcp_exchange(void *impl, int64_t outer_step, const payload_spec *spe
 static double hold_state_until_s;
 static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > hold_state_until_s; }
 
+// A catch-up transfer (ROUND_CATCHUP): the state from a copy of each chunk as it is queued,
+// then the means given to tcp_send_catchup, in slices of the pump: an exchange on another
+// thread takes the pump between them (and moves the state after its payload). Returns when the
+// hub ends the transfer (STATE_END: every joiner caught up and trains; STATE_ABORT), the session
+// goes, the caller cancels, or a stop is requested.
+static bool catchup_sender_done(tcp *t) { return t->cu_over || state_cancelled(t); }
+static void send_state_whole(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
+
+static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
+    pthread_mutex_lock(&t->pump_lock);
+    take_mail(t);   // a STATE_ABORT already here
+    if (!t->connected || t->state_cut) {
+        if (t->connected) note("diloco: replica %d sends no state: the hub ended the transfer before it began",
+                               t->o.replica_id);
+        t->state_cut = false;
+        pthread_mutex_unlock(&t->pump_lock);
+        return;
+    }
+    uint64_t serial = t->session_serial;
+    // Test hook tcp_slow_state:0 (as for a whole transfer): chunks of 128 KiB, one per 0.25 ×
+    // timeout_s: a state that takes several inner phases to arrive.
+    bool slow = fault_requested("tcp_slow_state", 0);
+    t->cu_chunk = slow ? CHUNK_BYTES / 8 : CHUNK_BYTES;
+    t->cu_slow_s = slow ? 0.25 * t->hub_timeout_s : 0;
+    t->cu_next_chunk_s = 0;
+    t->cu_buf = state;
+    t->cu_total = bytes;
+    t->cu_chunks = (bytes + t->cu_chunk - 1) / t->cu_chunk;
+    t->cu_queued = 0;
+    t->cu_step = t->cur_step;
+    t->cu_hooks = hooks;
+    t->cu_began_s = wall_seconds();
+    t->cu_over = false;
+    t->cu_active = true;
+    wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = t->cu_chunk,
+                    .donor_id = (uint32_t)t->o.replica_id, .flags = STATE_CATCHUP};
+    uint8_t buf[WIRE_STATE_BYTES];
+    char err[256];
+    bool lost = false;
+    if (!send_control(t, WIRE_STATE, buf, wire_encode_state(&m, buf), err, sizeof err)) {
+        post_dead(t, err);
+        lost = true;
+    }
+    double said_s = wall_seconds(), every = t->hub_timeout_s > 1.0 ? t->hub_timeout_s : 1.0;
+    while (!lost) {
+        // Every hub timeout, how far the state is (its own clock: the exchanges pump in between).
+        if (wall_seconds() - said_s >= every && t->cu_queued < t->cu_chunks) {
+            char line[160];
+            uint64_t queued = t->cu_queued * (uint64_t)t->cu_chunk;
+            transfer_progress(queued < t->cu_total ? queued : t->cu_total, t->cu_total, t->cu_began_s, line,
+                              sizeof line);
+            note("diloco: replica %d sends its state to the joiners while the group goes on: %s", t->o.replica_id,
+                 line);
+            said_s = wall_seconds();
+        }
+        pump_result r = pump_until(t, catchup_sender_done, wall_seconds() + 0.2);
+        if (r == PUMP_DONE) break;
+        if (r == PUMP_DEAD || t->session_serial != serial || !t->connected) {
+            lost = t->session_serial == serial && t->connected;
+            break;
+        }
+        pthread_mutex_unlock(&t->pump_lock);   // an exchange or a landing may take the pump now
+        while (atomic_load(&t->pump_wanted) > 0) sleep_s(0.001);
+        pthread_mutex_lock(&t->pump_lock);
+        if (t->session_serial != serial || !t->connected) break;   // it lost the session meanwhile
+    }
+    if (lost) {
+        warn("diloco: lost the hub while sending our state: %s", dead_reason(t));
+        disconnect(t);
+    } else if (t->session_serial == serial && t->connected && !t->cu_over) {
+        note("diloco: replica %d stops sending its state: it stops or leaves", t->o.replica_id);
+    }
+    t->cu_active = false;
+    t->cu_over = true;
+    t->cu_buf = NULL;
+    t->cu_hooks = NULL;
+    free_overlays(t);
+    free_catchup_out(t);
+    pthread_mutex_unlock(&t->pump_lock);
+}
+
 static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     tcp *t = impl;
+    if (t->send_catchup) {
+        send_state_catching_up(t, state, bytes, hooks);
+        return;
+    }
+    pthread_mutex_lock(&t->pump_lock);
+    send_state_whole(t, state, bytes, hooks);
+    pthread_mutex_unlock(&t->pump_lock);
+}
+
+static void send_state_whole(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     if (!t->connected) return;
     if (fault_requested("tcp_hold_state", 0)) {
         note("diloco: trace: replica %d holds back its state (test hook)", t->o.replica_id);
@@ -1048,6 +1455,11 @@ static void tcp_free(tcp *t) {
     close(t->to_main[1]);
     pthread_mutex_destroy(&t->ctl_send);
     pthread_mutex_destroy(&t->mailbox_lock);
+    pthread_mutex_destroy(&t->pump_lock);
+    free_patches(t);
+    free(t->patches);
+    free_overlays(t);
+    free_catchup_out(t);
     free(t);
 }
 
@@ -1070,6 +1482,48 @@ static void tcp_leave(void *impl, int64_t outer_step, bool finished) {
 
 static void tcp_close(void *impl) { tcp_free(impl); }
 
+// The means a catch-up join received, rounds state + 1 .. STATE_END's (patched_through checked
+// they are all here), in order.
+static int tcp_catchup_count(void *impl) {
+    tcp *t = impl;
+    return t->state_catchup && t->state_end_known ? (int)(t->state_end_round - t->state_step) : 0;
+}
+
+// The joiner's want_state stays up after a catch-up join (its means may still come) until the
+// next join, or this: CAUGHT_UP(round) again, then the means up to the hub's answer.
+static bool extended(tcp *t) { return t->state_end_known && patched_through(t) >= t->state_end_round; }
+
+static int64_t tcp_catchup_extend(void *impl, int64_t round) {
+    tcp *t = impl;
+    take_pump(t);
+    int64_t end = -1;
+    char err[256];
+    uint8_t buf[8];
+    if (t->connected && t->state_catchup && t->state_end_known) {
+        t->want_state = true;
+        t->state_end_known = false;
+        if (send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(round, buf), err, sizeof err)) {
+            note("diloco: replica %d takes the means up to round %lld, as its other ranks", t->o.replica_id,
+                 (long long)round);
+            if (pump(t, extended)) end = t->state_end_round;
+        }
+        t->want_state = false;
+        if (end < 0) {
+            note("diloco: lost the hub at %s while catching up (%s)", t->hub, dead_reason(t));
+            disconnect(t);
+        }
+    }
+    pthread_mutex_unlock(&t->pump_lock);
+    return end;
+}
+
+static const uint8_t *tcp_catchup_patch(void *impl, int i, size_t *bytes) {
+    tcp *t = impl;
+    const catchup_in *p = patch_of(t, t->state_step + 1 + i);
+    *bytes = (size_t)p->total;
+    return p->bytes;
+}
+
 static const transport_ops tcp_ops = {
     .name = "tcp",
     .join = tcp_join,
@@ -1079,6 +1533,11 @@ static const transport_ops tcp_ops = {
     .agree_stop = tcp_agree_stop,
     .leave = tcp_leave,
     .close = tcp_close,
+    .preserve_state = tcp_preserve_state,
+    .send_catchup = tcp_send_catchup,
+    .catchup_count = tcp_catchup_count,
+    .catchup_patch = tcp_catchup_patch,
+    .catchup_extend = tcp_catchup_extend,
 };
 
 // With serve and a wildcard listen address, the replica reaches its own hub on loopback.
@@ -1112,6 +1571,7 @@ static tcp *tcp_new(const transport_options *o, const char *address) {
     for (int s = 0; s < WIRE_MAX_STREAMS; s++) t->data[s].fd = -1;
     pthread_mutex_init(&t->ctl_send, NULL);
     pthread_mutex_init(&t->mailbox_lock, NULL);
+    pthread_mutex_init(&t->pump_lock, NULL);
     if (pipe2(t->to_io, O_NONBLOCK | O_CLOEXEC) != 0 || pipe2(t->to_main, O_NONBLOCK | O_CLOEXEC) != 0)
         fail("tcp transport: pipe: %s", strerror(errno));
     snprintf(t->hub, sizeof t->hub, "%s", address);
@@ -1129,7 +1589,7 @@ transport *transport_tcp_open(const transport_options *o) {
     if (o->serve) {
         relay_options ro = {.listen = o->rendezvous, .secret = o->secret, .secret_bytes = o->secret_bytes,
                             .timeout_s = o->timeout_s, .min_replicas = o->min_replicas, .replicas = o->replicas,
-                            .log = stderr};
+                            .catch_up = true, .log = stderr};
         char err[400];
         t->served = relay_start_thread(&ro, err, sizeof err);
         if (!t->served) fail("diloco_serve: cannot run the hub on %s: %s", o->rendezvous, err);
@@ -1164,8 +1624,19 @@ bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, bool stoppable, ch
     return ok;
 }
 
+static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                            size_t *state_bytes, join_result *result, int64_t *state_round);
+
 bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity, size_t *state_bytes,
                   join_result *result, int64_t *state_round) {
+    take_pump(t);
+    bool ok = hub_join_locked(t, s, state, state_capacity, state_bytes, result, state_round);
+    pthread_mutex_unlock(&t->pump_lock);
+    return ok;
+}
+
+static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity,
+                            size_t *state_bytes, join_result *result, int64_t *state_round) {
     char err[256];
     if (!t->connected) return false;
     t->joined = 0;

@@ -55,6 +55,8 @@ const char *wire_type_name(unsigned type) {
     case WIRE_FOLLOW: return "FOLLOW";
     case WIRE_DONE: return "DONE";
     case WIRE_HOLD: return "HOLD";
+    case WIRE_STATE_END: return "STATE_END";
+    case WIRE_CAUGHT_UP: return "CAUGHT_UP";
     case WIRE_DATA: return "DATA";
     }
     return "unknown";
@@ -81,6 +83,8 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_FOLLOW: lo = hi = WIRE_FOLLOW_BYTES; break;
     case WIRE_DONE: lo = hi = WIRE_DONE_BYTES; break;
     case WIRE_HOLD: lo = hi = WIRE_HOLD_BYTES; break;
+    case WIRE_STATE_END: lo = hi = 8; break;
+    case WIRE_CAUGHT_UP: lo = hi = 8; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
     default: return false;
     }
@@ -499,7 +503,7 @@ const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
     m->flags = get_u32(p + 8);
     m->n = get_u32(p + 12);
     if (m->outer_step < 0) return "ROUND: negative outer step";
-    if (m->flags & ~(uint32_t)(ROUND_APPLY | ROUND_SEND_STATE)) return "ROUND: unknown flags";
+    if (m->flags & ~(uint32_t)(ROUND_APPLY | ROUND_SEND_STATE | ROUND_CATCHUP)) return "ROUND: unknown flags";
     if (m->n > WIRE_MAX_REPLICAS) return "ROUND: more contributors than replicas";
     if (n != WIRE_ROUND_HEAD_BYTES + (size_t)m->n * WIRE_ROUND_ENTRY_BYTES)
         return "ROUND: contributor count disagrees with the frame";
@@ -540,6 +544,8 @@ size_t wire_encode_state(const wire_state *m, uint8_t *out) {
     put_u64(out + 8, m->total_bytes);
     put_u32(out + 16, m->chunk_bytes);
     put_u32(out + 20, m->donor_id);
+    put_u32(out + 24, m->flags);
+    put_u32(out + 28, 0);
     return WIRE_STATE_BYTES;
 }
 
@@ -549,7 +555,9 @@ const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m) {
     m->total_bytes = get_u64(p + 8);
     m->chunk_bytes = get_u32(p + 16);
     m->donor_id = get_u32(p + 20);
+    m->flags = get_u32(p + 24);
     if (m->outer_step < 0) return "STATE: negative outer step";
+    if ((m->flags & ~(uint32_t)STATE_CATCHUP) != 0 || get_u32(p + 28) != 0) return "STATE: unknown flags";
     if (m->donor_id >= WIRE_MAX_REPLICAS) return "STATE: donor id out of range";
     return check_transfer(m->total_bytes, m->chunk_bytes);
 }
@@ -560,7 +568,7 @@ size_t wire_encode_step(int64_t outer_step, uint8_t *out) {
 }
 
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step) {
-    if (n != 8) return "STATE_ABORT has the wrong size";
+    if (n != 8) return "an 8-byte step frame (STATE_ABORT, STATE_END, CAUGHT_UP) has the wrong size";
     *outer_step = (int64_t)get_u64(p);
     return NULL;
 }
@@ -616,7 +624,7 @@ const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m) {
     m->bytes = p + WIRE_DATA_HEAD_BYTES;
     m->chunk_len = n - WIRE_DATA_HEAD_BYTES;
     if (!all_zero(p + 5, 3) || get_u32(p + 36) != 0) return "DATA: reserved field not zero";
-    if (m->kind != DATA_PAYLOAD && m->kind != DATA_STATE && m->kind != DATA_MEAN) return "DATA: unknown kind";
+    if (m->kind < DATA_PAYLOAD || m->kind > DATA_CATCHUP) return "DATA: unknown kind";
     if (m->owner_id >= WIRE_MAX_REPLICAS) return "DATA: owner id out of range";
     if (m->outer_step < 0) return "DATA: negative outer step";
     const char *why = check_transfer(m->total_bytes, m->chunk_bytes);

@@ -32,12 +32,14 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 7   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 8   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
                          // 6: LEAVE says whether the replica finished the run; JOINED(finished)
                          // 7: HEARTBEAT's flags (the hub holds the round for a state transfer), HOLD
+                         // 8: the catch-up transfer (STATE's flags, DATA kind CATCHUP, CAUGHT_UP,
+                         //    STATE_END, ROUND_CATCHUP)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -72,6 +74,8 @@ typedef enum {
     WIRE_FOLLOW = 25,      // client → hub: member without a state transfer (a hub of several)
     WIRE_DONE = 26,        // client → hub: its exchange for an outer step is over (a hub of several)
     WIRE_HOLD = 27,        // client → hub: it sends a state through another hub (begin), or is done (end)
+    WIRE_STATE_END = 28,   // hub → joiner: the round it is caught up to; hub → donor: stop sending means
+    WIRE_CAUGHT_UP = 29,   // joiner → hub: it has its state and will have the means up to a round
     // session, data connections
     WIRE_DATA = 32,        // one chunk of a payload or a state
 } wire_type;
@@ -284,7 +288,9 @@ typedef struct {
 enum { HEARTBEAT_HOLD = 1 };
 #define WIRE_HEARTBEAT_BYTES 4
 
-enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2 };
+// ROUND_CATCHUP (with SEND_STATE): a catch-up transfer — the donor sends its state as of this
+// round, then the means of the rounds it lands meanwhile, until STATE_END (docs/protocol.md).
+enum { ROUND_APPLY = 1, ROUND_SEND_STATE = 2, ROUND_CATCHUP = 4 };
 typedef struct {
     int64_t outer_step;
     uint32_t flags;
@@ -303,18 +309,22 @@ typedef struct {
 } wire_evicted;
 #define WIRE_EVICTED_HEAD_BYTES 16
 
+enum { STATE_CATCHUP = 1 };   // wire_state.flags: the means of later rounds follow the state
 typedef struct {
     int64_t outer_step;
     uint64_t total_bytes;
     uint32_t chunk_bytes;
     uint32_t donor_id;
+    uint32_t flags;             // STATE_CATCHUP
 } wire_state;
-#define WIRE_STATE_BYTES 24
+#define WIRE_STATE_BYTES 32
 
-enum { DATA_PAYLOAD = 1, DATA_STATE = 2, DATA_MEAN = 3 };   // MEAN: hub → replica, owner_id 0
+// MEAN: hub → replica, owner_id 0. CATCHUP: donor → hub → joiner, one landed round's mean and
+// settings (opaque to the transport, diloco.c's), outer_step the round.
+enum { DATA_PAYLOAD = 1, DATA_STATE = 2, DATA_MEAN = 3, DATA_CATCHUP = 4 };
 typedef struct {
     uint32_t owner_id;          // whose payload (or the donor, for a state)
-    uint32_t kind;              // DATA_PAYLOAD, DATA_STATE or DATA_MEAN
+    uint32_t kind;              // DATA_PAYLOAD, DATA_STATE, DATA_MEAN or DATA_CATCHUP
     int64_t outer_step;
     uint64_t total_bytes;       // of the whole payload or state
     uint64_t offset;            // a multiple of chunk_bytes
@@ -336,7 +346,7 @@ size_t wire_encode_contribute(const wire_contribute *m, uint8_t *out);
 size_t wire_encode_round(const wire_round *m, uint8_t *out);
 size_t wire_encode_evicted(int64_t outer_step, uint32_t reason, const char *text, uint8_t *out);
 size_t wire_encode_state(const wire_state *m, uint8_t *out);
-size_t wire_encode_step(int64_t outer_step, uint8_t *out);   // STATE_ABORT
+size_t wire_encode_step(int64_t outer_step, uint8_t *out);   // STATE_ABORT, STATE_END, CAUGHT_UP
 size_t wire_encode_heartbeat(uint32_t flags, uint8_t out[WIRE_HEARTBEAT_BYTES]);
 size_t wire_encode_hold(uint32_t what, uint8_t out[WIRE_HOLD_BYTES]);
 // The DATA sub-header only (the chunk bytes follow it in the frame).

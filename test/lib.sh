@@ -87,8 +87,8 @@ diloco_test_files() {
     make_secret "$tmp/secret"
 }
 
-# start_relay NAME SHARDS [TIMEOUT_S]: a fresh DiLoCo hub (`train_gpt relay`, timeout
-# TIMEOUT_S, default 3 s, secret $tmp/secret) of SHARDS shards on consecutive ports from a free
+# start_relay NAME SHARDS [TIMEOUT_S [OPTION...]]: a fresh DiLoCo hub (`train_gpt relay`, timeout
+# TIMEOUT_S, default 3 s, secret $tmp/secret, the relay options after it and in $RELAY_OPTIONS) of SHARDS shards on consecutive ports from a free
 # one, in the background (killed on exit), logging to $tmp/relay_NAME.log; returns once it
 # listens on every shard's port, trying up to 5 ports; sets port.
 start_relay() {
@@ -96,7 +96,7 @@ start_relay() {
     for _ in 1 2 3 4 5; do
         port=$(free_port)
         "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s "${3:-3}" --shards "$2" \
-            >"$tmp/relay_$1.log" 2>&1 &
+            "${@:4}" ${RELAY_OPTIONS:-} >"$tmp/relay_$1.log" 2>&1 &
         pids+=($!)
         # Listening on every shard's port, or gone (port + 1 was taken: try other ports).
         while kill -0 "${pids[-1]}" 2>/dev/null; do

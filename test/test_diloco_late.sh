@@ -193,8 +193,9 @@ PY
 # about 10 s, longer than the deadline, never stalled). Replica 2 starts late and waits for the state:
 # the hub holds the round for the transfer, so the donor is not evicted, replica 2 takes the
 # state and all three contribute together, every param_hash equal. On the old relay the donor
-# was evicted as late, the transfer dropped, and the next donor caught the same way.
-start_relay slow 1 2
+# was evicted as late, the transfer dropped, and the next donor caught the same way. (A relay
+# with --catch_up 0: the default's catch-up transfer does not hold the round, next scenario.)
+start_relay slow 1 2 --catch_up 0   # the round waits for the transfer (the catch-up: below)
 slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2 --watchdog_s 3)
 # three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
@@ -242,13 +243,66 @@ check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
 check "slow state: with outer momentum the state holds θ and m (448 + 8N bytes)" state_bytes_are slow 8
 
+# ---------------------------------------------------------------- the same state, caught up
+# The slow state again (about 10 s, many inner phases of 5 steps), through a relay with
+# --catch_up 1 (the default): the rounds do not wait for it. Replicas 0 and 1 close round after round while it
+# goes (the relay logs several closes of [0 1] between the donor's designation and replica 2's
+# CAUGHT_UP), the donor sends the means of the rounds it lands after its state, and replica 2
+# applies them: its join says how many, and its θ is the group's bit for bit — param_hash equal
+# on the three at every outer step after it. Nobody is evicted, no transfer aborted. With the
+# old relay (the scenario above) the group waited for the whole transfer.
+start_relay catchup 1 2   # --catch_up 1, the default
+three_through_join catchup "catch-up" 2 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
+closes_during=$(sed -n '/replica 0 is the donor/,/replica 2 caught up/p' "$tmp/relay_catchup.log" |
+    grep -c 'closed: 2 contributor(s) \[0 1\]' || true)
+caught=$("$PYTHON" -c "
+import json, sys
+j = [json.loads(l) for l in open(sys.argv[1]) if '\"diloco_join\"' in l][-1]
+print(j['caught_up_rounds'])" "$tmp/catchup/2/metrics.jsonl" 2>/dev/null || echo 0)
+say "  catch-up: $closes_during round(s) closed by [0 1] while the state went; replica 2 applied $caught mean(s)"
+check "catch-up: the group closed 3 or more rounds while the state went (it did not wait)" \
+    test "${closes_during:-0}" -ge 3
+check "catch-up: the joiner applied the means of those rounds (caught_up_rounds >= 3)" test "${caught:-0}" -ge 3
+check "catch-up: the relay logged the catch-up and its end" sh -c "
+    grep -q 'replica 2 caught up: it has the state after round' '$tmp/relay_catchup.log' &&
+    grep -q 'catch-up transfer from replica 0 over after' '$tmp/relay_catchup.log'"
+check "catch-up: nobody was evicted, no transfer aborted" \
+    sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_catchup.log'"
+check "catch-up: no watchdog exit" sh -c "! grep -q 'watchdog' '$tmp'/catchup[012].log"
+check "catch-up: param_hash equal on the three at every applied outer step (the joiner's θ is the group's)" \
+    all_hashes_agree 1 "$tmp"/catchup/*/metrics.jsonl
+check "catch-up: the donor says its state goes while the group goes on" \
+    grep -q "replica 0 sends its state to the joiners while the group goes on" "$tmp/catchup0.log"
+
+# A catch-up donor stopped mid-transfer: it stops sending and exits 0; the hub aborts the
+# transfer; replica 2 waits again and takes the state of the next close from replica 1.
+start_relay stopcatchup 1 2
+start_three stopcatchup 1 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
+wait_until "replica 0 sends its state to replica 2" grep -q "replica 0 is the donor: it sends its state to \[2\]" \
+    "$tmp/relay_stopcatchup.log"
+kill -TERM "${group_pids[0]}"
+rc=0
+wait "${group_pids[0]}" || rc=$?
+check "stopped catch-up donor: exits 0 on SIGTERM mid-transfer (rc $rc)" test "$rc" = 0
+wait_until "the hub ends the transfer" grep -q "state transfer from replica 0 aborted" "$tmp/relay_stopcatchup.log"
+wait_until "replica 2 takes the state from replica 1" grep -q '"event":"diloco_join"' "$tmp/stopcatchup/2/metrics.jsonl"
+wait_until "replicas 1 and 2 contribute together" applied_with "$tmp/stopcatchup/1/metrics.jsonl" 1,2
+kill -TERM "${group_pids[1]}" "${group_pids[2]}"
+rc=0
+for p in "${group_pids[1]}" "${group_pids[2]}"; do wait "$p" || rc=$?; done
+check "stopped catch-up donor: replicas 1 and 2 go on together and exit 0 (rc $rc)" test "$rc" = 0
+check "stopped catch-up donor: replica 1 was the second donor" \
+    grep -q "replica 1 is the donor: it sends its state to \[2\]" "$tmp/relay_stopcatchup.log"
+check "stopped catch-up donor: param_hash equal on replicas 1 and 2 at every applied outer step" \
+    all_hashes_agree 1 "$tmp"/stopcatchup/[12]/metrics.jsonl
+
 # ---------------------------------------------------------------- a donor stopped while it sends
 # The slow state again (about 10 s); the donor gets SIGTERM while its state goes. It does not
 # wait for the transfer: it stops sending, exits 0, and the hub ends the transfer before the
 # state was whole (the donor left, or — stopped while it waited for its sender at its boundary,
 # it still takes part in that exchange — sent nothing for a timeout). A donor that waited would
 # have the relay log the state as relayed.
-start_relay stopdonor 1 2
+start_relay stopdonor 1 2 --catch_up 0
 start_three stopdonor 1 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"   # slow's, on this relay
 wait_until "replica 0 sends its state to replica 2" grep -q "replica 0 is the donor: it sends its state to \[2\]" \
     "$tmp/relay_stopdonor.log"
@@ -267,10 +321,13 @@ for p in "${group_pids[1]}" "${group_pids[2]}"; do wait "$p" || true; done
 # ---------------------------------------------------------------- what a state transfer costs in memory
 # 3 replicas of a 4.7M-parameter model (its state θ ‖ m: 8 B/param, 36 MiB). Replica 2 starts
 # late and takes the state. The donor sends θ and m from where they live (the state's header is
-# written in front of them): its peak RSS is within 8N/2 of the member's that gave nothing. On the
-# old code it packed them into an 8 B/param copy first, resident for the rest of the run: its
-# peak was 8N above the member's. The run has no outer momentum (μ 0, as `common` sets): m is kept
-# at zero and left out of the state, which is 448 + 4N bytes (it was 8N: m held the last Δ).
+# written in front of them), by the relay's default catch-up transfer: it copies each chunk as it
+# queues it, and keeps aside what a landing changes of the part not yet sent — at most the state
+# itself (448 + 4N here). Its peak RSS stays within the state's size + 8 MiB of the member's that
+# gave nothing. On the old code it packed θ and m into an 8 B/param copy first, resident for the
+# rest of the run: its peak was 8N above the member's. The run has no outer momentum (μ 0, as
+# `common` sets): m is kept at zero and left out of the state, which is 448 + 4N bytes (it was
+# 8N: m held the last Δ).
 start_relay mem 1 20   # no eviction under load: a rejoin would touch a state buffer mid-run
 mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 2
     --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
@@ -278,12 +335,14 @@ mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_
 start_three mem 1 "" "${mem[@]}"
 # Until all three contributed to a round after the join: every buffer of an exchange touched on each.
 wait_until "all three contribute after replica 2's join" three_after_join mem
-wait_until "the relay names the donor" grep -q 'relayed from replica [01] to \[2\]' "$tmp/relay_mem.log"
+# The relay's default, a catch-up transfer (a whole one: "state ... relayed from replica D to [2]").
+wait_until "the relay names the donor" grep -q 'catch-up transfer from replica [01] over\|relayed from replica [01] to \[2\]' \
+    "$tmp/relay_mem.log"
 kill -TERM "${group_pids[@]}"
 rc=0
 for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
 check "state memory: the three replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
-donor=$(sed -n 's/.*relayed from replica \([01]\) to \[2\].*/\1/p' "$tmp/relay_mem.log" | head -n 1)
+donor=$(sed -n 's/.*\(catch-up transfer\|relayed\) from replica \([01]\) .*/\2/p' "$tmp/relay_mem.log" | head -n 1)
 state_memory() {
     "$PYTHON" - "$tmp/mem" "$donor" <<'PY'
 import json, sys
@@ -291,13 +350,15 @@ root, donor = sys.argv[1], int(sys.argv[2])
 def end(r):
     return [json.loads(l) for l in open(f"{root}/{r}/metrics.jsonl") if '"event":"end"' in l][-1]
 state = end(0)["state_mb"] / 2                  # θ ‖ m, 8 B/param, in MiB (state_mb counts 16 B/param)
+sent = state / 2                                 # μ 0: θ alone, 4 B/param
 peak = {r: end(r)["peak_rss_mb"] for r in (0, 1, 2)}
 member = 1 - donor
-print(f"    peak RSS (MiB): donor {peak[donor]}, member {peak[member]}, joiner {peak[2]}; a state is {state:.1f}")
-sys.exit(0 if peak[donor] - peak[member] < state / 2 else 1)
+print(f"    peak RSS (MiB): donor {peak[donor]}, member {peak[member]}, joiner {peak[2]}; a state is {state:.1f}, "
+      f"the one sent {sent:.1f}")
+sys.exit(0 if peak[donor] - peak[member] < sent + 8 else 1)
 PY
 }
-check "state memory: the donor's peak RSS stays within 8N/2 of the member's (no copy of its state)" \
+check "state memory: the donor's peak RSS stays within the state sent + 8 MiB of the member's (no resident copy)" \
     state_memory
 check "state memory: μ 0: the state leaves m out (448 + 4N bytes)" state_bytes_are mem 4
 check "state memory: param_hash equal on the three at every applied outer step" \
@@ -342,7 +403,7 @@ check "donor trains on: param_hash equal on the three at every applied outer ste
 # transfer (wait_s). On the old code the joiner's phase lasted 12 s from its join, and the
 # members waited about a transfer for its contribution. spike_z 0: a step the spike guard skips
 # ends a replica's extra steps, and so its phase, early (docs/diloco.md): that replica would wait.
-start_relay timed 1
+start_relay timed 1 3 --catch_up 0   # the transfer's length from the relay's log; a catch-up's state is the same
 timed=(--d_model 128 --d_ff 256 --diloco_sync_every_s 12 --diloco_replicas 3 --diloco_min_replicas 2
     --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
     --diloco_timeout_s 2 --spike_z 0)

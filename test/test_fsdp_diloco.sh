@@ -30,6 +30,9 @@
 #      replica 1 is late and evicted while its rank 0 applied, so every rank of replica 1
 #      rejoins; afterwards param_hash agrees at every outer step and the final weights and
 #      outer state are byte-identical on both replicas.
+#   7. A sharded replica catches up (relay --catch_up 1): replica 1's ranks take their states
+#      slowly while replica 0 closes rounds alone, apply the means of those rounds, agree on
+#      one last round, and both go on with param_hash equal at every outer step.
 #   5. Refused with one line: a sharded replica over the mpi transport, fsdp_size other than
 #      the job's ranks, relay --shards without a fixed port. (HSDP copies inside a replica:
 #      test/test_hsdp_diloco.sh.)
@@ -285,4 +288,54 @@ relay_refused() {  # relay --shards 2 on port 0: an error, not hubs on random po
     printf '%s\n' "$out" | grep -- "--shards 2 needs a fixed --listen port" >/dev/null
 }
 check "refused: relay --shards on port 0" relay_refused
+# ---------------------------------------------------------------- 7. a sharded replica catches up
+# relay --shards 2 --catch_up 1 (docs/protocol.md#catch-up-transfers). Replica 0 (2 ranks)
+# trains; replica 1 (2 ranks) starts after replica 0's second outer step and takes its groups'
+# states from replica 0, each rank its pieces through its own hub, slowly (replica 0 runs with
+# TRAIN_GPT_FAULT=tcp_slow_state:0: one 128 KiB chunk per 0.75 s on each rank, seconds for the
+# 1.2 MB of θ and m per rank). diloco_min_replicas 1: replica 0 goes on alone meanwhile, its
+# ranks send the means of the rounds they land, replica 1's ranks apply them, agree on one last
+# round (a rank whose hub closed fewer rounds when it asked takes the means up to the other's)
+# and contribute. Checked: both hubs logged replica 1's catch-up; rank 0 took more means to
+# match rank 1; the join applied 3 or more means; both contribute together afterwards;
+# param_hash equal at every outer step both logged.
+catchup=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 0 --diloco_min_replicas 1
+    --d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
+start_relay catchup 2 3 --catch_up 1
+TRAIN_GPT_FAULT=tcp_slow_state:0 replica 2 0 "$tmp/cu_0" "${catchup[@]}"; c0=$rpid
+wait_until "replica 0 has 2 outer steps" eval '[ "$(outer_lines "$tmp/cu_0")" -ge 2 ]'
+# Replica 1's rank 1 asks its hub 1.5 s after its state arrived (TRAIN_GPT_FAULT=
+# tcp_caught_up_late:0, an MPMD launch): its hub has closed more rounds by then than rank 0's
+# had, so rank 0 takes the means up to rank 1's round before either trains.
+cu_args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id 1
+    --out_dir "$tmp/cu_1" "${catchup[@]}")
+"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${cu_args[@]}" : -np 1 env TRAIN_GPT_FAULT=tcp_caught_up_late:0 "$TRAIN_GPT" \
+    "${cu_args[@]}" >"$tmp/cu_1.log" 2>&1 &
+c1=$!
+pids+=($c1)
+wait_until "replica 1 caught up and both contribute (3 rounds with [0,1])" \
+    eval '[ "$(rounds_after "$tmp/cu_0" 0 0,1)" -ge 3 ]'
+caught=$("$PYTHON" -c "
+import json, sys
+j = [json.loads(l) for l in open(sys.argv[1]) if '\"diloco_join\"' in l][-1]
+print(j['caught_up_rounds'])" "$tmp/cu_1/metrics.jsonl" 2>/dev/null || echo 0)
+say "  sharded catch-up: replica 1 applied $caught mean(s) before it trained"
+check "sharded catch-up: both hubs logged replica 1's catch-up" \
+    sh -c "grep -q 'relay shard 0 .*replica 1 caught up' '$tmp/relay_catchup.log' &&
+           grep -q 'relay shard 1 .*replica 1 caught up' '$tmp/relay_catchup.log'"
+check "sharded catch-up: replica 1 applied the means of 3 or more rounds the group closed meanwhile" \
+    test "${caught:-0}" -ge 3
+check "sharded catch-up: rank 0 took the means up to rank 1's later round before they trained" \
+    grep -q "rank 0: diloco: replica 1 takes the means up to round [0-9]*, as its other ranks" "$tmp/cu_1.log"
+check "sharded catch-up: nobody evicted, no transfer aborted" \
+    sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_catchup.log'"
+check "sharded catch-up: param_hash equal at every outer step both replicas logged" \
+    all_hashes_agree 3 "$tmp/cu_0/metrics.jsonl" "$tmp/cu_1/metrics.jsonl"
+for f in "$c0" "$c1"; do
+    for r in 0 1; do kill -TERM "$(rank_pid "$f" $r)" 2>/dev/null || true; done
+done
+rc0=0; wait "$c0" || rc0=$?
+rc1=0; wait "$c1" || rc1=$?
+check "sharded catch-up: SIGTERM, both replicas exit 0 (rc $rc0, $rc1)" sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]"
+
 finish test_fsdp_diloco

@@ -73,15 +73,32 @@ static int samples(sample *s) {
     s[n].type = WIRE_DONE, s[n].bytes = wire_encode_done(&done, s[n].payload), n++;
     s[n].type = WIRE_HOLD, s[n].bytes = wire_encode_hold(HOLD_BEGIN, s[n].payload), n++;
     s[n].type = WIRE_HEARTBEAT, s[n].bytes = wire_encode_heartbeat(HEARTBEAT_HOLD, s[n].payload), n++;
+    // The catch-up transfer: STATE with its flag, the joiner's CAUGHT_UP, the hub's STATE_END, and a
+    // chunk of a landed round's mean.
+    wire_state catchup = {.outer_step = 12, .total_bytes = 5000, .chunk_bytes = 4096, .donor_id = 1,
+                          .flags = STATE_CATCHUP};
+    s[n].type = WIRE_STATE, s[n].bytes = wire_encode_state(&catchup, s[n].payload), n++;
+    s[n].type = WIRE_CAUGHT_UP, s[n].bytes = wire_encode_step(15, s[n].payload), n++;
+    s[n].type = WIRE_STATE_END, s[n].bytes = wire_encode_step(17, s[n].payload), n++;
+    wire_data mean = {.owner_id = 1, .kind = DATA_CATCHUP, .outer_step = 13, .total_bytes = 2000, .offset = 0,
+                      .chunk_bytes = 4096, .chunk_len = 2000};
+    s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&mean, s[n].payload);
+    for (int i = 0; i < 2000; i++) s[n].payload[s[n].bytes++] = (uint8_t)(i * 3);
+    n++;
     return n;
 }
 
 static uint8_t frame[WIRE_OVERHEAD_BYTES + sizeof(((sample *)0)->payload)];
 
+static wire_state catchup_state_with(uint32_t flags) {
+    wire_state m = {.outer_step = 3, .total_bytes = 5000, .chunk_bytes = 4096, .donor_id = 2, .flags = flags};
+    return m;
+}
+
 static void test_round_trips(void) {
-    static sample s[20];
+    static sample s[24];
     int n = samples(s);
-    EXPECT(n == 18, "%d sample types", n);
+    EXPECT(n == 22, "%d sample types", n);
     for (int i = 0; i < n; i++) {
         size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
         wire_frame f;
@@ -100,6 +117,26 @@ static void test_round_trips(void) {
     EXPECT(!wire_decode_data(s[13].payload, s[13].bytes, &d) && d.offset == 4096 && d.chunk_len == 904 &&
                d.bytes[3] == 3,
            "DATA decodes");
+    wire_state ws;
+    EXPECT(!wire_decode_state(s[10].payload, s[10].bytes, &ws) && ws.flags == 0 && ws.donor_id == 1,
+           "STATE decodes (a whole transfer)");
+    EXPECT(!wire_decode_state(s[18].payload, s[18].bytes, &ws) && ws.flags == STATE_CATCHUP && ws.total_bytes == 5000,
+           "STATE decodes (a catch-up transfer)");
+    int64_t step = 0;
+    EXPECT(!wire_decode_step(s[19].payload, s[19].bytes, &step) && step == 15, "CAUGHT_UP decodes");
+    EXPECT(!wire_decode_step(s[20].payload, s[20].bytes, &step) && step == 17, "STATE_END decodes");
+    EXPECT(!wire_decode_data(s[21].payload, s[21].bytes, &d) && d.kind == DATA_CATCHUP && d.outer_step == 13 &&
+               d.chunk_len == 2000 && d.bytes[1] == 3,
+           "DATA of a catch-up mean decodes");
+    uint8_t sb[WIRE_STATE_BYTES];
+    for (int i = 0; i < 2; i++) {
+        wire_state bad = catchup_state_with(i == 0 ? 2 : STATE_CATCHUP);
+        wire_encode_state(&bad, sb);
+        if (i == 1) sb[28] = 1;
+        EXPECT(wire_decode_state(sb, sizeof sb, &ws) != NULL, "STATE with %s is refused",
+               i == 0 ? "an unknown flag" : "its reserved field set");
+    }
+    EXPECT(wire_decode_state(sb, 24, &ws) != NULL, "STATE of version 7's 24 bytes is refused");
     wire_auth a;
     EXPECT(!wire_decode_auth(s[1].payload, s[1].bytes, &a) && a.replica_id == 2 && a.streams == 4 &&
                a.run_fingerprint == 0x1234567890abcdefull && a.session_id == 99 && a.hub_index == 1 && a.hubs == 3,
@@ -312,6 +349,9 @@ static void test_decoders_refuse_nonsense(void) {
     data.offset = 0, data.kind = 7;
     wire_encode_data_head(&data, d);
     EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 4096, &got) != NULL, "DATA kind 7");
+    data.kind = DATA_CATCHUP + 1;
+    wire_encode_data_head(&data, d);
+    EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 4096, &got) != NULL, "DATA kind 5");
     data.kind = DATA_PAYLOAD, data.total_bytes = WIRE_MAX_TRANSFER_BYTES + 1;
     wire_encode_data_head(&data, d);
     EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 4096, &got) != NULL, "DATA transfer over 1 TiB");
