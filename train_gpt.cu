@@ -2488,13 +2488,16 @@ static double inner_phase_s(const param_table *t, const train_config *cfg, int w
 // What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
 // (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
 // time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase; decay_s the
-// decay phase's, 0 without one), whether the group's round waits for it: a transfer longer than
-// the inner phase holds the round for the rest (docs/diloco.md, "Not yet").
+// decay phase's, 0 without one), what a transfer longer than the inner phase costs: through one
+// hub the relay's catch-up (its default) lets the rounds go on and the joiner takes the means of
+// those that closed meanwhile (x: their bytes); with several hubs it holds the round for the
+// rest (docs/diloco.md, "Not yet").
 static void print_join_transfer(const param_table *t, const train_config *cfg, int world, double link, double inner_s,
-                                double decay_s) {
+                                double decay_s, const diloco_traffic *x) {
     if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
     bool with_m = cfg->diloco_outer_momentum != 0.0;
-    int ranks = world > 0 ? world : 1;
+    int ranks = world > 0 ? world : 1, hubs = 1;
+    for (const char *c = cfg->diloco_rendezvous; c && *c; c++) hubs += *c == ',';
     int64_t bytes = 0;
     for (int r = 0; r < ranks; r++) {
         shard_map map;
@@ -2512,20 +2515,43 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
         printf("\n");
         return;
     }
-    if (decay_s > 0 && s > decay_s)
-        snprintf(e, sizeof e, ", about %s in the decay phase", format_duration(s - decay_s, c, sizeof c));
-    if (s <= inner_s && !e[0])
+    double shortest = decay_s > 0 && decay_s < inner_s ? decay_s : inner_s;
+    if (s <= shortest) {
         printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait\n",
                format_duration(inner_s, b, sizeof b));
-    else if (s <= inner_s)
+        return;
+    }
+    if (hubs == 1) {
+        // A fragment syncs every inner_s / P; each of its means takes mean_s on the link. The
+        // rounds closed while the state went, then those closed while their means went, ...:
+        // s / sync_s / (1 − mean_s / sync_s) in all, as long as a mean is faster than a sync.
+        double sync_s = inner_s / (double)cfg->diloco_fragments, mean_s = (double)x->fragment_down / link;
+        if (mean_s >= sync_s) {
+            printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
+                   "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
+                   "up (a larger H or fewer fragments, or a faster link)\n",
+                   format_duration(inner_s, b, sizeof b), format_duration(mean_s, c, sizeof c),
+                   format_duration(sync_s, a, sizeof a));
+            return;
+        }
+        int64_t rounds = (int64_t)ceil(s / (sync_s - mean_s));
+        printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds for it: the "
+               "joiner then takes the means of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains\n",
+               format_duration(inner_s, b, sizeof b), (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9,
+               format_duration((double)rounds * mean_s, c, sizeof c));
+        return;
+    }
+    if (decay_s > 0 && s > decay_s)
+        snprintf(e, sizeof e, ", about %s in the decay phase", format_duration(s - decay_s, c, sizeof c));
+    if (s <= inner_s)
         printf("; the inner phase takes %s: the group does not wait, but for a join in the decay phase, which holds "
-               "the round about %s\n",
-               format_duration(inner_s, b, sizeof b), format_duration(s - decay_s, c, sizeof c));
+               "the round about %s (with %d hubs: catch-up transfers need one)\n",
+               format_duration(inner_s, b, sizeof b), format_duration(s - decay_s, c, sizeof c), hubs);
     else
-        printf("; the inner phase takes %s: each join holds the group's round about %s%s; the relay's --max_hold_s "
-               "caps that wait, but a transfer it cuts is tried again later: a join needs a longer inner phase or a "
-               "faster link\n",
-               format_duration(inner_s, b, sizeof b), format_duration(s - inner_s, c, sizeof c), e);
+        printf("; the inner phase takes %s: each join holds the group's round about %s%s (with %d hubs: catch-up "
+               "transfers need one); the relay's --max_hold_s caps that wait, but a transfer it cuts is tried again "
+               "later: a join needs a longer inner phase or a faster link\n",
+               format_duration(inner_s, b, sizeof b), format_duration(s - inner_s, c, sizeof c), e, hubs);
 }
 
 // One hub host's CPU and memory per outer step (plan_hub_load) against link_s, a replica's
@@ -2616,7 +2642,8 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                                                : "training waits for every sync");
     }
     double inner_s = inner_phase_s(t, cfg, world);
-    print_join_transfer(t, cfg, world, link, inner_s, decay_syncs && inner_s > 0 ? inner_s * (double)Hd / (double)H : 0);
+    print_join_transfer(t, cfg, world, link, inner_s, decay_syncs && inner_s > 0 ? inner_s * (double)Hd / (double)H : 0,
+                        &x);
 }
 
 // Prints the model's size, FLOPs per token and memory plan without touching any data

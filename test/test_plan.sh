@@ -7,8 +7,9 @@
 #     taken from the code), to the 0.01 GiB the table prints. At 8 x 4096 only full fits.
 #  2. The DiLoCo row: int8 with error feedback over tcp, and int4 over mpi in 4 fragments with a
 #     bf16 downlink, against the hand arithmetic of what diloco.c and the transports allocate;
-#     the line on a joiner's state (its bytes, its time at 100 Mbit/s, how long it holds the round
-#     against the inner phase and the decay phase's) against hand arithmetic.
+#     the line on a joiner's state (its bytes, its time at 100 Mbit/s; through one hub the means
+#     the catch-up takes after it, through two how long it holds the round against the inner
+#     phase and the decay phase's) against hand arithmetic.
 #  3. recompute = auto in runs (CPU, an 8-layer model): memory_budget_mb from the plan's own
 #     totals picks none, selective, full on every 2nd layer, full, and refuses below full with
 #     one line; each run prints what it chose and, after its first step, the measured
@@ -184,38 +185,54 @@ check "DiLoCo row counted in the cpu total, beside the gpu's" sh -c "
         2>&1 | grep -q 'cpu backend (fp32), recompute .* + [0-9.]* DiLoCo\$'"
 check "no DiLoCo row without DiLoCo" sh -c "! grep -q 'diloco outer state' '$tmp/plan1.txt'"
 # A joiner's state over tcp: every rank's 448-byte header + θ and m (8 B per value of its pieces,
-# ⌈unit/40⌉ of every unit), all ranks together; 4 B without outer momentum. On a
-# 100 Mbit/s link 116.2 GB take 2h34m; an inner phase of 10 steps at 40 % of 989 TFLOP/s
-# (2,097,152 tokens x 93.279 GFLOP per step and GPU: 494.6 s a step) is 1h22m, so a join holds
-# the round 2h34m56s − 1h22m26s = 1h12m; with a decay phase of 5 steps (41m13s) there, 1h53m; at
-# H 100 it does not.
-join_bytes=$("$PYTHON" -c "
+# ⌈unit/40⌉ of every unit), all ranks together; 4 B without outer momentum. On a 100 Mbit/s
+# link 116.2 GB take 2h34m56s; an inner phase of 10 steps at 40 % of 989 TFLOP/s (2,097,152
+# tokens x 93.279 GFLOP per step and GPU: 494.6 s a step) is 1h22m26s. Through one hub the
+# relay's catch-up lets the rounds go on: a sync every 4946 s, each mean (the replica's
+# downlink bytes, 1 B a value + 4 per 128 + 96 per segment) 1199 s on the link, so
+# ⌈9296.5 / (4946 − 1199)⌉ = 3 rounds close meanwhile. Through two hubs (no catch-up) the
+# join holds the round 2h34m56s − 1h22m26s = 1h12m; with a decay phase of 5 steps (41m13s),
+# 1h53m there. At H 100 no transfer outlasts the phase.
+join_want=$("$PYTHON" -c "
 import math
 V, L, C, Hq, Hkv, D, F = 128256, 40, 5120, 40, 8, 128, 17408
 layer = C + Hq*D*C + 2*Hkv*D*C + 2*D + C*Hq*D + C + 3*F*C
 n = sum(math.ceil(u / 40) for u in [V*C] + [layer]*L + [C + V*C])   # one rank's pieces
-print(40*(448 + 8*n), 40*(448 + 4*n))")
-join_line() {  # join_line H MOMENTUM H_D: the plan's line on a joiner's state at 40 ranks
+S, block = 262144, 128
+enc = lambda m: math.ceil(m / block) * 4 + m
+down = 40 * ((n // S) * enc(S) + (enc(n % S) if n % S else 0) + math.ceil(n / S) * 96)
+state = 40 * (448 + 8 * n)
+inner = 10 * 2097152 * 93.279e9 / (0.4 * 989e12)
+rounds = math.ceil(state / 12.5e6 / (inner - down / 12.5e6))
+s = int(rounds * down / 12.5e6 + 0.5)
+print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60))")
+read -r join_bytes join_bytes_no_m join_rounds join_gb join_more <<<"$join_want"
+join_line() {  # join_line H MOMENTUM H_D RENDEZVOUS: the plan's line on a joiner's state at 40 ranks
     "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
-        --diloco_rendezvous 127.0.0.1:9 --diloco_secret_file unused --diloco_inner_steps "$1" \
+        --diloco_rendezvous "$4" --diloco_secret_file unused --diloco_inner_steps "$1" \
         --diloco_outer_lr 0.7 --diloco_outer_momentum "$2" --diloco_decay_inner_steps "$3" --peak_tflops 989 2>&1 |
         grep 'joins late or rejoins'
 }
-join_line 10 0.9 0 >"$tmp/join10.txt"
-join_line 10 0.9 5 >"$tmp/join10d.txt"
-join_line 100 0.9 0 >"$tmp/join100.txt"
-join_line 10 0 0 >"$tmp/join_no_m.txt"
-say "  joiner's state, H 10: $(sed 's/.*diloco: //' "$tmp/join10.txt")"
+one=127.0.0.1:9 two=127.0.0.1:9,127.0.0.1:10
+join_line 10 0.9 0 "$one" >"$tmp/join10.txt"
+join_line 10 0.9 0 "$two" >"$tmp/join10h.txt"
+join_line 10 0.9 5 "$two" >"$tmp/join10d.txt"
+join_line 100 0.9 0 "$one" >"$tmp/join100.txt"
+join_line 10 0 0 "$one" >"$tmp/join_no_m.txt"
+say "  joiner's state, H 10, one hub: $(sed 's/.*diloco: //' "$tmp/join10.txt")"
 check "a joiner's state over tcp at 40 ranks: 40 x 448 + 8 B/param bytes, 2h34m at 100 Mbit/s" \
-    grep -q "(${join_bytes% *} bytes, every rank its pieces over its own connection), 2h34m on the link" "$tmp/join10.txt"
-check "a transfer longer than the inner phase (1h22m at H 10) holds the round about 1h12m" \
-    grep -q "the inner phase takes 1h22m: each join holds the group.s round about 1h12m;" "$tmp/join10.txt"
-check "with diloco_decay_inner_steps 5 (41m13s) a join in the decay phase holds it about 1h53m" \
-    grep -q "about 1h12m, about 1h53m in the decay phase;" "$tmp/join10d.txt"
+    grep -q "(${join_bytes} bytes, every rank its pieces over its own connection), 2h34m on the link" "$tmp/join10.txt"
+check "one hub, a transfer longer than the inner phase: catch-up, the means of $join_rounds rounds ($join_gb GB, $join_more)" \
+    grep -q "does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
+    "$tmp/join10.txt"
+check "two hubs, a transfer longer than the inner phase (1h22m at H 10) holds the round about 1h12m" \
+    grep -q "the inner phase takes 1h22m: each join holds the group.s round about 1h12m (with 2 hubs" "$tmp/join10h.txt"
+check "two hubs, diloco_decay_inner_steps 5 (41m13s): a join in the decay phase holds it about 1h53m" \
+    grep -q "about 1h12m, about 1h53m in the decay phase (with 2 hubs" "$tmp/join10d.txt"
 check "a transfer shorter than the inner phase (H 100): the group does not wait" \
     grep -q "the group does not wait" "$tmp/join100.txt"
 check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
-    grep -q "θ (no outer momentum) in fp32: [0-9.]* GB (${join_bytes#* } bytes" "$tmp/join_no_m.txt"
+    grep -q "θ (no outer momentum) in fp32: [0-9.]* GB (${join_bytes_no_m} bytes" "$tmp/join_no_m.txt"
 check "no joiner's line over mpi (its replicas never join late)" sh -c "
     ! '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
         --diloco_transport mpi 2>&1 | grep -q 'joins late or rejoins'"
