@@ -44,7 +44,8 @@ tool=build/test_tool
 "$tool" shard "$out/train.bin" 64 0 60000 11 >/dev/null
 head -c 32 /dev/urandom >"$out/secret"
 port=$(free_port)
-"$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$out/secret" --timeout_s 3 >"$out/relay.log" 2>&1 &
+# --catch_up 0: the whole transfer, which may hold the round (bench/diloco/catch_up.sh: the default).
+"$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$out/secret" --timeout_s 3 --catch_up 0 >"$out/relay.log" 2>&1 &
 pids+=($!)
 until grep -q "listening on" "$out/relay.log"; do sleep 0.05; done
 args=(test/configs/tiny_test.conf --train_data "$out/train.bin" --val_every 0 --threads 1 --log_every 1000

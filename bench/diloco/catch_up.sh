@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# bench/diloco/catch_up.sh — what a join costs the group when its state transfer outlasts an
+# inner phase: the relay's catch-up transfer (--catch_up 1, the default) against the whole
+# transfer that holds the round (--catch_up 0) (docs/protocol.md#catch-up-transfers).
+#
+#   bash bench/diloco/catch_up.sh [OUT]
+#
+# Three replicas through a relay on this machine (tcp on loopback, one thread each),
+# test/configs/tiny_test.conf at d_model 128 (303,872 parameters), batch B (16), H (5) inner
+# steps, Nesterov outer momentum (so the state is θ and m, 2.4 MB), fp32 outer gradients.
+# Replicas 0 and 1 start; once round 1 has closed, replica 2 starts and waits for the group's
+# state, which replica 0 sends over a slow link (TRAIN_GPT_FAULT=tcp_slow_state: one 128 KiB
+# chunk per 0.5 s, about 10 s for the state) — several inner phases. Each mode runs until
+# the three have contributed together to 5 rounds. OUT/MODE/summary.txt: the transfer's
+# length; the length of the first round to close after the donor's designation (with
+# --catch_up 0 it waits for the whole transfer); the rounds that closed while it went and their
+# mean length, against the median round of the two before it; the rounds after it with all
+# three; the joiner's caught_up_rounds and skipped_steps.
+# OUT/summary.txt: both modes.
+#
+# Environment: TRAIN_GPT (default ./train_gpt), B, H, PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-bench/results/diloco-catch-up}
+train_gpt=${TRAIN_GPT:-./train_gpt}
+B=${B:-16}
+H=${H:-5}
+python=${PYTHON:-/usr/bin/python3}
+rm -rf "$out"
+mkdir -p "$out"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+
+free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+closed() { grep -c "round [0-9]* closed" "$1/relay.log" 2>/dev/null || true; }
+with_three() { grep -c "closed: 3 contributor(s)" "$1/relay.log" 2>/dev/null || true; }
+alive() {
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "catch_up: a process died" >&2; exit 1; }; done
+}
+
+tool=build/test_tool
+[ -x "$tool" ] || make -s "$tool"
+"$tool" shard "$out/train.bin" 64 0 60000 11 >/dev/null
+head -c 32 /dev/urandom >"$out/secret"
+
+run_mode() {  # run_mode NAME CATCH_UP
+    local dir=$out/$1 port r fault
+    mkdir -p "$dir"
+    port=$(free_port)
+    pids=()
+    "$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$out/secret" --timeout_s 2 --catch_up "$2" \
+        >"$dir/relay.log" 2>&1 &
+    pids+=($!)
+    until grep -q "listening on" "$dir/relay.log"; do sleep 0.05; done
+    local args=(test/configs/tiny_test.conf --train_data "$out/train.bin" --val_every 0 --threads 1 --log_every 1000
+        --ckpt_every 0 --ckpt_keep 0 --max_steps 100000000 --d_model 128 --d_ff 256 --batch_size "$B"
+        --diloco_inner_steps "$H" --diloco_replicas 3 --diloco_min_replicas 2 --diloco_quant none
+        --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_transport tcp
+        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$out/secret" --diloco_timeout_s 2)
+    for r in 0 1 2; do
+        if [ "$r" = 2 ]; then until [ "$(closed "$dir")" -ge 2 ]; do alive; sleep 0.2; done; fi
+        fault=""
+        [ "$r" = 0 ] && fault=tcp_slow_state:0
+        TRAIN_GPT_FAULT=$fault "$train_gpt" "${args[@]}" --diloco_replica_id "$r" --out_dir "$dir/r$r" \
+            >"$dir/r$r.log" 2>&1 &
+        pids+=($!)
+    done
+    until [ "$(with_three "$dir")" -ge 5 ]; do alive; sleep 0.2; done
+    kill -TERM "${pids[@]:1}"
+    for p in "${pids[@]:1}"; do wait "$p" || true; done
+    kill "${pids[0]}" 2>/dev/null || true
+    wait "${pids[0]}" 2>/dev/null || true
+    "$python" - "$dir" "$1" <<'PY'
+import json, re, statistics, sys
+d, mode = sys.argv[1], sys.argv[2]
+log = open(f"{d}/relay.log").read()
+closes = [(float(t), int(k), int(n)) for t, k, n in
+          re.findall(r"\[\s*([0-9.]+)s\] round (\d+) closed: (\d+) contributor", log)]
+began = float(re.search(r"\[\s*([0-9.]+)s\] replica \d+ is the donor", log).group(1))
+end = re.search(r"\[\s*([0-9.]+)s\] (?:catch-up transfer from replica \d+ over|state after round \d+ relayed)", log)
+ended = float(end.group(1))
+lengths = [(t, k, n, t - closes[i - 1][0]) for i, (t, k, n) in enumerate(closes) if i > 0]
+before = [x for t, k, n, x in lengths if t <= began and n == 2]
+during = [x for t, k, n, x in lengths if began < t <= ended]
+after = [x for t, k, n, x in lengths if t > ended and n == 3]
+join = [json.loads(l) for l in open(f"{d}/r2/metrics.jsonl") if '"diloco_join"' in l][-1]
+first = next((x for t, k, n, x in lengths if t > began), None)   # the round the designation fell in: held, or not
+lines = [f"{mode}: transfer {ended - began:.1f} s (designation to its end at the hub)",
+         f"  the first round to close after the designation: {first:.2f} s" if first is not None else "  no round closed after it",
+         f"  rounds closed while it went: {len(during)}, "
+         + (f"mean {statistics.mean(during):.2f} s, longest {max(during):.2f} s" if during else "none"),
+         f"  rounds before it (two replicas): median {statistics.median(before):.2f} s" if before else "  rounds before it: none",
+         f"  rounds after it (all three): median {statistics.median(after):.2f} s" if after else "  rounds after it: none",
+         f"  joiner: caught_up_rounds {join.get('caught_up_rounds', 0)}, skipped_steps {join.get('skipped_steps')}"]
+open(f"{d}/summary.txt", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+    find "$dir"/r? -type f ! -name metrics.jsonl -delete
+    find "$dir"/r? -type d -empty -delete
+}
+
+run_mode catch_up 1
+run_mode whole 0
+cat "$out/catch_up/summary.txt" "$out/whole/summary.txt" >"$out/summary.txt"
+rm -f "$out/train.bin" "$out/secret"
