@@ -816,6 +816,25 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 // answered its CAUGHT_UP with the last round it had closed, which may be one more at one hub
 // than at another; those behind take the means up to the furthest (transport_catchup_extend),
 // until all agree. false: a rank lost its hub meanwhile (every rank joins again).
+// The counters a join ends with: the state's, or after a catch-up the donor's at the last mean
+// (its round + 1, its step and tokens): a sharded replica's ranks compare these (their states
+// may be of different rounds — each rank's hub gives the state of the first close after that
+// rank's JOIN — and their means bring them to the same).
+static state_counters final_counters(diloco *d, size_t got) {
+    state_counters c = check_state(d, got);
+    int n = transport_catchup_count(d->net);
+    if (n > 0) {
+        size_t bytes = 0;
+        const uint8_t *p = transport_catchup_patch(d->net, n - 1, &bytes);
+        if (bytes >= CATCHUP_HEADER_BYTES) {
+            c.outer_step = (int64_t)get_u64(p + 16) + 1;
+            c.step = (int64_t)get_u64(p + 32);
+            c.tokens = (int64_t)get_u64(p + 40);
+        }
+    }
+    return c;
+}
+
 static bool agree_catchup_round(diloco *d, size_t got) {
     state_counters c = check_state(d, got);
     int64_t mine = c.outer_step - 1 + transport_catchup_count(d->net);
@@ -860,7 +879,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
         int ranks_took = (int)replica_sum(d, took ? 1.0 : 0.0);
         if (ranks_took == 0) return false;
         if (ranks_took == d->ranks && agree_catchup_round(d, got)) {
-            state_counters c = check_state(d, got);
+            state_counters c = final_counters(d, got);
             bool same = true;
             for (int i = 0; i < 3; i++) {
                 double x = (double)(i == 0 ? c.outer_step : i == 1 ? c.step : c.tokens);

@@ -700,6 +700,12 @@ static void abort_transfer(relay *h, const char *why, bool backoff) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
         if (!receives_state(r)) continue;
+        // A catch-up joiner that was told its round and has every mean up to it queued has all
+        // it needs: it stays a member (it trains, and is due from the next round).
+        if (r->catching_up && r->caught_up_to >= 0 && h->patched_through >= r->caught_up_to) {
+            r->catching_up = false;
+            continue;
+        }
         unjoin(h, i);
         joiners++;
         if (backoff) {

@@ -1359,7 +1359,10 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
 
 static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     tcp *t = impl;
-    if (t->send_catchup) {
+    take_pump(t);
+    bool catch_up = t->send_catchup;   // the ROUND that made this replica the donor said so
+    pthread_mutex_unlock(&t->pump_lock);
+    if (catch_up) {
         send_state_catching_up(t, state, bytes, hooks);
         return;
     }
@@ -1491,7 +1494,9 @@ static int tcp_catchup_count(void *impl) {
 
 // The joiner's want_state stays up after a catch-up join (its means may still come) until the
 // next join, or this: CAUGHT_UP(round) again, then the means up to the hub's answer.
-static bool extended(tcp *t) { return t->state_end_known && patched_through(t) >= t->state_end_round; }
+static bool extended(tcp *t) {
+    return !t->state_catchup || (t->state_end_known && patched_through(t) >= t->state_end_round);   // or aborted
+}
 
 static int64_t tcp_catchup_extend(void *impl, int64_t round) {
     tcp *t = impl;
@@ -1505,7 +1510,7 @@ static int64_t tcp_catchup_extend(void *impl, int64_t round) {
         if (send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(round, buf), err, sizeof err)) {
             note("diloco: replica %d takes the means up to round %lld, as its other ranks", t->o.replica_id,
                  (long long)round);
-            if (pump(t, extended)) end = t->state_end_round;
+            if (pump(t, extended) && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
         }
         t->want_state = false;
         if (end < 0) {
