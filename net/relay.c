@@ -803,25 +803,34 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
     finish_transfer_if_whole(h);   // a state of 0 bytes has no chunks
 }
 
+// A chunk from the donor for transfer t: checked against it and counted, copied into a blob to
+// relay (the caller releases it). NULL when the donor was dropped (a wrong chunk) or the
+// transfer aborted (no memory).
+static blob *take_donor_chunk(relay *h, int id, transfer *t, const wire_data *d) {
+    const char *why = transfer_expect(t, d->outer_step, d->total_bytes, d->chunk_bytes);
+    if (!why) why = transfer_take(t, d);
+    if (why) {
+        drop_replica(h, id, why);
+        return NULL;
+    }
+    blob *b = blob_new((size_t)d->chunk_len);
+    if (!b) {
+        abort_transfer(h, "the hub is out of memory", false);
+        return NULL;
+    }
+    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
+    h->donor_progress_s = wall_seconds();
+    return b;
+}
+
 static void on_state_chunk(relay *h, int id, const wire_data *d) {
     if (h->donor != id) {
         if (rep(h, id)->state_cut) return;   // told to stop: what was on the way
         drop_replica(h, id, "sent state chunks it was not asked for");
         return;
     }
-    const char *why = transfer_expect(&h->st, d->outer_step, d->total_bytes, d->chunk_bytes);
-    if (!why) why = transfer_take(&h->st, d);
-    if (why) {
-        drop_replica(h, id, why);
-        return;
-    }
-    blob *b = blob_new((size_t)d->chunk_len);
-    if (!b) {
-        abort_transfer(h, "the hub is out of memory", false);
-        return;
-    }
-    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
-    h->donor_progress_s = wall_seconds();
+    blob *b = take_donor_chunk(h, id, &h->st, d);
+    if (!b) return;
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
@@ -870,20 +879,9 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
         drop_replica(h, id, why);
         return;
     }
-    const char *why = transfer_expect(&h->patch, d->outer_step, d->total_bytes, d->chunk_bytes);
-    if (!why) why = transfer_take(&h->patch, d);
-    if (why) {
-        drop_replica(h, id, why);
-        return;
-    }
-    h->patch.announced = true;   // a patch has no announcement: its chunks say its size
-    blob *b = blob_new((size_t)d->chunk_len);
-    if (!b) {
-        abort_transfer(h, "the hub is out of memory", false);
-        return;
-    }
-    memcpy(b->data, d->bytes, (size_t)d->chunk_len);
-    h->donor_progress_s = wall_seconds();
+    blob *b = take_donor_chunk(h, id, &h->patch, d);
+    if (!b) return;
+    h->patch.announced = true;   // a catch-up mean has no announcement: its chunks say its size
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
     fwd.bytes = b->data;
