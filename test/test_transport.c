@@ -594,8 +594,12 @@ static void start_hub_fault(scenario *s, const char *listen, const char *extra, 
         snprintf(timeout, sizeof timeout, "%g", TIMEOUT_S);
         char listen_copy[64];
         snprintf(listen_copy, sizeof listen_copy, "%s", listen);
-        char *argv[16] = {"relay", "--listen", listen_copy, "--secret_file", secret_path, "--timeout_s", timeout};
-        int argc = 7;
+        // --catch_up 0: these replicas are the transport's alone (no diloco.c to keep its state or
+        // send the means of later rounds), so their joins are whole transfers; the catch-up is
+        // tested with the trainer (test_diloco_late.sh, test_fsdp_diloco.sh).
+        char *argv[16] = {"relay", "--listen", listen_copy, "--secret_file", secret_path, "--timeout_s", timeout,
+                          "--catch_up", "0"};
+        int argc = 9;
         char extra_copy[64];
         if (extra) {
             snprintf(extra_copy, sizeof extra_copy, "%s", extra);
