@@ -82,6 +82,8 @@ expect_error "diloco_rendezvous with a bad second hub" "diloco_rendezvous: 'noho
     "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,nohost
 expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5
+expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a number from 0 to 1" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --catch_up 2
 
 # --- data
 expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
