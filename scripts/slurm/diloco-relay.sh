@@ -4,7 +4,7 @@
 # needs no GPU and little CPU; it restarts itself if it ends, and logs to relay.log.
 #   openssl rand -hex 32 > diloco.secret && chmod 600 diloco.secret   # once; copy to every cluster
 #   nohup scripts/slurm/diloco-relay.sh 29500 diloco.secret &          # or inside tmux / screen
-#   scripts/slurm/diloco-relay.sh 29500 diloco.secret --max_hold_s 3600 # more options: train_gpt relay --help
+#   scripts/slurm/diloco-relay.sh 29500 diloco.secret --shards 4       # replicas of 4 ranks; more options: train_gpt relay --help
 # Replicas that lose the hub keep training and skip outer steps until it is back; a hub
 # restart costs the round in progress, nothing else.
 set -u
