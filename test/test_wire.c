@@ -28,6 +28,7 @@ typedef struct {
     uint8_t payload[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS + 5000];
     size_t bytes;
 } sample;
+#define SAMPLES 22   // samples() writes one of every type, and of the catch-up's frames
 
 // One valid payload of every type.
 static int samples(sample *s) {
@@ -96,9 +97,9 @@ static wire_state catchup_state_with(uint32_t flags) {
 }
 
 static void test_round_trips(void) {
-    static sample s[24];
+    static sample s[SAMPLES];
     int n = samples(s);
-    EXPECT(n == 22, "%d sample types", n);
+    EXPECT(n == SAMPLES, "%d sample types", n);
     for (int i = 0; i < n; i++) {
         size_t bytes = wire_build(frame, s[i].type, 41, s[i].payload, s[i].bytes, KEY);
         wire_frame f;
@@ -438,7 +439,7 @@ static void test_addresses(void) {
 
 static int write_corpus(const char *dir) {
     if (!make_dirs(dir)) fail("--corpus: cannot create '%s': %s", dir, strerror(errno));
-    static sample s[20];
+    static sample s[SAMPLES];
     int n = samples(s);
     static const uint8_t zero[WIRE_KEY_BYTES] = {0};
     for (int i = 0; i < n; i++) {
