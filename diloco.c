@@ -46,6 +46,7 @@
 #define CATCHUP_MAGIC "TGDLCTCH"
 #define CATCHUP_VERSION 1
 #define CATCHUP_HEADER_BYTES 104
+#define CATCHUP_IDS 72            // where the contributors' bits are
 #define STATE_MAGIC "TGDLSTAT"
 #define STATE_VERSION 5
 #define STATE_HAS_MOMENTUM 1u
@@ -447,6 +448,52 @@ static bool all_zero_bits(const float *x, int64_t n) {
     return any == 0;
 }
 
+// One of a state's RECENT_ROUNDS records: i64 round, u32 flags (1 applied), u32 0, u8 ids[32].
+static void put_round_record(uint8_t *q, int64_t round, bool applied, const uint8_t *ids) {
+    put_u64(q, (uint64_t)round);
+    put_u64(q + 8, applied ? 1 : 0);
+    memcpy(q + 16, ids, TRANSPORT_MAX_REPLICAS / 8);
+}
+
+// The contributors of a round as bits (bit i of byte i/8: replica i).
+static void contributor_bits(const round_result *r, uint8_t ids[TRANSPORT_MAX_REPLICAS / 8]) {
+    memset(ids, 0, TRANSPORT_MAX_REPLICAS / 8);
+    for (int c = 0; c < r->n; c++)
+        if (r->ids[c] >= 0 && r->ids[c] < TRANSPORT_MAX_REPLICAS) ids[r->ids[c] / 8] |= (uint8_t)(1u << (r->ids[c] % 8));
+}
+
+// A catch-up mean's header (the format above CATCHUP_MAGIC), read: NULL, or why it is malformed.
+typedef struct {
+    bool applied;
+    int64_t round, fragment, step, tokens, phase_ms;
+    double lr, mu;
+    const uint8_t *ids;     // TRANSPORT_MAX_REPLICAS / 8 bytes
+} catchup_header;
+
+static double get_f64(const uint8_t *p) {
+    uint64_t bits = get_u64(p);
+    double x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+static void put_f64(uint8_t *p, double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    put_u64(p, bits);
+}
+
+static const char *read_catchup(const uint8_t *p, size_t bytes, catchup_header *h) {
+    if (bytes < CATCHUP_HEADER_BYTES || memcmp(p, CATCHUP_MAGIC, 8) != 0 || get_u32(p + 8) != CATCHUP_VERSION ||
+        (get_u32(p + 12) & ~1u) != 0)
+        return "malformed";
+    *h = (catchup_header){.applied = get_u32(p + 12) & 1, .round = (int64_t)get_u64(p + 16),
+                          .fragment = (int64_t)get_u64(p + 24), .step = (int64_t)get_u64(p + 32),
+                          .tokens = (int64_t)get_u64(p + 40), .phase_ms = (int64_t)get_u64(p + 48),
+                          .lr = get_f64(p + 56), .mu = get_f64(p + 64), .ids = p + CATCHUP_IDS};
+    return NULL;
+}
+
 // Where a donor's state begins: its header, just before θ in their block.
 static uint8_t *state_header(const diloco *d) { return d->outer_block + STATE_THETA_OFFSET - STATE_HEADER_BYTES; }
 
@@ -464,12 +511,9 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + 40, (uint64_t)d->numel);
     put_u64(p + STATE_SENT_AT, (uint64_t)st->step);   // stamped again as the last chunk goes
     put_u64(p + STATE_PHASE_MS, 0);
-    for (int i = 0; i < RECENT_ROUNDS; i++) {
-        uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
-        put_u64(q, (uint64_t)d->recent[i].round);
-        put_u64(q + 8, d->recent[i].applied ? 1 : 0);  // u32 flags + u32 0
-        memcpy(q + 16, d->recent[i].ids, sizeof d->recent[i].ids);
-    }
+    for (int i = 0; i < RECENT_ROUNDS; i++)
+        put_round_record(p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES, d->recent[i].round,
+                         d->recent[i].applied, d->recent[i].ids);
     return STATE_HEADER_BYTES + (with_m ? 2 : 1) * (size_t)d->numel * sizeof(float);
 }
 
@@ -668,38 +712,29 @@ static int apply_catchup(diloco *d, state_counters *c) {
     for (int i = 0; i < count; i++) {
         size_t bytes = 0;
         const uint8_t *p = transport_catchup_patch(d->net, i, &bytes);
-        if (bytes < CATCHUP_HEADER_BYTES || memcmp(p, CATCHUP_MAGIC, 8) != 0 || get_u32(p + 8) != CATCHUP_VERSION)
+        catchup_header h;
+        if (read_catchup(p, bytes, &h))
             fail("diloco: catch-up mean %d of %d from the donor is malformed (%zu bytes)", i + 1, count, bytes);
-        bool applied = get_u32(p + 12) & 1;
-        int64_t round = (int64_t)get_u64(p + 16), frag = (int64_t)get_u64(p + 24);
-        int64_t step = (int64_t)get_u64(p + 32), tokens = (int64_t)get_u64(p + 40), phase_ms = (int64_t)get_u64(p + 48);
-        double lr, mu;
-        uint64_t bits = get_u64(p + 56);
-        memcpy(&lr, &bits, 8);
-        bits = get_u64(p + 64);
-        memcpy(&mu, &bits, 8);
-        if (round != c->outer_step || frag < 0 || frag >= d->n_fragments || step < c->step || step > d->cfg->max_steps ||
-            tokens < c->tokens || phase_ms < 0 || (get_u32(p + 12) & ~1u) != 0 ||
-            bytes != CATCHUP_HEADER_BYTES + (applied ? d->fragments[frag].mean_bytes : 0) || !isfinite(lr) ||
-            !isfinite(mu))
+        if (h.round != c->outer_step || h.fragment < 0 || h.fragment >= d->n_fragments || h.step < c->step ||
+            h.step > d->cfg->max_steps || h.tokens < c->tokens || h.phase_ms < 0 ||
+            bytes != CATCHUP_HEADER_BYTES + (h.applied ? d->fragments[h.fragment].mean_bytes : 0) || !isfinite(h.lr) ||
+            !isfinite(h.mu))
             fail("diloco: catch-up mean %d of %d is inconsistent (round %lld after outer step %lld, fragment %lld, "
                  "step %lld after %lld, %zu bytes)",
-                 i + 1, count, (long long)round, (long long)c->outer_step, (long long)frag, (long long)step,
+                 i + 1, count, (long long)h.round, (long long)c->outer_step, (long long)h.fragment, (long long)h.step,
                  (long long)c->step, bytes);
-        if (applied) {
-            const fragment *fr = &d->fragments[frag];
+        if (h.applied) {
+            const fragment *fr = &d->fragments[h.fragment];
             round_result r = {.mean = p + CATCHUP_HEADER_BYTES, .mean_bytes = fr->mean_bytes};
-            if (!average_delta(d, fr, &r)) fail("diloco: catch-up mean of round %lld holds NaN/Inf", (long long)round);
-            outer_update(d, fr, theta, momentum, lr, mu);
+            if (!average_delta(d, fr, &r)) fail("diloco: catch-up mean of round %lld holds NaN/Inf", (long long)h.round);
+            outer_update(d, fr, theta, momentum, h.lr, h.mu);
         }
-        uint8_t *q = d->state + STATE_COUNTERS_BYTES + (size_t)(round % RECENT_ROUNDS) * ROUND_RECORD_BYTES;
-        put_u64(q, (uint64_t)round);
-        put_u64(q + 8, applied ? 1 : 0);
-        memcpy(q + 16, p + 72, TRANSPORT_MAX_REPLICAS / 8);
-        c->outer_step = round + 1;
-        c->step = c->sent_at_step = step;
-        c->tokens = tokens;
-        c->phase_ms = phase_ms;
+        put_round_record(d->state + STATE_COUNTERS_BYTES + (size_t)(h.round % RECENT_ROUNDS) * ROUND_RECORD_BYTES,
+                         h.round, h.applied, h.ids);
+        c->outer_step = h.round + 1;
+        c->step = c->sent_at_step = h.step;
+        c->tokens = h.tokens;
+        c->phase_ms = h.phase_ms;
     }
     return count;
 }
@@ -801,21 +836,6 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
              diloco_replica_id(d), (long long)was_outer, (long long)c.outer_step, w, sqrt(work_sq));
 }
 
-// Joins (or after an eviction rejoins) the group; returns whether it took the group's state.
-//
-// A sharded replica: every rank joins its own group (rank j of every replica), and the ranks
-// then agree. All members: train on. All took a state: adopt it if the donors' counters (step,
-// outer step, tokens) are the same on every rank — the pieces then come from groups at the same
-// outer boundary, so together they are one model; if they differ, or some ranks are members
-// while others took a state (a group's status is known only until its first round closes, so
-// a replica joining at that moment can be a member of one group and not of another), every
-// rank joins again with a status no group has: each then takes its group's state at the next
-// round close, which the live replicas reach together. Three tries, then a one-line error
-// (restarting the replica joins afresh).
-// A sharded replica's ranks that took catch-up states end them at one round: each rank's hub
-// answered its CAUGHT_UP with the last round it had closed, which may be one more at one hub
-// than at another; those behind take the means up to the furthest (transport_catchup_extend),
-// until all agree. false: a rank lost its hub meanwhile (every rank joins again).
 // The counters a join ends with: the state's, or after a catch-up the donor's at the last mean
 // (its round + 1, its step and tokens): a sharded replica's ranks compare these (their states
 // may be of different rounds — each rank's hub gives the state of the first close after that
@@ -823,18 +843,20 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 static state_counters final_counters(diloco *d, size_t got) {
     state_counters c = check_state(d, got);
     int n = transport_catchup_count(d->net);
-    if (n > 0) {
-        size_t bytes = 0;
-        const uint8_t *p = transport_catchup_patch(d->net, n - 1, &bytes);
-        if (bytes >= CATCHUP_HEADER_BYTES) {
-            c.outer_step = (int64_t)get_u64(p + 16) + 1;
-            c.step = (int64_t)get_u64(p + 32);
-            c.tokens = (int64_t)get_u64(p + 40);
-        }
+    size_t bytes = 0;
+    catchup_header h;
+    if (n > 0 && !read_catchup(transport_catchup_patch(d->net, n - 1, &bytes), bytes, &h)) {
+        c.outer_step = h.round + 1;
+        c.step = h.step;
+        c.tokens = h.tokens;
     }
     return c;
 }
 
+// A sharded replica's ranks that took catch-up states end them at one round: each rank's hub
+// answered its CAUGHT_UP with the last round it had closed, which may be one more at one hub
+// than at another; those behind take the means up to the furthest (transport_catchup_extend),
+// until all agree. false: a rank lost its hub meanwhile (every rank joins again).
 static bool agree_catchup_round(diloco *d, size_t got) {
     state_counters c = check_state(d, got);
     int64_t mine = c.outer_step - 1 + transport_catchup_count(d->net);
@@ -847,6 +869,17 @@ static bool agree_catchup_round(diloco *d, size_t got) {
     return false;
 }
 
+// Joins (or after an eviction rejoins) the group; returns whether it took the group's state.
+//
+// A sharded replica: every rank joins its own group (rank j of every replica), and the ranks
+// then agree. All members: train on. All took a state: adopt it if the donors' counters (step,
+// outer step, tokens) are the same on every rank — the pieces then come from groups at the same
+// outer boundary, so together they are one model; if they differ, or some ranks are members
+// while others took a state (a group's status is known only until its first round closes, so
+// a replica joining at that moment can be a member of one group and not of another), every
+// rank joins again with a status no group has: each then takes its group's state at the next
+// round close, which the live replicas reach together. Three tries, then a one-line error
+// (restarting the replica joins afresh).
 static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
     for (int attempt = 0; attempt < 3; attempt++) {
         // After a disagreement a status that matches no group's makes every rank wait for a state.
@@ -1361,10 +1394,7 @@ static void record_round(diloco *d, int64_t k, bool applied, const round_result 
     int slot = (int)(k % RECENT_ROUNDS);
     d->recent[slot].round = k;
     d->recent[slot].applied = applied;
-    memset(d->recent[slot].ids, 0, sizeof d->recent[slot].ids);
-    for (int c = 0; c < r->n; c++)
-        if (r->ids[c] >= 0 && r->ids[c] < TRANSPORT_MAX_REPLICAS)
-            d->recent[slot].ids[r->ids[c] / 8] |= (uint8_t)(1u << (r->ids[c] % 8));
+    contributor_bits(r, d->recent[slot].ids);
 }
 
 // The fragment's own count of outer steps (1-based, for the momentum warm-up) at the round in
@@ -1410,13 +1440,9 @@ static void send_catchup_mean(diloco *d, const flight *f, const round_result *r,
     put_u64(p + 32, (uint64_t)st->step);
     put_u64(p + 40, (uint64_t)st->tokens_seen);
     put_u64(p + 48, 0);   // phase ms: its next inner phase begins now
-    uint64_t bits;
-    memcpy(&bits, &lr, 8);
-    put_u64(p + 56, bits);
-    memcpy(&bits, &mu, 8);
-    put_u64(p + 64, bits);
-    for (int c = 0; c < r->n; c++)
-        if (r->ids[c] >= 0 && r->ids[c] < TRANSPORT_MAX_REPLICAS) p[72 + r->ids[c] / 8] |= (uint8_t)(1u << (r->ids[c] % 8));
+    put_f64(p + 56, lr);
+    put_f64(p + 64, mu);
+    contributor_bits(r, p + CATCHUP_IDS);
     if (applied) memcpy(p + CATCHUP_HEADER_BYTES, r->mean, fr->mean_bytes);
     transport_send_catchup(d->net, f->round, p, n);
 }

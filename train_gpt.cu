@@ -2496,15 +2496,8 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                                 double decay_s, const diloco_traffic *x) {
     if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
     bool with_m = cfg->diloco_outer_momentum != 0.0;
-    int ranks = world > 0 ? world : 1, hubs = 1;
-    for (const char *c = cfg->diloco_rendezvous; c && *c; c++) hubs += *c == ',';
-    int64_t bytes = 0;
-    for (int r = 0; r < ranks; r++) {
-        shard_map map;
-        shard_map_build(&map, t, r, ranks);
-        bytes += 448 + (with_m ? 8 : 4) * map.local_numel;
-        shard_map_free(&map);
-    }
+    int ranks = world > 0 ? world : 1, hubs = plan_hubs(cfg);
+    int64_t bytes = 448 * (int64_t)ranks + (with_m ? 8 : 4) * plan_pieces(t, ranks);
     double s = (double)bytes / link;
     char a[32], b[32], c[32], e[96] = "";
     printf("train_gpt | diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
@@ -2595,9 +2588,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
            (double)x.down / N, (long long)x.down,
            (double)x.framing / 1e6);
     double up_s = (double)x.up / link, down_s = (double)x.down / link;
-    int hubs = 1;   // diloco_rendezvous = h1:p1,h2:p2,...: each hub reduces 1/K of the segments
-    if (strcmp(cfg->diloco_transport, "tcp") == 0)
-        for (const char *c = cfg->diloco_rendezvous; c && *c; c++) hubs += *c == ',';
+    int hubs = plan_hubs(cfg);   // each of K hubs reduces 1/K of the segments
     char a[32], b[32];
     printf("train_gpt | diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
            "goes on); through each of %d hub(s) per outer step %.1f GB in, %.1f GB out: a hub link of %g Mbit/s "

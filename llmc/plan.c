@@ -259,19 +259,15 @@ diloco_traffic plan_diloco_traffic(const train_config *cfg, const param_table *t
 // A hub host: M replicas' uploads split over K hubs; the residual of every value a relay
 // reduces (4 B, with an encoded downlink and diloco_downlink_feedback); on the way, per relay,
 // each contributor's window of segments plus one per data stream, and the mean's backlog.
-hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks) {
-    hub_load h = {0};
-    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "tcp") != 0) return h;
+int plan_hubs(const train_config *cfg) {
+    int hubs = 1;
+    if (strcmp(cfg->diloco_transport, "tcp") == 0)
+        for (const char *c = cfg->diloco_rendezvous; c && *c; c++) hubs += *c == ',';
+    return hubs;
+}
+
+int64_t plan_pieces(const param_table *t, int ranks) {
     if (ranks < 1) ranks = 1;
-    h.hubs = 1;
-    for (const char *c = cfg->diloco_rendezvous; c && *c; c++) h.hubs += *c == ',';
-    h.relays = ranks;
-    diloco_traffic x = plan_diloco_traffic(cfg, t, ranks);
-    int64_t M = cfg->diloco_replicas, K = h.hubs;
-    h.in = M * x.up / K;
-    h.out = M * x.down / K;
-    quant_codec up, down;
-    diloco_codecs(cfg, &up, &down);
     int64_t values = 0;
     for (int r = 0; r < ranks; r++) {
         shard_map map;
@@ -279,7 +275,22 @@ hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks)
         values += map.local_numel;
         shard_map_free(&map);
     }
-    if (cfg->diloco_downlink_feedback && down != QUANT_NONE) h.residual = 4 * values / K;
+    return values;
+}
+
+hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks) {
+    hub_load h = {0};
+    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "tcp") != 0) return h;
+    if (ranks < 1) ranks = 1;
+    h.hubs = plan_hubs(cfg);
+    h.relays = ranks;
+    diloco_traffic x = plan_diloco_traffic(cfg, t, ranks);
+    int64_t M = cfg->diloco_replicas, K = h.hubs;
+    h.in = M * x.up / K;
+    h.out = M * x.down / K;
+    quant_codec up, down;
+    diloco_codecs(cfg, &up, &down);
+    if (cfg->diloco_downlink_feedback && down != QUANT_NONE) h.residual = 4 * plan_pieces(t, ranks) / K;
     int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
     int64_t seg_up = (int64_t)quant_encoded_bytes(up, segment, block),
             seg_down = (int64_t)quant_encoded_bytes(down, segment, block);

@@ -125,6 +125,12 @@ typedef struct {
 // One hub host's load for cfg with replicas of `ranks` ranks (tcp; all zero otherwise).
 hub_load plan_hub_load(const train_config *cfg, const param_table *t, int ranks);
 
+// The hubs a tcp replica meets (diloco_rendezvous = h1:p1,h2:p2,...: K), 1 otherwise.
+int plan_hubs(const train_config *cfg);
+// The values all `ranks` ranks of a replica hold together: each rank's pieces, ⌈unit/N⌉ of
+// every unit (what their states and residuals are made of).
+int64_t plan_pieces(const param_table *t, int ranks);
+
 // One line: "4.21 GiB = 1.02 weights + 1.02 grads + ... + 0.03 workspace".
 void plan_describe(const rank_memory *m, char *out, size_t out_bytes);
 // One line: "0.71 GiB = 0.14 θ + 0.14 momentum + ...".

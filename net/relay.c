@@ -379,6 +379,15 @@ static void free_held(relay *h) {
     }
     h->held = NULL;
 }
+
+// No transfer in flight any more (it ended, or was aborted): the next close may designate one.
+static void clear_transfer(relay *h) {
+    h->donor = -1;
+    h->catchup = false;
+    transfer_reset(&h->st);
+    transfer_reset(&h->patch);
+    free_held(h);
+}
 // Whether the donor's frames go to replica r: a joiner, or (catch-up) a replica catching up.
 static bool receives_state(const replica *r) { return r->joiner || r->catching_up; }
 
@@ -722,11 +731,7 @@ static void abort_transfer(relay *h, const char *why, bool backoff) {
     }
     hub_log(h, "state transfer from replica %d aborted (%s): %d joiner(s) wait for the next round", donor, why,
             joiners);
-    h->donor = -1;
-    h->catchup = false;
-    transfer_reset(&h->st);
-    transfer_reset(&h->patch);
-    free_held(h);
+    clear_transfer(h);
 }
 
 // A transfer left without joiners (dropped, or joining again) is stopped: nobody would get it.
@@ -767,8 +772,7 @@ static void finish_transfer_if_whole(relay *h) {
         }
     hub_log(h, "state after round %lld relayed from replica %d to [%s]: %s in %.1f s", (long long)h->st.step,
             h->donor, ids, format_bytes(h->st.total, b, sizeof b), took);
-    h->donor = -1;
-    transfer_reset(&h->st);
+    clear_transfer(h);
 }
 
 // A joiner's state has left its queue: it begins its inner phase (housekeeping).
@@ -857,11 +861,7 @@ static void end_catchup_if_done(relay *h) {
                "of rounds up to %lld relayed; its joiners train",
             h->donor, wall_seconds() - h->transfer_began_s, (long long)h->st.step,
             format_bytes(h->st.total, b, sizeof b), (long long)h->patched_through);
-    h->donor = -1;
-    h->catchup = false;
-    transfer_reset(&h->st);
-    transfer_reset(&h->patch);
-    free_held(h);
+    clear_transfer(h);
 }
 
 // A chunk of the mean and settings of a round the donor landed (DATA_CATCHUP), in order: round
@@ -892,12 +892,12 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
         if (r->caught_up_to < 0 || d->outer_step <= r->caught_up_to) queue_data(r, &fwd, b->data, b);
         else beyond = true;
     }
-    if (beyond) {
-        held_chunk *c = xcalloc(1, sizeof *c);
-        c->d = fwd;
-        c->ref = blob_ref(b);
-        c->next = h->held;   // newest first; on_caught_up queues them oldest first
-        h->held = c;
+    if (beyond) {   // kept in the order they came (a few rounds' chunks at most)
+        held_chunk **end = &h->held;
+        while (*end) end = &(*end)->next;
+        *end = xcalloc(1, sizeof **end);
+        (*end)->d = fwd;
+        (*end)->ref = blob_ref(b);
     }
     blob_release(b);
     if (transfer_whole(&h->patch)) {
@@ -920,26 +920,13 @@ static void on_caught_up(relay *h, int id, int64_t round) {
     }
     int64_t to = round > h->last_closed_step ? round : h->last_closed_step;
     if (h->round_open && h->round_step == to + 1 && h->reduced > 0) to = h->round_step;  // reduced without it
-    // Kept chunks of means it is now to wait for (it said CAUGHT_UP before, for an earlier round),
-    // oldest first.
-    if (r->caught_up_to >= 0 && to > r->caught_up_to) {
-        held_chunk *order = NULL;
-        for (held_chunk *c = h->held; c; c = c->next) {   // reverse the newest-first list
-            held_chunk *copy = xcalloc(1, sizeof *copy);
-            *copy = *c;
-            copy->next = order;
-            order = copy;
-        }
-        for (held_chunk *c = order, *next; c; c = next) {
-            next = c->next;
+    // Kept chunks of means it is now to wait for (it said CAUGHT_UP before, for an earlier round).
+    if (r->caught_up_to >= 0)
+        for (held_chunk *c = h->held; c; c = c->next)
             if (c->d.outer_step > r->caught_up_to && c->d.outer_step <= to) queue_data(r, &c->d, c->d.bytes, c->ref);
-            free(c);
-        }
-    }
     r->joiner = false;
     r->caught_up_to = to;
     r->member_from = to + 1;
-    r->state_began_s = h->transfer_began_s;
     uint8_t buf[8];
     send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
     hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to round %lld; due "

@@ -659,14 +659,18 @@ static void take_mail(tcp *t) {
     }
 }
 
+static catchup_in *patch_of(const tcp *t, int64_t round) {
+    for (int i = 0; i < t->n_patches; i++)
+        if (t->patches[i].round == round) return &t->patches[i];
+    return NULL;
+}
+
 // A chunk of a landed round's mean for a joiner catching up: kept by round (they are few; the
 // frames of several may interleave over several streams).
 static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
     if (!t->want_state) return NULL;   // after the join: a mean for a round it no longer needs
     if (d->total_bytes > ((uint64_t)1 << 36)) return "a catch-up mean larger than 64 GiB";
-    catchup_in *p = NULL;
-    for (int i = 0; i < t->n_patches && !p; i++)
-        if (t->patches[i].round == d->outer_step) p = &t->patches[i];
+    catchup_in *p = patch_of(t, d->outer_step);
     if (!p) {
         if (t->n_patches >= 4096) return "more than 4096 catch-up means";
         if (t->n_patches == t->cap_patches) {
@@ -680,12 +684,6 @@ static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
     memcpy(p->bytes + d->offset, d->bytes, (size_t)d->chunk_len);
     p->received += d->chunk_len;
     if (p->received > p->total) return "a catch-up mean's chunk came twice";
-    return NULL;
-}
-
-static const catchup_in *patch_of(const tcp *t, int64_t round) {
-    for (int i = 0; i < t->n_patches; i++)
-        if (t->patches[i].round == round) return &t->patches[i];
     return NULL;
 }
 
@@ -1284,14 +1282,13 @@ static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > ho
 static bool catchup_sender_done(tcp *t) { return t->cu_over || state_cancelled(t); }
 static void send_state_whole(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
 
+// Called holding the pump, returns holding it (gives it up between slices).
 static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
-    pthread_mutex_lock(&t->pump_lock);
     take_mail(t);   // a STATE_ABORT already here
     if (!t->connected || t->state_cut) {
         if (t->connected) note("diloco: replica %d sends no state: the hub ended the transfer before it began",
                                t->o.replica_id);
         t->state_cut = false;
-        pthread_mutex_unlock(&t->pump_lock);
         return;
     }
     uint64_t serial = t->session_serial;
@@ -1354,20 +1351,13 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     t->cu_hooks = NULL;
     free_overlays(t);
     free_catchup_out(t);
-    pthread_mutex_unlock(&t->pump_lock);
 }
 
 static void tcp_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     tcp *t = impl;
     take_pump(t);
-    bool catch_up = t->send_catchup;   // the ROUND that made this replica the donor said so
-    pthread_mutex_unlock(&t->pump_lock);
-    if (catch_up) {
-        send_state_catching_up(t, state, bytes, hooks);
-        return;
-    }
-    pthread_mutex_lock(&t->pump_lock);
-    send_state_whole(t, state, bytes, hooks);
+    if (t->send_catchup) send_state_catching_up(t, state, bytes, hooks);   // the ROUND that made it the donor said so
+    else send_state_whole(t, state, bytes, hooks);
     pthread_mutex_unlock(&t->pump_lock);
 }
 
@@ -1492,8 +1482,8 @@ static int tcp_catchup_count(void *impl) {
     return t->state_catchup && t->state_end_known ? (int)(t->state_end_round - t->state_step) : 0;
 }
 
-// The joiner's want_state stays up after a catch-up join (its means may still come) until the
-// next join, or this: CAUGHT_UP(round) again, then the means up to the hub's answer.
+// A sharded joiner's rank behind its others, after its catch-up join: CAUGHT_UP(round) again,
+// then the means up to the hub's answer (or a STATE_ABORT: the join is off).
 static bool extended(tcp *t) {
     return !t->state_catchup || (t->state_end_known && patched_through(t) >= t->state_end_round);   // or aborted
 }
