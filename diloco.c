@@ -843,9 +843,11 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 static state_counters final_counters(diloco *d, size_t got) {
     state_counters c = check_state(d, got);
     int n = transport_catchup_count(d->net);
-    size_t bytes = 0;
+    if (n <= 0) return c;
+    size_t bytes = 0;   // set by the call: read after it (an argument beside the call could be read before)
+    const uint8_t *last = transport_catchup_patch(d->net, n - 1, &bytes);
     catchup_header h;
-    if (n > 0 && !read_catchup(transport_catchup_patch(d->net, n - 1, &bytes), bytes, &h)) {
+    if (!read_catchup(last, bytes, &h)) {
         c.outer_step = h.round + 1;
         c.step = h.step;
         c.tokens = h.tokens;
@@ -923,10 +925,11 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
                 return true;
             }
         }
-        warn("diloco: replica %d's ranks joined their groups inconsistently (%d of %d took a state%s); joining "
-             "again (try %d of 3)",
-             diloco_replica_id(d), ranks_took, d->ranks, ranks_took == d->ranks ? " of different steps" : "",
-             attempt + 2);
+        if (attempt + 1 < 3)
+            warn("diloco: replica %d's ranks joined their groups inconsistently (%d of %d took a state%s); joining "
+                 "again (try %d of 3)",
+                 diloco_replica_id(d), ranks_took, d->ranks, ranks_took == d->ranks ? " of different steps" : "",
+                 attempt + 2);
     }
     fail("diloco: the %d ranks of replica %d could not take one consistent state from their groups in 3 tries; "
          "restart the replica (it resumes from its checkpoint and rejoins)",

@@ -28,8 +28,8 @@
 //                       weights the sync after step STEP sent it (the copies' check before
 //                       the next checkpoint must stop the run: test/test_hsdp_diloco.sh)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_state, tcp_slow_upload, tcp_die_in_upload,
-//   tcp_die_in_upload_after_full, tcp_trace
-//                       the tcp transport's own hooks for test/test_transport.c (see
+//   tcp_die_in_upload_after_full, tcp_trace, tcp_join_late, tcp_caught_up_late
+//                       the tcp transport's own hooks for its tests (test/test_transport.c, test/*.sh; see
 //                       net/transport_tcp.c and docs/protocol.md)
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor

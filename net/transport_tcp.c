@@ -1641,6 +1641,9 @@ static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state,
     reset_state_progress(t);
     wire_status st = {.outer_step = s->outer_step, .param_hash = s->param_hash};
     uint8_t buf[WIRE_JOIN_BYTES];
+    // Test hook (TRAIN_GPT_FAULT=tcp_join_late:0): one rank of a sharded replica joins 1.5 s
+    // after the others, so that its hub takes its donor's state at a later close than theirs.
+    if (fault_requested("tcp_join_late", 0)) sleep_s(1.5);
     bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
     t->join_sent_s = t->join_said_s = wall_seconds();
     bool ok = sent && pump(t, join_done);

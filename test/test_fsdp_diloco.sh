@@ -31,8 +31,9 @@
 #      rejoins; afterwards param_hash agrees at every outer step and the final weights and
 #      outer state are byte-identical on both replicas.
 #   7. A sharded replica catches up (relay --catch_up 1): replica 1's ranks take their states
-#      slowly while replica 0 closes rounds alone, apply the means of those rounds, agree on
-#      one last round, and both go on with param_hash equal at every outer step.
+#      slowly while replica 0 closes rounds alone (rank 1 joins 1.5 s later: its state is of a
+#      later round than rank 0's), apply the means of those rounds, agree on one last round at
+#      once, and both go on with param_hash equal at every outer step.
 #   5. Refused with one line: a sharded replica over the mpi transport, fsdp_size other than
 #      the job's ranks, relay --shards without a fixed port. (HSDP copies inside a replica:
 #      test/test_hsdp_diloco.sh.)
@@ -296,21 +297,25 @@ check "refused: relay --shards on port 0" relay_refused
 # 1.2 MB of θ and m per rank). diloco_min_replicas 1: replica 0 goes on alone meanwhile, its
 # ranks send the means of the rounds they land, replica 1's ranks apply them, agree on one last
 # round (a rank whose hub closed fewer rounds when it asked takes the means up to the other's)
-# and contribute. Checked: both hubs logged replica 1's catch-up; rank 0 took more means to
-# match rank 1; the join applied 3 or more means; both contribute together afterwards;
-# param_hash equal at every outer step both logged.
+# and contribute. Checked: both hubs logged replica 1's catch-up; rank 1's state is of a later
+# round than rank 0's and the ranks agree at once (final_counters compares where their means
+# end, not where their states began); rank 0 took more means to match rank 1; the join applied
+# 3 or more means; nobody evicted; both contribute together afterwards; param_hash equal at
+# every outer step both logged.
 catchup=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 0 --diloco_min_replicas 1
     --d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
 start_relay catchup 2 3 --catch_up 1
 TRAIN_GPT_FAULT=tcp_slow_state:0 replica 2 0 "$tmp/cu_0" "${catchup[@]}"; c0=$rpid
 wait_until "replica 0 has 2 outer steps" eval '[ "$(outer_lines "$tmp/cu_0")" -ge 2 ]'
-# Replica 1's rank 1 asks its hub 1.5 s after its state arrived (TRAIN_GPT_FAULT=
-# tcp_caught_up_late:0, an MPMD launch): its hub has closed more rounds by then than rank 0's
-# had, so rank 0 takes the means up to rank 1's round before either trains.
+# Replica 1's rank 1 (an MPMD launch) joins its hub 1.5 s after rank 0 (TRAIN_GPT_FAULT=
+# tcp_join_late:0), so its hub takes replica 0's state at a later close than rank 0's: the
+# ranks' states are of different rounds, and their means bring them to one. It also asks its
+# hub 1.5 s after its state arrived (tcp_caught_up_late:0): its hub has closed more rounds by
+# then than rank 0's had, so rank 0 takes the means up to rank 1's round before either trains.
 cu_args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id 1
     --out_dir "$tmp/cu_1" "${catchup[@]}")
-"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${cu_args[@]}" : -np 1 env TRAIN_GPT_FAULT=tcp_caught_up_late:0 "$TRAIN_GPT" \
-    "${cu_args[@]}" >"$tmp/cu_1.log" 2>&1 &
+"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${cu_args[@]}" : -np 1 env TRAIN_GPT_FAULT=tcp_join_late:0,tcp_caught_up_late:0 \
+    "$TRAIN_GPT" "${cu_args[@]}" >"$tmp/cu_1.log" 2>&1 &
 c1=$!
 pids+=($c1)
 wait_until "replica 1 caught up and both contribute (3 rounds with [0,1])" \
@@ -327,8 +332,19 @@ check "sharded catch-up: replica 1 applied the means of 3 or more rounds the gro
     test "${caught:-0}" -ge 3
 check "sharded catch-up: rank 0 took the means up to rank 1's later round before they trained" \
     grep -q "rank 0: diloco: replica 1 takes the means up to round [0-9]*, as its other ranks" "$tmp/cu_1.log"
-check "sharded catch-up: nobody evicted, no transfer aborted" \
-    sh -c "! grep -q 'evicted\|aborted' '$tmp/relay_catchup.log'"
+state_rounds() {  # the round of the state each hub's first catch-up of replica 1 began from, "shard:round"
+    grep -o 'relay shard [0-9]* .*replica 1 caught up: it has the state after round [0-9]*' "$tmp/relay_catchup.log" |
+        sed 's/relay shard \([0-9]*\) .*round \([0-9]*\)$/\1:\2/' | sort -u -t: -k1,1
+}
+say "  sharded catch-up: the hubs' states were of rounds $(state_rounds | tr '\n' ' ')(shard:round)"
+check "sharded catch-up: rank 1 joined later, its hub's state is of a later round than rank 0's" \
+    test "$(state_rounds | sed -n 's/^1://p')" -gt "$(state_rounds | sed -n 's/^0://p')"
+check "sharded catch-up: the ranks agreed on their states at once (no join again)" \
+    sh -c "! grep -q 'joined their groups inconsistently' '$tmp/cu_1.log'"
+no_eviction() {  # no eviction or aborted transfer in the relay's log; says which if there is one
+    ! grep 'evicted\|aborted' "$tmp/relay_catchup.log" | sed 's/^/    /' | grep .
+}
+check "sharded catch-up: nobody evicted, no transfer aborted" no_eviction
 check "sharded catch-up: param_hash equal at every outer step both replicas logged" \
     all_hashes_agree 3 "$tmp/cu_0/metrics.jsonl" "$tmp/cu_1/metrics.jsonl"
 for f in "$c0" "$c1"; do
