@@ -192,6 +192,10 @@ typedef struct {
     // have reached (CAUGHT_UP: it is due from the next one), -1 before.
     bool catching_up;
     int64_t caught_up_to;
+    // With several hubs: a replica that caught up through its primary follows this hub
+    // (FOLLOW_CATCHUP): its first round here waits for it until it begins a contribution, as the
+    // primary's does (it began its inner phase a catch-up mean after the others).
+    bool follow_held;
 } replica;
 
 struct relay {
@@ -393,9 +397,15 @@ static bool receives_state(const replica *r) { return r->joiner || r->catching_u
 
 // A run with several hubs numbers its rounds 64·k + 8·attempt + share (docs/protocol.md); its
 // replicas' AUTH say how many hubs they list.
-#define HUB_ROUNDS_PER_STEP 64
+#define HUB_ROUNDS_PER_STEP WIRE_ROUNDS_PER_STEP
 static bool several_hubs(const relay *h) { return h->order_set && h->hubs > 1; }
 static int64_t step_of(int64_t round) { return round / HUB_ROUNDS_PER_STEP; }
+// A catch-up transfer counts in the donor's landings: rounds with one hub, outer steps with
+// several (a step's shares land together). The unit of a round id, and a unit's first round.
+static int64_t landing_of(const relay *h, int64_t round) { return several_hubs(h) ? step_of(round) : round; }
+static int64_t first_round_of(const relay *h, int64_t landing) {
+    return several_hubs(h) ? landing * HUB_ROUNDS_PER_STEP : landing;
+}
 
 static uint64_t backlog_bytes(const replica *r);
 
@@ -914,24 +924,31 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
 static void on_caught_up(relay *h, int id, int64_t round) {
     replica *r = rep(h, id);
     if (!r->catching_up || h->donor < 0 || !h->catchup) return;   // its transfer ended meanwhile (STATE_ABORT)
-    if (round < h->st.step) {
+    if (round < landing_of(h, h->st.step)) {
         drop_replica(h, id, "said CAUGHT_UP for a round before its state");
         return;
     }
-    int64_t to = round > h->last_closed_step ? round : h->last_closed_step;
-    if (h->round_open && h->round_step == to + 1 && h->reduced > 0) to = h->round_step;  // reduced without it
+    // In landings (rounds; outer steps with several hubs).
+    int64_t closed = h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step);
+    int64_t to = round > closed ? round : closed;
+    if (h->round_open && landing_of(h, h->round_step) == to + 1 && h->reduced > 0) to++;   // reduced without it
     // Kept chunks of means it is now to wait for (it said CAUGHT_UP before, for an earlier round).
     if (r->caught_up_to >= 0)
         for (held_chunk *c = h->held; c; c = c->next)
             if (c->d.outer_step > r->caught_up_to && c->d.outer_step <= to) queue_data(r, &c->d, c->d.bytes, c->ref);
     r->joiner = false;
     r->caught_up_to = to;
-    r->member_from = to + 1;
+    r->member_from = first_round_of(h, to + 1);
     uint8_t buf[8];
     send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
-    hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to round %lld; due "
-               "from round %lld",
-            id, (long long)h->st.step, (long long)to, (long long)to + 1);
+    if (several_hubs(h))
+        hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to outer step %lld; "
+                   "due from round %lld",
+                id, (long long)h->st.step, (long long)to, (long long)r->member_from);
+    else
+        hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to round %lld; due "
+                   "from round %lld",
+                id, (long long)h->st.step, (long long)to, (long long)to + 1);
 }
 
 // ---------------------------------------------------------------- rounds
@@ -1000,11 +1017,6 @@ static bool may_get_state(const relay *h, int id) {
     return r->state == R_WAITING && h->closes >= r->retry_at_close;
 }
 
-// Whether a transfer designated now is a catch-up one: asked for (relay_options.catch_up), and
-// the replicas list one hub (with several, the donor's other hubs would need the means too). A
-// hub of `--shards N` does it for its rank's pieces; the ranks of a joiner agree on one round.
-static bool catch_up_here(const relay *h) { return h->o.catch_up && !several_hubs(h) && !multi_hub(h); }
-
 static void close_round(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (h->contrib[i].bounded)
@@ -1028,7 +1040,10 @@ static void close_round(relay *h) {
         for (uint32_t k = 0; k < m.n && donor < 0; k++)
             if (rep(h, (int)m.ids[k])->state == R_MEMBER) donor = (int)m.ids[k];
     bool dying = dies_in_this_close(h, m.n);
-    bool catchup = donor >= 0 && catch_up_here(h);
+    // A catch-up transfer (relay_options.catch_up): with several hubs this is the joiners'
+    // primary, the means are the donor's outer steps, and the joiners follow the other hubs once
+    // caught up; a hub of `--shards N` does it for its rank's pieces.
+    bool catchup = donor >= 0 && h->o.catch_up;
     uint8_t buf[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS];
     for (uint32_t k = 0; k < m.n; k++) {
         replica *r = rep(h, (int)m.ids[k]);
@@ -1076,7 +1091,7 @@ static void close_round(relay *h) {
             }
         h->donor = donor;
         h->catchup = catchup;
-        h->patched_through = h->round_step;
+        h->patched_through = landing_of(h, h->round_step);
         transfer_reset(&h->patch);
         rep(h, donor)->state_cut = false;
         h->transfer_began_s = h->donor_progress_s = wall_seconds();
@@ -1160,7 +1175,7 @@ static void evict_late(relay *h, int id) {
 static bool in_transfer(const relay *h, int id) {
     const replica *r = &h->reps[id];
     return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) || r->catching_up || r->state_draining ||
-           r->donating;
+           r->donating || r->follow_held;
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -1349,7 +1364,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
         r->transfer_delay_s = r->follow_delay_s = 0;
-        r->donating = r->state_draining = false;
+        r->donating = r->state_draining = r->follow_held = false;
         if (r->catching_up) {
             r->catching_up = false;
             end_catchup_if_done(h);
@@ -1681,7 +1696,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->held = false;
     r->transfer_delay_s = r->follow_delay_s = 0;
     r->state_draining = r->donating = false;
-    r->catching_up = false;
+    r->catching_up = r->follow_held = false;
     r->caught_up_to = -1;
     if (h->donor == id) abort_transfer(h, "the donor joins again", false);
     stop_transfer_without_joiners(h);
@@ -1779,11 +1794,15 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     }
     make_member(h, id);
     r->member_from = m->first_round;
+    r->follow_held = (m->flags & FOLLOW_CATCHUP) && m->first_round != INT64_MAX;
     // The replicas that find a hub back follow it at about the same moment (each from a step or
     // two after its own next one): until the group has had a round, they all start from its
     // founder's first round, so that they agree on the step the hub takes its share again.
+    // (A replica that caught up is never expected before its first round: it has the means of
+    // the steps before, and its first round waits for it.)
     bool unstarted = h->follow_from >= 0 && h->last_closed_step < 0 && !h->round_open;
-    if (unstarted && m->first_round != INT64_MAX) r->member_from = h->follow_from;
+    if (unstarted && m->first_round != INT64_MAX && (!r->follow_held || h->follow_from > r->member_from))
+        r->member_from = h->follow_from;
     // Not in the open round once the hub has reduced segments of it without this replica (it
     // could not be in their mean); before that, it is expected like the others: a joiner's
     // first round here is open while the group waits for the donor (HOLD), and it must be in it.
@@ -1801,8 +1820,9 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
         hub_log(h, "replica %d follows%s: member, expected in no round until it follows again", id,
                 founds ? " and founds the group" : "");
     else
-        hub_log(h, "replica %d follows%s: member at outer step %lld, expected from round %lld on", id,
-                founds ? " and founds the group" : "", (long long)m->outer_step, (long long)r->member_from);
+        hub_log(h, "replica %d follows%s: member at outer step %lld, expected from round %lld on%s", id,
+                founds ? " and founds the group" : "", (long long)m->outer_step, (long long)r->member_from,
+                r->follow_held ? " (it caught up through its primary: its first round waits for it)" : "");
     check_round(h);
     release_held(h);
 }
@@ -2434,8 +2454,8 @@ static const char relay_usage[] =
     "                  0 (the default): as long as it moves\n"
     "  --catch_up      1 (the default): a joiner's state transfer does not hold the rounds: the donor sends its state, then\n"
     "                  the mean of every round it lands meanwhile, and the joiner applies them before it trains\n"
-    "                  (with several hubs in the replicas' diloco_rendezvous a transfer holds the round as with 0:\n"
-    "                  the donor's exchange waits for its state, and the round for the joiners)\n"
+    "                  (with several hubs in the replicas' diloco_rendezvous, through the joiner's primary; every\n"
+    "                  relay of the list should run the same value). 0: the round waits for the transfer\n"
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 

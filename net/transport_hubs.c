@@ -23,7 +23,12 @@
 // Joins. The first live hub in configured order (the primary) takes the JOIN and any state
 // transfer; the others get FOLLOW: a member from the step the replica is at, no state.
 // While a rejoining replica waits for its state, its other hubs are told it follows from no
-// round yet, so their rounds do not wait for it.
+// round yet, so their rounds do not wait for it. A catch-up transfer (the relays' default) goes
+// through the primary too, counting outer steps: the joiner follows the others once it has the
+// means up to outer step k, from k + 1 (FOLLOW_CATCHUP: their first round waits for it); a hub
+// that has already reduced part of that round without it makes it take step k + 1's mean too.
+// The donor sends its state and means through the hub that asked (no HOLD elsewhere: it
+// exchanges on meanwhile).
 //
 // A dead hub is tried again by a thread of its own (reconnect, FOLLOW from the next step);
 // once that is done, the next exchange puts it back in the rotation (it takes its share
@@ -39,6 +44,7 @@
 #include "net/socket.h"
 #include "net/transport_impl.h"
 #include "net/transport_tcp_hub.h"
+#include "net/wire.h"
 
 #include "llmc/common.h"
 #include "llmc/quant.h"
@@ -50,7 +56,7 @@
 #include <string.h>
 #include <time.h>
 
-#define ROUNDS_PER_STEP 64   // round id = 64·k + 8·attempt + share
+#define ROUNDS_PER_STEP WIRE_ROUNDS_PER_STEP   // round id = 64·k + 8·attempt + share
 #define ATTEMPTS 8
 #define REVIVE_PERIOD_S 0.25 // a dead hub is tried this often (a refused connection costs little)
 #define REVIVE_MARGIN 2      // a hub found back takes its share from this many steps after the next
@@ -98,6 +104,8 @@ struct hubs {
     atomic_llong next_step;        // the step of the next exchange (a reviver follows from it)
     atomic_bool stopping;
     bool joined_once;
+    int joined_via;                // the primary of the last join, if it took a catch-up state (-1: not)
+    atomic_int sending_via;        // the hub whose session sends this replica's catch-up state (-1: none)
     pthread_mutex_t lock;
     pthread_cond_t changed;
     // the exchange in progress
@@ -129,7 +137,7 @@ static bool follow_back(hubs *x, hub *hb) {
     pthread_mutex_unlock(&x->lock);
     replica_status st = {.outer_step = next, .param_hash = 0};
     int64_t from_round = 0;
-    if (!tcp_hub_follow(hb->t, &st, (next + REVIVE_MARGIN) * ROUNDS_PER_STEP, &from_round)) return false;
+    if (!tcp_hub_follow(hb->t, &st, (next + REVIVE_MARGIN) * ROUNDS_PER_STEP, false, &from_round)) return false;
     int64_t from = (from_round + ROUNDS_PER_STEP - 1) / ROUNDS_PER_STEP;
     pthread_mutex_lock(&x->lock);
     bool in_time = from >= (int64_t)atomic_load(&x->next_step);
@@ -227,8 +235,37 @@ static void follow_others(hubs *x, int p, const replica_status *s, int64_t first
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
         if (i == p || atomic_load(&hb->state) != HUB_LIVE) continue;
-        if (!tcp_hub_follow(hb->t, s, first_round, NULL)) mark_dead(x, hb, "while following it");
+        if (!tcp_hub_follow(hb->t, s, first_round, false, NULL)) mark_dead(x, hb, "while following it");
     }
+}
+
+// A joiner that caught up through its primary p, with the means up to outer step `to`, follows
+// the other live hubs from step to + 1's first round, held there until it begins
+// (FOLLOW_CATCHUP). A hub that has already reduced part of that round without it expects it
+// later: it then takes the means up to that step too (CAUGHT_UP again at p), and follows again.
+// Returns the last step whose mean it takes, -1 when p is lost meanwhile.
+static int64_t follow_caught_up(hubs *x, int p, int64_t to) {
+    for (int attempt = 0; attempt < 16 && to >= 0; attempt++) {
+        replica_status st = {.outer_step = to + 1, .param_hash = 0};
+        int64_t need = to;
+        for (int i = 0; i < x->n; i++) {
+            hub *hb = &x->h[i];
+            if (i == p || atomic_load(&hb->state) != HUB_LIVE) continue;
+            int64_t from = 0;
+            if (!tcp_hub_follow(hb->t, &st, (to + 1) * ROUNDS_PER_STEP, true, &from)) {
+                mark_dead(x, hb, "while following it");
+                continue;
+            }
+            int64_t whole = (from + ROUNDS_PER_STEP - 1) / ROUNDS_PER_STEP;   // the first step it is in whole
+            if (whole - 1 > need) need = whole - 1;
+        }
+        if (need == to) return to;
+        note("diloco: replica %d takes the mean of outer step %lld too (a hub had begun it without this replica)",
+             x->o.replica_id, (long long)need + 1);
+        follow_others(x, p, &st, INT64_MAX);   // expected nowhere while it takes more means
+        to = tcp_hub_catchup_extend(x->h[p].t, need);
+    }
+    return -1;
 }
 
 static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
@@ -250,9 +287,21 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         mark_dead(x, &x->h[p], "while joining");
     }
     if (result == JOIN_FINISHED || result == JOIN_STOPPED) return result;   // nothing to follow
-    int64_t step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
-    replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
-    follow_others(x, p, &now, step * ROUNDS_PER_STEP);
+    int64_t caught_up = result == JOIN_GOT_STATE ? tcp_hub_caught_up_to(x->h[p].t) : -1;
+    x->joined_via = caught_up >= 0 ? p : -1;
+    int64_t step;
+    if (caught_up >= 0) {   // a catch-up state and the means up to that step: the others follow
+        int64_t to = follow_caught_up(x, p, caught_up);
+        if (to < 0) {   // the primary is lost: join again (another hub, or this one back)
+            mark_dead(x, &x->h[p], "while catching up");
+            return hubs_join(impl, s, state, state_capacity, state_bytes);
+        }
+        step = to + 1;
+    } else {
+        step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
+        replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
+        follow_others(x, p, &now, step * ROUNDS_PER_STEP);
+    }
     x->joined_once = true;
     pthread_mutex_lock(&x->lock);
     atomic_store(&x->next_step, step);
@@ -391,7 +440,7 @@ static void run_shares(hubs *x) {
 
 // The shares' rounds as one result: all or nothing.
 static bool combine(hubs *x, const payload_spec *spec, round_result *r) {
-    bool failed = false, evicted = false, apply = true, state = false;
+    bool failed = false, evicted = false, apply = true, state = false, catch_up = false;
     int count[TRANSPORT_MAX_REPLICAS] = {0};
     for (int s = 0; s < x->n_shares; s++) {
         const share *sh = &x->shares[s];
@@ -403,6 +452,7 @@ static bool combine(hubs *x, const payload_spec *spec, round_result *r) {
         if (sh->status != SHARE_DONE) continue;
         apply &= sh->r.apply;
         state |= sh->r.send_state;
+        catch_up |= sh->r.catch_up;
         for (int i = 0; i < sh->r.n; i++) count[sh->r.ids[i]]++;
     }
     if (evicted) {
@@ -416,6 +466,7 @@ static bool combine(hubs *x, const payload_spec *spec, round_result *r) {
     r->mean_bytes = payload_spec_down_bytes(spec);
     r->apply = apply;
     r->send_state = state;
+    r->catch_up = state && catch_up;
     return true;
 }
 
@@ -468,24 +519,72 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
     return ok;
 }
 
-// The state goes to the hubs that asked for it (the joiners' primary); the others hold their
-// rounds for this replica meanwhile (HOLD), or a transfer longer than their timeout_s would make
-// them evict it as late.
+// The state goes to the hubs that asked for it (the joiners' primary). For a whole transfer the
+// others hold their rounds for this replica meanwhile (HOLD), or a transfer longer than their
+// timeout_s would make them evict it as late; a catch-up one needs nothing of them (the replica
+// exchanges on while it sends, and its means go with the state).
 static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     hubs *x = impl;
-    bool held[TRANSPORT_MAX_HUBS] = {false};
+    bool held[TRANSPORT_MAX_HUBS] = {false}, whole = false;
+    for (int i = 0; i < x->n; i++) whole |= x->h[i].send_state && !tcp_hub_sends_catchup(x->h[i].t);
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
-        if (!hb->send_state && atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t))
+        if (whole && !hb->send_state && atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t))
             held[i] = tcp_hub_hold(hb->t, true);
     }
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
-        if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) tcp_hub_send_state(hb->t, state, bytes, hooks);
+        if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) {
+            bool catchup = tcp_hub_sends_catchup(hb->t);
+            if (catchup) atomic_store(&x->sending_via, i);
+            tcp_hub_send_state(hb->t, state, bytes, hooks);
+            if (catchup) atomic_store(&x->sending_via, -1);
+        }
         hb->send_state = false;
     }
     for (int i = 0; i < x->n; i++)
         if (held[i] && atomic_load(&x->h[i].state) == HUB_LIVE) tcp_hub_hold(x->h[i].t, false);
+}
+
+// The catch-up transfer's calls go to the hub it runs through: the donor's (sending_via), the
+// joiner's primary (joined_via).
+static void hubs_preserve_state(void *impl, size_t offset, size_t bytes) {
+    hubs *x = impl;
+    int i = atomic_load(&x->sending_via);
+    if (i >= 0) tcp_hub_preserve_state(x->h[i].t, offset, bytes);
+}
+
+static void hubs_send_catchup(void *impl, int64_t landing, const uint8_t *bytes, size_t n) {
+    hubs *x = impl;
+    int i = atomic_load(&x->sending_via);
+    if (i >= 0) tcp_hub_send_catchup(x->h[i].t, landing, bytes, n);
+}
+
+static int hubs_catchup_count(void *impl) {
+    hubs *x = impl;
+    return x->joined_via >= 0 ? tcp_hub_catchup_count(x->h[x->joined_via].t) : 0;
+}
+
+static const uint8_t *hubs_catchup_patch(void *impl, int i, size_t *bytes) {
+    hubs *x = impl;
+    return tcp_hub_catchup_patch(x->h[x->joined_via].t, i, bytes);
+}
+
+// A sharded joiner's rank behind its others: the means up to `landing` at its primary, then it
+// follows its other hubs from the step after (follow_caught_up). -1: the primary is lost.
+static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
+    hubs *x = impl;
+    int p = x->joined_via;
+    if (p < 0 || atomic_load(&x->h[p].state) != HUB_LIVE) return -1;
+    replica_status st = {.outer_step = landing + 1, .param_hash = 0};
+    follow_others(x, p, &st, INT64_MAX);   // expected nowhere while it takes more means
+    int64_t to = follow_caught_up(x, p, tcp_hub_catchup_extend(x->h[p].t, landing));
+    if (to >= 0) {
+        pthread_mutex_lock(&x->lock);
+        atomic_store(&x->next_step, to + 1);
+        pthread_mutex_unlock(&x->lock);
+    }
+    return to;
 }
 
 static bool hubs_agree_stop(void *impl, bool local_stop) {
@@ -517,6 +616,11 @@ static const transport_ops hubs_ops = {
     .rejoin = hubs_join,
     .exchange = hubs_exchange,
     .send_state = hubs_send_state,
+    .preserve_state = hubs_preserve_state,
+    .send_catchup = hubs_send_catchup,
+    .catchup_count = hubs_catchup_count,
+    .catchup_patch = hubs_catchup_patch,
+    .catchup_extend = hubs_catchup_extend,
     .agree_stop = hubs_agree_stop,
     .leave = hubs_leave,
     .close = hubs_close,
@@ -568,6 +672,8 @@ transport *transport_hubs_open(const transport_options *o) {
     x->o = *o;
     x->o.rendezvous = NULL;
     x->n = parse_hubs(o->rendezvous, addresses);
+    x->joined_via = -1;
+    atomic_store(&x->sending_via, -1);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->changed, NULL);
     pthread_t connecting[TRANSPORT_MAX_HUBS];

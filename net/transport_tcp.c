@@ -533,8 +533,12 @@ static void take_round(tcp *t, const msg *m) {
     if (r.outer_step != t->cur_step) return;   // a stale round (before a reconnect)
     t->round = r;
     t->have_round = true;
-    if (r.flags & ROUND_SEND_STATE) t->state_cut = false;   // a new transfer: an old end is not its
-    t->send_catchup = (r.flags & ROUND_SEND_STATE) && (r.flags & ROUND_CATCHUP);
+    // A new transfer: an old end is not its. Its kind stays until the next designation (with
+    // several hubs a later round of the same step here may close before the state goes).
+    if (r.flags & ROUND_SEND_STATE) {
+        t->state_cut = false;
+        t->send_catchup = (r.flags & ROUND_CATCHUP) != 0;
+    }
 }
 
 static void free_patches(tcp *t) {
@@ -687,10 +691,16 @@ static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
     return NULL;
 }
 
-// The last round r such that the means of rounds state_step + 1 .. r are all here (the state's
-// own round when none is).
+// A catch-up counts the donor's landings: rounds with one hub, outer steps with several (the
+// state's round id 64·k + 8·a + s is after outer step k). The state's.
+static int64_t state_landing(const tcp *t) {
+    return t->multi_hub ? t->state_step / WIRE_ROUNDS_PER_STEP : t->state_step;
+}
+
+// The last landing r such that the means of landings state_landing + 1 .. r are all here (the
+// state's own when none is).
 static int64_t patched_through(const tcp *t) {
-    int64_t r = t->state_step;
+    int64_t r = state_landing(t);
     for (;;) {
         const catchup_in *p = patch_of(t, r + 1);
         if (!p || p->received != p->total) return r;
@@ -1085,9 +1095,10 @@ static bool join_done(tcp *t) {
             if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err))
                 post_dead(t, err);
             t->caught_up_sent = true;
-            note("diloco: replica %d has the group's state of round %lld and the means up to round %lld; asks the hub "
+            const char *unit = t->multi_hub ? "outer step" : "round";
+            note("diloco: replica %d has the group's state of %s %lld and the means up to %s %lld; asks the hub "
                  "which round it is due in",
-                 t->o.replica_id, (long long)t->state_step, (long long)through);
+                 t->o.replica_id, unit, (long long)state_landing(t), unit, (long long)through);
         }
         if (t->state_end_known && patched_through(t) >= t->state_end_round) return true;
     }
@@ -1479,7 +1490,7 @@ static void tcp_close(void *impl) { tcp_free(impl); }
 // they are all here), in order.
 static int tcp_catchup_count(void *impl) {
     tcp *t = impl;
-    return t->state_catchup && t->state_end_known ? (int)(t->state_end_round - t->state_step) : 0;
+    return t->state_catchup && t->state_end_known ? (int)(t->state_end_round - state_landing(t)) : 0;
 }
 
 // A sharded joiner's rank behind its others, after its catch-up join: CAUGHT_UP(round) again,
@@ -1514,7 +1525,7 @@ static int64_t tcp_catchup_extend(void *impl, int64_t round) {
 
 static const uint8_t *tcp_catchup_patch(void *impl, int i, size_t *bytes) {
     tcp *t = impl;
-    const catchup_in *p = patch_of(t, t->state_step + 1 + i);
+    const catchup_in *p = patch_of(t, state_landing(t) + 1 + i);
     *bytes = (size_t)p->total;
     return p->bytes;
 }
@@ -1675,11 +1686,12 @@ static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state,
 
 static bool joined_member(tcp *t) { return t->joined == JOINED_MEMBER; }
 
-bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, int64_t *from_round) {
+bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, bool caught_up, int64_t *from_round) {
     char err[256];
     if (!t->connected) return false;
     t->joined = 0;
-    wire_follow f = {.outer_step = s->outer_step, .param_hash = s->param_hash, .first_round = first_round};
+    wire_follow f = {.outer_step = s->outer_step, .param_hash = s->param_hash, .first_round = first_round,
+                     .flags = caught_up ? FOLLOW_CATCHUP : 0};
     uint8_t buf[WIRE_FOLLOW_BYTES];
     bool sent = send_control(t, WIRE_FOLLOW, buf, wire_encode_follow(&f, buf), err, sizeof err);
     if (!sent || !pump(t, joined_member)) {
@@ -1708,6 +1720,18 @@ bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round
 bool tcp_hub_exchange(tcp_hub *t, int64_t round, const payload_spec *spec, const uint8_t *payload, round_result *r) {
     return tcp_exchange(t, round, spec, payload, r);
 }
+
+bool tcp_hub_sends_catchup(const tcp_hub *t) { return t->send_catchup; }
+void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes) { tcp_preserve_state(t, offset, bytes); }
+void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n) {
+    tcp_send_catchup(t, landing, bytes, n);
+}
+int64_t tcp_hub_caught_up_to(const tcp_hub *t) {
+    return t->state_catchup && t->state_end_known ? t->state_end_round : -1;
+}
+int tcp_hub_catchup_count(tcp_hub *t) { return tcp_catchup_count(t); }
+const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes) { return tcp_catchup_patch(t, i, bytes); }
+int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing) { return tcp_catchup_extend(t, landing); }
 
 bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed) {
     char err[256];

@@ -29,8 +29,10 @@ bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t st
                   join_result *result, int64_t *state_round);
 // FOLLOW (docs/protocol.md): a member from round first_round on, without a state; *from_round
 // (may be NULL): the round the hub expects it from (later when the hub's group, founded by
-// another follower, has not begun yet). false: lost.
-bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, int64_t *from_round);
+// another follower, has not begun yet, or when it has reduced part of that round without this
+// replica). caught_up: it caught up through its primary (FOLLOW_CATCHUP: its first round here
+// waits for it). false: lost.
+bool tcp_hub_follow(tcp_hub *t, const replica_status *s, int64_t first_round, bool caught_up, int64_t *from_round);
 // The same without waiting for the answer (the hub reads it before anything sent after it;
 // the answer is taken with the next call's mail). false: the hub is lost.
 bool tcp_hub_follow_now(tcp_hub *t, const replica_status *s, int64_t first_round);
@@ -45,6 +47,19 @@ bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed);
 // for an answer; false: the hub is lost.
 bool tcp_hub_hold(tcp_hub *t, bool begin);
 void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
+// The catch-up transfer through this hub (docs/protocol.md, "Catch-up transfers"; with several
+// hubs it counts outer steps, "landings"). The donor's side: whether the ROUND that made it the
+// donor here asked for a catch-up (tcp_hub_send_state then sends while the replica exchanges
+// on), and transport_preserve_state / transport_send_catchup for it (nothing unless it sends).
+// The joiner's side, after a JOIN here that took a catch-up state: the landing whose mean it
+// takes last (-1: not a catch-up join), transport_catchup_count / _patch / _extend.
+bool tcp_hub_sends_catchup(const tcp_hub *t);
+void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes);
+void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n);
+int64_t tcp_hub_caught_up_to(const tcp_hub *t);
+int tcp_hub_catchup_count(tcp_hub *t);
+const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes);
+int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);
 // LEAVE (when connected), then frees.

@@ -360,6 +360,8 @@ size_t wire_encode_follow(const wire_follow *m, uint8_t *out) {
     put_u64(out, (uint64_t)m->outer_step);
     put_u64(out + 8, m->param_hash);
     put_u64(out + 16, (uint64_t)m->first_round);
+    put_u32(out + 24, m->flags);
+    put_u32(out + 28, 0);
     return WIRE_FOLLOW_BYTES;
 }
 
@@ -368,7 +370,9 @@ const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m) {
     m->outer_step = (int64_t)get_u64(p);
     m->param_hash = get_u64(p + 8);
     m->first_round = (int64_t)get_u64(p + 16);
+    m->flags = get_u32(p + 24);
     if (m->outer_step < 0 || m->first_round < 0) return "FOLLOW: negative outer step or round";
+    if ((m->flags & ~(uint32_t)FOLLOW_CATCHUP) != 0 || get_u32(p + 28) != 0) return "FOLLOW: unknown flags";
     return NULL;
 }
 

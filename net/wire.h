@@ -39,7 +39,7 @@ extern "C" {
                          // 6: LEAVE says whether the replica finished the run; JOINED(finished)
                          // 7: HEARTBEAT's flags (the hub holds the round for a state transfer), HOLD
                          // 8: the catch-up transfer (STATE's flags, DATA kind CATCHUP, CAUGHT_UP,
-                         //    STATE_END, ROUND_CATCHUP)
+                         //    STATE_END, ROUND_CATCHUP, FOLLOW's flags)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -212,13 +212,19 @@ enum { JOINED_MEMBER = 1, JOINED_WAIT = 2, JOINED_FINISHED = 3 };
 // FOLLOW: a replica of a run with several hubs joins a hub that is not its primary (the first
 // live one, which does the JOIN and any state transfer). It is a member at once, expected in
 // rounds from first_round on (a round id, 64·k at the boundary of outer step k); a group
-// without members is founded with its status, without waiting for a quorum.
+// without members is founded with its status, without waiting for a quorum. FOLLOW_CATCHUP:
+// it caught up through its primary (a catch-up transfer): its first round waits for it as the
+// primary's does, however late it begins (until it begins a contribution).
+enum { FOLLOW_CATCHUP = 1 };
 typedef struct {
     int64_t outer_step;
     uint64_t param_hash;
     int64_t first_round;
+    uint32_t flags;
 } wire_follow;
-#define WIRE_FOLLOW_BYTES 24
+#define WIRE_FOLLOW_BYTES 32
+// With several hubs the round of share s of outer step k, attempt a, has the id 64·k + 8·a + s.
+#define WIRE_ROUNDS_PER_STEP 64
 
 // DONE: a replica of a run with several hubs tells every hub it follows that its exchange for
 // outer step k is over (docs/protocol.md, "Several hubs"): DONE_COMPLETE, it has every share's

@@ -15,6 +15,15 @@
 #      third relay: every share goes through the first. Restarted, the second and third take
 #      their shares again. Every outer step within timeout + 5 s, the param_hash equal on every
 #      replica at every applied outer step (none taken from two rounds), the loss falls.
+#   5. A late joiner catches up through two hubs (relay --catch_up 1, the default): replicas 0
+#      and 1 train; replica 2 starts later and takes replica 0's state through its primary (the
+#      first relay), slowly (TRAIN_GPT_FAULT=tcp_slow_state:0: seconds for its θ and m) while
+#      the group closes step after step, then the means of those steps; it follows the second
+#      relay from the step after them (its first round there waits for it) and contributes at
+#      both. Checked: the group's outer steps within timeout + 5 s throughout (a whole transfer
+#      would hold one for the state's seconds), the joiner applied 3 or more means, nobody
+#      evicted, both relays close rounds of all three afterwards, param_hash equal on every
+#      replica at every outer step.
 # Every move waits for what the processes log, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -212,4 +221,57 @@ done
 check "three hubs: param_hash equal on every replica at every applied outer step (none from two rounds)" \
     all_agree 8 "$tmp"/three/*/metrics.jsonl
 check "three hubs: loss falls" loss_falls "$tmp/three/0/metrics.jsonl"
+
+# ---------------------------------------------------------------- 5. a late joiner catches up
+# tiny_test at d_model 128: 303,870 values, two segments (a share per relay), a state of 2.4 MB
+# with m: about 14 s at the slow hook's 128 KiB per 0.75 s, where an inner phase is a few tenths.
+# diloco_min_replicas 2: replicas 0 and 1 start together (the quorum) and apply every step.
+late=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --log_every 1000
+    --ckpt_keep 0 --ckpt_every 0 --max_steps 100000000 --batch_size 16 --d_model 128 --d_ff 256
+    --diloco_replicas 3 --diloco_inner_steps 5 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
+    --diloco_quant int8 --diloco_min_replicas 2 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
+    --diloco_timeout_s $TIMEOUT --diloco_connect_timeout_s 20)
+pd=$(free_port); relay_on ca "$pd"
+pe=$(free_port); relay_on cb "$pe"
+late_replica() {  # late_replica ID: replica ID of run "late" in the background (replicas 0 and 1 send slowly)
+    TRAIN_GPT_FAULT=$([ "$1" = 2 ] || echo tcp_slow_state:0) "$TRAIN_GPT" "${late[@]}" \
+        --diloco_rendezvous "127.0.0.1:$pd,127.0.0.1:$pe" --diloco_replica_id "$1" --out_dir "$tmp/late/$1" \
+        >>"$tmp/late_$1.log" 2>&1 &
+    pids+=($!)
+    eval "pid_late_$1=$!"
+}
+late_replica 0
+late_replica 1
+wait_until "replicas 0 and 1 have 2 outer steps" eval '[ "$(outer_lines 0 late)" -ge 2 ] && [ "$(outer_lines 1 late)" -ge 2 ]'
+late_replica 2
+wait_until "replica 2 caught up and the relays close rounds of all three" \
+    sh -c "grep -q 'closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_ca.log' &&
+           grep -q 'closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_cb.log'"
+joined=$(outer_lines 0 late)
+wait_until "replica 0 has 3 more outer steps" eval '[ "$(outer_lines 0 late)" -ge $((joined + 3)) ]'
+caught=$("$PYTHON" -c "
+import json, sys
+j = [json.loads(l) for l in open(sys.argv[1]) if '\"diloco_join\"' in l][-1]
+print(j['caught_up_rounds'])" "$tmp/late/2/metrics.jsonl" 2>/dev/null || echo 0)
+say "  catch-up through two hubs: replica 2 applied $caught mean(s) before it trained"
+check "catch-up through two hubs: the first relay relayed replica 0's state and means to replica 2" \
+    sh -c "grep -q 'replica 0 is the donor: it sends its state to \[2\] and then the means' '$tmp/relay_ca.log' &&
+           grep -q 'replica 2 caught up: .* takes the means up to outer step' '$tmp/relay_ca.log'"
+check "catch-up through two hubs: replica 2 follows the second relay once caught up, its first round held for it" \
+    grep -q 'replica 2 follows: member at outer step .*(it caught up through its primary' "$tmp/relay_cb.log"
+check "catch-up through two hubs: replica 2 applied the means of 3 or more outer steps closed meanwhile" \
+    test "${caught:-0}" -ge 3
+no_eviction_late() {  # nobody evicted, no transfer aborted at either relay; says which if so
+    ! grep 'evicted\|aborted' "$tmp/relay_ca.log" "$tmp/relay_cb.log" | sed 's/^/    /' | grep .
+}
+check "catch-up through two hubs: nobody evicted, no transfer aborted" no_eviction_late
+for r in 0 1 2; do eval "kill -TERM \$pid_late_$r"; done
+wait_three late
+check "catch-up through two hubs: the replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
+for r in 0 1; do
+    check "catch-up through two hubs: replica $r's outer steps within timeout + 5 s while the state went" \
+        every_round "$tmp/late/$r/metrics.jsonl"
+done
+check "catch-up through two hubs: param_hash equal on every replica at every outer step" \
+    all_agree 8 "$tmp"/late/*/metrics.jsonl
 finish test_diloco_hubs

@@ -68,7 +68,7 @@ static int samples(sample *s) {
     s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&d, s[n].payload);
     for (int i = 0; i < 904; i++) s[n].payload[s[n].bytes++] = (uint8_t)i;
     n++;
-    wire_follow follow = {.outer_step = 12, .param_hash = 0xfeedull, .first_round = 12 * 64};
+    wire_follow follow = {.outer_step = 12, .param_hash = 0xfeedull, .first_round = 12 * 64, .flags = FOLLOW_CATCHUP};
     s[n].type = WIRE_FOLLOW, s[n].bytes = wire_encode_follow(&follow, s[n].payload), n++;
     wire_done done = {.outer_step = 12, .result = DONE_COMPLETE};
     s[n].type = WIRE_DONE, s[n].bytes = wire_encode_done(&done, s[n].payload), n++;
@@ -195,12 +195,15 @@ static void test_round_trips(void) {
     EXPECT(wire_decode_joined(jbuf, sizeof jbuf, &jd) != NULL, "JOINED with an unknown result is refused");
     wire_follow fo;
     EXPECT(!wire_decode_follow(s[14].payload, s[14].bytes, &fo) && fo.outer_step == 12 && fo.param_hash == 0xfeedull &&
-               fo.first_round == 768,
+               fo.first_round == 768 && fo.flags == FOLLOW_CATCHUP,
            "FOLLOW decodes");
     uint8_t fbuf[WIRE_FOLLOW_BYTES];
     wire_follow negative = {.outer_step = 3, .first_round = -1};
     wire_encode_follow(&negative, fbuf);
     EXPECT(wire_decode_follow(fbuf, sizeof fbuf, &fo) != NULL, "FOLLOW with a negative round is refused");
+    wire_follow flagged = {.outer_step = 3, .first_round = 192, .flags = 2};
+    wire_encode_follow(&flagged, fbuf);
+    EXPECT(wire_decode_follow(fbuf, sizeof fbuf, &fo) != NULL, "FOLLOW with an unknown flag is refused");
     // CONTRIBUTE says how the payload is encoded; a layout the hub could not reduce is refused.
     wire_contribute c, bad;
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
