@@ -2488,18 +2488,17 @@ static double inner_phase_s(const param_table *t, const train_config *cfg, int w
 // What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
 // (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
 // time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase; decay_s the
-// decay phase's, 0 without one), what a transfer longer than the inner phase costs: through one
-// hub the relay's catch-up (its default) lets the rounds go on and the joiner takes the means of
-// those that closed meanwhile (x: their bytes); with several hubs it holds the round for the
-// rest (docs/diloco.md, "Not yet").
+// decay phase's, 0 without one), what a transfer longer than the inner phase costs: the relay's
+// catch-up (its default; with several hubs through the joiner's primary) lets the rounds go on,
+// and the joiner takes the means of those that closed meanwhile (x: their bytes).
 static void print_join_transfer(const param_table *t, const train_config *cfg, int world, double link, double inner_s,
                                 double decay_s, const diloco_traffic *x) {
     if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
     bool with_m = cfg->diloco_outer_momentum != 0.0;
-    int ranks = world > 0 ? world : 1, hubs = plan_hubs(cfg);
+    int ranks = world > 0 ? world : 1;
     int64_t bytes = 448 * (int64_t)ranks + (with_m ? 8 : 4) * plan_pieces(t, ranks);
     double s = (double)bytes / link;
-    char a[32], b[32], c[32], e[96] = "";
+    char a[32], b[32], c[32];
     printf("train_gpt | diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
            "%.3f GB (%lld bytes%s), %s on the link",
            with_m ? " and the outer momentum" : " (no outer momentum)", (double)bytes / 1e9, (long long)bytes,
@@ -2508,43 +2507,42 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
         printf("\n");
         return;
     }
-    double shortest = decay_s > 0 && decay_s < inner_s ? decay_s : inner_s;
-    if (s <= shortest) {
+    if (s <= inner_s) {
         printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait\n",
                format_duration(inner_s, b, sizeof b));
         return;
     }
-    if (hubs == 1) {
-        // A fragment syncs every inner_s / P; each of its means takes mean_s on the link. The
-        // rounds closed while the state went, then those closed while their means went, ...:
-        // s / sync_s / (1 − mean_s / sync_s) in all, as long as a mean is faster than a sync.
-        double sync_s = inner_s / (double)cfg->diloco_fragments, mean_s = (double)x->fragment_down / link;
-        if (mean_s >= sync_s) {
-            printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
-                   "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
-                   "up (a larger H or fewer fragments, or a faster link)\n",
-                   format_duration(inner_s, b, sizeof b), format_duration(mean_s, c, sizeof c),
-                   format_duration(sync_s, a, sizeof a));
-            return;
-        }
-        int64_t rounds = (int64_t)ceil(s / (sync_s - mean_s));
-        printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds for it: the "
-               "joiner then takes the means of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains\n",
-               format_duration(inner_s, b, sizeof b), (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9,
-               format_duration((double)rounds * mean_s, c, sizeof c));
+    // A fragment syncs every phase / P; each of its means takes mean_s on the link. The rounds
+    // closed while the state went, then those closed while their means went, ...:
+    // s / sync_s / (1 − mean_s / sync_s) in all, as long as a mean is faster than a sync.
+    double mean_s = (double)x->fragment_down / link, P = (double)cfg->diloco_fragments;
+    if (mean_s >= inner_s / P) {
+        printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
+               "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
+               "up (a larger H or fewer fragments, or a faster link)\n",
+               format_duration(inner_s, b, sizeof b), format_duration(mean_s, c, sizeof c),
+               format_duration(inner_s / P, a, sizeof a));
         return;
     }
-    if (decay_s > 0 && s > decay_s)
-        snprintf(e, sizeof e, ", about %s in the decay phase", format_duration(s - decay_s, c, sizeof c));
-    if (s <= inner_s)
-        printf("; the inner phase takes %s: the group does not wait, but for a join in the decay phase, which holds "
-               "the round about %s (with %d hubs: catch-up transfers need one)\n",
-               format_duration(inner_s, b, sizeof b), format_duration(s - decay_s, c, sizeof c), hubs);
-    else
-        printf("; the inner phase takes %s: each join holds the group's round about %s%s (with %d hubs: catch-up "
-               "transfers need one); the relay's --max_hold_s caps that wait, but a transfer it cuts is tried again "
-               "later: a join needs a longer inner phase or a faster link\n",
-               format_duration(inner_s, b, sizeof b), format_duration(s - inner_s, c, sizeof c), e, hubs);
+    int64_t rounds = (int64_t)ceil(s / (inner_s / P - mean_s));
+    printf("; the inner phase takes %s: the relay's catch-up (its default%s) does not hold the rounds for it: the "
+           "joiner then takes the means of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains",
+           format_duration(inner_s, b, sizeof b), plan_hubs(cfg) > 1 ? "; through the joiner's primary hub" : "",
+           (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9,
+           format_duration((double)rounds * mean_s, c, sizeof c));
+    if (decay_s > 0 && decay_s < inner_s) {
+        if (mean_s >= decay_s / P) {
+            printf("; a join in the decay phase (phases of %s) never catches up before the run ends\n",
+                   format_duration(decay_s, b, sizeof b));
+            return;
+        }
+        int64_t decay_rounds = (int64_t)ceil(s / (decay_s / P - mean_s));
+        printf("; in the decay phase (phases of %s) about %lld round(s) (%.3f GB, %s more)",
+               format_duration(decay_s, b, sizeof b), (long long)decay_rounds,
+               (double)decay_rounds * (double)x->fragment_down / 1e9,
+               format_duration((double)decay_rounds * mean_s, c, sizeof c));
+    }
+    printf("\n");
 }
 
 // One hub host's CPU and memory per outer step (plan_hub_load) against link_s, a replica's

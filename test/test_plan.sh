@@ -7,9 +7,9 @@
 #     taken from the code), to the 0.01 GiB the table prints. At 8 x 4096 only full fits.
 #  2. The DiLoCo row: int8 with error feedback over tcp, and int4 over mpi in 4 fragments with a
 #     bf16 downlink, against the hand arithmetic of what diloco.c and the transports allocate;
-#     the line on a joiner's state (its bytes, its time at 100 Mbit/s; through one hub the means
-#     the catch-up takes after it, through two how long it holds the round against the inner
-#     phase and the decay phase's) against hand arithmetic.
+#     the line on a joiner's state (its bytes, its time at 100 Mbit/s; the means the catch-up
+#     takes after it, through one hub or two, in the inner phase and the decay phase's) against
+#     hand arithmetic.
 #  3. recompute = auto in runs (CPU, an 8-layer model): memory_budget_mb from the plan's own
 #     totals picks none, selective, full on every 2nd layer, full, and refuses below full with
 #     one line; each run prints what it chose and, after its first step, the measured
@@ -190,9 +190,9 @@ check "no DiLoCo row without DiLoCo" sh -c "! grep -q 'diloco outer state' '$tmp
 # tokens x 93.279 GFLOP per step and GPU: 494.6 s a step) is 1h22m26s. Through one hub the
 # relay's catch-up lets the rounds go on: a sync every 4946 s, each mean (the replica's
 # downlink bytes, 1 B a value + 4 per 128 + 96 per segment) 1199 s on the link, so
-# ⌈9296.5 / (4946 − 1199)⌉ = 3 rounds close meanwhile. Through two hubs (no catch-up) the
-# join holds the round 2h34m56s − 1h22m26s = 1h12m; with a decay phase of 5 steps (41m13s),
-# 1h53m there. At H 100 no transfer outlasts the phase.
+# ⌈9296.5 / (4946 − 1199)⌉ = 3 rounds close meanwhile. Through two hubs the same (the joiner's
+# primary relays the state and the whole means); with a decay phase of 5 steps (2473 s),
+# ⌈9296.5 / (2473 − 1199)⌉ = 8 rounds there. At H 100 no transfer outlasts the phase.
 join_want=$("$PYTHON" -c "
 import math
 V, L, C, Hq, Hkv, D, F = 128256, 40, 5120, 40, 8, 128, 17408
@@ -205,8 +205,11 @@ state = 40 * (448 + 8 * n)
 inner = 10 * 2097152 * 93.279e9 / (0.4 * 989e12)
 rounds = math.ceil(state / 12.5e6 / (inner - down / 12.5e6))
 s = int(rounds * down / 12.5e6 + 0.5)
-print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60))")
-read -r join_bytes join_bytes_no_m join_rounds join_gb join_more <<<"$join_want"
+decay = math.ceil(state / 12.5e6 / (inner / 2 - down / 12.5e6))
+d = int(decay * down / 12.5e6 + 0.5)
+print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60),
+      decay, '%.3f' % (decay * down / 1e9), '%dh%02dm' % (d // 3600, d % 3600 // 60))")
+read -r join_bytes join_bytes_no_m join_rounds join_gb join_more decay_rounds decay_gb decay_more <<<"$join_want"
 join_line() {  # join_line H MOMENTUM H_D RENDEZVOUS: the plan's line on a joiner's state at 40 ranks
     "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
         --diloco_rendezvous "$4" --diloco_secret_file unused --diloco_inner_steps "$1" \
@@ -225,10 +228,12 @@ check "a joiner's state over tcp at 40 ranks: 40 x 448 + 8 B/param bytes, 2h34m 
 check "one hub, a transfer longer than the inner phase: catch-up, the means of $join_rounds rounds ($join_gb GB, $join_more)" \
     grep -q "does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
     "$tmp/join10.txt"
-check "two hubs, a transfer longer than the inner phase (1h22m at H 10) holds the round about 1h12m" \
-    grep -q "the inner phase takes 1h22m: each join holds the group.s round about 1h12m (with 2 hubs" "$tmp/join10h.txt"
-check "two hubs, diloco_decay_inner_steps 5 (41m13s): a join in the decay phase holds it about 1h53m" \
-    grep -q "about 1h12m, about 1h53m in the decay phase (with 2 hubs" "$tmp/join10d.txt"
+check "two hubs: the same catch-up, through the joiner's primary hub" \
+    grep -q "catch-up (its default; through the joiner's primary hub) does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
+    "$tmp/join10h.txt"
+check "two hubs, diloco_decay_inner_steps 5: in the decay phase the means of $decay_rounds rounds ($decay_gb GB, $decay_more)" \
+    grep -q "; in the decay phase (phases of 41m1[23]s) about $decay_rounds round(s) ($decay_gb GB, $decay_more more)\$" \
+    "$tmp/join10d.txt"
 check "a transfer shorter than the inner phase (H 100): the group does not wait" \
     grep -q "the group does not wait" "$tmp/join100.txt"
 check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
