@@ -1803,6 +1803,10 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     bool unstarted = h->follow_from >= 0 && h->last_closed_step < 0 && !h->round_open;
     if (unstarted && m->first_round != INT64_MAX && (!r->follow_held || h->follow_from > r->member_from))
         r->member_from = h->follow_from;
+    // Not in a round this hub has closed (JOINED then says the next: a replica that caught up
+    // through its primary, which had not closed that step yet, takes that step's mean too).
+    if (r->member_from != INT64_MAX && h->last_closed_step >= 0 && r->member_from <= h->last_closed_step)
+        r->member_from = h->last_closed_step + 1;
     // Not in the open round once the hub has reduced segments of it without this replica (it
     // could not be in their mean); before that, it is expected like the others: a joiner's
     // first round here is open while the group waits for the donor (HOLD), and it must be in it.

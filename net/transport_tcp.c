@@ -697,6 +697,14 @@ static int64_t state_landing(const tcp *t) {
     return t->multi_hub ? t->state_step / WIRE_ROUNDS_PER_STEP : t->state_step;
 }
 
+// A landing as this replica's log names it: "round r" with one hub, "outer step k + 1" with
+// several (diloco.c's numbering of the step that landing k makes).
+static const char *landing_name(const tcp *t, int64_t landing, char *buf, size_t bytes) {
+    if (t->multi_hub) snprintf(buf, bytes, "outer step %lld", (long long)landing + 1);
+    else snprintf(buf, bytes, "round %lld", (long long)landing);
+    return buf;
+}
+
 // The last landing r such that the means of landings state_landing + 1 .. r are all here (the
 // state's own when none is).
 static int64_t patched_through(const tcp *t) {
@@ -961,9 +969,10 @@ static void say_long_wait(tcp *t, double held_s) {
         transfer_progress(t->state_received, t->state_total, t->state_began_s, line, sizeof line);
         note("diloco: replica %d receives the group's state: %s", t->o.replica_id, line);
     } else if (t->want_state && t->state_catchup && t->state_end_known) {
-        note("diloco: replica %d has the group's state; waits for the means up to round %lld (has them up to "
-             "%lld)",
-             t->o.replica_id, (long long)t->state_end_round, (long long)patched_through(t));
+        char a[48], b[48];
+        note("diloco: replica %d has the group's state; waits for the means up to %s (has them up to %s)",
+             t->o.replica_id, landing_name(t, t->state_end_round, a, sizeof a),
+             landing_name(t, patched_through(t), b, sizeof b));
     } else if (t->job_buf && t->job_kind == DATA_STATE && t->job_next < t->job_total) {
         transfer_progress(t->job_next, t->job_total, t->job_began_s, line, sizeof line);
         note("diloco: replica %d sends its state to the joiners: %s", t->o.replica_id, line);
@@ -1095,10 +1104,10 @@ static bool join_done(tcp *t) {
             if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err))
                 post_dead(t, err);
             t->caught_up_sent = true;
-            const char *unit = t->multi_hub ? "outer step" : "round";
-            note("diloco: replica %d has the group's state of %s %lld and the means up to %s %lld; asks the hub "
-                 "which round it is due in",
-                 t->o.replica_id, unit, (long long)state_landing(t), unit, (long long)through);
+            char a[48], b[48];
+            note("diloco: replica %d has the group's state of %s and the means up to %s; asks the hub which round it "
+                 "is due in",
+                 t->o.replica_id, landing_name(t, state_landing(t), a, sizeof a), landing_name(t, through, b, sizeof b));
         }
         if (t->state_end_known && patched_through(t) >= t->state_end_round) return true;
     }
@@ -1509,8 +1518,9 @@ static int64_t tcp_catchup_extend(void *impl, int64_t round) {
         t->want_state = true;
         t->state_end_known = false;
         if (send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(round, buf), err, sizeof err)) {
-            note("diloco: replica %d takes the means up to round %lld, as its other ranks", t->o.replica_id,
-                 (long long)round);
+            char a[48];
+            note("diloco: replica %d takes the means up to %s%s", t->o.replica_id, landing_name(t, round, a, sizeof a),
+                 t->multi_hub ? "" : ", as its other ranks");
             if (pump(t, extended) && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
         }
         t->want_state = false;

@@ -261,6 +261,9 @@ check "catch-up through two hubs: replica 2 follows the second relay once caught
     grep -q 'replica 2 follows: member at outer step .*(it caught up through its primary' "$tmp/relay_cb.log"
 check "catch-up through two hubs: replica 2 applied the means of 3 or more outer steps closed meanwhile" \
     test "${caught:-0}" -ge 3
+check "catch-up through two hubs: replica 2 joined once (not refused at the second relay, no rejoin)" \
+    sh -c "[ \$(grep -c '\"event\":\"diloco_join\"' '$tmp/late/2/metrics.jsonl') -eq 1 ] &&
+           ! grep -q 'rejoining' '$tmp/late_2.log'"
 no_eviction_late() {  # nobody evicted, no transfer aborted at either relay; says which if so
     ! grep 'evicted\|aborted' "$tmp/relay_ca.log" "$tmp/relay_cb.log" | sed 's/^/    /' | grep .
 }
