@@ -33,7 +33,8 @@
 #   7. A sharded replica catches up (relay --catch_up 1): replica 1's ranks take their states
 #      slowly while replica 0 closes rounds alone (rank 1 joins 1.5 s later: its state is of a
 #      later round than rank 0's), apply the means of those rounds, agree on one last round at
-#      once, and both go on with param_hash equal at every outer step.
+#      once, and both go on with param_hash equal at every outer step. 7b: the same through two
+#      relays of 2 shards each (each rank's primary relays its catch-up, it follows the other).
 #   5. Refused with one line: a sharded replica over the mpi transport, fsdp_size other than
 #      the job's ranks, relay --shards without a fixed port. (HSDP copies inside a replica:
 #      test/test_hsdp_diloco.sh.)
@@ -353,5 +354,56 @@ done
 rc0=0; wait "$c0" || rc0=$?
 rc1=0; wait "$c1" || rc1=$?
 check "sharded catch-up: SIGTERM, both replicas exit 0 (rc $rc0, $rc1)" sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]"
+
+# 7b. The same through two relays of 2 shards each (diloco_rendezvous = a,b): each rank catches
+# up through its primary (shard j of the first relay) and follows the second once caught up
+# (docs/protocol.md, "Catch-up transfers" step 7). d_model 192: 418K values per rank, two
+# segments, a share at each relay. No slow state: rank 1 joins 1.5 s late, so the ranks' states
+# and last steps differ and rank 0 takes more means through its primary, then follows again.
+# Checked: both primaries logged replica 1's catch-up, the ranks agreed at once, nobody evicted
+# or refused, both contribute at both relays, param_hash equal at every outer step both logged.
+catchup2=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 0 --diloco_min_replicas 1
+    --d_model 192 --d_ff 512 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
+start_relay cu_a 2 3; port_a=$port
+start_relay cu_b 2 3
+two_hubs="127.0.0.1:$port_a,127.0.0.1:$port"
+replica 2 0 "$tmp/cu2_0" "${catchup2[@]}" --diloco_rendezvous "$two_hubs"; c0=$rpid
+wait_until "replica 0 has 2 outer steps (two relays)" eval '[ "$(outer_lines "$tmp/cu2_0")" -ge 2 ]'
+cu2_args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "$two_hubs" --diloco_replica_id 1 --out_dir "$tmp/cu2_1"
+    "${catchup2[@]}")
+"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${cu2_args[@]}" : -np 1 env TRAIN_GPT_FAULT=tcp_join_late:0,tcp_caught_up_late:0 \
+    "$TRAIN_GPT" "${cu2_args[@]}" >"$tmp/cu2_1.log" 2>&1 &
+c1=$!
+pids+=($c1)
+wait_until "replica 1 caught up through two relays and both contribute (3 rounds with [0,1])" \
+    eval '[ "$(rounds_after "$tmp/cu2_0" 0 0,1)" -ge 3 ]'
+check "two relays: both primaries (shards 0 and 1 of the first relay) logged replica 1's catch-up" \
+    sh -c "grep -q 'relay shard 0 .*replica 1 caught up: .*outer step' '$tmp/relay_cu_a.log' &&
+           grep -q 'relay shard 1 .*replica 1 caught up: .*outer step' '$tmp/relay_cu_a.log'"
+check "two relays: replica 1's ranks followed the second relay once caught up" \
+    sh -c "grep -q 'relay shard 0 .*replica 1 follows: member at outer step .*caught up through its primary' '$tmp/relay_cu_b.log' &&
+           grep -q 'relay shard 1 .*replica 1 follows: member at outer step .*caught up through its primary' '$tmp/relay_cu_b.log'"
+check "two relays: the ranks agreed at once (one join, no join again, no rejoin)" \
+    sh -c "! grep -q 'joined their groups inconsistently\|rejoining' '$tmp/cu2_1.log' &&
+           [ \$(grep -c '\"event\":\"diloco_join\"' '$tmp/cu2_1/metrics.jsonl') -eq 1 ]"
+no_eviction2() {  # nobody evicted or refused, no transfer aborted at either relay; says which if so
+    ! grep 'evicted\|aborted\|refused' "$tmp/relay_cu_a.log" "$tmp/relay_cu_b.log" | sed 's/^/    /' | grep .
+}
+check "two relays: nobody evicted or refused, no transfer aborted" no_eviction2
+both_at_every_shard() {  # a round closed with [0 1] at every shard of both relays
+    local f j
+    for f in "$tmp/relay_cu_a.log" "$tmp/relay_cu_b.log"; do
+        for j in 0 1; do grep -q "relay shard $j .*closed: 2 contributor(s) \[0 1\]" "$f" || return 1; done
+    done
+}
+check "two relays: both replicas contribute at both relays (a round of [0 1] at every shard)" both_at_every_shard
+check "two relays: param_hash equal at every outer step both replicas logged" \
+    all_hashes_agree 3 "$tmp/cu2_0/metrics.jsonl" "$tmp/cu2_1/metrics.jsonl"
+for f in "$c0" "$c1"; do
+    for r in 0 1; do kill -TERM "$(rank_pid "$f" $r)" 2>/dev/null || true; done
+done
+rc0=0; wait "$c0" || rc0=$?
+rc1=0; wait "$c1" || rc1=$?
+check "two relays: SIGTERM, both replicas exit 0 (rc $rc0, $rc1)" sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]"
 
 finish test_fsdp_diloco
