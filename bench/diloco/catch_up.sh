@@ -18,13 +18,19 @@
 # three; the joiner's caught_up_rounds and skipped_steps.
 # OUT/summary.txt: both modes.
 #
-# Environment: TRAIN_GPT (default ./train_gpt), B, H, PYTHON.
+# HUBS=2: the same through two relays (diloco_rendezvous = a,b; each reduces a share of the
+# segments); the figures are the first relay's (the joiner's primary, which relays the state
+# and the means: docs/protocol.md, "Catch-up transfers" step 7), its rounds counted per outer
+# step (share 0's).
+#
+# Environment: TRAIN_GPT (default ./train_gpt), B, H, HUBS (1), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench/results/diloco-catch-up}
 train_gpt=${TRAIN_GPT:-./train_gpt}
 B=${B:-16}
 H=${H:-5}
+HUBS=${HUBS:-1}
 python=${PYTHON:-/usr/bin/python3}
 rm -rf "$out"
 mkdir -p "$out"
@@ -32,8 +38,10 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 
 free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-closed() { grep -c "round [0-9]* closed" "$1/relay.log" 2>/dev/null || true; }
-with_three() { grep -c "closed: 3 contributor(s)" "$1/relay.log" 2>/dev/null || true; }
+# Rounds closed at the first relay (with two: share 0's, one per outer step).
+closed() { grep -c "round [0-9]*\( (step [0-9]*, attempt [0-9]*, share 0)\)\? closed" "$1/relay.log" 2>/dev/null || true; }
+with_three() { grep "round [0-9]*\( (step [0-9]*, attempt [0-9]*, share 0)\)\? closed" "$1/relay.log" 2>/dev/null |
+    grep -c "closed: 3 contributor(s)" || true; }
 alive() {
     for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "catch_up: a process died" >&2; exit 1; }; done
 }
@@ -44,19 +52,25 @@ tool=build/test_tool
 head -c 32 /dev/urandom >"$out/secret"
 
 run_mode() {  # run_mode NAME CATCH_UP
-    local dir=$out/$1 port r fault
+    local dir=$out/$1 port r fault rendezvous="" log
     mkdir -p "$dir"
-    port=$(free_port)
     pids=()
-    "$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$out/secret" --timeout_s 2 --catch_up "$2" \
-        >"$dir/relay.log" 2>&1 &
-    pids+=($!)
-    until grep -q "listening on" "$dir/relay.log"; do sleep 0.05; done
+    for ((r = 0; r < HUBS; r++)); do
+        port=$(free_port)
+        log=$dir/relay.log
+        [ "$r" -gt 0 ] && log=$dir/relay$((r + 1)).log
+        "$train_gpt" relay --listen "127.0.0.1:$port" --secret_file "$out/secret" --timeout_s 2 --catch_up "$2" \
+            >"$log" 2>&1 &
+        pids+=($!)
+        until grep -q "listening on" "$log"; do sleep 0.05; done
+        rendezvous+=${rendezvous:+,}127.0.0.1:$port
+    done
+    local relays=$HUBS
     local args=(test/configs/tiny_test.conf --train_data "$out/train.bin" --val_every 0 --threads 1 --log_every 1000
         --ckpt_every 0 --ckpt_keep 0 --max_steps 100000000 --d_model 128 --d_ff 256 --batch_size "$B"
         --diloco_inner_steps "$H" --diloco_replicas 3 --diloco_min_replicas 2 --diloco_quant none
         --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_transport tcp
-        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$out/secret" --diloco_timeout_s 2)
+        --diloco_rendezvous "$rendezvous" --diloco_secret_file "$out/secret" --diloco_timeout_s 2)
     for r in 0 1 2; do
         if [ "$r" = 2 ]; then until [ "$(closed "$dir")" -ge 2 ]; do alive; sleep 0.2; done; fi
         fault=""
@@ -66,16 +80,18 @@ run_mode() {  # run_mode NAME CATCH_UP
         pids+=($!)
     done
     until [ "$(with_three "$dir")" -ge 5 ]; do alive; sleep 0.2; done
-    kill -TERM "${pids[@]:1}"
-    for p in "${pids[@]:1}"; do wait "$p" || true; done
-    kill "${pids[0]}" 2>/dev/null || true
-    wait "${pids[0]}" 2>/dev/null || true
+    kill -TERM "${pids[@]:relays}"
+    for p in "${pids[@]:relays}"; do wait "$p" || true; done
+    kill "${pids[@]:0:relays}" 2>/dev/null || true
+    for p in "${pids[@]:0:relays}"; do wait "$p" 2>/dev/null || true; done
     "$python" - "$dir" "$1" <<'PY'
 import json, re, statistics, sys
 d, mode = sys.argv[1], sys.argv[2]
 log = open(f"{d}/relay.log").read()
-closes = [(float(t), int(k), int(n)) for t, k, n in
-          re.findall(r"\[\s*([0-9.]+)s\] round (\d+) closed: (\d+) contributor", log)]
+# One relay: every round; two: share 0's rounds (one per outer step).
+closes = [(float(t), int(k), int(n)) for t, k, s, n in
+          re.findall(r"\[\s*([0-9.]+)s\] round (\d+)(?: \(step \d+, attempt \d+, share (\d+)\))? closed: (\d+) contributor",
+                     log) if s in ("", "0")]
 began = float(re.search(r"\[\s*([0-9.]+)s\] replica \d+ is the donor", log).group(1))
 end = re.search(r"\[\s*([0-9.]+)s\] (?:catch-up transfer from replica \d+ over|state after round \d+ relayed)", log)
 ended = float(end.group(1))
