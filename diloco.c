@@ -398,6 +398,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     log_fingerprint(d, o.run_fingerprint, fingerprint_text);
     o.threaded = d->overlap > 0;
     o.stop = stop;
+    o.defer_caught_up = d->ranks > 1;   // its ranks tell their hubs together (agree_catchup_round)
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
         d->net = transport_mpi_open(&o);
@@ -861,7 +862,10 @@ static state_counters final_counters(diloco *d, size_t got) {
 // until all agree. false: a rank lost its hub meanwhile (every rank joins again).
 static bool agree_catchup_round(diloco *d, size_t got) {
     state_counters c = check_state(d, got);
-    int64_t mine = c.outer_step - 1 + transport_catchup_count(d->net);
+    // Every rank holds its state now: each tells its hubs it caught up (deferred until then:
+    // transport_options.defer_caught_up) and waits for the means up to the round they answer.
+    int64_t said = transport_catchup_extend(d->net, -1);
+    int64_t mine = said == -2 ? c.outer_step - 1 : said;   // -2: a whole transfer's state, no means
     for (int attempt = 0; attempt < 16; attempt++) {
         if (replica_max(d, mine < 0 ? 1.0 : 0.0) > 0) return false;
         int64_t hi = (int64_t)replica_max(d, (double)mine), lo = (int64_t)replica_min(d, (double)mine);

@@ -72,7 +72,8 @@ const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes) {
 }
 
 int64_t transport_catchup_extend(transport *t, int64_t round) {
-    return t->ops->catchup_extend ? t->ops->catchup_extend(t->impl, round) : -1;
+    if (!t->ops->catchup_extend) return round < 0 ? -2 : -1;
+    return t->ops->catchup_extend(t->impl, round);
 }
 
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }

@@ -68,6 +68,13 @@ typedef struct {
     // the hub (a quorum, a donor's state) returns JOIN_STOPPED within 0.2 s of it becoming
     // non-zero, so that the caller can stop as documented (checkpoint, LEAVE, exit 0).
     const volatile sig_atomic_t *stop;
+    // tcp, one rank of a replica of several (each rank its own hub sessions): a join that takes
+    // a catch-up state returns once the state is whole, before this rank tells its hub it caught
+    // up; the caller tells it with transport_catchup_extend(t, -1) once every rank holds its
+    // state. A rank that told it alone would make its hubs hold its first round, which the donor
+    // replica's rank there must finish before its other ranks can reach the close that gives
+    // this replica's other ranks their states.
+    bool defer_caught_up;
 } transport_options;
 
 // What a replica says about itself when it (re)joins the group.
@@ -188,7 +195,9 @@ const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes);
 // The ranks of a sharded replica end their catch-up at one round (each rank's hub may have
 // closed one more before it asked): a rank behind asks its hub to take it to `round` (CAUGHT_UP
 // again) and waits for the means up to the round the hub answers (≥ round). Returns that round
-// (the state's round + transport_catchup_count), or -1 when the session was lost (rejoin).
+// (the state's round + transport_catchup_count), or -1 when the session was lost or the
+// transfer aborted meanwhile (rejoin). round -1, after a join of defer_caught_up: the first
+// CAUGHT_UP (the means it holds); -2 when the state it took is not a catch-up one.
 int64_t transport_catchup_extend(transport *t, int64_t round);
 
 // tcp: local_stop. mpi: true on every rank when any rank saw a stop signal (an all-reduce),

@@ -287,8 +287,15 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         mark_dead(x, &x->h[p], "while joining");
     }
     if (result == JOIN_FINISHED || result == JOIN_STOPPED) return result;   // nothing to follow
-    int64_t caught_up = result == JOIN_GOT_STATE ? tcp_hub_caught_up_to(x->h[p].t) : -1;
-    x->joined_via = caught_up >= 0 ? p : -1;
+    bool catchup = result == JOIN_GOT_STATE && tcp_hub_took_catchup(x->h[p].t);
+    x->joined_via = catchup ? p : -1;
+    // A rank of a sharded replica tells its primary it caught up, and follows the others, once
+    // every rank holds its state (transport_options.defer_caught_up: hubs_catchup_extend(-1)).
+    if (catchup && x->o.defer_caught_up) {
+        x->joined_once = true;
+        return result;
+    }
+    int64_t caught_up = catchup ? tcp_hub_caught_up_to(x->h[p].t) : -1;
     int64_t step;
     if (caught_up >= 0) {   // a catch-up state and the means up to that step: the others follow
         int64_t to = follow_caught_up(x, p, caught_up);
@@ -570,14 +577,16 @@ static const uint8_t *hubs_catchup_patch(void *impl, int i, size_t *bytes) {
     return tcp_hub_catchup_patch(x->h[x->joined_via].t, i, bytes);
 }
 
-// A sharded joiner's rank behind its others: the means up to `landing` at its primary, then it
-// follows its other hubs from the step after (follow_caught_up). -1: the primary is lost.
+// A sharded joiner's rank, once every rank holds its state (landing -1: its first CAUGHT_UP,
+// deferred by hubs_join), or behind its others (the means up to `landing`): at its primary, then
+// it follows its other hubs from the step after (follow_caught_up). -1: the primary is lost.
 static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
     hubs *x = impl;
     int p = x->joined_via;
-    if (p < 0 || atomic_load(&x->h[p].state) != HUB_LIVE) return -1;
+    if (p < 0) return landing < 0 ? -2 : -1;   // -2: the join took no catch-up state
+    if (atomic_load(&x->h[p].state) != HUB_LIVE) return -1;
     replica_status st = {.outer_step = landing + 1, .param_hash = 0};
-    follow_others(x, p, &st, INT64_MAX);   // expected nowhere while it takes more means
+    if (landing >= 0) follow_others(x, p, &st, INT64_MAX);   // expected nowhere while it takes more means
     int64_t to = follow_caught_up(x, p, tcp_hub_catchup_extend(x->h[p].t, landing));
     if (to >= 0) {
         pthread_mutex_lock(&x->lock);

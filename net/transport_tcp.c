@@ -168,6 +168,10 @@ struct tcp {
     // STATE_END, and the means received.
     bool state_announced, state_catchup, caught_up_sent, state_end_known;
     int64_t state_end_round;
+    // transport_options.defer_caught_up: the join returned with a whole catch-up state and has not
+    // said CAUGHT_UP yet (its means are still taken); catchup_aborted: the hub ended that transfer
+    // meanwhile (the caller joins again).
+    bool caught_up_deferred, catchup_aborted;
     catchup_in *patches;
     int n_patches, cap_patches;
 };
@@ -551,6 +555,7 @@ static void reset_state_progress(tcp *t) {
     t->state_received = 0;
     t->state_total = 0;
     t->state_announced = t->state_catchup = t->caught_up_sent = t->state_end_known = false;
+    t->caught_up_deferred = t->catchup_aborted = false;
     free_patches(t);
 }
 
@@ -622,7 +627,12 @@ static void take_mail(tcp *t) {
             break;
         }
         case WIRE_STATE_ABORT:
-            if (t->want_state) {
+            if (t->caught_up_deferred && !t->want_state) {   // its join returned, CAUGHT_UP not said yet
+                note("diloco: the hub aborted the catch-up transfer before this rank's others had their states "
+                     "(the donor left or stalled): joining again");
+                reset_state_progress(t);
+                t->catchup_aborted = true;
+            } else if (t->want_state) {
                 note("diloco: the hub aborted the state transfer (the donor left or stalled, or the transfer held "
                      "the group longer than the relay's --max_hold_s); waiting for the next outer boundary");
                 reset_state_progress(t);
@@ -672,7 +682,7 @@ static catchup_in *patch_of(const tcp *t, int64_t round) {
 // A chunk of a landed round's mean for a joiner catching up: kept by round (they are few; the
 // frames of several may interleave over several streams).
 static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
-    if (!t->want_state) return NULL;   // after the join: a mean for a round it no longer needs
+    if (!t->want_state && !t->caught_up_deferred) return NULL;   // after the join: a mean it no longer needs
     if (d->total_bytes > ((uint64_t)1 << 36)) return "a catch-up mean larger than 64 GiB";
     catchup_in *p = patch_of(t, d->outer_step);
     if (!p) {
@@ -943,6 +953,26 @@ static void say_join_waits(tcp *t) {
 
 static bool join_done(tcp *t);
 
+// CAUGHT_UP for the means this joiner holds (its first: the hub answers which round it is due
+// in). false: the session is lost.
+static bool say_caught_up(tcp *t) {
+    uint8_t buf[8];
+    char err[256];
+    // Test hook (TRAIN_GPT_FAULT=tcp_caught_up_late:0): one rank of a sharded replica asks 1.5 s
+    // after the others, so that its hub has closed more rounds than theirs when they asked: the
+    // ranks must agree on one last round.
+    if (fault_requested("tcp_caught_up_late", 0)) sleep_s(1.5);
+    int64_t through = patched_through(t);
+    t->caught_up_sent = true;
+    t->caught_up_deferred = false;
+    if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err)) return false;
+    char a[48], b[48];
+    note("diloco: replica %d has the group's state of %s and the means up to %s; asks the hub which round it is due "
+         "in",
+         t->o.replica_id, landing_name(t, state_landing(t), a, sizeof a), landing_name(t, through, b, sizeof b));
+    return true;
+}
+
 // "3.10 GiB of 8.00 GiB (39 %), 11.9 MiB/s, about 7m02s left"
 static void transfer_progress(uint64_t done, uint64_t total, double began_s, char *out, size_t bytes) {
     double took = wall_seconds() - began_s, rate = took > 0 ? (double)done / took : 0;
@@ -1092,23 +1122,10 @@ static bool join_done(tcp *t) {
     if (whole && !t->state_catchup) return true;
     if (whole) {
         // Catch-up: the state is here; the hub says up to which round's mean to wait for (the
-        // last it closed, or this replica's word if later), and it is due from the next.
-        if (!t->caught_up_sent) {
-            uint8_t buf[8];
-            char err[256];
-            // Test hook (TRAIN_GPT_FAULT=tcp_caught_up_late:0): one rank of a sharded replica asks
-            // 1.5 s after its state arrived, so that its hub has closed more rounds than the
-            // others' when they asked: the ranks must agree on one last round.
-            if (fault_requested("tcp_caught_up_late", 0)) sleep_s(1.5);
-            int64_t through = patched_through(t);
-            if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err))
-                post_dead(t, err);
-            t->caught_up_sent = true;
-            char a[48], b[48];
-            note("diloco: replica %d has the group's state of %s and the means up to %s; asks the hub which round it "
-                 "is due in",
-                 t->o.replica_id, landing_name(t, state_landing(t), a, sizeof a), landing_name(t, through, b, sizeof b));
-        }
+        // last it closed, or this replica's word if later), and it is due from the next. A rank
+        // of a sharded replica returns first: its ranks say it together (defer_caught_up).
+        if (t->o.defer_caught_up && !t->caught_up_sent) return true;
+        if (!t->caught_up_sent && !say_caught_up(t)) post_dead(t, "cannot send CAUGHT_UP");
         if (t->state_end_known && patched_through(t) >= t->state_end_round) return true;
     }
     return stop_requested(t);
@@ -1511,9 +1528,27 @@ static bool extended(tcp *t) {
 static int64_t tcp_catchup_extend(void *impl, int64_t round) {
     tcp *t = impl;
     take_pump(t);
+    take_mail(t);   // a STATE_ABORT already here
     int64_t end = -1;
     char err[256];
     uint8_t buf[8];
+    if (round < 0) {   // the deferred first CAUGHT_UP (defer_caught_up), once every rank has its state
+        if (t->catchup_aborted || (t->caught_up_deferred && t->connected)) {
+            if (!t->catchup_aborted) {
+                t->want_state = true;
+                if (say_caught_up(t) && pump(t, extended) && t->state_catchup) end = t->state_end_round;
+                t->want_state = false;
+                if (end < 0) {
+                    note("diloco: lost the hub at %s while catching up (%s)", t->hub, dead_reason(t));
+                    disconnect(t);
+                }
+            }
+        } else if (!t->state_catchup) {
+            end = -2;   // a whole transfer's state
+        }
+        pthread_mutex_unlock(&t->pump_lock);
+        return end;
+    }
     if (t->connected && t->state_catchup && t->state_end_known) {
         t->want_state = true;
         t->state_end_known = false;
@@ -1668,6 +1703,10 @@ static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state,
     bool sent = send_control(t, WIRE_JOIN, buf, wire_encode_status(&st, buf), err, sizeof err);
     t->join_sent_s = t->join_said_s = wall_seconds();
     bool ok = sent && pump(t, join_done);
+    // A catch-up state whose CAUGHT_UP waits for this replica's other ranks: its means are still
+    // taken (transport_catchup_extend(t, -1) says it).
+    t->caught_up_deferred = ok && t->o.defer_caught_up && t->state_catchup && !t->caught_up_sent &&
+                            t->state_started && t->state_received == t->state_total;
     t->want_state = false;
     t->state_buf = NULL;
     if (!ok) {
@@ -1739,6 +1778,7 @@ void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, siz
 int64_t tcp_hub_caught_up_to(const tcp_hub *t) {
     return t->state_catchup && t->state_end_known ? t->state_end_round : -1;
 }
+bool tcp_hub_took_catchup(const tcp_hub *t) { return t->state_catchup; }
 int tcp_hub_catchup_count(tcp_hub *t) { return tcp_catchup_count(t); }
 const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes) { return tcp_catchup_patch(t, i, bytes); }
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing) { return tcp_catchup_extend(t, landing); }

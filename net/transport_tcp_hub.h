@@ -57,6 +57,7 @@ bool tcp_hub_sends_catchup(const tcp_hub *t);
 void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes);
 void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n);
 int64_t tcp_hub_caught_up_to(const tcp_hub *t);
+bool tcp_hub_took_catchup(const tcp_hub *t);   // the last JOIN took a catch-up state (said CAUGHT_UP or not)
 int tcp_hub_catchup_count(tcp_hub *t);
 const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes);
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing);

@@ -370,9 +370,11 @@ check "sharded catch-up: SIGTERM, both replicas exit 0 (rc $rc0, $rc1)" sh -c "[
 # (docs/protocol.md, "Catch-up transfers" step 7). d_model 192: 418K values per rank, two
 # segments, a share at each relay. Rank 1 joins 1.5 s late, so the ranks' states and last steps
 # differ and rank 0 takes more means through its primary, then follows again. The state goes
-# slowly (tcp_slow_state, about 20 s per rank), as at scale, where it takes longer than the
-# ranks' start-up skew: a rank whose catch-up ended before its sibling's hub had designated a
-# donor would hold a round the donor's other rank needs (docs/diloco.md, "Not yet").
+# fast: rank 0 holds its state before rank 1's hub has designated a donor (1.5 s is several
+# closes here). Its join returns without CAUGHT_UP and the ranks say it together
+# (defer_caught_up); said alone, it made rank 0's hubs hold a round that replica 0's rank 0 had
+# to finish before its rank 1 could reach the close that gives replica 1's rank 1 its state:
+# the group stopped (two of three runs on a loaded machine before the fix).
 # Checked: both primaries logged replica 1's catch-up, the ranks agreed at once, nobody evicted
 # or refused, both contribute at both relays, param_hash equal at every outer step both logged.
 catchup2=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 0 --diloco_min_replicas 1
@@ -380,7 +382,7 @@ catchup2=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every
 start_relay cu_a 2 3; port_a=$port
 start_relay cu_b 2 3
 two_hubs="127.0.0.1:$port_a,127.0.0.1:$port"
-TRAIN_GPT_FAULT=tcp_slow_state:0 replica 2 0 "$tmp/cu2_0" "${catchup2[@]}" --diloco_rendezvous "$two_hubs"; c0=$rpid
+replica 2 0 "$tmp/cu2_0" "${catchup2[@]}" --diloco_rendezvous "$two_hubs"; c0=$rpid
 wait_until "replica 0 has 2 outer steps (two relays)" eval '[ "$(outer_lines "$tmp/cu2_0")" -ge 2 ]'
 late_joiner "$tmp/cu2_1" "$two_hubs" "${catchup2[@]}"
 wait_until "replica 1 caught up through two relays and both contribute (3 rounds with [0,1])" \
