@@ -2485,6 +2485,14 @@ static double inner_phase_s(const param_table *t, const train_config *cfg, int w
            (0.4 * cfg->peak_tflops * 1e12 * (double)world);
 }
 
+// The rounds a catch-up takes the means of, for a state of s seconds on the link, a fragment
+// syncing every sync_s and each of its means taking mean_s: those closed while the state went,
+// then those closed while their means went, ...: s / sync_s / (1 − mean_s / sync_s) in all;
+// -1 when a mean is no faster than a sync (it never catches up).
+static int64_t catchup_rounds(double s, double sync_s, double mean_s) {
+    return mean_s >= sync_s ? -1 : (int64_t)ceil(s / (sync_s - mean_s));
+}
+
 // What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
 // (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
 // time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase; decay_s the
@@ -2512,11 +2520,8 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                format_duration(inner_s, b, sizeof b));
         return;
     }
-    // A fragment syncs every phase / P; each of its means takes mean_s on the link. The rounds
-    // closed while the state went, then those closed while their means went, ...:
-    // s / sync_s / (1 − mean_s / sync_s) in all, as long as a mean is faster than a sync.
     double mean_s = (double)x->fragment_down / link, P = (double)cfg->diloco_fragments;
-    if (mean_s >= inner_s / P) {
+    if (catchup_rounds(s, inner_s / P, mean_s) < 0) {
         printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
                "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
                "up (a larger H or fewer fragments, or a faster link)\n",
@@ -2524,19 +2529,19 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                format_duration(inner_s / P, a, sizeof a));
         return;
     }
-    int64_t rounds = (int64_t)ceil(s / (inner_s / P - mean_s));
+    int64_t rounds = catchup_rounds(s, inner_s / P, mean_s);
     printf("; the inner phase takes %s: the relay's catch-up (its default%s) does not hold the rounds for it: the "
            "joiner then takes the means of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains",
            format_duration(inner_s, b, sizeof b), plan_hubs(cfg) > 1 ? "; through the joiner's primary hub" : "",
            (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9,
            format_duration((double)rounds * mean_s, c, sizeof c));
     if (decay_s > 0 && decay_s < inner_s) {
-        if (mean_s >= decay_s / P) {
+        int64_t decay_rounds = catchup_rounds(s, decay_s / P, mean_s);
+        if (decay_rounds < 0) {
             printf("; a join in the decay phase (phases of %s) never catches up before the run ends\n",
                    format_duration(decay_s, b, sizeof b));
             return;
         }
-        int64_t decay_rounds = (int64_t)ceil(s / (decay_s / P - mean_s));
         printf("; in the decay phase (phases of %s) about %lld round(s) (%.3f GB, %s more)",
                format_duration(decay_s, b, sizeof b), (long long)decay_rounds,
                (double)decay_rounds * (double)x->fragment_down / 1e9,

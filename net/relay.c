@@ -941,14 +941,10 @@ static void on_caught_up(relay *h, int id, int64_t round) {
     r->member_from = first_round_of(h, to + 1);
     uint8_t buf[8];
     send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
-    if (several_hubs(h))
-        hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to outer step %lld; "
-                   "due from round %lld",
-                id, (long long)h->st.step, (long long)to, (long long)r->member_from);
-    else
-        hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to round %lld; due "
-                   "from round %lld",
-                id, (long long)h->st.step, (long long)to, (long long)to + 1);
+    hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to %s %lld; due from "
+               "round %lld",
+            id, (long long)h->st.step, several_hubs(h) ? "outer step" : "round", (long long)to,
+            (long long)r->member_from);
 }
 
 // ---------------------------------------------------------------- rounds

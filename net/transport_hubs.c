@@ -167,6 +167,13 @@ static void *revive(void *arg) {
     return NULL;
 }
 
+// The step of the next exchange: a hub found back from now on follows from it.
+static void set_next_step(hubs *x, int64_t step) {
+    pthread_mutex_lock(&x->lock);
+    atomic_store(&x->next_step, step);
+    pthread_mutex_unlock(&x->lock);
+}
+
 static void mark_dead(hubs *x, hub *hb, const char *when) {
     if (atomic_load(&hb->state) != HUB_LIVE) return;
     warn("diloco: the hub at %s is gone (%s): its share moves to the other hubs until it is back",
@@ -268,6 +275,8 @@ static int64_t follow_caught_up(hubs *x, int p, int64_t to) {
     return -1;
 }
 
+static int64_t hubs_catchup_extend(void *impl, int64_t landing);
+
 static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
                              size_t *state_bytes) {
     hubs *x = impl;
@@ -287,32 +296,22 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         mark_dead(x, &x->h[p], "while joining");
     }
     if (result == JOIN_FINISHED || result == JOIN_STOPPED) return result;   // nothing to follow
-    bool catchup = result == JOIN_GOT_STATE && tcp_hub_took_catchup(x->h[p].t);
-    x->joined_via = catchup ? p : -1;
-    // A rank of a sharded replica tells its primary it caught up, and follows the others, once
-    // every rank holds its state (transport_options.defer_caught_up: hubs_catchup_extend(-1)).
-    if (catchup && x->o.defer_caught_up) {
-        x->joined_once = true;
-        return result;
-    }
-    int64_t caught_up = catchup ? tcp_hub_caught_up_to(x->h[p].t) : -1;
-    int64_t step;
-    if (caught_up >= 0) {   // a catch-up state and the means up to that step: the others follow
-        int64_t to = follow_caught_up(x, p, caught_up);
-        if (to < 0) {   // the primary is lost: join again (another hub, or this one back)
-            mark_dead(x, &x->h[p], "while catching up");
+    x->joined_once = true;
+    x->joined_via = result == JOIN_GOT_STATE && tcp_hub_took_catchup(x->h[p].t) ? p : -1;
+    if (x->joined_via >= 0) {
+        // A catch-up state (the sessions defer CAUGHT_UP): a replica of one rank tells its primary
+        // now, and follows the others; a rank of a sharded replica once every rank holds its
+        // state (transport_options.defer_caught_up: diloco.c calls transport_catchup_extend(-1)).
+        if (!x->o.defer_caught_up && hubs_catchup_extend(x, -1) < 0) {   // join again
+            if (!tcp_hub_connected(x->h[p].t)) mark_dead(x, &x->h[p], "while catching up");   // else aborted
             return hubs_join(impl, s, state, state_capacity, state_bytes);
         }
-        step = to + 1;
-    } else {
-        step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
-        replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
-        follow_others(x, p, &now, step * ROUNDS_PER_STEP);
+        return result;
     }
-    x->joined_once = true;
-    pthread_mutex_lock(&x->lock);
-    atomic_store(&x->next_step, step);
-    pthread_mutex_unlock(&x->lock);
+    int64_t step = result == JOIN_MEMBER ? s->outer_step : state_round / ROUNDS_PER_STEP + 1;
+    replica_status now = {.outer_step = step, .param_hash = result == JOIN_MEMBER ? s->param_hash : 0};
+    follow_others(x, p, &now, step * ROUNDS_PER_STEP);
+    set_next_step(x, step);
     return result;
 }
 
@@ -495,9 +494,7 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
     double t0 = wall_seconds();
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
-    pthread_mutex_lock(&x->lock);
-    atomic_store(&x->next_step, outer_step + 1);   // a hub found back from now on follows from a later step
-    pthread_mutex_unlock(&x->lock);
+    set_next_step(x, outer_step + 1);
     take_back(x, outer_step);
     if (live_hubs(x) == 0) {
         warn("diloco: none of the %d hubs is reachable", x->n);
@@ -577,9 +574,10 @@ static const uint8_t *hubs_catchup_patch(void *impl, int i, size_t *bytes) {
     return tcp_hub_catchup_patch(x->h[x->joined_via].t, i, bytes);
 }
 
-// A sharded joiner's rank, once every rank holds its state (landing -1: its first CAUGHT_UP,
-// deferred by hubs_join), or behind its others (the means up to `landing`): at its primary, then
-// it follows its other hubs from the step after (follow_caught_up). -1: the primary is lost.
+// A joiner's first CAUGHT_UP at its primary (landing -1: deferred by its session; a sharded
+// replica's rank says it once every rank holds its state), or a rank behind its others (the
+// means up to `landing`); then it follows its other hubs from the step after (follow_caught_up).
+// -1: the primary is lost.
 static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
     hubs *x = impl;
     int p = x->joined_via;
@@ -588,11 +586,7 @@ static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
     replica_status st = {.outer_step = landing + 1, .param_hash = 0};
     if (landing >= 0) follow_others(x, p, &st, INT64_MAX);   // expected nowhere while it takes more means
     int64_t to = follow_caught_up(x, p, tcp_hub_catchup_extend(x->h[p].t, landing));
-    if (to >= 0) {
-        pthread_mutex_lock(&x->lock);
-        atomic_store(&x->next_step, to + 1);
-        pthread_mutex_unlock(&x->lock);
-    }
+    if (to >= 0) set_next_step(x, to + 1);
     return to;
 }
 
@@ -681,6 +675,10 @@ transport *transport_hubs_open(const transport_options *o) {
     x->o = *o;
     x->o.rendezvous = NULL;
     x->n = parse_hubs(o->rendezvous, addresses);
+    // The sessions defer a catch-up join's CAUGHT_UP: the joiner says it at its primary (hubs_join,
+    // or for a sharded replica's rank its caller), then follows the others.
+    transport_options session = *o;
+    session.defer_caught_up = true;
     x->joined_via = -1;
     atomic_store(&x->sending_via, -1);
     pthread_mutex_init(&x->lock, NULL);
@@ -690,7 +688,7 @@ transport *transport_hubs_open(const transport_options *o) {
         hub *hb = &x->h[i];
         hb->owner = x;
         hb->index = i;
-        hb->t = tcp_hub_new(o, addresses[i], i, x->n);
+        hb->t = tcp_hub_new(&session, addresses[i], i, x->n);
         atomic_store(&hb->state, HUB_LIVE);
         int rc = pthread_create(&connecting[i], NULL, connect_one, hb);
         if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));

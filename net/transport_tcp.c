@@ -1525,39 +1525,30 @@ static bool extended(tcp *t) {
     return !t->state_catchup || (t->state_end_known && patched_through(t) >= t->state_end_round);   // or aborted
 }
 
+// CAUGHT_UP(round) again: this joiner takes the means up to `round` (its other ranks' or hubs'
+// last). false: the session is lost.
+static bool say_caught_up_to(tcp *t, int64_t round) {
+    uint8_t buf[8];
+    char err[256], a[48];
+    if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(round, buf), err, sizeof err)) return false;
+    note("diloco: replica %d takes the means up to %s%s", t->o.replica_id, landing_name(t, round, a, sizeof a),
+         t->multi_hub ? "" : ", as its other ranks");
+    return true;
+}
+
 static int64_t tcp_catchup_extend(void *impl, int64_t round) {
     tcp *t = impl;
     take_pump(t);
     take_mail(t);   // a STATE_ABORT already here
     int64_t end = -1;
-    char err[256];
-    uint8_t buf[8];
-    if (round < 0) {   // the deferred first CAUGHT_UP (defer_caught_up), once every rank has its state
-        if (t->catchup_aborted || (t->caught_up_deferred && t->connected)) {
-            if (!t->catchup_aborted) {
-                t->want_state = true;
-                if (say_caught_up(t) && pump(t, extended) && t->state_catchup) end = t->state_end_round;
-                t->want_state = false;
-                if (end < 0) {
-                    note("diloco: lost the hub at %s while catching up (%s)", t->hub, dead_reason(t));
-                    disconnect(t);
-                }
-            }
-        } else if (!t->state_catchup) {
-            end = -2;   // a whole transfer's state
-        }
-        pthread_mutex_unlock(&t->pump_lock);
-        return end;
-    }
-    if (t->connected && t->state_catchup && t->state_end_known) {
+    bool first = round < 0;   // the deferred first CAUGHT_UP (defer_caught_up), once every rank has its state
+    if (first && !t->state_catchup && !t->catchup_aborted) {
+        end = -2;   // a whole transfer's state
+    } else if (t->connected && (first ? t->caught_up_deferred : t->state_catchup && t->state_end_known)) {
         t->want_state = true;
         t->state_end_known = false;
-        if (send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(round, buf), err, sizeof err)) {
-            char a[48];
-            note("diloco: replica %d takes the means up to %s%s", t->o.replica_id, landing_name(t, round, a, sizeof a),
-                 t->multi_hub ? "" : ", as its other ranks");
-            if (pump(t, extended) && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
-        }
+        bool said = first ? say_caught_up(t) : say_caught_up_to(t, round);
+        if (said && pump(t, extended) && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
         t->want_state = false;
         if (end < 0) {
             note("diloco: lost the hub at %s while catching up (%s)", t->hub, dead_reason(t));
@@ -1774,9 +1765,6 @@ bool tcp_hub_sends_catchup(const tcp_hub *t) { return t->send_catchup; }
 void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes) { tcp_preserve_state(t, offset, bytes); }
 void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n) {
     tcp_send_catchup(t, landing, bytes, n);
-}
-int64_t tcp_hub_caught_up_to(const tcp_hub *t) {
-    return t->state_catchup && t->state_end_known ? t->state_end_round : -1;
 }
 bool tcp_hub_took_catchup(const tcp_hub *t) { return t->state_catchup; }
 int tcp_hub_catchup_count(tcp_hub *t) { return tcp_catchup_count(t); }

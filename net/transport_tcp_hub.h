@@ -51,13 +51,13 @@ void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, const st
 // hubs it counts outer steps, "landings"). The donor's side: whether the ROUND that made it the
 // donor here asked for a catch-up (tcp_hub_send_state then sends while the replica exchanges
 // on), and transport_preserve_state / transport_send_catchup for it (nothing unless it sends).
-// The joiner's side, after a JOIN here that took a catch-up state: the landing whose mean it
-// takes last (-1: not a catch-up join), transport_catchup_count / _patch / _extend.
+// The joiner's side: whether its JOIN here took a catch-up state (this session defers CAUGHT_UP:
+// the composite transport says it with tcp_hub_catchup_extend(t, -1)), transport_catchup_count /
+// _patch / _extend.
 bool tcp_hub_sends_catchup(const tcp_hub *t);
 void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes);
 void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n);
-int64_t tcp_hub_caught_up_to(const tcp_hub *t);
-bool tcp_hub_took_catchup(const tcp_hub *t);   // the last JOIN took a catch-up state (said CAUGHT_UP or not)
+bool tcp_hub_took_catchup(const tcp_hub *t);
 int tcp_hub_catchup_count(tcp_hub *t);
 const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes);
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing);
