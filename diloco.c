@@ -944,16 +944,26 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
 // next boundary (many inner steps of the others), and one rank may come back long before
 // another (a member at once, another waiting for a state): the ranks wait for each other
 // without comm_timeout_s (the launcher still ends a replica whose rank died).
+static void poll_transport(void *arg, double seconds) { transport_poll(((diloco *)arg)->net, seconds); }
+
 static bool join_group(diloco *d, float *params, train_state *st, dataloader *train, bool rejoin) {
     finish_sending_state(d, d->catching_up);   // rejoining, a catch-up donor's transfer is over
     double limit_s = comm_timeout();
-    if (d->ranks > 1) comm_set_timeout(COMM_NO_TIMEOUT_S);
+    if (d->ranks > 1) {
+        comm_set_timeout(COMM_NO_TIMEOUT_S);
+        // A rank that holds its catch-up state first takes its means while its others receive
+        // theirs: queued at its hub, they would make the hub stop reading the donor's rank there.
+        comm_set_idle(poll_transport, d);
+    }
     // 8 B/param that pages in only as a state arrives, and goes back to the system after it.
     d->state = xmalloc(d->state_bytes);
     bool took = join_group_agreed(d, params, st, train, rejoin);
     free(d->state);
     d->state = NULL;
-    if (d->ranks > 1) comm_set_timeout(limit_s);
+    if (d->ranks > 1) {
+        comm_set_timeout(limit_s);
+        comm_set_idle(NULL, NULL);
+    }
     // A joiner's phase began with its donor's (diloco_sync_every_s: it syncs with the group).
     d->phase_start_s = wall_seconds() - (took ? d->joined_phase_s : 0.0);
     d->extra_steps = 0;

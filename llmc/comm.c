@@ -89,6 +89,15 @@ static double wait_limit_s = COMM_DEFAULT_TIMEOUT_S;
 void comm_set_timeout(double seconds) { wait_limit_s = seconds > 0 ? seconds : COMM_DEFAULT_TIMEOUT_S; }
 double comm_timeout(void) { return wait_limit_s; }
 
+// What this thread does instead of napping while a collective waits (comm_set_idle).
+static _Thread_local void (*idle_fn)(void *, double);
+static _Thread_local void *idle_arg;
+
+void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg) {
+    idle_fn = fn;
+    idle_arg = arg;
+}
+
 #ifdef HAVE_MPI
 
 // Waits for req, polling: MPI_Wait would wait forever for a rank that was killed under a
@@ -107,8 +116,12 @@ static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
             fail("comm: rank %d of %d waited %.0f s for the other ranks (%s): one of them died, hung or stalls "
                  "(comm_timeout_s = %g); exiting so that the job can be requeued and resume from its checkpoint",
                  c->rank, c->size, waited, what, wait_limit_s);
-        struct timespec ts = {0, (long)(nap_s * 1e9)};
-        nanosleep(&ts, NULL);
+        if (idle_fn) {
+            idle_fn(idle_arg, nap_s);
+        } else {
+            struct timespec ts = {0, (long)(nap_s * 1e9)};
+            nanosleep(&ts, NULL);
+        }
         if (nap_s < 1e-3) nap_s *= 2;
     }
 }

@@ -73,6 +73,13 @@ void comm_wait(comm_request *r);
 void comm_set_timeout(double seconds);
 double comm_timeout(void);
 
+// While this thread waits for a collective, fn(arg, seconds) runs between polls instead of a
+// nap of that long (up to a millisecond), and returns after about that long: a sharded DiLoCo
+// joiner's rank that holds its state first keeps reading what its hub sends while its other
+// ranks receive theirs (transport_poll). NULL: nap. Per thread; the FSDP collectives of
+// training never set it.
+void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg);
+
 // MPI's thread level after initialising it (MPI_THREAD_* value), -1 without MPI in the build;
 // and a one-line fatal error for a failed MPI call. Shared with net/transport_mpi.c.
 int comm_mpi_init(void);

@@ -4,6 +4,7 @@
 #include "llmc/quant.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 struct transport {
     const transport_ops *ops;
@@ -74,6 +75,15 @@ const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes) {
 int64_t transport_catchup_extend(transport *t, int64_t round) {
     if (!t->ops->catchup_extend) return round < 0 ? -2 : -1;
     return t->ops->catchup_extend(t->impl, round);
+}
+
+void transport_poll(transport *t, double seconds) {
+    if (t->ops->poll) {
+        t->ops->poll(t->impl, seconds);
+        return;
+    }
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
 }
 
 bool transport_agree_stop(transport *t, bool local_stop) { return t->ops->agree_stop(t->impl, local_stop); }

@@ -200,6 +200,14 @@ const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes);
 // CAUGHT_UP (the means it holds); -2 when the state it took is not a catch-up one.
 int64_t transport_catchup_extend(transport *t, int64_t round);
 
+// Reads what the hub has sent, for at most about `seconds`, without waiting for anything: a rank
+// of a sharded replica that holds its catch-up state before its other ranks waits for them in
+// their collective (llmc/comm.h comm_set_idle) and keeps taking its means meanwhile; otherwise
+// they would queue at its hub, which past its bound stops reading the donor's rank, and the
+// group's exchanges there wait. Naps for that long when there is nothing to read (mpi; a lost
+// session).
+void transport_poll(transport *t, double seconds);
+
 // tcp: local_stop. mpi: true on every rank when any rank saw a stop signal (an all-reduce),
 // so that all ranks stop at the same step instead of deadlocking in the next exchange.
 bool transport_agree_stop(transport *t, bool local_stop);

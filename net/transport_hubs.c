@@ -590,6 +590,13 @@ static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
     return to;
 }
 
+// transport_poll: the means of a catch-up come through the primary it joined by.
+static void hubs_poll(void *impl, double seconds) {
+    hubs *x = impl;
+    if (x->joined_via >= 0) tcp_hub_poll(x->h[x->joined_via].t, seconds);
+    else sleep_s(seconds);
+}
+
 static bool hubs_agree_stop(void *impl, bool local_stop) {
     (void)impl;
     return local_stop;
@@ -624,6 +631,7 @@ static const transport_ops hubs_ops = {
     .catchup_count = hubs_catchup_count,
     .catchup_patch = hubs_catchup_patch,
     .catchup_extend = hubs_catchup_extend,
+    .poll = hubs_poll,
     .agree_stop = hubs_agree_stop,
     .leave = hubs_leave,
     .close = hubs_close,

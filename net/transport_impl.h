@@ -32,6 +32,7 @@ typedef struct {
     int (*catchup_count)(void *impl);
     const uint8_t *(*catchup_patch)(void *impl, int i, size_t *bytes);
     int64_t (*catchup_extend)(void *impl, int64_t round);
+    void (*poll)(void *impl, double seconds);   // optional (NULL: transport_poll naps)
 } transport_ops;
 
 // Wraps an implementation in the public handle.

@@ -172,6 +172,7 @@ struct tcp {
     // said CAUGHT_UP yet (its means are still taken); catchup_aborted: the hub ended that transfer
     // meanwhile (the caller joins again).
     bool caught_up_deferred, catchup_aborted;
+    int means_while_deferred;       // means whole during transport_poll while caught_up_deferred
     catchup_in *patches;
     int n_patches, cap_patches;
 };
@@ -556,6 +557,7 @@ static void reset_state_progress(tcp *t) {
     t->state_total = 0;
     t->state_announced = t->state_catchup = t->caught_up_sent = t->state_end_known = false;
     t->caught_up_deferred = t->catchup_aborted = false;
+    t->means_while_deferred = 0;
     free_patches(t);
 }
 
@@ -963,13 +965,18 @@ static bool say_caught_up(tcp *t) {
     // ranks must agree on one last round.
     if (fault_requested("tcp_caught_up_late", 0)) sleep_s(1.5);
     int64_t through = patched_through(t);
+    bool deferred = t->caught_up_deferred;
     t->caught_up_sent = true;
     t->caught_up_deferred = false;
     if (!send_control(t, WIRE_CAUGHT_UP, buf, wire_encode_step(through, buf), err, sizeof err)) return false;
-    char a[48], b[48];
-    note("diloco: replica %d has the group's state of %s and the means up to %s; asks the hub which round it is due "
+    char a[48], b[48], waited[96] = "";
+    if (deferred)
+        snprintf(waited, sizeof waited, " (%d taken while its other ranks received their states)",
+                 t->means_while_deferred);
+    note("diloco: replica %d has the group's state of %s and the means up to %s%s; asks the hub which round it is due "
          "in",
-         t->o.replica_id, landing_name(t, state_landing(t), a, sizeof a), landing_name(t, through, b, sizeof b));
+         t->o.replica_id, landing_name(t, state_landing(t), a, sizeof a), landing_name(t, through, b, sizeof b),
+         waited);
     return true;
 }
 
@@ -1050,7 +1057,8 @@ static pump_result pump_until(tcp *t, done_fn done, double until_s) {
         p[0] = (struct pollfd){.fd = t->to_main[0], .events = POLLIN};
         for (int s = 0; s < t->o.streams; s++)
             p[1 + s] = (struct pollfd){.fd = t->data[s].fd, .events = POLLIN | (t->data[s].out_head ? POLLOUT : 0)};
-        if (poll(p, (nfds_t)(1 + t->o.streams), until_s == INFINITY ? 200 : 50) < 0 && errno != EINTR) {
+        int ms = until_s == INFINITY ? 200 : (int)fmin(50.0, fmax(1.0, (until_s - wall_seconds()) * 1e3));
+        if (poll(p, (nfds_t)(1 + t->o.streams), ms) < 0 && errno != EINTR) {
             snprintf(why, sizeof why, "poll: %s", strerror(errno));
             post_dead(t, why);
             continue;
@@ -1559,6 +1567,32 @@ static int64_t tcp_catchup_extend(void *impl, int64_t round) {
     return end;
 }
 
+static int whole_patches(const tcp *t) {
+    int n = 0;
+    for (int i = 0; i < t->n_patches; i++) n += t->patches[i].received == t->patches[i].total;
+    return n;
+}
+
+static bool never_done(tcp *t) { return false; }
+
+// transport_poll: a sharded joiner's rank whose join returned with its state before its other
+// ranks' (caught_up_deferred) takes the means its hub forwards while it waits for them.
+static void tcp_poll(void *impl, double seconds) {
+    tcp *t = impl;
+    double until_s = wall_seconds() + seconds;
+    take_pump(t);
+    bool read = t->connected && t->caught_up_deferred;
+    if (read) {
+        int before = whole_patches(t);
+        read = pump_until(t, never_done, until_s) != PUMP_DEAD;
+        t->means_while_deferred += whole_patches(t) - before;
+    }
+    pthread_mutex_unlock(&t->pump_lock);
+    if (!read && until_s > wall_seconds()) sleep_s(until_s - wall_seconds());
+}
+
+void tcp_hub_poll(tcp_hub *t, double seconds) { tcp_poll(t, seconds); }
+
 static const uint8_t *tcp_catchup_patch(void *impl, int i, size_t *bytes) {
     tcp *t = impl;
     const catchup_in *p = patch_of(t, state_landing(t) + 1 + i);
@@ -1580,6 +1614,7 @@ static const transport_ops tcp_ops = {
     .catchup_count = tcp_catchup_count,
     .catchup_patch = tcp_catchup_patch,
     .catchup_extend = tcp_catchup_extend,
+    .poll = tcp_poll,
 };
 
 // With serve and a wildcard listen address, the replica reaches its own hub on loopback.

@@ -61,6 +61,8 @@ bool tcp_hub_took_catchup(const tcp_hub *t);
 int tcp_hub_catchup_count(tcp_hub *t);
 const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes);
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing);
+// transport_poll through this session (it reads only while its catch-up CAUGHT_UP is deferred).
+void tcp_hub_poll(tcp_hub *t, double seconds);
 // Closes the connections (the hub drops this replica); the session can connect again.
 void tcp_hub_disconnect(tcp_hub *t);
 // LEAVE (when connected), then frees.

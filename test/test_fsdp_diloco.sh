@@ -301,8 +301,10 @@ check "refused: relay --shards on port 0" relay_refused
 # and contribute. Checked: both hubs logged replica 1's catch-up; rank 1's state is of a later
 # round than rank 0's and the ranks agree at once (final_counters compares where their means
 # end, not where their states began); rank 0 took more means to match rank 1; the join applied
-# 3 or more means; nobody evicted; both contribute together afterwards; param_hash equal at
-# every outer step both logged.
+# 3 or more means; rank 0, whose state was whole first, took means while it waited for rank 1
+# (transport_poll from the ranks' collective: unread, they would queue at its hub, which stops
+# reading the donor's rank past 64 MiB); nobody evicted; both contribute together afterwards;
+# param_hash equal at every outer step both logged.
 catchup=(--diloco_quant int8 --max_steps 100000000 --batch_size 16 --ckpt_every 0 --diloco_min_replicas 1
     --d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
 start_relay catchup 2 3 --catch_up 1
@@ -346,6 +348,15 @@ check "sharded catch-up: rank 1 joined later, its hub's state is of a later roun
     test "$(state_rounds | sed -n 's/^1://p')" -gt "$(state_rounds | sed -n 's/^0://p')"
 check "sharded catch-up: the ranks agreed on their states at once (no join again)" \
     sh -c "! grep -q 'joined their groups inconsistently' '$tmp/cu_1.log'"
+took_while_waiting() {  # took_while_waiting LOG: rank 0, whose state was whole first, read means meanwhile
+    local n
+    n=$(grep -o "rank 0: diloco: replica 1 has the group's state of .*(\([0-9]*\) taken while its other ranks" "$1" |
+        sed 's/.*(\([0-9]*\) taken.*/\1/' | head -1)
+    say "  rank 0 took ${n:-no} mean(s) while rank 1 received its state"
+    [ "${n:-0}" -ge 1 ]
+}
+check "sharded catch-up: rank 0 took its means while rank 1 received its state (no backlog at its hub)" \
+    took_while_waiting "$tmp/cu_1.log"
 none_in_logs() {  # none_in_logs PATTERN LOG...: no line matches in the relays' logs; says which if one does
     local pattern=$1
     shift
@@ -396,6 +407,7 @@ check "two relays: replica 1's ranks followed the second relay once caught up" \
 check "two relays: the ranks agreed at once (one join, no join again, no rejoin)" \
     sh -c "! grep -q 'joined their groups inconsistently\|rejoining' '$tmp/cu2_1.log' &&
            [ \$(grep -c '\"event\":\"diloco_join\"' '$tmp/cu2_1/metrics.jsonl') -eq 1 ]"
+check "two relays: rank 0 took its means while rank 1 received its state" took_while_waiting "$tmp/cu2_1.log"
 check "two relays: nobody evicted or refused, no transfer aborted" \
     none_in_logs 'evicted\|aborted\|refused' "$tmp/relay_cu_a.log" "$tmp/relay_cu_b.log"
 both_at_every_shard() {  # a round closed with [0 1] at every shard of both relays
