@@ -2515,18 +2515,24 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
         printf("\n");
         return;
     }
+    // The donor's bytes pass through a hub on their way: on top of the exchange, that hub's link
+    // carries the transfer at up to a replica link's rate each way while it lasts.
+    const char *relayed = plan_hubs(cfg) > 1 ? "; the joiner's primary hub relays it, a replica link's rate more each "
+                                               "way on that hub's link while it lasts"
+                                             : "; the hub relays it, a replica link's rate more each way on the hub's "
+                                               "link while it lasts";
     if (s <= inner_s) {
-        printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait\n",
-               format_duration(inner_s, b, sizeof b));
+        printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait%s\n",
+               format_duration(inner_s, b, sizeof b), relayed);
         return;
     }
     double mean_s = (double)x->fragment_down / link, P = (double)cfg->diloco_fragments;
     if (catchup_rounds(s, inner_s / P, mean_s) < 0) {
         printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
                "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
-               "up (a larger H or fewer fragments, or a faster link)\n",
+               "up (a larger H or fewer fragments, or a faster link)%s\n",
                format_duration(inner_s, b, sizeof b), format_duration(mean_s, c, sizeof c),
-               format_duration(inner_s / P, a, sizeof a));
+               format_duration(inner_s / P, a, sizeof a), relayed);
         return;
     }
     int64_t rounds = catchup_rounds(s, inner_s / P, mean_s);
@@ -2538,8 +2544,8 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
     if (decay_s > 0 && decay_s < inner_s) {
         int64_t decay_rounds = catchup_rounds(s, decay_s / P, mean_s);
         if (decay_rounds < 0) {
-            printf("; a join in the decay phase (phases of %s) never catches up before the run ends\n",
-                   format_duration(decay_s, b, sizeof b));
+            printf("; a join in the decay phase (phases of %s) never catches up before the run ends%s\n",
+                   format_duration(decay_s, b, sizeof b), relayed);
             return;
         }
         printf("; in the decay phase (phases of %s) about %lld round(s) (%.3f GB, %s more)",
@@ -2547,7 +2553,7 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                (double)decay_rounds * (double)x->fragment_down / 1e9,
                format_duration((double)decay_rounds * mean_s, c, sizeof c));
     }
-    printf("\n");
+    printf("%s\n", relayed);
 }
 
 // One hub host's CPU and memory per outer step (plan_hub_load) against link_s, a replica's

@@ -232,8 +232,12 @@ check "two hubs: the same catch-up, through the joiner's primary hub" \
     grep -q "catch-up (its default; through the joiner's primary hub) does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
     "$tmp/join10h.txt"
 check "two hubs, diloco_decay_inner_steps 5: in the decay phase the means of $decay_rounds rounds ($decay_gb GB, $decay_more)" \
-    grep -q "; in the decay phase (phases of 41m1[23]s) about $decay_rounds round(s) ($decay_gb GB, $decay_more more)\$" \
+    grep -q "; in the decay phase (phases of 41m1[23]s) about $decay_rounds round(s) ($decay_gb GB, $decay_more more);" \
     "$tmp/join10d.txt"
+check "the hub's link carries the transfer too: one hub, and the joiner's primary of two" \
+    sh -c "grep -q '; the hub relays it, a replica link.s rate more each way on the hub.s link while it lasts\$' '$tmp/join10.txt' &&
+           grep -q '; the joiner.s primary hub relays it, a replica link.s rate more each way on that hub.s link while it lasts\$' '$tmp/join10d.txt' &&
+           grep -q 'the group does not wait; the hub relays it' '$tmp/join100.txt'"
 check "a transfer shorter than the inner phase (H 100): the group does not wait" \
     grep -q "the group does not wait" "$tmp/join100.txt"
 check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
