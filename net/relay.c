@@ -192,6 +192,9 @@ typedef struct {
     // have reached (CAUGHT_UP: it is due from the next one), -1 before.
     bool catching_up;
     int64_t caught_up_to;
+    // It joined a catch-up transfer in flight: the chunks of the state the hub had relayed
+    // before (one bit each), which the donor sends again after the rest (STATE_AGAIN). NULL: none.
+    uint8_t *lacks;
     // With several hubs: a replica that caught up through its primary follows this hub
     // (FOLLOW_CATCHUP): its first round here waits for it until it begins a contribution, as the
     // primary's does (it began its inner phase a catch-up mean after the others).
@@ -277,6 +280,13 @@ struct relay {
     bool catchup;
     int64_t patched_through;
     transfer patch;
+    // Replicas that come while its state's first pass is on its way join it (lacks): the donor's
+    // STATE (for them), whether the hub has told the donor which chunks to send again (once the
+    // first pass is whole), how many (chunks 1 .. again_chunks − 1), and those received again.
+    wire_state announced;
+    bool again_said;
+    uint64_t again_chunks;
+    transfer again;
     // The chunks of means beyond what some joiner was told to wait for (its caught_up_to): kept
     // until the transfer ends, in case a CAUGHT_UP said again moves it on (a sharded joiner's
     // ranks agree on one round), not queued to it meanwhile (it trains and does not read them).
@@ -390,6 +400,13 @@ static void clear_transfer(relay *h) {
     h->catchup = false;
     transfer_reset(&h->st);
     transfer_reset(&h->patch);
+    transfer_reset(&h->again);
+    h->again_said = false;
+    h->again_chunks = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        free(h->reps[i].lacks);
+        h->reps[i].lacks = NULL;
+    }
     free_held(h);
 }
 // Whether the donor's frames go to replica r: a joiner, or (catch-up) a replica catching up.
@@ -682,6 +699,8 @@ static void unjoin(relay *h, int id) {
     r->joiner = r->catching_up = false;
     r->caught_up_to = -1;
     r->member_from = 0;
+    free(r->lacks);
+    r->lacks = NULL;
     r->state = R_WAITING;
     leave_round(h, id);
     drop_queue(r);
@@ -699,6 +718,7 @@ static void drop_replica(relay *h, int id, const char *why) {
     drop_queue(r);
     leave_round(h, id);
     bool was_donor = h->donor == id;
+    free(r->lacks);
     memset(r, 0, sizeof *r);
     r->state = R_FREE;
     if (was_donor) abort_transfer(h, "the donor left", false);
@@ -792,6 +812,49 @@ static void state_drained(relay *h, int id) {
     r->transfer_delay_s = wall_seconds() - r->state_began_s;
 }
 
+// The donor's STATE, to a joiner.
+static void announce_state(relay *h, replica *r) {
+    uint8_t buf[WIRE_STATE_BYTES];
+    send_control(h, r, WIRE_STATE, buf, wire_encode_state(&h->announced, buf));
+}
+
+static bool lacks_chunk(const replica *r, uint64_t i) { return r->lacks && (r->lacks[i / 8] >> (i % 8) & 1); }
+
+// A catch-up state's first pass is whole at the hub: the donor is told which of its first
+// chunks to send again (STATE_AGAIN k: chunks 1 .. k − 1, which the replicas that joined the
+// transfer in flight lack; 0: none), so that it can let go of what it kept of them.
+static void say_again_if_whole(relay *h) {
+    if (h->donor < 0 || !h->catchup || h->again_said || !transfer_whole(&h->st)) return;
+    uint64_t k = 0;
+    int late = 0;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        const replica *r = rep(h, i);
+        if (!receives_state(r) || !r->lacks) continue;
+        late++;
+        for (uint64_t c = h->st.chunks; c > k; c--)
+            if (lacks_chunk(r, c - 1)) {
+                k = c;
+                break;
+            }
+    }
+    h->again_said = true;
+    h->again_chunks = k;
+    uint8_t buf[8];
+    send_control(h, rep(h, h->donor), WIRE_STATE_AGAIN, buf, wire_encode_step((int64_t)k, buf));
+    if (k == 0) return;
+    transfer_expect(&h->again, h->st.step, h->st.total, h->st.chunk);
+    h->again.announced = true;
+    char b[32];
+    hub_log(h, "the state's first pass from replica %d is whole: it sends its first %llu chunk(s) again (%s) for the "
+               "%d replica(s) that joined it in flight",
+            h->donor, (unsigned long long)(k - 1), format_bytes((k - 1) * (uint64_t)h->st.chunk, b, sizeof b), late);
+}
+
+// The chunks asked for again have not all come.
+static bool again_pending(const relay *h) {
+    return h->again_chunks > 1 && h->again.chunks_have < h->again_chunks - 1;
+}
+
 static void on_state_announce(relay *h, int id, const wire_state *m) {
     if (h->donor != id) {
         if (rep(h, id)->state_cut) return;   // told to stop before it announced
@@ -807,14 +870,13 @@ static void on_state_announce(relay *h, int id, const wire_state *m) {
     // With several hubs a donor announces up to 3 × timeout_s after it was designated: its
     // chunks have timeout_s from the announcement on.
     h->donor_progress_s = wall_seconds();
-    wire_state fwd = *m;
-    fwd.donor_id = (uint32_t)id;
-    fwd.flags = h->catchup ? STATE_CATCHUP : 0;
-    uint8_t buf[WIRE_STATE_BYTES];
-    size_t n = wire_encode_state(&fwd, buf);
+    h->announced = *m;
+    h->announced.donor_id = (uint32_t)id;
+    h->announced.flags = h->catchup ? STATE_CATCHUP : 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (receives_state(&h->reps[i])) send_control(h, rep(h, i), WIRE_STATE, buf, n);
+        if (receives_state(&h->reps[i])) announce_state(h, rep(h, i));
     finish_transfer_if_whole(h);   // a state of 0 bytes has no chunks
+    say_again_if_whole(h);
 }
 
 // A chunk from the donor for transfer t: checked against it and counted, copied into a blob to
@@ -843,14 +905,28 @@ static void on_state_chunk(relay *h, int id, const wire_data *d) {
         drop_replica(h, id, "sent state chunks it was not asked for");
         return;
     }
-    blob *b = take_donor_chunk(h, id, &h->st, d);
-    if (!b) return;
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
+    if (h->again_said) {   // a chunk asked for again: to the replicas that joined in flight and lack it
+        uint64_t i = h->st.chunk ? d->offset / h->st.chunk : 0;
+        if (i == 0 || i >= h->again_chunks || d->offset % h->st.chunk) {
+            drop_replica(h, id, "sent a chunk of its state again that it was not asked for");
+            return;
+        }
+        blob *b = take_donor_chunk(h, id, &h->again, d);
+        if (!b) return;
+        for (int r = 0; r < WIRE_MAX_REPLICAS; r++)
+            if (receives_state(&h->reps[r]) && lacks_chunk(&h->reps[r], i)) queue_data(rep(h, r), &fwd, b->data, b);
+        blob_release(b);
+        return;
+    }
+    blob *b = take_donor_chunk(h, id, &h->st, d);
+    if (!b) return;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
         if (receives_state(&h->reps[i])) queue_data(rep(h, i), &fwd, b->data, b);
     blob_release(b);
     finish_transfer_if_whole(h);
+    say_again_if_whole(h);
 }
 
 // ---------------------------------------------------------------- the catch-up transfer
@@ -939,6 +1015,8 @@ static void on_caught_up(relay *h, int id, int64_t round) {
     r->joiner = false;
     r->caught_up_to = to;
     r->member_from = first_round_of(h, to + 1);
+    free(r->lacks);   // its state is whole
+    r->lacks = NULL;
     uint8_t buf[8];
     send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
     hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to %s %lld; due from "
@@ -1011,6 +1089,39 @@ static void die_now(relay *h, const char *why) {
 static bool may_get_state(const relay *h, int id) {
     const replica *r = &h->reps[id];
     return r->state == R_WAITING && h->closes >= r->retry_at_close;
+}
+
+// Replicas waiting for the group's state while a catch-up transfer's first pass is on its way
+// join it at once (docs/protocol.md "Catch-up transfers" step 8): they get the rest of the pass
+// and the means as its other joiners do, and the chunks the hub had relayed before they came
+// once the pass is whole (say_again_if_whole), instead of waiting for the transfer to end and
+// the next close to begin another. Not once the state's first chunk (its donor sends it last)
+// or a mean has come: they then wait for the next transfer.
+static void join_in_flight(relay *h) {
+    if (h->donor < 0 || !h->catchup || h->again_said || h->patch.started) return;
+    if (rep(h, h->donor)->state != R_MEMBER) return;
+    if (h->st.started && ((h->st.have[0] & 1) || h->patched_through != landing_of(h, h->st.step))) return;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        if (i == h->donor || !may_get_state(h, i)) continue;
+        replica *r = rep(h, i);
+        r->joiner = r->catching_up = true;
+        r->caught_up_to = -1;
+        r->member_from = INT64_MAX;   // due in no round until CAUGHT_UP
+        r->state = R_MEMBER;
+        r->state_began_s = wall_seconds();
+        uint64_t had = h->st.started ? h->st.chunks_have : 0;
+        if (had > 0) {
+            size_t bytes = (size_t)(h->st.chunks / 8 + 1);
+            r->lacks = xmalloc(bytes);
+            memcpy(r->lacks, h->st.have, bytes);
+        }
+        if (h->st.announced) announce_state(h, r);
+        char b[32], t[32];
+        hub_log(h, "replica %d joins the catch-up transfer from replica %d in flight (%s of %s relayed so far: those "
+                   "come again after the rest)",
+                i, h->donor, format_bytes(had * (uint64_t)h->st.chunk, b, sizeof b),
+                h->st.started ? format_bytes(h->st.total, t, sizeof t) : "a state not announced yet");
+    }
 }
 
 static void close_round(relay *h) {
@@ -1109,6 +1220,7 @@ static void close_round(relay *h) {
         hub_log(h, "fault hook relay_die_in_close: ROUND of round %s went to replica %d only; the hub dies at its DONE",
                 name, h->dying_for);
     end_round(h);
+    join_in_flight(h);   // a transfer in flight (none designated here): those whose backoff ended
 }
 
 // Evicted from the open round without closing it (abort_round): told why; it must JOIN again.
@@ -1685,6 +1797,8 @@ static void on_join(relay *h, int id, const wire_status *s) {
     // frame of ours; its word on its status wins).
     if (r->joiner) {
         r->joiner = false;
+        free(r->lacks);
+        r->lacks = NULL;
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
@@ -1730,6 +1844,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
         hub_log(h, "replica %d joined at outer step %lld (hash %016llx): waits for the group's state at the next "
                    "round",
                 id, (long long)s->outer_step, (unsigned long long)s->param_hash);
+        join_in_flight(h);
     }
 }
 
@@ -1768,6 +1883,8 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     replica *r = rep(h, id);
     if (r->joiner) {
         r->joiner = false;
+        free(r->lacks);
+        r->lacks = NULL;
         drop_queue(r);
         r->state = R_CONNECTED;
         stop_transfer_without_joiners(h);
@@ -2153,7 +2270,8 @@ static void housekeeping(relay *h) {
     for (int id = 0; id < WIRE_MAX_REPLICAS; id++) sessions += h->reps[id].state != R_FREE;
     atomic_store(&h->sessions, sessions);
     // A catch-up donor whose state is whole waits for its next landing to send a mean: not stalled.
-    if (h->donor >= 0 && h->catchup && transfer_whole(&h->st) && !h->patch.started) h->donor_progress_s = now;
+    if (h->donor >= 0 && h->catchup && transfer_whole(&h->st) && !again_pending(h) && !h->patch.started)
+        h->donor_progress_s = now;
     if (h->donor >= 0) {
         bool paused = false;
         for (int s = 1; s <= rep(h, h->donor)->streams; s++)

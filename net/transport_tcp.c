@@ -159,6 +159,11 @@ struct tcp {
     uint32_t cu_chunk;              // CHUNK_BYTES (an eighth with the test hook tcp_slow_state)
     double cu_slow_s, cu_next_chunk_s;   // tcp_slow_state: one state chunk per cu_slow_s
     int64_t cu_step;
+    // STATE_AGAIN: the hub has said which of the first chunks to send again after the first pass
+    // (chunks 1 .. cu_again − 1, for replicas that joined the transfer in flight); until then a
+    // landing's change is kept for every chunk, sent or not. cu_again_next: the next to queue.
+    bool cu_again_known;
+    uint64_t cu_again, cu_again_next;
     double cu_began_s;
     const state_hooks *cu_hooks;
     overlay *cu_overlays;
@@ -492,7 +497,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         if (hs == HS_OK) {
             t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
                                 CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT) |
-                                CONN_ALLOW(WIRE_STATE_END);
+                                CONN_ALLOW(WIRE_STATE_END) | CONN_ALLOW(WIRE_STATE_AGAIN);
             for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
             t->ctl.last_rx_s = wall_seconds();
             atomic_store(&t->io_stop, false);
@@ -653,6 +658,23 @@ static void take_mail(tcp *t) {
                 t->state_cut = true;   // before this donor began to send: tcp_send_state sends nothing
             }
             break;
+        case WIRE_STATE_AGAIN: {
+            int64_t k;
+            if ((bad = wire_decode_step(m->payload, m->bytes, &k))) break;
+            if (!t->cu_active || t->cu_over || t->cu_again_known) break;   // a transfer over, or said twice
+            if (k < 0 || (uint64_t)k > t->cu_chunks) {
+                bad = "STATE_AGAIN asks for chunks beyond the state";
+                break;
+            }
+            t->cu_again_known = true;
+            t->cu_again = (uint64_t)k;
+            t->cu_again_next = 1;
+            if (k > 1)
+                note("diloco: replica %d sends the first %lld chunk(s) of its state again, for replicas that joined "
+                     "the transfer in flight",
+                     t->o.replica_id, (long long)k - 1);
+            break;
+        }
         case WIRE_STATE_END: {
             int64_t round;
             if ((bad = wire_decode_step(m->payload, m->bytes, &round))) break;
@@ -829,6 +851,12 @@ static void queue_catchup_chunk(tcp *t, conn *c) {
     }
 }
 
+// Every chunk of the state that is to go has been queued: the first pass, and those the hub
+// asked for again (STATE_AGAIN, which it sends once the first pass is whole at the hub).
+static bool state_all_queued(const tcp *t) {
+    return t->cu_queued == t->cu_chunks && t->cu_again_known && t->cu_again_next >= t->cu_again;
+}
+
 // Feeds the catch-up transfer, after an exchange's payload (which the round waits for): the
 // state's chunks, then the means queued by transport_send_catchup.
 static void feed_catchup(tcp *t) {
@@ -838,14 +866,15 @@ static void feed_catchup(tcp *t) {
         for (int s = 0; s < t->o.streams; s++) {
             conn *c = &t->data[s];
             if (c->out_frames >= STREAM_DEPTH_FRAMES) continue;
-            if (t->cu_queued < t->cu_chunks) {
+            bool again = t->cu_queued == t->cu_chunks && t->cu_again_next < t->cu_again;
+            if (t->cu_queued < t->cu_chunks || again) {
                 if (t->cu_slow_s > 0) {
                     double now = wall_seconds();
                     if (now < t->cu_next_chunk_s) return;
                     t->cu_next_chunk_s = now + t->cu_slow_s;
                 }
-                queue_state_chunk(t, c, catchup_chunk_index(t, t->cu_queued++));
-                if (t->cu_queued == t->cu_chunks) free_overlays(t);   // every byte is on its way
+                queue_state_chunk(t, c, again ? t->cu_again_next++ : catchup_chunk_index(t, t->cu_queued++));
+                if (state_all_queued(t)) free_overlays(t);   // every byte is on its way
             } else if (t->cu_out_head) {
                 queue_catchup_chunk(t, c);
             } else {
@@ -874,14 +903,24 @@ static void keep_unsent(tcp *t, uint64_t lo, uint64_t hi) {
 static void tcp_preserve_state(void *impl, size_t offset, size_t bytes) {
     tcp *t = impl;
     take_pump(t);
-    if (t->cu_active && !t->cu_over && t->cu_queued < t->cu_chunks) {
+    if (t->cu_active && !t->cu_over && !state_all_queued(t)) {
         uint64_t lo = offset, hi = offset + bytes;
         if (hi > t->cu_total) hi = t->cu_total;
-        // Not yet queued: chunks cu_queued + 1 .. n − 1 (in order), and chunk 0.
-        uint64_t tail = (t->cu_queued + 1) * (uint64_t)t->cu_chunk;
-        if (t->cu_queued + 1 < t->cu_chunks) keep_unsent(t, lo > tail ? lo : tail, hi);
-        uint64_t first = t->cu_total < t->cu_chunk ? t->cu_total : t->cu_chunk;
-        keep_unsent(t, lo, hi < first ? hi : first);
+        if (!t->cu_again_known) {
+            // The hub may still ask for any chunk but the first again (replicas joining in flight).
+            keep_unsent(t, lo, hi);
+        } else {
+            // Not yet queued: chunks cu_queued + 1 .. n − 1 (in order), chunk 0, and the chunks
+            // cu_again_next .. cu_again − 1 to go again.
+            uint64_t tail = (t->cu_queued + 1) * (uint64_t)t->cu_chunk;
+            if (t->cu_queued + 1 < t->cu_chunks) keep_unsent(t, lo > tail ? lo : tail, hi);
+            if (t->cu_queued < t->cu_chunks) {
+                uint64_t first = t->cu_total < t->cu_chunk ? t->cu_total : t->cu_chunk;
+                keep_unsent(t, lo, hi < first ? hi : first);
+            }
+            uint64_t a = t->cu_again_next * (uint64_t)t->cu_chunk, b = t->cu_again * (uint64_t)t->cu_chunk;
+            if (a < b) keep_unsent(t, lo > a ? lo : a, hi < b ? hi : b);
+        }
     }
     pthread_mutex_unlock(&t->pump_lock);
 }
@@ -1351,6 +1390,8 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     t->cu_hooks = hooks;
     t->cu_began_s = wall_seconds();
     t->cu_over = false;
+    t->cu_again_known = false;
+    t->cu_again = t->cu_again_next = 0;
     t->cu_active = true;
     wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = t->cu_chunk,
                     .donor_id = (uint32_t)t->o.replica_id, .flags = STATE_CATCHUP};

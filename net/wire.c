@@ -57,6 +57,7 @@ const char *wire_type_name(unsigned type) {
     case WIRE_HOLD: return "HOLD";
     case WIRE_STATE_END: return "STATE_END";
     case WIRE_CAUGHT_UP: return "CAUGHT_UP";
+    case WIRE_STATE_AGAIN: return "STATE_AGAIN";
     case WIRE_DATA: return "DATA";
     }
     return "unknown";
@@ -85,6 +86,7 @@ bool wire_payload_bounds(unsigned type, uint64_t *min_bytes, uint64_t *max_bytes
     case WIRE_HOLD: lo = hi = WIRE_HOLD_BYTES; break;
     case WIRE_STATE_END: lo = hi = 8; break;
     case WIRE_CAUGHT_UP: lo = hi = 8; break;
+    case WIRE_STATE_AGAIN: lo = hi = 8; break;
     case WIRE_DATA: lo = WIRE_DATA_HEAD_BYTES, hi = WIRE_DATA_HEAD_BYTES + (uint64_t)WIRE_MAX_CHUNK_BYTES; break;
     default: return false;
     }

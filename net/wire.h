@@ -32,7 +32,7 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 8   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 9   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
@@ -40,6 +40,7 @@ extern "C" {
                          // 7: HEARTBEAT's flags (the hub holds the round for a state transfer), HOLD
                          // 8: the catch-up transfer (STATE's flags, DATA kind CATCHUP, CAUGHT_UP,
                          //    STATE_END, ROUND_CATCHUP, FOLLOW's flags)
+                         // 9: STATE_AGAIN (a replica joins a catch-up transfer in flight)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -76,6 +77,7 @@ typedef enum {
     WIRE_HOLD = 27,        // client → hub: it sends a state through another hub (begin), or is done (end)
     WIRE_STATE_END = 28,   // hub → joiner: the round it is caught up to; hub → donor: stop sending means
     WIRE_CAUGHT_UP = 29,   // joiner → hub: it has its state and will have the means up to a round
+    WIRE_STATE_AGAIN = 30, // hub → donor of a catch-up: the state's first chunks again (joiners came in flight)
     // session, data connections
     WIRE_DATA = 32,        // one chunk of a payload or a state
 } wire_type;

@@ -274,6 +274,43 @@ check "catch-up: param_hash equal on the three at every applied outer step (the 
 check "catch-up: the donor says its state goes while the group goes on" \
     grep -q "replica 0 sends its state to the joiners while the group goes on" "$tmp/catchup0.log"
 
+# A fourth replica joins the catch-up transfer in flight (docs/protocol.md "Catch-up transfers"
+# step 8): replica 3 starts once replica 2 receives its state (a wider model here: about 40
+# slow chunks, 20 s), joins the transfer where it is, gets the rest of the first pass and the
+# means with replica 2, then the chunks it missed, which replica 0 sends again (STATE_AGAIN).
+# One designation for both: before, replica 3 waited for this transfer to end and the next
+# close to begin another. Checked: the relay's lines for the join in flight and the chunks
+# sent again, one donor designation in the whole run, the donor's line, nobody evicted or
+# aborted, all four contribute together, param_hash equal on the four at every outer step.
+start_relay inflight 1 2
+inflight=("${slow[@]/127.0.0.1:*/127.0.0.1:$port}" --diloco_replicas 4 --d_model 192 --d_ff 512)
+start_three inflight 2 tcp_slow_state:0 "${inflight[@]}"
+wait_until "replica 2 receives its state" grep -q "receiving the group's state from replica 0" "$tmp/inflight2.log"
+"$TRAIN_GPT" "${common[@]}" "${inflight[@]}" --diloco_replica_id 3 --out_dir "$tmp/inflight/3" \
+    >"$tmp/inflight3.log" 2>&1 &
+group_pids+=($!)
+pids+=($!)
+wait_until "all four contribute after replica 3's join" \
+    eval 'four_after_join "$tmp/inflight/0/metrics.jsonl" "$tmp/inflight/3/metrics.jsonl" 2>/dev/null'
+kill -TERM "${group_pids[@]}"
+rc=0
+for p in "${group_pids[@]}"; do wait "$p" || rc=$?; done
+check "in flight: the four replicas exit 0 on SIGTERM (rc $rc)" test "$rc" = 0
+check "in flight: replica 3 joined the transfer from replica 0 in flight" \
+    grep -q "replica 3 joins the catch-up transfer from replica 0 in flight" "$tmp/relay_inflight.log"
+check "in flight: the first pass whole, replica 0 sends the chunks replica 3 missed again" sh -c "
+    grep -q 'first pass from replica 0 is whole: it sends its first [0-9]* chunk(s) again' '$tmp/relay_inflight.log' &&
+    grep -q 'replica 0 sends the first [0-9]* chunk(s) of its state again' '$tmp/inflight0.log'"
+check "in flight: one donor designation for both joiners" \
+    test "$(grep -c 'is the donor' "$tmp/relay_inflight.log")" -eq 1
+check "in flight: replicas 2 and 3 caught up" sh -c "
+    grep -q 'replica 2 caught up: it has the state after round' '$tmp/relay_inflight.log' &&
+    grep -q 'replica 3 caught up: it has the state after round' '$tmp/relay_inflight.log'"
+check "in flight: nobody was evicted, no transfer aborted, nobody dropped" \
+    sh -c "! grep -q 'evicted\|aborted\|dropped' '$tmp/relay_inflight.log'"
+check "in flight: param_hash equal on the four at every applied outer step" \
+    all_hashes_agree 1 "$tmp"/inflight/*/metrics.jsonl
+
 # A catch-up donor stopped mid-transfer: it stops sending and exits 0; the hub aborts the
 # transfer; replica 2 waits again and takes the state of the next close from replica 1.
 start_relay stopcatchup 1 2

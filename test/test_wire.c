@@ -28,7 +28,7 @@ typedef struct {
     uint8_t payload[WIRE_ROUND_HEAD_BYTES + WIRE_ROUND_ENTRY_BYTES * WIRE_MAX_REPLICAS + 5000];
     size_t bytes;
 } sample;
-#define SAMPLES 22   // samples() writes one of every type, and of the catch-up's frames
+#define SAMPLES 23   // samples() writes one of every type, and of the catch-up's frames
 
 // One valid payload of every type.
 static int samples(sample *s) {
@@ -81,6 +81,7 @@ static int samples(sample *s) {
     s[n].type = WIRE_STATE, s[n].bytes = wire_encode_state(&catchup, s[n].payload), n++;
     s[n].type = WIRE_CAUGHT_UP, s[n].bytes = wire_encode_step(15, s[n].payload), n++;
     s[n].type = WIRE_STATE_END, s[n].bytes = wire_encode_step(17, s[n].payload), n++;
+    s[n].type = WIRE_STATE_AGAIN, s[n].bytes = wire_encode_step(3, s[n].payload), n++;   // joiners in flight
     wire_data mean = {.owner_id = 1, .kind = DATA_CATCHUP, .outer_step = 13, .total_bytes = 2000, .offset = 0,
                       .chunk_bytes = 4096, .chunk_len = 2000};
     s[n].type = WIRE_DATA, s[n].bytes = wire_encode_data_head(&mean, s[n].payload);
@@ -126,7 +127,8 @@ static void test_round_trips(void) {
     int64_t step = 0;
     EXPECT(!wire_decode_step(s[19].payload, s[19].bytes, &step) && step == 15, "CAUGHT_UP decodes");
     EXPECT(!wire_decode_step(s[20].payload, s[20].bytes, &step) && step == 17, "STATE_END decodes");
-    EXPECT(!wire_decode_data(s[21].payload, s[21].bytes, &d) && d.kind == DATA_CATCHUP && d.outer_step == 13 &&
+    EXPECT(!wire_decode_step(s[21].payload, s[21].bytes, &step) && step == 3, "STATE_AGAIN decodes");
+    EXPECT(!wire_decode_data(s[22].payload, s[22].bytes, &d) && d.kind == DATA_CATCHUP && d.outer_step == 13 &&
                d.chunk_len == 2000 && d.bytes[1] == 3,
            "DATA of a catch-up mean decodes");
     uint8_t sb[WIRE_STATE_BYTES];
