@@ -907,7 +907,7 @@ static void on_state_chunk(relay *h, int id, const wire_data *d) {
     }
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
-    if (h->again_said) {   // a chunk asked for again: to the replicas that joined in flight and lack it
+    if (h->again_said && transfer_whole(&h->st)) {   // asked for again: to those that joined in flight and lack it
         uint64_t i = h->st.chunk ? d->offset / h->st.chunk : 0;
         if (i == 0 || i >= h->again_chunks || d->offset % h->st.chunk) {
             drop_replica(h, id, "sent a chunk of its state again that it was not asked for");
@@ -1098,7 +1098,7 @@ static bool may_get_state(const relay *h, int id) {
 // the next close to begin another. Not once the state's first chunk (its donor sends it last)
 // or a mean has come: they then wait for the next transfer.
 static void join_in_flight(relay *h) {
-    if (h->donor < 0 || !h->catchup || h->again_said || h->patch.started) return;
+    if (h->donor < 0 || !h->catchup || h->again_said || h->patch.started || !h->o.join_in_flight) return;
     if (rep(h, h->donor)->state != R_MEMBER) return;
     if (h->st.started && ((h->st.have[0] & 1) || h->patched_through != landing_of(h, h->st.step))) return;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
@@ -1204,6 +1204,11 @@ static void close_round(relay *h) {
         h->transfer_began_s = h->donor_progress_s = wall_seconds();
         h->donor_grace_s = multi_hub(h) ? 3 * h->o.timeout_s : h->o.timeout_s;
         transfer_reset(&h->st);
+        if (catchup && !h->o.join_in_flight) {   // no chunk will go again: the donor keeps only what is unsent
+            uint8_t b[8];
+            h->again_said = true;
+            send_control(h, rep(h, donor), WIRE_STATE_AGAIN, b, wire_encode_step(0, b));
+        }
     }
     char name[96];
     hub_log(h, "round %s closed: %u contributor(s) [%s]%s, %s in, %s out, rss %s, %s",
@@ -2557,7 +2562,7 @@ static void on_stop_signal(int sig) {
 
 static const char relay_usage[] =
     "usage: train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]\n"
-    "                       [--replicas M] [--shards N] [--max_hold_s S] [--catch_up 0|1]\n"
+    "                       [--replicas M] [--shards N] [--max_hold_s S] [--catch_up 0|1] [--join_in_flight 0|1]\n"
     "Runs the hub the replicas of a DiLoCo run meet at (diloco_transport = tcp), until SIGINT or SIGTERM.\n"
     "  --listen        address to listen on: HOST:PORT, *:PORT (every address), [v6addr]:PORT\n"
     "  --secret_file   the run's diloco_secret_file (the same bytes every replica reads)\n"
@@ -2574,6 +2579,9 @@ static const char relay_usage[] =
     "                  the mean of every round it lands meanwhile, and the joiner applies them before it trains\n"
     "                  (with several hubs in the replicas' diloco_rendezvous, through the joiner's primary; every\n"
     "                  relay of the list should run the same value). 0: the round waits for the transfer\n"
+    "  --join_in_flight 1 (the default; with --catch_up 1): a replica that comes while a transfer's state is on its\n"
+    "                  way joins it, and its donor sends the chunks it missed again after the rest. 0: it waits for\n"
+    "                  the next transfer (the donor then keeps less of its state aside while it sends)\n"
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 
@@ -2634,7 +2642,7 @@ static void raise_open_file_limit(relay *h, int shards) {
 }
 
 int relay_main(int argc, char **argv) {
-    relay_options o = {.timeout_s = 60, .min_replicas = 1, .catch_up = true};
+    relay_options o = {.timeout_s = 60, .min_replicas = 1, .catch_up = true, .join_in_flight = true};
     const char *secret_path = NULL;
     int shards = 1;
     for (int i = 1; i < argc; i++) {
@@ -2663,6 +2671,7 @@ int relay_main(int argc, char **argv) {
         else if (strcmp(name, "shards") == 0) shards = (int)parse_number(name, value, 1, 1024);
         else if (strcmp(name, "max_hold_s") == 0) o.max_hold_s = parse_number(name, value, 0, 1e9);
         else if (strcmp(name, "catch_up") == 0) o.catch_up = parse_number(name, value, 0, 1) != 0;
+        else if (strcmp(name, "join_in_flight") == 0) o.join_in_flight = parse_number(name, value, 0, 1) != 0;
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");

@@ -38,6 +38,9 @@ typedef struct {
     bool catch_up;              // joins by catch-up transfers (docs/protocol.md "Catch-up transfers"): a
                                 // transfer longer than an inner phase does not hold the round
                                 // (relay_main and a replica's served hub: on; zeroed options: off)
+    bool join_in_flight;        // with catch_up: a replica that comes while a transfer's state is on its
+                                // way joins it (docs/protocol.md "Catch-up transfers" step 8); off: it
+                                // waits for the next transfer (relay_main and a served hub: on)
     FILE *log;                  // one line per event; NULL: stdout
     const char *name;           // what each log line starts with (NULL: "relay"; --shards: "relay shard J")
 } relay_options;
@@ -57,7 +60,7 @@ bool relay_wait_until_empty(relay *r, double max_wait_s);
 void relay_stop(relay *r);
 
 // `train_gpt relay --listen HOST:PORT --secret_file PATH [--timeout_s 60] [--min_replicas 1]
-// [--replicas M] [--shards N] [--max_hold_s S] [--catch_up 0|1]`: runs the hub in the foreground until SIGINT or SIGTERM. With
+// [--replicas M] [--shards N] [--max_hold_s S] [--catch_up 0|1] [--join_in_flight 0|1]`: runs the hub in the foreground until SIGINT or SIGTERM. With
 // --shards N (DiLoCo replicas of N ranks each), N independent hubs on ports PORT .. PORT+N−1,
 // hub j for rank j of every replica (threads of this process). argv[0] is "relay". Returns the
 // exit code; user errors exit through fail().

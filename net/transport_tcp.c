@@ -164,6 +164,9 @@ struct tcp {
     // landing's change is kept for every chunk, sent or not. cu_again_next: the next to queue.
     bool cu_again_known;
     uint64_t cu_again, cu_again_next;
+    int64_t cu_again_early;         // STATE_AGAIN before the sending began (relay --join_in_flight 0:
+                                    // right after the designation), -1: none
+
     double cu_began_s;
     const state_hooks *cu_hooks;
     overlay *cu_overlays;
@@ -548,6 +551,7 @@ static void take_round(tcp *t, const msg *m) {
     if (r.flags & ROUND_SEND_STATE) {
         t->state_cut = false;
         t->send_catchup = (r.flags & ROUND_CATCHUP) != 0;
+        t->cu_again_early = -1;
     }
 }
 
@@ -661,8 +665,13 @@ static void take_mail(tcp *t) {
         case WIRE_STATE_AGAIN: {
             int64_t k;
             if ((bad = wire_decode_step(m->payload, m->bytes, &k))) break;
+            if (k < 0) {
+                bad = "STATE_AGAIN asks for a negative number of chunks";
+                break;
+            }
+            if (!t->cu_active && t->send_catchup) t->cu_again_early = k;   // designated, not sending yet
             if (!t->cu_active || t->cu_over || t->cu_again_known) break;   // a transfer over, or said twice
-            if (k < 0 || (uint64_t)k > t->cu_chunks) {
+            if ((uint64_t)k > t->cu_chunks) {
                 bad = "STATE_AGAIN asks for chunks beyond the state";
                 break;
             }
@@ -1390,8 +1399,10 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     t->cu_hooks = hooks;
     t->cu_began_s = wall_seconds();
     t->cu_over = false;
-    t->cu_again_known = false;
+    // The hub may have said already that no chunk will go again (relay --join_in_flight 0).
+    t->cu_again_known = t->cu_again_early == 0;
     t->cu_again = t->cu_again_next = 0;
+    t->cu_again_early = -1;
     t->cu_active = true;
     wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = t->cu_chunk,
                     .donor_id = (uint32_t)t->o.replica_id, .flags = STATE_CATCHUP};
@@ -1686,6 +1697,7 @@ static tcp *tcp_new(const transport_options *o, const char *address) {
     t->hub_timeout_s = o->timeout_s;
     t->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
     t->ctl.fd = -1;
+    t->cu_again_early = -1;
     for (int s = 0; s < WIRE_MAX_STREAMS; s++) t->data[s].fd = -1;
     pthread_mutex_init(&t->ctl_send, NULL);
     pthread_mutex_init(&t->mailbox_lock, NULL);
@@ -1707,7 +1719,7 @@ transport *transport_tcp_open(const transport_options *o) {
     if (o->serve) {
         relay_options ro = {.listen = o->rendezvous, .secret = o->secret, .secret_bytes = o->secret_bytes,
                             .timeout_s = o->timeout_s, .min_replicas = o->min_replicas, .replicas = o->replicas,
-                            .catch_up = true, .log = stderr};
+                            .catch_up = true, .join_in_flight = true, .log = stderr};
         char err[400];
         t->served = relay_start_thread(&ro, err, sizeof err);
         if (!t->served) fail("diloco_serve: cannot run the hub on %s: %s", o->rendezvous, err);

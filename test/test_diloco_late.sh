@@ -250,8 +250,10 @@ check "slow state: with outer momentum the state holds θ and m (448 + 8N bytes)
 # CAUGHT_UP), the donor sends the means of the rounds it lands after its state, and replica 2
 # applies them: its join says how many, and its θ is the group's bit for bit — param_hash equal
 # on the three at every outer step after it. Nobody is evicted, no transfer aborted. With the
-# old relay (the scenario above) the group waited for the whole transfer.
-start_relay catchup 1 2   # --catch_up 1, the default
+# old relay (the scenario above) the group waited for the whole transfer. This relay runs with
+# --join_in_flight 0 (the next scenario has the default): it tells the donor at its designation
+# that no chunk will go again (STATE_AGAIN 0 before the donor begins to send), and no chunk does.
+start_relay catchup 1 2 --join_in_flight 0   # --catch_up 1, the default
 three_through_join catchup "catch-up" 2 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
 closes_during=$(sed -n '/replica 0 is the donor/,/replica 2 caught up/p' "$tmp/relay_catchup.log" |
     grep -c 'closed: 2 contributor(s) \[0 1\]' || true)
@@ -273,6 +275,8 @@ check "catch-up: param_hash equal on the three at every applied outer step (the 
     all_hashes_agree 1 "$tmp"/catchup/*/metrics.jsonl
 check "catch-up: the donor says its state goes while the group goes on" \
     grep -q "replica 0 sends its state to the joiners while the group goes on" "$tmp/catchup0.log"
+check "catch-up, --join_in_flight 0: no chunk of the state sent again" \
+    sh -c "! grep -q 'chunk(s) again\|chunk(s) of its state again' '$tmp/relay_catchup.log' '$tmp/catchup0.log'"
 
 # A fourth replica joins the catch-up transfer in flight (docs/protocol.md "Catch-up transfers"
 # step 8): replica 3 starts once replica 2 receives its state (a wider model here: about 40
