@@ -20,10 +20,12 @@
 #      first relay), slowly (TRAIN_GPT_FAULT=tcp_slow_state:0: seconds for its θ and m) while
 #      the group closes step after step, then the means of those steps; it follows the second
 #      relay from the step after them (its first round there waits for it) and contributes at
-#      both. Checked: the group's outer steps within timeout + 5 s throughout (a whole transfer
-#      would hold one for the state's seconds), the joiner applied 3 or more means, nobody
-#      evicted, both relays close rounds of all three afterwards, param_hash equal on every
-#      replica at every outer step.
+#      both. Replica 3 starts once replica 2's state is coming and joins that transfer in flight
+#      at the first relay (docs/protocol.md "Catch-up transfers" step 8). Checked: the group's
+#      outer steps within timeout + 5 s throughout (a whole transfer would hold one for the
+#      state's seconds), the joiner applied 3 or more means, replica 3 joined in flight (one
+#      designation for both), nobody evicted, both relays close rounds of all four afterwards,
+#      param_hash equal on every replica at every outer step.
 # Every move waits for what the processes log, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -228,13 +230,13 @@ check "three hubs: loss falls" loss_falls "$tmp/three/0/metrics.jsonl"
 # diloco_min_replicas 2: replicas 0 and 1 start together (the quorum) and apply every step.
 late=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --log_every 1000
     --ckpt_keep 0 --ckpt_every 0 --max_steps 100000000 --batch_size 16 --d_model 128 --d_ff 256
-    --diloco_replicas 3 --diloco_inner_steps 5 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
+    --diloco_replicas 4 --diloco_inner_steps 5 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
     --diloco_quant int8 --diloco_min_replicas 2 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
     --diloco_timeout_s $TIMEOUT --diloco_connect_timeout_s 20)
 pd=$(free_port); relay_on ca "$pd"
 pe=$(free_port); relay_on cb "$pe"
 late_replica() {  # late_replica ID: replica ID of run "late" in the background (replicas 0 and 1 send slowly)
-    TRAIN_GPT_FAULT=$([ "$1" = 2 ] || echo tcp_slow_state:0) "$TRAIN_GPT" "${late[@]}" \
+    TRAIN_GPT_FAULT=$([ "$1" -ge 2 ] || echo tcp_slow_state:0) "$TRAIN_GPT" "${late[@]}" \
         --diloco_rendezvous "127.0.0.1:$pd,127.0.0.1:$pe" --diloco_replica_id "$1" --out_dir "$tmp/late/$1" \
         >>"$tmp/late_$1.log" 2>&1 &
     pids+=($!)
@@ -244,9 +246,11 @@ late_replica 0
 late_replica 1
 wait_until "replicas 0 and 1 have 2 outer steps" eval '[ "$(outer_lines 0 late)" -ge 2 ] && [ "$(outer_lines 1 late)" -ge 2 ]'
 late_replica 2
-wait_until "replica 2 caught up and the relays close rounds of all three" \
-    sh -c "grep -q 'closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_ca.log' &&
-           grep -q 'closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_cb.log'"
+wait_until "replica 2 receives its state" grep -qs "receiving the group's state" "$tmp/late_2.log"
+late_replica 3
+wait_until "replicas 2 and 3 caught up and the relays close rounds of all four" \
+    sh -c "grep -q 'closed: 4 contributor(s) \[0 1 2 3\]' '$tmp/relay_ca.log' &&
+           grep -q 'closed: 4 contributor(s) \[0 1 2 3\]' '$tmp/relay_cb.log'"
 joined=$(outer_lines 0 late)
 wait_until "replica 0 has 3 more outer steps" eval '[ "$(outer_lines 0 late)" -ge $((joined + 3)) ]'
 caught=$("$PYTHON" -c "
@@ -259,6 +263,10 @@ check "catch-up through two hubs: the first relay relayed replica 0's state and 
            grep -q 'replica 2 caught up: .* takes the means up to outer step' '$tmp/relay_ca.log'"
 check "catch-up through two hubs: replica 2 follows the second relay once caught up, its first round held for it" \
     grep -q 'replica 2 follows: member at outer step .*(it caught up through its primary' "$tmp/relay_cb.log"
+check "catch-up through two hubs: replica 3 joined replica 2's transfer in flight at the first relay, and follows the second" \
+    sh -c "grep -q 'replica 3 joins the catch-up transfer from replica 0 in flight' '$tmp/relay_ca.log' &&
+           [ \$(grep -c 'is the donor' '$tmp/relay_ca.log') -eq 1 ] &&
+           grep -q 'replica 3 follows: member at outer step .*(it caught up through its primary' '$tmp/relay_cb.log'"
 check "catch-up through two hubs: replica 2 applied the means of 3 or more outer steps closed meanwhile" \
     test "${caught:-0}" -ge 3
 check "catch-up through two hubs: replica 2 joined once (not refused at the second relay, no rejoin)" \
@@ -268,8 +276,9 @@ no_eviction_late() {  # nobody evicted, no transfer aborted at either relay; say
     ! grep 'evicted\|aborted' "$tmp/relay_ca.log" "$tmp/relay_cb.log" | sed 's/^/    /' | grep .
 }
 check "catch-up through two hubs: nobody evicted, no transfer aborted" no_eviction_late
-for r in 0 1 2; do eval "kill -TERM \$pid_late_$r"; done
+for r in 0 1 2 3; do eval "kill -TERM \$pid_late_$r"; done
 wait_three late
+wait "$pid_late_3" || rc=$?
 check "catch-up through two hubs: the replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
 for r in 0 1; do
     check "catch-up through two hubs: replica $r's outer steps within timeout + 5 s while the state went" \

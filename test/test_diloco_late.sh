@@ -289,7 +289,7 @@ check "catch-up, --join_in_flight 0: no chunk of the state sent again" \
 start_relay inflight 1 2
 inflight=("${slow[@]/127.0.0.1:*/127.0.0.1:$port}" --diloco_replicas 4 --d_model 192 --d_ff 512)
 start_three inflight 2 tcp_slow_state:0 "${inflight[@]}"
-wait_until "replica 2 receives its state" grep -q "receiving the group's state from replica 0" "$tmp/inflight2.log"
+wait_until "replica 2 receives its state" grep -qs "receiving the group's state from replica 0" "$tmp/inflight2.log"
 "$TRAIN_GPT" "${common[@]}" "${inflight[@]}" --diloco_replica_id 3 --out_dir "$tmp/inflight/3" \
     >"$tmp/inflight3.log" 2>&1 &
 group_pids+=($!)
