@@ -284,6 +284,7 @@ struct relay {
     // STATE (for them), whether the hub has told the donor which chunks to send again (once the
     // first pass is whole), how many (chunks 1 .. again_chunks − 1), and those received again.
     wire_state announced;
+    bool means_begun;               // a chunk of a mean has come (none in flight may join after)
     bool again_said;
     uint64_t again_chunks;
     transfer again;
@@ -401,7 +402,7 @@ static void clear_transfer(relay *h) {
     transfer_reset(&h->st);
     transfer_reset(&h->patch);
     transfer_reset(&h->again);
-    h->again_said = false;
+    h->again_said = h->means_begun = false;
     h->again_chunks = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         free(h->reps[i].lacks);
@@ -842,7 +843,10 @@ static void say_again_if_whole(relay *h) {
     uint8_t buf[8];
     send_control(h, rep(h, h->donor), WIRE_STATE_AGAIN, buf, wire_encode_step((int64_t)k, buf));
     if (k == 0) return;
-    transfer_expect(&h->again, h->st.step, h->st.total, h->st.chunk);
+    if (transfer_expect(&h->again, h->st.step, h->st.total, h->st.chunk)) {
+        abort_transfer(h, "the hub is out of memory", false);
+        return;
+    }
     h->again.announced = true;
     char b[32];
     hub_log(h, "the state's first pass from replica %d is whole: it sends its first %llu chunk(s) again (%s) for the "
@@ -942,6 +946,7 @@ static void end_catchup_if_done(relay *h) {
     replica *d = rep(h, h->donor);
     uint8_t buf[8];
     send_control(h, d, WIRE_STATE_END, buf, wire_encode_step(h->patched_through, buf));
+    d->state_cut = true;   // its chunks still on the way (a second pass, means) are let go
     char b[32];
     hub_log(h, "catch-up transfer from replica %d over after %.1f s: its state after round %lld (%s) and the means "
                "of rounds up to %lld relayed; its joiners train",
@@ -967,6 +972,7 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
     }
     blob *b = take_donor_chunk(h, id, &h->patch, d);
     if (!b) return;
+    h->means_begun = true;
     h->patch.announced = true;   // a catch-up mean has no announcement: its chunks say its size
     wire_data fwd = *d;
     fwd.owner_id = (uint32_t)id;
@@ -1098,9 +1104,9 @@ static bool may_get_state(const relay *h, int id) {
 // the next close to begin another. Not once the state's first chunk (its donor sends it last)
 // or a mean has come: they then wait for the next transfer.
 static void join_in_flight(relay *h) {
-    if (h->donor < 0 || !h->catchup || h->again_said || h->patch.started || !h->o.join_in_flight) return;
+    if (h->donor < 0 || !h->catchup || h->again_said || h->means_begun || !h->o.join_in_flight) return;
     if (rep(h, h->donor)->state != R_MEMBER) return;
-    if (h->st.started && ((h->st.have[0] & 1) || h->patched_through != landing_of(h, h->st.step))) return;
+    if (h->st.started && (h->st.have[0] & 1)) return;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         if (i == h->donor || !may_get_state(h, i)) continue;
         replica *r = rep(h, i);
@@ -2485,9 +2491,7 @@ static void relay_destroy(relay *h) {
     }
     free(h->scratch);
     free_residual(h);
-    transfer_reset(&h->st);
-    transfer_reset(&h->patch);
-    free_held(h);
+    clear_transfer(h);   // the state's, the mean's and the second pass's chunks; every replica's lacks
     for (int i = 0; i < h->n_conns; i++) h->conns[i]->dead = true;
     sweep_conns(h);
     free(h->conns);

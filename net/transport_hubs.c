@@ -593,7 +593,8 @@ static int64_t hubs_catchup_extend(void *impl, int64_t landing) {
 // transport_poll: the means of a catch-up come through the primary it joined by.
 static void hubs_poll(void *impl, double seconds) {
     hubs *x = impl;
-    if (x->joined_via >= 0) tcp_hub_poll(x->h[x->joined_via].t, seconds);
+    int p = x->joined_via;   // a hub found dead since may be reconnecting on its reviver's thread
+    if (p >= 0 && atomic_load(&x->h[p].state) == HUB_LIVE) tcp_hub_poll(x->h[p].t, seconds);
     else sleep_s(seconds);
 }
 

@@ -583,6 +583,9 @@ static bool start_state(tcp *t, int64_t step, uint64_t total) {
     return true;
 }
 
+static bool state_all_queued(const tcp *t);
+static void free_overlays(tcp *t);
+
 static void take_mail(tcp *t) {
     pthread_mutex_lock(&t->mailbox_lock);
     msg *m = t->mail_head;
@@ -669,7 +672,8 @@ static void take_mail(tcp *t) {
                 bad = "STATE_AGAIN asks for a negative number of chunks";
                 break;
             }
-            if (!t->cu_active && t->send_catchup) t->cu_again_early = k;   // designated, not sending yet
+            // Designated, not sending yet (or a sender of the transfer before still winding up).
+            if ((!t->cu_active || t->cu_over) && t->send_catchup) t->cu_again_early = k;
             if (!t->cu_active || t->cu_over || t->cu_again_known) break;   // a transfer over, or said twice
             if ((uint64_t)k > t->cu_chunks) {
                 bad = "STATE_AGAIN asks for chunks beyond the state";
@@ -678,6 +682,7 @@ static void take_mail(tcp *t) {
             t->cu_again_known = true;
             t->cu_again = (uint64_t)k;
             t->cu_again_next = 1;
+            if (state_all_queued(t)) free_overlays(t);   // nothing to send again: what was kept goes
             if (k > 1)
                 note("diloco: replica %d sends the first %lld chunk(s) of its state again, for replicas that joined "
                      "the transfer in flight",
