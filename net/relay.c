@@ -395,6 +395,13 @@ static void free_held(relay *h) {
     h->held = NULL;
 }
 
+// A replica that joined a transfer in flight needs none of its chunks again (it has them, or
+// left the transfer).
+static void forget_lacks(replica *r) {
+    free(r->lacks);
+    r->lacks = NULL;
+}
+
 // No transfer in flight any more (it ended, or was aborted): the next close may designate one.
 static void clear_transfer(relay *h) {
     h->donor = -1;
@@ -404,10 +411,7 @@ static void clear_transfer(relay *h) {
     transfer_reset(&h->again);
     h->again_said = h->means_begun = false;
     h->again_chunks = 0;
-    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
-        free(h->reps[i].lacks);
-        h->reps[i].lacks = NULL;
-    }
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) forget_lacks(&h->reps[i]);
     free_held(h);
 }
 // Whether the donor's frames go to replica r: a joiner, or (catch-up) a replica catching up.
@@ -700,8 +704,7 @@ static void unjoin(relay *h, int id) {
     r->joiner = r->catching_up = false;
     r->caught_up_to = -1;
     r->member_from = 0;
-    free(r->lacks);
-    r->lacks = NULL;
+    forget_lacks(r);
     r->state = R_WAITING;
     leave_round(h, id);
     drop_queue(r);
@@ -719,7 +722,7 @@ static void drop_replica(relay *h, int id, const char *why) {
     drop_queue(r);
     leave_round(h, id);
     bool was_donor = h->donor == id;
-    free(r->lacks);
+    forget_lacks(r);
     memset(r, 0, sizeof *r);
     r->state = R_FREE;
     if (was_donor) abort_transfer(h, "the donor left", false);
@@ -1021,8 +1024,7 @@ static void on_caught_up(relay *h, int id, int64_t round) {
     r->joiner = false;
     r->caught_up_to = to;
     r->member_from = first_round_of(h, to + 1);
-    free(r->lacks);   // its state is whole
-    r->lacks = NULL;
+    forget_lacks(r);   // its state is whole
     uint8_t buf[8];
     send_control(h, r, WIRE_STATE_END, buf, wire_encode_step(to, buf));
     hub_log(h, "replica %d caught up: it has the state after round %lld and takes the means up to %s %lld; due from "
@@ -1808,8 +1810,7 @@ static void on_join(relay *h, int id, const wire_status *s) {
     // frame of ours; its word on its status wins).
     if (r->joiner) {
         r->joiner = false;
-        free(r->lacks);
-        r->lacks = NULL;
+        forget_lacks(r);
         drop_queue(r);
     }
     if (r->state == R_MEMBER) leave_round(h, id);
@@ -1894,8 +1895,7 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     replica *r = rep(h, id);
     if (r->joiner) {
         r->joiner = false;
-        free(r->lacks);
-        r->lacks = NULL;
+        forget_lacks(r);
         drop_queue(r);
         r->state = R_CONNECTED;
         stop_transfer_without_joiners(h);
