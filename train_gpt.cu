@@ -2495,16 +2495,18 @@ static int64_t catchup_rounds(double s, double sync_s, double mean_s) {
 
 // What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
 // (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
-// time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase; decay_s the
-// decay phase's, 0 without one), what a transfer longer than the inner phase costs: the relay's
-// catch-up (its default; with several hubs through the joiner's primary) lets the rounds go on,
-// and the joiner takes the means of those that closed meanwhile (x: their bytes).
+// time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase), what a
+// transfer longer than the inner phase costs: the relay's catch-up (its default; with several
+// hubs through the joiner's primary) lets the rounds go on, and the joiner takes the means of
+// those that closed meanwhile (x: their bytes). decay_s > 0: the decay phase differs (phases of
+// decay_s, or plain averaging there keeps m at zero: the donor sends θ alone), said apart.
 static void print_join_transfer(const param_table *t, const train_config *cfg, int world, double link, double inner_s,
                                 double decay_s, const diloco_traffic *x) {
     if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
     bool with_m = cfg->diloco_outer_momentum != 0.0;
     int ranks = world > 0 ? world : 1;
-    int64_t bytes = 448 * (int64_t)ranks + (with_m ? 8 : 4) * plan_pieces(t, ranks);
+    int64_t theta_bytes = 448 * (int64_t)ranks + 4 * plan_pieces(t, ranks);
+    int64_t bytes = theta_bytes + (with_m ? 4 * plan_pieces(t, ranks) : 0);
     double s = (double)bytes / link;
     char a[32], b[32], c[32];
     printf("train_gpt | diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
@@ -2521,37 +2523,40 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                                                "way on that hub's link while it lasts"
                                              : "; the hub relays it, a replica link's rate more each way on the hub's "
                                                "link while it lasts";
-    if (s <= inner_s) {
-        printf("; the inner phase takes %s: the donor sends it while it trains, the group does not wait%s\n",
-               format_duration(inner_s, b, sizeof b), relayed);
-        return;
-    }
     double mean_s = (double)x->fragment_down / link, P = (double)cfg->diloco_fragments;
-    if (catchup_rounds(s, inner_s / P, mean_s) < 0) {
-        printf("; the inner phase takes %s: the relay's catch-up (its default) does not hold the rounds, but a "
-               "fragment's mean takes %s on the link, as long as a sync interval (%s): the joiner never catches "
-               "up (a larger H or fewer fragments, or a faster link)%s\n",
-               format_duration(inner_s, b, sizeof b), format_duration(mean_s, c, sizeof c),
-               format_duration(inner_s / P, a, sizeof a), relayed);
-        return;
-    }
+    printf("; the inner phase takes %s: ", format_duration(inner_s, b, sizeof b));
     int64_t rounds = catchup_rounds(s, inner_s / P, mean_s);
-    printf("; the inner phase takes %s: the relay's catch-up (its default%s) does not hold the rounds for it: the "
-           "joiner then takes the means of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains",
-           format_duration(inner_s, b, sizeof b), plan_hubs(cfg) > 1 ? "; through the joiner's primary hub" : "",
-           (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9,
-           format_duration((double)rounds * mean_s, c, sizeof c));
-    if (decay_s > 0 && decay_s < inner_s) {
-        int64_t decay_rounds = catchup_rounds(s, decay_s / P, mean_s);
-        if (decay_rounds < 0) {
-            printf("; a join in the decay phase (phases of %s) never catches up before the run ends%s\n",
-                   format_duration(decay_s, b, sizeof b), relayed);
-            return;
-        }
-        printf("; in the decay phase (phases of %s) about %lld round(s) (%.3f GB, %s more)",
-               format_duration(decay_s, b, sizeof b), (long long)decay_rounds,
-               (double)decay_rounds * (double)x->fragment_down / 1e9,
-               format_duration((double)decay_rounds * mean_s, c, sizeof c));
+    if (s <= inner_s)
+        printf("the donor sends it while it trains, the group does not wait");
+    else if (rounds < 0)
+        printf("the relay's catch-up (its default) does not hold the rounds, but a fragment's mean takes %s on the "
+               "link, as long as a sync interval (%s): the joiner never catches up (a larger H or fewer fragments, "
+               "or a faster link)",
+               format_duration(mean_s, c, sizeof c), format_duration(inner_s / P, a, sizeof a));
+    else
+        printf("the relay's catch-up (its default%s) does not hold the rounds for it: the joiner then takes the means "
+               "of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains",
+               plan_hubs(cfg) > 1 ? "; through the joiner's primary hub" : "", (long long)rounds,
+               (double)rounds * (double)x->fragment_down / 1e9, format_duration((double)rounds * mean_s, c, sizeof c));
+    if (decay_s > 0 && (decay_s < inner_s || s > inner_s)) {  // else it fits both phases alike
+        // Plain averaging in the decay phase keeps m at zero (after each fragment's first such
+        // step): the donor leaves it out (diloco.c's pack_state).
+        bool theta_alone = with_m && cfg->diloco_plain_in_decay;
+        double sd = theta_alone ? (double)theta_bytes / link : s;
+        char alone[96] = "";
+        if (theta_alone)
+            snprintf(alone, sizeof alone, "; θ alone, plain averaging keeping m at zero: %.3f GB, %s",
+                     (double)theta_bytes / 1e9, format_duration(sd, c, sizeof c));
+        int64_t decay_rounds = catchup_rounds(sd, decay_s / P, mean_s);
+        printf("; in the decay phase (phases of %s%s)", format_duration(decay_s, b, sizeof b), alone);
+        if (sd <= decay_s)
+            printf(" the donor sends it while it trains");
+        else if (decay_rounds < 0)
+            printf(" a join never catches up before the run ends");
+        else
+            printf(" about %lld round(s) (%.3f GB, %s more)", (long long)decay_rounds,
+                   (double)decay_rounds * (double)x->fragment_down / 1e9,
+                   format_duration((double)decay_rounds * mean_s, c, sizeof c));
     }
     printf("%s\n", relayed);
 }
@@ -2641,9 +2646,11 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                : cfg->diloco_overlap_steps > 0 ? "not hidden: training waits for the rest"
                                                : "training waits for every sync");
     }
+    // The decay phase is told apart where its phases are shorter or its state is θ alone.
     double inner_s = inner_phase_s(t, cfg, world);
-    print_join_transfer(t, cfg, world, link, inner_s, decay_syncs && inner_s > 0 ? inner_s * (double)Hd / (double)H : 0,
-                        &x);
+    bool decay_plain = cfg->diloco_plain_in_decay && cfg->diloco_outer_momentum != 0.0 && cfg->max_steps > D;
+    double decay_s = decay_syncs ? inner_s * (double)Hd / (double)H : decay_plain ? inner_s : 0.0;
+    print_join_transfer(t, cfg, world, link, inner_s, decay_s, &x);
 }
 
 // Prints the model's size, FLOPs per token and memory plan without touching any data

@@ -205,21 +205,22 @@ state = 40 * (448 + 8 * n)
 inner = 10 * 2097152 * 93.279e9 / (0.4 * 989e12)
 rounds = math.ceil(state / 12.5e6 / (inner - down / 12.5e6))
 s = int(rounds * down / 12.5e6 + 0.5)
-decay = math.ceil(state / 12.5e6 / (inner / 2 - down / 12.5e6))
+decay = math.ceil(40 * (448 + 4 * n) / 12.5e6 / (inner / 2 - down / 12.5e6))   # θ alone: plain averaging
 d = int(decay * down / 12.5e6 + 0.5)
 print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60),
       decay, '%.3f' % (decay * down / 1e9), '%dh%02dm' % (d // 3600, d % 3600 // 60))")
 read -r join_bytes join_bytes_no_m join_rounds join_gb join_more decay_rounds decay_gb decay_more <<<"$join_want"
-join_line() {  # join_line H MOMENTUM H_D RENDEZVOUS: the plan's line on a joiner's state at 40 ranks
+join_line() {  # join_line H MOMENTUM H_D RENDEZVOUS [KEYS]: the plan's line on a joiner's state at 40 ranks
     "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
         --diloco_rendezvous "$4" --diloco_secret_file unused --diloco_inner_steps "$1" \
-        --diloco_outer_lr 0.7 --diloco_outer_momentum "$2" --diloco_decay_inner_steps "$3" --peak_tflops 989 2>&1 |
+        --diloco_outer_lr 0.7 --diloco_outer_momentum "$2" --diloco_decay_inner_steps "$3" --peak_tflops 989 "${@:5}" 2>&1 |
         grep 'joins late or rejoins'
 }
 one=127.0.0.1:9 two=127.0.0.1:9,127.0.0.1:10
 join_line 10 0.9 0 "$one" >"$tmp/join10.txt"
 join_line 10 0.9 0 "$two" >"$tmp/join10h.txt"
 join_line 10 0.9 5 "$two" >"$tmp/join10d.txt"
+join_line 10 0.9 5 "$one" --diloco_plain_in_decay 0 >"$tmp/join10dm.txt"
 join_line 100 0.9 0 "$one" >"$tmp/join100.txt"
 join_line 10 0 0 "$one" >"$tmp/join_no_m.txt"
 say "  joiner's state, H 10, one hub: $(sed 's/.*diloco: //' "$tmp/join10.txt")"
@@ -231,9 +232,12 @@ check "one hub, a transfer longer than the inner phase: catch-up, the means of $
 check "two hubs: the same catch-up, through the joiner's primary hub" \
     grep -q "catch-up (its default; through the joiner's primary hub) does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
     "$tmp/join10h.txt"
-check "two hubs, diloco_decay_inner_steps 5: in the decay phase the means of $decay_rounds rounds ($decay_gb GB, $decay_more)" \
-    grep -q "; in the decay phase (phases of 41m1[23]s) about $decay_rounds round(s) ($decay_gb GB, $decay_more more);" \
+check "two hubs, diloco_decay_inner_steps 5: in the decay phase θ alone (plain averaging keeps m at zero), the means of $decay_rounds rounds ($decay_gb GB, $decay_more)" \
+    grep -q "; in the decay phase (phases of 41m1[23]s; θ alone, plain averaging keeping m at zero: [0-9.]* GB, 1h17m) about $decay_rounds round(s) ($decay_gb GB, $decay_more more);" \
     "$tmp/join10d.txt"
+check "without plain averaging in the decay phase its state keeps m: the whole state's time there" \
+    sh -c "grep -q '; in the decay phase (phases of 41m1[23]s) about [0-9]* round(s)' '$tmp/join10dm.txt' &&
+           ! grep -q 'θ alone' '$tmp/join10dm.txt'"
 check "the hub's link carries the transfer too: one hub, and the joiner's primary of two" \
     sh -c "grep -q '; the hub relays it, a replica link.s rate more each way on the hub.s link while it lasts\$' '$tmp/join10.txt' &&
            grep -q '; the joiner.s primary hub relays it, a replica link.s rate more each way on that hub.s link while it lasts\$' '$tmp/join10d.txt' &&
