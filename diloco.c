@@ -42,7 +42,7 @@
 //   in its inner phase then), f64 outer lr, f64 outer μ (of this step of this fragment),
 //   u8 ids[32] (the round's contributors), then with flag 1 the encoded mean of the fragment
 //   (fragment mean_bytes).
-// The joiner applies each to the state's θ and m as the members did (apply_catchup).
+// The joiner applies each to the state's θ and m as the members did, as it comes (take_catchup_mean).
 #define CATCHUP_MAGIC "TGDLCTCH"
 #define CATCHUP_VERSION 1
 #define CATCHUP_HEADER_BYTES 104
@@ -92,6 +92,15 @@ typedef struct {
     bool ok;
     round_result r;
 } flight;
+
+// The counters of a donor's state (check_state), and after a catch-up mean those of the donor
+// at that landing (take_catchup_mean).
+typedef struct {
+    int64_t outer_step, step, tokens;
+    int64_t sent_at_step;   // the donor's step when the last chunk went
+    int64_t phase_ms;       // the donor's time in its inner phase then
+    bool with_m;            // m follows θ (else it is zero)
+} state_counters;
 
 struct diloco {
     const train_config *cfg;
@@ -145,6 +154,10 @@ struct diloco {
     uint8_t *outer_block;                  // θ and m as a state (STATE_THETA_OFFSET): what a donor sends
     uint8_t *state;                        // a joiner's received state: allocated for the join only
     size_t state_bytes;                    // of a state: header + θ + m
+    // A catch-up joiner applies each mean to the state as the transport hands it
+    // (take_catchup_mean): how many so far, and the counters after the last.
+    int caught_up;
+    state_counters caught_up_counters;
     // A donor sends its state from a thread while it trains on (θ and m do not change until
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
@@ -316,6 +329,8 @@ static char *rendezvous_of_rank(const char *rendezvous, int rank) {
     return sb.data;
 }
 
+static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes);
+
 diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log,
                     const volatile sig_atomic_t *stop) {
     if (cfg->diloco_replicas <= 0) return NULL;
@@ -399,6 +414,8 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     o.threaded = d->overlap > 0;
     o.stop = stop;
     o.defer_caught_up = d->ranks > 1;   // its ranks tell their hubs together (agree_catchup_round)
+    o.catchup_sink = take_catchup_mean;  // each mean applied as it comes: one held at a time
+    o.catchup_arg = d;
     uint8_t *secret = NULL;
     if (strcmp(cfg->diloco_transport, "mpi") == 0) {
         d->net = transport_mpi_open(&o);
@@ -573,12 +590,6 @@ static bool catching_up_as_donor(const diloco *d) {
 }
 
 // The counters of a donor's state, checked: false (with a one-line reason) when malformed.
-typedef struct {
-    int64_t outer_step, step, tokens;
-    int64_t sent_at_step;   // the donor's step when the last chunk went
-    int64_t phase_ms;       // the donor's time in its inner phase then
-    bool with_m;            // m follows θ (else it is zero)
-} state_counters;
 
 static state_counters check_state(const diloco *d, size_t got) {
     const uint8_t *p = d->state;
@@ -696,55 +707,71 @@ static int64_t joiner_skip(const diloco *d, const state_counters *c) {
 }
 
 // A catch-up join: the means of the rounds the group closed while the state came (round K + 1,
-// K + 2, .. after the state's K), applied to the state's θ and m in order, elementwise as every
-// member applied them; the counters become those of the donor at its last landing, and the
-// state's record of recent rounds takes each. Returns how many; a malformed one is fatal.
+// K + 2, .. after the state's K), each applied to the state's θ and m as the transport hands it
+// (transport_options.catchup_sink: in order, once the state is whole; index 0 again for a new
+// state), elementwise as every member applied them; the counters become those of the donor at
+// that landing, and the state's record of recent rounds takes it. A malformed one is fatal. The
+// joiner thus holds one mean at a time, not the j · b↓·N/P of every round closed meanwhile.
 static bool average_delta(diloco *d, const fragment *f, const round_result *r);
 static void outer_update(const diloco *d, const fragment *f, float *theta, float *momentum, double lr, double mu);
 
-static int apply_catchup(diloco *d, state_counters *c) {
-    int count = transport_catchup_count(d->net);
-    if (count <= 0) return 0;
+static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes) {
+    diloco *d = arg;
+    state_counters *c = &d->caught_up_counters;
+    if (index == 0) {
+        *c = check_state(d, state_bytes);
+        d->caught_up = 0;
+    }
+    if (index != d->caught_up) fail("diloco: catch-up mean %d handed after %d (a transport bug)", index, d->caught_up);
     float *theta = (float *)(d->state + STATE_HEADER_BYTES), *momentum = theta + d->numel;
     if (!c->with_m) {
         memset(momentum, 0, (size_t)d->numel * sizeof(float));
         c->with_m = true;
     }
-    for (int i = 0; i < count; i++) {
-        size_t bytes = 0;
-        const uint8_t *p = transport_catchup_patch(d->net, i, &bytes);
-        catchup_header h;
-        if (read_catchup(p, bytes, &h))
-            fail("diloco: catch-up mean %d of %d from the donor is malformed (%zu bytes)", i + 1, count, bytes);
-        if (h.round != c->outer_step || h.fragment < 0 || h.fragment >= d->n_fragments || h.step < c->step ||
-            h.step > d->cfg->max_steps || h.tokens < c->tokens || h.phase_ms < 0 ||
-            bytes != CATCHUP_HEADER_BYTES + (h.applied ? d->fragments[h.fragment].mean_bytes : 0) || !isfinite(h.lr) ||
-            !isfinite(h.mu))
-            fail("diloco: catch-up mean %d of %d is inconsistent (round %lld after outer step %lld, fragment %lld, "
-                 "step %lld after %lld, %zu bytes)",
-                 i + 1, count, (long long)h.round, (long long)c->outer_step, (long long)h.fragment, (long long)h.step,
-                 (long long)c->step, bytes);
-        if (h.applied) {
-            const fragment *fr = &d->fragments[h.fragment];
-            round_result r = {.mean = p + CATCHUP_HEADER_BYTES, .mean_bytes = fr->mean_bytes};
-            if (!average_delta(d, fr, &r)) fail("diloco: catch-up mean of round %lld holds NaN/Inf", (long long)h.round);
-            outer_update(d, fr, theta, momentum, h.lr, h.mu);
-        }
-        put_round_record(d->state + STATE_COUNTERS_BYTES + (size_t)(h.round % RECENT_ROUNDS) * ROUND_RECORD_BYTES,
-                         h.round, h.applied, h.ids);
-        c->outer_step = h.round + 1;
-        c->step = c->sent_at_step = h.step;
-        c->tokens = h.tokens;
-        c->phase_ms = h.phase_ms;
+    catchup_header h;
+    if (read_catchup(p, bytes, &h))
+        fail("diloco: catch-up mean %d from the donor is malformed (%zu bytes)", index + 1, bytes);
+    if (h.round != c->outer_step || h.fragment < 0 || h.fragment >= d->n_fragments || h.step < c->step ||
+        h.step > d->cfg->max_steps || h.tokens < c->tokens || h.phase_ms < 0 ||
+        bytes != CATCHUP_HEADER_BYTES + (h.applied ? d->fragments[h.fragment].mean_bytes : 0) || !isfinite(h.lr) ||
+        !isfinite(h.mu))
+        fail("diloco: catch-up mean %d is inconsistent (round %lld after outer step %lld, fragment %lld, step %lld "
+             "after %lld, %zu bytes)",
+             index + 1, (long long)h.round, (long long)c->outer_step, (long long)h.fragment, (long long)h.step,
+             (long long)c->step, bytes);
+    if (h.applied) {
+        const fragment *fr = &d->fragments[h.fragment];
+        round_result r = {.mean = p + CATCHUP_HEADER_BYTES, .mean_bytes = fr->mean_bytes};
+        if (!average_delta(d, fr, &r)) fail("diloco: catch-up mean of round %lld holds NaN/Inf", (long long)h.round);
+        outer_update(d, fr, theta, momentum, h.lr, h.mu);
     }
-    return count;
+    put_round_record(d->state + STATE_COUNTERS_BYTES + (size_t)(h.round % RECENT_ROUNDS) * ROUND_RECORD_BYTES,
+                     h.round, h.applied, h.ids);
+    c->outer_step = h.round + 1;
+    c->step = c->sent_at_step = h.step;
+    c->tokens = h.tokens;
+    c->phase_ms = h.phase_ms;
+    d->caught_up++;
+}
+
+// After a join that took a state: the counters it ends with, the state's or those after its
+// catch-up means (all of which the transport handed: a count that differs is fatal), and how
+// many means those were (*means).
+static state_counters joined_counters(diloco *d, size_t got, int *means) {
+    int count = transport_catchup_count(d->net);
+    *means = count > 0 ? count : 0;
+    if (count <= 0 && d->caught_up == 0) return check_state(d, got);
+    if (d->caught_up != count)
+        fail("diloco: replica %d applied %d catch-up mean(s) but the hub ended its catch-up after %d",
+             diloco_replica_id(d), d->caught_up, count);
+    return d->caught_up_counters;
 }
 
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
-    state_counters c = check_state(d, got);
-    int64_t state_round = c.outer_step;
-    int caught_up = apply_catchup(d, &c);
+    int64_t state_round = check_state(d, got).outer_step;
+    int caught_up = 0;
+    state_counters c = joined_counters(d, got, &caught_up);
     size_t bytes = (size_t)d->numel * sizeof(float);
     const char *why_not = NULL;
     double w = carry_weight(d, st->outer_step, c.outer_step, &why_not);
@@ -804,7 +831,9 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     diloco_seek_data(d->cfg, train, st, was);
     d->joined_phase_s = (double)c.phase_ms / 1e3;  // join_group starts this replica's phase there
     uint64_t hash = replica_hash(d, d->theta, d->numel);
-    char extra[512], carried[200];
+    uint64_t held_bytes = 0;
+    int held = caught_up > 0 ? transport_catchup_held(d->net, &held_bytes) : 0;
+    char extra[640], carried[200];
     if (w > 0.0)
         snprintf(carried, sizeof carried, "{\"from_outer_step\":%lld,\"weight\":%.17g,\"work_norm\":%.6g}",
                  (long long)was_outer, w, sqrt(work_sq));
@@ -812,16 +841,19 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
     snprintf(extra, sizeof extra,
              "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
-             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"caught_up_rounds\":%d,\"carried\":%s",
+             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"caught_up_rounds\":%d,\"catchup_held_max\":%d,"
+             "\"catchup_held_bytes\":%llu,\"carried\":%s",
              (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, d->joined_phase_s,
-             caught_up, carried);
+             caught_up, held, (unsigned long long)held_bytes, carried);
     metrics_event(d->log, "diloco_join", c.step, extra);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
-    if (caught_up > 0)
+    if (caught_up > 0) {
+        char size[32];
         note("diloco: replica %d caught up: the state of outer step %lld, then the means of the %d round(s) the group "
-             "closed while it came",
-             diloco_replica_id(d), (long long)state_round, caught_up);
+             "closed while it came, applied as they came (at most %d held at once, %s)",
+             diloco_replica_id(d), (long long)state_round, caught_up, held, format_bytes(held_bytes, size, sizeof size));
+    }
     if (skip > 0)
         note("diloco: replica %d skips to step %lld, where its donor was when the state arrived: its phase ends with "
              "the group's (%lld step(s) to its next sync)",
@@ -842,18 +874,8 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
 // may be of different rounds — each rank's hub gives the state of the first close after that
 // rank's JOIN — and their means bring them to the same).
 static state_counters final_counters(diloco *d, size_t got) {
-    state_counters c = check_state(d, got);
-    int n = transport_catchup_count(d->net);
-    if (n <= 0) return c;
-    size_t bytes = 0;   // set by the call: read after it (an argument beside the call could be read before)
-    const uint8_t *last = transport_catchup_patch(d->net, n - 1, &bytes);
-    catchup_header h;
-    if (!read_catchup(last, bytes, &h)) {
-        c.outer_step = h.round + 1;
-        c.step = h.step;
-        c.tokens = h.tokens;
-    }
-    return c;
+    int means;
+    return joined_counters(d, got, &means);
 }
 
 // A sharded replica's ranks that took catch-up states end them at one round: each rank's hub
@@ -892,6 +914,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
         uint64_t hash = diloco_hash(d->theta, d->numel) ^ (attempt ? 0x5a5a5a5a5a5a5a5aull : 0);
         replica_status s = {st->outer_step, hash};
         size_t got = 0;
+        d->caught_up = 0;   // the transport hands a catch-up's means from index 0 (take_catchup_mean)
         join_result r = rejoin || attempt ? transport_rejoin(d->net, &s, d->state, d->state_bytes, &got)
                                           : transport_join(d->net, &s, d->state, d->state_bytes, &got);
         // The run is over for every rank if it is over for one: that rank's group has nobody

@@ -2524,20 +2524,31 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
                                              : "; the hub relays it, a replica link's rate more each way on the hub's "
                                                "link while it lasts";
     double mean_s = (double)x->fragment_down / link, P = (double)cfg->diloco_fragments;
+    // The donor holds the means it has not sent yet: the most at the end of the state's first
+    // pass, every round closed while it went (after it they go faster than they come).
+    int64_t held = 0;
     printf("; the inner phase takes %s: ", format_duration(inner_s, b, sizeof b));
     int64_t rounds = catchup_rounds(s, inner_s / P, mean_s);
-    if (s <= inner_s)
+    if (s <= inner_s) {
         printf("the donor sends it while it trains, the group does not wait");
+        if (P > 1 && s > inner_s / P && rounds > 0) {   // fragments land while it goes
+            printf(" (the joiner then takes the means of about %lld fragment round(s) closed meanwhile, %.3f GB)",
+                   (long long)rounds, (double)rounds * (double)x->fragment_down / 1e9);
+            held = (int64_t)ceil(s / (inner_s / P));
+        }
+    }
     else if (rounds < 0)
         printf("the relay's catch-up (its default) does not hold the rounds, but a fragment's mean takes %s on the "
                "link, as long as a sync interval (%s): the joiner never catches up (a larger H or fewer fragments, "
                "or a faster link)",
                format_duration(mean_s, c, sizeof c), format_duration(inner_s / P, a, sizeof a));
-    else
+    else {
         printf("the relay's catch-up (its default%s) does not hold the rounds for it: the joiner then takes the means "
                "of about %lld round(s) closed meanwhile (%.3f GB, %s more) and trains",
                plan_hubs(cfg) > 1 ? "; through the joiner's primary hub" : "", (long long)rounds,
                (double)rounds * (double)x->fragment_down / 1e9, format_duration((double)rounds * mean_s, c, sizeof c));
+        held = (int64_t)ceil(s / (inner_s / P));
+    }
     if (decay_s > 0 && (decay_s < inner_s || s > inner_s)) {  // else it fits both phases alike
         // Plain averaging in the decay phase keeps m at zero (after each fragment's first such
         // step): the donor leaves it out (diloco.c's pack_state).
@@ -2553,11 +2564,19 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
             printf(" the donor sends it while it trains");
         else if (decay_rounds < 0)
             printf(" a join never catches up before the run ends");
-        else
+        else {
             printf(" about %lld round(s) (%.3f GB, %s more)", (long long)decay_rounds,
                    (double)decay_rounds * (double)x->fragment_down / 1e9,
                    format_duration((double)decay_rounds * mean_s, c, sizeof c));
+            int64_t decay_held = (int64_t)ceil(sd / (decay_s / P));
+            if (decay_held > held) held = decay_held;
+        }
     }
+    if (held > 0)
+        printf("; the donor holds the means it has not sent yet, at most those of about %lld round(s) (%.3f GB, "
+               "%.3f GB per rank; the joiner applies each as it comes)",
+               (long long)held, (double)held * (double)x->fragment_down / 1e9,
+               (double)held * (double)x->fragment_down / 1e9 / ranks);
     printf("%s\n", relayed);
 }
 

@@ -68,8 +68,9 @@ void transport_send_catchup(transport *t, int64_t round, const uint8_t *bytes, s
 
 int transport_catchup_count(transport *t) { return t->ops->catchup_count ? t->ops->catchup_count(t->impl) : 0; }
 
-const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes) {
-    return t->ops->catchup_patch(t->impl, i, bytes);
+int transport_catchup_held(transport *t, uint64_t *bytes) {
+    *bytes = 0;
+    return t->ops->catchup_held ? t->ops->catchup_held(t->impl, bytes) : 0;
 }
 
 int64_t transport_catchup_extend(transport *t, int64_t round) {

@@ -75,6 +75,17 @@ typedef struct {
     // replica's rank there must finish before its other ranks can reach the close that gives
     // this replica's other ranks their states.
     bool defer_caught_up;
+    // tcp: a catch-up join hands the joiner each mean of the rounds after its state's, in order
+    // (index 0, 1, ...: round state + 1, + 2, ...), as soon as it can be applied — the state
+    // whole and every mean before it handed — and lets it go, so that a joiner holds the one or
+    // two on their way, not all that the group closed while its state came (j · b↓·N/P: 26 GB
+    // per rank at 14B in the decay phase of docs/diloco.md's 72-replica recipe). It runs on the
+    // thread in the transport's call (join, rejoin, catchup_extend, poll), with the state in
+    // the buffer the join was given and state_bytes its size; index 0 again: a new state (the
+    // transfer before was aborted). NULL: the means are received and kept unread until the
+    // next join.
+    void (*catchup_sink)(void *arg, int index, const uint8_t *mean, size_t bytes, size_t state_bytes);
+    void *catchup_arg;
 } transport_options;
 
 // What a replica says about itself when it (re)joins the group.
@@ -188,10 +199,12 @@ void transport_preserve_state(transport *t, size_t offset, size_t bytes);
 void transport_send_catchup(transport *t, int64_t round, const uint8_t *bytes, size_t n);
 
 // The joiner's side: after transport_join / transport_rejoin returned JOIN_GOT_STATE from a
-// catch-up transfer, the means of the rounds after the state's, in order (round state round + 1,
-// + 2, ...), valid until the next join; 0 after any other join.
+// catch-up transfer, how many means of the rounds after the state's it takes (STATE_END's round
+// − the state's), each handed to transport_options.catchup_sink before the call returned; 0
+// after any other join. held: the most of them it held at once (received or on their way, not
+// yet handed), and their bytes then.
 int transport_catchup_count(transport *t);
-const uint8_t *transport_catchup_patch(transport *t, int i, size_t *bytes);
+int transport_catchup_held(transport *t, uint64_t *bytes);
 // The ranks of a sharded replica end their catch-up at one round (each rank's hub may have
 // closed one more before it asked): a rank behind asks its hub to take it to `round` (CAUGHT_UP
 // again) and waits for the means up to the round the hub answers (≥ round). Returns that round

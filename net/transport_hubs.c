@@ -569,9 +569,10 @@ static int hubs_catchup_count(void *impl) {
     return x->joined_via >= 0 ? tcp_hub_catchup_count(x->h[x->joined_via].t) : 0;
 }
 
-static const uint8_t *hubs_catchup_patch(void *impl, int i, size_t *bytes) {
+static int hubs_catchup_held(void *impl, uint64_t *bytes) {
     hubs *x = impl;
-    return tcp_hub_catchup_patch(x->h[x->joined_via].t, i, bytes);
+    *bytes = 0;
+    return x->joined_via >= 0 ? tcp_hub_catchup_held(x->h[x->joined_via].t, bytes) : 0;
 }
 
 // A joiner's first CAUGHT_UP at its primary (landing -1: deferred by its session; a sharded
@@ -630,7 +631,7 @@ static const transport_ops hubs_ops = {
     .preserve_state = hubs_preserve_state,
     .send_catchup = hubs_send_catchup,
     .catchup_count = hubs_catchup_count,
-    .catchup_patch = hubs_catchup_patch,
+    .catchup_held = hubs_catchup_held,
     .catchup_extend = hubs_catchup_extend,
     .poll = hubs_poll,
     .agree_stop = hubs_agree_stop,

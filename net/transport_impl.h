@@ -26,11 +26,11 @@ typedef struct {
     bool (*reducer_state)(void *impl, const void **head, size_t *head_bytes, const void **body, size_t *body_bytes);
     bool (*restore_reducer)(void *impl, const uint8_t *bytes, size_t n, char *why, size_t why_bytes);
     // Optional (NULL: no catch-up transfers): transport_preserve_state, transport_send_catchup,
-    // transport_catchup_count, transport_catchup_patch and transport_catchup_extend.
+    // transport_catchup_count, transport_catchup_held and transport_catchup_extend.
     void (*preserve_state)(void *impl, size_t offset, size_t bytes);
     void (*send_catchup)(void *impl, int64_t round, const uint8_t *bytes, size_t n);
     int (*catchup_count)(void *impl);
-    const uint8_t *(*catchup_patch)(void *impl, int i, size_t *bytes);
+    int (*catchup_held)(void *impl, uint64_t *bytes);
     int64_t (*catchup_extend)(void *impl, int64_t round);
     void (*poll)(void *impl, double seconds);   // optional (NULL: transport_poll naps)
 } transport_ops;

@@ -74,7 +74,7 @@ typedef struct catchup_out {
     size_t n;
 } catchup_out;
 
-// One a joiner receives.
+// One a joiner receives (bytes NULL once handed to transport_options.catchup_sink).
 typedef struct {
     int64_t round;
     uint8_t *bytes;
@@ -183,6 +183,9 @@ struct tcp {
     int means_while_deferred;       // means whole during transport_poll while caught_up_deferred
     catchup_in *patches;
     int n_patches, cap_patches;
+    int handed;                     // means handed to the sink since the state began (hand_catchup)
+    int held_max;                   // the most means held at once (received or on their way, not
+    uint64_t held_max_bytes;        // yet handed) since the state began, and their bytes then
 };
 typedef struct tcp tcp;
 
@@ -558,6 +561,9 @@ static void take_round(tcp *t, const msg *m) {
 static void free_patches(tcp *t) {
     for (int i = 0; i < t->n_patches; i++) free(t->patches[i].bytes);
     t->n_patches = 0;
+    t->handed = 0;
+    t->held_max = 0;
+    t->held_max_bytes = 0;
 }
 
 static void reset_state_progress(tcp *t) {
@@ -585,6 +591,7 @@ static bool start_state(tcp *t, int64_t step, uint64_t total) {
 
 static bool state_all_queued(const tcp *t);
 static void free_overlays(tcp *t);
+static void hand_catchup(tcp *t);
 
 static void take_mail(tcp *t) {
     pthread_mutex_lock(&t->mailbox_lock);
@@ -633,6 +640,7 @@ static void take_mail(tcp *t) {
                 else {
                     t->state_announced = true;
                     t->state_catchup = (s.flags & STATE_CATCHUP) != 0;
+                    hand_catchup(t);   // its chunks may all have come first
                     note("diloco: receiving the group's state from replica %u (%s%s)", s.donor_id,
                          format_bytes(s.total_bytes, size, sizeof size),
                          t->state_catchup ? ", then the means of the rounds the group closes meanwhile" : "");
@@ -731,11 +739,22 @@ static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
         }
         p = &t->patches[t->n_patches++];
         *p = (catchup_in){.round = d->outer_step, .bytes = xmalloc((size_t)d->total_bytes), .total = d->total_bytes};
+        int held = 0;
+        uint64_t bytes = 0;
+        for (int i = 0; i < t->n_patches; i++)
+            if (t->patches[i].bytes) {
+                held++;
+                bytes += t->patches[i].total;
+            }
+        if (held > t->held_max) {
+            t->held_max = held;
+            t->held_max_bytes = bytes;
+        }
     }
     if (p->total != d->total_bytes) return "a catch-up mean's chunks disagree on its size";
+    if (!p->bytes || p->received + d->chunk_len > p->total) return "a catch-up mean's chunk came twice";
     memcpy(p->bytes + d->offset, d->bytes, (size_t)d->chunk_len);
     p->received += d->chunk_len;
-    if (p->received > p->total) return "a catch-up mean's chunk came twice";
     return NULL;
 }
 
@@ -764,13 +783,37 @@ static int64_t patched_through(const tcp *t) {
     }
 }
 
+// The joiner's catch-up means to transport_options.catchup_sink, in order, as soon as the state
+// is whole and the means before are handed (not past STATE_END's round once it is known: the
+// hub answers at least every round it closed, and the rounds after wait for this joiner, so no
+// mean beyond it comes); each is let go once handed.
+static void hand_catchup(tcp *t) {
+    if (!t->o.catchup_sink || !t->state_catchup || !t->state_started || t->state_received != t->state_total) return;
+    for (;;) {
+        int64_t landing = state_landing(t) + 1 + t->handed;
+        if (t->state_end_known && landing > t->state_end_round) return;
+        catchup_in *p = patch_of(t, landing);
+        if (!p || p->received != p->total) return;
+        t->o.catchup_sink(t->o.catchup_arg, t->handed, p->bytes, (size_t)p->total, (size_t)t->state_total);
+        free(p->bytes);
+        p->bytes = NULL;
+        t->handed++;
+    }
+}
+
 static const char *take_chunk(tcp *t, const wire_data *d) {
-    if (d->kind == DATA_CATCHUP) return take_catchup_chunk(t, d);
+    if (d->kind == DATA_CATCHUP) {
+        const char *bad = take_catchup_chunk(t, d);
+        if (!bad) hand_catchup(t);
+        return bad;
+    }
     if (d->kind == DATA_STATE) {
         if (!t->want_state) return NULL;
         if (!start_state(t, d->outer_step, d->total_bytes)) return "a state chunk disagrees with its transfer";
+        if (t->state_received + d->chunk_len > t->state_total) return "a state chunk came twice";
         memcpy(t->state_buf + d->offset, d->bytes, (size_t)d->chunk_len);
         t->state_received += d->chunk_len;
+        hand_catchup(t);
         return NULL;
     }
     if (d->kind != DATA_MEAN) return "the hub sent a replica's payload (a hub of another version?)";
@@ -1577,11 +1620,17 @@ static void tcp_leave(void *impl, int64_t outer_step, bool finished) {
 
 static void tcp_close(void *impl) { tcp_free(impl); }
 
-// The means a catch-up join received, rounds state + 1 .. STATE_END's (patched_through checked
-// they are all here), in order.
+// The means a catch-up join took, rounds state + 1 .. STATE_END's (patched_through checked they
+// are all here; hand_catchup gave them to the sink in order).
 static int tcp_catchup_count(void *impl) {
     tcp *t = impl;
     return t->state_catchup && t->state_end_known ? (int)(t->state_end_round - state_landing(t)) : 0;
+}
+
+static int tcp_catchup_held(void *impl, uint64_t *bytes) {
+    tcp *t = impl;
+    *bytes = t->held_max_bytes;
+    return t->held_max;
 }
 
 // A sharded joiner's rank behind its others, after its catch-up join: CAUGHT_UP(round) again,
@@ -1650,13 +1699,6 @@ static void tcp_poll(void *impl, double seconds) {
 
 void tcp_hub_poll(tcp_hub *t, double seconds) { tcp_poll(t, seconds); }
 
-static const uint8_t *tcp_catchup_patch(void *impl, int i, size_t *bytes) {
-    tcp *t = impl;
-    const catchup_in *p = patch_of(t, state_landing(t) + 1 + i);
-    *bytes = (size_t)p->total;
-    return p->bytes;
-}
-
 static const transport_ops tcp_ops = {
     .name = "tcp",
     .join = tcp_join,
@@ -1669,7 +1711,7 @@ static const transport_ops tcp_ops = {
     .preserve_state = tcp_preserve_state,
     .send_catchup = tcp_send_catchup,
     .catchup_count = tcp_catchup_count,
-    .catchup_patch = tcp_catchup_patch,
+    .catchup_held = tcp_catchup_held,
     .catchup_extend = tcp_catchup_extend,
     .poll = tcp_poll,
 };
@@ -1802,7 +1844,12 @@ static bool hub_join_locked(tcp_hub *t, const replica_status *s, uint8_t *state,
         *result = JOIN_FINISHED;
         return true;
     }
-    bool got_state = t->state_started && t->state_received == t->state_total;
+    // A catch-up state is taken once its means up to STATE_END's round are here too (or, its
+    // CAUGHT_UP deferred, once the state is: they come in transport_catchup_extend); a stop in
+    // between (hours at 14B) leaves the join, whatever means were applied to the state.
+    bool got_state = t->state_started && t->state_received == t->state_total &&
+                     (!t->state_catchup || t->caught_up_deferred ||
+                      (t->state_end_known && patched_through(t) >= t->state_end_round));
     if (t->joined != JOINED_MEMBER && !got_state) {   // stop_requested: not joined
         note("diloco: replica %d stops while its join waits for the hub at %s", t->o.replica_id, t->hub);
         *result = JOIN_STOPPED;
@@ -1861,7 +1908,7 @@ void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, siz
 }
 bool tcp_hub_took_catchup(const tcp_hub *t) { return t->state_catchup; }
 int tcp_hub_catchup_count(tcp_hub *t) { return tcp_catchup_count(t); }
-const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes) { return tcp_catchup_patch(t, i, bytes); }
+int tcp_hub_catchup_held(tcp_hub *t, uint64_t *bytes) { return tcp_catchup_held(t, bytes); }
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing) { return tcp_catchup_extend(t, landing); }
 
 bool tcp_hub_done(tcp_hub *t, int64_t outer_step, bool completed) {

@@ -53,13 +53,13 @@ void tcp_hub_send_state(tcp_hub *t, const uint8_t *state, size_t bytes, const st
 // on), and transport_preserve_state / transport_send_catchup for it (nothing unless it sends).
 // The joiner's side: whether its JOIN here took a catch-up state (this session defers CAUGHT_UP:
 // the composite transport says it with tcp_hub_catchup_extend(t, -1)), transport_catchup_count /
-// _patch / _extend.
+// _extend (the means go to transport_options.catchup_sink).
 bool tcp_hub_sends_catchup(const tcp_hub *t);
 void tcp_hub_preserve_state(tcp_hub *t, size_t offset, size_t bytes);
 void tcp_hub_send_catchup(tcp_hub *t, int64_t landing, const uint8_t *bytes, size_t n);
 bool tcp_hub_took_catchup(const tcp_hub *t);
 int tcp_hub_catchup_count(tcp_hub *t);
-const uint8_t *tcp_hub_catchup_patch(tcp_hub *t, int i, size_t *bytes);
+int tcp_hub_catchup_held(tcp_hub *t, uint64_t *bytes);
 int64_t tcp_hub_catchup_extend(tcp_hub *t, int64_t landing);
 // transport_poll through this session (it reads only while its catch-up CAUGHT_UP is deferred).
 void tcp_hub_poll(tcp_hub *t, double seconds);

@@ -257,14 +257,16 @@ start_relay catchup 1 2 --join_in_flight 0   # --catch_up 1, the default
 three_through_join catchup "catch-up" 2 tcp_slow_state:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
 closes_during=$(sed -n '/replica 0 is the donor/,/replica 2 caught up/p' "$tmp/relay_catchup.log" |
     grep -c 'closed: 2 contributor(s) \[0 1\]' || true)
-caught=$("$PYTHON" -c "
+read -r caught held < <("$PYTHON" -c "
 import json, sys
 j = [json.loads(l) for l in open(sys.argv[1]) if '\"diloco_join\"' in l][-1]
-print(j['caught_up_rounds'])" "$tmp/catchup/2/metrics.jsonl" 2>/dev/null || echo 0)
-say "  catch-up: $closes_during round(s) closed by [0 1] while the state went; replica 2 applied $caught mean(s)"
+print(j['caught_up_rounds'], j['catchup_held_max'])" "$tmp/catchup/2/metrics.jsonl" 2>/dev/null || echo 0 0)
+say "  catch-up: $closes_during round(s) closed by [0 1] while the state went; replica 2 applied $caught mean(s), at most $held held at once"
 check "catch-up: the group closed 3 or more rounds while the state went (it did not wait)" \
     test "${closes_during:-0}" -ge 3
 check "catch-up: the joiner applied the means of those rounds (caught_up_rounds >= 3)" test "${caught:-0}" -ge 3
+check "catch-up: it applied each as it came: at most 3 held at once, fewer than it applied ($held of $caught)" \
+    sh -c "[ '${held:-99}' -le 3 ] && [ '${held:-99}' -lt '${caught:-0}' ]"
 check "catch-up: the relay logged the catch-up and its end" sh -c "
     grep -q 'replica 2 caught up: it has the state after round' '$tmp/relay_catchup.log' &&
     grep -q 'catch-up transfer from replica 0 over after' '$tmp/relay_catchup.log'"

@@ -207,9 +207,12 @@ rounds = math.ceil(state / 12.5e6 / (inner - down / 12.5e6))
 s = int(rounds * down / 12.5e6 + 0.5)
 decay = math.ceil(40 * (448 + 4 * n) / 12.5e6 / (inner / 2 - down / 12.5e6))   # θ alone: plain averaging
 d = int(decay * down / 12.5e6 + 0.5)
+held = math.ceil(state / 12.5e6 / inner)   # the donor's unsent means at the end of the first pass
 print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60),
-      decay, '%.3f' % (decay * down / 1e9), '%dh%02dm' % (d // 3600, d % 3600 // 60))")
-read -r join_bytes join_bytes_no_m join_rounds join_gb join_more decay_rounds decay_gb decay_more <<<"$join_want"
+      decay, '%.3f' % (decay * down / 1e9), '%dh%02dm' % (d // 3600, d % 3600 // 60),
+      held, '%.3f' % (held * down / 1e9), '%.3f' % (held * down / 1e9 / 40))")
+read -r join_bytes join_bytes_no_m join_rounds join_gb join_more decay_rounds decay_gb decay_more \
+    held_rounds held_gb held_rank <<<"$join_want"
 join_line() {  # join_line H MOMENTUM H_D RENDEZVOUS [KEYS]: the plan's line on a joiner's state at 40 ranks
     "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
         --diloco_rendezvous "$4" --diloco_secret_file unused --diloco_inner_steps "$1" \
@@ -229,6 +232,9 @@ check "a joiner's state over tcp at 40 ranks: 40 x 448 + 8 B/param bytes, 2h34m 
 check "one hub, a transfer longer than the inner phase: catch-up, the means of $join_rounds rounds ($join_gb GB, $join_more)" \
     grep -q "does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
     "$tmp/join10.txt"
+check "the donor holds its unsent means: those of the $held_rounds round(s) closed while the state went ($held_gb GB, $held_rank GB per rank)" \
+    grep -q "; the donor holds the means it has not sent yet, at most those of about $held_rounds round(s) ($held_gb GB, $held_rank GB per rank; the joiner applies each as it comes)" \
+    "$tmp/join10.txt"
 check "two hubs: the same catch-up, through the joiner's primary hub" \
     grep -q "catch-up (its default; through the joiner's primary hub) does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
     "$tmp/join10h.txt"
@@ -242,6 +248,10 @@ check "the hub's link carries the transfer too: one hub, and the joiner's primar
     sh -c "grep -q '; the hub relays it, a replica link.s rate more each way on the hub.s link while it lasts\$' '$tmp/join10.txt' &&
            grep -q '; the joiner.s primary hub relays it, a replica link.s rate more each way on that hub.s link while it lasts\$' '$tmp/join10d.txt' &&
            grep -q 'the group does not wait; the hub relays it' '$tmp/join100.txt'"
+join_line 20 0 0 "$one" --diloco_fragments 4 --diloco_overlap_steps 1 >"$tmp/join20p4.txt"
+check "4 fragments, a state shorter than the inner phase but longer than a sync interval: the means of the fragment rounds meanwhile, held by the donor" \
+    sh -c "grep -q 'the group does not wait (the joiner then takes the means of about [0-9]* fragment round(s) closed meanwhile, [0-9.]* GB)' '$tmp/join20p4.txt' &&
+           grep -q 'the donor holds the means it has not sent yet' '$tmp/join20p4.txt'"
 check "a transfer shorter than the inner phase (H 100): the group does not wait" \
     grep -q "the group does not wait" "$tmp/join100.txt"
 check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
