@@ -158,6 +158,7 @@ struct tcp {
     uint64_t cu_total, cu_chunks, cu_queued;
     uint32_t cu_chunk;              // CHUNK_BYTES (an eighth with the test hook tcp_slow_state)
     double cu_slow_s, cu_next_chunk_s;   // tcp_slow_state: one state chunk per cu_slow_s
+    double cu_slow_means_s;         // tcp_slow_means: one chunk of the means per this many seconds
     int64_t cu_step;
     // STATE_AGAIN: the hub has said which of the first chunks to send again after the first pass
     // (chunks 1 .. cu_again − 1, for replicas that joined the transfer in flight); until then a
@@ -933,6 +934,11 @@ static void feed_catchup(tcp *t) {
                 queue_state_chunk(t, c, again ? t->cu_again_next++ : catchup_chunk_index(t, t->cu_queued++));
                 if (state_all_queued(t)) free_overlays(t);   // every byte is on its way
             } else if (t->cu_out_head) {
+                if (t->cu_slow_means_s > 0) {
+                    double now = wall_seconds();
+                    if (now < t->cu_next_chunk_s) return;
+                    t->cu_next_chunk_s = now + t->cu_slow_means_s;
+                }
                 queue_catchup_chunk(t, c);
             } else {
                 return;
@@ -1438,6 +1444,9 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     bool slow = fault_requested("tcp_slow_state", 0);
     t->cu_chunk = slow ? CHUNK_BYTES / 8 : CHUNK_BYTES;
     t->cu_slow_s = slow ? 0.25 * t->hub_timeout_s : 0;
+    // Test hook tcp_slow_means:0: the catch-up means go at one chunk per 0.25 × timeout_s, slower
+    // than the rounds close: the joiner never catches up (a stop while it waits for them).
+    t->cu_slow_means_s = fault_requested("tcp_slow_means", 0) ? 0.25 * t->hub_timeout_s : 0;
     t->cu_next_chunk_s = 0;
     t->cu_buf = state;
     t->cu_total = bytes;

@@ -339,6 +339,29 @@ check "stopped catch-up donor: replica 1 was the second donor" \
 check "stopped catch-up donor: param_hash equal on replicas 1 and 2 at every applied outer step" \
     all_hashes_agree 1 "$tmp"/stopcatchup/[12]/metrics.jsonl
 
+# A joiner stopped while its catch-up means come: they go slower than the rounds close
+# (TRAIN_GPT_FAULT=tcp_slow_means, so it never catches up); SIGTERM to replica 2 once its state
+# is whole and the hub has told it up to which round to take the means. It stops as any joiner
+# stopped in its join: status 0, nothing trained, no state taken — it must not adopt a state
+# with some of its means applied (taking the state as soon as it was whole, the joiner failed
+# there with status 1: it had applied fewer means than the hub's round asked). The group goes on
+# and exits 0.
+start_relay meansstop 1 2
+start_three meansstop 1 tcp_slow_state:0,tcp_slow_means:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
+wait_until "replica 2 holds its state and waits for the means" \
+    grep -q "replica 2 caught up: it has the state after round" "$tmp/relay_meansstop.log"
+kill -TERM "${group_pids[2]}"
+rc=0
+wait "${group_pids[2]}" || rc=$?
+check "joiner stopped while its means come: status 0 (got $rc)" test "$rc" = 0
+check "joiner stopped while its means come: it says it stopped without training, and took no state" sh -c "
+    grep -q 'stopped by signal 15 at step 0 while waiting to join the group: nothing trained' '$tmp/meansstop2.log' &&
+    ! grep -q '\"diloco_join\"' '$tmp/meansstop/2/metrics.jsonl'"
+kill -TERM "${group_pids[0]}" "${group_pids[1]}"
+rc=0
+for p in "${group_pids[0]}" "${group_pids[1]}"; do wait "$p" || rc=$?; done
+check "joiner stopped while its means come: replicas 0 and 1 exit 0 (rc $rc)" test "$rc" = 0
+
 # ---------------------------------------------------------------- a donor stopped while it sends
 # The slow state again (about 10 s); the donor gets SIGTERM while its state goes. It does not
 # wait for the transfer: it stops sending, exits 0, and the hub ends the transfer before the
