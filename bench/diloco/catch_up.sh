@@ -27,24 +27,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench/results/diloco-catch-up}
-train_gpt=${TRAIN_GPT:-./train_gpt}
 B=${B:-16}
 H=${H:-5}
 HUBS=${HUBS:-1}
-python=${PYTHON:-/usr/bin/python3}
-rm -rf "$out"
-mkdir -p "$out"
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/diloco/join_common.sh
 # Rounds closed at the first relay (with two: share 0's, one per outer step).
 closed() { grep -c "round [0-9]*\( (step [0-9]*, attempt [0-9]*, share 0)\)\? closed" "$1/relay.log" 2>/dev/null || true; }
 with_three() { grep "round [0-9]*\( (step [0-9]*, attempt [0-9]*, share 0)\)\? closed" "$1/relay.log" 2>/dev/null |
     grep -c "closed: 3 contributor(s)" || true; }
-alive() {
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "catch_up: a process died" >&2; exit 1; }; done
-}
 
 tool=build/test_tool
 [ -x "$tool" ] || make -s "$tool"
@@ -73,11 +63,7 @@ run_mode() {  # run_mode NAME CATCH_UP
         --diloco_rendezvous "$rendezvous" --diloco_secret_file "$out/secret" --diloco_timeout_s 2)
     for r in 0 1 2; do
         if [ "$r" = 2 ]; then until [ "$(closed "$dir")" -ge 2 ]; do alive; sleep 0.2; done; fi
-        fault=""
-        [ "$r" = 0 ] && fault=tcp_slow_state:0
-        TRAIN_GPT_FAULT=$fault "$train_gpt" "${args[@]}" --diloco_replica_id "$r" --out_dir "$dir/r$r" \
-            >"$dir/r$r.log" 2>&1 &
-        pids+=($!)
+        start_replica "$r" "$dir" "${args[@]}"
     done
     until [ "$(with_three "$dir")" -ge 5 ]; do alive; sleep 0.2; done
     kill -TERM "${pids[@]:relays}"

@@ -21,26 +21,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench/results/diloco-join-in-flight}
-train_gpt=${TRAIN_GPT:-./train_gpt}
 B=${B:-16}
 H=${H:-5}
-python=${PYTHON:-/usr/bin/python3}
-rm -rf "$out"
-mkdir -p "$out"
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/diloco/join_common.sh
 closed() { grep -c "round [0-9]* closed" "$1/relay.log" 2>/dev/null || true; }
-with_four() { grep -c "closed: 4 contributor(s)" "$1/relay.log" 2>/dev/null || true; }
-alive() {
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "join_in_flight: a process died" >&2; exit 1; }; done
-}
-
-tool=build/test_tool
-[ -x "$tool" ] || make -s "$tool"
-"$tool" shard "$out/train.bin" 64 0 60000 11 >/dev/null
-head -c 32 /dev/urandom >"$out/secret"
+bench_data 11
 
 run_mode() {  # run_mode NAME JOIN_IN_FLIGHT
     local dir=$out/$1 port r fault
@@ -61,13 +46,9 @@ run_mode() {  # run_mode NAME JOIN_IN_FLIGHT
         if [ "$r" = 3 ]; then
             until grep -q "receiving the group's state" "$dir/r2.log"; do alive; sleep 0.1; done
         fi
-        fault=""
-        [ "$r" = 0 ] && fault=tcp_slow_state:0
-        TRAIN_GPT_FAULT=$fault "$train_gpt" "${args[@]}" --diloco_replica_id "$r" --out_dir "$dir/r$r" \
-            >"$dir/r$r.log" 2>&1 &
-        pids+=($!)
+        start_replica "$r" "$dir" "${args[@]}"
     done
-    until [ "$(with_four "$dir")" -ge 5 ]; do alive; sleep 0.2; done
+    until [ "$(closes_of "$dir" 4)" -ge 5 ]; do alive; sleep 0.2; done
     kill -TERM "${pids[@]:1}"
     for p in "${pids[@]:1}"; do wait "$p" || true; done
     kill "${pids[0]}" 2>/dev/null || true

@@ -20,21 +20,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench/results/diloco-join-live}
-train_gpt=${TRAIN_GPT:-./train_gpt}
 D=${D:-128}
 B=${B:-64}
 H=${H:-200}
-python=${PYTHON:-/usr/bin/python3}
-rm -rf "$out"
-mkdir -p "$out"
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/diloco/join_common.sh
 closed() { grep -c "round [0-9]* closed" "$out/relay.log" 2>/dev/null || true; }
 wait_for() {  # wait_for N: until N rounds have closed (or a process died)
     until [ "$(closed)" -ge "$1" ]; do
-        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "join_live: a process died" >&2; exit 1; }; done
+        alive
         sleep 0.2
     done
 }
