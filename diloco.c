@@ -589,8 +589,7 @@ static bool catching_up_as_donor(const diloco *d) {
     return d->sending && d->catching_up && !atomic_load(&d->sender_finished);
 }
 
-// The counters of a donor's state, checked: false (with a one-line reason) when malformed.
-
+// The counters of a donor's state, checked: fatal (with a one-line reason) when malformed.
 static state_counters check_state(const diloco *d, size_t got) {
     const uint8_t *p = d->state;
     uint32_t flags = got >= STATE_HEADER_BYTES ? get_u32(p + 12) : 0;

@@ -571,7 +571,6 @@ static int hubs_catchup_count(void *impl) {
 
 static int hubs_catchup_held(void *impl, uint64_t *bytes) {
     hubs *x = impl;
-    *bytes = 0;
     return x->joined_via >= 0 ? tcp_hub_catchup_held(x->h[x->joined_via].t, bytes) : 0;
 }
 

@@ -184,9 +184,11 @@ struct tcp {
     int means_while_deferred;       // means whole during transport_poll while caught_up_deferred
     catchup_in *patches;
     int n_patches, cap_patches;
-    int handed;                     // means handed to the sink since the state began (hand_catchup)
-    int held_max;                   // the most means held at once (received or on their way, not
-    uint64_t held_max_bytes;        // yet handed) since the state began, and their bytes then
+    int handed;                     // means handed to the sink since the state began (hand_catchup):
+                                    // the n_patches − handed others are held (bytes not NULL)
+    uint64_t held_bytes;            // their bytes
+    int held_max;                   // the most held at once since the state began, and their
+    uint64_t held_max_bytes;        // bytes then
 };
 typedef struct tcp tcp;
 
@@ -563,6 +565,7 @@ static void free_patches(tcp *t) {
     for (int i = 0; i < t->n_patches; i++) free(t->patches[i].bytes);
     t->n_patches = 0;
     t->handed = 0;
+    t->held_bytes = 0;
     t->held_max = 0;
     t->held_max_bytes = 0;
 }
@@ -740,16 +743,10 @@ static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
         }
         p = &t->patches[t->n_patches++];
         *p = (catchup_in){.round = d->outer_step, .bytes = xmalloc((size_t)d->total_bytes), .total = d->total_bytes};
-        int held = 0;
-        uint64_t bytes = 0;
-        for (int i = 0; i < t->n_patches; i++)
-            if (t->patches[i].bytes) {
-                held++;
-                bytes += t->patches[i].total;
-            }
-        if (held > t->held_max) {
-            t->held_max = held;
-            t->held_max_bytes = bytes;
+        t->held_bytes += d->total_bytes;
+        if (t->n_patches - t->handed > t->held_max) {
+            t->held_max = t->n_patches - t->handed;
+            t->held_max_bytes = t->held_bytes;
         }
     }
     if (p->total != d->total_bytes) return "a catch-up mean's chunks disagree on its size";
@@ -799,6 +796,7 @@ static void hand_catchup(tcp *t) {
         free(p->bytes);
         p->bytes = NULL;
         t->handed++;
+        t->held_bytes -= p->total;
     }
 }
 
