@@ -591,13 +591,15 @@ bool model_config_from_json(const char *json, model_config *m, const char **why)
         if (!v) {
             snprintf(msg, sizeof msg, "model config lacks '%s'", k->name);
             ok = false;
-        } else if (k->type == KEY_INT && v->type == JSON_NUMBER && v->is_integer) {
+        } else if (k->type == KEY_INT && v->type == JSON_NUMBER && v->is_integer && v->integer >= k->min &&
+                   v->integer <= k->max) {
             *(int64_t *)field = v->integer;
-        } else if (k->type == KEY_FLOAT && v->type == JSON_NUMBER) {
+        } else if (k->type == KEY_FLOAT && v->type == JSON_NUMBER && v->number >= k->min && v->number <= k->max) {
             *(double *)field = v->number;
         } else if (k->type == KEY_BOOL && v->type == JSON_BOOL) {
             *(bool *)field = v->boolean;
         } else {
+            // Out of the key's range too (a non-finite rope_theta once read back as inf and wrote as null).
             snprintf(msg, sizeof msg, "model config has a bad value for '%s'", k->name);
             ok = false;
         }

@@ -176,6 +176,23 @@ static void test_param_table(void) {
     model_config back;
     const char *why;
     EXPECT(model_config_from_json(json, &back, &why) && model_config_equal(&m, &back), "model config JSON round trip");
+    // Values a config file could not give are refused, not carried in: a rope_theta of 1e999
+    // read as inf and wrote back as null (found by test/fuzz_files.c), a negative n_layer.
+    const struct {
+        const char *key, *value;
+    } bad[] = {{"rope_theta", "1e999"}, {"n_layer", "-3"}, {"norm_eps", "-1"}, {"vocab_size", "1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char pattern[64], *edited = xmalloc(strlen(json) + 64);
+        snprintf(pattern, sizeof pattern, "\"%s\":", bad[i].key);
+        const char *at = strstr(json, pattern);
+        CHECK(at);
+        const char *end = at + strlen(pattern) + strcspn(at + strlen(pattern), ",}");
+        sprintf(edited, "%.*s%s%s", (int)(at + strlen(pattern) - json), json, bad[i].value, end);
+        why = NULL;
+        EXPECT(!model_config_from_json(edited, &back, &why) && why && strstr(why, bad[i].key),
+               "model config with %s = %s refused (%s)", bad[i].key, bad[i].value, why ? why : "accepted");
+        free(edited);
+    }
     free(json);
 }
 
