@@ -144,12 +144,13 @@ TOOLS := $(BUILD)/test_tool $(BUILD)/reference_dump $(BUILD)/train_gpt_emu
 #   cuda/cuda.mk  the CUDA backend (nvcc, cuBLASLt, cuDNN) and GPU_TESTS (first: the others
 #                 ask HAVE_CUDA)
 #   tok/tok.mk    the tokenizer and `train_gpt prepare`
-#   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection, the fuzzer
+#   net/net.mk    the transports (MPI, TCP), the relay, MPI and OpenSSL detection
+#   test/fuzz.mk  the libFuzzer targets (the frame parser, the file readers): after net.mk
 #   test/aarch64.mk  `make check-aarch64`: the CPU build cross-compiled for aarch64, tested under qemu
 #   test/hip.mk   `make check-hip`: the GPU backend compiled with hipcc for AMD's gfx90a, warnings as errors
 #   bench/diloco/bench.mk  `make bench-diloco`: the TCP transport's goodput on a shaped link;
 #                          `make bench-streaming`: classic vs streaming DiLoCo's compute utilization
--include cuda/cuda.mk tok/tok.mk net/net.mk bench/diloco/bench.mk test/aarch64.mk test/hip.mk
+-include cuda/cuda.mk tok/tok.mk net/net.mk test/fuzz.mk bench/diloco/bench.mk test/aarch64.mk test/hip.mk
 
 # The GPU encoder against the C reference, byte for byte: a GPU test (CUDA and HIP).
 ifeq ($(HAVE_CUDA),1)

@@ -1,10 +1,10 @@
-# The frame parser under libFuzzer (test/fuzz_wire.c) for FUZZ_SECONDS (default 60), from a
+# The frame parser under libFuzzer (test/fuzz_wire.c) for FUZZ_SECONDS (default 30), from a
 # seed corpus of valid frames of every type that test_wire writes. Any crash, leak,
 # sanitizer report or timeout fails. Skipped, with a line saying so, when clang has no
-# libFuzzer (net/net.mk builds $BUILD/fuzz_wire only then).
+# libFuzzer (test/fuzz.mk builds $BUILD/fuzz_wire only then, and only with OpenSSL).
 set -euo pipefail
 : "${BUILD:?}"
-seconds=${FUZZ_SECONDS:-60}
+seconds=${FUZZ_SECONDS:-30}
 if [ ! -x "$BUILD/fuzz_wire" ]; then
     echo "  ✗ libFuzzer: frame fuzzer not built (install clang); skipped"
     exit 0
