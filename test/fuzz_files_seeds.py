@@ -48,6 +48,8 @@ def safetensors_seeds():
                            ("model.norm.weight", [2], [1.0, 1.0])], {"model_config": config}),
         safetensors_bytes([("a", [], [3.0]), ("b", [0, 5], []), ("c", [3], [1.0, 2.0, 3.0])], None),
         safetensors_bytes([("w", [2, 2], [1.0, 2.0, 3.0, 4.0])], {"format": "pt"}),
+        # Values no config could give: once read in as inf, written back as null.
+        safetensors_bytes([("a", [1], [1.0])], {"model_config": config.replace('"rope_theta":10000.0', '"rope_theta":1e999')}),
     ]
 
 
