@@ -195,6 +195,10 @@ bool safetensors_open(const char *path, st_file *f, char *why, size_t why_bytes)
                 ok = reject(why, why_bytes, "__metadata__ is not an object");
                 break;
             }
+            if (f->meta_keys) {  // JSON allows a key twice; a second one overflowed the first's arrays
+                ok = reject(why, why_bytes, "__metadata__ appears twice");
+                break;
+            }
             f->meta_keys = xcalloc(v->count + 1, sizeof *f->meta_keys);
             f->meta_values = xcalloc(v->count + 1, sizeof *f->meta_values);
             for (size_t j = 0; j < v->count; j++) {

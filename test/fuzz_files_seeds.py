@@ -22,6 +22,11 @@ def json_seeds():
     ]
 
 
+def raw_safetensors(header, data):
+    header += b" " * (-(8 + len(header)) % 8)
+    return struct.pack("<Q", len(header)) + header + data
+
+
 def safetensors_bytes(tensors, metadata):
     header = {"__metadata__": metadata} if metadata is not None else {}
     data = b""
@@ -29,9 +34,7 @@ def safetensors_bytes(tensors, metadata):
         begin = len(data)
         data += struct.pack("<%df" % len(values), *values)
         header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [begin, len(data)]}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)
-    return struct.pack("<Q", len(text)) + text + data
+    return raw_safetensors(json.dumps(header, separators=(",", ":")).encode(), data)
 
 
 MODEL_CONFIG = {
@@ -48,6 +51,10 @@ def safetensors_seeds():
                            ("model.norm.weight", [2], [1.0, 1.0])], {"model_config": config}),
         safetensors_bytes([("a", [], [3.0]), ("b", [0, 5], []), ("c", [3], [1.0, 2.0, 3.0])], None),
         safetensors_bytes([("w", [2, 2], [1.0, 2.0, 3.0, 4.0])], {"format": "pt"}),
+        # Two __metadata__ objects (JSON allows a key twice): the second once wrote past the
+        # first's arrays.
+        raw_safetensors(b'{"__metadata__":{"a":"1","b":"2","c":"3"},"__metadata__":{"d":"4"},'
+                        b'"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', struct.pack("<f", 1.0)),
         # Values no config could give: once read in as inf, written back as null.
         safetensors_bytes([("a", [1], [1.0])], {"model_config": config.replace('"rope_theta":10000.0', '"rope_theta":1e999')}),
     ]

@@ -380,14 +380,18 @@ static void test_safetensors(void) {
     EXPECT(!safetensors_open(path, &f, why, sizeof why) && strstr(why, "header length"), "huge header length: %s",
            why);
     // Hand-written headers (8 bytes of length, the JSON, then the data): a name twice at
-    // disjoint offsets, and a shape whose product wraps int64 (2⁴⁰ · 2⁴⁰) without the check.
-    const char *headers[2][2] = {
+    // disjoint offsets, a shape whose product wraps int64 (2⁴⁰ · 2⁴⁰) without the check, and
+    // __metadata__ twice (the second wrote past the first's arrays: ASan saw it in a review).
+    const char *headers[3][2] = {
         {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
          "\"x\" :{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
          "appears twice"},
         {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,8]}}",
-         "implausibly large"}};
-    for (int h = 0; h < 2; h++) {
+         "implausibly large"},
+        {"{\"__metadata__\":{\"a\":\"1\",\"b\":\"2\",\"c\":\"3\"},\"__metadata__\":{\"d\":\"4\",\"e\":\"5\",\"f\":\"6\",\"g\":\"7\"},"
+         "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         "__metadata__ appears twice"}};
+    for (int h = 0; h < 3; h++) {
         fd = open(path, O_WRONLY | O_TRUNC);
         uint64_t len = strlen(headers[h][0]);
         float data[2] = {1, 2};
