@@ -115,6 +115,13 @@ void dataloader_seek(dataloader *d, data_position pos);
 // Restarts at the first micro-batch of epoch 0 (validation uses the same batches each time).
 void dataloader_rewind(dataloader *d);
 uint64_t dataloader_total_tokens(const dataloader *d);
+int dataloader_shard_count(const dataloader *d);
+// What the data is, not where it lies: the XXH64 of every shard's header fields that say what
+// it holds (token count and width, vocab_size, doc_token, payload checksum), in order. Copies
+// of the same shards under other paths (another cluster's file system) have the same
+// fingerprint; two loaders with equal fingerprints read the same token stream. DiLoCo's
+// replicas, a job's ranks and a resumed run compare it (they split or continue the same rows).
+uint64_t dataloader_fingerprint(const dataloader *d);
 // Largest vocab_size among the shard headers, and their doc_token (SHARD_NO_DOC_TOKEN when
 // absent; the first shard's when they disagree, with a warning).
 uint32_t dataloader_vocab_size(const dataloader *d);
@@ -140,6 +147,10 @@ void dataloader_verify_prefix(dataloader *d, uint64_t tokens);
 // one open file at a time. Each shard's payload checksum is verified the first time this
 // process reads from it (a full pass over that shard, at disk speed), so corruption is
 // found before any of its tokens reach the model, without reading terabytes at start-up.
+// A shard that changes while the run reads it (rewritten by a `prepare --overwrite`, copied
+// over again) is noticed when it is next opened: a new file (device, inode), size or mtime
+// has its header compared with the one the run started with (another one is an error) and
+// its payload verified again before any of its tokens is used.
 #if defined(DATALOADER_IMPLEMENTATION) && !defined(TRAIN_GPT_DATALOADER_IMPLEMENTED)
 #define TRAIN_GPT_DATALOADER_IMPLEMENTED
 
@@ -395,6 +406,12 @@ typedef struct {
     shard_header header;
     uint64_t first_token;  // offset of this shard in the concatenated stream
     bool verified;
+    // The file behind path when it was last opened (seen), for noticing a replaced one.
+    bool seen, replaced;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
 } shard_entry;
 
 struct dataloader {
@@ -402,6 +419,7 @@ struct dataloader {
     shard_entry *shards;
     int n_shards;
     uint64_t total_tokens;
+    uint64_t fingerprint;        // dataloader_fingerprint
     int64_t B, T;
     bool shuffle;
     uint64_t seed;
@@ -453,6 +471,19 @@ static void collect_shards(dataloader *d, const char *spec) {
     }
     free(copy);
     if (d->n_shards == 0) fail("%s: no shard files given", d->key);
+    xxh64_state h;
+    xxh64_init(&h, 0);
+    for (int i = 0; i < d->n_shards; i++) {
+        const shard_header *sh = &d->shards[i].header;
+        uint8_t fields[28];
+        put_u64(fields, sh->n_tokens);
+        put_u64(fields + 8, sh->payload_xxh64);
+        put_u32(fields + 16, sh->token_bytes);
+        put_u32(fields + 20, sh->vocab_size);
+        put_u32(fields + 24, sh->doc_token);
+        xxh64_update(&h, fields, sizeof fields);
+    }
+    d->fingerprint = xxh64_digest(&h);
 }
 
 dataloader *dataloader_open_split(const char *spec, const char *key, int64_t batch_size, int64_t seq_len,
@@ -510,12 +541,53 @@ static int shard_of_token(const dataloader *d, uint64_t token) {
     return lo;
 }
 
+static bool same_header(const shard_header *a, const shard_header *b) {
+    return a->version == b->version && a->token_bytes == b->token_bytes && a->n_tokens == b->n_tokens &&
+           a->payload_xxh64 == b->payload_xxh64 && a->vocab_size == b->vocab_size && a->doc_token == b->doc_token;
+}
+
+// Checks the file just opened for shard i against the one the run knows (see the top): on its
+// first open, or when it is another file or was written since, its header must be the one the
+// run started with, and (after a change) its payload is verified again before it is read.
+static void check_identity(dataloader *d, int i, int fd) {
+    shard_entry *s = &d->shards[i];
+    struct stat st;
+    if (fstat(fd, &st) != 0) fail("%s: cannot stat shard '%s': %s", d->key, s->path, strerror(errno));
+    if (s->seen && st.st_dev == s->dev && st.st_ino == s->ino && st.st_size == s->size &&
+        st.st_mtim.tv_sec == s->mtime.tv_sec && st.st_mtim.tv_nsec == s->mtime.tv_nsec)
+        return;
+    uint8_t raw[SHARD_HEADER_BYTES];
+    shard_header now;
+    char why[256] = "cannot read its header";
+    bool ok = pread_exact(fd, raw, sizeof raw, 0) && decode_header(raw, &now, why, sizeof why);
+    uint64_t expected = SHARD_HEADER_BYTES + s->header.n_tokens * s->header.token_bytes;
+    if (ok && (!same_header(&now, &s->header) || (uint64_t)st.st_size != expected)) {
+        snprintf(why, sizeof why, "it now holds %llu tokens of %u bytes (%lld bytes, checksum %016llx), not the %llu "
+                 "(checksum %016llx) the run started with",
+                 (unsigned long long)now.n_tokens, now.token_bytes, (long long)st.st_size,
+                 (unsigned long long)now.payload_xxh64, (unsigned long long)s->header.n_tokens,
+                 (unsigned long long)s->header.payload_xxh64);
+        ok = false;
+    }
+    if (!ok) fail("%s: shard '%s' changed while the run was reading it: %s", d->key, s->path, why);
+    if (s->seen) {
+        s->verified = false;   // the same header; its tokens are checked again before use
+        s->replaced = true;
+    }
+    s->seen = true;
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+    s->size = st.st_size;
+    s->mtime = st.st_mtim;
+}
+
 static int shard_fd(dataloader *d, int i) {
     if (d->open_shard == i) return d->open_fd;
     if (d->open_fd >= 0) close(d->open_fd);
     d->open_fd = open(d->shards[i].path, O_RDONLY | O_CLOEXEC);
     d->open_shard = d->open_fd >= 0 ? i : -1;
     if (d->open_fd < 0) fail("%s: cannot open shard '%s': %s", d->key, d->shards[i].path, strerror(errno));
+    check_identity(d, i, d->open_fd);
     return d->open_fd;
 }
 
@@ -536,7 +608,8 @@ static void verify_shard(dataloader *d, int i) {
     }
     free(chunk);
     if (xxh64_digest(&h) != s->header.payload_xxh64)
-        fail("%s: shard '%s': payload checksum mismatch (corrupt data)", d->key, s->path);
+        fail("%s: shard '%s': payload checksum mismatch (%s)", d->key, s->path,
+             s->replaced ? "it was written again while the run was reading it, and its tokens changed" : "corrupt data");
     s->verified = true;
 }
 
@@ -548,11 +621,12 @@ static void read_stream(dataloader *d, uint64_t start, uint64_t count) {
         uint64_t at = start + done;
         int i = shard_of_token(d, at);
         shard_entry *s = &d->shards[i];
+        int fd = shard_fd(d, i);   // first: a replaced file is noticed here and verified below
         if (!s->verified) verify_shard(d, i);
         uint64_t in_shard = at - s->first_token;
         uint64_t n = min_i64((int64_t)(count - done), (int64_t)(s->header.n_tokens - in_shard));
         uint32_t width = s->header.token_bytes;
-        if (!pread_exact(shard_fd(d, i), d->raw, (size_t)(n * width), SHARD_HEADER_BYTES + in_shard * width))
+        if (!pread_exact(fd, d->raw, (size_t)(n * width), SHARD_HEADER_BYTES + in_shard * width))
             fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
         widen_tokens(d->raw, width, n, d->row + done);
         for (uint64_t k = 0; k < n; k++)
@@ -621,6 +695,8 @@ void dataloader_seek(dataloader *d, data_position pos) {
 void dataloader_rewind(dataloader *d) { d->pos = (data_position){0, 0}; }
 
 uint64_t dataloader_total_tokens(const dataloader *d) { return d->total_tokens; }
+int dataloader_shard_count(const dataloader *d) { return d->n_shards; }
+uint64_t dataloader_fingerprint(const dataloader *d) { return d->fingerprint; }
 
 uint32_t dataloader_vocab_size(const dataloader *d) {
     uint32_t v = 0;

@@ -217,8 +217,8 @@ int diloco_replicas(const diloco *d) { return (int)d->cfg->diloco_replicas; }
 // The fingerprint is the XXH64 of a text of `key value` fields separated by `|` (`*text`, which
 // the caller frees): the diloco_fingerprint event logs it, and a refusal names the field that
 // differs where the transport can see both texts (MPI).
-static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, int rank, int ranks, int64_t local,
-                                char **text) {
+static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, const data_identity *data, int rank,
+                                int ranks, int64_t local, char **text) {
     char *model = model_config_to_json(&t->cfg);
     strbuf sb = {0};
     if (ranks > 1) sb_printf(&sb, "sharded %d ways, piece %d, %lld local values|", ranks, rank, (long long)local);
@@ -231,6 +231,9 @@ static uint64_t run_fingerprint(const train_config *cfg, const param_table *t, i
     if (cfg->diloco_topk < 1) sb_printf(&sb, "|topk %.17g", cfg->diloco_topk);
     sb_printf(&sb, "|max_steps %lld|shuffle %d|seed %lld|min_replicas %lld", (long long)cfg->max_steps,
               (int)cfg->shuffle, (long long)cfg->seed, (long long)cfg->diloco_min_replicas);
+    if (data)   // what the shards hold, not where they lie (dataloader_fingerprint)
+        sb_printf(&sb, "|data %016llx (%lld tokens, %lld shards)", (unsigned long long)data->fingerprint,
+                  (long long)data->tokens, (long long)data->shards);
     if (cfg->diloco_sync_every_s > 0) sb_printf(&sb, "|sync every %.17g s", cfg->diloco_sync_every_s);
     // With plain averaging in the decay phase, or another sync interval there, where that phase
     // starts decides the outer steps.
@@ -331,7 +334,7 @@ static char *rendezvous_of_rank(const char *rendezvous, int rank) {
 
 static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes);
 
-diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log,
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_identity *data, comm *group, metrics_log *log,
                     const volatile sig_atomic_t *stop) {
     if (cfg->diloco_replicas <= 0) return NULL;
     const param_table *t = shard->table;
@@ -408,7 +411,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group
     o.timeout_s = cfg->diloco_timeout_s;
     o.connect_timeout_s = cfg->diloco_connect_timeout_s;
     char *fingerprint_text = NULL;
-    o.run_fingerprint = run_fingerprint(cfg, t, d->rank, d->ranks, d->numel, &fingerprint_text);
+    o.run_fingerprint = run_fingerprint(cfg, t, data, d->rank, d->ranks, d->numel, &fingerprint_text);
     o.fingerprint_text = fingerprint_text;
     log_fingerprint(d, o.run_fingerprint, fingerprint_text);
     o.threaded = d->overlap > 0;

@@ -66,8 +66,10 @@ typedef struct diloco diloco;
 // every round, so the replica moves as one (docs/fsdp.md#diloco-over-sharded-replicas). Every
 // call below is then a collective of the replica's ranks. stop: the caller's stop request (its
 // signal handler's flag, or NULL): a join the hub holds returns when it is set
-// (diloco_join_stopped).
-diloco *diloco_open(const train_config *cfg, const shard_map *shard, comm *group, metrics_log *log,
+// (diloco_join_stopped). data: the train data this replica reads (NULL: none to compare), part
+// of the run's fingerprint, since replicas split the same rows (dataloader.h): a replica whose
+// copy of the shards differs would read rows another reads and miss others.
+diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_identity *data, comm *group, metrics_log *log,
                     const volatile sig_atomic_t *stop);
 
 // This replica's id and the number of replicas (for the data split).

@@ -2875,6 +2875,48 @@ static void check_copies_agree(trainer *tr) {
              (long long)tr->state.step, (int)differ - 1);
 }
 
+// A job's ranks split their replica's rows (dataloader.h): they must read the same data, or
+// they read overlapping rows and miss others without a word (a node whose copy of the shards
+// differs, or is still being copied). Fatal on every rank, naming the first that differs.
+static void agree_on_data(const trainer *tr) {
+    if (!tr->job || comm_size(tr->job) < 2) return;
+    uint64_t mine = dataloader_fingerprint(tr->train), first = mine;
+    comm_broadcast(tr->job, &first, sizeof first, 0);
+    double differ = comm_max(tr->job, mine != first ? (double)(comm_size(tr->job) - comm_rank(tr->job)) : 0.0);
+    if (differ > 0)
+        fail("train_data: rank %d of the job reads other data than rank 0 (the ranks split the same rows, so every "
+             "rank must read the same shards); this rank, %d, reads %llu tokens in %d shard(s), fingerprint %016llx, "
+             "rank 0's is %016llx",
+             comm_size(tr->job) - (int)differ, comm_rank(tr->job), (unsigned long long)dataloader_total_tokens(tr->train),
+             dataloader_shard_count(tr->train), (unsigned long long)mine, (unsigned long long)first);
+}
+
+// The train data this run reads (dataloader_fingerprint), for state.json.
+static data_identity data_identity_of(const dataloader *d) {
+    return (data_identity){(int64_t)dataloader_total_tokens(d), dataloader_shard_count(d), dataloader_fingerprint(d)};
+}
+
+// "12345 tokens in 3 shards (fingerprint 0123456789abcdef)", for the messages below.
+static void describe_data(const data_identity *id, char *out, size_t n) {
+    snprintf(out, n, "%lld tokens in %lld shard(s) (fingerprint %016llx)", (long long)id->tokens, (long long)id->shards,
+             (unsigned long long)id->fingerprint);
+}
+
+// Whether a recorded position counts in other data than this run's: a warning (what) that says
+// which and what it means. Growing a corpus between jobs is legitimate; reading its rows
+// twice or never, without a word, is not.
+static void compare_data(const trainer *tr, const data_identity *was, const char *what) {
+    data_identity now = data_identity_of(tr->train);
+    if (was->tokens == 0 || was->fingerprint == now.fingerprint || tr->rank != 0) return;
+    char a[160], b[160];
+    describe_data(was, a, sizeof a);
+    describe_data(&now, b, sizeof b);
+    warn("%s read train data of %s, this run's train_data holds %s: its data position is kept, but it no longer "
+         "names the same rows (%s), so rows of this epoch may repeat or be missed",
+         what, a, b,
+         tr->cfg->shuffle ? "the shuffled order is a permutation of all the rows" : "the stream shifted where shards changed");
+}
+
 // A checkpoint saved by a job of another size, micro-batch or row length (FSDP at np 4
 // resumed at np 2, batch_size 4 resumed at 8, seq_len 1024 resumed at 2048): the position
 // counts each process's micro-batches, and micro-batch i of process r of W holds rows
@@ -2895,6 +2937,8 @@ static void convert_data_position(trainer *tr) {
     int64_t was = tr->state.data_world > 0 ? tr->state.data_world : tr->world, now = tr->world;
     int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
     int64_t was_T = recorded ? w->seq_len : cfg->model.seq_len, T = cfg->model.seq_len;
+    compare_data(tr, &tr->state.data_id, "resume: the checkpoint");
+    tr->state.data_id = data_identity_of(tr->train);
     tr->state.data_world = now;
     if (was == now && was_batch == batch && was_T == T) return;
     if (was_T != T && cfg->shuffle && tr->rank == 0)
@@ -2942,6 +2986,12 @@ static void continue_data_of(trainer *tr, const char *dir) {
         warn("init_from: '%s' was trained on train_data = %s, this run reads %s; its position is taken as a "
              "position in these files",
              dir, o.train_data, cfg->train_data);
+    char what[4300];
+    snprintf(what, sizeof what, "init_from: '%s'", dir);
+    compare_data(tr, &o.data_id, what);
+    if (o.data.index > INT64_MAX / o.data_world / o.window.batch_size)
+        fail("init_from: '%s': its data position (%lld micro-batches of %lld x %lld rows) is out of range", dir,
+             (long long)o.data.index, (long long)o.data_world, (long long)o.window.batch_size);
     int64_t rows = o.data.index * o.data_world * o.window.batch_size, B = cfg->batch_size, W = tr->world;
     int64_t batches = (rows + B - 1) / B, index = (batches + W - 1) / W;
     tr->state.data = (data_position){o.data.epoch, index};
@@ -3046,6 +3096,7 @@ static bool restore_or_init(trainer *tr) {
         shard_param_init(&tr->shard, tr->params, (uint64_t)cfg->seed);  // one process: param_init's values
     }
     tr->state.data_world = tr->world;
+    tr->state.data_id = data_identity_of(tr->train);
     metrics_event(tr->log, "start", 0, "");
     return false;
 }
@@ -3188,6 +3239,7 @@ static bool roll_back(trainer *tr, int64_t s) {
     free(dir);
     st.data = here;
     st.data_world = tr->world;
+    st.data_id = data_identity_of(tr->train);
     st.rollbacks = rollbacks;
     st.bad_steps = 0;
     st.norm_spikes = 0;
@@ -3478,6 +3530,7 @@ static int train_run(train_config *cfg) {
     choose_data_split(&tr);
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);
+    agree_on_data(&tr);
     resolve_doc_token(cfg, tr.train);
     // Every replica validates on the whole validation set, so their val_loss compare.
     tr.val = open_validation(cfg);
@@ -3489,7 +3542,10 @@ static int train_run(train_config *cfg) {
     // Before the hub is reached: a signal while it is retried (diloco_connect_timeout_s) stops
     // the replica at its join (status 0, or 76 for SIGUSR1), not by the signal's default action.
     install_signal_handlers();
-    if (!tr.copies_follow || comm_rank(tr.copies) == 0) tr.outer = diloco_open(cfg, &tr.shard, tr.group, tr.log, &stop_signal);
+    if (!tr.copies_follow || comm_rank(tr.copies) == 0) {
+        data_identity data = data_identity_of(tr.train);
+        tr.outer = diloco_open(cfg, &tr.shard, &data, tr.group, tr.log, &stop_signal);
+    }
     first_copy_says(&tr, true);  // the other copies wait for the first's connection, without comm_timeout_s
     if (cfg->sample_every > 0) tr.samples = sampler_create(cfg, &tr.table);
     if (tr.samples && tr.job) sampler_set_job(tr.samples, tr.job);
@@ -3743,7 +3799,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
     for (int i = 1; i < M; i++)
         if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
-    diloco *outer = diloco_open(cfg, &lead->shard, NULL, log, NULL);
+    diloco *outer = diloco_open(cfg, &lead->shard, NULL, NULL, log, NULL);  // one data stream: nothing to compare
     diloco_set_quiet(outer, quiet);
     diloco_start_local(outer, lead->params, &lead->state);
     for (int i = 0; i < M; i++)

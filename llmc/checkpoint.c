@@ -203,6 +203,9 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
               (long long)s->tokens_seen);
     sb_printf(&sb, "  \"outer_step\": %lld,\n", (long long)s->outer_step);
     if (s->data_world > 0) sb_printf(&sb, "  \"data_world\": %lld,\n", (long long)s->data_world);
+    if (s->data_id.tokens > 0)
+        sb_printf(&sb, "  \"data_tokens\": %lld,\n  \"data_shards\": %lld,\n  \"data_fingerprint\": \"%016llx\",\n",
+                  (long long)s->data_id.tokens, (long long)s->data_id.shards, (unsigned long long)s->data_id.fingerprint);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
     if (s->restart_step > 0) sb_printf(&sb, "  \"outer_restart_step\": %lld,\n", (long long)s->restart_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
@@ -616,6 +619,24 @@ static void read_window(const json_value *root, data_window *w) {
     w->shuffle = shuffle->boolean;
 }
 
+// The train data a save recorded (absent in checkpoints from before 2026-12: tokens 0); false
+// when present but malformed.
+static bool read_data_identity(const json_value *root, data_identity *id) {
+    memset(id, 0, sizeof *id);
+    const json_value *tokens = json_get(root, "data_tokens"), *shards = json_get(root, "data_shards"),
+                     *fingerprint = json_get(root, "data_fingerprint");
+    if (!tokens && !shards && !fingerprint) return true;
+    if (!tokens || !shards || !fingerprint || tokens->type != JSON_NUMBER || !tokens->is_integer ||
+        tokens->integer < 1 || shards->type != JSON_NUMBER || !shards->is_integer || shards->integer < 1 ||
+        fingerprint->type != JSON_STRING || strlen(fingerprint->string) != 16 ||
+        strspn(fingerprint->string, "0123456789abcdef") != 16)
+        return false;
+    id->tokens = tokens->integer;
+    id->shards = shards->integer;
+    id->fingerprint = strtoull(fingerprint->string, NULL, 16);
+    return true;
+}
+
 static bool state_from_json(const json_value *root, train_state *s, char *why, size_t why_bytes) {
     const int_field fields[] = {{"step", &s->step},         {"adam_step", &s->adam_step},
                                 {"data_epoch", &s->data.epoch}, {"data_index", &s->data.index},
@@ -647,6 +668,10 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
                         : 0;
     if (s->data_world > (1 << 24)) {
         snprintf(why, why_bytes, "state.json: data_world %lld out of range", (long long)s->data_world);
+        return false;
+    }
+    if (!read_data_identity(root, &s->data_id)) {
+        snprintf(why, why_bytes, "state.json: bad data_tokens / data_shards / data_fingerprint");
         return false;
     }
     const json_value *rollbacks = json_get(root, "rollbacks");  // absent: none
@@ -709,6 +734,7 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
     o->data = s.data;
     o->data_world = s.data_world > 0 ? s.data_world : 1;
     o->window = s.window;
+    o->data_id = s.data_id;
     if (ok && s.window.batch_size == 0) {
         snprintf(why, why_bytes, "state.json: bad or missing batch_size, seq_len, seed or shuffle");
         ok = false;

@@ -78,6 +78,7 @@ typedef struct {
     int64_t data_world;         // processes its data was split over (1 when not recorded)
     data_window window;         // how its rows were cut and ordered (always recorded here)
     char train_data[1024];      // its train_data key ("" when state.json does not say)
+    data_identity data_id;      // its train data (tokens 0: not recorded)
 } data_origin;
 
 // Verifies DIR's checksums and reads its state.json into o. false with a reason in why.

@@ -26,12 +26,21 @@ typedef struct {
     bool shuffle;
 } data_window;
 
+// Which train data a position counts in: the loader's dataloader_fingerprint, token and shard
+// counts. Every save records it; a resume and an init_from compare it with the data they open
+// (other data: the same position no longer names the same rows). tokens 0 = not recorded.
+typedef struct {
+    int64_t tokens, shards;
+    uint64_t fingerprint;
+} data_identity;
+
 typedef struct {
     int64_t step;          // optimizer steps done (the next step to run, 0-based)
     int64_t adam_step;     // AdamW's t: updates actually applied (skipped steps do not count)
     data_position data;    // train loader position after the last step
     int64_t data_world;    // processes the data was split over when saved (0: not recorded)
     data_window window;    // read from a checkpoint only: a save writes the run's own keys
+    data_identity data_id; // the train data of `data` (a save writes it when recorded)
     int64_t saved_max_steps;  // read from a checkpoint only: its config's max_steps (0: not recorded)
     int64_t bad_steps;     // consecutive skipped steps (NaN/Inf or spikes) so far
     int64_t norm_spikes;   // of them, the last ones in a row skipped for a shifted gradient norm

@@ -2052,8 +2052,8 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     if (h->fingerprint_set && a.run_fingerprint != h->fingerprint) {
         snprintf(why, sizeof why,
                  "replica %d has run_fingerprint %016llx but the group has %016llx: its config differs in a key "
-                 "every replica must share (the model, seq_len, max_steps, shuffle, seed, or a diloco_ key; "
-                 "docs/diloco.md#replicas-of-different-sizes)",
+                 "every replica must share (the model, seq_len, max_steps, shuffle, seed, a diloco_ key, or its "
+                 "train data: the shards' tokens; docs/diloco.md#replicas-of-different-sizes)",
                  id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
         refuse(h, hc, REFUSE_FINGERPRINT, why, why);
         return;

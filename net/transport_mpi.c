@@ -112,10 +112,11 @@ static void refuse_fingerprint(const transport_options *o, int rank, int size) {
     for (int r = 1; r < size; r++)
         if (all[(size_t)r * WHY_BYTES])
             fail("diloco (mpi): the ranks disagree on the run: %s (every replica must share the model, seq_len, "
-                 "max_steps, shuffle, seed and the diloco_ keys; docs/diloco.md#replicas-of-different-sizes)",
+                 "max_steps, shuffle, seed, the diloco_ keys and its train data, the shards' tokens; "
+                 "docs/diloco.md#replicas-of-different-sizes)",
                  all + (size_t)r * WHY_BYTES);
-    fail("diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed or a diloco_ "
-         "key differs between their configs; docs/diloco.md#replicas-of-different-sizes)");
+    fail("diloco (mpi): the ranks disagree on the run (the model, seq_len, max_steps, shuffle, seed, a diloco_ "
+         "key or the train data differs between them; docs/diloco.md#replicas-of-different-sizes)");
 }
 
 transport *transport_mpi_open(const transport_options *o) {

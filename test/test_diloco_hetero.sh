@@ -14,7 +14,8 @@
 #      true weighted mean (test_diloco.sh's 3 % is for Δs of equal steps).
 #      With streaming it is refused with one line.
 #   3. A key every replica must share (max_steps, seed) differs: refused with one line, over MPI
-#      and at the relay.
+#      and at the relay. So is other train data (another shard: the replicas would read
+#      overlapping rows), while the same shards under another path are accepted.
 # Batch sizes 4, 8, 4 with grad_accum 1, 1, 2: tokens per step 4·T, 8·T, 8·T, weights 1 : 2 : 2.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -127,12 +128,19 @@ check "sync_every_s with streaming is refused with one line" \
     --diloco_sync_every_s 0.5 --diloco_fragments 2 --out_dir "$tmp/refused"
 
 # ---------------------------------------------------------------- 3. keys every replica shares
+"$TOOL" shard "$tmp/more.bin" 64 0 5000 13   # another shard: other data
 if [ "$HAVE_MPI" = 1 ]; then
     out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
         --diloco_transport mpi --max_steps \$((30 + OMPI_COMM_WORLD_RANK)) --out_dir '$tmp/mismatch/'\$OMPI_COMM_WORLD_RANK" \
         2>&1 >/dev/null) && rc=0 || rc=$?
     check "MPI: replicas with different max_steps are refused, naming the field that differs (rc $rc)" \
         sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"train_gpt: error: diloco (mpi): the ranks disagree on the run: rank 1 has 'max_steps 31' where rank 0 has 'max_steps 30' (every replica must share the model, seq_len, max_steps, shuffle, seed\"" _ "$out"
+    # Replica 1's copy of the data holds one more shard.
+    out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
+        --diloco_transport mpi --max_steps 30 --train_data \"\$([ \$OMPI_COMM_WORLD_RANK = 0 ] && echo '$tmp/train.bin' || echo '$tmp/train.bin,$tmp/more.bin')\" \
+        --out_dir '$tmp/mismatch_data/'\$OMPI_COMM_WORLD_RANK" 2>&1 >/dev/null) && rc=0 || rc=$?
+    check "MPI: replicas whose train data differ (one more shard) are refused, naming the data (rc $rc)" \
+        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"the ranks disagree on the run: rank 1 has 'data [0-9a-f]\{16\} (65000 tokens, 2 shards)' where rank 0 has 'data [0-9a-f]\{16\} (60000 tokens, 1 shards)'.*its train data\"" _ "$out"
 fi
 port=$(free_port)
 "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
@@ -151,8 +159,22 @@ check "tcp: a replica with another seed is refused with one line naming the keys
 check "tcp: the refused replica points to the diloco_fingerprint events" \
     one_line_error "refused replica 1: .*; the fields it hashes are in every replica's diloco_fingerprint event" \
     "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
-check "tcp: the group's replica logged the fields its fingerprint hashes (max_steps, seed)" \
-    grep -q '"event":"diloco_fingerprint","step":0,"fingerprint":"[0-9a-f]\{16\}","covers":"model {.*|max_steps 100000000|shuffle 1|seed 1337|' \
+check "tcp: the group's replica logged the fields its fingerprint hashes (max_steps, seed, data)" \
+    grep -q '"event":"diloco_fingerprint","step":0,"fingerprint":"[0-9a-f]\{16\}","covers":"model {.*|max_steps 100000000|shuffle 1|seed 1337|.*|data [0-9a-f]\{16\} (60000 tokens, 1 shards)' \
     "$tmp/first/metrics.jsonl"
+check "tcp: a replica whose copy of the data is another shard is refused" \
+    one_line_error 'refused replica 1: .*its train data' "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 \
+    --train_data "$tmp/more.bin"
+# The same shard under another path (another cluster's file system) is the same data: accepted,
+# and the replica trains (it is stopped once it has joined).
+mkdir -p "$tmp/elsewhere" && cp "$tmp/train.bin" "$tmp/elsewhere/copy.bin"
+"$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --train_data "$tmp/elsewhere/copy.bin" \
+    --out_dir "$tmp/copy" >"$tmp/copy.log" 2>&1 &
+copy=$!
+pids+=($copy)
+wait_until "replica 1 (the same shard elsewhere) joined the relay" grep -q 'replica 1 joined' "$tmp/relay2.log"
+check "tcp: the same shards under another path are accepted (the replica trains on)" \
+    sh -c "kill -0 $copy && ! grep -q 'error:' '$tmp/copy.log'"
+kill -9 "$copy" 2>/dev/null || true
 kill -9 "$first" "$relay2" 2>/dev/null || true
 finish test_diloco_hetero

@@ -5,6 +5,9 @@
 #  2. The same command again resumes from the last checkpoint (the job requeued) and runs on.
 #  3. One rank killed (kill -9): the job ends non-zero, every rank gone (mpirun ends the others;
 #     under a launcher that does not, the timeout of 1. does).
+#  4. The ranks read different train data (rank 1's copy holds one more shard): they would split
+#     rows of different orders, overlapping; every rank stops at its start with one line naming
+#     rank 1, before any step.
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -79,4 +82,15 @@ say "  (rank 1 killed: the job ended after $((SECONDS - t0))s, rc $rc)"
 check "killed rank: the job ends non-zero" test "$rc" -ne 0
 wait_within "every rank to be gone" 30 no_rank_left
 check "killed rank: no rank left running" no_rank_left
+
+# 4. Ranks on different data.
+"$TOOL" shard "$tmp/more.bin" 64 0 5000 13
+rc=0
+"${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@]}") --max_steps 3 --out_dir '$tmp/data' \
+    --train_data \"\$([ \$OMPI_COMM_WORLD_RANK = 0 ] && echo '$tmp/train.bin' || echo '$tmp/train.bin,$tmp/more.bin')\"" \
+    >"$tmp/data.log" 2>&1 || rc=$?
+check "ranks on different data: the job ends non-zero (status $rc)" test "$rc" -ne 0
+check "... each rank says, in one line, that rank 1 reads other data" \
+    test "$(grep -c 'error: train_data: rank 1 of the job reads other data than rank 0' "$tmp/data.log")" = 2
+check "... before any step" sh -c "! grep -q '^step ' '$tmp/data.log'"
 finish test_fsdp_faults

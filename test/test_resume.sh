@@ -6,7 +6,7 @@
 #   SIGKILL halfway through writing the step-10 checkpoint (fault injection), then resume
 #   from step 5;  kill -9 from outside at an arbitrary moment, then resume.
 # And TRAIN_GPT_NO_FINAL_CHECKPOINT=1 (benchmarks): no checkpoint at max_steps, but one
-# where ckpt_every falls on it and at stop_at_step.
+# where ckpt_every falls on it and at stop_at_step. A resume on other train data warns (10).
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -157,4 +157,16 @@ cp -r "$tmp/straight" "$tmp/extended"
 run "$tmp/extended" --max_steps 24 >"$tmp/extended.log" 2>&1
 check "max_steps 20 -> 24 on resume: a warning names both and the saved run as finished" \
     grep -q "resume: max_steps was 20 when saved, now 24: .*the saved run had finished" "$tmp/extended.log"
+
+# 10. The checkpoint records its train data (tokens, shards, fingerprint); a resume whose
+# train_data holds other data (one more shard) warns that the position no longer names the
+# same rows; the same data does not.
+check "state.json records the train data: 60000 tokens, 1 shard, a fingerprint" \
+    grep -qz '"data_tokens": 60000,.*"data_shards": 1,.*"data_fingerprint": "[0-9a-f]\{16\}"' "$tmp/straight/step_00000020/state.json"
+check "... and the resume with the same data says nothing of it" sh -c "! grep -q 'no longer names the same rows' '$tmp/extended.log'"
+"$TOOL" shard "$tmp/more.bin" 64 0 5000 13
+cp -r "$tmp/straight" "$tmp/more"
+run "$tmp/more" --max_steps 24 --train_data "$tmp/train.bin,$tmp/more.bin" >"$tmp/more.log" 2>&1
+check "a resume with one more shard warns, naming both data sets" \
+    grep -q "resume: the checkpoint read train data of 60000 tokens in 1 shard(s) (fingerprint [0-9a-f]*), this run's train_data holds 65000 tokens in 2 shard(s) .*no longer names the same rows" "$tmp/more.log"
 finish test_resume

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char tmp_root[256];
@@ -344,6 +346,93 @@ static void test_shards(void) {
     EXPECT(!shard_read_all(bad, &h, why, sizeof why) && strstr(why, "payload checksum"), "payload: %s", why);
 }
 
+// A shard rewritten while a loader reads it (dataloader.h): the loader reads two shards of 100
+// tokens in order, B = 1, T = 10, until the second is open; then `change` rewrites the first,
+// and the loader reads on into the next epoch, which opens the first again. Run in a child
+// (the loader's errors are fatal): its exit status, its stderr in `err`, and whether the first
+// micro-batch of epoch 1 was the first shard's tokens as they are now (*fresh).
+typedef enum { SAME_TOKENS, OTHER_TOKENS, BYTE_IN_PLACE } shard_change;
+
+static int read_across_change(const char *p1, const char *p2, const uint32_t *tokens, shard_change change, char *err,
+                              size_t err_bytes) {
+    char err_path[300], spec[700];
+    path_in_tmp(err_path, sizeof err_path, "change.err");
+    snprintf(spec, sizeof spec, "%s,%s", p1, p2);
+    write_shard(p1, 1000, tokens, 100);
+    write_shard(p2, 1000, tokens + 100, 100);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        dataloader *d = dataloader_open(spec, "train_data", 1, 10, false, 0, 0, 1);
+        int32_t in[10], tg[10];
+        for (int i = 0; i < 12; i++) dataloader_next(d, in, tg);   // into the second shard
+        uint32_t other[100];
+        for (int i = 0; i < 100; i++) other[i] = change == OTHER_TOKENS ? 999 - (uint32_t)i : tokens[i];
+        if (change == BYTE_IN_PLACE) {
+            // Written again in place, header kept (the same file, a later mtime).
+            int f = open(p1, O_WRONLY);
+            uint8_t b = 0x55;
+            CHECK(f >= 0 && pwrite(f, &b, 1, SHARD_HEADER_BYTES + 3) == 1);
+            struct timespec later[2] = {{0, UTIME_OMIT}, {time(NULL) + 5, 0}};
+            CHECK(futimens(f, later) == 0);
+            close(f);
+        } else {
+            write_shard(p1, 1000, other, 100);   // a new file under the same name (renamed into place)
+        }
+        while (dataloader_position(d).epoch == 0 || dataloader_position(d).index == 0) dataloader_next(d, in, tg);
+        _exit(in[0] == (int32_t)other[0] ? 0 : 3);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    size_t n = 0;
+    char *text = read_file_or_null(err_path, &n);
+    snprintf(err, err_bytes, "%s", text ? text : "");
+    free(text);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_shard_changes(void) {
+    char p1[300], p2[300], p3[300], err[600];
+    path_in_tmp(p1, sizeof p1, "c1.bin");
+    path_in_tmp(p2, sizeof p2, "c2.bin");
+    path_in_tmp(p3, sizeof p3, "c3.bin");
+    uint32_t tokens[200];
+    for (int i = 0; i < 200; i++) tokens[i] = (uint32_t)(i * 7 % 1000);
+    int rc = read_across_change(p1, p2, tokens, SAME_TOKENS, err, sizeof err);
+    EXPECT(rc == 0, "a shard copied again with the same tokens: read on (status %d: %s)", rc, err);
+    rc = read_across_change(p1, p2, tokens, OTHER_TOKENS, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "changed while the run was reading it") && strstr(err, "c1.bin"),
+           "a shard rewritten with other tokens: one line naming it (status %d: %s)", rc, err);
+    rc = read_across_change(p1, p2, tokens, BYTE_IN_PLACE, err, sizeof err);
+    EXPECT(rc == 1 && strstr(err, "written again while the run was reading it"),
+           "a shard changed in place under its old header: its checksum is verified again (status %d: %s)", rc, err);
+
+    // The fingerprint: what the shards hold, not their paths; another set of shards differs.
+    char spec[1000];
+    write_shard(p1, 1000, tokens, 100);
+    write_shard(p2, 1000, tokens + 100, 100);
+    write_shard(p3, 1000, tokens, 100);   // p1's tokens under another name
+    snprintf(spec, sizeof spec, "%s,%s", p1, p2);
+    dataloader *a = dataloader_open(spec, "a", 1, 10, false, 0, 0, 1);
+    snprintf(spec, sizeof spec, "%s,%s", p3, p2);
+    dataloader *b = dataloader_open(spec, "b", 1, 10, true, 5, 0, 1);
+    snprintf(spec, sizeof spec, "%s,%s,%s", p1, p2, p3);
+    dataloader *c = dataloader_open(spec, "c", 1, 10, false, 0, 0, 1);
+    snprintf(spec, sizeof spec, "%s,%s", p2, p1);
+    dataloader *e = dataloader_open(spec, "e", 1, 10, false, 0, 0, 1);
+    EXPECT(dataloader_fingerprint(a) == dataloader_fingerprint(b), "the same tokens under other paths: one fingerprint");
+    EXPECT(dataloader_fingerprint(a) != dataloader_fingerprint(c) && dataloader_fingerprint(a) != dataloader_fingerprint(e),
+           "another shard, another order: other fingerprints");
+    EXPECT(dataloader_shard_count(c) == 3, "shard count");
+    dataloader_close(a);
+    dataloader_close(b);
+    dataloader_close(c);
+    dataloader_close(e);
+}
+
 // ---------------------------------------------------------------- safetensors and checkpoints
 
 static void test_safetensors(void) {
@@ -534,6 +623,7 @@ int main(void) {
     test_schedule();
     test_param_table();
     test_shards();
+    test_shard_changes();
     test_safetensors();
     test_checkpoints();
     test_spike_limits();
