@@ -3528,6 +3528,7 @@ static int train_run(train_config *cfg) {
     tr.threads = setup_threads(cfg);
     setup_job(&tr);
     choose_data_split(&tr);
+    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_out_dirs(cfg->out_dir);
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);
     agree_on_data(&tr);

@@ -153,6 +153,14 @@ transport *transport_tcp_open(const transport_options *o);
 transport *transport_mpi_open(const transport_options *o);
 // This process's rank in the MPI world (initializing MPI); fatal without MPI in the build.
 int transport_mpi_world_rank(void);
+// With diloco_transport = mpi every rank of the world is a replica, and each needs its own
+// out_dir: two writing one directory delete each other's temporary checkpoints, prune each
+// other's checkpoints and interleave metrics.jsonl. Each rank leaves a probe file in its
+// out_dir (created), and every rank stops with one line when one sees another's: by what the
+// file systems show, not by the paths, so node-local directories of the same name pass and a
+// shared one spelled two ways does not. A collective of the world; call it before out_dir is
+// written.
+void transport_mpi_check_out_dirs(const char *out_dir);
 
 // Joins the group with this status. If the status matches the group's (same outer step and
 // param_hash), or this replica is the first, it is a member: returns JOIN_MEMBER. Otherwise

@@ -20,8 +20,11 @@
 #include "llmc/comm.h"
 #include "llmc/bytes.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef HAVE_MPI
 #include <mpi.h>
@@ -70,6 +73,42 @@ int transport_mpi_world_rank(void) {
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     return rank;
+}
+
+void transport_mpi_check_out_dirs(const char *out_dir) {
+    mpi_start();
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < 2) return;
+    size_t n = strlen(out_dir) + 64;
+    char *probe = xmalloc(n), *other = xmalloc(n);
+    snprintf(probe, n, "%s/.replica-probe-%d", out_dir, rank);
+    int fd = make_dirs(out_dir) ? open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+    int made = fd >= 0, all_made = 0, err = made ? 0 : errno;
+    if (fd >= 0) close(fd);
+    MPI_Allreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    int shares = size;   // the lowest other rank whose probe this rank sees: size = none
+    for (int r = 0; all_made && r < size; r++) {
+        snprintf(other, n, "%s/.replica-probe-%d", out_dir, r);
+        if (r != rank && access(other, F_OK) == 0) {
+            shares = r;
+            break;
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);   // every rank looked before any probe goes
+    if (made) unlink(probe);
+    int pair[2] = {shares < size ? rank : size, shares}, first[2];
+    MPI_Allreduce(pair, first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
+    free(probe);
+    free(other);
+    if (!made) fail("out_dir: cannot create '%s' or write in it: %s", out_dir, strerror(err));
+    if (!all_made) fail("out_dir: another rank of this MPI job cannot write its out_dir (see its error)");
+    if (first[0] < size)
+        fail("out_dir: replicas %d and %d of this MPI job write to the same out_dir (here '%s'): each replica needs "
+             "its own, e.g. srun ... sh -c 'exec ./train_gpt CONFIG --diloco_transport mpi ... --out_dir "
+             "out/replica_$SLURM_PROCID' (docs/diloco.md#running-it)",
+             first[0], first[1], out_dir);
 }
 
 // The first `|`-separated field where a and b differ: its start in a (and *b_field in b), its
@@ -448,6 +487,8 @@ static const transport_ops MPI_OPS = {.name = "mpi",
 int transport_mpi_world_rank(void) {
     fail("diloco_replica_id: -1 means 'the MPI rank', but this build has no MPI; set diloco_replica_id");
 }
+
+void transport_mpi_check_out_dirs(const char *out_dir) { (void)out_dir; }   // no MPI world to share one
 
 transport *transport_mpi_open(const transport_options *o) {
     (void)o;

@@ -15,7 +15,8 @@
 #      With streaming it is refused with one line.
 #   3. A key every replica must share (max_steps, seed) differs: refused with one line, over MPI
 #      and at the relay. So is other train data (another shard: the replicas would read
-#      overlapping rows), while the same shards under another path are accepted.
+#      overlapping rows), while the same shards under another path are accepted; and two MPI
+#      replicas given one out_dir.
 # Batch sizes 4, 8, 4 with grad_accum 1, 1, 2: tokens per step 4·T, 8·T, 8·T, weights 1 : 2 : 2.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -141,6 +142,10 @@ if [ "$HAVE_MPI" = 1 ]; then
         --out_dir '$tmp/mismatch_data/'\$OMPI_COMM_WORLD_RANK" 2>&1 >/dev/null) && rc=0 || rc=$?
     check "MPI: replicas whose train data differ (one more shard) are refused, naming the data (rc $rc)" \
         sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"the ranks disagree on the run: rank 1 has 'data [0-9a-f]\{16\} (65000 tokens, 2 shards)' where rank 0 has 'data [0-9a-f]\{16\} (60000 tokens, 1 shards)'.*its train data\"" _ "$out"
+    out=$("${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --diloco_replicas 2 --diloco_transport mpi --max_steps 30 \
+        --out_dir "$tmp/one_dir" 2>&1 >/dev/null) && rc=0 || rc=$?
+    check "MPI: two replicas given one out_dir are refused at the start, naming both (rc $rc)" \
+        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"error: out_dir: replicas 0 and 1 of this MPI job write to the same out_dir\" && ! test -e '$tmp/one_dir/metrics.jsonl'" _ "$out"
 fi
 port=$(free_port)
 "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
