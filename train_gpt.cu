@@ -3042,6 +3042,12 @@ static bool restore_or_init(trainer *tr) {
                  "write its steps below the newer ones, ckpt_keep would delete them and a restart would return to "
                  "them; move the newer checkpoints aside, or resume into another out_dir",
                  cfg->resume, (long long)newest);
+        if (newest >= 0 && newest < named)
+            // Not this run's progress (that would be newer): another run's, which ckpt_keep would
+            // delete as this run's older checkpoints — refused as resume = never refuses them.
+            fail("resume: out_dir '%s' holds checkpoints up to step_%08lld, older than '%s' (step %lld): they are "
+                 "not this run's, and ckpt_keep would delete them; choose a new out_dir or move them",
+                 cfg->out_dir, (long long)newest, cfg->resume, (long long)named);
         if (newest > named) {
             // The same command again: a run that began from another directory's checkpoint has
             // its own progress in out_dir.

@@ -238,6 +238,24 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
 
 // ---------------------------------------------------------------- save
 
+// The .tmp-step_N directories of saves that never committed (the process was killed while it
+// wrote; SLURM's SIGKILL after its grace time hits a save at the walltime signal): nothing
+// reads them, and each is a whole checkpoint's size (168 GB at 14B). Removed after each
+// commit: the job's only writer of out_dir has just finished its own.
+static void remove_stale_temps(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    if (!d) return;
+    char path[4200];
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strncmp(n, ".tmp-step_", 10) != 0 || n[10] == '\0' || strspn(n + 10, "0123456789") != strlen(n + 10)) continue;
+        snprintf(path, sizeof path, "%s/%s", out_dir, n);
+        warn("removing '%s', a checkpoint that was never finished (its process stopped while writing it)", path);
+        remove_tree(path);
+    }
+    closedir(d);
+}
+
 // Renames the finished tmp_dir to final_dir and syncs out_dir; false (warned, tmp_dir
 // removed where it is still there) on failure.
 static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *out_dir) {
@@ -246,6 +264,8 @@ static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *o
         // for inspection rather than delete it.
         char aside[4200];
         snprintf(aside, sizeof aside, "%s.replaced-%lld", final_dir, (long long)time(NULL));
+        for (int k = 2; dir_exists(aside) && k < 1000; k++)   // twice in one second
+            snprintf(aside, sizeof aside, "%s.replaced-%lld-%d", final_dir, (long long)time(NULL), k);
         if (rename(final_dir, aside) != 0) {
             warn("cannot move the old '%s' aside: %s", final_dir, strerror(errno));
             remove_tree(tmp_dir);
@@ -255,6 +275,7 @@ static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *o
     }
     if (rename(tmp_dir, final_dir) != 0 || !fsync_dir(out_dir)) {
         warn("cannot commit checkpoint '%s': %s", final_dir, strerror(errno));
+        if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
         return false;
     }
     return true;
@@ -413,7 +434,9 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
         }
         return false;
     }
-    return all_ok(b, !root || commit_dir(tmp_dir, final_dir, out_dir));
+    bool committed = all_ok(b, !root || commit_dir(tmp_dir, final_dir, out_dir));
+    if (committed && root) remove_stale_temps(out_dir);
+    return committed;
 }
 
 // ---------------------------------------------------------------- load
@@ -859,8 +882,12 @@ static int newer_first(const void *a, const void *b) {
     return x->step > y->step ? -1 : x->step < y->step;
 }
 
+// The step_N directories of out_dir, newest first; 0 when out_dir does not exist, -1 (errno
+// set) when it cannot be read — not "none": resume = auto would then start over beside them.
 static int list_checkpoints(const char *out_dir, checkpoint_dir **out) {
     DIR *d = opendir(out_dir);
+    *out = NULL;
+    if (!d && errno != ENOENT) return -1;
     int count = 0, capacity = 0;
     checkpoint_dir *dirs = NULL;
     for (struct dirent *e; d && (e = readdir(d));) {
@@ -880,9 +907,16 @@ static int list_checkpoints(const char *out_dir, checkpoint_dir **out) {
     return count;
 }
 
+// list_checkpoints for a decision: out_dir that cannot be read is fatal.
+static int must_list(const char *out_dir, checkpoint_dir **out) {
+    int count = list_checkpoints(out_dir, out);
+    if (count < 0) fail("out_dir: cannot list '%s': %s (its checkpoints cannot be found)", out_dir, strerror(errno));
+    return count;
+}
+
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s) {
     checkpoint_dir *dirs;
-    int count = list_checkpoints(out_dir, &dirs);
+    int count = must_list(out_dir, &dirs);
     for (int i = 0; i < count; i++) {
         char why[512];
         if (checkpoint_load(dirs[i].path, b, s, why, sizeof why)) {
@@ -902,7 +936,7 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
 
 int checkpoint_count(const char *out_dir) {
     checkpoint_dir *dirs;
-    int count = list_checkpoints(out_dir, &dirs);
+    int count = must_list(out_dir, &dirs);
     free(dirs);
     return count;
 }
@@ -924,7 +958,7 @@ bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes) {
 
 int64_t checkpoint_newest_step(const char *out_dir) {
     checkpoint_dir *dirs;
-    int count = list_checkpoints(out_dir, &dirs);
+    int count = must_list(out_dir, &dirs);
     int64_t step = count > 0 ? dirs[0].step : -1;
     free(dirs);
     return step;
@@ -934,6 +968,7 @@ void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written) {
     if (keep <= 0) return;
     checkpoint_dir *dirs;
     int count = list_checkpoints(out_dir, &dirs), kept = 0;
+    if (count < 0) warn("ckpt_keep: cannot list '%s' to prune it: %s", out_dir, strerror(errno));
     for (int i = 0; i < count; i++) {
         if (dirs[i].step > written) continue;  // not of this run's line: left alone, not counted
         if (kept < keep) kept++;

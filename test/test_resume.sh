@@ -65,6 +65,16 @@ check "the half-written checkpoint is only a .tmp directory" \
 run "$tmp/crash" >"$tmp/crash.log" 2>&1
 check "resumed from step 5" grep -q "resuming from '$tmp/crash/step_00000005'" "$tmp/crash.log"
 check "crash + resume: identical losses and bytes" same_as_straight "$tmp/crash"
+# Killed while writing an off-grid checkpoint (stop_at_step 7, as at a walltime signal): no
+# later save is of step 7, so its .tmp directory (a whole checkpoint's size) once stayed
+# forever; the next commit removes it, with a warning naming it.
+rc=0; TRAIN_GPT_FAULT=kill_in_checkpoint:7 run "$tmp/crash7" --stop_at_step 7 >/dev/null 2>&1 || rc=$?
+check "killed while writing the step-7 checkpoint (rc $rc): a .tmp directory is left" \
+    sh -c "[ $rc -eq 137 ] && test -d '$tmp/crash7/.tmp-step_00000007'"
+run "$tmp/crash7" >"$tmp/crash7.log" 2>&1
+check "... the next commit removes it, saying so" \
+    sh -c "! test -e '$tmp/crash7/.tmp-step_00000007' && grep -q \"removing '$tmp/crash7/.tmp-step_00000007', a checkpoint that was never finished\" '$tmp/crash7.log'"
+check "... and the run is still bit-exact" same_as_straight "$tmp/crash7"
 
 # 4. kill -9 from outside, at whatever moment the step-50 checkpoint appears
 "$TRAIN_GPT" "${common[@]}" "${long[@]}" --out_dir "$tmp/killed" >/dev/null 2>&1 &
@@ -92,7 +102,8 @@ TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench10" --max_steps 10 >/dev/null 2>&
 check "no final checkpoint: ckpt_every's own at max_steps stays" test -d "$tmp/bench10/step_00000010"
 TRAIN_GPT_NO_FINAL_CHECKPOINT=1 run "$tmp/bench_stop" --max_steps 12 --stop_at_step 7 >/dev/null 2>&1
 check "no final checkpoint: stop_at_step still writes one" test -d "$tmp/bench_stop/step_00000007"
-# 7. resume = an older checkpoint of out_dir itself, which holds newer ones: refused with one
+# 7. resume = an older checkpoint of out_dir itself, which holds newer ones (or a checkpoint
+# elsewhere into an out_dir of older ones): refused with one
 # line before anything is written (the new branch's steps would sit below the old branch's,
 # and ckpt_keep would delete them); the directory is untouched.
 before=$(tree_digest "$tmp/straight")
@@ -109,6 +120,16 @@ check "the same checkpoint into a fresh out_dir continues" grep -q "resuming fro
 run "$tmp/branch" --resume "$tmp/straight/step_00000010" --max_steps 14 >"$tmp/branch3.log" 2>&1
 check "... and the same command again goes on from out_dir's step 12" \
     sh -c "grep -q \"going on from out_dir's newest valid checkpoint\" '$tmp/branch3.log' && grep -q \"resuming from '$tmp/branch/step_00000012' at step 12\" '$tmp/branch3.log' && test -d '$tmp/branch/step_00000014'"
+# An out_dir that holds only older checkpoints than the named one holds another run's (this
+# run's progress would be newer): refused as resume = never refuses them, where ckpt_keep 1
+# deleted them all (found by a reviewer helper); the directory is untouched.
+mkdir -p "$tmp/other" && cp -r "$tmp/straight/step_00000005" "$tmp/other/"
+before=$(tree_digest "$tmp/other/step_00000005")
+rc=0
+run "$tmp/other" --resume "$tmp/straight/step_00000010" --max_steps 12 --ckpt_keep 1 >"$tmp/other.log" 2>&1 || rc=$?
+check "resume = a checkpoint elsewhere into an out_dir of older checkpoints: refused (status $rc), naming them" \
+    sh -c "[ $rc -ne 0 ] && grep -q \"resume: out_dir '$tmp/other' holds checkpoints up to step_00000005, older than\" '$tmp/other.log'"
+check "... and its checkpoint is untouched" test "$(tree_digest "$tmp/other/step_00000005")" = "$before"
 
 # 8. Another batch_size on resume: the position is converted by rows (docs/config.md, resume).
 # 8 steps of 2 × 4 rows read micro-batches 0..15 = rows 0..63; at batch_size 8 and grad_accum 1
