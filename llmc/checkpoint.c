@@ -309,6 +309,13 @@ static void write_stretch(void *ctx, int64_t global, int64_t local, int64_t coun
                                     io->at + (uint64_t)(global - io->first) * 4);
 }
 
+// ok, or a warning on this process (a job's rank prefixes its number) naming the file and the
+// error: the one line that says where a save failed, whichever rank it failed on.
+static bool said(bool ok, const char *verb, const char *dir, const char *file) {
+    if (!ok) warn("cannot %s checkpoint file '%s/%s': %s", verb, dir, file, strerror(errno));
+    return ok;
+}
+
 // DIR/FILE of a job: rank 0 creates it with its header and full size, then every writer
 // writes its pieces at their offsets (the XXH64 is rank 0's, later, from the file).
 static bool write_table_pieces(const model_buffers *b, const char *dir, const char *file, const table_file *tf) {
@@ -324,7 +331,8 @@ static bool write_table_pieces(const model_buffers *b, const char *dir, const ch
     bool ok = true;
     if (is_root(b)) {
         int fd = open_new_file(dir, file, path, sizeof path);
-        ok = fd >= 0 && finish_file(fd, write_exact(fd, header, header_bytes) && ftruncate(fd, (off_t)total) == 0);
+        ok = said(fd >= 0 && finish_file(fd, write_exact(fd, header, header_bytes) && ftruncate(fd, (off_t)total) == 0),
+                  "write", dir, file);
     }
     free(header);
     if (!all_ok(b, ok)) return false;
@@ -342,7 +350,7 @@ static bool write_table_pieces(const model_buffers *b, const char *dir, const ch
                 shard_visit(b->shard, p->offset, p->offset + p->numel, write_stretch, &io);
                 at += (uint64_t)p->numel * 4;
             }
-        ok = fd >= 0 && finish_file(fd, io.ok);
+        ok = said(fd >= 0 && finish_file(fd, io.ok), "write", dir, file);
     }
     return all_ok(b, ok);
 }
@@ -353,7 +361,7 @@ static bool write_table(const model_buffers *b, const char *dir, const char *fil
     if (b->job) return write_table_pieces(b, dir, file, tf);
     char path[4200];
     int fd = open_new_file(dir, file, path, sizeof path);
-    return fd >= 0 && finish_file(fd, write_table_fd(fd, tf, hash));
+    return said(fd >= 0 && finish_file(fd, write_table_fd(fd, tf, hash)), "write", dir, file);
 }
 
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg) {
@@ -401,18 +409,19 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
     free(config_json);
     bool reducer = ok && root && b->reducer_head && b->outer_theta;
     if (reducer)
-        ok = write_two_part_file(tmp_dir, CHECKPOINT_FILES[REDUCER_FILE], b->reducer_head, b->reducer_head_bytes,
-                                 b->reducer_body, b->reducer_body_bytes, &hashes[REDUCER_FILE]);
+        ok = said(write_two_part_file(tmp_dir, CHECKPOINT_FILES[REDUCER_FILE], b->reducer_head, b->reducer_head_bytes,
+                                      b->reducer_body, b->reducer_body_bytes, &hashes[REDUCER_FILE]),
+                  "write", tmp_dir, CHECKPOINT_FILES[REDUCER_FILE]);
     // Rank 0 finishes as one process does; a job's table files are hashed from disk (one read).
     if (ok && root) {
         char *state_json = state_to_json(s, cfg);
-        ok = write_text_file(tmp_dir, "state.json", state_json, &hashes[2]);
+        ok = said(write_text_file(tmp_dir, "state.json", state_json, &hashes[2]), "write", tmp_dir, "state.json");
         free(state_json);
         char path[4200];
         for (int i = 0; ok && b->job && i < files; i++) {
             if (i == 2) continue;
             snprintf(path, sizeof path, "%s/%s", tmp_dir, CHECKPOINT_FILES[i]);
-            ok = hash_file(path, &hashes[i]);
+            ok = said(hash_file(path, &hashes[i]), "read back", tmp_dir, CHECKPOINT_FILES[i]);
         }
         if (ok) {
             strbuf sums = {0};
@@ -421,15 +430,16 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
             if (reducer)
                 sb_printf(&sums, "%016llx  %s\n", (unsigned long long)hashes[REDUCER_FILE],
                           CHECKPOINT_FILES[REDUCER_FILE]);
-            ok = write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL);
+            ok = said(write_text_file(tmp_dir, "checksums.xxh64", sums.data, NULL), "write", tmp_dir, "checksums.xxh64");
             sb_free(&sums);
         }
-        ok = ok && fsync_dir(tmp_dir);
+        ok = ok && said(fsync_dir(tmp_dir), "sync", tmp_dir, ".");
     }
     if (!all_ok(b, ok)) {
         if (root) {
-            warn("checkpoint at step %lld failed: %s (the previous checkpoints are untouched)", (long long)s->step,
-                 strerror(errno));
+            // Where it failed is the warning before this one (on the rank it failed on).
+            warn("checkpoint at step %lld failed (see the line naming the file; the previous checkpoints are untouched)",
+                 (long long)s->step);
             remove_tree(tmp_dir);
         }
         return false;

@@ -173,10 +173,23 @@ if [ "$(id -u)" -ne 0 ] || [ ${#as[@]} -gt 0 ]; then
     expect_error "an out_dir where checkpoints cannot be written, at start" "out_dir: cannot create a checkpoint directory in '$ro/out'" \
         "${as[@]}" "$ro/train_gpt" "$ro/tiny_test.conf" --train_data "$ro/train.bin" --max_steps 4 --out_dir "$ro/out"
     check "... before any step" sh -c "! grep -q '^step ' '$tmp/out.txt'"
+    # One that can be written but not listed (w+x, no r): its checkpoints cannot be found, and
+    # resume = auto once started over beside them without a word.
+    mkdir "$ro/blind" && chmod 333 "$ro/blind"
+    expect_error "an out_dir that cannot be listed" "out_dir: cannot list '$ro/blind': Permission denied" \
+        "${as[@]}" "$ro/train_gpt" "$ro/tiny_test.conf" --train_data "$ro/train.bin" --max_steps 4 --out_dir "$ro/blind"
 else
     say "  skip the read-only out_dir: root without runuser, or nobody cannot run $ro/train_gpt"
 fi
 chmod -R u+w "$ro" && rm -rf "$ro"
+
+# A checkpoint file that cannot be written (here: past the file size limit): the warning names
+# the file and the error (it once printed a stale errno and no file), the run goes on.
+(ulimit -f 64 && trap '' XFSZ && exec "$TRAIN_GPT" "${base[@]}" --max_steps 4 --ckpt_every 1 --out_dir "$tmp/full") \
+    >"$tmp/full.log" 2>&1 || true
+check "a checkpoint file that cannot be written: a warning names it and the error" \
+    grep -q "warning: cannot write checkpoint file '$tmp/full/.tmp-step_00000001/model.safetensors': File too large" "$tmp/full.log"
+check "... and the summary points to it" grep -q "checkpoint at step 1 failed (see the line naming the file" "$tmp/full.log"
 
 # --- outlier guard
 TRAIN_GPT_FAULT=nan_grad:2 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/nan1" >/dev/null 2>"$tmp/nan1.err"
