@@ -31,6 +31,8 @@
 //   tcp_die_in_upload, tcp_die_in_upload_after_full, tcp_trace, tcp_join_late, tcp_caught_up_late
 //                       the tcp transport's own hooks for its tests (test/test_transport.c, test/*.sh; see
 //                       net/transport_tcp.c and docs/protocol.md)
+//   prepare_term_after_shard  `train_gpt prepare` sends itself SIGTERM once train shard STEP
+//                       (0-based) is finished: a run stopped by a time limit (test/test_prepare.sh)
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor
 //                       only, then SIGKILL itself once that replica says DONE (net/relay.c)

@@ -11,6 +11,9 @@
 #     between 12 and 48 there (4 binomial standard deviations around 30).
 #   - Broken or truncated tokenizer files, unreadable inputs, malformed JSONL, bad options
 #     and an existing output: exit status 1 and one line on stderr naming the problem.
+#   - All or nothing: a failing --overwrite leaves the earlier run whole; a run stopped by
+#     SIGTERM leaves only .partial shards, which the next run removes; an --out with glob
+#     characters still finds an earlier run.
 set -euo pipefail
 : "${TRAIN_GPT:?}" "${BUILD:?}"
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -117,6 +120,39 @@ expect_error "no inputs" "no input files" --tokenizer "$R50K" --out "$T/e/x"
 echo "-- --overwrite replaces an earlier run"
 prepare --tokenizer "$R50K" --out "$T/a/run" --overwrite "$T/corpus/a.txt" >/dev/null
 [ "$(ls "$T"/a/run_*.bin | wc -l)" = 1 ] && ok "only the new shard is left" || bad "old shards survived --overwrite"
+
+# A failing --overwrite (the new input is malformed) leaves the old corpus whole: it once
+# removed the old shards and summary before reading a byte.
+before=$(cd "$T/a" && cat run_* | md5sum)
+expect_error "a failing --overwrite" "bad.jsonl:2:" --tokenizer "$R50K" --out "$T/a/run" --overwrite "$T/bad.jsonl"
+[ "$(cd "$T/a" && cat run_* | md5sum)" = "$before" ] && ok "... leaves the earlier run's shards and summary as they were" ||
+    bad "a failing --overwrite changed the earlier run's output"
+
+echo "-- a run stopped by a signal leaves no shard the trainer would read"
+# SIGTERM (SLURM's time limit) once two train shards are finished (a fault hook: at that point
+# whatever the machine's speed); SIGTERM's default action ends the process at once.
+rc=0
+TRAIN_GPT_FAULT=prepare_term_after_shard:1 "$TRAIN_GPT" prepare --quiet --tokenizer "$R50K" --out "$T/k/run" \
+    --shard_tokens 50 "$T/corpus/a.txt" >"$T/k.out" 2>&1 || rc=$?
+[ $rc -eq 143 ] && [ "$(ls "$T"/k/run_train_*.bin.partial | wc -l)" = 2 ] && ok "stopped by SIGTERM (status $rc) after two shards" ||
+    bad "the run was not stopped after two shards (status $rc): $(ls "$T/k")"
+! compgen -G "$T/k/run_*.bin" >/dev/null && ! test -e "$T/k/run_summary.json" &&
+    ok "... it left no shard under a final name and no summary" ||
+    bad "a stopped run left shards under their final names: $(ls "$T/k")"
+prepare --tokenizer "$R50K" --out "$T/k/run" --shard_tokens 50 "$T/corpus/a.txt" >"$T/k2.out" 2>&1 &&
+    ! compgen -G "$T/k/run_*.partial" >/dev/null && grep -q "removing 2 partial shard(s) of a run that was stopped" "$T/k2.out" &&
+    compgen -G "$T/k/run_train_*.bin" >/dev/null && ok "the next run removes the partial shards, saying so, and writes its own" ||
+    bad "the next run did not clean up: $(ls "$T/k")"
+
+echo "-- JSON lines named .json (C4's c4-train.*.json.gz) are JSONL under --format auto"
+printf '{"text":"first document"}\n{"text":"second"}\n' >"$T/c4.json"
+prepare --tokenizer "$R50K" --out "$T/j/run" "$T/c4.json" >"$T/j.out"
+grep -q "train 2 documents" "$T/j.out" && ok "a .json file of 2 JSON lines: 2 documents" ||
+    bad ".json read as text: $(grep 'train' "$T/j.out")"
+
+echo "-- an --out with glob characters still finds an earlier run's shards"
+prepare --tokenizer "$R50K" --out "$T/br[1]/x" --shard_tokens 200 "$T/corpus/a.txt" >/dev/null
+expect_error "existing shards under a bracketed --out" "already exists" --tokenizer "$R50K" --out "$T/br[1]/x" "$T/corpus/a.txt"
 
 if [ $FAILED -ne 0 ]; then echo "test_prepare: $FAILED check(s) failed"; exit 1; fi
 echo "test_prepare: all passed"

@@ -29,6 +29,7 @@
 #include "tok/prepare.h"
 #include "llmc/common.h"
 #include "llmc/json.h"
+#include "llmc/fault.h"
 #include "tok/prepare_input.h"
 #include "tok/tokenizer.h"
 
@@ -36,6 +37,7 @@
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -50,7 +52,7 @@ static const char usage[] =
     "\n"
     "Tokenizes text and JSONL files into token shards PREFIX_train_000000.bin, ... and\n"
     "PREFIX_val_000000.bin, ..., plus a summary PREFIX_summary.json. INPUT: files,\n"
-    "directories (read recursively, in sorted order: their *.txt, *.jsonl and *.ndjson files)\n"
+    "directories (read recursively, in sorted order: their *.txt, *.jsonl, *.ndjson and *.json files)\n"
     "or quoted glob patterns. Files may be gzip (.gz) or zstd (.zst) compressed, e.g.\n"
     "web/part-00017.jsonl.zst; they are decoded as streams.\n"
     "\n"
@@ -61,7 +63,7 @@ static const char usage[] =
     "  --val_files A,B       inputs whose file name (or path) is listed go to val\n"
     "  --val_frac F          or: this fraction of documents, picked by hash (default 0: no val)\n"
     "  --seed N              seed of the --val_frac pick (default 1337)\n"
-    "  --format F            auto (default: .jsonl/.ndjson are JSONL, also .gz/.zst), text\n"
+    "  --format F            auto (default: .jsonl/.ndjson/.json are JSONL, also .gz/.zst), text\n"
     "                        or jsonl (these two: every file of a directory, in that format)\n"
     "  --separator S         text files hold many documents separated by S (escapes \\n \\t\n"
     "                        \\r \\\\ \\xHH); default: one document per text file\n"
@@ -265,16 +267,37 @@ typedef struct {
     uint64_t *counts;         // unigram counts
 } split_output;
 
-static char *shard_path(const char *prefix, const char *split, int index) {
-    size_t n = strlen(prefix) + strlen(split) + 32;
+// Shards are numbered in six digits so that a glob's sort is their order: a millionth would
+// sort between the 100000th and the 100001st.
+#define MAX_SHARDS 1000000
+
+// A shard's final name, or (partial) the name it has until the run is complete.
+static char *shard_path(const char *prefix, const char *split, int index, bool partial) {
+    size_t n = strlen(prefix) + strlen(split) + 40;
     char *path = xmalloc(n);
-    snprintf(path, n, "%s_%s_%06d.bin", prefix, split, index);
+    snprintf(path, n, "%s_%s_%06d.bin%s", prefix, split, index, partial ? ".partial" : "");
     return path;
 }
 
-// If the process fails half-way (fail() exits through atexit), the shard being written is
-// dropped (its .tmp removed) and the shards this run finished are removed too: the output is
-// a whole run or nothing.
+// prefix with glob(3)'s special characters escaped, then `suffix` (a pattern) appended: an
+// --out of "runs[1]/x" once matched nothing, so old shards went unnoticed.
+static char *glob_of(const char *prefix, const char *suffix) {
+    size_t n = 2 * strlen(prefix) + strlen(suffix) + 1;
+    char *out = xmalloc(n), *q = out;
+    for (const char *p = prefix; *p; p++) {
+        if (strchr("*?[]\\", *p)) *q++ = '\\';
+        *q++ = *p;
+    }
+    strcpy(q, suffix);
+    return out;
+}
+
+// A run's shards are written as NAME.bin.partial and renamed to NAME.bin only once the whole
+// run is done (an earlier run's, with --overwrite, removed just before): a run killed by a
+// signal (SLURM's time limit, SIGKILL) leaves no shard under a name the trainer's glob reads,
+// and a failed --overwrite leaves the old corpus whole. If the process fails half-way (fail()
+// exits through atexit), the shard being written is dropped (its .tmp removed) and the partial
+// shards this run finished are removed too; a killed run's are removed by the next run.
 static split_output *outputs_to_abort[2];
 static const shard_sink *sink;  // prepare_main's
 
@@ -287,7 +310,7 @@ static void abort_run_shards(void) {
             o->writer = NULL;
         }
         for (int k = 0; k < o->shards; k++) {
-            char *path = shard_path(o->prefix, o->split, k);
+            char *path = shard_path(o->prefix, o->split, k, true);
             unlink(path);   // the one being written was never renamed: ENOENT, fine
             free(path);
         }
@@ -299,8 +322,12 @@ static void output_append(split_output *o, const uint32_t *ids, size_t n) {
     o->tokens += n;
     while (n > 0) {
         if (!o->writer) {
+            if (o->shards == MAX_SHARDS)
+                fail("more than %d %s shards (--shard_tokens %llu): their names would no longer sort in order; raise "
+                     "--shard_tokens",
+                     MAX_SHARDS - 1, o->split, (unsigned long long)o->shard_tokens);
             free(o->path);
-            o->path = shard_path(o->prefix, o->split, o->shards);
+            o->path = shard_path(o->prefix, o->split, o->shards, true);
             o->writer = sink->open(o->path, o->vocab_size, o->doc_token);
             if (!o->writer) fail("cannot create shard %s.tmp: %s", o->path, strerror(errno));
             o->shards++;
@@ -314,6 +341,10 @@ static void output_append(split_output *o, const uint32_t *ids, size_t n) {
             void *w = o->writer;
             o->writer = NULL;
             if (!sink->close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
+            if (strcmp(o->split, "train") == 0 && fault_requested("prepare_term_after_shard", o->shards - 1)) {
+                fflush(NULL);
+                raise(SIGTERM);
+            }
         }
     }
 }
@@ -325,31 +356,46 @@ static void output_finish(split_output *o) {
     if (!sink->close(w)) fail("cannot finish shard %s: %s", o->path, strerror(errno));
 }
 
-// Shards of an earlier run would mix with this one's under the trainer's glob: refuse, or
-// with --overwrite remove them first.
-static void clear_old_shards(const char *prefix, bool overwrite) {
-    static const char *const splits[] = {"train", "val"};
+static const char *const SPLITS[] = {"train", "val"};
+
+// Shards of an earlier run would mix with this one's under the trainer's glob: refused
+// without --overwrite (checked at the start); with it they are removed once this run is done
+// (remove = true). Either way a killed run's partial shards go at the start (partial = true).
+static void old_shards(const char *prefix, bool overwrite, bool remove, bool partial) {
     for (int s = 0; s < 2; s++) {
-        size_t n = strlen(prefix) + 32;
-        char *pattern = xmalloc(n);
-        snprintf(pattern, n, "%s_%s_[0-9]*.bin", prefix, splits[s]);
+        char suffix[40];
+        snprintf(suffix, sizeof suffix, "_%s_[0-9]*.bin%s", SPLITS[s], partial ? ".partial" : "");
+        char *pattern = glob_of(prefix, suffix);
         glob_t g;
         if (glob(pattern, 0, NULL, &g) == 0) {
-            if (!overwrite)
+            if (!overwrite && !partial)
                 fail("%s already exists (an earlier run?) ---> HINT: pass --overwrite to replace it, or another --out",
                      g.gl_pathv[0]);
-            for (size_t i = 0; i < g.gl_pathc; i++)
+            if (partial && g.gl_pathc > 0)
+                note("prepare: removing %zu partial shard(s) of a run that was stopped (%s, ...)", g.gl_pathc,
+                     g.gl_pathv[0]);
+            for (size_t i = 0; (remove || partial) && i < g.gl_pathc; i++)
                 if (unlink(g.gl_pathv[i]) != 0) fail("cannot remove %s: %s", g.gl_pathv[i], strerror(errno));
             globfree(&g);
         }
         free(pattern);
     }
-    if (overwrite) {   // the old run's summary would describe shards that are gone
+    if (remove) {   // the old run's summary would describe shards that are gone
         size_t n = strlen(prefix) + 16;
         char *path = xmalloc(n);
         snprintf(path, n, "%s_summary.json", prefix);
         if (unlink(path) != 0 && errno != ENOENT) fail("cannot remove %s: %s", path, strerror(errno));
         free(path);
+    }
+}
+
+// The run is done: its partial shards take their final names.
+static void publish_shards(const split_output *o) {
+    for (int k = 0; k < o->shards; k++) {
+        char *from = shard_path(o->prefix, o->split, k, true), *to = shard_path(o->prefix, o->split, k, false);
+        if (rename(from, to) != 0) fail("cannot rename %s to %s: %s", from, to, strerror(errno));
+        free(from);
+        free(to);
     }
 }
 
@@ -548,7 +594,7 @@ static void print_split(const split_output *o) {
     printf("prepare: %-5s %llu document%s, %llu tokens, %d shard%s", o->split, (unsigned long long)o->documents,
            o->documents == 1 ? "" : "s", (unsigned long long)o->tokens, o->shards, o->shards == 1 ? "" : "s");
     if (o->shards > 0) {
-        char *first = shard_path(o->prefix, o->split, 0);
+        char *first = shard_path(o->prefix, o->split, 0, false);
         printf(" (%s%s)", first, o->shards > 1 ? ", ..." : "");
         free(first);
     }
@@ -581,13 +627,15 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
         sb_json_number(&sb, val_cross_entropy);
     }
     sb_append(&sb, "}\n");
-    size_t n = strlen(prefix) + 16;
-    char *path = xmalloc(n);
+    size_t n = strlen(prefix) + 24;
+    char *path = xmalloc(n), *tmp = xmalloc(n);
     snprintf(path, n, "%s_summary.json", prefix);
-    FILE *f = fopen(path, "w");
-    if (!f || fwrite(sb.data, 1, sb.length, f) != sb.length || fclose(f) != 0)
+    snprintf(tmp, n, "%s_summary.json.tmp", prefix);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fwrite(sb.data, 1, sb.length, f) != sb.length || fclose(f) != 0 || rename(tmp, path) != 0)
         fail("cannot write %s: %s", path, strerror(errno));
     free(path);
+    free(tmp);
     sb_free(&sb);
 }
 
@@ -609,7 +657,8 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     uint32_t vocab_size = tokenizer_vocab_size(tok);
 
     make_parent_dirs(opt.out_prefix);
-    clear_old_shards(opt.out_prefix, opt.overwrite);
+    old_shards(opt.out_prefix, opt.overwrite, false, false);   // refused without --overwrite
+    old_shards(opt.out_prefix, true, false, true);             // a stopped run's partial shards
     split_output train = {"train", opt.out_prefix, vocab_size, doc_token, opt.shard_tokens, NULL, NULL, 0, 0, 0,
                           xcalloc(vocab_size, sizeof(uint64_t))};
     split_output val = train;
@@ -688,6 +737,12 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
                "(add-one) %.4f nats/token\n",
                val_entropy, val_cross);
     }
+    // Complete: the earlier run's output goes (--overwrite), this one's takes its names, and
+    // the summary comes last.
+    if (opt.overwrite) old_shards(opt.out_prefix, true, true, false);
+    publish_shards(&train);
+    publish_shards(&val);
+    outputs_to_abort[0] = outputs_to_abort[1] = NULL;   // nothing partial is left to remove
     write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
                   file_bytes, seconds);
     fflush(stdout);

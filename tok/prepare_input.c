@@ -54,8 +54,11 @@ static bool named_like(const char *path, prep_compression compression, const cha
     return match;
 }
 
-static const char *const jsonl_suffixes[] = {".jsonl", ".ndjson"};
-static const char *const corpus_suffixes[] = {".txt", ".jsonl", ".ndjson"};
+// .json too: corpora of JSON lines are often named so (C4's c4-train.00000-of-01024.json.gz), and
+// read as text each file became one document of JSON syntax without a word; a file that is one
+// JSON document over many lines is an error at its first line instead.
+static const char *const jsonl_suffixes[] = {".jsonl", ".ndjson", ".json"};
+static const char *const corpus_suffixes[] = {".txt", ".jsonl", ".ndjson", ".json"};
 
 // in_directory: found by walking a directory (not named by the user), so with --format auto
 // only files named like text or JSONL are taken.
@@ -66,7 +69,7 @@ static void add_file(input_list *list, const char *path, uint64_t bytes, bool in
         prep_compression c = ends_with(path, ".gz") ? PREP_GZIP
                              : ends_with(path, ".zst") || ends_with(path, ".zstd") ? PREP_ZSTD
                                                                                    : PREP_PLAIN;
-        if (!named_like(path, c, corpus_suffixes, 3)) {
+        if (!named_like(path, c, corpus_suffixes, 4)) {
             if (list->skipped++ == 0) list->first_skipped = xstrdup(path);
             return;
         }
@@ -78,7 +81,7 @@ static void add_file(input_list *list, const char *path, uint64_t bytes, bool in
         list->items = xrealloc(list->items, list->capacity * sizeof *list->items);
     }
     prep_format format = PREP_TEXT;
-    if (strcmp(list->format_name, "jsonl") == 0 || (is_auto && named_like(path, compression, jsonl_suffixes, 2)))
+    if (strcmp(list->format_name, "jsonl") == 0 || (is_auto && named_like(path, compression, jsonl_suffixes, 3)))
         format = PREP_JSONL;
     list->items[list->count++] = (prep_input){xstrdup(path), bytes, format, compression, false};
 }
@@ -142,13 +145,13 @@ prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format
     for (int i = 0; i < n_paths; i++)
         if (!add_pattern(&list, paths[i])) add_path(&list, paths[i], 0);
     if (list.skipped > 0)
-        warn("skipped %llu file%s in the input directories not named *.txt, *.jsonl or *.ndjson (optionally .gz or "
+        warn("skipped %llu file%s in the input directories not named *.txt, *.jsonl, *.ndjson or *.json (optionally .gz or "
              ".zst), e.g. %s ---> HINT: name such files on the command line, or pass --format text or jsonl",
              (unsigned long long)list.skipped, list.skipped == 1 ? "" : "s", list.first_skipped);
     free(list.first_skipped);
     if (list.count == 0)
         fail("no input files (the directories given hold %s)",
-             strcmp(format_name, "auto") == 0 ? "no *.txt, *.jsonl or *.ndjson files" : "no files");
+             strcmp(format_name, "auto") == 0 ? "no *.txt, *.jsonl, *.ndjson or *.json files" : "no files");
     *count = list.count;
     return list.items;
 }

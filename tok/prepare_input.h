@@ -3,7 +3,7 @@
 //
 // Inputs are files, directories or glob patterns. A directory is walked recursively, hidden
 // entries skipped, names sorted so that a rerun reads the same order; with --format auto it
-// contributes the files named *.txt, *.jsonl, *.ndjson, each optionally compressed (.gz,
+// contributes the files named *.txt, *.jsonl, *.ndjson, *.json, each optionally compressed (.gz,
 // .zst), and a warning counts the other files it skipped. A file named on the command line
 // (or matched by a pattern) is read whatever its name. A pattern (an argument with * ? [ that
 // names no file) is expanded by glob(3), sorted, so a corpus of many thousands of files need
@@ -13,7 +13,7 @@
 //   jsonl  one JSON object per line, the document is its string member `text` (or another
 //          key); blank lines are skipped; anything else on a line is an error naming
 //          file:line.
-// --format auto decides by the name without its compression suffix (.jsonl / .ndjson are
+// --format auto decides by the name without its compression suffix (.jsonl / .ndjson / .json are
 // JSONL). Files are streamed in blocks, compressed ones decoded on the fly
 // (tok/prepare_stream.h), so a JSONL file of any size costs a block of memory; a single
 // document must fit in memory.
