@@ -3213,6 +3213,9 @@ static bool walltime_near(const trainer *tr, double end, double *left_s) {
 
 static bool due(int64_t step, int64_t every, int64_t last) { return step == last || (every > 0 && step % every == 0); }
 
+// Whether the bad steps that now roll back were all spikes within the shift ratios (llmc/guard.h).
+static bool shift_streak(const trainer *tr) { return tr->state.norm_spikes >= tr->state.bad_steps; }
+
 // Rollback: back to the newest valid checkpoint in out_dir with its weights, moments,
 // counters and spike window, but with the data where it is now, so the batches taken since
 // that checkpoint (among them the ones that led to the trouble) are skipped. Checkpoints
@@ -3225,7 +3228,8 @@ static bool roll_back(trainer *tr, int64_t s) {
     model_buffers b = buffers_of(tr);
     train_state st;
     memset(&st, 0, sizeof st);
-    char *dir = checkpoint_load_latest(cfg->out_dir, &b, &st);  // fatal if none verifies
+    // ckpt_every's grid first: the straight run's target even after a stop wrote one off it.
+    char *dir = checkpoint_load_latest_every(cfg->out_dir, cfg->ckpt_every, &b, &st);  // fatal if none verifies
     if (!dir) return false;
     if (fault_requested("kill_in_rollback", st.step)) raise(SIGKILL);
     int64_t per_epoch = dataloader_batches_per_epoch(tr->train);
@@ -3248,7 +3252,9 @@ static bool roll_back(trainer *tr, int64_t s) {
     st.data_id = data_identity_of(tr->train);
     st.rollbacks = rollbacks;
     st.bad_steps = 0;
-    st.norm_spikes = 0;
+    // A streak of spikes all within the shift ratios: if the steps after the rollback are such
+    // spikes again, the first is a lasting shift of the loss (llmc/guard.h).
+    st.norm_spikes = shift_streak(tr) ? cfg->max_bad_steps : 0;
     tr->state = st;
     backend_upload(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq, st.adam_step);
     return true;
@@ -3267,7 +3273,7 @@ static bool restart_replica(trainer *tr, int64_t s) {
     if (tr->outer) discarded = diloco_restart_from_theta(tr->outer, tr->params, &tr->state, s + 1);
     tr->state.rollbacks = rollbacks;
     tr->state.bad_steps = 0;
-    tr->state.norm_spikes = 0;
+    tr->state.norm_spikes = shift_streak(tr) ? cfg->max_bad_steps : 0;   // as roll_back's
     follow_first_copy(tr, true, true, before);
     backend_upload_params(tr->be, tr->params);
     char extra[200];
@@ -3316,16 +3322,18 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
          cfg->out_dir);
 }
 
-// The step after max_bad_steps − 1 skips for a shifted gradient norm alone was applied with its
-// norm still above the window's limit: the norm has moved (a model leaving a plateau), the
-// window describes a regime that is over, and it starts over from this step (the guard acts
-// again once it is full). Logged as a `spike_shift` event and a warning.
+// The step after max_bad_steps − 1 skips as spikes within the shift ratios was applied with its
+// loss or norm still above the window's limit: the norm has moved (a model leaving a plateau)
+// or the loss has (harder data for good), the window describes a regime that is over, and it
+// starts over from this step (the guard acts again once it is full). Logged as a
+// `spike_shift` event and a warning.
 static void accept_shift(trainer *tr, const step_metrics *m, const step_limits *limits, int64_t s) {
     spike_event(tr, "spike_shift", m, limits, s);
-    warn("step %lld: gradient norm %.4g above its limit %.4g for the %lld steps before it too, the loss within its "
-         "own (%.4f, limit %.4f): a lasting shift, not a spike; step applied, the spike guard's window starts over",
-         (long long)s + 1, m->grad_norm, limits->max_grad_norm, (long long)tr->state.norm_spikes, m->loss,
-         limits->max_loss);
+    warn("step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g), above a limit for the %lld steps before "
+         "it too and within %.0fx (loss) and %.0fx (norm) of them: a lasting shift, not a spike; step applied, the spike "
+         "guard's window starts over",
+         (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
+         (long long)tr->state.norm_spikes, SPIKE_SHIFT_MAX_LOSS_RATIO, SPIKE_SHIFT_MAX_RATIO);
     tr->state.spikes.count = 0;
 }
 
@@ -3359,11 +3367,13 @@ static step_metrics train_step(trainer *tr, bool extra) {
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
-    // A lasting shift (llmc/guard.h): after max_bad_steps − 1 skips for a shifted gradient norm
-    // alone, the norm may be up to SPIKE_SHIFT_MAX_RATIO times the limit.
-    bool shift = cfg->max_bad_steps > 1 && tr->state.norm_spikes >= cfg->max_bad_steps - 1;
+    // A lasting shift (llmc/guard.h): after max_bad_steps − 1 skips as spikes within the shift
+    // ratios, the norm may go up to its ratio times its limit (with max_bad_steps = 1 at once: it
+    // once never could, and each shifted step rolled back); after a rollback that such a streak
+    // caused (norm_spikes carried as max_bad_steps), the loss to its own too.
+    bool shift = tr->state.norm_spikes >= cfg->max_bad_steps - 1;
     step_limits window_limits = limits;
-    if (shift) limits.max_grad_norm *= SPIKE_SHIFT_MAX_RATIO;
+    if (shift) limits = spike_shift_limits(&window_limits, tr->state.norm_spikes >= cfg->max_bad_steps);
     step_result r = backend_step(tr->be, m.lr, step_tokens, cfg, &limits);
     m.loss = r.loss;
     m.z_loss = r.z_loss;
@@ -3371,7 +3381,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
     m.skipped = r.skipped;
     tr->state.adam_step = r.adam_step;
     if (m.skipped) {
-        bool shifted = r.spike && spike_norm_shift(&window_limits, r.loss, r.grad_norm);
+        bool shifted = r.spike && spike_shift_like(&window_limits, r.loss, r.grad_norm);
         tr->state.norm_spikes = shifted ? tr->state.norm_spikes + 1 : 0;
         if (count_bad_step(tr, &m, &limits, r.spike, s)) {
             m.rolled_back = true;  // the state is the checkpoint's now: no step to count
@@ -3381,7 +3391,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
             return m;
         }
     } else {
-        if (shift && r.grad_norm > window_limits.max_grad_norm) accept_shift(tr, &m, &window_limits, s);
+        if (shift && spike_exceeds(&window_limits, r.loss, r.grad_norm)) accept_shift(tr, &m, &window_limits, s);
         tr->state.bad_steps = 0;
         tr->state.norm_spikes = 0;
         spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);

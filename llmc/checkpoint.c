@@ -925,8 +925,20 @@ static int must_list(const char *out_dir, checkpoint_dir **out) {
 }
 
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s) {
+    return checkpoint_load_latest_every(out_dir, 0, b, s);
+}
+
+char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s) {
     checkpoint_dir *dirs;
     int count = must_list(out_dir, &dirs);
+    // Those on the grid first (a stable partition keeps them newest first), then the others.
+    int on_grid = 0;
+    for (int i = 0; every > 0 && i < count; i++)
+        if (dirs[i].step % every == 0) {
+            checkpoint_dir d = dirs[i];
+            memmove(&dirs[on_grid + 1], &dirs[on_grid], (size_t)(i - on_grid) * sizeof *dirs);
+            dirs[on_grid++] = d;
+        }
     for (int i = 0; i < count; i++) {
         char why[512];
         if (checkpoint_load(dirs[i].path, b, s, why, sizeof why)) {

@@ -88,6 +88,11 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
 // Returns its path (caller frees), or NULL if out_dir has no checkpoint at all.
 // If checkpoints exist but none verifies, that is a fatal error: the user decides.
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s);
+// The same, trying first the checkpoints whose step is a multiple of `every` (ckpt_every's
+// grid), newest first, then the others: a rollback lands where it would have without the
+// checkpoints a stop wrote off the grid (a signal, the walltime, stop_at_step), so that a run
+// resumed after one rolls back as the straight run does. every 0: checkpoint_load_latest.
+char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s);
 
 // Number of checkpoint directories (step_*) in out_dir, valid or not.
 int checkpoint_count(const char *out_dir);

@@ -44,6 +44,12 @@ bool spike_exceeds(const step_limits *l, double loss, double grad_norm) {
     return loss > l->max_loss || grad_norm > l->max_grad_norm;
 }
 
-bool spike_norm_shift(const step_limits *l, double loss, double grad_norm) {
-    return loss <= l->max_loss && grad_norm > l->max_grad_norm && grad_norm <= l->max_grad_norm * SPIKE_SHIFT_MAX_RATIO;
+step_limits spike_shift_limits(const step_limits *l, bool loss_too) {
+    return (step_limits){loss_too ? l->max_loss * SPIKE_SHIFT_MAX_LOSS_RATIO : l->max_loss,
+                         l->max_grad_norm * SPIKE_SHIFT_MAX_RATIO};
+}
+
+bool spike_shift_like(const step_limits *l, double loss, double grad_norm) {
+    step_limits wide = spike_shift_limits(l, true);
+    return spike_exceeds(l, loss, grad_norm) && !spike_exceeds(&wide, loss, grad_norm);
 }

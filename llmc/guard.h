@@ -30,13 +30,25 @@ extern "C" {
 #define SPIKE_MIN_LOSS_RATIO 1.1
 #define SPIKE_MIN_GRAD_NORM_RATIO 4.0
 
-// A lasting shift of the gradient norm is no spike: when max_bad_steps − 1 steps in a row were
-// skipped for their gradient norm alone (the loss within its limit) and by less than this
-// many times the limit, the next step may have up to this many times the limit, and the
-// window starts over once it is applied. Measured: a model leaving a plateau raised its norm
-// 9-13x its window's for hundreds of steps (the DiLoCo benchmark's markov runs at M = 2 and
-// H = 200); a corrupted gradient (one element at 1e4) is thousands of times the limit.
+// A lasting shift is no spike. Spikes "within the shift ratios": the gradient norm less than
+// SPIKE_SHIFT_MAX_RATIO times its limit and the loss less than SPIKE_SHIFT_MAX_LOSS_RATIO times
+// its own.
+// - The gradient norm: when max_bad_steps − 1 steps in a row were skipped as such spikes with
+//   the loss within its limit, the next step's norm may go up to SPIKE_SHIFT_MAX_RATIO times
+//   the limit (with max_bad_steps = 1: at once), and the window starts over once it is applied.
+//   A model leaving a plateau raised its norm 9-13x its window's for hundreds of steps (the
+//   DiLoCo benchmark's markov runs at M = 2 and H = 200); a corrupted gradient (one element at
+//   1e4) is thousands of times the limit.
+// - The loss: max_bad_steps such spikes in a row roll back as any bad steps do (weights that
+//   came apart give a high loss on any data, and the rollback is their cure); if the steps
+//   right after the rollback are such spikes again, the data is what changed (the stream
+//   moved to a harder source, a resume on other data: 1.6x the limit, lasting), and the first
+//   of them is applied with the loss up to SPIKE_SHIFT_MAX_LOSS_RATIO times its limit, the
+//   window starting over. Before 2026-12 every later step was skipped too, each streak rolled
+//   back to the same checkpoint, and the run stopped when max_rollbacks ran out. Twice the
+//   limit is a model that has come apart (a loss near log V), not data.
 #define SPIKE_SHIFT_MAX_RATIO 25.0
+#define SPIKE_SHIFT_MAX_LOSS_RATIO 2.0
 
 typedef struct {
     int64_t size;                       // W the values were collected with (0: empty)
@@ -56,9 +68,13 @@ step_limits spike_limits(const spike_window *w, double z, int64_t step, int64_t 
 void spike_push(spike_window *w, int64_t window_size, double loss, double grad_norm);
 // Whether a step's loss and norm exceed the limits (what the backends test on their side).
 bool spike_exceeds(const step_limits *l, double loss, double grad_norm);
-// Whether a spike looks like part of a lasting shift: the gradient norm above its limit but by
-// less than SPIKE_SHIFT_MAX_RATIO times, the loss within its own.
-bool spike_norm_shift(const step_limits *l, double loss, double grad_norm);
+// Whether a spike looks like part of a lasting shift: above a limit, but the gradient norm
+// within SPIKE_SHIFT_MAX_RATIO times its limit and the loss within SPIKE_SHIFT_MAX_LOSS_RATIO
+// times its own.
+bool spike_shift_like(const step_limits *l, double loss, double grad_norm);
+// The limits while a shift may be accepted: l's gradient norm limit widened by its ratio, and
+// with loss_too the loss limit by its own.
+step_limits spike_shift_limits(const step_limits *l, bool loss_too);
 
 #ifdef __cplusplus
 }

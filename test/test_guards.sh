@@ -12,11 +12,15 @@
 #      event), the window starts over and the run finishes with no other skip; stopped in the
 #      middle of the streak and resumed, it decides the same and ends bit-exact; 1e4 spikes in a
 #      row (section 4) are no shift and still stop the run.
+#  13. harder data for good (the loss 1.6-1.8x its limit, lasting): one rollback, then the
+#      loss's shift is accepted and the run finishes;
+#  14. max_bad_steps 1: a lasting shift of the gradient norm is accepted at once.
 # Rollback:
 #   8. bad data (NaN in the steps that take micro-batches 33–35; max_bad_steps 3) rolls back to
 #      the step-30 checkpoint, skips the data since it, and goes on; its final weights equal a
 #      clean run resumed from that checkpoint with the data moved past the same batches;
-#      with max_rollbacks 0 the same run stops with an error instead;
+#      with max_rollbacks 0 the same run stops with an error instead; stopped off the
+#      checkpoint grid at step 33 and resumed, it rolls back to step 30 all the same, bit-exact;
 #   9. kill -9 right after a rollback loaded its checkpoint, then resume: every checkpoint
 #      is intact (byte for byte) and the run finishes.
 # The watchdog:
@@ -127,6 +131,39 @@ rc=0
 TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/noroll" "${roll[@]}" --max_rollbacks 0 || rc=$?
 check "with max_rollbacks 0 the same bad data stops the run: exit 1, one error line (rc $rc)" \
     sh -c "[ $rc -eq 1 ] && [ \$(grep -c 'error:' '$tmp/noroll.log') -eq 1 ] && ! grep -q rollback '$tmp/noroll/metrics.jsonl'"
+
+# Stopped off ckpt_every's grid just before the bad data (stop_at_step 33 writes a checkpoint
+# there) and resumed: the rollback still goes to step 30, as in the straight run, and the run
+# ends bit-exact (it went to the newest checkpoint, 33, and ended elsewhere).
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/roll_stopped" "${roll[@]}" --stop_at_step 33 || true
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/roll_stopped" "${roll[@]}" || true
+check "... stopped at step 33 (off the grid) and resumed: the rollback goes to step 30 again, bit-exact at step 60" \
+    sh -c "grep -q '\"event\":\"rollback\",\"step\":36,\"to_step\":30,' '$tmp/roll_stopped/metrics.jsonl' &&
+           cmp -s '$tmp/roll/step_00000060/model.safetensors' '$tmp/roll_stopped/step_00000060/model.safetensors' &&
+           cmp -s '$tmp/roll/step_00000060/optimizer.safetensors' '$tmp/roll_stopped/step_00000060/optimizer.safetensors'"
+
+# 13. Harder data for good: the stream (unshuffled) goes from a random-token shard to a Markov
+# one whose loss, for this model, stays 1.6-1.8x the window's limit. The steps there are
+# skipped, max_bad_steps of them roll back; when the steps after the rollback are such spikes
+# again, the first is accepted as a lasting shift of the loss (spike_shift), the window starts
+# over and the run finishes. Before, every streak rolled back to the same checkpoint until
+# max_rollbacks ran out and the run stopped.
+"$TOOL" shard "$tmp/rand.bin" 64 0 30000 11
+"$TOOL" markov "$tmp/markov.bin" 64 0 60000 5 6
+rc=0
+"$TRAIN_GPT" test/configs/tiny_test.conf --val_every 0 --threads 1 --log_every 1000 --ckpt_every 50 --shuffle 0 \
+    --train_data "$tmp/rand.bin,$tmp/markov.bin" --max_steps 300 --out_dir "$tmp/harder" >"$tmp/harder.log" 2>&1 || rc=$?
+check "harder data for good: one rollback, then the loss's shift accepted, the run finishes (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && [ \$(grep -c '\"event\":\"rollback\"' '$tmp/harder/metrics.jsonl') -eq 1 ] &&
+           grep -q '\"event\":\"spike_shift\"' '$tmp/harder/metrics.jsonl' && test -d '$tmp/harder/step_00000300'"
+
+# 14. max_bad_steps 1: the gradient norm's lasting shift is accepted at once (0 skips before
+# it); it once was never accepted and each shifted step rolled back until the run stopped.
+rc=0
+TRAIN_GPT_FAULT=grad_shift:40 run "$tmp/shift1" --ckpt_every 10 --max_bad_steps 1 || rc=$?
+check "max_bad_steps 1: a lasting shift of the gradient norm is accepted at step 41, nothing skipped (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && [ -z '$(skipped_steps "$tmp/shift1" 2>/dev/null)' ] &&
+           grep -q '\"event\":\"spike_shift\",\"step\":41' '$tmp/shift1/metrics.jsonl'"
 
 # 9.
 rc=0

@@ -600,10 +600,16 @@ static void test_spike_limits(void) {
     EXPECT(!spike_exceeds(&l, 4.69, 1.2), "leaving a plateau (norm 1.2 against 0.63, loss as before) is no spike");
     EXPECT(spike_exceeds(&l, 4.69, 0.63 * 30), "a norm 30x the window's is a spike");
     EXPECT(spike_exceeds(&l, 4.7 * 1.2, 0.63), "a loss 20 %% above the window's is a spike");
-    EXPECT(spike_norm_shift(&l, 4.69, 0.63 * 12), "a norm 12x the window's, the loss as before: a possible shift");
-    EXPECT(!spike_norm_shift(&l, 4.7 * 1.2, 0.63 * 12), "... not when the loss is above its limit too");
-    EXPECT(!spike_norm_shift(&l, 4.69, 0.63 * 4 * SPIKE_SHIFT_MAX_RATIO * 1.01), "... nor beyond 25x the limit");
-    EXPECT(!spike_norm_shift(&l, 4.69, 1.2), "... nor below the limit (no spike at all)");
+    EXPECT(spike_shift_like(&l, 4.69, 0.63 * 12), "a norm 12x the window's, the loss as before: a possible shift");
+    EXPECT(spike_shift_like(&l, 4.7 * 1.6, 0.63), "a loss 1.6x the window's, the norm as before: a possible shift");
+    EXPECT(spike_shift_like(&l, 4.7 * 1.2, 0.63 * 12), "... both at once too");
+    EXPECT(!spike_shift_like(&l, 4.69, 0.63 * 4 * SPIKE_SHIFT_MAX_RATIO * 1.01), "... not a norm beyond 25x its limit");
+    EXPECT(!spike_shift_like(&l, 4.7 * 1.1 * SPIKE_SHIFT_MAX_LOSS_RATIO * 1.01, 0.63), "... nor a loss beyond 2x its limit");
+    EXPECT(!spike_shift_like(&l, 4.69, 1.2), "... nor below the limits (no spike at all)");
+    step_limits wide = spike_shift_limits(&l, false), wider = spike_shift_limits(&l, true);
+    EXPECT(wide.max_loss == l.max_loss && wide.max_grad_norm == l.max_grad_norm * SPIKE_SHIFT_MAX_RATIO &&
+               wider.max_loss == l.max_loss * SPIKE_SHIFT_MAX_LOSS_RATIO,
+           "shift limits: the norm's widened, the loss's only after a rollback");
     // A window with spread: z·std wins over the floor. Norms alternating 0.1 and 1.0: log-std
     // ln(10)/2, so the limit is sqrt(0.1) · 10^3 = 316.2 (z 6), far above 4 x the mean.
     spike_window *v = calloc(1, sizeof *v);
