@@ -3539,6 +3539,11 @@ static int train_run(train_config *cfg) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
+    // First: a signal during the start (the data's checks, the plan, the allocation: seconds at
+    // 14B) then ends the run at its first step with the status its kind asks for, not by the
+    // signal's default action (status 143 for a SIGTERM, which the job scripts requeue as a
+    // failure).
+    install_signal_handlers();
     config_check_files(cfg);
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
@@ -3556,9 +3561,8 @@ static int train_run(train_config *cfg) {
     resolve_recompute(&tr, 1);
     allocate(&tr);
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
-    // Before the hub is reached: a signal while it is retried (diloco_connect_timeout_s) stops
-    // the replica at its join (status 0, or 76 for SIGUSR1), not by the signal's default action.
-    install_signal_handlers();
+    // The signal handlers are in place (the top): a signal while the hub is retried
+    // (diloco_connect_timeout_s) stops the replica at its join (status 0, or 76 for SIGUSR1).
     if (!tr.copies_follow || comm_rank(tr.copies) == 0) {
         data_identity data = data_identity_of(tr.train);
         tr.outer = diloco_open(cfg, &tr.shard, &data, tr.group, tr.log, &stop_signal);
@@ -3590,6 +3594,14 @@ static int train_run(train_config *cfg) {
     if (job_end > 0)
         note("the job ends at %.0f (%s): checkpoint and stop before it (walltime_safety %g, stop_before_s %g)", job_end,
              cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", cfg->walltime_safety, cfg->stop_before_s);
+    // An end already past, or nearer than stop_before_s: every job would train one step and
+    // ask to be requeued (status 76), a chain that never finishes.
+    if (job_end > 0 && job_end - (double)time(NULL) < cfg->stop_before_s && tr.state.step < cfg->max_steps)
+        fail("%s: the job ends in %.0f s, less than stop_before_s (%g s): no step can be trained before it (%s)",
+             cfg->walltime_end > 0 ? "walltime_end" : "SLURM_JOB_END_TIME", job_end - (double)time(NULL),
+             cfg->stop_before_s,
+             cfg->walltime_end > 0 ? "a walltime_end in the past? it is a unix time, and every requeued job inherits it"
+                                   : "stop_before_s longer than the job's time limit?");
     while (!tr.over && !tr.join_stopped && tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr, false);
@@ -3698,8 +3710,11 @@ static int train_run(train_config *cfg) {
             snprintf(extra, sizeof extra, "\"reason\":\"%s\"", reason);
             metrics_event(tr.log, "stop", step, extra);
             // SIGUSR1 (SLURM's --signal before the walltime) and the walltime guard mean "not
-            // done, requeue me": a status the job scripts tell from a finished run and an error.
-            if (stop_signal == SIGUSR1 || walltime) exit_status = EXIT_REQUEUE;
+            // done, requeue me": a status the job scripts tell from a finished run and an error —
+            // unless the run is done anyway (its last step, or the stop_at_step asked for): a
+            // requeue then trained on past stop_at_step, or started a finished run again.
+            bool done = step >= cfg->max_steps || step == cfg->stop_at_step;
+            if ((stop_signal == SIGUSR1 || walltime) && !done) exit_status = EXIT_REQUEUE;
             break;
         }
     }

@@ -65,7 +65,7 @@ static const key_spec KEYS[] = {
     {"decay_shape", KEY_CHOICE, T(decay_shape), "linear", 0, 0, "linear|sqrt", false, "shape of the final decay"},
     {"beta1", KEY_FLOAT, T(beta1), "0.9", 0, 0.999999, NULL, false, "AdamW beta1"},
     {"beta2", KEY_FLOAT, T(beta2), "0.95", 0, 0.999999999, NULL, false, "AdamW beta2"},
-    {"adam_eps", KEY_FLOAT, T(adam_eps), "1e-8", 0, 1, NULL, false, "AdamW epsilon"},
+    {"adam_eps", KEY_FLOAT, T(adam_eps), "1e-8", 1e-30, 1, NULL, false, "AdamW epsilon (> 0: a weight whose gradient is 0 would divide 0 by 0)"},
     {"weight_decay", KEY_FLOAT, T(weight_decay), "0.1", 0, 10, NULL, false, "decoupled weight decay on 2-D weights (never the embedding)"},
     {"grad_clip", KEY_FLOAT, T(grad_clip), "1.0", 0, 1e30, NULL, false, "clip the global gradient norm to this; 0 = off"},
     {"z_loss", KEY_FLOAT, T(z_loss), "1e-4", 0, 10, NULL, false, "weight of mean(logsumexp(logits)^2) in the objective"},
@@ -103,7 +103,7 @@ static const key_spec KEYS[] = {
     // --- memory ---
     {"recompute", KEY_CHOICE, T(recompute), "auto", 0, 0, "auto|none|selective|full", false, "activation recomputation: auto picks the least recomputation whose memory plan fits memory_budget_mb; none keeps every activation for the backward; selective recomputes norms, QK-norm, RoPE and SwiGLU's activation (no matmul); full keeps only each layer's input and runs its forward again before its backward"},
     {"recompute_layers", KEY_INT, T(recompute_layers), "1", 1, 1024, NULL, false, "recompute applies to every N-th layer only (layers 0, N, 2N, ...); the others keep every activation; 1 = every layer"},
-    {"memory_budget_mb", KEY_INT, T(memory_budget_mb), "0", 0, BIG, NULL, false, "MiB a rank's memory plan may use, for recompute = auto; 0 = the device's: a GPU's memory less 2 GiB, or on the CPU the machine's memory (or the cgroup's limit) shared by the node's ranks, less 1 GiB each"},
+    {"memory_budget_mb", KEY_INT, T(memory_budget_mb), "0", 0, 1099511627776.0, NULL, false, "MiB a rank's memory plan may use, for recompute = auto; 0 = the device's: a GPU's memory less 2 GiB, or on the CPU the machine's memory (or the cgroup's limit) shared by the node's ranks, less 1 GiB each"},
     // --- samples ---
     {"tokenizer", KEY_STRING, T(tokenizer), "", 0, 0, NULL, false, "tokenizer file (.tiktoken or tokenizer.json) to decode samples; empty = no samples"},
     {"sample_every", KEY_INT, T(sample_every), "0", 0, BIG, NULL, false, "print a sampled continuation every N steps (and at the end); 0 = never"},

@@ -6,7 +6,10 @@
 #   2. an error (a bad config key: status 1) is not requeued;
 #   3. the watchdog's status 75 every time: requeued MAX_FAILURES − 1 times, then given up;
 #   4. the walltime guard: SLURM_JOB_END_TIME 20 s ahead, the run checkpoints and stops in
-#      time with status 76.
+#      time with status 76;
+#   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76;
+#   6. a walltime_end already past: status 1 and one line;
+#   7. a glob in the templates' ARGS reaches train_gpt whole.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -55,4 +58,44 @@ done_at=$(date +%s)
 check "SLURM_JOB_END_TIME 20 s ahead: status 76, stopped $(( end - done_at )) s before the end, with a checkpoint" \
     sh -c "[ $rc -eq 76 ] && [ $done_at -le $end ] && ls -d '$tmp'/walltime/step_* >/dev/null &&
            grep -q '\"event\":\"stop\",\"step\":[0-9]*,\"reason\":\"walltime\"' '$tmp/walltime/metrics.jsonl'"
+# 5. SIGUSR1 on the last step (the process stops itself in step 9 of 10, 0-based, and is
+# signalled there): the run is done, status 0 — it once said 76 and the template requeued a
+# finished run. The same at stop_at_step: 0, the stop asked for (a requeue trained on past it).
+usr1_in_step() {  # usr1_in_step NAME STEP ARGS...: the run's status, SIGUSR1 sent while it is stopped in STEP
+    local name=$1 at=$2; shift 2
+    TRAIN_GPT_FAULT=stop_in_step:$at "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/$name" "$@" \
+        >"$tmp/$name.log" 2>&1 &
+    local pid=$!
+    wait_until "$name: the run stopped itself in step $at" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+    kill -USR1 "$pid" && kill -CONT "$pid"
+    local rc=0
+    wait "$pid" || rc=$?
+    echo "$rc"
+}
+rc=$(usr1_in_step last 9 --max_steps 10)
+check "SIGUSR1 in the last step: status 0 (done), not 76 (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && test -d '$tmp/last/step_00000010'"
+rc=$(usr1_in_step atstop 4 --max_steps 10 --stop_at_step 5)
+check "SIGUSR1 in the step stop_at_step ends: status 0, not 76 (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && test -d '$tmp/atstop/step_00000005'"
+rc=$(usr1_in_step early 2 --max_steps 10)
+check "... but in an earlier step: status 76, the run is not done (rc $rc)" test "$rc" -eq 76
+
+# 6. A walltime_end already past: one line, status 1 (not 76): every requeued job inherits it,
+# and each trained one step and asked to be requeued.
+rc=0
+"$TRAIN_GPT" test/configs/tiny_test.conf $data --max_steps 10 --walltime_end 1 --out_dir "$tmp/past" \
+    >"$tmp/past.log" 2>&1 || rc=$?
+check "walltime_end in the past: status 1 with one line naming it (rc $rc)" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'error: walltime_end: the job ends in -[0-9]* s, less than stop_before_s' '$tmp/past.log'"
+
+# 7. A glob in ARGS reaches train_gpt whole (the templates once let the shell expand it: two
+# files became a stray argument, one a silent choice of it).
+mkdir -p "$tmp/globbed" && cp "$tmp/train.bin" "$tmp/globbed/a.bin" && cp "$tmp/train.bin" "$tmp/globbed/b.bin"
+mkdir -p "$tmp/glob.shim"
+SHIM_DIR="$tmp/glob.shim" SHIM_METRICS="$tmp/glob/metrics.jsonl" CONFIG=test/configs/tiny_test.conf \
+    ARGS="--train_data $tmp/globbed/*.bin --threads 1 --log_every 100000 --max_steps 3 --out_dir $tmp/glob" MAX_FAILURES=3 \
+    sbatch scripts/slurm/generic.sbatch >"$tmp/glob.log" 2>&1 || true
+check "a glob in ARGS: train_gpt expands it (both shards, 120000 tokens)" \
+    sh -c "grep -q 'data: 120000 train tokens' '$tmp/glob.log' '$tmp/glob.shim/'* 2>/dev/null"
 finish test_slurm

@@ -16,6 +16,8 @@ while :; do
     ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1
     rc=$?
     [ "$rc" -eq 1 ] && { echo "diloco-relay.sh: the relay stopped with an error (see relay.log)" >&2; exit 1; }
+    # 126/127: no runnable ./train_gpt here (missing, or built for another machine): no restart helps.
+    [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ] && { echo "diloco-relay.sh: ./train_gpt cannot run here (status $rc)" >&2; exit "$rc"; }
     echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in 5 s" >>relay.log
     sleep 5
 done

@@ -20,6 +20,9 @@
 # on another node)/.train_gpt_failures.$SLURM_JOB_ID (a requeued job keeps its id).
 set -u
 max_failures=${MAX_FAILURES:-3}
+case $max_failures in
+    '' | *[!0-9]*) echo "requeue.sh: MAX_FAILURES must be a whole number, not '$max_failures'" >&2; exit 1 ;;
+esac
 job=${SLURM_JOB_ID:?requeue.sh runs inside a SLURM job}
 count_file="${REQUEUE_STATE_DIR:-${SLURM_SUBMIT_DIR:-.}}/.train_gpt_failures.$job"
 say() { echo "requeue.sh: $(date '+%F %T') job $job: $*"; }
