@@ -261,12 +261,13 @@ static char *trim(char *s) {
 }
 
 // Strips one pair of matching double quotes; a '#' inside quotes is not a comment.
-static char *split_comment_and_unquote(char *value, const char *where) {
+static char *split_comment_and_unquote(char *value, const char *where, const char *name) {
     if (*value == '"') {
         char *close = strchr(value + 1, '"');
-        if (!close) fail("%s: unterminated quoted value", where);
+        if (!close) fail("%s: %s: unterminated quoted value", where, name);
         char *rest = trim(close + 1);
-        if (*rest && *rest != '#') fail("%s: text after the closing quote", where);
+        if (*rest && *rest != '#')
+            fail("%s: %s: text after the closing quote (a value cannot hold a double quote)", where, name);
         *close = '\0';
         return value + 1;
     }
@@ -299,8 +300,8 @@ static void read_config_file(train_config *cfg, const char *path) {
         if (!eq) fail("%s: expected 'key = value', got '%s'", where, s);
         *eq = '\0';
         char *name = trim(s);
-        char *value = split_comment_and_unquote(trim(eq + 1), where);
         if (*name == '\0') fail("%s: missing key before '='", where);
+        char *value = split_comment_and_unquote(trim(eq + 1), where, name);
         int index;
         if (find_key(name, &index)) {
             if (seen[index]) fail("%s: %s is set twice (first at line %d)", where, name, seen_line[index]);

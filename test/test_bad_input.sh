@@ -37,6 +37,11 @@ expect_error "missing required key" "missing required key 'lr'" "$TRAIN_GPT" --v
     --n_head 2 --d_ff 8 --seq_len 8 --batch_size 1 --max_steps 1 --train_data x
 printf 'lr = 1\nlr = 2\n' >"$tmp/dup.conf"
 expect_error "key set twice in a file" "dup.conf:2: lr is set twice (first at line 1)" "$TRAIN_GPT" "$tmp/dup.conf"
+printf 'sample_prompt = "say "hi""\n' >"$tmp/quote.conf"
+expect_error "a quote inside a quoted value (names the key)" "quote.conf:1: sample_prompt: text after the closing quote" "$TRAIN_GPT" "$tmp/quote.conf"
+printf 'sample_prompt = "abc\n' >"$tmp/open.conf"
+expect_error "an unterminated quoted value (names the key)" "open.conf:1: sample_prompt: unterminated quoted value" "$TRAIN_GPT" "$tmp/open.conf"
+expect_error "adam_eps 0 (a 0/0 in AdamW)" "adam_eps: expected a number in \[1e-30, 1\]" "$TRAIN_GPT" "${base[@]}" --adam_eps 0
 printf 'just some words\n' >"$tmp/garbage.conf"
 expect_error "line without '='" "garbage.conf:1: expected 'key = value'" "$TRAIN_GPT" "$tmp/garbage.conf"
 expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'" "$TRAIN_GPT" "$tmp/nothere.conf"
