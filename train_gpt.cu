@@ -3513,11 +3513,21 @@ static void choose_data_split(trainer *tr) {
 }
 
 // Checkpoint, then say where the run stands.
-static void checkpoint_now(trainer *tr, bool must_succeed) {
-    if (!save_checkpoint(tr) && must_succeed)
-        fail("the checkpoint at step %lld could not be written (see above); the run stops with an error so that "
-             "the job is not counted as finished",
-             (long long)tr->state.step);
+// must_succeed: at a stop or the last step. requeue: the stop asks to be requeued (SIGUSR1, the
+// walltime): its checkpoint failing (a file system's hiccup) then exits with the status of a
+// temporary failure, which the job scripts requeue and count (MAX_FAILURES), from the checkpoint
+// before — status 1 once ended the chain for good.
+static void checkpoint_now(trainer *tr, bool must_succeed, bool requeue) {
+    if (save_checkpoint(tr) || !must_succeed) return;
+    if (requeue)
+        fail_with_status(WATCHDOG_EXIT_STATUS,
+                         "the checkpoint at step %lld could not be written (see above) at a stop before the walltime; "
+                         "the previous checkpoint stands, and status %d asks the job script to requeue (a counted "
+                         "failure)",
+                         (long long)tr->state.step, WATCHDOG_EXIT_STATUS);
+    fail("the checkpoint at step %lld could not be written (see above); the run stops with an error so that "
+         "the job is not counted as finished",
+         (long long)tr->state.step);
 }
 
 // TRAIN_GPT_NO_FINAL_CHECKPOINT=1, for benchmarks that throw the run away (at ~1B the last
@@ -3671,6 +3681,8 @@ static int train_run(train_config *cfg) {
             walltime = walltime || why == 2.0;
             if (why >= 100.0) stop_signal = (sig_atomic_t)(why - 100.0);
         }
+        // Done whatever stopped it: its last step, or the stop_at_step asked for (no requeue).
+        bool done = step >= cfg->max_steps || step == cfg->stop_at_step;
         watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, no_final_checkpoint ? -1 : cfg->max_steps) || stop_here) {
             if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
@@ -3685,7 +3697,8 @@ static int train_run(train_config *cfg) {
                 stop_here = stop_here || tr.over;  // a rejoin in the landing found the run over: the last checkpoint
                 watchdog_phase("a checkpoint", step);
             }
-            checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps);
+            checkpoint_now(&tr, stop_here || tr.state.step == cfg->max_steps,
+                           stop_here && (stop_signal == SIGUSR1 || walltime) && !done);
         }
         if (stop_here) {
             const char *reason = stop_signal ? "signal" : walltime ? "walltime" : step == cfg->stop_at_step ?
@@ -3713,7 +3726,6 @@ static int train_run(train_config *cfg) {
             // done, requeue me": a status the job scripts tell from a finished run and an error —
             // unless the run is done anyway (its last step, or the stop_at_step asked for): a
             // requeue then trained on past stop_at_step, or started a finished run again.
-            bool done = step >= cfg->max_steps || step == cfg->stop_at_step;
             if ((stop_signal == SIGUSR1 || walltime) && !done) exit_status = EXIT_REQUEUE;
             break;
         }

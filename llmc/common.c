@@ -36,16 +36,25 @@ static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
 static atomic_bool failing = false;
 static _Thread_local bool this_thread_failing = false;
 
-void fail(const char *fmt, ...) {
+static NORETURN void vfail_with_status(int status, const char *fmt, va_list ap) {
     if (atomic_exchange(&failing, true) && !this_thread_failing)
         for (;;) pause();
     this_thread_failing = true;
+    vprint_line("error: ", fmt, ap);
+    fflush(stdout);
+    exit(status);
+}
+
+void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vprint_line("error: ", fmt, ap);
-    va_end(ap);
-    fflush(stdout);
-    exit(1);
+    vfail_with_status(1, fmt, ap);
+}
+
+void fail_with_status(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_with_status(status, fmt, ap);
 }
 
 void warn(const char *fmt, ...) {

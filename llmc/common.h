@@ -26,6 +26,8 @@ extern "C" {
 
 // One-line user-facing error, then exit(1).
 NORETURN void fail(const char *fmt, ...) PRINTF_LIKE(1, 2);
+// fail, with another exit status (the job scripts tell them apart: docs/slurm.md).
+NORETURN void fail_with_status(int status, const char *fmt, ...) PRINTF_LIKE(2, 3);
 // Prints "train_gpt: warning: ..." and carries on.
 void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // A job of several ranks: errors and warnings name the rank; notes only where notes is true

@@ -7,7 +7,8 @@
 #   3. the watchdog's status 75 every time: requeued MAX_FAILURES − 1 times, then given up;
 #   4. the walltime guard: SLURM_JOB_END_TIME 20 s ahead, the run checkpoints and stops in
 #      time with status 76;
-#   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76;
+#   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76; SIGUSR1
+#      with a checkpoint that cannot be written: 75 (requeued, counted), not 1;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 . "$(dirname "$0")/lib.sh"
@@ -63,8 +64,9 @@ check "SLURM_JOB_END_TIME 20 s ahead: status 76, stopped $(( end - done_at )) s 
 # finished run. The same at stop_at_step: 0, the stop asked for (a requeue trained on past it).
 usr1_in_step() {  # usr1_in_step NAME STEP ARGS...: the run's status, SIGUSR1 sent while it is stopped in STEP
     local name=$1 at=$2; shift 2
-    TRAIN_GPT_FAULT=stop_in_step:$at "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/$name" "$@" \
-        >"$tmp/$name.log" 2>&1 &
+    # FILE_LIMIT (KiB): the run's files may not grow past it (its checkpoints then fail).
+    TRAIN_GPT_FAULT=stop_in_step:$at sh -c 'ulimit -f "${FILE_LIMIT:-unlimited}"; trap "" XFSZ; exec "$@"' _ \
+        "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 &
     local pid=$!
     wait_until "$name: the run stopped itself in step $at" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
     kill -USR1 "$pid" && kill -CONT "$pid"
@@ -80,6 +82,12 @@ check "SIGUSR1 in the step stop_at_step ends: status 0, not 76 (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && test -d '$tmp/atstop/step_00000005'"
 rc=$(usr1_in_step early 2 --max_steps 10)
 check "... but in an earlier step: status 76, the run is not done (rc $rc)" test "$rc" -eq 76
+# A checkpoint that cannot be written at such a stop (a file system's hiccup; here: files past
+# 64 KiB): status 75, which requeue.sh requeues and counts, from the checkpoint before — it was
+# status 1, which ended the job chain for good.
+rc=$(FILE_LIMIT=64 usr1_in_step unwritable 2 --max_steps 10)
+check "SIGUSR1, and its checkpoint cannot be written: status 75, one line saying why (rc $rc)" \
+    sh -c "[ $rc -eq 75 ] && [ \$(grep -c 'error: the checkpoint at step 3 could not be written' '$tmp/unwritable.log') -eq 1 ]"
 
 # 6. A walltime_end already past: one line, status 1 (not 76): every requeued job inherits it,
 # and each trained one step and asked to be requeued.
