@@ -3570,6 +3570,7 @@ static int train_run(train_config *cfg) {
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     resolve_recompute(&tr, 1);
     allocate(&tr);
+    if (fault_requested("stop_in_start", 0)) raise(SIGSTOP);   // resumed by SIGCONT (a test's)
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
     // The signal handlers are in place (the top): a signal while the hub is retried
     // (diloco_connect_timeout_s) stops the replica at its join (status 0, or 76 for SIGUSR1).

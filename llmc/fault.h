@@ -13,6 +13,8 @@
 //                       must accept after max_bad_steps − 1 skips
 //   hang_in_step        stop making progress in that (0-based) step, forever (the watchdog
 //                       must end the process)
+//   stop_in_start       (STEP 0) SIGSTOP itself during start-up, after the allocation, until a
+//                       SIGCONT (a signal that comes while a big model starts: test/test_slurm.sh)
 //   stop_in_step        SIGSTOP itself in that (0-based) step, until a SIGCONT (a DiLoCo
 //                       replica stopped mid-phase: test/test_diloco_late.sh)
 //   half_speed          (STEP 0) every training step takes twice its time: the process sleeps

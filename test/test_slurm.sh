@@ -8,7 +8,8 @@
 #   4. the walltime guard: SLURM_JOB_END_TIME 20 s ahead, the run checkpoints and stops in
 #      time with status 76;
 #   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76; SIGUSR1
-#      with a checkpoint that cannot be written: 75 (requeued, counted), not 1;
+#      with a checkpoint that cannot be written: 75 (requeued, counted), not 1; SIGTERM during
+#      start-up: 0 after one step, not 143;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 . "$(dirname "$0")/lib.sh"
@@ -82,6 +83,18 @@ check "SIGUSR1 in the step stop_at_step ends: status 0, not 76 (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && test -d '$tmp/atstop/step_00000005'"
 rc=$(usr1_in_step early 2 --max_steps 10)
 check "... but in an earlier step: status 76, the run is not done (rc $rc)" test "$rc" -eq 76
+# SIGTERM while it starts (stopped after the allocation): the handlers are in place, so the
+# run stops after its first step with status 0 and a checkpoint — it once died of the signal
+# (status 143), which requeue.sh requeued as a failure.
+TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/start" --max_steps 10 \
+    >"$tmp/start.log" 2>&1 &
+pid=$!
+wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+kill -TERM "$pid" && kill -CONT "$pid"
+rc=0
+wait "$pid" || rc=$?
+check "SIGTERM during start-up: status 0 after one step, with its checkpoint (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && test -d '$tmp/start/step_00000001'"
 # A checkpoint that cannot be written at such a stop (a file system's hiccup; here: files past
 # 64 KiB): status 75, which requeue.sh requeues and counts, from the checkpoint before — it was
 # status 1, which ended the job chain for good.
