@@ -238,6 +238,12 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
 
 // ---------------------------------------------------------------- save
 
+// Whether a directory entry is PREFIX followed by digits only (step_N, .tmp-step_N).
+static bool named_step(const char *name, const char *prefix) {
+    size_t n = strlen(prefix);
+    return strncmp(name, prefix, n) == 0 && name[n] != '\0' && strspn(name + n, "0123456789") == strlen(name + n);
+}
+
 // The .tmp-step_N directories of saves that never committed (the process was killed while it
 // wrote; SLURM's SIGKILL after its grace time hits a save at the walltime signal): nothing
 // reads them, and each is a whole checkpoint's size (168 GB at 14B). Removed after each
@@ -248,7 +254,7 @@ static void remove_stale_temps(const char *out_dir) {
     char path[4200];
     for (struct dirent *e; (e = readdir(d));) {
         const char *n = e->d_name;
-        if (strncmp(n, ".tmp-step_", 10) != 0 || n[10] == '\0' || strspn(n + 10, "0123456789") != strlen(n + 10)) continue;
+        if (!named_step(n, ".tmp-step_")) continue;
         snprintf(path, sizeof path, "%s/%s", out_dir, n);
         warn("removing '%s', a checkpoint that was never finished (its process stopped while writing it)", path);
         remove_tree(path);
@@ -902,7 +908,7 @@ static int list_checkpoints(const char *out_dir, checkpoint_dir **out) {
     checkpoint_dir *dirs = NULL;
     for (struct dirent *e; d && (e = readdir(d));) {
         const char *n = e->d_name;
-        if (strncmp(n, "step_", 5) != 0 || n[5] == '\0' || strspn(n + 5, "0123456789") != strlen(n + 5)) continue;
+        if (!named_step(n, "step_")) continue;
         if (count == capacity) {
             capacity = capacity ? capacity * 2 : 16;
             dirs = xrealloc(dirs, (size_t)capacity * sizeof *dirs);
