@@ -914,7 +914,7 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
     for (int attempt = 0; attempt < 3; attempt++) {
         // After a disagreement a status that matches no group's makes every rank wait for a state.
         uint64_t hash = diloco_hash(d->theta, d->numel) ^ (attempt ? 0x5a5a5a5a5a5a5a5aull : 0);
-        replica_status s = {st->outer_step, hash};
+        replica_status s = {st->outer_step, hash, st->step};
         size_t got = 0;
         d->caught_up = 0;   // the transport hands a catch-up's means from index 0 (take_catchup_mean)
         join_result r = rejoin || attempt ? transport_rejoin(d->net, &s, d->state, d->state_bytes, &got)
@@ -1146,6 +1146,15 @@ static double outer_momentum(const diloco *d, int64_t k) {
 // The lr and μ of a fragment's outer step k landed after `step` inner steps: the config's, μ
 // ramped (outer_momentum); lr 1, μ 0 (θ = the mean) with diloco_plain_in_decay once its inner
 // steps reached the schedule's decay phase.
+// The step at which a round lands in a straight run: τ steps after it began, or at the last step.
+// diloco_settle lands one earlier (a checkpoint with a round in flight); what the round computes
+// takes this step, not the step it landed at, or a checkpoint would change θ (the outer lr and μ
+// switch to plain averaging at the decay phase's start).
+static int64_t landing_step(const diloco *d, const flight *f) {
+    int64_t s = f->begin_step + (f->final ? 0 : d->overlap);
+    return s < d->cfg->max_steps ? s : d->cfg->max_steps;
+}
+
 static void outer_settings(const diloco *d, int64_t k, int64_t step, double *lr, double *mu) {
     const train_config *cfg = d->cfg;
     int64_t decay_start = decay_start_step(cfg);
@@ -1290,7 +1299,7 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
               (unsigned long long)fl->tokens);
     if (applied) {
         double lr, mu;
-        outer_settings(d, fragment_outer_step(d, fl), st->step, &lr, &mu);
+        outer_settings(d, fragment_outer_step(d, fl), landing_step(d, fl), &lr, &mu);
         sb_printf(&sb, ",\"outer_lr\":%.9g,\"outer_momentum\":%.9g", lr, mu);
     }
     if (d->streaming) {
@@ -1539,7 +1548,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
             dump_bytes(d, "mean", k + 1, f->fragment, r->mean, r->mean_bytes);
         }
         double lr, mu;
-        outer_settings(d, fragment_outer_step(d, f), st->step, &lr, &mu);
+        outer_settings(d, fragment_outer_step(d, f), landing_step(d, f), &lr, &mu);
         if (catch_up) keep_unsent_fragment(d, fr);
         outer_update(d, fr, d->theta, d->momentum, lr, mu);
         if (catch_up) send_catchup_mean(d, f, r, st, true, lr, mu);

@@ -92,6 +92,7 @@ typedef struct {
 typedef struct {
     int64_t outer_step;         // outer steps applied to its θ
     uint64_t param_hash;        // XXH64 of its θ (fp32 bytes)
+    int64_t step;               // inner steps taken (the mpi transport's ranks step together: they must agree)
 } replica_status;
 
 typedef enum {

@@ -201,6 +201,15 @@ static join_result mpi_join(void *impl, const replica_status *s, uint8_t *state,
                  "the mpi transport all replicas must resume from the same outer step (check each rank's out_dir)",
                  r, (long long)all_steps[r], (unsigned long long)all_hashes[r], (long long)all_steps[0],
                  (unsigned long long)all_hashes[0]);
+    // The same outer step from checkpoints of different inner steps (one rank's newest was lost or
+    // refused): the ranks step together, each step's collectives would pair different steps' calls.
+    MPI_Allgather(&s->step, 1, MPI_INT64_T, all_steps, 1, MPI_INT64_T, MPI_COMM_WORLD);
+    for (int r = 1; r < t->size; r++)
+        if (all_steps[r] != all_steps[0])
+            fail("diloco (mpi): rank %d resumes at step %lld but rank 0 at step %lld (both at outer step %lld); with "
+                 "the mpi transport all replicas step together and must resume from the same step (check each "
+                 "rank's out_dir)",
+                 r, (long long)all_steps[r], (long long)all_steps[0], (long long)s->outer_step);
     return JOIN_MEMBER;
 }
 

@@ -279,6 +279,18 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "streaming: stop with a fragment in flight + resume: model, optimizer, outer state bit-exact" \
         same_bytes "$tmp/s_straight" "$tmp/s_stop" step_00000030 model.safetensors optimizer.safetensors \
         outer.safetensors
+    # The same one step before the decay phase, with plain averaging in it: 39 steps, the decay
+    # after step 31; fragment 1 began after step 30 and lands after 32, in the decay phase (lr 1,
+    # μ 0). Stopped after 31, the checkpoint lands it early; it must still take the decay's
+    # settings (it took Nesterov's: the step it landed at, 31, is before the decay).
+    dres=(--diloco_replicas 1 --max_steps 39 --ckpt_every 8 --diloco_transport mpi --diloco_plain_in_decay 1
+        --diloco_decay_inner_steps 0)
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${dres[@]}" --out_dir "$tmp/d_straight" >/dev/null 2>&1
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${dres[@]}" --out_dir "$tmp/d_stop" --stop_at_step 31 >/dev/null 2>&1
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${dres[@]}" --out_dir "$tmp/d_stop" >/dev/null 2>&1
+    check "streaming: a round in flight into the decay phase, stopped before it lands + resume: bit-exact" \
+        same_bytes "$tmp/d_straight" "$tmp/d_stop" step_00000039 model.safetensors optimizer.safetensors \
+        outer.safetensors
 fi
 
 relay_tcp stream
@@ -365,6 +377,18 @@ if [ "$HAVE_MPI" = 1 ]; then
         sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
                    cmp -s '$tmp/ef2_straight/'\$r/step_00000020/\$f '$tmp/ef2_stop/'\$r/step_00000020/\$f || exit 1
                done; done"
+    # One rank's newest checkpoint lost: rank 1 resumes from step 5, rank 0 from step 7, both at
+    # outer step 1. Refused at the start in one line naming both steps (it hung: the ranks'
+    # per-step collectives paired different steps' calls).
+    ef2 ef2_skew --stop_at_step 7
+    rm -rf "$tmp/ef2_skew/1/step_00000007"
+    rc=0
+    timeout 300 "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${ef[@]}") --diloco_replicas 2 \
+        --d_model 192 --d_ff 768 --diloco_transport mpi --out_dir '$tmp/ef2_skew/'\$OMPI_COMM_WORLD_RANK" \
+        >"$tmp/ef2_skew.log" 2>&1 || rc=$?
+    check "MPI ranks resuming at the same outer step from different steps: refused (exit $rc, not a hang)" \
+        sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+               grep -q 'rank 1 resumes at step 5 but rank 0 at step 7 (both at outer step 1)' '$tmp/ef2_skew.log'"
 
     out=$("$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_transport mpi --out_dir "$tmp/from_plain" \
         --resume "$tmp/plain/step_00000020" --max_steps 25 2>&1) || true
