@@ -2677,7 +2677,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
 static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbps) {
     param_table t;
     param_table_build(&t, &cfg->model);
-    print_model_summary(&t, cfg, 1);
+    print_model_summary(&t, cfg, world);
     int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len, config_recompute(cfg));  // -1: no GPU backend
     if (gpu_bytes >= 0) {
         char fit[512];
@@ -2688,12 +2688,15 @@ static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbp
     print_rank_plans(&t, cfg, world, gpu_row);
     print_diloco_traffic(&t, cfg, world, link_mbps);
     if (cfg->peak_tflops > 0) {
-        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)cfg->max_steps;
+        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world *
+                        (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
-        char d[32];
-        printf("train_gpt | at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s, the run takes %s on one device\n",
+        char d[32], dw[32];
+        printf("train_gpt | at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s per device, the run takes %s on one device",
                cfg->peak_tflops, 0.4 * cfg->peak_tflops * 1e12 / model_flops_per_token(&t),
                format_duration(seconds_at_40, d, sizeof d));
+        if (world > 1) printf(", %s on %d", format_duration(seconds_at_40 / world, dw, sizeof dw), world);
+        printf("\n");
     }
     param_table_free(&t);
     return 0;
@@ -3234,13 +3237,14 @@ static bool roll_back(trainer *tr, int64_t s) {
     if (fault_requested("kill_in_rollback", st.step)) raise(SIGKILL);
     int64_t per_epoch = dataloader_batches_per_epoch(tr->train);
     int64_t skipped = (here.epoch - st.data.epoch) * per_epoch + (here.index - st.data.index);
-    char extra[600];
-    snprintf(extra, sizeof extra,
-             "\"to_step\":%lld,\"checkpoint\":\"%s\",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],"
-             "\"skipped_batches\":%lld,\"rollbacks\":%lld",
-             (long long)st.step, dir, (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch,
-             (long long)here.index, (long long)skipped, (long long)rollbacks);
-    metrics_event(tr->log, "rollback", s + 1, extra);
+    strbuf extra = {};
+    sb_printf(&extra, "\"to_step\":%lld,\"checkpoint\":", (long long)st.step);
+    sb_json_string(&extra, dir);
+    sb_printf(&extra, ",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],\"skipped_batches\":%lld,\"rollbacks\":%lld",
+              (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
+              (long long)skipped, (long long)rollbacks);
+    metrics_event(tr->log, "rollback", s + 1, extra.data);
+    sb_free(&extra);
     warn("step %lld: %lld bad steps in a row; rolled back to '%s' (step %lld), skipping the %lld micro-batches "
          "taken since it (epoch %lld batch %lld up to epoch %lld batch %lld); rollback %lld of max_rollbacks %lld",
          (long long)s + 1, (long long)tr->state.bad_steps, dir, (long long)st.step, (long long)skipped,
@@ -3388,6 +3392,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
             m.step = s + 1;
             m.step_ms = (wall_seconds() - t0) * 1e3;
             m.tokens = tr->state.tokens_seen;
+            m.mfu = NAN;   // null, as on every line without a figure (0 read as a measured one)
             return m;
         }
     } else {
@@ -4217,7 +4222,8 @@ static int take_plan_options(int argc, char **argv, int *world, int *gpu_row, do
             if (*gpu_row < 0) fail("plan: --gpu: %s", why);
         } else {
             double v = strtod(value, &end);
-            if (!end || *end || !(v > 0) || v > 1e9) fail("plan: --link_mbps: expected a link speed in Mbit/s, got '%s'", value);
+            if (!end || *end || !(v >= 1e-3) || v > 1e9)
+                fail("plan: --link_mbps: expected a link speed in Mbit/s from 0.001 to 1e9, got '%s'", value);
             *link_mbps = v;
         }
     }

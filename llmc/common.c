@@ -155,15 +155,50 @@ bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset) {
 
 bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset) { return positioned_io(fd, buf, bytes, offset, false); }
 
+// A pipe or a device (`<(cat x.conf)`, /dev/null) read to its end, up to 1 GiB; closes fd.
+static char *read_stream_or_null(int fd, size_t *bytes_out) {
+    size_t cap = 1 << 16, bytes = 0, limit = (size_t)1 << 30;
+    char *buf = xmalloc(cap + 1);
+    for (;;) {
+        if (bytes == cap) {
+            if (cap >= limit) {
+                free(buf);
+                close(fd);
+                errno = EFBIG;
+                return NULL;
+            }
+            cap *= 2;
+            buf = xrealloc(buf, cap + 1);
+        }
+        ssize_t n = read(fd, buf + bytes, cap - bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            errno = e;
+            return NULL;
+        }
+        if (n == 0) break;
+        bytes += (size_t)n;
+    }
+    close(fd);
+    buf[bytes] = '\0';
+    if (bytes_out) *bytes_out = bytes;
+    return buf;
+}
+
 char *read_file_or_null(const char *path, size_t *bytes_out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        if (errno == 0 || S_ISDIR(st.st_mode)) errno = EISDIR;
+    struct stat st = {0};   // mode 0 (not a directory) if fstat fails
+    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
         close(fd);
+        errno = e;
         return NULL;
     }
+    if (!S_ISREG(st.st_mode)) return read_stream_or_null(fd, bytes_out);
     size_t bytes = (size_t)st.st_size;
     char *buf = xmalloc(bytes + 1);
     if (!read_exact(fd, buf, bytes)) {

@@ -5,22 +5,60 @@
 #include "llmc/tensorboard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct metrics_log {
     FILE *file;
     char *path;
     tb_writer *tb;       // NULL without TensorBoard
+    bool write_failed;   // said once: a full disk would say it at every line
 };
+
+// A process that died mid-write leaves a torn last line; a resumed run appends after it, and
+// the two would make one line no reader takes. Cut it off (said, with its length), back to the
+// last newline.
+static void cut_torn_line(const char *path) {
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return;   // new, or unreadable: fopen says so
+    struct stat sb;
+    off_t end = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_size : 0, keep = end;
+    char buf[4096];
+    while (keep > 0) {
+        size_t n = keep < (off_t)sizeof buf ? (size_t)keep : sizeof buf;
+        if (pread(fd, buf, n, keep - (off_t)n) != (ssize_t)n) {
+            keep = end;   // unreadable: leave it as it is
+            break;
+        }
+        size_t i = n;
+        while (i > 0 && buf[i - 1] != '\n') i--;
+        if (i > 0) {
+            keep = keep - (off_t)n + (off_t)i;
+            break;
+        }
+        keep -= (off_t)n;
+    }
+    if (keep < end) {
+        if (ftruncate(fd, keep) == 0)
+            warn("'%s' ended in a torn line (%lld bytes: a process that died mid-write); cut off before appending",
+                 path, (long long)(end - keep));
+        else
+            warn("'%s' ends in a torn line and cannot be cut off: %s", path, strerror(errno));
+    }
+    close(fd);
+}
 
 metrics_log *metrics_open(const char *out_dir, bool tensorboard) {
     if (!make_dirs(out_dir)) fail("out_dir: cannot create '%s': %s", out_dir, strerror(errno));
     metrics_log *log = xcalloc(1, sizeof *log);
     log->path = xmalloc(strlen(out_dir) + 32);
     sprintf(log->path, "%s/metrics.jsonl", out_dir);
+    cut_torn_line(log->path);
     log->file = fopen(log->path, "a");
     if (!log->file) fail("out_dir: cannot open '%s' for appending: %s", log->path, strerror(errno));
     if (tensorboard) {
@@ -60,8 +98,11 @@ static void write_line(metrics_log *log, strbuf *sb) {
         return;
     }
     sb_append(sb, "}\n");
-    if (fputs(sb->data, log->file) < 0 || fflush(log->file) != 0)
-        warn("cannot write to '%s': %s", log->path, strerror(errno));
+    if ((fputs(sb->data, log->file) < 0 || fflush(log->file) != 0) && !log->write_failed) {
+        warn("cannot write to '%s': %s (further failed lines are not reported)", log->path,
+             strerror(errno));
+        log->write_failed = true;
+    }
     sb_free(sb);
 }
 

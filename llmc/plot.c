@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -1014,6 +1015,12 @@ int plot_main(int argc, char **argv) {
         snprintf(default_out, n, "%s/dashboard.svg", runs[0].name);
         out = default_out;
     }
+    // The SVG must not replace what it was drawn from (`-o RUN/metrics.jsonl`: the run's log gone).
+    struct stat os, rs;
+    if (stat(out, &os) == 0)
+        for (int k = 0; k < n_runs; k++)
+            if (stat(runs[k].path, &rs) == 0 && os.st_dev == rs.st_dev && os.st_ino == rs.st_ino)
+                fail("plot: -o '%s' is the metrics.jsonl of run '%s'; name another output file", out, runs[k].name);
     write_file(out, &svg);
     note("plot: wrote '%s' (%d run%s, %d panels, %zu bytes)", out, n_runs, n_runs == 1 ? "" : "s", n_panels,
          svg.length);

@@ -116,6 +116,15 @@ check "bad data: rolled back from step 36 to the step-30 checkpoint, skipping mi
     "$tmp/roll/metrics.jsonl"
 check "... and finished (step 60, rollbacks 1 in state.json)" \
     sh -c "grep -q '\"rollbacks\": 1' '$tmp/roll/step_00000060/state.json'"
+# The same in an out_dir named with a quote and a backslash: the event's checkpoint path is a
+# JSON string (it was written raw: the line did not parse, and TensorBoard lost the restart).
+odd="$tmp/ro\"ll\\x"
+TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$odd" "${roll[@]}" || true
+check "... in an out_dir with a quote: the rollback line is JSON naming the checkpoint" \
+    "$PYTHON" -c "
+import json, sys
+e = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl') if 'rollback' in l]
+sys.exit(0 if len(e) == 1 and e[0]['checkpoint'] == sys.argv[1] + '/step_00000030' and e[0]['rollbacks'] == 1 else 1)" "$odd"
 # The clean run: the step-30 checkpoint with its data position moved to batch 36 (the
 # checksum of the edited state.json rewritten), resumed without faults.
 mkdir -p "$tmp/clean"

@@ -15,7 +15,8 @@
 #     one line; each run prints what it chose and, after its first step, the measured
 #     activations (the allocator's count) within 10 % of the plan — for every explicit mode too,
 #     and at np 2.
-#  4. Bad input: memory_budget_mb below 0, recompute_layers with auto, an unknown mode.
+#  4. Bad input: memory_budget_mb below 0, recompute_layers with auto, an unknown mode, a link of
+#     1e-300 Mbit/s; the batch line at --world 40; a config through a pipe.
 #  5. docs/diloco.md's recipes for the seeds' runs: each quoted `plan` command, run again,
 #     prints every line the docs quote for it (the GPU lines only in a build with the CUDA
 #     model), so the recipes' bytes, link times and memory cannot drift from the code.
@@ -390,6 +391,21 @@ check "recompute_layers 2 with auto: refused in one line" fails_with "cannot be 
     --recompute_layers 2
 check "recompute = some: refused naming the choices" fails_with "expected one of auto|none|selective|full" \
     --recompute some
+plan_fails_with() {  # plan_fails_with PATTERN ARGS...: `plan ARGS` exits 1 with one line naming PATTERN
+    local pattern=$1 rc=0; shift
+    "$TRAIN_GPT" plan "$@" >"$tmp/bad.out" 2>"$tmp/bad.err" || rc=$?
+    [ "$rc" -eq 1 ] && [ "$(wc -l <"$tmp/bad.err")" -eq 1 ] && grep -q -- "$pattern" "$tmp/bad.err"
+}
+check "plan --link_mbps 1e-300: refused in one line (it printed a 300-digit ratio)" \
+    plan_fails_with "--link_mbps" configs/boom-14b.conf --link_mbps 1e-300
+# The batch line counts the --world processes, as the DiLoCo line's tokens a step and a run do
+# (it said 1 process).
+"$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_transport mpi --peak_tflops 989 \
+    >"$tmp/world.txt" 2>&1 || true
+check "plan --world 40: the batch line's tokens per step = the DiLoCo line's (x 40 processes)" sh -c "
+    grep -q 'x 40 process(es) = 83886080 tokens/step' '$tmp/world.txt' && grep -q '(83886080 tokens a step)' '$tmp/world.txt'"
+# A config through a pipe (`<(...)`) reads as the file does (it was refused as a directory).
+check "plan of a config through a pipe: read" bash -c "'$TRAIN_GPT' plan <(cat configs/tiny.conf) | grep -q 'model: 4 layers'"
 # ---------------------------------------------------------------- 5. the recipes in docs/diloco.md
 # recipe NAME: the `./train_gpt plan` command of the fenced block before the marker
 # "<!-- recipe-output: NAME -->" (continuation lines joined) to $tmp/recipe_NAME.cmd, and

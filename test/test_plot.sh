@@ -8,9 +8,11 @@
 #      a last line torn by a crash: a small SVG, paths of a few thousand points, the values
 #      drawn are the ones written last;
 #   3. bad input (a missing directory, no metrics.jsonl, an empty, a garbage or a step-less
-#      file, an unwritable output, an unknown option): one error line naming it, exit 1;
+#      file, an unwritable output, an unknown option, the output onto a run's metrics.jsonl):
+#      one error line naming it, exit 1;
 #   4. headless Chromium renders the dashboard: the screenshot is not blank and holds both
-#      runs' colours (skipped, saying so, where chromium is not installed).
+#      runs' colours (skipped, saying so, where chromium is not installed);
+#   5. a run killed mid-line and resumed: the torn line cut off, every line JSON, the run plots.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -147,6 +149,9 @@ bad "no step lines" "$tmp/nosteps/metrics.jsonl" "$tmp/plain" "$tmp/nosteps"
 bad "unwritable output" "$tmp/no/such/dir/x.svg" "$tmp/plain" -o "$tmp/no/such/dir/x.svg"
 bad "unknown option" "--width" "$tmp/plain" --width 3
 bad "no directory" "no run directory" -o "$tmp/x.svg"
+cp "$tmp/plain/metrics.jsonl" "$tmp/plain_metrics.copy"
+bad "the output onto a run's metrics.jsonl" "is the metrics.jsonl of run" "$tmp/plain" -o "$tmp/plain/metrics.jsonl"
+check "... which stays as it was" cmp -s "$tmp/plain_metrics.copy" "$tmp/plain/metrics.jsonl"
 
 # 4.
 "$TRAIN_GPT" plot "$tmp/plain" "$tmp/diloco" -o "$tmp/both.svg" >/dev/null 2>&1
@@ -198,4 +203,18 @@ print("    %dx%d, %d pixels not white, %d blue, %d orange" % (width, height, ink
 sys.exit(0 if ink > 0.02 * width * height and blue > 300 and orange > 300 else 1)
 PY
 fi
+
+# 5. A run killed mid-line, then resumed: the resumed run cuts the torn line off (a warning says
+# how many bytes) before it appends, so that every line reads and the run plots. Before, the
+# resume's first line was glued to the torn one and `plot` refused the file for good.
+"$TRAIN_GPT" "${common[@]}" --ckpt_every 10 --stop_at_step 20 --out_dir "$tmp/torn" >"$tmp/torn.log" 2>&1
+truncate -s -40 "$tmp/torn/metrics.jsonl"
+"$TRAIN_GPT" "${common[@]}" --ckpt_every 10 --out_dir "$tmp/torn" >"$tmp/torn2.log" 2>&1
+check "a torn last line, then a resume: the line cut off, said once" \
+    sh -c "[ \$(grep -c 'ended in a torn line (' '$tmp/torn2.log') -eq 1 ] && [ \$(tail -c 1 '$tmp/torn/metrics.jsonl' | od -An -c | tr -d ' ') = '\\n' ]"
+check "... every line of metrics.jsonl is JSON, the resume event among them" \
+    "$PYTHON" -c "import json, sys; l = [json.loads(x) for x in open(sys.argv[1])]; sys.exit(0 if any(e.get('event') == 'resume' for e in l) else 1)" \
+    "$tmp/torn/metrics.jsonl"
+"$TRAIN_GPT" plot "$tmp/torn" >"$tmp/torn_plot.log" 2>&1 && rc=0 || rc=$?
+check "... and the run plots (exit $rc)" sh -c "[ $rc -eq 0 ] && test -s '$tmp/torn/dashboard.svg'"
 finish test_plot
