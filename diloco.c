@@ -1596,6 +1596,8 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         changed_add(d, fr->offset, fr->numel);
     } else {
         st->merge_step = f->begin_step + d->overlap;
+        st->merge_fragment = f->fragment;
+        st->merge_fragments = d->n_fragments;
     }
     log_outer_step(d, st, r, true, NULL);
     return now;
@@ -1603,10 +1605,15 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
 
 // The fragment that landed last merges into the local weights: θᵢ ← α·θᵢ + (1 − α)·θ, in double.
 static void merge_fragment(diloco *d, float *const *params, int n_params, train_state *st) {
-    int p = fragment_due(d, st->merge_step - d->overlap);
+    // The fragment that landed (saved with the checkpoint), not the schedule's: a resume with
+    // another H would have merged a fragment whose θ never landed.
+    int p = st->merge_fragments > 0 ? (int)st->merge_fragment : fragment_due(d, st->merge_step - d->overlap);
+    bool same_split = st->merge_fragments == 0 || st->merge_fragments == d->n_fragments;
     st->merge_step = 0;
-    if (p < 0 || d->overlap == 0) {
-        warn("diloco: a fragment merge was pending, but this config's schedule has no fragment there; skipped");
+    st->merge_fragment = st->merge_fragments = 0;
+    if (p < 0 || d->overlap == 0 || !same_split) {
+        warn("diloco: a fragment merge was pending, but this config %s; skipped",
+             !same_split ? "splits the model into another number of fragments" : "has no fragment there");
         return;
     }
     const fragment *fr = &d->fragments[p];

@@ -3851,6 +3851,12 @@ static local_result train_local(train_config *cfg, bool quiet) {
         if (reps[i].state.step != lead->state.step) fail("diloco (local): the replicas did not start at the same step");
     diloco *outer = diloco_open(cfg, &lead->shard, NULL, NULL, log, NULL);  // one data stream: nothing to compare
     diloco_set_quiet(outer, quiet);
+    // Simulated replicas keep no outer state: from a checkpoint of a run that had one, θ starts
+    // from its weights, with zero momentum and the outer count at 0 (said, as for a plain one).
+    if (lead->state.step > 0 && !quiet)
+        note("diloco (local): simulated replicas start their outer state afresh at step %lld: θ = the checkpoint's "
+             "weights, zero momentum, outer step 0%s",
+             (long long)lead->state.step, lead->state.merge_step > 0 ? "; its pending fragment merge is dropped" : "");
     diloco_start_local(outer, lead->params, &lead->state);
     for (int i = 0; i < M; i++)
         backend_upload(reps[i].be, reps[i].params, reps[i].exp_avg, reps[i].exp_avg_sq, reps[i].state.adam_step);

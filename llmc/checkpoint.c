@@ -207,6 +207,9 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
         sb_printf(&sb, "  \"data_tokens\": %lld,\n  \"data_shards\": %lld,\n  \"data_fingerprint\": \"%016llx\",\n",
                   (long long)s->data_id.tokens, (long long)s->data_id.shards, (unsigned long long)s->data_id.fingerprint);
     if (s->merge_step > 0) sb_printf(&sb, "  \"outer_merge_step\": %lld,\n", (long long)s->merge_step);
+    if (s->merge_step > 0 && s->merge_fragments > 0)
+        sb_printf(&sb, "  \"outer_merge_fragment\": %lld,\n  \"outer_merge_fragments\": %lld,\n",
+                  (long long)s->merge_fragment, (long long)s->merge_fragments);
     if (s->restart_step > 0) sb_printf(&sb, "  \"outer_restart_step\": %lld,\n", (long long)s->restart_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
     if (s->norm_spikes > 0) sb_printf(&sb, "  \"norm_spikes\": %lld,\n", (long long)s->norm_spikes);
@@ -692,6 +695,13 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
     const json_value *merge = json_get(root, "outer_merge_step");
     s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
+    // Which fragment (absent before 2026-12: diloco.c then takes the schedule's at that step).
+    const json_value *mf = json_get(root, "outer_merge_fragment"), *mfs = json_get(root, "outer_merge_fragments");
+    bool fragment_known = s->merge_step > 0 && mf && mfs && mf->type == JSON_NUMBER && mf->is_integer &&
+                          mfs->type == JSON_NUMBER && mfs->is_integer && mfs->integer > 0 && mf->integer >= 0 &&
+                          mf->integer < mfs->integer;
+    s->merge_fragment = fragment_known ? mf->integer : 0;
+    s->merge_fragments = fragment_known ? mfs->integer : 0;
     // Only once a DiLoCo replica took a state or rolled back (diloco.h); absent: never.
     const json_value *restart = json_get(root, "outer_restart_step");
     s->restart_step =
@@ -830,6 +840,7 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
         if (b->outer_residual) memset(b->outer_residual, 0, (size_t)n * sizeof(float));
         s->outer_step = 0;
         s->merge_step = 0;
+        s->merge_fragment = s->merge_fragments = 0;
         s->restart_step = 0;
         return true;
     }

@@ -51,6 +51,8 @@ typedef struct {
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
     int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last
                            // merges into the local weights (0 = none pending)
+    int64_t merge_fragment;   // ... which fragment that is, of merge_fragments (0: not saved, a
+    int64_t merge_fragments;  // checkpoint from before 2026-12: the schedule's fragment there)
     int64_t restart_step;  // DiLoCo: the step at which this replica's weights last started over
                            // from θ (it took the group's state, or rolled back): its next
                            // contribution of each fragment counts only the steps since (0 = none)

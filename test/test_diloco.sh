@@ -291,6 +291,17 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "streaming: a round in flight into the decay phase, stopped before it lands + resume: bit-exact" \
         same_bytes "$tmp/d_straight" "$tmp/d_stop" step_00000039 model.safetensors optimizer.safetensors \
         outer.safetensors
+    # Stopped after step 10 (fragment 2 began after 9 and landed in the checkpoint, its merge due
+    # at 11), resumed with H = 18: the merge at 11 is fragment 2's, whose θ landed (state.json
+    # names it); it was the new schedule's fragment at that step, 1, whose θ never landed.
+    hres=(--diloco_replicas 1 --max_steps 39 --diloco_transport mpi --diloco_decay_inner_steps 0)
+    "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${hres[@]}" --out_dir "$tmp/h_stop" --stop_at_step 10 >/dev/null 2>&1
+    mkdir -p "$tmp/dump_h"
+    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_h" "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${hres[@]}" --out_dir "$tmp/h_stop" \
+        --diloco_inner_steps 18 >/dev/null 2>&1
+    check "streaming: resumed with another H, the pending merge is the landed fragment's (2), named in state.json" \
+        sh -c "grep -q '\"outer_merge_fragment\": 2,' '$tmp/h_stop/step_00000010/state.json' &&
+               test -f '$tmp/dump_h/merge_0_00003_2.f32' && ! test -e '$tmp/dump_h/merge_0_00003_1.f32'"
 fi
 
 relay_tcp stream
@@ -394,6 +405,10 @@ if [ "$HAVE_MPI" = 1 ]; then
         --resume "$tmp/plain/step_00000020" --max_steps 25 2>&1) || true
     check "a plain checkpoint starts a DiLoCo run (θ = its weights, zero momentum)" \
         sh -c "printf '%s' \"\$1\" | grep -q 'no DiLoCo outer state' && test -f '$tmp/from_plain/step_00000025/outer.safetensors'" _ "$out"
+    out=$("$TRAIN_GPT" "${common[@]}" --diloco_replicas 2 --diloco_inner_steps 5 --diloco_transport local \
+        --out_dir "$tmp/local_from" --resume "$tmp/plain/step_00000020" --max_steps 25 2>&1) || true
+    check "simulated replicas from a checkpoint say their outer state starts afresh" \
+        sh -c "printf '%s' \"\$1\" | grep -q 'simulated replicas start their outer state afresh at step 20'" _ "$out"
 fi
 
 # ---------------------------------------------------------------- 7. configuration errors
