@@ -226,7 +226,7 @@ typedef struct {
 } replica;
 
 static join_result replica_join(replica *r, bool rejoin) {
-    replica_status status = {r->step, 0x5eed};
+    replica_status status = {r->step, 0x5eed, 0};
     uint8_t state[64];
     size_t state_bytes = 0;
     join_result j = rejoin ? transport_rejoin(r->t, &status, state, sizeof state, &state_bytes)
@@ -256,7 +256,7 @@ static bool replica_sync_round(replica *r, const payload_spec *spec, const uint8
         return false;
     }
     r->step++;
-    if (res.send_state) transport_send_state(r->t, (const uint8_t *)&r->step, 8);
+    if (res.send_state) transport_send_state(r->t, (const uint8_t *)&r->step, 8, NULL);
     return res.n == r->o->replicas;
 }
 
@@ -380,7 +380,7 @@ static int run_transport(const options *o) {
             return 1;
         }
         r.step++;
-        if (res.send_state) transport_send_state(r.t, (const uint8_t *)&r.step, 8);
+        if (res.send_state) transport_send_state(r.t, (const uint8_t *)&r.step, 8, NULL);
         bool intact = round_is_intact(&res, step, o->replicas, &spec, values, payload);
         all_ok = all_ok && intact;
         // The payload moved: max(own payload sent, mean received); both are P (codec none).

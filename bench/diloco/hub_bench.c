@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     float *x = xmalloc((size_t)n * sizeof(float));
     uint8_t *payload = xmalloc(payload_spec_up_bytes(&spec));
     size_t state_bytes = 0;
-    replica_status s = {0, 1};
+    replica_status s = {0, 1, 0};
     transport_join(t, &s, NULL, 0, &state_bytes);
     for (int k = 0; k < rounds; k++) {
         for (int64_t i = 0; i < n; i++)
