@@ -3077,6 +3077,21 @@ static bool restore_or_init(trainer *tr) {
                  (long long)was_max, (long long)cfg->max_steps, (long long)at, lr_at_step(cfg, at),
                  lr_at_step(&then, at), at >= was_max ? ": the saved run had finished" : "");
         }
+        char outer_file[4200];
+        snprintf(outer_file, sizeof outer_file, "%s/outer.safetensors", from);
+        if (tr->rank == 0 && file_exists(outer_file)) {
+            // What a resume changes of DiLoCo's outer loop is taken from here on, and said (a
+            // plain checkpoint starting a DiLoCo run says so elsewhere).
+            static const char *const keys[] = {
+                "diloco_replicas", "diloco_inner_steps", "diloco_decay_inner_steps", "diloco_fragments",
+                "diloco_overlap_steps", "diloco_merge_alpha", "diloco_outer_lr", "diloco_outer_momentum",
+                "diloco_nesterov", "diloco_momentum_warmup", "diloco_plain_in_decay", "diloco_quant",
+                "diloco_quant_block", "diloco_topk", "diloco_downlink", "diloco_error_feedback"};
+            char changes[2048];
+            if (checkpoint_config_changes(from, cfg, keys, (int)(sizeof keys / sizeof *keys), changes, sizeof changes) > 0)
+                warn("resume: DiLoCo settings differ from the checkpoint's: %s; the new run's apply from step %lld", changes,
+                     (long long)at);
+        }
         convert_data_position(tr);
         dataloader_seek(tr->train, tr->state.data);
         strbuf extra = {};

@@ -770,6 +770,33 @@ static bool config_text_value(const char *text, const char *key, char *out, size
     return false;
 }
 
+int checkpoint_config_changes(const char *dir, const train_config *cfg, const char *const *keys, int n_keys, char *out,
+                              size_t out_bytes) {
+    out[0] = '\0';
+    json_doc doc;
+    char why[256];
+    if (!parse_state(dir, &doc, why, sizeof why)) return 0;
+    const json_value *saved = json_get(&doc.root, "config");
+    int changed = 0;
+    if (saved && saved->type == JSON_STRING) {
+        char *now = config_to_text(cfg);
+        size_t at = 0;
+        for (int i = 0; i < n_keys; i++) {
+            char was[256], is[256];
+            if (!config_text_value(saved->string, keys[i], was, sizeof was) ||
+                !config_text_value(now, keys[i], is, sizeof is) || strcmp(was, is) == 0)
+                continue;
+            int n = snprintf(out + at, at < out_bytes ? out_bytes - at : 0, "%s%s %s → %s", changed ? "; " : "",
+                             keys[i], was, is);
+            at += n > 0 ? (size_t)n : 0;
+            changed++;
+        }
+        free(now);
+    }
+    json_free(&doc);
+    return changed;
+}
+
 bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
     memset(o, 0, sizeof *o);
     bool has_outer;

@@ -84,6 +84,12 @@ typedef struct {
 // Verifies DIR's checksums and reads its state.json into o. false with a reason in why.
 bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes);
 
+// Which of KEYS (config.md's names) the checkpoint in DIR was saved with another value of than
+// cfg has: "key A → B" each, "; "-separated, into out; returns how many (0 also when its
+// state.json holds no config).
+int checkpoint_config_changes(const char *dir, const train_config *cfg, const char *const *keys, int n_keys, char *out,
+                              size_t out_bytes);
+
 // Loads the newest checkpoint in out_dir that verifies, warning about each one skipped.
 // Returns its path (caller frees), or NULL if out_dir has no checkpoint at all.
 // If checkpoints exist but none verifies, that is a fatal error: the user decides.

@@ -298,7 +298,10 @@ if [ "$HAVE_MPI" = 1 ]; then
     "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${hres[@]}" --out_dir "$tmp/h_stop" --stop_at_step 10 >/dev/null 2>&1
     mkdir -p "$tmp/dump_h"
     TRAIN_GPT_DILOCO_DUMP="$tmp/dump_h" "$TRAIN_GPT" "${common[@]}" "${stream[@]}" "${hres[@]}" --out_dir "$tmp/h_stop" \
-        --diloco_inner_steps 18 >/dev/null 2>&1
+        --diloco_inner_steps 18 >"$tmp/h_stop.log" 2>&1
+    check "... and the resume says which DiLoCo setting changed" \
+        grep -q "resume: DiLoCo settings differ from the checkpoint's: diloco_inner_steps 12 → 18; the new run's apply from step 10" \
+        "$tmp/h_stop.log"
     check "streaming: resumed with another H, the pending merge is the landed fragment's (2), named in state.json" \
         sh -c "grep -q '\"outer_merge_fragment\": 2,' '$tmp/h_stop/step_00000010/state.json' &&
                test -f '$tmp/dump_h/merge_0_00003_2.f32' && ! test -e '$tmp/dump_h/merge_0_00003_1.f32'"
