@@ -1143,9 +1143,6 @@ static double outer_momentum(const diloco *d, int64_t k) {
     return w > 0 && k < w ? mu * (double)k / (double)w : mu;
 }
 
-// The lr and μ of a fragment's outer step k landed after `step` inner steps: the config's, μ
-// ramped (outer_momentum); lr 1, μ 0 (θ = the mean) with diloco_plain_in_decay once its inner
-// steps reached the schedule's decay phase.
 // The step at which a round lands in a straight run: τ steps after it began, or at the last step.
 // diloco_settle lands one earlier (a checkpoint with a round in flight); what the round computes
 // takes this step, not the step it landed at, or a checkpoint would change θ (the outer lr and μ
@@ -1155,6 +1152,9 @@ static int64_t landing_step(const diloco *d, const flight *f) {
     return s < d->cfg->max_steps ? s : d->cfg->max_steps;
 }
 
+// The lr and μ of a fragment's outer step k landed after `step` inner steps: the config's, μ
+// ramped (outer_momentum); lr 1, μ 0 (θ = the mean) with diloco_plain_in_decay once its inner
+// steps reached the schedule's decay phase.
 static void outer_settings(const diloco *d, int64_t k, int64_t step, double *lr, double *mu) {
     const train_config *cfg = d->cfg;
     int64_t decay_start = decay_start_step(cfg);
