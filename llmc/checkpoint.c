@@ -786,9 +786,10 @@ int checkpoint_config_changes(const char *dir, const train_config *cfg, const ch
             if (!config_text_value(saved->string, keys[i], was, sizeof was) ||
                 !config_text_value(now, keys[i], is, sizeof is) || strcmp(was, is) == 0)
                 continue;
-            int n = snprintf(out + at, at < out_bytes ? out_bytes - at : 0, "%s%s %s → %s", changed ? "; " : "",
-                             keys[i], was, is);
-            at += n > 0 ? (size_t)n : 0;
+            if (at < out_bytes) {   // else cut (snprintf's), still counted
+                int n = snprintf(out + at, out_bytes - at, "%s%s %s → %s", changed ? "; " : "", keys[i], was, is);
+                at += n > 0 ? (size_t)n : 0;
+            }
             changed++;
         }
         free(now);
