@@ -830,6 +830,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->tokens_seen = c.tokens + (uint64_t)skip * tokens_per_step(d);
     st->bad_steps = 0;
     st->merge_step = 0;
+    st->merge_fragment = st->merge_fragments = 0;
     diloco_seek_data(d->cfg, train, st, was);
     d->joined_phase_s = (double)c.phase_ms / 1e3;  // join_group starts this replica's phase there
     uint64_t hash = replica_hash(d, d->theta, d->numel);
@@ -1613,7 +1614,9 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
     st->merge_fragment = st->merge_fragments = 0;
     if (p < 0 || d->overlap == 0 || !same_split) {
         warn("diloco: a fragment merge was pending, but this config %s; skipped",
-             !same_split ? "splits the model into another number of fragments" : "has no fragment there");
+             !same_split        ? "splits the model into another number of fragments"
+             : d->overlap == 0  ? "merges nothing (diloco_overlap_steps 0: a landed round is taken whole)"
+                                : "has no fragment there");
         return;
     }
     const fragment *fr = &d->fragments[p];
@@ -1713,6 +1716,7 @@ void diloco_start_local(diloco *d, const float *params, train_state *st) {
         if (d->local_residual[i]) memset(d->local_residual[i], 0, bytes);
     st->outer_step = 0;
     st->merge_step = 0;
+    st->merge_fragment = st->merge_fragments = 0;
 }
 
 bool diloco_group_over(const diloco *d) { return d->over; }

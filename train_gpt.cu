@@ -3407,7 +3407,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
             m.step = s + 1;
             m.step_ms = (wall_seconds() - t0) * 1e3;
             m.tokens = tr->state.tokens_seen;
-            m.mfu = NAN;   // null, as on every line without a figure (0 read as a measured one)
+            m.tok_per_s = m.mfu = NAN;   // null, as on every line without a figure (0 reads as a measured one)
             return m;
         }
     } else {

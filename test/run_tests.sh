@@ -19,7 +19,6 @@ case $jobs in '' | *[!0-9]* | 0) echo "run_tests: TEST_JOBS must be a positive i
 logs=${BUILD:-build}/test-logs
 mkdir -p "$logs" || exit 2
 rm -f "$logs"/*.log "$logs"/*.failed
-exec 9>"$logs/.lock"
 t0=$(date +%s)
 
 # one TEST: runs it (a .sh with bash), then prints its block; a failure leaves NAME.failed.
@@ -36,12 +35,12 @@ one() {
         rc=$?
     fi
     [ "$rc" = 0 ] || echo "$rc" >"$logs/$name.failed"
-    {
+    {   # the lock file opened here, by each test's own block: a lock is its open file's
         flock 9
         [ "$jobs" = 1 ] || { echo "== $t"; cat "$logs/$name.log"; }
         if [ "$rc" = 0 ]; then echo "== $t: $(($(date +%s) - s)) s"
         else echo "== $t: FAILED (exit $rc) after $(($(date +%s) - s)) s; its output: $logs/$name.log"; fi
-    }
+    } 9>>"$logs/.lock"
 }
 run() {
     case $1 in
@@ -51,18 +50,28 @@ run() {
 }
 failed() { compgen -G "$logs/*.failed" >/dev/null; }
 
-running=0
-for t in "$@"; do
-    failed && break
-    if [ "$running" -ge "$jobs" ]; then
-        wait -n
-        running=$((running - 1))
+if [ "$jobs" = 1 ]; then
+    # In the foreground: Ctrl-C reaches the test (a background job would ignore SIGINT).
+    for t in "$@"; do
+        one "$t"
         failed && break
-    fi
-    one "$t" &
-    running=$((running + 1))
-done
-wait
+    done
+else
+    # An interrupt ends the tests running too (in the background they ignore SIGINT).
+    trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
+    running=0
+    for t in "$@"; do
+        failed && break
+        if [ "$running" -ge "$jobs" ]; then
+            wait -n
+            running=$((running - 1))
+            failed && break
+        fi
+        one "$t" &
+        running=$((running + 1))
+    done
+    wait
+fi
 
 if failed; then
     names=$(cd "$logs" && ls *.failed | sed 's/\.failed$//' | tr '\n' ' ')
