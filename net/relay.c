@@ -966,6 +966,17 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
         drop_replica(h, id, "sent a catch-up mean it was not asked for");
         return;
     }
+    // A mean of a round the group has not closed cannot be the donor's landing: taken, it would
+    // be kept (h->held) for joiners that never ask for it, without bound. (With several hubs one
+    // step more: the donor may give up a step whose round here never closed, and land it skipped.)
+    int64_t closed = h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step);
+    if (d->outer_step > closed + (several_hubs(h) ? 1 : 0)) {
+        char why[160];
+        snprintf(why, sizeof why, "sent the mean of round %lld for its catch-up transfer, but the last round closed is %lld",
+                 (long long)d->outer_step, (long long)closed);
+        drop_replica(h, id, why);
+        return;
+    }
     if (!h->patch.started && d->outer_step != h->patched_through + 1) {
         char why[160];
         snprintf(why, sizeof why, "sent the mean of round %lld for its catch-up transfer, expected round %lld",
@@ -1023,6 +1034,7 @@ static void on_caught_up(relay *h, int id, int64_t round) {
             if (c->d.outer_step > r->caught_up_to && c->d.outer_step <= to) queue_data(r, &c->d, c->d.bytes, c->ref);
     r->joiner = false;
     r->caught_up_to = to;
+    r->transfer_delay_s = 0;   // its deadline counts from when it has these means (check_round)
     r->member_from = first_round_of(h, to + 1);
     forget_lacks(r);   // its state is whole
     uint8_t buf[8];
@@ -1289,14 +1301,23 @@ static void evict_late(relay *h, int id) {
     if (h->donor == id) abort_transfer(h, "the donor was evicted", false);
 }
 
+// A joiner of a catch-up transfer that said CAUGHT_UP and has been sent every mean up to the
+// hub's answer is in its inner phase: from then on the rounds wait for it as for the joiner of
+// a whole transfer (timeout_s plus how long its state took: check_round), no longer for ever
+// (a joiner whose trainer hung while its heartbeats went on held every round of the group).
+static bool catchup_delivered(const relay *h, const replica *r) {
+    return r->catching_up && !r->joiner && r->caught_up_to >= 0 && h->patched_through >= r->caught_up_to &&
+           backlog_bytes(r) == 0;
+}
+
 // Whether replica id sends or receives the state transfer in flight. The transfer holds the
 // round for it (a stalled transfer is aborted: run_loop), however long it takes: evicted as
 // late, a donor would have to take a state itself, and its joiners would wait again (a state
 // longer than timeout_s could never arrive).
 static bool in_transfer(const relay *h, int id) {
     const replica *r = &h->reps[id];
-    return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) || r->catching_up || r->state_draining ||
-           r->donating || r->follow_held;
+    return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) ||
+           (r->catching_up && !catchup_delivered(h, r)) || r->state_draining || r->donating || r->follow_held;
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -1328,6 +1349,7 @@ static void check_round(relay *h) {
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
         replica *r = rep(h, i);
         if (r->state != R_MEMBER || h->contrib[i].whole || !due(h, i)) continue;
+        if (catchup_delivered(h, r) && r->transfer_delay_s == 0) r->transfer_delay_s = now - r->state_began_s;
         if (in_transfer(h, i)) {
             all = false;
             continue;

@@ -434,6 +434,8 @@ const char *wire_decode_leave(const uint8_t *p, size_t n, wire_leave *m) {
 static const char *check_transfer(uint64_t total, uint32_t chunk) {
     if (total > WIRE_MAX_TRANSFER_BYTES) return "transfer larger than 1 TiB";
     if (chunk < WIRE_MIN_CHUNK_BYTES || chunk > WIRE_MAX_CHUNK_BYTES) return "chunk size out of range";
+    // The hub keeps a pointer and a bit per chunk of a transfer: their count is bounded too.
+    if ((total + chunk - 1) / chunk > WIRE_MAX_TRANSFER_CHUNKS) return "transfer of more than 4 Mi chunks";
     return NULL;
 }
 

@@ -51,6 +51,8 @@ extern "C" {
 #define WIRE_MIN_CHUNK_BYTES 1024u
 #define WIRE_MAX_CHUNK_BYTES (16u << 20)                 // bound of one DATA chunk
 #define WIRE_MAX_TRANSFER_BYTES ((uint64_t)1 << 40)      // one payload or state: 1 TiB
+#define WIRE_MAX_TRANSFER_CHUNKS ((uint64_t)1 << 22)    // one payload or state: 4 Mi chunks (a payload's
+                                                         // segments are ~2^18 values: 10^12 of them)
 #define WIRE_MAX_STREAMS 64                              // data connections per replica
 #define WIRE_MAX_REPLICAS 256                            // = TRANSPORT_MAX_REPLICAS
 #define WIRE_MAX_TEXT_BYTES 1024u                        // the reason in REFUSE and EVICTED

@@ -400,6 +400,115 @@ def scenario_handshake_flood(port, secret):
     return None
 
 
+STATE, STATE_END, CAUGHT_UP = 22, 28, 29
+KIND_STATE, KIND_CATCHUP = 2, 4
+
+
+def data_head(owner, kind, step, total, offset, chunk):
+    return struct.pack("<IB3xqQQII", owner, kind, step, total, offset, chunk, 0)
+
+
+def scenario_chunk_claim(port, secret):
+    # Replica 0's first chunk claims a payload of 1 TiB in chunks of 1 KiB (2^30 segments) before
+    # any CONTRIBUTE: the hub must not size the round from it (it allocated a pointer per
+    # segment, 8 GiB, and touched them all when the replica left). Refused; replica 1's round closes.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, KIND_PAYLOAD, 0, 1 << 40, 0, 1024) + bytes(1024)))
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept replica 0 after a chunk of a 2^30-chunk payload"
+    b.contribute(0, VALUES, SEG)
+    b.upload(0, VALUES, SEG)
+    return closes_with(b, [1])
+
+
+def catchup_donor(port, secret):
+    """Replica 0 founds the group and closes round 0; replica 1 (another param_hash) waits for a
+    state: replica 0 is its catch-up donor. Returns (a, b, error)."""
+    a = Replica(port, secret, 0)
+    a.join(0, 0xAAA)
+    b = Replica(port, secret, 1)
+    b.join(0, 0xBBB)
+    a.contribute(0, VALUES, SEG)
+    a.upload(0, VALUES, SEG)
+    err = closes_with(a, [0], others=[b])
+    if err:
+        return a, b, err
+    flags = struct.unpack("<I", a.got[ROUND][0][8:12])[0]
+    if flags & 6 != 6:
+        return a, b, "round 0's ROUND did not make replica 0 a catch-up donor (flags %d)" % flags
+    return a, b, None
+
+
+def send_state(a, b, total=2048, chunk=1024):
+    """a sends a state of total bytes (catch-up) and b takes it whole, says CAUGHT_UP(0) and gets STATE_END."""
+    a.ctl.send(STATE, struct.pack("<qQIIII", 0, total, chunk, 0, 1, 0))
+    for off in range(chunk, total, chunk):   # the first chunk last, as a donor does
+        a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, KIND_STATE, 0, total, off, chunk) + bytes(chunk)))
+    a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, KIND_STATE, 0, total, 0, chunk) + bytes(chunk)))
+    if not b.wait(lambda: b.mean_bytes >= total, 10, [a]):
+        return "the joiner did not get the state (%d of %d bytes)" % (b.mean_bytes, total)
+    b.ctl.send(CAUGHT_UP, struct.pack("<q", 0))
+    if not b.wait(lambda: STATE_END in b.got, 10, [a]):
+        return "the joiner got no STATE_END"
+    return None
+
+
+def scenario_catchup_beyond(port, secret):
+    # The donor sends catch-up means for rounds the group never closed (1, 2, ...: the last closed
+    # is 0): the hub kept them all for joiners that never ask (16 MiB each, without bound).
+    # The donor is dropped at the first.
+    a, b, err = catchup_donor(port, secret)
+    if err:
+        return err
+    err = send_state(a, b)
+    if err:
+        return err
+    big = 1 << 20
+    for r in range(1, 9):
+        try:
+            a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, KIND_CATCHUP, r, big, 0, big) + bytes(big)))
+        except OSError:
+            break
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept the donor after means of rounds it never closed"
+    return None
+
+
+def scenario_state_claim(port, secret):
+    # The donor announces a state of 1 TiB in chunks of 1 KiB: the hub kept a bit per chunk for
+    # each replica joining in flight (128 MiB, copied in its loop; out of memory: the relay
+    # exited). Refused: the donor is dropped, the relay stays up.
+    a, b, err = catchup_donor(port, secret)
+    if err:
+        return err
+    a.ctl.send(STATE, struct.pack("<qQIIII", 0, 1 << 40, 1024, 0, 1, 0))
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept the donor after a state of 2^30 chunks"
+    return None
+
+
+def scenario_caughtup_silent(port, secret):
+    # The joiner takes its state, says CAUGHT_UP and then never contributes (its trainer hung;
+    # its heartbeats go on): the rounds waited for it for ever. It is due from round 1, as the
+    # joiner of a whole transfer: evicted as late about timeout_s after the round began, and
+    # replica 0's round 1 closes without it.
+    a, b, err = catchup_donor(port, secret)
+    if err:
+        return err
+    err = send_state(a, b)
+    if err:
+        return err
+    del a.got[ROUND]
+    a.contribute(1, VALUES, SEG)
+    a.upload(1, VALUES, SEG)
+    if not a.wait(lambda: ROUND in a.got, 30, [b]):
+        return "round 1 did not close within 30 s (timeout_s 3): the silent joiner held it"
+    if not b.wait(lambda: EVICTED in b.got, 10):
+        return "round 1 closed but the joiner was not told it was evicted"
+    return closes_with(a, [0])
+
+
 def main():
     name, port, secret_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     secret = open(secret_file, "rb").read().rstrip()

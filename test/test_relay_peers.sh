@@ -15,6 +15,14 @@
 #   handshake_flood    300 connections that never speak do not keep a replica out: a new one
 #                      takes the place of the oldest in the handshake (it was refused until
 #                      the silent ones timed out)
+#   chunk_claim        a first chunk claiming a payload of 2^30 chunks: refused (the hub kept a
+#                      pointer per chunk, 8 GiB, and touched them all when the replica left)
+#   catchup_beyond     a catch-up donor sending means of rounds never closed: dropped (the hub
+#                      kept them all, without bound)
+#   state_claim        a state of 2^30 chunks: refused (a bit per chunk for each replica joining
+#                      in flight, 128 MiB copied in the hub's loop; out of memory, the relay exited)
+#   caughtup_silent    a joiner that caught up and never contributes: evicted as late, the round
+#                      closes (it was held for ever)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -75,6 +83,20 @@ check "window_reorder: nobody dropped" sh -c "! grep -q 'dropped: sent segment' 
 run_scenario nonreader
 check "nonreader: one line drops replica 1" \
     in_log nonreader "replica 1 .* dropped: its data streams took nothing of what the hub sends it for"
+
+run_scenario chunk_claim
+check "chunk_claim: one line refuses replica 0" in_log chunk_claim "replica 0 .* dropped: transfer of more than 4 Mi chunks"
+
+run_scenario catchup_beyond
+check "catchup_beyond: one line drops the donor" \
+    in_log catchup_beyond "replica 0 .* dropped: sent the mean of round 1 for its catch-up transfer, but the last round closed is 0"
+
+run_scenario state_claim
+check "state_claim: one line refuses the donor" in_log state_claim "replica 0 .* dropped: transfer of more than 4 Mi chunks"
+
+run_scenario caughtup_silent
+check "caughtup_silent: the joiner evicted as late for round 1" \
+    in_log caughtup_silent "replica 1 .* evicted: late for round 1: no contribution"
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
