@@ -35,6 +35,8 @@
 //                       net/transport_tcp.c and docs/protocol.md)
 //   prepare_term_after_shard  `train_gpt prepare` sends itself SIGTERM once train shard STEP
 //                       (0-based) is finished: a run stopped by a time limit (test/test_prepare.sh)
+//   prepare_summary_enospc  (STEP 0) `train_gpt prepare`'s summary fails to write as on a full
+//                       disk, after every shard is finished: nothing may be published (test_prepare)
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor
 //                       only, then SIGKILL itself once that replica says DONE (net/relay.c)

@@ -12,8 +12,14 @@
 #   - Broken or truncated tokenizer files, unreadable inputs, malformed JSONL, bad options
 #     and an existing output: exit status 1 and one line on stderr naming the problem.
 #   - All or nothing: a failing --overwrite leaves the earlier run whole; a run stopped by
-#     SIGTERM leaves only .partial shards, which the next run removes; an --out with glob
-#     characters still finds an earlier run.
+#     SIGTERM leaves only .partial shards, which the next run removes (its .partial.tmp and
+#     summary .tmp too); a summary that cannot be written publishes nothing; an --out with glob
+#     characters still finds an earlier run, and --out owt never takes owt_train_10k's shards
+#     for its own.
+#   - The output next to its text: a second run over that directory leaves the first run's
+#     shards and summary out of its input.
+#   - A run of 12 M spaces (cl100k's \s*[\r\n] steps back once per space) encodes: PCRE2's
+#     default match limit failed the whole run.
 set -euo pipefail
 : "${TRAIN_GPT:?}" "${BUILD:?}"
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -139,10 +145,53 @@ TRAIN_GPT_FAULT=prepare_term_after_shard:1 "$TRAIN_GPT" prepare --quiet --tokeni
 ! compgen -G "$T/k/run_*.bin" >/dev/null && ! test -e "$T/k/run_summary.json" &&
     ok "... it left no shard under a final name and no summary" ||
     bad "a stopped run left shards under their final names: $(ls "$T/k")"
+# A kill lands mid-shard more often than not: the shard being written is NAME.bin.partial.tmp
+# (the hook stops between shards, so it is made here), and the summary may be at its .tmp.
+: >"$T/k/run_train_000099.bin.partial.tmp"
+: >"$T/k/run_summary.json.tmp"
 prepare --tokenizer "$R50K" --out "$T/k/run" --shard_tokens 50 "$T/corpus/a.txt" >"$T/k2.out" 2>&1 &&
-    ! compgen -G "$T/k/run_*.partial" >/dev/null && grep -q "removing 2 partial shard(s) of a run that was stopped" "$T/k2.out" &&
+    ! compgen -G "$T/k/run_*.partial*" >/dev/null && ! test -e "$T/k/run_summary.json.tmp" &&
+    grep -q "removing 2 partial shard(s) of a run that was stopped" "$T/k2.out" &&
     compgen -G "$T/k/run_train_*.bin" >/dev/null && ok "the next run removes the partial shards, saying so, and writes its own" ||
     bad "the next run did not clean up: $(ls "$T/k")"
+
+echo "-- a summary that cannot be written (a full disk) publishes nothing"
+before=$(cd "$T/k" && cat run_* | md5sum)
+rc=0
+TRAIN_GPT_FAULT=prepare_summary_enospc:0 "$TRAIN_GPT" prepare --quiet --tokenizer "$R50K" --out "$T/k/run" \
+    --overwrite --shard_tokens 20 "$T/corpus/a.txt" >"$T/k3.out" 2>&1 || rc=$?
+[ $rc -eq 1 ] && grep -q "cannot write .*run_summary.json.tmp: No space left on device" "$T/k3.out" &&
+    ok "exit 1, one line naming the summary" || bad "status $rc: $(cat "$T/k3.out")"
+[ "$(cd "$T/k" && cat run_* | md5sum)" = "$before" ] && ! compgen -G "$T/k/run_*.partial*" >/dev/null &&
+    ! test -e "$T/k/run_summary.json.tmp" && ok "... the earlier run as it was, nothing of this one left" ||
+    bad "a failed summary left the output changed: $(ls "$T/k")"
+
+echo "-- --out owt beside owt_train_10k: another corpus, not an earlier run of owt"
+prepare --tokenizer "$R50K" --out "$T/oo/owt_train_10k" "$T/corpus/a.txt" >/dev/null
+prepare --tokenizer "$R50K" --out "$T/oo/owt" "$T/corpus/a.txt" >/dev/null 2>"$T/oo.err" &&
+    ok "owt is not refused for owt_train_10k's shards" || bad "owt refused: $(cat "$T/oo.err")"
+prepare --tokenizer "$R50K" --out "$T/oo/owt" --overwrite "$T/corpus/a.txt" >/dev/null &&
+    test -e "$T/oo/owt_train_10k_train_000000.bin" && test -e "$T/oo/owt_train_10k_summary.json" &&
+    ok "--overwrite of owt leaves owt_train_10k's shards" || bad "--overwrite of owt removed another corpus: $(ls "$T/oo")"
+
+echo "-- the output next to its text: a second run leaves the first one's output out"
+mkdir -p "$T/books"
+echo "It is a truth" >"$T/books/a.txt"
+echo "universally acknowledged" >"$T/books/b.txt"
+prepare --tokenizer "$R50K" --out "$T/books/books" "$T/books" >"$T/books1.out"
+for fmt in auto text; do
+    prepare --tokenizer "$R50K" --out "$T/books/books" --overwrite --format $fmt "$T/books" >"$T/books2.out" 2>&1 &&
+        grep -q "train 2 documents" "$T/books2.out" && grep -q "left out 2 files of an earlier run" "$T/books2.out" &&
+        cmp -s <(grep "train 2 documents" "$T/books1.out") <(grep "train 2 documents" "$T/books2.out") &&
+        ok "--format $fmt: the same 2 documents, the shard and summary left out with a note" ||
+        bad "--format $fmt: $(cat "$T/books2.out")"
+done
+
+echo "-- a run of 12 M spaces encodes (PCRE2's default match limit failed it)"
+"$PYTHON" -c "import sys; sys.stdout.write(' ' * 12000000 + 'x')" >"$T/spaces.txt"
+prepare --tokenizer "$DATA/cl100k_base.tiktoken" --out "$T/sp/run" "$T/spaces.txt" >"$T/sp.out" 2>&1 &&
+    grep -q "train 1 document," "$T/sp.out" && ok "cl100k: one document of 12 M spaces" ||
+    bad "12 M spaces: $(tail -n 2 "$T/sp.out")"
 
 echo "-- JSON lines named .json (C4's c4-train.*.json.gz) are JSONL under --format auto"
 printf '{"text":"first document"}\n{"text":"second"}\n' >"$T/c4.json"

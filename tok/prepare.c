@@ -360,30 +360,38 @@ static const char *const SPLITS[] = {"train", "val"};
 
 // Shards of an earlier run would mix with this one's under the trainer's glob: refused
 // without --overwrite (checked at the start); with it they are removed once this run is done
-// (remove = true). Either way a killed run's partial shards go at the start (partial = true).
+// (remove = true). Either way a killed run's partial shards go at the start (partial = true):
+// NAME.bin.partial, and NAME.bin.partial.tmp of the shard it was writing and its summary's
+// .tmp. Only this prefix's names (six digits: PREFIX_train_NNNNNN.bin), never those of another
+// corpus whose prefix begins so (--out owt against owt_train_10k_train_000000.bin).
 static void old_shards(const char *prefix, bool overwrite, bool remove, bool partial) {
-    for (int s = 0; s < 2; s++) {
-        char suffix[40];
-        snprintf(suffix, sizeof suffix, "_%s_[0-9]*.bin%s", SPLITS[s], partial ? ".partial" : "");
-        char *pattern = glob_of(prefix, suffix);
-        glob_t g;
-        if (glob(pattern, 0, NULL, &g) == 0) {
-            if (!overwrite && !partial)
-                fail("%s already exists (an earlier run?) ---> HINT: pass --overwrite to replace it, or another --out",
-                     g.gl_pathv[0]);
-            if (partial && g.gl_pathc > 0)
-                note("prepare: removing %zu partial shard(s) of a run that was stopped (%s, ...)", g.gl_pathc,
-                     g.gl_pathv[0]);
-            for (size_t i = 0; (remove || partial) && i < g.gl_pathc; i++)
-                if (unlink(g.gl_pathv[i]) != 0) fail("cannot remove %s: %s", g.gl_pathv[i], strerror(errno));
-            globfree(&g);
+    static const char *const partial_suffixes[] = {".partial", ".partial.tmp"};
+    for (int s = 0; s < 2; s++)
+        for (int p = 0; p < (partial ? 2 : 1); p++) {
+            char suffix[64];
+            snprintf(suffix, sizeof suffix, "_%s_[0-9][0-9][0-9][0-9][0-9][0-9].bin%s", SPLITS[s],
+                     partial ? partial_suffixes[p] : "");
+            char *pattern = glob_of(prefix, suffix);
+            glob_t g;
+            if (glob(pattern, 0, NULL, &g) == 0) {
+                if (!overwrite && !partial)
+                    fail("%s already exists (an earlier run?) ---> HINT: pass --overwrite to replace it, or another "
+                         "--out",
+                         g.gl_pathv[0]);
+                if (partial && g.gl_pathc > 0)
+                    note("prepare: removing %zu partial shard(s) of a run that was stopped (%s, ...)", g.gl_pathc,
+                         g.gl_pathv[0]);
+                for (size_t i = 0; (remove || partial) && i < g.gl_pathc; i++)
+                    if (unlink(g.gl_pathv[i]) != 0) fail("cannot remove %s: %s", g.gl_pathv[i], strerror(errno));
+                globfree(&g);
+            }
+            free(pattern);
         }
-        free(pattern);
-    }
-    if (remove) {   // the old run's summary would describe shards that are gone
-        size_t n = strlen(prefix) + 16;
+    // The old run's summary would describe shards that are gone; a stopped run's .tmp is litter.
+    if (remove || partial) {
+        size_t n = strlen(prefix) + 24;
         char *path = xmalloc(n);
-        snprintf(path, n, "%s_summary.json", prefix);
+        snprintf(path, n, "%s_summary.json%s", prefix, partial ? ".tmp" : "");
         if (unlink(path) != 0 && errno != ENOENT) fail("cannot remove %s: %s", path, strerror(errno));
         free(path);
     }
@@ -628,15 +636,30 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
     }
     sb_append(&sb, "}\n");
     size_t n = strlen(prefix) + 24;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s_summary.json.tmp", prefix);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fwrite(sb.data, 1, sb.length, f) == sb.length && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int error = errno;
+    if (f && fclose(f) != 0 && ok) ok = false, error = errno;
+    if (ok && fault_requested("prepare_summary_enospc", 0)) ok = false, error = ENOSPC;   // a full disk, as late as can be
+    if (!ok) {
+        unlink(tmp);
+        fail("cannot write %s: %s", tmp, strerror(error));
+    }
+    free(tmp);
+    sb_free(&sb);
+}
+
+// The summary written by write_summary takes its name: the last step of a run.
+static void publish_summary(const char *prefix) {
+    size_t n = strlen(prefix) + 24;
     char *path = xmalloc(n), *tmp = xmalloc(n);
     snprintf(path, n, "%s_summary.json", prefix);
     snprintf(tmp, n, "%s_summary.json.tmp", prefix);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fwrite(sb.data, 1, sb.length, f) != sb.length || fclose(f) != 0 || rename(tmp, path) != 0)
-        fail("cannot write %s: %s", path, strerror(errno));
+    if (rename(tmp, path) != 0) fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
     free(path);
     free(tmp);
-    sb_free(&sb);
 }
 
 int prepare_main(int argc, char **argv, const shard_sink *shards) {
@@ -645,7 +668,7 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     double start = wall_seconds();
 
     size_t n_inputs = 0;
-    prep_input *inputs = prep_list_inputs(opt.inputs, opt.n_inputs, opt.format, &n_inputs);
+    prep_input *inputs = prep_list_inputs(opt.inputs, opt.n_inputs, opt.format, opt.out_prefix, &n_inputs);
     if (opt.val_files) mark_val_files(inputs, n_inputs, opt.val_files);
     uint64_t total_bytes = 0;
     for (size_t i = 0; i < n_inputs; i++) total_bytes += inputs[i].bytes;
@@ -737,14 +760,16 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
                "(add-one) %.4f nats/token\n",
                val_entropy, val_cross);
     }
-    // Complete: the earlier run's output goes (--overwrite), this one's takes its names, and
-    // the summary comes last.
+    // Complete: the summary is written aside (a full disk fails the run here, before anything
+    // is published or removed), the earlier run's output goes (--overwrite), this one's takes
+    // its names, and the summary its name last.
+    write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
+                  file_bytes, seconds);
     if (opt.overwrite) old_shards(opt.out_prefix, true, true, false);
     publish_shards(&train);
     publish_shards(&val);
     outputs_to_abort[0] = outputs_to_abort[1] = NULL;   // nothing partial is left to remove
-    write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
-                  file_bytes, seconds);
+    publish_summary(opt.out_prefix);
     fflush(stdout);
 
     prep_reader_close(reader);

@@ -34,6 +34,10 @@ typedef struct {
     const char *format_name;
     uint64_t skipped;        // files in directories that are not text or JSONL by name
     char *first_skipped;
+    char *out_dir;           // the output's directory (realpath; NULL: none yet) and its name prefix
+    const char *out_base;
+    uint64_t own;            // files of a run of this --out found in the input directories
+    char *first_own;
 } input_list;
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -60,10 +64,40 @@ static bool named_like(const char *path, prep_compression compression, const cha
 static const char *const jsonl_suffixes[] = {".jsonl", ".ndjson", ".json"};
 static const char *const corpus_suffixes[] = {".txt", ".jsonl", ".ndjson", ".json"};
 
+// Whether path, found in a directory, is output of a run of this --out (PREFIX_summary.json,
+// PREFIX_train_NNNNNN.bin, their .partial and .tmp): with the output next to its text, a second
+// run read the first one's shards and summary as text (or failed on the summary as JSONL).
+static bool own_output(const input_list *list, const char *path) {
+    if (!list->out_dir) return false;
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    size_t n = strlen(list->out_base);
+    if (strncmp(name, list->out_base, n) != 0 || name[n] != '_') return false;
+    const char *rest = name + n + 1;
+    if (strncmp(rest, "summary.json", 12) != 0) {
+        if (strncmp(rest, "train_", 6) == 0) rest += 6;
+        else if (strncmp(rest, "val_", 4) == 0) rest += 4;
+        else return false;
+        for (int i = 0; i < 6; i++)
+            if (rest[i] < '0' || rest[i] > '9') return false;
+        if (strncmp(rest + 6, ".bin", 4) != 0) return false;
+    }
+    char *dir = slash ? xstrdup(path) : xstrdup(".");
+    if (slash) dir[slash - path] = '\0';
+    char *real = realpath(slash == path ? "/" : dir, NULL);
+    bool same = real && strcmp(real, list->out_dir) == 0;
+    free(real);
+    free(dir);
+    return same;
+}
+
 // in_directory: found by walking a directory (not named by the user), so with --format auto
-// only files named like text or JSONL are taken.
+// only files named like text or JSONL are taken, and never this --out's own output.
 static void add_file(input_list *list, const char *path, uint64_t bytes, bool in_directory) {
     bool is_auto = strcmp(list->format_name, "auto") == 0;
+    if (in_directory && own_output(list, path)) {
+        if (list->own++ == 0) list->first_own = xstrdup(path);
+        return;
+    }
     if (in_directory && is_auto) {
         // Test the name before prep_compression_of, which refuses .xz and the like.
         prep_compression c = ends_with(path, ".gz") ? PREP_GZIP
@@ -137,13 +171,27 @@ static bool add_pattern(input_list *list, const char *pattern) {
     return true;
 }
 
-prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format_name, size_t *count) {
+prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format_name, const char *out_prefix,
+                             size_t *count) {
     if (strcmp(format_name, "auto") != 0 && strcmp(format_name, "text") != 0 && strcmp(format_name, "jsonl") != 0)
         fail("--format must be auto, text or jsonl, not '%s'", format_name);
     input_list list = {0};
     list.format_name = format_name;
+    if (out_prefix) {
+        const char *slash = strrchr(out_prefix, '/');
+        char *dir = slash ? xstrdup(out_prefix) : xstrdup(".");
+        if (slash) dir[slash - out_prefix] = '\0';
+        list.out_dir = realpath(slash == out_prefix ? "/" : dir, NULL);   // NULL: not there yet, nothing of it to find
+        list.out_base = slash ? slash + 1 : out_prefix;
+        free(dir);
+    }
     for (int i = 0; i < n_paths; i++)
         if (!add_pattern(&list, paths[i])) add_path(&list, paths[i], 0);
+    if (list.own > 0)
+        note("prepare: left out %llu file%s of an earlier run of this --out found in the input directories, e.g. %s",
+             (unsigned long long)list.own, list.own == 1 ? "" : "s", list.first_own);
+    free(list.first_own);
+    free(list.out_dir);
     if (list.skipped > 0)
         warn("skipped %llu file%s in the input directories not named *.txt, *.jsonl, *.ndjson or *.json (optionally .gz or "
              ".zst), e.g. %s ---> HINT: name such files on the command line, or pass --format text or jsonl",

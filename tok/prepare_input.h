@@ -45,8 +45,10 @@ typedef struct {
 // format_name is "auto" (.jsonl / .ndjson are JSONL, everything else text, both with an
 // optional .gz or .zst), "text" or "jsonl". Fails (one-line error) on a path that does not
 // exist or cannot be read, a pattern that matches nothing, a compression this build cannot
-// read, or no files at all.
-prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format_name, size_t *count);
+// read, or no files at all. out_prefix (or NULL): files found by walking a directory that are
+// output of a run of this --out (its shards and summary) are left out, with a note.
+prep_input *prep_list_inputs(char *const *paths, int n_paths, const char *format_name, const char *out_prefix,
+                             size_t *count);
 void prep_free_inputs(prep_input *inputs, size_t count);
 
 // One document of a batch: bytes [offset, offset + bytes) of the batch text; for JSONL the

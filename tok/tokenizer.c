@@ -307,6 +307,11 @@ tokenizer_scratch *tokenizer_scratch_new(const tokenizer *t) {
     }
     s->context = pcre2_match_context_create(NULL);
     if (!s->context) fail("out of memory creating a regex match context");
+    // PCRE2's default of 10^7 match steps: `\s*[\r\n]` (cl100k, o200k, Llama 3) and o200k's
+    // letter classes step back once per character of a run, so a document with a run of ~10^7
+    // spaces or capitals failed the whole prepare ("match limit exceeded"). Our patterns are
+    // linear in the run; the limit is the one a run can never reach.
+    pcre2_set_match_limit(s->context, UINT32_MAX);
 #endif
     return s;
 }
