@@ -2929,6 +2929,34 @@ static void compare_data(const trainer *tr, const data_identity *was, const char
 // is unchanged): exactly the same place when that divides, else fewer than W′ · B′ rows are
 // skipped (none is read twice). At most an epoch: a position at an epoch's end turns into the
 // next epoch's start at the first micro-batch, as it does without a resume.
+// The split that wrote st's data position (state.json's data_world and window; an old
+// checkpoint's: this run's).
+typedef struct {
+    int64_t world, batch, seq_len;
+} data_layout;
+
+static data_layout layout_of(const trainer *tr, const train_state *st) {
+    bool recorded = st->window.batch_size > 0;
+    return (data_layout){st->data_world > 0 ? st->data_world : tr->world,
+                        recorded ? st->window.batch_size : tr->cfg->batch_size,
+                        recorded ? st->window.seq_len : tr->cfg->model.seq_len};
+}
+
+// st's data index in this run's micro-batches (above); *rows: the rows it stands for, in this
+// run's rows. Fails on a position out of range.
+static int64_t index_here(const trainer *tr, const train_state *st, int64_t *rows_out) {
+    data_layout was = layout_of(tr, st);
+    int64_t now = tr->world, batch = tr->cfg->batch_size, T = tr->cfg->model.seq_len;
+    if (st->data.index > INT64_MAX / was.world / was.batch / was.seq_len)
+        fail("the checkpoint's data position (%lld micro-batches of %lld x %lld rows of %lld tokens) is out of range",
+             (long long)st->data.index, (long long)was.world, (long long)was.batch, (long long)was.seq_len);
+    int64_t rows = st->data.index * was.world * was.batch;
+    if (was.seq_len != T) rows = (rows * was.seq_len + T - 1) / T;
+    if (rows_out) *rows_out = rows;
+    int64_t per = now * batch;
+    return min_i64((rows + per - 1) / per, dataloader_batches_per_epoch(tr->train));
+}
+
 static void convert_data_position(trainer *tr) {
     const train_config *cfg = tr->cfg;
     const data_window *w = &tr->state.window;
@@ -2937,25 +2965,21 @@ static void convert_data_position(trainer *tr) {
         warn("resume: the checkpoint's data was read with shuffle = %d, seed = %lld, this run has shuffle = %d, seed = "
              "%lld: its position is kept, but rows of this epoch may now repeat or be missed",
              w->shuffle ? 1 : 0, (long long)w->seed, cfg->shuffle ? 1 : 0, (long long)cfg->seed);
-    int64_t was = tr->state.data_world > 0 ? tr->state.data_world : tr->world, now = tr->world;
-    int64_t was_batch = recorded ? w->batch_size : cfg->batch_size, batch = cfg->batch_size;
-    int64_t was_T = recorded ? w->seq_len : cfg->model.seq_len, T = cfg->model.seq_len;
+    data_layout split = layout_of(tr, &tr->state);
+    int64_t was = split.world, was_batch = split.batch, was_T = split.seq_len;
+    int64_t now = tr->world, batch = cfg->batch_size, T = cfg->model.seq_len;
     compare_data(tr, &tr->state.data_id, "resume: the checkpoint");
     tr->state.data_id = data_identity_of(tr->train);
-    tr->state.data_world = now;
-    if (was == now && was_batch == batch && was_T == T) return;
+    if (was == now && was_batch == batch && was_T == T) {
+        tr->state.data_world = now;
+        return;
+    }
     if (was_T != T && cfg->shuffle && tr->rank == 0)
         warn("resume: the checkpoint read rows of %lld tokens in a shuffled order, this run's rows are %lld tokens: "
              "the order of the epoch's rows changes, so rows of this epoch may repeat or be missed",
              (long long)was_T, (long long)T);
-    if (tr->state.data.index > INT64_MAX / was / was_batch / was_T)
-        fail("resume: the checkpoint's data position (%lld micro-batches of %lld x %lld rows of %lld tokens) is out "
-             "of range",
-             (long long)tr->state.data.index, (long long)was, (long long)was_batch, (long long)was_T);
-    int64_t rows = tr->state.data.index * was * was_batch;
-    if (was_T != T) rows = (rows * was_T + T - 1) / T;
-    int64_t per = now * batch, index = (rows + per - 1) / per;
-    index = min_i64(index, dataloader_batches_per_epoch(tr->train));
+    int64_t rows, per = now * batch, index = index_here(tr, &tr->state, &rows);
+    tr->state.data_world = now;
     if (tr->rank == 0)
         note("resume: the data position of %lld process(es) x %lld rows of %lld tokens (%lld micro-batches each) is "
              "%lld micro-batches each for %lld x %lld rows of %lld%s",
@@ -3250,6 +3274,9 @@ static bool roll_back(trainer *tr, int64_t s) {
     char *dir = checkpoint_load_latest_every(cfg->out_dir, cfg->ckpt_every, &b, &st);  // fatal if none verifies
     if (!dir) return false;
     if (fault_requested("kill_in_rollback", st.step)) raise(SIGKILL);
+    // The checkpoint's position in this run's micro-batches (it may have been written at
+    // another world size, batch or seq_len: the skipped count mixed the two splits' units).
+    st.data.index = index_here(tr, &st, NULL);
     int64_t per_epoch = dataloader_batches_per_epoch(tr->train);
     int64_t skipped = (here.epoch - st.data.epoch) * per_epoch + (here.index - st.data.index);
     strbuf extra = {};
@@ -3332,6 +3359,14 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
              (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     }
     if (tr->state.bad_steps < cfg->max_bad_steps) return false;
+    // Simulated replicas (diloco_transport = local) stop: they write no checkpoints, and one
+    // rolled back to a checkpoint of out_dir (a run started from one) wound back its step, data
+    // and outer step but not the simulator's θ and momentum, renumbering the outer steps.
+    bool simulated = cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") == 0;
+    if (simulated)
+        fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld); simulated DiLoCo "
+             "replicas (diloco_transport = local) do not roll back (a real replica, tcp or mpi, starts over from θ)",
+             (long long)tr->state.bad_steps, (long long)s + 1);
     if (outer_on(tr) ? restart_replica(tr, s) : roll_back(tr, s)) return !outer_on(tr);
     fail("stopping: %lld steps in a row were skipped as NaN/Inf or spikes (last at step %lld) and no rollback is "
          "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "

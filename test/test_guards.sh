@@ -21,6 +21,8 @@
 #      clean run resumed from that checkpoint with the data moved past the same batches;
 #      with max_rollbacks 0 the same run stops with an error instead; stopped off the
 #      checkpoint grid at step 33 and resumed, it rolls back to step 30 all the same, bit-exact;
+#      a checkpoint of another batch size counts the skipped micro-batches in this run's; simulated
+#      DiLoCo replicas (local) do not roll back to a checkpoint of out_dir, they stop;
 #   9. kill -9 right after a rollback loaded its checkpoint, then resume: every checkpoint
 #      is intact (byte for byte) and the run finishes.
 # The watchdog:
@@ -140,6 +142,24 @@ rc=0
 TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/noroll" "${roll[@]}" --max_rollbacks 0 || rc=$?
 check "with max_rollbacks 0 the same bad data stops the run: exit 1, one error line (rc $rc)" \
     sh -c "[ $rc -eq 1 ] && [ \$(grep -c 'error:' '$tmp/noroll.log') -eq 1 ] && ! grep -q rollback '$tmp/noroll/metrics.jsonl'"
+
+# The checkpoint written at another batch size (4 rows, stopped at step 30: micro-batch 30)
+# and the rollback run at 8 rows: the checkpoint's position is micro-batch 15 of this run's, and
+# the skipped count is in this run's units (it mixed them: "skipping the -9 micro-batches").
+run "$tmp/roll_b8" "${roll[@]}" --stop_at_step 30 || true
+TRAIN_GPT_FAULT=nan_batch:18,nan_batch:19,nan_batch:20 run "$tmp/roll_b8" "${roll[@]}" --batch_size 8 || true
+check "... a checkpoint of 4-row micro-batches rolled back to at 8 rows: skipped 15..21, 6 micro-batches" \
+    grep -q '"event":"rollback","step":36,"to_step":30,"checkpoint":"[^"]*step_00000030","skipped_from":\[0,15\],"skipped_to":\[0,21\],"skipped_batches":6,' \
+    "$tmp/roll_b8/metrics.jsonl"
+# Simulated DiLoCo replicas (diloco_transport = local) started from a checkpoint in out_dir do
+# not roll back to it (they did: step, data and outer step wound back, the simulator's θ not).
+run "$tmp/roll_local" "${roll[@]}" --max_steps 20 --ckpt_every 20 || true
+rc=0
+TRAIN_GPT_FAULT=nan_grad:30,nan_grad:31,nan_grad:32 run "$tmp/roll_local" "${roll[@]}" --diloco_replicas 2 \
+    --diloco_transport local --diloco_inner_steps 5 || rc=$?
+check "simulated DiLoCo replicas stop at max_bad_steps, saying they do not roll back (rc $rc)" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'error: .*simulated DiLoCo replicas (diloco_transport = local) do not roll back' '$tmp/roll_local.log' &&
+           ! grep -q rollback '$tmp/roll_local/metrics.jsonl'"
 
 # Stopped off ckpt_every's grid just before the bad data (stop_at_step 33 writes a checkpoint
 # there) and resumed: the rollback still goes to step 30, as in the straight run, and the run
