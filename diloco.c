@@ -165,6 +165,7 @@ struct diloco {
     bool catching_up;                      // the transfer is a catch-up one: the donor exchanges on,
                                            // keeps the unsent state, sends each landed round's mean
     atomic_bool sender_finished;           // its sender returned (the hub ended the transfer)
+    atomic_bool sender_began;              // a catch-up sender's transfer is under way (state_hooks.began)
     uint8_t *catchup;                      // a catch-up mean being built (header + the largest mean)
     atomic_bool cancel_sending;            // the donor leaves: its sender stops
     size_t send_bytes;                     // of the state being sent (state_header on)
@@ -549,10 +550,15 @@ static void stamp_sent_at(void *arg) {
 }
 
 static bool sending_cancelled(void *arg) { return atomic_load(&((diloco *)arg)->cancel_sending); }
+static void sender_began(void *arg) { atomic_store(&((diloco *)arg)->sender_began, true); }
 
 static void *state_sender_main(void *arg) {
     diloco *d = (diloco *)arg;
-    state_hooks hooks = {stamp_sent_at, sending_cancelled, d};
+    if (fault_requested("diloco_late_sender", 0)) {   // test hook: the thread scheduled 1 s late
+        struct timespec late = {1, 0};
+        nanosleep(&late, NULL);
+    }
+    state_hooks hooks = {stamp_sent_at, sending_cancelled, sender_began, d};
     transport_send_state(d->net, state_header(d), d->send_bytes, &hooks);
     atomic_store(&d->sender_finished, true);
     return NULL;
@@ -570,10 +576,17 @@ static void start_sending_state(diloco *d, const train_state *st, bool catch_up)
          catch_up ? " and exchanges (catch-up: then the means of the rounds it lands meanwhile)" : "");
     d->catching_up = catch_up;
     atomic_store(&d->sender_finished, false);
+    atomic_store(&d->sender_began, false);
     atomic_store(&d->cancel_sending, false);
     int rc = pthread_create(&d->sender, NULL, state_sender_main, d);
     if (rc != 0) fail("diloco: cannot start the thread that sends the state: %s", strerror(rc));
     d->sending = true;
+    // A catch-up transfer is under way before this replica's next exchange: begun later (the
+    // sender thread scheduled after that exchange took the pump), the rounds this replica landed
+    // meanwhile were neither preserved nor sent, and the state went out stamped with a later
+    // round than its header's; the hub dropped the donor and the joiner looped.
+    struct timespec ms = {0, 1000000};
+    while (catch_up && !atomic_load(&d->sender_began) && !atomic_load(&d->sender_finished)) nanosleep(&ms, NULL);
 }
 
 // cancel: the replica leaves (a stop, walltime, the run's end): the rest of the state is not

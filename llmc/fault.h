@@ -23,6 +23,9 @@
 //                       step STEP+1 (the others must leave it out of the average)
 //   diloco_hostile      DiLoCo (STEP 0): this replica sends 100 times its outer gradient in
 //                       every round (the reducer's bound must hold it)
+//   diloco_late_sender  DiLoCo (STEP 0): a donor's state-sending thread starts 1 s late (as if
+//                       descheduled): a catch-up transfer must still be under way before the
+//                       donor's next exchange (test/test_diloco_late.sh)
 //   diloco_late         DiLoCo: this process waits diloco_timeout_s + 1 s before its exchange
 //                       for outer step STEP+1, so the hub evicts it as late (one rank of a
 //                       sharded replica: the whole replica must rejoin)

@@ -185,10 +185,15 @@ bool transport_exchange(transport *t, int64_t outer_step, const payload_spec *sp
 // What the owner of a state being sent may do while it goes (each may be NULL): stamp, called
 // just before the chunk that holds the state's first bytes is queued — that chunk is queued
 // last — may still write those bytes (a donor that trains while it sends records how far it
-// got: diloco.c); cancelled, polled while it goes, ends the send when true (the donor leaves).
+// got: diloco.c); cancelled, polled while it goes, ends the send when true (the donor leaves);
+// began, called once a catch-up transfer is under way (the STATE announced as of the round that
+// made this replica the donor; from then on a landing's fragment is preserved and its mean
+// sent): the owner waits for it (or for the send's return) before its next exchange, which
+// would otherwise take the pump first and land a round the transfer never sees.
 typedef struct {
     void (*stamp)(void *arg);
     bool (*cancelled)(void *arg);
+    void (*began)(void *arg);
     void *arg;
 } state_hooks;
 

@@ -160,6 +160,7 @@ struct tcp {
     double cu_slow_s, cu_next_chunk_s;   // tcp_slow_state: one state chunk per cu_slow_s
     double cu_slow_means_s;         // tcp_slow_means: one chunk of the means per this many seconds
     int64_t cu_step;
+    int64_t designated_step;        // the round whose ROUND made this replica a donor (take_round)
     // STATE_AGAIN: the hub has said which of the first chunks to send again after the first pass
     // (chunks 1 .. cu_again − 1, for replicas that joined the transfer in flight); until then a
     // landing's change is kept for every chunk, sent or not. cu_again_next: the next to queue.
@@ -227,15 +228,15 @@ static uint64_t bytes_moved(tcp *t, bool sent) {
     return b;
 }
 
-// What a replica's log calls an exchange: "outer step 12" (the round number k, as one hub's
-// transport is given it), or with several hubs, where the round id is 64·k + 8·attempt + share,
-// "share 1 of outer step 12 (attempt 0; round 705 at this hub)" with the step numbered as
-// diloco.c and net/transport_hubs.c number it (k + 1).
+// What a replica's log calls an exchange: "outer step 12", numbered as diloco.c numbers it
+// (k + 1 for round k, as one hub's transport is given it: it said "outer step 11" where diloco.c's
+// next line said 12 of the same exchange), or with several hubs, where the round id is
+// 64·k + 8·attempt + share, "share 1 of outer step 12 (attempt 0; round 705 at this hub)".
 static const char *exchange_name(const tcp *t, int64_t round, char *buf, size_t bytes) {
     if (t->multi_hub)
         snprintf(buf, bytes, "share %lld of outer step %lld (attempt %lld; round %lld at this hub)",
                  (long long)(round % 8), (long long)(round / 64 + 1), (long long)(round % 64 / 8), (long long)round);
-    else snprintf(buf, bytes, "outer step %lld", (long long)round);
+    else snprintf(buf, bytes, "outer step %lld (round %lld)", (long long)round + 1, (long long)round);
     return buf;
 }
 
@@ -558,6 +559,7 @@ static void take_round(tcp *t, const msg *m) {
         t->state_cut = false;
         t->send_catchup = (r.flags & ROUND_CATCHUP) != 0;
         t->cu_again_early = -1;
+        t->designated_step = r.outer_step;
     }
 }
 
@@ -1450,7 +1452,7 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     t->cu_total = bytes;
     t->cu_chunks = (bytes + t->cu_chunk - 1) / t->cu_chunk;
     t->cu_queued = 0;
-    t->cu_step = t->cur_step;
+    t->cu_step = t->designated_step;   // the round that made it the donor (an exchange may have come since)
     t->cu_hooks = hooks;
     t->cu_began_s = wall_seconds();
     t->cu_over = false;
@@ -1459,7 +1461,7 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
     t->cu_again = t->cu_again_next = 0;
     t->cu_again_early = -1;
     t->cu_active = true;
-    wire_state m = {.outer_step = t->cur_step, .total_bytes = bytes, .chunk_bytes = t->cu_chunk,
+    wire_state m = {.outer_step = t->cu_step, .total_bytes = bytes, .chunk_bytes = t->cu_chunk,
                     .donor_id = (uint32_t)t->o.replica_id, .flags = STATE_CATCHUP};
     uint8_t buf[WIRE_STATE_BYTES];
     char err[256];
@@ -1468,6 +1470,7 @@ static void send_state_catching_up(tcp *t, const uint8_t *state, size_t bytes, c
         post_dead(t, err);
         lost = true;
     }
+    if (hooks && hooks->began) hooks->began(hooks->arg);   // the owner's next exchange may come
     double said_s = wall_seconds(), every = t->hub_timeout_s > 1.0 ? t->hub_timeout_s : 1.0;
     while (!lost) {
         // Every hub timeout, how far the state is (its own clock: the exchanges pump in between).

@@ -280,6 +280,19 @@ check "catch-up: the donor says its state goes while the group goes on" \
 check "catch-up, --join_in_flight 0: no chunk of the state sent again" \
     sh -c "! grep -q 'chunk(s) again\|chunk(s) of its state again' '$tmp/relay_catchup.log' '$tmp/catchup0.log'"
 
+# The donor's sending thread scheduled late (TRAIN_GPT_FAULT=diloco_late_sender:0, 1 s): the
+# transfer is under way before the donor's next exchange all the same. (It began only when the
+# thread ran: the rounds the donor landed meanwhile were neither kept nor sent, the state went
+# stamped with a later round than its header's, the hub dropped the donor — "sent the mean of
+# round 9 for its catch-up transfer, expected round 7" — and the joiner looped.)
+start_relay latesender 1 2
+three_through_join latesender "late sender" 2 diloco_late_sender:0 "${slow[@]/127.0.0.1:*/127.0.0.1:$port}"
+check "late sender: replica 2 joined once, nobody dropped or evicted" sh -c "
+    [ \$(grep -c '\"event\":\"diloco_join\"' '$tmp/latesender/2/metrics.jsonl') -eq 1 ] &&
+    ! grep -q 'dropped\|evicted' '$tmp/relay_latesender.log'"
+check "late sender: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 1 "$tmp"/latesender/*/metrics.jsonl
+
 # A fourth replica joins the catch-up transfer in flight (docs/protocol.md "Catch-up transfers"
 # step 8): replica 3 starts once replica 2 receives its state (a wider model here: about 40
 # slow chunks, 20 s), joins the transfer where it is, gets the rest of the first pass and the
