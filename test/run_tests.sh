@@ -116,7 +116,7 @@ if [ "$jobs" = 1 ]; then
         ) &
         lane2_pid=$!
         # An interrupt ends the second lane too (in the background it ignores SIGINT).
-        trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
+        trap 'trap "" INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM   # ignored here: the kill ends the others, not this script
         echo "run_tests: ${#lane2[@]} tests without deadlines run beside the others at nice 19: ${lane2[*]}"
     fi
     # In the foreground: Ctrl-C reaches the test (a background job would ignore SIGINT).
@@ -138,7 +138,7 @@ if [ "$jobs" = 1 ]; then
     fi
 else
     # An interrupt ends the tests running too (in the background they ignore SIGINT).
-    trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
+    trap 'trap "" INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM   # ignored here: the kill ends the others, not this script
     running=0
     for t in "$@"; do
         failed && break

@@ -178,13 +178,16 @@ echo "-- the output next to its text: a second run leaves the first one's output
 mkdir -p "$T/books"
 echo "It is a truth" >"$T/books/a.txt"
 echo "universally acknowledged" >"$T/books/b.txt"
+printf '{"text":"a summary of chapter one"}\n' >"$T/books/books_summary.jsonl"   # a real input, named like the output
 prepare --tokenizer "$R50K" --out "$T/books/books" "$T/books" >"$T/books1.out"
 for fmt in auto text; do
-    prepare --tokenizer "$R50K" --out "$T/books/books" --overwrite --format $fmt "$T/books" >"$T/books2.out" 2>&1 &&
-        grep -q "train 2 documents" "$T/books2.out" && grep -q "left out 2 files of an earlier run" "$T/books2.out" &&
-        cmp -s <(grep "train 2 documents" "$T/books1.out") <(grep "train 2 documents" "$T/books2.out") &&
-        ok "--format $fmt: the same 2 documents, the shard and summary left out with a note" ||
-        bad "--format $fmt: $(cat "$T/books2.out")"
+    for input in "$T/books" "$T/books/*"; do
+        prepare --tokenizer "$R50K" --out "$T/books/books" --overwrite --format $fmt "$input" >"$T/books2.out" 2>&1 &&
+            grep -q "train 3 documents" "$T/books2.out" && grep -q "left out 2 files of an earlier run" "$T/books2.out" &&
+            { [ $fmt = text ] || cmp -s <(grep "train 3 documents" "$T/books1.out") <(grep "train 3 documents" "$T/books2.out"); } &&
+            ok "--format $fmt, $(basename "$input"): the same 3 documents (books_summary.jsonl one of them), the shard and summary left out with a note" ||
+            bad "--format $fmt, $input: $(cat "$T/books2.out")"
+    done
 done
 
 echo "-- a run of 12 M spaces encodes (PCRE2's default match limit failed it)"
@@ -192,6 +195,32 @@ echo "-- a run of 12 M spaces encodes (PCRE2's default match limit failed it)"
 prepare --tokenizer "$DATA/cl100k_base.tiktoken" --out "$T/sp/run" "$T/spaces.txt" >"$T/sp.out" 2>&1 &&
     grep -q "train 1 document," "$T/sp.out" && ok "cl100k: one document of 12 M spaces" ||
     bad "12 M spaces: $(tail -n 2 "$T/sp.out")"
+
+echo "-- a tokenizer.json whose split regex backtracks exponentially fails within moments"
+# (a|a)*b on 40 a's: 2^40 paths. The match limit stays finite (10^7 + 8 per byte): lifted
+# altogether, this ran for hours.
+"$PYTHON" - "$T/backtrack.json" <<'PY'
+import json, sys
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): b for b, c in zip(bs, cs)}
+tok = {"version": "1.0", "normalizer": None,
+       "added_tokens": [{"id": 256, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                         "rstrip": False, "normalized": False, "special": True}],
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+           {"type": "Split", "pattern": {"Regex": "(a|a)*b|\\s+|[^\\s]"}, "behavior": "Isolated", "invert": False},
+           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+       "model": {"type": "BPE", "dropout": None, "ignore_merges": False, "vocab": vocab, "merges": []}}
+json.dump(tok, open(sys.argv[1], "w"))
+PY
+printf 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa' >"$T/as.txt"
+rc=0
+timeout 120 "$TRAIN_GPT" prepare --quiet --tokenizer "$T/backtrack.json" --out "$T/bt/x" "$T/as.txt" >"$T/bt.out" 2>&1 || rc=$?
+[ $rc -eq 1 ] && grep -q "match limit exceeded" "$T/bt.out" && ok "exit 1, one line: match limit exceeded" ||
+    bad "exponential backtracking: status $rc (124: still running after 120 s): $(tail -n 1 "$T/bt.out")"
 
 echo "-- JSON lines named .json (C4's c4-train.*.json.gz) are JSONL under --format auto"
 printf '{"text":"first document"}\n{"text":"second"}\n' >"$T/c4.json"

@@ -73,13 +73,16 @@ static bool own_output(const input_list *list, const char *path) {
     size_t n = strlen(list->out_base);
     if (strncmp(name, list->out_base, n) != 0 || name[n] != '_') return false;
     const char *rest = name + n + 1;
-    if (strncmp(rest, "summary.json", 12) != 0) {
+    if (strcmp(rest, "summary.json") != 0 && strcmp(rest, "summary.json.tmp") != 0) {   // not summary.jsonl
         if (strncmp(rest, "train_", 6) == 0) rest += 6;
         else if (strncmp(rest, "val_", 4) == 0) rest += 4;
         else return false;
         for (int i = 0; i < 6; i++)
             if (rest[i] < '0' || rest[i] > '9') return false;
-        if (strncmp(rest + 6, ".bin", 4) != 0) return false;
+        rest += 6;
+        if (strcmp(rest, ".bin") != 0 && strcmp(rest, ".bin.partial") != 0 && strcmp(rest, ".bin.partial.tmp") != 0 &&
+            strcmp(rest, ".bin.tmp") != 0)
+            return false;
     }
     char *dir = slash ? xstrdup(path) : xstrdup(".");
     if (slash) dir[slash - path] = '\0';
@@ -166,7 +169,13 @@ static bool add_pattern(input_list *list, const char *pattern) {
     int rc = glob(pattern, 0, NULL, &g);
     if (rc == GLOB_NOMATCH) fail("input pattern %s matches no file", pattern);
     if (rc != 0) fail("cannot expand input pattern %s: %s", pattern, rc == GLOB_NOSPACE ? "out of memory" : "read error");
-    for (size_t i = 0; i < g.gl_pathc; i++) add_path(list, g.gl_pathv[i], 0);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (own_output(list, g.gl_pathv[i])) {   // 'dir/*' lists the earlier run's output as a directory would
+            if (list->own++ == 0) list->first_own = xstrdup(g.gl_pathv[i]);
+            continue;
+        }
+        add_path(list, g.gl_pathv[i], 0);
+    }
     globfree(&g);
     return true;
 }

@@ -307,11 +307,6 @@ tokenizer_scratch *tokenizer_scratch_new(const tokenizer *t) {
     }
     s->context = pcre2_match_context_create(NULL);
     if (!s->context) fail("out of memory creating a regex match context");
-    // PCRE2's default of 10^7 match steps: `\s*[\r\n]` (cl100k, o200k, Llama 3) and o200k's
-    // letter classes step back once per character of a run, so a document with a run of ~10^7
-    // spaces or capitals failed the whole prepare ("match limit exceeded"). Our patterns are
-    // linear in the run; the limit is the one a run can never reach.
-    pcre2_set_match_limit(s->context, UINT32_MAX);
 #endif
     return s;
 }
@@ -342,8 +337,20 @@ static bool grow_jit_stack(tokenizer_scratch *s) {
     return true;
 }
 
+// PCRE2's match limit, per match: its default, 10^7 steps, plus 8 per byte of the rest of the
+// subject. `\s*[\r\n]` (cl100k, o200k, Llama 3) and o200k's letter classes step back once per
+// character of a run, so with the default alone a document with a run of ~10^7 spaces or
+// capitals failed the whole prepare ("match limit exceeded"); the shipped patterns stay within
+// a few steps per byte. A pattern of some tokenizer.json that backtracks exponentially still
+// fails within moments (an unbounded limit made it run for hours).
+static void set_match_limit(tokenizer_scratch *s, size_t rest) {
+    uint64_t limit = 10000000 + 8 * (uint64_t)rest;
+    pcre2_set_match_limit(s->context, limit > UINT32_MAX ? UINT32_MAX : (uint32_t)limit);
+}
+
 static int match_at(const tokenizer *t, tokenizer_scratch *s, int stage, const uint8_t *subject, size_t bytes,
                     size_t start) {
+    set_match_limit(s, bytes - start);
     while (true) {
         int rc = t->regex_jit[stage]
                      ? pcre2_jit_match(t->regex[stage], subject, bytes, start, 0, s->match[stage], s->context)
