@@ -520,6 +520,7 @@ static void test_broken_files(void) {
         {"\"merges\":[", "\"merges\":[\"a\",", "not a pair"},
         {"\"vocab\":{", "\"vocab\":{\"\xE4\xB8\xAD\":7777,", "byte-level alphabet"},
         {"\"vocab\":{", "\"vocab\":{\"zz\":-1,", "bad id"},
+        {"\"vocab\":{", "\"vocab\":{\"zz\":16777216,", "bad id (ids are 0 .. 16777215)"},   // tables of 2^24+ ids
         {"\"vocab\":{", "\"vocab\":{\"zzq\":0,", "used twice"},
     };
     for (size_t e = 0; e < sizeof edits / sizeof *edits; e++) {

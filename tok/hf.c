@@ -150,22 +150,27 @@ static bool check_model(const json_value *model, char *why, size_t why_bytes) {
     return true;
 }
 
+// The largest id space taken: 2^24 ids, 64 times the largest vocabularies in use (~2^18). The
+// tables are sized by it (13 bytes an id): one id of 2^30 - 1 among 50,000 made 14 GB of them,
+// for a tokenizer no model could have.
+#define HF_MAX_IDS (1 << 24)
+
 // Largest id among vocab and added tokens, checking that each is an integer in range.
 static bool find_id_space(const json_value *vocab, const json_value *added, uint32_t *size, char *why,
                           size_t why_bytes) {
     int64_t max_id = -1;
     for (size_t i = 0; i < vocab->count; i++) {
         const json_value *v = &vocab->items[i];
-        if (v->type != JSON_NUMBER || !v->is_integer || v->integer < 0 || v->integer >= (1 << 30)) {
-            snprintf(why, why_bytes, "vocab entry %.60s has a bad id", vocab->keys[i]);
+        if (v->type != JSON_NUMBER || !v->is_integer || v->integer < 0 || v->integer >= HF_MAX_IDS) {
+            snprintf(why, why_bytes, "vocab entry %.60s has a bad id (ids are 0 .. %d)", vocab->keys[i], HF_MAX_IDS - 1);
             return false;
         }
         if (v->integer > max_id) max_id = v->integer;
     }
     for (size_t i = 0; added && i < added->count; i++) {
         const json_value *id = json_get(&added->items[i], "id");
-        if (!id || id->type != JSON_NUMBER || !id->is_integer || id->integer < 0 || id->integer >= (1 << 30)) {
-            snprintf(why, why_bytes, "added_tokens[%zu] has a bad id", i);
+        if (!id || id->type != JSON_NUMBER || !id->is_integer || id->integer < 0 || id->integer >= HF_MAX_IDS) {
+            snprintf(why, why_bytes, "added_tokens[%zu] has a bad id (ids are 0 .. %d)", i, HF_MAX_IDS - 1);
             return false;
         }
         if (id->integer > max_id) max_id = id->integer;
