@@ -1054,8 +1054,8 @@ static void test_cutthrough_slow(void) {
     int full = rounds_of(&s, 0, 2, &ok) + rounds_of(&s, 1, 2, &ok);
     EXPECT(ok && full == 8, "cutthrough: 4 rounds of both on both replicas, exact (%d)", full);
     EXPECT(means_disagree(&s) == 0, "cutthrough: both replicas receive the same bytes");
-    double got = trace_time(&s, 1, "step 2: first segment of the mean at ");
-    double done = trace_time(&s, 0, "step 2: own upload done at ");
+    double got = trace_time(&s, 1, "step 3 (round 2): first segment of the mean at ");
+    double done = trace_time(&s, 0, "step 3 (round 2): own upload done at ");
     // Causal: a hub that waited for whole payloads could only send the mean after replica 0
     // had handed in its last byte (and replica 0 pauses 0.6 s halfway).
     EXPECT(got > 0 && done > 0 && got < done,
@@ -1097,7 +1097,7 @@ static void test_cutthrough_killed(void) {
                "cutkill: replica %d's mean of step 2 holds the dead replica's contribution in its first %d "
                "segment(s) (of the %d it sent), and none after",
                id, r ? r->pre : -1, half);
-        EXPECT(trace_time(&s, id, "step 2: first segment of the mean at ") > 0,
+        EXPECT(trace_time(&s, id, "step 3 (round 2): first segment of the mean at ") > 0,
                "cutkill: replica %d traces the mean of step 2", id);
     }
     EXPECT(seen[0] && seen[1] && seen[0]->hash == seen[1]->hash && seen[0]->pre == seen[1]->pre,
