@@ -1026,6 +1026,15 @@ static void on_caught_up(relay *h, int id, int64_t round) {
     }
     // In landings (rounds; outer steps with several hubs).
     int64_t closed = h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step);
+    // Another hub (several hubs, or a sharded replica's other ranks) may be a few rounds ahead of
+    // this one, never 2^20: such a round is no joiner's (and round + 1 below overflowed).
+    if (round > closed + ((int64_t)1 << 20)) {
+        char why[160];
+        snprintf(why, sizeof why, "said CAUGHT_UP for round %lld, far past the last round closed (%lld)",
+                 (long long)round, (long long)closed);
+        drop_replica(h, id, why);
+        return;
+    }
     int64_t to = round > closed ? round : closed;
     if (h->round_open && landing_of(h, h->round_step) == to + 1 && h->reduced > 0) to++;   // reduced without it
     // Kept chunks of means it is now to wait for (it said CAUGHT_UP before, for an earlier round).

@@ -488,6 +488,26 @@ def scenario_state_claim(port, secret):
     return None
 
 
+def scenario_caughtup_far(port, secret):
+    # The joiner says CAUGHT_UP for round 2^62 (no round near it closed; round + 1 overflowed in
+    # the hub, undefined): dropped with a line, and replica 0's round 1 closes without it.
+    a, b, err = catchup_donor(port, secret)
+    if err:
+        return err
+    a.ctl.send(STATE, struct.pack("<qQIIII", 0, 2048, 1024, 0, 1, 0))
+    for off in (1024, 0):
+        a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, KIND_STATE, 0, 2048, off, 1024) + bytes(1024)))
+    if not b.wait(lambda: b.mean_bytes >= 2048, 10, [a]):
+        return "the joiner did not get the state"
+    b.ctl.send(CAUGHT_UP, struct.pack("<q", 1 << 62))
+    if not b.wait(lambda: b.ctl.closed, 10, [a]):
+        return "the hub kept the joiner after CAUGHT_UP(2^62)"
+    del a.got[ROUND]
+    a.contribute(1, VALUES, SEG)
+    a.upload(1, VALUES, SEG)
+    return closes_with(a, [0])
+
+
 def scenario_caughtup_silent(port, secret):
     # The joiner takes its state, says CAUGHT_UP and then never contributes (its trainer hung;
     # its heartbeats go on): the rounds waited for it for ever. It is due from round 1, as the

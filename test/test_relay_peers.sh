@@ -21,6 +21,7 @@
 #                      kept them all, without bound)
 #   state_claim        a state of 2^30 chunks: refused (a bit per chunk for each replica joining
 #                      in flight, 128 MiB copied in the hub's loop; out of memory, the relay exited)
+#   caughtup_far       a joiner saying CAUGHT_UP for round 2^62: dropped (round + 1 overflowed)
 #   caughtup_silent    a joiner that caught up and never contributes: evicted as late, the round
 #                      closes (it was held for ever)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
@@ -97,6 +98,10 @@ check "state_claim: one line refuses the donor" in_log state_claim "replica 0 .*
 run_scenario caughtup_silent
 check "caughtup_silent: the joiner evicted as late for round 1" \
     in_log caughtup_silent "replica 1 .* evicted: late for round 1: no contribution"
+
+run_scenario caughtup_far
+check "caughtup_far: one line drops the joiner" \
+    in_log caughtup_far "replica 1 .* dropped: said CAUGHT_UP for round 4611686018427387904, far past the last round closed (0)"
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
