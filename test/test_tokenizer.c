@@ -25,6 +25,7 @@
 #include "llmc/json.h"
 #include "tok/internal.h"
 #include "tok/tokenizer.h"
+#include "tok/sample.h"
 
 #include <glob.h>
 #include <stdio.h>
@@ -802,6 +803,15 @@ static int run_shards(const char *tokenizer_path, const char *encoding, const ch
     return summary("test_tokenizer shards");
 }
 
+// tok/sample.h's sample_printable: a sampled NUL, ESC or DEL becomes U+FFFD, the rest is kept.
+static void test_sample_printable(void) {
+    static const char raw[] = "ab\0c\x1b[31mred\ttab\nline\x7f\xC3\xA9";
+    char *got = sample_printable(raw, sizeof raw - 1);
+    static const char want[] = "ab\xEF\xBF\xBD" "c\xEF\xBF\xBD[31mred\ttab\nline\xEF\xBF\xBD\xC3\xA9";
+    EXPECT(strcmp(got, want) == 0, "sample_printable: got '%s'", got);
+    free(got);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "plans") == 0) return run_plans(argv[2], argv[3]);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) return run_compare(argv[2], argv[3], argc > 4 ? argv[4] : NULL);
@@ -816,6 +826,7 @@ int main(int argc, char **argv) {
     snprintf(temp_dir, sizeof temp_dir, "/tmp/test_tokenizer.XXXXXX");
     if (!mkdtemp(temp_dir)) fail("cannot make a temporary directory");
     test_merge_order();
+    test_sample_printable();
     test_broken_files();
 #ifdef HAVE_PCRE2
     test_round_trips_and_specials();

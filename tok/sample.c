@@ -26,6 +26,21 @@ struct sampler {
 
 void sampler_set_job(sampler *s, comm *job) { s->job = job; }
 
+char *sample_printable(const char *bytes, size_t n) {
+    char *out = xmalloc(3 * n + 1), *q = out;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)bytes[i];
+        if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+            memcpy(q, "\xEF\xBF\xBD", 3);   // U+FFFD
+            q += 3;
+        } else {
+            *q++ = (char)c;
+        }
+    }
+    *q = '\0';
+    return out;
+}
+
 sampler *sampler_create(const train_config *cfg, const param_table *t) {
     char why[512];
     sampler *s = xcalloc(1, sizeof *s);
@@ -106,17 +121,19 @@ void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log) {
     size_t skip = s->doc_token >= 0 ? 1 : 0;
     char *prompt = tokenizer_decode(s->tok, s->prompt + skip, s->prompt_len - skip, &prompt_bytes);
     char *text = tokenizer_decode(s->tok, generated, (size_t)n, &gen_bytes);
-    printf("step %6lld | sample: %s%s\n", (long long)step, prompt, text);
+    char *whole = xmalloc(prompt_bytes + gen_bytes + 1);
+    memcpy(whole, prompt, prompt_bytes);
+    memcpy(whole + prompt_bytes, text, gen_bytes);
+    char *shown = sample_printable(whole, prompt_bytes + gen_bytes);
+    printf("step %6lld | sample: %s\n", (long long)step, shown);
     fflush(stdout);
     strbuf extra = {0};
     sb_append(&extra, "\"text\":");
-    strbuf whole = {0};
-    sb_append(&whole, prompt);
-    sb_append(&whole, text);
-    sb_json_string(&extra, whole.data);
+    sb_json_string(&extra, shown);
     metrics_event(log, "sample", step, extra.data);
     sb_free(&extra);
-    sb_free(&whole);
+    free(shown);
+    free(whole);
     free(prompt);
     free(text);
     free(generated);

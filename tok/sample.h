@@ -8,6 +8,7 @@
 #ifndef TRAIN_GPT_SAMPLE_H
 #define TRAIN_GPT_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "llmc/backend.h"
@@ -29,6 +30,10 @@ typedef struct comm comm;
 void sampler_set_job(sampler *s, comm *job);
 // Generates and reports one sample with the backend's current weights (its forward pass).
 void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log);
+// The n bytes of a decoded sample as a string to print (malloc'd): control bytes other than
+// newline and tab, and DEL, become U+FFFD. A model may sample the token of any byte: a NUL cut
+// the text short on stdout and in metrics.jsonl, an ESC sequence reached the terminal.
+char *sample_printable(const char *bytes, size_t n);
 
 #ifdef __cplusplus
 }
