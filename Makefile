@@ -302,11 +302,13 @@ TESTS_ALL := $(TEST_BINS) $(TESTS_SH)
 TEST_ORDER = $(if $(filter-out 0 1,$(TEST_JOBS)),$(filter $(TESTS_ALL),$(TESTS_FIRST)) $(filter-out $(TESTS_FIRST),$(TESTS_ALL)),$(filter $(TESTS_ALL),$(TESTS_NICE)) $(filter-out $(TESTS_NICE),$(TESTS_ALL)))
 # TESTS_NICE: the tests with no deadline, timeout or network of their own (pure computation,
 # builds, qemu), which at TEST_JOBS=1 run in a second lane beside the others at nice 19
-# (test/run_tests.sh says why that is safe); the slowest first. Not the fuzzers: their limit of
-# 10 s per input is wall time, and at nice 19 beside a busy first-lane test an input of a
-# second could take that long.
+# (test/run_tests.sh says why that is safe); the slowest first. The MPI ones wait for their
+# collectives up to comm_timeout_s (600 s), not for a time. Not the fuzzers: their limit of 10 s
+# per input is wall time, and at nice 19 beside a busy first-lane test an input of a second
+# could take that long; nor test_plot (chromium within 120 s).
 TESTS_NICE := test/test_aarch64.sh $(BUILD)/test_gpu_step_emu test/test_hip.sh test/test_gpu_train_emu.sh \
-              test/test_prepare.sh test/test_prepare_compressed.sh \
+              test/test_prepare.sh test/test_prepare_compressed.sh test/test_fsdp.sh test/test_plan.sh \
+              test/test_recompute.sh test/test_gpu_session.sh test/test_fsdp_plan.sh test/test_tensorboard.sh \
               test/test_builtin_gemm.sh $(BUILD)/test_quant_gpu_emu $(BUILD)/test_gpu_kernels_emu64 \
               $(BUILD)/test_gpu_kernels_emu test/test_torch_reference.sh test/test_tokenizer_vectors.sh \
               test/test_learning.sh test/test_configs.sh test/test_docs.sh test/test_layout.sh test/test_build.sh
