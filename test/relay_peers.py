@@ -467,9 +467,7 @@ def scenario_catchup_beyond(port, secret):
     # is 0): the hub kept them all for joiners that never ask (16 MiB each, without bound).
     # The donor is dropped at the first.
     a, b, err = catchup_donor(port, secret)
-    if err:
-        return err
-    err = send_state(a, b)
+    err = err or send_state(a, b)
     if err:
         return err
     big = 1 << 20
@@ -518,9 +516,7 @@ def scenario_caughtup_silent(port, secret):
     # joiner of a whole transfer: evicted as late about timeout_s after the round began, and
     # replica 0's round 1 closes without it.
     a, b, err = catchup_donor(port, secret)
-    if err:
-        return err
-    err = send_state(a, b)
+    err = err or send_state(a, b)
     if err:
         return err
     del a.got[ROUND]
