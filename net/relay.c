@@ -425,6 +425,8 @@ static int64_t step_of(int64_t round) { return round / HUB_ROUNDS_PER_STEP; }
 // A catch-up transfer counts in the donor's landings: rounds with one hub, outer steps with
 // several (a step's shares land together). The unit of a round id, and a unit's first round.
 static int64_t landing_of(const relay *h, int64_t round) { return several_hubs(h) ? step_of(round) : round; }
+// The landing of the last round this hub closed (-1: none yet).
+static int64_t closed_landing(const relay *h) { return h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step); }
 static int64_t first_round_of(const relay *h, int64_t landing) {
     return several_hubs(h) ? landing * HUB_ROUNDS_PER_STEP : landing;
 }
@@ -969,7 +971,7 @@ static void on_catchup_chunk(relay *h, int id, const wire_data *d) {
     // A mean of a round the group has not closed cannot be the donor's landing: taken, it would
     // be kept (h->held) for joiners that never ask for it, without bound. (With several hubs one
     // step more: the donor may give up a step whose round here never closed, and land it skipped.)
-    int64_t closed = h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step);
+    int64_t closed = closed_landing(h);
     if (d->outer_step > closed + (several_hubs(h) ? 1 : 0)) {
         char why[160];
         snprintf(why, sizeof why, "sent the mean of round %lld for its catch-up transfer, but the last round closed is %lld",
@@ -1025,7 +1027,7 @@ static void on_caught_up(relay *h, int id, int64_t round) {
         return;
     }
     // In landings (rounds; outer steps with several hubs).
-    int64_t closed = h->last_closed_step < 0 ? -1 : landing_of(h, h->last_closed_step);
+    int64_t closed = closed_landing(h);
     // Another hub (several hubs, or a sharded replica's other ranks) may be a few rounds ahead of
     // this one, never 2^20: such a round is no joiner's (and round + 1 below overflowed).
     if (round > closed + ((int64_t)1 << 20)) {

@@ -93,14 +93,18 @@ static bool own_output(const input_list *list, const char *path) {
     return same;
 }
 
+// Leaves path out when it is output of this --out (own_output), counting it for the note.
+static bool left_out_as_own(input_list *list, const char *path) {
+    if (!own_output(list, path)) return false;
+    if (list->own++ == 0) list->first_own = xstrdup(path);
+    return true;
+}
+
 // in_directory: found by walking a directory (not named by the user), so with --format auto
 // only files named like text or JSONL are taken, and never this --out's own output.
 static void add_file(input_list *list, const char *path, uint64_t bytes, bool in_directory) {
     bool is_auto = strcmp(list->format_name, "auto") == 0;
-    if (in_directory && own_output(list, path)) {
-        if (list->own++ == 0) list->first_own = xstrdup(path);
-        return;
-    }
+    if (in_directory && left_out_as_own(list, path)) return;
     if (in_directory && is_auto) {
         // Test the name before prep_compression_of, which refuses .xz and the like.
         prep_compression c = ends_with(path, ".gz") ? PREP_GZIP
@@ -170,11 +174,8 @@ static bool add_pattern(input_list *list, const char *pattern) {
     if (rc == GLOB_NOMATCH) fail("input pattern %s matches no file", pattern);
     if (rc != 0) fail("cannot expand input pattern %s: %s", pattern, rc == GLOB_NOSPACE ? "out of memory" : "read error");
     for (size_t i = 0; i < g.gl_pathc; i++) {
-        if (own_output(list, g.gl_pathv[i])) {   // 'dir/*' lists the earlier run's output as a directory would
-            if (list->own++ == 0) list->first_own = xstrdup(g.gl_pathv[i]);
-            continue;
-        }
-        add_path(list, g.gl_pathv[i], 0);
+        // 'dir/*' lists the earlier run's output as a directory would.
+        if (!left_out_as_own(list, g.gl_pathv[i])) add_path(list, g.gl_pathv[i], 0);
     }
     globfree(&g);
     return true;
