@@ -119,4 +119,25 @@ SHIM_DIR="$tmp/glob.shim" SHIM_METRICS="$tmp/glob/metrics.jsonl" CONFIG=test/con
     sbatch scripts/slurm/generic.sbatch >"$tmp/glob.log" 2>&1 || true
 check "a glob in ARGS: train_gpt expands it (both shards, 120000 tokens)" \
     sh -c "grep -q 'data: 120000 train tokens' '$tmp/glob.log' '$tmp/glob.shim/'* 2>/dev/null"
+# 8. requeue.sh when the failure count cannot be kept (a full or read-only file system — when a
+# stop's checkpoint fails too): it read 1 every time and requeued for ever. Now: not requeued,
+# the command's status, one line saying why; and a count file that is not a number, the same.
+mkdir -p "$tmp/count.shim" && : >"$tmp/count.shim/calls"
+rc=0
+SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=77 REQUEUE_STATE_DIR="$tmp/no/such/dir" \
+    bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/count.log" 2>&1 || rc=$?
+check "requeue.sh: the failure count cannot be written: status 75, not requeued, one line (rc $rc)" \
+    sh -c "[ $rc -eq 75 ] && [ $(calls count '^requeue') -eq 0 ] &&
+           grep -q 'not requeueing: cannot record the failure count' '$tmp/count.log'"
+printf 'x\n' >"$tmp/.train_gpt_failures.78"
+rc=0
+SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=78 bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/count2.log" 2>&1 || rc=$?
+check "requeue.sh: a failure count that is not a number: status 75, not requeued (rc $rc)" \
+    sh -c "[ $rc -eq 75 ] && [ $(calls count '^requeue') -eq 0 ] &&
+           grep -q 'the failure count in .* is unreadable' '$tmp/count2.log'"
+rc=0
+SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=79 bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/count3.log" 2>&1 || rc=$?
+check "requeue.sh: a count it can keep: requeued, the count file says 1 (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && grep -q '^requeue job 79' '$tmp/count.shim/calls' && [ \"\$(cat '$tmp/.train_gpt_failures.79')\" = 1 ]"
+
 finish test_slurm

@@ -46,8 +46,24 @@ case $rc in
         rm -f "$count_file"
         requeue "train_gpt stopped before the walltime with a checkpoint (status 76)" ;;
     75|129|13[0-9]|14[0-9]|15[0-9])
-        n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 ))
-        echo "$n" >"$count_file"
+        # The count bounds the requeues: unreadable or unwritable (a full or read-only file
+        # system, exactly when a stop's checkpoint fails), it would read 1 every time and the
+        # job would requeue for ever — so then the job is not requeued.
+        prev=0
+        if [ -e "$count_file" ]; then
+            prev=$(cat "$count_file" 2>/dev/null) || prev=
+            case $prev in
+                '' | *[!0-9]*)
+                    say "train_gpt failed with status $rc; not requeueing: the failure count in $count_file is unreadable ('$prev')"
+                    exit "$rc" ;;
+            esac
+        fi
+        n=$((prev + 1))
+        if ! { echo "$n" >"$count_file.tmp" && mv -f "$count_file.tmp" "$count_file"; } 2>/dev/null; then
+            rm -f "$count_file.tmp" 2>/dev/null
+            say "train_gpt failed with status $rc; not requeueing: cannot record the failure count in $count_file (a full or read-only file system?), so the requeues would have no bound"
+            exit "$rc"
+        fi
         if [ "$n" -ge "$max_failures" ]; then
             say "train_gpt failed with status $rc, $n times in a row (MAX_FAILURES $max_failures): not requeueing"
             exit "$rc"
