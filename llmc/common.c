@@ -133,6 +133,35 @@ bool write_exact(int fd, const void *buf, size_t bytes) {
     return true;
 }
 
+int append_whole(int fd, const void *buf, size_t bytes, size_t fail_after, bool *torn) {
+    *torn = false;
+    struct stat st;
+    off_t before = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+    const char *p = buf;
+    size_t done = 0;
+    int err = 0;
+    while (done < bytes) {
+        size_t want = bytes - done;
+        if (fail_after != SIZE_MAX) {
+            if (done >= fail_after) {
+                err = ENOSPC;
+                break;
+            }
+            if (want > fail_after - done) want = fail_after - done;
+        }
+        ssize_t n = write(fd, p + done, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)n;
+    }
+    if (done == bytes) return 0;
+    if (done > 0 && (before < 0 || ftruncate(fd, before) != 0)) *torn = true;
+    return err;
+}
+
 // pread or pwrite until all bytes moved; a short end of file is EIO.
 static bool positioned_io(int fd, char *p, size_t bytes, uint64_t offset, bool writing) {
     while (bytes > 0) {

@@ -54,6 +54,12 @@ bool read_exact(int fd, void *buf, size_t bytes);
 bool write_exact(int fd, const void *buf, size_t bytes);
 bool pread_exact(int fd, void *buf, size_t bytes, uint64_t offset);
 bool pwrite_exact(int fd, const void *buf, size_t bytes, uint64_t offset);
+// Appends bytes to fd (opened O_APPEND) whole or not at all: after a failed or short write (a
+// full disk, a file size limit) the file is cut back to its length before, so a log never holds
+// the front of a record that the rest of a later one would join. fail_after: a test hook's full
+// disk after that many of the bytes (SIZE_MAX in a real run). Returns 0, or the errno (ENOSPC
+// for a write that took nothing); *torn: the part written could not be cut back off.
+int append_whole(int fd, const void *buf, size_t bytes, size_t fail_after, bool *torn);
 // Reads a whole file into a NUL-terminated buffer; NULL on failure (errno set).
 char *read_file_or_null(const char *path, size_t *bytes_out);
 // A shared secret (DiLoCo's diloco_secret_file, the relay's --secret_file): the file's

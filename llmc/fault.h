@@ -40,6 +40,11 @@
 //                       (0-based) is finished: a run stopped by a time limit (test/test_prepare.sh)
 //   prepare_summary_enospc  (STEP 0) `train_gpt prepare`'s summary fails to write as on a full
 //                       disk, after every shard is finished: nothing may be published (test_prepare)
+//   metrics_enospc      lines STEP, STEP+1 and STEP+2 (0-based, this process's) of metrics.jsonl
+//                       meet a full disk, the first after half its bytes: the file keeps whole
+//                       lines only (test/test_tensorboard.sh)
+//   tb_enospc           TensorBoard record STEP (0-based, this file's) meets a full disk after
+//                       half its bytes: the file ends at its last whole record
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor
 //                       only, then SIGKILL itself once that replica says DONE (net/relay.c)

@@ -1,6 +1,7 @@
 // llmc/metrics.c — metrics.jsonl writer (see llmc/metrics.h).
 #include "llmc/metrics.h"
 #include "llmc/common.h"
+#include "llmc/fault.h"
 #include "llmc/json.h"
 #include "llmc/tensorboard.h"
 
@@ -14,10 +15,12 @@
 #include <unistd.h>
 
 struct metrics_log {
-    FILE *file;
+    int fd;              // O_APPEND: each line is one write, cut back off when it fails
     char *path;
     tb_writer *tb;       // NULL without TensorBoard
     bool write_failed;   // said once: a full disk would say it at every line
+    int64_t lost;        // lines not written since (said when writing works again)
+    int64_t lines;       // lines this process wrote or tried to (the test hook's count)
 };
 
 // A process that died mid-write leaves a torn last line; a resumed run appends after it, and
@@ -59,8 +62,8 @@ metrics_log *metrics_open(const char *out_dir, bool tensorboard) {
     log->path = xmalloc(strlen(out_dir) + 32);
     sprintf(log->path, "%s/metrics.jsonl", out_dir);
     cut_torn_line(log->path);
-    log->file = fopen(log->path, "a");
-    if (!log->file) fail("out_dir: cannot open '%s' for appending: %s", log->path, strerror(errno));
+    log->fd = open(log->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (log->fd < 0) fail("out_dir: cannot open '%s' for appending: %s", log->path, strerror(errno));
     if (tensorboard) {
         log->tb = tb_open(out_dir);
         note("tensorboard: writing %s (view with: tensorboard --logdir %s)", tb_path(log->tb), out_dir);
@@ -70,7 +73,7 @@ metrics_log *metrics_open(const char *out_dir, bool tensorboard) {
 
 void metrics_close(metrics_log *log) {
     if (!log) return;
-    fclose(log->file);
+    close(log->fd);
     tb_close(log->tb);
     free(log->path);
     free(log);
@@ -98,10 +101,29 @@ static void write_line(metrics_log *log, strbuf *sb) {
         return;
     }
     sb_append(sb, "}\n");
-    if ((fputs(sb->data, log->file) < 0 || fflush(log->file) != 0) && !log->write_failed) {
-        warn("cannot write to '%s': %s (further failed lines are not reported)", log->path,
-             strerror(errno));
+    // A line goes whole or not at all: a part of it written (a full disk) is cut back off, or
+    // the rest of a later line would join it — one line in the middle of the file that no
+    // reader (train_gpt plot) takes, where a resume only cuts a torn last line.
+    // Test hook metrics_enospc:N: lines N, N+1 and N+2 of this process meet a full disk (line
+    // N after half its bytes).
+    int64_t line = log->lines++;
+    size_t fail_after = fault_requested("metrics_enospc", line) ? sb->length / 2
+                        : fault_requested("metrics_enospc", line - 1) || fault_requested("metrics_enospc", line - 2)
+                            ? 0
+                            : SIZE_MAX;
+    bool torn;
+    int err = append_whole(log->fd, sb->data, sb->length, fail_after, &torn);
+    if (torn) warn("'%s': a line was cut short and cannot be cut back off: %s", log->path, strerror(errno));
+    if (err) {
+        if (!log->write_failed)
+            warn("cannot write to '%s': %s (lines are lost until it can: said then)", log->path, strerror(err));
         log->write_failed = true;
+        log->lost++;
+    } else if (log->write_failed) {
+        warn("'%s' is writable again: %lld line(s) could not be written and are missing", log->path,
+             (long long)log->lost);
+        log->write_failed = false;
+        log->lost = 0;
     }
     sb_free(sb);
 }

@@ -4,6 +4,7 @@
 // TFRecord.
 #include "llmc/tensorboard.h"
 #include "llmc/common.h"
+#include "llmc/fault.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -125,7 +126,8 @@ static void pb_field_message(pb_buf *b, int field, const pb_buf *inner) {
 // ---------------------------------------------------------------- the writer
 
 struct tb_writer {
-    FILE *file;
+    int fd;                      // O_APPEND: a record goes whole or not at all (append_whole)
+    int64_t records;             // records tried (the test hook's count)
     char *path;
     bool broken;                 // a write failed: said once, nothing more is written
     pb_buf text, inner, value, summary, event, record;  // scratch, reused by every event
@@ -170,9 +172,14 @@ static void write_record(tb_writer *w) {
     pb_little_endian(r, tb_crc32c_masked(tb_crc32c(0, r->data, 8)), 4);
     pb_put(r, w->event.data, w->event.length);
     pb_little_endian(r, tb_crc32c_masked(tb_crc32c(0, w->event.data, w->event.length)), 4);
-    if (fwrite(r->data, 1, r->length, w->file) != r->length || fflush(w->file) != 0) {
-        warn("tensorboard: cannot write to '%s': %s; no more TensorBoard events in this run (metrics.jsonl goes on)",
-             w->path, strerror(errno));
+    // A record cut short (a full disk) is cut back off: readers stop at a truncated record.
+    // Test hook tb_enospc:N: record N of this file meets a full disk after half its bytes.
+    bool torn;
+    size_t fail_after = fault_requested("tb_enospc", w->records++) ? r->length / 2 : SIZE_MAX;
+    int err = append_whole(w->fd, r->data, r->length, fail_after, &torn);
+    if (err) {
+        warn("tensorboard: cannot write to '%s': %s; no more TensorBoard events in this run (metrics.jsonl goes on)%s",
+             w->path, strerror(err), torn ? "; the record cut short could not be cut back off" : "");
         w->broken = true;
     }
 }
@@ -195,12 +202,8 @@ tb_writer *tb_open(const char *out_dir) {
     for (int n = 0;; n++) {
         if (n == 0) snprintf(w->path, cap, "%s/events.out.tfevents.%010lld.%s", out_dir, now, host);
         else snprintf(w->path, cap, "%s/events.out.tfevents.%010lld.%s.%d", out_dir, now, host, n);
-        int fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            w->file = fdopen(fd, "wb");
-            if (!w->file) fail("tensorboard: cannot open '%s': %s", w->path, strerror(errno));
-            break;
-        }
+        w->fd = open(w->path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (w->fd >= 0) break;
         if (errno != EEXIST || n == 999) fail("tensorboard: cannot create '%s': %s", w->path, strerror(errno));
     }
     w->event.length = 0;
@@ -212,7 +215,7 @@ tb_writer *tb_open(const char *out_dir) {
 
 void tb_close(tb_writer *w) {
     if (!w) return;
-    if (fclose(w->file) != 0 && !w->broken) warn("tensorboard: cannot write to '%s': %s", w->path, strerror(errno));
+    if (close(w->fd) != 0 && !w->broken) warn("tensorboard: cannot write to '%s': %s", w->path, strerror(errno));
     free(w->text.data);
     free(w->inner.data);
     free(w->value.data);

@@ -14,6 +14,9 @@
 #   5. Rollback (bad data at steps 34-36, back to step 30): a restart at step 31; the views equal.
 #   6. DiLoCo (M = 1 over TCP): diloco/* at each outer step, equal to the outer lines; and
 #      train/stall_ms.
+#   7. A full disk for a while (hooks metrics_enospc, tb_enospc: a line and a record cut after
+#      half their bytes): metrics.jsonl holds whole lines only (3 fewer, said when writable
+#      again) and train_gpt plot reads it; the event file ends at its last whole record.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 READER=(env PYTHONDONTWRITEBYTECODE=1 "$PYTHON" test/tb_reader.py)
@@ -206,4 +209,20 @@ check "DiLoCo: 4 outer lines in metrics.jsonl" test "$(grep -c '"outer_step"' "$
 check "... diloco/* at each outer step and train/stall_ms = metrics.jsonl" \
     same_as_metrics "$tmp/diloco" diloco/outer_step diloco/sync_s diloco/wait_s diloco/bytes_sent diloco/bytes_recv \
     diloco/quant_rel_err diloco/contributors train/stall_ms
+# ---------------------------------------------------------------- 7. a full disk for a while
+# A line or record cut short was left in the file: the rest of a later line joined the front of
+# a metrics line (train_gpt plot refused the whole file), and the event file ended in a
+# truncated record.
+run "$tmp/plain" --tensorboard 1 --max_steps 30 || cat "$tmp/plain.log"
+TRAIN_GPT_FAULT=metrics_enospc:12,tb_enospc:20 run "$tmp/full" --tensorboard 1 --max_steps 30 || cat "$tmp/full.log"
+check "full disk: metrics.jsonl has 3 lines fewer than the same run's, each line whole JSON" \
+    sh -c "[ \$(wc -l <'$tmp/full/metrics.jsonl') -eq \$(( \$(wc -l <'$tmp/plain/metrics.jsonl') - 3 )) ] &&
+           '$PYTHON' -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' '$tmp/full/metrics.jsonl'"
+check "... said once when it failed, once with the count when writable again" \
+    sh -c "[ \$(grep -c 'warning: cannot write to .*metrics.jsonl' '$tmp/full.log') -eq 1 ] &&
+           grep -q 'metrics.jsonl. is writable again: 3 line(s) could not be written' '$tmp/full.log'"
+check "... train_gpt plot reads it" "$TRAIN_GPT" plot "$tmp/full" -o "$tmp/full.svg"
+check "... the event file: 20 whole records, no truncated one" \
+    sh -c "'${READER[0]}' '${READER[1]}' '${READER[2]}' test/tb_reader.py \$(find '$tmp/full' -name 'events.out.tfevents.*') >'$tmp/full.events' &&
+           [ \$(wc -l <'$tmp/full.events') -eq 20 ] && grep -q 'tensorboard: cannot write to' '$tmp/full.log'"
 finish test_tensorboard
