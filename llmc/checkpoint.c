@@ -233,7 +233,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
               (long long)cfg->batch_size, (long long)cfg->model.seq_len, (long long)cfg->grad_accum);
     sb_printf(&sb, "  \"shuffle\": %s,\n  \"seed\": %lld,\n  \"saved_at_unix\": %lld,\n  \"config\": ",
               cfg->shuffle ? "true" : "false", (long long)cfg->seed, (long long)time(NULL));
-    sb_json_string(&sb, config_text);
+    sb_json_string_bytes(&sb, config_text);   // read back and compared (train_data): exact bytes
     sb_append(&sb, "\n}\n");
     free(config_text);
     return sb.data;

@@ -332,9 +332,10 @@ void sb_printf(strbuf *sb, const char *fmt, ...) {
     sb->length += (size_t)n;
 }
 
-void sb_json_string(strbuf *sb, const char *text) {
+// escape: the JSON escapes; valid: ill-formed UTF-8 becomes U+FFFD (else the bytes as they are).
+static void json_string(strbuf *sb, const char *text, bool valid) {
     sb_append(sb, "\"");
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)text; *p;) {
         switch (*p) {
         case '"': sb_append(sb, "\\\""); break;
         case '\\': sb_append(sb, "\\\\"); break;
@@ -344,14 +345,24 @@ void sb_json_string(strbuf *sb, const char *text) {
         default:
             if (*p < 0x20) {
                 sb_printf(sb, "\\u%04x", *p);
-            } else {
+            } else if (*p < 0x80 || !valid) {
                 char c[2] = {(char)*p, 0};
                 sb_append(sb, c);
+            } else {
+                int bad = 0, n = utf8_char_length(p, &bad);
+                if (n > 0) sb_printf(sb, "%.*s", n, (const char *)p);
+                else sb_append(sb, "\xEF\xBF\xBD");   // U+FFFD
+                p += n > 0 ? n : bad;
+                continue;
             }
         }
+        p++;
     }
     sb_append(sb, "\"");
 }
+
+void sb_json_string(strbuf *sb, const char *text) { json_string(sb, text, true); }
+void sb_json_string_bytes(strbuf *sb, const char *text) { json_string(sb, text, false); }
 
 void sb_json_number(strbuf *sb, double value) {
     if (!isfinite(value)) {

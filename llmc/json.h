@@ -53,8 +53,12 @@ void sb_printf(strbuf *sb, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-// Appends text as a quoted, escaped JSON string.
+// Appends text as a quoted, escaped JSON string, valid UTF-8: each ill-formed sequence becomes
+// U+FFFD (as Python's errors="replace"), so that any JSON reader takes it.
 void sb_json_string(strbuf *sb, const char *text);
+// The same with the bytes as they are: for text this program reads back itself and compares
+// (a checkpoint's config, whose paths need not be UTF-8); json_parse takes it.
+void sb_json_string_bytes(strbuf *sb, const char *text);
 // Appends a double so that it reads back to the same bits (or null if not finite).
 void sb_json_number(strbuf *sb, double value);
 void sb_free(strbuf *sb);

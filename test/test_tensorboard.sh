@@ -5,7 +5,8 @@
 #      file_version record first, every record's two CRCs good; every number of metrics.jsonl
 #      is a scalar at its step (train/*, val/loss), equal to float32 precision, and nothing
 #      else; nulls (mfu on the CPU) are left out; each sample is a text record with the same
-#      text, ill-formed UTF-8 replaced by U+FFFD (the prompt holds some); wall times within
+#      text, ill-formed UTF-8 replaced by U+FFFD in both (the prompt holds some; metrics.jsonl is
+#      read as strict UTF-8); wall times within
 #      the run.
 #   2. A flipped byte in a record's data or in its length, or a cut file: the reader says so.
 #   3. tensorboard = 0 (the default), and diloco_transport = local: no event file.
@@ -45,7 +46,7 @@ lines = {}  # (kind, step) -> {tag: value}: the last line of each kind for each 
 def drop_after(n):
     for key in [k for k in lines if k[1] > n]:
         del lines[key]
-text = open(f"{run}/metrics.jsonl", "rb").read().decode("utf-8", "surrogateescape")
+text = open(f"{run}/metrics.jsonl", "rb").read().decode("utf-8")  # strict: JSON is UTF-8
 for line in text.splitlines():
     d = json.loads(line)
     numbers = {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -55,8 +56,9 @@ for line in text.splitlines():
         elif d["event"] == "rollback":
             drop_after(d["to_step"])
         elif d["event"] == "sample":
-            raw = d["text"].encode("utf-8", "surrogateescape")  # metrics.jsonl has the bytes as they are
-            lines[("sample", d["step"])] = {"samples": raw.decode("utf-8", "replace").encode("utf-8")}
+            # Ill-formed UTF-8 became U+FFFD in both (it went into metrics.jsonl as it was, which
+            # no strict JSON reader takes).
+            lines[("sample", d["step"])] = {"samples": d["text"].encode("utf-8")}
     elif "outer_step" in d:
         v = {"diloco/" + k: x for k, x in numbers.items() if k != "step"}
         v.update({"diloco/" + k: len(x) for k, x in d.items() if isinstance(x, list)})

@@ -92,6 +92,21 @@ static void test_json(void) {
     sb_json_number(&sb, 0.1);
     EXPECT(strcmp(sb.data, "0.1") == 0, "shortest round-trip number, got %s", sb.data);
     sb_free(&sb);
+    // Strings: valid UTF-8 (é, an emoji) kept, each ill-formed sequence (a cut 3-byte character,
+    // a lone continuation byte, 0xFF) one U+FFFD; the _bytes variant keeps them, and json_parse
+    // reads both back.
+    const char *text = "a\xc3\xa9\xf0\x9f\x98\x80 \xe2\x82!\x80\xff\"\x01";
+    sb_json_string(&sb, text);
+    EXPECT(strcmp(sb.data, "\"a\xc3\xa9\xf0\x9f\x98\x80 \xef\xbf\xbd!\xef\xbf\xbd\xef\xbf\xbd\\\"\\u0001\"") == 0,
+           "ill-formed UTF-8 becomes U+FFFD, got %s", sb.data);
+    EXPECT(json_parse(sb.data, sb.length, &doc), "reads back: %s", doc.error);
+    json_free(&doc);
+    sb_free(&sb);
+    sb_json_string_bytes(&sb, text);
+    EXPECT(json_parse(sb.data, sb.length, &doc) && doc.root.type == JSON_STRING && strcmp(doc.root.string, text) == 0,
+           "the bytes variant reads back to the same bytes");
+    json_free(&doc);
+    sb_free(&sb);
 }
 
 // ---------------------------------------------------------------- schedule
