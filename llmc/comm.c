@@ -105,13 +105,18 @@ void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg) {
 // first (a collective usually lands within microseconds), then naps up to 1 ms between polls.
 static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
     if (*req == MPI_REQUEST_NULL) return;
-    double t0 = wall_seconds(), nap_s = 20e-6;
+    double t0 = wall_seconds(), nap_s = 20e-6, last = t0;
     for (long polls = 0;; polls++) {
         int done = 0;
         comm_mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
         if (done) return;
         if (polls < 2000) continue;
-        double waited = wall_seconds() - t0;
+        // A poll this late (its naps are 1 ms at most): the process was not running (SIGSTOP, a
+        // SLURM suspend of the job); that time is not the other ranks' delay.
+        double now = wall_seconds();
+        if (now - last > 5.0) t0 += now - last;
+        last = now;
+        double waited = now - t0;
         if (waited > wait_limit_s)
             fail("comm: rank %d of %d waited %.0f s for the other ranks (%s): one of them died, hung or stalls "
                  "(comm_timeout_s = %g); exiting so that the job can be requeued and resume from its checkpoint",

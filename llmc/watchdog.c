@@ -21,13 +21,25 @@ static struct {
     int64_t step;
     double since;           // wall_seconds() when the phase began
 } dog = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
-static _Atomic double progress_s;  // wall_seconds() of the last watchdog_progress
+static _Atomic double progress_s;  // run_seconds() of the last watchdog_progress
+// Seconds the watch thread found the process not running (SIGSTOP, a SLURM suspend, a machine's
+// sleep): its 1 s tick came that much late. CLOCK_MONOTONIC runs on meanwhile, and a job
+// suspended for longer than watchdog_s was ended as hung at its SIGCONT.
+static _Atomic double stopped_s;
+enum { TICK_S = 1, LATE_TICK_S = 5 };   // a tick later than this: the process was not running
+
+// The time the watchdog counts in: wall_seconds() without the stops.
+static double run_seconds(void) { return wall_seconds() - atomic_load(&stopped_s); }
 
 static void *watch(void *arg) {
     (void)arg;
     pthread_mutex_lock(&dog.lock);
+    double last_tick = wall_seconds();
     while (!dog.stopping) {
-        double now = wall_seconds(), progress = atomic_load(&progress_s);
+        double wall = wall_seconds();
+        if (wall - last_tick > LATE_TICK_S) atomic_store(&stopped_s, atomic_load(&stopped_s) + (wall - last_tick - TICK_S));
+        last_tick = wall;
+        double now = run_seconds(), progress = atomic_load(&progress_s);
         double quiet_since = dog.moving && progress > dog.since ? progress : dog.since;
         if (dog.phase && now - quiet_since > dog.timeout_s) {
             time_t began = time(NULL) - (time_t)(now - quiet_since);
@@ -43,7 +55,7 @@ static void *watch(void *arg) {
         }
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_sec += 1;
+        t.tv_sec += TICK_S;
         pthread_cond_timedwait(&dog.wake, &dog.lock, &t);
     }
     pthread_mutex_unlock(&dog.lock);
@@ -67,14 +79,14 @@ static void enter(const char *phase, int64_t step, bool moving) {
     dog.phase = phase;
     dog.moving = moving;
     dog.step = step;
-    dog.since = wall_seconds();
+    dog.since = run_seconds();
     pthread_mutex_unlock(&dog.lock);
 }
 
 void watchdog_phase(const char *phase, int64_t step) { enter(phase, step, false); }
 void watchdog_phase_moving(const char *phase, int64_t step) { enter(phase, step, true); }
 
-void watchdog_progress(void) { atomic_store(&progress_s, wall_seconds()); }
+void watchdog_progress(void) { atomic_store(&progress_s, run_seconds()); }
 
 void watchdog_stop(void) {
     if (!dog.running) return;

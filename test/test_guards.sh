@@ -28,6 +28,8 @@
 # The watchdog:
 #   6. a step that hangs (fault injection) ends the process within watchdog_s + a few
 #      seconds, exit status 75, one line naming the rank, the phase and the step;
+#  6b. a process suspended (SIGSTOP) for longer than watchdog_s and continued finishes: the
+#      watchdog leaves the stop out;
 #   7. SIGSTOP on one rank of an mpirun -np 3 DiLoCo run: the job ends with status 75 and the
 #      other ranks' watchdog lines.
 # The reducer's bound:
@@ -211,6 +213,22 @@ TRAIN_GPT_FAULT=hang_in_step:30 run "$tmp/hang" --watchdog_s 2 || rc=$?
 took=$(( $(date +%s) - t0 ))
 check "a hung step: exit 75 with one watchdog line naming rank 0, the phase and step 31 (rc $rc, ${took} s)" \
     sh -c "[ $rc -eq 75 ] && grep -q 'watchdog: rank 0 made no progress for [0-9]* s in a training step at step 31' '$tmp/hang.log'"
+
+# 6b. A job suspended (SIGSTOP: scontrol suspend, gang preemption) for longer than watchdog_s
+# is not a hang: the watchdog's clock left the stop out. It ended such a job with 75 at its
+# SIGCONT. The stop lasts 5 s, 2.5 × watchdog_s: the scenario's length, not a wait for an event.
+TRAIN_GPT_FAULT=stop_in_step:10 "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/suspended" --watchdog_s 2 --max_steps 20 \
+    >"$tmp/suspended.log" 2>&1 &
+pid=$!
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+stopped_or_gone() { stopped "$1" || ! kill -0 "$1" 2>/dev/null; }
+wait_until "the run stopped itself in step 10" stopped_or_gone "$pid"
+sleep 5
+kill -CONT "$pid" 2>/dev/null
+rc=0
+wait "$pid" || rc=$?
+check "suspended 5 s with watchdog_s 2, then continued: the run finishes (rc $rc), no watchdog line" \
+    sh -c "[ $rc -eq 0 ] && ! grep -q watchdog '$tmp/suspended.log' && test -d '$tmp/suspended/step_00000020'"
 
 # 7.
 detect_mpi
