@@ -4,6 +4,7 @@
 
 #include "llmc/common.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,22 +14,46 @@
 #include <mpi.h>
 #endif
 
+// A launcher's variable: a whole number in [0, 2^24] (ranks, sizes); fatal with one line
+// naming it otherwise (atoi read "4x" as 4 and 99999999999 as garbage).
 static int env_int(const char *name, int fallback) {
     const char *v = getenv(name);
-    return v && *v ? atoi(v) : fallback;
+    if (!v || !*v) return fallback;
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (*end || end == v || errno || n < 0 || n > (1 << 24))
+        fail("launcher: %s='%s' is not a whole number from 0 to %d", name, v, 1 << 24);
+    return (int)n;
+}
+
+// A hint (ranks per node): 0 (= unknown) unless a plain whole number.
+static int env_hint(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    long n = v ? strtol(v, &end, 10) : 0;
+    return v && *v && !*end && n > 0 && n <= (1 << 24) ? (int)n : 0;
 }
 
 launch_info launch_detect(void) {
     launch_info l = {0, 1, 0, 1, "none"};
-    if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
-        l = (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
-                          env_int("SLURM_NTASKS_PER_NODE", 0), "slurm"};
-    else if (getenv("OMPI_COMM_WORLD_RANK"))
+    // Open MPI's mpirun, and MPICH's / Intel MPI's hydra (MPI_LOCALRANKID), come before SLURM's
+    // variables: under mpirun inside a SLURM allocation, the batch step's SLURM_PROCID = 0 and
+    // SLURM_NTASKS reach every rank, which all took rank 0 and GPU 0. srun sets its own (and,
+    // with --mpi=pmi2, PMI_RANK without MPI_LOCALRANKID: SLURM's then say the local rank).
+    if (getenv("OMPI_COMM_WORLD_RANK"))
         l = (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
-                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 0), "openmpi"};
-    else if (getenv("PMI_RANK"))
+                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), "openmpi"};
+    else if (getenv("PMI_RANK") && getenv("MPI_LOCALRANKID"))
         l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0),
-                          env_int("MPI_LOCALNRANKS", 0), "pmi"};
+                          env_hint("MPI_LOCALNRANKS"), "pmi"};
+    else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
+        l = (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
+                          env_hint("SLURM_NTASKS_PER_NODE"), "slurm"};
+    else if (getenv("PMI_RANK"))
+        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), 0, 0, "pmi"};
+    if (l.size < 1 || l.rank >= l.size)
+        fail("launcher (%s): rank %d of %d ranks is not a rank of the job", l.launcher, l.rank, l.size);
     if (l.local_size <= 0 || l.local_size > l.size) l.local_size = l.size;
     return l;
 }

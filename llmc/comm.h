@@ -16,10 +16,11 @@
 extern "C" {
 #endif
 
-// Who this process is in the job, from the launcher's environment: SLURM (SLURM_PROCID,
-// SLURM_NTASKS, SLURM_LOCALID), Open MPI's mpirun (OMPI_COMM_WORLD_RANK / _SIZE /
-// _LOCAL_RANK), or MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID); rank 0 of 1
-// otherwise. A rank picks its GPU from local_rank.
+// Who this process is in the job, from the launcher's environment: Open MPI's mpirun
+// (OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK), MPICH / Intel MPI (PMI_RANK, PMI_SIZE,
+// MPI_LOCALRANKID), SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) — in that order: a
+// batch step's stale SLURM variables reach mpirun's ranks — or rank 0 of 1. Fatal, with one
+// line, on a value that is not a whole number. A rank picks its GPU from local_rank.
 typedef struct {
     int rank, size, local_rank;
     int local_size;             // ranks on this node: SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE,

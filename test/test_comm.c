@@ -75,6 +75,11 @@ int main(void) {
     EXPECT(comm_size(world) == l.size && comm_rank(world) == l.rank,
            "the world is the launcher's: rank %d of %d (%s says %d of %d)", comm_rank(world), comm_size(world),
            l.launcher, l.rank, l.size);
+    // The local rank (a rank's GPU) is mpirun's, also under stale SLURM variables (test_comm.sh).
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (local)
+        EXPECT(l.local_rank == atoi(local) && strcmp(l.launcher, "openmpi") == 0,
+               "the local rank is mpirun's %s (%s says %d)", local, l.launcher, l.local_rank);
     check_group(world, "world", 1);
     // Two groups, even and odd ranks, each ordered by rank: the shape of HSDP's groups.
     comm *group = comm_split(world, comm_rank(world) % 2, comm_rank(world));
