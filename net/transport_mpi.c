@@ -417,26 +417,28 @@ static bool mpi_restore_reducer(void *impl, const uint8_t *b, size_t n, char *wh
                  pieces, (unsigned long long)values);
         return false;
     }
+    // Another M or rank: the pieces' layout is the saved replica's (its shares of each segment),
+    // which this one cannot check nor use. It was checked against this replica's shares, and a
+    // resume with several fragments (several pieces, the second one's base not 0) was refused.
+    if (replicas != (uint32_t)t->size || rank != (uint32_t)t->rank) {
+        note("diloco (mpi): the checkpoint's downlink residual was replica %u's of %u; this is replica %d of %d: it "
+             "starts from zero",
+             rank, replicas, t->rank, t->size);
+        return true;
+    }
     residual_piece *p = xcalloc(pieces ? pieces : 1, sizeof *p);
     int64_t next = 0;
     for (uint32_t i = 0; i < pieces; i++) {
         const uint8_t *q = b + REDUCER_HEAD_BYTES + (size_t)i * REDUCER_PIECE_BYTES;
         p[i] = (residual_piece){.offset = (int64_t)get_u64(q), .values = (int64_t)get_u64(q + 8),
                                 .segment = (int64_t)get_u64(q + 16), .base = (int64_t)get_u64(q + 24)};
-        int64_t share = replicas == (uint32_t)t->size && rank == (uint32_t)t->rank ? share_values(t, p[i].values, p[i].segment) : 0;
+        int64_t share = share_values(t, p[i].values, p[i].segment);
         if (share < 0 || p[i].base != next || p[i].offset < 0) {
             free(p);
             snprintf(why, why_bytes, "outer_reducer.bin: piece %u's layout is inconsistent", i);
             return false;
         }
         next += share;
-    }
-    if (replicas != (uint32_t)t->size || rank != (uint32_t)t->rank) {
-        free(p);
-        note("diloco (mpi): the checkpoint's downlink residual was replica %u's of %u; this is replica %d of %d: it "
-             "starts from zero",
-             rank, replicas, t->rank, t->size);
-        return true;
     }
     if (next != (int64_t)values) {
         free(p);

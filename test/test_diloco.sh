@@ -391,6 +391,18 @@ if [ "$HAVE_MPI" = 1 ]; then
         sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
                    cmp -s '$tmp/ef2_straight/'\$r/step_00000020/\$f '$tmp/ef2_stop/'\$r/step_00000020/\$f || exit 1
                done; done"
+    # With 2 fragments each replica holds several pieces of residual; resumed as the other
+    # replica (out_dirs swapped), each lets the saved one go and starts from zero, as with one
+    # fragment. The pieces were checked against this replica's shares: refused ("piece 1's
+    # layout is inconsistent"), and resume = auto stopped the run.
+    ef2 ef2_frag --diloco_fragments 2 --stop_at_step 7
+    mv "$tmp/ef2_frag/0" "$tmp/ef2_frag/was0" && mv "$tmp/ef2_frag/1" "$tmp/ef2_frag/0" &&
+        mv "$tmp/ef2_frag/was0" "$tmp/ef2_frag/1"
+    rc=0
+    ef2 ef2_frag --diloco_fragments 2 || rc=$?
+    check "2 fragments, resumed with the replicas' out_dirs swapped: both start their residual from zero (rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'downlink residual was replica [01].s of 2; this is replica [01] of 2: it starts from zero' '$tmp/ef2_frag.log') -eq 2 ] &&
+               test -f '$tmp/ef2_frag/0/step_00000020/model.safetensors'"
     # One rank's newest checkpoint lost: rank 1 resumes from step 5, rank 0 from step 7, both at
     # outer step 1. Refused at the start in one line naming both steps (it hung: the ranks'
     # per-step collectives paired different steps' calls).
