@@ -11,6 +11,9 @@ set -u
 port=${1:-29500}
 secret=${2:-diloco.secret}
 extra=("${@:3}")
+# The secret's path as given, from where the script was started (the cd below once made a
+# relative one unreadable).
+case $secret in /*) ;; *) secret=$PWD/$secret ;; esac
 cd "$(dirname "$0")/../.."
 while :; do
     ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1
