@@ -3558,6 +3558,13 @@ static void choose_data_split(trainer *tr) {
         tr->split.ranks = comm_size(tr->job);
     } else if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") != 0 && cfg->diloco_replica_id < 0) {
         cfg->diloco_replica_id = transport_mpi_world_rank();
+        // Said here, before the loader takes it as this process's share of the rows (an
+        // internal error came first, and the transport's line on the world's size after it).
+        if (cfg->diloco_replica_id >= cfg->diloco_replicas)
+            fail("diloco_replicas: %lld, but this process is MPI rank %lld: the world has more ranks than replicas; "
+                 "with diloco_transport = mpi every rank is one replica (start with mpirun -np %lld or srun -n %lld)",
+                 (long long)cfg->diloco_replicas, (long long)cfg->diloco_replica_id, (long long)cfg->diloco_replicas,
+                 (long long)cfg->diloco_replicas);
     }
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") != 0) {
         tr->split.replica = (int)cfg->diloco_replica_id;

@@ -169,11 +169,25 @@ void comm_mpi_check(int rc, const char *what) {
     fail("mpi: %s failed: %.*s", what, len, text);
 }
 
+// fail's exit once MPI is up: the error line is out; MPI_Abort ends every rank of the job. With
+// exit alone, the other ranks waited for this one for ever in a collective without a timeout
+// (DiLoCo's start over mpi) under a launcher that lets them run on (srun without
+// --kill-on-bad-exit); mpirun ended them, which hid it.
+static void abort_job(int status) {
+    int initialized = 0, finalized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, status);
+    exit(status);
+}
+
 int comm_mpi_init(void) {
     int initialized = 0, level = MPI_THREAD_SINGLE;
     MPI_Initialized(&initialized);
     if (initialized) MPI_Query_thread(&level);
     else comm_mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level), "MPI_Init_thread");
+    set_fail_exit(abort_job);
     return level;
 }
 
