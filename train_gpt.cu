@@ -2159,7 +2159,6 @@ static int first_fitting(const param_table *t, const train_config *cfg, int rank
 // replicas this process holds (M with diloco_transport = local, which share its memory).
 static void resolve_recompute(trainer *tr, int replicas) {
     train_config *cfg = tr->cfg;
-    if (!config_recompute_auto(cfg)) return;
     bool gpu = tr->device == DEVICE_CUDA;
     int ranks = tr->group ? comm_size(tr->group) : 1;
     char where[256], a[32], b[32], c2[32];
@@ -2181,6 +2180,22 @@ static void resolve_recompute(trainer *tr, int replicas) {
     }
     param_table t;
     param_table_build(&t, &cfg->model);
+    if (!config_recompute_auto(cfg)) {
+        // A mode set by hand is held to the same budget: past it, the CPU backend's allocation
+        // (zeroed, so every page is touched) ran the node out of memory and the kernel killed
+        // the process without a word; a GPU's would fail later, after the data's checks.
+        rank_memory mine;
+        if (rank_plan(&t, cfg, ranks, gpu, config_recompute(cfg), &mine) && mine.total > budget) {
+            char label[64];
+            plan_recompute_label(config_recompute(cfg), label, sizeof label);
+            fail("recompute = %s: its plan needs %s per rank, more than %s = %s; use recompute = auto, a smaller "
+                 "batch_size or more ranks (fsdp_size), or set memory_budget_mb (a budget given there is taken as it "
+                 "is)",
+                 label, bytes_text(mine.total, b, sizeof b), where, bytes_text(budget, a, sizeof a));
+        }
+        param_table_free(&t);
+        return;
+    }
     recompute_setting c[MAX_RECOMPUTE_CANDIDATES];
     rank_memory plan, none, full;
     int pick = first_fitting(&t, cfg, ranks, gpu, budget, c, &plan);

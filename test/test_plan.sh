@@ -15,6 +15,7 @@
 #     one line; each run prints what it chose and, after its first step, the measured
 #     activations (the allocator's count) within 10 % of the plan — for every explicit mode too,
 #     and at np 2.
+#     A mode set by hand is held to the budget: past it, refused in one line.
 #  4. Bad input: memory_budget_mb below 0, recompute_layers with auto, an unknown mode, a link of
 #     1e-300 Mbit/s; the batch line at --world 40; a config through a pipe.
 #  5. docs/diloco.md's recipes for the seeds' runs: each quoted `plan` command, run again,
@@ -366,6 +367,14 @@ for mode in none selective full; do
     check "recompute $mode: no auto line; measured activations within 10 % of the plan" \
         explicit_ok "$tmp/explicit_$mode.log"
 done
+# A mode set by hand past the budget: refused in one line (it ran on; on a real model the CPU
+# backend's allocation took the node's memory and the kernel killed the run without a word).
+rc=0; auto_run explicit_over 1 --recompute none --memory_budget_mb "$b_sel" || rc=$?
+check "recompute none, memory_budget_mb $b_sel (below none's plan): refused in one line (rc $rc)" sh -c "[ $rc -eq 1 ] &&
+    [ \$(grep -c 'error: recompute = none: its plan needs .* per rank, more than memory_budget_mb = $b_sel' '$tmp/explicit_over.log') -eq 1 ] &&
+    [ \$(grep -c 'error:' '$tmp/explicit_over.log') -eq 1 ]"
+auto_run explicit_within 1 --recompute full --memory_budget_mb "$b_full" || cat "$tmp/explicit_within.log"
+check "recompute full, memory_budget_mb $b_full (its plan fits): runs" explicit_ok "$tmp/explicit_within.log"
 auto_run explicit_every2 1 --recompute full --recompute_layers 2 || cat "$tmp/explicit_every2.log"
 check "recompute full on every 2nd layer: measured activations within 10 % of the plan" \
     explicit_ok "$tmp/explicit_every2.log"

@@ -38,7 +38,8 @@ export TRAIN_GPT_NO_FINAL_CHECKPOINT=1
 make -s -j"$(nproc)" train_gpt build/test_tool >/dev/null || { echo "bench/recompute/gpu.sh: build failed" >&2; exit 1; }
 gpu=$(gpu_tag)
 [ -n "$gpu" ] || { echo "bench/recompute/gpu.sh: no GPU (nvidia-smi found none)" >&2; exit 1; }
-gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | awk '{printf "%.2f", $1 / 1024}')
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | awk '{printf "%d", $1}')
+gpu_gib=$(awk -v m="$gpu_mib" 'BEGIN {printf "%.2f", m / 1024}')
 
 # plan_gib MODE B: the plan's per-rank GPU total for MODE at micro-batch B in GiB (the last
 # figure of its recompute table, whose header gives the unit)
@@ -77,7 +78,7 @@ row() {  # row MODE B FITS
     timeout -s KILL "${RUN_TIMEOUT:-150}" "$tg" "$conf" --device cuda --train_data "$tmp/shard.bin" \
         --val_data "" --tokenizer "" --sample_every 0 --seq_len "$T" --batch_size "$B" --grad_accum 1 \
         --max_steps "$steps" --warmup_steps 1 --shuffle 0 --out_dir "$out" --ckpt_every 0 --log_every 1 \
-        --recompute "$mode" >"$log" 2>&1
+        --recompute "$mode" --memory_budget_mb "$gpu_mib" >"$log" 2>&1   # the whole GPU: pass 1 tries modes past the 2 GiB headroom
     local rc=$?
     local plan inuse stats
     plan=$(sed -n 's/.*| gpu memory: \([0-9.]*\) GiB.*/\1/p' "$log" | head -n 1)
