@@ -415,7 +415,11 @@ static void take_result(hubs *x, hub *hb) {
     }
     sh->r = hb->r;
     sh->status = hb->r.evicted ? SHARE_EVICTED : SHARE_DONE;
-    if (!hb->r.evicted && hb->r.send_state) hb->send_state = true;
+    if (!hb->r.evicted && hb->r.send_state) {
+        pthread_mutex_lock(&x->lock);   // hubs_send_state takes them on another thread
+        hb->send_state = true;
+        pthread_mutex_unlock(&x->lock);
+    }
 }
 
 // Runs every share's rounds, each hub's in the order of their ids, until none is left.
@@ -508,11 +512,13 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
     }
     x->step = outer_step;
     x->payload = payload;
+    pthread_mutex_lock(&x->lock);
     for (int i = 0; i < x->n; i++) {
         x->h[i].queued = 0;
         x->h[i].last_round = -1;
         x->h[i].send_state = false;
     }
+    pthread_mutex_unlock(&x->lock);
     cut_shares(x, spec);
     for (int s = 0; s < x->n_shares; s++)
         if (place_share(x, s, s) < 0) x->shares[s].status = SHARE_FAILED;
@@ -529,22 +535,31 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
 // exchanges on while it sends, and its means go with the state).
 static void hubs_send_state(void *impl, const uint8_t *state, size_t bytes, const state_hooks *hooks) {
     hubs *x = impl;
+    // The hubs that asked, taken once: a catch-up donor exchanges on (another thread) while it
+    // sends, and that exchange's rounds reset and set the flags anew — read here throughout and
+    // cleared at the end, a newer round's request was lost or an older one's state went to it.
+    bool to[TRANSPORT_MAX_HUBS] = {false};
+    pthread_mutex_lock(&x->lock);
+    for (int i = 0; i < x->n; i++) {
+        to[i] = x->h[i].send_state;
+        x->h[i].send_state = false;
+    }
+    pthread_mutex_unlock(&x->lock);
     bool held[TRANSPORT_MAX_HUBS] = {false}, whole = false;
-    for (int i = 0; i < x->n; i++) whole |= x->h[i].send_state && !tcp_hub_sends_catchup(x->h[i].t);
+    for (int i = 0; i < x->n; i++) whole |= to[i] && !tcp_hub_sends_catchup(x->h[i].t);
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
-        if (whole && !hb->send_state && atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t))
+        if (whole && !to[i] && atomic_load(&hb->state) == HUB_LIVE && tcp_hub_connected(hb->t))
             held[i] = tcp_hub_hold(hb->t, true);
     }
     for (int i = 0; i < x->n; i++) {
         hub *hb = &x->h[i];
-        if (hb->send_state && atomic_load(&hb->state) == HUB_LIVE) {
+        if (to[i] && atomic_load(&hb->state) == HUB_LIVE) {
             bool catchup = tcp_hub_sends_catchup(hb->t);
             if (catchup) atomic_store(&x->sending_via, i);
             tcp_hub_send_state(hb->t, state, bytes, hooks);
             if (catchup) atomic_store(&x->sending_via, -1);
         }
-        hb->send_state = false;
     }
     for (int i = 0; i < x->n; i++)
         if (held[i] && atomic_load(&x->h[i].state) == HUB_LIVE) tcp_hub_hold(x->h[i].t, false);
