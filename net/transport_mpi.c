@@ -16,6 +16,7 @@
 // with a one-line error naming what to install.
 #include "net/transport_impl.h"
 #include "llmc/common.h"
+#include "llmc/watchdog.h"
 #include "llmc/quant.h"
 #include "llmc/comm.h"
 #include "llmc/bytes.h"
@@ -353,6 +354,9 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         comm_mpi_check(MPI_Allgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts, rdispls,
                                  MPI_BYTE, t->exchange_comm),
                   "MPI_Allgatherv");
+        // A wave moved: progress for the watchdog, which watches the outer work from its last
+        // progress (a 14B model's exchange at 100 Mbit/s takes longer than watchdog_s).
+        watchdog_progress();
     }
     for (int p = 0; p < M; p++)
         if (bounded[p])
