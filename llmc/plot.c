@@ -380,7 +380,8 @@ static void trim_zeros(char *s) {
     if (*end == '.') *end = '\0';
 }
 
-// A tick label: suffixes from 1000 up (2.5K, 1.2M, 3B), an exponent below 0.01 (3e-4), plain
+// A tick label: suffixes from 1000 up (2.5K, 1.2M, 3B), an exponent below 0.01 (3e-4) and from
+// 1e21 (a diverged loss: 3e38; a suffix gave 50000000000000000000E), plain
 // decimals between; `step` sets the precision, `big` (the largest |tick|) the form, so one
 // axis reads alike.
 static void format_tick(char *buf, size_t size, double v, double step, double big) {
@@ -389,7 +390,7 @@ static void format_tick(char *buf, size_t size, double v, double step, double bi
         return;
     }
     if (!(step > 0)) step = fabs(v);
-    if (big >= 1000) {
+    if (big >= 1000 && big < 1e21) {   // beyond E (1e18) × 1000, an exponent as below
         static const char suffix[] = "KMBTPE";  // as format_count writes token counts
         int e = 0;
         double scale = 1;
@@ -403,7 +404,7 @@ static void format_tick(char *buf, size_t size, double v, double step, double bi
         trim_zeros(buf);
         size_t n = strlen(buf);
         if (n + 1 < size) buf[n] = suffix[e - 1], buf[n + 1] = '\0';
-    } else if (big < 0.01) {
+    } else if (big < 0.01 || big >= 1e21) {
         int digits = (int)floor(log10(fabs(v))) - (int)floor(log10(step)) + 1;
         digits = digits < 1 ? 1 : digits > 4 ? 4 : digits;
         char raw[32], mantissa[16];

@@ -12,7 +12,8 @@
 #      one error line naming it, exit 1;
 #   4. headless Chromium renders the dashboard: the screenshot is not blank and holds both
 #      runs' colours (skipped, saying so, where chromium is not installed);
-#   5. a run killed mid-line and resumed: the torn line cut off, every line JSON, the run plots.
+#   5. a run killed mid-line and resumed: the torn line cut off, every line JSON, the run plots;
+#   6. huge values (a loss of 3e38): tick labels in exponent form.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -217,4 +218,11 @@ check "... every line of metrics.jsonl is JSON, the resume event among them" \
     "$tmp/torn/metrics.jsonl"
 "$TRAIN_GPT" plot "$tmp/torn" >"$tmp/torn_plot.log" 2>&1 && rc=0 || rc=$?
 check "... and the run plots (exit $rc)" sh -c "[ $rc -eq 0 ] && test -s '$tmp/torn/dashboard.svg'"
+# 6. A diverged run's huge values (a loss of 3e38): tick labels in exponent form, each a number
+# (a suffix gave "50000000000000000000E").
+mkdir -p "$tmp/huge"
+printf '{"step":%d,"loss":%s,"lr":0.001}\n' 1 1e38 2 2e38 3 3e38 >"$tmp/huge/metrics.jsonl"
+"$TRAIN_GPT" plot "$tmp/huge" >"$tmp/huge.log" 2>&1 || cat "$tmp/huge.log"
+check "a loss of 3e38: the loss panel's tick labels are numbers up to the top" \
+    svg_check "$tmp/huge/dashboard.svg" "len(ticks('loss')) >= 2" "max(ticks('loss')) >= 2.5e38"
 finish test_plot
