@@ -89,9 +89,12 @@ static int compare_name(const void *a, const void *b) {
     return strcmp(((const st_entry *)a)->name, ((const st_entry *)b)->name);
 }
 
+// By begin, then by end: a zero-size tensor at the offset where a non-empty one begins sorts
+// first, so that the back-to-back check does not depend on qsort's order between them.
 static int compare_begin(const void *a, const void *b) {
     const st_entry *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
 }
 
 static bool parse_entry(const char *name, const json_value *v, uint64_t data_bytes, st_entry *e, char *why,
