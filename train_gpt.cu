@@ -3637,6 +3637,7 @@ static int train_run(train_config *cfg) {
     setup_job(&tr);
     choose_data_split(&tr);
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_out_dirs(cfg->out_dir);
+    checkpoint_lock_out_dir(cfg->out_dir, tr.job);  // before anything writes there: metrics, the hub's join
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);
     agree_on_data(&tr);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1042,6 +1043,63 @@ void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written) {
         else remove_tree(dirs[i].path);
     }
     free(dirs);
+}
+
+// ---------------------------------------------------------------- the out_dir lock
+
+// The open description that holds OUT_DIR/.lock: the lock lasts as long as the process (a
+// process writes checkpoints of one out_dir; locking another hands the first back).
+static int lock_fd = -1;
+
+// What OUT_DIR/.lock says of its holder ("pid N on host H"), into out.
+static void lock_holder(int fd, char *out, size_t out_bytes) {
+    ssize_t n = pread(fd, out, out_bytes - 1, 0);
+    out[n > 0 ? n : 0] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    if (!out[0]) snprintf(out, out_bytes, "another process (it has not yet written its pid)");
+}
+
+void checkpoint_lock_out_dir(const char *out_dir, comm *job) {
+    char why[600] = "";
+    bool ok = true;
+    if (!job || comm_rank(job) == 0) {
+        if (lock_fd >= 0) close(lock_fd);
+        lock_fd = -1;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/.lock", out_dir);
+        int fd = make_dirs(out_dir) ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+        if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC);  // another user's lock file: a read fd locks too
+        // fd < 0: out_dir cannot be written, which restore_or_init's check says as the run's error.
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (errno == EWOULDBLOCK) {
+                char holder[256];
+                lock_holder(fd, holder, sizeof holder);
+                snprintf(why, sizeof why,
+                         "out_dir '%s' is in use by %s (another run, or the previous job still alive); stop it or "
+                         "choose another out_dir",
+                         out_dir, holder);
+                ok = false;
+            } else {  // a file system without locks (Lustre mounted noflock): the run goes on as before
+                warn("out_dir: cannot lock '%s': %s; a second run in this out_dir would not be stopped", path,
+                     strerror(errno));
+            }
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0) {
+            char host[256] = "", text[400];
+            if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+            host[sizeof host - 1] = '\0';
+            int n = snprintf(text, sizeof text, "pid %d on host %s\n", (int)getpid(), host);
+            // For the next run's error only: the lock holds without it (a read-only lock file).
+            bool written = ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)n, 0) == n;
+            (void)written;
+            lock_fd = fd;
+        }
+    }
+    if (job && comm_max(job, ok ? 0.0 : 1.0) != 0.0 && ok)
+        fail("out_dir '%s' is in use by another run (rank 0 names it)", out_dir);
+    if (!ok) fail("%s", why);
 }
 
 bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes) {

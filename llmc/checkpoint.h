@@ -110,6 +110,14 @@ bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes);
 // The step of the newest checkpoint directory in out_dir (valid or not); -1 when there is none.
 int64_t checkpoint_newest_step(const char *out_dir);
 
+// Takes OUT_DIR/.lock (flock, exclusive) for the rest of the process and writes "pid N on host
+// H" into it: two runs in one out_dir (a requeued job while the old one still lives, a job
+// submitted twice) would delete each other's unfinished saves and move each other's
+// checkpoints aside. Held by the process that writes the checkpoints: rank 0 of job (NULL: this
+// process); every rank of job calls it. A lock held by another process is a fatal error naming
+// the holder, on every rank; a file system without locks only warns.
+void checkpoint_lock_out_dir(const char *out_dir, comm *job);
+
 // Removes all but the newest `keep` checkpoints at or below step `written` (the one just
 // written; keep 0 = remove none). Newer ones are another line of the run — ones a resume
 // skipped because they failed their checksums — and are neither counted nor removed: counting

@@ -140,8 +140,10 @@ PY
 # Final loss of a run.
 final_loss() { loss_table "$1" | tail -n 1 | cut -d' ' -f2; }
 
-# A listing of every file under a directory with its checksum, to prove nothing changed.
-tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+# A listing of every file under a directory with its checksum, to prove nothing changed. Not
+# out_dir's .lock: every run that starts there takes it and writes its pid into it, a refused
+# one too (formats.md, the lock); what it says is who ran last, no content of the directory.
+tree_digest() { (cd "$1" && find . -type f ! -path ./.lock -print0 | sort -z | xargs -0 -r sha256sum); }
 
 # same_checkpoint A B STEP: the checkpoints of STEP in out_dirs A and B hold byte-identical
 # model, optimizer and outer-state files (state.json is not compared).

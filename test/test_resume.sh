@@ -190,4 +190,24 @@ cp -r "$tmp/straight" "$tmp/more"
 run "$tmp/more" --max_steps 24 --train_data "$tmp/train.bin,$tmp/more.bin" >"$tmp/more.log" 2>&1
 check "a resume with one more shard warns, naming both data sets" \
     grep -q "resume: the checkpoint read train data of 60000 tokens in 1 shard(s) (fingerprint [0-9a-f]*), this run's train_data holds 65000 tokens in 2 shard(s) .*no longer names the same rows" "$tmp/more.log"
+
+# 11. Two runs in one out_dir (a requeued job while the old one still lives, a job submitted
+# twice) deleted each other's unfinished saves and moved each other's checkpoints aside, and
+# both exited 0. The first holds OUT_DIR/.lock (stopped in its start, after taking it); the
+# second is refused at once with one line naming the first; once the first ends, its out_dir
+# is free again.
+TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" "${common[@]}" --max_steps 6 --out_dir "$tmp/locked" >"$tmp/locked.log" 2>&1 &
+pid=$!  # the trainer itself: it is the one that stops
+stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
+wait_until "the first run stops in its start" stopped "$pid"
+rc=0; run "$tmp/locked" --max_steps 6 >"$tmp/locked2.log" 2>&1 || rc=$?
+check "a second run in a live run's out_dir: refused at once (status $rc), naming the first's pid and host" \
+    sh -c "[ $rc -ne 0 ] && grep -q \"^train_gpt: error: out_dir '$tmp/locked' is in use by pid $pid on host $(hostname) (another run, or the previous job still alive)\" '$tmp/locked2.log'"
+check "... in one error line" test "$(grep -c 'error:' "$tmp/locked2.log")" -eq 1
+kill -CONT "$pid"
+rc=0; wait "$pid" || rc=$?
+check "... and the first run finishes (rc $rc), its checkpoints its own" \
+    sh -c "[ $rc -eq 0 ] && test -d '$tmp/locked/step_00000006' && ! ls '$tmp/locked' | grep -q replaced"
+run "$tmp/locked" --max_steps 6 >"$tmp/locked3.log" 2>&1
+check "... after which the out_dir is free: the next run in it starts" grep -q "already reached max_steps" "$tmp/locked3.log"
 finish test_resume
