@@ -564,6 +564,14 @@ static bool read_table(const st_file *f, const shard_map *split, const char *pre
     return true;
 }
 
+// After every expected tensor was found by name (names are unique in a file): whether f holds
+// no other. A tensor the config does not use would be dropped without a word.
+static bool holds_only(const st_file *f, const char *file, int expected, char *why, size_t why_bytes) {
+    if (f->count == expected) return true;
+    snprintf(why, why_bytes, "%s holds %d tensors, the config needs %d", file, f->count, expected);
+    return false;
+}
+
 // The checkpoint's architecture must be the config's; other model keys only warn.
 static bool check_model_config(const st_file *f, const model_config *want, char *why, size_t why_bytes) {
     const char *json = safetensors_meta(f, "model_config");
@@ -837,14 +845,12 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
     if (!open_in(dir, "model.safetensors", &f, why, why_bytes)) return false;
     bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table(&f, split, "", b->params, why,
                                                                                   why_bytes);
-    if (ok && f.count != b->table->count) {
-        snprintf(why, why_bytes, "model.safetensors holds %d tensors, the config has %d", f.count, b->table->count);
-        ok = false;
-    }
+    ok = ok && holds_only(&f, "model.safetensors", b->table->count, why, why_bytes);
     safetensors_close(&f);
     if (!ok || !open_in(dir, "optimizer.safetensors", &f, why, why_bytes)) return false;
     ok = read_table(&f, split, "exp_avg.", b->exp_avg, why, why_bytes) &&
-         read_table(&f, split, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes);
+         read_table(&f, split, "exp_avg_sq.", b->exp_avg_sq, why, why_bytes) &&
+         holds_only(&f, "optimizer.safetensors", 2 * b->table->count, why, why_bytes);
     safetensors_close(&f);
     if (!ok || !read_state(dir, s, why, why_bytes)) return false;
     int64_t n = split->local_numel;
@@ -876,12 +882,23 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
     if (!open_in(dir, "outer.safetensors", &f, why, why_bytes)) return false;
     ok = read_table(&f, split, "outer.theta.", b->outer_theta, why, why_bytes) &&
          read_table(&f, split, "outer.momentum.", b->outer_momentum, why, why_bytes);
+    char first[160];
+    snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
+    bool has_residual = safetensors_find(&f, first) != NULL;  // written without error feedback: none
     if (ok && b->outer_residual) {
-        char first[160];
-        snprintf(first, sizeof first, "outer.residual.%s", b->table->params[0].name);
-        if (safetensors_find(&f, first)) ok = read_table(&f, split, "outer.residual.", b->outer_residual, why, why_bytes);
-        else memset(b->outer_residual, 0, (size_t)n * sizeof(float));  // written without error feedback: none
+        if (has_residual) ok = read_table(&f, split, "outer.residual.", b->outer_residual, why, why_bytes);
+        else memset(b->outer_residual, 0, (size_t)n * sizeof(float));
+    } else if (ok && has_residual) {  // not read (error feedback off now): still every one there
+        for (int i = 0; ok && i < b->table->count; i++) {
+            char name[160];
+            snprintf(name, sizeof name, "outer.residual.%s", b->table->params[i].name);
+            if (!safetensors_find(&f, name)) {
+                snprintf(why, why_bytes, "tensor '%s' is missing", name);
+                ok = false;
+            }
+        }
     }
+    ok = ok && holds_only(&f, "outer.safetensors", (has_residual ? 3 : 2) * b->table->count, why, why_bytes);
     safetensors_close(&f);
     if (ok && (!all_finite(b->outer_theta, n) || !all_finite(b->outer_momentum, n))) {
         snprintf(why, why_bytes, "the outer state holds NaN/Inf");

@@ -612,6 +612,89 @@ static void test_checkpoints(void) {
     param_table_free(&t3);
 }
 
+// DIR/FILE (a checkpoint's tensor file) with one more tensor "extra", and checksums.xxh64 made
+// to match: what a checkpoint with a tensor the config does not use looks like.
+static void add_extra_tensor(const char *dir, const char *file) {
+    char path[600], why[256];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    st_file f;
+    CHECK(safetensors_open(path, &f, why, sizeof why));
+    st_tensor_out *out = calloc((size_t)f.count + 1, sizeof *out);
+    float **data = calloc((size_t)f.count, sizeof *data);
+    for (int i = 0; i < f.count; i++) {
+        const st_entry *e = &f.entries[i];
+        data[i] = alloc_floats((size_t)e->numel);
+        CHECK(safetensors_read(&f, e, data[i]));
+        out[i] = (st_tensor_out){e->name, data[i], e->ndim, {e->shape[0], e->ndim > 1 ? e->shape[1] : 0}};
+    }
+    float one = 1;
+    out[f.count] = (st_tensor_out){"extra", &one, 1, {1, 0}};
+    int fd = open(path, O_WRONLY | O_TRUNC);
+    uint64_t hash;
+    CHECK(safetensors_write(fd, out, f.count + 1, (const char *const *)f.meta_keys, (const char *const *)f.meta_values,
+                            f.meta_count, &hash));
+    close(fd);
+    for (int i = 0; i < f.count; i++) free(data[i]);
+    free(data);
+    free(out);
+    safetensors_close(&f);
+    char sums_path[600], line[300];
+    snprintf(sums_path, sizeof sums_path, "%s/checksums.xxh64", dir);
+    size_t bytes;
+    char *sums = read_file_or_null(sums_path, &bytes);
+    CHECK(sums);
+    FILE *w = fopen(sums_path, "w");
+    for (char *l = strtok(sums, "\n"); l; l = strtok(NULL, "\n")) {
+        snprintf(line, sizeof line, "%s", l);
+        if (strcmp(line + 18, file) == 0) snprintf(line, sizeof line, "%016llx  %s", (unsigned long long)hash, file);
+        fprintf(w, "%s\n", line);
+    }
+    fclose(w);
+    free(sums);
+}
+
+// What a load refuses beyond corruption: a tensor the config does not use (optimizer.safetensors
+// and outer.safetensors took one without a word), a shape error's wording for 1-D tensors, a
+// checkpoint under another step's name; and which directories are checkpoints at all.
+static void test_checkpoint_refusals(void) {
+    model_config m = small_model(false, true);
+    param_table t;
+    param_table_build(&t, &m);
+    size_t n = (size_t)t.numel;
+    float *p = alloc_floats(n), *mm = alloc_floats(n), *vv = alloc_floats(n), *th = alloc_floats(n),
+          *mo = alloc_floats(n);
+    param_init(&t, p, 5);
+    memcpy(th, p, n * 4);
+    train_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.model = m;
+    cfg.device = "cpu";
+    cfg.decay_shape = "linear";
+    cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
+    cfg.diloco_transport = cfg.diloco_rendezvous = cfg.diloco_quant = cfg.diloco_secret_file = "";
+    model_buffers b = {.table = &t, .params = p, .exp_avg = mm, .exp_avg_sq = vv, .outer_theta = th, .outer_momentum = mo};
+    char out_dir[300], dir[400], why[512];
+    path_in_tmp(out_dir, sizeof out_dir, "refusals");
+    train_state s = {.step = 4, .adam_step = 4};
+    const char *files[] = {"optimizer.safetensors", "outer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        s.step = 4 + i;
+        EXPECT(checkpoint_save(out_dir, &b, &s, &cfg), "save step %lld", (long long)s.step);
+        snprintf(dir, sizeof dir, "%s/step_%08lld", out_dir, (long long)s.step);
+        EXPECT(checkpoint_load(dir, &b, &s, why, sizeof why), "the saved checkpoint loads: %s", why);
+        add_extra_tensor(dir, files[i]);
+        snprintf(why, sizeof why, "(loaded)");
+        EXPECT(!checkpoint_load(dir, &b, &s, why, sizeof why) && strstr(why, files[i]) && strstr(why, "tensors"),
+               "%s with an extra tensor is refused: %s", files[i], why);
+    }
+    free(p);
+    free(mm);
+    free(vv);
+    free(th);
+    free(mo);
+    param_table_free(&t);
+}
+
 // The spike guard's limits: z·std in log space above the window's geometric mean, never less
 // than the floors (a flat window: a plateau). The markov DiLoCo run that stopped: a window of
 // gradient norms near 0.63 and a step at 1.2 when the model left the plateau.
@@ -660,6 +743,7 @@ int main(void) {
     test_shard_changes();
     test_safetensors();
     test_checkpoints();
+    test_checkpoint_refusals();
     test_spike_limits();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
