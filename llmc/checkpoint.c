@@ -532,6 +532,15 @@ static void read_stretch(void *ctx, int64_t global, int64_t local, int64_t count
     io->ok = io->ok && safetensors_read_range(io->f, io->e, global - io->first, count, io->local + local);
 }
 
+// "[a,b,...]": a tensor's shape of any rank as the error lines print it.
+static const char *shape_text(char *out, size_t out_bytes, int ndim, const int64_t *shape) {
+    size_t at = (size_t)snprintf(out, out_bytes, "[");
+    for (int d = 0; d < ndim && at < out_bytes; d++)
+        at += (size_t)snprintf(out + at, out_bytes - at, "%s%lld", d ? "," : "", (long long)shape[d]);
+    if (at < out_bytes) snprintf(out + at, out_bytes - at, "]");
+    return out;
+}
+
 // Every tensor of the table from f, named prefix + table name: the values split holds, into
 // local (the whole model's flat buffer when split is one rank's).
 static bool read_table(const st_file *f, const shard_map *split, const char *prefix, float *local, char *why,
@@ -549,9 +558,9 @@ static bool read_table(const st_file *f, const shard_map *split, const char *pre
         }
         bool shape_ok = e->ndim == p->ndim && e->shape[0] == p->shape[0] && (p->ndim == 1 || e->shape[1] == p->shape[1]);
         if (!shape_ok) {
-            snprintf(why, why_bytes, "tensor '%s' has shape [%lld%s%lld], the config needs [%lld%s%lld]", name,
-                     (long long)e->shape[0], e->ndim > 1 ? "," : "", e->ndim > 1 ? (long long)e->shape[1] : 0LL,
-                     (long long)p->shape[0], p->ndim > 1 ? "," : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+            char have[200], want[64];
+            snprintf(why, why_bytes, "tensor '%s' has shape %s, the config needs %s", name,
+                     shape_text(have, sizeof have, e->ndim, e->shape), shape_text(want, sizeof want, p->ndim, p->shape));
             return false;
         }
         read_io io = {f, e, local, p->offset, true};

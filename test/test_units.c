@@ -687,6 +687,27 @@ static void test_checkpoint_refusals(void) {
         EXPECT(!checkpoint_load(dir, &b, &s, why, sizeof why) && strstr(why, files[i]) && strstr(why, "tensors"),
                "%s with an extra tensor is refused: %s", files[i], why);
     }
+    // The shape error names a 1-D shape as it is ([64,1] against [640] once: a stray 0).
+    const param_info *flat = NULL;
+    for (int i = 0; i < t.count && !flat; i++)
+        if (t.params[i].ndim == 1) flat = &t.params[i];
+    CHECK(flat);
+    st_tensor_out *out = calloc((size_t)t.count, sizeof *out);
+    for (int i = 0; i < t.count; i++) {
+        const param_info *q = &t.params[i];
+        out[i] = (st_tensor_out){q->name, p + q->offset, q->ndim, {q->shape[0], q->shape[1]}};
+        if (q == flat) out[i] = (st_tensor_out){q->name, p + q->offset, 2, {q->shape[0], 1}};
+    }
+    char weights[400], want[64];
+    path_in_tmp(weights, sizeof weights, "reshaped.safetensors");
+    int fd = open(weights, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    uint64_t hash;
+    CHECK(safetensors_write(fd, out, t.count, NULL, NULL, 0, &hash));
+    close(fd);
+    free(out);
+    snprintf(want, sizeof want, "has shape [%lld,1], the config needs [%lld]", (long long)flat->shape[0],
+             (long long)flat->shape[0]);
+    EXPECT(!load_weights(weights, &t, mm, why, sizeof why) && strstr(why, want), "a 1-D shape in the error: %s", why);
     free(p);
     free(mm);
     free(vv);
