@@ -242,10 +242,20 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
 
 // ---------------------------------------------------------------- save
 
-// Whether a directory entry is PREFIX followed by digits only (step_N, .tmp-step_N).
-static bool named_step(const char *name, const char *prefix) {
+// Whether a directory entry is the name a save gives step N: PREFIX then N as %08lld (step_N,
+// .tmp-step_N), N into *step. Only that spelling: step_0008 and step_00000008 would both be step
+// 8, in no defined order, and pruning once deleted the checkpoint just written for the other.
+static bool canonical_step(const char *name, const char *prefix, int64_t *step) {
     size_t n = strlen(prefix);
-    return strncmp(name, prefix, n) == 0 && name[n] != '\0' && strspn(name + n, "0123456789") == strlen(name + n);
+    if (strncmp(name, prefix, n) != 0) return false;
+    size_t digits = strlen(name + n);
+    if (digits < 8 || digits > 16 || strspn(name + n, "0123456789") != digits) return false;
+    char again[64];
+    long long v = strtoll(name + n, NULL, 10);   // at most 16 digits: no overflow
+    snprintf(again, sizeof again, "%s%08lld", prefix, v);
+    if (strcmp(again, name) != 0) return false;   // a leading zero beyond the eight
+    *step = v;
+    return true;
 }
 
 // The .tmp-step_N directories of saves that never committed (the process was killed while it
@@ -258,7 +268,8 @@ static void remove_stale_temps(const char *out_dir) {
     char path[4200];
     for (struct dirent *e; (e = readdir(d));) {
         const char *n = e->d_name;
-        if (!named_step(n, ".tmp-step_")) continue;
+        int64_t step;
+        if (!canonical_step(n, ".tmp-step_", &step)) continue;   // not a save's: not ours to remove
         snprintf(path, sizeof path, "%s/%s", out_dir, n);
         warn("removing '%s', a checkpoint that was never finished (its process stopped while writing it)", path);
         remove_tree(path);
@@ -953,7 +964,8 @@ bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, ch
     return false;
 }
 
-// Checkpoint directories in out_dir, newest first. Names are step_ + digits only.
+// Checkpoint directories in out_dir, newest first. Names are step_%08lld only (canonical_step):
+// one directory per step.
 typedef struct {
     int64_t step;
     char path[4200];
@@ -974,12 +986,13 @@ static int list_checkpoints(const char *out_dir, checkpoint_dir **out) {
     checkpoint_dir *dirs = NULL;
     for (struct dirent *e; d && (e = readdir(d));) {
         const char *n = e->d_name;
-        if (!named_step(n, "step_")) continue;
+        int64_t step;
+        if (!canonical_step(n, "step_", &step)) continue;
         if (count == capacity) {
             capacity = capacity ? capacity * 2 : 16;
             dirs = xrealloc(dirs, (size_t)capacity * sizeof *dirs);
         }
-        dirs[count].step = atoll(n + 5);
+        dirs[count].step = step;
         snprintf(dirs[count].path, sizeof dirs[count].path, "%s/%s", out_dir, n);
         if (dir_exists(dirs[count].path)) count++;
     }
@@ -1065,7 +1078,7 @@ void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written) {
     if (count < 0) warn("ckpt_keep: cannot list '%s' to prune it: %s", out_dir, strerror(errno));
     for (int i = 0; i < count; i++) {
         if (dirs[i].step > written) continue;  // not of this run's line: left alone, not counted
-        if (kept < keep) kept++;
+        if (kept < keep || dirs[i].step == written) kept++;   // the one just committed stays, whatever else
         else remove_tree(dirs[i].path);
     }
     free(dirs);

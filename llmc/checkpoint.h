@@ -100,7 +100,7 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
 // resumed after one rolls back as the straight run does. every 0: checkpoint_load_latest.
 char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s);
 
-// Number of checkpoint directories (step_*) in out_dir, valid or not.
+// Number of checkpoint directories (step_%08lld: no other spelling) in out_dir, valid or not.
 int checkpoint_count(const char *out_dir);
 
 // Whether checkpoints can be written in out_dir (created if absent): a directory is made and

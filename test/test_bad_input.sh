@@ -162,6 +162,12 @@ expect_error "resume = never over another run's checkpoints" "already holds chec
 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/good" >/dev/null 2>&1
 expect_error "resume with another architecture" "d_model = 64, the config says 32" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck3" --resume "$tmp/good/step_00000004" --d_model 32
+# Only step_%08lld names are checkpoints: a directory step_0008 (made by hand, a typo) was step 8
+# too, in no defined order, and ckpt_keep 1 deleted the step_00000008 just written and kept it.
+mkdir -p "$tmp/dn/step_0008" && cp -r "$tmp/good/step_00000004" "$tmp/dn/"
+"$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 4 --ckpt_keep 1 --out_dir "$tmp/dn" >/dev/null 2>&1
+check "ckpt_keep 1 beside a directory step_0008: step_00000008 stays, step_0008 is left alone ($(ls "$tmp/dn" | grep step_ | tr '\n' ' '))" \
+    sh -c "test -d '$tmp/dn/step_00000008' && test -d '$tmp/dn/step_0008' && ! test -e '$tmp/dn/step_00000004'"
 
 # An out_dir where no checkpoint can be written (read-only, its metrics.jsonl writable) stops
 # the run at its start, not after training when the final checkpoint fails. Root ignores

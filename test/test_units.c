@@ -708,6 +708,20 @@ static void test_checkpoint_refusals(void) {
     snprintf(want, sizeof want, "has shape [%lld,1], the config needs [%lld]", (long long)flat->shape[0],
              (long long)flat->shape[0]);
     EXPECT(!load_weights(weights, &t, mm, why, sizeof why) && strstr(why, want), "a 1-D shape in the error: %s", why);
+    // Only step_%08lld names are checkpoints: step_0005 is step 5 spelled otherwise, and ckpt_keep
+    // 1 once removed the step_00000005 just written for it.
+    char cmd[1000];
+    snprintf(cmd, sizeof cmd, "mkdir %s/step_0005 %s/step_00000006x", out_dir, out_dir);
+    CHECK(system(cmd) == 0);
+    EXPECT(checkpoint_count(out_dir) == 2 && checkpoint_newest_step(out_dir) == 5,
+           "other spellings are not counted (%d checkpoints, newest %lld)", checkpoint_count(out_dir),
+           (long long)checkpoint_newest_step(out_dir));
+    checkpoint_prune(out_dir, 1, 5);
+    snprintf(dir, sizeof dir, "%s/step_00000005", out_dir);
+    bool kept = dir_exists(dir);
+    snprintf(dir, sizeof dir, "%s/step_0005", out_dir);
+    EXPECT(kept && dir_exists(dir) && checkpoint_count(out_dir) == 1,
+           "prune to 1 keeps step_00000005 and leaves step_0005 alone");
     free(p);
     free(mm);
     free(vv);
