@@ -852,6 +852,17 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
     return ok;
 }
 
+// The step DIR's last component names when it is a save's name (step_%08lld); -1 for any other
+// name (a directory the user named for resume).
+static int64_t step_of_name(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s", dir);
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = '\0';
+    const char *slash = strrchr(path, '/');
+    int64_t step;
+    return canonical_step(slash ? slash + 1 : path, "step_", &step) ? step : -1;
+}
+
 static bool open_in(const char *dir, const char *file, st_file *f, char *why, size_t why_bytes) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -873,6 +884,14 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
          holds_only(&f, "optimizer.safetensors", 2 * b->table->count, why, why_bytes);
     safetensors_close(&f);
     if (!ok || !read_state(dir, s, why, why_bytes)) return false;
+    int64_t named = step_of_name(dir);
+    if (named >= 0 && named != s->step) {
+        // A copy under another step's name: resuming it would say one step and train from
+        // another, and ckpt_keep would order it by the wrong one.
+        snprintf(why, why_bytes, "its name says step %lld, its state.json says step %lld (a copied or renamed checkpoint)",
+                 (long long)named, (long long)s->step);
+        return false;
+    }
     int64_t n = split->local_numel;
     if (!all_finite(b->params, n)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");

@@ -722,6 +722,13 @@ static void test_checkpoint_refusals(void) {
     snprintf(dir, sizeof dir, "%s/step_0005", out_dir);
     EXPECT(kept && dir_exists(dir) && checkpoint_count(out_dir) == 1,
            "prune to 1 keeps step_00000005 and leaves step_0005 alone");
+    // A copy under another step's name is no checkpoint of that step.
+    snprintf(cmd, sizeof cmd, "cp -r %s/step_00000005 %s/step_00000016", out_dir, out_dir);
+    CHECK(system(cmd) == 0);
+    snprintf(dir, sizeof dir, "%s/step_00000016", out_dir);
+    b.outer_theta = b.outer_momentum = NULL;
+    EXPECT(!checkpoint_load(dir, &b, &s, why, sizeof why) && strstr(why, "its name says step 16"),
+           "step 5 named step_00000016 is refused: %s", why);
     free(p);
     free(mm);
     free(vv);
