@@ -593,7 +593,9 @@ static bool holds_only(const st_file *f, const char *file, int expected, char *w
 }
 
 // The checkpoint's architecture must be the config's; other model keys only warn.
-static bool check_model_config(const st_file *f, const model_config *want, char *why, size_t why_bytes) {
+// warn_others: warn when a non-shape key differs (a resume; init_from is where a run changes them).
+static bool check_model_config(const st_file *f, const model_config *want, bool warn_others, char *why,
+                               size_t why_bytes) {
     const char *json = safetensors_meta(f, "model_config");
     if (!json) {
         snprintf(why, why_bytes, "model.safetensors has no model_config metadata");
@@ -621,7 +623,7 @@ static bool check_model_config(const st_file *f, const model_config *want, char 
                      shape_keys[i].have, shape_keys[i].want);
             return false;
         }
-    if (!model_config_equal(&have, want))
+    if (warn_others && !model_config_equal(&have, want))
         warn("the checkpoint's model config differs from the config in a non-shape key (seq_len, rope_theta, "
              "nope_every, norm_eps, doc_masking or doc_token); continuing with the config's values");
     return true;
@@ -874,7 +876,7 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
                           bool has_reducer, train_state *s, char *why, size_t why_bytes) {
     st_file f;
     if (!open_in(dir, "model.safetensors", &f, why, why_bytes)) return false;
-    bool ok = check_model_config(&f, &b->table->cfg, why, why_bytes) && read_table(&f, split, "", b->params, why,
+    bool ok = check_model_config(&f, &b->table->cfg, true, why, why_bytes) && read_table(&f, split, "", b->params, why,
                                                                                   why_bytes);
     ok = ok && holds_only(&f, "model.safetensors", b->table->count, why, why_bytes);
     safetensors_close(&f);
@@ -1163,7 +1165,13 @@ void checkpoint_lock_out_dir(const char *out_dir, comm *job) {
 bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes) {
     st_file f;
     if (!safetensors_open(path, &f, why, why_bytes)) return false;
-    bool ok = read_table(&f, shard, "", local, why, why_bytes);
+    // A file from elsewhere may lack model_config; one that has it must be of this architecture,
+    // and a tensor the config does not use (an untied lm_head.weight going into a tied run) is
+    // refused rather than dropped.
+    bool ok = (!safetensors_meta(&f, "model_config") || check_model_config(&f, &shard->table->cfg, false, why,
+                                                                             why_bytes)) &&
+              read_table(&f, shard, "", local, why, why_bytes) &&
+              holds_only(&f, "the file", shard->table->count, why, why_bytes);
     safetensors_close(&f);
     if (ok && !all_finite(local, shard->local_numel)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");

@@ -128,7 +128,8 @@ void checkpoint_prune(const char *out_dir, int64_t keep, int64_t written);
 bool save_weights(const char *path, const param_table *t, const float *params);
 
 // Loads weights only from a model.safetensors (init_from): every tensor of the table must
-// be present with its shape. false with a reason in why.
+// be present with its shape, and no other; model_config metadata, where the file has it, must
+// name the table's architecture. false with a reason in why.
 bool load_weights(const char *path, const param_table *t, float *params, char *why, size_t why_bytes);
 // The same, only this rank's pieces (llmc/shard.h) into local.
 bool load_weights_pieces(const char *path, const shard_map *shard, float *local, char *why, size_t why_bytes);

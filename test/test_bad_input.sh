@@ -168,6 +168,25 @@ mkdir -p "$tmp/dn/step_0008" && cp -r "$tmp/good/step_00000004" "$tmp/dn/"
 "$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 4 --ckpt_keep 1 --out_dir "$tmp/dn" >/dev/null 2>&1
 check "ckpt_keep 1 beside a directory step_0008: step_00000008 stays, step_0008 is left alone ($(ls "$tmp/dn" | grep step_ | tr '\n' ' '))" \
     sh -c "test -d '$tmp/dn/step_00000008' && test -d '$tmp/dn/step_0008' && ! test -e '$tmp/dn/step_00000004'"
+# init_from checks what a resume checks of the weights: the architecture its model_config names,
+# and no tensor the config does not use (an untied lm_head.weight went into a tied run unused).
+"$TRAIN_GPT" "${base[@]}" --tie_embeddings 0 --out_dir "$tmp/untied" >/dev/null 2>&1
+expect_error "init_from an untied checkpoint into a tied run" \
+    "init_from: '$tmp/untied/step_00000004/model.safetensors': it was trained with tie_embeddings = 0, the config says 1" \
+    "$TRAIN_GPT" "${base[@]}" --tie_embeddings 1 --out_dir "$tmp/tied" --init_from "$tmp/untied/step_00000004"
+# The same weights without model_config (a file from elsewhere): lm_head.weight is left over.
+"$PYTHON" - "$tmp/untied/step_00000004/model.safetensors" "$tmp/bare.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+del header["__metadata__"]
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+expect_error "init_from a file with a tensor the config does not use" "init_from: '$tmp/bare.safetensors': the file holds 25 tensors, the config needs 24" \
+    "$TRAIN_GPT" "${base[@]}" --tie_embeddings 1 --out_dir "$tmp/tied" --init_from "$tmp/bare.safetensors"
 
 # An out_dir where no checkpoint can be written (read-only, its metrics.jsonl writable) stops
 # the run at its start, not after training when the final checkpoint fails. Root ignores
