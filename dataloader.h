@@ -591,25 +591,67 @@ static int shard_fd(dataloader *d, int i) {
     return d->open_fd;
 }
 
+// The index of the first of count tokens that is not below vocab_size, or count when all
+// are. The common case (all below) is a max over the chunk, which compilers vectorize.
+static uint64_t first_token_at_or_above(const uint8_t *raw, uint32_t width, uint64_t count, uint32_t vocab_size) {
+    uint32_t max = 0;
+    if (width == 2)
+        for (uint64_t i = 0; i < count; i++) {
+            uint32_t t = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
+            max = t > max ? t : max;
+        }
+    else
+        for (uint64_t i = 0; i < count; i++) {
+            uint32_t t = get_u32(raw + 4 * i);
+            max = t > max ? t : max;
+        }
+    if (max < vocab_size) return count;
+    for (uint64_t i = 0; i < count; i++) {
+        uint32_t t = width == 2 ? (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8 : get_u32(raw + 4 * i);
+        if (t >= vocab_size) return i;
+    }
+    return count;
+}
+
+static void fail_token_range(const dataloader *d, const shard_entry *s, uint32_t token, uint64_t index) {
+    fail("%s: shard '%s': token %u at index %llu is not below its vocab_size %u", d->key, s->path, token,
+         (unsigned long long)index, s->header.vocab_size);
+}
+
+// One pass over the payload checks its checksum and every token against the header's
+// vocab_size, so a shard with a bad token fails before its first token is used, not when the
+// window holding it comes up (hours into a run, and again on every resume).
 static void verify_shard(dataloader *d, int i) {
     shard_entry *s = &d->shards[i];
     int fd = shard_fd(d, i);
     xxh64_state h;
     xxh64_init(&h, 0);
-    uint64_t left = s->header.n_tokens * s->header.token_bytes, offset = SHARD_HEADER_BYTES;
-    size_t chunk_bytes = 8 << 20;
+    uint32_t width = s->header.token_bytes;
+    uint64_t left = s->header.n_tokens * width, offset = SHARD_HEADER_BYTES;
+    uint64_t bad_index = UINT64_MAX;   // the first token out of range, reported after the checksum
+    uint32_t bad_token = 0;
+    size_t chunk_bytes = 8 << 20;      // a multiple of both widths: tokens never straddle chunks
     uint8_t *chunk = xmalloc(chunk_bytes);
     while (left > 0) {
         size_t n = left < chunk_bytes ? (size_t)left : chunk_bytes;
         if (!pread_exact(fd, chunk, n, offset)) fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
         xxh64_update(&h, chunk, n);
+        if (bad_index == UINT64_MAX) {
+            uint64_t k = first_token_at_or_above(chunk, width, n / width, s->header.vocab_size);
+            if (k < n / width) {
+                bad_index = (offset - SHARD_HEADER_BYTES) / width + k;
+                bad_token = width == 2 ? (uint32_t)chunk[2 * k] | (uint32_t)chunk[2 * k + 1] << 8 : get_u32(chunk + 4 * k);
+            }
+        }
         left -= n;
         offset += n;
     }
     free(chunk);
+    // A checksum mismatch first: corrupt bytes explain a wild token, not the other way round.
     if (xxh64_digest(&h) != s->header.payload_xxh64)
         fail("%s: shard '%s': payload checksum mismatch (%s)", d->key, s->path,
              s->replaced ? "it was written again while the run was reading it, and its tokens changed" : "corrupt data");
+    if (bad_index != UINT64_MAX) fail_token_range(d, s, bad_token, bad_index);
     s->verified = true;
 }
 
@@ -629,10 +671,10 @@ static void read_stream(dataloader *d, uint64_t start, uint64_t count) {
         if (!pread_exact(fd, d->raw, (size_t)(n * width), SHARD_HEADER_BYTES + in_shard * width))
             fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
         widen_tokens(d->raw, width, n, d->row + done);
+        // verify_shard checked every token already; this second check costs nothing next
+        // to the read.
         for (uint64_t k = 0; k < n; k++)
-            if (d->row[done + k] >= s->header.vocab_size)
-                fail("%s: shard '%s': token %u is not below its vocab_size %u", d->key, s->path, d->row[done + k],
-                     s->header.vocab_size);
+            if (d->row[done + k] >= s->header.vocab_size) fail_token_range(d, s, d->row[done + k], in_shard + k);
         done += n;
     }
 }

@@ -107,6 +107,13 @@ cp "$tmp/train.bin" "$tmp/payload.bin"; "$TOOL" flip "$tmp/payload.bin" 1000
 expect_error "corrupt payload" "payload checksum mismatch" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/payload.bin" --out_dir "$tmp/o1"
 expect_error "shard vocabulary above vocab_size" "vocab_size: the train shards hold token ids up to 63" \
     "$TRAIN_GPT" "${base[@]}" --vocab_size 32 --out_dir "$tmp/o1"
+# A token beyond the header's vocab_size under valid checksums: refused by the checksum pass,
+# before any step (it was checked only when read: micro-batch 23 here, hours into a big run).
+cp "$tmp/train.bin" "$tmp/token.bin"; "$TOOL" forge_token "$tmp/token.bin" 3000 100
+expect_error "a token not below the shard's vocab_size, at start" \
+    "train_data: shard '$tmp/token.bin': token 100 at index 3000 is not below its vocab_size 64" \
+    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/token.bin" --out_dir "$tmp/o_tok"
+check "... before any step" sh -c "! test -e '$tmp/o_tok/metrics.jsonl' || ! grep -q '\"loss\"' '$tmp/o_tok/metrics.jsonl'"
 # A bad validation set stops the run at its start, not at its first validation after training.
 expect_error "corrupt val_data payload, at start" "val_data: shard '$tmp/payload.bin': payload checksum mismatch" \
     "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/payload.bin" --out_dir "$tmp/o_val"

@@ -25,6 +25,9 @@
 //       Prints the shard's tokens, one per line (after full verification).
 //   test_tool forge_n_tokens SHARD N
 //       Sets the header's n_tokens to N and its header checksum to match (a forged header).
+//   test_tool forge_token SHARD INDEX VALUE
+//       Sets token INDEX to VALUE (even one not below the header's vocab_size) and both
+//       checksums to match: a shard that only the token range check can refuse.
 //   test_tool xxh64 FILE
 //       Prints FILE's XXH64 as 16 hex digits (what checksums.xxh64 lists), for tests that
 //       edit a checkpoint's state.json on purpose.
@@ -196,6 +199,35 @@ static int forge_n_tokens(int argc, char **argv) {
     return 0;
 }
 
+// A forged token: written in place, then the payload checksum recomputed and the header
+// checksum after it, as a buggy writer that skipped the range check would have made it.
+static int forge_token(int argc, char **argv) {
+    if (argc < 4) fail("usage: test_tool forge_token SHARD INDEX VALUE");
+    shard_header sh;
+    char why[256];
+    if (!shard_read_header(argv[1], &sh, why, sizeof why)) fail("%s: %s", argv[1], why);
+    uint64_t index = strtoull(argv[2], NULL, 10);
+    uint32_t value = (uint32_t)strtoul(argv[3], NULL, 10);
+    if (index >= sh.n_tokens) fail("forge_token: INDEX beyond the shard's %llu tokens", (unsigned long long)sh.n_tokens);
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) fail("cannot open '%s': %s", argv[1], strerror(errno));
+    size_t bytes = (size_t)(sh.n_tokens * sh.token_bytes);
+    uint8_t *payload = xmalloc(bytes), h[SHARD_HEADER_BYTES];
+    if (!pread_exact(fd, h, sizeof h, 0) || !pread_exact(fd, payload, bytes, SHARD_HEADER_BYTES))
+        fail("cannot read '%s'", argv[1]);
+    for (uint32_t b = 0; b < sh.token_bytes; b++) payload[index * sh.token_bytes + b] = (uint8_t)(value >> (8 * b));
+    uint64_t sum = xxh64(payload, bytes, 0);
+    for (int i = 0; i < 8; i++) h[24 + i] = (uint8_t)(sum >> (8 * i));
+    sum = xxh64(h, 56, 0);
+    for (int i = 0; i < 8; i++) h[56 + i] = (uint8_t)(sum >> (8 * i));
+    if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
+        pwrite(fd, payload, bytes, SHARD_HEADER_BYTES) != (ssize_t)bytes)
+        fail("write failed");
+    close(fd);
+    free(payload);
+    return 0;
+}
+
 static int print_tokens(int argc, char **argv) {
     if (argc < 2) fail("usage: test_tool tokens SHARD");
     shard_header h;
@@ -307,7 +339,7 @@ static int quant_reduce_case(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|xxh64|quant|quant_reduce ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|forge_token|xxh64|quant|quant_reduce ...");
     if (!strcmp(argv[1], "quant")) return quant_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "quant_reduce")) return quant_reduce_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
@@ -317,5 +349,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "truncate")) return truncate_file(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);
     if (!strcmp(argv[1], "forge_n_tokens")) return forge_n_tokens(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "forge_token")) return forge_token(argc - 1, argv + 1);
     fail("unknown test_tool command '%s'", argv[1]);
 }
