@@ -6,14 +6,18 @@
 // listed below. The source of every value (file:line, --flag, or default) is kept so that
 // the later cross-key checks can still say where a bad value came from.
 #include "llmc/config.h"
+#include "llmc/bytes.h"
 #include "llmc/common.h"
 #include "llmc/json.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_STRING, KEY_CHOICE } key_type;
 
@@ -276,10 +280,73 @@ static char *split_comment_and_unquote(char *value, const char *where, const cha
     return trim(value);
 }
 
+// A config is a few KB. A bigger "config" is a mistyped path (`train_gpt data/x_train_000.bin`):
+// read whole it cost its size in memory before "not a text file" (a 1.5 GB shard: 1.75 GB
+// peak), or "out of memory" without naming the file.
+#define CONFIG_MAX_MIB 16
+#define CONFIG_MAX_BYTES ((size_t)CONFIG_MAX_MIB << 20)
+
+// What a file that starts with these bytes is, when it is one of ours that is no config.
+static const char *binary_file_kind(const uint8_t *head, size_t bytes, uint64_t file_bytes) {
+    if (bytes >= 8 && memcmp(head, "TGPTSHRD", 8) == 0) return "a train_gpt token shard: it starts with TGPTSHRD";
+    // safetensors: a u64 header length, then the JSON header itself, which opens with '{'
+    if (bytes >= 9 && head[8] == '{' && get_u64(head) >= 2 && get_u64(head) <= file_bytes - 8)
+        return "a safetensors file";
+    return NULL;
+}
+
+static void fail_not_a_config(const char *path, const char *size, const char *why) {
+    fail("%s: %s bytes: not a config file (%s)", path, size, why);
+}
+
+// The file's text, NUL-terminated. Never more than CONFIG_MAX_BYTES + 1 bytes are read, so a
+// huge file or an endless stream (a pipe, /dev/zero) costs no more memory than a big config.
+static char *read_config_text(const char *path, size_t *bytes_out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st = {0};
+    if (fd < 0 || fstat(fd, &st) != 0) fail("cannot read config file '%s': %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) fail("cannot read config file '%s': %s", path, strerror(EISDIR));
+    bool regular = S_ISREG(st.st_mode);
+    size_t cap = regular && (uint64_t)st.st_size <= CONFIG_MAX_BYTES ? (size_t)st.st_size : (size_t)1 << 16;
+    if (cap < 16) cap = 16;
+    char *text = xmalloc(cap + 1);
+    size_t bytes = 0;
+    char size[64];
+    if (regular && (uint64_t)st.st_size > CONFIG_MAX_BYTES) {   // only its head, to say what it is
+        ssize_t n = pread(fd, text, 16, 0);
+        const char *kind = binary_file_kind((const uint8_t *)text, n > 0 ? (size_t)n : 0, (uint64_t)st.st_size);
+        snprintf(size, sizeof size, "%lld", (long long)st.st_size);
+        fail_not_a_config(path, size, kind ? kind : "a config file has at most " TEXT_OF(CONFIG_MAX_MIB) " MiB");
+    }
+    for (;;) {
+        if (bytes == cap) {
+            if (cap > CONFIG_MAX_BYTES) {
+                snprintf(size, sizeof size, "more than %zu", CONFIG_MAX_BYTES);
+                fail_not_a_config(path, size, "a config file has at most " TEXT_OF(CONFIG_MAX_MIB) " MiB");
+            }
+            cap = cap * 2 > CONFIG_MAX_BYTES ? CONFIG_MAX_BYTES + 1 : cap * 2;
+            text = xrealloc(text, cap + 1);
+        }
+        ssize_t n = read(fd, text + bytes, cap - bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("cannot read config file '%s': %s", path, strerror(errno));
+        if (n == 0) break;
+        bytes += (size_t)n;
+    }
+    close(fd);
+    text[bytes] = '\0';
+    const char *kind = binary_file_kind((const uint8_t *)text, bytes, bytes);
+    if (kind) {
+        snprintf(size, sizeof size, "%zu", bytes);
+        fail_not_a_config(path, size, kind);
+    }
+    *bytes_out = bytes;
+    return text;
+}
+
 static void read_config_file(train_config *cfg, const char *path) {
     size_t bytes;
-    char *text = read_file_or_null(path, &bytes);
-    if (!text) fail("cannot read config file '%s': %s", path, strerror(errno));
+    char *text = read_config_text(path, &bytes);
     if (memchr(text, '\0', bytes)) fail("%s: not a text file (contains a NUL byte)", path);
     int line_no = 0;
     bool seen[N_KEYS] = {0};

@@ -45,6 +45,20 @@ expect_error "adam_eps 0 (a 0/0 in AdamW)" "adam_eps: expected a number in \[1e-
 printf 'just some words\n' >"$tmp/garbage.conf"
 expect_error "line without '='" "garbage.conf:1: expected 'key = value'" "$TRAIN_GPT" "$tmp/garbage.conf"
 expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'" "$TRAIN_GPT" "$tmp/nothere.conf"
+# A mistyped path given as the config: a shard, a checkpoint's weights, a huge file (read whole
+# it cost its size in memory, 1.75 GB for a 1.5 GB shard; at 100 GB "out of memory" naming no
+# file). Sparse files: nothing is written to disk.
+expect_error "a token shard as the config" "train.bin: 40064 bytes: not a config file (a train_gpt token shard" \
+    "$TRAIN_GPT" "$tmp/train.bin"
+"$PYTHON" -c 'import sys; open(sys.argv[1], "wb").write((2).to_bytes(8, "little") + b"{}")' "$tmp/w.safetensors"
+expect_error "a safetensors file as the config" "w.safetensors: 10 bytes: not a config file (a safetensors file)" \
+    "$TRAIN_GPT" "$tmp/w.safetensors"
+truncate -s 17M "$tmp/big.conf"
+expect_error "a 17 MiB config" "big.conf: 17825792 bytes: not a config file (a config file has at most 16 MiB)" \
+    "$TRAIN_GPT" "$tmp/big.conf"
+truncate -s 100G "$tmp/huge.conf"
+expect_error "a 100 GB config" "huge.conf: 107374182400 bytes: not a config file" "$TRAIN_GPT" "$tmp/huge.conf"
+rm -f "$tmp/big.conf" "$tmp/huge.conf"
 # The device on this machine, as train_gpt.cu's probe sees it. Without a usable GPU (CI: a
 # CUDA build and no driver, or a CPU-only build) cuda is an error naming the cause and the
 # fix, and auto trains on the CPU with a notice saying why; on a GPU machine both take it.
