@@ -434,7 +434,9 @@ static void resolve_outer_auto(train_config *cfg) {
     cfg->diloco_decay_auto = cfg->diloco_decay_inner_steps < 0;
     if (cfg->diloco_decay_auto) {
         int64_t H = cfg->diloco_inner_steps, Hd = 0;
-        if (cfg->diloco_plain_in_decay || auto_long_run) {
+        // P·(τ + 1) overflowed int64 for a τ near its bound (9e18), before the rule below that
+        // refuses τ ≥ H / P. Such a τ gives P·(τ + 1) > H, so no shorter interval: Hd = 0.
+        if ((cfg->diloco_plain_in_decay || auto_long_run) && cfg->diloco_overlap_steps < H / cfg->diloco_fragments) {
             int64_t least = cfg->diloco_fragments * (cfg->diloco_overlap_steps + 1);
             Hd = H / DILOCO_DECAY_SYNC_FACTOR > least ? H / DILOCO_DECAY_SYNC_FACTOR : least;
             if (Hd >= H) Hd = 0;

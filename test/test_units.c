@@ -774,6 +774,38 @@ static void test_spike_limits(void) {
     free(v);
 }
 
+// ---------------------------------------------------------------- config
+
+static void load_config(train_config *cfg, const char *const *extra, int n_extra) {
+    const char *base[] = {"--vocab_size", "64", "--n_layer", "2", "--d_model", "64", "--n_head", "4", "--d_ff", "128",
+                          "--seq_len", "32", "--batch_size", "4", "--max_steps", "100", "--lr", "1e-3",
+                          "--train_data", "x.bin"};
+    int n_base = (int)(sizeof base / sizeof base[0]);
+    char *argv[64];
+    CHECK(n_base + n_extra <= 64);
+    for (int i = 0; i < n_base; i++) argv[i] = (char *)base[i];
+    for (int i = 0; i < n_extra; i++) argv[n_base + i] = (char *)extra[i];
+    config_load(cfg, NULL, n_base + n_extra, argv);
+}
+
+// Products of keys each within its range. diloco_fragments · (diloco_overlap_steps + 1)
+// overflowed int64 (undefined; in practice it wrapped negative and diloco_decay_inner_steps
+// became H / 4) for an overlap near its bound, before DiLoCo's rules that refuse it.
+static void test_config_products(void) {
+    train_config cfg;
+    const char *overlap[] = {"--diloco_fragments", "2", "--diloco_overlap_steps", "9000000000000000000",
+                             "--diloco_plain_in_decay", "1"};
+    load_config(&cfg, overlap, 6);
+    EXPECT(cfg.diloco_decay_inner_steps == 0, "an overlap of 9e18 steps: no shorter decay interval (got %lld)",
+           (long long)cfg.diloco_decay_inner_steps);
+    config_free(&cfg);
+    const char *streaming[] = {"--diloco_fragments", "2", "--diloco_overlap_steps", "20", "--diloco_plain_in_decay", "1"};
+    load_config(&cfg, streaming, 6);
+    EXPECT(cfg.diloco_decay_inner_steps == 125, "H 500, P 2, overlap 20: the decay interval is H / 4 = %lld",
+           (long long)cfg.diloco_decay_inner_steps);
+    config_free(&cfg);
+}
+
 int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/train_gpt_units_%d", (int)getpid());
     CHECK(make_dirs(tmp_root));
@@ -787,6 +819,7 @@ int main(void) {
     test_checkpoints();
     test_checkpoint_refusals();
     test_spike_limits();
+    test_config_products();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0) warn("could not remove %s", tmp_root);
