@@ -2690,6 +2690,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
 // Prints the model's size, FLOPs per token and memory plan without touching any data
 // (`train_gpt plan CONFIG [--world N] [--gpu NAME]`).
 static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbps) {
+    config_check_tokens(cfg, world);
     param_table t;
     param_table_build(&t, &cfg->model);
     print_model_summary(&t, cfg, world);
@@ -3636,6 +3637,7 @@ static int train_run(train_config *cfg) {
     tr.threads = setup_threads(cfg);
     setup_job(&tr);
     choose_data_split(&tr);
+    config_check_tokens(cfg, tr.world);
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_out_dirs(cfg->out_dir);
     checkpoint_lock_out_dir(cfg->out_dir, tr.job);  // before anything writes there: metrics, the hub's join
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
@@ -3882,6 +3884,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
     int64_t H = cfg->diloco_inner_steps;
     double t_start = wall_seconds();
     config_check_files(cfg);
+    config_check_tokens(cfg, M);
     trainer *reps = (trainer *)xcalloc((size_t)M, sizeof *reps);
     trainer *lead = &reps[0];
     lead->cfg = cfg;

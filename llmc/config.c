@@ -445,6 +445,22 @@ static void resolve_outer_auto(train_config *cfg) {
     }
 }
 
+// Tokens per step and per run, each key within its range but not their product: 2²⁰ ·
+// 2²² · 2²⁰ · 4 processes wrapped int64 to "0 tokens/step". A step is at most 2⁴⁰ tokens
+// (~1000 times the largest batches trained) and a run at most 2⁵³, the bound state.json puts on
+// tokens_seen (a checkpoint beyond it is refused: the run could not resume).
+void config_check_tokens(const train_config *cfg, int64_t processes) {
+    double per_step = (double)cfg->batch_size * (double)cfg->model.seq_len * (double)cfg->grad_accum * (double)processes;
+    char procs[64] = "";
+    if (processes > 1) snprintf(procs, sizeof procs, " x %lld processes", (long long)processes);
+    RULE(per_step <= 0x1p40, "batch_size", "%lld x %lld tokens x %lld grad_accum%s = %.3g tokens per step: more than "
+         "2^40 (lower batch_size, seq_len or grad_accum%s)", (long long)cfg->batch_size, (long long)cfg->model.seq_len,
+         (long long)cfg->grad_accum, procs, per_step, processes > 1 ? ", or use fewer processes" : "");
+    RULE(per_step * (double)cfg->max_steps <= 0x1p53, "max_steps", "%lld steps of %.3g tokens%s = %.3g tokens: more "
+         "than 2^53, the bound of tokens_seen in a checkpoint (lower max_steps)", (long long)cfg->max_steps, per_step,
+         processes > 1 ? " (all processes)" : "", per_step * (double)cfg->max_steps);
+}
+
 void config_finish(train_config *cfg) {
     model_config *m = &cfg->model;
     if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
@@ -472,6 +488,7 @@ void config_finish(train_config *cfg) {
     double acts = rows * L * (3 * C + 3 * QD + 3 * KD + 3 * F + 2 * (double)m->n_head) + rows * (double)m->vocab_size;
     RULE(acts <= 0x1p48, "batch_size", "a micro-batch of %lld x %lld tokens would hold %.3g activation values: more "
          "than 2^48 (lower batch_size or seq_len)", (long long)cfg->batch_size, (long long)m->seq_len, acts);
+    config_check_tokens(cfg, 1);   // again with the processes once they are known
     RULE(cfg->warmup_steps <= cfg->max_steps, "warmup_steps", "%lld is more than max_steps %lld",
          (long long)cfg->warmup_steps, (long long)cfg->max_steps);
     RULE(cfg->lr > 0, "lr", "must be > 0");

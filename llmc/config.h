@@ -165,6 +165,10 @@ void config_finish(train_config *cfg);
 // Checks that the files the config names (resume, init_from, tokenizer) exist; fatal
 // otherwise. Separate from config_load so that `train_gpt plan` works without them.
 void config_check_files(const train_config *cfg);
+// Fatal when a step of batch_size x seq_len x grad_accum x processes tokens passes 2^40, or the
+// run's max_steps of them 2^53 (tokens_seen's bound in state.json). config_finish checks one
+// process; training and `train_gpt plan` check again with their processes.
+void config_check_tokens(const train_config *cfg, int64_t processes);
 void config_free(train_config *cfg);
 
 // The model section as a JSON object (keys in table order); caller frees.

@@ -80,6 +80,15 @@ expect_error "a micro-batch beyond 2^48 activation values" "would hold 2.77e+19 
     "$TRAIN_GPT" plan "${base[@]}" --batch_size 1048576 --seq_len 4194304 --d_model 1048576 --head_dim 2
 expect_error "a model beyond 2^44 parameters" "the model would have 1.69e+16 parameters" \
     "$TRAIN_GPT" plan "${base[@]}" --n_layer 1024 --d_model 1048576 --d_ff 4194304
+# Tokens per step wrapped int64 to "= 0 tokens/step"; a run's tokens passed tokens_seen's 2^53.
+small=(--d_model 1 --head_dim 2 --n_head 1 --n_kv_head 1 --d_ff 1 --vocab_size 2 --doc_token 0 --n_layer 1)
+expect_error "a step beyond 2^40 tokens" "batch_size: 1048576 x 4194304 tokens x 1048576 grad_accum = 4.61e+18 tokens per step" \
+    "$TRAIN_GPT" plan "${base[@]}" "${small[@]}" --batch_size 1048576 --seq_len 4194304 --grad_accum 1048576 --world 4 \
+    --max_steps 100
+expect_error "... counting the processes" "1024 x 32 tokens x 1048576 grad_accum x 1048576 processes = 3.6e+16 tokens" \
+    "$TRAIN_GPT" plan "${base[@]}" --batch_size 1024 --grad_accum 1048576 --world 1048576
+expect_error "a run beyond 2^53 tokens" "max_steps: 1000000000000 steps of 3.36e+07 tokens = 3.36e+19 tokens: more than 2^53" \
+    "$TRAIN_GPT" plan "${base[@]}" --batch_size 1024 --grad_accum 1024 --max_steps 1000000000000
 
 # --- subcommands' own flags: strict numbers, in range
 expect_error "diloco-tune --replicas 4x" "diloco-tune: --replicas: expected an integer in \[2, 256\], got '4x'" \
