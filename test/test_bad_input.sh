@@ -144,6 +144,18 @@ check "... before any step" sh -c "! grep -q '^step ' '$tmp/out.txt' && ! test -
 "$TOOL" shard "$tmp/val200.bin" 200 0 5000 24
 expect_error "val_data of a larger vocabulary, at start" "val_data: the shards hold token ids up to 199, above vocab_size 64" \
     "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val200.bin" --out_dir "$tmp/o_val"
+# Document tokens that disagree: val shards written with another doc_token than the train
+# shards (val_loss cut their documents at the train's, silently), and a config's doc_token
+# other than the shards' (a warning: it may be meant).
+"$TOOL" shard "$tmp/val_doc1.bin" 64 1 5000 24
+expect_error "val_data with another doc_token than train_data" \
+    "val_data: the shards' doc_token is 1, the train shards' 0" \
+    "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val_doc1.bin" --out_dir "$tmp/o_val"
+"$TRAIN_GPT" "${base[@]}" --doc_token 5 --max_steps 1 --warmup_steps 0 --out_dir "$tmp/o_doc" >/dev/null 2>"$tmp/doc.err"
+check "a config doc_token other than the shards': one warning naming both" \
+    grep -q "^train_gpt: warning: doc_token: 5 differs from the train shards' doc_token 0" "$tmp/doc.err"
+"$TRAIN_GPT" "${base[@]}" --max_steps 1 --warmup_steps 0 --out_dir "$tmp/o_doc0" >/dev/null 2>"$tmp/doc.err"
+check "... none when they agree" sh -c "! grep -q 'doc_token' '$tmp/doc.err'"
 "$TOOL" shard "$tmp/nodoc.bin" 64 -1 20000 22
 expect_error "no doc_token anywhere" "doc_token: not set" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/nodoc.bin" \
     --doc_token -1 --out_dir "$tmp/o1"
