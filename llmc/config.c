@@ -188,7 +188,10 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
         errno = 0;
         char *end;
         long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end != '\0') {
+        // Plain decimal: strtoll also takes leading blanks and a '+', which a value from the
+        // command line ('--n_layer " 2"') could carry unseen; leading zeros stay decimal.
+        bool plain = (text[0] >= '0' && text[0] <= '9') || (text[0] == '-' && text[1] >= '0' && text[1] <= '9');
+        if (errno || end == text || *end != '\0' || !plain) {
             snprintf(why, sizeof why, "expected an integer%s%s, got '%s'", or_word, word, text);
             return why;
         }
@@ -351,8 +354,10 @@ static void read_config_file(train_config *cfg, const char *path) {
     int line_no = 0;
     bool seen[N_KEYS] = {0};
     int seen_line[N_KEYS] = {0};
+    // A UTF-8 byte order mark, which some Windows editors write, is no part of the first key.
+    char *start = strncmp(text, "\xEF\xBB\xBF", 3) == 0 ? text + 3 : text;
     // Split by hand: strtok would skip empty lines and lose the line count.
-    for (char *line = text; line && *line;) {
+    for (char *line = start; line && *line;) {
         char *next = strchr(line, '\n');
         if (next) *next++ = '\0';
         line_no++;
@@ -407,6 +412,8 @@ static const char *source_of(const char *name) {
             snprintf(msg_, sizeof msg_, __VA_ARGS__);                        \
             const char *src_ = source_of(key);                               \
             if (strncmp(src_, "--", 2) == 0) fail("%s: %s", src_, msg_);     \
+            if (strcmp(src_, "default") == 0)                                \
+                fail("%s (the default): %s", key, msg_);                     \
             fail("%s: %s: %s", src_, key, msg_);                             \
         }                                                                    \
     } while (0)
@@ -610,6 +617,11 @@ void config_load(train_config *cfg, const char *path, int argc, char **argv) {
         }
         char where[300];
         snprintf(where, sizeof where, "--%s", name);
+        // A config file cannot hold these (a value is one line, at most wrapped in quotes), so
+        // the config a checkpoint saves (config_to_text) could not be read back.
+        if (strpbrk(value, "\"\n\r"))
+            fail("%s: a value cannot hold a double quote or a line break (a config file could not hold it), got '%s'",
+                 where, value);
         apply(cfg, name, value, where);
     }
     check_required();

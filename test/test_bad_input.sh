@@ -42,6 +42,17 @@ expect_error "a quote inside a quoted value (names the key)" "quote.conf:1: samp
 printf 'sample_prompt = "abc\n' >"$tmp/open.conf"
 expect_error "an unterminated quoted value (names the key)" "open.conf:1: sample_prompt: unterminated quoted value" "$TRAIN_GPT" "$tmp/open.conf"
 expect_error "adam_eps 0 (a 0/0 in AdamW)" "adam_eps: expected a number in \[1e-30, 1\]" "$TRAIN_GPT" "${base[@]}" --adam_eps 0
+expect_error "a rule about a key left at its default" "error: head_dim (the default): d_model (63) is not divisible by n_head (4)" \
+    "$TRAIN_GPT" plan "${base[@]}" --d_model 63
+expect_error "a double quote in a command-line value (a config file cannot hold it)" \
+    "\-\-sample_prompt: a value cannot hold a double quote" "$TRAIN_GPT" plan "${base[@]}" --sample_prompt 'say "hi"'
+expect_error "an integer with a '+'" "\-\-n_layer: expected an integer, got '+2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer +2
+expect_error "an integer after a blank" "\-\-n_layer: expected an integer, got ' 2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer " 2"
+check "leading zeros are decimal: n_layer 010 is 10 layers" sh -c \
+    "'$TRAIN_GPT' plan test/configs/tiny_test.conf --train_data x --n_layer 010 2>/dev/null | grep -q 'model: 10 layers'"
+{ printf '\357\273\277'; cat test/configs/tiny_test.conf; } >"$tmp/bom.conf"
+check "a config file that starts with a UTF-8 byte order mark" sh -c \
+    "'$TRAIN_GPT' plan '$tmp/bom.conf' --train_data x 2>/dev/null | grep -q 'model: 2 layers, d_model 64'"
 printf 'just some words\n' >"$tmp/garbage.conf"
 expect_error "line without '='" "garbage.conf:1: expected 'key = value'" "$TRAIN_GPT" "$tmp/garbage.conf"
 expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'" "$TRAIN_GPT" "$tmp/nothere.conf"
