@@ -520,6 +520,18 @@ static void test_safetensors(void) {
     if (f.entries) safetensors_close(&f);
 }
 
+// A config that checkpoint_save can write (its strings set, the rest zero) for model m.
+static train_config checkpoint_test_config(model_config m) {
+    train_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.model = m;
+    cfg.device = "cpu";
+    cfg.decay_shape = "linear";
+    cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
+    cfg.diloco_transport = cfg.diloco_rendezvous = cfg.diloco_quant = cfg.diloco_secret_file = "";
+    return cfg;
+}
+
 static void test_checkpoints(void) {
     model_config m = small_model(false, true);
     param_table t;
@@ -531,13 +543,7 @@ static void test_checkpoints(void) {
         mm[i] = (float)i * 1e-3f;
         vv[i] = (float)i * 1e-6f;
     }
-    train_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.model = m;
-    cfg.device = "cpu";
-    cfg.decay_shape = "linear";
-    cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
-    cfg.diloco_transport = cfg.diloco_rendezvous = cfg.diloco_quant = cfg.diloco_secret_file = "";
+    train_config cfg = checkpoint_test_config(m);
     model_buffers b = {.table = &t, .params = p, .exp_avg = mm, .exp_avg_sq = vv};
     char out_dir[300];
     path_in_tmp(out_dir, sizeof out_dir, "ckpt");
@@ -665,13 +671,7 @@ static void test_checkpoint_refusals(void) {
           *mo = alloc_floats(n);
     param_init(&t, p, 5);
     memcpy(th, p, n * 4);
-    train_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.model = m;
-    cfg.device = "cpu";
-    cfg.decay_shape = "linear";
-    cfg.train_data = cfg.val_data = cfg.out_dir = cfg.resume = cfg.init_from = cfg.tokenizer = cfg.sample_prompt = "";
-    cfg.diloco_transport = cfg.diloco_rendezvous = cfg.diloco_quant = cfg.diloco_secret_file = "";
+    train_config cfg = checkpoint_test_config(m);
     model_buffers b = {.table = &t, .params = p, .exp_avg = mm, .exp_avg_sq = vv, .outer_theta = th, .outer_momentum = mo};
     char out_dir[300], dir[400], why[512];
     path_in_tmp(out_dir, sizeof out_dir, "refusals");
