@@ -73,7 +73,19 @@ __global__ void attention_delta_kernel(float *delta, const bf16 *dout, const bf1
 #if HAVE_NVIDIA_TENSOR_CORES || HAVE_MMA_SYNC
 // Dynamic shared memory above 48 KiB has to be asked for, once per kernel (CUDA; HIP gives a
 // kernel the whole 64 KiB of LDS without asking).
+// A GPU that offers less (compute capability 8.6 / 8.9: A10, A40, L4, L40S, 99 KiB; head_dim 128
+// needs up to 121 KiB) is told in one line with what to do, not CUDA's "invalid argument".
 template <typename K> void allow_smem(K kernel, size_t bytes) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+        bytes > (size_t)prop.sharedMemPerBlockOptin) {
+        fprintf(stderr,
+                "train_gpt: error: attention kernel: this head_dim needs %zu bytes of shared memory per block, "
+                "%s (sm_%d%d) offers %zu\n---> HINT: head_dim 64, or TRAIN_GPT_ATTENTION=simple (slow)\n",
+                bytes, prop.name, prop.major, prop.minor, (size_t)prop.sharedMemPerBlockOptin);
+        exit(1);
+    }
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 #endif
@@ -81,6 +93,11 @@ template <typename K> void allow_smem(K kernel, size_t bytes) {
 // The tiled kernels (WMMA and fa2) take head_dim 32, 64 and 128 and 16-byte aligned rows.
 void check_shapes(const attention_inputs *in) {
     int D = in->D, Hq = in->Hq, Hkv = in->Hkv;
+    if (in->B > 65535) {   // the batch is the grids' z dimension
+        fprintf(stderr, "train_gpt: error: attention kernel: a micro-batch of %lld rows\n---> HINT: batch_size at "
+                        "most 65535 on a GPU (grad_accum gives larger batches)\n", (long long)in->B);
+        exit(1);
+    }
     if (!(D == 32 || D == 64 || D == 128) || Hkv <= 0 || Hq % Hkv != 0 || in->q_stride % 8 || in->k_stride % 8 ||
         in->v_stride % 8 || in->T >= INT32_MAX) {
         fprintf(stderr,

@@ -13,6 +13,7 @@
 #      within 1 % (bf16 against fp32), the GPU's own resume exactly
 #   5. a CPU checkpoint resumed on the GPU: the next 10 steps within 2 % of the CPU's
 #   6. device = auto picks the GPU and says so
+#   7. (emulated only) head_dim 128 on a GPU whose blocks have 99 KiB of shared memory: one line
 # With GPU_TRAIN_EMULATED=1 (test/test_gpu_train_emu.sh, in `make test`) TRAIN_GPT is the
 # trainer built on the CPU emulator of the GPU (build/train_gpt_emu), where a step takes about
 # a second: the same checks on a smaller model (2 layers of d_model 64, 2 heads of 32, one
@@ -124,4 +125,16 @@ check "CPU checkpoint resumed on the GPU: steps $next-$((half + 10)) within 2 % 
 # 6. device = auto
 run "$tmp/auto" auto --max_steps 2 --warmup_steps 0 --ckpt_every 0
 check "device = auto picks the GPU and says so" grep -q "GPU 0 is" "$tmp/auto.log"
+
+# 7. Emulated only: a GPU that offers a block less shared memory than head_dim 128's kernels ask
+# for (an A40's or L40S's 99 KiB, TRAIN_GPT_EMU_SMEM_OPTIN): one line saying so and what to do,
+# not CUDA's "invalid argument". fa2 is the kernel set the emulator runs on 32-wide warps.
+if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
+    rc=0
+    TRAIN_GPT_ATTENTION=fa2 TRAIN_GPT_EMU_SMEM_OPTIN=101376 run "$tmp/smem" cuda --max_steps 1 --warmup_steps 0 \
+        --ckpt_every 0 --d_model 128 --n_head 1 --n_kv_head 1 --head_dim 128 || rc=$?
+    check "head_dim 128 on a GPU with 99 KiB per block: one error line naming it, a hint (rc $rc)" \
+        sh -c "[ $rc -eq 1 ] && grep -q 'error: attention kernel: this head_dim needs [0-9]* bytes of shared memory per block, .* offers 101376' '$tmp/smem.log' &&
+               grep -q 'HINT: head_dim 64, or TRAIN_GPT_ATTENTION=simple' '$tmp/smem.log'"
+fi
 finish test_gpu_train

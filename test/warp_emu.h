@@ -436,6 +436,7 @@ struct dim3 {
 enum {
     cudaSuccess = 0,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidValue = 1,
     cudaErrorInsufficientDriver = 35,
     cudaErrorDevicesUnavailable = 46,
     cudaErrorNoDevice = 100,
@@ -534,7 +535,18 @@ struct cudaDeviceProp {
     char name[256];
     int major, minor, multiProcessorCount, warpSize;
     size_t totalGlobalMem;
+    size_t sharedMemPerBlockOptin;   // what a kernel may ask for (cudaFuncSetAttribute)
 };
+
+namespace emu {
+// A block's shared memory on the GPU emulated: an H100's 227 KiB, or TRAIN_GPT_EMU_SMEM_OPTIN
+// bytes (101376: an A10, A40, L4 or L40S, sm_86/89), so that a kernel set that asks for more
+// than such a GPU has fails here as it would there.
+inline size_t smem_optin() {
+    const char *v = getenv("TRAIN_GPT_EMU_SMEM_OPTIN");
+    return v && *v ? (size_t)strtoull(v, NULL, 10) : (size_t)232448;
+}
+}  // namespace emu
 
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char *cudaGetErrorString(cudaError_t) { return "an error of the CPU emulator"; }
@@ -544,6 +556,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "the CPU (test/warp_emu.h)");
     p->major = 9, p->multiProcessorCount = 1, p->warpSize = emu::WARP, p->totalGlobalMem = (size_t)1 << 34;
+    p->sharedMemPerBlockOptin = emu::smem_optin();
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return emu::flush_all(), cudaSuccess; }
@@ -663,7 +676,9 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
 }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int *d) { return *d = 0, cudaSuccess; }
-template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
+template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int bytes) {
+    return bytes < 0 || (size_t)bytes > emu::smem_optin() ? (cudaError_t)cudaErrorInvalidValue : cudaSuccess;
+}
 struct cudaFuncAttributes {
     int maxThreadsPerBlock, numRegs;
     size_t sharedSizeBytes;
