@@ -3093,7 +3093,7 @@ static bool restore_or_init(trainer *tr) {
         if (!checkpoint_load(cfg->resume, &b, &tr->state, why, sizeof why))
             fail("resume: checkpoint '%s' cannot be used: %s", cfg->resume, why);
         from = xstrdup(cfg->resume);
-        int64_t newest = checkpoint_newest_step(cfg->out_dir), named = tr->state.step;
+        int64_t newest = checkpoint_newest_step(cfg->out_dir, tr->job), named = tr->state.step;
         if (newest > named && inside_dir(cfg->resume, cfg->out_dir))
             // Going back within a run: the new steps would sit below the old ones, ckpt_keep
             // would delete them and resume = auto would return to the old line.
@@ -3160,7 +3160,7 @@ static bool restore_or_init(trainer *tr) {
     }
     // Starting over in a directory that holds another run's checkpoints would mix the two
     // runs and let ckpt_keep prune the old run's files.
-    if (strcmp(cfg->resume, "never") == 0 && checkpoint_count(cfg->out_dir) > 0)
+    if (strcmp(cfg->resume, "never") == 0 && checkpoint_count(cfg->out_dir, tr->job) > 0)
         fail("resume = never, but out_dir '%s' already holds checkpoints of another run; choose a new out_dir or "
              "move them",
              cfg->out_dir);
@@ -3306,7 +3306,7 @@ static bool shift_streak(const trainer *tr) { return tr->state.norm_spikes >= tr
 // are only read. false: no rollback left, or no checkpoint. (A DiLoCo replica: restart_replica.)
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
-    if (tr->state.rollbacks >= cfg->max_rollbacks || checkpoint_count(cfg->out_dir) == 0) return false;
+    if (tr->state.rollbacks >= cfg->max_rollbacks || checkpoint_count(cfg->out_dir, tr->job) == 0) return false;
     data_position here = dataloader_position(tr->train);
     int64_t rollbacks = tr->state.rollbacks + 1;
     model_buffers b = buffers_of(tr);
@@ -3414,7 +3414,7 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
          "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "
          "above the spike guard's limits: raise spike_z, or 0 turns the guard off)",
          (long long)tr->state.bad_steps, (long long)s + 1, (long long)tr->state.rollbacks, (long long)cfg->max_rollbacks,
-         outer_on(tr) || checkpoint_count(cfg->out_dir) ? "" : "; no checkpoint",
+         outer_on(tr) || checkpoint_count(cfg->out_dir, tr->job) ? "" : "; no checkpoint",
          cfg->out_dir);
 }
 

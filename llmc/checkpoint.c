@@ -1030,13 +1030,38 @@ static int must_list(const char *out_dir, checkpoint_dir **out) {
     return count;
 }
 
+// must_list for the ranks of a job, which share out_dir: rank 0's listing, given to every rank.
+// Each listed its own: a shared file system's caches can show the nodes different directories
+// right after a save or a prune (NFS keeps attributes up to a minute), and the ranks then tried
+// different checkpoints in the same collective load — pieces of different steps, or one rank
+// out of candidates while the others waited for it.
+static int agreed_list(const char *out_dir, const comm *job, checkpoint_dir **out) {
+    if (!job || comm_size(job) == 1) return must_list(out_dir, out);
+    checkpoint_dir *dirs = NULL;
+    int64_t count = comm_rank(job) == 0 ? must_list(out_dir, &dirs) : 0;
+    comm_broadcast(job, &count, sizeof count, 0);
+    int64_t *steps = xcalloc((size_t)(count > 0 ? count : 1), sizeof *steps);
+    for (int64_t i = 0; dirs && i < count; i++) steps[i] = dirs[i].step;
+    if (count > 0) comm_broadcast(job, steps, count * (int64_t)sizeof *steps, 0);
+    if (comm_rank(job) != 0) {
+        dirs = xcalloc((size_t)(count > 0 ? count : 1), sizeof *dirs);
+        for (int64_t i = 0; i < count; i++) {
+            dirs[i].step = steps[i];
+            snprintf(dirs[i].path, sizeof dirs[i].path, "%s/step_%08lld", out_dir, (long long)steps[i]);
+        }
+    }
+    free(steps);
+    *out = dirs;
+    return (int)count;
+}
+
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s) {
     return checkpoint_load_latest_every(out_dir, 0, b, s);
 }
 
 char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s) {
     checkpoint_dir *dirs;
-    int count = must_list(out_dir, &dirs);
+    int count = agreed_list(out_dir, b->job, &dirs);
     // Those on the grid first (a stable partition keeps them newest first), then the others.
     int on_grid = 0;
     for (int i = 0; every > 0 && i < count; i++)
@@ -1062,9 +1087,9 @@ char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const mod
     return NULL;
 }
 
-int checkpoint_count(const char *out_dir) {
+int checkpoint_count(const char *out_dir, const comm *job) {
     checkpoint_dir *dirs;
-    int count = must_list(out_dir, &dirs);
+    int count = agreed_list(out_dir, job, &dirs);
     free(dirs);
     return count;
 }
@@ -1084,9 +1109,9 @@ bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes) {
     return true;
 }
 
-int64_t checkpoint_newest_step(const char *out_dir) {
+int64_t checkpoint_newest_step(const char *out_dir, const comm *job) {
     checkpoint_dir *dirs;
-    int count = must_list(out_dir, &dirs);
+    int count = agreed_list(out_dir, job, &dirs);
     int64_t step = count > 0 ? dirs[0].step : -1;
     free(dirs);
     return step;

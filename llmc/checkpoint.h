@@ -101,14 +101,16 @@ char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_
 char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s);
 
 // Number of checkpoint directories (step_%08lld: no other spelling) in out_dir, valid or not.
-int checkpoint_count(const char *out_dir);
+// job (NULL: this process alone): its ranks take rank 0's listing (collective), as the loads
+// below do.
+int checkpoint_count(const char *out_dir, const comm *job);
 
 // Whether checkpoints can be written in out_dir (created if absent): a directory is made and
 // removed there. false with the reason in why.
 bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes);
 
 // The step of the newest checkpoint directory in out_dir (valid or not); -1 when there is none.
-int64_t checkpoint_newest_step(const char *out_dir);
+int64_t checkpoint_newest_step(const char *out_dir, const comm *job);
 
 // Takes OUT_DIR/.lock (flock, exclusive) for the rest of the process and writes "pid N on host
 // H" into it: two runs in one out_dir (a requeued job while the old one still lives, a job

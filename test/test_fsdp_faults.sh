@@ -11,6 +11,7 @@
 #  5. A rank that fails at its start under a launcher that lets the others run on: the job
 #     ends (MPI_Abort), it does not hang.
 #  6. More MPI ranks than DiLoCo replicas: the line that says so.
+#  7. Ranks that see different checkpoints in out_dir resume from the same one (rank 0's list).
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -117,4 +118,20 @@ timeout 300 "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@
 check "3 MPI ranks for 2 replicas: the line that says so, no internal error (rc $rc)" \
     sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] && ! grep -q 'internal error' '$tmp/wide.log' &&
            grep -q 'error: diloco_replicas: 2, but this process is MPI rank 2: the world has more ranks than replicas' '$tmp/wide.log'"
+# 7. The ranks see different checkpoints in out_dir (a shared file system's cache right after a
+# save or a prune shows nodes different directories; played here by rank 1 given a copy of
+# out_dir without the newest one): they take rank 0's listing and load the same checkpoint, the
+# one every rank can read. Each listed its own: rank 0 resumed from step 10, rank 1 read its
+# pieces of step 5. (The saves after it fail, as the two out_dirs differ: not the point here.)
+mpi_job() {  # mpi_job LOG OUT_DIR_RANK0 OUT_DIR_OTHERS [--key value]...
+    local log=$1 a=$2 b=$3
+    shift 3
+    timeout 300 "${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@]}" "$@") \
+        --out_dir \"\$([ \$OMPI_COMM_WORLD_RANK = 0 ] && echo '$a' || echo '$b')\"" >"$log" 2>&1
+}
+mpi_job "$tmp/views_a.log" "$tmp/views_a" "$tmp/views_a" --max_steps 10 || true
+cp -r "$tmp/views_a" "$tmp/views_b" && rm -rf "$tmp/views_b/step_00000010"
+mpi_job "$tmp/views.log" "$tmp/views_a" "$tmp/views_b" --max_steps 15 || true
+check "ranks that list different checkpoints resume from the same one, which all can read" \
+    grep -q "rank 0: resuming from '$tmp/views_a/step_00000005' at step 5" "$tmp/views.log"
 finish test_fsdp_faults

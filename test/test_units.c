@@ -592,14 +592,14 @@ static void test_checkpoints(void) {
     s.step = 11;
     checkpoint_save(out_dir, &b, &s, &cfg);
     checkpoint_prune(out_dir, 2, 11);
-    EXPECT(checkpoint_count(out_dir) == 2 && !dir_exists(dir7), "prune to 2 removes the oldest");
+    EXPECT(checkpoint_count(out_dir, NULL) == 2 && !dir_exists(dir7), "prune to 2 removes the oldest");
     // A newer checkpoint (one a resume skipped as corrupt) is neither counted nor removed.
     char dir20[320], dir11[320];
     snprintf(dir20, sizeof dir20, "%s/step_00000020", out_dir);
     snprintf(dir11, sizeof dir11, "%s/step_00000011", out_dir);
     EXPECT(mkdir(dir20, 0755) == 0, "mkdir %s", dir20);
     checkpoint_prune(out_dir, 1, 11);
-    EXPECT(checkpoint_count(out_dir) == 2 && dir_exists(dir11) && dir_exists(dir20),
+    EXPECT(checkpoint_count(out_dir, NULL) == 2 && dir_exists(dir11) && dir_exists(dir20),
            "prune to 1 at step 11 keeps step 11 and the newer step 20");
     // A NaN never reaches a checkpoint.
     p[3] = NAN;
@@ -713,14 +713,14 @@ static void test_checkpoint_refusals(void) {
     char cmd[1000];
     snprintf(cmd, sizeof cmd, "mkdir %s/step_0005 %s/step_00000006x", out_dir, out_dir);
     CHECK(system(cmd) == 0);
-    EXPECT(checkpoint_count(out_dir) == 2 && checkpoint_newest_step(out_dir) == 5,
-           "other spellings are not counted (%d checkpoints, newest %lld)", checkpoint_count(out_dir),
-           (long long)checkpoint_newest_step(out_dir));
+    EXPECT(checkpoint_count(out_dir, NULL) == 2 && checkpoint_newest_step(out_dir, NULL) == 5,
+           "other spellings are not counted (%d checkpoints, newest %lld)", checkpoint_count(out_dir, NULL),
+           (long long)checkpoint_newest_step(out_dir, NULL));
     checkpoint_prune(out_dir, 1, 5);
     snprintf(dir, sizeof dir, "%s/step_00000005", out_dir);
     bool kept = dir_exists(dir);
     snprintf(dir, sizeof dir, "%s/step_0005", out_dir);
-    EXPECT(kept && dir_exists(dir) && checkpoint_count(out_dir) == 1,
+    EXPECT(kept && dir_exists(dir) && checkpoint_count(out_dir, NULL) == 1,
            "prune to 1 keeps step_00000005 and leaves step_0005 alone");
     // A copy under another step's name is no checkpoint of that step.
     snprintf(cmd, sizeof cmd, "cp -r %s/step_00000005 %s/step_00000016", out_dir, out_dir);
