@@ -3533,6 +3533,8 @@ static void setup_job(trainer *tr) {
     launch_info l = launch_detect();
     bool diloco = cfg->diloco_replicas > 0;
     bool sharded_replica = diloco && (cfg->fsdp_size > 1 || cfg->dp_replicate > 1);
+    // Also the deadline of the start's collectives of DiLoCo over mpi (its replicas are no job).
+    comm_set_timeout(cfg->comm_timeout_s);
     if (l.size <= 1 || (diloco && !sharded_replica)) {
         if (cfg->fsdp_size > 1 || cfg->dp_replicate > 1)
             fail("fsdp_size %lld / dp_replicate %lld: this process is the job's only rank; start the ranks with srun "
@@ -3560,7 +3562,6 @@ static void setup_job(trainer *tr) {
                  "every rank",
                  l.size, (long long)cfg->diloco_replicas - 1);
     }
-    comm_set_timeout(cfg->comm_timeout_s);
     tr->job = comm_world();
     int rank = comm_rank(tr->job), size = comm_size(tr->job);
     int64_t fsdp = cfg->fsdp_size > 0 ? cfg->fsdp_size : cfg->dp_replicate > 0 ? size / cfg->dp_replicate

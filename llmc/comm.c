@@ -1,5 +1,8 @@
 // llmc/comm.c — collectives among the ranks of one job (see llmc/comm.h): MPI, or a world of one.
 // A group of one rank (the world without MPI, or any group of size 1) copies; the rest is MPI.
+#ifdef HAVE_MPI
+#include <mpi.h>   // first: llmc/comm.h declares its MPI helpers when it sees it
+#endif
 #include "llmc/comm.h"
 
 #include "llmc/common.h"
@@ -10,9 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef HAVE_MPI
-#include <mpi.h>
-#endif
 
 // A launcher's variable: a whole number in [0, 2^24] (ranks, sizes); fatal with one line
 // naming it otherwise (atoi read "4x" as 4 and 99999999999 as garbage).
@@ -156,6 +156,8 @@ static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
     }
 }
 
+void comm_mpi_wait_world(MPI_Request *req, const char *what) { timed_wait(comm_world(), req, what); }
+
 static int count_of(int64_t n) {
     if (n < 0 || n > INT_MAX) fail("comm: %lld values per rank, more than one MPI call takes", (long long)n);
     return (int)n;
@@ -169,25 +171,11 @@ void comm_mpi_check(int rc, const char *what) {
     fail("mpi: %s failed: %.*s", what, len, text);
 }
 
-// fail's exit once MPI is up: the error line is out; MPI_Abort ends every rank of the job. With
-// exit alone, the other ranks waited for this one for ever in a collective without a timeout
-// (DiLoCo's start over mpi) under a launcher that lets them run on (srun without
-// --kill-on-bad-exit); mpirun ended them, which hid it.
-static void abort_job(int status) {
-    int initialized = 0, finalized = 0, size = 1;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, status);
-    exit(status);
-}
-
 int comm_mpi_init(void) {
     int initialized = 0, level = MPI_THREAD_SINGLE;
     MPI_Initialized(&initialized);
     if (initialized) MPI_Query_thread(&level);
     else comm_mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level), "MPI_Init_thread");
-    set_fail_exit(abort_job);
     return level;
 }
 

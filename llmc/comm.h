@@ -85,6 +85,12 @@ void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg);
 // and a one-line fatal error for a failed MPI call. Shared with net/transport_mpi.c.
 int comm_mpi_init(void);
 void comm_mpi_check(int rc, const char *what);
+#ifdef MPI_VERSION   // mpi.h included before this header (net/transport_mpi.c)
+// Waits for a non-blocking collective of MPI_COMM_WORLD as the job's collectives wait: up to
+// comm_timeout_s, then fatal with one line naming `what` (a rank that failed alone before it
+// exits, and under a launcher that leaves the others running they would wait for ever).
+void comm_mpi_wait_world(MPI_Request *req, const char *what);
+#endif
 
 #ifdef __cplusplus
 }

@@ -36,19 +36,12 @@ static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
 static atomic_bool failing = false;
 static _Thread_local bool this_thread_failing = false;
 
-static void (*_Atomic fail_exit)(int status);
-
-void set_fail_exit(void (*exit_fn)(int status)) { atomic_store(&fail_exit, exit_fn); }
-
 static NORETURN void vfail_with_status(int status, const char *fmt, va_list ap) {
     if (atomic_exchange(&failing, true) && !this_thread_failing)
         for (;;) pause();
     this_thread_failing = true;
     vprint_line("error: ", fmt, ap);
     fflush(stdout);
-    fflush(stderr);
-    void (*exit_fn)(int) = atomic_load(&fail_exit);
-    if (exit_fn) exit_fn(status);
     exit(status);
 }
 

@@ -28,9 +28,6 @@ extern "C" {
 NORETURN void fail(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // fail, with another exit status (the job scripts tell them apart: docs/slurm.md).
 NORETURN void fail_with_status(int status, const char *fmt, ...) PRINTF_LIKE(2, 3);
-// Called by fail after its line, instead of exit (it must not return): MPI's abort of the whole
-// job once MPI is up (llmc/comm.c), or the other ranks wait for this one for ever.
-void set_fail_exit(void (*exit_fn)(int status));
 // Prints "train_gpt: warning: ..." and carries on.
 void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // A job of several ranks: errors and warnings name the rank; notes only where notes is true

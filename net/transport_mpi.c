@@ -14,6 +14,9 @@
 //
 // Built only when the Makefile finds MPI (HAVE_MPI); otherwise transport_mpi_open fails
 // with a one-line error naming what to install.
+#ifdef HAVE_MPI
+#include <mpi.h>   // first: llmc/comm.h declares its MPI helpers when it sees it
+#endif
 #include "net/transport_impl.h"
 #include "llmc/common.h"
 #include "llmc/watchdog.h"
@@ -28,7 +31,6 @@
 #include <unistd.h>
 
 #ifdef HAVE_MPI
-#include <mpi.h>
 
 // Where one payload layout's share of the packed downlink residual begins.
 typedef struct {
@@ -88,7 +90,9 @@ void transport_mpi_check_out_dirs(const char *out_dir) {
     int fd = make_dirs(out_dir) ? open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
     int made = fd >= 0, all_made = 0, err = made ? 0 : errno;
     if (fd >= 0) close(fd);
-    MPI_Allreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' out_dir check");
     int shares = size;   // the lowest other rank whose probe this rank sees: size = none
     for (int r = 0; all_made && r < size; r++) {
         snprintf(other, n, "%s/.replica-probe-%d", out_dir, r);
@@ -97,10 +101,12 @@ void transport_mpi_check_out_dirs(const char *out_dir) {
             break;
         }
     }
-    MPI_Barrier(MPI_COMM_WORLD);   // every rank looked before any probe goes
+    comm_mpi_check(MPI_Ibarrier(MPI_COMM_WORLD, &rq), "MPI_Ibarrier");   // every rank looked before any probe goes
+    comm_mpi_wait_world(&rq, "the replicas' out_dir check");
     if (made) unlink(probe);
     int pair[2] = {shares < size ? rank : size, shares}, first[2];
-    MPI_Allreduce(pair, first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
+    comm_mpi_check(MPI_Iallreduce(pair, first, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' out_dir check");
     free(probe);
     free(other);
     if (!made) fail("out_dir: cannot create '%s' or write in it: %s", out_dir, strerror(err));
@@ -136,10 +142,13 @@ static void refuse_fingerprint(const transport_options *o, int rank, int size) {
     enum { WHY_BYTES = 512 };
     const char *mine = o->fingerprint_text ? o->fingerprint_text : "";
     long long bytes = rank == 0 ? (long long)strlen(mine) + 1 : 0;
-    MPI_Bcast(&bytes, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    MPI_Request rq;
+    comm_mpi_check(MPI_Ibcast(&bytes, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD, &rq), "MPI_Ibcast");
+    comm_mpi_wait_world(&rq, "the run fingerprint's text");
     char *first = xmalloc((size_t)bytes);
     if (rank == 0) memcpy(first, mine, (size_t)bytes);
-    MPI_Bcast(first, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+    comm_mpi_check(MPI_Ibcast(first, (int)bytes, MPI_CHAR, 0, MPI_COMM_WORLD, &rq), "MPI_Ibcast");
+    comm_mpi_wait_world(&rq, "the run fingerprint's text");
     first[bytes - 1] = 0;
     char why[WHY_BYTES] = "";
     const char *theirs;
@@ -148,7 +157,9 @@ static void refuse_fingerprint(const transport_options *o, int rank, int size) {
     if (field && *mine && *first)
         snprintf(why, sizeof why, "rank %d has '%.*s' where rank 0 has '%.*s'", rank, my_len, field, their_len, theirs);
     char *all = xmalloc((size_t)size * WHY_BYTES);
-    MPI_Allgather(why, WHY_BYTES, MPI_CHAR, all, WHY_BYTES, MPI_CHAR, MPI_COMM_WORLD);
+    comm_mpi_check(MPI_Iallgather(why, WHY_BYTES, MPI_CHAR, all, WHY_BYTES, MPI_CHAR, MPI_COMM_WORLD, &rq),
+                   "MPI_Iallgather");
+    comm_mpi_wait_world(&rq, "the run fingerprint's differences");
     for (int r = 1; r < size; r++)
         if (all[(size_t)r * WHY_BYTES])
             fail("diloco (mpi): the ranks disagree on the run: %s (every replica must share the model, seq_len, "
@@ -173,8 +184,14 @@ transport *transport_mpi_open(const transport_options *o) {
              o->replica_id, t->rank);
     if (t->size > TRANSPORT_MAX_REPLICAS) fail("diloco (mpi): at most %d replicas", TRANSPORT_MAX_REPLICAS);
     uint64_t mine = o->run_fingerprint, lowest = mine, highest = mine;
-    MPI_Allreduce(&mine, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&mine, &highest, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    // The start's collectives wait up to comm_timeout_s, as a job's do: a replica that failed
+    // alone before them (its checkpoint, its data) exits, and under a launcher that leaves the
+    // others running (srun without --kill-on-bad-exit) they waited here for ever.
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallreduce(&mine, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' run fingerprints");
+    comm_mpi_check(MPI_Iallreduce(&mine, &highest, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' run fingerprints");
     if (lowest != highest) refuse_fingerprint(o, t->rank, t->size);
     if (o->threaded && thread_level < MPI_THREAD_MULTIPLE)
         fail("diloco_overlap_steps: an exchange that overlaps inner steps needs an MPI library with "
@@ -194,8 +211,13 @@ static join_result mpi_join(void *impl, const replica_status *s, uint8_t *state,
     *state_bytes = 0;
     int64_t all_steps[TRANSPORT_MAX_REPLICAS];
     uint64_t all_hashes[TRANSPORT_MAX_REPLICAS];
-    MPI_Allgather(&s->outer_step, 1, MPI_INT64_T, all_steps, 1, MPI_INT64_T, MPI_COMM_WORLD);
-    MPI_Allgather(&s->param_hash, 1, MPI_UINT64_T, all_hashes, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallgather(&s->outer_step, 1, MPI_INT64_T, all_steps, 1, MPI_INT64_T, MPI_COMM_WORLD, &rq),
+                   "MPI_Iallgather");
+    comm_mpi_wait_world(&rq, "the replicas' outer steps at their join");
+    comm_mpi_check(MPI_Iallgather(&s->param_hash, 1, MPI_UINT64_T, all_hashes, 1, MPI_UINT64_T, MPI_COMM_WORLD, &rq),
+                   "MPI_Iallgather");
+    comm_mpi_wait_world(&rq, "the replicas' outer steps at their join");
     for (int r = 1; r < t->size; r++)
         if (all_steps[r] != all_steps[0] || all_hashes[r] != all_hashes[0])
             fail("diloco (mpi): rank %d is at outer step %lld (θ hash %016llx) but rank 0 at %lld (%016llx); with "
@@ -204,7 +226,9 @@ static join_result mpi_join(void *impl, const replica_status *s, uint8_t *state,
                  (unsigned long long)all_hashes[0]);
     // The same outer step from checkpoints of different inner steps (one rank's newest was lost or
     // refused): the ranks step together, each step's collectives would pair different steps' calls.
-    MPI_Allgather(&s->step, 1, MPI_INT64_T, all_steps, 1, MPI_INT64_T, MPI_COMM_WORLD);
+    comm_mpi_check(MPI_Iallgather(&s->step, 1, MPI_INT64_T, all_steps, 1, MPI_INT64_T, MPI_COMM_WORLD, &rq),
+                   "MPI_Iallgather");
+    comm_mpi_wait_world(&rq, "the replicas' steps at their join");
     for (int r = 1; r < t->size; r++)
         if (all_steps[r] != all_steps[0])
             fail("diloco (mpi): rank %d resumes at step %lld but rank 0 at step %lld (both at outer step %lld); with "
