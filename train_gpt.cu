@@ -2084,9 +2084,8 @@ static const char *doc_token_text(uint32_t doc_token, char *buf, size_t bytes) {
     return buf;
 }
 
-// doc_token = -1 means "whatever the train shards were written with". Returns the train shards'
-// header doc_token (SHARD_NO_DOC_TOKEN: none), for open_validation to compare.
-static uint32_t resolve_doc_token(train_config *cfg, const dataloader *train) {
+// doc_token = -1 means "whatever the train shards were written with".
+static void resolve_doc_token(train_config *cfg, const dataloader *train) {
     model_config *m = &cfg->model;
     uint32_t shard_vocab = dataloader_vocab_size(train);
     if ((int64_t)shard_vocab > m->vocab_size)
@@ -2096,22 +2095,21 @@ static uint32_t resolve_doc_token(train_config *cfg, const dataloader *train) {
     if (m->doc_token >= 0) {
         // Set on purpose, perhaps; but a value other than the one the shards were written with
         // cuts documents where the data has none (and misses the ones it has).
-        if (from_shards != SHARD_NO_DOC_TOKEN && (int64_t)from_shards != m->doc_token)
+        if (m->doc_masking && from_shards != SHARD_NO_DOC_TOKEN && (int64_t)from_shards != m->doc_token)
             warn("doc_token: %lld differs from the train shards' doc_token %u (their header): documents start at "
                  "%lld here", (long long)m->doc_token, from_shards, (long long)m->doc_token);
-        return from_shards;
+        return;
     }
     if (from_shards == SHARD_NO_DOC_TOKEN) {
         if (m->doc_masking)
             fail("doc_token: not set, and the train shards were written without one; set doc_token or "
                  "doc_masking = 0");
         m->doc_token = -1;
-        return from_shards;
+        return;
     }
     if ((int64_t)from_shards >= m->vocab_size)
         fail("doc_token: the shards' doc_token %u is not below vocab_size %lld", from_shards, (long long)m->vocab_size);
     m->doc_token = from_shards;
-    return from_shards;
 }
 
 // ---------------------------------------------------------------- the memory plan (llmc/plan.h)
@@ -3192,8 +3190,7 @@ static int64_t validation_rows(const train_config *cfg, const dataloader *val) {
 // The validation set, checked before training (else a bad one shows only at the first
 // validation, possibly after the whole run and before its final checkpoint): its shards'
 // vocabulary against vocab_size, and the checksums of the shards validation reads.
-// train_doc_token: the train shards' header doc_token (resolve_doc_token's answer).
-static dataloader *open_validation(const train_config *cfg, uint32_t train_doc_token) {
+static dataloader *open_validation(const train_config *cfg) {
     if (!cfg->val_data[0]) return NULL;
     dataloader *val = dataloader_open(cfg->val_data, "val_data", 1, cfg->model.seq_len, false, 0, 0, 1);
     uint32_t vocab = dataloader_vocab_size(val);
@@ -3201,14 +3198,16 @@ static dataloader *open_validation(const train_config *cfg, uint32_t train_doc_t
         fail("val_data: the shards hold token ids up to %u, above vocab_size %lld (were they written by another "
              "tokenizer than the train shards?)",
              vocab - 1, (long long)cfg->model.vocab_size);
-    // val_loss cuts the validation set's documents at the model's doc_token, the train shards':
-    // val shards written with another one would be cut in the wrong places, silently.
+    // With document masking val_loss cuts the validation set's documents at the model's doc_token
+    // (resolved from the train shards or set): val shards written with another one would be cut
+    // in the wrong places, silently. Without it doc_token plays no part.
     uint32_t val_doc_token = dataloader_doc_token(val);
-    if (val_doc_token != train_doc_token) {
+    uint32_t model_doc_token = cfg->model.doc_token >= 0 ? (uint32_t)cfg->model.doc_token : SHARD_NO_DOC_TOKEN;
+    if (cfg->model.doc_masking && val_doc_token != model_doc_token) {
         char v[16], t[16];
-        fail("val_data: the shards' doc_token is %s, the train shards' %s (were they written by another tokenizer "
-             "or with other prepare options?)",
-             doc_token_text(val_doc_token, v, sizeof v), doc_token_text(train_doc_token, t, sizeof t));
+        fail("val_data: the shards' doc_token is %s, the model's %s (the train shards' or doc_token's; were they "
+             "written by another tokenizer or with other prepare options?)",
+             doc_token_text(val_doc_token, v, sizeof v), doc_token_text(model_doc_token, t, sizeof t));
     }
     dataloader_verify_prefix(val, (uint64_t)(validation_rows(cfg, val) * cfg->model.seq_len + 1));
     return val;
@@ -3670,9 +3669,9 @@ static int train_run(train_config *cfg) {
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);
     agree_on_data(&tr);
-    uint32_t train_doc_token = resolve_doc_token(cfg, tr.train);
+    resolve_doc_token(cfg, tr.train);
     // Every replica validates on the whole validation set, so their val_loss compare.
-    tr.val = open_validation(cfg, train_doc_token);
+    tr.val = open_validation(cfg);
     // A job's rank 0 keeps the log; the others log nothing (a NULL log).
     if (!tr.job || comm_rank(tr.job) == 0) tr.log = metrics_open(cfg->out_dir, cfg->tensorboard);
     resolve_recompute(&tr, 1);
@@ -3941,8 +3940,8 @@ static local_result train_local(train_config *cfg, bool quiet) {
         tr->train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len,
                                           cfg->shuffle, (uint64_t)cfg->seed, tr->split);
         if (i == 0) {
-            uint32_t train_doc_token = resolve_doc_token(cfg, tr->train);
-            val = open_validation(cfg, train_doc_token);
+            resolve_doc_token(cfg, tr->train);
+            val = open_validation(cfg);
         }
         tr->val = val;
         tr->log = i == 0 ? log : NULL;

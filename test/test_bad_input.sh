@@ -160,8 +160,18 @@ expect_error "val_data of a larger vocabulary, at start" "val_data: the shards h
 # other than the shards' (a warning: it may be meant).
 "$TOOL" shard "$tmp/val_doc1.bin" 64 1 5000 24
 expect_error "val_data with another doc_token than train_data" \
-    "val_data: the shards' doc_token is 1, the train shards' 0" \
+    "val_data: the shards' doc_token is 1, the model's 0" \
     "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val_doc1.bin" --out_dir "$tmp/o_val"
+# ... but not where doc_token plays no part (doc_masking = 0), nor where the model's doc_token
+# (set in the config) is the val shards' though the train shards' header differs.
+"$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val_doc1.bin" --doc_masking 0 --max_steps 1 --warmup_steps 0 \
+    --out_dir "$tmp/o_val_nomask" >/dev/null 2>"$tmp/val_nomask.err"
+check "val_data of another doc_token with doc_masking = 0: no error, no warning" \
+    sh -c "! grep -q '^train_gpt: error\\|doc_token' '$tmp/val_nomask.err'"
+"$TRAIN_GPT" "${base[@]}" --val_data "$tmp/val_doc1.bin" --doc_token 1 --max_steps 1 --warmup_steps 0 \
+    --out_dir "$tmp/o_val_doc1" >/dev/null 2>"$tmp/val_doc1.err"
+check "val_data's doc_token 1 = the config's doc_token 1 (train header 0): no error, the warning about the train shards" \
+    sh -c "! grep -q '^train_gpt: error' '$tmp/val_doc1.err' && grep -q 'warning: doc_token: 1 differs from the train shards' '$tmp/val_doc1.err'"
 "$TRAIN_GPT" "${base[@]}" --doc_token 5 --max_steps 1 --warmup_steps 0 --out_dir "$tmp/o_doc" >/dev/null 2>"$tmp/doc.err"
 check "a config doc_token other than the shards': one warning naming both" \
     grep -q "^train_gpt: warning: doc_token: 5 differs from the train shards' doc_token 0" "$tmp/doc.err"
