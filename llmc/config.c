@@ -617,11 +617,11 @@ void config_load(train_config *cfg, const char *path, int argc, char **argv) {
         }
         char where[300];
         snprintf(where, sizeof where, "--%s", name);
-        // A config file cannot hold these (a value is one line, at most wrapped in quotes), so
-        // the config a checkpoint saves (config_to_text) could not be read back.
-        if (strpbrk(value, "\"\n\r"))
-            fail("%s: a value cannot hold a double quote or a line break (a config file could not hold it), got '%s'",
-                 where, value);
+        // A value is one line: the config a checkpoint saves (config_to_text), which a resume
+        // reads line by line, could not hold it. A double quote is fine there (an out_dir, a
+        // sample_prompt may hold one: that reader takes the text between the outer quotes).
+        if (strpbrk(value, "\n\r"))
+            fail("%s: a value cannot hold a line break (the config a checkpoint saves is one value per line)", where);
         apply(cfg, name, value, where);
     }
     check_required();

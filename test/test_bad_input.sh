@@ -44,8 +44,8 @@ expect_error "an unterminated quoted value (names the key)" "open.conf:1: sample
 expect_error "adam_eps 0 (a 0/0 in AdamW)" "adam_eps: expected a number in \[1e-30, 1\]" "$TRAIN_GPT" "${base[@]}" --adam_eps 0
 expect_error "a rule about a key left at its default" "error: head_dim (the default): d_model (63) is not divisible by n_head (4)" \
     "$TRAIN_GPT" plan "${base[@]}" --d_model 63
-expect_error "a double quote in a command-line value (a config file cannot hold it)" \
-    "\-\-sample_prompt: a value cannot hold a double quote" "$TRAIN_GPT" plan "${base[@]}" --sample_prompt 'say "hi"'
+expect_error "a line break in a command-line value (the config a checkpoint saves is one value per line)" \
+    "\-\-sample_prompt: a value cannot hold a line break" "$TRAIN_GPT" plan "${base[@]}" --sample_prompt "$(printf 'say\nhi')"
 expect_error "an integer with a '+'" "\-\-n_layer: expected an integer, got '+2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer +2
 expect_error "an integer after a blank" "\-\-n_layer: expected an integer, got ' 2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer " 2"
 check "leading zeros are decimal: n_layer 010 is 10 layers" sh -c \
