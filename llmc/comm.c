@@ -199,9 +199,18 @@ comm *comm_world(void) {
     if (world) return world;
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (launch_detect().size > 1 || initialized) {
+    launch_info l = launch_detect();
+    if (l.size > 1 || initialized) {
         comm_mpi_init();
         world = wrap(MPI_COMM_WORLD, false);
+        // The launcher's count and MPI's disagree: most often ./train_gpt run without srun inside
+        // an allocation of several tasks (the batch step has SLURM_NTASKS), which said only
+        // "fsdp_size: 4 does not divide the job's 1 ranks".
+        if (l.size > 1 && world->size != l.size)
+            fail("the launcher's environment (%s) says %d ranks, but MPI's world has %d: started without srun or "
+                 "mpirun inside an allocation of several tasks? Start the ranks with srun (or mpirun), or run one "
+                 "process outside the allocation's task count (unset SLURM_NTASKS)",
+                 l.launcher, l.size, world->size);
     } else {
         world = one_rank(false);
     }

@@ -17,4 +17,12 @@ SLURM_PROCID=0 SLURM_NTASKS=4x "$TRAIN_GPT" test/configs/tiny_test.conf --train_
     --out_dir "$tmp/bad_env" >"$tmp/bad_env.log" 2>&1 || rc=$?
 check "SLURM_NTASKS=4x: one line naming it (rc $rc)" \
     sh -c "[ $rc -ne 0 ] && grep -q \"launcher: SLURM_NTASKS='4x' is not a whole number\" '$tmp/bad_env.log'"
+# Run without srun inside an allocation of 4 tasks (the batch step's SLURM_NTASKS): one line
+# saying so; it said "fsdp_size: 4 does not divide the job's 1 ranks", a key never set.
+rc=0
+SLURM_PROCID=0 SLURM_NTASKS=4 "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 4 \
+    --out_dir "$tmp/no_srun" >"$tmp/no_srun.log" 2>&1 || rc=$?
+check "SLURM_NTASKS=4 in a process started alone: one line saying the launcher and MPI disagree (rc $rc)" \
+    sh -c "[ $rc -ne 0 ] && grep -q \"the launcher's environment (slurm) says 4 ranks, but MPI's world has 1\" '$tmp/no_srun.log' &&
+           ! grep -q fsdp_size '$tmp/no_srun.log'"
 finish test_comm
