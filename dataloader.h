@@ -362,11 +362,13 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
     return true;
 }
 
+// Token i of a shard's payload bytes of `width` (2 or 4) bytes per token, little-endian.
+static inline uint32_t token_at(const uint8_t *raw, uint32_t width, uint64_t i) {
+    return width == 2 ? (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8 : get_u32(raw + 4 * i);
+}
+
 static void widen_tokens(const uint8_t *raw, uint32_t width, uint64_t count, uint32_t *out) {
-    if (width == 2)
-        for (uint64_t i = 0; i < count; i++) out[i] = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
-    else
-        for (uint64_t i = 0; i < count; i++) out[i] = get_u32(raw + 4 * i);
+    for (uint64_t i = 0; i < count; i++) out[i] = token_at(raw, width, i);
 }
 
 uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t why_bytes) {
@@ -595,21 +597,13 @@ static int shard_fd(dataloader *d, int i) {
 // are. The common case (all below) is a max over the chunk, which compilers vectorize.
 static uint64_t first_token_at_or_above(const uint8_t *raw, uint32_t width, uint64_t count, uint32_t vocab_size) {
     uint32_t max = 0;
-    if (width == 2)
-        for (uint64_t i = 0; i < count; i++) {
-            uint32_t t = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
-            max = t > max ? t : max;
-        }
-    else
-        for (uint64_t i = 0; i < count; i++) {
-            uint32_t t = get_u32(raw + 4 * i);
-            max = t > max ? t : max;
-        }
-    if (max < vocab_size) return count;
     for (uint64_t i = 0; i < count; i++) {
-        uint32_t t = width == 2 ? (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8 : get_u32(raw + 4 * i);
-        if (t >= vocab_size) return i;
+        uint32_t t = token_at(raw, width, i);
+        max = t > max ? t : max;
     }
+    if (max < vocab_size) return count;
+    for (uint64_t i = 0; i < count; i++)
+        if (token_at(raw, width, i) >= vocab_size) return i;
     return count;
 }
 
@@ -640,7 +634,7 @@ static void verify_shard(dataloader *d, int i) {
             uint64_t k = first_token_at_or_above(chunk, width, n / width, s->header.vocab_size);
             if (k < n / width) {
                 bad_index = (offset - SHARD_HEADER_BYTES) / width + k;
-                bad_token = width == 2 ? (uint32_t)chunk[2 * k] | (uint32_t)chunk[2 * k + 1] << 8 : get_u32(chunk + 4 * k);
+                bad_token = token_at(chunk, width, k);
             }
         }
         left -= n;
