@@ -170,7 +170,7 @@ bool gpu_comm_available(void) { return true; }
 
 // ncclCommInitRank blocks until every rank of the group has called it: a rank that died before
 // then would leave the others waiting for ever, so a thread ends the process after
-// comm_timeout_s (one line, exit status 1) unless the call returned first.
+// comm_timeout_s (one line, exit status EXIT_TEMPFAIL: requeued) unless the call returned first.
 typedef struct {
     int done;
     double timeout_s;
@@ -185,10 +185,11 @@ static void *init_deadline_thread(void *arg) {
         if (wall_seconds() - t0 > d->timeout_s) {
             fprintf(stderr,
                     "train_gpt: error: fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) in "
-                    "ncclCommInitRank: another rank died or hangs\n",
-                    d->rank, d->name, d->timeout_s);
+                    "ncclCommInitRank: another rank died or hangs; exiting with status %d so that the job can be "
+                    "requeued\n",
+                    d->rank, d->name, d->timeout_s, EXIT_TEMPFAIL);
             fflush(stderr);
-            _exit(1);
+            _exit(EXIT_TEMPFAIL);
         }
         struct timespec nap = {0, 50 * 1000 * 1000};
         nanosleep(&nap, NULL);
@@ -265,8 +266,10 @@ static void check_async(gpu_comm *g, const char *what) {
         async == ncclInProgress)
         return;
     nccl.comm_abort(g->nccl);
-    fail(GPU_COLLECTIVES ": %s: rank %d of the %s group: %s (a rank of the job died or its link failed)", what, g->rank, g->name,
-         nccl.error_string(async));
+    fail_with_status(EXIT_TEMPFAIL,
+                     GPU_COLLECTIVES ": %s: rank %d of the %s group: %s (a rank of the job died or its link failed); "
+                     "exiting with status %d so that the job can be requeued",
+                     what, g->rank, g->name, nccl.error_string(async), EXIT_TEMPFAIL);
 }
 
 void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *what) {
@@ -282,8 +285,10 @@ void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *wh
         if (wall_seconds() - t0 > timeout) {
             nccl.comm_abort(g->nccl);
             if (also) nccl.comm_abort(also->nccl);
-            fail("fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) for %s: another rank died or hangs",
-                 g->rank, g->name, timeout, what);
+            fail_with_status(EXIT_TEMPFAIL,
+                             "fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) for %s: another rank died "
+                             "or hangs; exiting with status %d so that the job can be requeued",
+                             g->rank, g->name, timeout, what, EXIT_TEMPFAIL);
         }
         struct timespec nap = {0, 200 * 1000};
         nanosleep(&nap, NULL);

@@ -143,9 +143,11 @@ static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
         last = now;
         double waited = now - t0;
         if (waited > wait_limit_s)
-            fail("comm: rank %d of %d waited %.0f s for the other ranks (%s): one of them died, hung or stalls "
-                 "(comm_timeout_s = %g); exiting so that the job can be requeued and resume from its checkpoint",
-                 c->rank, c->size, waited, what, wait_limit_s);
+            fail_with_status(EXIT_TEMPFAIL,
+                             "comm: rank %d of %d waited %.0f s for the other ranks (%s): one of them died, hung or "
+                             "stalls (comm_timeout_s = %g); exiting with status %d so that the job can be requeued "
+                             "and resume from its checkpoint",
+                             c->rank, c->size, waited, what, wait_limit_s, EXIT_TEMPFAIL);
         if (idle_fn) {
             idle_fn(idle_arg, nap_s);
         } else {

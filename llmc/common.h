@@ -27,6 +27,9 @@ extern "C" {
 // One-line user-facing error, then exit(1).
 NORETURN void fail(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // fail, with another exit status (the job scripts tell them apart: docs/slurm.md).
+// EXIT_TEMPFAIL: a failure that another try may not meet (a rank of the job died or hangs, no
+// progress): scripts/slurm/requeue.sh requeues it, up to MAX_FAILURES in a row.
+#define EXIT_TEMPFAIL 75   // sysexits.h's EX_TEMPFAIL
 NORETURN void fail_with_status(int status, const char *fmt, ...) PRINTF_LIKE(2, 3);
 // Prints "train_gpt: warning: ..." and carries on.
 void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);

@@ -12,11 +12,13 @@
 
 #include <stdint.h>
 
+#include "llmc/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define WATCHDOG_EXIT_STATUS 75   // EX_TEMPFAIL: a temporary failure, try again
+#define WATCHDOG_EXIT_STATUS EXIT_TEMPFAIL   // llmc/common.h: a temporary failure, try again
 
 // Starts the thread (timeout_s <= 0: the watchdog stays off). rank: for the message.
 void watchdog_start(double timeout_s, int rank);

@@ -57,9 +57,9 @@ wait "$job" || rc=$?
 took=$((SECONDS - t0))
 kill -9 "$victim" 2>/dev/null || true
 say "  (rank 1 stopped: the job ended after ${took}s, rc $rc)"
-check "hung rank: the job ends non-zero" test "$rc" -ne 0
+check "hung rank: the job ends with status 75, which requeue.sh requeues (rc $rc)" test "$rc" -eq 75
 check "hung rank: rank 0 says it waited past comm_timeout_s for the others" \
-    grep -q 'comm: rank 0 of 2 waited [0-9]* s for the other ranks (.*comm_timeout_s = 5)' "$tmp/hung.log"
+    grep -q 'comm: rank 0 of 2 waited [0-9]* s for the other ranks (.*comm_timeout_s = 5); exiting with status 75' "$tmp/hung.log"
 wait_within "every rank to be gone" 30 no_rank_left
 grep -m1 'comm: rank 0' "$tmp/hung.log" || cat "$tmp/hung.log"
 
