@@ -12,6 +12,9 @@
 #      start-up: 0 after one step, not 143;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
+#   8. requeue.sh when the failure count cannot be kept;
+#   9. diloco-relay.sh started from another directory with a relative secret path: its relay
+#      reads the secret and listens.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -139,5 +142,25 @@ rc=0
 SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=79 bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/count3.log" 2>&1 || rc=$?
 check "requeue.sh: a count it can keep: requeued, the count file says 1 (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && grep -q '^requeue job 79' '$tmp/count.shim/calls' && [ \"\$(cat '$tmp/.train_gpt_failures.79')\" = 1 ]"
+
+# 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
+# relative secret path unreadable from there. A copy in a root of its own, started from another
+# directory with the secret given relatively: its relay listens (the secret read), in relay.log.
+mkdir -p "$tmp/relay_root/scripts/slurm" "$tmp/elsewhere"
+cp scripts/slurm/diloco-relay.sh "$tmp/relay_root/scripts/slurm/"
+ln -s "$(cd "$(dirname "$TRAIN_GPT")" && pwd)/$(basename "$TRAIN_GPT")" "$tmp/relay_root/train_gpt"
+make_secret "$tmp/elsewhere/my.secret"
+relay_port=$(free_port)
+# Its own process group (setsid), so that the script's restart loop and its relay end together.
+(cd "$tmp/elsewhere" && exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" "$relay_port" my.secret) \
+    >"$tmp/relay_script.log" 2>&1 &
+relay_job=$!
+relay_up_or_gone() { grep -q 'listening on' "$tmp/relay_root/relay.log" 2>/dev/null || ! kill -0 "$relay_job" 2>/dev/null; }
+WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone || true
+check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
+    grep -q 'listening on' "$tmp/relay_root/relay.log"
+kill -- -"$relay_job" 2>/dev/null || true
+wait "$relay_job" 2>/dev/null || true
+grep -q 'listening on' "$tmp/relay_root/relay.log" || cat "$tmp/relay_script.log" "$tmp/relay_root/relay.log" 2>/dev/null
 
 finish test_slurm
