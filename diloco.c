@@ -87,6 +87,8 @@ typedef struct {
     int64_t inner_steps;       // this replica's inner steps behind the contribution
     uint64_t tokens;           // and their training tokens: the contribution's weight in the mean
     double quant_err;
+    bool poisoned;             // the diloco_nan_payload test hook overwrote the payload's first
+    uint8_t unpoisoned[4];     // 4 bytes (block 0's scale): what encode wrote there
     FILE *dump;
     pthread_t thread;
     bool ok;
@@ -1133,6 +1135,28 @@ static bool average_delta(diloco *d, const fragment *f, const round_result *r) {
     return true;
 }
 
+// A round this replica's θ did not take (skipped by every replica, or its exchange failed):
+// the residual goes back to what it was before the round's encode. Encoding set it to
+// r' = (Δᵢ + r) − decode(sent) as if what was sent had counted; but θ stays and so do the local
+// weights, so the next Δᵢ holds this round's work again, and with r' it would carry the part
+// of it that was not sent twice: for good in θ, a whole quantization error with int4, and
+// nearly the whole Δᵢ with a sparse codec (top 3 %: 97 % of it). r = r' − Δᵢ + decode(sent),
+// equal to the old r up to fp32 rounding; with no memory of its own: d->delta still holds
+// this round's Δᵢ (average_delta decodes into it only for a mean it applies) and d->payload
+// what was sent. (diloco_transport = local never gets here: its M contributions are all
+// finite, or begin_round stopped the run, so its mean is applied.)
+static void restore_residual(diloco *d, const fragment *fr, flight *f) {
+    if (!d->residual || d->quant == QUANT_NONE || d->local) return;
+    if (f->poisoned) memcpy(d->payload, f->unpoisoned, sizeof f->unpoisoned);
+    int64_t o = fr->offset, n = fr->numel;
+    float *r = d->residual + o, *delta = d->delta + o;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) r[i] -= delta[i];
+    quant_decode_segments(d->quant, d->payload, n, d->block, d->segment, delta);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) r[i] += delta[i];
+}
+
 // diloco_transport = local: the hub's reduction of the M contributions in this process,
 // segment by segment, with the same arithmetic and the same downlink residual as the hub.
 static void reduce_locally(diloco *d, const fragment *f, int m) {
@@ -1416,6 +1440,8 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
         f->quant_err = encode_contribution(d, fr, params[0], d->residual, d->payload);
         if (fault_requested("diloco_nan_payload", f->round)) {
             float nan = NAN;
+            memcpy(f->unpoisoned, d->payload, sizeof f->unpoisoned);
+            f->poisoned = true;
             memcpy(d->payload, &nan, sizeof nan);
         }
         dump_bytes(d, "sent", f->round + 1, p, d->payload, fr->payload_bytes);
@@ -1575,6 +1601,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         // θ stays, the count moves on (rounds keep unique numbers); a failed one keeps training
         // locally, and the next exchange of this fragment carries the work of both rounds.
         dump_discard(d, dump, k + 1, f->fragment);
+        if (outcome == ROUND_SKIPPED || outcome == ROUND_FAILED) restore_residual(d, fr, f);
         if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
         if (outcome == ROUND_SKIPPED && catch_up) send_catchup_mean(d, f, r, st, false, 0.0, 0.0);
     }

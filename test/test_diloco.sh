@@ -371,6 +371,37 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "int8 + error feedback, stop mid-round + resume: model, optimizer, outer state bit-exact" \
         same_bytes "$tmp/ef_straight" "$tmp/ef_stop" step_00000020 model.safetensors optimizer.safetensors \
         outer.safetensors
+    # A round that is skipped gives its residual back. Encoding sets r' = (Δ + r) − sent as if
+    # what was sent counted; θ and the local weights stay, so the next Δ holds the round's work
+    # again, and with r' the part of it not sent counted twice, for good (int4: about a sixth of
+    # the round's Δ; a sparse codec: nearly all of it). One replica, int4 with feedback, its
+    # payload of outer step 3 (step 15) NaN: the mean is NaN, the step skipped. The residual at
+    # step 15 must be step 10's up to fp32 rounding: r' − Δ + decode(sent) rounds each element
+    # at |Δ| ≈ 14 |r| (int4's scale is max|Δ|/7), a few 1e-7 × |Δ|; the bug moves it by the
+    # round's unsent part, of the order of r itself. Tolerance 1e-4 × max |r|.
+    TRAIN_GPT_FAULT=diloco_nan_payload:2 "$TRAIN_GPT" "${common[@]}" "${ef[@]}" --diloco_quant int4 \
+        --diloco_transport mpi --out_dir "$tmp/ef_skip" >"$tmp/ef_skip.log" 2>&1 || cat "$tmp/ef_skip.log"
+    check "int4 + error feedback, the mean of outer step 3 NaN: the step is skipped" \
+        grep -q '"outer_step":3,"step":15,.*"applied":false' "$tmp/ef_skip/metrics.jsonl"
+    check "... and the residual after the skipped round is the one before it (error feedback counts no work twice)" \
+        "$PYTHON" - "$tmp/ef_skip/step_00000010/outer.safetensors" "$tmp/ef_skip/step_00000015/outer.safetensors" <<'PY'
+import json, struct, sys
+import numpy as np
+def residual(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    parts = [np.frombuffer(b[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]], dtype="<f4")
+             for name, t in sorted(head.items()) if name.startswith("outer.residual.")]
+    assert parts, path
+    return np.concatenate(parts)
+before, after = residual(sys.argv[1]), residual(sys.argv[2])
+scale = float(np.abs(before).max())
+worst = float(np.abs(after - before).max())
+print("  residual: max |r(15) − r(10)| = %.3g, %.3g of max |r(10)| = %.3g" % (worst, worst / scale, scale))
+sys.exit(0 if scale > 0 and worst <= 1e-4 * scale else 1)
+PY
+
     # Two replicas: each reduces half the segments and keeps their downlink residual (int8
     # downlink with feedback, the defaults), which a checkpoint saves (outer_reducer.bin) and a
     # resume takes back. Before 2026-12 it was lost at the resume: the next mean differed. A
