@@ -1,18 +1,55 @@
 # Documentation keeps up with the code: every config key (from the binary's own key
-# table) is documented in docs/config.md, and README.md starts with the two commands.
+# table) is documented in docs/config.md with its default, no documented key is gone from the
+# code, and README.md starts with the two commands. (Until 2026-12 the key check took the
+# keys from --help and passed with none: a help in another shape, or a binary that printed
+# nothing, checked nothing; defaults were not compared.)
 . "$(dirname "$0")/lib.sh"
-missing=0
-for key in $("$TRAIN_GPT" --help | awk '/^  [a-z_0-9]+ +\[/ {print $1}'); do
-    if ! grep -q "^| \`$key\`" docs/config.md; then
-        say "  FAIL config key '$key' is not documented in docs/config.md"
-        missing=$((missing + 1))
-    fi
-done
-check "every config key is documented ($missing missing)" test "$missing" -eq 0
+# The binary's key table (--help: "  key  [default]  text"), against docs/config.md's rows
+# ("| `key` | `default` ... |" or "| `key` | required |"): every key has a row with the same
+# default, and every row of a lower-case name is a key (the upper-case rows are environment
+# variables). A --help that lists fewer than 90 keys is a broken help, not a small table: the
+# check once passed with none at all.
+"$TRAIN_GPT" --help >"$BUILD/help.txt" 2>&1 || true
+mismatches=$("$PYTHON" - "$BUILD/help.txt" docs/config.md <<'PY'
+import re, sys
+keys = {}
+for line in open(sys.argv[1], encoding="utf-8"):
+    m = re.match(r"  ([a-z_0-9]+) +\[([^\]]*)\]", line)
+    if m:
+        keys[m.group(1)] = m.group(2)
+rows = {}
+for line in open(sys.argv[2], encoding="utf-8"):
+    m = re.match(r"\| `([A-Za-z_0-9]+)` \| *([^|]*?) *\|", line)
+    if m:
+        rows[m.group(1)] = m.group(2)
+bad = []
+if len(keys) < 90:
+    bad.append("--help lists %d keys" % len(keys))
+for k, default in keys.items():
+    if k not in rows:
+        bad.append("%s: no row" % k)
+        continue
+    cell = rows[k]
+    doc = "required" if cell.startswith("required") else (re.match(r"`([^`]*)`", cell) or [None, None])[1]
+    if doc != default:
+        bad.append("%s: --help says [%s], docs/config.md '%s'" % (k, default, cell))
+for k in rows:
+    if k.islower() and k not in keys:
+        bad.append("%s: documented, but no such key" % k)
+print("; ".join(bad))
+PY
+)
+check "every config key is documented with its default, and every documented key exists${mismatches:+ ($mismatches)}" \
+    test -z "$mismatches"
 for f in docs/formats.md docs/model.md docs/config.md docs/performance.md docs/data.md docs/tokenizer.md \
     docs/diloco.md docs/protocol.md docs/quant.md docs/cuda.md docs/architecture.md docs/slurm.md docs/plot.md docs/build.md; do check "$f exists" test -s "$f"; done
-check "README.md opens with the quick-start command" sh -c "grep -m1 -A3 '^\`\`\`' README.md | grep -q 'scripts/quickstart.sh'"
-check "README.md gives make test" grep -q '^make test' README.md
+# README.md's first two commands (lines of its first code blocks), in order: the quick start
+# (set up and train the default) first, then make test.
+readme_command() {  # readme_command N: the N-th command line in README.md's code blocks
+    awk -v want="$1" '/^```/ { inside = !inside; next } inside && NF && $1 != "#" { if (++n == want) { print; exit } }' README.md
+}
+check "README.md's first command is the quick start ($(readme_command 1))" test "$(readme_command 1)" = "bash scripts/quickstart.sh"
+check "README.md's second command is make test ($(readme_command 2))" test "$(readme_command 2)" = "make test"
 # Every relative link in README.md and docs/*.md names a file that exists and, with #anchor, a
 # heading of it (GitHub's anchors: lower case, punctuation but - and _ dropped, spaces to -)
 # or an <a id=…> in it.
