@@ -3924,6 +3924,9 @@ static local_result train_local(train_config *cfg, bool quiet) {
     lead->threads = setup_threads(cfg);
     lead->quiet = quiet;
     resolve_recompute(lead, M);  // the M replicas share this process's memory
+    if (cfg->tensorboard && !quiet)
+        warn("tensorboard = 1 is ignored with diloco_transport = local (a simulated run writes no event file; "
+             "metrics.jsonl has every number, and `train_gpt plot` draws them)");
     metrics_log *log = metrics_open(cfg->out_dir, false);  // a simulated run writes no event file
     dataloader *val = NULL;
     float **params = (float **)xmalloc((size_t)M * sizeof *params);
@@ -4195,7 +4198,30 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
 
 static double tune_vs(double x, double ref) { return 100.0 * (x / ref - 1.0); }
 
+static const char TUNE_USAGE[] =
+    "usage: train_gpt diloco-tune CONFIG --replicas M --inner_steps H [options] [--key value]...\n"
+    "  trains one worker, data parallel and DiLoCo over a grid of outer lr x momentum, M replicas\n"
+    "  simulated in this process, and prints the validation losses and the best setting (docs/diloco.md)\n"
+    "  --replicas M          the run's replicas, 2 .. 256 (required)\n"
+    "  --inner_steps H       the run's inner steps per outer step (required)\n"
+    "  --rounds R            outer rounds per tuning run, 2 .. 1000 [8]\n"
+    "  --outer_lr LIST       outer learning rates, comma-separated [0.7,1.0,1.4]\n"
+    "  --outer_momentum LIST outer momenta, comma-separated [0,0.5,0.9]\n"
+    "  --proxy 0|1           1: a small model of the config's data and schedule; 0: the config's model [1]\n"
+    "  --dir DIR             where the runs go, one folder each [out/diloco-tune]\n"
+    "  --key value           any config key, as for training\n";
+
+static bool asks_for_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
+    return false;
+}
+
 static int diloco_tune_main(int argc, char **argv) {
+    if (asks_for_help(argc - 1, argv + 1)) {
+        fputs(TUNE_USAGE, stdout);
+        return 0;
+    }
     if (argc < 2) fail("usage: train_gpt diloco-tune CONFIG --replicas M --inner_steps H [--rounds R] "
                        "[--outer_lr LIST] [--outer_momentum LIST] [--proxy 0|1] [--dir DIR] [--key value]...");
     const char *path = strncmp(argv[1], "--", 2) == 0 ? NULL : argv[1];
@@ -4272,6 +4298,8 @@ static int diloco_tune_main(int argc, char **argv) {
         printf("# the best outer lr is at the edge of the grid: widen --outer_lr and run again\n");
     if (b->r.val_loss >= one)
         printf("# no setting beat one worker: try a larger H or more --rounds\n");
+    printf("# tuned with one H throughout (diloco_decay_inner_steps = 0); the run keeps its own "
+           "diloco_decay_inner_steps (auto: H/4 in the decay with momentum or 150+ outer steps)\n");
     free(runs);
     config_free(&user);
     return 0;
@@ -4338,6 +4366,18 @@ static int take_plan_options(int argc, char **argv, int *world, int *gpu_row, do
     return kept;
 }
 
+static void print_plan_usage(void) {
+    printf("usage: train_gpt plan CONFIG [--world N] [--gpu NAME] [--link_mbps X] [--key value]...\n"
+           "  memory per rank for every recompute mode, what recompute = auto picks, FLOPs and time per step,\n"
+           "  and DiLoCo's traffic, without training (docs/fsdp.md)\n"
+           "  --world N        the ranks that shard one copy of the model [fsdp_size, or 1]\n"
+           "  --gpu NAME       a GPU of the memory table:");
+    for (int i = 0; i < gpu_memory_rows(); i++) printf("%s %s", i ? "," : "", gpu_memory_name(i));
+    printf("\n"
+           "  --link_mbps X    a DiLoCo replica's link in Mbit/s [100]\n"
+           "  --key value      any config key, as for training (train_gpt --help lists them)\n");
+}
+
 int main(int argc, char **argv) {
     // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -4359,6 +4399,13 @@ int main(int argc, char **argv) {
     }
     bool plan = strcmp(first, "plan") == 0;
     int at = plan ? 2 : 1;
+    // --help after the config (train_gpt CONFIG --help, train_gpt plan CONFIG --help): the keys,
+    // or plan's options (it once said "--help: missing value").
+    if (asks_for_help(argc - at, argv + at)) {
+        if (plan) print_plan_usage();
+        else config_print_help();
+        return 0;
+    }
     if (at >= argc) usage_error();
     // A config file is optional when every required key comes from the command line.
     const char *config_path = strncmp(argv[at], "--", 2) == 0 ? NULL : argv[at];

@@ -274,7 +274,7 @@ static char *split_comment_and_unquote(char *value, const char *where, const cha
         if (!close) fail("%s: %s: unterminated quoted value", where, name);
         char *rest = trim(close + 1);
         if (*rest && *rest != '#')
-            fail("%s: %s: text after the closing quote (a value cannot hold a double quote)", where, name);
+            fail("%s: %s: text after the closing quote (a quoted value cannot hold a double quote)", where, name);
         *close = '\0';
         return value + 1;
     }

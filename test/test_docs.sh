@@ -43,6 +43,14 @@ check "every config key is documented with its default, and every documented key
     test -z "$mismatches"
 for f in docs/formats.md docs/model.md docs/config.md docs/performance.md docs/data.md docs/tokenizer.md \
     docs/diloco.md docs/protocol.md docs/quant.md docs/cuda.md docs/architecture.md docs/slurm.md docs/plot.md docs/build.md; do check "$f exists" test -s "$f"; done
+# Every command answers --help with its usage on stdout and status 0 (plan, diloco-tune and a
+# config followed by --help once answered "--help: missing value" or "--replicas M is required").
+check "train_gpt plan --help: plan's options" sh -c "'$TRAIN_GPT' plan --help | grep -q -- '--world N'"
+check "train_gpt plan CONFIG --help: plan's options" sh -c "'$TRAIN_GPT' plan configs/tiny.conf --help | grep -q -- '--link_mbps X'"
+check "train_gpt CONFIG --help: the keys" sh -c "'$TRAIN_GPT' configs/tiny.conf --help | grep -q '^  seq_len '"
+check "train_gpt diloco-tune --help: its options" sh -c "'$TRAIN_GPT' diloco-tune --help | grep -q -- '--inner_steps H'"
+check "train_gpt prepare / relay / plot --help answer too" \
+    sh -c "'$TRAIN_GPT' prepare --help >/dev/null && '$TRAIN_GPT' relay --help >/dev/null && '$TRAIN_GPT' plot --help >/dev/null"
 # README.md's first two commands (lines of its first code blocks), in order: the quick start
 # (set up and train the default) first, then make test.
 readme_command() {  # readme_command N: the N-th command line in README.md's code blocks
