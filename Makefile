@@ -3,10 +3,11 @@
 # What the build can use is detected, printed (✓ / ✗), and used:
 #   OpenMP    required for threads (a build without it runs on one core)
 #   BLAS      OpenBLAS (the OpenMP flavour preferred), else any CBLAS, else a slow built-in gemm
-#   PCRE2     the tokenizer's pre-tokenizer (without it: no `train_gpt prepare`)
+#   PCRE2     the tokenizer's split regex (without it: no `train_gpt prepare`; samples during
+#             training encode their prompt without the split, docs/tokenizer.md)
 #   nvcc      the CUDA backend (hipcc: the same backend for AMD GPUs, where nvcc is not found or HIP=1)
 #   MPI       multi-process runs
-# Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NO_BLAS=1,
+# Override any guess: make BLAS_LIBS="-lmkl_rt" BLAS_CFLAGS="-DUSE_CBLAS", make NO_BLAS=1, NO_PCRE2=1,
 # make NATIVE=0 (no -march=native, or -mcpu=native on aarch64: for a binary that must run on
 # older CPUs), BUILD=dir.
 # What was detected and given goes to BUILD/config.txt; a change there rebuilds everything it
@@ -80,13 +81,15 @@ CFLAGS_BASE += $(BLAS_CFLAGS)
 LDLIBS += $(BLAS_LIBS)
 
 # ---------------------------------------------------------------- PCRE2
-ifneq ($(shell pkg-config --exists libpcre2-8 2>/dev/null && echo 1),)
+ifeq ($(NO_PCRE2),1)
+  MSG_PCRE2 := ✗ PCRE2 (NO_PCRE2=1: no train_gpt prepare)
+else ifneq ($(shell pkg-config --exists libpcre2-8 2>/dev/null && echo 1),)
   HAVE_PCRE2 := 1
   CFLAGS_BASE += -DHAVE_PCRE2 $(shell pkg-config --cflags libpcre2-8)
   LDLIBS += $(shell pkg-config --libs libpcre2-8)
   MSG_PCRE2 := ✓ PCRE2 (tokenizer)
 else
-  MSG_PCRE2 := ✗ PCRE2 (no tokenizer: install libpcre2-dev)
+  MSG_PCRE2 := ✗ PCRE2 (no train_gpt prepare: install libpcre2-dev)
 endif
 
 # ---------------------------------------------------------------- nvcc, MPI
@@ -309,7 +312,7 @@ TEST_ORDER = $(if $(filter-out 0 1,$(TEST_JOBS)),$(filter $(TESTS_ALL),$(TESTS_F
 TESTS_NICE := test/test_aarch64.sh $(BUILD)/test_gpu_step_emu test/test_hip.sh test/test_gpu_train_emu.sh \
               test/test_prepare.sh test/test_prepare_compressed.sh test/test_fsdp.sh test/test_plan.sh \
               test/test_recompute.sh test/test_gpu_session.sh test/test_fsdp_plan.sh test/test_tensorboard.sh \
-              test/test_builtin_gemm.sh $(BUILD)/test_quant_gpu_emu $(BUILD)/test_gpu_kernels_emu64 \
+              test/test_builtin_gemm.sh test/test_no_pcre2.sh $(BUILD)/test_quant_gpu_emu $(BUILD)/test_gpu_kernels_emu64 \
               $(BUILD)/test_gpu_kernels_emu test/test_torch_reference.sh test/test_tokenizer_vectors.sh \
               test/test_learning.sh test/test_configs.sh test/test_docs.sh test/test_layout.sh test/test_build.sh
 test: all $(TEST_BINS) $(TOOLS)

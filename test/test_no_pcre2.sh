@@ -1,0 +1,45 @@
+# A build without PCRE2 (make NO_PCRE2=1: what a machine without libpcre2-dev gets), in its own
+# build folder (CPU only, to stay fast):
+#   1. make says ✗ PCRE2 and the binary links no libpcre2;
+#   2. its test_tokenizer passes: loading, decoding, and the unsplit encoding the samples use
+#      (tokenizer_encode itself fails naming PCRE2);
+#   3. it trains a config that samples (sample_every > 0, as configs/tiny.conf does): one
+#      warning that the prompt is encoded without the split regex, the samples printed, exit
+#      0. It once failed at the sampler's set-up ("sample_prompt: cannot encode it: ... built
+#      without PCRE2"), after the start-up had written metrics.jsonl and joined DiLoCo's group.
+. "$(dirname "$0")/lib.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+B="$BUILD/nopcre2"
+make -s NO_PCRE2=1 NO_CUDA=1 BUILD="$B" "$B/train_gpt" "$B/test_tokenizer" >"$tmp/make.out" 2>&1 ||
+    { cat "$tmp/make.out"; die "the NO_PCRE2=1 build failed"; }
+check "config.txt says ✗ PCRE2 (NO_PCRE2=1)" grep -q "^PCRE2=✗ PCRE2 (NO_PCRE2=1" "$B/config.txt"
+check "... and the binary links no libpcre2" sh -c "! ldd '$B/train_gpt' | grep -q pcre2"
+
+"$B/test_tokenizer" >"$tmp/unit.out" 2>&1 || true
+check "test_tokenizer without PCRE2: $(tail -n 1 "$tmp/unit.out")" grep -q "test_tokenizer: [0-9]* checks, 0 failed" "$tmp/unit.out"
+
+# One token per byte (GPT-2's byte-level alphabet, no merges): the model's vocabulary is 256.
+"$PYTHON" - "$tmp/bytes.json" <<'PY'
+import json, sys
+keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+spelled, extra = {b: chr(b) for b in keep}, 0
+for b in range(256):
+    if b not in spelled:
+        spelled[b] = chr(256 + extra)
+        extra += 1
+json.dump({"version": "1.0", "normalizer": None, "added_tokens": [],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "vocab": {spelled[b]: b for b in range(256)}, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+"$TOOL" shard "$tmp/train.bin" 256 0 20000 11
+rc=0
+"$B/train_gpt" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --vocab_size 256 --threads 1 \
+    --max_steps 6 --ckpt_keep 0 --out_dir "$tmp/run" --tokenizer "$tmp/bytes.json" --sample_every 3 \
+    --sample_prompt "It is a truth" >"$tmp/run.out" 2>"$tmp/run.err" || rc=$?
+check "trains with sample_every 3 (exit $rc; $(grep -m 1 error "$tmp/run.err" || true))" test $rc -eq 0
+check "one warning: the prompt is encoded without the split regex" \
+    sh -c "[ \$(grep -c 'warning: sample_prompt: .*built without PCRE2.*without the split regex' '$tmp/run.err') -eq 1 ]"
+check "samples at steps 3 and 6, each starting with the prompt" \
+    sh -c "[ \$(grep -c 'sample: It is a truth' '$tmp/run.out') -eq 2 ]"
+finish test_no_pcre2
