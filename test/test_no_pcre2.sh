@@ -6,7 +6,12 @@
 #   3. it trains a config that samples (sample_every > 0, as configs/tiny.conf does): one
 #      warning that the prompt is encoded without the split regex, the samples printed, exit
 #      0. It once failed at the sampler's set-up ("sample_prompt: cannot encode it: ... built
-#      without PCRE2"), after the start-up had written metrics.jsonl and joined DiLoCo's group.
+#      without PCRE2"), after the start-up had written metrics.jsonl and joined DiLoCo's group;
+#   4. `prepare` refuses before it reads or creates anything: exit 1, one line naming PCRE2
+#      (it got as far as its first document);
+#   5. the tests of encoding (test_prepare.sh, test_prepare_compressed.sh,
+#      test_tokenizer_vectors.sh) pass on it with one "skipped (no PCRE2)" line each and
+#      fetch no npm package (they failed: `make test` could not pass in such a build).
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 B="$BUILD/nopcre2"
@@ -42,4 +47,20 @@ check "one warning: the prompt is encoded without the split regex" \
     sh -c "[ \$(grep -c 'warning: sample_prompt: .*built without PCRE2.*without the split regex' '$tmp/run.err') -eq 1 ]"
 check "samples at steps 3 and 6, each starting with the prompt" \
     sh -c "[ \$(grep -c 'sample: It is a truth' '$tmp/run.out') -eq 2 ]"
+
+rc=0
+"$B/train_gpt" prepare --quiet --tokenizer "$tmp/bytes.json" --doc_token none --out "$tmp/prep/run" "$tmp/bytes.json" \
+    >"$tmp/prep.out" 2>"$tmp/prep.err" || rc=$?
+check "prepare: exit 1 ($rc), one line naming PCRE2: $(head -c 200 "$tmp/prep.err")" \
+    sh -c "[ $rc -eq 1 ] && [ \$(wc -l <'$tmp/prep.err') -eq 1 ] &&
+           grep -q '^train_gpt: error: prepare: .*built without PCRE2.*libpcre2-dev' '$tmp/prep.err'"
+check "... and created nothing" test ! -e "$tmp/prep"
+
+for t in test_prepare test_prepare_compressed test_tokenizer_vectors; do
+    rc=0
+    TRAIN_GPT="$B/train_gpt" BUILD="$B" bash "test/$t.sh" >"$tmp/$t.out" 2>&1 || rc=$?
+    check "$t.sh passes on it (exit $rc), with one line: $(head -n 1 "$tmp/$t.out")" \
+        sh -c "[ $rc -eq 0 ] && [ \$(wc -l <'$tmp/$t.out') -eq 1 ] && grep -q '^  skipped (no PCRE2): ' '$tmp/$t.out'"
+done
+check "... and no npm package was fetched" test ! -e "$B/npm"
 finish test_no_pcre2

@@ -16,6 +16,7 @@
 //                                                   {"text", "allow_special", "ids"} lines made
 //                                                   by a JS tokenizer
 //   test_tokenizer roundtrip TOKENIZER [ENCODING]   random byte strings round-trip
+//   test_tokenizer can_encode                       "yes", or "no (...)" in a build without PCRE2
 //   test_tokenizer shards TOKENIZER ENCODING|- MANIFEST TRAIN_SHARDS VAL_SHARDS DOC_TOKEN
 //                                                   what `prepare` wrote, read back with
 //                                                   dataloader.h, against encoding each document
@@ -854,6 +855,10 @@ static void test_sample_printable(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "can_encode") == 0) {   // the shell tests' probe
+        puts(tokenizer_can_split() ? "yes" : "no (built without PCRE2)");
+        return 0;
+    }
     if (argc >= 4 && strcmp(argv[1], "plans") == 0) return run_plans(argv[2], argv[3]);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) return run_compare(argv[2], argv[3], argc > 4 ? argv[4] : NULL);
     if (argc >= 3 && strcmp(argv[1], "roundtrip") == 0) return run_roundtrip(argv[2], argc > 3 ? argv[3] : NULL);
@@ -861,7 +866,7 @@ int main(int argc, char **argv) {
         return run_shards(argv[2], argv[3], argv[4], argv[5], argv[6],
                           strcmp(argv[7], "none") == 0 ? SHARD_NO_DOC_TOKEN : (uint32_t)strtoul(argv[7], NULL, 10));
     if (argc != 1)
-        fail("usage: test_tokenizer [plans FILE DIR | compare TOKENIZER VECTORS [ENC] | roundtrip TOKENIZER [ENC] | "
+        fail("usage: test_tokenizer [can_encode | plans FILE DIR | compare TOKENIZER VECTORS [ENC] | roundtrip TOKENIZER [ENC] | "
              "shards TOKENIZER ENC|- MANIFEST TRAIN_GLOB VAL_GLOB DOC_TOKEN|none]");
 
     snprintf(temp_dir, sizeof temp_dir, "/tmp/test_tokenizer.XXXXXX");

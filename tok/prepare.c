@@ -203,6 +203,11 @@ static prepare_options parse_options(int argc, char **argv) {
             fail("prepare: unknown option --%s (see train_gpt prepare --help)", name);
         }
     }
+    // Before anything is read or created: without the split regex no document can be encoded
+    // (until 2026-12 the run got as far as its first document).
+    if (!tokenizer_can_split())
+        fail("prepare: this train_gpt was built without PCRE2, so it cannot encode text ---> HINT: apt-get install "
+             "libpcre2-dev (or your system's PCRE2 development package) and rebuild with make");
     if (!o.tokenizer_path) fail("prepare: --tokenizer is required (see train_gpt prepare --help)");
     if (!o.out_prefix || !*o.out_prefix) fail("prepare: --out is required (see train_gpt prepare --help)");
     if (o.n_inputs == 0) fail("prepare: no input files given (see train_gpt prepare --help)");
