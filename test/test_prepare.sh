@@ -15,7 +15,8 @@
 #     SIGTERM leaves only .partial shards, which the next run removes (its .partial.tmp and
 #     summary .tmp too); a summary that cannot be written publishes nothing; an --out with glob
 #     characters still finds an earlier run, and --out owt never takes owt_train_10k's shards
-#     for its own.
+#     for its own; a shard that cannot take its final name (EIO) takes back the ones renamed
+#     before it, in train or val.
 #   - The output next to its text: a second run over that directory leaves the first run's
 #     shards and summary out of its input.
 #   - A run of 12 M spaces (cl100k's \s*[\r\n] steps back once per space) encodes: PCRE2's
@@ -170,6 +171,22 @@ TRAIN_GPT_FAULT=prepare_summary_enospc:0 "$TRAIN_GPT" prepare --quiet --tokenize
 [ "$(cd "$T/k" && cat run_* | md5sum)" = "$before" ] && ! compgen -G "$T/k/run_*.partial*" >/dev/null &&
     ! test -e "$T/k/run_summary.json.tmp" && ok "... the earlier run as it was, nothing of this one left" ||
     bad "a failed summary left the output changed: $(ls "$T/k")"
+
+echo "-- a shard that cannot take its final name (EIO, a full quota) takes back those renamed before it"
+# Hook prepare_publish_eio:N: the rename of shard N (train's, then val's) fails. They were
+# left under their final names: a corpus with a hole that the trainer's glob takes for whole.
+n_train=$(ls "$T"/a1/run_train_*.bin | wc -l)
+for at in 2 "$n_train"; do
+    rc=0
+    TRAIN_GPT_FAULT=prepare_publish_eio:$at "$TRAIN_GPT" prepare --quiet --tokenizer "$R50K" --out "$T/pe$at/run" \
+        --val_files b.txt --shard_tokens 500 "$T/corpus" >/dev/null 2>"$T/pe.err" || rc=$?
+    want=$([ "$at" = 2 ] && echo run_train_000002.bin || echo run_val_000000.bin)
+    [ $rc -eq 1 ] && [ "$(wc -l <"$T/pe.err")" -eq 1 ] &&
+        grep -q "^train_gpt: error: cannot rename .*$want.partial to .*$want: Input/output error; the $at shards renamed before it were removed" "$T/pe.err" &&
+        ok "shard $at ($want): exit 1, one line: $(cat "$T/pe.err")" || bad "shard $at: status $rc: $(cat "$T/pe.err")"
+    [ -z "$(ls -A "$T/pe$at")" ] && ok "... no shard, partial shard or summary of the run is left" ||
+        bad "a failed rename left: $(ls "$T/pe$at")"
+done
 
 echo "-- --out owt beside owt_train_10k: another corpus, not an earlier run of owt"
 prepare --tokenizer "$R50K" --out "$T/oo/owt_train_10k" "$T/corpus/a.txt" >/dev/null

@@ -402,14 +402,51 @@ static void old_shards(const char *prefix, bool overwrite, bool remove, bool par
     }
 }
 
-// The run is done: its partial shards take their final names.
-static void publish_shards(const split_output *o) {
-    for (int k = 0; k < o->shards; k++) {
-        char *from = shard_path(o->prefix, o->split, k, true), *to = shard_path(o->prefix, o->split, k, false);
-        if (rename(from, to) != 0) fail("cannot rename %s to %s: %s", from, to, strerror(errno));
-        free(from);
-        free(to);
-    }
+// Removes the first `published` shards of the run (train's, then val's) under their final
+// names; returns how many could not be removed.
+static int take_back_shards(const split_output *const splits[2], int published) {
+    int left = 0;
+    for (int s = 0; s < 2 && published > 0; s++)
+        for (int k = 0; k < splits[s]->shards && published > 0; k++, published--) {
+            char *path = shard_path(splits[s]->prefix, splits[s]->split, k, false);
+            if (unlink(path) != 0) left++;
+            free(path);
+        }
+    return left;
+}
+
+// The run is done: its partial shards take their final names, train's then val's. If one
+// cannot (EIO, EDQUOT), those already renamed are taken back before the run fails, and the
+// exit removes the partial ones: shards 0..k-1 under their final names would be a corpus with
+// a hole that the trainer's glob takes for whole (until 2026-12 they were left).
+static void publish_shards(const split_output *train, const split_output *val) {
+    const split_output *const splits[2] = {train, val};
+    int published = 0;
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < splits[s]->shards; k++) {
+            const split_output *o = splits[s];
+            char *from = shard_path(o->prefix, o->split, k, true), *to = shard_path(o->prefix, o->split, k, false);
+            int rc, error;
+            if (fault_requested("prepare_publish_eio", published)) rc = -1, error = EIO;
+            else rc = rename(from, to), error = errno;
+            if (rc != 0) {
+                int left = take_back_shards(splits, published);
+                size_t n = strlen(o->prefix) + 24;
+                char *summary = xmalloc(n);
+                snprintf(summary, n, "%s_summary.json.tmp", o->prefix);
+                unlink(summary);
+                if (left)
+                    fail("cannot rename %s to %s: %s; %d of the %d shards renamed before it could not be removed: "
+                         "remove %s_train_*.bin and %s_val_*.bin, a corpus with a hole",
+                         from, to, strerror(error), left, published, o->prefix, o->prefix);
+                fail("cannot rename %s to %s: %s; the %d shards renamed before it were removed: no shard of this run "
+                     "is left",
+                     from, to, strerror(error), published);
+            }
+            published++;
+            free(from);
+            free(to);
+        }
 }
 
 static void make_parent_dirs(const char *prefix) {
@@ -771,8 +808,7 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
                   file_bytes, seconds);
     if (opt.overwrite) old_shards(opt.out_prefix, true, true, false);
-    publish_shards(&train);
-    publish_shards(&val);
+    publish_shards(&train, &val);
     outputs_to_abort[0] = outputs_to_abort[1] = NULL;   // nothing partial is left to remove
     publish_summary(opt.out_prefix);
     fflush(stdout);
