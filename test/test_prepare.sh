@@ -128,6 +128,13 @@ expect_error "unmatched --val_files" "no input file is named zzz.txt" --tokenize
 expect_error "unknown --doc_token" "no special token <|nope|>" --tokenizer "$R50K" --out "$T/e/x" --doc_token '<|nope|>' "$T/corpus/a.txt"
 expect_error "no inputs" "no input files" --tokenizer "$R50K" --out "$T/e/x"
 [ ! -e "$T/e/x_train_000000.bin" ] && ok "failed runs leave no shard" || bad "a failed run left a shard"
+# tiktoken's loader skips blank lines: a rank file ending in "\n\n" loads (it was refused,
+# ":50257: not a tiktoken line").
+mkdir -p "$T/blank" && { cat "$R50K"; echo; } >"$T/blank/r50k_base.tiktoken"
+prepare --tokenizer "$R50K" --out "$T/blank/ref" "$T/corpus/a.txt" >/dev/null
+prepare --tokenizer "$T/blank/r50k_base.tiktoken" --out "$T/blank/run" "$T/corpus/a.txt" >/dev/null 2>"$T/blank.err" &&
+    cmp -s "$T/blank/run_train_000000.bin" "$T/blank/ref_train_000000.bin" &&
+    ok "r50k_base.tiktoken with a blank last line: loads, the same tokens" || bad "a blank last line: $(cat "$T/blank.err")"
 
 echo "-- --overwrite replaces an earlier run"
 prepare --tokenizer "$R50K" --out "$T/a/run" --overwrite "$T/corpus/a.txt" >/dev/null

@@ -530,6 +530,12 @@ static void test_broken_files(void) {
     expect_load_fails(tk, NULL, ":2: rank 0 appears twice", "duplicate rank");
     write_file(tk, "IQ== 99999\n", 11);
     expect_load_fails(tk, NULL, "too large", "rank out of range");
+    // Blank lines are skipped, as tiktoken's loader does: at the end ("\n\n") and between
+    // lines, LF or CRLF; only the count of ranks is then wrong (they were "not a tiktoken line").
+    write_file(tk, "IQ== 0\nIg== 1\n\n", 15);
+    expect_load_fails(tk, NULL, "has 2 ranks but r50k_base has 50256", "a blank line at the end");
+    write_file(tk, "IQ== 0\r\n\r\nIg== 1\r\n", 18);
+    expect_load_fails(tk, NULL, "has 2 ranks but r50k_base has 50256", "a blank CRLF line between");
     const char *p50k = temp_path("p50k_base.tiktoken");
     write_file(p50k, "IQ== 50256\n", 11);   // p50k's ranks skip 50256, <|endoftext|>
     expect_load_fails(p50k, NULL, "special token's id", "rank on a special id");

@@ -150,6 +150,12 @@ tokenizer *tok_load_tiktoken(const char *path, const char *text, size_t bytes, c
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         if (!eol) eol = end;
         const char *stop = eol > p && eol[-1] == '\r' ? eol - 1 : eol;
+        if (stop == p) {
+            // A blank line (a file that ends in "\n\n"): tiktoken's load_tiktoken_bpe skips
+            // them; until 2026-12 it was "not a tiktoken line".
+            p = eol < end ? eol + 1 : end;
+            continue;
+        }
         const char *space = memchr(p, ' ', (size_t)(stop - p));
         size_t decoded_bytes = 0;
         char *rank_end = NULL;
