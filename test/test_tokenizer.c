@@ -529,7 +529,10 @@ static void test_broken_files(void) {
     write_file(tk, "IQ== 0\nIg== 0\n", 14);
     expect_load_fails(tk, NULL, ":2: rank 0 appears twice", "duplicate rank");
     write_file(tk, "IQ== 99999\n", 11);
-    expect_load_fails(tk, NULL, "too large", "rank out of range");
+    expect_load_fails(tk, NULL, ":1: rank 99999 is too large", "rank out of range");
+    // Past 2^64 - 1: the rank as written (it was reported as 18446744073709551615).
+    write_file(tk, "IQ== 99999999999999999999999\n", 29);
+    expect_load_fails(tk, NULL, ":1: rank 99999999999999999999999 is too large", "rank past 2^64");
     // Blank lines are skipped, as tiktoken's loader does: at the end ("\n\n") and between
     // lines, LF or CRLF; only the count of ranks is then wrong (they were "not a tiktoken line").
     write_file(tk, "IQ== 0\nIg== 1\n\n", 15);

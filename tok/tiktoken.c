@@ -9,6 +9,7 @@
 #include "tok/internal.h"
 #include "llmc/common.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,8 +161,11 @@ tokenizer *tok_load_tiktoken(const char *path, const char *text, size_t bytes, c
         size_t decoded_bytes = 0;
         char *rank_end = NULL;
         unsigned long long rank = 0;
+        bool overflow = false;
         if (space && space > p && (size_t)(space - p) <= sizeof decoded / 3 * 4 && space + 1 < stop) {
+            errno = 0;
             rank = strtoull(space + 1, &rank_end, 10);
+            overflow = errno == ERANGE;
         }
         if (!space || rank_end != stop || space[1] < '0' || space[1] > '9' ||
             !base64_decode(p, (size_t)(space - p), decoded, &decoded_bytes)) {
@@ -169,9 +173,11 @@ tokenizer *tok_load_tiktoken(const char *path, const char *text, size_t bytes, c
             tokenizer_free(t);
             return NULL;
         }
-        if (rank >= enc->rank_limit) {
-            snprintf(why, why_bytes, "%s:%zu: rank %llu is too large for %s, whose ranks are below %u", path, line,
-                     rank, enc->name, enc->rank_limit);
+        if (overflow || rank >= enc->rank_limit) {
+            // The rank as written: one past 2^64 - 1 was reported as 18446744073709551615.
+            int digits = (int)(stop - space - 1);
+            snprintf(why, why_bytes, "%s:%zu: rank %.*s%s is too large for %s, whose ranks are below %u", path, line,
+                     digits < 40 ? digits : 40, space + 1, digits > 40 ? "..." : "", enc->name, enc->rank_limit);
             tokenizer_free(t);
             return NULL;
         }
