@@ -559,6 +559,24 @@ static void test_broken_files(void) {
     write_file(bad, json, n / 2);
     expect_load_fails(bad, NULL, "not valid JSON", "truncated json");
     expect_load_fails(good, "r50k_base", "applies to .tiktoken files only", "encoding given for json");
+    // JSON that is not an object, and a tokenizer.json behind a UTF-8 byte order mark: both
+    // went to the tiktoken loader, which asked for --encoding.
+    const char *array = temp_path("array.json");
+    write_file(array, " [1, 2]\n", 8);
+    expect_load_fails(array, NULL, "array.json: not a JSON object", "a JSON array");
+    write_file(array, "\xEF\xBB\xBF[]", 5);
+    expect_load_fails(array, NULL, "array.json: not a JSON object", "a JSON array after a BOM");
+    strbuf with_bom = {0};
+    sb_append(&with_bom, "\xEF\xBB\xBF");
+    sb_append(&with_bom, json);
+    const char *bom_path = temp_path("bom.json");
+    write_file(bom_path, with_bom.data, with_bom.length);
+    sb_free(&with_bom);
+    char why[400] = "";
+    tokenizer *loaded = tokenizer_load(bom_path, NULL, why, sizeof why);
+    EXPECT(loaded != NULL && tokenizer_vocab_size(loaded) == v.n_tokens + 6,
+           "a tokenizer.json behind a UTF-8 BOM does not load: %s", why);
+    tokenizer_free(loaded);
     struct {
         const char *from, *to, *reason;
     } edits[] = {

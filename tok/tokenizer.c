@@ -223,19 +223,24 @@ tokenizer *tokenizer_load(const char *path, const char *encoding, char *why, siz
         snprintf(why, why_bytes, "cannot read tokenizer %s: %s", path, strerror(errno));
         return NULL;
     }
-    size_t i = 0;
+    // A UTF-8 byte order mark (some editors write one) is skipped: a tokenizer.json saved so
+    // is still JSON. A JSON array is JSON too, and the JSON loader says it is not an object
+    // (until 2026-12 a BOM or a '[' sent the file to the tiktoken loader, which asked for
+    // --encoding).
+    size_t bom = bytes >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    size_t i = bom;
     while (i < bytes && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t')) i++;
     tokenizer *t;
     if (i == bytes) {
         snprintf(why, why_bytes, "tokenizer %s is empty", path);
         t = NULL;
-    } else if (text[i] == '{') {
+    } else if (text[i] == '{' || text[i] == '[') {
         if (encoding) {
             snprintf(why, why_bytes, "%s is a tokenizer.json; an encoding name (%s) applies to .tiktoken files only",
                      path, encoding);
             t = NULL;
         } else {
-            t = tok_load_hf_json(path, text, bytes, why, why_bytes);
+            t = tok_load_hf_json(path, text + bom, bytes - bom, why, why_bytes);
         }
     } else {
         t = tok_load_tiktoken(path, text, bytes, encoding, why, why_bytes);
