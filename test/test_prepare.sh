@@ -11,6 +11,7 @@
 #     between 12 and 48 there (4 binomial standard deviations around 30).
 #   - Broken or truncated tokenizer files, unreadable inputs, malformed JSONL, bad options
 #     and an existing output: exit status 1 and one line on stderr naming the problem.
+#   - "--" ends the options: an input named --notes.txt after it is read.
 #   - All or nothing: a failing --overwrite leaves the earlier run whole; a run stopped by
 #     SIGTERM leaves only .partial shards, which the next run removes (its .partial.tmp and
 #     summary .tmp too); a summary that cannot be written publishes nothing; an --out with glob
@@ -135,6 +136,15 @@ prepare --tokenizer "$R50K" --out "$T/blank/ref" "$T/corpus/a.txt" >/dev/null
 prepare --tokenizer "$T/blank/r50k_base.tiktoken" --out "$T/blank/run" "$T/corpus/a.txt" >/dev/null 2>"$T/blank.err" &&
     cmp -s "$T/blank/run_train_000000.bin" "$T/blank/ref_train_000000.bin" &&
     ok "r50k_base.tiktoken with a blank last line: loads, the same tokens" || bad "a blank last line: $(cat "$T/blank.err")"
+
+echo "-- '--' ends the options: an input named --notes.txt"
+# It was taken for an input named "--", and --notes.txt for an unknown option.
+mkdir -p "$T/dash"
+echo "notes" >"$T/dash/--notes.txt"
+echo "more" >"$T/dash/b.txt"
+(cd "$T/dash" && "$TRAIN_GPT" prepare --quiet --tokenizer "$R50K" --out run -- --notes.txt b.txt) >"$T/dash.out" 2>&1 &&
+    grep -q "train 2 documents" "$T/dash.out" && ok "prepare ... -- --notes.txt b.txt: 2 documents" ||
+    bad "-- then --notes.txt: $(cat "$T/dash.out")"
 
 echo "-- --overwrite replaces an earlier run"
 prepare --tokenizer "$R50K" --out "$T/a/run" --overwrite "$T/corpus/a.txt" >/dev/null

@@ -78,7 +78,9 @@ static const char usage[] =
     "  --overwrite           replace the shards and summary of an earlier run with the\n"
     "                        same PREFIX\n"
     "  --progress_s S        seconds between progress lines (default 5; 0: every batch)\n"
-    "  --quiet               no progress lines\n";
+    "  --quiet               no progress lines\n"
+    "  --                    the end of the options: every argument after it is an INPUT,\n"
+    "                        one whose name starts with -- too\n";
 
 typedef struct {
     const char *tokenizer_path, *encoding, *out_prefix, *val_files, *format, *text_key, *doc_token;
@@ -146,7 +148,13 @@ static prepare_options parse_options(int argc, char **argv) {
             fputs(usage, stdout);
             exit(0);
         }
-        if (strncmp(arg, "--", 2) != 0 || strcmp(arg, "--") == 0) {
+        if (strcmp(arg, "--") == 0) {
+            // The end of the options: every argument after it is an input, "--notes.txt" too
+            // (until 2026-12 "--" was itself taken for an input).
+            while (++i < argc) o.inputs[o.n_inputs++] = argv[i];
+            break;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
             o.inputs[o.n_inputs++] = argv[i];
             continue;
         }
