@@ -269,11 +269,11 @@ static void test_merge_order(void) {
             uint32_t want[40];
             size_t want_n = naive_bpe(&v, ignore_merges, piece, n, want);
             token_list got = {0};
-            tok_bpe_encode_piece(t, &scratch, piece, n, &got);
+            bool encoded = tok_bpe_encode_piece(t, &scratch, piece, n, &got);
             // Twice: the second time may come from the piece cache.
             token_list again = {0};
-            tok_bpe_encode_piece(t, &scratch, piece, n, &again);
-            bool same = got.count == want_n && memcmp(got.ids, want, want_n * sizeof *want) == 0 &&
+            encoded = tok_bpe_encode_piece(t, &scratch, piece, n, &again) && encoded;
+            bool same = encoded && got.count == want_n && memcmp(got.ids, want, want_n * sizeof *want) == 0 &&
                         again.count == want_n && memcmp(again.ids, want, want_n * sizeof *want) == 0;
             if (!same) mismatches++;
             free(got.ids);
@@ -321,6 +321,20 @@ static void test_encode_unsplit(void) {
         free(back);
         free(ids);
     }
+    // A piece of 2^32 bytes would wrap the merge loop's 32-bit positions: refused, before
+    // a byte of it is read (so this small buffer can stand for 4 GiB).
+    const char small[1] = {'a'};
+    uint32_t *ids = NULL;
+    size_t count = 0;
+    char reason[300] = "";
+    token_list none = {0};
+    tok_bpe_scratch scratch = {0};
+    EXPECT(!tok_bpe_encode_piece(t, &scratch, (const uint8_t *)small, (size_t)1 << 32, &none) && none.count == 0,
+           "a piece of 2^32 bytes was merged");
+    tok_bpe_scratch_free(&scratch);
+    EXPECT(!tokenizer_encode_unsplit(t, small, (size_t)1 << 32, &ids, &count, reason, sizeof reason) &&
+               one_line(reason) && strstr(reason, "one piece of 4294967296 bytes"),
+           "a text of 2^32 bytes, unsplit: [%s]", reason);
     EXPECT(failures == 0, "tokenizer_encode_unsplit failed %d times: %s", failures, why);
     EXPECT(mismatches == 0, "tokenizer_encode_unsplit: %d of 200 texts differ from BPE over the whole text, or do "
            "not decode back", mismatches);

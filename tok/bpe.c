@@ -292,16 +292,19 @@ static void merge_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p
     }
 }
 
-void tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p, size_t n, token_list *out) {
+bool tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p, size_t n, token_list *out) {
+    // Positions (next, prev, the heap's low half) are uint32_t, and UINT32_MAX + 1 bytes
+    // would wrap them (no test: it would take 4 GiB of text and ~150 GB of scratch).
+    if (n > TOK_MAX_PIECE_BYTES) return false;
     if (n == 1) {
         tok_push(out, t->byte_token[p[0]]);
-        return;
+        return true;
     }
     if (t->whole_piece_first) {
         uint32_t whole = tok_piece_lookup(t, p, n);
         if (whole != TOKENIZER_NO_TOKEN) {
             tok_push(out, whole);
-            return;
+            return true;
         }
     }
     // Only merged pieces are cached: whole-token pieces cost one map lookup anyway, and
@@ -320,7 +323,7 @@ void tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t 
             const tok_cache_entry *e = &set[way];
             if ((e->shape & 0xFF) == n && e->key.lo == k.lo && e->key.hi == k.hi) {
                 for (uint32_t i = 0; i < e->shape >> 8; i++) tok_push(out, e->tokens[i]);
-                return;
+                return true;
             }
         }
     }
@@ -335,4 +338,5 @@ void tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t 
         set[0].shape = (uint32_t)n | (uint32_t)made << 8;
         memcpy(set[0].tokens, out->ids + first, made * sizeof *set[0].tokens);
     }
+    return true;
 }

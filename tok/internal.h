@@ -146,8 +146,10 @@ typedef struct {
     tok_cache_entry *cache;
 } tok_bpe_scratch;
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
-// Appends the tokens of one piece (n >= 1 bytes) to out.
-void tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p, size_t n, token_list *out);
+// Appends the tokens of one piece (n >= 1 bytes) to out. False, with nothing appended or
+// read, for a piece longer than TOK_MAX_PIECE_BYTES: the merge loop's positions are 32-bit.
+#define TOK_MAX_PIECE_BYTES ((size_t)UINT32_MAX)
+bool tok_bpe_encode_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p, size_t n, token_list *out);
 
 // ---- loaders ----
 tokenizer *tok_load_tiktoken(const char *path, const char *text, size_t bytes, const char *encoding, char *why,

@@ -293,6 +293,17 @@ bool tokenizer_is_special(const tokenizer *t, uint32_t id) {
 
 // ---------------------------------------------------------------- encoding
 
+// BPE of one piece, or false and why for a piece too long for the merge loop (tok/bpe.c).
+static bool bpe_piece(const tokenizer *t, tok_bpe_scratch *s, const uint8_t *p, size_t n, token_list *out, char *why,
+                      size_t why_bytes) {
+    if (tok_bpe_encode_piece(t, s, p, n, out)) return true;
+    snprintf(why, why_bytes,
+             "one piece of %zu bytes (text the split regex does not cut, e.g. a run of one character) is more than "
+             "the %zu bytes BPE can merge at once",
+             n, TOK_MAX_PIECE_BYTES);
+    return false;
+}
+
 struct tokenizer_scratch {
 #ifdef HAVE_PCRE2
     pcre2_match_data *match[TOK_MAX_STAGES];
@@ -371,10 +382,7 @@ static bool encode_stage(const tokenizer *t, tokenizer_scratch *s, int stage, co
 static bool encode_piece(const tokenizer *t, tokenizer_scratch *s, int stage, const uint8_t *p, size_t n,
                          token_list *out, char *why, size_t why_bytes) {
     if (n == 0) return true;
-    if (stage == t->n_stages) {
-        tok_bpe_encode_piece(t, &s->bpe, p, n, out);
-        return true;
-    }
+    if (stage == t->n_stages) return bpe_piece(t, &s->bpe, p, n, out, why, why_bytes);
     return encode_stage(t, s, stage, p, n, out, why, why_bytes);
 }
 
@@ -402,8 +410,10 @@ static bool encode_stage(const tokenizer *t, tokenizer_scratch *s, int stage, co
             continue;
         }
         if (last) {
-            if (start > piece_start) tok_bpe_encode_piece(t, &s->bpe, subject + piece_start, start - piece_start, out);
-            tok_bpe_encode_piece(t, &s->bpe, subject + start, end - start, out);
+            if (start > piece_start &&
+                !bpe_piece(t, &s->bpe, subject + piece_start, start - piece_start, out, why, why_bytes))
+                return false;
+            if (!bpe_piece(t, &s->bpe, subject + start, end - start, out, why, why_bytes)) return false;
         } else if (!encode_piece(t, s, stage + 1, subject + piece_start, start - piece_start, out, why, why_bytes) ||
                    !encode_piece(t, s, stage + 1, subject + start, end - start, out, why, why_bytes)) {
             return false;
@@ -484,15 +494,11 @@ bool tokenizer_encode_unsplit(const tokenizer *t, const char *text, size_t bytes
                               char *why, size_t why_bytes) {
     *ids = NULL;
     *count = 0;
-    if (bytes > UINT32_MAX) {   // the merge loop's positions are 32-bit (tok/bpe.c)
-        snprintf(why, why_bytes, "a text of %zu bytes cannot be encoded as one piece (at most %u bytes)", bytes,
-                 UINT32_MAX);
-        return false;
-    }
     tok_bpe_scratch bpe = {0};
     token_list out = {0};
-    if (bytes > 0) tok_bpe_encode_piece(t, &bpe, (const uint8_t *)text, bytes, &out);
+    bool ok = bytes == 0 || bpe_piece(t, &bpe, (const uint8_t *)text, bytes, &out, why, why_bytes);
     tok_bpe_scratch_free(&bpe);
+    if (!ok) return false;
     *ids = out.ids ? out.ids : xmalloc(sizeof(uint32_t));
     *count = out.count;
     return true;
