@@ -1542,6 +1542,22 @@ static void send_catchup_mean(diloco *d, const flight *f, const round_result *r,
 // of its ranks' outcomes (docs/fsdp.md#diloco-over-sharded-replicas).
 enum { ROUND_EVICTED = 0, ROUND_FAILED = 1, ROUND_SKIPPED = 2, ROUND_APPLIED = 3 };
 
+// The local weights of fragment fr take θ: θᵢ ← a·θᵢ + (1 − a)·θ, in double (a = 0: θ itself,
+// bit for bit: (float)(double)θ).
+static void blend_theta(diloco *d, const fragment *fr, float *const *params, int n_params, double a) {
+    const float *theta = d->theta + fr->offset;
+    for (int r = 0; r < n_params; r++) {
+        float *x = params[r] + fr->offset;
+        if (a == 0.0) {
+            memcpy(x, theta, (size_t)fr->numel * sizeof(float));
+            continue;
+        }
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < fr->numel; i++) x[i] = (float)(a * (double)x[i] + (1.0 - a) * (double)theta[i]);
+    }
+    changed_add(d, fr->offset, fr->numel);
+}
+
 // Waits for the round in flight and applies it to θ and m: the same bits on every replica.
 // Blocking (τ = 0, or a final sync): the fragment of every params[i] becomes θ at once;
 // otherwise it merges at begin + τ (st->merge_step). Returns whether params changed: they did
@@ -1549,9 +1565,13 @@ enum { ROUND_EVICTED = 0, ROUND_FAILED = 1, ROUND_SKIPPED = 2, ROUND_APPLIED = 3
 //
 // A sharded replica's ranks each land their own group's round, then agree on the worst
 // outcome. A rank's θ, m and outer step always follow its own group (applied if the group
-// applied), so no rank is ever behind its group; the local weights take θ only when every
-// rank's group applied, else every rank keeps its local weights (the next exchange carries
-// this round's work, as after a failed exchange). If any rank was dropped, every rank rejoins.
+// applied), so no rank is ever behind its group, and so do its local weights: a rank whose
+// group applied takes θ into its piece even when another rank's group skipped or failed —
+// its Δ is in θ now, and local weights that kept it would send it again in the next Δ
+// (θ_new − θᵢ), with the outer step just taken fed back against itself (until 2026-12 every
+// rank kept its local weights then: the next round's Δ on the applied ranks was about twice
+// their work). A rank whose group did not apply keeps its local weights (the next exchange
+// carries this round's work). If any rank was dropped, every rank rejoins.
 static bool land_round(diloco *d, float *const *params, int n_params, train_state *st, dataloader *train) {
     flight *f = &d->flight;
     if (!f->active) return false;
@@ -1601,7 +1621,8 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         // θ stays, the count moves on (rounds keep unique numbers); a failed one keeps training
         // locally, and the next exchange of this fragment carries the work of both rounds.
         dump_discard(d, dump, k + 1, f->fragment);
-        if (outcome == ROUND_SKIPPED || outcome == ROUND_FAILED) restore_residual(d, fr, f);
+        // (Evicted too: a rejoin as a member keeps the residual, and the weights keep Δᵢ.)
+        if (outcome != ROUND_APPLIED) restore_residual(d, fr, f);
         if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
         if (outcome == ROUND_SKIPPED && catch_up) send_catchup_mean(d, f, r, st, false, 0.0, 0.0);
     }
@@ -1618,23 +1639,29 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
                  diloco_replica_id(d), (long long)k + 1);
         return join_group(d, params[0], st, train, true);
     }
-    if (worst == ROUND_FAILED) {
-        warn("diloco: the exchange for outer step %lld failed (%s); outer step skipped", (long long)k + 1,
-             outcome == ROUND_FAILED ? "the hub is unreachable" : "another rank's hub is unreachable");
-        log_outer_step(d, st, r, false, "exchange failed");
-        return false;
-    }
-    if (worst == ROUND_SKIPPED) {
-        if (outcome == ROUND_APPLIED)
-            snprintf(why, sizeof why, "another rank's group did not apply it; the local weights stay");
-        log_outer_step(d, st, r, false, why);
-        return false;
+    if (worst == ROUND_FAILED || worst == ROUND_SKIPPED) {
+        // Ranks whose group applied take θ into their piece at once (streaming: merged now, not
+        // at the merge step, which the replica's shared state could not hold for some ranks
+        // only). Every rank says the weights changed if any did: a GPU's upload of the weights
+        // gathers the norms' gains over the replica's ranks.
+        bool took = outcome == ROUND_APPLIED;
+        if (took) blend_theta(d, fr, params, n_params, d->overlap == 0 || f->final ? 0.0 : d->cfg->diloco_merge_alpha);
+        bool changed = replica_max(d, took ? 1.0 : 0.0) > 0;
+        if (worst == ROUND_FAILED) {
+            warn("diloco: the exchange for outer step %lld failed (%s); outer step skipped%s", (long long)k + 1,
+                 outcome == ROUND_FAILED ? "the hub is unreachable" : "another rank's hub is unreachable",
+                 took ? " (this rank's group applied it: its piece took θ)" : "");
+            log_outer_step(d, st, r, false, "exchange failed");
+        } else {
+            if (outcome == ROUND_APPLIED)
+                snprintf(why, sizeof why, "another rank's group did not apply it; the pieces whose group did took θ");
+            log_outer_step(d, st, r, false, why);
+        }
+        return changed;
     }
     bool now = d->overlap == 0 || f->final;
     if (now) {
-        for (int i = 0; i < n_params; i++)
-            memcpy(params[i] + fr->offset, d->theta + fr->offset, (size_t)fr->numel * sizeof(float));
-        changed_add(d, fr->offset, fr->numel);
+        blend_theta(d, fr, params, n_params, 0.0);
     } else {
         st->merge_step = f->begin_step + d->overlap;
         st->merge_fragment = f->fragment;
@@ -1666,17 +1693,11 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
         dump_tensor(dump, params[0] + fr->offset, fr->numel);
         dump_tensor(dump, d->theta + fr->offset, fr->numel);
     }
-    const float *theta = d->theta + fr->offset;
-    for (int r = 0; r < n_params; r++) {
-        float *x = params[r] + fr->offset;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < fr->numel; i++) x[i] = (float)(a * (double)x[i] + (1.0 - a) * (double)theta[i]);
-    }
+    blend_theta(d, fr, params, n_params, a);
     if (dump) {
         dump_tensor(dump, params[0] + fr->offset, fr->numel);
         dump_close(dump);
     }
-    changed_add(d, fr->offset, fr->numel);
 }
 
 bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {

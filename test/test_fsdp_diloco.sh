@@ -25,8 +25,9 @@
 #      state, both contribute again and param_hash is equal at every outer step both logged;
 #      SIGTERM to every rank: both replicas checkpoint and exit 0.
 #   6. The ranks of a replica disagree (an MPMD mpirun gives rank 1 a fault of its own): at
-#      outer step 4 group 1 skips (every rank 1 sends a NaN) while group 0 applies, so no
-#      replica moves its local weights and param_hash stays equal; at outer step 8 rank 1 of
+#      outer step 4 group 1 skips (every rank 1 sends a NaN) while group 0 applies, so rank 0's
+#      piece takes θ and rank 1's local weights stay, param_hash stays equal, and outer step
+#      5's Δ on rank 0 holds its inner work once (not twice); at outer step 8 rank 1 of
 #      replica 1 is late and evicted while its rank 0 applied, so every rank of replica 1
 #      rejoins; afterwards param_hash agrees at every outer step and the final weights and
 #      outer state are byte-identical on both replicas.
@@ -239,18 +240,22 @@ check "SIGTERM to every rank: both replicas checkpoint and exit 0 (rc $rc0, $rc1
 # ---------------------------------------------------------------- 6. the ranks disagree
 # One rank of each replica carries its own fault (an MPMD mpirun: rank 1 runs under `env`).
 # Outer step 4: rank 1 of both replicas sends a NaN, so group 1 skips while group 0 applies:
-# every rank's θ follows its group, no replica's local weights change, param_hash stays equal.
+# every rank's θ follows its group, and so do its local weights (rank 0's piece takes θ, rank
+# 1's stays), param_hash stays equal.
 # Outer step 8: rank 1 of replica 1 is late and evicted from group 1 while its rank 0 applied
 # in group 0: every rank of replica 1 rejoins and takes its group's state.
 mpmd_replica() {  # mpmd_replica ID FAULT: ranks 0 and 1 of replica ID, rank 1 with TRAIN_GPT_FAULT=FAULT
     local args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$1"
-        --out_dir "$tmp/split_$1" --diloco_quant int8 --diloco_min_replicas 2 --max_steps 60)
-    "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${args[@]}" : -np 1 env TRAIN_GPT_FAULT="$2" "$TRAIN_GPT" "${args[@]}" \
+        --out_dir "$tmp/split_$1" --diloco_quant int8 --diloco_min_replicas 2 --max_steps 60
+        --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
+    TRAIN_GPT_DILOCO_DUMP="$tmp/split_dump" \
+        "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${args[@]}" : -np 1 env TRAIN_GPT_FAULT="$2" "$TRAIN_GPT" "${args[@]}" \
         >"$tmp/split_$1.log" 2>&1 &
     rpid=$!
     pids+=($rpid)
 }
 start_relay split 2
+mkdir -p "$tmp/split_dump"
 mpmd_replica 0 diloco_nan_payload:3; s0=$rpid
 mpmd_replica 1 diloco_nan_payload:3,diloco_late:7; s1=$rpid
 rc0=0; wait "$s0" || rc0=$?
@@ -263,6 +268,25 @@ skipped_hashes() {  # the param_hash of every replica's outer step 4 line, which
 check "  outer step 4: not applied on both replicas, the reason named" \
     test "$(grep -h '"outer_step":4,' "$tmp"/split_[01]/metrics.jsonl | grep -c "another rank's group did not apply it")" -eq 2
 check "  and both replicas' θ still agree" test "$(skipped_hashes | wc -l)" -eq 1
+# Rank 0's group applied outer step 4, so its piece took θ: its Δ of outer step 5 (θ − θᵢ, from
+# rank 0's dumps) is outer step 5's inner work alone, as large as outer step 6's. Until 2026-12
+# its local weights kept the work that outer step 4 had averaged in, and sent it again: Δ5 was
+# about twice Δ6 (1.6 against 0.75 at outer lr 0.7 and momentum 0.9, set here: plain averaging,
+# the default at this length, takes the outer step back out of it, and Δ5 was only ~1.2 Δ6).
+# Bound 1.5: the inner steps of two neighbouring rounds at the stable lr differ by a few percent.
+delta_ratio() {
+    "$PYTHON" - "$tmp/split_dump" <<'PY'
+import sys
+import numpy as np
+def delta_norm(replica, k):
+    a = np.fromfile("%s/outer_%d_%05d_0.f32" % (sys.argv[1], replica, k), dtype="<f4").reshape(6, -1)
+    return float(np.linalg.norm(a[0].astype(np.float64) - a[1]))   # θ before − local weights
+worst = max(delta_norm(r, 5) / delta_norm(r, 6) for r in (0, 1))
+print("  |Δ5| / |Δ6| on rank 0 of each replica: at most %.3f" % worst)
+sys.exit(0 if worst < 1.5 else 1)
+PY
+}
+check "  outer step 5: rank 0's Δ holds its inner work once (its piece took θ at outer step 4)" delta_ratio
 check "  outer step 8: replica 1's ranks all rejoined and took their groups' state" \
     sh -c "grep -q 'every rank rejoins its group' '$tmp/split_1.log' &&
            grep -q '\"event\":\"diloco_join\"' '$tmp/split_1/metrics.jsonl'"
