@@ -353,26 +353,89 @@ void plan_recompute_label(recompute_setting r, char *out, size_t out_bytes) {
     else snprintf(out, out_bytes, "%s on 1 layer in %" PRId64, recompute_name(r.mode), r.every);
 }
 
-// The cgroup's memory limit (v2, then v1), or -1 when there is none.
-static int64_t cgroup_limit_bytes(void) {
-    const char *paths[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
-    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-        FILE *f = fopen(paths[i], "r");
-        if (!f) continue;
-        char text[64] = "";
-        bool got = fgets(text, sizeof text, f) != NULL;
-        fclose(f);
-        if (!got) continue;
-        char *end = NULL;
-        long long v = strtoll(text, &end, 10);
-        if (end != text && v > 0) return (int64_t)v;  // "max" (v2) or v1's huge "no limit" lose to the RAM below
+// The limit in one cgroup's memory file: > 0, or -1 for none ("max" in v2, a missing file, or
+// v1's "no limit", LLONG_MAX rounded down to a page: anything from 2⁶² up).
+static int64_t cgroup_file_limit(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char text[64] = "";
+    bool got = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    if (!got) return -1;
+    char *end = NULL;
+    long long v = strtoll(text, &end, 10);
+    return end != text && v > 0 && v < (1LL << 62) ? (int64_t)v : -1;
+}
+
+// The lowest limit on the way from the cgroup at root + path up to root itself (each level's
+// `file`), or -1: a job step's limit sits on its job's cgroup or above, not on the leaf.
+static int64_t cgroup_walk_limit(const char *root, const char *path, const char *file) {
+    char dir[4096];
+    int n = snprintf(dir, sizeof dir, "%s%s%s", root, path[0] == '/' ? "" : "/", path);
+    if (n < 0 || (size_t)n >= sizeof dir) return -1;
+    size_t root_len = strlen(root);
+    while (n > (int)root_len && dir[n - 1] == '/') dir[--n] = 0;  // "0::/" names the root itself
+    int64_t lowest = -1;
+    for (;;) {
+        char at[4200];
+        snprintf(at, sizeof at, "%s/%s", dir, file);
+        int64_t v = cgroup_file_limit(at);
+        if (v > 0 && (lowest < 0 || v < lowest)) lowest = v;
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= root_len || !slash || slash < dir + root_len) break;
+        *slash = 0;
     }
-    return -1;
+    return lowest;
+}
+
+// Whether a v1 line's controller list ("memory", "cpu,memory") names the memory controller.
+static bool names_memory(const char *list, size_t len) {
+    for (const char *c = list; c < list + len;) {
+        const char *comma = memchr(c, ',', (size_t)(list + len - c));
+        size_t word = comma ? (size_t)(comma - c) : (size_t)(list + len - c);
+        if (word == 6 && strncmp(c, "memory", 6) == 0) return true;
+        if (!comma) break;
+        c = comma + 1;
+    }
+    return false;
+}
+
+int64_t plan_cgroup_limit_bytes(const char *proc_self_cgroup, const char *cgroup_root) {
+    FILE *f = fopen(proc_self_cgroup, "r");
+    int64_t lowest = -1;
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        // "ID:CONTROLLERS:PATH": v2's is "0::PATH", v1's memory hierarchy "N:memory:PATH".
+        char *first = strchr(line, ':'), *second = first ? strchr(first + 1, ':') : NULL;
+        if (!second) continue;
+        const char *path = second + 1;
+        char root[4096];
+        int64_t v = -1;
+        if (second == first + 1 && strncmp(line, "0:", 2) == 0) {
+            v = cgroup_walk_limit(cgroup_root, path, "memory.max");
+        } else if (names_memory(first + 1, (size_t)(second - first - 1))) {
+            snprintf(root, sizeof root, "%s/memory", cgroup_root);
+            v = cgroup_walk_limit(root, path, "memory.limit_in_bytes");
+        }
+        if (v > 0 && (lowest < 0 || v < lowest)) lowest = v;
+    }
+    if (f) fclose(f);
+    // No /proc/self/cgroup (or no line for memory): the roots, as the mounts show them.
+    if (lowest < 0) {
+        char at[4200];
+        snprintf(at, sizeof at, "%s/memory.max", cgroup_root);
+        lowest = cgroup_file_limit(at);
+        snprintf(at, sizeof at, "%s/memory/memory.limit_in_bytes", cgroup_root);
+        int64_t v1 = cgroup_file_limit(at);
+        if (v1 > 0 && (lowest < 0 || v1 < lowest)) lowest = v1;
+    }
+    return lowest;
 }
 
 int64_t plan_cpu_budget_bytes(int local_ranks, char *what, size_t what_bytes) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : 0, limit = cgroup_limit_bytes();
+    int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : 0, limit = plan_cgroup_limit_bytes("/proc/self/cgroup", "/sys/fs/cgroup");
     bool cgroup = limit > 0 && limit < ram;
     int64_t node = cgroup ? limit : ram;
     if (local_ranks < 1) local_ranks = 1;

@@ -151,6 +151,13 @@ void plan_recompute_label(recompute_setting r, char *out, size_t out_bytes);
 // buffers, the data loader, the allocator's own); on a GPU its memory less GPU_MEMORY_HEADROOM_BYTES
 // (llmc/device.h). what receives one line saying where the figure came from.
 #define PLAN_CPU_HEADROOM_BYTES ((int64_t)1 << 30)
+// The cgroup's memory limit for this process: the lowest memory.max (v2: the "0::PATH" line of
+// proc_self_cgroup, under cgroup_root) or memory.limit_in_bytes (v1: the line whose controllers
+// include memory, under cgroup_root/memory) from the process's own cgroup up to the root —
+// SLURM puts a job step in a cgroup below the root, with --mem on the job's — or -1 when there
+// is none ("max", absent). The run passes "/proc/self/cgroup" and "/sys/fs/cgroup"; tests a
+// fake tree.
+int64_t plan_cgroup_limit_bytes(const char *proc_self_cgroup, const char *cgroup_root);
 int64_t plan_cpu_budget_bytes(int local_ranks, char *what, size_t what_bytes);
 
 #ifdef __cplusplus

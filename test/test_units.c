@@ -1,7 +1,8 @@
 // test/test_units.c — unit tests of the pieces around the model: checksum, JSON, the
 // learning-rate schedule, the parameter table and FLOP count, token shards and the
 // loader's three orders (contiguous, shuffled, split across ranks), safetensors and
-// checkpoints (round trip and every corruption they must refuse).
+// checkpoints (round trip and every corruption they must refuse); the memory plan's cgroup
+// limit read from fake cgroup trees (v1 and v2, a limit below the process's own cgroup).
 #include "check.h"
 #include "llmc/checkpoint.h"
 #include "llmc/checksum.h"
@@ -12,6 +13,7 @@
 #include "llmc/json.h"
 #include "llmc/params.h"
 #include "llmc/optim.h"
+#include "llmc/plan.h"
 #include "llmc/safetensors.h"
 
 #include <fcntl.h>
@@ -788,6 +790,75 @@ static void load_config(train_config *cfg, const char *const *extra, int n_extra
     config_load(cfg, NULL, n_base + n_extra, argv);
 }
 
+// ---------------------------------------------------------------- the cgroup's memory limit
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[512];
+    CHECK(make_dirs(dir));
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+// SLURM puts a job step in a cgroup below the job's, and --mem on the job's: the root says
+// "max". The plan read the root only (memory.max, memory/memory.limit_in_bytes), so a node's
+// RAM was the budget of a job held to a fraction of it.
+static void test_cgroup_limit(void) {
+    char root[300], proc[300], dir[512];
+    // v2: the root unlimited, the job at 8 GiB, its step at 12 GiB ("max" above the job's user
+    // slice): the lowest on the way up, the job's.
+    path_in_tmp(root, sizeof root, "cg2");
+    path_in_tmp(proc, sizeof proc, "cg2_self");
+    write_text(root, "memory.max", "max\n");
+    snprintf(dir, sizeof dir, "%s/system.slice", root);
+    write_text(dir, "memory.max", "max\n");
+    snprintf(dir, sizeof dir, "%s/system.slice/job_42", root);
+    write_text(dir, "memory.max", "8589934592\n");
+    snprintf(dir, sizeof dir, "%s/system.slice/job_42/step_0", root);
+    write_text(dir, "memory.max", "12884901888\n");
+    snprintf(dir, sizeof dir, "%s/system.slice/job_42/step_0/task_0", root);
+    write_text(dir, "memory.max", "max\n");
+    write_text(tmp_root, "cg2_self", "0::/system.slice/job_42/step_0/task_0\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == 8589934592LL, "v2, 8 GiB on the job's cgroup: got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+    // The same tree, every level "max": no limit; the process in the root ("0::/"): the root's.
+    write_text(tmp_root, "cg2_self", "0::/system.slice\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == -1, "v2, max all the way up: none, got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+    write_text(root, "memory.max", "4294967296\n");
+    write_text(tmp_root, "cg2_self", "0::/\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == 4294967296LL, "v2, the process in the root: the root's, got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+    // v1: the memory hierarchy's line (here shared with cpu), its limit two levels up, v1's
+    // "no limit" (LLONG_MAX rounded to a page) elsewhere; other hierarchies' lines ignored.
+    path_in_tmp(root, sizeof root, "cg1");
+    path_in_tmp(proc, sizeof proc, "cg1_self");
+    snprintf(dir, sizeof dir, "%s/memory", root);
+    write_text(dir, "memory.limit_in_bytes", "9223372036854771712\n");
+    snprintf(dir, sizeof dir, "%s/memory/slurm/uid_1000/job_7", root);
+    write_text(dir, "memory.limit_in_bytes", "2147483648\n");
+    snprintf(dir, sizeof dir, "%s/memory/slurm/uid_1000/job_7/step_batch/task_0", root);
+    write_text(dir, "memory.limit_in_bytes", "9223372036854771712\n");
+    snprintf(dir, sizeof dir, "%s/cpu", root);
+    write_text(dir, "memory.limit_in_bytes", "1048576\n");  // not the memory hierarchy: not read
+    write_text(tmp_root, "cg1_self",
+               "12:pids:/slurm/uid_1000/job_7\n4:cpu,memory:/slurm/uid_1000/job_7/step_batch/task_0\n"
+               "1:name=systemd:/user.slice\n0::/\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == 2147483648LL, "v1, 2 GiB on the job's cgroup: got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+    write_text(tmp_root, "cg1_self", "4:memory:/slurm\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == -1, "v1, no limit up to the root: none, got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+    // A cgroup the mounts do not show (a container's view): the levels that exist, here the root.
+    write_text(tmp_root, "cg1_self", "4:memory:/docker/0123abcd\n");
+    snprintf(dir, sizeof dir, "%s/memory", root);
+    write_text(dir, "memory.limit_in_bytes", "3221225472\n");
+    EXPECT(plan_cgroup_limit_bytes(proc, root) == 3221225472LL, "v1, a path not mounted: the root's, got %lld",
+           (long long)plan_cgroup_limit_bytes(proc, root));
+}
+
 // Products of keys each within its range. diloco_fragments · (diloco_overlap_steps + 1)
 // overflowed int64 (undefined; in practice it wrapped negative and diloco_decay_inner_steps
 // became H / 4) for an overlap near its bound, before DiLoCo's rules that refuse it.
@@ -820,6 +891,7 @@ int main(void) {
     test_checkpoint_refusals();
     test_spike_limits();
     test_config_products();
+    test_cgroup_limit();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0) warn("could not remove %s", tmp_root);
