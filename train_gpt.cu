@@ -2181,7 +2181,7 @@ static void resolve_recompute(trainer *tr, int replicas) {
         budget = cfg->memory_budget_mb * 1048576;
         snprintf(where, sizeof where, "memory_budget_mb");
     } else if (gpu) {
-        budget = gpu_probe()->memory_bytes - GPU_MEMORY_HEADROOM_BYTES;
+        budget = gpu_memory_budget_bytes(gpu_probe()->memory_bytes);
         snprintf(where, sizeof where, "the GPU's %.1f GiB − %.0f GiB headroom", gib(gpu_probe()->memory_bytes),
                  gib(GPU_MEMORY_HEADROOM_BYTES));
     } else {
@@ -2347,7 +2347,7 @@ static int smallest_fitting_world(const param_table *t, const train_config *cfg,
                                   int max_ranks) {
     rank_memory m;
     for (int n = 1; n <= max_ranks; n++)
-        if (rank_plan(t, cfg, n, true, r, &m) && m.total + GPU_MEMORY_HEADROOM_BYTES <= bytes) return n;
+        if (rank_plan(t, cfg, n, true, r, &m) && m.total <= gpu_memory_budget_bytes(bytes)) return n;
     return 0;
 }
 
@@ -2357,7 +2357,7 @@ static void fitting_gpus(int64_t total, char *out, size_t out_bytes) {
     size_t at = 0;
     out[0] = 0;
     for (int i = 0; i < gpu_memory_rows() && at < out_bytes; i++) {
-        if (total + GPU_MEMORY_HEADROOM_BYTES > gpu_memory_bytes(i)) continue;
+        if (total > gpu_memory_budget_bytes(gpu_memory_bytes(i))) continue;
         int n = snprintf(out + at, out_bytes - at, "%s%s", at ? ", " : "", gpu_memory_name(i));
         if (n < 0) break;
         at += (size_t)n;
@@ -2402,7 +2402,7 @@ static void print_mode_table(const param_table *t, const train_config *cfg, int 
             if (n > 0) snprintf(group, sizeof group, "%d", n);
             else snprintf(group, sizeof group, "none up to %d", (int)MAX_RANKS);
             snprintf(fits, sizeof fits, "%s; %s",
-                     gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit",
+                     gpu.total <= gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) ? "fits" : "does not fit",
                      group);
         } else {
             fitting_gpus(gpu.total, fits, sizeof fits);
@@ -2448,7 +2448,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
         printf("train_gpt |   recompute = auto on the cpu backend: no mode fits %s = %s (a run stops with an error)\n",
                where, bytes_text(budget, b, sizeof b));
     if (have_gpu && gpu_row >= 0) {
-        int64_t gpu_budget = gpu_memory_bytes(gpu_row) - GPU_MEMORY_HEADROOM_BYTES;
+        int64_t gpu_budget = gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row));
         rank_memory gpu_pick;
         int would = first_fitting(t, cfg, world, true, gpu_budget, c, &gpu_pick);
         char would_label[64];
@@ -2477,7 +2477,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     if (config_recompute_auto(cfg)) {
         gpu_mode = RECOMPUTE_OFF;
         rank_memory fit;
-        int64_t gpu_budget = gpu_row >= 0 ? gpu_memory_bytes(gpu_row) - GPU_MEMORY_HEADROOM_BYTES : 0;
+        int64_t gpu_budget = gpu_row >= 0 ? gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) : 0;
         int would = gpu_row >= 0 ? first_fitting(t, cfg, world, true, gpu_budget, c, &fit) : -1;
         if (would >= 0) gpu_mode = c[would];
     }
@@ -2502,7 +2502,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     printf("\n");
     if (gpu_row >= 0)
         printf("train_gpt |   %s at %d rank(s), recompute %s: %s\n", gpu_memory_name(gpu_row), world, label,
-               gpu.total + GPU_MEMORY_HEADROOM_BYTES <= gpu_memory_bytes(gpu_row) ? "fits" : "does not fit");
+               gpu.total <= gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) ? "fits" : "does not fit");
 }
 
 // The inner phase of diloco_inner_steps steps at 40 % MFU of peak_tflops on `world` GPUs (0

@@ -49,25 +49,45 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
 
 // ---------------------------------------------------------------- memory table
 
-// One device's memory in GiB, as the drivers count it (an "80GB" A100 or H100 has 80 GiB,
-// of which the driver keeps under 1 GiB; a GCD of an MI250X has 64 GiB, an MI300X 192 GiB).
-// The headroom covers what the plan does not count: the runtime's context and what the
-// driver keeps (on an H100 80GB: 0.6 GiB in use beyond the plan, 0.8 GiB not offered).
+// One device's memory as its driver reports it (cudaDeviceProp::totalGlobalMem, hipDeviceProp's;
+// PyTorch's total_memory, in MiB), which is what a run's budget starts from
+// (gpu_memory_budget_bytes): `train_gpt plan --gpu NAME` must plan against the same figure, not
+// the name's nominal size. Until 2026-12 the table held the nominal GiB (80 for an H100 80GB,
+// which reports 79.2): plan said a mode fitted that a run on the card then refused.
+// Reported (the lowest seen where drivers differ):
+//   H100 80GB HBM3  81082 MiB (79.18 GiB; 81089 and 81090 on other drivers; bench/results: 79.2 GiB)
+//   H200            143156 MiB (139.8 GiB)
+//   A100-SXM4-40GB  40536 MiB
+//   MI250X (a GCD)  65520 MiB (64 GiB − 16 MiB), MI300X 196592 MiB (192 GiB − 16 MiB)
+// Not seen here (A100 64GB and 80GB, H100 64GB, GH200 96GB): the nominal GiB scaled by the
+// H100 80GB's 81082 / 81920, rounded down — the share its driver offers; conservative where a
+// driver offers more.
 typedef struct {
     const char *name;
-    int gib;
+    int64_t mib;
 } memory_row;
 
+#define MEMORY_SEEN_SHARE(gib) ((int64_t)(gib) * 81082 / 80)  // MiB: gib GiB at the H100 80GB's share
+
 static const memory_row memory_table[] = {
-    {"A100 40GB", 40},  {"A100 64GB", 64},   {"A100 80GB", 80},       {"H100 64GB", 64},     {"H100 80GB", 80},
-    {"GH200 96GB", 96}, {"H200 141GB", 141}, {"MI250X GCD 64GB", 64}, {"MI300X 192GB", 192},
+    {"A100 40GB", 40536},
+    {"A100 64GB", MEMORY_SEEN_SHARE(64)},
+    {"A100 80GB", MEMORY_SEEN_SHARE(80)},
+    {"H100 64GB", MEMORY_SEEN_SHARE(64)},
+    {"H100 80GB", 81082},
+    {"GH200 96GB", MEMORY_SEEN_SHARE(96)},
+    {"H200 141GB", 143156},
+    {"MI250X GCD 64GB", 65520},
+    {"MI300X 192GB", 196592},
 };
+
+int64_t gpu_memory_budget_bytes(int64_t device_bytes) { return device_bytes - GPU_MEMORY_HEADROOM_BYTES; }
 
 void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes) {
     size_t at = 0;
     if (out_bytes) out[0] = 0;
     for (size_t i = 0; i < sizeof memory_table / sizeof memory_table[0] && at < out_bytes; i++) {
-        bool fits = plan_bytes + GPU_MEMORY_HEADROOM_BYTES <= ((int64_t)memory_table[i].gib << 30);
+        bool fits = plan_bytes <= gpu_memory_budget_bytes(gpu_memory_bytes((int)i));
         int n = snprintf(out + at, out_bytes - at, "%s%s %s", i ? ", " : "", memory_table[i].name, fits ? "✓" : "✗");
         if (n < 0) break;
         at += (size_t)n;  // past out_bytes when cut short: the loop ends
@@ -76,7 +96,7 @@ void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes) {
 
 int gpu_memory_rows(void) { return (int)(sizeof memory_table / sizeof memory_table[0]); }
 const char *gpu_memory_name(int row) { return memory_table[row].name; }
-int64_t gpu_memory_bytes(int row) { return (int64_t)memory_table[row].gib << 30; }
+int64_t gpu_memory_bytes(int row) { return memory_table[row].mib << 20; }
 
 // Lower case, letters and digits only: "H100 64GB" and "h100-64gb" both become "h10064gb".
 static void squeeze(const char *in, char *out, size_t out_bytes) {

@@ -57,8 +57,12 @@ bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflop
 // e.g. "A100 40GB ✗, A100 64GB ✓, ..., MI250X GCD 64GB ✓, MI300X 192GB ✓". One GCD of an
 // MI250X is one device (64 GB of the package's 128).
 #define GPU_MEMORY_HEADROOM_BYTES ((int64_t)2 << 30)
+// What one rank's plan may use on a device of device_bytes (its totalGlobalMem, or a row of the
+// table below, which holds what each card reports): the run's budget and the plan's, one rule.
+int64_t gpu_memory_budget_bytes(int64_t device_bytes);
 void gpu_memory_fit(int64_t plan_bytes, char *out, size_t out_bytes);
-// The same table, row by row: its size, each row's name and memory, and the row a user's
+// The same table, row by row: its size, each row's name and memory (bytes, as the card's
+// driver reports them: llmc/device.c says where each figure comes from), and the row a user's
 // spelling names ("h100-64gb", "H100 64GB", "gh200": case, spaces and dashes do not matter; a
 // prefix must name one row). -1 when it names none or several, with the reason in why.
 int gpu_memory_rows(void);

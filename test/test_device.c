@@ -6,12 +6,14 @@
 // build): `auto` falls back to the CPU and says why, `cuda` is an error naming the cause
 // and the fix. What the real probe says on this machine is checked through the binary
 // (test/test_bad_input.sh). The memory line of `train_gpt plan` (gpu_memory_fit) at the
-// edges of the table's sizes.
+// edges of the table's sizes; the table's sizes are what the cards report, and the plan's fit
+// and a run's budget are one rule (gpu_memory_budget_bytes).
 #include "check.h"
 #include "llmc/device.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void expect_peak(const char *name, int major, int minor, double want) {
@@ -139,9 +141,47 @@ static void test_memory_fit(void) {
     EXPECT(strlen(tiny) == sizeof tiny - 1 && strncmp(tiny, "A100 40GB ✓", strlen("A100 40GB ✓")) == 0, "a short buffer: '%s'", tiny);
 }
 
+// A run's budget is its device's totalGlobalMem less the headroom; `plan --gpu NAME` must take
+// the same from the table's row, so the row holds what the card reports: an H100 80GB says
+// 79.2 GiB (bench/results/2026-11-24-*-H100-80GB-HBM3.txt: "sm_90, 79.2 GiB"), not 80. With the
+// nominal 80 GiB, plan found a 77.5 GiB plan fitting where the run (77.2 GiB) refused it.
+static void test_memory_rows(void) {
+    int64_t gib = (int64_t)1 << 30;
+    char why[512], line[512], label[32];
+    int h100 = gpu_memory_find("h100-80gb", why, sizeof why);
+    EXPECT(h100 >= 0, "h100-80gb names a row: %s", why);
+    if (h100 < 0) return;
+    snprintf(label, sizeof label, "%.1f GiB", (double)gpu_memory_bytes(h100) / (double)gib);
+    EXPECT(strcmp(label, "79.2 GiB") == 0, "H100 80GB: the driver's 79.2 GiB (the run's banner), got %s", label);
+    // The run on that card: totalGlobalMem between 81082 and 81090 MiB (drivers differ); the
+    // table's row is the lowest, so the plan never fits what a run there refuses.
+    int64_t run_budget = gpu_memory_budget_bytes((int64_t)81082 << 20);
+    EXPECT(gpu_memory_budget_bytes(gpu_memory_bytes(h100)) == run_budget,
+           "H100 80GB: plan's budget %lld = a run's on 81082 MiB %lld",
+           (long long)gpu_memory_budget_bytes(gpu_memory_bytes(h100)), (long long)run_budget);
+    EXPECT(run_budget == gpu_memory_bytes(h100) - GPU_MEMORY_HEADROOM_BYTES, "the budget is the device less 2 GiB");
+    for (int row = 0; row < gpu_memory_rows(); row++) {
+        const char *name = gpu_memory_name(row);
+        int64_t bytes = gpu_memory_bytes(row), budget = gpu_memory_budget_bytes(bytes);
+        // The name's size in GiB: a driver offers less than it, by under 3 % (0.8 GiB of 80).
+        const char *size = strrchr(name, ' ');
+        int nominal = size ? atoi(size + 1) : 0;  // "H100 80GB": 80
+        EXPECT(nominal > 0 && bytes < (int64_t)nominal * gib && bytes > (int64_t)nominal * gib * 97 / 100,
+               "%s: %lld bytes, under its nominal %d GiB by less than 3 %%", name, (long long)bytes, nominal);
+        // The plan's ✓ is the run's budget to the byte.
+        char mark[64];
+        snprintf(mark, sizeof mark, "%s ✓", name);
+        gpu_memory_fit(budget, line, sizeof line);
+        EXPECT(strstr(line, mark) != NULL, "%s: a plan of its budget fits: %s", name, line);
+        gpu_memory_fit(budget + 1, line, sizeof line);
+        EXPECT(strstr(line, mark) == NULL, "%s: a byte over its budget does not: %s", name, line);
+    }
+}
+
 int main(void) {
     test_peak_table();
     test_memory_fit();
+    test_memory_rows();
     test_choose();
     test_mfu_peak();
     return check_summary("test_device");

@@ -80,8 +80,9 @@ for label, mode, every in modes:
     ca = 4 * (cpu_stream + mode_bytes(mode, every, cpu_layer, cpu_scratch))
     ga = gpu_stream + mode_bytes(mode, every, gpu_layer, gpu_scratch)
     ct, gt = state(N, 4) + ca + cpu_work, state(N, 2) + ga + gpu_work
-    fits = "fits" if gt + 2 * G <= 64 * G else "does not fit"
-    group = next((str(n) for n in range(1, 1025) if state(n, 2) + ga + gpu_work + 2 * G <= 64 * G), "none up to 1024")
+    card = 64 * 81082 // 80 * 2**20  # H100 64GB as a driver reports it: 64 GiB at the H100 80GB's 81082/81920 (llmc/device.c)
+    fits = "fits" if gt + 2 * G <= card else "does not fit"
+    group = next((str(n) for n in range(1, 1025) if state(n, 2) + ga + gpu_work + 2 * G <= card), "none up to 1024")
     print("%s|%.2f|%.2f|%.2f|%.2f|%s|%s" % (label, ca / G, ct / G, ga / G, gt / G, fits, group))
 PY
 }
@@ -112,6 +113,17 @@ if [ -s "$tmp/printed8.txt" ]; then
     check "1 x 4096: every mode fits, auto on an H100 64GB runs none" \
         sh -c "[ \"\$(grep -c '|fits|' '$tmp/printed1.txt')\" -eq 4 ] &&
                grep -q 'recompute = auto on H100 64GB: none (' '$tmp/plan1.txt'"
+fi
+
+# An H100 80GB reports 79.2 GiB (81082 to 81090 MiB): a run's budget there is 77.18 GiB, and plan's
+# must be the same (it took the nominal 80 GiB: 78.00, and said none fits BOOM's 14B at 7 ranks,
+# 77.50 GiB, where the run picks selective and refuses none).
+"$TRAIN_GPT" plan configs/boom-14b.conf --world 7 --gpu h100-80gb >"$tmp/plan_h100.txt" 2>&1 ||
+    { cat "$tmp/plan_h100.txt"; die "plan failed"; }
+if grep -q "gpu: activ." "$tmp/plan_h100.txt" && ! grep -q "gpu: this build has no CUDA model" "$tmp/plan_h100.txt"; then
+    check "plan --gpu h100-80gb at 7 ranks: the run's budget (79.18 - 2 GiB = 77.18), none (77.50 GiB) does not fit, auto picks selective" \
+        sh -c "grep -q 'recompute = auto on H100 80GB: selective ([0-9.]* GiB per rank; fits 77.18 GiB)' '$tmp/plan_h100.txt' &&
+               grep -q '^train_gpt |   none  .* 77.50   does not fit; 8\$' '$tmp/plan_h100.txt'"
 fi
 
 # ---------------------------------------------------------------- 2. DiLoCo's row
