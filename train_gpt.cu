@@ -2134,7 +2134,10 @@ static bool rank_plan(const param_table *t, const train_config *cfg, int ranks, 
     if (!backend_activations(t, cfg, gpu, r, &a)) return false;
     plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu,
                     cfg->dp_replicate > 1 ? (int)cfg->dp_replicate : 1};
-    *m = plan_rank_memory(t, s, a, plan_diloco_memory(cfg, t, ranks).total);
+    // diloco_transport = local: the process's outer state, 1/M of it in each replica's plan (the
+    // budget is divided by M too: resolve_recompute).
+    int64_t outer = plan_diloco_memory(cfg, t, ranks).total, share = plan_replicas_in_process(cfg);
+    *m = plan_rank_memory(t, s, a, (outer + share - 1) / share);
     return true;
 }
 
@@ -2423,9 +2426,15 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
            world, (int)cfg->fsdp_reshard_after_forward, (int)cfg->fsdp_prefetch, (long long)cfg->batch_size,
            (long long)cfg->model.seq_len);
     diloco_memory d = plan_diloco_memory(cfg, t, world);
+    int replicas = plan_replicas_in_process(cfg);  // diloco_transport = local: M share the process
     if (d.total > 0) {
         plan_describe_diloco(&d, line, sizeof line);
-        printf("train_gpt |   diloco outer state (host memory, this rank's pieces; in the cpu totals): %s\n", line);
+        if (replicas > 1)
+            printf("train_gpt |   diloco outer state (host memory, this process's, shared by its %d replicas; 1/%d in "
+                   "each replica's cpu totals): %s\n",
+                   replicas, replicas, line);
+        else
+            printf("train_gpt |   diloco outer state (host memory, this rank's pieces; in the cpu totals): %s\n", line);
     }
     rank_memory probe;
     bool have_gpu = rank_plan(t, cfg, world, true, RECOMPUTE_OFF, &probe);
@@ -2435,6 +2444,11 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     int64_t budget = cfg->memory_budget_mb > 0 ? cfg->memory_budget_mb * 1048576
                                                : plan_cpu_budget_bytes(1, where, sizeof where);
     if (cfg->memory_budget_mb > 0) snprintf(where, sizeof where, "memory_budget_mb");
+    if (replicas > 1) {  // as resolve_recompute divides a run's
+        budget /= replicas;
+        size_t at = strlen(where);
+        snprintf(where + at, sizeof where - at, ", / %d replicas in this process", replicas);
+    }
     rank_memory cpu_pick;
     int pick = first_fitting(t, cfg, world, false, budget, c, &cpu_pick);
     recompute_setting cpu_auto = pick >= 0 ? c[pick] : (recompute_setting){RECOMPUTE_FULL, 1};
@@ -2448,7 +2462,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
         printf("train_gpt |   recompute = auto on the cpu backend: no mode fits %s = %s (a run stops with an error)\n",
                where, bytes_text(budget, b, sizeof b));
     if (have_gpu && gpu_row >= 0) {
-        int64_t gpu_budget = gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row));
+        int64_t gpu_budget = gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) / replicas;
         rank_memory gpu_pick;
         int would = first_fitting(t, cfg, world, true, gpu_budget, c, &gpu_pick);
         char would_label[64];
@@ -2477,7 +2491,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     if (config_recompute_auto(cfg)) {
         gpu_mode = RECOMPUTE_OFF;
         rank_memory fit;
-        int64_t gpu_budget = gpu_row >= 0 ? gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) : 0;
+        int64_t gpu_budget = gpu_row >= 0 ? gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) / replicas : 0;
         int would = gpu_row >= 0 ? first_fitting(t, cfg, world, true, gpu_budget, c, &fit) : -1;
         if (would >= 0) gpu_mode = c[would];
     }

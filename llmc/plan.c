@@ -181,9 +181,36 @@ static void diloco_codecs(const train_config *cfg, quant_codec *up, quant_codec 
 //   reduces in every replica: its downlink residual (diloco_downlink_feedback with an encoded
 //   mean: 4 B for each value of the segments it reduces, about 4n/M) and one segment of every
 //   replica's payload.
+//   diloco_transport = local (M replicas in one process, one rank): θ, m, Δ once; the residual
+//   and the payload once per replica; the reducer's mean, one segment of fp32 scratch and, with
+//   diloco_downlink_feedback and an encoded mean, its downlink residual (4n), as the hub keeps it.
+static diloco_memory local_diloco_memory(const train_config *cfg, const param_table *t) {
+    diloco_memory d = {0};
+    shard_map map;
+    shard_map_build(&map, t, 0, 1);
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block), M = cfg->diloco_replicas;
+    int64_t n = map.local_numel, largest = largest_fragment(&map, t, (int)cfg->diloco_fragments, segment, M, NULL);
+    shard_map_free(&map);
+    quant_codec up, down;
+    diloco_codecs(cfg, &up, &down);
+    d.theta = d.momentum = d.delta = 4 * n;
+    d.residual = cfg->diloco_error_feedback && up != QUANT_NONE ? M * 4 * n : 0;
+    d.payload = M * (int64_t)quant_segmented_bytes(up, largest, block, segment);
+    d.mean = (int64_t)quant_segmented_bytes(down, largest, block, segment) + 4 * segment +
+             (cfg->diloco_downlink_feedback && down != QUANT_NONE ? 4 * n : 0);
+    d.total = d.theta + d.momentum + d.delta + d.residual + d.payload + d.mean;
+    return d;
+}
+
+int plan_replicas_in_process(const train_config *cfg) {
+    bool local = cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "local") == 0;
+    return local ? (int)cfg->diloco_replicas : 1;
+}
+
 diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks) {
     diloco_memory d = {0};
-    if (cfg->diloco_replicas <= 0 || strcmp(cfg->diloco_transport, "local") == 0) return d;
+    if (cfg->diloco_replicas <= 0) return d;
+    if (strcmp(cfg->diloco_transport, "local") == 0) return local_diloco_memory(cfg, t);
     shard_map map;
     shard_map_build(&map, t, 0, ranks > 0 ? ranks : 1);
     int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block), share = 0;

@@ -82,9 +82,13 @@ typedef struct {
 rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan a, int64_t diloco_bytes);
 
 // The DiLoCo outer state of one rank of a replica of `ranks` ranks, for cfg's diloco_* keys
-// (all zero without DiLoCo, and for diloco_transport = local, which simulates M replicas in
-// one process and holds M times a replica: not a rank's figure).
+// (all zero without DiLoCo). With diloco_transport = local (M replicas simulated in one
+// process) the process's: θ, m and Δ once, M residuals and M payloads, the reducer's mean and
+// downlink residual; its M replicas share it, and each replica's plan counts 1/M of it.
 diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, int ranks);
+// The replicas that share this process's memory: M with diloco_transport = local, else 1. A run
+// divides its budget by it, and plan does the same.
+int plan_replicas_in_process(const train_config *cfg);
 
 // The tcp transport's framing (docs/protocol.md, "A replica's side"; test_wire checks both
 // against net/wire.h): around each segment, the 40-byte DATA head, the 24-byte frame header

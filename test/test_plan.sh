@@ -401,6 +401,40 @@ else
     say "  skip np 2 (no MPI in this build)"
 fi
 
+# diloco_transport = local: M replicas share the process; a run divides its budget by M and holds
+# the outer state once (θ, m, Δ; M payloads and, with error feedback, M residuals; the reducer's
+# mean, a segment of scratch and its downlink residual), 1/M of it in each replica's plan. plan
+# must choose as the run does (it divided nothing and counted no outer state: none at 120 MiB,
+# where the run chose selective).
+local_keys=(--diloco_replicas 2 --diloco_transport local --diloco_inner_steps 1 --memory_budget_mb 120)
+"$TRAIN_GPT" plan "${model[@]}" "${local_keys[@]}" >"$tmp/local_plan.txt" 2>&1 || cat "$tmp/local_plan.txt"
+auto_run local 1 "${local_keys[@]}" || cat "$tmp/local.log"
+plan_pick=$(sed -n 's/^train_gpt |   recompute = auto on the cpu backend: \(.*\) (\([0-9.]* MiB\) per rank; fits memory_budget_mb, \/ 2 replicas in this process = 60.00 MiB)$/\1, \2/p' "$tmp/local_plan.txt")
+run_pick=$(sed -n 's/.*recompute = auto: \(.*\), the least recomputation whose plan fits memory_budget_mb, \/ 2 replicas in this process = 60.00 MiB: \([0-9.]* MiB\) per rank.*/\1, \2/p' "$tmp/local.log")
+say "  diloco_transport = local, 2 replicas, memory_budget_mb 120: plan picks '$plan_pick', the run '$run_pick'"
+check "diloco_transport = local, 2 replicas, 120 MiB: plan's auto choice and per-replica plan are the run's" \
+    test -n "$plan_pick" -a "$plan_pick" = "$run_pick"
+# The process's outer state by hand from θ (4 B a value, n values): with error feedback (int8)
+# 2 residuals of 4n, 2 payloads of n·(1 + 4/128), the mean n·(1 + 4/128) + a segment of fp32
+# (1 MiB) + the downlink residual 4n; each replica's cpu total holds half of it.
+"$TRAIN_GPT" plan "${model[@]}" "${local_keys[@]}" --diloco_error_feedback 1 >"$tmp/local_ef.txt" 2>&1 || cat "$tmp/local_ef.txt"
+check "diloco_transport = local: the process's outer state (12 + 4·M·ef + 4 + (M + 1)·b_up B/param + a segment), half in each replica's total" \
+    "$PYTHON" - "$tmp/local_ef.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+row = re.search(r"diloco outer state \(host memory, this process's, shared by its 2 replicas; 1/2 in each replica's cpu "
+                r"totals\): ([0-9.]+) MiB = ([0-9.]+) θ \+ ([0-9.]+) momentum \+ ([0-9.]+) Δ \+ ([0-9.]+) residual \+ "
+                r"([0-9.]+) join state \+ ([0-9.]+) payload \+ ([0-9.]+) mean", text)
+share = re.search(r"cpu backend \(fp32\), recompute .* \+ ([0-9.]+) DiLoCo$", text, re.M)
+total, theta, m, delta, resid, join, payload, mean = map(float, row.groups())
+b = theta / 4 * (1 + 4 / 128)          # n values in int8, MiB
+want = (theta, theta, 2 * theta, 0.0, 2 * b, b + 1.0 + theta)
+got = (m, delta, resid, join, payload, mean)
+ok = all(abs(g - w) <= 0.02 for g, w in zip(got, want)) and abs(float(share.group(1)) - total / 2) <= 0.01
+print("    outer state %.2f MiB: got %s, hand %s" % (total, got, tuple(round(w, 2) for w in want)))
+sys.exit(0 if ok else 1)
+PY
+
 # ---------------------------------------------------------------- 4. bad input
 fails_with() {  # fails_with PATTERN [--key value]...: exit 1, one line on stderr naming PATTERN
     local pattern=$1 rc=0; shift
