@@ -4,7 +4,9 @@
 #     (1 x 4096) and at BOOM's (8 x 4096): each mode's row — activations and total per rank on
 #     the CPU backend and on a GPU, whether an H100 64GB holds a rank, the smallest group — against
 #     hand arithmetic from the config and the two backends' buffer lists (written out below, not
-#     taken from the code), to the 0.01 GiB the table prints. At 8 x 4096 only full fits.
+#     taken from the code), to the 0.01 GiB the table prints. At 8 x 4096 only full fits. The
+#     CPU columns in every build; the GPU columns where the build has the CUDA model (until
+#     2026-12 a build without it, CI's, checked no column).
 #  2. The DiLoCo row: int8 with error feedback over tcp, and int4 over mpi in 4 fragments with a
 #     bf16 downlink, against the hand arithmetic of what diloco.c and the transports allocate;
 #     the line on a joiner's state (its bytes, its time at 100 Mbit/s; the means the catch-up
@@ -86,18 +88,28 @@ for label, mode, every in modes:
     print("%s|%.2f|%.2f|%.2f|%.2f|%s|%s" % (label, ca / G, ct / G, ga / G, gt / G, fits, group))
 PY
 }
-# printed_rows PLAN_FILE: the same from the plan's table
+# printed_rows PLAN_FILE: the same from the plan's table (a build with the CUDA model)
 printed_rows() {
     sed -n 's/^train_gpt |   \(none\|selective\|full on 1 layer in 2\|full\)  *\([0-9.]*\)  *\([0-9.]*\)  *\([0-9.]*\)  *\([0-9.]*\)   \(fits\|does not fit\); \(.*\)$/\1|\2|\3|\4|\5|\6|\7/p' "$1"
+}
+# printed_cpu_rows PLAN_FILE: "label|cpu act|cpu total" in every build ('-' in the GPU columns
+# without the CUDA model)
+printed_cpu_rows() {
+    sed -n 's/^train_gpt |   \(none\|selective\|full on 1 layer in 2\|full\)  *\([0-9.]*\)  *\([0-9.]*\)  .*$/\1|\2|\3/p' "$1"
 }
 for batch in 1 8; do
     "$TRAIN_GPT" plan configs/boom-14b.conf --world 40 --gpu h100-64gb --batch_size $batch >"$tmp/plan$batch.txt" 2>&1 ||
         { cat "$tmp/plan$batch.txt"; die "plan failed"; }
-    if ! grep -q "gpu: activ." "$tmp/plan$batch.txt" || grep -q "gpu: this build has no CUDA model" "$tmp/plan$batch.txt"; then
-        say "  skip the GPU columns (this build has no CUDA model)"
-        break
-    fi
     hand_rows $batch 40 >"$tmp/hand$batch.txt"
+    cut -d'|' -f1-3 "$tmp/hand$batch.txt" >"$tmp/hand_cpu$batch.txt"
+    printed_cpu_rows "$tmp/plan$batch.txt" >"$tmp/printed_cpu$batch.txt"
+    check "boom-14b at $batch x 4096, 40 ranks: every mode's CPU columns are the hand arithmetic (4 rows)" \
+        sh -c "[ \$(wc -l <'$tmp/hand_cpu$batch.txt') -eq 4 ] && cmp -s '$tmp/hand_cpu$batch.txt' '$tmp/printed_cpu$batch.txt'"
+    cmp -s "$tmp/hand_cpu$batch.txt" "$tmp/printed_cpu$batch.txt" || diff "$tmp/hand_cpu$batch.txt" "$tmp/printed_cpu$batch.txt" || true
+    if ! grep -q "gpu: activ." "$tmp/plan$batch.txt" || grep -q "gpu: this build has no CUDA model" "$tmp/plan$batch.txt"; then
+        say "  skip the GPU columns at $batch x 4096 (this build has no CUDA model)"
+        continue
+    fi
     printed_rows "$tmp/plan$batch.txt" >"$tmp/printed$batch.txt"
     say "  $batch x 4096, 40 ranks, GiB (mode|cpu activations|cpu total|gpu activations|gpu total|H100 64GB|smallest group):"
     sed 's/^/    /' "$tmp/printed$batch.txt"
