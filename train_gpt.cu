@@ -2234,10 +2234,11 @@ static void resolve_recompute(trainer *tr, int replicas) {
     param_table_free(&t);
 }
 
-// Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`.
-static void print_model_summary(const param_table *t, const train_config *cfg, int world) {
+// Model shape, size, FLOPs and the memory plan: the start-up banner and `train_gpt plan`;
+// processes: the job's (every rank of every HSDP copy), which the batch line counts.
+static void print_model_summary(const param_table *t, const train_config *cfg, int64_t processes) {
     const model_config *m = &cfg->model;
-    int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * world;
+    int64_t tokens_per_step = cfg->batch_size * m->seq_len * cfg->grad_accum * processes;
     double state_gib = (double)t->numel * 16 / 1073741824.0;
     recompute_setting recompute = config_recompute(cfg);
     double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len, recompute) / 1073741824.0;
@@ -2261,9 +2262,9 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
                "device)\n",
                (double)gpu_bytes / 1073741824.0);
     char run_tokens[32];
-    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %d process(es) = %lld tokens/step; %lld steps = "
+    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %lld process(es) = %lld tokens/step; %lld steps = "
            "%s tokens\n",
-           (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, world,
+           (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, (long long)processes,
            (long long)tokens_per_step, (long long)cfg->max_steps,
            format_count((double)tokens_per_step * (double)cfg->max_steps, run_tokens, sizeof run_tokens));
 }
@@ -2651,7 +2652,10 @@ static void print_hub_load(const param_table *t, const train_config *cfg, int wo
 // DiLoCo's bytes per outer step for one replica of `world` ranks, the time they take on a
 // link of link_mbps each way, what passes through the hub, and (with peak_tflops) how that
 // compares with the inner phase at 40 % MFU: the figures docs/diloco.md's recipes quote.
-static void print_diloco_traffic(const param_table *t, const train_config *cfg, int world, double link_mbps) {
+// world: a replica's FSDP group (whose ranks send their pieces); processes: its ranks in all,
+// world x dp_replicate, whose tokens an inner step takes.
+static void print_diloco_traffic(const param_table *t, const train_config *cfg, int world, int64_t processes,
+                                 double link_mbps) {
     if (cfg->diloco_replicas <= 0) return;
     diloco_traffic x = plan_diloco_traffic(cfg, t, world);
     double N = (double)t->numel, M = (double)cfg->diloco_replicas, link = link_mbps * 1e6 / 8;  // bytes/s
@@ -2682,12 +2686,13 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                (double)with / (double)without);
     }
     if (cfg->peak_tflops > 0) {
-        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world;
-        double inner_s = inner_phase_s(t, cfg, world);
+        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)processes;
+        double inner_s = inner_phase_s(t, cfg, world);  // tokens / GPUs: the same at any count
         double exchange_s = up_s > down_s ? up_s : down_s;
-        printf("train_gpt | diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %d GPU(s) "
+        printf("train_gpt | diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %lld GPU(s) "
                "(%.0f tokens a step): the exchange is %.2f× the inner phase%s\n",
-               (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops, world,
+               (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops,
+               (long long)processes,
                tokens, exchange_s / inner_s,
                exchange_s > inner_s ? " — longer than the compute: larger H, a smaller codec or top-k" : "");
         if (decay_syncs) {
@@ -2716,12 +2721,14 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
 }
 
 // Prints the model's size, FLOPs per token and memory plan without touching any data
-// (`train_gpt plan CONFIG [--world N] [--gpu NAME]`).
-static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbps) {
-    config_check_tokens(cfg, world);
+// (`train_gpt plan CONFIG [--world N] [--gpu NAME]`). world: the FSDP group a rank's memory is
+// planned for (fsdp_size); processes: the job's, world x dp_replicate (HSDP), which the batch
+// and the time of the run count.
+static int train_plan(train_config *cfg, int world, int64_t processes, int gpu_row, double link_mbps) {
+    config_check_tokens(cfg, processes);
     param_table t;
     param_table_build(&t, &cfg->model);
-    print_model_summary(&t, cfg, world);
+    print_model_summary(&t, cfg, processes);
     int64_t gpu_bytes = gpu_plan_bytes(&t, cfg->batch_size, cfg->model.seq_len, config_recompute(cfg));  // -1: no GPU backend
     if (gpu_bytes >= 0) {
         char fit[512];
@@ -2730,16 +2737,18 @@ static int train_plan(train_config *cfg, int world, int gpu_row, double link_mbp
                (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
     }
     print_rank_plans(&t, cfg, world, gpu_row);
-    print_diloco_traffic(&t, cfg, world, link_mbps);
+    print_diloco_traffic(&t, cfg, world, processes, link_mbps);
     if (cfg->peak_tflops > 0) {
-        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)world *
+        double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)processes *
                         (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
         char d[32], dw[32];
         printf("train_gpt | at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s per device, the run takes %s on one device",
                cfg->peak_tflops, 0.4 * cfg->peak_tflops * 1e12 / model_flops_per_token(&t),
                format_duration(seconds_at_40, d, sizeof d));
-        if (world > 1) printf(", %s on %d", format_duration(seconds_at_40 / world, dw, sizeof dw), world);
+        if (processes > 1)
+            printf(", %s on %lld", format_duration(seconds_at_40 / (double)processes, dw, sizeof dw),
+                   (long long)processes);
         printf("\n");
     }
     param_table_free(&t);
@@ -4431,7 +4440,16 @@ int main(int argc, char **argv) {
     train_config cfg;
     config_load(&cfg, config_path, keys, argv + rest);
     int rc = 0;
-    if (plan) rc = train_plan(&cfg, world > 0 ? world : cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : 1, gpu_row, link_mbps);
+    if (plan) {
+        // --world is the FSDP group (docs/fsdp.md): fsdp_size where that is set, which a
+        // different --world contradicts; the job's processes are the group x dp_replicate.
+        if (world > 0 && cfg.fsdp_size > 0 && world != cfg.fsdp_size)
+            fail("plan: --world %d contradicts fsdp_size %lld: --world is the FSDP group, which fsdp_size sets (the job's "
+                 "processes are fsdp_size x dp_replicate); drop one of them",
+                 world, (long long)cfg.fsdp_size);
+        int group = cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : world > 0 ? world : 1;
+        rc = train_plan(&cfg, group, (int64_t)group * (cfg.dp_replicate > 1 ? cfg.dp_replicate : 1), gpu_row, link_mbps);
+    }
     else if (cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0) train_local(&cfg, false);
     else rc = train_run(&cfg);
     config_free(&cfg);

@@ -4,7 +4,9 @@
 #     of ⌈unit/40⌉ pieces; on the CPU the two largest whole units in fp32, on a GPU what the CUDA
 #     backend allocates: docs/fsdp.md), to the 0.01 GiB the line prints;
 #     the GPU line is asked for only when the build has the CUDA model (it sizes the activations).
-#  2. --gpu names a row of the table or fails with one line; --world must be a number.
+#  2. --gpu names a row of the table or fails with one line; --world must be a number. HSDP:
+#     --world is the FSDP group (fsdp_size; a different --world is refused in one line), the
+#     batch line and the time at 40 % MFU count fsdp_size x dp_replicate processes.
 #  3. A job's planned pieces, gathered weights, unit gradients and activations against the
 #     backend's own counters after the first step: np 2 and 4, tied and untied embeddings,
 #     fsdp_reshard_after_forward 0 and recompute full (the activations: cpu_model_plan_bytes
@@ -54,6 +56,17 @@ fails_with() {  # fails_with PATTERN ARGS...: exits non-zero with PATTERN on one
 check "--gpu h100: names two rows, refused in one line" fails_with "plan: --gpu: 'h100' names more than one of:" --gpu h100
 check "--gpu tpu: refused in one line" fails_with "plan: --gpu: 'tpu' is not one of:" --gpu tpu
 check "--world two: refused in one line" fails_with "plan: --world: expected a number of ranks, got 'two'" --world two
+# HSDP: --world is the FSDP group (fsdp_size); the job's processes are fsdp_size x dp_replicate.
+# The batch line and the run's time counted --world (8 for a 64-rank job), and --world 64 beside
+# fsdp_size 8 planned an FSDP group of 64 (8x too little of the weights per rank).
+"$TRAIN_GPT" plan configs/boom-14b.conf --fsdp_size 8 --dp_replicate 8 --peak_tflops 989 >"$tmp/hsdp.txt" 2>&1 ||
+    { cat "$tmp/hsdp.txt"; die "plan failed"; }
+check "HSDP, fsdp_size 8 x dp_replicate 8: the batch line and the time at 40 % MFU count 64 processes" \
+    sh -c "grep -q 'x 64 process(es) = 134217728 tokens/step' '$tmp/hsdp.txt' && grep -q 'at 40% MFU .*, [0-9a-z]* on 64\$' '$tmp/hsdp.txt'"
+check "HSDP, fsdp_size 8 x dp_replicate 8: a rank's memory is an FSDP group of 8's" \
+    grep -q "per rank, FSDP over 8 (" "$tmp/hsdp.txt"
+check "--world 64 beside fsdp_size 8: refused in one line" \
+    fails_with "plan: --world 64 contradicts fsdp_size 8" --world 64 --fsdp_size 8 --dp_replicate 8
 "$TRAIN_GPT" plan configs/boom-14b.conf --batch_size 1 --world=40 --gpu h100-64gb >"$tmp/plan_after.txt" 2>&1 || true
 check "plan's options also after a config key, as --opt=V: the same per-rank lines" \
     test "$(grep 'cpu backend\|at 40' "$tmp/plan_after.txt")" = "$(grep 'cpu backend\|at 40' "$tmp/plan.txt")"
