@@ -2188,7 +2188,7 @@ static void resolve_recompute(trainer *tr, int replicas) {
         snprintf(where, sizeof where, "the GPU's %.1f GiB − %.0f GiB headroom", gib(gpu_probe()->memory_bytes),
                  gib(GPU_MEMORY_HEADROOM_BYTES));
     } else {
-        budget = plan_cpu_budget_bytes(launch_detect().local_size, where, sizeof where);
+        budget = plan_cpu_budget_bytes(launch_detect().node_ranks, where, sizeof where);
     }
     if (replicas > 1) {
         budget /= replicas;

@@ -35,26 +35,60 @@ static int env_hint(const char *name) {
     return v && *v && !*end && n > 0 && n <= (1 << 24) ? (int)n : 0;
 }
 
+int slurm_tasks_on_node(const char *spec, int node) {
+    const char *c = spec;
+    while (c && *c && node >= 0) {
+        char *end;
+        long tasks = strtol(c, &end, 10), repeat = 1;
+        if (end == c || tasks <= 0 || tasks > (1 << 24)) return 0;
+        c = end;
+        if (*c == '(') {
+            if (c[1] != 'x') return 0;
+            repeat = strtol(c + 2, &end, 10);
+            if (end == c + 2 || *end != ')' || repeat <= 0) return 0;
+            c = end + 1;
+        }
+        if (node < repeat) return (int)tasks;
+        node -= (int)(repeat < (1 << 24) ? repeat : (1 << 24));
+        if (*c == ',') c++;
+        else if (*c) return 0;
+    }
+    return 0;
+}
+
+// SLURM's ranks on this node from the step's (or the job's) per-node list: srun without
+// --ntasks-per-node sets no SLURM_NTASKS_PER_NODE, and every rank of the job was taken for this
+// node's (the CPU budget divided by all of them). 0: the lists do not say.
+static int slurm_node_ranks(void) {
+    const char *step = getenv("SLURM_STEP_TASKS_PER_NODE");
+    if (step && getenv("SLURM_STEP_NODEID")) return slurm_tasks_on_node(step, env_hint("SLURM_STEP_NODEID"));
+    const char *job = getenv("SLURM_TASKS_PER_NODE");
+    if (job && getenv("SLURM_NODEID")) return slurm_tasks_on_node(job, env_hint("SLURM_NODEID"));
+    return 0;
+}
+
 launch_info launch_detect(void) {
-    launch_info l = {0, 1, 0, 1, "none"};
+    launch_info l = {0, 1, 0, 1, 0, "none"};
     // Open MPI's mpirun, and MPICH's / Intel MPI's hydra (MPI_LOCALRANKID), come before SLURM's
     // variables: under mpirun inside a SLURM allocation, the batch step's SLURM_PROCID = 0 and
     // SLURM_NTASKS reach every rank, which all took rank 0 and GPU 0. srun sets its own (and,
     // with --mpi=pmi2, PMI_RANK without MPI_LOCALRANKID: SLURM's then say the local rank).
     if (getenv("OMPI_COMM_WORLD_RANK"))
         l = (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
-                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), "openmpi"};
+                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), 0, "openmpi"};
     else if (getenv("PMI_RANK") && getenv("MPI_LOCALRANKID"))
         l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0),
-                          env_hint("MPI_LOCALNRANKS"), "pmi"};
+                          env_hint("MPI_LOCALNRANKS"), 0, "pmi"};
     else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
         l = (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
-                          env_hint("SLURM_NTASKS_PER_NODE"), "slurm"};
+                          env_hint("SLURM_NTASKS_PER_NODE"), 0, "slurm"};
     else if (getenv("PMI_RANK"))
-        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), 0, 0, "pmi"};
+        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), 0, 0, 0, "pmi"};
     if (l.size < 1 || l.rank >= l.size)
         fail("launcher (%s): rank %d of %d ranks is not a rank of the job", l.launcher, l.rank, l.size);
+    int listed = strcmp(l.launcher, "slurm") == 0 && l.local_size <= 0 ? slurm_node_ranks() : 0;
     if (l.local_size <= 0 || l.local_size > l.size) l.local_size = l.size;
+    l.node_ranks = listed > 0 && listed <= l.size ? listed : l.local_size;
     return l;
 }
 

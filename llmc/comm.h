@@ -24,10 +24,16 @@ extern "C" {
 typedef struct {
     int rank, size, local_rank;
     int local_size;             // ranks on this node: SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE,
-                                // MPI_LOCALNRANKS; size when the launcher does not say
+                                // MPI_LOCALNRANKS; size when the launcher does not say (fsdp_size = 0's group)
+    int node_ranks;             // the same, or under srun without SLURM_NTASKS_PER_NODE this node's entry of
+                                // SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("4(x2),3"): the ranks
+                                // that share this node's memory (the CPU budget), which may differ by node
     const char *launcher;       // "slurm", "openmpi", "pmi" or "none"
 } launch_info;
 launch_info launch_detect(void);
+// The tasks on node `node` (0-based) of SLURM's per-node list, "4(x2),3" (4 on nodes 0 and 1,
+// 3 on node 2); 0 when the list does not say (malformed, or too few nodes).
+int slurm_tasks_on_node(const char *spec, int node);
 
 typedef struct comm comm;
 

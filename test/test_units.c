@@ -6,6 +6,7 @@
 #include "check.h"
 #include "llmc/checkpoint.h"
 #include "llmc/checksum.h"
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/config.h"
 #include "llmc/guard.h"
@@ -877,6 +878,43 @@ static void test_config_products(void) {
     config_free(&cfg);
 }
 
+// srun without --ntasks-per-node sets no SLURM_NTASKS_PER_NODE, only the per-node lists
+// ("4(x2),3"): launch_detect took every rank of the job for this node's, and the CPU budget
+// was divided by all of them (node_ranks now; local_size, fsdp_size = 0's group, unchanged).
+static void test_slurm_tasks_per_node(void) {
+    EXPECT(slurm_tasks_on_node("4(x2),3", 0) == 4 && slurm_tasks_on_node("4(x2),3", 1) == 4 &&
+               slurm_tasks_on_node("4(x2),3", 2) == 3 && slurm_tasks_on_node("4(x2),3", 3) == 0,
+           "4(x2),3: 4, 4, 3, then none");
+    EXPECT(slurm_tasks_on_node("2", 0) == 2 && slurm_tasks_on_node("1,2,3", 2) == 3, "plain lists");
+    EXPECT(slurm_tasks_on_node("4(2)", 0) == 0 && slurm_tasks_on_node("x", 0) == 0 && slurm_tasks_on_node("", 0) == 0,
+           "malformed lists say nothing");
+    const char *keep[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) unsetenv(keep[i]);
+    setenv("SLURM_PROCID", "9", 1);
+    setenv("SLURM_NTASKS", "11", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2),3", 1);
+    setenv("SLURM_STEP_NODEID", "2", 1);
+    launch_info l = launch_detect();
+    EXPECT(strcmp(l.launcher, "slurm") == 0 && l.size == 11 && l.node_ranks == 3,
+           "srun, 11 tasks as 4(x2),3, on node 2: 3 ranks on this node, got %d of %d (%s)", l.node_ranks, l.size,
+           l.launcher);
+    EXPECT(l.local_size == 11, "fsdp_size = 0's group stays the job's ranks where SLURM does not say: %d", l.local_size);
+    unsetenv("SLURM_STEP_TASKS_PER_NODE");
+    unsetenv("SLURM_STEP_NODEID");
+    setenv("SLURM_TASKS_PER_NODE", "4(x2),3", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    l = launch_detect();
+    EXPECT(l.node_ranks == 4, "the job's list on node 1: 4 ranks, got %d", l.node_ranks);
+    setenv("SLURM_NTASKS_PER_NODE", "5", 1);
+    l = launch_detect();
+    EXPECT(l.local_size == 5 && l.node_ranks == 5, "SLURM_NTASKS_PER_NODE first: 5, got %d, %d", l.local_size,
+           l.node_ranks);
+    const char *set[] = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_NODEID",
+                         "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) unsetenv(set[i]);
+}
+
 int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/train_gpt_units_%d", (int)getpid());
     CHECK(make_dirs(tmp_root));
@@ -892,6 +930,7 @@ int main(void) {
     test_spike_limits();
     test_config_products();
     test_cgroup_limit();
+    test_slurm_tasks_per_node();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0) warn("could not remove %s", tmp_root);
