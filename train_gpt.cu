@@ -3322,20 +3322,35 @@ static bool due(int64_t step, int64_t every, int64_t last) { return step == last
 // Whether the bad steps that now roll back were all spikes within the shift ratios (llmc/guard.h).
 static bool shift_streak(const trainer *tr) { return tr->state.norm_spikes >= tr->state.bad_steps; }
 
-// Rollback: back to the newest valid checkpoint in out_dir with its weights, moments,
-// counters and spike window, but with the data where it is now, so the batches taken since
-// that checkpoint (among them the ones that led to the trouble) are skipped. Checkpoints
-// are only read. false: no rollback left, or no checkpoint. (A DiLoCo replica: restart_replica.)
+// The newest step a rollback at step s + 1 may go back to. Its bad_steps skipped steps in a
+// row are steps s + 2 − bad_steps … s + 1; the first of them ran on the weights after step
+// s + 1 − bad_steps, so those weights (and a checkpoint of that step, or of one in the
+// streak, which holds the same weights: a skipped step changes nothing) are the suspects —
+// weights that came apart give a bad step on any data. The weights after step s − bad_steps
+// gave step s + 1 − bad_steps, which the guard applied: the newest known to be sound. So the
+// bound is s − bad_steps, not s + 1 − bad_steps, even though the latter's weights came from an
+// accepted update: that update is what may have broken them. (Before 2026-12 there was no
+// bound: a checkpoint written in the streak, the weights that caused it, was taken.)
+static int64_t rollback_bound(const trainer *tr, int64_t s) { return s - tr->state.bad_steps; }
+
+// Rollback: back to the newest valid checkpoint in out_dir from before the bad steps
+// (rollback_bound) with its weights, moments, counters and spike window, but with the data
+// where it is now, so the batches taken since that checkpoint (among them the ones that led
+// to the trouble) are skipped. The checkpoints of later steps are moved aside
+// (checkpoint_set_aside_after), the others only read. false: no rollback left, or no checkpoint
+// from before the bad steps. (A DiLoCo replica: restart_replica.)
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
-    if (tr->state.rollbacks >= cfg->max_rollbacks || checkpoint_count(cfg->out_dir, tr->job) == 0) return false;
+    int64_t bound = rollback_bound(tr, s);
+    if (tr->state.rollbacks >= cfg->max_rollbacks || checkpoint_count_upto(cfg->out_dir, bound, tr->job) == 0)
+        return false;
     data_position here = dataloader_position(tr->train);
     int64_t rollbacks = tr->state.rollbacks + 1;
     model_buffers b = buffers_of(tr);
     train_state st;
     memset(&st, 0, sizeof st);
     // ckpt_every's grid first: the straight run's target even after a stop wrote one off it.
-    char *dir = checkpoint_load_latest_every(cfg->out_dir, cfg->ckpt_every, &b, &st);  // fatal if none verifies
+    char *dir = checkpoint_load_latest_every(cfg->out_dir, cfg->ckpt_every, bound, &b, &st);  // fatal if none verifies
     if (!dir) return false;
     if (fault_requested("kill_in_rollback", st.step)) raise(SIGKILL);
     // The checkpoint's position in this run's micro-batches (it may have been written at
@@ -3357,6 +3372,7 @@ static bool roll_back(trainer *tr, int64_t s) {
          (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
          (long long)rollbacks, (long long)cfg->max_rollbacks);
     free(dir);
+    checkpoint_set_aside_after(cfg->out_dir, st.step, tr->job);
     st.data = here;
     st.data_world = tr->world;
     st.data_id = data_identity_of(tr->train);
@@ -3398,6 +3414,14 @@ static bool restart_replica(trainer *tr, int64_t s) {
     return true;
 }
 
+// What the failed rollback at step s + 1 lacked, for the error line: "" (max_rollbacks ran out),
+// or no checkpoint at all, or none from before the bad steps (rollback_bound).
+static const char *no_rollback_target(const trainer *tr, int64_t s) {
+    const char *out_dir = tr->cfg->out_dir;
+    if (outer_on(tr) || checkpoint_count_upto(out_dir, rollback_bound(tr, s), tr->job) > 0) return "";
+    return checkpoint_count(out_dir, tr->job) > 0 ? "; no checkpoint from before the bad steps" : "; no checkpoint";
+}
+
 // A spike guard event in metrics.jsonl: the step's loss and gradient norm and the limits.
 static void spike_event(trainer *tr, const char *event, const step_metrics *m, const step_limits *limits, int64_t s) {
     char extra[256];
@@ -3436,7 +3460,7 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
          "left (%lld of max_rollbacks %lld done%s); the checkpoints in '%s' hold only finite weights (a lasting shift "
          "above the spike guard's limits: raise spike_z, or 0 turns the guard off)",
          (long long)tr->state.bad_steps, (long long)s + 1, (long long)tr->state.rollbacks, (long long)cfg->max_rollbacks,
-         outer_on(tr) || checkpoint_count(cfg->out_dir, tr->job) ? "" : "; no checkpoint",
+         no_rollback_target(tr, s),
          cfg->out_dir);
 }
 

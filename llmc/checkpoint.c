@@ -282,7 +282,9 @@ static void remove_stale_temps(const char *out_dir) {
 static bool commit_dir(const char *tmp_dir, const char *final_dir, const char *out_dir) {
     if (dir_exists(final_dir)) {
         // Only reachable when a newer checkpoint was skipped as corrupt on resume: keep it
-        // for inspection rather than delete it.
+        // for inspection rather than delete it. (A rollback moves the checkpoints newer than
+        // its target aside itself, as step_N.rolled-back: checkpoint_set_aside_after. Before
+        // 2026-12 they stayed, and the run's second pass over their steps landed here.)
         char aside[4200];
         snprintf(aside, sizeof aside, "%s.replaced-%lld", final_dir, (long long)time(NULL));
         for (int k = 2; dir_exists(aside) && k < 1000; k++)   // twice in one second
@@ -1056,12 +1058,21 @@ static int agreed_list(const char *out_dir, const comm *job, checkpoint_dir **ou
 }
 
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s) {
-    return checkpoint_load_latest_every(out_dir, 0, b, s);
+    return checkpoint_load_latest_every(out_dir, 0, INT64_MAX, b, s);
 }
 
-char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s) {
+// The listing's checkpoints at or below max_step, in place, still newest first; their count.
+static int at_or_below(checkpoint_dir *dirs, int count, int64_t max_step) {
+    int kept = 0;
+    for (int i = 0; i < count; i++)
+        if (dirs[i].step <= max_step) dirs[kept++] = dirs[i];
+    return kept;
+}
+
+char *checkpoint_load_latest_every(const char *out_dir, int64_t every, int64_t max_step, const model_buffers *b,
+                                   train_state *s) {
     checkpoint_dir *dirs;
-    int count = agreed_list(out_dir, b->job, &dirs);
+    int count = at_or_below(dirs, agreed_list(out_dir, b->job, &dirs), max_step);
     // Those on the grid first (a stable partition keeps them newest first), then the others.
     int on_grid = 0;
     for (int i = 0; every > 0 && i < count; i++)
@@ -1087,11 +1098,41 @@ char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const mod
     return NULL;
 }
 
-int checkpoint_count(const char *out_dir, const comm *job) {
+int checkpoint_count(const char *out_dir, const comm *job) { return checkpoint_count_upto(out_dir, INT64_MAX, job); }
+
+int checkpoint_count_upto(const char *out_dir, int64_t max_step, const comm *job) {
     checkpoint_dir *dirs;
     int count = agreed_list(out_dir, job, &dirs);
+    count = at_or_below(dirs, count, max_step);
     free(dirs);
     return count;
+}
+
+void checkpoint_set_aside_after(const char *out_dir, int64_t step, const comm *job) {
+    if (job && comm_rank(job) != 0) return;
+    checkpoint_dir *dirs;
+    int count = list_checkpoints(out_dir, &dirs), moved = 0;
+    strbuf names = {0};
+    for (int i = count - 1; i >= 0; i--) {   // oldest first, as the warning lists them
+        if (dirs[i].step <= step) continue;
+        char aside[4300];
+        snprintf(aside, sizeof aside, "%s.rolled-back", dirs[i].path);
+        for (int k = 2; dir_exists(aside) && k < 1000; k++)   // a second rollback past the same step
+            snprintf(aside, sizeof aside, "%s.rolled-back-%d", dirs[i].path, k);
+        if (rename(dirs[i].path, aside) != 0) {
+            warn("cannot move '%s', written after the rollback's checkpoint, aside: %s (a resume may load it)",
+                 dirs[i].path, strerror(errno));
+            continue;
+        }
+        sb_printf(&names, "%s'%s'", moved++ ? ", " : "", aside);
+    }
+    if (moved > 0 && !fsync_dir(out_dir)) warn("cannot sync '%s': %s", out_dir, strerror(errno));
+    if (moved > 0)
+        warn("the rollback moved the %d checkpoint(s) written after step %lld aside, as %s: they hold the weights of "
+             "the bad steps or lead to them, are no longer loaded, counted or pruned, and can be deleted",
+             moved, (long long)step, names.data);
+    sb_free(&names);
+    free(dirs);
 }
 
 bool checkpoint_dir_writable(const char *out_dir, char *why, size_t why_bytes) {

@@ -94,16 +94,29 @@ int checkpoint_config_changes(const char *dir, const train_config *cfg, const ch
 // Returns its path (caller frees), or NULL if out_dir has no checkpoint at all.
 // If checkpoints exist but none verifies, that is a fatal error: the user decides.
 char *checkpoint_load_latest(const char *out_dir, const model_buffers *b, train_state *s);
-// The same, trying first the checkpoints whose step is a multiple of `every` (ckpt_every's
-// grid), newest first, then the others: a rollback lands where it would have without the
-// checkpoints a stop wrote off the grid (a signal, the walltime, stop_at_step), so that a run
-// resumed after one rolls back as the straight run does. every 0: checkpoint_load_latest.
-char *checkpoint_load_latest_every(const char *out_dir, int64_t every, const model_buffers *b, train_state *s);
+// The same among the checkpoints whose step is at most max_step (a rollback's: those from
+// before the weights that went bad; INT64_MAX: all), trying first the ones whose step is a
+// multiple of `every` (ckpt_every's grid), newest first, then the others: a rollback lands
+// where it would have without the checkpoints a stop wrote off the grid (a signal, the
+// walltime, stop_at_step), so that a run resumed after one rolls back as the straight run
+// does. every 0: newest first. NULL also when none is at most max_step.
+char *checkpoint_load_latest_every(const char *out_dir, int64_t every, int64_t max_step, const model_buffers *b,
+                                   train_state *s);
 
 // Number of checkpoint directories (step_%08lld: no other spelling) in out_dir, valid or not.
 // job (NULL: this process alone): its ranks take rank 0's listing (collective), as the loads
 // below do.
 int checkpoint_count(const char *out_dir, const comm *job);
+// The same, counting only those whose step is at most max_step.
+int checkpoint_count_upto(const char *out_dir, int64_t max_step, const comm *job);
+
+// After a rollback to the checkpoint of `step`: renames every checkpoint directory of a later
+// step to step_NNNNNNNN.rolled-back (-2, -3, … when that exists), with one warning naming them.
+// They hold the bad steps' weights or lead to them: left under their names, a crash after the
+// rollback resumed from one (its rollbacks count from before the rollback), and the run's next
+// pass over their steps moved each aside as .replaced-<time>. Rank 0 of job only (NULL: this
+// process); not collective.
+void checkpoint_set_aside_after(const char *out_dir, int64_t step, const comm *job);
 
 // Whether checkpoints can be written in out_dir (created if absent): a directory is made and
 // removed there. false with the reason in why.

@@ -22,7 +22,9 @@
 #      with max_rollbacks 0 the same run stops with an error instead; stopped off the
 #      checkpoint grid at step 33 and resumed, it rolls back to step 30 all the same, bit-exact;
 #      a checkpoint of another batch size counts the skipped micro-batches in this run's; simulated
-#      DiLoCo replicas (local) do not roll back to a checkpoint of out_dir, they stop;
+#      DiLoCo replicas (local) do not roll back to a checkpoint of out_dir, they stop; a rollback
+#      goes to a checkpoint from before the weights of the streak (not one written in it, nor
+#      the one its first step ran on), and moves the newer ones aside (.rolled-back);
 #   9. kill -9 right after a rollback loaded its checkpoint, then resume: every checkpoint
 #      is intact (byte for byte) and the run finishes.
 # The watchdog:
@@ -172,6 +174,38 @@ check "... stopped at step 33 (off the grid) and resumed: the rollback goes to s
     sh -c "grep -q '\"event\":\"rollback\",\"step\":36,\"to_step\":30,' '$tmp/roll_stopped/metrics.jsonl' &&
            cmp -s '$tmp/roll/step_00000060/model.safetensors' '$tmp/roll_stopped/step_00000060/model.safetensors' &&
            cmp -s '$tmp/roll/step_00000060/optimizer.safetensors' '$tmp/roll_stopped/step_00000060/optimizer.safetensors'"
+
+# A checkpoint written in the streak holds the weights that caused it (a skipped step changes
+# nothing), and so does the one of the step before the streak: NaN in micro-batches 28–30
+# skips steps 29–31, and the rollback goes to step 20, not to the step-30 checkpoint written in
+# the streak (it did: the same weights again); NaN in 30–32 skips steps 31–33, whose first ran
+# on step 30's weights: step 20 too. The checkpoint after the target is moved aside as
+# step_00000030.rolled-back: a crash after the rollback resumes from step 20's line (it resumed
+# from the streak's step 30 with rollbacks 0), and when the run writes step 30 again nothing is
+# moved aside as .replaced-<time> (a whole checkpoint that was never pruned).
+TRAIN_GPT_FAULT=nan_batch:28,nan_batch:29,nan_batch:30 run "$tmp/roll_mid" "${roll[@]}" || true
+check "NaN in steps 29-31: the rollback goes to step 20, not to the step-30 checkpoint written in the streak" \
+    grep -q '"event":"rollback","step":31,"to_step":20,' "$tmp/roll_mid/metrics.jsonl"
+check "... the step-30 checkpoint is moved aside as step_00000030.rolled-back, said in one warning; none is .replaced-" \
+    sh -c "test -d '$tmp/roll_mid/step_00000030.rolled-back' && test -d '$tmp/roll_mid/step_00000060' &&
+           [ \$(grep -c 'warning: the rollback moved .*step_00000030.rolled-back.*can be deleted' '$tmp/roll_mid.log') -eq 1 ] &&
+           ! ls '$tmp/roll_mid' | grep -q replaced"
+TRAIN_GPT_FAULT=nan_batch:30,nan_batch:31,nan_batch:32 run "$tmp/roll_edge" "${roll[@]}" || true
+check "NaN in steps 31-33 (the first on step 30's weights): the rollback goes to step 20" \
+    grep -q '"event":"rollback","step":33,"to_step":20,' "$tmp/roll_edge/metrics.jsonl"
+# A crash after the rollback, before the run writes step 30 again (here: NaN in micro-batches
+# 31–33 too, the three steps after the rollback, and max_rollbacks 1: the run stops with an
+# error at step 23), then a resume: from step 20, not from the streak's step 30.
+rc=0
+TRAIN_GPT_FAULT=nan_batch:28,nan_batch:29,nan_batch:30,nan_batch:31,nan_batch:32,nan_batch:33 \
+    run "$tmp/roll_mid_crash" "${roll[@]}" --max_rollbacks 1 || rc=$?
+check "stopped (rc $rc) after the rollback to step 20: no checkpoint of a later step left under its name" \
+    sh -c "[ $rc -eq 1 ] && grep -q '\"event\":\"rollback\",\"step\":31,\"to_step\":20,' '$tmp/roll_mid_crash/metrics.jsonl' &&
+           test -d '$tmp/roll_mid_crash/step_00000030.rolled-back' && ! test -e '$tmp/roll_mid_crash/step_00000030'"
+run "$tmp/roll_mid_crash" "${roll[@]}" || true
+check "... resumed: from step 20 (it resumed from the streak's step 30) and finished" \
+    sh -c "grep -q '\"event\":\"resume\",\"step\":20,' '$tmp/roll_mid_crash/metrics.jsonl' &&
+           test -d '$tmp/roll_mid_crash/step_00000060'"
 
 # 13. Harder data for good: the stream (unshuffled) goes from a random-token shard to a Markov
 # one whose loss, for this model, stays 1.6-1.8x the window's limit. The steps there are
