@@ -843,7 +843,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     st->restart_step = st->step;
     st->outer_step = c.outer_step;
     st->tokens_seen = c.tokens + (uint64_t)skip * tokens_per_step(d);
-    st->bad_steps = 0;
+    st->bad_steps = st->norm_spikes = st->loss_spikes = 0;   // new weights: no streak goes on
     st->merge_step = 0;
     st->merge_fragment = st->merge_fragments = 0;
     diloco_seek_data(d->cfg, train, st, was);

@@ -3381,6 +3381,7 @@ static bool roll_back(trainer *tr, int64_t s) {
     // A streak of spikes all within the shift ratios: if the steps after the rollback are such
     // spikes again, the first is a lasting shift of the loss (llmc/guard.h).
     st.norm_spikes = shift_streak(tr) ? cfg->max_bad_steps : 0;
+    st.loss_spikes = 0;
     tr->state = st;
     backend_upload(tr->be, tr->params, tr->exp_avg, tr->exp_avg_sq, st.adam_step);
     return true;
@@ -3400,6 +3401,7 @@ static bool restart_replica(trainer *tr, int64_t s) {
     tr->state.rollbacks = rollbacks;
     tr->state.bad_steps = 0;
     tr->state.norm_spikes = shift_streak(tr) ? cfg->max_bad_steps : 0;   // as roll_back's
+    tr->state.loss_spikes = 0;
     follow_first_copy(tr, true, true, before);
     backend_upload_params(tr->be, tr->params);
     char extra[200];
@@ -3510,12 +3512,15 @@ static step_metrics train_step(trainer *tr, bool extra) {
     m.lr = lr_at_step(cfg, s);
     step_limits limits = spike_limits(&tr->state.spikes, cfg->spike_z, s, cfg->warmup_steps);
     // A lasting shift (llmc/guard.h): after max_bad_steps − 1 skips as spikes within the shift
-    // ratios, the norm may go up to its ratio times its limit (with max_bad_steps = 1 at once: it
-    // once never could, and each shifted step rolled back); after a rollback that such a streak
-    // caused (norm_spikes carried as max_bad_steps), the loss to its own too.
-    bool shift = tr->state.norm_spikes >= cfg->max_bad_steps - 1;
+    // ratios, all for the norm alone (the loss within its limit), the norm may go up to its ratio
+    // times its limit (with max_bad_steps = 1 at once: it once never could, and each shifted step
+    // rolled back); after a rollback that a streak of such spikes of either kind caused
+    // (norm_spikes carried as max_bad_steps), the loss to its own too. Until 2026-12 spikes of
+    // the loss opened the norm's allowance as well.
+    bool after_rollback = tr->state.norm_spikes >= cfg->max_bad_steps;
+    bool shift = after_rollback || (tr->state.norm_spikes >= cfg->max_bad_steps - 1 && tr->state.loss_spikes == 0);
     step_limits window_limits = limits;
-    if (shift) limits = spike_shift_limits(&window_limits, tr->state.norm_spikes >= cfg->max_bad_steps);
+    if (shift) limits = spike_shift_limits(&window_limits, after_rollback);
     step_result r = backend_step(tr->be, m.lr, step_tokens, cfg, &limits);
     m.loss = r.loss;
     m.z_loss = r.z_loss;
@@ -3525,6 +3530,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
     if (m.skipped) {
         bool shifted = r.spike && spike_shift_like(&window_limits, r.loss, r.grad_norm);
         tr->state.norm_spikes = shifted ? tr->state.norm_spikes + 1 : 0;
+        tr->state.loss_spikes = shifted ? tr->state.loss_spikes + (r.loss > window_limits.max_loss) : 0;
         if (count_bad_step(tr, &m, &limits, r.spike, s)) {
             m.rolled_back = true;  // the state is the checkpoint's now: no step to count
             m.step = s + 1;
@@ -3537,6 +3543,7 @@ static step_metrics train_step(trainer *tr, bool extra) {
         if (shift && spike_exceeds(&window_limits, r.loss, r.grad_norm)) accept_shift(tr, &m, &window_limits, s);
         tr->state.bad_steps = 0;
         tr->state.norm_spikes = 0;
+        tr->state.loss_spikes = 0;
         spike_push(&tr->state.spikes, cfg->spike_window, r.loss, r.grad_norm);
     }
 

@@ -214,6 +214,7 @@ static char *state_to_json(const train_state *s, const train_config *cfg) {
     if (s->restart_step > 0) sb_printf(&sb, "  \"outer_restart_step\": %lld,\n", (long long)s->restart_step);
     if (s->rollbacks > 0) sb_printf(&sb, "  \"rollbacks\": %lld,\n", (long long)s->rollbacks);
     if (s->norm_spikes > 0) sb_printf(&sb, "  \"norm_spikes\": %lld,\n", (long long)s->norm_spikes);
+    if (s->loss_spikes > 0) sb_printf(&sb, "  \"loss_spikes\": %lld,\n", (long long)s->loss_spikes);
     if (s->spikes.size > 0) {  // the spike guard's window: the values exactly (shortest round-trip form)
         const spike_window *w = &s->spikes;
         int64_t n = w->count < w->size ? w->count : w->size;
@@ -764,6 +765,11 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
     s->norm_spikes = norm_spikes && norm_spikes->type == JSON_NUMBER && norm_spikes->is_integer &&
                              norm_spikes->integer > 0
                          ? norm_spikes->integer
+                         : 0;
+    const json_value *loss_spikes = json_get(root, "loss_spikes");  // absent: none (before 2026-12: not counted)
+    s->loss_spikes = loss_spikes && loss_spikes->type == JSON_NUMBER && loss_spikes->is_integer &&
+                             loss_spikes->integer > 0
+                         ? loss_spikes->integer
                          : 0;
     if (!read_spike_window(root, &s->spikes)) {
         snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");

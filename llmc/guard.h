@@ -36,6 +36,7 @@ extern "C" {
 // - The gradient norm: when max_bad_steps − 1 steps in a row were skipped as such spikes with
 //   the loss within its limit, the next step's norm may go up to SPIKE_SHIFT_MAX_RATIO times
 //   the limit (with max_bad_steps = 1: at once), and the window starts over once it is applied.
+//   (Until 2026-12 spikes of the loss counted toward the max_bad_steps − 1 too.)
 //   A model leaving a plateau raised its norm 9-13x its window's for hundreds of steps (the
 //   DiLoCo benchmark's markov runs at M = 2 and H = 200); a corrupted gradient (one element at
 //   1e4) is thousands of times the limit.

@@ -44,9 +44,11 @@ typedef struct {
     int64_t saved_max_steps;  // read from a checkpoint only: its config's max_steps (0: not recorded)
     int64_t bad_steps;     // consecutive skipped steps (NaN/Inf or spikes) so far
     int64_t norm_spikes;   // of them, the last ones in a row skipped as spikes within the shift
-                           // ratios (spike_shift_like): max_bad_steps − 1 of them accept a shift
-                           // of the norm; max_bad_steps (carried over the rollback such a
-                           // streak caused) one of the loss too (llmc/guard.h)
+                           // ratios (spike_shift_like): max_bad_steps − 1 of them, with loss_spikes
+                           // 0, accept a shift of the norm; max_bad_steps (carried over the
+                           // rollback such a streak caused) one of the loss too (llmc/guard.h)
+    int64_t loss_spikes;   // of the norm_spikes, those whose loss was above its limit: any one
+                           // of them keeps the norm's shift closed (it is for the norm alone)
     int64_t tokens_seen;   // train tokens consumed by all processes
     int64_t outer_step;    // DiLoCo outer steps applied to θ (0 without DiLoCo)
     int64_t merge_step;    // streaming DiLoCo: the step at which the fragment that landed last

@@ -13,7 +13,8 @@
 #      middle of the streak and resumed, it decides the same and ends bit-exact; 1e4 spikes in a
 #      row (section 4) are no shift and still stop the run.
 #  13. harder data for good (the loss 1.6-1.8x its limit, lasting): one rollback, then the
-#      loss's shift is accepted and the run finishes;
+#      loss's shift is accepted and the run finishes; the loss's spikes before the rollback do
+#      not open the gradient norm's allowance, also when stopped among them and resumed;
 #  14. max_bad_steps 1: a lasting shift of the gradient norm is accepted at once.
 # Rollback:
 #   8. bad data (NaN in the steps that take micro-batches 33–35; max_bad_steps 3) rolls back to
@@ -221,6 +222,30 @@ rc=0
 check "harder data for good: one rollback, then the loss's shift accepted, the run finishes (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && [ \$(grep -c '\"event\":\"rollback\"' '$tmp/harder/metrics.jsonl') -eq 1 ] &&
            grep -q '\"event\":\"spike_shift\"' '$tmp/harder/metrics.jsonl' && test -d '$tmp/harder/step_00000300'"
+# The streak before the rollback is of the loss alone (the norm within its limit): the norm's
+# 25x allowance stays closed, every spike event of it shows the window's own norm limit (the
+# window does not change while steps are skipped). It opened after max_bad_steps - 1 of them:
+# the last showed 25 x 4.318 = 107.9.
+check "... the loss-only spikes before the rollback do not open the gradient norm's 25x allowance" \
+    "$PYTHON" -c "
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '\"event\"' in l]
+streak = [e for e in ev[:[e['event'] for e in ev].index('rollback')] if e['event'] == 'spike']
+print('    max_grad_norm of the streak:', [e['max_grad_norm'] for e in streak])
+sys.exit(0 if len(streak) >= 2 and all(e['loss'] > e['max_loss'] and e['max_grad_norm'] == streak[0]['max_grad_norm']
+                                        for e in streak) else 1)" "$tmp/harder/metrics.jsonl"
+# Stopped in that streak (after step 238: 4 loss spikes) and resumed: state.json carries the
+# count (loss_spikes), so step 239 is judged as in the straight run, and the run ends bit-exact.
+harder=(test/configs/tiny_test.conf --val_every 0 --threads 1 --log_every 1000 --ckpt_every 50 --shuffle 0
+        --train_data "$tmp/rand.bin,$tmp/markov.bin" --max_steps 300 --out_dir "$tmp/harder_stopped")
+"$TRAIN_GPT" "${harder[@]}" --stop_at_step 238 >"$tmp/harder_stopped.log" 2>&1 || true
+check "... stopped at step 238 in the streak: state.json says loss_spikes 4" \
+    grep -q '"loss_spikes": 4,' "$tmp/harder_stopped/step_00000238/state.json"
+"$TRAIN_GPT" "${harder[@]}" >>"$tmp/harder_stopped.log" 2>&1 || true
+check "... resumed: the same spike events, bit-exact at step 300" \
+    sh -c "[ \"\$(grep '\"event\":\"spike' '$tmp/harder/metrics.jsonl')\" = \"\$(grep '\"event\":\"spike' '$tmp/harder_stopped/metrics.jsonl')\" ] &&
+           cmp -s '$tmp/harder/step_00000300/model.safetensors' '$tmp/harder_stopped/step_00000300/model.safetensors' &&
+           cmp -s '$tmp/harder/step_00000300/optimizer.safetensors' '$tmp/harder_stopped/step_00000300/optimizer.safetensors'"
 
 # 14. max_bad_steps 1: the gradient norm's lasting shift is accepted at once (0 skips before
 # it); it once was never accepted and each shifted step rolled back until the run stopped.
