@@ -3756,6 +3756,9 @@ static int train_run(train_config *cfg) {
     double step_time_sum = 0.0;
     int64_t timed_steps = 0;
     int64_t first_step = tr.state.step;
+    // Whether this process trained a step: after a rollback the step can be first_step again,
+    // and the lines below said "nothing to do" for a run that had trained and stopped.
+    bool trained = false;
     int exit_status = 0;
     double job_end = walltime_end(cfg);
     bool no_final_checkpoint = skip_final_checkpoint(&tr);
@@ -3776,6 +3779,7 @@ static int train_run(train_config *cfg) {
     while (!tr.over && !tr.join_stopped && tr.state.step < cfg->max_steps) {
         watchdog_phase("a training step", tr.state.step + 1);
         step_metrics m = train_step(&tr, false);
+        trained = true;
         if (m.rolled_back) {  // back at a checkpoint's step: nothing else is due for this step
             metrics_step(tr.log, &m);
             print_progress(&tr, &m, m.step_ms / 1e3);
@@ -3892,7 +3896,7 @@ static int train_run(train_config *cfg) {
         }
     }
     watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
-    if (tr.join_stopped && tr.state.step == first_step) {
+    if (tr.join_stopped && !trained) {
         // Stopped while the hub held its join (a quorum, a donor's state): nothing was trained,
         // so the checkpoint it started from stands.
         note("stopped by signal %d at step %lld while waiting to join the group: nothing trained, the checkpoint is "
@@ -3900,12 +3904,12 @@ static int train_run(train_config *cfg) {
              (int)stop_signal, (long long)tr.state.step);
         metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"signal\"");
         if (stop_signal == SIGUSR1) exit_status = EXIT_REQUEUE;
-    } else if (tr.over && tr.state.step == first_step) {
+    } else if (tr.over && !trained) {
         note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
              "the checkpoint is unchanged, the final weights are in the checkpoint of the replica that finished",
              (long long)tr.state.step);
         metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"run_over\"");
-    } else if (tr.state.step == first_step) {
+    } else if (!trained) {
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);
     }
     diloco_leave(tr.outer, &tr.state, tr.state.step >= cfg->max_steps);

@@ -25,7 +25,8 @@
 #      a checkpoint of another batch size counts the skipped micro-batches in this run's; simulated
 #      DiLoCo replicas (local) do not roll back to a checkpoint of out_dir, they stop; a rollback
 #      goes to a checkpoint from before the weights of the streak (not one written in it, nor
-#      the one its first step ran on), and moves the newer ones aside (.rolled-back);
+#      the one its first step ran on), and moves the newer ones aside (.rolled-back); a run
+#      that rolled back to its resume step and stopped there does not say "nothing to do";
 #   9. kill -9 right after a rollback loaded its checkpoint, then resume: every checkpoint
 #      is intact (byte for byte) and the run finishes.
 # The watchdog:
@@ -207,6 +208,19 @@ run "$tmp/roll_mid_crash" "${roll[@]}" || true
 check "... resumed: from step 20 (it resumed from the streak's step 30) and finished" \
     sh -c "grep -q '\"event\":\"resume\",\"step\":20,' '$tmp/roll_mid_crash/metrics.jsonl' &&
            test -d '$tmp/roll_mid_crash/step_00000060'"
+
+# Stopped at step 35 before the bad data, resumed with the same stop: the rollback takes the
+# run back to step 30, it trains to 35 again and stops there. It said "nothing to do: the run
+# had already reached max_steps" (the step it stopped at was the one it resumed at); a run
+# resumed at max_steps still says it.
+edge=(--ckpt_every 10 --max_steps 60 --max_bad_steps 3 --stop_at_step 35)
+for _ in 1 2; do TRAIN_GPT_FAULT=nan_batch:35,nan_batch:36,nan_batch:37 run "$tmp/roll_edge_stop" "${edge[@]}" || true; done
+check "resumed at 35, rolled back to 30 and stopped at 35 again: 'stopped after step 35', not 'nothing to do'" \
+    sh -c "grep -q '\"event\":\"rollback\",\"step\":38,\"to_step\":30,' '$tmp/roll_edge_stop/metrics.jsonl' &&
+           grep -q 'stopped after step 35 (stop_at_step)' '$tmp/roll_edge_stop.log' && ! grep -q 'nothing to do' '$tmp/roll_edge_stop.log'"
+run "$tmp/roll_edge_stop" "${roll[@]}" || true
+run "$tmp/roll_edge_stop" "${roll[@]}" || true
+check "... a run resumed at max_steps says 'nothing to do'" grep -q 'nothing to do: the run had already reached max_steps = 60' "$tmp/roll_edge_stop.log"
 
 # 13. Harder data for good: the stream (unshuffled) goes from a random-token shard to a Markov
 # one whose loss, for this model, stays 1.6-1.8x the window's limit. The steps there are
