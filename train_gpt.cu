@@ -2007,10 +2007,25 @@ enum { EXIT_REQUEUE = 76 };
 
 static volatile sig_atomic_t stop_signal = 0;
 
+// SIGUSR1 (a requeue request: SLURM's --signal before the walltime) is kept whatever comes
+// after it: SLURM's SIGTERM at the end, a user's scancel, would otherwise turn the stop into
+// status 0 and end the job chain. (Until 2026-12 the last signal won.)
 static void on_stop_signal(int sig) {
-    stop_signal = sig;
+    if (stop_signal != SIGUSR1) stop_signal = sig;
     // A second Ctrl-C should not wait for the checkpoint.
     if (sig == SIGINT) signal(SIGINT, SIG_DFL);
+}
+
+// A rank's reason to stop as one number, for the job's agreement (comm_max: the highest wins):
+// 0 none, 1 stop_at_step (or another stop of its own), 2 the walltime, 100 + the signal, and
+// SIGUSR1 above every signal (200): one rank's requeue request must not become another's
+// SIGTERM (15 > 10: the job exited 0 and its chain ended).
+static double stop_reason_code(int sig, bool walltime, bool stop_here) {
+    if (sig == SIGUSR1) return 200.0;
+    return sig ? 100.0 + sig : walltime ? 2.0 : stop_here ? 1.0 : 0.0;
+}
+static sig_atomic_t signal_of_stop_reason(double code) {
+    return code >= 200.0 ? SIGUSR1 : (sig_atomic_t)(code - 100.0);
 }
 
 static void install_signal_handlers(void) {
@@ -3841,10 +3856,10 @@ static int train_run(train_config *cfg) {
         watchdog_phase("the replicas' stop agreement", step);
         if (tr.outer) stop_here = diloco_agree_stop(tr.outer, stop_here);
         if (tr.job) {  // a job's ranks stop together: any rank's signal or walltime stops all
-            double why = comm_max(tr.job, stop_signal ? 100.0 + stop_signal : walltime ? 2.0 : stop_here ? 1.0 : 0.0);
+            double why = comm_max(tr.job, stop_reason_code(stop_signal, walltime, stop_here));
             stop_here = why > 0;
             walltime = walltime || why == 2.0;
-            if (why >= 100.0) stop_signal = (sig_atomic_t)(why - 100.0);
+            if (why >= 100.0) stop_signal = signal_of_stop_reason(why);
         }
         // Done whatever stopped it: its last step, or the stop_at_step asked for (no requeue).
         bool done = step >= cfg->max_steps || step == cfg->stop_at_step;

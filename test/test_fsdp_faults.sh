@@ -12,6 +12,7 @@
 #     end after comm_timeout_s with one line, they do not hang.
 #  6. More MPI ranks than DiLoCo replicas: the line that says so.
 #  7. Ranks that see different checkpoints in out_dir resume from the same one (rank 0's list).
+#  8. SIGUSR1 on one rank, SIGTERM on the other: the job stops with status 76 (a requeue).
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -136,4 +137,27 @@ cp -r "$tmp/views_a" "$tmp/views_b" && rm -rf "$tmp/views_b/step_00000010"
 mpi_job "$tmp/views.log" "$tmp/views_a" "$tmp/views_b" --max_steps 15 || true
 check "ranks that list different checkpoints resume from the same one, which all can read" \
     grep -q "rank 0: resuming from '$tmp/views_a/step_00000005' at step 5" "$tmp/views.log"
+# 8. The ranks stop together on the signal that asks most: rank 0 gets SIGUSR1 (a requeue
+# request), rank 1 SIGTERM, each while it has stopped itself in step 3. Their agreement took
+# the higher signal number (SIGTERM, 15 > 10): the job exited 0 and requeue.sh ended the chain;
+# now SIGUSR1 wins and every rank exits 76.
+TRAIN_GPT_FAULT=stop_in_step:2 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${args[@]}" --max_steps 10 --out_dir "$tmp/signals" \
+    >"$tmp/signals.log" 2>&1 &
+job=$!
+pids+=("$job")
+both_stopped() {
+    local r p
+    for r in 0 1; do
+        p=$(rank_pid "$job" $r) && grep -q '^State:.*T' "/proc/$p/status" || return 1
+    done
+}
+wait_within "both ranks to stop themselves in step 3" 180 both_stopped
+r0=$(rank_pid "$job" 0) && r1=$(rank_pid "$job" 1)
+kill -USR1 "$r0" && kill -TERM "$r1" && kill -CONT "$r0" "$r1"
+wait_within "the job to end" 65 job_gone
+rc=0
+wait "$job" || rc=$?
+check "SIGUSR1 on rank 0, SIGTERM on rank 1: the job stops after step 3 with status 76 (rc $rc)" \
+    sh -c "[ $rc -eq 76 ] && grep -q 'stopped by signal 10 after step 3;' '$tmp/signals.log' &&
+           test -d '$tmp/signals/step_00000003'"
 finish test_fsdp_faults

@@ -9,7 +9,7 @@
 #      time with status 76;
 #   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76; SIGUSR1
 #      with a checkpoint that cannot be written: 75 (requeued, counted), not 1; SIGTERM during
-#      start-up: 0 after one step, not 143;
+#      start-up: 0 after one step, not 143; SIGUSR1 then SIGTERM: 76, not 0;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept;
@@ -98,6 +98,24 @@ rc=0
 wait "$pid" || rc=$?
 check "SIGTERM during start-up: status 0 after one step, with its checkpoint (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && test -d '$tmp/start/step_00000001'"
+# SIGUSR1 then SIGTERM (SLURM's --signal, then its SIGTERM at the end or a user's scancel): the
+# requeue request stands, status 76; the last signal won (status 0, and requeue.sh ended the
+# job chain). The order is made sure of, since the kernel hands two pending signals to a
+# process's threads in no order we choose: the run stops itself while it starts, gets SIGUSR1
+# and runs on (its handler runs then), stops itself again in its first step (after its
+# "start" event), and gets SIGTERM there.
+TRAIN_GPT_FAULT=stop_in_start:0,stop_in_step:0 "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/usr1term" \
+    --max_steps 10 >"$tmp/usr1term.log" 2>&1 &
+pid=$!
+wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+kill -USR1 "$pid" && kill -CONT "$pid"
+in_first_step() { grep -q '"event":"start"' "$tmp/usr1term/metrics.jsonl" 2>/dev/null && grep -q '^State:.*T' "/proc/$pid/status"; }
+wait_until "the run stopped itself in its first step" in_first_step >/dev/null
+kill -TERM "$pid" && kill -CONT "$pid"
+rc=0
+wait "$pid" || rc=$?
+check "SIGUSR1, then SIGTERM: status 76 after step 1, the requeue request stands (rc $rc)" \
+    sh -c "[ $rc -eq 76 ] && grep -q 'stopped by signal 10 after step 1;' '$tmp/usr1term.log'"
 # A checkpoint that cannot be written at such a stop (a file system's hiccup; here: files past
 # 64 KiB): status 75, which requeue.sh requeues and counts, from the checkpoint before — it was
 # status 1, which ended the job chain for good.
