@@ -3167,7 +3167,10 @@ static bool restore_or_init(trainer *tr) {
             warn("resume: max_steps was %lld when saved, now %lld: the learning-rate schedule is the new run's (at step "
                  "%lld the lr is %.3g, it was %.3g%s)",
                  (long long)was_max, (long long)cfg->max_steps, (long long)at, lr_at_step(cfg, at),
-                 lr_at_step(&then, at), at >= was_max ? ": the saved run had finished" : "");
+                 lr_at_step(&then, at),
+                 at >= cfg->max_steps ? ": the run is already past its new max_steps, nothing is trained"
+                 : at >= was_max      ? ": the saved run had finished"
+                                      : "");
         }
         char outer_file[4200];
         snprintf(outer_file, sizeof outer_file, "%s/outer.safetensors", from);

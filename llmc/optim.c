@@ -16,7 +16,9 @@ double lr_at_step(const train_config *cfg, int64_t s) {
     if (s < cfg->warmup_steps) return peak * (double)(s + 1) / (double)cfg->warmup_steps;
     int64_t decay_start = decay_start_step(cfg);
     if (s >= decay_start && S > decay_start) {
-        double p = (double)(s - decay_start) / (double)(S - decay_start);
+        // At most 1: past max_steps (asked only of a run resumed beyond a lowered max_steps: its
+        // warning) the lr stays at its floor; it went on down the line, below 0.
+        double p = s >= S ? 1.0 : (double)(s - decay_start) / (double)(S - decay_start);
         if (strcmp(cfg->decay_shape, "sqrt") == 0) return lo + (peak - lo) * (1.0 - sqrt(p));
         return peak + (lo - peak) * p;
     }

@@ -25,6 +25,7 @@ extern "C" {
 int64_t decay_start_step(const train_config *cfg);
 
 // WSD schedule at 0-based step s of max_steps (docs/model.md gives the formula).
+// Steps at or past max_steps get the schedule's last value, min_lr_frac · lr.
 double lr_at_step(const train_config *cfg, int64_t step);
 
 // Global L2 norm of all gradients, summed in double over fixed blocks in a fixed order:

@@ -178,6 +178,13 @@ cp -r "$tmp/straight" "$tmp/extended"
 run "$tmp/extended" --max_steps 24 >"$tmp/extended.log" 2>&1
 check "max_steps 20 -> 24 on resume: a warning names both and the saved run as finished" \
     grep -q "resume: max_steps was 20 when saved, now 24: .*the saved run had finished" "$tmp/extended.log"
+# Lowered below the saved step: the warning gives the schedule's floor (min_lr_frac 0.1 x lr
+# 0.003), not the decay line drawn on past the end (-0.0132), and says nothing is trained.
+cp -r "$tmp/straight" "$tmp/lowered"
+run "$tmp/lowered" --max_steps 10 >"$tmp/lowered.log" 2>&1
+check "max_steps 20 -> 10 on resume: at step 20 the lr is 0.0003 (the floor), the run past its new end" \
+    grep -q "resume: max_steps was 20 when saved, now 10: .*at step 20 the lr is 0.0003, .*already past its new max_steps" \
+    "$tmp/lowered.log"
 
 # 10. The checkpoint records its train data (tokens, shards, fingerprint); a resume whose
 # train_data holds other data (one more shard) warns that the position no longer names the

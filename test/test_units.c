@@ -131,8 +131,13 @@ static void test_schedule(void) {
     EXPECT(fabs(lr_at_step(&cfg, 80) - 1.0) < 1e-15, "decay starts at the peak (p = 0)");
     EXPECT(fabs(lr_at_step(&cfg, 90) - (1.0 + (0.1 - 1.0) * 0.5)) < 1e-15, "linear decay midway");
     EXPECT(fabs(lr_at_step(&cfg, 99) - (1.0 + (0.1 - 1.0) * 0.95)) < 1e-15, "linear decay last step");
+    // Past max_steps (a resume with max_steps lowered below the saved step: its warning) the
+    // floor, not the line drawn on below it (step 120: -0.8).
+    EXPECT(fabs(lr_at_step(&cfg, 100) - 0.1) < 1e-15 && fabs(lr_at_step(&cfg, 120) - 0.1) < 1e-15,
+           "past max_steps: min_lr_frac · lr (got %g at step 120)", lr_at_step(&cfg, 120));
     cfg.decay_shape = "sqrt";
     EXPECT(fabs(lr_at_step(&cfg, 90) - (0.1 + 0.9 * (1.0 - sqrt(0.5)))) < 1e-15, "sqrt decay midway");
+    EXPECT(fabs(lr_at_step(&cfg, 120) - 0.1) < 1e-15, "sqrt, past max_steps: min_lr_frac · lr");
     cfg.decay_frac = 0.125;  // 12.5 steps: rounds half away from zero to 13, decay from 87
     EXPECT(lr_at_step(&cfg, 86) == 1.0 && lr_at_step(&cfg, 88) < 1.0, "round(12.5) = 13");
     cfg.decay_frac = 0.0;
