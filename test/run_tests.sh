@@ -22,6 +22,11 @@
 # the first lane's tests see the load they were sized for. Once the first lane is done, the
 # second's tests run at nice 0 (the one running is reniced where that is allowed, as root):
 # beside other busy processes the second lane then runs on as the first lane would have.
+# Not as root, the second lane runs at nice 10, not 19: lowering a nice value needs root (or
+# an RLIMIT_NICE that allows it), so the test running when the first lane ends keeps its nice
+# value to its end; at 19 beside two busy processes it would get 1/68 of their share (a test of
+# 2 minutes would take over an hour), at 10 about a tenth. Nice 10 weighs 1/9 of nice 0: a little
+# more of the first lane's CPU than 19 takes, still far under one busy process.
 set -u
 jobs=${TEST_JOBS:-1}
 case $jobs in '' | *[!0-9]* | 0) echo "run_tests: TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
@@ -105,19 +110,20 @@ if [ "$jobs" = 1 ]; then
         if [ "${TEST_LANE2:-1}" != 0 ] && [[ " ${TESTS_NICE:-} " == *" $t "* ]]; then lane2+=("$t")
         else lane1+=("$t"); fi
     done
-    lane2_pid=""
+    lane2_pid="" lane2_nice=19
+    [ "$(id -u)" = 0 ] || lane2_nice=10   # not root: no renice to 0 later (above)
     if [ ${#lane2[@]} -gt 0 ]; then
         (
             for t in "${lane2[@]}"; do
                 failed && break
                 if [ -e "$logs/.lane1_done" ]; then one "$t" later
-                else one "$t" later nice -n 19; fi
+                else one "$t" later nice -n "$lane2_nice"; fi
             done
         ) &
         lane2_pid=$!
         # An interrupt ends the second lane too (in the background it ignores SIGINT).
         trap 'trap "" INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM   # ignored here: the kill ends the others, not this script
-        echo "run_tests: ${#lane2[@]} tests without deadlines run beside the others at nice 19: ${lane2[*]}"
+        echo "run_tests: ${#lane2[@]} tests without deadlines run beside the others at nice $lane2_nice: ${lane2[*]}"
     fi
     # In the foreground: Ctrl-C reaches the test (a background job would ignore SIGINT).
     for t in "${lane1[@]}"; do
@@ -127,7 +133,8 @@ if [ "$jobs" = 1 ]; then
     done
     if [ -n "$lane2_pid" ]; then
         : >"$logs/.lane1_done"
-        # Its test running now at nice 0 too, where allowed (lowering a nice value needs root).
+        # Its test running now at nice 0 too, where allowed (lowering a nice value needs root;
+        # elsewhere it stays at nice 10 to its end: lane2_nice).
         renice 0 -p $(descendants "$lane2_pid") >/dev/null 2>&1 || true
         while kill -0 "$lane2_pid" 2>/dev/null; do
             print_done2
@@ -159,5 +166,5 @@ if failed; then
     exit 1
 fi
 lane=""
-[ "$jobs" = 1 ] && [ ${#lane2[@]} -gt 0 ] && lane=", ${#lane2[@]} of them in a second lane at nice 19"
+[ "$jobs" = 1 ] && [ ${#lane2[@]} -gt 0 ] && lane=", ${#lane2[@]} of them in a second lane at nice $lane2_nice"
 echo "make test: all passed in $(($(date +%s) - t0)) s ($jobs at a time$lane)"
