@@ -51,6 +51,27 @@ require_mpi() {
     fi
 }
 
+# The tcp transport and `train_gpt relay` need OpenSSL's libcrypto (net/net.mk): a build without
+# it refuses both with one line saying so. detect_tcp: HAVE_TCP=0 when the binary's relay says
+# it was built without OpenSSL, else 1 (any other answer, a crash too, counts as tcp being there:
+# the tcp test then runs and fails, never skips).
+detect_tcp() {
+    local out
+    out=$("$TRAIN_GPT" relay --help 2>&1 || true)
+    HAVE_TCP=1
+    case $out in *"built without OpenSSL"*) HAVE_TCP=0 ;; esac
+    return 0
+}
+
+# A test that needs the tcp transport or the relay: detect_tcp, and without it say so and pass.
+require_tcp() {
+    detect_tcp
+    if [ "$HAVE_TCP" = 0 ]; then
+        say "  skip (no OpenSSL in this build: no tcp transport, no relay)"
+        exit 0
+    fi
+}
+
 # check_ranks NP BINARY LOG: a C test under mpirun -np NP passes on every rank (each prints
 # "…, 0 failed"); the log is shown when it does not.
 check_ranks() {

@@ -18,6 +18,7 @@
 #      every fragment's outer step and merge against numpy, 3 replicas over TCP agree at
 #      every fragment sync; a replica killed with a fragment in flight rejoins and agrees;
 #      stop and resume with a fragment in flight is bit-exact.
+# The tcp parts need a build with OpenSSL; without it they are skipped, and said so.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 diloco_test_files
@@ -25,6 +26,8 @@ common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$t
     --val_tokens 256 --threads 1 --log_every 1000 --ckpt_keep 0)
 identity=(--diloco_replicas 1 --diloco_inner_steps 5 --diloco_outer_lr 1 --diloco_outer_momentum 0 --diloco_quant none)
 detect_mpi
+detect_tcp   # the tcp parts (a relay, replicas over sockets) need OpenSSL: skipped without it
+[ "$HAVE_TCP" = 1 ] || say "  skip tcp parts: no OpenSSL in this build"
 
 same_bytes() {  # same_bytes DIR_A DIR_B STEP_DIR FILES...
     local a=$1 b=$2 s=$3; shift 3
@@ -43,12 +46,14 @@ if [ "$HAVE_MPI" = 1 ]; then
 else
     say "  skip MPI parts: no mpirun or no MPI in this build"
 fi
-port=$(free_port)
-"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_tcp" "${identity[@]}" --diloco_transport tcp --diloco_serve 1 \
-    --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 \
-    >"$tmp/id_tcp.log" 2>&1 || cat "$tmp/id_tcp.log"
-check "M=1 over TCP (serving the hub itself): model and optimizer bytes identical to plain training" \
-    same_bytes "$tmp/plain" "$tmp/id_tcp" step_00000020 model.safetensors optimizer.safetensors
+if [ "$HAVE_TCP" = 1 ]; then
+    port=$(free_port)
+    "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_tcp" "${identity[@]}" --diloco_transport tcp --diloco_serve 1 \
+        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 \
+        >"$tmp/id_tcp.log" 2>&1 || cat "$tmp/id_tcp.log"
+    check "M=1 over TCP (serving the hub itself): model and optimizer bytes identical to plain training" \
+        same_bytes "$tmp/plain" "$tmp/id_tcp" step_00000020 model.safetensors optimizer.safetensors
+fi
 
 # ---------------------------------------------------------------- 2 + 3. three replicas
 # The paper's outer optimizer (Nesterov, lr 0.7, μ 0.9): the defaults have no momentum, and
@@ -112,98 +117,99 @@ if [ "$HAVE_MPI" = 1 ]; then
 fi
 check "3 simulated replicas: the loss falls" loss_falls "$tmp/local3/metrics.jsonl"
 
-relay_tcp() {  # relay_tcp NAME: a fresh hub (lib.sh's start_relay, one shard); sets tcp=(...) to reach it
-    start_relay "$1" 1
-    tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
-        --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
-}
-# three_over_tcp NAME ARGS...: replicas 0, 1, 2 through the relay of the last relay_tcp into
-# $tmp/NAME/<id> (logs $tmp/NAME_<id>.log, dumps in $tmp/dump_NAME), waited for; rc = the
-# last non-zero exit status. min_replicas 3: on a loaded machine one replica may start a
-# second or more after the others; the rounds before all three are in are skipped (and the
-# latecomers take the group's state), so every applied outer step has all three contributors.
-three_over_tcp() {
-    local name=$1 r p
-    shift
-    mkdir -p "$tmp/dump_$name"
-    for r in 0 1 2; do
-        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "$@" "${tcp[@]}" --diloco_min_replicas 3 \
-            --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" >"$tmp/${name}_$r.log" 2>&1 &
-        pids+=($!)
-    done
-    rc=0
-    for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
-}
-relay_tcp three
-three_over_tcp tcp3 "${three[@]}" --diloco_quant int8 --max_steps 200
-check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
-check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
-    all_hashes_agree 4 "$tmp"/tcp3/*/metrics.jsonl
-check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
-check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 3 % relative L2" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp3" 0.7 0.9 int8 0.03
-check "the metrics line has every field" grep -q \
-    '"outer_step":40,"step":200,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
-    "$tmp/tcp3/0/metrics.jsonl"
+if [ "$HAVE_TCP" = 1 ]; then
+    relay_tcp() {  # relay_tcp NAME: a fresh hub (lib.sh's start_relay, one shard); sets tcp=(...) to reach it
+        start_relay "$1" 1
+        tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+            --diloco_timeout_s 3 --diloco_connect_timeout_s 20)
+    }
+    # three_over_tcp NAME ARGS...: replicas 0, 1, 2 through the relay of the last relay_tcp into
+    # $tmp/NAME/<id> (logs $tmp/NAME_<id>.log, dumps in $tmp/dump_NAME), waited for; rc = the
+    # last non-zero exit status. min_replicas 3: on a loaded machine one replica may start a
+    # second or more after the others; the rounds before all three are in are skipped (and the
+    # latecomers take the group's state), so every applied outer step has all three contributors.
+    three_over_tcp() {
+        local name=$1 r p
+        shift
+        mkdir -p "$tmp/dump_$name"
+        for r in 0 1 2; do
+            TRAIN_GPT_DILOCO_DUMP="$tmp/dump_$name" "$TRAIN_GPT" "${common[@]}" "$@" "${tcp[@]}" --diloco_min_replicas 3 \
+                --diloco_replica_id "$r" --out_dir "$tmp/$name/$r" >"$tmp/${name}_$r.log" 2>&1 &
+            pids+=($!)
+        done
+        rc=0
+        for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+    }
+    relay_tcp three
+    three_over_tcp tcp3 "${three[@]}" --diloco_quant int8 --max_steps 200
+    check "3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
+    check "3 replicas over TCP: param_hash equal on every replica at every applied outer step (>= 4)" \
+        all_hashes_agree 4 "$tmp"/tcp3/*/metrics.jsonl
+    check "3 replicas over TCP: loss falls" loss_falls "$tmp/tcp3/1/metrics.jsonl"
+    check "outer step = Nesterov on θ − mean θᵢ (numpy), TCP, int8 Δ within 3 % relative L2" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_tcp3" 0.7 0.9 int8 0.03
+    check "the metrics line has every field" grep -q \
+        '"outer_step":40,"step":200,"contributors":\[0,1,2\],"applied":true,"bytes_sent":[0-9]*,"bytes_recv":[0-9]*,"sync_s":[0-9.]*,"wait_s":[0-9.]*,"param_hash":"[0-9a-f]\{16\}"' \
+        "$tmp/tcp3/0/metrics.jsonl"
 
-# ---------------------------------------------------------------- 4 + 6. faults
-# Every move waits for what the replicas log, never for a time or a step count, so the test
-# holds on a fast machine (where 600 steps take a second) and on a loaded one alike. The run
-# has no step limit the test could reach: it ends by SIGTERM.
-#   kill -9 replica 2 after its outer step 10; once replica 0 has closed a round without it,
-#   restart it (it resumes from its checkpoint and must rejoin); once all three contribute
-#   again, SIGTERM replica 1 (checkpoint, goodbye, exit 0); once replica 0 has closed a round
-#   with replica 2 alone, SIGTERM the two survivors.
-fault=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 100000000 --batch_size 16 --ckpt_every 25
-    --diloco_quant int8)
-fdir=fault  # the scenario's directory under $tmp (section 9 runs a second one)
-start_replica() {  # start_replica ID: runs in the background, appends to its log
-    "$TRAIN_GPT" "${common[@]}" "${fault[@]}" "${tcp[@]}" --diloco_replica_id "$1" --out_dir "$tmp/$fdir/$1" \
-        >>"$tmp/${fdir}_$1.log" 2>&1 &
-    pids+=($!)
-    eval "fault_pid_$1=$!"
-}
-outer_steps_done() {
-    local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null || true)
-    echo "${n:-0}"
-}
-last_outer_step() {  # the outer_step of replica ID's newest outer line (0 before the first)
-    local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
-    echo "${k:-0}"
-}
-# The outer steps of replica ID's outer lines after its outer step AFTER with exactly these
-# contributors (e.g. 0,1,2), one per line; rounds_with counts them, first_round_with takes
-# the first.
-rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
-    grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null |
-        sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a'
-}
-rounds_with() { rounds_after "$@" | wc -l; }
-first_round_with() { rounds_after "$@" | head -n 1; }
-relay_tcp faults
-for r in 0 1 2; do start_replica $r; done
-wait_until "replica 2 reaches outer step 10" eval '[ "$(outer_steps_done 2)" -ge 10 ]'
-kill -9 "$fault_pid_2" 2>/dev/null || true
-wait "$fault_pid_2" 2>/dev/null || true
-killed_at=$(last_outer_step 0)
-wait_until "replica 0 closes a round without replica 2" eval '[ "$(rounds_with 0 "$killed_at" 0,1)" -ge 1 ]'
-# Rounds after the first one without replica 2 can hold it only once it is back (replica
-# 0's log may lag replica 2's by a round, so killed_at alone could still see the old one).
-dropped_at=$(first_round_with 0 "$killed_at" 0,1)
-start_replica 2
-wait_until "replica 2 contributes again" eval '[ "$(rounds_with 0 "$dropped_at" 0,1,2)" -ge 1 ]'
-kill -TERM "$fault_pid_1" 2>/dev/null || true
-rc1=0; wait "$fault_pid_1" || rc1=$?
-left_at=$(last_outer_step 0)
-wait_until "replica 0 closes a round with replica 2 alone" eval '[ "$(rounds_with 0 "$left_at" 0,2)" -ge 1 ]'
-kill -TERM "$fault_pid_0" "$fault_pid_2" 2>/dev/null || true
-rc0=0; wait "$fault_pid_0" || rc0=$?
-rc2=0; wait "$fault_pid_2" || rc2=$?
-check "faults: the surviving replicas stop cleanly on SIGTERM (rc $rc0, $rc2)" test "$rc0" -eq 0 -a "$rc2" -eq 0
-check "SIGTERM: replica 1 exits 0 after a checkpoint (rc $rc1)" \
-    sh -c "[ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault/1/metrics.jsonl'"
-survivor_rounds() {  # survivor_rounds: checks on replica 0's outer lines, in order
-    "$PYTHON" - "$tmp/fault/0/metrics.jsonl" "$1" <<'PY'
+    # ---------------------------------------------------------------- 4 + 6. faults
+    # Every move waits for what the replicas log, never for a time or a step count, so the test
+    # holds on a fast machine (where 600 steps take a second) and on a loaded one alike. The run
+    # has no step limit the test could reach: it ends by SIGTERM.
+    #   kill -9 replica 2 after its outer step 10; once replica 0 has closed a round without it,
+    #   restart it (it resumes from its checkpoint and must rejoin); once all three contribute
+    #   again, SIGTERM replica 1 (checkpoint, goodbye, exit 0); once replica 0 has closed a round
+    #   with replica 2 alone, SIGTERM the two survivors.
+    fault=(--diloco_replicas 3 --diloco_inner_steps 5 --max_steps 100000000 --batch_size 16 --ckpt_every 25
+        --diloco_quant int8)
+    fdir=fault  # the scenario's directory under $tmp (section 9 runs a second one)
+    start_replica() {  # start_replica ID: runs in the background, appends to its log
+        "$TRAIN_GPT" "${common[@]}" "${fault[@]}" "${tcp[@]}" --diloco_replica_id "$1" --out_dir "$tmp/$fdir/$1" \
+            >>"$tmp/${fdir}_$1.log" 2>&1 &
+        pids+=($!)
+        eval "fault_pid_$1=$!"
+    }
+    outer_steps_done() {
+        local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null || true)
+        echo "${n:-0}"
+    }
+    last_outer_step() {  # the outer_step of replica ID's newest outer line (0 before the first)
+        local k; k=$(grep -o '"outer_step":[0-9]*,"step"' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | tr -dc '0-9')
+        echo "${k:-0}"
+    }
+    # The outer steps of replica ID's outer lines after its outer step AFTER with exactly these
+    # contributors (e.g. 0,1,2), one per line; rounds_with counts them, first_round_with takes
+    # the first.
+    rounds_after() {  # rounds_after ID AFTER CONTRIBUTORS
+        grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\]' "$tmp/$fdir/$1/metrics.jsonl" 2>/dev/null |
+            sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a'
+    }
+    rounds_with() { rounds_after "$@" | wc -l; }
+    first_round_with() { rounds_after "$@" | head -n 1; }
+    relay_tcp faults
+    for r in 0 1 2; do start_replica $r; done
+    wait_until "replica 2 reaches outer step 10" eval '[ "$(outer_steps_done 2)" -ge 10 ]'
+    kill -9 "$fault_pid_2" 2>/dev/null || true
+    wait "$fault_pid_2" 2>/dev/null || true
+    killed_at=$(last_outer_step 0)
+    wait_until "replica 0 closes a round without replica 2" eval '[ "$(rounds_with 0 "$killed_at" 0,1)" -ge 1 ]'
+    # Rounds after the first one without replica 2 can hold it only once it is back (replica
+    # 0's log may lag replica 2's by a round, so killed_at alone could still see the old one).
+    dropped_at=$(first_round_with 0 "$killed_at" 0,1)
+    start_replica 2
+    wait_until "replica 2 contributes again" eval '[ "$(rounds_with 0 "$dropped_at" 0,1,2)" -ge 1 ]'
+    kill -TERM "$fault_pid_1" 2>/dev/null || true
+    rc1=0; wait "$fault_pid_1" || rc1=$?
+    left_at=$(last_outer_step 0)
+    wait_until "replica 0 closes a round with replica 2 alone" eval '[ "$(rounds_with 0 "$left_at" 0,2)" -ge 1 ]'
+    kill -TERM "$fault_pid_0" "$fault_pid_2" 2>/dev/null || true
+    rc0=0; wait "$fault_pid_0" || rc0=$?
+    rc2=0; wait "$fault_pid_2" || rc2=$?
+    check "faults: the surviving replicas stop cleanly on SIGTERM (rc $rc0, $rc2)" test "$rc0" -eq 0 -a "$rc2" -eq 0
+    check "SIGTERM: replica 1 exits 0 after a checkpoint (rc $rc1)" \
+        sh -c "[ $rc1 -eq 0 ] && grep -q '\"event\":\"stop\"' '$tmp/fault/1/metrics.jsonl'"
+    survivor_rounds() {  # survivor_rounds: checks on replica 0's outer lines, in order
+        "$PYTHON" - "$tmp/fault/0/metrics.jsonl" "$1" <<'PY'
 import json, sys
 lines = [d for d in map(json.loads, open(sys.argv[1])) if "contributors" in d]
 what = sys.argv[2]
@@ -220,13 +226,14 @@ print(what, "ok" if ok else "NOT ok", [(d["outer_step"], d["contributors"], roun
       if d["contributors"] != [0, 1, 2]][:8], file=sys.stderr)
 sys.exit(0 if ok else 1)
 PY
-}
-check "kill -9: the others close each round without it, within timeout + 5 s" survivor_rounds dropped
-check "restarted, replica 2 rejoins (all three contribute again)" survivor_rounds rejoined
-check "restarted, replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/fault/2/metrics.jsonl"
-check "after the faults, replica 2's param_hash equals replica 0's at every outer step both logged" \
-    all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
-check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
+    }
+    check "kill -9: the others close each round without it, within timeout + 5 s" survivor_rounds dropped
+    check "restarted, replica 2 rejoins (all three contribute again)" survivor_rounds rejoined
+    check "restarted, replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/fault/2/metrics.jsonl"
+    check "after the faults, replica 2's param_hash equals replica 0's at every outer step both logged" \
+        all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
+    check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
+fi
 
 # ---------------------------------------------------------------- 9. streaming
 # 4 layers in 4 fragments of one layer each, H = 12: fragment p syncs after inner steps
@@ -307,43 +314,45 @@ if [ "$HAVE_MPI" = 1 ]; then
                test -f '$tmp/dump_h/merge_0_00003_2.f32' && ! test -e '$tmp/dump_h/merge_0_00003_1.f32'"
 fi
 
-relay_tcp stream
-three_over_tcp stcp "${stream[@]}" --diloco_replicas 3 --max_steps 96
-check "streaming, 3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
-check "streaming over TCP: param_hash equal on every replica at every applied fragment sync (>= 8)" \
-    all_hashes_agree 8 "$tmp"/stcp/*/metrics.jsonl
-check "streaming over TCP: loss falls" loss_falls "$tmp/stcp/1/metrics.jsonl"
-check "streaming over TCP: outer steps and merges = numpy" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_stcp" 0.7 0.9 int8 0.03 1 3 4 0.5
+if [ "$HAVE_TCP" = 1 ]; then
+    relay_tcp stream
+    three_over_tcp stcp "${stream[@]}" --diloco_replicas 3 --max_steps 96
+    check "streaming, 3 replicas over TCP: all exit 0 (rc $rc)" test "$rc" -eq 0
+    check "streaming over TCP: param_hash equal on every replica at every applied fragment sync (>= 8)" \
+        all_hashes_agree 8 "$tmp"/stcp/*/metrics.jsonl
+    check "streaming over TCP: loss falls" loss_falls "$tmp/stcp/1/metrics.jsonl"
+    check "streaming over TCP: outer steps and merges = numpy" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_stcp" 0.7 0.9 int8 0.03 1 3 4 0.5
 
-# Replica 2 SIGKILLs itself halfway through uploading a fragment, on its exchange thread
-# while inner steps go on, in the first round after 3 that all three contributed to
-# (tcp_die_in_upload_after_full:3; min_replicas 3 so that no round counts before all are in).
-# Restarted once replica 0 closed a round without it, it must rejoin and agree.
-fault=(--diloco_replicas 3 "${stream[@]}" --max_steps 100000000 --ckpt_every 24 --diloco_min_replicas 3)
-fdir=sfault
-relay_tcp sfault
-start_replica 0
-start_replica 1
-TRAIN_GPT_FAULT=tcp_die_in_upload_after_full:3 start_replica 2
-wait "$fault_pid_2" 2>/dev/null || true
-wait_until "replica 0 logs 3 rounds with all three" eval '[ "$(rounds_with 0 0 0,1,2)" -ge 3 ]'
-third_full=$(rounds_after 0 0 0,1,2 | sed -n 3p)
-wait_until "replica 0 closes a round without replica 2" eval '[ "$(rounds_with 0 "$third_full" 0,1)" -ge 1 ]'
-killed_in=$(first_round_with 0 "$third_full" 0,1)
-start_replica 2
-wait_until "replica 2 contributes again" eval '[ "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2 ]'
-kill -TERM "$fault_pid_0" "$fault_pid_1" "$fault_pid_2" 2>/dev/null || true
-rc=0
-for p in "$fault_pid_0" "$fault_pid_1" "$fault_pid_2"; do wait "$p" || rc=$?; done
-check "streaming: replica 2 died with a fragment in flight, after 3 full rounds; that round went on without it" \
-    test "$killed_in" -eq $((third_full + 1))
-check "streaming: restarted, replica 2 took the group's state" \
-    grep -q '"event":"diloco_join"' "$tmp/sfault/2/metrics.jsonl"
-check "streaming: restarted, replica 2 contributes to rounds again" test "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2
-check "streaming: after the fault, replica 2's param_hash equals replica 0's at every outer step both logged" \
-    all_hashes_agree 1 "$tmp/sfault/0/metrics.jsonl" "$tmp/sfault/2/metrics.jsonl"
-check "streaming faults: all replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
+    # Replica 2 SIGKILLs itself halfway through uploading a fragment, on its exchange thread
+    # while inner steps go on, in the first round after 3 that all three contributed to
+    # (tcp_die_in_upload_after_full:3; min_replicas 3 so that no round counts before all are in).
+    # Restarted once replica 0 closed a round without it, it must rejoin and agree.
+    fault=(--diloco_replicas 3 "${stream[@]}" --max_steps 100000000 --ckpt_every 24 --diloco_min_replicas 3)
+    fdir=sfault
+    relay_tcp sfault
+    start_replica 0
+    start_replica 1
+    TRAIN_GPT_FAULT=tcp_die_in_upload_after_full:3 start_replica 2
+    wait "$fault_pid_2" 2>/dev/null || true
+    wait_until "replica 0 logs 3 rounds with all three" eval '[ "$(rounds_with 0 0 0,1,2)" -ge 3 ]'
+    third_full=$(rounds_after 0 0 0,1,2 | sed -n 3p)
+    wait_until "replica 0 closes a round without replica 2" eval '[ "$(rounds_with 0 "$third_full" 0,1)" -ge 1 ]'
+    killed_in=$(first_round_with 0 "$third_full" 0,1)
+    start_replica 2
+    wait_until "replica 2 contributes again" eval '[ "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2 ]'
+    kill -TERM "$fault_pid_0" "$fault_pid_1" "$fault_pid_2" 2>/dev/null || true
+    rc=0
+    for p in "$fault_pid_0" "$fault_pid_1" "$fault_pid_2"; do wait "$p" || rc=$?; done
+    check "streaming: replica 2 died with a fragment in flight, after 3 full rounds; that round went on without it" \
+        test "$killed_in" -eq $((third_full + 1))
+    check "streaming: restarted, replica 2 took the group's state" \
+        grep -q '"event":"diloco_join"' "$tmp/sfault/2/metrics.jsonl"
+    check "streaming: restarted, replica 2 contributes to rounds again" test "$(rounds_with 0 "$killed_in" 0,1,2)" -ge 2
+    check "streaming: after the fault, replica 2's param_hash equals replica 0's at every outer step both logged" \
+        all_hashes_agree 1 "$tmp/sfault/0/metrics.jsonl" "$tmp/sfault/2/metrics.jsonl"
+    check "streaming faults: all replicas stop cleanly on SIGTERM (rc $rc)" test "$rc" -eq 0
+fi
 
 # ---------------------------------------------------------------- a replica that sends NaN
 if [ "$HAVE_MPI" = 1 ]; then
@@ -469,10 +478,16 @@ printf 'short\n' >"$tmp/short_secret"
 check "a secret under 16 bytes: error names diloco_secret_file" \
     one_line_error diloco_secret_file --diloco_replicas 2 --diloco_replica_id 0 --diloco_rendezvous 127.0.0.1:1 \
     --diloco_secret_file "$tmp/short_secret"
-nobody=$(free_port)
-check "no hub at the rendezvous: error within diloco_connect_timeout_s names it" \
-    one_line_error "127.0.0.1:$nobody" --diloco_replicas 2 --diloco_replica_id 0 \
-    --diloco_rendezvous "127.0.0.1:$nobody" --diloco_secret_file "$tmp/secret" --diloco_connect_timeout_s 1
+if [ "$HAVE_TCP" = 1 ]; then
+    nobody=$(free_port)
+    check "no hub at the rendezvous: error within diloco_connect_timeout_s names it" \
+        one_line_error "127.0.0.1:$nobody" --diloco_replicas 2 --diloco_replica_id 0 \
+        --diloco_rendezvous "127.0.0.1:$nobody" --diloco_secret_file "$tmp/secret" --diloco_connect_timeout_s 1
+else
+    check "a build without OpenSSL refuses diloco_transport = tcp in one line naming it" \
+        one_line_error 'built without OpenSSL' --diloco_replicas 2 --diloco_replica_id 0 \
+        --diloco_rendezvous 127.0.0.1:1 --diloco_secret_file "$tmp/secret"
+fi
 if [ "$HAVE_MPI" = 1 ]; then
     check "mpi with diloco_replicas 2 in a world of 1: error names diloco_replicas" \
         one_line_error diloco_replicas --diloco_replicas 2 --diloco_transport mpi

@@ -27,6 +27,8 @@ common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$t
 sizes=("--batch_size 4 --grad_accum 1 --threads 1" "--batch_size 8 --grad_accum 1 --threads 2"
        "--batch_size 4 --grad_accum 2 --threads 1")
 detect_mpi
+detect_tcp   # the relay's parts (2, 3's tcp checks) need OpenSSL: skipped without it
+[ "$HAVE_TCP" = 1 ] || say "  skip tcp parts: no OpenSSL in this build"
 
 # tokens_of FILE: the tokens of every applied outer step of a replica, one per line.
 tokens_of() { grep '"applied":true' "$1" | sed -E 's/.*"tokens":([0-9]+).*/\1/' | sort -u; }
@@ -73,27 +75,29 @@ else
 fi
 
 # ---------------------------------------------------------------- 2. tcp through a relay
-port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay.log" 2>&1 &
-pids+=($!)
-tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
-    --diloco_timeout_s 10 --diloco_connect_timeout_s 20 --diloco_min_replicas 3)
-mkdir -p "$tmp/dump_tcp"
-for r in 0 1 2; do
-    # shellcheck disable=SC2086
-    TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" ${sizes[$r]} "${tcp[@]}" --diloco_quant int8 \
-        --diloco_replica_id "$r" --out_dir "$tmp/tcp/$r" >"$tmp/tcp_$r.log" 2>&1 &
+if [ "$HAVE_TCP" = 1 ]; then
+    port=$(free_port)
+    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay.log" 2>&1 &
     pids+=($!)
-done
-rc=0
-for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
-check "tcp: the 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
-check "tcp: param_hash equal on the 3 replicas at all 6 outer steps" all_hashes_agree 6 "$tmp"/tcp/*/metrics.jsonl
-check "tcp: each replica logs its inner steps and tokens" tokens_as_sized "$tmp/tcp"
-check "tcp: the relay's mean byte for byte with token weights, int8 both ways with the hub's feedback (numpy)" \
-    "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 1 0 int8 0.03
-check "tcp: the same dump with equal weights fails" fails_without_weights tcp int8 0.03
-check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay.log"
+    tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+        --diloco_timeout_s 10 --diloco_connect_timeout_s 20 --diloco_min_replicas 3)
+    mkdir -p "$tmp/dump_tcp"
+    for r in 0 1 2; do
+        # shellcheck disable=SC2086
+        TRAIN_GPT_DILOCO_DUMP="$tmp/dump_tcp" "$TRAIN_GPT" "${common[@]}" ${sizes[$r]} "${tcp[@]}" --diloco_quant int8 \
+            --diloco_replica_id "$r" --out_dir "$tmp/tcp/$r" >"$tmp/tcp_$r.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]: -3}"; do wait "$p" || rc=$?; done
+    check "tcp: the 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
+    check "tcp: param_hash equal on the 3 replicas at all 6 outer steps" all_hashes_agree 6 "$tmp"/tcp/*/metrics.jsonl
+    check "tcp: each replica logs its inner steps and tokens" tokens_as_sized "$tmp/tcp"
+    check "tcp: the relay's mean byte for byte with token weights, int8 both ways with the hub's feedback (numpy)" \
+        "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 1 0 int8 0.03
+    check "tcp: the same dump with equal weights fails" fails_without_weights tcp int8 0.03
+    check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay.log"
+fi
 
 # ---------------------------------------------------------------- 2b. phases on wall time
 # diloco_sync_every_s 0.3: replicas of batch 4, 16 and 4 (the second about 4x slower per step)
@@ -147,39 +151,41 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "MPI: two replicas given one out_dir are refused at the start, naming both (rc $rc)" \
         sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"error: out_dir: replicas 0 and 1 of this MPI job write to the same out_dir\" && ! test -e '$tmp/one_dir/metrics.jsonl'" _ "$out"
 fi
-port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
-relay2=$!
-pids+=($relay2)
-tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
-    --diloco_timeout_s 10 --diloco_connect_timeout_s 20)
-"$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 0 --max_steps 100000000 --out_dir "$tmp/first" \
-    >"$tmp/first.log" 2>&1 &
-first=$!
-pids+=($first)
-wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay2.log"
-check "tcp: a replica with another seed is refused with one line naming the keys" \
-    one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
-    "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
-check "tcp: the refused replica points to the diloco_fingerprint events" \
-    one_line_error "refused replica 1: .*; the fields it hashes are in every replica's diloco_fingerprint event" \
-    "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
-check "tcp: the group's replica logged the fields its fingerprint hashes (max_steps, seed, data)" \
-    grep -q '"event":"diloco_fingerprint","step":0,"fingerprint":"[0-9a-f]\{16\}","covers":"model {.*|max_steps 100000000|shuffle 1|seed 1337|.*|data [0-9a-f]\{16\} (60000 tokens, 1 shards)' \
-    "$tmp/first/metrics.jsonl"
-check "tcp: a replica whose copy of the data is another shard is refused" \
-    one_line_error 'refused replica 1: .*its train data' "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 \
-    --train_data "$tmp/more.bin"
-# The same shard under another path (another cluster's file system) is the same data: accepted,
-# and the replica trains (it is stopped once it has joined).
-mkdir -p "$tmp/elsewhere" && cp "$tmp/train.bin" "$tmp/elsewhere/copy.bin"
-"$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --train_data "$tmp/elsewhere/copy.bin" \
-    --out_dir "$tmp/copy" >"$tmp/copy.log" 2>&1 &
-copy=$!
-pids+=($copy)
-wait_until "replica 1 (the same shard elsewhere) joined the relay" grep -q 'replica 1 joined' "$tmp/relay2.log"
-check "tcp: the same shards under another path are accepted (the replica trains on)" \
-    sh -c "kill -0 $copy && ! grep -q 'error:' '$tmp/copy.log'"
-kill -9 "$copy" 2>/dev/null || true
-kill -9 "$first" "$relay2" 2>/dev/null || true
+if [ "$HAVE_TCP" = 1 ]; then
+    port=$(free_port)
+    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
+    relay2=$!
+    pids+=($relay2)
+    tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
+        --diloco_timeout_s 10 --diloco_connect_timeout_s 20)
+    "$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 0 --max_steps 100000000 --out_dir "$tmp/first" \
+        >"$tmp/first.log" 2>&1 &
+    first=$!
+    pids+=($first)
+    wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay2.log"
+    check "tcp: a replica with another seed is refused with one line naming the keys" \
+        one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
+        "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
+    check "tcp: the refused replica points to the diloco_fingerprint events" \
+        one_line_error "refused replica 1: .*; the fields it hashes are in every replica's diloco_fingerprint event" \
+        "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
+    check "tcp: the group's replica logged the fields its fingerprint hashes (max_steps, seed, data)" \
+        grep -q '"event":"diloco_fingerprint","step":0,"fingerprint":"[0-9a-f]\{16\}","covers":"model {.*|max_steps 100000000|shuffle 1|seed 1337|.*|data [0-9a-f]\{16\} (60000 tokens, 1 shards)' \
+        "$tmp/first/metrics.jsonl"
+    check "tcp: a replica whose copy of the data is another shard is refused" \
+        one_line_error 'refused replica 1: .*its train data' "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 \
+        --train_data "$tmp/more.bin"
+    # The same shard under another path (another cluster's file system) is the same data: accepted,
+    # and the replica trains (it is stopped once it has joined).
+    mkdir -p "$tmp/elsewhere" && cp "$tmp/train.bin" "$tmp/elsewhere/copy.bin"
+    "$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --train_data "$tmp/elsewhere/copy.bin" \
+        --out_dir "$tmp/copy" >"$tmp/copy.log" 2>&1 &
+    copy=$!
+    pids+=($copy)
+    wait_until "replica 1 (the same shard elsewhere) joined the relay" grep -q 'replica 1 joined' "$tmp/relay2.log"
+    check "tcp: the same shards under another path are accepted (the replica trains on)" \
+        sh -c "kill -0 $copy && ! grep -q 'error:' '$tmp/copy.log'"
+    kill -9 "$copy" 2>/dev/null || true
+    kill -9 "$first" "$relay2" 2>/dev/null || true
+fi
 finish test_diloco_hetero

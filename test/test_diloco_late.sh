@@ -16,6 +16,7 @@
 #   - with diloco_carry_late = 0 the same scenario carries nothing (the event says why).
 # Every move waits for a line a process wrote, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
+require_tcp
 tmp_with_processes
 diloco_test_files
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0

@@ -22,6 +22,7 @@
 #      part 1's story: every rank of the returning replica stops (its shards' groups both say
 #      the run is over; its second copy follows the first), exit 0, checkpoint unchanged.
 . "$(dirname "$0")/lib.sh"
+require_tcp
 tmp_with_processes
 diloco_test_files
 common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" --val_every 0 --threads 1

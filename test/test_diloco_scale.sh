@@ -9,6 +9,7 @@
 #      every replica's bytes sent and received per outer step are `train_gpt plan`'s figures.
 # Every wait is for a file or a process, never for a time.
 . "$(dirname "$0")/lib.sh"
+require_tcp
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 21
 make_secret "$tmp/secret"

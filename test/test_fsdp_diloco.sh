@@ -41,6 +41,7 @@
 #      test/test_hsdp_diloco.sh.)
 . "$(dirname "$0")/lib.sh"
 require_mpi
+require_tcp
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 make_secret "$tmp/secret"

@@ -31,6 +31,7 @@
 #      other than the job's ranks.
 . "$(dirname "$0")/lib.sh"
 require_mpi
+require_tcp
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 make_secret "$tmp/secret"
