@@ -451,22 +451,31 @@ check "state memory: param_hash equal on the three at every applied outer step" 
 # steps its donor took meanwhile: its phase ends with the group's instead of a transfer later,
 # and its first contribution counts only the steps it trained (H − skipped: tokens weigh it).
 # On the old code the donor sent before it trained on: nothing to skip, the round waited.
-start_relay live 1
-live=(--batch_size 64 --diloco_inner_steps 100 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
+# How many steps the donor takes in the transfer (about 1-1.5 s: 3 chunks) is the machine's
+# speed: 17-30 here, more than H on a machine 3.5x as fast. The relay runs --catch_up 0, so
+# that either way the joiner skips: a transfer longer than the phase holds the round (the donor
+# waits for its thread at its exchange) and the joiner skips H − 1 steps and trains the one that
+# ends its phase (docs/protocol.md, joins and state transfer). With the default catch-up such a
+# transfer went on past the round, the joiner caught up instead and skipped nothing, and the
+# check failed (shown with H = 10: skipped 0 with the catch-up, 9 and 1 step trained without).
+live_h=100
+start_relay live 1 3 --catch_up 0
+live=(--batch_size 64 --diloco_inner_steps "$live_h" --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2)
 three_through_join live "donor trains on" 0 tcp_slow_state:0 "${live[@]}"
 check "donor trains on: the donor says it sends while it trains" \
     grep -q "replica 0 sends its state (.*) to the joining replica(s) while it trains on" "$tmp/live0.log"
 skipped_fewer() {
-    "$PYTHON" - "$tmp/live/2/metrics.jsonl" <<'PY'
+    "$PYTHON" - "$tmp/live/2/metrics.jsonl" "$live_h" <<'PY'
 import json, sys
+h = int(sys.argv[2])
 lines = [json.loads(l) for l in open(sys.argv[1])]
 join = [l for l in lines if l.get("event") == "diloco_join"][-1]
 after = [l for l in lines if "contributors" in l and l["outer_step"] > join["outer_step"]]
 first = after[0]
 print(f"    joined at outer step {join['outer_step']} (step {join['step']}), skipped {join['skipped_steps']} step(s); "
       f"first contribution: {first['inner_steps']} inner steps, {first['tokens']} tokens")
-sys.exit(0 if 0 < join["skipped_steps"] < 100 and first["inner_steps"] == 100 - join["skipped_steps"]
+sys.exit(0 if 0 < join["skipped_steps"] < h and first["inner_steps"] == h - join["skipped_steps"]
          and first["tokens"] == first["inner_steps"] * 64 * 32 else 1)
 PY
 }
