@@ -905,12 +905,16 @@ static void test_sigstop(void) {
     EXPECT(await(&s, 1, "round", 2, 20), "sigstop: replica 1 reaches round 2");
     kill(s.pids[1], SIGSTOP);
     double stopped = wall_seconds();
-    EXPECT(await_file(s.hub_log, "no heartbeat", TIMEOUT_S + 3), "sigstop: the hub drops the silent replica");
+    // Bounds with 3 s to spare: the drop comes a timeout after the last heartbeat (1.98 s was
+    // measured beside two busy processes, against a bound of timeout + 1 s), and the test sees
+    // it only when the hub and this poll get the CPU. They still catch a hub that never drops a
+    // silent replica, or waits for it well past its timeout.
+    EXPECT(await_file(s.hub_log, "no heartbeat", TIMEOUT_S + 5), "sigstop: the hub drops the silent replica");
     double dropped = wall_seconds() - stopped;
-    EXPECT(dropped <= TIMEOUT_S + 1, "sigstop: dropped %.2f s after SIGSTOP (timeout %.1f s)", dropped, TIMEOUT_S);
+    EXPECT(dropped <= TIMEOUT_S + 3, "sigstop: dropped %.2f s after SIGSTOP (timeout %.1f s)", dropped, TIMEOUT_S);
     const rec *r = NULL;
     for (long long k = 3; k < 10 && !(r && r->n == 2); k++) r = await(&s, 0, "round", k, 10);
-    EXPECT(r && r->n == 2 && !strcmp(r->ids, "0,2") && r->ok && r->dt <= TIMEOUT_S + 1.5,
+    EXPECT(r && r->n == 2 && !strcmp(r->ids, "0,2") && r->ok && r->dt <= TIMEOUT_S + 3,
            "sigstop: the others close a round without it (n %d, %.2f s)", r ? r->n : -1, r ? r->dt : -1);
     sleep_s(0.5);
     kill(s.pids[1], SIGCONT);
@@ -946,7 +950,9 @@ static void test_leave(void) {
     EXPECT(wait_exit(s.pids[2], 5) == 0, "leave: the leaver exits 0");
     const rec *r = await(&s, 0, "round", 2, 20);
     EXPECT(r && r->n == 2 && !r->apply && r->ok, "leave: the next round has 2 contributors and apply = false");
-    EXPECT(r && r->dt < TIMEOUT_S / 2, "leave: closed at once (%.2f s), not after a timeout", r ? r->dt : -1);
+    // A round that waited for the timeout takes at least TIMEOUT_S from its first contribution:
+    // below that it closed on the goodbye (half the timeout left a loaded machine 1 s).
+    EXPECT(r && r->dt < TIMEOUT_S, "leave: closed at once (%.2f s), not after a timeout", r ? r->dt : -1);
     const rec *first = NULL;
     for (int i = 0; i < s.n_lines && !first; i++)
         if (s.lines[i].id == 0 && !strcmp(s.lines[i].ev, "round")) first = &s.lines[i];
@@ -973,7 +979,9 @@ static void test_late(void) {
     for (long long k = 3; k < 8 && !(r && r->n == 2); k++) r = await(&s, 0, "round", k, 15);
     EXPECT(r && r->k == 3 && r->n == 2 && !strcmp(r->ids, "0,1") && r->ok,
            "late: round 3 closes without the late replica (k %lld, n %d)", r ? r->k : -1, r ? r->n : -1);
-    EXPECT(r && r->dt <= TIMEOUT_S + 1, "late: ... at the deadline (%.2f s after the first contribution began)",
+    // Timeout + 3 s: the round without replica 2 (n 2, checked above) closes at the deadline,
+    // when the hub gets the CPU; a bound of 1 s over it was the load's margin, not the hub's.
+    EXPECT(r && r->dt <= TIMEOUT_S + 3, "late: ... at the deadline (%.2f s after the first contribution began)",
            r ? r->dt : -1);
     const rec *e = await(&s, 2, "evicted", 3, 15);
     EXPECT(e && e->k == 3, "late: the late replica learns it was evicted from round 3");
@@ -1381,7 +1389,9 @@ static void test_slow_gone(void) {
     for (int id = 0; id < 2; id++) EXPECT(await(&s, id, "done", 0, 60), "slowgone: replica %d finishes", id);
     EXPECT(wait_exit(s.pids[0], 10) == 0 && wait_exit(s.pids[1], 10) == 0, "slowgone: replicas 0 and 1 exit 0");
     printf("slowgone: the transfer stopped %.2f s after its joiner was killed\n", stopped);
-    EXPECT(stopped < 2 * TIMEOUT_S + 1, "slowgone: within the joiner's drop (%.2f s), not the transfer's 11 s", stopped);
+    // 2 timeouts + 3 s (7 s): room for a loaded machine, still well short of the 11 s the
+    // transfer would have gone on for.
+    EXPECT(stopped < 2 * TIMEOUT_S + 3, "slowgone: within the joiner's drop (%.2f s), not the transfer's 11 s", stopped);
     snprintf(path, sizeof path, "%s/slowgone_R0.err", dir);
     EXPECT(file_has(path, "stops sending its state"), "slowgone: the donor is told to stop sending");
     EXPECT(!file_has(s.hub_log, "evicted") && !file_has(s.hub_log, "sent state chunks it was not asked for"),
