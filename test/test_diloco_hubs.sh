@@ -49,14 +49,34 @@ all_agree() {  # all_agree MIN_STEPS FILES...: at least MIN_STEPS applied outer 
     local out; out=$(for f in "$@"; do hashes "$f"; done | sort -u | awk '{n[$1]++} END {for (k in n) print k, n[k]}')
     [ "$(printf '%s\n' "$out" | grep -c .)" -ge "$want" ] && ! printf '%s\n' "$out" | awk '$2 != 1' | grep . >/dev/null
 }
-relay_on() {  # relay_on NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log
-    local before=0
+# relay_on NAME PORT [FAULT]: a relay on 127.0.0.1:PORT, logging to $tmp/relay_NAME.log (appended:
+# a restart keeps the first run's lines); returns once it listens, or 1, its new lines shown, when
+# it exited first (the port taken) or never listened.
+relay_on() {
+    local before=0 pid
     [ -f "$tmp/relay_$1.log" ] && before=$(wc -c <"$tmp/relay_$1.log")
     TRAIN_GPT_FAULT=${3:-} "$TRAIN_GPT" relay --listen "127.0.0.1:$2" --secret_file "$tmp/secret" \
         --timeout_s $TIMEOUT >>"$tmp/relay_$1.log" 2>&1 &
-    pids+=($!)
-    eval "relay_pid_$1=$!"
-    wait_until "relay $1 listens" sh -c "tail -c +$((before + 1)) '$tmp/relay_$1.log' 2>/dev/null | grep -q 'listening on'"
+    pid=$!
+    pids+=($pid)
+    eval "relay_pid_$1=$pid"
+    wait_until "relay $1 listens or exits" relay_up_or_gone "$1" "$before" "$pid" || true
+    relay_listens "$1" "$before" && return 0
+    say "  relay $1 on port $2 $(kill -0 "$pid" 2>/dev/null && echo 'never listened' || echo exited):"
+    tail -c +$((before + 1)) "$tmp/relay_$1.log" | tail -n 5 | sed 's/^/    /'
+    return 1
+}
+relay_listens() { tail -c +$(($2 + 1)) "$tmp/relay_$1.log" 2>/dev/null | grep -q 'listening on'; }
+relay_up_or_gone() { relay_listens "$1" "$2" || ! kill -0 "$3" 2>/dev/null; }
+# relay_new NAME VAR [FAULT]: relay_on NAME on a free port, another if that one was taken
+# meanwhile (up to 5 tries); the port in VAR. A restart after kill -9 calls relay_on with its port.
+relay_new() {
+    local try port
+    for try in 1 2 3 4 5; do
+        port=$(free_port)
+        relay_on "$1" "$port" "${3:-}" && { eval "$2=$port"; return 0; }
+    done
+    die "relay $1: no port it could listen on in 5 tries"
 }
 log_after() {  # log_after FILE BYTES PATTERN: PATTERN in FILE past its first BYTES
     tail -c +$(($2 + 1)) "$1" | grep "$3" >/dev/null
@@ -85,12 +105,12 @@ wait_three() {  # wait_three NAME: rc = the last non-zero exit status
 }
 
 # ---------------------------------------------------------------- 1. one hub, two hubs
-p1=$(free_port); relay_on one "$p1"
+relay_new one p1
 three one "127.0.0.1:$p1" --max_steps 60
 wait_three one
 check "one hub: 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
-p2=$(free_port); relay_on a "$p2"
-p3=$(free_port); relay_on b "$p3"
+relay_new a p2
+relay_new b p3
 three two "127.0.0.1:$p2,127.0.0.1:$p3" --max_steps 60
 wait_three two
 check "two hubs: 3 replicas exit 0 (rc $rc)" test "$rc" -eq 0
@@ -112,8 +132,8 @@ outer_lines() {  # outer_lines ID [RUN]: replica ID's outer lines so far in run 
     local n; n=$(grep -c '"outer_step":[0-9]*,"step"' "$tmp/${2:-kill}/$1/metrics.jsonl" 2>/dev/null || true)
     echo "${n:-0}"
 }
-p4=$(free_port); relay_on k1 "$p4"
-p5=$(free_port); relay_on k2 "$p5"
+relay_new k1 p4
+relay_new k2 p5
 three kill "127.0.0.1:$p4,127.0.0.1:$p5" --max_steps 100000000 --batch_size 16
 wait_until "replica 0 reaches outer step 5" eval '[ "$(outer_lines 0)" -ge 5 ]'
 kill -9 "$relay_pid_k1"
@@ -125,7 +145,7 @@ done
 check "kill -9 a hub: the second relay reduces the first one's share" \
     grep -q 'share 0) closed: 3 contributor' "$tmp/relay_k2.log"
 before=$(wc -c <"$tmp/relay_k1.log")
-relay_on k1 "$p4"
+relay_on k1 "$p4" || die "relay k1: no restart on its port p4 = $p4"
 wait_until "the restarted relay closes a round with all three" \
     log_after "$tmp/relay_k1.log" "$before" 'closed: 3 contributor(s) \[0 1 2\]'
 check "restarted on its port, the first relay takes its share again (a round of all three)" \
@@ -171,9 +191,9 @@ check "no hub of the list reachable: one line naming the hubs" \
     bad_list "cannot reach any of the 2 hubs" "127.0.0.1:$p1,127.0.0.1:$p2"
 
 # ---------------------------------------------------------------- 4. three hubs: the mixed case, two down
-pa=$(free_port); relay_on ta "$pa"
-pb=$(free_port); relay_on tb "$pb" relay_die_in_close:3
-pc=$(free_port); relay_on tc "$pc"
+relay_new ta pa
+relay_new tb pb relay_die_in_close:3
+relay_new tc pc
 # Replica 0's exchange after the mixed step (outer step 4, when the relay's first rounds have all
 # three) waits timeout_s + 1 s (diloco_late): the others' redo of the dead relay's share reaches
 # the third relay first, and only replica 0's DONE can tell it that the redo must not stand.
@@ -204,8 +224,8 @@ check "kill -9 the third relay too: the first reduces every share" \
            tail -c +$((before_a + 1)) '$tmp/relay_ta.log' | grep -q 'share 2) closed: 3 contributor'"
 before_b=$(wc -c <"$tmp/relay_tb.log")
 before_c=$(wc -c <"$tmp/relay_tc.log")
-relay_on tb "$pb"
-relay_on tc "$pc"
+relay_on tb "$pb" || die "relay tb: no restart on its port pb = $pb"
+relay_on tc "$pc" || die "relay tc: no restart on its port pc = $pc"
 wait_until "the restarted second relay closes a round with all three" \
     log_after "$tmp/relay_tb.log" "$before_b" 'share 1) closed: 3 contributor(s) \[0 1 2\]'
 wait_until "the restarted third relay closes a round with all three" \
@@ -233,8 +253,8 @@ late=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --
     --diloco_replicas 4 --diloco_inner_steps 5 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
     --diloco_quant int8 --diloco_min_replicas 2 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
     --diloco_timeout_s $TIMEOUT --diloco_connect_timeout_s 20)
-pd=$(free_port); relay_on ca "$pd"
-pe=$(free_port); relay_on cb "$pe"
+relay_new ca pd
+relay_new cb pe
 late_replica() {  # late_replica ID: replica ID of run "late" in the background (replicas 0 and 1 send slowly)
     TRAIN_GPT_FAULT=$([ "$1" -ge 2 ] || echo tcp_slow_state:0) "$TRAIN_GPT" "${late[@]}" \
         --diloco_rendezvous "127.0.0.1:$pd,127.0.0.1:$pe" --diloco_replica_id "$1" --out_dir "$tmp/late/$1" \
