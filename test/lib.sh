@@ -92,11 +92,12 @@ make_secret() {
 }
 
 # tmp=a fresh directory and pids=() for background processes; on exit every pid still running
-# is killed and tmp removed (kept, and named, with KEEP_TMP=1).
+# is killed and tmp removed (kept, and named, with KEEP_TMP=1). A negative pid is a process group,
+# killed whole: a job started with setsid (mpirun: SIGKILL to it alone leaves its ranks running).
 tmp_with_processes() {
     tmp=$(mktemp -d)
     pids=()
-    trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    trap 'for p in "${pids[@]}"; do kill -9 -- "$p" 2>/dev/null || true; wait "${p#-}" 2>/dev/null || true; done
           if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi' EXIT
 }
 

@@ -43,7 +43,7 @@
 #      from θ (bit for bit), it stays a member, its next contribution counts the steps since,
 #      θ agrees at every outer step; stopped after the rollback and resumed: bit-exact.
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp_with_processes   # a check that fails leaves no trainer or MPI job running
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0
@@ -293,9 +293,11 @@ check "a hung step: exit 75 with one watchdog line naming rank 0, the phase and 
 TRAIN_GPT_FAULT=stop_in_step:10 "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/suspended" --watchdog_s 2 --max_steps 20 \
     >"$tmp/suspended.log" 2>&1 &
 pid=$!
+pids+=($pid)
 stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 stopped_or_gone() { stopped "$1" || ! kill -0 "$1" 2>/dev/null; }
-wait_until "the run stopped itself in step 10" stopped_or_gone "$pid"
+wait_until "the run stopped itself in step 10" stopped_or_gone "$pid" ||
+    die "6b: the run did not stop itself in step 10: $(tail -n 1 "$tmp/suspended.log")"
 sleep 5
 kill -CONT "$pid" 2>/dev/null
 rc=0
@@ -307,15 +309,19 @@ check "suspended 5 s with watchdog_s 2, then continued: the run finishes (rc $rc
 detect_mpi
 if [ "$HAVE_MPI" = 1 ]; then
     mkdir -p "$tmp/stopped_rank"
-    "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --max_steps 100000000 --diloco_replicas 3 \
+    # In a process group of its own (setsid), which the exit kills whole: the job has no step
+    # limit, and a check that fails must not leave its ranks (one of them stopped) running.
+    setsid "${MPIRUN[@]}" 3 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --max_steps 100000000 --diloco_replicas 3 \
         --diloco_inner_steps 5 --diloco_transport mpi --watchdog_s 3 --out_dir '$tmp/stopped_rank/'\$OMPI_COMM_WORLD_RANK" \
         >"$tmp/stopped_rank.log" 2>&1 &
     job=$!
-    for _ in $(seq 1800); do  # until rank 1 has taken 20 steps (deadline 180 s)
-        [ "$(cat "$tmp/stopped_rank/1/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -ge 20 ] && break
-        sleep 0.1
-    done
-    kill -STOP "$(pgrep -f "[o]ut_dir $tmp/stopped_rank/1\$" | head -n 1)"
+    pids+=(-"$job")
+    rank1_steps() { local n; n=$(grep -sc '"loss"' "$tmp/stopped_rank/1/metrics.jsonl" || true); echo "${n:-0}"; }
+    wait_until "rank 1 of the job has taken 20 steps" eval '[ "$(rank1_steps)" -ge 20 ]' ||
+        die "7: rank 1 did not take 20 steps: $(tail -n 2 "$tmp/stopped_rank.log")"
+    rank1=$(pgrep -f "[o]ut_dir $tmp/stopped_rank/1\$" | head -n 1 || true)
+    [ -n "$rank1" ] || die "7: rank 1's process not found (pgrep -f 'out_dir $tmp/stopped_rank/1')"
+    kill -STOP "$rank1"
     rc=0
     wait "$job" || rc=$?
     check "SIGSTOP on rank 1 of 3: the job ends with status 75 (rc $rc)" test "$rc" -eq 75
