@@ -219,9 +219,13 @@ if what == "dropped":      # after the kill: rounds of 0 and 1 only, none slower
     ok = len(without2) >= 1 and all(d["sync_s"] <= 3 + 5 for d in lines)
 elif what == "rejoined":   # and later all three again
     ok = len(without2) >= 1 and rejoined and rejoined[-1] > lines.index(without2[0])
-elif what == "left":       # after SIGTERM: rounds of 0 and 2 without waiting for a timeout
+elif what == "left":       # after SIGTERM: rounds of 0 and 2, none held far past a timeout
+    # Not sync_s < timeout (3 s): the hub closes a round 3 s after its first contribution at the
+    # latest, so a survivor 2.5-3 s late under load put the other's sync_s at 3 s. That the round
+    # did not wait for replica 1 is the goodbye in the hub's log (the check after this one); this
+    # bound only catches a round held well past the timeout.
     after = [d for d in lines if d["contributors"] == [0, 2]]
-    ok = len(after) >= 1 and all(d["sync_s"] < 3 for d in after)
+    ok = len(after) >= 1 and all(d["sync_s"] < 3 + 2 for d in after)
 print(what, "ok" if ok else "NOT ok", [(d["outer_step"], d["contributors"], round(d["sync_s"], 2)) for d in lines
       if d["contributors"] != [0, 1, 2]][:8], file=sys.stderr)
 sys.exit(0 if ok else 1)
@@ -232,7 +236,10 @@ PY
     check "restarted, replica 2 took the group's state" grep -q '"event":"diloco_join"' "$tmp/fault/2/metrics.jsonl"
     check "after the faults, replica 2's param_hash equals replica 0's at every outer step both logged" \
         all_hashes_agree 1 "$tmp/fault/0/metrics.jsonl" "$tmp/fault/2/metrics.jsonl"
-    check "SIGTERM: the others go on without replica 1 at once (goodbye, no timeout)" survivor_rounds left
+    check "SIGTERM: the others go on without replica 1 (rounds of 0 and 2, none held past timeout + 2 s)" \
+        survivor_rounds left
+    check "SIGTERM: replica 1 said goodbye: the hub dropped it at once, not at a timeout" \
+        grep -q 'replica 1 (.*) left (goodbye)' "$tmp/relay_faults.log"
 fi
 
 # ---------------------------------------------------------------- 9. streaming
