@@ -8,7 +8,7 @@
 # And TRAIN_GPT_NO_FINAL_CHECKPOINT=1 (benchmarks): no checkpoint at max_steps, but one
 # where ckpt_every falls on it and at stop_at_step. A resume on other train data warns (10).
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp_with_processes   # a check that fails leaves no trainer running (one of them stopped)
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
 common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 10
@@ -46,10 +46,9 @@ check "stop at 8 + resume: identical losses and bytes" same_as_straight "$tmp/st
 # 2. SIGUSR1 (SLURM's pre-walltime signal) mid-run
 "$TRAIN_GPT" "${common[@]}" "${long[@]}" --out_dir "$tmp/signal" >"$tmp/signal.log" 2>&1 &
 pid=$!  # the trainer itself, not a subshell: the signal must reach it
-for _ in $(seq 1 400); do
-    grep -q '"step":3,' "$tmp/signal/metrics.jsonl" 2>/dev/null && break
-    sleep 0.05
-done
+pids+=($pid)
+wait_until "the run's step 3" grep -q '"step":3,' "$tmp/signal/metrics.jsonl" ||
+    die "SIGUSR1: the run never logged step 3: $(tail -n 1 "$tmp/signal.log")"
 kill -USR1 "$pid" 2>/dev/null || true
 rc=0; wait "$pid" || rc=$?
 check "SIGUSR1: exit status 76, stopped early with a checkpoint for the job to requeue (rc $rc)" test "$rc" -eq 76
@@ -79,10 +78,9 @@ check "... and the run is still bit-exact" same_as_straight "$tmp/crash7"
 # 4. kill -9 from outside, at whatever moment the step-50 checkpoint appears
 "$TRAIN_GPT" "${common[@]}" "${long[@]}" --out_dir "$tmp/killed" >/dev/null 2>&1 &
 pid=$!
-for _ in $(seq 1 400); do
-    test -d "$tmp/killed/step_00000050" && break
-    sleep 0.02
-done
+pids+=($pid)
+wait_until "the run's step-50 checkpoint" test -d "$tmp/killed/step_00000050" ||
+    die "kill -9: the run never wrote its step-50 checkpoint"
 kill -9 "$pid" 2>/dev/null || true
 rc=0; wait "$pid" 2>/dev/null || rc=$?
 check "kill -9 landed before the run finished (rc $rc)" test "$rc" -eq 137
@@ -205,8 +203,10 @@ check "a resume with one more shard warns, naming both data sets" \
 # is free again.
 TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" "${common[@]}" --max_steps 6 --out_dir "$tmp/locked" >"$tmp/locked.log" 2>&1 &
 pid=$!  # the trainer itself: it is the one that stops
+pids+=($pid)
 stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
-wait_until "the first run stops in its start" stopped "$pid"
+wait_until "the first run stops in its start" stopped "$pid" ||
+    die "the first run did not stop in its start: $(tail -n 1 "$tmp/locked.log")"
 rc=0; run "$tmp/locked" --max_steps 6 >"$tmp/locked2.log" 2>&1 || rc=$?
 check "a second run in a live run's out_dir: refused at once (status $rc), naming the first's pid and host" \
     sh -c "[ $rc -ne 0 ] && grep -q \"^train_gpt: error: out_dir '$tmp/locked' is in use by pid $pid on host $(hostname) (another run, or the previous job still alive)\" '$tmp/locked2.log'"
