@@ -16,7 +16,7 @@
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
 #      reads the secret and listens.
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
 data="--train_data $tmp/train.bin --val_data $tmp/val.bin --val_tokens 256 --threads 1 --log_every 100000"
@@ -72,7 +72,14 @@ usr1_in_step() {  # usr1_in_step NAME STEP ARGS...: the run's status, SIGUSR1 se
     TRAIN_GPT_FAULT=stop_in_step:$at sh -c 'ulimit -f "${FILE_LIMIT:-unlimited}"; trap "" XFSZ; exec "$@"' _ \
         "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 &
     local pid=$!
-    wait_until "$name: the run stopped itself in step $at" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+    # In $(...): the caller's pids and exit trap do not see this run, so it is ended here if it
+    # never stops (and the status is no number: the caller's check fails).
+    if ! wait_until "$name: the run stopped itself in step $at" sh -c "grep -q '^State:.*T' /proc/$pid/status" >&2; then
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        echo never_stopped
+        return 0
+    fi
     kill -USR1 "$pid" && kill -CONT "$pid"
     local rc=0
     wait "$pid" || rc=$?
@@ -92,7 +99,9 @@ check "... but in an earlier step: status 76, the run is not done (rc $rc)" test
 TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/start" --max_steps 10 \
     >"$tmp/start.log" 2>&1 &
 pid=$!
-wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+pids+=($pid)
+wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" ||
+    die "SIGTERM during start-up: the run did not stop while starting: $(tail -n 1 "$tmp/start.log")"
 kill -TERM "$pid" && kill -CONT "$pid"
 rc=0
 wait "$pid" || rc=$?
@@ -173,6 +182,7 @@ relay_port=$(free_port)
 (cd "$tmp/elsewhere" && exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" "$relay_port" my.secret) \
     >"$tmp/relay_script.log" 2>&1 &
 relay_job=$!
+pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
 relay_up_or_gone() { grep -q 'listening on' "$tmp/relay_root/relay.log" 2>/dev/null || ! kill -0 "$relay_job" 2>/dev/null; }
 WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone || true
 check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
