@@ -17,6 +17,7 @@
 #      reads the secret and listens.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
+detect_tcp
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
 "$TOOL" shard "$tmp/val.bin" 64 0 5000 12
 data="--train_data $tmp/train.bin --val_data $tmp/val.bin --val_tokens 256 --threads 1 --log_every 100000"
@@ -173,22 +174,25 @@ check "requeue.sh: a count it can keep: requeued, the count file says 1 (rc $rc)
 # 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
 # relative secret path unreadable from there. A copy in a root of its own, started from another
 # directory with the secret given relatively: its relay listens (the secret read), in relay.log.
-mkdir -p "$tmp/relay_root/scripts/slurm" "$tmp/elsewhere"
-cp scripts/slurm/diloco-relay.sh "$tmp/relay_root/scripts/slurm/"
-ln -s "$(cd "$(dirname "$TRAIN_GPT")" && pwd)/$(basename "$TRAIN_GPT")" "$tmp/relay_root/train_gpt"
-make_secret "$tmp/elsewhere/my.secret"
-relay_port=$(free_port)
-# Its own process group (setsid), so that the script's restart loop and its relay end together.
-(cd "$tmp/elsewhere" && exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" "$relay_port" my.secret) \
-    >"$tmp/relay_script.log" 2>&1 &
-relay_job=$!
-pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
-relay_up_or_gone() { grep -q 'listening on' "$tmp/relay_root/relay.log" 2>/dev/null || ! kill -0 "$relay_job" 2>/dev/null; }
-WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone || true
-check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
-    grep -q 'listening on' "$tmp/relay_root/relay.log"
-kill -- -"$relay_job" 2>/dev/null || true
-wait "$relay_job" 2>/dev/null || true
-grep -q 'listening on' "$tmp/relay_root/relay.log" || cat "$tmp/relay_script.log" "$tmp/relay_root/relay.log" 2>/dev/null
-
+if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said so
+    mkdir -p "$tmp/relay_root/scripts/slurm" "$tmp/elsewhere"
+    cp scripts/slurm/diloco-relay.sh "$tmp/relay_root/scripts/slurm/"
+    ln -s "$(cd "$(dirname "$TRAIN_GPT")" && pwd)/$(basename "$TRAIN_GPT")" "$tmp/relay_root/train_gpt"
+    make_secret "$tmp/elsewhere/my.secret"
+    relay_port=$(free_port)
+    # Its own process group (setsid), so that the script's restart loop and its relay end together.
+    (cd "$tmp/elsewhere" && exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" "$relay_port" my.secret) \
+        >"$tmp/relay_script.log" 2>&1 &
+    relay_job=$!
+    pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
+    relay_up_or_gone() { grep -q 'listening on' "$tmp/relay_root/relay.log" 2>/dev/null || ! kill -0 "$relay_job" 2>/dev/null; }
+    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone || true
+    check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
+        grep -q 'listening on' "$tmp/relay_root/relay.log"
+    kill -- -"$relay_job" 2>/dev/null || true
+    wait "$relay_job" 2>/dev/null || true
+    grep -q 'listening on' "$tmp/relay_root/relay.log" || cat "$tmp/relay_script.log" "$tmp/relay_root/relay.log" 2>/dev/null
+else
+    say "  skip 9 (diloco-relay.sh's relay): no OpenSSL in this build"
+fi
 finish test_slurm
