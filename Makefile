@@ -304,7 +304,8 @@ TESTS_FIRST := test/test_diloco_late.sh test/test_fsdp_gpu_emu.sh $(BUILD)/test_
 TESTS_ALL := $(TEST_BINS) $(TESTS_SH)
 TEST_ORDER = $(if $(filter-out 0 1,$(TEST_JOBS)),$(filter $(TESTS_ALL),$(TESTS_FIRST)) $(filter-out $(TESTS_FIRST),$(TESTS_ALL)),$(filter $(TESTS_ALL),$(TESTS_NICE)) $(filter-out $(TESTS_NICE),$(TESTS_ALL)))
 # TESTS_NICE: the tests with no deadline, timeout or network of their own (pure computation,
-# builds, qemu), which at TEST_JOBS=1 run in a second lane beside the others at nice 19
+# builds, qemu), which at TEST_JOBS=1 run in a second lane beside the others at nice 19 (10
+# when not root: only root can renice it back to 0 once the first lane ends)
 # (test/run_tests.sh says why that is safe); the slowest first. The MPI ones wait for their
 # collectives up to comm_timeout_s (600 s), not for a time. Not the fuzzers: their limit of 10 s
 # per input is wall time, and at nice 19 beside a busy first-lane test an input of a second
