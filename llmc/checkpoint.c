@@ -1078,7 +1078,8 @@ static int at_or_below(checkpoint_dir *dirs, int count, int64_t max_step) {
 char *checkpoint_load_latest_every(const char *out_dir, int64_t every, int64_t max_step, const model_buffers *b,
                                    train_state *s) {
     checkpoint_dir *dirs;
-    int count = at_or_below(dirs, agreed_list(out_dir, b->job, &dirs), max_step);
+    int listed = agreed_list(out_dir, b->job, &dirs);   // sets dirs: a statement of its own, since
+    int count = at_or_below(dirs, listed, max_step);    // an argument list has no order
     // Those on the grid first (a stable partition keeps them newest first), then the others.
     int on_grid = 0;
     for (int i = 0; every > 0 && i < count; i++)
