@@ -109,6 +109,24 @@ diloco_test_files() {
     make_secret "$tmp/secret"
 }
 
+# bytes_tokenizer FILE: a tokenizer.json of one token per byte (a byte-level BPE without merges,
+# GPT-2's alphabet: printable bytes stand for themselves, the others for 256 + i): vocabulary 256.
+bytes_tokenizer() {
+"$PYTHON" - "$1" <<'PY'
+import json, sys
+keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+spelled, extra = {b: chr(b) for b in keep}, 0
+for b in range(256):
+    if b not in spelled:
+        spelled[b] = chr(256 + extra)
+        extra += 1
+json.dump({"version": "1.0", "normalizer": None, "added_tokens": [],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "vocab": {spelled[b]: b for b in range(256)}, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+}
+
 # start_relay NAME SHARDS [TIMEOUT_S [OPTION...]]: a fresh DiLoCo hub (`train_gpt relay`, timeout
 # TIMEOUT_S, default 3 s, secret $tmp/secret, the relay options after it and in $RELAY_OPTIONS) of SHARDS shards on consecutive ports from a free
 # one, in the background (killed on exit), logging to $tmp/relay_NAME.log; returns once it

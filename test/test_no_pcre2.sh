@@ -24,19 +24,7 @@ check "... and the binary links no libpcre2" sh -c "! ldd '$B/train_gpt' | grep 
 check "test_tokenizer without PCRE2: $(tail -n 1 "$tmp/unit.out")" grep -q "test_tokenizer: [0-9]* checks, 0 failed" "$tmp/unit.out"
 
 # One token per byte (GPT-2's byte-level alphabet, no merges): the model's vocabulary is 256.
-"$PYTHON" - "$tmp/bytes.json" <<'PY'
-import json, sys
-keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-spelled, extra = {b: chr(b) for b in keep}, 0
-for b in range(256):
-    if b not in spelled:
-        spelled[b] = chr(256 + extra)
-        extra += 1
-json.dump({"version": "1.0", "normalizer": None, "added_tokens": [],
-           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-           "model": {"type": "BPE", "dropout": None, "vocab": {spelled[b]: b for b in range(256)}, "merges": []}},
-          open(sys.argv[1], "w"))
-PY
+bytes_tokenizer "$tmp/bytes.json"
 "$TOOL" shard "$tmp/train.bin" 256 0 20000 11
 rc=0
 "$B/train_gpt" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --vocab_size 256 --threads 1 \

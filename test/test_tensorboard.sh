@@ -98,20 +98,7 @@ PY
 # ---------------------------------------------------------------- 1. a run with samples
 # Samples need a tokenizer: one token per byte (a byte-level BPE tokenizer.json without
 # merges), so the model's vocabulary grows to 256.
-"$PYTHON" - "$tmp/bytes.json" <<'PY'
-import json, sys
-# GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for 256 + i.
-keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-spelled, extra = {b: chr(b) for b in keep}, 0
-for b in range(256):
-    if b not in spelled:
-        spelled[b] = chr(256 + extra)
-        extra += 1
-json.dump({"version": "1.0", "normalizer": None, "added_tokens": [],
-           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-           "model": {"type": "BPE", "dropout": None, "vocab": {spelled[b]: b for b in range(256)}, "merges": []}},
-          open(sys.argv[1], "w"))
-PY
+bytes_tokenizer "$tmp/bytes.json"
 # The prompt: a cut 3-byte character, a surrogate, an emoji, é and a byte that is never UTF-8.
 prompt=$(printf 'ab\342\202!\355\240\200!\360\237\230\200!\303\251\377')
 t0=$(date +%s.%N)
