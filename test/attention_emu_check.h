@@ -10,6 +10,12 @@
 // probabilities are rounded to bf16 before P·V (as on the GPU), outputs are bf16 (relative
 // rounding 2⁻⁸): 2 % of the largest magnitude and 1 % in L2 for the forward, 5 % and 2 % for
 // the backward, which subtracts nearly equal terms (dP − δ); lse, kept in fp32, to 1e-3 / 1e-4.
+// Where the exact result is zero (a query alone in its document: P = 1, so dS = dP − δ = 0 and
+// dq = dk = 0) the kernels and the reference both return fp32 rounding noise, which a relative
+// error compares with itself: an output passes too when no element is off by more than
+// ABS_FLOOR = 1e-5, 4× the noise measured on those shapes (max_abs ≤ 2.2e-6) and less than the
+// bf16 rounding (2⁻⁹ relative) of any element over 0.005, so a wrong element of a real
+// gradient still fails.
 #ifndef TRAIN_GPT_TEST_ATTENTION_EMU_CHECK_H
 #define TRAIN_GPT_TEST_ATTENTION_EMU_CHECK_H
 
@@ -26,6 +32,7 @@ struct tolerance {
     double max_rel, l2_rel;
 };
 static const tolerance FORWARD = {2e-2, 1e-2}, BACKWARD = {5e-2, 2e-2}, LSE = {1e-3, 1e-4};
+static const double ABS_FLOOR = 1e-5;
 
 static void compare(const char *name, const std::vector<float> &got, const std::vector<float> &want, tolerance tol) {
     double max_abs = 0.0, max_want = 0.0, err2 = 0.0, want2 = 0.0;
@@ -39,11 +46,13 @@ static void compare(const char *name, const std::vector<float> &got, const std::
         want2 += (double)want[i] * want[i];
     }
     double rel = max_want > 0 ? max_abs / max_want : max_abs, l2 = want2 > 0 ? sqrt(err2 / want2) : sqrt(err2);
-    bool ok = finite && rel <= tol.max_rel && l2 <= tol.l2_rel;
+    bool within = rel <= tol.max_rel && l2 <= tol.l2_rel, ok = finite && (within || max_abs <= ABS_FLOOR);
     checks++;
     failures += !ok;
-    printf("%s %-46s max_rel %.3e (tol %.0e)  l2_rel %.3e (tol %.0e)%s\n", ok ? "PASS" : "FAIL", name, rel,
-           tol.max_rel, l2, tol.l2_rel, finite ? "" : "  NON-FINITE OR MISSING");
+    printf("%s %-46s max_rel %.3e (tol %.0e)  l2_rel %.3e (tol %.0e)", ok ? "PASS" : "FAIL", name, rel, tol.max_rel,
+           l2, tol.l2_rel);
+    if (!within) printf("  max_abs %.1e (floor %.0e)", max_abs, ABS_FLOOR);
+    printf("%s\n", finite ? "" : "  NON-FINITE OR MISSING");
 }
 
 static float bf16_round(float x) { return emu::bf16_value(emu::bf16_bits(x)); }
@@ -67,11 +76,12 @@ static std::vector<float> from_bits(const std::vector<uint16_t> &b) {
     return x;
 }
 
-// Tokens with a document token (0) every doc_min..doc_max positions (none if doc_max is 0).
+// Tokens with a document token (0) every doc_min..doc_max positions (none if doc_max is 0;
+// every position from the first if doc_max is 1: each token its own document).
 static std::vector<int32_t> doc_tokens(int64_t B, int64_t T, int doc_min, int doc_max) {
     std::vector<int32_t> t((size_t)(B * T));
     for (int64_t b = 0; b < B; b++) {
-        int64_t next_doc = doc_max ? 5 + (int64_t)(rng_next(&rng) % 20) : T;
+        int64_t next_doc = doc_max == 1 ? 0 : doc_max ? 5 + (int64_t)(rng_next(&rng) % 20) : T;
         for (int64_t i = 0; i < T; i++) {
             int32_t v = 1 + (int32_t)(rng_next(&rng) % 99);
             if (i == next_doc) {
@@ -91,7 +101,7 @@ static void run_case(int64_t B, int64_t T, int Hq, int Hkv, int doc_min, int doc
     const int64_t N = B * T, QKV = (int64_t)(Hq + 2 * Hkv) * D, QD = (int64_t)Hq * D, KD = (int64_t)Hkv * D;
     char label[96], name[160];
     snprintf(label, sizeof label, "B=%lld T=%lld %d/%d D=%d %s", (long long)B, (long long)T, Hq, Hkv, D,
-             doc_max ? "docs" : "causal");
+             doc_max == 1 ? "1-token docs" : doc_max ? "docs" : "causal");
 
     auto tokens = doc_tokens(B, T, doc_min, doc_max);
     std::vector<int32_t> start((size_t)N), pos((size_t)N);

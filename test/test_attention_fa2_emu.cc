@@ -121,8 +121,9 @@ int main(void) {
     run_case<fa2_kernels, 32>(1, 130, 2, 2, 0, 0);     // plain causal, MHA
     run_case<fa2_kernels, 64>(1, 256, 2, 1, 0, 0);     // whole tiles: the unmasked path off the diagonal
     run_case<fa2_kernels, 64>(1, 320, 1, 1, 90, 140);  // key tiles skipped before a document, query tiles after it
-    run_case<fa2_kernels, 64>(2, 2, 2, 1, 0, 0);       // two positions (at one alone dq = dk = 0 exactly: dS = dP − δ = 0,
-                                          // and a relative error would compare rounding noise with itself)
+    run_case<fa2_kernels, 64>(2, 2, 2, 1, 0, 0);       // two positions
+    run_case<fa2_kernels, 64>(2, 70, 2, 1, 1, 1);      // a document at every position: dq = dk = 0 exactly, dv = dO
+    run_case<fa2_kernels, 32>(2, 1, 2, 1, 0, 0);       // one position: dq = dk = 0 exactly
     run_case<fa2_kernels, 128>(1, 63, 8, 1, 0, 0);     // one partial tile; a GQA group of 8 (MQA)
     run_case<fa2_kernels, 32>(1, 64, 2, 1, 0, 0);      // exactly one tile
     run_case<fa2_kernels, 64>(1, 65, 2, 2, 0, 0);      // one row into the second tile
