@@ -2,7 +2,8 @@
 // includes with -DTESTING, as llm.c's test_gpt2.cu does) against the CPU model, whole steps,
 // on three small configurations that between them take every path: tied and untied head,
 // QK-norm on and off, NoPE layers, document masking on and off, head_dim 32, 64 and 128,
-// T not a multiple of the attention tile. `make test-gpu` runs it on a machine with a GPU.
+// T not a multiple of the attention tile, a z-loss weight large enough for its gradient to
+// show. `make test-gpu` runs it on a machine with a GPU.
 //
 // Checks, each printed as PASS/FAIL with the measured numbers:
 //   - upload → download is bit-exact (checkpoints written from the GPU hold what it trains);
@@ -91,6 +92,7 @@ typedef struct {
     const char *name;
     model_config m;
     int64_t B;
+    double z_loss;  // 1e-4 as a trainer's; larger where its gradient term must show
 } test_case;
 
 static model_config base_config(void) {
@@ -173,6 +175,7 @@ static void run_case(const test_case *tc) {
     param_table_build(&t, &tc->m);
     int64_t n = t.numel, B = tc->B, T = tc->m.seq_len, N = B * T;
     train_config oc = optimizer_config();
+    oc.z_loss = tc->z_loss;
     const double lr = 1e-3;
     const float z = (float)oc.z_loss;
     float *p0 = alloc_floats((size_t)n), *p_cpu = alloc_floats((size_t)n), *g_cpu = alloc_floats((size_t)n),
@@ -189,7 +192,7 @@ static void run_case(const test_case *tc) {
     cuda_model *gm = cuda_model_create(&t, B, T, RECOMPUTE_OFF);
     char dev[64];
     format_count((double)cuda_model_device_bytes(gm), dev, sizeof dev);
-    printf("   GPU memory: %sB\n", dev);
+    printf("   GPU memory: %sB; z_loss %g\n", dev, tc->z_loss);
 
     // Upload → download round trip.
     for (int64_t i = 0; i < n; i++) m_cpu[i] = p0[i] * 0.5f, v_cpu[i] = p0[i] * p0[i];
@@ -349,18 +352,23 @@ int main(void) {
     cases[0].m.n_kv_head = 2, cases[0].m.head_dim = 32, cases[0].m.d_ff = 384, cases[0].m.seq_len = 128;
     cases[0].m.nope_every = 4, cases[0].m.qk_norm = true, cases[0].m.tie_embeddings = true;
     cases[0].m.doc_masking = true, cases[0].m.doc_token = 0, cases[0].B = EMULATED ? 1 : 4;
+    cases[0].z_loss = 1e-4;
     cases[1].name = "untied, no qk_norm, plain causal, D=64";
     cases[1].m = base_config();
     cases[1].m.vocab_size = 1000, cases[1].m.n_layer = 2, cases[1].m.d_model = 256, cases[1].m.n_head = 4;
     cases[1].m.n_kv_head = 4, cases[1].m.head_dim = 64, cases[1].m.d_ff = 512, cases[1].m.seq_len = 96;
     cases[1].m.nope_every = 2, cases[1].m.qk_norm = false, cases[1].m.tie_embeddings = false;
     cases[1].m.doc_masking = false, cases[1].m.doc_token = -1, cases[1].B = EMULATED ? 1 : 3;
+    // z-loss's gradient term 2·z·lse·softmax is 1.4e-3 of softmax's at 1e-4 (lse ≈ ln 1000 ≈ 6.9
+    // here), under the tolerances; at 0.05 it is 0.7 of it.
+    cases[1].z_loss = 0.05;
     cases[2].name = "untied, qk_norm, docs, D=128, T=200";
     cases[2].m = base_config();
     cases[2].m.vocab_size = 777, cases[2].m.n_layer = 2, cases[2].m.d_model = 256, cases[2].m.n_head = 2;
     cases[2].m.n_kv_head = 1, cases[2].m.head_dim = 128, cases[2].m.d_ff = 512, cases[2].m.seq_len = 200;
     cases[2].m.nope_every = 2, cases[2].m.qk_norm = true, cases[2].m.tie_embeddings = false;
     cases[2].m.doc_masking = true, cases[2].m.doc_token = 5, cases[2].B = EMULATED ? 1 : 2;
+    cases[2].z_loss = 1e-4;
     for (int i = 0; i < 3; i++) run_case(&cases[i]);
     printf("test_gpu_step: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
