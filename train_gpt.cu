@@ -177,6 +177,19 @@ enum { GRAD_SLOTS = PLAN_GPU_GRAD_SLOTS };
 // 6 278 rows at Llama 3's vocabulary, so gpt-1b's 8 × 2048 tokens take 3 chunks (GPT-2's
 // vocabulary: 16 008 rows, 8 × 4096 tokens in 3); boom-14b's 4096 tokens fit in one.
 static const int64_t LOGITS_CHUNK_BYTES = (int64_t)3 << 29;
+#ifdef TESTING
+// test/test_gpu_step.cu sets it lower before cuda_model_create, so that its few hundred rows
+// take several chunks: the loop's later chunks, a partial last one, the head's gradient
+// summed over chunks and copy_logits' loop, which no test's size reaches at 1.5 GiB.
+static int64_t test_logits_chunk_bytes = LOGITS_CHUNK_BYTES;
+#endif
+static int64_t logits_chunk_bytes(void) {
+#ifdef TESTING
+    return test_logits_chunk_bytes;
+#else
+    return LOGITS_CHUNK_BYTES;
+#endif
+}
 
 typedef struct {
     float *resid_mid;          // (N,C) fp32, after the attention residual add
@@ -738,7 +751,7 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     m->num_chunks = local_chunks(m, NULL);
     // Rows of the logits' row stride padded to 64 elements: aligned rows for the kernels.
     m->ld_logits = (m->dims.V + 63) / 64 * 64;
-    m->chunk_rows = max_i64(1, min_i64(N, LOGITS_CHUNK_BYTES / (m->ld_logits * 2)));
+    m->chunk_rows = max_i64(1, min_i64(N, logits_chunk_bytes() / (m->ld_logits * 2)));
     m->resid = (float **)xcalloc((size_t)m->dims.L + 1, sizeof *m->resid);
     m->layers = (layer_acts *)xcalloc((size_t)m->dims.L, sizeof *m->layers);
     int count = 0;

@@ -3,7 +3,8 @@
 // on three small configurations that between them take every path: tied and untied head,
 // QK-norm on and off, NoPE layers, document masking on and off, head_dim 32, 64 and 128,
 // T not a multiple of the attention tile, a z-loss weight large enough for its gradient to
-// show. `make test-gpu` runs it on a machine with a GPU.
+// show, the classifier over several chunks of rows. `make test-gpu` runs it on a machine with
+// a GPU.
 //
 // Checks, each printed as PASS/FAIL with the measured numbers:
 //   - upload → download is bit-exact (checkpoints written from the GPU hold what it trains);
@@ -92,7 +93,8 @@ typedef struct {
     const char *name;
     model_config m;
     int64_t B;
-    double z_loss;  // 1e-4 as a trainer's; larger where its gradient term must show
+    double z_loss;               // 1e-4 as a trainer's; larger where its gradient term must show
+    int64_t logits_chunk_bytes;  // the classifier's chunk (0: the trainer's, one chunk here)
 } test_case;
 
 static model_config base_config(void) {
@@ -176,6 +178,7 @@ static void run_case(const test_case *tc) {
     int64_t n = t.numel, B = tc->B, T = tc->m.seq_len, N = B * T;
     train_config oc = optimizer_config();
     oc.z_loss = tc->z_loss;
+    test_logits_chunk_bytes = tc->logits_chunk_bytes ? tc->logits_chunk_bytes : LOGITS_CHUNK_BYTES;
     const double lr = 1e-3;
     const float z = (float)oc.z_loss;
     float *p0 = alloc_floats((size_t)n), *p_cpu = alloc_floats((size_t)n), *g_cpu = alloc_floats((size_t)n),
@@ -192,7 +195,8 @@ static void run_case(const test_case *tc) {
     cuda_model *gm = cuda_model_create(&t, B, T, RECOMPUTE_OFF);
     char dev[64];
     format_count((double)cuda_model_device_bytes(gm), dev, sizeof dev);
-    printf("   GPU memory: %sB; z_loss %g\n", dev, tc->z_loss);
+    printf("   GPU memory: %sB; z_loss %g; the classifier in chunks of %lld rows (the last %lld)\n", dev, tc->z_loss,
+           (long long)gm->chunk_rows, (long long)(N - (N - 1) / gm->chunk_rows * gm->chunk_rows));
 
     // Upload → download round trip.
     for (int64_t i = 0; i < n; i++) m_cpu[i] = p0[i] * 0.5f, v_cpu[i] = p0[i] * p0[i];
@@ -352,7 +356,7 @@ int main(void) {
     cases[0].m.n_kv_head = 2, cases[0].m.head_dim = 32, cases[0].m.d_ff = 384, cases[0].m.seq_len = 128;
     cases[0].m.nope_every = 4, cases[0].m.qk_norm = true, cases[0].m.tie_embeddings = true;
     cases[0].m.doc_masking = true, cases[0].m.doc_token = 0, cases[0].B = EMULATED ? 1 : 4;
-    cases[0].z_loss = 1e-4;
+    cases[0].z_loss = 1e-4, cases[0].logits_chunk_bytes = 0;
     cases[1].name = "untied, no qk_norm, plain causal, D=64";
     cases[1].m = base_config();
     cases[1].m.vocab_size = 1000, cases[1].m.n_layer = 2, cases[1].m.d_model = 256, cases[1].m.n_head = 4;
@@ -361,14 +365,16 @@ int main(void) {
     cases[1].m.doc_masking = false, cases[1].m.doc_token = -1, cases[1].B = EMULATED ? 1 : 3;
     // z-loss's gradient term 2·z·lse·softmax is 1.4e-3 of softmax's at 1e-4 (lse ≈ ln 1000 ≈ 6.9
     // here), under the tolerances; at 0.05 it is 0.7 of it.
-    cases[1].z_loss = 0.05;
+    cases[1].z_loss = 0.05, cases[1].logits_chunk_bytes = 0;
     cases[2].name = "untied, qk_norm, docs, D=128, T=200";
     cases[2].m = base_config();
     cases[2].m.vocab_size = 777, cases[2].m.n_layer = 2, cases[2].m.d_model = 256, cases[2].m.n_head = 2;
     cases[2].m.n_kv_head = 1, cases[2].m.head_dim = 128, cases[2].m.d_ff = 512, cases[2].m.seq_len = 200;
     cases[2].m.nope_every = 2, cases[2].m.qk_norm = true, cases[2].m.tie_embeddings = false;
+    // The classifier over chunks of 39 rows (64 KiB at vocabulary 777, rows padded to 832): 6
+    // chunks, the last of 5, at B 1 (11, the last of 10, at B 2).
     cases[2].m.doc_masking = true, cases[2].m.doc_token = 5, cases[2].B = EMULATED ? 1 : 2;
-    cases[2].z_loss = 1e-4;
+    cases[2].z_loss = 1e-4, cases[2].logits_chunk_bytes = 1 << 16;
     for (int i = 0; i < 3; i++) run_case(&cases[i]);
     printf("test_gpu_step: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
