@@ -53,8 +53,9 @@ static const step_limits no_limits = {INFINITY, INFINITY};  // the spike guard o
 
 // `make test` builds this file for the CPU emulator too (build/test_gpu_step_emu: TRAIN_GPT_EMULATION,
 // test/warp_emu.h and test/cublaslt_emu.h), where a step of the first case takes seconds:
-// there every case trains one sequence per micro-batch and the training run is 3 steps
-// instead of 8. The shapes that matter (T, head_dim, layers, tiles) stay.
+// there the first two cases train one sequence per micro-batch (the third two, as on a GPU:
+// the model at B > 1) and the training run is 3 steps instead of 8. The shapes that matter
+// (T, head_dim, layers, tiles) stay.
 #if defined(TRAIN_GPT_EMULATION)
 enum { EMULATED = 1 };
 #else
@@ -371,9 +372,10 @@ int main(void) {
     cases[2].m.vocab_size = 777, cases[2].m.n_layer = 2, cases[2].m.d_model = 256, cases[2].m.n_head = 2;
     cases[2].m.n_kv_head = 1, cases[2].m.head_dim = 128, cases[2].m.d_ff = 512, cases[2].m.seq_len = 200;
     cases[2].m.nope_every = 2, cases[2].m.qk_norm = true, cases[2].m.tie_embeddings = false;
-    // The classifier over chunks of 39 rows (64 KiB at vocabulary 777, rows padded to 832): 6
-    // chunks, the last of 5, at B 1 (11, the last of 10, at B 2).
-    cases[2].m.doc_masking = true, cases[2].m.doc_token = 5, cases[2].B = EMULATED ? 1 : 2;
+    // Two sequences in the emulator too (their documents start at different places: random_batch
+    // draws each), and the classifier over chunks of 39 rows (64 KiB at vocabulary 777, rows
+    // padded to 832): 11 chunks, the last of 10.
+    cases[2].m.doc_masking = true, cases[2].m.doc_token = 5, cases[2].B = 2;
     cases[2].z_loss = 1e-4, cases[2].logits_chunk_bytes = 1 << 16;
     for (int i = 0; i < 3; i++) run_case(&cases[i]);
     printf("test_gpu_step: %d checks, %d failed\n", checks, failures);
