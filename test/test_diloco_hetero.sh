@@ -76,9 +76,7 @@ fi
 
 # ---------------------------------------------------------------- 2. tcp through a relay
 if [ "$HAVE_TCP" = 1 ]; then
-    port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay.log" 2>&1 &
-    pids+=($!)
+    start_relay main 1 10   # listening before the replicas start (sets port; a taken port: another)
     tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
         --diloco_timeout_s 10 --diloco_connect_timeout_s 20 --diloco_min_replicas 3)
     mkdir -p "$tmp/dump_tcp"
@@ -96,7 +94,7 @@ if [ "$HAVE_TCP" = 1 ]; then
     check "tcp: the relay's mean byte for byte with token weights, int8 both ways with the hub's feedback (numpy)" \
         "$PYTHON" test/diloco_check.py "$tmp/dump_tcp" 1 0 int8 0.03
     check "tcp: the same dump with equal weights fails" fails_without_weights tcp int8 0.03
-    check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay.log"
+    check "tcp: the relay's log names the weights" grep -q 'weighted by tokens \[640 1280 1280\]' "$tmp/relay_main.log"
 fi
 
 # ---------------------------------------------------------------- 2b. phases on wall time
@@ -152,17 +150,15 @@ if [ "$HAVE_MPI" = 1 ]; then
         sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"error: out_dir: replicas 0 and 1 of this MPI job write to the same out_dir\" && ! test -e '$tmp/one_dir/metrics.jsonl'" _ "$out"
 fi
 if [ "$HAVE_TCP" = 1 ]; then
-    port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 >"$tmp/relay2.log" 2>&1 &
-    relay2=$!
-    pids+=($relay2)
+    start_relay second 1 10
+    relay2=${pids[-1]}
     tcp=(--diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret"
         --diloco_timeout_s 10 --diloco_connect_timeout_s 20)
     "$TRAIN_GPT" "${common[@]}" "${tcp[@]}" --diloco_replica_id 0 --max_steps 100000000 --out_dir "$tmp/first" \
         >"$tmp/first.log" 2>&1 &
     first=$!
     pids+=($first)
-    wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay2.log"
+    wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay_second.log"
     check "tcp: a replica with another seed is refused with one line naming the keys" \
         one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
         "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
@@ -182,7 +178,7 @@ if [ "$HAVE_TCP" = 1 ]; then
         --out_dir "$tmp/copy" >"$tmp/copy.log" 2>&1 &
     copy=$!
     pids+=($copy)
-    wait_until "replica 1 (the same shard elsewhere) joined the relay" grep -q 'replica 1 joined' "$tmp/relay2.log"
+    wait_until "replica 1 (the same shard elsewhere) joined the relay" grep -q 'replica 1 joined' "$tmp/relay_second.log"
     check "tcp: the same shards under another path are accepted (the replica trains on)" \
         sh -c "kill -0 $copy && ! grep -q 'error:' '$tmp/copy.log'"
     kill -9 "$copy" 2>/dev/null || true

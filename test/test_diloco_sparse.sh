@@ -76,10 +76,7 @@ check "diloco_topk 0.25 changes the run (another param_hash at outer step 1)" \
 
 # ---------------------------------------------------------------- 3. two replicas through a relay
 if [ "$HAVE_TCP" = 1 ]; then
-    port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 120 >"$tmp/relay.log" 2>&1 &
-    relay=$!
-    pids+=($relay)
+    start_relay main 1 120   # listening before the replicas start (sets port; a taken port: another)
     mkdir -p "$tmp/dump_tcp"
     mine=()
     for r in 0 1; do
@@ -93,7 +90,7 @@ if [ "$HAVE_TCP" = 1 ]; then
     rc=0
     for p in "${mine[@]}"; do wait "$p" || rc=$?; done
     check "2 replicas over a relay, int4 + topk 0.25: both exit 0 (rc $rc)" test "$rc" -eq 0
-    [ "$rc" -eq 0 ] || tail -n 5 "$tmp"/tcp_*.log "$tmp/relay.log"
+    [ "$rc" -eq 0 ] || tail -n 5 "$tmp"/tcp_*.log "$tmp/relay_main.log"
     check "2 replicas over a relay: param_hash equal at every applied outer step (>= 30)" \
         all_hashes_agree 30 "$tmp"/tcp/*/metrics.jsonl
     check "2 replicas over a relay: the loss falls" loss_falls "$tmp/tcp/0/metrics.jsonl"
