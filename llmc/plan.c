@@ -394,6 +394,9 @@ static int64_t cgroup_file_limit(const char *path) {
     return end != text && v > 0 && v < (1LL << 62) ? (int64_t)v : -1;
 }
 
+// The tighter of two limits, each > 0 or -1 for none.
+static int64_t tighter(int64_t a, int64_t b) { return b > 0 && (a < 0 || b < a) ? b : a; }
+
 // The lowest limit on the way from the cgroup at root + path up to root itself (each level's
 // `file`), or -1: a job step's limit sits on its job's cgroup or above, not on the leaf.
 static int64_t cgroup_walk_limit(const char *root, const char *path, const char *file) {
@@ -407,7 +410,7 @@ static int64_t cgroup_walk_limit(const char *root, const char *path, const char 
         char at[4200];
         snprintf(at, sizeof at, "%s/%s", dir, file);
         int64_t v = cgroup_file_limit(at);
-        if (v > 0 && (lowest < 0 || v < lowest)) lowest = v;
+        lowest = tighter(lowest, v);
         char *slash = strrchr(dir, '/');
         if (strlen(dir) <= root_len || !slash || slash < dir + root_len) break;
         *slash = 0;
@@ -445,7 +448,7 @@ int64_t plan_cgroup_limit_bytes(const char *proc_self_cgroup, const char *cgroup
             snprintf(root, sizeof root, "%s/memory", cgroup_root);
             v = cgroup_walk_limit(root, path, "memory.limit_in_bytes");
         }
-        if (v > 0 && (lowest < 0 || v < lowest)) lowest = v;
+        lowest = tighter(lowest, v);
     }
     if (f) fclose(f);
     // No /proc/self/cgroup (or no line for memory): the roots, as the mounts show them.
@@ -454,8 +457,7 @@ int64_t plan_cgroup_limit_bytes(const char *proc_self_cgroup, const char *cgroup
         snprintf(at, sizeof at, "%s/memory.max", cgroup_root);
         lowest = cgroup_file_limit(at);
         snprintf(at, sizeof at, "%s/memory/memory.limit_in_bytes", cgroup_root);
-        int64_t v1 = cgroup_file_limit(at);
-        if (v1 > 0 && (lowest < 0 || v1 < lowest)) lowest = v1;
+        lowest = tighter(lowest, cgroup_file_limit(at));
     }
     return lowest;
 }
