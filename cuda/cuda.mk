@@ -200,6 +200,12 @@ ifeq ($(HAVE_HIP),1)
     HIP_WARN += -Werror
   endif
   NVCC := $(HIPCC_USED)
+  # ROCm's clang leaves an empty directory in TMPDIR for every file it compiles for the GPU
+  # (ROCm 5.2: /tmp/adamw-1a2b3c/, one per object and build, never removed): hipcc runs with
+  # TMPDIR in the build directory instead, which `make clean` removes.
+  HIP_TMPDIR := $(abspath $(BUILD))/hip-tmp
+  NVCC_ENV := env TMPDIR=$(HIP_TMPDIR)
+  $(shell mkdir -p $(HIP_TMPDIR))
   NVCC_FLAGS := -x hip -O3 -std=c++17 $(HIP_ARCH) $(HIP_WARN) -ffp-contract=off -D_GNU_SOURCE -MMD -MP
   # OpenMP: hipcc's clang and the C compiler bring different OpenMP runtimes, which do not
   # mix, so hipcc gets no -fopenmp (quant.cu's host loops run on one thread there). What
@@ -209,7 +215,7 @@ ifeq ($(HAVE_HIP),1)
   ifeq ($(HAVE_OPENMP),1)
     CC_OPENMP := $(filter 2%,$(shell echo _OPENMP | $(CC) -fopenmp -E -P -x c - 2>/dev/null))
     HIPCC_OMP_H := $(shell mkdir -p $(BUILD) && printf '\043include <omp.h>\n' >$(BUILD)/omp_probe.cu && \
-                           $(HIPCC_USED) -x hip $(firstword $(HIP_ARCH)) -E $(BUILD)/omp_probe.cu -o /dev/null \
+                           $(NVCC_ENV) $(HIPCC_USED) -x hip $(firstword $(HIP_ARCH)) -E $(BUILD)/omp_probe.cu -o /dev/null \
                            >/dev/null 2>&1 && echo 1)
     ifneq ($(and $(CC_OPENMP),$(HIPCC_OMP_H)),)
       NVCC_FLAGS += -D_OPENMP=$(CC_OPENMP)
@@ -233,7 +239,7 @@ ifeq ($(HAVE_CUDA),1)
 # NVCC is nvcc, or hipcc in a HIP build.
 $(BUILD)/%.o: %.cu $(BUILD_CONFIG)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
+	$(NVCC_ENV) $(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
 
 $(BUILD)/libtrain_gpt.a: $(CUDA_OBJ)
 endif

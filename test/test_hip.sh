@@ -46,13 +46,17 @@ for s in $sources; do objects="$objects $dir/${s%.cu}.o"; done
 
 # 0. The build. MAKEFLAGS cleared: the caller's variables and jobserver are not this build's.
 t0=$(date +%s)
-if MAKEFLAGS= MFLAGS= make --no-print-directory -j"$(nproc)" BUILD="$dir" HIP=1 HIP_CHECK=1 HIP_WERROR=1 \
-    HIP_ARCH="--offload-arch=$ARCH" $objects "$HIP_BIN" >"$tmp/build" 2>&1; then ok=0; else ok=1; fi
+mkdir "$tmp/tmpdir"
+if TMPDIR="$tmp/tmpdir" MAKEFLAGS= MFLAGS= make --no-print-directory -j"$(nproc)" BUILD="$dir" HIP=1 HIP_CHECK=1 \
+    HIP_WERROR=1 HIP_ARCH="--offload-arch=$ARCH" $objects "$HIP_BIN" >"$tmp/build" 2>&1; then ok=0; else ok=1; fi
 [ "$ok" -eq 0 ] || tail -n 40 "$tmp/build"
 runs=$(grep -c -- "--offload-arch=$ARCH" "$tmp/build" || true)
 check "hipcc compiles $(echo $sources | wc -w) files for $ARCH, warnings as errors, and train_gpt links" \
     test "$ok" -eq 0
 say "       ($runs hipcc runs, $(($(date +%s) - t0)) s)"
+# ROCm's clang leaves a directory in TMPDIR per device compile; the build points it at $dir/hip-tmp.
+check "the build left nothing in TMPDIR (hipcc's temporary directories stay in the build directory)" \
+    sh -c '[ -z "$(ls -A "$1")" ] || { ls -A "$1" | head -3 >&2; exit 1; }' _ "$tmp/tmpdir"
 # On failure the next run must recompile (and show the errors again): every object depends on config.txt.
 [ "$ok" -eq 0 ] || { rm -f "$dir/config.txt"; finish test_hip; }
 
