@@ -3368,7 +3368,7 @@ static int64_t rollback_bound(const trainer *tr, int64_t s) { return s - tr->sta
 // (rollback_bound) with its weights, moments, counters and spike window, but with the data
 // where it is now, so the batches taken since that checkpoint (among them the ones that led
 // to the trouble) are skipped. The checkpoints of later steps are moved aside
-// (checkpoint_set_aside_after), the others only read. false: no rollback left, or no checkpoint
+// (checkpoint_set_aside_after: those past the bound before the load), the others only read. false: no rollback left, or no checkpoint
 // from before the bad steps. (A DiLoCo replica: restart_replica.)
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
@@ -3380,6 +3380,9 @@ static bool roll_back(trainer *tr, int64_t s) {
     model_buffers b = buffers_of(tr);
     train_state st;
     memset(&st, 0, sizeof st);
+    // The checkpoints of the bad steps go aside before anything is loaded, so that a crash from
+    // here on resumes from before the streak, not from its weights (with rollbacks 0: it did).
+    checkpoint_set_aside_after(cfg->out_dir, bound, tr->job);
     // ckpt_every's grid first: the straight run's target even after a stop wrote one off it.
     char *dir = checkpoint_load_latest_every(cfg->out_dir, cfg->ckpt_every, bound, &b, &st);  // fatal if none verifies
     if (!dir) return false;
@@ -3403,7 +3406,7 @@ static bool roll_back(trainer *tr, int64_t s) {
          (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
          (long long)rollbacks, (long long)cfg->max_rollbacks);
     free(dir);
-    checkpoint_set_aside_after(cfg->out_dir, st.step, tr->job);
+    checkpoint_set_aside_after(cfg->out_dir, st.step, tr->job);   // those up to the bound the load passed over
     st.data = here;
     st.data_world = tr->world;
     st.data_id = data_identity_of(tr->train);

@@ -209,6 +209,18 @@ check "... resumed: from step 20 (it resumed from the streak's step 30) and fini
     sh -c "grep -q '\"event\":\"resume\",\"step\":20,' '$tmp/roll_mid_crash/metrics.jsonl' &&
            test -d '$tmp/roll_mid_crash/step_00000060'"
 
+# kill -9 in that rollback, right after it loaded step 20: the streak's step-30 checkpoint is
+# already aside, and the resume takes step 20 (the step-30 checkpoint was still there, and the
+# resume took its weights, those of the bad steps, with rollbacks 0).
+rc=0
+TRAIN_GPT_FAULT=nan_batch:28,nan_batch:29,nan_batch:30,kill_in_rollback:20 run "$tmp/roll_mid_kill" "${roll[@]}" || rc=$?
+check "kill -9 in the rollback to step 20 (rc $rc): the streak's step 30 is aside already" \
+    sh -c "[ $rc -eq 137 ] && test -d '$tmp/roll_mid_kill/step_00000030.rolled-back' && ! test -e '$tmp/roll_mid_kill/step_00000030'"
+run "$tmp/roll_mid_kill" "${roll[@]}" || true
+check "... resumed: from step 20 and finished" \
+    sh -c "grep -q '\"event\":\"resume\",\"step\":20,' '$tmp/roll_mid_kill/metrics.jsonl' &&
+           test -d '$tmp/roll_mid_kill/step_00000060'"
+
 # Stopped at step 35 before the bad data, resumed with the same stop: the rollback takes the
 # run back to step 30, it trains to 35 again and stops there. It said "nothing to do: the run
 # had already reached max_steps" (the step it stopped at was the one it resumed at); a run
