@@ -224,8 +224,9 @@ static bool await_any_hub(hubs *x) {
         if (live_hubs(x) > 0) return true;
         if (stop_requested(x)) return false;
         if (wall_seconds() > deadline)
-            fail("cannot reach any of the %d hubs (diloco_rendezvous) within diloco_connect_timeout_s = %g s", x->n,
-                 x->o.connect_timeout_s);
+            fail_with_status(EXIT_TEMPFAIL,   // requeued: the hubs may be back then
+                             "cannot reach any of the %d hubs (diloco_rendezvous) within diloco_connect_timeout_s = %g s",
+                             x->n, x->o.connect_timeout_s);
         sleep_s(0.05);
     }
 }
@@ -723,8 +724,9 @@ transport *transport_hubs_open(const transport_options *o) {
         up += tcp_hub_connected(x->h[i].t);
     }
     if (up == 0 && !stop_requested(x))   // stopped meanwhile: the join says so (JOIN_STOPPED)
-        fail("cannot reach any of the %d hubs (diloco_rendezvous %s) within diloco_connect_timeout_s = %g s", x->n,
-             o->rendezvous, o->connect_timeout_s);
+        fail_with_status(EXIT_TEMPFAIL,   // requeued: the hubs may be back then
+                         "cannot reach any of the %d hubs (diloco_rendezvous %s) within diloco_connect_timeout_s = %g s",
+                         x->n, o->rendezvous, o->connect_timeout_s);
     for (int i = 0; i < x->n && !stop_requested(x); i++)   // stopped: the join says so, nothing to revive
         if (!tcp_hub_connected(x->h[i].t)) mark_dead(x, &x->h[i], "unreachable at start");
     if (up > 0)

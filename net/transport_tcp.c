@@ -1251,8 +1251,9 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
     for (;;) {
         if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, true, err, sizeof err)) {
             if (stop_requested(t)) return JOIN_STOPPED;
-            fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
-                 t->o.connect_timeout_s, err);
+            fail_with_status(EXIT_TEMPFAIL,   // requeued: the hub may be back then
+                             "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
+                             t->o.connect_timeout_s, err);
         }
         if (tcp_hub_join(t, s, state, state_capacity, state_bytes, &result, &state_round)) return result;
     }
@@ -1787,8 +1788,9 @@ transport *transport_tcp_open(const transport_options *o) {
     if (connect_session(t, wall_seconds() + o->connect_timeout_s, true, err, sizeof err))
         note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
     else if (!stop_requested(t))
-        fail("cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub, o->connect_timeout_s,
-             err);
+        fail_with_status(EXIT_TEMPFAIL,   // requeued: the hub may be back then
+                         "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
+                         o->connect_timeout_s, err);
     return transport_wrap(&tcp_ops, t);
 }
 

@@ -119,6 +119,17 @@ expect_error "diloco_rendezvous with a bad port" "diloco_rendezvous: '127.0.0.1:
     "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:99999
 expect_error "diloco_rendezvous with a bad second hub" "diloco_rendezvous: 'nohost': expected host:port" \
     "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,nohost
+# No hub at the address for diloco_connect_timeout_s (nothing listens on the port): a temporary
+# failure, one line and status 75, which scripts/slurm/requeue.sh requeues. It was status 1: a
+# relay down over a replica's requeue (a login node's reboot) ended that replica's job chain.
+for rdv in "127.0.0.1:$(free_port)" "127.0.0.1:$(free_port),127.0.0.1:$(free_port)"; do
+    rc=0
+    "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_connect_timeout_s 1 --diloco_rendezvous "$rdv" >"$tmp/out.txt" \
+        2>"$tmp/err.txt" || rc=$?
+    check "no hub reachable at $rdv: status 75 (rc $rc), one line: $(grep '^train_gpt: error:' "$tmp/err.txt" | cut -c1-90)" \
+        sh -c "[ $rc -eq 75 ] && [ \$(grep -c '^train_gpt: error: cannot reach' '$tmp/err.txt') -eq 1 ] &&
+               [ \$(grep -c '^train_gpt: error:' '$tmp/err.txt') -eq 1 ]"
+done
 expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5
 expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a number from 0 to 1" \
