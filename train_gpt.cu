@@ -3752,7 +3752,14 @@ static int train_run(train_config *cfg) {
     setup_job(&tr);
     choose_data_split(&tr);
     config_check_tokens(cfg, tr.world);
-    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_out_dirs(cfg->out_dir);
+    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) {
+        int id = cfg->diloco_replica_id >= 0 ? (int)cfg->diloco_replica_id : transport_mpi_world_rank();
+        char *own = transport_mpi_replica_out_dir(cfg->out_dir, id);
+        if (own) {
+            free(cfg->out_dir);
+            cfg->out_dir = own;
+        }
+    }
     checkpoint_lock_out_dir(cfg->out_dir, tr.job);  // before anything writes there: metrics, the hub's join
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);

@@ -157,11 +157,12 @@ int transport_mpi_world_rank(void);
 // With diloco_transport = mpi every rank of the world is a replica, and each needs its own
 // out_dir: two writing one directory delete each other's temporary checkpoints, prune each
 // other's checkpoints and interleave metrics.jsonl. Each rank leaves a probe file in its
-// out_dir (created), and every rank stops with one line when one sees another's: by what the
-// file systems show, not by the paths, so node-local directories of the same name pass and a
-// shared one spelled two ways does not. A collective of the world; call it before out_dir is
-// written.
-void transport_mpi_check_out_dirs(const char *out_dir);
+// out_dir (created) and looks for the others': by what the file systems show, not by the
+// paths, so node-local directories of the same name pass and a shared one spelled two ways
+// does not. NULL: no two share. Else every replica's own directory, OUT_DIR/replica_<id>
+// (malloc'd; rank 0 says so in one line) — srun gives every rank the same out_dir, and until
+// 2026-12 the job stopped here. A collective of the world; call it before out_dir is written.
+char *transport_mpi_replica_out_dir(const char *out_dir, int replica_id);
 
 // Joins the group with this status. If the status matches the group's (same outer step and
 // param_hash), or this replica is the first, it is a member: returns JOIN_MEMBER. Otherwise

@@ -78,12 +78,12 @@ int transport_mpi_world_rank(void) {
     return rank;
 }
 
-void transport_mpi_check_out_dirs(const char *out_dir) {
+char *transport_mpi_replica_out_dir(const char *out_dir, int replica_id) {
     mpi_start();
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size < 2) return;
+    if (size < 2) return NULL;
     size_t n = strlen(out_dir) + 64;
     char *probe = xmalloc(n), *other = xmalloc(n);
     snprintf(probe, n, "%s/.replica-probe-%d", out_dir, rank);
@@ -111,11 +111,18 @@ void transport_mpi_check_out_dirs(const char *out_dir) {
     free(other);
     if (!made) fail("out_dir: cannot create '%s' or write in it: %s", out_dir, strerror(err));
     if (!all_made) fail("out_dir: another rank of this MPI job cannot write its out_dir (see its error)");
-    if (first[0] < size)
-        fail("out_dir: replicas %d and %d of this MPI job write to the same out_dir (here '%s'): each replica needs "
-             "its own, e.g. srun ... sh -c 'exec ./train_gpt CONFIG --diloco_transport mpi ... --out_dir "
-             "out/replica_$SLURM_PROCID' (docs/diloco.md#running-it)",
-             first[0], first[1], out_dir);
+    if (first[0] == size) return NULL;
+    // Two share one (srun passes every rank the same arguments): every replica writes to its own
+    // directory under it, named by its id, whichever ranks shared — the layout the same on every
+    // file system.
+    size_t m = strlen(out_dir) + 32;
+    char *own = xmalloc(m);
+    snprintf(own, m, "%s/replica_%d", out_dir, replica_id);
+    if (rank == 0)
+        note("out_dir: replicas %d and %d of this MPI job share '%s' (as srun's one command line gives them): each "
+             "replica writes to its own %s/replica_<id>",
+             first[0], first[1], out_dir, out_dir);
+    return own;
 }
 
 // The first `|`-separated field where a and b differ: its start in a (and *b_field in b), its
@@ -527,7 +534,11 @@ int transport_mpi_world_rank(void) {
     fail("diloco_replica_id: -1 means 'the MPI rank', but this build has no MPI; set diloco_replica_id");
 }
 
-void transport_mpi_check_out_dirs(const char *out_dir) { (void)out_dir; }   // no MPI world to share one
+char *transport_mpi_replica_out_dir(const char *out_dir, int replica_id) {   // no MPI world to share one
+    (void)out_dir;
+    (void)replica_id;
+    return NULL;
+}
 
 transport *transport_mpi_open(const transport_options *o) {
     (void)o;
