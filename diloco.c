@@ -20,12 +20,14 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 5, u32 flags (1: m follows θ),
+//   "TGDLSTAT" (8 bytes), u32 version = 6, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
 //   i64 sent_at_step (the donor's step when the state's last chunk went: it trains while it
 //                     sends, and the joiner skips the steps it took meanwhile),
 //   i64 phase_ms (the donor's time in its inner phase then, in ms: with diloco_sync_every_s a
 //                 joiner's phase ends T after the donor's began, not T after its join),
+//   i64 final_next (step = max_steps: the fragment whose final sync comes next, 0 .. P; P: the
+//                   final syncs are done. Else 0. A joiner goes on from there: final_syncs),
 //   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
 //                     byte i/8: replica i's whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
@@ -37,24 +39,27 @@
 // the one of its round (the donor keeps aside what a later landing changes before it is sent:
 // transport_preserve_state), and after it comes, for each round the donor lands meanwhile, a
 // catch-up mean, little-endian:
-//   "TGDLCTCH" (8 bytes), u32 version = 1, u32 flags (1: applied), i64 round, i64 fragment,
+//   "TGDLCTCH" (8 bytes), u32 version = 2, u32 flags (1: applied, 2: a final sync), i64 round, i64 fragment,
 //   i64 step (the donor's, at the landing), i64 tokens_seen (its, then), i64 phase_ms (its time
 //   in its inner phase then), f64 outer lr, f64 outer μ (of this step of this fragment),
 //   u8 ids[32] (the round's contributors), then with flag 1 the encoded mean of the fragment
 //   (fragment mean_bytes).
 // The joiner applies each to the state's θ and m as the members did, as it comes (take_catchup_mean).
 #define CATCHUP_MAGIC "TGDLCTCH"
-#define CATCHUP_VERSION 1
+#define CATCHUP_VERSION 2
+#define CATCHUP_APPLIED 1u
+#define CATCHUP_FINAL 2u
 #define CATCHUP_HEADER_BYTES 104
 #define CATCHUP_IDS 72            // where the contributors' bits are
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 5
+#define STATE_VERSION 6
 #define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
-#define STATE_COUNTERS_BYTES 64   // the magic, version, flags and the six i64 counters
+#define STATE_COUNTERS_BYTES 72   // the magic, version, flags and the seven i64 counters
 #define STATE_SENT_AT 48          // where sent_at_step is
 #define STATE_PHASE_MS 56         // where phase_ms is
+#define STATE_FINAL_NEXT 64       // where final_next is
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
 // θ and m live in one block laid out as that state, the header just before θ, so a donor sends
 // them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
@@ -101,6 +106,7 @@ typedef struct {
     int64_t outer_step, step, tokens;
     int64_t sent_at_step;   // the donor's step when the last chunk went
     int64_t phase_ms;       // the donor's time in its inner phase then
+    int64_t final_next;     // step = max_steps: the fragment whose final sync comes next (P: none)
     bool with_m;            // m follows θ (else it is zero)
 } state_counters;
 
@@ -160,6 +166,9 @@ struct diloco {
     // (take_catchup_mean): how many so far, and the counters after the last.
     int caught_up;
     state_counters caught_up_counters;
+    // At max_steps: the fragment whose final sync comes next (0 .. P), in the state a donor
+    // sends, and where a replica that took such a state goes on (final_syncs).
+    int64_t final_next;
     // A donor sends its state from a thread while it trains on (θ and m do not change until
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
@@ -488,7 +497,7 @@ static void contributor_bits(const round_result *r, uint8_t ids[TRANSPORT_MAX_RE
 
 // A catch-up mean's header (the format above CATCHUP_MAGIC), read: NULL, or why it is malformed.
 typedef struct {
-    bool applied;
+    bool applied, final;
     int64_t round, fragment, step, tokens, phase_ms;
     double lr, mu;
     const uint8_t *ids;     // TRANSPORT_MAX_REPLICAS / 8 bytes
@@ -509,9 +518,10 @@ static void put_f64(uint8_t *p, double x) {
 
 static const char *read_catchup(const uint8_t *p, size_t bytes, catchup_header *h) {
     if (bytes < CATCHUP_HEADER_BYTES || memcmp(p, CATCHUP_MAGIC, 8) != 0 || get_u32(p + 8) != CATCHUP_VERSION ||
-        (get_u32(p + 12) & ~1u) != 0)
+        (get_u32(p + 12) & ~(CATCHUP_APPLIED | CATCHUP_FINAL)) != 0)
         return "malformed";
-    *h = (catchup_header){.applied = get_u32(p + 12) & 1, .round = (int64_t)get_u64(p + 16),
+    *h = (catchup_header){.applied = get_u32(p + 12) & CATCHUP_APPLIED, .final = (get_u32(p + 12) & CATCHUP_FINAL) != 0,
+                          .round = (int64_t)get_u64(p + 16),
                           .fragment = (int64_t)get_u64(p + 24), .step = (int64_t)get_u64(p + 32),
                           .tokens = (int64_t)get_u64(p + 40), .phase_ms = (int64_t)get_u64(p + 48),
                           .lr = get_f64(p + 56), .mu = get_f64(p + 64), .ids = p + CATCHUP_IDS};
@@ -535,6 +545,7 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + 40, (uint64_t)d->numel);
     put_u64(p + STATE_SENT_AT, (uint64_t)st->step);   // stamped again as the last chunk goes
     put_u64(p + STATE_PHASE_MS, 0);
+    put_u64(p + STATE_FINAL_NEXT, (uint64_t)(st->step == d->cfg->max_steps ? d->final_next : 0));
     for (int i = 0; i < RECENT_ROUNDS; i++)
         put_round_record(p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES, d->recent[i].round,
                          d->recent[i].applied, d->recent[i].ids);
@@ -624,12 +635,14 @@ static state_counters check_state(const diloco *d, size_t got) {
              got, flags, (long long)get_u64(p + 40), want, (long long)d->numel);
     state_counters c = {(int64_t)get_u64(p + 16), (int64_t)get_u64(p + 24), (int64_t)get_u64(p + 32),
                         (int64_t)get_u64(p + STATE_SENT_AT), (int64_t)get_u64(p + STATE_PHASE_MS),
-                        (flags & STATE_HAS_MOMENTUM) != 0};
+                        (int64_t)get_u64(p + STATE_FINAL_NEXT), (flags & STATE_HAS_MOMENTUM) != 0};
     if (c.outer_step < 0 || c.step < 0 || c.step > d->cfg->max_steps || c.tokens < 0 || c.sent_at_step < c.step ||
-        c.sent_at_step > d->cfg->max_steps || c.phase_ms < 0 || c.phase_ms > ((int64_t)1 << 40))
+        c.sent_at_step > d->cfg->max_steps || c.phase_ms < 0 || c.phase_ms > ((int64_t)1 << 40) ||
+        c.final_next < 0 || c.final_next > d->n_fragments || (c.final_next > 0 && c.step != d->cfg->max_steps))
         fail("diloco: the donor's state has impossible counters (outer step %lld, step %lld, sent at step %lld, "
-             "%lld ms into its phase)",
-             (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step, (long long)c.phase_ms);
+             "%lld ms into its phase, final sync of fragment %lld next)",
+             (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step, (long long)c.phase_ms,
+             (long long)c.final_next);
     return c;
 }
 
@@ -751,7 +764,7 @@ static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t byt
     if (h.round != c->outer_step || h.fragment < 0 || h.fragment >= d->n_fragments || h.step < c->step ||
         h.step > d->cfg->max_steps || h.tokens < c->tokens || h.phase_ms < 0 ||
         bytes != CATCHUP_HEADER_BYTES + (h.applied ? d->fragments[h.fragment].mean_bytes : 0) || !isfinite(h.lr) ||
-        !isfinite(h.mu))
+        !isfinite(h.mu) || (h.final && (h.step != d->cfg->max_steps || h.fragment < c->final_next)))
         fail("diloco: catch-up mean %d is inconsistent (round %lld after outer step %lld, fragment %lld, step %lld "
              "after %lld, %zu bytes)",
              index + 1, (long long)h.round, (long long)c->outer_step, (long long)h.fragment, (long long)h.step,
@@ -768,6 +781,7 @@ static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t byt
     c->step = c->sent_at_step = h.step;
     c->tokens = h.tokens;
     c->phase_ms = h.phase_ms;
+    if (h.final) c->final_next = h.fragment + 1;   // (a regular round at max_steps leaves it at 0)
     d->caught_up++;
 }
 
@@ -811,6 +825,15 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         why_not = "no local work since its last outer step";
         w = 0.0;
     }
+    // A state of the final syncs (step max_steps): the fragments whose final sync is over take θ
+    // whole — no round is left to send work carried into them (it was, and the replica ended
+    // with weights that were not θ) — the others the carry, which their final sync sends.
+    // (Fragments are consecutive ranges from offset 0.)
+    int64_t carried_from = c.final_next < d->n_fragments ? d->fragments[c.final_next].offset : d->numel;
+    if (w > 0.0 && carried_from == d->numel) {
+        why_not = "the final syncs are over: no round is left to send it";
+        w = 0.0;
+    }
     // The tensors before, for the test dump only.
     float *theta_from = NULL, *params_from = NULL;
     if (w > 0.0 && d->dump_dir) {
@@ -821,12 +844,14 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     }
     if (w > 0.0) {
         // θ_k is still in d->theta and θ_K in the state buffer: no copy of the model needed.
+        memcpy(params, theta_to, (size_t)carried_from * sizeof(float));
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < d->numel; i++)
+        for (int64_t i = carried_from; i < d->numel; i++)
             params[i] = (float)((double)theta_to[i] - w * ((double)d->theta[i] - (double)params[i]));
     } else {
         memcpy(params, theta_to, bytes);
     }
+    d->final_next = c.final_next;
     changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
     if (c.with_m) memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
@@ -1418,6 +1443,7 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->active = true;
     f->fragment = p;
     f->final = final;
+    if (!final) d->final_next = 0;   // (a round that lands at max_steps: the final syncs begin at 0)
     f->round = st->outer_step;
     f->begin_step = st->step;
     // The steps since the fragment's previous sync; after a join or a rollback (the weights
@@ -1525,7 +1551,7 @@ static void send_catchup_mean(diloco *d, const flight *f, const round_result *r,
     memset(p, 0, CATCHUP_HEADER_BYTES);
     memcpy(p, CATCHUP_MAGIC, 8);
     put_u32(p + 8, CATCHUP_VERSION);
-    put_u32(p + 12, applied ? 1 : 0);
+    put_u32(p + 12, (applied ? CATCHUP_APPLIED : 0) | (f->final ? CATCHUP_FINAL : 0));
     put_u64(p + 16, (uint64_t)f->round);
     put_u64(p + 24, (uint64_t)f->fragment);
     put_u64(p + 32, (uint64_t)st->step);
@@ -1581,6 +1607,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         f->threaded = false;
     }
     f->active = false;
+    if (f->final) d->final_next = f->fragment + 1;   // whatever the outcome; a state taken below says its own
     const fragment *fr = &d->fragments[f->fragment];
     round_result *r = &f->r;
     int64_t k = f->round;  // this exchange makes outer step k + 1
@@ -1730,9 +1757,14 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     }
     if (st->step == max_steps) {
         // The last step: every fragment syncs once more, blocking, so that every replica ends
-        // with the global weights θ (with P = 1 this is classic DiLoCo's final outer step).
-        for (int p = 0; p < d->n_fragments; p++) {
-            begin_round(d, p, params, n_params, st, true);
+        // with the global weights θ (with P = 1 this is classic DiLoCo's final outer step). From
+        // fragment 0 on, each in turn — or, where a state taken at max_steps says, from the
+        // fragment whose final sync the group does next (adopt_state): a replica dropped from a
+        // final sync, which took the state of a donor further on, goes on with the group's
+        // rounds (until 2026-12 with its own next fragment: rounds of the wrong fragment, alone,
+        // applied, and weights that were not the group's at the end).
+        while (d->final_next < d->n_fragments) {
+            begin_round(d, (int)d->final_next, params, n_params, st, true);
             changed |= land_round(d, params, n_params, st, train);
             if (st->step != max_steps || d->over || d->stopped) break;  // took the group's state: it trains on
         }

@@ -173,7 +173,7 @@ start_three() {
     done
 }
 
-# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 448 + B·N bytes (N parameters:
+# state_bytes_are NAME B: replica 2 of $tmp/NAME took a state of 456 + B·N bytes (N parameters:
 # the header, θ, and m when B is 8).
 state_bytes_are() {
     "$PYTHON" - "$tmp/$1" "$2" <<'PY'
@@ -182,8 +182,8 @@ root, b = sys.argv[1], int(sys.argv[2])
 end = [json.loads(l) for l in open(f"{root}/0/metrics.jsonl") if '"event":"end"' in l][-1]
 n = round(end["state_mb"] * 2**20 / 16)          # state_mb: 16 B/param of weights, grads, moments
 got = [json.loads(l) for l in open(f"{root}/2/metrics.jsonl") if '"diloco_join"' in l][-1]["state_bytes"]
-print(f"    state: {got} bytes for {n} parameters (want 448 + {b}·{n} = {448 + b * n})")
-sys.exit(0 if got == 448 + b * n else 1)
+print(f"    state: {got} bytes for {n} parameters (want 456 + {b}·{n} = {456 + b * n})")
+sys.exit(0 if got == 456 + b * n else 1)
 PY
 }
 
@@ -242,7 +242,7 @@ check "slow state: replica 1 says its exchange waits for the transfer" \
     grep -q "replica 1 waits for its exchange: the hub at .* holds the round for a state transfer" "$tmp/slow1.log"
 check "slow state: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/slow/*/metrics.jsonl
-check "slow state: with outer momentum the state holds θ and m (448 + 8N bytes)" state_bytes_are slow 8
+check "slow state: with outer momentum the state holds θ and m (456 + 8N bytes)" state_bytes_are slow 8
 
 # ---------------------------------------------------------------- the same state, caught up
 # The slow state again (about 10 s, many inner phases of 5 steps), through a relay with
@@ -403,10 +403,10 @@ for p in "${group_pids[1]}" "${group_pids[2]}"; do wait "$p" || true; done
 # late and takes the state. The donor sends θ and m from where they live (the state's header is
 # written in front of them), by the relay's default catch-up transfer: it copies each chunk as it
 # queues it, and keeps aside what a landing changes of the part not yet sent — at most the state
-# itself (448 + 4N here). Its peak RSS stays within the state's size + 8 MiB of the member's that
+# itself (456 + 4N here). Its peak RSS stays within the state's size + 8 MiB of the member's that
 # gave nothing. On the old code it packed θ and m into an 8 B/param copy first, resident for the
 # rest of the run: its peak was 8N above the member's. The run has no outer momentum (μ 0, as
-# `common` sets): m is kept at zero and left out of the state, which is 448 + 4N bytes (it was
+# `common` sets): m is kept at zero and left out of the state, which is 456 + 4N bytes (it was
 # 8N: m held the last Δ).
 start_relay mem 1 20   # no eviction under load: a rejoin would touch a state buffer mid-run
 mem=(--d_model 512 --d_ff 1024 --n_head 8 --n_kv_head 4 --batch_size 2 --diloco_replicas 3 --diloco_min_replicas 2
@@ -440,7 +440,7 @@ PY
 }
 check "state memory: the donor's peak RSS stays within the state sent + 8 MiB of the member's (no resident copy)" \
     state_memory
-check "state memory: μ 0: the state leaves m out (448 + 4N bytes)" state_bytes_are mem 4
+check "state memory: μ 0: the state leaves m out (456 + 4N bytes)" state_bytes_are mem 4
 check "state memory: param_hash equal on the three at every applied outer step" \
     all_hashes_agree 1 "$tmp"/mem/*/metrics.jsonl
 
@@ -485,7 +485,7 @@ check "donor trains on: param_hash equal on the three at every applied outer ste
 
 # ---------------------------------------------------------------- phases on wall time
 # 3 replicas with diloco_sync_every_s 12 (H = 5, then extra inner steps until 12 s have passed
-# since the phase began), a wider model whose state (448 + 4N bytes, 10 chunks of 128 KiB) takes
+# since the phase began), a wider model whose state (456 + 4N bytes, 10 chunks of 128 KiB) takes
 # about 5 s at tcp_slow_state's one chunk per 0.5 s. The donor stamps how far into its phase it
 # was as the last chunk went, and the joiner's phase begins that long before its join: the
 # round after the join closes with all three at once, the members waiting less than half the

@@ -21,6 +21,8 @@
 #   4. Sharded replicas (MPI; skipped without): 2 shards x 2 copies each (relay --shards 2),
 #      part 1's story: every rank of the returning replica stops (its shards' groups both say
 #      the run is over; its second copy follows the first), exit 0, checkpoint unchanged.
+#   5. Replicas dropped from the final syncs (two fragments): no round past the final syncs,
+#      and every replica that finished holds the same θ and weights.
 . "$(dirname "$0")/lib.sh"
 require_tcp
 tmp_with_processes
@@ -142,4 +144,49 @@ if [ "$HAVE_MPI" = 1 ]; then
 else
     say "  skip part 4 (no MPI in this build)"
 fi
+# ---------------------------------------------------------------- 5. dropped from a final sync
+# Three replicas, two fragments, H 4, τ 0, 40 steps: a round every 2 steps (fragment 0, 1, 0,
+# ...), rounds 0-18 regular, 19 and 20 the final syncs (fragments 0, 1). Replica 2 is late for
+# round 19 and dropped, replica 1 for round 20; replica 2's rejoin takes the state replica 0
+# sends after round 20 (or hears that the run is over). No round after 20 is held, and every
+# replica that finished ends with the same θ and weights: a replica that took a donor's state
+# at the last step went on with its own next fragment (until 2026-12: round 21, of the wrong
+# fragment, alone and applied; its weights not the group's). The three start together (each
+# stops itself in its start-up, and all continue at once), so all are members before round 19.
+start_relay finals 1
+finals=(--max_steps 40 --ckpt_every 0 --batch_size 4 --diloco_replicas 3 --diloco_inner_steps 4
+    --diloco_fragments 2 --diloco_overlap_steps 0 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
+    --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
+fpids=()
+for r in 0 1 2; do
+    fault=stop_in_start:0
+    [ "$r" = 1 ] && fault=$fault,diloco_late:20
+    [ "$r" = 2 ] && fault=$fault,diloco_late:19
+    TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/fin$r" "${finals[@]}"
+    fpids+=("$rpid")
+done
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+all_stopped() { for p in "${fpids[@]}"; do stopped "$p" || return 1; done; }
+wait_until "the three replicas to stop themselves in their start-up" all_stopped ||
+    die "5: the replicas did not all stop in their start-up"
+kill -CONT "${fpids[@]}"
+frc=""
+for r in 0 1 2; do
+    wait_exit "${fpids[$r]}"
+    frc="$frc $rc"
+done
+check "final syncs with drops: the three replicas exit 0 (rc$frc)" test "$frc" = " 0 0 0"
+check "  all three were in round 18" grep -q 'round 18 closed: 3 contributor' "$tmp/relay_finals.log"
+check "  no round after the two final syncs (19, 20) is held" \
+    sh -c "! grep -E 'round (2[1-9]|[3-9][0-9]|[1-9][0-9][0-9]+) closed' '$tmp/relay_finals.log'"
+last_hash() { grep -o '"param_hash":"[0-9a-f]*"' "$1/metrics.jsonl" | tail -n 1; }
+finished=$(grep -o 'replica [0-2] ([^)]*) left: it finished the run' "$tmp/relay_finals.log" | cut -d' ' -f2 | sort -u |
+    tr '\n' ' ')
+hashes=$(for r in $finished; do last_hash "$tmp/fin$r"; done | sort -u | wc -l)
+check "  the replicas that finished the run ($finished) end with the same θ (param_hash)" test "$hashes" -eq 1
+models=$(for r in $finished; do
+    f="$tmp/fin$r/step_00000040/model.safetensors"
+    [ -f "$f" ] && cksum <"$f"
+done | sort -u | wc -l)
+check "  ... and the same weights in their final checkpoints" test "$models" -eq 1
 finish test_diloco_over
