@@ -14,7 +14,8 @@
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept;
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
-#      reads the secret and listens.
+#      reads the secret and listens;
+#  10. every template hands srun the job's --cpus-per-task.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
 detect_tcp
@@ -195,4 +196,18 @@ if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said
 else
     say "  skip 9 (diloco-relay.sh's relay): no OpenSSL in this build"
 fi
+# 10. Every template hands srun the job's --cpus-per-task: Slurm 22.05-23.02's srun no longer
+# reads SLURM_CPUS_PER_TASK, and the templates' plain `srun ./train_gpt` ran all OMP_NUM_THREADS
+# threads on one CPU. The sbatch stand-in sets SLURM_CPUS_PER_TASK from the template's #SBATCH
+# line; the srun stand-in records each step's --cpus-per-task and runs nothing (SHIM_NO_RUN).
+for t in scripts/slurm/*.sbatch; do
+    name=cpus_$(basename "$t" .sbatch)
+    want=$(sed -n 's/^#SBATCH --cpus-per-task=\([0-9][0-9]*\).*/\1/p' "$t" | head -n 1)
+    mkdir -p "$tmp/$name.shim"
+    SHIM_DIR="$tmp/$name.shim" SHIM_NO_RUN=1 REPLICA_ID=0 sbatch "$t" >"$tmp/$name.log" 2>&1 || true
+    got=$(sed -n 's/^srun cpus-per-task //p' "$tmp/$name.shim/calls" 2>/dev/null | tr '\n' ' ' || true)
+    got=${got% }
+    check "$(basename "$t"): its srun gets the job's --cpus-per-task=${want:-?} (got: ${got:-no srun})" \
+        test "$got" = "${want:-?}"
+done
 finish test_slurm

@@ -2,7 +2,7 @@
 # scripts/slurm/requeue.sh — runs one train_gpt job step and decides, from its exit status,
 # whether the SLURM job requeues itself (docs/slurm.md). Every template ends with it:
 #
-#   exec scripts/slurm/requeue.sh srun ./train_gpt CONFIG [--key value]...
+#   exec scripts/slurm/requeue.sh srun --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" ./train_gpt CONFIG [--key value]...
 #
 #   status 0   finished (max_steps reached) or stopped on purpose: done, no requeue
 #   status 76  stopped early with a checkpoint (SLURM's --signal=USR1 before the walltime,
