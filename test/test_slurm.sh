@@ -12,7 +12,7 @@
 #      start-up: 0 after one step, not 143; SIGUSR1 then SIGTERM: 76, not 0;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
-#   8. requeue.sh when the failure count cannot be kept;
+#   8. requeue.sh when the failure count cannot be kept, and on an out-of-memory kill (253);
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
 #      reads the secret and listens;
 #  10. every template hands srun the job's --cpus-per-task.
@@ -171,6 +171,14 @@ rc=0
 SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=79 bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/count3.log" 2>&1 || rc=$?
 check "requeue.sh: a count it can keep: requeued, the count file says 1 (rc $rc)" \
     sh -c "[ $rc -eq 0 ] && grep -q '^requeue job 79' '$tmp/count.shim/calls' && [ \"\$(cat '$tmp/.train_gpt_failures.79')\" = 1 ]"
+# An out-of-memory kill under SLURM's cgroup: srun says 253 (SIG_OOM), not 137. requeue.sh called
+# it "an error ... fix it and resubmit", naming neither memory nor --mem. Now: not requeued (it
+# would run out again), its status, one line naming host memory and --mem.
+rc=0
+SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=80 bash scripts/slurm/requeue.sh sh -c 'exit 253' >"$tmp/oom.log" 2>&1 || rc=$?
+check "requeue.sh: status 253 (an OOM kill): not requeued, one line naming host memory and --mem (rc $rc)" \
+    sh -c "[ $rc -eq 253 ] && ! grep -q '^requeue job 80' '$tmp/count.shim/calls' && [ \$(wc -l <'$tmp/oom.log') -eq 1 ] &&
+           grep -q 'ran out of host memory (status 253.*not requeueing.*raise the job.s --mem' '$tmp/oom.log'"
 
 # 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
 # relative secret path unreadable from there. A copy in a root of its own, started from another

@@ -9,8 +9,11 @@
 #              or train_gpt's own walltime guard): requeue; the failure count starts over
 #   status 75  the watchdog ended a run that made no progress (a hung collective, file
 #              system or GPU), or the step died from a signal (status 129-159: a node
-#              failure, the OOM killer): requeue, until the MAX_FAILURES-th such failure in
-#              a row, which is not requeued
+#              failure, a kill): requeue, until the MAX_FAILURES-th such failure in a row,
+#              which is not requeued
+#   status 253 SLURM killed the step for using more host memory than the job has (its
+#              cgroup's OOM kill, which srun reports as 253, not as SIGKILL): never requeue —
+#              it would run out again; raise --mem or make the run need less
 #   other      an error (a bad config, data or checkpoint: exit status 1): never requeue —
 #              it would fail the same way again
 #
@@ -69,6 +72,9 @@ case $rc in
             exit "$rc"
         fi
         requeue "train_gpt failed with status $rc ($n of MAX_FAILURES $max_failures in a row)" ;;
+    253)
+        say "train_gpt ran out of host memory (status 253: SLURM's memory limit, an OOM kill): not requeueing, it would run out again; raise the job's --mem (or --mem-per-gpu), or lower the run's memory plan (./train_gpt plan CONFIG)"
+        exit "$rc" ;;
     *)
         say "train_gpt stopped with an error (status $rc): not requeueing; fix it and resubmit"
         exit "$rc" ;;
