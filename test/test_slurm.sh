@@ -14,7 +14,7 @@
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept, and on an out-of-memory kill (253);
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
-#      reads the secret and listens;
+#      reads the secret and listens; a crashed relay is restarted; Ctrl-C stops it for good;
 #  10. every template hands srun the job's --cpus-per-task.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
@@ -183,24 +183,43 @@ check "requeue.sh: status 253 (an OOM kill): not requeued, one line naming host 
 # 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
 # relative secret path unreadable from there. A copy in a root of its own, started from another
 # directory with the secret given relatively: its relay listens (the secret read), in relay.log.
+# Then: the relay killed (SIGKILL, a crash) is restarted; Ctrl-C (SIGINT to the script's process
+# group) stops the relay, status 0, and the script ends with it — it once restarted the relay.
+# RESTART_DELAY_S=0: no restart waits.
 if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said so
     mkdir -p "$tmp/relay_root/scripts/slurm" "$tmp/elsewhere"
     cp scripts/slurm/diloco-relay.sh "$tmp/relay_root/scripts/slurm/"
     ln -s "$(cd "$(dirname "$TRAIN_GPT")" && pwd)/$(basename "$TRAIN_GPT")" "$tmp/relay_root/train_gpt"
     make_secret "$tmp/elsewhere/my.secret"
     relay_port=$(free_port)
-    # Its own process group (setsid), so that the script's restart loop and its relay end together.
-    (cd "$tmp/elsewhere" && exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" "$relay_port" my.secret) \
-        >"$tmp/relay_script.log" 2>&1 &
+    relay_log=$tmp/relay_root/relay.log
+    # Its own process group (setsid), as in a terminal of its own: Ctrl-C there signals the group.
+    (cd "$tmp/elsewhere" && RESTART_DELAY_S=0 exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" \
+        "$relay_port" my.secret) >"$tmp/relay_script.log" 2>&1 &
     relay_job=$!
     pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
-    relay_up_or_gone() { grep -q 'listening on' "$tmp/relay_root/relay.log" 2>/dev/null || ! kill -0 "$relay_job" 2>/dev/null; }
-    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone || true
+    in_log() { local n; n=$(grep -c "$1" "$relay_log" 2>/dev/null || true); echo "${n:-0}"; }   # lines with $1 in relay.log
+    relay_up_or_gone() { [ "$(in_log 'listening on')" -ge "$1" ] || ! kill -0 "$relay_job" 2>/dev/null; }
+    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone 1 || true
     check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
-        grep -q 'listening on' "$tmp/relay_root/relay.log"
-    kill -- -"$relay_job" 2>/dev/null || true
+        grep -q 'listening on' "$relay_log"
+    relay_pid=$(pgrep -P "$relay_job" -x train_gpt || true)
+    kill -9 "${relay_pid:-no_relay}" 2>/dev/null || true
+    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen again or the script to end" relay_up_or_gone 2 || true
+    check "diloco-relay.sh: the relay killed (SIGKILL: status 137, a crash) is restarted and listens again" \
+        sh -c "grep -q 'the relay ended (status 137); restarting in 0 s' '$relay_log' && [ $(in_log 'listening on') -eq 2 ]"
+    restarts=$(in_log 'restarting in')
+    kill -INT -- -"$relay_job" 2>/dev/null || true
+    relay_gone_or_restarted() { ! kill -0 "$relay_job" 2>/dev/null || [ "$(in_log 'restarting in')" -gt "$restarts" ]; }
+    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh to end, or to restart the relay" relay_gone_or_restarted || true
+    rc=running
+    if ! kill -0 "$relay_job" 2>/dev/null; then rc=0; wait "$relay_job" || rc=$?; fi
+    check "diloco-relay.sh, Ctrl-C: the relay stops (status 0), the script ends with it (status 0), no restart (rc $rc)" \
+        sh -c "[ '$rc' = 0 ] && [ $(in_log 'restarting in') -eq $restarts ] &&
+               grep -q 'the relay was stopped (status 0: SIGINT or SIGTERM); not restarting' '$relay_log'"
+    kill -9 -- -"$relay_job" 2>/dev/null || true
     wait "$relay_job" 2>/dev/null || true
-    grep -q 'listening on' "$tmp/relay_root/relay.log" || cat "$tmp/relay_script.log" "$tmp/relay_root/relay.log" 2>/dev/null
+    [ "$rc" = 0 ] || cat "$tmp/relay_script.log" "$relay_log" 2>/dev/null
 else
     say "  skip 9 (diloco-relay.sh's relay): no OpenSSL in this build"
 fi

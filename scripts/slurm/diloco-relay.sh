@@ -1,16 +1,23 @@
 #!/bin/bash
 # scripts/slurm/diloco-relay.sh — the DiLoCo hub for replicas on several clusters, run on a
 # login or gateway node that every cluster's compute nodes can reach (docs/diloco.md). It
-# needs no GPU and little CPU; it restarts itself if it ends, and logs to relay.log.
+# needs no GPU and little CPU; it restarts the relay when it crashes (RESTART_DELAY_S later,
+# default 5), and logs to relay.log.
 #   openssl rand -hex 32 > diloco.secret && chmod 600 diloco.secret   # once; copy to every cluster
 #   nohup scripts/slurm/diloco-relay.sh 29500 diloco.secret &          # or inside tmux / screen
 #   scripts/slurm/diloco-relay.sh 29500 diloco.secret --shards 4       # replicas of 4 ranks; more options: train_gpt relay --help
+# To stop it: Ctrl-C (tmux / screen), or `kill` the relay (SIGTERM; `kill -9` is a crash, and
+# restarted): the relay stops cleanly with status 0 and the script ends with it.
 # Replicas that lose the hub keep training and skip outer steps until it is back; a hub
 # restart costs the round in progress, nothing else.
 set -u
 port=${1:-29500}
 secret=${2:-diloco.secret}
 extra=("${@:3}")
+restart_delay_s=${RESTART_DELAY_S:-5}
+case $restart_delay_s in
+    '' | *[!0-9]*) echo "diloco-relay.sh: RESTART_DELAY_S must be a whole number of seconds, not '$restart_delay_s'" >&2; exit 1 ;;
+esac
 # The secret's path as given, from where the script was started (the cd below once made a
 # relative one unreadable).
 case $secret in /*) ;; *) secret=$PWD/$secret ;; esac
@@ -18,9 +25,17 @@ cd "$(dirname "$0")/../.."
 while :; do
     ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1
     rc=$?
+    # 0: the relay was stopped on purpose (SIGINT, SIGTERM; or it only printed --help): it
+    # exits 0 on nothing else. Until 2026-12 this loop restarted it, and the new relay held
+    # the port against the one meant to replace it.
+    if [ "$rc" -eq 0 ]; then
+        echo "diloco-relay.sh: $(date '+%F %T') the relay was stopped (status 0: SIGINT or SIGTERM); not restarting" |
+            tee -a relay.log >&2
+        exit 0
+    fi
     [ "$rc" -eq 1 ] && { echo "diloco-relay.sh: the relay stopped with an error (see relay.log)" >&2; exit 1; }
     # 126/127: no runnable ./train_gpt here (missing, or built for another machine): no restart helps.
     [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ] && { echo "diloco-relay.sh: ./train_gpt cannot run here (status $rc)" >&2; exit "$rc"; }
-    echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in 5 s" >>relay.log
-    sleep 5
+    echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in $restart_delay_s s" >>relay.log
+    sleep "$restart_delay_s"
 done
