@@ -14,7 +14,8 @@
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept, and on an out-of-memory kill (253);
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
-#      reads the secret and listens; a crashed relay is restarted; Ctrl-C stops it for good;
+#      reads the secret and listens; a crashed relay is restarted; SIGTERM to the relay, Ctrl-C,
+#      and SIGTERM to the script alone stop it for good;
 #  10. every template hands srun the job's --cpus-per-task.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
@@ -183,9 +184,11 @@ check "requeue.sh: status 253 (an OOM kill): not requeued, one line naming host 
 # 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
 # relative secret path unreadable from there. A copy in a root of its own, started from another
 # directory with the secret given relatively: its relay listens (the secret read), in relay.log.
-# Then: the relay killed (SIGKILL, a crash) is restarted; Ctrl-C (SIGINT to the script's process
-# group) stops the relay, status 0, and the script ends with it — it once restarted the relay.
-# RESTART_DELAY_S=0: no restart waits.
+# Then: the relay killed (SIGKILL, a crash) is restarted; a stop on purpose ends the script, with
+# status 0, its relay stopped, no restart: SIGTERM to the relay (which exits 0: the script once
+# restarted it), Ctrl-C (SIGINT to the script's process group), SIGTERM to the script alone (it
+# once died at once and left its relay running, holding the port). RESTART_DELAY_S=0: no
+# restart waits; each check waits for relay.log's lines and the script's end, never a time.
 if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said so
     mkdir -p "$tmp/relay_root/scripts/slurm" "$tmp/elsewhere"
     cp scripts/slurm/diloco-relay.sh "$tmp/relay_root/scripts/slurm/"
@@ -193,33 +196,54 @@ if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said
     make_secret "$tmp/elsewhere/my.secret"
     relay_port=$(free_port)
     relay_log=$tmp/relay_root/relay.log
-    # Its own process group (setsid), as in a terminal of its own: Ctrl-C there signals the group.
-    (cd "$tmp/elsewhere" && RESTART_DELAY_S=0 exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" \
-        "$relay_port" my.secret) >"$tmp/relay_script.log" 2>&1 &
-    relay_job=$!
-    pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
+    relay_script() {  # diloco-relay.sh in the background, started from $tmp/elsewhere: relay_job
+        # Its own process group (setsid), as in a terminal of its own: Ctrl-C there signals the group.
+        (cd "$tmp/elsewhere" && RESTART_DELAY_S=0 exec setsid bash "$tmp/relay_root/scripts/slurm/diloco-relay.sh" \
+            "$relay_port" my.secret) >>"$tmp/relay_script.log" 2>&1 &
+        relay_job=$!
+        pids+=(-"$relay_job")   # its process group: the script's restart loop and its relay
+    }
+    relay_script
     in_log() { local n; n=$(grep -c "$1" "$relay_log" 2>/dev/null || true); echo "${n:-0}"; }   # lines with $1 in relay.log
     relay_up_or_gone() { [ "$(in_log 'listening on')" -ge "$1" ] || ! kill -0 "$relay_job" 2>/dev/null; }
     WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone 1 || true
     check "diloco-relay.sh, a relative secret path from another directory: the relay reads it and listens" \
         grep -q 'listening on' "$relay_log"
-    relay_pid=$(pgrep -P "$relay_job" -x train_gpt || true)
-    kill -9 "${relay_pid:-no_relay}" 2>/dev/null || true
+    relay_child() { pgrep -P "$relay_job" -x train_gpt || true; }
+    kill -9 "$(relay_child)" 2>/dev/null || true
     WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen again or the script to end" relay_up_or_gone 2 || true
     check "diloco-relay.sh: the relay killed (SIGKILL: status 137, a crash) is restarted and listens again" \
         sh -c "grep -q 'the relay ended (status 137); restarting in 0 s' '$relay_log' && [ $(in_log 'listening on') -eq 2 ]"
-    restarts=$(in_log 'restarting in')
-    kill -INT -- -"$relay_job" 2>/dev/null || true
-    relay_gone_or_restarted() { ! kill -0 "$relay_job" 2>/dev/null || [ "$(in_log 'restarting in')" -gt "$restarts" ]; }
-    WAIT_LIMIT_S=120 wait_until "diloco-relay.sh to end, or to restart the relay" relay_gone_or_restarted || true
-    rc=running
-    if ! kill -0 "$relay_job" 2>/dev/null; then rc=0; wait "$relay_job" || rc=$?; fi
-    check "diloco-relay.sh, Ctrl-C: the relay stops (status 0), the script ends with it (status 0), no restart (rc $rc)" \
-        sh -c "[ '$rc' = 0 ] && [ $(in_log 'restarting in') -eq $restarts ] &&
-               grep -q 'the relay was stopped (status 0: SIGINT or SIGTERM); not restarting' '$relay_log'"
-    kill -9 -- -"$relay_job" 2>/dev/null || true
-    wait "$relay_job" 2>/dev/null || true
-    [ "$rc" = 0 ] || cat "$tmp/relay_script.log" "$relay_log" 2>/dev/null
+    # stop_relay_script SIGNAL TARGET LISTENING WHAT: SIGNAL to TARGET (group, script or relay) once
+    # the relay listens for the LISTENING-th time; the script must end with status 0, its relay
+    # stopped, no restart, and one more "not restarting" line.
+    stop_relay_script() {
+        local sig=$1 target=$2 what=$4 restarts stops relay_pid rc=running relay_left=no
+        WAIT_LIMIT_S=120 wait_until "diloco-relay.sh's relay to listen or the script to end" relay_up_or_gone "$3" || true
+        restarts=$(in_log 'restarting in')
+        stops=$(in_log 'not restarting')
+        relay_pid=$(relay_child)
+        case $target in
+            group) kill "-$sig" -- -"$relay_job" 2>/dev/null || true ;;
+            script) kill "-$sig" "$relay_job" 2>/dev/null || true ;;
+            relay) kill "-$sig" "${relay_pid:-no_relay}" 2>/dev/null || true ;;
+        esac
+        gone_or_restarted() { ! kill -0 "$relay_job" 2>/dev/null || [ "$(in_log 'restarting in')" -gt "$restarts" ]; }
+        WAIT_LIMIT_S=120 wait_until "diloco-relay.sh to end, or to restart the relay" gone_or_restarted || true
+        if ! kill -0 "$relay_job" 2>/dev/null; then rc=0; wait "$relay_job" || rc=$?; fi
+        kill -0 "${relay_pid:-no_relay}" 2>/dev/null && relay_left=yes
+        check "diloco-relay.sh, $what: the script ends (rc $rc) with its relay (left running: $relay_left), no restart" \
+            sh -c "[ -n '$relay_pid' ] && [ '$rc' = 0 ] && [ $relay_left = no ] && [ $(in_log 'restarting in') -eq $restarts ] &&
+                   [ $(in_log 'not restarting') -eq $((stops + 1)) ]"
+        kill -9 -- -"$relay_job" 2>/dev/null || true
+        wait "$relay_job" 2>/dev/null || true
+        [ "$rc" = 0 ] && [ "$relay_left" = no ] || cat "$tmp/relay_script.log" "$relay_log" 2>/dev/null
+    }
+    stop_relay_script TERM relay 2 "SIGTERM to the relay (status 0: stopped on purpose)"
+    relay_script
+    stop_relay_script INT group 3 "Ctrl-C (SIGINT to its process group)"
+    relay_script
+    stop_relay_script TERM script 4 "SIGTERM to the script alone (kill PID after nohup ... &)"
 else
     say "  skip 9 (diloco-relay.sh's relay): no OpenSSL in this build"
 fi

@@ -6,8 +6,9 @@
 #   openssl rand -hex 32 > diloco.secret && chmod 600 diloco.secret   # once; copy to every cluster
 #   nohup scripts/slurm/diloco-relay.sh 29500 diloco.secret &          # or inside tmux / screen
 #   scripts/slurm/diloco-relay.sh 29500 diloco.secret --shards 4       # replicas of 4 ranks; more options: train_gpt relay --help
-# To stop it: Ctrl-C (tmux / screen), or `kill` the relay (SIGTERM; `kill -9` is a crash, and
-# restarted): the relay stops cleanly with status 0 and the script ends with it.
+# To stop it: Ctrl-C (tmux / screen), `kill` this script (SIGTERM: it stops its relay, then
+# ends), or `kill` the relay (SIGTERM; `kill -9` is a crash, and restarted): the relay stops
+# cleanly with status 0 and the script ends with it.
 # Replicas that lose the hub keep training and skip outer steps until it is back; a hub
 # restart costs the round in progress, nothing else.
 set -u
@@ -22,20 +23,39 @@ esac
 # relative one unreadable).
 case $secret in /*) ;; *) secret=$PWD/$secret ;; esac
 cd "$(dirname "$0")/../.."
+stopped() {
+    echo "diloco-relay.sh: $(date '+%F %T') $1; not restarting" | tee -a relay.log >&2
+    exit 0
+}
+# SIGINT or SIGTERM to this script stops its relay too: killed alone (`kill <pid>` after nohup),
+# the script once ended and left the relay running, holding the port. The relay runs in the
+# background so that the signal is handled at once, not when the relay ends.
+relay_pid=
+stopping=0
+stop_relay() {
+    stopping=1
+    [ -z "$relay_pid" ] || kill -TERM "$relay_pid" 2>/dev/null
+}
+trap stop_relay INT TERM
 while :; do
-    ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1
-    rc=$?
+    ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1 &
+    relay_pid=$!
+    [ "$stopping" = 0 ] || kill -TERM "$relay_pid" 2>/dev/null   # the signal came before relay_pid was set
+    rc=0
+    wait "$relay_pid" || rc=$?
+    if [ "$stopping" = 1 ]; then
+        # wait returned for the signal: the relay is stopping; let it finish.
+        while kill -0 "$relay_pid" 2>/dev/null; do wait "$relay_pid" 2>/dev/null; done
+        stopped "diloco-relay.sh got SIGINT or SIGTERM and stopped its relay"
+    fi
     # 0: the relay was stopped on purpose (SIGINT, SIGTERM; or it only printed --help): it
     # exits 0 on nothing else. Until 2026-12 this loop restarted it, and the new relay held
     # the port against the one meant to replace it.
-    if [ "$rc" -eq 0 ]; then
-        echo "diloco-relay.sh: $(date '+%F %T') the relay was stopped (status 0: SIGINT or SIGTERM); not restarting" |
-            tee -a relay.log >&2
-        exit 0
-    fi
+    [ "$rc" -eq 0 ] && stopped "the relay was stopped (status 0: SIGINT or SIGTERM)"
     [ "$rc" -eq 1 ] && { echo "diloco-relay.sh: the relay stopped with an error (see relay.log)" >&2; exit 1; }
     # 126/127: no runnable ./train_gpt here (missing, or built for another machine): no restart helps.
     [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ] && { echo "diloco-relay.sh: ./train_gpt cannot run here (status $rc)" >&2; exit "$rc"; }
     echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in $restart_delay_s s" >>relay.log
-    sleep "$restart_delay_s"
+    sleep "$restart_delay_s" &
+    wait $! || { kill $! 2>/dev/null; [ "$stopping" = 0 ] || stopped "diloco-relay.sh got SIGINT or SIGTERM"; }
 done
