@@ -45,6 +45,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <stdio.h>
@@ -2083,6 +2084,20 @@ typedef struct {
     double slowest_step_s;  // and the slowest step so far, outer work included
 } trainer;
 
+// More threads than the CPUs this process may run on (its affinity mask) share cores, and every
+// host loop slows by about their ratio: under Slurm 22.05-23.02 a plain srun in a job gives
+// its task one CPU whatever --cpus-per-task says, while OMP_NUM_THREADS says 8 or 72.
+static void warn_threads_over_cpus(int threads) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+    int cpus = CPU_COUNT(&set);
+    if (cpus > 0 && threads > cpus)
+        warn("%d threads, but this process may run on %d CPU(s) (its affinity mask): they share them, and the host's "
+             "work slows by about %d/%d; in a SLURM job pass srun --cpus-per-task=$SLURM_CPUS_PER_TASK (docs/slurm.md), "
+             "or set threads",
+             threads, cpus, threads, cpus);
+}
+
 static int setup_threads(const train_config *cfg) {
     int threads = 1;
 #ifdef _OPENMP
@@ -2090,6 +2105,7 @@ static int setup_threads(const train_config *cfg) {
     threads = omp_get_max_threads();
 #endif
     gemm_set_threads(threads);
+    warn_threads_over_cpus(threads);
     return threads;
 }
 

@@ -307,4 +307,16 @@ check "the checkpoints before the NaNs are intact" test -d "$tmp/nan2/step_00000
 check "no checkpoint was written after them" test ! -e "$tmp/nan2/step_00000006"
 "$TRAIN_GPT" "${base[@]}" --max_steps 8 --ckpt_every 2 --out_dir "$tmp/nan2" >/dev/null 2>&1
 check "the run resumes from them and finishes" test -d "$tmp/nan2/step_00000008"
+# More threads than the CPUs the process may run on (a plain srun under Slurm 22.05-23.02 gives
+# its task one CPU): one warning naming both, and the run trains; none with threads 1.
+if command -v taskset >/dev/null; then
+    rc=0
+    taskset -c 0 "$TRAIN_GPT" "${base[@]}" --val_every 0 --threads 2 --out_dir "$tmp/threads" >"$tmp/threads.log" 2>&1 ||
+        rc=$?
+    check "threads 2 on one CPU (taskset): one warning naming 2 threads and 1 CPU, and it trains (rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'warning: 2 threads, but this process may run on 1 CPU' '$tmp/threads.log') -eq 1 ]"
+    taskset -c 0 "$TRAIN_GPT" "${base[@]}" --val_every 0 --threads 1 --out_dir "$tmp/threads1" >"$tmp/threads1.log" 2>&1 ||
+        true
+    check "threads 1 on one CPU: no such warning" sh -c "! grep -q 'threads, but this process may run on' '$tmp/threads1.log'"
+fi
 finish test_bad_input
