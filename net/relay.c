@@ -2552,9 +2552,14 @@ static void *relay_thread(void *arg) {
     return NULL;
 }
 
+static void raise_open_file_limit(relay *h, int shards);
+
 relay *relay_start_thread(const relay_options *o, char *err, size_t err_bytes) {
     relay *h = relay_create(o, err, err_bytes);
     if (!h) return NULL;
+    // A hub served by a replica (diloco_serve) too, not only `train_gpt relay`'s (a no-op there,
+    // whose start raised it for every shard).
+    raise_open_file_limit(h, 1);
     hub_log(h, "listening on %s (port %d), timeout %.1f s, min_replicas %d", o->listen, h->port, h->o.timeout_s,
             h->o.min_replicas);
     int rc = pthread_create(&h->thread, NULL, relay_thread, h);

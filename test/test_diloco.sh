@@ -48,11 +48,14 @@ else
 fi
 if [ "$HAVE_TCP" = 1 ]; then
     port=$(free_port)
-    "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_tcp" "${identity[@]}" --diloco_transport tcp --diloco_serve 1 \
-        --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0 \
+    # A soft open-files limit of 256 (the hub raises it as `train_gpt relay` does: it did not).
+    (ulimit -Sn 256 && "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/id_tcp" "${identity[@]}" --diloco_transport tcp \
+        --diloco_serve 1 --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_replica_id 0) \
         >"$tmp/id_tcp.log" 2>&1 || cat "$tmp/id_tcp.log"
     check "M=1 over TCP (serving the hub itself): model and optimizer bytes identical to plain training" \
         same_bytes "$tmp/plain" "$tmp/id_tcp" step_00000020 model.safetensors optimizer.safetensors
+    check "  the served hub raised the open-files soft limit from 256" \
+        grep -q 'open files: soft limit raised from 256 to' "$tmp/id_tcp.log"
 fi
 
 # ---------------------------------------------------------------- 2 + 3. three replicas
