@@ -99,9 +99,34 @@ static void set_buffer(int fd, int option, const char *core_max_path, const char
     (void)setsockopt(fd, SOL_SOCKET, option, &v, sizeof v);
 }
 
+// Keepalive probes (net/socket.h says why): without them a data connection idle over a long
+// inner phase is forgotten by a firewall or NAT on the path, the next exchange's segments are
+// dropped silently, and the hub evicts the replica at every outer step. 60 s is well below the
+// idle timeouts of common middleboxes (cloud NAT gateways 350 s and more, enterprise firewalls
+// an hour) and costs one 40-byte packet a minute per connection. A flow gone for good is then
+// given up 60 + 6 × 10 s after its last packet instead of stalling the next exchange. The kernel
+// answers probes, so a replica stopped (SIGSTOP) or deep in a step does not lose its sockets.
+static void set_keepalive(int fd) {
+    int on = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+#ifdef TCP_KEEPIDLE
+    int idle_s = NET_KEEPALIVE_IDLE_S;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+#endif
+#ifdef TCP_KEEPINTVL
+    int interval_s = NET_KEEPALIVE_INTERVAL_S;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+#endif
+#ifdef TCP_KEEPCNT
+    int probes = NET_KEEPALIVE_PROBES;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+#endif
+}
+
 void net_tune(int fd) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    set_keepalive(fd);
     set_buffer(fd, SO_RCVBUF, "/proc/sys/net/core/rmem_max", "/proc/sys/net/ipv4/tcp_rmem");
     set_buffer(fd, SO_SNDBUF, "/proc/sys/net/core/wmem_max", "/proc/sys/net/ipv4/tcp_wmem");
 }
@@ -234,6 +259,7 @@ int net_accept(int listen_fd, char *peer, size_t peer_bytes) {
     if (fd < 0) return -1;
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    set_keepalive(fd);   // Linux copies the listener's, but not every system does
     net_format_address((struct sockaddr *)&a, len, peer, peer_bytes);
     return fd;
 }

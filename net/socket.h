@@ -4,7 +4,7 @@
 // Every function that can block takes an absolute deadline (wall_seconds()) and waits with
 // poll(), so no call can hang on a peer that stopped answering. Sockets are non-blocking
 // once created; SIGPIPE never fires (MSG_NOSIGNAL); TCP_NODELAY is on (the control frames
-// are small and latency-bound). Errors come back as a one-line reason in a caller's buffer:
+// are small and latency-bound), and so is TCP keepalive (NET_KEEPALIVE_IDLE_S below). Errors come back as a one-line reason in a caller's buffer:
 // the caller knows which peer it was and says so.
 #ifndef TRAIN_GPT_NET_H
 #define TRAIN_GPT_NET_H
@@ -49,8 +49,21 @@ bool net_recv_all(int fd, void *buf, size_t bytes, double deadline, char *err, s
 // 0 timed out, -1 error.
 int net_wait(int fd, short events, double deadline);
 
-// TCP_NODELAY, and large socket buffers where the system allows them (see net/socket.c).
+// TCP_NODELAY, TCP keepalive (below), and large socket buffers where the system allows them
+// (see net/socket.c).
 void net_tune(int fd);
+
+// TCP keepalive on every socket net_connect and net_accept return (and net_listen's, which
+// accepted sockets inherit on Linux): after NET_KEEPALIVE_IDLE_S with nothing on the wire the
+// kernel sends a probe, then one every NET_KEEPALIVE_INTERVAL_S, and gives the connection up
+// after NET_KEEPALIVE_PROBES unanswered ones. A data connection carries nothing for a whole inner
+// phase (tens of minutes), and a stateful firewall or NAT between the replicas and the hub
+// forgets a flow idle longer than its timeout (5 to 60 minutes are common defaults) and then
+// drops its packets silently: the probes keep the flow known to it. Where the system lacks one
+// of the three settings (not Linux), its default stands.
+#define NET_KEEPALIVE_IDLE_S 60
+#define NET_KEEPALIVE_INTERVAL_S 10
+#define NET_KEEPALIVE_PROBES 6
 
 #ifdef __cplusplus
 }

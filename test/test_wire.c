@@ -3,7 +3,7 @@
 // sequence number and plain garbage are each rejected with their own error; the payload
 // decoders refuse inconsistent fields; the handshake's proofs and keys depend on everything
 // they should; a connection (net/conn.c) that drops its unsent frames keeps its sequence
-// numbers contiguous for the frames after. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
+// numbers contiguous for the frames after; the sockets of net/socket.c have TCP keepalive on. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
 // frame of every type).
 #include "net/wire.h"
 #include "llmc/plan.h"
@@ -12,8 +12,12 @@
 #include "net/conn.h"
 #include "check.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -442,6 +446,77 @@ static void test_addresses(void) {
     EXPECT(!net_split_host_port("h:x1", host, sizeof host, port, sizeof port, err, sizeof err), "port not a number");
 }
 
+static int int_option(int fd, int level, int option) {
+    int v = -1;
+    socklen_t len = sizeof v;
+    return getsockopt(fd, level, option, &v, &len) == 0 ? v : -1;
+}
+
+static void expect_keepalive(int fd, const char *which) {
+    EXPECT(int_option(fd, SOL_SOCKET, SO_KEEPALIVE) == 1, "%s: SO_KEEPALIVE is %d, expected 1", which,
+           int_option(fd, SOL_SOCKET, SO_KEEPALIVE));
+#ifdef TCP_KEEPIDLE
+    EXPECT(int_option(fd, IPPROTO_TCP, TCP_KEEPIDLE) == NET_KEEPALIVE_IDLE_S, "%s: TCP_KEEPIDLE is %d s, expected %d",
+           which, int_option(fd, IPPROTO_TCP, TCP_KEEPIDLE), NET_KEEPALIVE_IDLE_S);
+#endif
+#ifdef TCP_KEEPINTVL
+    EXPECT(int_option(fd, IPPROTO_TCP, TCP_KEEPINTVL) == NET_KEEPALIVE_INTERVAL_S,
+           "%s: TCP_KEEPINTVL is %d s, expected %d", which, int_option(fd, IPPROTO_TCP, TCP_KEEPINTVL),
+           NET_KEEPALIVE_INTERVAL_S);
+#endif
+#ifdef TCP_KEEPCNT
+    EXPECT(int_option(fd, IPPROTO_TCP, TCP_KEEPCNT) == NET_KEEPALIVE_PROBES, "%s: TCP_KEEPCNT is %d, expected %d",
+           which, int_option(fd, IPPROTO_TCP, TCP_KEEPCNT), NET_KEEPALIVE_PROBES);
+#endif
+}
+
+// Accepts the connection pending on lfd (waiting up to 5 s for it), or -1.
+static int accept_pending(int lfd) {
+    char peer[64];
+    if (net_wait(lfd, POLLIN, wall_seconds() + 5) != 1) return -1;
+    return net_accept(lfd, peer, sizeof peer);
+}
+
+// Every socket the replicas and the hub talk over has TCP keepalive on (net/socket.h): a data
+// connection is idle for a whole inner phase, and a firewall or NAT on the path forgets a flow
+// idle longer than its timeout, then drops its packets without a word — every exchange after
+// a long inner phase stalled and the replica was evicted (docs/protocol.md, "Firewalls"). The
+// sockets of net_connect and net_accept, the latter from net_listen's listener (the hub's) and
+// from a plain one: on Linux an accepted socket inherits its listener's options, and the plain
+// listener catches a net_accept that would rely on that.
+static void test_keepalive(void) {
+    char err[256] = "", address[64];
+    int lfd = net_listen("127.0.0.1:0", err, sizeof err);
+    EXPECT(lfd >= 0, "net_listen: %s", err);
+    if (lfd < 0) return;
+    expect_keepalive(lfd, "net_listen");
+    snprintf(address, sizeof address, "127.0.0.1:%d", net_local_port(lfd));
+    int cfd = net_connect(address, wall_seconds() + 5, err, sizeof err);
+    EXPECT(cfd >= 0, "net_connect %s: %s", address, err);
+    int afd = accept_pending(lfd);
+    EXPECT(afd >= 0, "net_accept on net_listen's socket: %s", strerror(errno));
+    if (cfd >= 0) expect_keepalive(cfd, "net_connect");
+    if (afd >= 0) expect_keepalive(afd, "net_accept (net_listen's listener)");
+    close(cfd);
+    close(afd);
+    close(lfd);
+
+    int plain = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT(plain >= 0 && bind(plain, (struct sockaddr *)&a, sizeof a) == 0 && listen(plain, 4) == 0,
+           "a plain listener: %s", strerror(errno));
+    snprintf(address, sizeof address, "127.0.0.1:%d", net_local_port(plain));
+    cfd = net_connect(address, wall_seconds() + 5, err, sizeof err);
+    EXPECT(cfd >= 0, "net_connect %s: %s", address, err);
+    afd = accept_pending(plain);
+    EXPECT(afd >= 0, "net_accept on a plain listener: %s", strerror(errno));
+    if (afd >= 0) expect_keepalive(afd, "net_accept (a plain listener)");
+    close(cfd);
+    close(afd);
+    close(plain);
+}
+
 static int write_corpus(const char *dir) {
     if (!make_dirs(dir)) fail("--corpus: cannot create '%s': %s", dir, strerror(errno));
     static sample s[SAMPLES];
@@ -532,6 +607,7 @@ int main(int argc, char **argv) {
     test_decoders_refuse_nonsense();
     test_proofs_and_keys();
     test_addresses();
+    test_keepalive();
     test_plan_framing_is_the_wire_s();
     test_drop_unsent_keeps_sequence();
     return check_summary("test_wire");
