@@ -88,6 +88,7 @@ struct tcp {
     bool multi_hub;                 // one hub of several: round ids are 64·k + 8·attempt + share
     int hub_index, hubs;            // this hub's place in diloco_rendezvous, and how many it lists
     bool quiet;                     // connect_session does not say it waits (a background retry)
+    bool had_session;               // a session with this hub was ever up (connect_session)
     relay *served;
     // the session
     bool connected, member;
@@ -134,6 +135,7 @@ struct tcp {
     unsigned job_kind;
     double job_progress_s;
     double job_slow_s;              // test hook tcp_slow_state: one chunk per this many seconds
+    bool blackholed;                // test hook tcp_blackhole: done (once a process)
     bool state_cut;                 // the hub ended the transfer this replica is to donate before it began
     double job_next_chunk_s;
     const state_hooks *job_hooks;   // a state's (transport_send_state)
@@ -471,9 +473,21 @@ static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
 // caller asks to stop (transport_options.stop), so that a walltime signal is not lost in
 // diloco_connect_timeout_s of retries while the hub is down; not in an exchange, whose failure
 // the ranks of a sharded replica must not meet at different moments.
+//
+// A hub that refuses the replica's id as a duplicate until the deadline holds a live session
+// of that id. Once this process has had a session with the hub, that is its own old one: the
+// path went dead without a FIN (a firewall's failover, a partition) and the hub keeps the
+// session until it has heard nothing of it for its --timeout_s, which may be longer than ours
+// (docs/protocol.md allows it). That is a lost hub like any other, not an error: false, and the
+// exchange is skipped, the join's caller gives up as for an unreachable hub, or the background
+// retry (quiet) goes on. At start (no session yet, not a background retry) it ends the run, with
+// status 75 (EXIT_TEMPFAIL), not 1: the session may be this replica's previous job's (a requeue
+// after a node failure, its process not yet gone or the hub not yet timed out), which a later
+// try finds gone; a second replica started with the same id is refused the same way at every
+// requeue, and requeue.sh stops after MAX_FAILURES of them in a row.
 static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, size_t err_bytes) {
     disconnect(t);
-    double pause = 0.1;
+    double began = wall_seconds(), pause = 0.1;
     bool told = false, duplicate = false;
     char duplicate_why[300] = "";
     err[0] = '\0';
@@ -515,6 +529,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
             if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));
             t->io_running = true;
             t->connected = true;
+            t->had_session = true;
             t->session_serial++;
             return true;
         }
@@ -528,9 +543,17 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         if (real_try || !err[0]) snprintf(err, err_bytes, "%s", why);
         double left = deadline - wall_seconds();
         if (left <= 0) {
+            if (duplicate && !t->had_session && !t->quiet)
+                fail_with_status(EXIT_TEMPFAIL,
+                                 "the hub at %s still refused replica %d after %.0f s of tries: %s: it holds a "
+                                 "live session of this id — this replica's previous job (a requeue) that it has "
+                                 "not yet let go, or another replica started with the same diloco_replica_id",
+                                 t->hub, t->o.replica_id, wall_seconds() - began, duplicate_why);
             if (duplicate)
-                fail("the hub at %s refused replica %d: %s (two replicas with the same diloco_replica_id?)", t->hub,
-                     t->o.replica_id, duplicate_why);
+                snprintf(err, err_bytes,
+                         "the hub still holds this replica's previous session (%s): it lets it go once it has "
+                         "heard nothing of it for the hub's --timeout_s",
+                         duplicate_why);
             return false;
         }
         if (!told && !t->quiet) {
@@ -1281,6 +1304,19 @@ static bool state_cancelled(const tcp *t) {
 }
 static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || state_cancelled(t); }
 
+// Test hook (TRAIN_GPT_FAULT=tcp_blackhole:K, once): at the exchange for outer step K the path
+// to the hub goes dead without a FIN, as at a firewall's failover or a NAT's flushed table:
+// this replica gives its session up (as after timeout_s of the hub's silence) and reconnects,
+// while its old sockets stay open and quiet (a copy of each, never closed), so the hub keeps
+// the old session until its own --timeout_s.
+static void blackhole(tcp *t) {
+    t->blackholed = true;
+    if (t->ctl.fd >= 0) (void)dup(t->ctl.fd);
+    for (int s = 0; s < t->o.streams; s++)
+        if (t->data[s].fd >= 0) (void)dup(t->data[s].fd);
+    post_dead(t, "test hook tcp_blackhole: the path to the hub went dead");
+}
+
 // After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
 static bool recover(tcp *t, round_result *r, double t0) {
     char err[256], name[128];
@@ -1290,7 +1326,7 @@ static bool recover(tcp *t, round_result *r, double t0) {
     bool back = connect_session(t, wall_seconds() + t->o.timeout_s, false, err, sizeof err);
     r->evicted = back;
     r->sync_s = wall_seconds() - t0;
-    if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
+    if (!back) warn("diloco: cannot reconnect to the hub at %s: %s", t->hub, err);
     return back;
 }
 
@@ -1303,7 +1339,7 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
     if (!t->connected) {
         char err[256];
         bool back = connect_session(t, t0 + t->o.timeout_s, false, err, sizeof err);
-        if (!back) warn("diloco: the hub at %s is unreachable: %s", t->hub, err);
+        if (!back) warn("diloco: cannot reconnect to the hub at %s: %s", t->hub, err);
         r->evicted = back;   // the hub dropped us when we went: rejoin
         r->sync_s = wall_seconds() - t0;
         return back;
@@ -1311,6 +1347,10 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
     if (!t->member) {
         r->evicted = true;
         return true;
+    }
+    if (!t->blackholed && fault_requested("tcp_blackhole", outer_step)) {
+        blackhole(t);
+        return recover(t, r, t0);
     }
     if (bytes > t->own_cap) {
         t->own = xrealloc(t->own, bytes);
