@@ -234,6 +234,7 @@ conn_result conn_read(conn *c, wire_frame *f, char *err, size_t err_bytes) {
                 if (c->in_need == WIRE_HEADER_BYTES && c->in_have < WIRE_HEADER_BYTES) {
                     wire_frame partial;
                     if (wire_parse(c->in, c->in_have, c->key_rx, c->seq_rx, &partial) == WIRE_BAD_MAGIC) {
+                        c->rx_error = WIRE_BAD_MAGIC;
                         describe(WIRE_BAD_MAGIC, &partial, err, err_bytes);
                         return CONN_ERROR;
                     }
@@ -255,6 +256,7 @@ conn_result conn_read(conn *c, wire_frame *f, char *err, size_t err_bytes) {
             wire_frame h;
             wire_error e = wire_check_header(c->in, &h);
             if (e != WIRE_OK) {
+                c->rx_error = e;
                 describe(e, &h, err, err_bytes);
                 return CONN_ERROR;
             }
@@ -271,6 +273,7 @@ conn_result conn_read(conn *c, wire_frame *f, char *err, size_t err_bytes) {
         }
         wire_error e = wire_parse(c->in, c->in_have, c->key_rx, c->seq_rx, f);
         if (e != WIRE_OK) {
+            c->rx_error = e;
             describe(e, f, err, err_bytes);
             return CONN_ERROR;
         }

@@ -53,6 +53,7 @@ typedef struct {
     uint64_t out_bytes;                 // queued and not yet written
     uint64_t bytes_rx, bytes_tx;        // totals, framing included
     double last_rx_s;                   // when the last whole frame arrived
+    wire_error rx_error;                // why the last CONN_ERROR read failed, when the bytes did (else WIRE_OK)
 } conn;
 
 #define CONN_ALLOW(type) ((uint64_t)1 << (type))

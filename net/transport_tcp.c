@@ -89,6 +89,7 @@ struct tcp {
     int hub_index, hubs;            // this hub's place in diloco_rendezvous, and how many it lists
     bool quiet;                     // connect_session does not say it waits (a background retry)
     bool had_session;               // a session with this hub was ever up (connect_session)
+    bool not_a_hub;                 // the last try's answer was no train_gpt hub's HELLO (connect_session)
     relay *served;
     // the session
     bool connected, member;
@@ -338,7 +339,7 @@ static void *io_thread(void *arg) {
 }
 
 // ---------------------------------------------------------------- connecting
-typedef enum { HS_OK, HS_RETRY, HS_DUPLICATE } handshake_result;
+typedef enum { HS_OK, HS_RETRY, HS_DUPLICATE, HS_NOT_HUB } handshake_result;
 
 // The handshake on one connection (docs/protocol.md). Errors of this replica's own
 // configuration are fatal here; anything else asks for another try.
@@ -349,13 +350,15 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
     c->allowed_rx = CONN_ALLOW(WIRE_HELLO);
     if (conn_read_until(c, &f, deadline, why, sizeof why) != CONN_FRAME) {
         snprintf(err, err_bytes, "no HELLO from the hub: %s", why);
-        return HS_RETRY;
+        // Bytes that are no train_gpt frame, or a frame of another protocol version: something
+        // else listens there (a wrong port), or a relay of another build.
+        return c->rx_error == WIRE_BAD_MAGIC || c->rx_error == WIRE_BAD_VERSION ? HS_NOT_HUB : HS_RETRY;
     }
     wire_hello hello;
     const char *bad = wire_decode_hello(f.payload, (size_t)f.payload_bytes, &hello);
-    if (bad) {
+    if (bad) {   // something else listens there, or a hub of another protocol version
         snprintf(err, err_bytes, "%s", bad);
-        return HS_RETRY;
+        return HS_NOT_HUB;
     }
     wire_auth a = {.replica_id = (uint32_t)t->o.replica_id, .stream_index = (uint16_t)stream,
                    .streams = (uint16_t)t->o.streams, .replicas = (uint32_t)t->o.replicas,
@@ -541,6 +544,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
             duplicate = false;
         }
         if (real_try || !err[0]) snprintf(err, err_bytes, "%s", why);
+        if (real_try || !err[0]) t->not_a_hub = hs == HS_NOT_HUB;
         double left = deadline - wall_seconds();
         if (left <= 0) {
             if (duplicate && !t->had_session && !t->quiet)
@@ -563,6 +567,15 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         sleep_s(pause < left ? pause : left);   // the last try is at the deadline
         pause = pause * 2 > 2.0 ? 2.0 : pause * 2;
     }
+}
+
+// No hub reached in diloco_connect_timeout_s: status 75 (EXIT_TEMPFAIL: requeue.sh requeues it,
+// and the next job may find the relay back — a login node's reboot); 1 when what answered last
+// was no train_gpt hub (a wrong port, another service, a relay of another protocol version): a
+// requeue would meet it again.
+static int unreached_status(const tcp *t) { return t->not_a_hub ? 1 : EXIT_TEMPFAIL; }
+static const char *unreached_hint(const tcp *t) {
+    return t->not_a_hub ? " (what answers there is no train_gpt hub of this version: a wrong port?)" : "";
 }
 
 // ---------------------------------------------------------------- the pump
@@ -1274,9 +1287,9 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
     for (;;) {
         if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, true, err, sizeof err)) {
             if (stop_requested(t)) return JOIN_STOPPED;
-            fail_with_status(EXIT_TEMPFAIL,   // requeued: the hub may be back then
-                             "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
-                             t->o.connect_timeout_s, err);
+            fail_with_status(unreached_status(t),
+                             "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s%s", t->hub,
+                             t->o.connect_timeout_s, err, unreached_hint(t));
         }
         if (tcp_hub_join(t, s, state, state_capacity, state_bytes, &result, &state_round)) return result;
     }
@@ -1828,9 +1841,9 @@ transport *transport_tcp_open(const transport_options *o) {
     if (connect_session(t, wall_seconds() + o->connect_timeout_s, true, err, sizeof err))
         note("diloco: replica %d connected to the hub at %s (%d data streams)", o->replica_id, t->hub, o->streams);
     else if (!stop_requested(t))
-        fail_with_status(EXIT_TEMPFAIL,   // requeued: the hub may be back then
-                         "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s", t->hub,
-                         o->connect_timeout_s, err);
+        fail_with_status(unreached_status(t),
+                         "cannot reach the hub at %s within diloco_connect_timeout_s = %g s: %s%s", t->hub,
+                         o->connect_timeout_s, err, unreached_hint(t));
     return transport_wrap(&tcp_ops, t);
 }
 

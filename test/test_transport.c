@@ -2246,12 +2246,13 @@ static void test_evil(void) {
         bad.rendezvous = addr;
         bad.connect_timeout_s = 1;
         rc = doomed_replica(&s, fake ? "fakehub_secret" : "fakehub_garbage", bad, err, sizeof err);
-        // Garbage is no hub: "cannot reach the hub", status 75 like nothing listening (a0f4a23:
-        // the next job may find the relay back on its port); a hub without the secret is refused, 1.
+        // Garbage is no hub: status 1 and a hint at a wrong port (a requeue would meet it again),
+        // where nothing listening is 75 (the relay may be back for the next job); a hub without the
+        // secret is refused, 1.
         if (fake == 0)
-            EXPECT(rc == 75 && count_error_lines(err) == 1 && strstr(err, "cannot reach the hub at") &&
-                       strstr(err, "bad magic"),
-                   "evil: a hub that talks garbage: one line, exit 75 (rc %d): %s", rc, err);
+            EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "cannot reach the hub at") &&
+                       strstr(err, "bad magic") && strstr(err, "no train_gpt hub of this version: a wrong port?"),
+                   "evil: a hub that talks garbage: one line naming a wrong port, exit 1 (rc %d): %s", rc, err);
         else
             EXPECT(rc == 1 && count_error_lines(err) == 1 && strstr(err, "could not prove it knows our secret"),
                    "evil: a hub without the secret: one line, exit 1 (rc %d): %s", rc, err);
