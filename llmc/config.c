@@ -468,6 +468,46 @@ void config_check_tokens(const train_config *cfg, int64_t processes) {
          processes > 1 ? " (all processes)" : "", per_step * (double)cfg->max_steps);
 }
 
+int64_t decay_start_step(const train_config *cfg) {
+    return cfg->max_steps - (int64_t)llround(cfg->decay_frac * (double)cfg->max_steps);
+}
+
+static bool set_on_command_line(const char *key) { return strncmp(source_of(key), "--", 2) == 0; }
+
+// The warm-up ends by the decay phase's start (DESIGN.md's WSD: warm-up, stable, decay). One
+// that ran past it climbed to the peak inside the decay and then dropped onto the decay line in
+// one step, and warmup_steps = max_steps never decayed at all. The error blames the key set on
+// the command line: a `--max_steps 50` for a short test against a file's warmup_steps 700 is
+// fixed by lowering warmup_steps too, which the file's line alone would not say.
+static void check_warmup(const train_config *cfg) {
+    int64_t W = cfg->warmup_steps, S = cfg->max_steps, Sd = decay_start_step(cfg);
+    if (W <= Sd) return;
+    const char *key = "warmup_steps";
+    if (!set_on_command_line("warmup_steps")) {
+        if (set_on_command_line("max_steps")) key = "max_steps";
+        else if (W <= S && set_on_command_line("decay_frac")) key = "decay_frac";
+    }
+    const char *short_test = strcmp(key, "decay_frac") ? "; --warmup_steps 0 for a short test" : "";
+    char decay[160];
+    snprintf(decay, sizeof decay, "step %lld (max_steps %lld - round(decay_frac %g x %lld))", (long long)Sd,
+             (long long)S, cfg->decay_frac, (long long)S);
+    if (strcmp(key, "warmup_steps") == 0 && W > S)
+        RULE(false, key, "%lld is more than max_steps %lld (lower warmup_steps with max_steps%s)", (long long)W,
+             (long long)S, short_test);
+    if (strcmp(key, "warmup_steps") == 0)
+        RULE(false, key, "%lld runs into the decay phase, which starts at %s: the lr would climb to its peak inside "
+             "the decay and then drop at once (lower warmup_steps to at most %lld, or decay_frac)", (long long)W, decay,
+             (long long)Sd);
+    char value[64];
+    if (strcmp(key, "max_steps") == 0) snprintf(value, sizeof value, "%lld", (long long)S);
+    else snprintf(value, sizeof value, "%g", cfg->decay_frac);
+    if (W > S)
+        RULE(false, key, "%s is less than warmup_steps %lld (%s): lower warmup_steps too (at most %lld%s)", value,
+             (long long)W, source_of("warmup_steps"), (long long)Sd, short_test);
+    RULE(false, key, "%s puts the decay phase's start at %s, before warmup_steps %lld (%s) ends: lower warmup_steps "
+         "too (at most %lld%s)", value, decay, (long long)W, source_of("warmup_steps"), (long long)Sd, short_test);
+}
+
 void config_finish(train_config *cfg) {
     model_config *m = &cfg->model;
     if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
@@ -496,8 +536,7 @@ void config_finish(train_config *cfg) {
     RULE(acts <= 0x1p48, "batch_size", "a micro-batch of %lld x %lld tokens would hold %.3g activation values: more "
          "than 2^48 (lower batch_size or seq_len)", (long long)cfg->batch_size, (long long)m->seq_len, acts);
     config_check_tokens(cfg, 1);   // again with the processes once they are known
-    RULE(cfg->warmup_steps <= cfg->max_steps, "warmup_steps", "%lld is more than max_steps %lld",
-         (long long)cfg->warmup_steps, (long long)cfg->max_steps);
+    check_warmup(cfg);
     RULE(cfg->lr > 0, "lr", "must be > 0");
     RULE(cfg->out_dir[0] != '\0', "out_dir", "must not be empty");
     if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))

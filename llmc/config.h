@@ -169,6 +169,10 @@ void config_check_files(const train_config *cfg);
 // run's max_steps of them 2^53 (tokens_seen's bound in state.json). config_finish checks one
 // process; training and `train_gpt plan` check again with their processes.
 void config_check_tokens(const train_config *cfg, int64_t processes);
+// The first step of the WSD schedule's decay phase: max_steps - round(decay_frac * max_steps),
+// rounded half away from zero; max_steps when there is none. config_finish refuses a
+// warmup_steps past it.
+int64_t decay_start_step(const train_config *cfg);
 void config_free(train_config *cfg);
 
 // The model section as a JSON object (keys in table order); caller frees.

@@ -6,10 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int64_t decay_start_step(const train_config *cfg) {
-    return cfg->max_steps - (int64_t)llround(cfg->decay_frac * (double)cfg->max_steps);
-}
-
 double lr_at_step(const train_config *cfg, int64_t s) {
     double peak = cfg->lr, lo = cfg->min_lr_frac * cfg->lr;
     int64_t S = cfg->max_steps;

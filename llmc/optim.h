@@ -21,8 +21,7 @@
 extern "C" {
 #endif
 
-// The first step of the schedule's decay phase: max_steps − round(decay_frac·max_steps).
-int64_t decay_start_step(const train_config *cfg);
+// decay_start_step (llmc/config.h): the first step of the schedule's decay phase.
 
 // WSD schedule at 0-based step s of max_steps (docs/model.md gives the formula).
 // Steps at or past max_steps get the schedule's last value, min_lr_frac · lr.

@@ -44,6 +44,29 @@ expect_error "an unterminated quoted value (names the key)" "open.conf:1: sample
 expect_error "adam_eps 0 (a 0/0 in AdamW)" "adam_eps: expected a number in \[1e-30, 1\]" "$TRAIN_GPT" "${base[@]}" --adam_eps 0
 expect_error "a rule about a key left at its default" "error: head_dim (the default): d_model (63) is not divisible by n_head (4)" \
     "$TRAIN_GPT" plan "${base[@]}" --d_model 63
+# The warm-up ends by the decay phase's start, max_steps - round(decay_frac x max_steps): one past
+# it climbed to the peak inside the decay and dropped onto its line in one step (warmup 9 of 10
+# at decay_frac 0.5: lr 3.0e-3 at step 8, 8.4e-4 at step 9), or never decayed (warmup_steps =
+# max_steps). A --max_steps lowered for a short test is the key named, with the fix: a file's
+# warmup_steps line alone said nothing of the override that broke it.
+expect_error "warmup_steps running into the decay phase" \
+    "\-\-warmup_steps: 9 runs into the decay phase, which starts at step 5 (max_steps 10 - round(decay_frac 0.5 x 10))" \
+    "$TRAIN_GPT" plan "${base[@]}" --max_steps 10 --warmup_steps 9 --decay_frac 0.5
+expect_error "warmup_steps = max_steps (the run never decays)" "\-\-warmup_steps: 20 runs into the decay phase, which starts at step 16" \
+    "$TRAIN_GPT" plan "${base[@]}" --max_steps 20 --warmup_steps 20
+sed 's/^warmup_steps = 3$/warmup_steps = 17/' test/configs/tiny_test.conf >"$tmp/warm.conf"
+expect_error "a file's warmup_steps past its decay start (names file:line)" \
+    "warm.conf:15: warmup_steps: 17 runs into the decay phase, which starts at step 16 .*at most 16" \
+    "$TRAIN_GPT" plan "$tmp/warm.conf" --train_data x
+expect_error "--max_steps below the file's warmup_steps: names --max_steps and says to lower warmup_steps" \
+    "\-\-max_steps: 2 is less than warmup_steps 3 (test/configs/tiny_test.conf:15): lower warmup_steps too" \
+    "$TRAIN_GPT" plan "${base[@]}" --max_steps 2
+expect_error "--max_steps that moves the decay start before the file's warm-up ends: names --max_steps" \
+    "\-\-max_steps: 3 puts the decay phase's start at step 2 .*before warmup_steps 3 (test/configs/tiny_test.conf:15) ends: lower warmup_steps too" \
+    "$TRAIN_GPT" plan "${base[@]}" --max_steps 3
+check "a warm-up that ends at the decay start, and one of max_steps without a decay phase, are accepted" sh -c \
+    "'$TRAIN_GPT' plan ${base[*]} --max_steps 20 --warmup_steps 16 >/dev/null 2>&1 &&
+     '$TRAIN_GPT' plan ${base[*]} --max_steps 20 --warmup_steps 20 --decay_frac 0 >/dev/null 2>&1"
 expect_error "a line break in a command-line value (the config a checkpoint saves is one value per line)" \
     "\-\-sample_prompt: a value cannot hold a line break" "$TRAIN_GPT" plan "${base[@]}" --sample_prompt "$(printf 'say\nhi')"
 expect_error "an integer with a '+'" "\-\-n_layer: expected an integer, got '+2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer +2

@@ -91,7 +91,7 @@ check "killed rank: no rank left running" no_rank_left
 # 4. Ranks on different data.
 "$TOOL" shard "$tmp/more.bin" 64 0 5000 13
 rc=0
-"${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@]}") --max_steps 3 --out_dir '$tmp/data' \
+"${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@]}") --max_steps 4 --out_dir '$tmp/data' \
     --train_data \"\$([ \$OMPI_COMM_WORLD_RANK = 0 ] && echo '$tmp/train.bin' || echo '$tmp/train.bin,$tmp/more.bin')\"" \
     >"$tmp/data.log" 2>&1 || rc=$?
 check "ranks on different data: the job ends non-zero (status $rc)" test "$rc" -ne 0

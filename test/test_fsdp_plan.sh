@@ -82,7 +82,7 @@ fi
 within() {  # within NP [--key value]...: the job's measured figures are within 10 % of its plan
     local np=$1; shift
     "${MPIRUN[@]}" "$np" "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --out_dir "$tmp/run$np" \
-        --max_steps 3 --ckpt_every 0 --threads 1 "$@" >"$tmp/job.log" 2>&1 || { cat "$tmp/job.log"; return 1; }
+        --max_steps 4 --ckpt_every 0 --threads 1 "$@" >"$tmp/job.log" 2>&1 || { cat "$tmp/job.log"; return 1; }
     rm -rf "$tmp/run$np"
     local line
     line=$(grep 'memory per rank after the first step' "$tmp/job.log") || { cat "$tmp/job.log"; return 1; }

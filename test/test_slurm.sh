@@ -148,7 +148,7 @@ check "walltime_end in the past: status 1 with one line naming it (rc $rc)" \
 mkdir -p "$tmp/globbed" && cp "$tmp/train.bin" "$tmp/globbed/a.bin" && cp "$tmp/train.bin" "$tmp/globbed/b.bin"
 mkdir -p "$tmp/glob.shim"
 SHIM_DIR="$tmp/glob.shim" SHIM_METRICS="$tmp/glob/metrics.jsonl" CONFIG=test/configs/tiny_test.conf \
-    ARGS="--train_data $tmp/globbed/*.bin --threads 1 --log_every 100000 --max_steps 3 --out_dir $tmp/glob" MAX_FAILURES=3 \
+    ARGS="--train_data $tmp/globbed/*.bin --threads 1 --log_every 100000 --max_steps 4 --out_dir $tmp/glob" MAX_FAILURES=3 \
     sbatch scripts/slurm/generic.sbatch >"$tmp/glob.log" 2>&1 || true
 check "a glob in ARGS: train_gpt expands it (both shards, 120000 tokens)" \
     sh -c "grep -q 'data: 120000 train tokens' '$tmp/glob.log' '$tmp/glob.shim/'* 2>/dev/null"

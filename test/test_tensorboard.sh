@@ -160,7 +160,7 @@ for how in data length cut; do
 done
 
 # ---------------------------------------------------------------- 3. off
-run "$tmp/off" --max_steps 3 || cat "$tmp/off.log"
+run "$tmp/off" --max_steps 4 || cat "$tmp/off.log"
 check "tensorboard = 0 (the default): no event file" \
     sh -c "[ -s '$tmp/off/metrics.jsonl' ] && [ $(count_files "$tmp/off") -eq 0 ]"
 run "$tmp/local" --max_steps 4 --tensorboard 1 --diloco_replicas 2 --diloco_inner_steps 2 --diloco_transport local \
