@@ -51,6 +51,53 @@ check "train_gpt CONFIG --help: the keys" sh -c "'$TRAIN_GPT' configs/tiny.conf 
 check "train_gpt diloco-tune --help: its options" sh -c "'$TRAIN_GPT' diloco-tune --help | grep -q -- '--inner_steps H'"
 check "train_gpt prepare / relay / plot --help answer too" \
     sh -c "'$TRAIN_GPT' prepare --help >/dev/null && '$TRAIN_GPT' relay --help >/dev/null && '$TRAIN_GPT' plot --help >/dev/null"
+# Every documented command that sets max_steps on a shipped config (the smoke tests of
+# docs/build.md, a config's own comment) passes the config's schedule rules: `train_gpt plan`
+# with the command's max_steps, warmup_steps and decay_frac. The first-hour checklist's
+# `--max_steps 50` against gpt-124m.conf's warmup_steps 700 once stopped at its first line.
+"$PYTHON" - README.md docs/*.md configs/*.conf >"$BUILD/doc_schedules.txt" <<'PY'
+import os, re, sys
+SCHEDULE = ("max_steps", "warmup_steps", "decay_frac")
+def flags(text):  # the --key value pairs that follow, up to the command's end
+    out, words = [], text.split()
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "\\":
+            i += 1
+            continue
+        if not w.startswith("--"):
+            break
+        end = w.endswith("`")
+        key, _, value = w.strip("`")[2:].partition("=")
+        if not value and not end and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            i += 1
+            value = words[i]
+            end = value.endswith("`")
+        out.append((key, value.strip("`")))
+        i += 1
+        if end:
+            break
+    return out
+for doc in sys.argv[1:]:
+    text = open(doc, encoding="utf-8").read()
+    found = [(m.group(1), text[m.end():m.end() + 400]) for m in re.finditer(r"train_gpt\s+(configs/[\w.-]+\.conf)", text)]
+    if doc.startswith("configs/"):  # a config's comment: `--max_steps 1 ...` means this config
+        found += [(doc, m.group(1)) for m in re.finditer(r"`(--[^`]*)`", text)]
+    for conf, rest in found:
+        pairs = [(k, v) for k, v in flags(rest) if k in SCHEDULE]
+        if os.path.exists(conf) and any(k == "max_steps" for k, _ in pairs):
+            print(doc, conf, " ".join("--%s %s" % kv for kv in pairs))
+PY
+n=0 bad=""
+while read -r doc conf args; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    "$TRAIN_GPT" plan "$conf" $args >/dev/null 2>"$BUILD/doc_schedule.err" ||
+        bad="${bad:+$bad; }$doc: train_gpt $conf $args: $(grep 'error:' "$BUILD/doc_schedule.err")"
+done <"$BUILD/doc_schedules.txt"
+check "the $n documented commands that set max_steps on a shipped config pass its schedule rules${bad:+ ($bad)}" \
+    test "$n" -ge 5 -a -z "$bad"
 # README.md's first two commands (lines of its first code blocks), in order: the quick start
 # (set up and train the default) first, then make test.
 readme_command() {  # readme_command N: the N-th command line in README.md's code blocks
