@@ -4256,6 +4256,11 @@ static tune_options parse_tune_options(int *argc, char **argv) {
     return o;
 }
 
+// The proxy's depth; its head_dim is 32, the smallest the CUDA backend's attention kernels take
+// (32, 64, 128): d_model 64 over 4 heads, 16, stopped every proxy run on a GPU at model creation.
+#define TUNE_PROXY_LAYERS 4
+#define TUNE_PROXY_HEAD_DIM 32
+
 // The config of one tuning run: the user's file and overrides, then the proxy's shape, then
 // this run's settings (later arguments win).
 static void tune_config(train_config *cfg, const char *path, int argc, char **argv, const tune_options *o,
@@ -4274,11 +4279,11 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     int64_t steps = o->rounds * o->inner_steps;
     if (o->proxy) {
         const model_config *m = &user->model;
-        ARG("--n_layer", "4");
+        ARG("--n_layer", "%d", TUNE_PROXY_LAYERS);
         ARG("--d_model", "64");
         ARG("--n_head", "4");
         ARG("--n_kv_head", "%d", m->n_kv_head < m->n_head ? 2 : 4);
-        ARG("--head_dim", "0");
+        ARG("--head_dim", "%d", TUNE_PROXY_HEAD_DIM);
         ARG("--d_ff", "192");
         ARG("--seq_len", "%lld", (long long)min_i64(m->seq_len, 64));
         ARG("--lr", "3e-3");
@@ -4352,10 +4357,18 @@ static int diloco_tune_main(int argc, char **argv) {
     int total = 2 + o.n_lr * o.n_mu;
     tune_run *runs = (tune_run *)xcalloc((size_t)total, sizeof *runs);
     int64_t B = o.proxy ? 8 : user.batch_size;
+    // The model as the runs get it (the first run's config: all share the shape).
+    train_config first;
+    tune_config(&first, path, n_args, args, &o, &user, "one-worker", 1, B, 1.0, 0.0);
+    const model_config *pm = &first.model;
+    char model[300];
+    snprintf(model, sizeof model, "%s: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, seq %lld, batch "
+             "%lld, inner lr %g%s", o.proxy ? "proxy" : "your model", (long long)pm->n_layer, (long long)pm->d_model,
+             (long long)pm->n_head, (long long)pm->n_kv_head, (long long)pm->head_dim, (long long)pm->d_ff,
+             (long long)pm->seq_len, (long long)B, first.lr, o.proxy ? " (--proxy 0: your model as is)" : "");
+    config_free(&first);
     printf("diloco-tune | M = %d replicas, H = %lld inner steps, %lld rounds = %lld steps per replica; %s; %d runs\n",
-           o.replicas, (long long)o.inner_steps, (long long)o.rounds, (long long)(o.rounds * o.inner_steps),
-           o.proxy ? "proxy: 4 layers, d_model 64, seq <= 64, batch 8, inner lr 3e-3 (--proxy 0: your model as is)"
-                   : "your model as is",
+           o.replicas, (long long)o.inner_steps, (long long)o.rounds, (long long)(o.rounds * o.inner_steps), model,
            total);
     fflush(stdout);
     double elapsed = 0.0;

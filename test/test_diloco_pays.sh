@@ -162,4 +162,21 @@ best_row() {  # the grid row with the lowest val_loss, as "lr mu"
 recommended() { printf '%s %s' "$(sed -n 's/^diloco_outer_lr = //p' "$1")" "$(sed -n 's/^diloco_outer_momentum = //p' "$1")"; }
 check "diloco-tune: recommends the grid's best row ($(best_row "$tmp/tune.log") -> $(recommended "$tmp/tune.log"))" \
     test "$(best_row "$tmp/tune.log")" = "$(recommended "$tmp/tune.log")"
+
+# diloco-tune's default proxy, on a 1 x 1 grid: its first line gives the shape its runs train,
+# whose head_dim is one the CUDA backend's attention kernels take (32, 64, 128; the proxy had 4
+# heads of 16, and every proxy run with --device cuda stopped at model creation).
+proxy_tune() {  # proxy_tune NAME [--key value]...: its output in $tmp/NAME.log; true when all 3 runs ran
+    local name=$1; shift
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" \
+        --val_tokens 1024 --threads 1 --replicas 2 --inner_steps 2 --rounds 2 --outer_lr 1 --outer_momentum 0 \
+        --dir "$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 && grep -q '^diloco-tune | \[ 3/3\]' "$tmp/$name.log"
+}
+why() {  # why NAME: " (the error that stopped it)", if any
+    local e; e=$(grep -m1 'error:' "$tmp/$1.log" || true); [ -z "$e" ] || printf ' (%s)' "$e"
+}
+ran=0; proxy_tune proxy && ran=1
+head_dim=$(sed -n 's/^diloco-tune | M = .*; proxy: .* heads of \([0-9]*\),.*/\1/p' "$tmp/proxy.log")
+check "diloco-tune's proxy: head_dim ${head_dim:-?}, one the CUDA attention kernels take (32, 64, 128)$(why proxy)" \
+    sh -c "[ $ran = 1 ] && case '$head_dim' in 32|64|128) true ;; *) false ;; esac"
 finish test_diloco_pays
