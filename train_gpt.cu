@@ -4261,8 +4261,19 @@ static tune_options parse_tune_options(int *argc, char **argv) {
 #define TUNE_PROXY_LAYERS 4
 #define TUNE_PROXY_HEAD_DIM 32
 
+// The streaming the tuning runs can take: a fragment holds whole layers (the proxy has 4) and
+// syncs at its own one of the H inner steps tuned, with fewer than H / P steps in flight. The
+// run config's diloco_fragments and diloco_overlap_steps fit its own model and H, which the
+// tuner's need not be: 8 fragments of a 32-layer run were refused, naming the config's line.
+static void tune_streaming(const tune_options *o, const train_config *user, int64_t *fragments, int64_t *overlap) {
+    int64_t layers = o->proxy ? TUNE_PROXY_LAYERS : user->model.n_layer;
+    *fragments = min_i64(user->diloco_fragments, min_i64(layers, o->inner_steps));
+    *overlap = min_i64(user->diloco_overlap_steps, o->inner_steps / *fragments - 1);
+}
+
 // The config of one tuning run: the user's file and overrides, then the proxy's shape, then
-// this run's settings (later arguments win).
+// this run's settings (later arguments win), which override the keys of the user's run that
+// would contradict them.
 static void tune_config(train_config *cfg, const char *path, int argc, char **argv, const tune_options *o,
                         const train_config *user, const char *name, int replicas, int64_t batch, double lr,
                         double mu) {
@@ -4292,8 +4303,13 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     }
     ARG("--batch_size", "%lld", (long long)batch);
     ARG("--max_steps", "%lld", (long long)steps);
-    ARG("--warmup_steps", "%lld", (long long)llround((double)steps * (double)user->warmup_steps /
-                                                     (double)max_i64(1, user->max_steps)));
+    // The warm-up as the same fraction of the run, ending by the decay's start as the config's
+    // does (rounding alone could carry it one step past: warmup 9 of 10 at decay_frac 0.12 is
+    // 23 of 25 steps, whose decay starts at 22).
+    train_config tuned = *user;
+    tuned.max_steps = steps;
+    int64_t warmup = llround((double)steps * (double)user->warmup_steps / (double)max_i64(1, user->max_steps));
+    ARG("--warmup_steps", "%lld", (long long)min_i64(warmup, decay_start_step(&tuned)));
     ARG("--val_every", "0");
     ARG("--stop_at_step", "0");
     ARG("--diloco_min_replicas", "1");
@@ -4304,7 +4320,14 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--diloco_transport", "local");
     ARG("--diloco_sync_every_s", "0");  // the simulated replicas take turns: no wall-time phases
     ARG("--diloco_replicas", "%d", replicas);
+    // A replica's own config names its replica, which the simulated replicas do not read and
+    // the baselines' one replica refused (diloco_replica_id 2 is not below diloco_replicas 1).
+    ARG("--diloco_replica_id", "-1");
     ARG("--diloco_inner_steps", "%lld", (long long)(replicas > 1 ? o->inner_steps : steps));
+    int64_t fragments, overlap;
+    tune_streaming(o, user, &fragments, &overlap);
+    ARG("--diloco_fragments", "%lld", (long long)fragments);
+    ARG("--diloco_overlap_steps", "%lld", (long long)overlap);
     // One H throughout: the tuned lr and μ are those of the phases before the decay (which
     // diloco_decay_inner_steps would shorten; the default outer optimizer makes them plain
     // averaging anyway).
@@ -4370,6 +4393,15 @@ static int diloco_tune_main(int argc, char **argv) {
     printf("diloco-tune | M = %d replicas, H = %lld inner steps, %lld rounds = %lld steps per replica; %s; %d runs\n",
            o.replicas, (long long)o.inner_steps, (long long)o.rounds, (long long)(o.rounds * o.inner_steps), model,
            total);
+    int64_t fragments, overlap;
+    tune_streaming(&o, &user, &fragments, &overlap);
+    if (fragments != user.diloco_fragments || overlap != user.diloco_overlap_steps)
+        printf("diloco-tune | the runs stream with diloco_fragments = %lld, diloco_overlap_steps = %lld (the config: %lld "
+               "and %lld): a fragment holds whole layers (%lld here) and syncs at its own one of the H = %lld inner "
+               "steps\n",
+               (long long)fragments, (long long)overlap, (long long)user.diloco_fragments,
+               (long long)user.diloco_overlap_steps, (long long)(o.proxy ? TUNE_PROXY_LAYERS : user.model.n_layer),
+               (long long)o.inner_steps);
     fflush(stdout);
     double elapsed = 0.0;
     for (int k = 0; k < total; k++) {

@@ -165,7 +165,12 @@ check "diloco-tune: recommends the grid's best row ($(best_row "$tmp/tune.log") 
 
 # diloco-tune's default proxy, on a 1 x 1 grid: its first line gives the shape its runs train,
 # whose head_dim is one the CUDA backend's attention kernels take (32, 64, 128; the proxy had 4
-# heads of 16, and every proxy run with --device cuda stopped at model creation).
+# heads of 16, and every proxy run with --device cuda stopped at model creation). And a run
+# config that is valid for its own run tunes as it is: one replica's (diloco_replica_id 2 of 4,
+# tcp: refused by the baselines' diloco_replicas 1); 8 fragments of 8 layers with 1 step in
+# flight at H 16 (refused by the proxy's 4 layers; now 4 fragments, none in flight at the H 4
+# tuned, and a line says so); a warm-up that rounding carried past the tuning run's decay start
+# (9 of 10 at decay_frac 0.12 is 23 of 25 steps, whose decay starts at 22).
 proxy_tune() {  # proxy_tune NAME [--key value]...: its output in $tmp/NAME.log; true when all 3 runs ran
     local name=$1; shift
     "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" \
@@ -179,4 +184,15 @@ ran=0; proxy_tune proxy && ran=1
 head_dim=$(sed -n 's/^diloco-tune | M = .*; proxy: .* heads of \([0-9]*\),.*/\1/p' "$tmp/proxy.log")
 check "diloco-tune's proxy: head_dim ${head_dim:-?}, one the CUDA attention kernels take (32, 64, 128)$(why proxy)" \
     sh -c "[ $ran = 1 ] && case '$head_dim' in 32|64|128) true ;; *) false ;; esac"
+echo "a shared secret" >"$tmp/secret"
+ran=0; proxy_tune replica_id --replicas 4 --diloco_replicas 4 --diloco_replica_id 2 --diloco_transport tcp \
+    --diloco_rendezvous localhost:1 --diloco_secret_file "$tmp/secret" && ran=1
+check "diloco-tune on one replica's config (diloco_replica_id 2 of 4, tcp)$(why replica_id)" test "$ran" = 1
+ran=0; proxy_tune fragments --inner_steps 4 --n_layer 8 --diloco_replicas 2 --diloco_transport local \
+    --diloco_inner_steps 16 --diloco_fragments 8 --diloco_overlap_steps 1 && ran=1
+check "diloco-tune on 8 fragments of 8 layers: the proxy's runs stream 4, and a line says so$(why fragments)" \
+    sh -c "[ $ran = 1 ] && grep -q 'stream with diloco_fragments = 4, diloco_overlap_steps = 0 (the config: 8 and 1)' '$tmp/fragments.log'"
+ran=0; proxy_tune warmup --inner_steps 5 --rounds 5 --max_steps 10 --decay_frac 0.12 --warmup_steps 9 && ran=1
+check "diloco-tune on warmup 9 of 10 at decay_frac 0.12 (25 steps a run): the warm-up ends at the decay's start$(why warmup)" \
+    test "$ran" = 1
 finish test_diloco_pays
