@@ -70,6 +70,13 @@ static void maybe_inject_fault(int64_t step) {
     }
 }
 
+// The test hook slow_ckpt_cleanup: 2 s that a signal does not cut short (a launcher's SIGTERM is
+// a stop request here, which a long removal does not heed either).
+static void slow_cleanup(void) {
+    struct timespec left = {2, 0};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) continue;
+}
+
 static int open_new_file(const char *dir, const char *name, char *path, size_t path_bytes) {
     snprintf(path, path_bytes, "%s/%s", dir, name);
     return open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -261,8 +268,10 @@ static bool canonical_step(const char *name, const char *prefix, int64_t *step) 
 
 // The .tmp-step_N directories of saves that never committed (the process was killed while it
 // wrote; SLURM's SIGKILL after its grace time hits a save at the walltime signal): nothing
-// reads them, and each is a whole checkpoint's size (168 GB at 14B). Removed after each
-// commit: the job's only writer of out_dir has just finished its own.
+// reads them, and each is a whole checkpoint's size (168 GB at 14B). Removed before each save
+// writes anything, by the job's only writer of out_dir (checkpoint_lock_out_dir): removed only
+// after a commit, a leftover on a disk or quota with room for ckpt_keep + 1 checkpoints made
+// every later save fail for want of its space, so that none ever committed.
 static void remove_stale_temps(const char *out_dir) {
     DIR *d = opendir(out_dir);
     if (!d) return;
@@ -404,7 +413,7 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
     snprintf(tmp_dir, sizeof tmp_dir, "%s/.tmp-step_%08lld", out_dir, (long long)s->step);
     bool ok = true;
     if (root) {
-        if (dir_exists(tmp_dir)) remove_tree(tmp_dir);
+        remove_stale_temps(out_dir);   // this step's own too; the collective below holds the others
         ok = make_dirs(out_dir) && mkdir(tmp_dir, 0755) == 0;
         if (!ok) warn("cannot create checkpoint directory '%s': %s", tmp_dir, strerror(errno));
     }
@@ -464,13 +473,16 @@ bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_st
             // Where it failed is the warning before this one (on the rank it failed on).
             warn("checkpoint at step %lld failed (see the line naming the file; the previous checkpoints are untouched)",
                  (long long)s->step);
+            if (fault_requested("slow_ckpt_cleanup", s->step)) slow_cleanup();
             remove_tree(tmp_dir);
         }
+        // The others wait for that: a rank that returned at once could fail() and exit, and a
+        // launcher that ends a job at its first failed process (srun --kill-on-bad-exit) then
+        // killed rank 0 amid the removal, leaving the tmp for every later save to trip on.
+        all_ok(b, true);
         return false;
     }
-    bool committed = all_ok(b, !root || commit_dir(tmp_dir, final_dir, out_dir));
-    if (committed && root) remove_stale_temps(out_dir);
-    return committed;
+    return all_ok(b, !root || commit_dir(tmp_dir, final_dir, out_dir));
 }
 
 // ---------------------------------------------------------------- load

@@ -12,9 +12,9 @@
 //   checksums.xxh64        XXH64 of the files above, in `xxhsum -H64` format
 // It is written into OUT_DIR/.tmp-step_NNNNNNNN, every file fsynced, then the directory is
 // renamed into place and OUT_DIR fsynced: a crash at any moment leaves either the complete
-// checkpoint or none (a stale .tmp-* directory, which is never read and is cleared by the
-// next save of the same step). On load every file is checked against checksums.xxh64
-// before anything is used.
+// checkpoint or none (a stale .tmp-step_* directory, which is never read; the next save, of
+// whatever step, removes every one before it writes: the out_dir lock makes it the only writer
+// there). On load every file is checked against checksums.xxh64 before anything is used.
 #ifndef TRAIN_GPT_CHECKPOINT_H
 #define TRAIN_GPT_CHECKPOINT_H
 
@@ -60,7 +60,8 @@ typedef struct {
 } model_buffers;
 
 // Writes OUT_DIR/step_NNNNNNNN atomically. false (with a warning already printed) on
-// failure; nothing half-written is ever left under the final name.
+// failure; nothing half-written is ever left under the final name, and a job's ranks return
+// only once rank 0 has removed what it wrote.
 bool checkpoint_save(const char *out_dir, const model_buffers *b, const train_state *s, const train_config *cfg);
 
 // Verifies and loads one checkpoint directory. false with a one-line reason in why; the

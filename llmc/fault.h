@@ -1,6 +1,9 @@
 // llmc/fault.h — fault injection for the crash and outlier tests, off unless the environment
 // asks for it: TRAIN_GPT_FAULT=KIND:STEP[,KIND:STEP...]. Kinds:
 //   kill_in_checkpoint  SIGKILL the process halfway through writing that step's checkpoint
+//   slow_ckpt_cleanup   a save of that step that failed: its writer (a job's rank 0) waits 2 s
+//                       before it removes the unfinished directory (a big one on a slow file
+//                       system); the other ranks must wait for it (test/test_ckpt_space.sh)
 //   nan_grad            poison one gradient with NaN on that (0-based) step
 //   nan_batch           poison one gradient with NaN in the step that takes the train
 //                       loader's micro-batch STEP (counted over epochs from 0): bad data,

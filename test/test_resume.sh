@@ -66,12 +66,13 @@ check "resumed from step 5" grep -q "resuming from '$tmp/crash/step_00000005'" "
 check "crash + resume: identical losses and bytes" same_as_straight "$tmp/crash"
 # Killed while writing an off-grid checkpoint (stop_at_step 7, as at a walltime signal): no
 # later save is of step 7, so its .tmp directory (a whole checkpoint's size) once stayed
-# forever; the next commit removes it, with a warning naming it.
+# forever; the next save removes it before it writes, with a warning naming it
+# (test_ckpt_space.sh: on a disk with room for no more).
 rc=0; TRAIN_GPT_FAULT=kill_in_checkpoint:7 run "$tmp/crash7" --stop_at_step 7 >/dev/null 2>&1 || rc=$?
 check "killed while writing the step-7 checkpoint (rc $rc): a .tmp directory is left" \
     sh -c "[ $rc -eq 137 ] && test -d '$tmp/crash7/.tmp-step_00000007'"
 run "$tmp/crash7" >"$tmp/crash7.log" 2>&1
-check "... the next commit removes it, saying so" \
+check "... the next save removes it, saying so" \
     sh -c "! test -e '$tmp/crash7/.tmp-step_00000007' && grep -q \"removing '$tmp/crash7/.tmp-step_00000007', a checkpoint that was never finished\" '$tmp/crash7.log'"
 check "... and the run is still bit-exact" same_as_straight "$tmp/crash7"
 
