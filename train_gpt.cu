@@ -3096,7 +3096,7 @@ static void continue_data_of(trainer *tr, const char *dir) {
     train_config *cfg = tr->cfg;
     data_origin o;
     char why[600];
-    if (!checkpoint_data_origin(dir, &o, why, sizeof why)) fail("init_from: checkpoint '%s': %s", dir, why);
+    if (!checkpoint_data_origin(dir, tr->job, &o, why, sizeof why)) fail("init_from: checkpoint '%s': %s", dir, why);
     if (o.window.seq_len != cfg->model.seq_len)
         fail("init_from: '%s' read its data in rows of seq_len %lld, this run's seq_len is %lld: its data position "
              "does not carry over (name its model.safetensors to take the weights alone)",

@@ -30,6 +30,11 @@ static const char *const CHECKPOINT_FILES[] = {"model.safetensors", "optimizer.s
 #define N_REQUIRED_FILES 3
 #define OUTER_FILE 3
 #define REDUCER_FILE 4
+// Which files verify_checksums reads and hashes (bit i: CHECKPOINT_FILES[i]); the others' lines
+// are checked for their form only. init_from uses the weights and state.json alone: hashing the
+// moments too (and DiLoCo's outer state) read 3-6 times the bytes it uses, 168-336 GB at 14B.
+#define ALL_FILES ((1u << N_CHECKPOINT_FILES) - 1)
+#define WEIGHTS_AND_STATE ((1u << 0) | (1u << 2))
 
 // ---------------------------------------------------------------- helpers
 
@@ -496,9 +501,26 @@ static char *read_checkpoint_file(const char *dir, const char *name, size_t *byt
     return text;
 }
 
-// Checks every file checksums.xxh64 lists; *has_outer and *has_reducer (may be NULL) tell
-// whether outer.safetensors and outer_reducer.bin are among them.
-static bool verify_checksums(const char *dir, bool *has_outer, bool *has_reducer, char *why, size_t why_bytes) {
+// Whether the file at path, NAME in the messages, hashes to expected; false with the one-line
+// reason in why.
+static bool file_matches(const char *path, const char *name, uint64_t expected, char *why, size_t why_bytes) {
+    uint64_t actual;
+    if (!hash_file(path, &actual)) {
+        snprintf(why, why_bytes, "cannot read %s: %s", name, strerror(errno));
+        return false;
+    }
+    if (actual != expected) {
+        snprintf(why, why_bytes, "%s fails its checksum (corrupt or modified)", name);
+        return false;
+    }
+    return true;
+}
+
+// Checks the files of `hash` (a mask of CHECKPOINT_FILES: ALL_FILES, WEIGHTS_AND_STATE) that
+// checksums.xxh64 lists, and that it lists the required ones and nothing else; *has_outer and
+// *has_reducer (may be NULL) tell whether outer.safetensors and outer_reducer.bin are listed.
+static bool verify_checksums(const char *dir, unsigned hash, bool *has_outer, bool *has_reducer, char *why,
+                             size_t why_bytes) {
     char path[4200];
     size_t bytes;
     char *text = read_checkpoint_file(dir, "checksums.xxh64", &bytes, why, why_bytes);
@@ -524,15 +546,8 @@ static bool verify_checksums(const char *dir, bool *has_outer, bool *has_reducer
             break;
         }
         seen[which] = true;
-        uint64_t expected = strtoull(hex, NULL, 16), actual;
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (!hash_file(path, &actual)) {
-            snprintf(why, why_bytes, "cannot read %s: %s", name, strerror(errno));
-            ok = false;
-        } else if (actual != expected) {
-            snprintf(why, why_bytes, "%s fails its checksum (corrupt or modified)", name);
-            ok = false;
-        }
+        if (hash & (1u << which)) ok = file_matches(path, name, strtoull(hex, NULL, 16), why, why_bytes);
     }
     free(text);
     *has_outer = seen[OUTER_FILE];
@@ -849,11 +864,13 @@ int checkpoint_config_changes(const char *dir, const train_config *cfg, const ch
     return changed;
 }
 
-bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
+// checkpoint_data_origin of one process: the weights and state.json verified, state.json read.
+static bool read_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
     memset(o, 0, sizeof *o);
     bool has_outer;
     json_doc doc;
-    if (!verify_checksums(dir, &has_outer, NULL, why, why_bytes) || !parse_state(dir, &doc, why, why_bytes))
+    if (!verify_checksums(dir, WEIGHTS_AND_STATE, &has_outer, NULL, why, why_bytes) ||
+        !parse_state(dir, &doc, why, why_bytes))
         return false;
     train_state s;
     memset(&s, 0, sizeof s);
@@ -872,6 +889,28 @@ bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t w
         config_text_value(config->string, "train_data", o->train_data, sizeof o->train_data);
     json_free(&doc);
     return ok;
+}
+
+// Rank 0's verdict (ok, and why when not) given to every rank of job (NULL: this process's own).
+static bool share_verdict(const comm *job, bool ok, char *why, size_t why_bytes) {
+    if (!job) return ok;
+    char verdict[513];
+    verdict[0] = (char)ok;
+    snprintf(verdict + 1, sizeof verdict - 1, "%s", ok ? "" : why);
+    comm_broadcast(job, verdict, sizeof verdict, 0);
+    if (!verdict[0]) snprintf(why, why_bytes, "%s", verdict + 1);
+    return verdict[0] != 0;
+}
+
+// Rank 0 reads and verifies, every rank gets its answer: every rank hashing the checkpoint
+// read it once per rank (8 × 168-336 GB a node at 14B) before the first step.
+bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, char *why, size_t why_bytes) {
+    bool ok = true;
+    memset(o, 0, sizeof *o);
+    if (!job || comm_rank(job) == 0) ok = read_data_origin(dir, o, why, why_bytes);
+    if (!share_verdict(job, ok, why, why_bytes)) return false;
+    if (job) comm_broadcast(job, o, sizeof *o, 0);
+    return true;
 }
 
 // The step DIR's last component names when it is a save's name (step_%08lld); -1 for any other
@@ -978,7 +1017,7 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
 // every rank reads its own pieces; a rank that failed tells all why (the lowest such rank).
 bool checkpoint_load(const char *dir, const model_buffers *b, train_state *s, char *why, size_t why_bytes) {
     bool has_outer = false, has_reducer = false, ok = true;
-    if (is_root(b)) ok = verify_checksums(dir, &has_outer, &has_reducer, why, why_bytes);
+    if (is_root(b)) ok = verify_checksums(dir, ALL_FILES, &has_outer, &has_reducer, why, why_bytes);
     if (b->job) {
         char verdict[514];
         verdict[0] = (char)ok;

@@ -82,8 +82,11 @@ typedef struct {
     data_identity data_id;      // its train data (tokens 0: not recorded)
 } data_origin;
 
-// Verifies DIR's checksums and reads its state.json into o. false with a reason in why.
-bool checkpoint_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes);
+// Verifies DIR's weights and state.json against its checksums.xxh64 (not the moments or the
+// outer state, which init_from does not use) and reads its state.json into o. false with a
+// reason in why. job (NULL: this process alone): rank 0 reads and verifies, every rank gets its
+// answer (collective).
+bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, char *why, size_t why_bytes);
 
 // Which of KEYS (config.md's names) the checkpoint in DIR was saved with another value of than
 // cfg has: "key A → B" each, "; "-separated, into out; returns how many (0 also when its

@@ -13,6 +13,12 @@
 #      and takes the group's state still reads on from the warm-up: its data position at the
 #      end is the other replica's (it once went back to step·grad_accum from the epoch's start,
 #      re-reading the warm-up's rows).
+#   6. What init_from verifies is what it uses, once: a checkpoint's weights and state.json,
+#      hashed by rank 0 of a job alone (a corrupt optimizer.safetensors does not stop it, at
+#      np 1 or 2; in an np 2 job stopped in its first step, rank 0 has read at least half the
+#      weights' bytes more than rank 1); a corrupt model.safetensors stops it with one line, at
+#      np 2 too. Until 2026-12 every rank hashed every file of the checkpoint (168-336 GB each
+#      at 14B).
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -124,4 +130,59 @@ check "init_from a path that does not exist: one line" one_line_error "no such f
     >"$tmp/weights.log" 2>&1 || die "init_from a model.safetensors: $(tail -1 "$tmp/weights.log")"
 check "init_from a model.safetensors takes the weights and starts the data at its beginning (position 5 after 5 steps)" \
     test "$(sed -nE 's/.*"data_index": ([0-9]+).*/\1/p' "$tmp/weights/step_00000005/state.json")" = 5
+
+# 6. A byte flipped (the low bit: the values stay finite) in a copy of the checkpoint's file.
+corrupt_copy() {  # corrupt_copy NAME FILE: $tmp/NAME/step_00000020, FILE in it with one byte flipped
+    mkdir -p "$tmp/$1"
+    cp -r "$ckpt" "$tmp/$1/"
+    "$PYTHON" -c '
+import sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+data[len(data) - 100] ^= 1
+open(path, "wb").write(bytes(data))' "$tmp/$1/step_00000020/$2"
+}
+corrupt_copy badopt optimizer.safetensors
+corrupt_copy badmodel model.safetensors
+"$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$tmp/badopt/step_00000020" --out_dir "$tmp/badopt1" \
+    >"$tmp/badopt1.log" 2>&1 || true
+check "init_from does not hash the moments it does not use: a corrupt optimizer.safetensors does not stop it" \
+    test -d "$tmp/badopt1/step_00000003"
+check "init_from a checkpoint whose model.safetensors is corrupt: one line" \
+    one_line_error "step_00000020': model.safetensors fails its checksum" --init_from "$tmp/badmodel/step_00000020"
+if [ "$HAVE_MPI" = 1 ]; then
+    rc=0
+    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$tmp/badopt/step_00000020" \
+        --out_dir "$tmp/badopt2" >"$tmp/badopt2.log" 2>&1 || rc=$?
+    check "np 2: a corrupt optimizer.safetensors does not stop init_from (rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && test -d '$tmp/badopt2/step_00000003'"
+    # An np 2 job (FSDP) from the sound checkpoint stops itself in its first step: what each
+    # rank has read by then (rank 0 once read as much as rank 1: both hashed every file).
+    TRAIN_GPT_FAULT=stop_in_step:0 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$ckpt" \
+        --out_dir "$tmp/reads2" >"$tmp/reads2.log" 2>&1 &
+    job=$!
+    pids+=("$job")
+    rank_pid() {  # rank_pid R: the pid of rank R of the job
+        local p
+        for p in $(pgrep -P "$job"); do
+            { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+        done
+        return 0
+    }
+    stopped() { [ -n "$1" ] && [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+    both_stopped_or_gone() { { stopped "$(rank_pid 0)" && stopped "$(rank_pid 1)"; } || ! kill -0 "$job" 2>/dev/null; }
+    wait_until "both ranks in their first step" both_stopped_or_gone || true
+    read_bytes() { sed -n 's/^rchar: //p' "/proc/$1/io" 2>/dev/null || true; }   # all its reads so far
+    r0=$(read_bytes "$(rank_pid 0)") r1=$(read_bytes "$(rank_pid 1)")
+    for r in 0 1; do p=$(rank_pid $r); [ -z "$p" ] || kill -CONT "$p"; done
+    rc=0; wait "$job" || rc=$?
+    weights=$(stat -c %s "$ckpt/model.safetensors")
+    check "np 2: only rank 0 hashed the weights: it read ${r0:-?} bytes, rank 1 ${r1:-?}, at least $((weights / 2)) fewer (rc $rc)" \
+        sh -c "[ $rc -eq 0 ] && [ -n '$r0' ] && [ -n '$r1' ] && [ $((${r0:-0} - ${r1:-0})) -ge $((weights / 2)) ]"
+    rc=0
+    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --init_from "$tmp/badmodel/step_00000020" --out_dir "$tmp/badmodel2" \
+        >"$tmp/badmodel2.log" 2>&1 || rc=$?
+    check "np 2: a corrupt model.safetensors stops the job (rc $rc) with the line naming it" \
+        sh -c "[ $rc -ne 0 ] && [ \$(grep -c \"error: init_from: checkpoint '$tmp/badmodel/step_00000020': model.safetensors fails its checksum\" '$tmp/badmodel2.log') -ge 1 ]"
+fi
 finish test_diloco_warm
