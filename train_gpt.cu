@@ -3236,7 +3236,11 @@ static bool restore_or_init(trainer *tr) {
         char why[512], weights[4200];
         bool from_checkpoint = dir_exists(cfg->init_from);
         snprintf(weights, sizeof weights, from_checkpoint ? "%s/model.safetensors" : "%s", cfg->init_from);
+        // A checkpoint directory's weights were verified with its state.json; a file alone is
+        // checked against the checksums.xxh64 beside it, where there is one.
         if (from_checkpoint) continue_data_of(tr, cfg->init_from);
+        else if (!checkpoint_verify_weights_file(weights, tr->job, why, sizeof why))
+            fail("init_from: '%s': %s", weights, why);
         if (!load_weights_pieces(weights, &tr->shard, tr->params, why, sizeof why))
             fail("init_from: '%s': %s", weights, why);
         note("initialized from '%s'", weights);

@@ -913,6 +913,51 @@ bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, ch
     return true;
 }
 
+// The line of checksums.xxh64 in DIR for NAME: 1 with its XXH64 in *expected; 0 when there is
+// none (no such file, or no line for the name); -1 (errno set) when the file cannot be read.
+static int listed_checksum(const char *dir, const char *name, uint64_t *expected) {
+    char path[4300];
+    size_t bytes;
+    snprintf(path, sizeof path, "%s/checksums.xxh64", dir);
+    char *text = read_file_or_null(path, &bytes);
+    if (!text) return errno == ENOENT ? 0 : -1;
+    int found = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save)) {
+        char hex[17], listed[256];
+        int consumed = 0;
+        found = sscanf(line, "%16[0-9a-f]  %255s%n", hex, listed, &consumed) == 2 && strlen(hex) == 16 &&
+                line[consumed] == '\0' && strcmp(listed, name) == 0;
+        if (found) *expected = strtoull(hex, NULL, 16);
+    }
+    free(text);
+    return found;
+}
+
+// checkpoint_verify_weights_file of one process.
+static bool verify_weights_file(const char *path, char *why, size_t why_bytes) {
+    char *real = realpath(path, NULL);   // a link's target: the checksums lie beside the file itself
+    const char *file = real ? real : path;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *slash = strrchr(dir, '/');
+    const char *name = slash ? slash + 1 : dir;
+    char here[] = ".", top[] = "/";
+    const char *in = slash == dir ? top : slash ? dir : here;
+    if (slash) *slash = '\0';
+    uint64_t expected;
+    int listed = listed_checksum(in, name, &expected);
+    if (listed < 0) snprintf(why, why_bytes, "cannot read the checksums.xxh64 beside it: %s", strerror(errno));
+    bool ok = listed == 0 || (listed > 0 && file_matches(file, name, expected, why, why_bytes));
+    free(real);
+    return ok;
+}
+
+bool checkpoint_verify_weights_file(const char *path, const comm *job, char *why, size_t why_bytes) {
+    bool ok = job && comm_rank(job) != 0 ? true : verify_weights_file(path, why, why_bytes);
+    return share_verdict(job, ok, why, why_bytes);
+}
+
 // The step DIR's last component names when it is a save's name (step_%08lld); -1 for any other
 // name (a directory the user named for resume).
 static int64_t step_of_name(const char *dir) {

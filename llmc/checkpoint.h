@@ -88,6 +88,12 @@ typedef struct {
 // answer (collective).
 bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, char *why, size_t why_bytes);
 
+// A weights file named for init_from (a checkpoint's model.safetensors): when the directory it
+// lies in (a link's target's) holds a checksums.xxh64 with a line for its name, the file must
+// match it. true also when there is no line to check against; false with a reason in why. job
+// (NULL: this process alone): rank 0 checks, every rank gets its answer (collective).
+bool checkpoint_verify_weights_file(const char *path, const comm *job, char *why, size_t why_bytes);
+
 // Which of KEYS (config.md's names) the checkpoint in DIR was saved with another value of than
 // cfg has: "key A → B" each, "; "-separated, into out; returns how many (0 also when its
 // state.json holds no config).

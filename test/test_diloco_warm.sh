@@ -18,7 +18,8 @@
 #      np 1 or 2; in an np 2 job stopped in its first step, rank 0 has read at least half the
 #      weights' bytes more than rank 1); a corrupt model.safetensors stops it with one line, at
 #      np 2 too. Until 2026-12 every rank hashed every file of the checkpoint (168-336 GB each
-#      at 14B).
+#      at 14B). A model.safetensors named alone is checked against the checksums.xxh64 beside
+#      it (through a link too): until 2026-12 a flipped byte was loaded without a word.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -150,6 +151,11 @@ check "init_from does not hash the moments it does not use: a corrupt optimizer.
     test -d "$tmp/badopt1/step_00000003"
 check "init_from a checkpoint whose model.safetensors is corrupt: one line" \
     one_line_error "step_00000020': model.safetensors fails its checksum" --init_from "$tmp/badmodel/step_00000020"
+check "init_from its model.safetensors alone: checked against the checksums.xxh64 beside it, one line" \
+    one_line_error "model.safetensors': model.safetensors fails its checksum" \
+    --init_from "$tmp/badmodel/step_00000020/model.safetensors"
+ln -s "$tmp/badmodel/step_00000020/model.safetensors" "$tmp/linked.safetensors"
+check "... and through a link to it" one_line_error "fails its checksum" --init_from "$tmp/linked.safetensors"
 if [ "$HAVE_MPI" = 1 ]; then
     rc=0
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$tmp/badopt/step_00000020" \
@@ -184,5 +190,10 @@ if [ "$HAVE_MPI" = 1 ]; then
         >"$tmp/badmodel2.log" 2>&1 || rc=$?
     check "np 2: a corrupt model.safetensors stops the job (rc $rc) with the line naming it" \
         sh -c "[ $rc -ne 0 ] && [ \$(grep -c \"error: init_from: checkpoint '$tmp/badmodel/step_00000020': model.safetensors fails its checksum\" '$tmp/badmodel2.log') -ge 1 ]"
+    rc=0
+    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --init_from "$tmp/badmodel/step_00000020/model.safetensors" \
+        --out_dir "$tmp/badfile2" >"$tmp/badfile2.log" 2>&1 || rc=$?
+    check "np 2: ... and named alone (rc $rc)" \
+        sh -c "[ $rc -ne 0 ] && grep -q \"error: init_from: '$tmp/badmodel/step_00000020/model.safetensors': model.safetensors fails its checksum\" '$tmp/badfile2.log'"
 fi
 finish test_diloco_warm
