@@ -653,9 +653,28 @@ static bool check_model_config(const st_file *f, const model_config *want, bool 
                      shape_keys[i].have, shape_keys[i].want);
             return false;
         }
-    if (warn_others && !model_config_equal(&have, want))
-        warn("the checkpoint's model config differs from the config in a non-shape key (seq_len, rope_theta, "
-             "nope_every, norm_eps, doc_masking or doc_token); continuing with the config's values");
+    // The keys that differ, named with both values (init_std is left out: it only draws the
+    // first weights; it once made this line name six keys, none of which had changed).
+    if (warn_others && !model_config_equal(&have, want)) {
+        strbuf keys = {0};
+        sb_append(&keys, "");
+        if (have.seq_len != want->seq_len)
+            sb_printf(&keys, ", seq_len %lld -> %lld", (long long)have.seq_len, (long long)want->seq_len);
+        if (have.rope_theta != want->rope_theta)
+            sb_printf(&keys, ", rope_theta %g -> %g", have.rope_theta, want->rope_theta);
+        if (have.nope_every != want->nope_every)
+            sb_printf(&keys, ", nope_every %lld -> %lld", (long long)have.nope_every, (long long)want->nope_every);
+        if (have.norm_eps != want->norm_eps) sb_printf(&keys, ", norm_eps %g -> %g", have.norm_eps, want->norm_eps);
+        if (have.doc_masking != want->doc_masking)
+            sb_printf(&keys, ", doc_masking %d -> %d", (int)have.doc_masking, (int)want->doc_masking);
+        if (have.doc_token != want->doc_token)
+            sb_printf(&keys, ", doc_token %lld -> %lld", (long long)have.doc_token, (long long)want->doc_token);
+        if (keys.data[0])
+            warn("the checkpoint's model config differs from the config in %s (checkpoint -> config); continuing "
+                 "with the config's values",
+                 keys.data + 2);
+        sb_free(&keys);
+    }
     return true;
 }
 

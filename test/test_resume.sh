@@ -218,4 +218,12 @@ check "... and the first run finishes (rc $rc), its checkpoints its own" \
     sh -c "[ $rc -eq 0 ] && test -d '$tmp/locked/step_00000006' && ! ls '$tmp/locked' | grep -q replaced"
 run "$tmp/locked" --max_steps 6 >"$tmp/locked3.log" 2>&1
 check "... after which the out_dir is free: the next run in it starts" grep -q "already reached max_steps" "$tmp/locked3.log"
+# A resume whose config changes a non-shape model key: one warning naming it with both values;
+# init_std, which only draws the first weights, none (it named six keys, none of them changed).
+run "$tmp/keys" --max_steps 5 >/dev/null 2>&1
+run "$tmp/keys" --max_steps 6 --init_std 0.01 >"$tmp/keys_std.log" 2>&1
+run "$tmp/keys" --max_steps 7 --rope_theta 5000 >"$tmp/keys_rope.log" 2>&1
+check "resume with another init_std: no model-config warning" sh -c "! grep -q 'model config differs' '$tmp/keys_std.log'"
+check "resume with another rope_theta: one warning naming it, checkpoint's value -> the config's" \
+    sh -c "[ \$(grep -c 'warning: the checkpoint.s model config differs from the config in rope_theta [0-9.e+]* -> 5000 ' '$tmp/keys_rope.log') -eq 1 ]"
 finish test_resume
