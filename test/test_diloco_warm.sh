@@ -145,10 +145,10 @@ open(path, "wb").write(bytes(data))' "$tmp/$1/step_00000020/$2"
 }
 corrupt_copy badopt optimizer.safetensors
 corrupt_copy badmodel model.safetensors
-"$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$tmp/badopt/step_00000020" --out_dir "$tmp/badopt1" \
+"$TRAIN_GPT" "${common[@]}" --max_steps 4 --init_from "$tmp/badopt/step_00000020" --out_dir "$tmp/badopt1" \
     >"$tmp/badopt1.log" 2>&1 || true
 check "init_from does not hash the moments it does not use: a corrupt optimizer.safetensors does not stop it" \
-    test -d "$tmp/badopt1/step_00000003"
+    test -d "$tmp/badopt1/step_00000004"
 check "init_from a checkpoint whose model.safetensors is corrupt: one line" \
     one_line_error "step_00000020': model.safetensors fails its checksum" --init_from "$tmp/badmodel/step_00000020"
 check "init_from its model.safetensors alone: checked against the checksums.xxh64 beside it, one line" \
@@ -158,13 +158,13 @@ ln -s "$tmp/badmodel/step_00000020/model.safetensors" "$tmp/linked.safetensors"
 check "... and through a link to it" one_line_error "fails its checksum" --init_from "$tmp/linked.safetensors"
 if [ "$HAVE_MPI" = 1 ]; then
     rc=0
-    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$tmp/badopt/step_00000020" \
+    "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 4 --init_from "$tmp/badopt/step_00000020" \
         --out_dir "$tmp/badopt2" >"$tmp/badopt2.log" 2>&1 || rc=$?
     check "np 2: a corrupt optimizer.safetensors does not stop init_from (rc $rc)" \
-        sh -c "[ $rc -eq 0 ] && test -d '$tmp/badopt2/step_00000003'"
+        sh -c "[ $rc -eq 0 ] && test -d '$tmp/badopt2/step_00000004'"
     # An np 2 job (FSDP) from the sound checkpoint stops itself in its first step: what each
     # rank has read by then (rank 0 once read as much as rank 1: both hashed every file).
-    TRAIN_GPT_FAULT=stop_in_step:0 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 3 --init_from "$ckpt" \
+    TRAIN_GPT_FAULT=stop_in_step:0 "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 4 --init_from "$ckpt" \
         --out_dir "$tmp/reads2" >"$tmp/reads2.log" 2>&1 &
     job=$!
     pids+=("$job")
