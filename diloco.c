@@ -39,7 +39,8 @@
 // the one of its round (the donor keeps aside what a later landing changes before it is sent:
 // transport_preserve_state), and after it comes, for each round the donor lands meanwhile, a
 // catch-up mean, little-endian:
-//   "TGDLCTCH" (8 bytes), u32 version = 2, u32 flags (1: applied, 2: a final sync), i64 round, i64 fragment,
+//   "TGDLCTCH" (8 bytes), u32 version = 2, u32 flags (1: applied, 2: a final sync), i64 round,
+//   i64 fragment,
 //   i64 step (the donor's, at the landing), i64 tokens_seen (its, then), i64 phase_ms (its time
 //   in its inner phase then), f64 outer lr, f64 outer μ (of this step of this fragment),
 //   u8 ids[32] (the round's contributors), then with flag 1 the encoded mean of the fragment

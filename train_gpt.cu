@@ -2092,9 +2092,9 @@ static void warn_threads_over_cpus(int threads) {
     if (sched_getaffinity(0, sizeof set, &set) != 0) return;
     int cpus = CPU_COUNT(&set);
     if (cpus > 0 && threads > cpus)
-        warn("%d threads, but this process may run on %d CPU(s) (its affinity mask): they share them, and the host's "
-             "work slows by about %d/%d; in a SLURM job pass srun --cpus-per-task=$SLURM_CPUS_PER_TASK (docs/slurm.md), "
-             "or set threads",
+        warn("%d threads, but this process may run on %d CPU(s) (its affinity mask): they share them, and the "
+             "host's work slows by about %d/%d; in a SLURM job pass srun --cpus-per-task=$SLURM_CPUS_PER_TASK "
+             "(docs/slurm.md), or set threads",
              threads, cpus, threads, cpus);
 }
 
@@ -3388,8 +3388,9 @@ static int64_t rollback_bound(const trainer *tr, int64_t s) { return s - tr->sta
 // (rollback_bound) with its weights, moments, counters and spike window, but with the data
 // where it is now, so the batches taken since that checkpoint (among them the ones that led
 // to the trouble) are skipped. The checkpoints of later steps are moved aside
-// (checkpoint_set_aside_after: those past the bound before the load), the others only read. false: no rollback left, or no checkpoint
-// from before the bad steps. (A DiLoCo replica: restart_replica.)
+// (checkpoint_set_aside_after: those past the bound before the load), the others only read.
+// false: no rollback left, or no checkpoint from before the bad steps. (A DiLoCo replica:
+// restart_replica.)
 static bool roll_back(trainer *tr, int64_t s) {
     const train_config *cfg = tr->cfg;
     int64_t bound = rollback_bound(tr, s);
@@ -4400,9 +4401,9 @@ static int diloco_tune_main(int argc, char **argv) {
     int64_t fragments, overlap;
     tune_streaming(&o, &user, &fragments, &overlap);
     if (fragments != user.diloco_fragments || overlap != user.diloco_overlap_steps)
-        printf("diloco-tune | the runs stream with diloco_fragments = %lld, diloco_overlap_steps = %lld (the config: %lld "
-               "and %lld): a fragment holds whole layers (%lld here) and syncs at its own one of the H = %lld inner "
-               "steps\n",
+        printf("diloco-tune | the runs stream with diloco_fragments = %lld, diloco_overlap_steps = %lld (the "
+               "config: %lld and %lld): a fragment holds whole layers (%lld here) and syncs at its own one of the "
+               "H = %lld inner steps\n",
                (long long)fragments, (long long)overlap, (long long)user.diloco_fragments,
                (long long)user.diloco_overlap_steps, (long long)(o.proxy ? TUNE_PROXY_LAYERS : user.model.n_layer),
                (long long)o.inner_steps);

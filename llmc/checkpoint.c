@@ -516,6 +516,17 @@ static bool file_matches(const char *path, const char *name, uint64_t expected, 
     return true;
 }
 
+// One line of checksums.xxh64 (`xxhsum -H64`: 16 hex digits, two spaces, the name): true with
+// the XXH64 in *value and the name in name[256].
+static bool parse_checksum_line(const char *line, uint64_t *value, char name[256]) {
+    char hex[17];
+    int consumed = 0;
+    if (sscanf(line, "%16[0-9a-f]  %255s%n", hex, name, &consumed) != 2 || strlen(hex) != 16 || line[consumed] != '\0')
+        return false;
+    *value = strtoull(hex, NULL, 16);
+    return true;
+}
+
 // Checks the files of `hash` (a mask of CHECKPOINT_FILES: ALL_FILES, WEIGHTS_AND_STATE) that
 // checksums.xxh64 lists, and that it lists the required ones and nothing else; *has_outer and
 // *has_reducer (may be NULL) tell whether outer.safetensors and outer_reducer.bin are listed.
@@ -529,10 +540,9 @@ static bool verify_checksums(const char *dir, unsigned hash, bool *has_outer, bo
     bool ok = true;
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); ok && line; line = strtok_r(NULL, "\n", &save)) {
-        char hex[17], name[256];
-        int consumed = 0;
-        if (sscanf(line, "%16[0-9a-f]  %255s%n", hex, name, &consumed) != 2 || strlen(hex) != 16 ||
-            line[consumed] != '\0') {
+        char name[256];
+        uint64_t expected;
+        if (!parse_checksum_line(line, &expected, name)) {
             snprintf(why, why_bytes, "checksums.xxh64 is malformed");
             ok = false;
             break;
@@ -547,7 +557,7 @@ static bool verify_checksums(const char *dir, unsigned hash, bool *has_outer, bo
         }
         seen[which] = true;
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (hash & (1u << which)) ok = file_matches(path, name, strtoull(hex, NULL, 16), why, why_bytes);
+        if (hash & (1u << which)) ok = file_matches(path, name, expected, why, why_bytes);
     }
     free(text);
     *has_outer = seen[OUTER_FILE];
@@ -943,11 +953,10 @@ static int listed_checksum(const char *dir, const char *name, uint64_t *expected
     int found = 0;
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save)) {
-        char hex[17], listed[256];
-        int consumed = 0;
-        found = sscanf(line, "%16[0-9a-f]  %255s%n", hex, listed, &consumed) == 2 && strlen(hex) == 16 &&
-                line[consumed] == '\0' && strcmp(listed, name) == 0;
-        if (found) *expected = strtoull(hex, NULL, 16);
+        char listed[256];
+        uint64_t value;
+        found = parse_checksum_line(line, &value, listed) && strcmp(listed, name) == 0;
+        if (found) *expected = value;
     }
     free(text);
     return found;

@@ -4,8 +4,9 @@
 // Every function that can block takes an absolute deadline (wall_seconds()) and waits with
 // poll(), so no call can hang on a peer that stopped answering. Sockets are non-blocking
 // once created; SIGPIPE never fires (MSG_NOSIGNAL); TCP_NODELAY is on (the control frames
-// are small and latency-bound), and so is TCP keepalive (NET_KEEPALIVE_IDLE_S below). Errors come back as a one-line reason in a caller's buffer:
-// the caller knows which peer it was and says so.
+// are small and latency-bound), and so is TCP keepalive (NET_KEEPALIVE_IDLE_S below). Errors
+// come back as a one-line reason in a caller's buffer: the caller knows which peer it was and
+// says so.
 #ifndef TRAIN_GPT_NET_H
 #define TRAIN_GPT_NET_H
 

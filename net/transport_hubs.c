@@ -225,7 +225,8 @@ static bool await_any_hub(hubs *x) {
         if (stop_requested(x)) return false;
         if (wall_seconds() > deadline)
             fail_with_status(EXIT_TEMPFAIL,   // requeued: the hubs may be back then
-                             "cannot reach any of the %d hubs (diloco_rendezvous) within diloco_connect_timeout_s = %g s",
+                             "cannot reach any of the %d hubs (diloco_rendezvous) within "
+                             "diloco_connect_timeout_s = %g s",
                              x->n, x->o.connect_timeout_s);
         sleep_s(0.05);
     }
@@ -725,7 +726,8 @@ transport *transport_hubs_open(const transport_options *o) {
     }
     if (up == 0 && !stop_requested(x))   // stopped meanwhile: the join says so (JOIN_STOPPED)
         fail_with_status(EXIT_TEMPFAIL,   // requeued: the hubs may be back then
-                         "cannot reach any of the %d hubs (diloco_rendezvous %s) within diloco_connect_timeout_s = %g s",
+                         "cannot reach any of the %d hubs (diloco_rendezvous %s) within "
+                         "diloco_connect_timeout_s = %g s",
                          x->n, o->rendezvous, o->connect_timeout_s);
     for (int i = 0; i < x->n && !stop_requested(x); i++)   // stopped: the join says so, nothing to revive
         if (!tcp_hub_connected(x->h[i].t)) mark_dead(x, &x->h[i], "unreachable at start");

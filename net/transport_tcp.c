@@ -543,8 +543,10 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         } else if (real_try) {
             duplicate = false;
         }
-        if (real_try || !err[0]) snprintf(err, err_bytes, "%s", why);
-        if (real_try || !err[0]) t->not_a_hub = hs == HS_NOT_HUB;
+        if (real_try || !err[0]) {
+            snprintf(err, err_bytes, "%s", why);
+            t->not_a_hub = hs == HS_NOT_HUB;
+        }
         double left = deadline - wall_seconds();
         if (left <= 0) {
             if (duplicate && !t->had_session && !t->quiet)

@@ -3,8 +3,8 @@
 // sequence number and plain garbage are each rejected with their own error; the payload
 // decoders refuse inconsistent fields; the handshake's proofs and keys depend on everything
 // they should; a connection (net/conn.c) that drops its unsent frames keeps its sequence
-// numbers contiguous for the frames after; the sockets of net/socket.c have TCP keepalive on. Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid
-// frame of every type).
+// numbers contiguous for the frames after; the sockets of net/socket.c have TCP keepalive on.
+// Also `test_wire --corpus DIR` writes the fuzzer's seed corpus (one valid frame of every type).
 #include "net/wire.h"
 #include "llmc/plan.h"
 #include "llmc/common.h"
