@@ -143,8 +143,9 @@ int net_wait(int fd, short events, double deadline) {
     }
 }
 
-static int connect_one(const struct addrinfo *ai, double deadline, char *err, size_t err_bytes) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+static int connect_one(int family, int socktype, int protocol, const struct sockaddr *address, socklen_t length,
+                       double deadline, char *err, size_t err_bytes) {
+    int fd = socket(family, socktype | SOCK_CLOEXEC, protocol);
     if (fd < 0) {
         snprintf(err, err_bytes, "socket: %s", strerror(errno));
         return -1;
@@ -155,7 +156,7 @@ static int connect_one(const struct addrinfo *ai, double deadline, char *err, si
         return -1;
     }
     net_tune(fd);   // before connect: the window scale is negotiated in the SYN
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (connect(fd, address, length) != 0) {
         if (errno != EINPROGRESS) {
             snprintf(err, err_bytes, "%s", strerror(errno));
             close(fd);
@@ -178,27 +179,59 @@ static int connect_one(const struct addrinfo *ai, double deadline, char *err, si
     return fd;
 }
 
-int net_connect(const char *address, double deadline, char *err, size_t err_bytes) {
+bool net_resolve(const char *address, net_addresses *out, char *err, size_t err_bytes) {
     char host[256], port[16];
-    if (!net_split_host_port(address, host, sizeof host, port, sizeof port, err, err_bytes)) return -1;
+    out->n = 0;
+    if (!net_split_host_port(address, host, sizeof host, port, sizeof port, err, err_bytes)) return false;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *list = NULL;
     int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &list);
     if (rc != 0) {
         snprintf(err, err_bytes, "cannot resolve '%s': %s", host, gai_strerror(rc));
-        return -1;
+        return false;
     }
-    // Each address gets its share of the time left (at least 2 s), so that one that never
-    // answers does not starve the others.
-    int fd = -1, left = 0;
-    for (struct addrinfo *ai = list; ai; ai = ai->ai_next) left++;
-    for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next, left--) {
-        double now = wall_seconds(), share = (deadline - now) / left;
-        double until = left == 1 ? deadline : now + (share > 2.0 ? share : 2.0);
-        fd = connect_one(ai, until < deadline ? until : deadline, err, err_bytes);
+    for (struct addrinfo *ai = list; ai && out->n < NET_MAX_ADDRESSES; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof out->a[0].address) continue;
+        out->a[out->n].family = ai->ai_family;
+        out->a[out->n].socktype = ai->ai_socktype;
+        out->a[out->n].protocol = ai->ai_protocol;
+        out->a[out->n].length = ai->ai_addrlen;
+        memcpy(&out->a[out->n].address, ai->ai_addr, ai->ai_addrlen);
+        out->n++;
     }
     freeaddrinfo(list);
+    if (out->n == 0) {
+        snprintf(err, err_bytes, "cannot resolve '%s': no usable address", host);
+        return false;
+    }
+    return true;
+}
+
+int net_connect_to(net_addresses *addresses, double deadline, char *err, size_t err_bytes) {
+    // Each address gets its share of the time left (at least 2 s), so that one that never
+    // answers does not starve the others.
+    int fd = -1, i = 0;
+    if (addresses->n == 0) snprintf(err, err_bytes, "no address to connect to");
+    for (; i < addresses->n && fd < 0; i++) {
+        int left = addresses->n - i;
+        double now = wall_seconds(), share = (deadline - now) / left;
+        double until = left == 1 ? deadline : now + (share > 2.0 ? share : 2.0);
+        fd = connect_one(addresses->a[i].family, addresses->a[i].socktype, addresses->a[i].protocol,
+                         (const struct sockaddr *)&addresses->a[i].address, addresses->a[i].length,
+                         until < deadline ? until : deadline, err, err_bytes);
+    }
+    if (fd >= 0 && i > 1) {   // the one that answered (i - 1) goes first
+        net_address answered = addresses->a[i - 1];
+        memmove(&addresses->a[1], &addresses->a[0], (size_t)(i - 1) * sizeof addresses->a[0]);
+        addresses->a[0] = answered;
+    }
     return fd;
+}
+
+int net_connect(const char *address, double deadline, char *err, size_t err_bytes) {
+    net_addresses addresses;
+    if (!net_resolve(address, &addresses, err, err_bytes)) return -1;
+    return net_connect_to(&addresses, deadline, err, err_bytes);
 }
 
 int net_listen(const char *address, char *err, size_t err_bytes) {

@@ -28,6 +28,27 @@ bool net_split_host_port(const char *address, char *host, size_t host_bytes, cha
 // system resolver's own timeouts.)
 int net_connect(const char *address, double deadline, char *err, size_t err_bytes);
 
+// The socket addresses a "host:port" resolves to (the first NET_MAX_ADDRESSES), looked up once
+// for several connections to one peer: a replica's control and data connections to its hub take
+// one lookup, not one each (a cluster's login-node resolver may take seconds per lookup).
+#define NET_MAX_ADDRESSES 16
+typedef struct {
+    int family, socktype, protocol;
+    socklen_t length;
+    struct sockaddr_storage address;
+} net_address;
+typedef struct {
+    int n;
+    net_address a[NET_MAX_ADDRESSES];
+} net_addresses;
+
+// false with the reason ("cannot resolve 'host': ...") when the name does not resolve.
+bool net_resolve(const char *address, net_addresses *out, char *err, size_t err_bytes);
+// net_connect over addresses already resolved. The one that answered moves to the front, so
+// that the next connection to the same peer tries it first (not, say, an IPv6 address the path
+// does not carry, which would cost each connection its share of the deadline first).
+int net_connect_to(net_addresses *addresses, double deadline, char *err, size_t err_bytes);
+
 // Listens on address (port 0: an ephemeral port; host empty or "*": every address).
 // Returns a non-blocking listening socket, or -1 with the reason.
 int net_listen(const char *address, char *err, size_t err_bytes);

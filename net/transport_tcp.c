@@ -471,11 +471,58 @@ static void disconnect(tcp *t) {
 
 static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
 
+// The hub's address, looked up once per try of connect_session for all 1 + streams connections.
+// Test hook (TRAIN_GPT_FAULT=tcp_slow_resolve:0): each lookup takes 0.4 × timeout_s longer, as
+// with a login node's slow resolver, and says so (test_transport counts the lookups).
+static bool resolve_hub(tcp *t, net_addresses *addresses, char *err, size_t err_bytes) {
+    if (fault_requested("tcp_slow_resolve", 0)) {
+        note("diloco: trace: looking up the hub's address %s", t->hub);
+        sleep_s(0.4 * t->o.timeout_s);
+    }
+    return net_resolve(t->hub, addresses, err, err_bytes);
+}
+
+// The I/O thread, for a session whose control connection has just been welcomed: it heartbeats
+// while the data streams come up.
+static void start_io(tcp *t) {
+    t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
+                        CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT) |
+                        CONN_ALLOW(WIRE_STATE_END) | CONN_ALLOW(WIRE_STATE_AGAIN);
+    t->ctl.last_rx_s = wall_seconds();
+    atomic_store(&t->io_stop, false);
+    int rc = pthread_create(&t->io, NULL, io_thread, t);
+    if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));
+    t->io_running = true;
+}
+
+// Whether the I/O thread has given the session up (why: its reason).
+static bool session_dead(tcp *t, char *why, size_t why_bytes) {
+    pthread_mutex_lock(&t->mailbox_lock);
+    bool dead = t->dead;
+    if (dead) {   // cut to fit
+        size_t n = strnlen(t->dead_why, why_bytes - 1);
+        memcpy(why, t->dead_why, n);
+        why[n] = '\0';
+    }
+    pthread_mutex_unlock(&t->mailbox_lock);
+    return dead;
+}
+
 // Connects the control connection and every data stream, retrying until deadline.
 // false with the last reason in err. stoppable (a join, the start): false as soon as the
 // caller asks to stop (transport_options.stop), so that a walltime signal is not lost in
 // diloco_connect_timeout_s of retries while the hub is down; not in an exchange, whose failure
 // the ranks of a sharded replica must not meet at different moments.
+//
+// The hub counts a session's life from its control connection: from WELCOME on, it drops one
+// silent for its timeout_s. So the I/O thread heartbeats from the control connection's WELCOME
+// on, while the data streams come up one after another, and one lookup of the hub's name serves
+// every connection of a try (each stream goes to the address the control connection reached).
+// Before, every stream looked the name up again and nothing was sent until the last was up: D ×
+// (a lookup at 1-2 s on a login node's resolver, or a slow link's handshake) past the hub's
+// timeout_s, and the hub dropped the session before it was whole, at every try
+// (test_transport slowsetup). The hub is not asked to count the data streams' bytes instead:
+// between them (a lookup, a SYN retried) nothing is on the wire at all.
 //
 // A hub that refuses the replica's id as a duplicate until the deadline holds a live session
 // of that id. Once this process has had a session with the hub, that is its own old one: the
@@ -506,13 +553,24 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         // The last try comes at the deadline with no time of its own: what it says
         // ("timed out") must not hide the reason the earlier tries failed.
         bool real_try = attempt_deadline - wall_seconds() > 0.05;
-        int fd = net_connect(t->hub, attempt_deadline, why, sizeof why);
+        net_addresses addresses;
+        int fd = -1;
+        if (resolve_hub(t, &addresses, why, sizeof why))
+            fd = net_connect_to(&addresses, attempt_deadline, why, sizeof why);
         handshake_result hs = HS_RETRY;
         if (fd >= 0) {
             conn_init(&t->ctl, fd, t->hub);
             hs = handshake(t, &t->ctl, 0, &session, why, sizeof why);
+            if (hs == HS_OK) start_io(t);
             for (int s = 0; hs == HS_OK && s < t->o.streams; s++) {
-                int dfd = net_connect(t->hub, wall_seconds() + t->hub_timeout_s, why, sizeof why);
+                if (session_dead(t, why, sizeof why)) {
+                    hs = HS_RETRY;
+                    break;
+                }
+                // Test hook (TRAIN_GPT_FAULT=tcp_slow_stream:0): each data stream's setup takes
+                // 0.4 × timeout_s longer (a slow link's round trips).
+                if (fault_requested("tcp_slow_stream", 0)) sleep_s(0.4 * t->o.timeout_s);
+                int dfd = net_connect_to(&addresses, wall_seconds() + t->hub_timeout_s, why, sizeof why);
                 if (dfd < 0) {
                     hs = HS_RETRY;
                     break;
@@ -520,17 +578,10 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
                 conn_init(&t->data[s], dfd, t->hub);
                 hs = handshake(t, &t->data[s], s + 1, &session, why, sizeof why);
             }
+            if (hs == HS_OK && session_dead(t, why, sizeof why)) hs = HS_RETRY;
         }
         if (hs == HS_OK) {
-            t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
-                                CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT) |
-                                CONN_ALLOW(WIRE_STATE_END) | CONN_ALLOW(WIRE_STATE_AGAIN);
             for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
-            t->ctl.last_rx_s = wall_seconds();
-            atomic_store(&t->io_stop, false);
-            int rc = pthread_create(&t->io, NULL, io_thread, t);
-            if (rc != 0) fail("tcp transport: pthread_create: %s", strerror(rc));
-            t->io_running = true;
             t->connected = true;
             t->had_session = true;
             t->session_serial++;

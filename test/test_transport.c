@@ -55,6 +55,9 @@
 //   blackhole  the path to a hub whose timeout_s is longer than the replicas' goes dead without a
 //              FIN (tcp_blackhole): the hub refuses the replica's reconnection as a duplicate of
 //              its old session meanwhile; the replica skips the step, rejoins and finishes, exit 0
+//   slowsetup  a replica whose name lookups are slow (tcp_slow_resolve) and one whose data streams
+//              are slow to set up (tcp_slow_stream), 4 streams each, the setup longer than the hub's
+//              timeout_s: both connect at their first try (one lookup; heartbeats meanwhile), train
 //   leave      transport_leave: dropped at once (no timeout); min_replicas 3 → apply = false
 //   evil       while two replicas train: a wrong secret, garbage, a truncated frame, a length
 //              of 2^63, a bad tag, a replayed frame, an unknown session, a wrong
@@ -1623,6 +1626,56 @@ static void test_blackhole(void) {
     finish(&s);
 }
 
+// A replica's D data streams come up one after another once its control connection is up. Each
+// looked the hub's name up again, and the control connection sent nothing until the last was up:
+// with a slow resolver (a login node's, 1-2 s a lookup) or a slow link's handshakes, D × that
+// exceeded the hub's timeout_s, the hub dropped the session as silent before it was whole (its
+// data streams then named no session), and the replica tried again, the same way, until
+// diloco_connect_timeout_s. Replica 1 looks names up slowly (tcp_slow_resolve: 0.4 × timeout_s a
+// lookup), replica 2 sets each data stream up slowly (tcp_slow_stream: 0.4 × timeout_s before
+// each), with 4 streams each (1.6 × timeout_s of setup): both must connect at their first try —
+// one lookup for all five connections, heartbeats on the control connection while the streams
+// come up — and train with replica 0 (a quorum of 3: every round has all three).
+static void test_slow_setup(void) {
+    static scenario s;
+    open_reports(&s, "slowsetup");
+    start_hub(&s, NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.min_replicas = 3;
+        c.streams = 4;
+        c.steps = 3;
+        start_replica_env(&s, &c, id == 1 ? "tcp_slow_resolve:0" : id == 2 ? "tcp_slow_stream:0" : NULL);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "member", 0, 30), "slowsetup: replica %d joins", id);
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 3, 30), "slowsetup: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) {
+        int rc = wait_exit(s.pids[id], 10);
+        EXPECT(rc == 0, "slowsetup: replica %d exits 0 (rc %d)", id, rc);
+        bool ok = true;
+        int full = rounds_of(&s, id, 3, &ok);
+        EXPECT(full == 3 && ok, "slowsetup: replica %d: %d rounds of 3 contributors, each exact: %d", id, full, ok);
+    }
+    EXPECT(!file_has(s.hub_log, "dropped"), "slowsetup: the hub dropped no replica");
+    for (int id = 1; id < 3; id++) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/slowsetup_R%d.err", dir, id);
+        char *err = slurp(path);
+        EXPECT(!strstr(err, "waiting for the hub"), "slowsetup: replica %d connects at its first try: %s", id, err);
+        if (id == 1) {
+            int lookups = 0;
+            for (const char *p = strstr(err, "looking up the hub's address"); p;
+                 p = strstr(p + 1, "looking up the hub's address"))
+                lookups++;
+            EXPECT(lookups == 1, "slowsetup: replica 1 looks the hub's name up once for its 5 connections, not %d",
+                   lookups);
+        }
+        free(err);
+    }
+    stop_hub(&s);
+    finish(&s);
+}
+
 // ---------------------------------------------------------------- several hubs
 // A second relay for s (its fields in *second, its log "<s>_second_hub.log"); the replicas
 // get both addresses, s's hub first.
@@ -2415,7 +2468,8 @@ int main(int argc, char **argv) {
                  {"size", test_size},       {"donor", test_donor_dies},
                  {"slowstate", test_slow_state}, {"slowstate2", test_slow_state_hubs},
                  {"slowcut", test_slow_cut}, {"slowgone", test_slow_gone}, {"heldgone", test_held_gone},
-                 {"restart", test_hub_restart}, {"blackhole", test_blackhole}, {"evil", test_evil},
+                 {"restart", test_hub_restart}, {"blackhole", test_blackhole},
+                 {"slowsetup", test_slow_setup}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
                  {"hubs3", test_hubs_three}, {"stopjoin", test_stop_in_join}};
