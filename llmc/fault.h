@@ -44,9 +44,13 @@
 //                       (0-based) is finished: a run stopped by a time limit (test/test_prepare.sh)
 //   prepare_summary_enospc  (STEP 0) `train_gpt prepare`'s summary fails to write as on a full
 //                       disk, after every shard is finished: nothing may be published (test_prepare)
-//   prepare_publish_eio  `train_gpt prepare`'s rename of shard STEP (0-based, train's then val's)
-//                       to its final name fails with EIO: those renamed before must be taken back
-//                       (test_prepare)
+//   prepare_publish_eio  `train_gpt prepare`'s rename of shard STEP (0-based, train's then val's;
+//                       one past the last: the summary) to its final name fails with EIO: those
+//                       renamed before must be taken back, and with --overwrite the earlier
+//                       run's files put back (test_prepare)
+//   prepare_aside_eio   `prepare --overwrite`'s rename of the earlier run's file STEP (0-based:
+//                       train shards, val shards, summary) to NAME.replaced fails with EIO: those
+//                       moved before must be put back (test_prepare)
 //   metrics_enospc      lines STEP, STEP+1 and STEP+2 (0-based, this process's) of metrics.jsonl
 //                       meet a full disk, the first after half its bytes: the file keeps whole
 //                       lines only (test/test_tensorboard.sh)

@@ -17,7 +17,9 @@
 #     summary .tmp too); a summary that cannot be written publishes nothing; an --out with glob
 #     characters still finds an earlier run, and --out owt never takes owt_train_10k's shards
 #     for its own; a shard that cannot take its final name (EIO) takes back the ones renamed
-#     before it, in train or val.
+#     before it, in train or val; with --overwrite a failed rename (a shard, the summary, or
+#     moving the earlier run's files aside) leaves the earlier corpus as it was, and the
+#     NAME.replaced files a killed --overwrite leaves stop a run without --overwrite.
 #   - The output next to its text: a second run over that directory leaves the first run's
 #     shards and summary out of its input.
 #   - A run of 12 M spaces (cl100k's \s*[\r\n] steps back once per space) encodes: PCRE2's
@@ -204,6 +206,45 @@ for at in 2 "$n_train"; do
     [ -z "$(ls -A "$T/pe$at")" ] && ok "... no shard, partial shard or summary of the run is left" ||
         bad "a failed rename left: $(ls "$T/pe$at")"
 done
+
+echo "-- --overwrite whose renames fail leaves the earlier corpus whole"
+# The earlier run's shards and summary were removed before this run's took their names: a
+# rename that failed then (EIO, a full quota) left neither corpus. Now they are moved aside to
+# NAME.replaced and put back. Hooks: prepare_publish_eio:N (this run's shard N, one past the
+# last = the summary) and prepare_aside_eio:N (moving the earlier run's file N aside).
+prepare --tokenizer "$R50K" --out "$T/ow/run" --val_files b.txt --shard_tokens 700 "$T/corpus" >/dev/null
+prepare --tokenizer "$R50K" --out "$T/ow_new/run" --val_files b.txt --shard_tokens 300 "$T/corpus" >/dev/null
+n_new=$(ls "$T"/ow_new/run_*.bin | wc -l)
+n_old=$(ls "$T"/ow/run_* | wc -l)   # shards and summary
+old_state() { (cd "$T/ow" && ls && cat run_* | md5sum); }
+before=$(old_state)
+for hook in prepare_publish_eio:1 "prepare_publish_eio:$n_new" prepare_aside_eio:2; do
+    case $hook in
+        prepare_publish_eio:1) want="cannot rename .*run_train_000001.bin.partial to .*run_train_000001.bin: Input/output error; the 1 shards renamed before it were removed: no shard of this run is left; the earlier run's $n_old files are back under their names" ;;
+        prepare_aside_eio:*) want="cannot move .*run_train_000002.bin aside to .*run_train_000002.bin.replaced: Input/output error; the earlier run's output is as it was" ;;
+        *) want="cannot rename .*run_summary.json.tmp to .*run_summary.json: Input/output error; the $n_new shards renamed before it were removed: no shard of this run is left; the earlier run's $n_old files are back under their names" ;;
+    esac
+    rc=0
+    TRAIN_GPT_FAULT=$hook "$TRAIN_GPT" prepare --quiet --tokenizer "$R50K" --out "$T/ow/run" --overwrite \
+        --val_files b.txt --shard_tokens 300 "$T/corpus" >/dev/null 2>"$T/ow.err" || rc=$?
+    [ $rc -eq 1 ] && [ "$(wc -l <"$T/ow.err")" -eq 1 ] && grep -q "^train_gpt: error: $want" "$T/ow.err" &&
+        ok "$hook: exit 1, one line: $(cat "$T/ow.err")" || bad "$hook: status $rc: $(cat "$T/ow.err")"
+    [ "$(old_state)" = "$before" ] && ok "... the earlier run's $n_old files as they were, nothing of this run left" ||
+        bad "$hook: the earlier corpus changed: $(ls "$T/ow")"
+done
+prepare --tokenizer "$R50K" --out "$T/ow/run" --overwrite --val_files b.txt --shard_tokens 300 "$T/corpus" >/dev/null &&
+    [ "$(cd "$T/ow" && ls)" = "$(cd "$T/ow_new" && ls)" ] && [ "$(cd "$T/ow" && cat run_*.bin | md5sum)" = "$(cd "$T/ow_new" && cat run_*.bin | md5sum)" ] &&
+    ok "--overwrite that succeeds: exactly the new run's $n_new shards and summary, no .replaced file" ||
+    bad "--overwrite left: $(ls "$T/ow")"
+# A run killed between moving the old corpus aside and publishing leaves NAME.replaced files:
+# they may be the only copy of the old corpus, so a run without --overwrite refuses to start.
+mv "$T/ow/run_train_000000.bin" "$T/ow/run_train_000000.bin.replaced"
+expect_error "a .replaced file of a stopped --overwrite, no --overwrite" \
+    "run_train_000000.bin.replaced exists: an earlier .prepare --overwrite. was stopped while it replaced its corpus ---> HINT" \
+    --tokenizer "$R50K" --out "$T/ow/run" --val_files b.txt --shard_tokens 300 "$T/corpus"
+prepare --tokenizer "$R50K" --out "$T/ow/run" --overwrite --val_files b.txt --shard_tokens 300 "$T/corpus" >/dev/null &&
+    [ "$(cd "$T/ow" && ls)" = "$(cd "$T/ow_new" && ls)" ] && ok "... with --overwrite it is replaced and the .replaced file removed" ||
+    bad "--overwrite beside a .replaced file left: $(ls "$T/ow")"
 
 echo "-- --out owt beside owt_train_10k: another corpus, not an earlier run of owt"
 prepare --tokenizer "$R50K" --out "$T/oo/owt_train_10k" "$T/corpus/a.txt" >/dev/null

@@ -372,12 +372,13 @@ static void output_finish(split_output *o) {
 static const char *const SPLITS[] = {"train", "val"};
 
 // Shards of an earlier run would mix with this one's under the trainer's glob: refused
-// without --overwrite (checked at the start); with it they are removed once this run is done
-// (remove = true). Either way a killed run's partial shards go at the start (partial = true):
-// NAME.bin.partial, and NAME.bin.partial.tmp of the shard it was writing and its summary's
-// .tmp. Only this prefix's names (six digits: PREFIX_train_NNNNNN.bin), never those of another
-// corpus whose prefix begins so (--out owt against owt_train_10k_train_000000.bin).
-static void old_shards(const char *prefix, bool overwrite, bool remove, bool partial) {
+// without --overwrite (checked at the start); with it they are moved aside once this run is
+// done and removed once this run's have their names (set_aside_earlier, drop_aside). Either
+// way a killed run's partial shards go at the start (partial = true): NAME.bin.partial, and
+// NAME.bin.partial.tmp of the shard it was writing and its summary's .tmp. Only this prefix's
+// names (six digits: PREFIX_train_NNNNNN.bin), never those of another corpus whose prefix
+// begins so (--out owt against owt_train_10k_train_000000.bin).
+static void old_shards(const char *prefix, bool overwrite, bool partial) {
     static const char *const partial_suffixes[] = {".partial", ".partial.tmp"};
     for (int s = 0; s < 2; s++)
         for (int p = 0; p < (partial ? 2 : 1); p++) {
@@ -394,20 +395,124 @@ static void old_shards(const char *prefix, bool overwrite, bool remove, bool par
                 if (partial && g.gl_pathc > 0)
                     note("prepare: removing %zu partial shard(s) of a run that was stopped (%s, ...)", g.gl_pathc,
                          g.gl_pathv[0]);
-                for (size_t i = 0; (remove || partial) && i < g.gl_pathc; i++)
+                for (size_t i = 0; partial && i < g.gl_pathc; i++)
                     if (unlink(g.gl_pathv[i]) != 0) fail("cannot remove %s: %s", g.gl_pathv[i], strerror(errno));
                 globfree(&g);
             }
             free(pattern);
         }
-    // The old run's summary would describe shards that are gone; a stopped run's .tmp is litter.
-    if (remove || partial) {
+    if (partial) {   // a stopped run's summary .tmp is litter
         size_t n = strlen(prefix) + 24;
         char *path = xmalloc(n);
-        snprintf(path, n, "%s_summary.json%s", prefix, partial ? ".tmp" : "");
+        snprintf(path, n, "%s_summary.json.tmp", prefix);
         if (unlink(path) != 0 && errno != ENOENT) fail("cannot remove %s: %s", path, strerror(errno));
         free(path);
     }
+}
+
+// ---------------------------------------------------------------- replacing an earlier run
+// --overwrite: the earlier run's shards and summary are renamed to NAME.replaced just before
+// this run's take their names, and removed only once all of this run's have: if one of this
+// run's renames fails, its shards are taken back and the earlier run's files return to their
+// names, so a failed replacement leaves the old corpus whole (until 2026-12 the old one was
+// removed first, and a failed rename left neither corpus). A run killed between the two
+// leaves NAME.replaced files: the next run refuses to start beside them without --overwrite
+// (they may be the only copy of the old corpus), and one with --overwrite removes them once
+// it is done.
+static const char REPLACED[] = ".replaced";
+static char **aside;   // the earlier run's files moved aside, by their own names
+static int n_aside;
+
+static char *aside_name(const char *path) {
+    char *out = xmalloc(strlen(path) + sizeof REPLACED);
+    sprintf(out, "%s%s", path, REPLACED);
+    return out;
+}
+
+// The files of this prefix that match `suffix` after PREFIX_split_NNNNNN.bin (train's, then
+// val's) and PREFIX_summary.json, appended to *paths.
+static void earlier_files(const char *prefix, const char *suffix, char ***paths, int *count) {
+    for (int s = 0; s < 3; s++) {
+        char pat[80];
+        if (s < 2) snprintf(pat, sizeof pat, "_%s_[0-9][0-9][0-9][0-9][0-9][0-9].bin%s", SPLITS[s], suffix);
+        else snprintf(pat, sizeof pat, "_summary.json%s", suffix);
+        char *pattern = glob_of(prefix, pat);
+        glob_t g;
+        if (glob(pattern, 0, NULL, &g) == 0) {
+            *paths = xrealloc(*paths, (size_t)(*count + (int)g.gl_pathc) * sizeof **paths);
+            for (size_t i = 0; i < g.gl_pathc; i++) (*paths)[(*count)++] = xstrdup(g.gl_pathv[i]);
+            globfree(&g);
+        }
+        free(pattern);
+    }
+}
+
+// At the start: NAME.replaced files of a run killed while it replaced its corpus.
+static void check_replaced_leftovers(const char *prefix, bool overwrite) {
+    char **left = NULL;
+    int n = 0;
+    earlier_files(prefix, REPLACED, &left, &n);
+    if (n > 0 && !overwrite)
+        fail("%s exists: an earlier `prepare --overwrite` was stopped while it replaced its corpus ---> HINT: rename "
+             "the %s_*%s files back (drop %s) to keep that corpus, or pass --overwrite to replace it",
+             left[0], prefix, REPLACED, REPLACED);
+    for (int i = 0; i < n; i++) free(left[i]);
+    free(left);
+}
+
+// Puts what set_aside_earlier moved back under its names; returns how many could not be (they
+// keep NAME.replaced; the first in *first).
+static int restore_aside(const char **first) {
+    int left = 0;
+    *first = NULL;
+    for (int i = 0; i < n_aside; i++) {
+        char *from = aside_name(aside[i]);
+        if (rename(from, aside[i]) != 0 && left++ == 0) *first = aside[i];
+        free(from);
+    }
+    return left;
+}
+
+static void set_aside_earlier(const char *prefix) {
+    earlier_files(prefix, "", &aside, &n_aside);
+    for (int i = 0; i < n_aside; i++) {
+        char *to = aside_name(aside[i]);
+        int rc, error;
+        if (fault_requested("prepare_aside_eio", i)) rc = -1, error = EIO;
+        else rc = rename(aside[i], to), error = errno;
+        if (rc != 0) {
+            n_aside = i;   // the ones moved so far go back
+            size_t n = strlen(prefix) + 24;
+            char *summary = xmalloc(n);
+            snprintf(summary, n, "%s_summary.json.tmp", prefix);
+            unlink(summary);   // this run's (its partial shards go at the exit)
+            const char *first;
+            int left = restore_aside(&first);
+            if (left)
+                fail("cannot move %s aside to %s: %s; %d of the earlier run's %d files moved before it could not be "
+                     "moved back: rename %s%s and the other *%s files back by hand",
+                     aside[i], to, strerror(error), left, i, first, REPLACED, REPLACED);
+            fail("cannot move %s aside to %s: %s; the earlier run's output is as it was", aside[i], to, strerror(error));
+        }
+        free(to);
+    }
+}
+
+// This run's output has its names: the earlier run's goes, and any NAME.replaced left by a
+// stopped --overwrite with it. A file that cannot be removed is only litter now: a warning.
+static void drop_aside(const char *prefix) {
+    for (int i = 0; i < n_aside; i++) free(aside[i]);
+    free(aside);
+    aside = NULL;
+    n_aside = 0;
+    char **left = NULL;
+    int n = 0;
+    earlier_files(prefix, REPLACED, &left, &n);
+    for (int i = 0; i < n; i++) {
+        if (unlink(left[i]) != 0) warn("cannot remove %s, the earlier run's: %s", left[i], strerror(errno));
+        free(left[i]);
+    }
+    free(left);
 }
 
 // Removes the first `published` shards of the run (train's, then val's) under their final
@@ -423,11 +528,42 @@ static int take_back_shards(const split_output *const splits[2], int published) 
     return left;
 }
 
-// The run is done: its partial shards take their final names, train's then val's. If one
-// cannot (EIO, EDQUOT), those already renamed are taken back before the run fails, and the
-// exit removes the partial ones: shards 0..k-1 under their final names would be a corpus with
-// a hole that the trainer's glob takes for whole (until 2026-12 they were left).
-static void publish_shards(const split_output *train, const split_output *val) {
+// A rename of the publication failed (from → to, errno error) after `published` of this run's
+// shards took their names: they are taken back, the summary's .tmp removed, the earlier run's
+// files (--overwrite) put back, and the run fails with one line saying what is left.
+static void undo_publish(const split_output *const splits[2], int published, const char *from, const char *to,
+                         int error) {
+    const char *prefix = splits[0]->prefix;
+    int left = take_back_shards(splits, published);
+    size_t n = strlen(prefix) + 24;
+    char *summary = xmalloc(n);
+    snprintf(summary, n, "%s_summary.json.tmp", prefix);
+    unlink(summary);
+    char earlier[PATH_MAX + 200] = "";
+    if (n_aside > 0) {
+        const char *first;
+        int stuck = restore_aside(&first);
+        if (stuck)
+            snprintf(earlier, sizeof earlier, "; %d of the earlier run's %d files could not be put back: rename %s%s "
+                     "and the other *%s files back by hand", stuck, n_aside, first, REPLACED, REPLACED);
+        else
+            snprintf(earlier, sizeof earlier, "; the earlier run's %d files are back under their names", n_aside);
+    }
+    if (left)
+        fail("cannot rename %s to %s: %s; %d of the %d shards renamed before it could not be removed: "
+             "remove %s_train_*.bin and %s_val_*.bin, a corpus with a hole%s",
+             from, to, strerror(error), left, published, prefix, prefix, earlier);
+    fail("cannot rename %s to %s: %s; the %d shards renamed before it were removed: no shard of this run "
+         "is left%s",
+         from, to, strerror(error), published, earlier);
+}
+
+// The run is done: its partial shards take their final names, train's then val's, and the
+// summary its name last. If one cannot (EIO, EDQUOT), those already renamed are taken back
+// before the run fails, and the exit removes the partial ones: shards 0..k-1 under their
+// final names would be a corpus with a hole that the trainer's glob takes for whole (until
+// 2026-12 they were left); with --overwrite the earlier run's output returns.
+static void publish(const split_output *train, const split_output *val) {
     const split_output *const splits[2] = {train, val};
     int published = 0;
     for (int s = 0; s < 2; s++)
@@ -437,24 +573,21 @@ static void publish_shards(const split_output *train, const split_output *val) {
             int rc, error;
             if (fault_requested("prepare_publish_eio", published)) rc = -1, error = EIO;
             else rc = rename(from, to), error = errno;
-            if (rc != 0) {
-                int left = take_back_shards(splits, published);
-                size_t n = strlen(o->prefix) + 24;
-                char *summary = xmalloc(n);
-                snprintf(summary, n, "%s_summary.json.tmp", o->prefix);
-                unlink(summary);
-                if (left)
-                    fail("cannot rename %s to %s: %s; %d of the %d shards renamed before it could not be removed: "
-                         "remove %s_train_*.bin and %s_val_*.bin, a corpus with a hole",
-                         from, to, strerror(error), left, published, o->prefix, o->prefix);
-                fail("cannot rename %s to %s: %s; the %d shards renamed before it were removed: no shard of this run "
-                     "is left",
-                     from, to, strerror(error), published);
-            }
+            if (rc != 0) undo_publish(splits, published, from, to, error);
             published++;
             free(from);
             free(to);
         }
+    size_t n = strlen(train->prefix) + 24;
+    char *path = xmalloc(n), *tmp = xmalloc(n);
+    snprintf(path, n, "%s_summary.json", train->prefix);
+    snprintf(tmp, n, "%s_summary.json.tmp", train->prefix);
+    int rc, error;
+    if (fault_requested("prepare_publish_eio", published)) rc = -1, error = EIO;
+    else rc = rename(tmp, path), error = errno;
+    if (rc != 0) undo_publish(splits, published, tmp, path, error);
+    free(path);
+    free(tmp);
 }
 
 static void make_parent_dirs(const char *prefix) {
@@ -701,17 +834,6 @@ static void write_summary(const char *prefix, const tokenizer *tok, const char *
     sb_free(&sb);
 }
 
-// The summary written by write_summary takes its name: the last step of a run.
-static void publish_summary(const char *prefix) {
-    size_t n = strlen(prefix) + 24;
-    char *path = xmalloc(n), *tmp = xmalloc(n);
-    snprintf(path, n, "%s_summary.json", prefix);
-    snprintf(tmp, n, "%s_summary.json.tmp", prefix);
-    if (rename(tmp, path) != 0) fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    free(path);
-    free(tmp);
-}
-
 int prepare_main(int argc, char **argv, const shard_sink *shards) {
     sink = shards;
     prepare_options opt = parse_options(argc, argv);
@@ -730,8 +852,9 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
     uint32_t vocab_size = tokenizer_vocab_size(tok);
 
     make_parent_dirs(opt.out_prefix);
-    old_shards(opt.out_prefix, opt.overwrite, false, false);   // refused without --overwrite
-    old_shards(opt.out_prefix, true, false, true);             // a stopped run's partial shards
+    check_replaced_leftovers(opt.out_prefix, opt.overwrite);
+    old_shards(opt.out_prefix, opt.overwrite, false);   // refused without --overwrite
+    old_shards(opt.out_prefix, true, true);              // a stopped run's partial shards
     split_output train = {"train", opt.out_prefix, vocab_size, doc_token, opt.shard_tokens, NULL, NULL, 0, 0, 0,
                           xcalloc(vocab_size, sizeof(uint64_t))};
     split_output val = train;
@@ -811,14 +934,14 @@ int prepare_main(int argc, char **argv, const shard_sink *shards) {
                val_entropy, val_cross);
     }
     // Complete: the summary is written aside (a full disk fails the run here, before anything
-    // is published or removed), the earlier run's output goes (--overwrite), this one's takes
-    // its names, and the summary its name last.
+    // is published or moved), the earlier run's output is moved aside (--overwrite), this
+    // one's takes its names, the summary its name last, and then the earlier output goes.
     write_summary(opt.out_prefix, tok, opt.tokenizer_path, doc_token, &train, &val, val_entropy, val_cross, bytes,
                   file_bytes, seconds);
-    if (opt.overwrite) old_shards(opt.out_prefix, true, true, false);
-    publish_shards(&train, &val);
+    if (opt.overwrite) set_aside_earlier(opt.out_prefix);
+    publish(&train, &val);
     outputs_to_abort[0] = outputs_to_abort[1] = NULL;   // nothing partial is left to remove
-    publish_summary(opt.out_prefix);
+    if (opt.overwrite) drop_aside(opt.out_prefix);
     fflush(stdout);
 
     prep_reader_close(reader);

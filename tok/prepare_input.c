@@ -65,7 +65,7 @@ static const char *const jsonl_suffixes[] = {".jsonl", ".ndjson", ".json"};
 static const char *const corpus_suffixes[] = {".txt", ".jsonl", ".ndjson", ".json"};
 
 // Whether path, found in a directory, is output of a run of this --out (PREFIX_summary.json,
-// PREFIX_train_NNNNNN.bin, their .partial and .tmp): with the output next to its text, a second
+// PREFIX_train_NNNNNN.bin, their .partial, .tmp and .replaced): with the output next to its text, a second
 // run read the first one's shards and summary as text (or failed on the summary as JSONL).
 static bool own_output(const input_list *list, const char *path) {
     if (!list->out_dir) return false;
@@ -73,7 +73,8 @@ static bool own_output(const input_list *list, const char *path) {
     size_t n = strlen(list->out_base);
     if (strncmp(name, list->out_base, n) != 0 || name[n] != '_') return false;
     const char *rest = name + n + 1;
-    if (strcmp(rest, "summary.json") != 0 && strcmp(rest, "summary.json.tmp") != 0) {   // not summary.jsonl
+    if (strcmp(rest, "summary.json") != 0 && strcmp(rest, "summary.json.tmp") != 0 &&
+        strcmp(rest, "summary.json.replaced") != 0) {   // not summary.jsonl
         if (strncmp(rest, "train_", 6) == 0) rest += 6;
         else if (strncmp(rest, "val_", 4) == 0) rest += 4;
         else return false;
@@ -81,7 +82,7 @@ static bool own_output(const input_list *list, const char *path) {
             if (rest[i] < '0' || rest[i] > '9') return false;
         rest += 6;
         if (strcmp(rest, ".bin") != 0 && strcmp(rest, ".bin.partial") != 0 && strcmp(rest, ".bin.partial.tmp") != 0 &&
-            strcmp(rest, ".bin.tmp") != 0)
+            strcmp(rest, ".bin.tmp") != 0 && strcmp(rest, ".bin.replaced") != 0)
             return false;
     }
     char *dir = slash ? xstrdup(path) : xstrdup(".");
