@@ -1,23 +1,29 @@
 // dataloader.h — token shards (the on-disk format) and the loader that turns a set of
 // shards into micro-batches.
 //
-// SHARD FORMAT, version 1 (all integers little-endian; documented in docs/formats.md):
+// SHARD FORMAT, version 2 (all integers little-endian; documented in docs/formats.md):
 //
 //   offset  size  field
 //        0     8  magic "TGPTSHRD"
-//        8     4  version = 1
+//        8     4  version = 2 (1: the older format, below)
 //       12     4  token_bytes: 2 (uint16 tokens, vocab_size <= 65536) or 4 (uint32)
 //       16     8  n_tokens
 //       24     8  payload_xxh64: XXH64 (seed 0) of the n_tokens * token_bytes payload bytes
 //       32     4  vocab_size of the tokenizer that wrote it (every token is below it)
 //       36     4  doc_token: the token placed before each document, 0xFFFFFFFF if none
-//       40    16  reserved, zero
+//       40     4  chunk_bytes: a power of two from 256 to 16 MiB (the writer's default: 16 KiB)
+//       44    12  reserved, zero
 //       56     8  header_xxh64: XXH64 (seed 0) of bytes 0..55
-//       64     …  payload: n_tokens tokens of token_bytes each
+//       64     P  payload: n_tokens tokens of token_bytes each (P = n_tokens * token_bytes)
+//   64 + P  8·K  the chunk table: K = ceil(P / chunk_bytes) XXH64s, entry k the XXH64 with
+//                seed k of payload bytes [k·chunk_bytes, min((k+1)·chunk_bytes, P))
 //
-// The file is exactly 64 + n_tokens * token_bytes bytes; anything else is a truncated or
-// padded shard and is refused. A shard is written to NAME.tmp, fsynced and renamed, so a
-// reader never sees half of one.
+// The file is exactly 64 + P + 8·K bytes; anything else is a truncated or padded shard and
+// is refused. A shard is written to NAME.tmp, fsynced and renamed, so a reader never sees
+// half of one. Version 1 (written until 2026-12) has no chunk table (the file is 64 + P
+// bytes, bytes 40..55 reserved): only the whole payload's checksum, so a reader must hash the
+// whole shard before it can trust any of it. Both are read; the writer writes version 2 (a
+// chunk_bytes of 0 asks it for version 1, for tests of the old format).
 //
 // THE LOADER. The train shards, in the order given (a glob is sorted), are one stream of
 // tokens. A micro-batch holds batch_size rows of seq_len + 1 tokens (inputs, and targets
@@ -53,9 +59,12 @@ extern "C" {
 #endif
 
 #define SHARD_MAGIC "TGPTSHRD"
-#define SHARD_VERSION 1
+#define SHARD_VERSION 2
 #define SHARD_HEADER_BYTES 64
 #define SHARD_NO_DOC_TOKEN 0xFFFFFFFFu
+#define SHARD_CHUNK_BYTES (16u << 10)     // the writer's chunk: a 4-16 KB row reads 1-3 chunks
+#define SHARD_MIN_CHUNK_BYTES 256u
+#define SHARD_MAX_CHUNK_BYTES (16u << 20)
 
 typedef struct {
     uint32_t version;
@@ -64,14 +73,23 @@ typedef struct {
     uint64_t payload_xxh64;
     uint32_t vocab_size;
     uint32_t doc_token;
+    uint32_t chunk_bytes;   // version 2; 0 in version 1
 } shard_header;
+
+// The file's size for this header: header, payload and (version 2) chunk table. Only for a
+// header whose n_tokens · token_bytes does not wrap (shard_read_header checks that first).
+uint64_t shard_file_bytes(const shard_header *h);
 
 // ---- writing shards ----
 // Streams tokens into PATH.tmp and, on close, fixes up the header, fsyncs and renames
 // to PATH. token_bytes is 2 when vocab_size <= 65536, else 4.
 typedef struct shard_writer shard_writer;
-// NULL (errno set) if PATH.tmp cannot be created.
+// NULL (errno set) if PATH.tmp cannot be created. Version 2, chunks of SHARD_CHUNK_BYTES.
 shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t doc_token);
+// The same with another chunk size (a power of two from SHARD_MIN_CHUNK_BYTES to
+// SHARD_MAX_CHUNK_BYTES, else errno = EINVAL), or 0: a version 1 shard (tests of old shards).
+shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, uint32_t doc_token,
+                                        uint32_t chunk_bytes);
 // false on an I/O error or a token >= vocab_size (errno = EINVAL).
 bool shard_writer_append(shard_writer *w, const uint32_t *tokens, uint64_t count);
 uint64_t shard_writer_tokens(const shard_writer *w);
@@ -84,8 +102,9 @@ void shard_writer_abort(shard_writer *w);
 // Reads and checks a shard's header against its file size. On failure returns false and
 // writes a one-line reason (without the path) into why.
 bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_bytes);
-// Reads a whole shard, checks both checksums and every token < vocab_size. Returns the
-// tokens as uint32 (caller frees) or NULL with a reason in why.
+// Reads a whole shard, checks its checksums (the payload's and, version 2, every chunk's) and
+// every token < vocab_size. Returns the tokens as uint32 (caller frees) or NULL with a reason
+// in why.
 uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t why_bytes);
 
 // ---- the loader ----
@@ -128,10 +147,15 @@ uint32_t dataloader_vocab_size(const dataloader *d);
 uint32_t dataloader_doc_token(const dataloader *d);
 // Micro-batches per epoch for one process.
 int64_t dataloader_batches_per_epoch(const dataloader *d);
-// Verifies now (payload checksums) every shard that holds one of the stream's first `tokens`
-// tokens, as a first read would; fails with one line naming the shard. For the validation set
-// at start, so that a bad one stops the run before it trains rather than after.
+// Verifies now the stream's first `tokens` tokens as reading them would (version 2: the
+// chunks that hold them; version 1: every shard that holds one, whole); fails with one line
+// naming the shard. For the validation set at start, so that a bad one stops the run before it
+// trains rather than after.
 void dataloader_verify_prefix(dataloader *d, uint64_t tokens);
+// What this loader has read from its shards' payloads and chunk tables so far (rows, and the
+// chunks or whole shards read to verify them), and of that, the bytes it hashed to verify.
+uint64_t dataloader_bytes_read(const dataloader *d);
+uint64_t dataloader_bytes_hashed(const dataloader *d);
 
 #ifdef __cplusplus
 }
@@ -144,12 +168,17 @@ void dataloader_verify_prefix(dataloader *d, uint64_t tokens);
 // defined (build/dataloader_impl.o); every other file includes it for the declarations above.
 //
 // Shards are opened lazily and read with pread, so a dataset of thousands of shards costs
-// one open file at a time. Each shard's payload checksum is verified the first time this
-// process reads from it (a full pass over that shard, at disk speed), so corruption is
-// found before any of its tokens reach the model, without reading terabytes at start-up.
+// one open file at a time. A version 2 shard is verified where it is read: a row reads the
+// chunks that hold it and their table entries, checks each chunk's checksum and every token of
+// it against vocab_size, and is taken from those verified bytes; the verified range of the last
+// shard read is kept, so the next row inside it (shuffle = 0, validation) costs no read. So a
+// process hashes about what it reads (a row plus up to two chunks), whatever the corpus's size,
+// and nothing is kept across processes or starts that could go stale. A version 1 shard has
+// one checksum over its whole payload, so it is verified whole the first time this process
+// reads from it (a full pass over that shard, at disk speed) before any of its tokens is used.
 // A shard that changes while the run reads it (rewritten by a `prepare --overwrite`, copied
 // over again) is noticed when it is next opened: a new file (device, inode), size or mtime
-// has its header compared with the one the run started with (another one is an error) and
+// has its header compared with the one the run started with (other tokens are an error) and
 // its payload verified again before any of its tokens is used.
 #if defined(DATALOADER_IMPLEMENTATION) && !defined(TRAIN_GPT_DATALOADER_IMPLEMENTED)
 #define TRAIN_GPT_DATALOADER_IMPLEMENTED
@@ -179,6 +208,7 @@ static void encode_header(const shard_header *h, uint8_t out[SHARD_HEADER_BYTES]
     put_u64(out + 24, h->payload_xxh64);
     put_u32(out + 32, h->vocab_size);
     put_u32(out + 36, h->doc_token);
+    if (h->version >= 2) put_u32(out + 40, h->chunk_bytes);
     put_u64(out + 56, xxh64(out, 56, 0));
 }
 
@@ -197,9 +227,15 @@ static bool decode_header(const uint8_t in[SHARD_HEADER_BYTES], shard_header *h,
     h->payload_xxh64 = get_u64(in + 24);
     h->vocab_size = get_u32(in + 32);
     h->doc_token = get_u32(in + 36);
-    if (h->version != SHARD_VERSION) {
-        snprintf(why, why_bytes, "shard version %u is not supported (this build reads version %d)", h->version,
-                 SHARD_VERSION);
+    h->chunk_bytes = h->version >= 2 ? get_u32(in + 40) : 0;
+    if (h->version != 1 && h->version != 2) {
+        snprintf(why, why_bytes, "shard version %u is not supported (this build reads versions 1 and 2)", h->version);
+        return false;
+    }
+    if (h->version == 2 && (h->chunk_bytes < SHARD_MIN_CHUNK_BYTES || h->chunk_bytes > SHARD_MAX_CHUNK_BYTES ||
+                            (h->chunk_bytes & (h->chunk_bytes - 1)) != 0)) {
+        snprintf(why, why_bytes, "bad chunk size %u bytes (a power of two from %u to %u)", h->chunk_bytes,
+                 SHARD_MIN_CHUNK_BYTES, SHARD_MAX_CHUNK_BYTES);
         return false;
     }
     if (h->token_bytes != 2 && h->token_bytes != 4) {
@@ -213,6 +249,15 @@ static bool decode_header(const uint8_t in[SHARD_HEADER_BYTES], shard_header *h,
     return true;
 }
 
+static uint64_t shard_chunks(const shard_header *h) {
+    uint64_t payload = h->n_tokens * h->token_bytes;
+    return h->version >= 2 ? (payload + h->chunk_bytes - 1) / h->chunk_bytes : 0;
+}
+
+uint64_t shard_file_bytes(const shard_header *h) {
+    return SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes + 8 * shard_chunks(h);
+}
+
 // ---------------------------------------------------------------- writer
 
 struct shard_writer {
@@ -222,10 +267,22 @@ struct shard_writer {
     xxh64_state hash;
     uint8_t *buffer;
     size_t buffered_bytes, capacity_bytes;
+    // version 2: the chunk being hashed (its bytes so far) and the table of those done
+    xxh64_state chunk;
+    uint64_t chunk_fill;
+    uint8_t *table;
+    uint64_t chunks, table_capacity;
 };
 
 shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t doc_token) {
-    if (vocab_size == 0) {
+    return shard_writer_open_chunked(path, vocab_size, doc_token, SHARD_CHUNK_BYTES);
+}
+
+shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, uint32_t doc_token,
+                                        uint32_t chunk_bytes) {
+    if (vocab_size == 0 || (chunk_bytes != 0 && (chunk_bytes < SHARD_MIN_CHUNK_BYTES ||
+                                                 chunk_bytes > SHARD_MAX_CHUNK_BYTES ||
+                                                 (chunk_bytes & (chunk_bytes - 1)) != 0))) {
         errno = EINVAL;
         return NULL;
     }
@@ -242,7 +299,9 @@ shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t 
         errno = e;
         return NULL;
     }
-    w->header.version = SHARD_VERSION;
+    w->header.version = chunk_bytes ? SHARD_VERSION : 1;
+    w->header.chunk_bytes = chunk_bytes;
+    xxh64_init(&w->chunk, 0);   // chunk k is hashed with seed k
     w->header.token_bytes = vocab_size <= 65536 ? 2 : 4;
     w->header.vocab_size = vocab_size;
     w->header.doc_token = doc_token;
@@ -259,9 +318,34 @@ shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t 
     return w;
 }
 
+static void end_chunk(shard_writer *w) {
+    if (w->chunks == w->table_capacity) {
+        w->table_capacity = w->table_capacity ? 2 * w->table_capacity : 1024;
+        w->table = xrealloc(w->table, (size_t)w->table_capacity * 8);
+    }
+    put_u64(w->table + 8 * w->chunks, xxh64_digest(&w->chunk));
+    w->chunks++;
+    xxh64_init(&w->chunk, w->chunks);
+    w->chunk_fill = 0;
+}
+
+// Version 2: the payload bytes p[0..n) into the chunk hashes, a table entry per full chunk.
+static void hash_chunks(shard_writer *w, const uint8_t *p, size_t n) {
+    uint64_t size = w->header.chunk_bytes;
+    while (n > 0) {
+        size_t take = n < size - w->chunk_fill ? n : (size_t)(size - w->chunk_fill);
+        xxh64_update(&w->chunk, p, take);
+        w->chunk_fill += take;
+        p += take;
+        n -= take;
+        if (w->chunk_fill == size) end_chunk(w);
+    }
+}
+
 static bool flush_buffer(shard_writer *w) {
     if (w->buffered_bytes == 0) return true;
     xxh64_update(&w->hash, w->buffer, w->buffered_bytes);
+    if (w->header.chunk_bytes) hash_chunks(w, w->buffer, w->buffered_bytes);
     bool ok = write_exact(w->fd, w->buffer, w->buffered_bytes);
     w->buffered_bytes = 0;
     return ok;
@@ -293,6 +377,7 @@ uint64_t shard_writer_tokens(const shard_writer *w) { return w->header.n_tokens;
 
 static void writer_free(shard_writer *w) {
     free(w->buffer);
+    free(w->table);
     free(w->path);
     free(w->tmp_path);
     free(w);
@@ -300,6 +385,10 @@ static void writer_free(shard_writer *w) {
 
 bool shard_writer_close(shard_writer *w) {
     bool ok = flush_buffer(w);
+    if (w->header.chunk_bytes) {   // the last, shorter chunk, then the table after the payload
+        if (w->chunk_fill > 0) end_chunk(w);
+        ok = ok && write_exact(w->fd, w->table, (size_t)w->chunks * 8);
+    }
     w->header.payload_xxh64 = xxh64_digest(&w->hash);
     uint8_t header[SHARD_HEADER_BYTES];
     encode_header(&w->header, header);
@@ -352,11 +441,12 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
                  (long long)st.st_size, (unsigned long long)h->n_tokens, h->token_bytes);
         return false;
     }
-    uint64_t expected = SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
+    uint64_t expected = shard_file_bytes(h);
     if ((uint64_t)st.st_size != expected) {
-        snprintf(why, why_bytes, "%s shard: %lld bytes, the header says %llu tokens = %llu bytes",
+        snprintf(why, why_bytes, "%s shard: %lld bytes, the header says %llu tokens = %llu bytes%s",
                  (uint64_t)st.st_size < expected ? "truncated" : "oversized", (long long)st.st_size,
-                 (unsigned long long)h->n_tokens, (unsigned long long)expected);
+                 (unsigned long long)h->n_tokens, (unsigned long long)expected,
+                 h->version >= 2 ? " with its chunk table" : "");
         return false;
     }
     return true;
@@ -383,8 +473,29 @@ uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t wh
         free(raw);
         return NULL;
     }
-    if (xxh64(raw, bytes, 0) != h->payload_xxh64) {
+    if (ok && xxh64(raw, bytes, 0) != h->payload_xxh64) {
         snprintf(why, why_bytes, "shard payload checksum mismatch (corrupt data)");
+        ok = false;
+    }
+    uint64_t chunks = shard_chunks(h);
+    uint8_t *table = xmalloc((size_t)chunks * 8 + 1);
+    if (ok && chunks > 0) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        ok = fd >= 0 && pread_exact(fd, table, (size_t)chunks * 8, SHARD_HEADER_BYTES + bytes);
+        if (fd >= 0) close(fd);
+        if (!ok) snprintf(why, why_bytes, "cannot read the chunk table: %s", strerror(errno));
+    }
+    for (uint64_t k = 0; ok && k < chunks; k++) {
+        uint64_t at = k * h->chunk_bytes, n = bytes - at < h->chunk_bytes ? bytes - at : h->chunk_bytes;
+        if (xxh64(raw + at, (size_t)n, k) != get_u64(table + 8 * k)) {
+            snprintf(why, why_bytes, "payload checksum mismatch in chunk %llu (file bytes %llu..%llu, or its entry in "
+                     "the chunk table): corrupt data", (unsigned long long)k,
+                     (unsigned long long)(SHARD_HEADER_BYTES + at), (unsigned long long)(SHARD_HEADER_BYTES + at + n - 1));
+            ok = false;
+        }
+    }
+    free(table);
+    if (!ok) {
         free(raw);
         return NULL;
     }
@@ -407,7 +518,7 @@ typedef struct {
     char *path;
     shard_header header;
     uint64_t first_token;  // offset of this shard in the concatenated stream
-    bool verified;
+    bool verified;         // version 1: its whole payload, in this process
     // The file behind path when it was last opened (seen), for noticing a replaced one.
     bool seen, replaced;
     dev_t dev;
@@ -430,8 +541,15 @@ struct dataloader {
     uint64_t n_rows;             // per epoch, all processes: windows of T+1 tokens, stride T
     data_position pos;
     int open_fd, open_shard;
-    uint8_t *raw;                // read buffer for one row
+    uint8_t *raw;                // read buffer for one row (version 1)
     uint32_t *row;
+    // Version 2: payload bytes [cache_lo, cache_hi) of shard cache_shard (-1: none), whole
+    // chunks read and verified, and a buffer for their chunk table entries.
+    int cache_shard;
+    uint64_t cache_lo, cache_hi;
+    uint8_t *cache, *entries;
+    size_t cache_capacity, entries_capacity;
+    uint64_t bytes_read, bytes_hashed;   // dataloader_bytes_read, dataloader_bytes_hashed
 };
 
 static void add_shard(dataloader *d, int *capacity, const char *path) {
@@ -501,7 +619,15 @@ dataloader *dataloader_open_split(const char *spec, const char *key, int64_t bat
     d->split = split;
     d->open_fd = -1;
     d->open_shard = -1;
+    d->cache_shard = -1;
     collect_shards(d, spec);
+    int old = 0;
+    for (int i = 0; i < d->n_shards; i++) old += d->shards[i].header.version < 2;
+    if (old > 0)
+        note("%s: %d of the %d shards are version 1, with one checksum over each whole shard: every process reads "
+             "each of them whole the first time it reads from it, after every start (version 2, which prepare writes, "
+             "is verified chunk by chunk as it is read: docs/formats.md)",
+             key, old, d->n_shards);
     uint64_t usable = d->total_tokens > 0 ? d->total_tokens - 1 : 0;  // the last token is only a target
     // Every replica gets the same number of rows (the last rows_total mod M are not read), so
     // replicas of any batch size have the same epoch in rows.
@@ -529,6 +655,8 @@ void dataloader_close(dataloader *d) {
     free(d->shards);
     free(d->raw);
     free(d->row);
+    free(d->cache);
+    free(d->entries);
     free(d->key);
     free(d);
 }
@@ -543,9 +671,11 @@ static int shard_of_token(const dataloader *d, uint64_t token) {
     return lo;
 }
 
+// The same tokens: the fields the fingerprint covers. The version and chunk size may differ (a
+// version 1 shard converted to version 2 under the run is the same data).
 static bool same_header(const shard_header *a, const shard_header *b) {
-    return a->version == b->version && a->token_bytes == b->token_bytes && a->n_tokens == b->n_tokens &&
-           a->payload_xxh64 == b->payload_xxh64 && a->vocab_size == b->vocab_size && a->doc_token == b->doc_token;
+    return a->token_bytes == b->token_bytes && a->n_tokens == b->n_tokens && a->payload_xxh64 == b->payload_xxh64 &&
+           a->vocab_size == b->vocab_size && a->doc_token == b->doc_token;
 }
 
 // Checks the file just opened for shard i against the one the run knows (see the top): on its
@@ -562,8 +692,7 @@ static void check_identity(dataloader *d, int i, int fd) {
     shard_header now;
     char why[256] = "cannot read its header";
     bool ok = pread_exact(fd, raw, sizeof raw, 0) && decode_header(raw, &now, why, sizeof why);
-    uint64_t expected = SHARD_HEADER_BYTES + s->header.n_tokens * s->header.token_bytes;
-    if (ok && (!same_header(&now, &s->header) || (uint64_t)st.st_size != expected)) {
+    if (ok && (!same_header(&now, &s->header) || (uint64_t)st.st_size != shard_file_bytes(&now))) {
         snprintf(why, sizeof why, "it now holds %llu tokens of %u bytes (%lld bytes, checksum %016llx), not the %llu "
                  "(checksum %016llx) the run started with",
                  (unsigned long long)now.n_tokens, now.token_bytes, (long long)st.st_size,
@@ -573,8 +702,10 @@ static void check_identity(dataloader *d, int i, int fd) {
     }
     if (!ok) fail("%s: shard '%s' changed while the run was reading it: %s", d->key, s->path, why);
     if (s->seen) {
-        s->verified = false;   // the same header; its tokens are checked again before use
+        s->verified = false;   // the same tokens by its header; they are checked again before use
         s->replaced = true;
+        s->header = now;       // its version and chunk size are the new file's
+        if (d->cache_shard == i) d->cache_shard = -1;
     }
     s->seen = true;
     s->dev = st.st_dev;
@@ -612,9 +743,9 @@ static void fail_token_range(const dataloader *d, const shard_entry *s, uint32_t
          (unsigned long long)index, s->header.vocab_size);
 }
 
-// One pass over the payload checks its checksum and every token against the header's
-// vocab_size, so a shard with a bad token fails before its first token is used, not when the
-// window holding it comes up (hours into a run, and again on every resume).
+// Version 1: one pass over the payload checks its checksum and every token against the
+// header's vocab_size, so a shard with a bad token fails before its first token is used, not
+// when the window holding it comes up (hours into a run, and again on every resume).
 static void verify_shard(dataloader *d, int i) {
     shard_entry *s = &d->shards[i];
     int fd = shard_fd(d, i);
@@ -630,6 +761,8 @@ static void verify_shard(dataloader *d, int i) {
         size_t n = left < chunk_bytes ? (size_t)left : chunk_bytes;
         if (!pread_exact(fd, chunk, n, offset)) fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
         xxh64_update(&h, chunk, n);
+        d->bytes_read += n;
+        d->bytes_hashed += n;
         if (bad_index == UINT64_MAX) {
             uint64_t k = first_token_at_or_above(chunk, width, n / width, s->header.vocab_size);
             if (k < n / width) {
@@ -649,6 +782,69 @@ static void verify_shard(dataloader *d, int i) {
     s->verified = true;
 }
 
+static void *grow(void *p, size_t *capacity, size_t bytes) {
+    if (bytes <= *capacity) return p;
+    *capacity = bytes;
+    return xrealloc(p, bytes);
+}
+
+// Version 2: makes chunks [c0, c1) of shard i the verified range. The chunks of it the range
+// holds already are kept (rows read in order hash each chunk once); the others are read with
+// their table entries, each checked against its checksum and every token of it against
+// vocab_size (the whole chunk: a bad token stops the run when its chunk is first read, not
+// only when its own row comes up). An error names the shard, the chunk and its bytes in the
+// file.
+static void load_chunks(dataloader *d, int i, uint64_t c0, uint64_t c1) {
+    shard_entry *s = &d->shards[i];
+    int fd = shard_fd(d, i);   // open already: the callers noticed a replaced file before they chose this path
+    const shard_header *h = &s->header;
+    CHECK(h->version >= 2);
+    uint64_t size = h->chunk_bytes, payload = h->n_tokens * h->token_bytes;
+    uint64_t lo = c0 * size, hi = min_i64((int64_t)(c1 * size), (int64_t)payload);
+    uint64_t kept = 0;   // bytes of [lo, hi) that the verified range holds, from lo on
+    if (d->cache_shard == i && d->cache_lo <= lo && lo < d->cache_hi)
+        kept = min_i64((int64_t)d->cache_hi, (int64_t)hi) - lo;
+    d->cache_shard = -1;
+    d->cache = grow(d->cache, &d->cache_capacity, (size_t)(hi - lo));
+    if (kept > 0) memmove(d->cache, d->cache + (lo - d->cache_lo), (size_t)kept);
+    // The first chunk to read: a kept range ends at a chunk's end, or at the payload's.
+    uint64_t k0 = lo + kept >= hi ? c1 : (lo + kept) / size;
+    uint64_t from = k0 * size;
+    if (from < hi) {
+        d->entries = grow(d->entries, &d->entries_capacity, (size_t)(c1 - k0) * 8);
+        if (!pread_exact(fd, d->cache + (from - lo), (size_t)(hi - from), SHARD_HEADER_BYTES + from) ||
+            !pread_exact(fd, d->entries, (size_t)(c1 - k0) * 8, SHARD_HEADER_BYTES + payload + 8 * k0))
+            fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
+        d->bytes_read += (hi - from) + 8 * (c1 - k0);
+        d->bytes_hashed += hi - from;
+    }
+    for (uint64_t k = k0; k < c1; k++) {
+        const uint8_t *bytes = d->cache + (k * size - lo);
+        uint64_t n = min_i64((int64_t)size, (int64_t)(payload - k * size));
+        if (xxh64(bytes, (size_t)n, k) != get_u64(d->entries + 8 * (k - k0)))
+            fail("%s: shard '%s': payload checksum mismatch in chunk %llu (file bytes %llu..%llu, or its entry in the "
+                 "chunk table): %s", d->key, s->path, (unsigned long long)k,
+                 (unsigned long long)(SHARD_HEADER_BYTES + k * size),
+                 (unsigned long long)(SHARD_HEADER_BYTES + k * size + n - 1),
+                 s->replaced ? "it was written again while the run was reading it, and its tokens changed"
+                             : "corrupt data");
+        uint64_t tokens = n / h->token_bytes, bad = first_token_at_or_above(bytes, h->token_bytes, tokens, h->vocab_size);
+        if (bad < tokens) fail_token_range(d, s, token_at(bytes, h->token_bytes, bad), k * size / h->token_bytes + bad);
+    }
+    d->cache_shard = i;
+    d->cache_lo = lo;
+    d->cache_hi = hi;
+}
+
+// Version 2: tokens [first, first + count) of shard i into out, from verified chunks.
+static void read_chunked(dataloader *d, int i, uint64_t first, uint64_t count, uint32_t *out) {
+    const shard_header *h = &d->shards[i].header;
+    uint64_t a = first * h->token_bytes, b = (first + count) * h->token_bytes;
+    if (d->cache_shard != i || a < d->cache_lo || b > d->cache_hi)
+        load_chunks(d, i, a / h->chunk_bytes, (b + h->chunk_bytes - 1) / h->chunk_bytes);
+    widen_tokens(d->cache + (a - d->cache_lo), h->token_bytes, count, out);
+}
+
 // Reads stream tokens [start, start + count) into d->row, across shard boundaries.
 static void read_stream(dataloader *d, uint64_t start, uint64_t count) {
     CHECK(start + count <= d->total_tokens);
@@ -657,13 +853,21 @@ static void read_stream(dataloader *d, uint64_t start, uint64_t count) {
         uint64_t at = start + done;
         int i = shard_of_token(d, at);
         shard_entry *s = &d->shards[i];
-        int fd = shard_fd(d, i);   // first: a replaced file is noticed here and verified below
-        if (!s->verified) verify_shard(d, i);
         uint64_t in_shard = at - s->first_token;
         uint64_t n = min_i64((int64_t)(count - done), (int64_t)(s->header.n_tokens - in_shard));
+        // First: a replaced file is noticed here (the entry then has its header, of either
+        // version) and its tokens verified again below before they are used.
+        int fd = shard_fd(d, i);
+        if (s->header.version >= 2) {
+            read_chunked(d, i, in_shard, n, d->row + done);
+            done += n;
+            continue;
+        }
+        if (!s->verified) verify_shard(d, i);
         uint32_t width = s->header.token_bytes;
         if (!pread_exact(fd, d->raw, (size_t)(n * width), SHARD_HEADER_BYTES + in_shard * width))
             fail("%s: shard '%s': read error: %s", d->key, s->path, strerror(errno));
+        d->bytes_read += n * width;
         widen_tokens(d->raw, width, n, d->row + done);
         // verify_shard checked every token already; this second check costs nothing next
         // to the read.
@@ -755,8 +959,23 @@ uint32_t dataloader_doc_token(const dataloader *d) {
 int64_t dataloader_batches_per_epoch(const dataloader *d) { return d->batches_per_epoch; }
 
 void dataloader_verify_prefix(dataloader *d, uint64_t tokens) {
-    for (int i = 0; i < d->n_shards && d->shards[i].first_token < tokens; i++)
-        if (!d->shards[i].verified) verify_shard(d, i);
+    for (int i = 0; i < d->n_shards && d->shards[i].first_token < tokens; i++) {
+        shard_entry *s = &d->shards[i];
+        shard_fd(d, i);   // a replaced file is noticed before its version or flag is trusted
+        if (s->header.version < 2) {
+            if (!s->verified) verify_shard(d, i);
+            continue;
+        }
+        // The chunks that hold its first `tokens`, about 4 MiB at a time (the cache holds that
+        // much, not the whole set).
+        uint64_t n = min_i64((int64_t)(tokens - s->first_token), (int64_t)s->header.n_tokens);
+        uint64_t size = s->header.chunk_bytes, last = (n * s->header.token_bytes + size - 1) / size;
+        uint64_t step = size < (4u << 20) ? (4u << 20) / size : 1;
+        for (uint64_t c = 0; c < last; c += step) load_chunks(d, i, c, min_i64((int64_t)(c + step), (int64_t)last));
+    }
 }
+
+uint64_t dataloader_bytes_read(const dataloader *d) { return d->bytes_read; }
+uint64_t dataloader_bytes_hashed(const dataloader *d) { return d->bytes_hashed; }
 
 #endif  // DATALOADER_IMPLEMENTATION

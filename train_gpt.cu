@@ -3986,15 +3986,19 @@ static int train_run(train_config *cfg) {
         // waiting for collectives; device_mb: what the GPU backend allocated on its GPU, and
         // device_state_mb the part of it that is this rank's weights, gradients and moments (0
         // on the CPU); follow_mb (HSDP copies in a DiLoCo replica): the weights it sent the
-        // other copies after DiLoCo changed them.
+        // other copies after DiLoCo changed them; data_read_mb and data_hashed_mb: what the
+        // train loader read from its shards, and hashed to verify them, in this run.
         int at = snprintf(extra, sizeof extra,
                           "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f,\"activation_peak_mb\":%.6f,\"gathered_peak_mb\":%.6f,"
-                          "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f,\"device_mb\":%.6f,\"device_state_mb\":%.6f",
+                          "\"grads_peak_mb\":%.6f,\"comm_wait_s\":%.3f,\"device_mb\":%.6f,\"device_state_mb\":%.6f,"
+                          "\"data_read_mb\":%.6f,\"data_hashed_mb\":%.6f",
                           (double)usage.ru_maxrss / 1024.0, (double)tr.shard.local_numel * 16.0 / 1048576.0,
                           (double)tr.be->activation_peak_bytes / 1048576.0,
                           (double)tr.be->gathered_peak_bytes / 1048576.0, (double)tr.be->grads_peak_bytes / 1048576.0,
                           tr.be->comm_wait_s, (double)backend_device_bytes(tr.be) / 1048576.0,
-                          (double)tr.be->device_state_bytes / 1048576.0);
+                          (double)tr.be->device_state_bytes / 1048576.0,
+                          (double)dataloader_bytes_read(tr.train) / 1048576.0,
+                          (double)dataloader_bytes_hashed(tr.train) / 1048576.0);
         if (tr.copies_follow && at > 0 && at < (int)sizeof extra)
             snprintf(extra + at, sizeof extra - (size_t)at, ",\"follow_mb\":%.6f", (double)tr.follow_bytes / 1048576.0);
         metrics_event(tr.log, "end", tr.state.step, extra);

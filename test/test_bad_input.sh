@@ -82,7 +82,7 @@ expect_error "missing config file" "cannot read config file '$tmp/nothere.conf'"
 # A mistyped path given as the config: a shard, a checkpoint's weights, a huge file (read whole
 # it cost its size in memory, 1.75 GB for a 1.5 GB shard; at 100 GB "out of memory" naming no
 # file). Sparse files: nothing is written to disk.
-expect_error "a token shard as the config" "train.bin: 40064 bytes: not a config file (a train_gpt token shard" \
+expect_error "a token shard as the config" "train.bin: 40088 bytes: not a config file (a train_gpt token shard" \
     "$TRAIN_GPT" "$tmp/train.bin"
 "$PYTHON" -c 'import sys; open(sys.argv[1], "wb").write((2).to_bytes(8, "little") + b"{}")' "$tmp/w.safetensors"
 expect_error "a safetensors file as the config" "w.safetensors: 10 bytes: not a config file (a safetensors file)" \
@@ -167,21 +167,32 @@ expect_error "truncated shard" "truncated shard" "$TRAIN_GPT" "${base[@]}" --tra
 # A forged header whose n_tokens · 2 wraps past 2⁶⁴ to the file's size (2⁶³ + 20000 tokens):
 # it once passed the size check and the loader overflowed its row buffer.
 cp "$tmp/train.bin" "$tmp/wrap.bin"; "$TOOL" forge_n_tokens "$tmp/wrap.bin" 9223372036854795808
-expect_error "n_tokens that wraps the size check" "truncated shard: 40064 bytes, the header says 9223372036854795808 tokens" \
+expect_error "n_tokens that wraps the size check" "truncated shard: 40088 bytes, the header says 9223372036854795808 tokens" \
     "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/wrap.bin" --shuffle 0 --out_dir "$tmp/o1"
 cp "$tmp/train.bin" "$tmp/magic.bin"; "$TOOL" flip "$tmp/magic.bin" 2
 expect_error "wrong magic" "bad magic" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/magic.bin" --out_dir "$tmp/o1"
+# A flipped byte in the first chunk (16 KiB), which the first micro-batch reads (test_data_verify:
+# chunks the run reads and does not read).
 cp "$tmp/train.bin" "$tmp/payload.bin"; "$TOOL" flip "$tmp/payload.bin" 1000
-expect_error "corrupt payload" "payload checksum mismatch" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/payload.bin" --out_dir "$tmp/o1"
+expect_error "corrupt payload" "payload checksum mismatch in chunk 0" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/payload.bin" --shuffle 0 \
+    --out_dir "$tmp/o1"
 expect_error "shard vocabulary above vocab_size" "vocab_size: the train shards hold token ids up to 63" \
     "$TRAIN_GPT" "${base[@]}" --vocab_size 32 --out_dir "$tmp/o1"
-# A token beyond the header's vocab_size under valid checksums: refused by the checksum pass,
-# before any step (it was checked only when read: micro-batch 23 here, hours into a big run).
+# A token beyond the header's vocab_size under valid checksums: refused when the chunk that
+# holds it is first read, every token of the chunk checked (it was checked only when its own
+# row was read: micro-batch 23 here, hours into a big run). With shuffle = 0 the first
+# micro-batch reads tokens 0..128, in the first 16 KiB chunk with index 3000: before any step.
+# A version 1 shard (no chunks) is checked whole at its first read, as before.
 cp "$tmp/train.bin" "$tmp/token.bin"; "$TOOL" forge_token "$tmp/token.bin" 3000 100
 expect_error "a token not below the shard's vocab_size, at start" \
     "train_data: shard '$tmp/token.bin': token 100 at index 3000 is not below its vocab_size 64" \
-    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/token.bin" --out_dir "$tmp/o_tok"
+    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/token.bin" --shuffle 0 --out_dir "$tmp/o_tok"
 check "... before any step" sh -c "! test -e '$tmp/o_tok/metrics.jsonl' || ! grep -q '\"loss\"' '$tmp/o_tok/metrics.jsonl'"
+cp "$tmp/train.bin" "$tmp/token1.bin"; "$TOOL" rechunk "$tmp/token1.bin" 0; "$TOOL" forge_token "$tmp/token1.bin" 15000 100
+expect_error "a token not below the shard's vocab_size in a version 1 shard, at start" \
+    "train_data: shard '$tmp/token1.bin': token 100 at index 15000 is not below its vocab_size 64" \
+    "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/token1.bin" --shuffle 0 --out_dir "$tmp/o_tok1"
+check "... before any step" sh -c "! test -e '$tmp/o_tok1/metrics.jsonl' || ! grep -q '\"loss\"' '$tmp/o_tok1/metrics.jsonl'"
 # A bad validation set stops the run at its start, not at its first validation after training.
 expect_error "corrupt val_data payload, at start" "val_data: shard '$tmp/payload.bin': payload checksum mismatch" \
     "$TRAIN_GPT" "${base[@]}" --val_data "$tmp/payload.bin" --out_dir "$tmp/o_val"

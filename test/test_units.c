@@ -4,6 +4,7 @@
 // checkpoints (round trip and every corruption they must refuse); the memory plan's cgroup
 // limit read from fake cgroup trees (v1 and v2, a limit below the process's own cgroup).
 #include "check.h"
+#include "llmc/bytes.h"
 #include "llmc/checkpoint.h"
 #include "llmc/checksum.h"
 #include "llmc/comm.h"
@@ -17,6 +18,7 @@
 #include "llmc/plan.h"
 #include "llmc/safetensors.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -364,9 +366,121 @@ static void test_shards(void) {
     flip_byte_at(bad, 16);
     EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "header checksum"), "bad header: %s", why);
     write_shard(bad, 1000, tokens, 100);
-    flip_byte_at(bad, -1);
+    flip_byte_at(bad, SHARD_HEADER_BYTES + 199);   // the payload's last byte
     EXPECT(shard_read_header(bad, &h, why, sizeof why), "a flipped payload byte passes the header check");
-    EXPECT(!shard_read_all(bad, &h, why, sizeof why) && strstr(why, "payload checksum"), "payload: %s", why);
+    EXPECT(!shard_read_all(bad, &h, why, sizeof why) && strstr(why, "payload checksum mismatch (corrupt"),
+           "payload: %s", why);
+}
+
+// A header field set to `value` with the header checksum made to match.
+static void forge_header_u32(const char *path, int offset, uint32_t value) {
+    int fd = open(path, O_RDWR);
+    uint8_t h[SHARD_HEADER_BYTES];
+    CHECK(fd >= 0 && pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h);
+    put_u32(h + offset, value);
+    put_u64(h + 56, xxh64(h, 56, 0));
+    CHECK(pwrite(fd, h, sizeof h, 0) == (ssize_t)sizeof h);
+    close(fd);
+}
+
+// Version 2 (chunk table) and version 1 shards of the same tokens: files of the documented
+// size, the same tokens through shard_read_all and the loader (contiguous and shuffled, rows
+// across shard and chunk boundaries, a shard of one token), the same fingerprint; the loader
+// hashes about what it reads of version 2 and the whole of version 1; refusals.
+static void test_shard_versions(void) {
+    static const uint32_t chunk_sizes[] = {0, 256, 512};
+    static const uint64_t sizes[3] = {700, 1, 1299};
+    uint32_t tokens[2000];
+    for (uint32_t vocab = 1000; vocab <= 70000; vocab += 69000) {
+        for (int i = 0; i < 2000; i++) tokens[i] = (uint32_t)(i * 7919u % vocab);
+        uint64_t fingerprint[3];
+        int32_t shuffled[3][3 * 17];
+        for (int c = 0; c < 3; c++) {
+            char paths[3][300], spec[1000] = "";
+            uint64_t at = 0;
+            bool sizes_ok = true, round_trip = true;
+            for (int k = 0; k < 3; k++) {
+                char name[32];
+                snprintf(name, sizeof name, "v%u_%u_%d.bin", vocab, chunk_sizes[c], k);
+                path_in_tmp(paths[k], sizeof paths[k], name);
+                shard_writer *w = shard_writer_open_chunked(paths[k], vocab, 0, chunk_sizes[c]);
+                CHECK(w && shard_writer_append(w, tokens + at, sizes[k]) && shard_writer_close(w));
+                shard_header h;
+                char why[256];
+                uint32_t *back = shard_read_all(paths[k], &h, why, sizeof why);
+                struct stat st;
+                stat(paths[k], &st);
+                uint64_t payload = sizes[k] * (vocab > 65536 ? 4 : 2);
+                uint64_t chunks = chunk_sizes[c] ? (payload + chunk_sizes[c] - 1) / chunk_sizes[c] : 0;
+                sizes_ok &= h.version == (chunk_sizes[c] ? 2u : 1u) && h.chunk_bytes == chunk_sizes[c] &&
+                            (uint64_t)st.st_size == 64 + payload + 8 * chunks && shard_file_bytes(&h) == (uint64_t)st.st_size;
+                round_trip &= back && memcmp(back, tokens + at, sizes[k] * 4) == 0;
+                free(back);
+                at += sizes[k];
+                snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%s", k ? "," : "", paths[k]);
+            }
+            EXPECT(sizes_ok && round_trip, "vocab %u, chunk %u: version, file size 64 + payload + 8 per chunk, round trip",
+                   vocab, chunk_sizes[c]);
+            int64_t B = 3, T = 17;
+            dataloader *d = dataloader_open(spec, "test", B, T, false, 0, 0, 1);
+            int32_t in[51], tg[51];
+            bool contiguous = true;
+            int64_t batches = dataloader_batches_per_epoch(d);
+            for (int64_t i = 0; i < batches; i++) {
+                dataloader_next(d, in, tg);
+                for (int64_t k = 0; k < B * T; k++)
+                    contiguous &= in[k] == (int32_t)tokens[i * B * T + k] && tg[k] == (int32_t)tokens[i * B * T + k + 1];
+            }
+            EXPECT(contiguous, "vocab %u, chunk %u: shuffle = 0 reads the tokens in order", vocab, chunk_sizes[c]);
+            uint64_t width = vocab > 65536 ? 4 : 2, hashed = dataloader_bytes_hashed(d);
+            // Version 2: each chunk of the corpus once (rows in order: the verified range serves
+            // the next row until it passes its end), version 1: each shard once.
+            EXPECT(hashed == 2000 * width, "vocab %u, chunk %u: read in order, every payload byte hashed once (%llu)",
+                   vocab, chunk_sizes[c], (unsigned long long)hashed);
+            dataloader_close(d);
+            d = dataloader_open(spec, "test", B, T, true, 11, 0, 1);
+            dataloader_seek(d, (data_position){0, 5});
+            dataloader_next(d, in, tg);
+            memcpy(shuffled[c], in, sizeof in);
+            hashed = dataloader_bytes_hashed(d);
+            uint64_t bound = chunk_sizes[c] ? (uint64_t)B * ((T + 1) * width + 2 * (chunk_sizes[c] - 1)) : 2000 * width;
+            EXPECT(hashed > 0 && hashed <= bound, "vocab %u, chunk %u: one shuffled micro-batch hashes %llu bytes (at most %llu)",
+                   vocab, chunk_sizes[c], (unsigned long long)hashed, (unsigned long long)bound);
+            fingerprint[c] = dataloader_fingerprint(d);
+            dataloader_close(d);
+        }
+        EXPECT(fingerprint[0] == fingerprint[1] && fingerprint[1] == fingerprint[2] &&
+               !memcmp(shuffled[0], shuffled[1], sizeof shuffled[0]) && !memcmp(shuffled[1], shuffled[2], sizeof shuffled[0]),
+               "vocab %u: versions 1 and 2 of the same tokens: one fingerprint, the same shuffled micro-batch", vocab);
+    }
+
+    // Refusals: another version, a chunk size that is not a power of two in range, a table cut
+    // short; a flipped table entry (shard_read_all names the chunk).
+    char bad[300], why[256];
+    shard_header h;
+    path_in_tmp(bad, sizeof bad, "v2bad.bin");
+    for (int i = 0; i < 1000; i++) tokens[i] = (uint32_t)i;
+    shard_writer *w = shard_writer_open_chunked(bad, 1000, 0, 256);
+    CHECK(w && shard_writer_append(w, tokens, 1000) && shard_writer_close(w));   // 2000 bytes: 8 chunks
+    forge_header_u32(bad, 8, 3);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "version 3 is not supported"), "version 3: %s", why);
+    forge_header_u32(bad, 8, 2);
+    EXPECT(shard_read_header(bad, &h, why, sizeof why), "version 2 again: %s", why);
+    forge_header_u32(bad, 40, 384);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "bad chunk size 384"), "chunk 384: %s", why);
+    forge_header_u32(bad, 40, 128);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "bad chunk size 128"), "chunk 128: %s", why);
+    forge_header_u32(bad, 40, 512);   // the right size for another table: the file is too long
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "oversized shard") && strstr(why, "chunk table"),
+           "a chunk size the table does not fit: %s", why);
+    forge_header_u32(bad, 40, 256);
+    flip_byte_at(bad, 64 + 2000 + 8 * 5 + 1);
+    EXPECT(!shard_read_all(bad, &h, why, sizeof why) && strstr(why, "mismatch in chunk 5 (file bytes 1344..1599"),
+           "a flipped table entry: %s", why);
+    truncate(bad, 64 + 2000 + 8 * 7);
+    EXPECT(!shard_read_header(bad, &h, why, sizeof why) && strstr(why, "truncated shard") && strstr(why, "chunk table"),
+           "a table cut short: %s", why);
+    EXPECT(shard_writer_open_chunked(bad, 1000, 0, 300) == NULL && errno == EINVAL, "the writer refuses chunk size 300");
 }
 
 // A shard rewritten while a loader reads it (dataloader.h): the loader reads two shards of 100
@@ -928,6 +1042,7 @@ int main(void) {
     test_schedule();
     test_param_table();
     test_shards();
+    test_shard_versions();
     test_shard_changes();
     test_safetensors();
     test_checkpoints();

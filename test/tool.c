@@ -26,8 +26,12 @@
 //   test_tool forge_n_tokens SHARD N
 //       Sets the header's n_tokens to N and its header checksum to match (a forged header).
 //   test_tool forge_token SHARD INDEX VALUE
-//       Sets token INDEX to VALUE (even one not below the header's vocab_size) and both
-//       checksums to match: a shard that only the token range check can refuse.
+//       Sets token INDEX to VALUE (even one not below the header's vocab_size) and every
+//       checksum to match (payload, header, version 2's chunk table): a shard that only the
+//       token range check can refuse.
+//   test_tool rechunk SHARD CHUNK_BYTES
+//       Writes SHARD again (its tokens verified first) with chunks of CHUNK_BYTES, or as a
+//       version 1 shard (no chunk table) with 0: the same tokens and fingerprint.
 //   test_tool xxh64 FILE
 //       Prints FILE's XXH64 as 16 hex digits (what checksums.xxh64 lists), for tests that
 //       edit a checkpoint's state.json on purpose.
@@ -223,8 +227,30 @@ static int forge_token(int argc, char **argv) {
     if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
         pwrite(fd, payload, bytes, SHARD_HEADER_BYTES) != (ssize_t)bytes)
         fail("write failed");
+    if (sh.version >= 2) {   // the chunk holding it gets its entry
+        uint64_t k = index * sh.token_bytes / sh.chunk_bytes, at = k * sh.chunk_bytes;
+        uint64_t n = bytes - at < sh.chunk_bytes ? bytes - at : sh.chunk_bytes;
+        uint8_t entry[8];
+        sum = xxh64(payload + at, (size_t)n, k);
+        for (int i = 0; i < 8; i++) entry[i] = (uint8_t)(sum >> (8 * i));
+        if (pwrite(fd, entry, 8, (off_t)(SHARD_HEADER_BYTES + bytes + 8 * k)) != 8) fail("write failed");
+    }
     close(fd);
     free(payload);
+    return 0;
+}
+
+static int rechunk(int argc, char **argv) {
+    if (argc < 3) fail("usage: test_tool rechunk SHARD CHUNK_BYTES");
+    shard_header h;
+    char why[256];
+    uint32_t *tokens = shard_read_all(argv[1], &h, why, sizeof why);
+    if (!tokens) fail("%s: %s", argv[1], why);
+    shard_writer *w = shard_writer_open_chunked(argv[1], h.vocab_size, h.doc_token, (uint32_t)atoll(argv[2]));
+    if (!w) fail("cannot create '%s.tmp': %s", argv[1], strerror(errno));
+    if (!shard_writer_append(w, tokens, h.n_tokens) || !shard_writer_close(w))
+        fail("cannot write '%s': %s", argv[1], strerror(errno));
+    free(tokens);
     return 0;
 }
 
@@ -339,7 +365,7 @@ static int quant_reduce_case(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|forge_token|xxh64|quant|quant_reduce ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|forge_token|rechunk|xxh64|quant|quant_reduce ...");
     if (!strcmp(argv[1], "quant")) return quant_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "quant_reduce")) return quant_reduce_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
@@ -350,5 +376,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);
     if (!strcmp(argv[1], "forge_n_tokens")) return forge_n_tokens(argc - 1, argv + 1);
     if (!strcmp(argv[1], "forge_token")) return forge_token(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "rechunk")) return rechunk(argc - 1, argv + 1);
     fail("unknown test_tool command '%s'", argv[1]);
 }
