@@ -14,11 +14,14 @@
 #   5. a CPU checkpoint resumed on the GPU: the next 10 steps within 2 % of the CPU's
 #   6. device = auto picks the GPU and says so
 #   7. (emulated only) head_dim 128 on a GPU whose blocks have 99 KiB of shared memory: one line
+#   8. (emulated only) 2 sequences per micro-batch, grad_accum 2, 8 steps: every loss and
+#      val_loss within 1e-3 of the CPU's; stop at 4 + resume: bit-identical
 # With GPU_TRAIN_EMULATED=1 (test/test_gpu_train_emu.sh, in `make test`) TRAIN_GPT is the
 # trainer built on the CPU emulator of the GPU (build/train_gpt_emu), where a step takes about
 # a second: the same checks on a smaller model (2 layers of d_model 64, 2 heads of 32, one
-# sequence of 64 per micro-batch) over 20 steps (stop and resume at 10, the CPU checkpoint
-# of step 10 on the GPU for the next 10).
+# sequence of 64 per micro-batch, grad_accum 2) over 20 steps (stop and resume at 10, the CPU
+# checkpoint of step 10 on the GPU for the next 10), then check 8 at batch_size 2 (about 20 s
+# more on 2 cores).
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TOOL" shard "$tmp/train.bin" 512 0 400000 21
@@ -45,15 +48,16 @@ fi
 
 # Loss curves of two metrics files compared over the steps both have (FROM..TO): every step
 # within STEP_TOL relative to B's and, when WINDOW > 0, the mean of each WINDOW consecutive
-# steps within WINDOW_TOL.
-compare_curves() {  # compare_curves A B STEP_TOL FROM TO WINDOW WINDOW_TOL
+# steps within WINDOW_TOL. KEY: the field compared (default loss; val_loss for validation).
+compare_curves() {  # compare_curves A B STEP_TOL FROM TO WINDOW WINDOW_TOL [KEY]
     "$PYTHON" - "$@" <<'PY'
 import json, sys
+key = sys.argv[8] if len(sys.argv) > 8 else "loss"
 def table(path):
     t = {}
     for line in open(path):
         d = json.loads(line)
-        if "loss" in d and "step" in d: t[d["step"]] = d["loss"]
+        if key in d and "step" in d: t[d["step"]] = d[key]
     return t
 a, b = table(sys.argv[1]), table(sys.argv[2])
 step_tol, lo, hi = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -63,14 +67,14 @@ if not steps:
     print("    no common steps")
     sys.exit(1)
 worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
-print(f"    {len(steps)} steps, worst single-step relative difference {worst:.3e} (tolerance {step_tol:g})")
+print(f"    {key}: {len(steps)} steps, worst single-step relative difference {worst:.3e} (tolerance {step_tol:g})")
 worst_w = 0.0
 for i in range(0, len(steps) - window + 1, window) if window > 0 else []:
     w = steps[i:i + window]
     ma, mb = sum(a[s] for s in w) / window, sum(b[s] for s in w) / window
     d = abs(ma - mb) / abs(mb)
     worst_w = max(worst_w, d)
-    print(f"    steps {w[0]:3d}-{w[-1]:3d}: mean loss gpu {ma:.4f} cpu {mb:.4f}, relative difference {d:.3e}")
+    print(f"    steps {w[0]:3d}-{w[-1]:3d}: mean {key} gpu {ma:.4f} cpu {mb:.4f}, relative difference {d:.3e}")
 if window > 0:
     print(f"    worst {window}-step window {worst_w:.3e} (tolerance {window_tol:g})")
 sys.exit(0 if worst <= step_tol and len(steps) >= window and worst_w <= window_tol else 1)
@@ -78,6 +82,7 @@ PY
 }
 close_losses() { compare_curves "$1" "$2" "$3" "${4:-1}" "${5:-1000000000}" 0 0; }  # A B TOL [FROM TO]
 close_curve() { compare_curves "$1" "$2" "$3" 1 1000000000 "$4" "$5"; }             # A B STEP_TOL WINDOW WINDOW_TOL
+close_all() { compare_curves "$1" "$2" "$3" 1 1000000000 "$4" "$3" "${5:-loss}"; }  # A B TOL COUNT [KEY]
 
 # 1. the loss curve
 run "$tmp/cpu" cpu --ckpt_every 10
@@ -136,5 +141,41 @@ if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
     check "head_dim 128 on a GPU with 99 KiB per block: one error line naming it, a hint (rc $rc)" \
         sh -c "[ $rc -eq 1 ] && grep -q 'error: attention kernel: this head_dim needs [0-9]* bytes of shared memory per block, .* offers 101376' '$tmp/smem.log' &&
                grep -q 'HINT: head_dim 64, or TRAIN_GPT_ATTENTION=simple' '$tmp/smem.log'"
+fi
+
+# 8. Emulated only: several sequences per micro-batch. The runs above have one (batch_size 1), so
+# every row offset is 0: a kernel that gives every row row 0's document starts, or a classifier
+# over T rows instead of B·T, passes them. Here batch_size 2 and grad_accum 2 for 8 steps,
+# validated at 4 and 8 on 7 rows (micro-batches of 2, 2, 2 and 1), a checkpoint at 4. The
+# shard's documents are 51-151 tokens long and a row is one of its windows of 64 tokens (in a
+# shuffled order): 99 % of rows begin inside a document and 62 % hold a document start, each at
+# its own position, so a row masked with another row's starts attends across a boundary.
+#  a. GPU against CPU: each of the 8 losses and both val_losses within 1e-3. Both start from
+#     the same weights; the GPU's bf16 matmul inputs move the loss by ~1e-4 (measured 1.4e-4
+#     for the losses, 2.8e-4 for val_loss) and 8 steps do not compound it much: 1e-3, as
+#     test_fsdp_gpu_emu's GPU-against-CPU check. Planted in the emulated build: the attention
+#     reading row 0's document starts for every row → 7e-2 (val_loss 2e-2); the loss and the
+#     head's gradient over the first T rows of each micro-batch → 0.5; the gradients zeroed
+#     before every micro-batch (only the last counts) → 6e-3 (val_loss 2e-2), which check 1
+#     at batch_size 1 only just sees (5.2e-2 against its 5 %).
+#  b. stop at 4 + resume at batch_size 2: identical losses and final checkpoint (the data
+#     position, 8 micro-batches of 2 rows, read back as such). Planted: the checkpoint's
+#     batch_size read as 1 (the position converted to 4 micro-batches of 2) → both fail.
+# On a GPU, gpu_tiny.conf's batch_size 8 runs through checks 1-6 instead.
+if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
+    b2=(--batch_size 2 --grad_accum 2 --max_steps 8 --warmup_steps 2 --val_every 4 --val_tokens 448 --ckpt_every 4)
+    run "$tmp/cpu_b2" cpu "${b2[@]}"
+    run "$tmp/gpu_b2" cuda "${b2[@]}"
+    check "batch_size 2, grad_accum 2: all 8 GPU losses within 1e-3 of the CPU's" \
+        close_all "$tmp/gpu_b2/metrics.jsonl" "$tmp/cpu_b2/metrics.jsonl" 1e-3 8
+    check "batch_size 2, grad_accum 2: both GPU val_losses within 1e-3 of the CPU's" \
+        close_all "$tmp/gpu_b2/metrics.jsonl" "$tmp/cpu_b2/metrics.jsonl" 1e-3 2 val_loss
+    run "$tmp/stopped_b2" cuda "${b2[@]}" --stop_at_step 4
+    run "$tmp/stopped_b2" cuda "${b2[@]}"
+    check "batch_size 2: GPU stop at 4 + resume: identical losses" \
+        test "$(loss_table "$tmp/gpu_b2/metrics.jsonl")" = "$(loss_table "$tmp/stopped_b2/metrics.jsonl")"
+    check "batch_size 2: GPU stop at 4 + resume: identical final checkpoint" sh -c \
+        "cmp -s '$tmp/gpu_b2/$(ck 8)/model.safetensors' '$tmp/stopped_b2/$(ck 8)/model.safetensors' &&
+         cmp -s '$tmp/gpu_b2/$(ck 8)/optimizer.safetensors' '$tmp/stopped_b2/$(ck 8)/optimizer.safetensors'"
 fi
 finish test_gpu_train
