@@ -2,13 +2,17 @@
 # build/train_gpt_emu is train_gpt.cu's GPU model on the emulated GPU (test/warp_emu.h), its
 # collectives NCCL's calls over MPI between the processes (test/nccl_emu.h). Without MPI:
 # skipped, said so. A smaller model than the CPU's FSDP test (2 layers of d_model 64, one
-# sequence of 64 per micro-batch), 8 steps, at one global batch (np × grad_accum = 4):
+# sequence of 64 per micro-batch but in np2_b2), 8 steps, at one global batch (np × grad_accum
+# × batch_size = 4 rows):
 #  1. np 1, np 2 (with and without prefetch, and without resharding), np 4, HSDP 1 × 2 and
-#     2 × 2: the losses agree with np 1 within 5e-4 relative. The forward of every split is
-#     the same bits (the same fp32 weights, the same bf16 copy); the gradients differ in the
-#     order of their fp32 additions (a few ulp), which moves a few weights across a bf16
-#     rounding boundary after an AdamW step: measured 4e-5 at worst over 8 steps. A wrong
-#     piece or a lost micro-batch moves the loss by 1e-2 within a step or two.
+#     2 × 2, and np 2 at batch_size 2 with grad_accum 1 (np2_b2: the same 4 rows per step,
+#     2 per micro-batch): the losses agree with np 1 within 5e-4 relative. The forward of every
+#     split is the same bits (the same fp32 weights, the same bf16 copy); the gradients differ
+#     in the order of their fp32 additions (a few ulp), which moves a few weights across a bf16
+#     rounding boundary after an AdamW step: measured 4e-5 at worst over 8 steps (np2_b2, whose
+#     two rows' gradients add inside each matmul, 8e-5). A wrong piece or a lost micro-batch
+#     moves the loss by 1e-2 within a step or two; the attention giving every row row 0's
+#     document starts moves np2_b2's by 0.12 (val_loss 5e-3), which the splits at one row pass.
 #  2. the splits that add the same values in the same order are the same bits: np 2 with and
 #     without prefetch (the comm stream is the model's stream without it), and without
 #     resharding; HSDP 2 × 2 as np 2 (a copy's sum of two ranks' gradients, as a group's).
@@ -32,8 +36,9 @@
 #  7. TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes (a world of one) equals np 4's
 #     order of additions: the same losses as np 4 within 5e-4.
 #  1b. Validation over 3 rows (at np 2 and 4 a rank's last turn has none, and still takes part in
-#     the gathers): the val_loss as np 1's within 5e-4; every run's start line plans per rank
-#     what its GPU then allocated (within 0.05 MiB: 256-byte rounding, small tables).
+#     the gathers; at batch_size 2 rank 0's turn has 2 rows, rank 1's 1): the val_loss as np 1's
+#     within 5e-4; every run's start line plans per rank what its GPU then allocated (within
+#     0.05 MiB: 256-byte rounding, small tables).
 #  8. DiLoCo over GPU-sharded replicas: 2 replicas of 2 ranks each (tcp through one relay of 2
 #     hubs, int8 with error feedback, H = 4, 8 steps): both exit 0, both outer steps applied
 #     with both replicas, param_hash equal on both at each. The same with HSDP replicas of 1
@@ -91,6 +96,7 @@ run 2 "$EMU" cuda "$tmp/np2_keep" --fsdp_reshard_after_forward 0
 run 4 "$EMU" cuda "$tmp/np4"
 run 2 "$EMU" cuda "$tmp/hsdp12" --fsdp_size 1 --dp_replicate 2
 run 4 "$EMU" cuda "$tmp/hsdp22" --fsdp_size 2
+run 2 "$EMU" cuda "$tmp/np2_b2" --batch_size 2 --grad_accum 1
 check "np 2 says FSDP over 2 on the GPU" grep -q 'FSDP over 2, 1 copy' "$tmp/np2.log"
 val_close() {  # val_close A B: the validation losses (3 rows: at np 2 and 4 a rank's last turn is empty)
     "$PYTHON" - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
@@ -112,13 +118,13 @@ print("    planned %s MiB, allocated %s MiB" % (m.group(1), m.group(2)) if m els
 sys.exit(0 if m and abs(float(m.group(1)) - float(m.group(2))) <= 0.05 else 1)
 PY
 }
-for r in np2 np2_noprefetch np2_keep np4 hsdp12 hsdp22; do
+for r in np2 np2_noprefetch np2_keep np4 hsdp12 hsdp22 np2_b2; do
     check "$r: 8 steps, losses as np 1 within 5e-4" close "$tmp/$r" "$tmp/np1" 5e-4
 done
-for r in np2 np4 hsdp12; do
+for r in np2 np4 hsdp12 np2_b2; do
     check "$r: validation (a rank's turn without rows included) as np 1's within 5e-4" val_close "$tmp/$r" "$tmp/np1"
 done
-for r in np2 np2_keep np4 hsdp12 hsdp22; do
+for r in np2 np2_keep np4 hsdp12 hsdp22 np2_b2; do
     check "$r: the start line's plan per rank is what the GPU allocated" planned_vs_allocated "$tmp/$r.log"
 done
 check "np 2 without prefetch: the same bits as with it" same_losses "$tmp/np2" "$tmp/np2_noprefetch"
