@@ -170,6 +170,8 @@ struct diloco {
     // At max_steps: the fragment whose final sync comes next (0 .. P), in the state a donor
     // sends, and where a replica that took such a state goes on (final_syncs).
     int64_t final_next;
+    bool carried;                          // the last state taken: this replica's late work was
+                                           // carried into its weights (adopt_state)
     // A donor sends its state from a thread while it trains on (θ and m do not change until
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
@@ -853,6 +855,7 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         memcpy(params, theta_to, bytes);
     }
     d->final_next = c.final_next;
+    d->carried = w > 0.0;
     changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
     if (c.with_m) memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
@@ -1109,7 +1112,7 @@ static double encode_contribution(diloco *d, const fragment *f, const float *par
 static payload_spec spec_of(const diloco *d, const fragment *f, uint64_t tokens) {
     return (payload_spec){.up_codec = d->quant, .down_codec = d->down, .down_feedback = d->down_feedback,
                           .block = d->block, .segment = d->segment, .values = f->numel, .offset = f->offset,
-                          .model_values = d->numel, .bound = d->bound, .tokens = tokens};
+                          .model_values = d->numel, .bound = d->bound, .tokens = tokens, .no_work = tokens == 0};
 }
 
 // Whether fragment f syncs after inner step s (s ≥ 1): every H steps, and after the decay
@@ -1452,7 +1455,14 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     int64_t from = max_i64(st->restart_step, st->step - steps_since_sync(d, fr, st->step));
     f->inner_steps = st->step - from + d->extra_steps;
     d->extra_steps = 0;
-    f->tokens = (uint64_t)(f->inner_steps > 0 ? f->inner_steps : 1) * tokens_per_step(d);
+    // No inner step since the state it took (a replica that joined at max_steps, in the group's
+    // final syncs): no work, tokens 0 — the mean leaves its Δ = 0 out and min_replicas does not
+    // count it (until 2026-12 it weighed one inner step: with one other contributor and
+    // diloco_bound 3, a quarter of the mean). Late work it carried into the fragment
+    // (adopt_state) still weighs one inner step.
+    f->tokens = f->inner_steps > 0 ? (uint64_t)f->inner_steps * tokens_per_step(d)
+                : d->carried      ? tokens_per_step(d)
+                                  : 0;
     round_result *r = &f->r;
     double t0 = wall_seconds();
     for (int i = 0; i < n_params; i++) {

@@ -823,10 +823,13 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
     int *index = (int *)xmalloc((size_t)(count > 0 ? count : 1) * sizeof *index);
     int kept = 0, touched = 0;
     for (int j = 0; j < count; j++) {
-        bool ok = quant_is_finite(q->up, in[j], n, q->block);
+        // Weight 0: a contribution of no work (a replica that joined at the run's end), which
+        // the mean, the bound's medians and the weights' sum leave out as if it were not there.
+        bool weightless = q->weights && q->weights[j] == 0.0;
+        bool ok = weightless || quant_is_finite(q->up, in[j], n, q->block);
         if (effect) effect[j] = (quant_effect){.left_out = !ok, .factor = 1.0f, .weight_capped = false};
         touched += !ok;
-        if (ok) {
+        if (ok && !weightless) {
             index[kept] = j;
             finite[kept++] = in[j];
         }

@@ -138,7 +138,8 @@ typedef struct {
                                 // contribution whose norm exceeds bound × the lower median of the
                                 // segment's norms is scaled down to that (diloco_bound)
     const double *weights;      // NULL: every contribution counts alike; else in[j] counts
-                                // weights[j] (> 0: the tokens it was trained on)
+                                // weights[j] (the tokens it was trained on; 0: none, and it is
+                                // left out as if it were not there)
 } quant_reduction;
 
 // What the reduction did to one contribution.
@@ -154,9 +155,11 @@ typedef struct {
 // the plain mean of the xⱼ each scaled by fⱼ = (float)(wⱼ · kept / Σ wⱼ) (in double, then
 // rounded; times the bound's scale): equal weights give fⱼ = 1 exactly, the unweighted bits;
 // with a bound, each wⱼ is first capped at bound × the lower median of the weights;
-// scratch holds n floats. A contribution with a NaN or Inf is left out. effect[j] (when not
-// NULL) says what happened to contribution j; returns how many were left out or scaled. With
-// none left (or count 0) it writes a segment of NaN, which every replica refuses to apply.
+// scratch holds n floats. A contribution with a NaN or Inf is left out, and one of weight 0
+// (no work behind it) is not counted at all: the bytes are those of the mean without it.
+// effect[j] (when not NULL) says what happened to contribution j; returns how many were left
+// out (NaN/Inf) or scaled. With none left (or count 0) it writes a segment of NaN, which every
+// replica refuses to apply.
 int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int count, int64_t n, float *residual,
                          float *scratch, uint8_t *out, quant_effect *effect);
 

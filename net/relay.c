@@ -1162,9 +1162,15 @@ static void close_round(relay *h) {
                        "the median; scaled by down to %.3g)",
                     (long long)h->round_step, i, (long long)h->contrib[i].bounded, (long long)h->n_segments,
                     (double)h->spec.bound, (double)h->contrib[i].least_factor);
+    // ROUND names the contributions that arrived whole with work behind them; those of no work
+    // (tokens 0: a replica that joined at the run's end), which the mean left out, are named
+    // neither there nor in the count that --min_replicas asks of, and get ROUND all the same.
     wire_round m = {.outer_step = h->round_step};
+    int listeners[WIRE_MAX_REPLICAS], n_listeners = 0;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-        if (h->contrib[i].whole) {
+        if (h->contrib[i].whole && h->contrib[i].tokens == 0) {
+            listeners[n_listeners++] = i;
+        } else if (h->contrib[i].whole) {
             m.ids[m.n] = (uint32_t)i;
             m.bytes[m.n] = h->contrib[i].total;
             m.n++;
@@ -1194,6 +1200,16 @@ static void close_round(relay *h) {
             h->dying_deadline_s = wall_seconds() + h->o.timeout_s;
         }
     }
+    char no_work[1200] = "";
+    for (int k = 0; k < n_listeners; k++) {
+        size_t len = strlen(no_work);
+        snprintf(no_work + len, sizeof no_work - len, "%s%d", k ? " " : ", no work from [", listeners[k]);
+        replica *r = rep(h, listeners[k]);
+        if (r->state != R_MEMBER || (dying && h->dying_for >= 0)) continue;
+        m.flags = apply ? ROUND_APPLY : 0;
+        send_control(h, r, WIRE_ROUND, buf, wire_encode_round(&m, buf));
+    }
+    if (n_listeners) strncat(no_work, "]", sizeof no_work - strlen(no_work) - 1);
     char ids[1200] = "", tokens[2400] = "", b1[32], b2[32], b3[32];
     bool unequal = false;
     for (uint32_t k = 0; k < m.n; k++) {
@@ -1242,9 +1258,9 @@ static void close_round(relay *h) {
         }
     }
     char name[96];
-    hub_log(h, "round %s closed: %u contributor(s) [%s]%s, %s in, %s out, rss %s, %s",
-            round_name(h, name, sizeof name), m.n, ids, weighted, format_bytes(h->round_in_bytes, b1, sizeof b1),
-            format_bytes(h->round_out_bytes, b2, sizeof b2), format_bytes(rss_bytes(), b3, sizeof b3),
+    hub_log(h, "round %s closed: %u contributor(s) [%s]%s%s, %s in, %s out, rss %s, %s",
+            round_name(h, name, sizeof name), m.n, ids, weighted, no_work,
+            format_bytes(h->round_in_bytes, b1, sizeof b1), format_bytes(h->round_out_bytes, b2, sizeof b2), format_bytes(rss_bytes(), b3, sizeof b3),
             apply ? "apply" : "skip (fewer than min_replicas)");
     if (donor >= 0 && catchup)
         hub_log(h, "replica %d is the donor: it sends its state to [%s] and then the means of the rounds it lands "

@@ -113,6 +113,7 @@ struct tcp {
     // what the training thread learnt from the mailbox
     int64_t cur_step;
     bool have_round, evicted;
+    bool no_work;                   // this round's contribution has tokens 0: ROUND does not name it
     wire_round round;
     char evicted_why[WIRE_MAX_TEXT_BYTES + 1];
     uint32_t joined;                // JOINED_MEMBER / JOINED_WAIT / 0
@@ -1349,7 +1350,11 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
 }
 
 // ---------------------------------------------------------------- exchange
+// Whether this replica is in the round that closed: named in ROUND, or (a contribution of no
+// work, which ROUND does not name) sent ROUND at all — the hub sends it only to those whose
+// contribution it took whole.
 static bool named_in_round(const tcp *t) {
+    if (t->no_work) return true;
     for (uint32_t i = 0; i < t->round.n; i++)
         if ((int)t->round.ids[i] == t->o.replica_id) return true;
     return false;
@@ -1434,6 +1439,7 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
     uint64_t sent0 = bytes_moved(t, true), recv0 = bytes_moved(t, false);
     t->cur_step = outer_step;
     t->have_round = t->evicted = false;
+    t->no_work = spec->no_work;
     t->job_buf = t->own;
     t->job_total = t->job_end = bytes;
     t->job_chunk = chunk;
@@ -1459,7 +1465,7 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
                          .segment_values = (uint32_t)spec->segment, .bound = spec->bound,
                          .values = (uint64_t)spec->values,
                          .value_offset = (uint64_t)spec->offset, .model_values = (uint64_t)spec->model_values,
-                         .tokens = spec->tokens ? spec->tokens : 1};
+                         .tokens = spec->no_work ? 0 : spec->tokens ? spec->tokens : 1};
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
     char err[256];
     if (!send_control(t, WIRE_CONTRIBUTE, buf, wire_encode_contribute(&c, buf), err, sizeof err)) {

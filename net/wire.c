@@ -478,7 +478,7 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     m->model_values = get_u64(p + 56);
     m->tokens = get_u64(p + 64);
     if (p[27] != 0) return "CONTRIBUTE: reserved field not zero";
-    if (m->tokens == 0 || m->tokens > WIRE_MAX_TOKENS) return "CONTRIBUTE: its tokens are not in 1 .. 2^53";
+    if (m->tokens > WIRE_MAX_TOKENS) return "CONTRIBUTE: its tokens are not in 0 .. 2^53";
     if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
     if (m->up_codec > WIRE_CODEC_INT2 || m->down_codec > WIRE_CODEC_INT2) return "CONTRIBUTE: unknown codec";

@@ -32,7 +32,7 @@ extern "C" {
 #define WIRE_MAGIC1 'G'
 #define WIRE_MAGIC2 'P'
 #define WIRE_MAGIC3 'W'
-#define WIRE_VERSION 9   // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
+#define WIRE_VERSION 10  // 2: the hub reduces (CONTRIBUTE says how payloads are encoded); 3: several hubs (FOLLOW);
                          // 4: DONE, and AUTH says which hub of how many (several hubs);
                          //    sparse and int2 contributions (CONTRIBUTE's up_keep, codec 4);
                          // 5: CONTRIBUTE's tokens (the mean weights each contribution by them)
@@ -41,6 +41,8 @@ extern "C" {
                          // 8: the catch-up transfer (STATE's flags, DATA kind CATCHUP, CAUGHT_UP,
                          //    STATE_END, ROUND_CATCHUP, FOLLOW's flags)
                          // 9: STATE_AGAIN (a replica joins a catch-up transfer in flight)
+                         // 10: CONTRIBUTE's tokens may be 0 (no work: left out of the mean and of
+                         //     ROUND's ids, sent ROUND all the same)
 #define WIRE_HEADER_BYTES 24
 #define WIRE_TAG_BYTES 32
 #define WIRE_KEY_BYTES 32
@@ -287,7 +289,8 @@ typedef struct {
     uint32_t segment_values;
     float bound;                // > 0: the hub bounds each contribution's segment norm (diloco_bound)
     uint64_t values, value_offset, model_values;
-    uint64_t tokens;            // the training tokens behind this Δ (1 .. 2^53): its weight in the mean
+    uint64_t tokens;            // the training tokens behind this Δ (0 .. 2^53): its weight in the mean
+                                // (0: a replica that trained nothing: it only receives the mean)
 } wire_contribute;
 #define WIRE_CONTRIBUTE_BYTES 72
 #define WIRE_MAX_TOKENS (1ull << 53)   // exact as a double

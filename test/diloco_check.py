@@ -366,8 +366,10 @@ def weight_factors(weights, kept, up="int8"):
 
 
 def hub_segment(up, ins, n, block, down, r, order=None, weights=None):
-    """The hub's reduction of one segment: (encoded mean, ids used)."""
-    kept = [i for i, b in enumerate(ins) if is_finite(up, b, n, block)]
+    """The hub's reduction of one segment: (encoded mean, ids used). A contribution of weight 0
+    (no work: a replica that joined at the run's end) is left out, as if it were not there."""
+    kept = [i for i, b in enumerate(ins)
+            if (weights is None or weights[i] != 0) and is_finite(up, b, n, block)]
     if not kept:
         return encode(down, _nan_f32(n), None, block), kept
     values = [decode(up, ins[i], n, block) for i in kept]

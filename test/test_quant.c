@@ -763,6 +763,27 @@ static void test_weights(void) {
     quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)a, eff);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0 && !eff[1].weight_capped,
            "weights: a claim above bound x the lower median counts as bound x the median");
+    // Weight 0 (a replica that joined at the run's end and trained nothing): the mean is the
+    // one without it, bit for bit — not pulled toward its Δ, nor the bound's medians moved —
+    // even when its payload holds NaN, which is then not reported as left out.
+    const uint8_t *two[2] = {e[0], e[2]};
+    double two_w[2] = {1000, 3000}, with_none[3] = {1000, 0, 3000};
+    q.weights = two_w;
+    quant_reduce_segment(&q, two, 2, n, NULL, sc, (uint8_t *)a, NULL);
+    q.weights = with_none;
+    memset(e[1], 0, bytes);   // its Δ = 0: a plain mean would shrink the others' by a third
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, eff);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0 && !eff[1].left_out,
+           "weights: a contribution of weight 0 leaves the mean as it is without it");
+    float nan = NAN;
+    memcpy(e[1], &nan, sizeof nan);
+    EXPECT(quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, eff) == 0 && !eff[1].left_out &&
+               memcmp(a, b, n * sizeof(float)) == 0,
+           "weights: a weight-0 contribution's NaN is not looked at");
+    double none[3] = {0, 0, 0};
+    q.weights = none;
+    quant_reduce_segment(&q, ins, 3, n, NULL, sc, (uint8_t *)b, eff);
+    EXPECT(isnan(b[0]) && isnan(b[n - 1]), "weights: all of weight 0: a segment of NaN (nothing to average)");
     for (int j = 0; j < 3; j++) free(g[j]), free(e[j]);
     free(a), free(b), free(sc), free(v);
 }
