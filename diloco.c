@@ -172,6 +172,7 @@ struct diloco {
     int64_t final_next;
     bool carried;                          // the last state taken: this replica's late work was
                                            // carried into its weights (adopt_state)
+    bool joined_at_end;                    // diloco_join took a state at max_steps
     // A donor sends its state from a thread while it trains on (θ and m do not change until
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
@@ -1057,7 +1058,26 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
         st->outer_step = 0;
     }
     changed_none(d);
-    if (join_group(d, params, st, train, false)) return;
+    if (join_group(d, params, st, train, false)) {
+        // A state at max_steps: the group was in its final syncs (the last step's, one per
+        // fragment) or past them, and this replica trains nothing of the run. It takes part in
+        // those still to come with no work (tokens 0: the mean leaves it out), so that it ends
+        // with the group's final θ, as the replicas that finished do (train_gpt.cu writes its
+        // checkpoint then). Until 2026-12 it stopped at once ("nothing to do"): no checkpoint,
+        // and with final syncs to come its θ was not the group's final one.
+        d->joined_at_end = st->step == d->cfg->max_steps;
+        if (d->joined_at_end && d->final_next < d->n_fragments)
+            note("diloco: replica %d joined at the run's end (step %lld = max_steps): it takes part in the group's "
+                 "%lld final sync(s) still to come, %s",
+                 diloco_replica_id(d), (long long)st->step, (long long)(d->n_fragments - d->final_next),
+                 d->carried ? "with the late work it carries (weighted as one inner step)"
+                            : "with no work of its own (tokens 0: the mean leaves it out)");
+        else if (d->joined_at_end)
+            note("diloco: replica %d joined after the group's final syncs: the state it took (step %lld = max_steps) "
+                 "holds the group's final weights",
+                 diloco_replica_id(d), (long long)st->step);
+        return;
+    }
     if (d->over && fresh)
         fail("diloco: replica %d starts a run that the relay says is over (another replica of the same "
              "configuration finished it); for a new run of this configuration restart the relay, or resume this "
@@ -1826,6 +1846,8 @@ void diloco_start_local(diloco *d, const float *params, train_state *st) {
 bool diloco_group_over(const diloco *d) { return d->over; }
 
 bool diloco_join_stopped(const diloco *d) { return d && d->stopped; }
+
+bool diloco_joined_at_end(const diloco *d) { return d && d->joined_at_end; }
 
 void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel) {
     *offset = d->changed_hi > d->changed_lo ? d->changed_lo : 0;

@@ -94,6 +94,13 @@ bool diloco_group_over(const diloco *d);
 // the replica is not in the group (its own weights are as they were) and stops.
 bool diloco_join_stopped(const diloco *d);
 
+// Whether diloco_join took the group's state at max_steps: the replica joined during or after
+// the group's final syncs and trains no step. Its next outer work (diloco_after_step at
+// max_steps) takes part in the final syncs still to come, with no work of its own (none left:
+// it does nothing); it then holds the group's final θ in params and ends the run as the
+// replicas that finished it do (docs/diloco.md#membership-and-faults-tcp).
+bool diloco_joined_at_end(const diloco *d);
+
 // The span of this rank's local values that the last diloco_join, diloco_after_step or
 // diloco_settle wrote into params (numel 0: none): one fragment's after a streaming merge or
 // landing, everything after taking the group's state. HSDP's other copies receive only it.

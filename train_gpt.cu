@@ -3812,6 +3812,17 @@ static int train_run(train_config *cfg) {
         if (tr.outer) diloco_join(tr.outer, tr.params, &tr.state, tr.train, !resumed);
         follow_first_copy(&tr, true, true, before);
     }
+    // joined_at_end: the join took the group's state at max_steps (it came during or after the
+    // group's final syncs), so this replica trains no step. It takes part in the final syncs
+    // still to come here (with none left this does nothing), and writes its checkpoint at
+    // max_steps after the loop, which it does not enter (docs/diloco.md#membership-and-faults-tcp).
+    bool joined_at_end = outer_on(&tr) && first_copy_says(&tr, tr.outer && diloco_joined_at_end(tr.outer));
+    if (joined_at_end) {
+        data_position before = tr.state.data;
+        bool changed = false;
+        if (tr.outer) changed = diloco_after_step(tr.outer, &tr.params, 1, &tr.state, tr.train, cfg->max_steps, NULL);
+        follow_first_copy(&tr, changed, true, before);   // all of them: the backend holds none yet
+    }
     backend_upload(tr.be, tr.params, tr.exp_avg, tr.exp_avg_sq, tr.state.adam_step);
     watchdog_start(cfg->watchdog_s, tr.job ? comm_rank(tr.job) : tr.rank);
 
@@ -3957,19 +3968,34 @@ static int train_run(train_config *cfg) {
             break;
         }
     }
+    // A replica that joined at the run's end and took part in the final syncs left (or came
+    // after them) holds the group's final weights: its checkpoint at max_steps, as the replicas
+    // that trained to the end write. (Dropped from one of those syncs, with the run then over,
+    // or stopped in a rejoin, it holds the weights of before that sync: no checkpoint.)
+    bool saved_at_end = joined_at_end && !trained && !tr.over && !tr.join_stopped;
+    if (saved_at_end) {
+        watchdog_phase("a checkpoint", tr.state.step);
+        checkpoint_now(&tr, true, false);
+    }
     watchdog_stop();  // leaving has its own limit (diloco_timeout_s)
+    // What a replica that trained nothing holds on disk: a fresh one (no checkpoint loaded) none.
+    const char *own = resumed ? "the checkpoint is unchanged" : "it has no checkpoint (it started without one)";
     if (tr.join_stopped && !trained) {
         // Stopped while the hub held its join (a quorum, a donor's state): nothing was trained,
         // so the checkpoint it started from stands.
-        note("stopped by signal %d at step %lld while waiting to join the group: nothing trained, the checkpoint is "
-             "unchanged; run the same command to resume",
-             (int)stop_signal, (long long)tr.state.step);
+        note("stopped by signal %d at step %lld while waiting to join the group: nothing trained, %s; run the same "
+             "command to %s",
+             (int)stop_signal, (long long)tr.state.step, own, resumed ? "resume" : "start it again");
         metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"signal\"");
         if (stop_signal == SIGUSR1) exit_status = EXIT_REQUEUE;
+    } else if (saved_at_end) {
+        note("finished at max_steps = %lld without training a step: this replica joined the group at the run's end "
+             "and took its state; its checkpoint step_%08lld holds the group's final weights",
+             (long long)cfg->max_steps, (long long)tr.state.step);
     } else if (tr.over && !trained) {
         note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
-             "the checkpoint is unchanged, the final weights are in the checkpoint of the replica that finished",
-             (long long)tr.state.step);
+             "%s, the final weights are in the checkpoint of the replica that finished",
+             (long long)tr.state.step, own);
         metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"run_over\"");
     } else if (!trained) {
         note("nothing to do: the run had already reached max_steps = %lld", (long long)cfg->max_steps);

@@ -23,6 +23,17 @@
 #      the run is over; its second copy follows the first), exit 0, checkpoint unchanged.
 #   5. Replicas dropped from the final syncs (two fragments): no round past the final syncs,
 #      and every replica that finished holds the same θ and weights.
+#   6. A replica that joins during the final syncs (two fragments: it takes the state after the
+#      first) trains no step, takes part in the second and writes a checkpoint at max_steps
+#      with the finishers' weights, exit 0: a. fresh, whole transfer: with no work (tokens 0,
+#      named apart by the relay), the finishers' weights those of the same run without it
+#      (with one inner step's tokens for its Δ = 0 they differ) and every mean numpy's;
+#      b. fresh, catch-up transfer; c. back from an old checkpoint, with its carried work.
+#      Until 2026-12 it stopped with "nothing to do" and no checkpoint (a fresh one: none at all).
+#   7. A fresh replica that joins after the final sync (one fragment) writes a checkpoint at
+#      max_steps with the finishers' weights, exit 0.
+#   8. Part 6a with sharded replicas (MPI; skipped without): every rank of the joiner takes
+#      part, all write the checkpoint.
 . "$(dirname "$0")/lib.sh"
 require_tcp
 tmp_with_processes
@@ -189,4 +200,171 @@ models=$(for r in $finished; do
     [ -f "$f" ] && cksum <"$f"
 done | sort -u | wc -l)
 check "  ... and the same weights in their final checkpoints" test "$models" -eq 1
+
+# ---------------------------------------------------------------- 6. joining during the final syncs
+# Replicas 0 and 1 (min_replicas 2: they start together), two fragments, H 4, τ 0, 40 steps:
+# rounds 0-18 regular, 19 and 20 the final syncs (fragments 0, 1). Both stop themselves in step
+# 40 (0-based 39), after round 18; replica 2 starts and waits at the relay; then they go on, and
+# round 19's close gives it replica 0's state, members from round 20. Timeouts 60 s: the
+# stopped replicas send no heartbeat meanwhile.
+j6=(--max_steps 40 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_inner_steps 4
+    --diloco_fragments 2 --diloco_overlap_steps 0 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
+    --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0 --diloco_timeout_s 60)
+model_sum() {  # model_sum OUT_DIR STEP: the cksum of its step-STEP model.safetensors (fails without one)
+    local f; f=$1/step_$(printf %08d "$2")/model.safetensors
+    [ -f "$f" ] && cksum <"$f"
+}
+# join_at_end NAME STEPS [--key value]...: replicas 0 and 1 stop in their last step, replica 2
+# starts and waits for the group's state, then 0 and 1 go on; sets jrc (the three exit
+# statuses). Out dirs $tmp/NAME0..2. OLD_AT=N: replica 2 first trains with them and stops at
+# step N (a checkpoint), and comes back from it at the end.
+join_at_end() {
+    local name=$1 steps=$2
+    shift 2
+    local held=() old=""
+    if [ -n "${OLD_AT:-}" ]; then   # it founds the group (held for the quorum): in it from step 0
+        replica 2 "$tmp/${name}2" "$@" --stop_at_step "$OLD_AT"
+        old=$rpid
+        wait_until "replica 2 to found the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_$name.log" ||
+            die "$name: replica 2 did not found the group"
+    fi
+    for r in 0 1; do
+        TRAIN_GPT_FAULT=stop_in_step:$((steps - 1)) replica "$r" "$tmp/$name$r" "$@"
+        held+=("$rpid")
+    done
+    if [ -n "$old" ]; then
+        wait_exit "$old"
+        [ "$rc" -eq 0 ] && grep -q "stopped after step $OLD_AT (stop_at_step)" "$tmp/${name}2.log" ||
+            die "$name: replica 2 did not stop at step $OLD_AT (rc $rc)"
+    fi
+    stopped_all() { for p in "${held[@]}"; do stopped "$p" || return 1; done; }
+    wait_until "replicas 0 and 1 to stop in their last step" stopped_all || die "$name: 0 and 1 did not stop"
+    local waits='replica 2 joined at outer step [0-9]* .*: waits for the group' before
+    before=$(grep -c "$waits" "$tmp/relay_$name.log" || true)
+    replica 2 "$tmp/${name}2" "$@"
+    local late=$rpid
+    more_waits() { [ "$(grep -c "$waits" "$tmp/relay_$name.log" || true)" -gt "$before" ]; }
+    wait_until "replica 2 to wait for the group's state" more_waits || die "$name: replica 2 did not join"
+    kill -CONT "${held[@]}"
+    jrc=""
+    for p in "${held[@]}" "$late"; do
+        wait_exit "$p"
+        jrc="$jrc $rc"
+    done
+}
+# said_finished OUT_DIR STEP: its log says it finished with the group's final weights in step STEP.
+said_finished() {
+    local said="finished at max_steps = $2 without training a step: .* its checkpoint step_$(printf %08d "$2")"
+    grep -q "$said holds the group.s final weights" "$1.log"
+}
+# same_models NAME STEP: the three replicas' step-STEP model.safetensors are the same bytes.
+same_models() {
+    local s0 s1 s2
+    s0=$(model_sum "$tmp/${1}0" "$2") s1=$(model_sum "$tmp/${1}1" "$2") s2=$(model_sum "$tmp/${1}2" "$2" || echo none)
+    [ -n "$s0" ] && [ "$s0" = "$s1" ] && [ "$s2" = "$s0" ]
+}
+# a. Fresh, whole transfer (--catch_up 0: round 20 waits for it): it takes part in round 20
+# with no work, which the relay names apart, and its weights are the finishers' — the same
+# bytes as the run without it (with one inner step's tokens for its Δ = 0 they differ); the
+# mean of every round, 20 with its tokens 0 too, is numpy's byte for byte (diloco_check.py).
+start_relay fj 1 60 --catch_up 0
+mkdir "$tmp/fj_dump"
+TRAIN_GPT_DILOCO_DUMP=$tmp/fj_dump join_at_end fj 40 "${j6[@]}"
+check "fresh, joined during the final syncs: the three replicas exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  it took the state after final sync 19 and took part in 20 with no work" \
+    sh -c "grep -q 'replica 0 is the donor: it sends its state to \[2\]' '$tmp/relay_fj.log' &&
+           grep -q 'round 20 closed: 2 contributor(s) \[0 1\], no work from \[2\]' '$tmp/relay_fj.log' &&
+           grep -q 'takes part in the group.s 1 final sync(s) still to come, with no work' '$tmp/fj2.log'"
+check "  no round after 20" sh -c "! grep -E 'round (2[1-9]|[3-9][0-9]) closed' '$tmp/relay_fj.log'"
+check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fj2" 40
+check "  its step-40 weights are the finishers' (model.safetensors)" same_models fj 40
+check "  ... and its θ (param_hash) too" test "$(last_hash "$tmp/fj2")" = "$(last_hash "$tmp/fj0")"
+# (Δ within 5 %: int8 both ways, 2.6 % seen.)
+check "  every round's mean is the hub's reduction, round 20's without its Δ (diloco_check.py)" \
+    "$PYTHON" test/diloco_check.py "$tmp/fj_dump" 0.7 0.9 int8 0.05 1 0 2
+start_relay fjref 1 60 --catch_up 0
+replica 0 "$tmp/fjref0" "${j6[@]}"
+r0=$rpid
+replica 1 "$tmp/fjref1" "${j6[@]}"
+wait_exit "$rpid"
+rc1=$rc
+wait_exit "$r0"
+check "  the run without it ends with the same weights: its Δ = 0 did not pull the mean (rc $rc $rc1)" \
+    sh -c "[ $rc -eq 0 ] && [ $rc1 -eq 0 ] && [ '$(model_sum "$tmp/fjref0" 40)' = '$(model_sum "$tmp/fj0" 40)' ]"
+# b. Fresh, the relay's catch-up transfer: round 20 may close before it has its state, and it
+# takes that final sync's mean after the state (or is due in it): the same end either way.
+start_relay fc 1 60
+join_at_end fc 40 "${j6[@]}"
+check "fresh, joined during the final syncs, catch-up transfer: exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fc2" 40
+check "  its step-40 weights are the finishers'" same_models fc 40
+# c. Back from an old checkpoint (step 10): it takes part in round 20 with the late work it
+# carries into fragment 1 (a contributor: the relay names it) and ends with the same weights.
+start_relay fo 1 60 --catch_up 0
+OLD_AT=10 join_at_end fo 40 "${j6[@]}"
+check "back from its step-10 checkpoint during the final syncs: exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  it took part in round 20 with its carried work" \
+    sh -c "grep -q 'round 20 closed: 3 contributor(s) \[0 1 2\]' '$tmp/relay_fo.log' &&
+           grep -q 'carries its unsent work' '$tmp/fo2.log' && grep -q 'with the late work it carries' '$tmp/fo2.log'"
+check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fo2" 40
+old_kept() { same_models fo 40 && [ -d "$tmp/fo2/step_00000010" ]; }
+check "  its step-40 weights are the finishers', its step-10 checkpoint is still there" old_kept
+
+# ---------------------------------------------------------------- 7. fresh, after the final sync
+# One fragment, H 5, 20 steps: rounds 0-2 regular, 3 the final sync. Replica 2 waits at the relay
+# during round 3 and takes the state after it: nothing left to sync.
+start_relay fk 1 60
+join_at_end fk 20 --max_steps 20 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_timeout_s 60 \
+    --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0
+check "fresh, joined after the final sync: the three replicas exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  it took the state after round 3 and says the final syncs were over" \
+    sh -c "grep -q 'round 3 closed: 2 contributor(s) \[0 1\]' '$tmp/relay_fk.log' &&
+           grep -q 'joined after the group.s final syncs' '$tmp/fk2.log' &&
+           ! grep -E 'round [4-9] closed' '$tmp/relay_fk.log'"
+check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fk2" 20
+check "  its step-20 weights are the finishers' (model.safetensors)" same_models fk 20
+
+# ---------------------------------------------------------------- 8. sharded, during the final syncs
+# Part 6a with replicas of 2 shards x 2 copies (MPI; skipped without), 20 steps: rounds 0-8
+# regular, 9 and 10 the final syncs. Every rank of replica 2 takes part in its shard's round 10
+# with no work, and all write the checkpoint together.
+if [ "$HAVE_MPI" = 1 ]; then
+    start_relay fs 2 60 --catch_up 0
+    j8=("${j6[@]}" --max_steps 20)
+    held=()
+    for r in 0 1; do
+        TRAIN_GPT_FAULT=stop_in_step:19 sharded "$r" "$tmp/fs$r" "${j8[@]}"
+        held+=("$rpid")
+    done
+    ranks_stopped() {   # the 8 ranks of replicas 0 and 1 (mpirun's children) stopped themselves
+        local n=0 p c
+        for p in "${held[@]}"; do
+            for c in $(pgrep -P "$p"); do
+                stopped "$c" || return 1
+                n=$((n + 1))
+            done
+        done
+        [ "$n" -eq 8 ]
+    }
+    wait_until "the ranks of replicas 0 and 1 to stop in their last step" ranks_stopped || die "8: they did not stop"
+    sharded 2 "$tmp/fs2" "${j8[@]}"
+    late=$rpid
+    both_wait() {
+        [ "$(grep -c 'replica 2 joined at outer step 0 .*: waits for the group' "$tmp/relay_fs.log")" -eq 2 ]
+    }
+    wait_until "replica 2 to wait at both shards' hubs" both_wait || die "8: replica 2 did not join"
+    for p in "${held[@]}"; do kill -CONT $(pgrep -P "$p"); done
+    jrc=""
+    for p in "${held[@]}" "$late"; do
+        wait_exit "$p"
+        jrc="$jrc $rc"
+    done
+    check "sharded, joined during the final syncs: exit 0 on every rank (rc$jrc)" test "$jrc" = " 0 0 0"
+    check "  both shards' round 10 had it with no work" \
+        test "$(grep -c 'round 10 closed: 2 contributor(s) \[0 1\], no work from \[2\]' "$tmp/relay_fs.log")" -eq 2
+    check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fs2" 20
+    check "  its step-20 weights are the finishers'" same_models fs 20
+else
+    say "  skip part 8 (no MPI in this build)"
+fi
 finish test_diloco_over
