@@ -1545,15 +1545,30 @@ static void record_round(diloco *d, int64_t k, bool applied, const round_result 
     contributor_bits(r, d->recent[slot].ids);
 }
 
+// How many x in [1, n] are ≡ offset (mod period): the syncs of a fragment of that offset in the
+// first n steps of a phase of that period (offset 0: at the multiples of period).
+static int64_t syncs_in(int64_t n, int64_t offset, int64_t period) {
+    int64_t first = offset == 0 ? period : offset;
+    return n < first ? 0 : (n - first) / period + 1;
+}
+
 // The fragment's own count of outer steps (1-based, for the momentum warm-up) at the round in
-// flight. Regular round k is fragment k mod P's ⌊k / P⌋ + 1-th. The final syncs after the last
-// step take fragments 0..P−1 in rounds k0..k0+P−1 whatever k0 mod P is: fragment p's count is
-// then its regular rounds before k0, ⌈(k0 − p) / P⌉, plus one.
+// flight: its syncs after inner steps 1 .. begin_step on the schedule (syncs_after), this one
+// included; a final sync after the last step counts the fragment's regular syncs before it
+// (steps 1 .. max_steps − 1), + 1. Counted on the schedule rather than from the round number:
+// round k is fragment k mod P's only while the fragments sync in turn, and the decay phase
+// with diloco_decay_inner_steps starts its turn over at fragment 0 wherever the last one
+// before it stood (P = 4, H = 12, H_d = 4, decay after step 80: fragment 1 syncs after step 78,
+// then fragment 0 after 81, and until 2026-12 k / P + 1 gave fragments 0 and 1 one outer step
+// too few and fragments 2 and 3 one too many from there on, the final syncs too). The same
+// number on every replica: the schedule is in the run fingerprint.
 static int64_t fragment_outer_step(const diloco *d, const flight *f) {
-    int64_t P = d->n_fragments, k = f->round, p = f->fragment;
-    if (!f->final) return k / P + 1;
-    int64_t k0 = k - p;
-    return (k0 - p + P - 1) / P + 1;
+    const fragment *fr = &d->fragments[f->fragment];
+    int64_t s = f->final ? d->cfg->max_steps - 1 : f->begin_step;
+    int64_t before = s < d->decay_from ? s : d->decay_from;
+    int64_t n = syncs_in(before, fr->sync_offset, d->cfg->diloco_inner_steps);
+    if (s > d->decay_from) n += syncs_in(s - d->decay_from, fr->decay_offset, d->decay_H);
+    return n + (f->final ? 1 : 0);
 }
 
 // A catch-up donor is about to change fragment f of θ and m: what of them is not yet on its way

@@ -752,6 +752,8 @@ def main():
         # The fragment's own outer-step count: round k − 1 is regular when it is fragment
         # (k − 1) mod P's; otherwise it is a final sync after the last step (fragments 0..P−1
         # in rounds k0..k0+P−1), and the count is fragment p's regular rounds before k0, + 1.
+        # (So while the fragments sync in turn, as in the runs this checks; across a decay
+        # phase's start that breaks the turn, test_diloco_pays.sh checks the count.)
         p_k, r_k = fragment_of[("outer", k)], k - 1
         if r_k % fragments == p_k:
             j = r_k // fragments + 1

@@ -137,6 +137,29 @@ auto_run decay_stream --diloco_replicas 2 --max_steps 40 --decay_frac 0.5 --dilo
 check "decay H, 2 streaming fragments ($(syncs "$tmp/decay_stream/metrics.jsonl"))" \
     test "$(syncs "$tmp/decay_stream/metrics.jsonl")" = \
     "5:0/5 10:1/10 15:0/10 20:1/10 22:0/7 24:1/4 26:0/4 28:1/4 30:0/4 32:1/4 34:0/4 36:1/4 38:0/4 40:0/2 40:1/4"
+# The momentum warm-up counts each fragment's own syncs across the decay's start: with the decay
+# from step 18 the last sync before it is fragment 0's (at 15), and the decay's turn starts over
+# at fragment 0 (at 20), so round k is no longer fragment k mod 2's. Every outer step's μ is
+# 0.9·j/20 for its fragment's j-th sync; until 2026-12 (μ from the round number) fragment 0's
+# sync at 20 took j = 2 instead of 3, and every sync of both fragments after it was one off.
+auto_run decay_warmup --diloco_replicas 2 --max_steps 40 --decay_frac 0.55 --diloco_inner_steps 10 \
+    --diloco_decay_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 1 --n_layer 2 --diloco_outer_lr 0.7 \
+    --diloco_outer_momentum 0.9 --diloco_momentum_warmup 20 --diloco_plain_in_decay 0
+own_warmup() {
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+rows = [d for d in map(json.loads, open(sys.argv[1])) if "outer_step" in d and d.get("applied")]
+seen, bad = {}, []
+for d in rows:
+    seen[d["fragment"]] = j = seen.get(d["fragment"], 0) + 1
+    if abs(d["outer_momentum"] - 0.9 * min(j, 20) / 20) > 1e-9:
+        bad.append("%d:%d (sync %d) μ %g" % (d["began_at_step"], d["fragment"], j, d["outer_momentum"]))
+print("    %d outer steps; wrong μ: %s" % (len(rows), ", ".join(bad) or "none"))
+sys.exit(1 if bad or len(rows) < 10 else 0)
+PY
+}
+check "decay H, streaming: the momentum warm-up counts each fragment's own syncs across the decay's start" \
+    own_warmup "$tmp/decay_warmup/metrics.jsonl"
 if "$TRAIN_GPT" test/configs/tiny_test.conf --diloco_replicas 2 --diloco_transport local --diloco_inner_steps 10 \
     --diloco_decay_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 2 --max_steps 40 --train_data "$tmp/train.bin" \
     --out_dir "$tmp/decay_bad" >"$tmp/decay_bad.log" 2>&1; then bad_rc=0; else bad_rc=$?; fi
