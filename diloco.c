@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 // The state a donor sends to a joining replica, little-endian:
-//   "TGDLSTAT" (8 bytes), u32 version = 6, u32 flags (1: m follows θ),
+//   "TGDLSTAT" (8 bytes), u32 version = 7, u32 flags (1: m follows θ),
 //   i64 outer_step, i64 step, i64 tokens_seen, i64 numel,
 //   i64 sent_at_step (the donor's step when the state's last chunk went: it trains while it
 //                     sends, and the joiner skips the steps it took meanwhile),
@@ -28,12 +28,14 @@
 //                 joiner's phase ends T after the donor's began, not T after its join),
 //   i64 final_next (step = max_steps: the fragment whose final sync comes next, 0 .. P; P: the
 //                   final syncs are done. Else 0. A joiner goes on from there: final_syncs),
-//   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 0, u8 ids[32] (bit i of
-//                     byte i/8: replica i's whole contribution is in the round's mean) },
+//   RECENT_ROUNDS × { i64 round (−1: none), u32 flags (1 applied), u32 fragment (the one it
+//                     synced; version 6 had 0 there), u8 ids[32] (bit i of byte i/8: replica i's
+//                     whole contribution is in the round's mean) },
 //   f32 θ[numel], f32 m[numel] (only with flag 1: an m of zero bits is not sent, the joiner
 //   zeroes its own — half the bytes where the outer steps take no momentum, outer_update)
-// The donor's last rounds tell a joiner whether the work of the round it missed is already in θ
-// (then it is not carried again: adopt_state).
+// The donor's last rounds tell a joiner which fragments' work of the rounds it missed is already
+// in θ (then it is not carried again) and how far each fragment moved on without it
+// (carry_weights).
 //
 // A catch-up transfer (relay --catch_up, docs/protocol.md "Catch-up"): the state above stays
 // the one of its round (the donor keeps aside what a later landing changes before it is sent:
@@ -53,7 +55,7 @@
 #define CATCHUP_HEADER_BYTES 104
 #define CATCHUP_IDS 72            // where the contributors' bits are
 #define STATE_MAGIC "TGDLSTAT"
-#define STATE_VERSION 6
+#define STATE_VERSION 7
 #define STATE_HAS_MOMENTUM 1u
 #define RECENT_ROUNDS 8
 #define ROUND_RECORD_BYTES 48
@@ -190,6 +192,7 @@ struct diloco {
     struct {
         int64_t round;                     // -1: none
         bool applied;
+        int fragment;                      // the fragment it synced
         uint8_t ids[TRANSPORT_MAX_REPLICAS / 8];
     } recent[RECENT_ROUNDS];
     const char *dump_dir;                  // TRAIN_GPT_DILOCO_DUMP: tensors of each outer step, for tests
@@ -485,10 +488,12 @@ static bool all_zero_bits(const float *x, int64_t n) {
     return any == 0;
 }
 
-// One of a state's RECENT_ROUNDS records: i64 round, u32 flags (1 applied), u32 0, u8 ids[32].
-static void put_round_record(uint8_t *q, int64_t round, bool applied, const uint8_t *ids) {
+// One of a state's RECENT_ROUNDS records: i64 round, u32 flags (1 applied), u32 fragment,
+// u8 ids[32].
+static void put_round_record(uint8_t *q, int64_t round, bool applied, int fragment, const uint8_t *ids) {
     put_u64(q, (uint64_t)round);
-    put_u64(q + 8, applied ? 1 : 0);
+    put_u32(q + 8, applied ? 1 : 0);
+    put_u32(q + 12, (uint32_t)fragment);
     memcpy(q + 16, ids, TRANSPORT_MAX_REPLICAS / 8);
 }
 
@@ -552,7 +557,7 @@ static size_t pack_state(diloco *d, const train_state *st) {
     put_u64(p + STATE_FINAL_NEXT, (uint64_t)(st->step == d->cfg->max_steps ? d->final_next : 0));
     for (int i = 0; i < RECENT_ROUNDS; i++)
         put_round_record(p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES, d->recent[i].round,
-                         d->recent[i].applied, d->recent[i].ids);
+                         d->recent[i].applied, d->recent[i].fragment, d->recent[i].ids);
     return STATE_HEADER_BYTES + (with_m ? 2 : 1) * (size_t)d->numel * sizeof(float);
 }
 
@@ -647,6 +652,14 @@ static state_counters check_state(const diloco *d, size_t got) {
              "%lld ms into its phase, final sync of fragment %lld next)",
              (long long)c.outer_step, (long long)c.step, (long long)c.sent_at_step, (long long)c.phase_ms,
              (long long)c.final_next);
+    for (int i = 0; i < RECENT_ROUNDS; i++) {
+        const uint8_t *q = p + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
+        int64_t round = (int64_t)get_u64(q);
+        if (round < -1 || (get_u32(q + 8) & ~1u) != 0 || get_u32(q + 12) >= (uint32_t)d->n_fragments)
+            fail("diloco: the donor's state has an impossible record of its recent rounds (round %lld of fragment %u, "
+                 "flags %u; this run has %d fragments)",
+                 (long long)round, get_u32(q + 12), get_u32(q + 8), d->n_fragments);
+    }
     return c;
 }
 
@@ -655,41 +668,83 @@ static void dump_tensor(FILE *f, const float *x, int64_t n);
 static void dump_close(FILE *f);
 static void dump_bytes(diloco *d, const char *what, int64_t outer_step, int fragment, const uint8_t *bytes, size_t n);
 
-// Whether the donor's state says the work of round `round` of this replica is in its θ: the
-// round is among the donor's recent ones, was applied, and counted this replica's whole
-// contribution. Unknown (too old, or a donor that joined since) counts as not in.
-static bool work_in_state(const diloco *d, int64_t round) {
+// Round `round` in the donor's record (the state's, which take_catchup_mean keeps up to date):
+// false where the record does not hold it (too old, or a donor that joined since); else
+// whether it was applied, which fragment it synced, and whether this replica's whole
+// contribution was in its mean.
+static bool recorded_round(const diloco *d, int64_t round, bool *applied, int *fragment, bool *mine) {
     int id = diloco_replica_id(d);
-    for (int i = 0; i < RECENT_ROUNDS; i++) {
-        const uint8_t *q = d->state + STATE_COUNTERS_BYTES + (size_t)i * ROUND_RECORD_BYTES;
-        if ((int64_t)get_u64(q) == round) return (get_u32(q + 8) & 1) && (q[16 + id / 8] >> (id % 8) & 1);
-    }
-    return false;
+    const uint8_t *q = d->state + STATE_COUNTERS_BYTES + (size_t)(round % RECENT_ROUNDS) * ROUND_RECORD_BYTES;
+    if ((int64_t)get_u64(q) != round) return false;
+    *applied = get_u32(q + 8) & 1;
+    *fragment = (int)get_u32(q + 12);
+    *mine = q[16 + id / 8] >> (id % 8) & 1;
+    return true;
 }
 
-// A joiner's unsent work (docs/diloco.md#late-work-carried): the replica took the group's θ at
-// outer step K, while its own θ (the group's at its outer step k < K) and its local weights
-// still hold what it trained since k and the group never received — it was late, dropped or
-// stopped, or its exchange failed. Unless the donor's record says that round's contribution is
-// in θ, the work stays in the local weights, weighted by its staleness:
-//     x ← θ_K − w·(θ_k − x),   w = 1 / (1 + s),   s = ⌈(K − k) / P⌉
-// (s: the outer steps each fragment missed; per element in double, stored in fp32), so the
-// next exchange sends it with the replica's new work. Returns w (0: nothing carried), and says
-// why not in *why.
-static double carry_weight(const diloco *d, int64_t from, int64_t to, const char **why) {
-    *why = NULL;
-    if (!d->cfg->diloco_carry_late) *why = "diloco_carry_late = 0";
-    else if (from >= to) *why = "not behind the group";
-    else if (work_in_state(d, from)) *why = "its contribution is in the group's θ";
-    if (*why) return 0.0;
-    int64_t s = (to - from + d->n_fragments - 1) / d->n_fragments;
-    return 1.0 / (1.0 + (double)s);
+// Why a fragment's unsent work is not carried (carry_weights).
+enum { CARRIED = 0, CARRY_IN_THETA, CARRY_FINAL_OVER };
+
+// A joiner's unsent work (docs/diloco.md#late-work-carried): the replica took the group's θ_K at
+// outer step K, while its own θ (θ_k, the group's at its outer step k < K) and its local weights
+// x still hold what it trained since k and the group never received — it was late, dropped or
+// stopped, or its exchange failed. Each fragment is decided on its own (a round syncs one), from
+// the donor's record of rounds k .. K − 1:
+//   - below final_next (a state of max_steps): its final sync is over, no round is left to send
+//     work carried into it: θ_K whole (what[p] CARRY_FINAL_OVER);
+//   - synced by an applied round whose mean held this replica's whole contribution: its work is
+//     in θ already, θ_K whole (CARRY_IN_THETA). A replica contributes to one of those rounds at
+//     most, round k (the one it was dropped from or whose exchange failed: its outer step stays
+//     k, and so does the number of the next exchange it tries, which rejoins), and its work on
+//     the other fragments was never sent;
+//   - every other keeps its work, weighted by its staleness (CARRIED):
+//         x ← θ_K − w·(θ_k − x),   w = 1 / (1 + s)
+//     per element in double, stored in fp32, so that the fragment's next exchange sends it with
+//     the replica's new work. s: the applied rounds of the fragment among k .. K − 1, the outer
+//     steps its θ moved on without the work (0: θ did not move, and x stays as it is), plus
+//     ⌈u / P⌉ for the u rounds the record does not hold (more than RECENT_ROUNDS behind, or a
+//     donor that joined since), as if they had synced the fragments in turn; such a round
+//     counts as not holding this replica's contribution (carried: where it did, w times that
+//     contribution counts twice).
+// Until 2026-12 one decision held for the whole model: a replica whose contribution to round k
+// counted carried nothing, and its unsent work on the other P − 1 fragments was lost; and every
+// fragment took s = ⌈(K − k) / P⌉, halving the work of fragments no round had synced.
+// Fills w[p] (0: not carried) and what[p]; returns why nothing at all is carried, or NULL.
+static const char *carry_weights(const diloco *d, int64_t from, int64_t to, int64_t final_next, double *w,
+                                 int *what) {
+    int P = d->n_fragments;
+    for (int p = 0; p < P; p++) {
+        w[p] = 0.0;
+        what[p] = p < final_next ? CARRY_FINAL_OVER : CARRIED;
+    }
+    if (!d->cfg->diloco_carry_late) return "diloco_carry_late = 0";
+    if (from >= to) return "not behind the group";
+    int64_t *applied_rounds = xcalloc((size_t)P, sizeof *applied_rounds), unknown = 0;
+    for (int64_t round = from; round < to; round++) {
+        bool applied, mine;
+        int p;
+        if (!recorded_round(d, round, &applied, &p, &mine)) unknown++;
+        else if (applied && mine && what[p] == CARRIED) what[p] = CARRY_IN_THETA;
+        else if (applied) applied_rounds[p]++;
+    }
+    bool any = false, in_theta = false;
+    for (int p = 0; p < P; p++) {
+        in_theta |= what[p] == CARRY_IN_THETA;
+        if (what[p] != CARRIED) continue;
+        w[p] = 1.0 / (1.0 + (double)(applied_rounds[p] + (unknown + P - 1) / P));
+        any = true;
+    }
+    free(applied_rounds);
+    return any        ? NULL
+           : in_theta ? "its contribution is in the group's θ"
+                      : "the final syncs are over: no round is left to send it";
 }
 
 // Test hook: DIR/carry_<replica>_<K>_0.f32 holds θ_k, the local weights before, θ_K and the
-// local weights after (each numel fp32 values), and carry_… .bin the weight w (f64).
+// local weights after (each numel fp32 values), and carry_… .bin, for each fragment in turn,
+// its weight w (f64, 0: not carried) and its offset and values (i64 each).
 static void dump_carry(diloco *d, int64_t to, const float *theta_from, const float *params_from, const float *params,
-                       double w) {
+                       const double *w) {
     FILE *f = dump_open(d, "carry", to, 0);
     if (!f) return;
     dump_tensor(f, theta_from, d->numel);
@@ -697,7 +752,14 @@ static void dump_carry(diloco *d, int64_t to, const float *theta_from, const flo
     dump_tensor(f, d->theta, d->numel);
     dump_tensor(f, params, d->numel);
     dump_close(f);
-    dump_bytes(d, "carry", to, 0, (const uint8_t *)&w, sizeof w);
+    uint8_t *b = xmalloc((size_t)d->n_fragments * 24);
+    for (int p = 0; p < d->n_fragments; p++) {
+        put_f64(b + 24 * p, w[p]);
+        put_u64(b + 24 * p + 8, (uint64_t)d->fragments[p].offset);
+        put_u64(b + 24 * p + 16, (uint64_t)d->fragments[p].numel);
+    }
+    dump_bytes(d, "carry", to, 0, b, (size_t)d->n_fragments * 24);
+    free(b);
 }
 
 // Takes over the group's state: θ, m, step counters, data position; params ← θ, less the
@@ -780,7 +842,7 @@ static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t byt
         outer_update(d, fr, theta, momentum, h.lr, h.mu);
     }
     put_round_record(d->state + STATE_COUNTERS_BYTES + (size_t)(h.round % RECENT_ROUNDS) * ROUND_RECORD_BYTES,
-                     h.round, h.applied, h.ids);
+                     h.round, h.applied, (int)h.fragment, h.ids);
     c->outer_step = h.round + 1;
     c->step = c->sent_at_step = h.step;
     c->tokens = h.tokens;
@@ -808,52 +870,52 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     int caught_up = 0;
     state_counters c = joined_counters(d, got, &caught_up);
     size_t bytes = (size_t)d->numel * sizeof(float);
-    const char *why_not = NULL;
-    double w = carry_weight(d, st->outer_step, c.outer_step, &why_not);
+    int P = d->n_fragments;
+    double *w = xcalloc((size_t)P, sizeof *w);
+    int *what = xcalloc((size_t)P, sizeof *what);
+    const char *why_not = carry_weights(d, st->outer_step, c.outer_step, c.final_next, w, what);
     const float *theta_to = (const float *)(p + STATE_HEADER_BYTES);  // θ_K, in the state buffer
     // A sharded replica's ranks decide for their own pieces (each group's record of who was in),
-    // and all sum the work's square together (a collective, whatever each decided).
+    // and all sum the carried work's square together (a collective, whatever each decided).
     double mine = 0.0;
-    if (w > 0.0)
-        for (int64_t i = 0; i < d->numel; i++) {
-            double x = (double)d->theta[i] - (double)params[i];
-            mine += x * x;
-        }
+    for (int q = 0; q < P && !why_not; q++) {
+        const fragment *fr = &d->fragments[q];
+        if (w[q] > 0.0)
+            for (int64_t i = fr->offset; i < fr->offset + fr->numel; i++) {
+                double x = (double)d->theta[i] - (double)params[i];
+                mine += x * x;
+            }
+    }
     if (!isfinite(mine)) {
         why_not = "its local work holds NaN/Inf";
-        w = 0.0;
         mine = 0.0;
     }
     double work_sq = replica_sum(d, mine);
-    if (w > 0.0 && work_sq == 0.0) {
-        why_not = "no local work since its last outer step";
-        w = 0.0;
-    }
-    // A state of the final syncs (step max_steps): the fragments whose final sync is over take θ
-    // whole — no round is left to send work carried into them (it was, and the replica ended
-    // with weights that were not θ) — the others the carry, which their final sync sends.
-    // (Fragments are consecutive ranges from offset 0.)
-    int64_t carried_from = c.final_next < d->n_fragments ? d->fragments[c.final_next].offset : d->numel;
-    if (w > 0.0 && carried_from == d->numel) {
-        why_not = "the final syncs are over: no round is left to send it";
-        w = 0.0;
+    if (!why_not && work_sq == 0.0) why_not = "no local work since its last outer step";
+    double w_max = 0.0;
+    for (int q = 0; q < P; q++) {
+        if (why_not) w[q] = 0.0;
+        w_max = fmax(w_max, w[q]);
     }
     // The tensors before, for the test dump only.
     float *theta_from = NULL, *params_from = NULL;
-    if (w > 0.0 && d->dump_dir) {
+    if (w_max > 0.0 && d->dump_dir) {
         theta_from = alloc_floats((size_t)d->numel);
         params_from = alloc_floats((size_t)d->numel);
         memcpy(theta_from, d->theta, bytes);
         memcpy(params_from, params, bytes);
     }
-    if (w > 0.0) {
-        // θ_k is still in d->theta and θ_K in the state buffer: no copy of the model needed.
-        memcpy(params, theta_to, (size_t)carried_from * sizeof(float));
+    // θ_k is still in d->theta and θ_K in the state buffer: no copy of the model needed.
+    for (int q = 0; q < P; q++) {
+        const fragment *fr = &d->fragments[q];
+        double wq = w[q];
+        if (wq == 0.0) {
+            memcpy(params + fr->offset, theta_to + fr->offset, (size_t)fr->numel * sizeof(float));
+            continue;
+        }
 #pragma omp parallel for schedule(static)
-        for (int64_t i = carried_from; i < d->numel; i++)
-            params[i] = (float)((double)theta_to[i] - w * ((double)d->theta[i] - (double)params[i]));
-    } else {
-        memcpy(params, theta_to, bytes);
+        for (int64_t i = fr->offset; i < fr->offset + fr->numel; i++)
+            params[i] = (float)((double)theta_to[i] - wq * ((double)d->theta[i] - (double)params[i]));
     }
     d->final_next = c.final_next;
     d->carried = w > 0.0;
@@ -881,19 +943,39 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     uint64_t hash = replica_hash(d, d->theta, d->numel);
     uint64_t held_bytes = 0;
     int held = caught_up > 0 ? transport_catchup_held(d->net, &held_bytes) : 0;
-    char extra[640], carried[200];
-    if (w > 0.0)
-        snprintf(carried, sizeof carried, "{\"from_outer_step\":%lld,\"weight\":%.17g,\"work_norm\":%.6g}",
-                 (long long)was_outer, w, sqrt(work_sq));
-    else
-        snprintf(carried, sizeof carried, "false,\"not_carried\":\"%s\"", why_not);
-    snprintf(extra, sizeof extra,
-             "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
-             "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"caught_up_rounds\":%d,\"catchup_held_max\":%d,"
-             "\"catchup_held_bytes\":%llu,\"carried\":%s",
-             (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip, d->joined_phase_s,
-             caught_up, held, (unsigned long long)held_bytes, carried);
-    metrics_event(d->log, "diloco_join", c.step, extra);
+    // What it carried: with streaming each fragment's weight (0: not carried) and the fragments
+    // whose work was in θ already.
+    strbuf carried = {0}, per = {0};
+    sb_append(&per, "");
+    if (w_max > 0.0) {
+        sb_printf(&carried, "{\"from_outer_step\":%lld,\"weight\":%.17g,\"work_norm\":%.6g", (long long)was_outer,
+                  w_max, sqrt(work_sq));
+        if (P > 1) {
+            sb_append(&carried, ",\"fragment_weights\":[");
+            for (int q = 0; q < P; q++) sb_printf(&carried, "%s%.17g", q ? "," : "", w[q]);
+            sb_append(&carried, "],\"in_theta\":[");
+            for (int q = 0, n = 0; q < P; q++)
+                if (what[q] == CARRY_IN_THETA) sb_printf(&carried, "%s%d", n++ ? "," : "", q);
+            sb_append(&carried, "]");
+            for (int q = 0; q < P; q++) {
+                sb_append(&per, q ? ", " : ": fragment ");
+                if (w[q] > 0.0) sb_printf(&per, "%d weight %.3g", q, w[q]);
+                else sb_printf(&per, "%d %s", q, what[q] == CARRY_IN_THETA ? "in θ already" : "its final sync over");
+            }
+        }
+        sb_append(&carried, "}");
+    } else {
+        sb_append(&carried, "false,\"not_carried\":");
+        sb_json_string(&carried, why_not);
+    }
+    strbuf extra = {0};
+    sb_printf(&extra,
+              "\"outer_step\":%lld,\"from_step\":%lld,\"param_hash\":\"%016llx\",\"state_bytes\":%zu,"
+              "\"skipped_steps\":%lld,\"donor_phase_s\":%.3f,\"caught_up_rounds\":%d,\"catchup_held_max\":%d,"
+              "\"catchup_held_bytes\":%llu,\"carried\":%s",
+              (long long)c.outer_step, (long long)was, (unsigned long long)hash, got, (long long)skip,
+              d->joined_phase_s, caught_up, held, (unsigned long long)held_bytes, carried.data);
+    metrics_event(d->log, "diloco_join", c.step, extra.data);
     note("diloco: replica %d took the group's state: outer step %lld, step %lld (was at step %lld, outer step %lld)",
          diloco_replica_id(d), (long long)c.outer_step, (long long)c.step, (long long)was, (long long)was_outer);
     if (caught_up > 0) {
@@ -911,10 +993,16 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
              "%g s is up (%.1f s from now, after at least %lld step(s))",
              diloco_replica_id(d), d->joined_phase_s, d->cfg->diloco_sync_every_s,
              fmax(0.0, d->cfg->diloco_sync_every_s - d->joined_phase_s), (long long)steps_to_sync(d, st->step));
-    if (w > 0.0)
-        note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, weight %.3g "
-             "(norm %.3g)",
-             diloco_replica_id(d), (long long)was_outer, (long long)c.outer_step, w, sqrt(work_sq));
+    if (w_max > 0.0)
+        note("diloco: replica %d carries its unsent work of outer steps %lld .. %lld into its weights, %s%.3g (norm "
+             "%.3g)%s",
+             diloco_replica_id(d), (long long)was_outer, (long long)c.outer_step, P > 1 ? "weight at most " : "weight ",
+             w_max, sqrt(work_sq), per.data);
+    sb_free(&carried);
+    sb_free(&per);
+    sb_free(&extra);
+    free(w);
+    free(what);
 }
 
 // The counters a join ends with: the state's, or after a catch-up the donor's at the last mean
@@ -1536,12 +1624,14 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->ok = true;
 }
 
-// Who was in round k and whether it was applied, for the state this replica may donate.
-static void record_round(diloco *d, int64_t k, bool applied, const round_result *r) {
+// Who was in round k, which fragment it synced and whether it was applied, for the state this
+// replica may donate.
+static void record_round(diloco *d, int64_t k, bool applied, int fragment, const round_result *r) {
     if (d->local) return;
     int slot = (int)(k % RECENT_ROUNDS);
     d->recent[slot].round = k;
     d->recent[slot].applied = applied;
+    d->recent[slot].fragment = fragment;
     contributor_bits(r, d->recent[slot].ids);
 }
 
@@ -1699,7 +1789,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         if (outcome == ROUND_SKIPPED) st->outer_step = k + 1;
         if (outcome == ROUND_SKIPPED && catch_up) send_catchup_mean(d, f, r, st, false, 0.0, 0.0);
     }
-    if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, r);
+    if (outcome >= ROUND_SKIPPED) record_round(d, k, outcome == ROUND_APPLIED, f->fragment, r);
     // The group's joiners wait for its donor, whatever this replica decides next.
     if (outcome >= ROUND_SKIPPED && r->send_state) start_sending_state(d, st, r->catch_up);
     int worst = (int)replica_min(d, (double)outcome);

@@ -1504,6 +1504,15 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
         r->sync_s = wall_seconds() - t0;
         return true;
     }
+    // Test hook (TRAIN_GPT_FAULT=tcp_lose_mean_after_full:N): in the first round after N rounds
+    // that every replica contributed to, itself one, the replica loses its session as the
+    // round's result is in: the hub counted its whole contribution, and it never applies the
+    // mean (it reconnects and rejoins: test/test_diloco_late.sh, late work carried per fragment).
+    if ((int)t->round.n == t->o.replicas && fault_requested("tcp_lose_mean_after_full", t->full_rounds)) {
+        t->full_rounds++;   // once
+        post_dead(t, "test hook tcp_lose_mean_after_full: the session died as the round's result came in");
+        return recover(t, r, t0);
+    }
     r->n = (int)t->round.n;
     for (int i = 0; i < r->n; i++) r->ids[i] = (int)t->round.ids[i];
     r->mean = t->mean;

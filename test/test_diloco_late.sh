@@ -13,7 +13,9 @@
 #     the four byte for byte (test/diloco_check.py over every applied round), so the carried
 #     work reaches θ;
 #   - param_hash equal on every replica at every applied outer step;
-#   - with diloco_carry_late = 0 the same scenario carries nothing (the event says why).
+#   - with diloco_carry_late = 0 the same scenario carries nothing (the event says why);
+#   - with two fragments, a replica whose contribution to the round it missed was counted keeps
+#     its work on the other fragment (carried per fragment, below).
 # Every move waits for a line a process wrote, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 require_tcp
@@ -108,7 +110,8 @@ else:
 PY
 }
 
-# numpy: the dumped carry (θ_k, x before, θ_K, x after; its weight) is x_after = fp32(θ_K − w·(θ_k − x)).
+# numpy: the dumped carry (θ_k, x before, θ_K, x after; its weight, one fragment) is
+# x_after = fp32(θ_K − w·(θ_k − x)).
 carry_matches() {
     "$PYTHON" - "$tmp/dump_$1" "$2" <<'PY'
 import glob, sys
@@ -118,7 +121,10 @@ if len(files) != 1:
     print(f"    carry dumps: {files}")
     sys.exit(1)
 t = np.fromfile(files[0], dtype=np.float32).reshape(4, -1)
-w = float(np.fromfile(files[0][:-4] + ".bin", dtype=np.float64)[0])
+rec = np.fromfile(files[0][:-4] + ".bin", dtype=np.uint8).reshape(-1, 24)   # per fragment: f64 w, i64 offset, values
+if len(rec) != 1:
+    sys.exit(1)
+w = float(rec[0, :8].view("<f8")[0])
 theta_k, x, theta_K, after = (a.astype(np.float64) for a in t)
 want = (theta_K - w * (theta_k - x)).astype(np.float32).astype(np.float64)
 err = np.max(np.abs(after - want)) / max(np.max(np.abs(want)), 1e-30)
@@ -151,6 +157,111 @@ check "diloco_carry_late 0: nothing carried, and the event says why ($what $why)
     test "$what $why" = "none diloco_carry_late = 0"
 check "diloco_carry_late 0: no carry dump" sh -c "! ls '$tmp/dump_drop'/carry_* >/dev/null 2>&1"
 check "diloco_carry_late 0: param_hash equal at every applied outer step" all_hashes_agree 4 "$tmp"/drop/*/metrics.jsonl
+
+# ---------------------------------------------------------------- carried per fragment
+# Streaming (two fragments, τ 0: a round every 2 steps, fragments 0 and 1 in turn), three
+# replicas, diloco_min_replicas 2. Replica 2 loses its session as the result of a round it was
+# counted in comes (TRAIN_GPT_FAULT=tcp_lose_mean_after_full:2: the third round of all three):
+# the hub has its whole contribution of that round's fragment p in θ, and it never applies the
+# mean; it reconnects, rejoins and takes the state after the others closed a round without it.
+# Its work on p is in θ already (not carried: θ_K there), its work on the other fragment q was
+# never sent: carried at weight 1/(1 + s), s = the applied rounds of q it missed. Checked from
+# its join event and, in numpy, from the dumped tensors (θ_K on p exactly, fp32(θ_K − w·(θ_k − x))
+# on q, with work there); then all three contribute again and param_hash agrees at every applied
+# outer step. On the old code the whole model took θ_K ("its contribution is in the group's θ"):
+# its work on q was lost, and there was no carry dump.
+start_relay frag 1
+frag=(--diloco_replicas 3 --diloco_min_replicas 2 --diloco_inner_steps 4 --diloco_fragments 2 --diloco_overlap_steps 0
+    --diloco_transport tcp --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3
+    --diloco_connect_timeout_s 20)
+mkdir -p "$tmp/dump_frag"
+fpids=()
+for r in 0 1 2; do
+    fault=""
+    [ "$r" = 2 ] && fault=tcp_lose_mean_after_full:2
+    TRAIN_GPT_FAULT=$fault TRAIN_GPT_DILOCO_DUMP="$tmp/dump_frag" "$TRAIN_GPT" "${common[@]}" "${frag[@]}" \
+        --diloco_replica_id "$r" --out_dir "$tmp/frag/$r" >"$tmp/frag_$r.log" 2>&1 &
+    fpids+=($!)
+    pids+=($!)
+done
+# all three in a round after replica 2's join (its metrics name the join first)
+three_after_frag_join() {
+    "$PYTHON" - "$tmp/frag/0/metrics.jsonl" "$tmp/frag/2/metrics.jsonl" <<'PY'
+import json, os, sys
+if not os.path.exists(sys.argv[2]):
+    sys.exit(1)
+join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
+rounds = [json.loads(l) for l in open(sys.argv[1]) if '"contributors"' in l]
+sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_step"] + 1
+                           and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
+PY
+}
+wait_until "replica 2 lost a round's result, rejoined, and all three contributed again" three_after_frag_join
+rc=0
+for p in "${fpids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${fpids[@]}"; do wait "$p" || rc=$?; done
+check "carried per fragment: the three replicas exit 0 after SIGTERM (rc $rc)" test "$rc" -eq 0
+check "carried per fragment: replica 2 lost its session as the result came in" \
+    grep -q "tcp_lose_mean_after_full: the session died" "$tmp/frag_2.log"
+# The join against replica 0's rounds: round `from` (outer step from + 1) held replica 2 and
+# synced fragment p; q's weight is 1/(1 + its applied rounds from .. K − 1); p is in θ.
+frag_carry() {
+    "$PYTHON" - "$tmp/frag/0/metrics.jsonl" "$tmp/frag/2/metrics.jsonl" <<'PY'
+import json, sys
+rounds = {d["outer_step"] - 1: d for d in map(json.loads, open(sys.argv[1])) if "contributors" in d}
+join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l][-1]
+c, K = join["carried"], join["outer_step"]
+if not c:
+    print(f"    join at outer step {K}: nothing carried ({join.get('not_carried')})")
+    sys.exit(1)
+k = c["from_outer_step"]
+first = rounds[k]
+p = first["fragment"]
+q = 1 - p
+s = sum(1 for r in range(k, K) if rounds[r]["applied"] and rounds[r]["fragment"] == q)
+want = [0.0, 0.0]
+want[q] = 1 / (1 + s)
+print(f"    round {k} (fragment {p}) closed with {first['contributors']}; joined at outer step {K}; "
+      f"fragment {q} missed {s} applied round(s); weights {c['fragment_weights']} (want {want}), in θ {c['in_theta']}")
+ok = (first["applied"] and first["contributors"] == [0, 1, 2] and c["fragment_weights"] == want
+      and c["in_theta"] == [p] and c["weight"] == want[q] and c["work_norm"] > 0)
+sys.exit(0 if ok else 1)
+PY
+}
+check "carried per fragment: the fragment of the round it was counted in takes θ, the other carries at 1/(1 + s)" frag_carry
+# numpy: the dump's per-fragment weights (f64 w, i64 offset, i64 values each) and tensors.
+frag_dump() {
+    "$PYTHON" - "$tmp/dump_frag" <<'PY'
+import glob, sys
+import numpy as np
+files = sorted(glob.glob(sys.argv[1] + "/carry_2_*_0.f32"))
+if len(files) != 1:
+    print(f"    carry dumps: {files}")
+    sys.exit(1)
+t = np.fromfile(files[0], dtype=np.float32).reshape(4, -1)
+rec = np.fromfile(files[0][:-4] + ".bin", dtype=np.uint8).reshape(-1, 24)
+theta_k, x, theta_K, after = (a.astype(np.float64) for a in t)
+ok = len(rec) == 2
+for p, r in enumerate(rec):
+    w = float(r[:8].view("<f8")[0])
+    o, n = (int(v) for v in r[8:].view("<i8"))
+    sl = slice(o, o + n)
+    want = (theta_K[sl] - w * (theta_k[sl] - x[sl])).astype(np.float32).astype(np.float64)
+    err = np.max(np.abs(after[sl] - want)) / max(np.max(np.abs(want)), 1e-30)
+    moved = np.max(np.abs(theta_k[sl] - x[sl]))
+    print(f"    fragment {p}: values {o} .. {o + n}, w {w}, max |θ_k − x| {moved:.3g}, relative error {err:.3g}")
+    if w == 0:
+        ok = ok and np.array_equal(t[3][sl], t[2][sl])   # θ_K bit for bit
+    else:
+        ok = ok and err <= 6e-8 and moved > 0
+ok = ok and sum(int(r[16:].view("<i8")[0]) for r in rec) == t.shape[1]
+sys.exit(0 if ok else 1)
+PY
+}
+check "carried per fragment: local weights after = θ_K on the fragment in θ, fp32(θ_K − w·(θ_k − x)) on the other (numpy)" \
+    frag_dump
+check "carried per fragment: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 4 "$tmp"/frag/*/metrics.jsonl
 
 # start_three NAME AFTER FAULT ARGS...: replicas 0, 1 and 2 (common + ARGS) on this scenario's
 # relay, in $tmp/NAME/R logging to $tmp/NAMER.log; replica 0 with TRAIN_GPT_FAULT=FAULT (may be
