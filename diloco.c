@@ -172,9 +172,13 @@ struct diloco {
     // At max_steps: the fragment whose final sync comes next (0 .. P), in the state a donor
     // sends, and where a replica that took such a state goes on (final_syncs).
     int64_t final_next;
-    bool carried;                          // the last state taken: this replica's late work was
-                                           // carried into its weights (adopt_state)
+    bool *carried;                         // per fragment, the last state taken: this replica's
+                                           // late work was carried into it (adopt_state)
     bool joined_at_end;                    // diloco_join took a state at max_steps
+    // Per fragment, where its final sync did not apply on this rank (skipped, failed, dropped
+    // from it, or never held: the run was over): the inner steps of this replica's work behind
+    // it; −1 where it applied or has not come (finish_final_syncs).
+    int64_t *final_missed;
     // A donor sends its state from a thread while it trains on (θ and m do not change until
     // its next exchange, which waits for the thread first: finish_sending_state).
     pthread_t sender;
@@ -390,6 +394,9 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_
                         ? decay_start_step(cfg) : INT64_MAX;
     d->streaming = cfg->diloco_fragments > 1 || d->overlap > 0;
     split_fragments(d);
+    d->final_missed = xmalloc((size_t)d->n_fragments * sizeof *d->final_missed);
+    for (int p = 0; p < d->n_fragments; p++) d->final_missed[p] = -1;
+    d->carried = xcalloc((size_t)d->n_fragments, sizeof *d->carried);
     size_t largest = 0, largest_mean = 0;
     for (int p = 0; p < d->n_fragments; p++) {
         largest = d->fragments[p].payload_bytes > largest ? d->fragments[p].payload_bytes : largest;
@@ -918,7 +925,8 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
             params[i] = (float)((double)theta_to[i] - wq * ((double)d->theta[i] - (double)params[i]));
     }
     d->final_next = c.final_next;
-    d->carried = w > 0.0;
+    for (int q = 0; q < P; q++) d->carried[q] = w[q] > 0.0;
+    for (int q = 0; q < P; q++) d->final_missed[q] = -1;   // θ whole, carried, or its final sync to come
     changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
     if (c.with_m) memcpy(d->momentum, p + STATE_HEADER_BYTES + bytes, bytes);
@@ -1137,6 +1145,13 @@ void diloco_seek_data(const train_config *cfg, dataloader *train, train_state *s
     st->data = dataloader_position(train);
 }
 
+// Whether the last state taken left late work carried into a fragment whose final sync is to come.
+static bool carries_into_final_syncs(const diloco *d) {
+    for (int64_t q = d->final_next; q < d->n_fragments; q++)
+        if (d->carried[q]) return true;
+    return false;
+}
+
 void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, bool fresh) {
     size_t bytes = (size_t)d->numel * sizeof(float);
     if (fresh) {
@@ -1158,7 +1173,7 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
             note("diloco: replica %d joined at the run's end (step %lld = max_steps): it takes part in the group's "
                  "%lld final sync(s) still to come, %s",
                  diloco_replica_id(d), (long long)st->step, (long long)(d->n_fragments - d->final_next),
-                 d->carried ? "with the late work it carries (weighted as one inner step)"
+                 carries_into_final_syncs(d) ? "with the late work it carries (weighted as one inner step a fragment)"
                             : "with no work of its own (tokens 0: the mean leaves it out)");
         else if (d->joined_at_end)
             note("diloco: replica %d joined after the group's final syncs: the state it took (step %lld = max_steps) "
@@ -1238,6 +1253,13 @@ static int64_t steps_since_sync(const diloco *d, const fragment *f, int64_t step
     int64_t previous = step - 1;
     while (previous > 0 && !syncs_after(d, f, previous)) previous--;
     return step - previous;
+}
+
+// The inner steps of this replica's work on fragment f that its sync after st->step sends: those
+// since the fragment's previous sync; after a join or a rollback (the weights started over from
+// θ at st->restart_step, saved in checkpoints) only those trained since.
+static int64_t unsent_steps(const diloco *d, const fragment *f, const train_state *st) {
+    return st->step - max_i64(st->restart_step, st->step - steps_since_sync(d, f, st->step));
 }
 
 // Training tokens of one inner step of this replica (all its ranks, HSDP's copies too: each
@@ -1558,19 +1580,16 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     if (!final) d->final_next = 0;   // (a round that lands at max_steps: the final syncs begin at 0)
     f->round = st->outer_step;
     f->begin_step = st->step;
-    // The steps since the fragment's previous sync; after a join or a rollback (the weights
-    // started over from θ at st->restart_step, saved in checkpoints) only those trained since.
-    int64_t from = max_i64(st->restart_step, st->step - steps_since_sync(d, fr, st->step));
-    f->inner_steps = st->step - from + d->extra_steps;
+    f->inner_steps = unsent_steps(d, fr, st) + d->extra_steps;
     d->extra_steps = 0;
     // No inner step since the state it took (a replica that joined at max_steps, in the group's
     // final syncs): no work, tokens 0 — the mean leaves its Δ = 0 out and min_replicas does not
     // count it (until 2026-12 it weighed one inner step: with one other contributor and
     // diloco_bound 3, a quarter of the mean). Late work it carried into the fragment
     // (adopt_state) still weighs one inner step.
-    f->tokens = f->inner_steps > 0 ? (uint64_t)f->inner_steps * tokens_per_step(d)
-                : d->carried      ? tokens_per_step(d)
-                                  : 0;
+    f->tokens = f->inner_steps > 0         ? (uint64_t)f->inner_steps * tokens_per_step(d)
+                : d->carried[f->fragment] ? tokens_per_step(d)
+                                          : 0;
     round_result *r = &f->r;
     double t0 = wall_seconds();
     for (int i = 0; i < n_params; i++) {
@@ -1762,6 +1781,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         outcome = ROUND_SKIPPED;
         snprintf(why, sizeof why, "the mean holds NaN/Inf (no finite contribution to part of it)");
     }
+    if (f->final) d->final_missed[f->fragment] = outcome == ROUND_APPLIED ? -1 : f->inner_steps;
     if (outcome == ROUND_APPLIED) {
         float *momentum_before = NULL, *delta_dumped = NULL;
         if (dump) {
@@ -1863,6 +1883,68 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
     }
 }
 
+// After the final syncs (the run's last step): a fragment whose final sync did not apply on this
+// rank — too few contributors, a mean with NaN/Inf, a failed exchange, this replica dropped
+// from it and the run over at its rejoin (then the fragments after it never synced either) —
+// takes θ, the group's last agreed weights, bit for bit, and this replica's work on it since
+// (its final contribution's inner steps) is dropped and said so. Every replica then ends with
+// the θ it knows, and one final outer step that did not apply leaves each replica's final
+// checkpoint the same model (θ has not moved) instead of P different ones (until 2026-12 they
+// kept their local weights there). A sharded replica's ranks each take their own group's θ
+// into their pieces, and log for the replica (collectives: every rank makes the same calls).
+// Returns whether params changed.
+static bool finish_final_syncs(diloco *d, float *const *params, int n_params, const train_state *st) {
+    int P = d->n_fragments;
+    if (d->over)   // a rejoin at a final sync found the run over: the fragments after it never synced
+        for (int64_t q = d->final_next; q < P; q++)
+            if (d->final_missed[q] < 0) d->final_missed[q] = unsent_steps(d, &d->fragments[q], st);
+    bool mine = false;
+    for (int q = 0; q < P; q++) mine |= d->final_missed[q] >= 0;
+    if (replica_max(d, mine ? 1.0 : 0.0) == 0.0) return false;
+    strbuf fragments = {0}, steps = {0};
+    sb_append(&fragments, "");
+    sb_append(&steps, "");
+    double sq = 0.0;
+    int64_t dropped = 0;
+    int n = 0;
+    for (int q = 0; q < P; q++) {
+        const fragment *fr = &d->fragments[q];
+        int64_t missed = (int64_t)replica_max(d, (double)d->final_missed[q]);
+        if (missed < 0) continue;
+        if (d->final_missed[q] >= 0) {
+            for (int64_t i = fr->offset; i < fr->offset + fr->numel; i++) {
+                double x = (double)params[0][i] - (double)d->theta[i];
+                sq += x * x;
+            }
+            blend_theta(d, fr, params, n_params, 0.0);
+            d->final_missed[q] = -1;
+        }
+        sb_printf(&fragments, "%s%d", n ? "," : "", q);
+        sb_printf(&steps, "%s%lld", n ? "," : "", (long long)missed);
+        dropped = max_i64(dropped, missed);
+        n++;
+    }
+    double norm = sqrt(replica_sum(d, sq));
+    char extra[128];
+    snprintf(extra, sizeof extra, "\"outer_step\":%lld,\"dropped_work_norm\":%.6g,", (long long)st->outer_step, norm);
+    strbuf ev = {0};
+    sb_printf(&ev, "%s\"fragments\":[%s],\"dropped_steps\":[%s]", extra, fragments.data, steps.data);
+    metrics_event(d->log, "diloco_final_theta", st->step, ev.data);
+    if (P == 1)
+        warn("diloco: replica %d's final outer step did not apply; its weights become θ, the group's last agreed "
+             "weights (outer step %lld), and its last %lld inner step(s) of work are dropped (norm %.3g)",
+             diloco_replica_id(d), (long long)st->outer_step, (long long)dropped, norm);
+    else
+        warn("diloco: replica %d's final sync of fragment(s) %s did not apply; their weights become θ, the group's "
+             "last agreed weights (outer step %lld), and this replica's work on them is dropped: %s inner step(s) "
+             "(norm %.3g)",
+             diloco_replica_id(d), fragments.data, (long long)st->outer_step, steps.data, norm);
+    sb_free(&fragments);
+    sb_free(&steps);
+    sb_free(&ev);
+    return true;
+}
+
 bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {
     double T = d->cfg->diloco_sync_every_s;
     if (T <= 0 || d->local) return false;
@@ -1884,6 +1966,9 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
         changed |= land_round(d, params, n_params, st, train);
     if (d->over || d->stopped) {   // a rejoin found the run over, or was stopped: no round to begin
+        // (A round that landed at the last step dropped this replica, and the others had finished:
+        // no final sync of its own, every fragment takes θ.)
+        if (d->over && st->step == max_steps) changed |= finish_final_syncs(d, params, n_params, st);
         if (stall_s) *stall_s = wall_seconds() - t0;
         return changed;
     }
@@ -1904,6 +1989,7 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
             changed |= land_round(d, params, n_params, st, train);
             if (st->step != max_steps || d->over || d->stopped) break;  // took the group's state: it trains on
         }
+        if (st->step == max_steps && !d->stopped) changed |= finish_final_syncs(d, params, n_params, st);
     } else {
         int p = fragment_due(d, st->step);
         if (p >= 0) {
@@ -1999,5 +2085,7 @@ void diloco_close(diloco *d) {
     free(d->delta);
     free(d->payload);
     free(d->fragments);
+    free(d->final_missed);
+    free(d->carried);
     free(d);
 }

@@ -3943,9 +3943,11 @@ static int train_run(train_config *cfg) {
                                  "stop_at_step" : tr.over ? "run_over" : "replica";
             if (tr.over && !stop_signal && !walltime)
                 note("stopped after step %lld: the run is over (the other replicas finished it and left, so there is "
-                     "no group to rejoin); this replica's own work is in the checkpoint written, the final weights in "
-                     "the checkpoint of the replica that finished",
-                     (long long)step);
+                     "no group to rejoin); %s, the final weights in the checkpoint of the replica that finished",
+                     (long long)step,
+                     step == cfg->max_steps ? "the checkpoint written holds θ as this replica last took it (its final "
+                                              "syncs did not all apply)"
+                                            : "this replica's own work is in the checkpoint written");
             else if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
                      (int)stop_signal, (long long)step);

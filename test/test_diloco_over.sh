@@ -18,9 +18,13 @@
 #      round alone (skipped: one contributor), finishes and leaves. Replica
 #      1's rejoin finds the run over (at once, or when replica 0 leaves while it waits for a
 #      state): it stops after step 20 with the stop event "run_over" and a checkpoint, exit 0.
+#      Both final checkpoints hold θ, the same weights (the final outer step did not apply on
+#      either), and replica 0 says what of its work that dropped; the same with two fragments,
+#      and with the hub unreachable at the final sync (its exchange failed on both).
 #   4. Sharded replicas (MPI; skipped without): 2 shards x 2 copies each (relay --shards 2),
 #      part 1's story: every rank of the returning replica stops (its shards' groups both say
-#      the run is over; its second copy follows the first), exit 0, checkpoint unchanged.
+#      the run is over; its second copy follows the first), exit 0, checkpoint unchanged; and
+#      part 3's with two fragments: both final checkpoints hold θ, the same weights.
 #   5. Replicas dropped from the final syncs (two fragments): no round past the final syncs,
 #      and every replica that finished holds the same θ and weights.
 #   6. A replica that joins during the final syncs (two fragments: it takes the state after the
@@ -117,19 +121,98 @@ check "a replica of another run on the same relay trains to its end (rc $rc, ste
 check "the relay forgot the finished run" grep -q 'the finished run.s record is forgotten' "$tmp/relay_end.log"
 
 # ---------------------------------------------------------------- 3. over at a rejoin
-start_relay rejoin 1
-late=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2)
-replica 0 "$tmp/late0" "${late[@]}"
-r0=$rpid
-TRAIN_GPT_FAULT=diloco_late:3 replica 1 "$tmp/late1" "${late[@]}"
-r1=$rpid
-wait_exit "$r0"
-check "replica 0 closes the last round alone and finishes (rc $rc)" test "$rc" -eq 0
-wait_exit "$r1"
-check "replica 1, late for the last exchange, exits 0 (rc $rc)" test "$rc" -eq 0
-check "replica 1 was evicted and found the run over at its rejoin" \
-    sh -c "grep -q 'too late' '$tmp/late1.log' && grep -q 'the run is over' '$tmp/late1.log'"
-check "replica 1 stopped after step 20 with the stop event run_over and a checkpoint" stopped_over "$tmp/late1" 20
+# model_is_theta OUT_DIR STEP: the checkpoint's model.safetensors holds its outer θ bit for bit.
+model_is_theta() {
+    "$PYTHON" - "$1/$(printf 'step_%08d' "$2")" <<'PY'
+import json, struct, sys
+def tensors(path, prefix=""):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    return {k[len(prefix):]: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in head.items() if k != "__metadata__" and k.startswith(prefix)}
+model = tensors(sys.argv[1] + "/model.safetensors")
+theta = tensors(sys.argv[1] + "/outer.safetensors", "outer.theta.")
+differ = [k for k in model if model[k] != theta.get(k)]
+print(f"    {sys.argv[1]}: {len(model)} tensors, {len(differ)} differ from θ {differ[:3]}")
+sys.exit(0 if model and not differ else 1)
+PY
+}
+# over_at_rejoin NAME LATE ARGS...: min_replicas 2 (the hub holds the group until both are in:
+# with 1, replica 0 could train all 20 short steps and leave before replica 1 connected), H 5,
+# 20 steps, ARGS; replica 1 is late for round LATE, the first of the final syncs after step 20
+# (diloco_late) and evicted; replica 0 closes the final round(s) alone (skipped: one
+# contributor), finishes and leaves. Replica 1's rejoin finds the run over (at once, or when
+# replica 0 leaves while it waits for a state): it stops after step 20 with the stop event
+# "run_over" and a checkpoint, exit 0. Each fragment whose final sync did not apply (on replica
+# 0, all of them: skipped) takes θ at the end: both checkpoints of step 20 hold θ and the same
+# weights, and replica 0 says how much of its work that dropped. Until 2026-12 each kept its
+# local weights there: two different models, neither of them θ.
+over_at_rejoin() {
+    local name=$1 late=$2
+    shift 2
+    start_relay "$name" 1
+    local over=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2 "$@")
+    replica 0 "$tmp/${name}0" "${over[@]}"
+    local r0=$rpid
+    TRAIN_GPT_FAULT=diloco_late:$late replica 1 "$tmp/${name}1" "${over[@]}"
+    local r1=$rpid
+    wait_exit "$r0"
+    check "$name: replica 0 closes the last round alone and finishes (rc $rc)" test "$rc" -eq 0
+    wait_exit "$r1"
+    check "$name: replica 1, late for the last exchange, exits 0 (rc $rc)" test "$rc" -eq 0
+    if [ "$name" = late ]; then
+        check "$name: replica 1 was evicted and found the run over at its rejoin" \
+            sh -c "grep -q 'too late' '$tmp/${name}1.log' && grep -q 'the run is over' '$tmp/${name}1.log'"
+        check "$name: replica 1 stopped after step 20 with the stop event run_over and a checkpoint" \
+            stopped_over "$tmp/${name}1" 20
+    fi
+    check "$name: replica 0's final checkpoint holds θ (its final sync skipped)" model_is_theta "$tmp/${name}0" 20
+    check "$name: replica 1's final checkpoint holds θ (dropped from its final sync, the run over)" \
+        model_is_theta "$tmp/${name}1" 20
+    check "$name: ... the same weights in both" \
+        cmp -s "$tmp/${name}0/step_00000020/model.safetensors" "$tmp/${name}1/step_00000020/model.safetensors"
+}
+over_at_rejoin late 3
+check "late: replica 0 says its final outer step did not apply and what of its work that dropped" \
+    sh -c "grep -q \"replica 0's final outer step did not apply; its weights become θ, .* its last 5 inner step(s) of work are dropped (norm [0-9]\" '$tmp/late0.log' &&
+           grep -q '\"event\":\"diloco_final_theta\",\"step\":20,\"outer_step\":4,.*\"fragments\":\[0\],\"dropped_steps\":\[5\]' '$tmp/late0/metrics.jsonl'"
+# Two fragments, τ 0 (H 5: rounds after steps 2, 5, 7, ... 17, then the final syncs of fragments
+# 0 and 1 after step 20: rounds 7 and 8): replica 1 is late for round 7. Its rejoin finds the
+# run over, or takes the state replica 0 sends after round 8 (the final syncs over: θ whole);
+# either way its checkpoint of step 20 holds θ.
+over_at_rejoin late_p2 7 --diloco_fragments 2 --diloco_overlap_steps 0
+check "late_p2: replica 0 says the final syncs of fragments 0 and 1 did not apply and what of its work that dropped" \
+    sh -c "grep -q \"replica 0's final sync of fragment(s) 0,1 did not apply; .*: 3,5 inner step(s)\" '$tmp/late_p20.log' &&
+           grep -q '\"event\":\"diloco_final_theta\",.*\"fragments\":\[0,1\],\"dropped_steps\":\[3,5\]' '$tmp/late_p20/metrics.jsonl'"
+# The hub unreachable at the final sync: two replicas, H 5, 10 steps, each stopping itself in
+# step 7 (stop_in_step); once both are stopped the relay is stopped too (SIGSTOP: silent, its
+# port still open) and the replicas go on. Their final exchange fails (the hub silent for
+# timeout_s, no answer to a reconnect) and each ends with θ of outer step 1 bit for bit: both
+# final checkpoints hold θ, the same weights.
+start_relay gone 1
+gone_relay=${pids[-1]}
+gone=(--max_steps 10 --ckpt_every 10 --diloco_min_replicas 2)
+TRAIN_GPT_FAULT=stop_in_step:7 replica 0 "$tmp/gone0" "${gone[@]}"
+g0=$rpid
+TRAIN_GPT_FAULT=stop_in_step:7 replica 1 "$tmp/gone1" "${gone[@]}"
+g1=$rpid
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+both_stopped() { stopped "$g0" && stopped "$g1"; }
+wait_until "both replicas stop themselves in step 7" both_stopped
+kill -STOP "$gone_relay"
+kill -CONT "$g0" "$g1"
+wait_exit "$g0"
+grc=$rc
+wait_exit "$g1"
+kill -CONT "$gone_relay"
+check "hub gone at the final sync: both replicas exit 0 (rc $grc $rc)" test "$grc$rc" = 00
+check "  replica 0's final exchange failed, and it says its weights became θ" \
+    sh -c "grep -q 'the exchange for outer step 2 failed' '$tmp/gone0.log' &&
+           grep -q \"replica 0's final outer step did not apply; its weights become θ\" '$tmp/gone0.log'"
+check "  replica 0's final checkpoint holds θ" model_is_theta "$tmp/gone0" 10
+check "  replica 1's the same weights" \
+    cmp -s "$tmp/gone0/step_00000010/model.safetensors" "$tmp/gone1/step_00000010/model.safetensors"
 
 # ---------------------------------------------------------------- 4. sharded replicas
 detect_mpi
@@ -152,6 +235,26 @@ if [ "$HAVE_MPI" = 1 ]; then
         test "$(grep -c 'replica 1 at outer step 2: the run is over' "$tmp/relay_sharded.log")" -eq 2
     check "  its stop event says run_over" sh -c "tail -n 2 '$tmp/sh1/metrics.jsonl' | grep -q '\"reason\":\"run_over\"'"
     check "  its checkpoints are unchanged" test "$(tree_digest "$tmp/sh1" | grep -v ' ./metrics.jsonl$')" = "$before"
+    # Part 3's two fragments with these replicas: replica 1 late for round 7 (the final sync of
+    # fragment 0), replica 0's final syncs skipped. Every rank takes its own group's θ into its
+    # pieces of the fragments whose final sync did not apply (the replica's figures from
+    # collectives that every rank makes), and both replicas' final checkpoints hold θ.
+    start_relay shfinal 2
+    over=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2 --diloco_fragments 2 --diloco_overlap_steps 0)
+    sharded 0 "$tmp/shf0" "${over[@]}"
+    r0=$rpid
+    TRAIN_GPT_FAULT=diloco_late:7 sharded 1 "$tmp/shf1" "${over[@]}"
+    r1=$rpid
+    wait_exit "$r0"
+    rc0=$rc
+    wait_exit "$r1"
+    check "sharded, final syncs skipped: both replicas exit 0 on every rank (rc $rc0 $rc)" test "$rc0$rc" = 00
+    check "  replica 0 took θ into both fragments and said so" \
+        grep -q '"event":"diloco_final_theta",.*"fragments":\[0,1\],"dropped_steps":\[3,5\]' "$tmp/shf0/metrics.jsonl"
+    check "  replica 0's final checkpoint holds θ" model_is_theta "$tmp/shf0" 20
+    check "  replica 1's too" model_is_theta "$tmp/shf1" 20
+    check "  ... the same weights in both" \
+        cmp -s "$tmp/shf0/step_00000020/model.safetensors" "$tmp/shf1/step_00000020/model.safetensors"
 else
     say "  skip part 4 (no MPI in this build)"
 fi
@@ -176,7 +279,6 @@ for r in 0 1 2; do
     TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/fin$r" "${finals[@]}"
     fpids+=("$rpid")
 done
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 all_stopped() { for p in "${fpids[@]}"; do stopped "$p" || return 1; done; }
 wait_until "the three replicas to stop themselves in their start-up" all_stopped ||
     die "5: the replicas did not all stop in their start-up"
