@@ -1815,8 +1815,11 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     int worst = (int)replica_min(d, (double)outcome);
     if (worst == ROUND_EVICTED) {
         if (outcome == ROUND_EVICTED)
-            warn("diloco: replica %d was dropped from outer step %lld (too late); rejoining", diloco_replica_id(d),
-                 (long long)k + 1);
+            // Too late for the hub, or its session lost and found again (the transport's line
+            // above says which): either way the round went on without it.
+            warn("diloco: replica %d is out of outer step %lld (too late for the hub, or its session lost: the "
+                 "transport says which); rejoining",
+                 diloco_replica_id(d), (long long)k + 1);
         else
             note("diloco: another rank of replica %d was dropped from outer step %lld; every rank rejoins its group",
                  diloco_replica_id(d), (long long)k + 1);
