@@ -25,6 +25,9 @@
 // whole shard before it can trust any of it. Both are read; the writer writes version 2 (a
 // chunk_bytes of 0 asks it for version 1, for tests of the old format).
 //
+// UPGRADING. shard_upgrade (`train_gpt shards upgrade`) writes a version 1 shard again as version
+// 2 in place, through the writer, with the same header fields and payload bytes (below).
+//
 // THE LOADER. The train shards, in the order given (a glob is sorted), are one stream of
 // tokens. A micro-batch holds batch_size rows of seq_len + 1 tokens (inputs, and targets
 // shifted by one).
@@ -107,6 +110,33 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
 // in why.
 uint32_t *shard_read_all(const char *path, shard_header *h, char *why, size_t why_bytes);
 
+// ---- upgrading shards (`train_gpt shards upgrade`) ----
+// Writes the version 1 shard at path again as version 2 (chunks of SHARD_CHUNK_BYTES), in
+// place: through the writer to PATH.tmp, fsynced, renamed over PATH (a symbolic link's target,
+// the link left as it is), with the old file's permission bits. The payload is streamed in
+// 8 MiB pieces (memory: those and the writer's chunk table, 8 bytes per 16 KiB) and read once:
+// its tokens are checked against vocab_size as they pass, and the checksum the writer computed
+// over them must be the header's payload_xxh64 before the rename. So the new file holds the
+// same tokens at the same width under the same header fields (n_tokens, token_bytes,
+// payload_xxh64, vocab_size, doc_token): the same data fingerprint, and a run reading the shard
+// reads on (it notices the new file and verifies it again). The file stays as it was on any
+// result but SHARD_UPGRADED. While it works it holds an flock on the shard, so that two
+// upgrades over the same shards (array jobs) never write the same one.
+typedef enum {
+    SHARD_UPGRADED,  // written again as version 2
+    SHARD_CURRENT,   // version 2 already
+    SHARD_REFUSED,   // not a sound shard (bad header or size, corrupt payload, a token out of range),
+                     // not to be opened, or replaced by another program while it was read: why says which
+    SHARD_BUSY,      // another process holds its lock: it is upgrading it
+    SHARD_FAILED,    // reading it, or writing or renaming the new file failed (why: the call's error;
+                     // PATH.tmp removed)
+} shard_upgrade_result;
+
+// *h: the header, once read (zero before). progress(ctx, bytes), when not NULL: payload bytes
+// read since its last call, after each piece.
+shard_upgrade_result shard_upgrade(const char *path, shard_header *h, void (*progress)(void *ctx, uint64_t bytes),
+                                   void *ctx, char *why, size_t why_bytes);
+
 // ---- the loader ----
 // Its position, data_position (epoch, micro-batch index), is in llmc/state.h.
 typedef struct dataloader dataloader;
@@ -186,6 +216,7 @@ uint64_t dataloader_bytes_hashed(const dataloader *d);
 #include "llmc/bytes.h"
 #include "llmc/checksum.h"
 #include "llmc/common.h"
+#include "llmc/fault.h"
 #include "llmc/rng.h"
 
 #include <errno.h>
@@ -193,6 +224,7 @@ uint64_t dataloader_bytes_hashed(const dataloader *d);
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -262,6 +294,7 @@ uint64_t shard_file_bytes(const shard_header *h) {
 
 struct shard_writer {
     int fd;
+    uint64_t index;   // the writers this process opened before it: the test faults' STEP
     char *path, *tmp_path;
     shard_header header;
     xxh64_state hash;
@@ -287,6 +320,8 @@ shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, u
         return NULL;
     }
     shard_writer *w = xcalloc(1, sizeof *w);
+    static uint64_t writers_opened;
+    w->index = writers_opened++;
     w->path = xstrdup(path);
     w->tmp_path = xmalloc(strlen(path) + 5);
     sprintf(w->tmp_path, "%s.tmp", path);
@@ -342,11 +377,21 @@ static void hash_chunks(shard_writer *w, const uint8_t *p, size_t n) {
     }
 }
 
+// Payload bytes p[0..n) into the checksums and the file, after those written before.
+static bool write_payload(shard_writer *w, const uint8_t *p, size_t n) {
+    if (n == 0) return true;
+    xxh64_update(&w->hash, p, n);
+    if (w->header.chunk_bytes) hash_chunks(w, p, n);
+    if (fault_requested("shard_write_enospc", (int64_t)w->index)) {   // half of it, then a full disk
+        (void)write_exact(w->fd, p, n / 2);
+        errno = ENOSPC;
+        return false;
+    }
+    return write_exact(w->fd, p, n);
+}
+
 static bool flush_buffer(shard_writer *w) {
-    if (w->buffered_bytes == 0) return true;
-    xxh64_update(&w->hash, w->buffer, w->buffered_bytes);
-    if (w->header.chunk_bytes) hash_chunks(w, w->buffer, w->buffered_bytes);
-    bool ok = write_exact(w->fd, w->buffer, w->buffered_bytes);
+    bool ok = write_payload(w, w->buffer, w->buffered_bytes);
     w->buffered_bytes = 0;
     return ok;
 }
@@ -396,6 +441,7 @@ bool shard_writer_close(shard_writer *w) {
     ok = ok && fsync(w->fd) == 0;
     int e = errno;
     ok = close(w->fd) == 0 && ok;
+    if (ok && fault_requested("shard_rename_eio", (int64_t)w->index)) ok = false, errno = EIO;
     ok = ok && rename(w->tmp_path, w->path) == 0;
     if (!ok) {
         e = errno ? errno : e;
@@ -414,12 +460,8 @@ void shard_writer_abort(shard_writer *w) {
 
 // ---------------------------------------------------------------- reader
 
-bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_bytes) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_bytes, "cannot open: %s", strerror(errno));
-        return false;
-    }
+// shard_read_header on a file open as fd (the upgrade reads the header of the file it locked).
+static bool read_header_fd(int fd, shard_header *h, char *why, size_t why_bytes) {
     struct stat st;
     uint8_t raw[SHARD_HEADER_BYTES];
     bool ok = fstat(fd, &st) == 0;
@@ -433,7 +475,6 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
         snprintf(why, why_bytes, "cannot read header: %s", strerror(errno));
         ok = false;
     }
-    close(fd);
     if (!ok || !decode_header(raw, h, why, why_bytes)) return false;
     uint64_t payload = (uint64_t)st.st_size - SHARD_HEADER_BYTES;
     if (h->n_tokens > payload / h->token_bytes) {  // also where n_tokens · width would wrap
@@ -450,6 +491,17 @@ bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_
         return false;
     }
     return true;
+}
+
+bool shard_read_header(const char *path, shard_header *h, char *why, size_t why_bytes) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_bytes, "cannot open: %s", strerror(errno));
+        return false;
+    }
+    bool ok = read_header_fd(fd, h, why, why_bytes);
+    close(fd);
+    return ok;
 }
 
 // Token i of a shard's payload bytes of `width` (2 or 4) bytes per token, little-endian.
@@ -626,7 +678,8 @@ dataloader *dataloader_open_split(const char *spec, const char *key, int64_t bat
     if (old > 0)
         note("%s: %d of the %d shards are version 1, with one checksum over each whole shard: every process reads "
              "each of them whole the first time it reads from it, after every start (version 2, which prepare writes, "
-             "is verified chunk by chunk as it is read: docs/formats.md)",
+             "is verified chunk by chunk as it is read: docs/formats.md); `train_gpt shards upgrade` rewrites them as "
+             "version 2 in place (docs/data.md)",
              key, old, d->n_shards);
     uint64_t usable = d->total_tokens > 0 ? d->total_tokens - 1 : 0;  // the last token is only a target
     // Every replica gets the same number of rows (the last rows_total mod M are not read), so
@@ -977,5 +1030,153 @@ void dataloader_verify_prefix(dataloader *d, uint64_t tokens) {
 
 uint64_t dataloader_bytes_read(const dataloader *d) { return d->bytes_read; }
 uint64_t dataloader_bytes_hashed(const dataloader *d) { return d->bytes_hashed; }
+
+// ---------------------------------------------------------------- upgrading shards
+
+// Whether the name path still leads to the file open as fd (st: its fstat): another program
+// may have written a new shard under the name since it was opened.
+static bool names_file(const char *path, const struct stat *st) {
+    struct stat now;
+    return stat(path, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+}
+
+// The XXH64 of a shard's whole payload (after a bad token: corrupt bytes explain a wild token,
+// not the other way round, so the checksum decides which one is said). false on a read error.
+static bool payload_checksum(int fd, const shard_header *h, uint8_t *piece, size_t piece_bytes, uint64_t *sum) {
+    xxh64_state x;
+    xxh64_init(&x, 0);
+    for (uint64_t at = 0, payload = h->n_tokens * h->token_bytes; at < payload;) {
+        size_t n = payload - at < piece_bytes ? (size_t)(payload - at) : piece_bytes;
+        if (!pread_exact(fd, piece, n, SHARD_HEADER_BYTES + at)) return false;
+        xxh64_update(&x, piece, n);
+        at += n;
+    }
+    *sum = xxh64_digest(&x);
+    return true;
+}
+
+// Streams the payload of the version 1 shard open as fd into w; the result and why as
+// shard_upgrade's. w is closed (renamed over real) or aborted.
+static shard_upgrade_result upgrade_payload(int fd, const char *real, const struct stat *st, const shard_header *h,
+                                            shard_writer *w, void (*progress)(void *, uint64_t), void *ctx,
+                                            char *why, size_t why_bytes) {
+    const size_t piece_bytes = 8 << 20;   // a multiple of both widths: no token straddles two pieces
+    uint8_t *piece = xmalloc(piece_bytes);
+    uint32_t width = h->token_bytes;
+    uint64_t payload = h->n_tokens * width, at = 0, bad = UINT64_MAX;
+    bool read_ok = true, write_ok = true;
+    while (at < payload && read_ok && write_ok && bad == UINT64_MAX) {
+        size_t n = payload - at < piece_bytes ? (size_t)(payload - at) : piece_bytes;
+        read_ok = pread_exact(fd, piece, n, SHARD_HEADER_BYTES + at);
+        if (!read_ok) break;
+        uint64_t count = n / width, k = first_token_at_or_above(piece, width, count, h->vocab_size);
+        if (k < count) bad = at / width + k;
+        // The bytes as they are (tokens at the file's width, checked above), past the writer's
+        // buffer, which stays empty.
+        write_ok = write_payload(w, piece, (size_t)(k * width));
+        w->header.n_tokens += k;
+        at += n;
+        if (progress) progress(ctx, n);
+    }
+    int e = errno;
+    shard_upgrade_result r = SHARD_UPGRADED;
+    uint64_t sum = 0;
+    if (!read_ok) {
+        snprintf(why, why_bytes, "read error: %s", strerror(e));
+        r = SHARD_FAILED;
+    } else if (!write_ok) {
+        snprintf(why, why_bytes, "cannot write '%s.tmp': %s", real, strerror(e));
+        r = SHARD_FAILED;
+    } else if (bad != UINT64_MAX) {
+        uint8_t t[4];
+        if (!pread_exact(fd, t, width, SHARD_HEADER_BYTES + bad * width) ||
+            !payload_checksum(fd, h, piece, piece_bytes, &sum)) {
+            snprintf(why, why_bytes, "read error: %s", strerror(errno));
+            r = SHARD_FAILED;
+        } else if (sum != h->payload_xxh64) {
+            snprintf(why, why_bytes, "payload checksum mismatch (corrupt data)");
+            r = SHARD_REFUSED;
+        } else {
+            snprintf(why, why_bytes, "token %u at index %llu is not below its vocab_size %u", token_at(t, width, 0),
+                     (unsigned long long)bad, h->vocab_size);
+            r = SHARD_REFUSED;
+        }
+    } else if (xxh64_digest(&w->hash) != h->payload_xxh64) {   // of every byte written
+        snprintf(why, why_bytes, "payload checksum mismatch (corrupt data)");
+        r = SHARD_REFUSED;
+    } else if (!names_file(real, st)) {
+        snprintf(why, why_bytes, "another program wrote a new file under its name while it was read; that one is left "
+                 "as it is");
+        r = SHARD_REFUSED;
+    } else if (fchmod(w->fd, st->st_mode & 07777) != 0) {
+        snprintf(why, why_bytes, "cannot set the permissions of '%s.tmp': %s", real, strerror(errno));
+        r = SHARD_FAILED;
+    }
+    free(piece);
+    if (r != SHARD_UPGRADED) {
+        shard_writer_abort(w);
+        return r;
+    }
+    if (!shard_writer_close(w)) {
+        snprintf(why, why_bytes, "cannot finish '%s.tmp' (write, fsync or rename over the shard): %s", real,
+                 strerror(errno));
+        return SHARD_FAILED;
+    }
+    return SHARD_UPGRADED;
+}
+
+shard_upgrade_result shard_upgrade(const char *path, shard_header *h, void (*progress)(void *ctx, uint64_t bytes),
+                                   void *ctx, char *why, size_t why_bytes) {
+    memset(h, 0, sizeof *h);
+    // A link's target is the shard: renaming over the link would put a copy in its place.
+    char *real = realpath(path, NULL);
+    if (!real) {
+        snprintf(why, why_bytes, "cannot open: %s", strerror(errno));
+        return SHARD_REFUSED;
+    }
+    // Opened, locked, and the name checked to lead to it still: an upgrade that held the lock
+    // before may have renamed its new file over the name since this open.
+    int fd = -1;
+    struct stat st;
+    for (int tries = 0; fd < 0; tries++) {
+        fd = open(real, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            snprintf(why, why_bytes, "cannot open: %s", strerror(errno));
+            if (fd >= 0) close(fd);
+            free(real);
+            return SHARD_REFUSED;
+        }
+        // Where the file system has no flock (ENOLCK, EINVAL, EBADF: some NFS mounts), unlocked.
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+            close(fd);
+            free(real);
+            snprintf(why, why_bytes, "another process holds its lock (upgrading it)");
+            return SHARD_BUSY;
+        }
+        if (!names_file(real, &st) && tries < 3) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    shard_upgrade_result r = SHARD_CURRENT;
+    if (!read_header_fd(fd, h, why, why_bytes)) {
+        r = SHARD_REFUSED;
+    } else if (h->version == 1) {
+        shard_writer *w = shard_writer_open(real, h->vocab_size, h->doc_token);
+        if (!w) {
+            snprintf(why, why_bytes, "cannot create '%s.tmp': %s", real, strerror(errno));
+            r = SHARD_FAILED;
+        } else {
+            // The width the file has: the writer's own for its vocab_size, unless another
+            // program wrote it (uint32 tokens of a small vocabulary); the payload bytes, and so
+            // its checksum, are the same only at the same width.
+            w->header.token_bytes = h->token_bytes;
+            r = upgrade_payload(fd, real, &st, h, w, progress, ctx, why, why_bytes);
+        }
+    }
+    close(fd);   // and with it the lock
+    free(real);
+    return r;
+}
 
 #endif  // DATALOADER_IMPLEMENTATION

@@ -43,11 +43,14 @@
 #include "tok/prepare.h"
 #include "tok/sample.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -4520,7 +4523,7 @@ static const shard_sink shard_files = {sink_open, sink_append, sink_tokens, sink
 static void usage_error(void) {
     fail("usage: train_gpt CONFIG [--key value]...  |  train_gpt plan CONFIG  |  train_gpt prepare ...  |  "
          "train_gpt relay ...  |  train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  |  "
-         "train_gpt plot OUT_DIR... [-o FILE.svg]  |  train_gpt --help");
+         "train_gpt plot OUT_DIR... [-o FILE.svg]  |  train_gpt shards upgrade PATH...  |  train_gpt --help");
 }
 
 // `train_gpt plan`'s own options, anywhere after the config, as `--opt V` or `--opt=V`: --world
@@ -4575,6 +4578,239 @@ static void print_plan_usage(void) {
            "  --key value      any config key, as for training (train_gpt --help lists them)\n");
 }
 
+// ---------------------------------------------------------------- train_gpt shards upgrade
+// Version 1 shards (no chunk table: every process verifies each whole, after every start)
+// written again as version 2 in place, without tokenizing again: at disk speed, where prepare
+// takes days over TBs. dataloader.h's shard_upgrade does one shard (verified, written aside,
+// renamed over it, the same tokens and data fingerprint); this lists the shards, says how far it
+// is, and what became of each (docs/data.md).
+
+static const char SHARDS_USAGE[] =
+    "usage: train_gpt shards upgrade [--config CONFIG] [--progress_s S] [--quiet] [--] PATH...\n"
+    "  writes version 1 token shards again as version 2, in place: the same tokens, each shard verified\n"
+    "  first and replaced only once the new one is whole (docs/data.md)\n"
+    "  PATH              a shard, a directory (its *.bin files) or a quoted pattern ('data/web_*.bin')\n"
+    "  --config CONFIG   also the shards its train_data and val_data name\n"
+    "  --progress_s S    seconds between progress lines [5]\n"
+    "  --quiet           no progress lines\n";
+
+typedef struct {
+    char **paths;
+    int count, capacity;
+} path_list;
+
+static void path_list_add(path_list *l, const char *path) {
+    if (l->count == l->capacity) {
+        l->capacity = l->capacity ? 2 * l->capacity : 64;
+        l->paths = (char **)xrealloc(l->paths, (size_t)l->capacity * sizeof *l->paths);
+    }
+    l->paths[l->count++] = xstrdup(path);
+}
+
+static int compare_paths(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// A directory's shards as the trainer's DIR/*.bin takes them: its files named *.bin (not hidden
+// ones, not those of its subdirectories), sorted; prepare's .partial, .tmp and .replaced are not.
+static void list_directory(path_list *l, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) fail("shards upgrade: cannot list directory '%s': %s", dir, strerror(errno));
+    int first = l->count;
+    for (struct dirent *e = readdir(d); e; e = readdir(d)) {
+        size_t n = strlen(e->d_name);
+        if (e->d_name[0] == '.' || n < 5 || strcmp(e->d_name + n - 4, ".bin") != 0) continue;
+        size_t bytes = strlen(dir) + n + 2;
+        char *path = (char *)xmalloc(bytes);
+        snprintf(path, bytes, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) path_list_add(l, path);
+        free(path);
+    }
+    closedir(d);
+    if (l->count == first) fail("shards upgrade: directory '%s' holds no shard (no file named *.bin)", dir);
+    qsort(l->paths + first, (size_t)(l->count - first), sizeof *l->paths, compare_paths);
+}
+
+// PATH: a file, a directory, or a pattern (an argument with *, ? or [ that names no file),
+// whose matches are sorted. from: where it came from, for the error.
+static void list_argument(path_list *l, const char *arg, const char *from) {
+    struct stat st;
+    if (stat(arg, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) list_directory(l, arg);
+        else path_list_add(l, arg);
+        return;
+    }
+    if (!strpbrk(arg, "*?[")) fail("shards upgrade: %s'%s': %s", from, arg, strerror(errno));
+    glob_t g;
+    int rc = glob(arg, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH) fail("shards upgrade: %sno file matches '%s'", from, arg);
+    if (rc != 0) fail("shards upgrade: %scannot expand '%s'", from, arg);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (stat(g.gl_pathv[i], &st) == 0 && S_ISDIR(st.st_mode)) list_directory(l, g.gl_pathv[i]);
+        else path_list_add(l, g.gl_pathv[i]);
+    }
+    globfree(&g);
+}
+
+// The shards a config trains and validates on: train_data and val_data as the loader reads
+// them (a path or a pattern, or a comma-separated list of either).
+static void list_config(path_list *l, const char *config_path) {
+    train_config cfg;
+    config_load(&cfg, config_path, 0, NULL);
+    const char *keys[2] = {"train_data", "val_data"};
+    const char *specs[2] = {cfg.train_data, cfg.val_data};
+    for (int k = 0; k < 2; k++) {
+        if (!specs[k] || !specs[k][0]) continue;
+        char from[300];
+        snprintf(from, sizeof from, "%s's %s: ", config_path, keys[k]);
+        char *copy = xstrdup(specs[k]), *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+            while (*item == ' ') item++;
+            char *end = item + strlen(item);
+            while (end > item && end[-1] == ' ') *--end = '\0';
+            if (*item) list_argument(l, item, from);
+        }
+        free(copy);
+    }
+    config_free(&cfg);
+}
+
+typedef struct {
+    int done, total;                     // version 1 shards: written again, and to write
+    uint64_t read_bytes, total_bytes;    // of their payloads
+    double start, last_note, progress_s;
+    bool quiet;
+} upgrade_progress;
+
+static void upgrade_note(const upgrade_progress *p, double now) {
+    double seconds = now - p->start, rate = seconds > 0 ? (double)p->read_bytes / seconds : 0.0;
+    char done[32], total[32], eta[32];
+    format_duration(rate > 0 ? (double)(p->total_bytes - min_i64((int64_t)p->read_bytes, (int64_t)p->total_bytes)) / rate
+                             : -1.0, eta, sizeof eta);
+    note("shards upgrade: %d of %d shards, %s of %s (%.0f%%) at %.1f MiB/s, ETA %s", p->done, p->total,
+         format_bytes(p->read_bytes, done, sizeof done), format_bytes(p->total_bytes, total, sizeof total),
+         p->total_bytes ? 100.0 * (double)p->read_bytes / (double)p->total_bytes : 100.0, rate / 1048576.0, eta);
+}
+
+static void upgrade_read(void *ctx, uint64_t bytes) {
+    upgrade_progress *p = (upgrade_progress *)ctx;
+    p->read_bytes += bytes;
+    double now = wall_seconds();
+    if (!p->quiet && now - p->last_note >= p->progress_s) {
+        upgrade_note(p, now);
+        p->last_note = now;
+    }
+}
+
+static int shards_upgrade_main(int argc, char **argv) {
+    path_list l = {};
+    upgrade_progress p = {};
+    p.progress_s = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(SHARDS_USAGE, stdout);
+            return 0;
+        }
+        if (strcmp(arg, "--") == 0) {
+            while (++i < argc) list_argument(&l, argv[i], "");
+            break;
+        }
+        if (strcmp(arg, "--quiet") == 0) {
+            p.quiet = true;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            list_argument(&l, arg, "");
+            continue;
+        }
+        const char *eq = strchr(arg, '=');
+        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        bool config = strncmp(arg, "--config", name_len) == 0 && name_len == 8;
+        bool progress = strncmp(arg, "--progress_s", name_len) == 0 && name_len == 12;
+        if (!config && !progress) fail("shards upgrade: unknown option '%s' (see train_gpt shards upgrade --help)", arg);
+        const char *value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!value) fail("shards upgrade: %.*s needs a value", (int)name_len, arg);
+        if (config) {
+            list_config(&l, value);
+            continue;
+        }
+        char *end = NULL;
+        p.progress_s = strtod(value, &end);
+        if (!end || *end || !value[0] || !(p.progress_s >= 0 && p.progress_s <= 1e9))
+            fail("shards upgrade: --progress_s must be a number of seconds >= 0, not '%s'", value);
+    }
+    if (l.count == 0) fail("shards upgrade: no shard given (see train_gpt shards upgrade --help)");
+    // Every header first: what there is to do, and its size for the progress lines.
+    int current = 0, refused = 0, busy = 0;
+    bool *todo = (bool *)xcalloc((size_t)l.count, sizeof *todo);
+    char why[1200];
+    for (int i = 0; i < l.count; i++) {
+        shard_header h;
+        if (!shard_read_header(l.paths[i], &h, why, sizeof why)) {
+            warn("shards upgrade: refused '%s': %s; left as it is", l.paths[i], why);
+            refused++;
+        } else if (h.version >= 2) {
+            current++;
+        } else {
+            todo[i] = true;
+            p.total++;
+            p.total_bytes += h.n_tokens * h.token_bytes;
+        }
+    }
+    char bytes[32];
+    note("shards upgrade: %d shard%s: %d of version 1 (%s of tokens) to write again as version 2, %d of version 2 "
+         "already (left as they are)%s",
+         l.count, l.count == 1 ? "" : "s", p.total, format_bytes(p.total_bytes, bytes, sizeof bytes), current,
+         refused ? ", the refused ones above" : "");
+    p.start = p.last_note = wall_seconds();
+    for (int i = 0; i < l.count; i++) {
+        if (!todo[i]) continue;
+        shard_header h;
+        shard_upgrade_result r = shard_upgrade(l.paths[i], &h, upgrade_read, &p, why, sizeof why);
+        if (r == SHARD_UPGRADED) {
+            p.done++;
+        } else if (r == SHARD_CURRENT) {
+            current++;   // another upgrade's, since its header was read
+        } else if (r == SHARD_BUSY) {
+            note("shards upgrade: '%s': another process is upgrading it; left to it", l.paths[i]);
+            busy++;
+        } else if (r == SHARD_REFUSED) {
+            warn("shards upgrade: refused '%s': %s; left as it is", l.paths[i], why);
+            refused++;
+        } else {
+            fail("shards upgrade: '%s': %s; it is as it was (version 1); %d of the %d version 1 shards were written "
+                 "again before it, none after it",
+                 l.paths[i], why, p.done, p.total);
+        }
+    }
+    double seconds = wall_seconds() - p.start;
+    char duration[32];
+    printf("shards upgrade: %d shard%s written again as version 2 (%s of tokens read in %s, %.1f MiB/s), %d of version "
+           "2 already, %d refused%s\n",
+           p.done, p.done == 1 ? "" : "s", format_bytes(p.read_bytes, bytes, sizeof bytes),
+           format_duration(seconds, duration, sizeof duration),
+           seconds > 0 ? (double)p.read_bytes / seconds / 1048576.0 : 0.0, current, refused,
+           busy ? ", the rest being upgraded by another process" : "");
+    for (int i = 0; i < l.count; i++) free(l.paths[i]);
+    free(l.paths);
+    free(todo);
+    if (refused > 0)
+        fail("shards upgrade: %d of the %d shards were refused (the warnings above name them) and left as they were",
+             refused, l.count);
+    return 0;
+}
+
+// `train_gpt shards VERB ...`: what is done to token shards that exist (upgrade, for now).
+static int shards_main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "upgrade") == 0) return shards_upgrade_main(argc - 1, argv + 1);
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(SHARDS_USAGE, stdout);
+        return 0;
+    }
+    fail("shards: %s%s%s (train_gpt shards upgrade PATH...: see train_gpt shards upgrade --help)",
+         argc >= 2 ? "unknown command '" : "which command?", argc >= 2 ? argv[1] : "", argc >= 2 ? "'" : "");
+}
+
 int main(int argc, char **argv) {
     // Progress lines must reach a SLURM log as they happen, not in 4 KiB bursts.
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -4584,6 +4820,7 @@ int main(int argc, char **argv) {
     if (strcmp(first, "prepare") == 0) return prepare_main(argc - 1, argv + 1, &shard_files);
     if (strcmp(first, "relay") == 0) return relay_main(argc - 1, argv + 1);
     if (strcmp(first, "plot") == 0) return plot_main(argc - 1, argv + 1);
+    if (strcmp(first, "shards") == 0) return shards_main(argc - 1, argv + 1);
     gemm_fix_cpu_kernels(argv);
     if (strcmp(first, "diloco-tune") == 0) return diloco_tune_main(argc - 1, argv + 1);
     if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0) {

@@ -51,6 +51,10 @@
 //   prepare_aside_eio   `prepare --overwrite`'s rename of the earlier run's file STEP (0-based:
 //                       train shards, val shards, summary) to NAME.replaced fails with EIO: those
 //                       moved before must be put back (test_prepare)
+//   shard_write_enospc  the shard writer (dataloader.h) of the STEP-th shard this process opens
+//                       one for (0-based) meets a full disk at its first payload write, after
+//                       half its bytes: NAME.tmp must go, NAME stay as it was (test_shards_upgrade)
+//   shard_rename_eio    that writer's rename of NAME.tmp over NAME fails with EIO
 //   metrics_enospc      lines STEP, STEP+1 and STEP+2 (0-based, this process's) of metrics.jsonl
 //                       meet a full disk, the first after half its bytes: the file keeps whole
 //                       lines only (test/test_tensorboard.sh)

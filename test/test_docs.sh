@@ -51,6 +51,7 @@ check "train_gpt CONFIG --help: the keys" sh -c "'$TRAIN_GPT' configs/tiny.conf 
 check "train_gpt diloco-tune --help: its options" sh -c "'$TRAIN_GPT' diloco-tune --help | grep -q -- '--inner_steps H'"
 check "train_gpt prepare / relay / plot --help answer too" \
     sh -c "'$TRAIN_GPT' prepare --help >/dev/null && '$TRAIN_GPT' relay --help >/dev/null && '$TRAIN_GPT' plot --help >/dev/null"
+check "train_gpt shards upgrade --help: its options" sh -c "'$TRAIN_GPT' shards upgrade --help | grep -q -- '--config CONFIG'"
 # Every documented command that sets max_steps on a shipped config (the smoke tests of
 # docs/build.md, a config's own comment) passes the config's schedule rules: `train_gpt plan`
 # with the command's max_steps, warmup_steps and decay_frac. The first-hour checklist's

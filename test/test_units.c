@@ -483,6 +483,99 @@ static void test_shard_versions(void) {
     EXPECT(shard_writer_open_chunked(bad, 1000, 0, 300) == NULL && errno == EINVAL, "the writer refuses chunk size 300");
 }
 
+static void add_bytes(void *ctx, uint64_t bytes) { *(uint64_t *)ctx += bytes; }
+
+// The XXH64 of a whole file: whether shard_upgrade left it as it was.
+static uint64_t file_xxh64(const char *path) {
+    size_t bytes = 0;
+    char *data = read_file_or_null(path, &bytes);
+    uint64_t sum = data ? xxh64(data, bytes, 0) : 0;
+    free(data);
+    return sum;
+}
+
+// shard_upgrade (`train_gpt shards upgrade`): version 1 shards of either width, two of its 8 MiB
+// pieces long, become version 2 of the same tokens and header fields (progress adds up to the
+// payload); version 2 is left as it is; a uint32 shard of a small vocabulary (another program's)
+// keeps its width, and with it its payload checksum; a token out of range in the second piece is
+// named at its index in the shard, and a checksum mismatch beside it is said instead; a flipped
+// byte that leaves every token in range is refused by the checksum; a refused shard is left byte
+// for byte, without a .tmp.
+static void test_shard_upgrade(void) {
+    const uint64_t n = 5000000;   // 10 MB of uint16, 20 MB of uint32: past the first 8 MiB piece
+    uint32_t *tokens = xmalloc(n * sizeof *tokens);
+    char path[300], tmp_path[310], why[256];
+    path_in_tmp(path, sizeof path, "upgrade.bin");
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
+    shard_header before, after, h;
+    for (uint32_t vocab = 1000; vocab <= 70000; vocab += 69000) {
+        for (uint64_t i = 0; i < n; i++) tokens[i] = (uint32_t)(i * 7919u % vocab);
+        shard_writer *w = shard_writer_open_chunked(path, vocab, 7, 0);
+        CHECK(w && shard_writer_append(w, tokens, n) && shard_writer_close(w));
+        CHECK(shard_read_header(path, &before, why, sizeof why) && before.version == 1);
+        uint64_t seen = 0;
+        shard_upgrade_result r = shard_upgrade(path, &h, add_bytes, &seen, why, sizeof why);
+        uint32_t *back = shard_read_all(path, &after, why, sizeof why);
+        EXPECT(r == SHARD_UPGRADED && back && !memcmp(back, tokens, n * sizeof *tokens) && after.version == 2 &&
+                   after.chunk_bytes == SHARD_CHUNK_BYTES && after.token_bytes == before.token_bytes &&
+                   after.n_tokens == n && after.payload_xxh64 == before.payload_xxh64 && after.vocab_size == vocab &&
+                   after.doc_token == 7 && seen == n * before.token_bytes && !file_exists(tmp_path),
+               "vocab %u: upgraded (%d, %s): version %u, the same tokens and header fields, %llu bytes seen", vocab,
+               (int)r, r == SHARD_UPGRADED ? "" : why, after.version, (unsigned long long)seen);
+        free(back);
+        uint64_t sum = file_xxh64(path);
+        EXPECT(shard_upgrade(path, &h, NULL, NULL, why, sizeof why) == SHARD_CURRENT && h.version == 2 &&
+                   file_xxh64(path) == sum,
+               "vocab %u: version 2 already: left as it is", vocab);
+    }
+
+    // uint32 tokens under vocab_size 1000 (the writer would take uint16 for it).
+    for (uint64_t i = 0; i < n; i++) tokens[i] = (uint32_t)(i % 1000);
+    shard_writer *w = shard_writer_open_chunked(path, 70000, 7, 0);
+    CHECK(w && shard_writer_append(w, tokens, n) && shard_writer_close(w));
+    forge_header_u32(path, 32, 1000);
+    CHECK(shard_read_header(path, &before, why, sizeof why) && before.token_bytes == 4 && before.vocab_size == 1000);
+    shard_upgrade_result r = shard_upgrade(path, &h, NULL, NULL, why, sizeof why);
+    uint32_t *back = shard_read_all(path, &after, why, sizeof why);
+    EXPECT(r == SHARD_UPGRADED && back && !memcmp(back, tokens, n * sizeof *tokens) && after.version == 2 &&
+               after.token_bytes == 4 && after.payload_xxh64 == before.payload_xxh64,
+           "uint32 tokens of a 1000-token vocabulary: upgraded (%d, %s) at width %u, the same payload checksum", (int)r,
+           r == SHARD_UPGRADED ? "" : why, after.token_bytes);
+    free(back);
+
+    // Token 4,500,000 (in the second piece) at 998, the others below 997, then vocab_size forged
+    // to 998.
+    for (uint64_t i = 0; i < n; i++) tokens[i] = (uint32_t)(i % 997);
+    tokens[4500000] = 998;
+    w = shard_writer_open_chunked(path, 1000, 7, 0);
+    CHECK(w && shard_writer_append(w, tokens, n) && shard_writer_close(w));
+    forge_header_u32(path, 32, 998);
+    uint64_t sum = file_xxh64(path);
+    r = shard_upgrade(path, &h, NULL, NULL, why, sizeof why);
+    EXPECT(r == SHARD_REFUSED && strstr(why, "token 998 at index 4500000 is not below its vocab_size 998") &&
+               file_xxh64(path) == sum && !file_exists(tmp_path),
+           "a token out of range in the second piece: refused (%d: %s), the file as it was", (int)r, why);
+    flip_byte_at(path, SHARD_HEADER_BYTES + 2 * 4400000);
+    sum = file_xxh64(path);
+    r = shard_upgrade(path, &h, NULL, NULL, why, sizeof why);
+    EXPECT(r == SHARD_REFUSED && strstr(why, "payload checksum mismatch (corrupt data)") && file_xxh64(path) == sum &&
+               !file_exists(tmp_path),
+           "... and with a flipped byte before it: the checksum said (%d: %s), the file as it was", (int)r, why);
+
+    // A flipped byte whose token stays in range (999 ^ 1 = 998 < 1000): only the checksum the
+    // writer computed tells.
+    for (uint64_t i = 0; i < n; i++) tokens[i] = (uint32_t)(i * 7919u % 1000);
+    w = shard_writer_open_chunked(path, 1000, 7, 0);
+    CHECK(w && shard_writer_append(w, tokens, n) && shard_writer_close(w));
+    flip_byte_at(path, SHARD_HEADER_BYTES + 2 * 4400000);
+    sum = file_xxh64(path);
+    r = shard_upgrade(path, &h, NULL, NULL, why, sizeof why);
+    EXPECT(r == SHARD_REFUSED && strstr(why, "payload checksum mismatch (corrupt data)") && file_xxh64(path) == sum &&
+               !file_exists(tmp_path),
+           "a flipped byte, every token in range: refused (%d: %s), the file as it was", (int)r, why);
+    free(tokens);
+}
+
 // A shard rewritten while a loader reads it (dataloader.h): the loader reads two shards of 100
 // tokens in order, B = 1, T = 10, until the second is open; then `change` rewrites the first,
 // and the loader reads on into the next epoch, which opens the first again. Run in a child
@@ -1044,6 +1137,7 @@ int main(void) {
     test_shards();
     test_shard_versions();
     test_shard_changes();
+    test_shard_upgrade();
     test_safetensors();
     test_checkpoints();
     test_checkpoint_refusals();
