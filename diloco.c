@@ -885,13 +885,15 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     // A sharded replica's ranks decide for their own pieces (each group's record of who was in),
     // and all sum the carried work's square together (a collective, whatever each decided).
     double mine = 0.0;
+    double *frag_sq = xcalloc((size_t)P, sizeof *frag_sq);   // this rank's work per fragment
     for (int q = 0; q < P && !why_not; q++) {
         const fragment *fr = &d->fragments[q];
         if (w[q] > 0.0)
             for (int64_t i = fr->offset; i < fr->offset + fr->numel; i++) {
                 double x = (double)d->theta[i] - (double)params[i];
-                mine += x * x;
+                frag_sq[q] += x * x;
             }
+        mine += frag_sq[q];
     }
     if (!isfinite(mine)) {
         why_not = "its local work holds NaN/Inf";
@@ -925,7 +927,12 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
             params[i] = (float)((double)theta_to[i] - wq * ((double)d->theta[i] - (double)params[i]));
     }
     d->final_next = c.final_next;
-    for (int q = 0; q < P; q++) d->carried[q] = w[q] > 0.0;
+    // Work carried into fragment q weighs one inner step in its next contribution if there is
+    // some on this rank's piece (a fragment synced just before the checkpoint it came back from
+    // has none: its Δ is 0 and goes with tokens 0, left out of the mean). Each rank for its own
+    // group, as carry_weights decides.
+    for (int q = 0; q < P; q++) d->carried[q] = w[q] > 0.0 && frag_sq[q] > 0.0;
+    free(frag_sq);
     for (int q = 0; q < P; q++) d->final_missed[q] = -1;   // θ whole, carried, or its final sync to come
     changed_add(d, 0, d->numel);
     memcpy(d->theta, theta_to, bytes);
@@ -1590,6 +1597,7 @@ static void begin_round(diloco *d, int p, float *const *params, int n_params, co
     f->tokens = f->inner_steps > 0         ? (uint64_t)f->inner_steps * tokens_per_step(d)
                 : d->carried[f->fragment] ? tokens_per_step(d)
                                           : 0;
+    d->carried[f->fragment] = false;   // sent now: a later contribution counts its own steps
     round_result *r = &f->r;
     double t0 = wall_seconds();
     for (int i = 0; i < n_params; i++) {
@@ -2021,6 +2029,7 @@ int64_t diloco_restart_from_theta(diloco *d, float *params, train_state *st, int
     changed_add(d, 0, d->numel);
     st->restart_step = step;
     d->extra_steps = 0;
+    for (int p = 0; p < d->n_fragments; p++) d->carried[p] = false;   // the carried work went with the rest
     return discarded;
 }
 

@@ -674,4 +674,53 @@ p1=$(free_port)
 p2=$(free_port)
 [ "$p2" = "$p1" ] && p2=$((p1 + 1))   # two closed ports, not one listed twice
 stopped_in_join nohub2 "waiting for the hub" --diloco_connect_timeout_s 300 --diloco_rendezvous "127.0.0.1:$p1,127.0.0.1:$p2"
+
+# ---------------------------------------------------------------- carried, but no work on a fragment
+# 3 replicas of 3 layers, P 3, H 6, τ 0, max_steps 24. Replica 2 founds the group and stops at
+# step 12, right after fragment 2's sync (its checkpoint's fragment 2 is θ bit for bit: no work
+# there); replicas 0 and 1 stop themselves in step 24 (stop_in_step:23); replica 2 comes back from
+# its step-12 checkpoint, takes the state at max_steps and carries its unsent work into fragments
+# 1 and 2 — on fragment 2 that work is zero. Its final sync of fragment 2 (round 13) must go with
+# tokens 0, "no work from [2]", not as a contributor weighted one inner step (which shrank that
+# fragment's final mean by 128/1664 here), while its final sync of fragment 1 (round 12) carries
+# real work at one inner step's tokens.
+nowork=(test/configs/tiny_test.conf --n_layer 3 --train_data "$tmp/train.bin" --val_every 0 --threads 1
+    --log_every 1000 --ckpt_keep 0 --ckpt_every 0 --diloco_replicas 3 --diloco_inner_steps 6 --diloco_transport tcp
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 60 --diloco_connect_timeout_s 30 --max_steps 24
+    --diloco_min_replicas 2 --diloco_fragments 3 --diloco_overlap_steps 0 --diloco_outer_lr 0.7
+    --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
+start_relay nowork 1 60 --catch_up 0
+nowork_replica() {  # nowork_replica ID [FAULT] [--key value]...: its pid in $rpid
+    local id=$1 fault=${2:-}
+    shift 2
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${nowork[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" \
+        --out_dir "$tmp/nowork/$id" "$@" >>"$tmp/nowork$id.log" 2>&1 &
+    rpid=$!
+    pids+=($!)
+}
+process_stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+both_stopped() { process_stopped "$1" && process_stopped "$2"; }
+nowork_replica 2 "" --stop_at_step 12
+first=$rpid
+wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_nowork.log"
+nowork_replica 0 stop_in_step:23
+held0=$rpid
+nowork_replica 1 stop_in_step:23
+held1=$rpid
+rc=0
+wait "$first" || rc=$?
+check "no work: replica 2 stops at step 12 (rc $rc)" test "$rc" = 0
+wait_until "replicas 0 and 1 stop in step 24" both_stopped "$held0" "$held1"
+nowork_replica 2 ""
+late=$rpid
+wait_until "replica 2 waits for the group" \
+    grep -q 'replica 2 joined at outer step [0-9]* .*: waits for the group' "$tmp/relay_nowork.log"
+kill -CONT "$held0" "$held1"
+rc=0
+for p in "$held0" "$held1" "$late"; do wait "$p" || rc=$?; done
+check "no work: the three exit 0 (rc $rc)" test "$rc" = 0
+check "no work: replica 2's final sync of fragment 1 carries its work, weighted one inner step" \
+    grep -q 'round 12 closed: 3 contributor(s) \[0 1 2\], weighted by tokens \[256 256 128\]' "$tmp/relay_nowork.log"
+check "no work: its final sync of fragment 2 goes with no work (it carried none there)" \
+    grep -q 'round 13 closed: 2 contributor(s) \[0 1\], no work from \[2\]' "$tmp/relay_nowork.log"
 finish test_diloco_late
