@@ -117,13 +117,14 @@ typedef struct {
     int64_t model_values;       // the model's parameter count
     float bound;                // the reducer's bound on each contribution (diloco_bound; 0: none)
     // Not part of the layout (it may differ between replicas): the training tokens behind this
-    // contribution, its weight in the mean (0 is taken as 1; replicas of equal tokens get the
-    // plain mean).
+    // contribution, its weight in the mean (0 is taken as 1 unless no_work; replicas of equal
+    // tokens get the plain mean).
     uint64_t tokens;
     // No work behind it (a replica that joined at the run's end, in the group's final syncs,
     // and trained nothing): it goes with tokens 0, the reducer leaves it out of the mean and of
     // the contributors (round_result's n and ids do not name it, nor count it for
-    // min_replicas), and the replica receives the mean. tcp only: mpi replicas never join late.
+    // min_replicas), and the replica receives the mean. Also a replica that rolled back onto a
+    // sync step (diloco_restart_from_theta) and trained nothing since; tcp and mpi alike.
     bool no_work;
 } payload_spec;
 

@@ -297,8 +297,11 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
     check_same_spec(t, sp);
-    // Every rank's tokens: the weights of the mean (llmc/quant.h), the same on every rank.
-    uint64_t my_tokens = sp->tokens ? sp->tokens : 1, tokens[TRANSPORT_MAX_REPLICAS];
+    // Every rank's tokens: the weights of the mean (llmc/quant.h), the same on every rank. No
+    // work (a replica that rolled back onto a sync step and trained nothing since): tokens 0,
+    // left out of the mean and of the contributors, as the tcp hub leaves it out (until 2026-12
+    // it weighed 1 token here: a Δ = 0 in the mean, and a contributor for min_replicas).
+    uint64_t my_tokens = sp->no_work ? 0 : sp->tokens ? sp->tokens : 1, tokens[TRANSPORT_MAX_REPLICAS];
     comm_mpi_check(MPI_Allgather(&my_tokens, 1, MPI_UINT64_T, tokens, 1, MPI_UINT64_T, t->exchange_comm),
                    "MPI_Allgather");
     double weights[TRANSPORT_MAX_REPLICAS];
@@ -397,11 +400,12 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     free(in);
     free(out);
     free(scratch);
-    r->n = M;
-    for (int i = 0; i < M; i++) r->ids[i] = i;
+    r->n = 0;
+    for (int i = 0; i < M; i++)
+        if (tokens[i] > 0) r->ids[r->n++] = i;
     r->mean = t->mean;
     r->mean_bytes = mean_bytes;
-    r->apply = r->n >= t->min_replicas;
+    r->apply = r->n > 0 && r->n >= t->min_replicas;
     r->wait_s = arrived - t0;
     r->sync_s = wall_seconds() - t0;
     return true;
