@@ -757,9 +757,12 @@ static void check_identity(dataloader *d, int i, int fd) {
     if (s->seen) {
         s->verified = false;   // the same tokens by its header; they are checked again before use
         s->replaced = true;
-        s->header = now;       // its version and chunk size are the new file's
         if (d->cache_shard == i) d->cache_shard = -1;
     }
+    // Its version and chunk size are the file's, also at its first open: one written again
+    // between the run's start (which read every header) and then, as version 1 or with another
+    // chunk size, was read by the start's layout ("read error", or "corrupt data" in chunk 0).
+    s->header = now;
     s->seen = true;
     s->dev = st.st_dev;
     s->ino = st.st_ino;

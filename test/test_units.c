@@ -624,7 +624,61 @@ static int read_across_change(const char *p1, const char *p2, const uint32_t *to
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A shard written again with the same tokens in another layout (chunk size `chunk`, 0: version
+// 1) after the loader read every header at its start but before it first opened that shard
+// (shard 2 of 2, shuffle 0): the loader must read it by its new layout. Returns the child's
+// status (0: every row of shard 2 as written; 3: other tokens), its stderr in err.
+static int read_relaid_before_open(uint32_t chunk, char *err, size_t err_bytes) {
+    char p1[300], p2[300], err_path[300], spec[700];
+    path_in_tmp(p1, sizeof p1, "r1.bin");
+    path_in_tmp(p2, sizeof p2, "r2.bin");
+    path_in_tmp(err_path, sizeof err_path, "relaid.err");
+    enum { N = 5000, T = 100 };
+    uint32_t *tokens = xmalloc(2 * N * sizeof *tokens);
+    for (uint32_t k = 0; k < 2 * N; k++) tokens[k] = (k * 2654435761u) % 1000;
+    const char *paths[2] = {p1, p2};
+    for (int f = 0; f < 2; f++) {
+        shard_writer *w = shard_writer_open_chunked(paths[f], 1000, 7, 256);
+        CHECK(w && shard_writer_append(w, tokens + (size_t)f * N, N) && shard_writer_close(w));
+    }
+    snprintf(spec, sizeof spec, "%s,%s", p1, p2);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        dataloader *d = dataloader_open(spec, "train_data", 1, T, false, 0, 0, 1);
+        int32_t in[T], tg[T];
+        dataloader_next(d, in, tg);   // shard 1 only
+        shard_writer *w = shard_writer_open_chunked(p2, 1000, 7, chunk);
+        CHECK(w && shard_writer_append(w, tokens + N, N) && shard_writer_close(w));
+        // Rows of T + 1 tokens, T apart: row r starts at token r·T of the stream.
+        for (int r = 1; r < 2 * N / T - 1; r++) {
+            dataloader_next(d, in, tg);
+            for (int i = 0; i < T; i++)
+                if (in[i] != (int32_t)tokens[(size_t)r * T + (size_t)i]) _exit(3);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    free(tokens);
+    size_t n = 0;
+    char *text = read_file_or_null(err_path, &n);
+    snprintf(err, err_bytes, "%s", text ? text : "");
+    free(text);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static void test_shard_changes(void) {
+    char relaid_err[600];
+    int relaid = read_relaid_before_open(512, relaid_err, sizeof relaid_err);
+    EXPECT(relaid == 0, "a shard written again with another chunk size before its first open: read by its new "
+           "layout (status %d: %s)", relaid, relaid_err);
+    relaid = read_relaid_before_open(0, relaid_err, sizeof relaid_err);
+    EXPECT(relaid == 0, "a shard written again as version 1 before its first open: read whole as version 1 (status "
+           "%d: %s)", relaid, relaid_err);
     char p1[300], p2[300], p3[300], err[600];
     path_in_tmp(p1, sizeof p1, "c1.bin");
     path_in_tmp(p2, sizeof p2, "c2.bin");
