@@ -236,12 +236,26 @@ prepare --tokenizer "$R50K" --out "$T/ow/run" --overwrite --val_files b.txt --sh
     [ "$(cd "$T/ow" && ls)" = "$(cd "$T/ow_new" && ls)" ] && [ "$(cd "$T/ow" && cat run_*.bin | md5sum)" = "$(cd "$T/ow_new" && cat run_*.bin | md5sum)" ] &&
     ok "--overwrite that succeeds: exactly the new run's $n_new shards and summary, no .replaced file" ||
     bad "--overwrite left: $(ls "$T/ow")"
-# A run killed between moving the old corpus aside and publishing leaves NAME.replaced files:
-# they may be the only copy of the old corpus, so a run without --overwrite refuses to start.
-mv "$T/ow/run_train_000000.bin" "$T/ow/run_train_000000.bin.replaced"
+# A run killed while it replaced its corpus leaves NAME.replaced files: they may be the only copy
+# of the old corpus, so a run without --overwrite refuses to start, and its hint depends on where
+# the killed run was (the summaries say it: the earlier one goes aside last, the new one is
+# published last): renaming back over a whole new corpus would mix the two (the new shards past
+# the old count stay, the old summary says otherwise), so there the hint is to delete them.
+ow_args=(--tokenizer "$R50K" --out "$T/ow/run" --val_files b.txt --shard_tokens 300 "$T/corpus")
+for f in "$T"/ow/run_*; do cp "$f" "$f.replaced"; done   # killed while it removed the earlier corpus
+expect_error "a stopped --overwrite whose new corpus was whole, no --overwrite" \
+    "run_train_000000.bin.replaced exists: an earlier .prepare --overwrite. was stopped after its new corpus was whole (its summary is in place) ---> HINT: delete the .*run_\*.replaced files" \
+    "${ow_args[@]}"
+rm "$T/ow/run_summary.json"   # killed while it put its new shards in place
+expect_error "a stopped --overwrite in the middle of putting its shards in place, no --overwrite" \
+    "stopped while it put its new shards in place (no summary yet) ---> HINT: to keep the earlier corpus, delete .*run_train_\*.bin and .*run_val_\*.bin first" \
+    "${ow_args[@]}"
+rm "$T"/ow/run_*.replaced
+cp "$T/ow_new/run_summary.json" "$T/ow/"
+mv "$T/ow/run_train_000000.bin" "$T/ow/run_train_000000.bin.replaced"   # killed while it moved the earlier aside
 expect_error "a .replaced file of a stopped --overwrite, no --overwrite" \
-    "run_train_000000.bin.replaced exists: an earlier .prepare --overwrite. was stopped while it replaced its corpus ---> HINT" \
-    --tokenizer "$R50K" --out "$T/ow/run" --val_files b.txt --shard_tokens 300 "$T/corpus"
+    "run_train_000000.bin.replaced exists: an earlier .prepare --overwrite. was stopped while it moved its earlier corpus aside (nothing new in place yet) ---> HINT: rename" \
+    "${ow_args[@]}"
 prepare --tokenizer "$R50K" --out "$T/ow/run" --overwrite --val_files b.txt --shard_tokens 300 "$T/corpus" >/dev/null &&
     [ "$(cd "$T/ow" && ls)" = "$(cd "$T/ow_new" && ls)" ] && ok "... with --overwrite it is replaced and the .replaced file removed" ||
     bad "--overwrite beside a .replaced file left: $(ls "$T/ow")"

@@ -452,10 +452,30 @@ static void check_replaced_leftovers(const char *prefix, bool overwrite) {
     char **left = NULL;
     int n = 0;
     earlier_files(prefix, REPLACED, &left, &n);
-    if (n > 0 && !overwrite)
-        fail("%s exists: an earlier `prepare --overwrite` was stopped while it replaced its corpus ---> HINT: rename "
-             "the %s_*%s files back (drop %s) to keep that corpus, or pass --overwrite to replace it",
+    if (n > 0 && !overwrite) {
+        // Where it stopped, from the summaries: the earlier one goes aside last, this run's
+        // summary is published last and the earlier one removed last. Renaming back over a
+        // published corpus would mix the two (the new shards past the old count stay).
+        size_t bytes = strlen(prefix) + 40;
+        char *summary = xmalloc(bytes), *summary_aside = xmalloc(bytes);
+        snprintf(summary, bytes, "%s_summary.json", prefix);
+        snprintf(summary_aside, bytes, "%s_summary.json%s", prefix, REPLACED);
+        bool published = access(summary, F_OK) == 0, all_aside = access(summary_aside, F_OK) == 0;
+        if (published && all_aside)
+            fail("%s exists: an earlier `prepare --overwrite` was stopped after its new corpus was whole (its summary "
+                 "is in place) ---> HINT: delete the %s_*%s files (the corpus it replaced), or pass --overwrite",
+                 left[0], prefix, REPLACED);
+        if (all_aside)
+            fail("%s exists: an earlier `prepare --overwrite` was stopped while it put its new shards in place (no "
+                 "summary yet) ---> HINT: to keep the earlier corpus, delete %s_train_*.bin and %s_val_*.bin first "
+                 "(the new run's, some in place), then rename the %s_*%s files back (drop %s); or pass --overwrite "
+                 "to replace it",
+                 left[0], prefix, prefix, prefix, REPLACED, REPLACED);
+        fail("%s exists: an earlier `prepare --overwrite` was stopped while it moved its earlier corpus aside "
+             "(nothing new in place yet) ---> HINT: rename the %s_*%s files back (drop %s) to keep that corpus, or "
+             "pass --overwrite to replace it",
              left[0], prefix, REPLACED, REPLACED);
+    }
     for (int i = 0; i < n; i++) free(left[i]);
     free(left);
 }
