@@ -184,9 +184,9 @@ for r in 0 1 2; do
     fpids+=($!)
     pids+=($!)
 done
-# all three in a round after replica 2's join (its metrics name the join first)
-three_after_frag_join() {
-    "$PYTHON" - "$tmp/frag/0/metrics.jsonl" "$tmp/frag/2/metrics.jsonl" <<'PY'
+# three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
+three_after_join() {
+    "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
 import json, os, sys
 if not os.path.exists(sys.argv[2]):
     sys.exit(1)
@@ -196,7 +196,7 @@ sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_st
                            and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
 PY
 }
-wait_until "replica 2 lost a round's result, rejoined, and all three contributed again" three_after_frag_join
+wait_until "replica 2 lost a round's result, rejoined, and all three contributed again" three_after_join frag
 rc=0
 for p in "${fpids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${fpids[@]}"; do wait "$p" || rc=$?; done
@@ -310,18 +310,6 @@ PY
 start_relay slow 1 2 --catch_up 0   # the round waits for the transfer (the catch-up: below)
 slow=(--d_model 128 --d_ff 256 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_transport tcp
     --diloco_rendezvous "127.0.0.1:$port" --diloco_secret_file "$tmp/secret" --diloco_timeout_s 2 --watchdog_s 3)
-# three_after_join NAME: replica 2 of $tmp/NAME took the state, then all three contributed together.
-three_after_join() {
-    "$PYTHON" - "$tmp/$1/0/metrics.jsonl" "$tmp/$1/2/metrics.jsonl" <<'PY'
-import json, os, sys
-if not os.path.exists(sys.argv[2]):
-    sys.exit(1)
-join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
-rounds = [json.loads(l) for l in open(sys.argv[1]) if '"contributors"' in l]
-sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_step"] + 1
-                           and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
-PY
-}
 # three_through_join NAME LABEL AFTER FAULT ARGS...: start_three NAME AFTER FAULT ARGS, wait until
 # all three contributed after replica 2's join, SIGTERM them; each must exit 0.
 three_through_join() {
