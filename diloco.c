@@ -1896,17 +1896,20 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
 
 // After the final syncs (the run's last step): a fragment whose final sync did not apply on this
 // rank — too few contributors, a mean with NaN/Inf, a failed exchange, this replica dropped
-// from it and the run over at its rejoin (then the fragments after it never synced either) —
-// takes θ, the group's last agreed weights, bit for bit, and this replica's work on it since
-// (its final contribution's inner steps) is dropped and said so. Every replica then ends with
-// the θ it knows, and one final outer step that did not apply leaves each replica's final
-// checkpoint the same model (θ has not moved) instead of P different ones (until 2026-12 they
-// kept their local weights there). A sharded replica's ranks each take their own group's θ
-// into their pieces, and log for the replica (collectives: every rank makes the same calls).
+// from it and the run over at its rejoin or a stop signal ending that rejoin (then the
+// fragments after it never synced either) — takes θ, the group's last agreed weights, bit for
+// bit, and this replica's work on it since (its final contribution's inner steps) is dropped
+// and said so. Every replica then ends with the θ it knows, and one final outer step that did
+// not apply leaves each replica's final checkpoint the same model (θ has not moved) instead of
+// P different ones (until 2026-12 they kept their local weights there). A sharded replica's
+// ranks each take their own group's θ into their pieces, and log for the replica (collectives:
+// every rank makes the same calls; d->over and d->stopped are agreed by every rank).
 // Returns whether params changed.
 static bool finish_final_syncs(diloco *d, float *const *params, int n_params, const train_state *st) {
     int P = d->n_fragments;
-    if (d->over)   // a rejoin at a final sync found the run over: the fragments after it never synced
+    // A rejoin at a final sync found the run over, or a signal stopped it: the fragments after
+    // it never synced here.
+    if (d->over || d->stopped)
         for (int64_t q = d->final_next; q < P; q++)
             if (d->final_missed[q] < 0) d->final_missed[q] = unsent_steps(d, &d->fragments[q], st);
     bool mine = false;
@@ -1977,9 +1980,9 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
     if (f->active && (st->step >= f->begin_step + d->overlap || st->step == max_steps))
         changed |= land_round(d, params, n_params, st, train);
     if (d->over || d->stopped) {   // a rejoin found the run over, or was stopped: no round to begin
-        // (A round that landed at the last step dropped this replica, and the others had finished:
-        // no final sync of its own, every fragment takes θ.)
-        if (d->over && st->step == max_steps) changed |= finish_final_syncs(d, params, n_params, st);
+        // (A round that landed at the last step dropped this replica, and the others had finished
+        // or a signal stopped its rejoin: no final sync of its own, every fragment takes θ.)
+        if (st->step == max_steps) changed |= finish_final_syncs(d, params, n_params, st);
         if (stall_s) *stall_s = wall_seconds() - t0;
         return changed;
     }
@@ -2000,7 +2003,10 @@ bool diloco_after_step(diloco *d, float *const *params, int n_params, train_stat
             changed |= land_round(d, params, n_params, st, train);
             if (st->step != max_steps || d->over || d->stopped) break;  // took the group's state: it trains on
         }
-        if (st->step == max_steps && !d->stopped) changed |= finish_final_syncs(d, params, n_params, st);
+        // Stopped by a signal in a rejoin there, it ends the same way: the checkpoint written at
+        // max_steps holds θ as it last took it (until 2026-12 its local weights, not θ, with no
+        // diloco_final_theta event).
+        if (st->step == max_steps) changed |= finish_final_syncs(d, params, n_params, st);
     } else {
         int p = fragment_due(d, st->step);
         if (p >= 0) {

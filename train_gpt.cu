@@ -3922,8 +3922,11 @@ static int train_run(train_config *cfg) {
             walltime = walltime || why == 2.0;
             if (why >= 100.0) stop_signal = signal_of_stop_reason(why);
         }
-        // Done whatever stopped it: its last step, or the stop_at_step asked for (no requeue).
-        bool done = step >= cfg->max_steps || step == cfg->stop_at_step;
+        // Done whatever stopped it: its last step, or the stop_at_step asked for (no requeue) —
+        // but not a DiLoCo replica whose rejoin in the final syncs a signal stopped: the group
+        // may still be syncing, and a requeued job (SIGUSR1: 76) resumes at max_steps and takes
+        // part in the final syncs still to come (until 2026-12 it exited 0, a finished run).
+        bool done = (step >= cfg->max_steps && !tr.join_stopped) || step == cfg->stop_at_step;
         watchdog_phase("a checkpoint", step);
         if (due(step, cfg->ckpt_every, no_final_checkpoint ? -1 : cfg->max_steps) || stop_here) {
             if (first_copy_says(&tr, tr.outer && diloco_in_flight(tr.outer))) {  // a fragment in flight lands first
@@ -3951,6 +3954,12 @@ static int train_run(train_config *cfg) {
                      step == cfg->max_steps ? "the checkpoint written holds θ as this replica last took it (its final "
                                               "syncs did not all apply)"
                                             : "this replica's own work is in the checkpoint written");
+            else if (stop_signal && tr.join_stopped && step >= cfg->max_steps)
+                note("stopped by signal %d after step %lld = max_steps while rejoining the group in its final syncs: "
+                     "the checkpoint written holds θ as this replica last took it (its final syncs did not all "
+                     "apply); run the same command to join the group at the run's end and take its final weights "
+                     "(if the others have finished and left, it says that the run is over and keeps this checkpoint)",
+                     (int)stop_signal, (long long)step);
             else if (stop_signal)
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
                      (int)stop_signal, (long long)step);

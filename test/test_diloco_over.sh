@@ -38,6 +38,11 @@
 #      max_steps with the finishers' weights, exit 0.
 #   8. Part 6a with sharded replicas (MPI; skipped without): every rank of the joiner takes
 #      part, all write the checkpoint.
+#   9. A stop signal in a rejoin during the final syncs: three replicas, two fragments, replica
+#      1 dropped from the first final sync and SIGUSR1 while its rejoin waits. Its checkpoint at
+#      max_steps holds θ (the diloco_final_theta event names both fragments) and it exits 76,
+#      not done; run again (the requeue) it exits 0 with θ, the finishers' weights if it joined
+#      the final syncs still going on. Until 2026-12: its local weights, no event, exit 0.
 . "$(dirname "$0")/lib.sh"
 require_tcp
 tmp_with_processes
@@ -469,4 +474,68 @@ if [ "$HAVE_MPI" = 1 ]; then
 else
     say "  skip part 8 (no MPI in this build)"
 fi
+# ---------------------------------------------------------------- 9. stopped in a final rejoin
+# Three replicas (min_replicas 1), two fragments, H 5, τ 0, 20 steps: rounds 0-6 regular, 7 and
+# 8 the final syncs (fragments 0, 1); timeouts 10 s. Replica 1 is late for round 7 and dropped;
+# replica 2 is late for round 8, which the hub so holds open for timeout_s, and with it replica
+# 1's rejoin (it waits for the state after round 8). SIGUSR1 reaches replica 1 in that wait:
+# its rejoin ends, and neither fragment's final sync applied on it. It writes its checkpoint at
+# step 20 with θ in both and exits 76 (SIGUSR1: its final syncs not done). Until 2026-12 it
+# skipped that: the checkpoint held its local weights, no diloco_final_theta event, status 0
+# (requeue.sh took it for finished) while it said "run the same command to resume".
+start_relay sg 1 10
+sg=(--max_steps 20 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_fragments 2
+    --diloco_overlap_steps 0 --diloco_timeout_s 10)
+spids=()
+for r in 0 1 2; do
+    fault=stop_in_start:0
+    [ "$r" = 1 ] && fault=$fault,diloco_late:7
+    [ "$r" = 2 ] && fault=$fault,diloco_late:8
+    TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/sg$r" "${sg[@]}"
+    spids+=("$rpid")
+done
+sg_stopped() { for p in "${spids[@]}"; do stopped "$p" || return 1; done; }
+wait_until "the three replicas to stop themselves in their start-up" sg_stopped ||
+    die "9: the replicas did not all stop in their start-up"
+kill -CONT "${spids[@]}"
+sg_rejoining() { grep -q 'replica 1 is out of outer step 8 .*; rejoining' "$tmp/sg1.log"; }
+wait_until "replica 1 to rejoin in the final syncs" sg_rejoining || die "9: replica 1 did not rejoin"
+kill -USR1 "${spids[1]}"
+wait_exit "${spids[1]}"
+check "stopped in a rejoin in the final syncs: replica 1 exits 76 for SIGUSR1, not done (rc $rc)" test "$rc" -eq 76
+check "  its rejoin was stopped, and it says the checkpoint holds θ and a rerun joins at the run's end" \
+    sh -c "grep -q 'replica 1 stops while its join waits' '$tmp/sg1.log' &&
+           grep -q 'stopped by signal 10 after step 20 = max_steps while rejoining the group in its final syncs: the checkpoint written holds θ' '$tmp/sg1.log'"
+check "  it took θ into both fragments and said so (diloco_final_theta)" \
+    grep -q '"event":"diloco_final_theta","step":20,.*"fragments":\[0,1\]' "$tmp/sg1/metrics.jsonl"
+check "  its final checkpoint holds θ" model_is_theta "$tmp/sg1" 20
+# The requeue, at once: it resumes at step 20. It joins at the run's end (round 8 held: it
+# takes the state after it, the final syncs over) and writes the finishers' weights, or, where
+# its start took longer than the hub held round 8 (a loaded machine), hears that the run is
+# over and leaves its checkpoint (θ) as it is: either way exit 0 and θ at step 20.
+before=$(tree_digest "$tmp/sg1" | grep -v ' ./metrics.jsonl$')
+replica 1 "$tmp/sg1" "${sg[@]}"
+wait_exit "$rpid"
+rrc=$rc
+src=""
+for p in "${spids[0]}" "${spids[2]}"; do
+    wait_exit "$p"
+    src="$src $rc"
+done
+check "  replicas 0 and 2 exit 0 (rc$src)" test "$src" = " 0 0"
+check "  replica 0's final checkpoint holds θ" model_is_theta "$tmp/sg0" 20
+sg_requeued() {
+    model_is_theta "$tmp/sg1" 20 || return 1
+    if said_finished "$tmp/sg1" 20; then
+        say "    (it joined at the run's end)"
+        cmp -s "$tmp/sg0/step_00000020/model.safetensors" "$tmp/sg1/step_00000020/model.safetensors"
+    else
+        say "    (it heard that the run is over)"
+        grep -q 'the run is over' "$tmp/sg1.log" &&
+            test "$(tree_digest "$tmp/sg1" | grep -v ' ./metrics.jsonl$')" = "$before"
+    fi
+}
+check "  run again (the requeue) replica 1 exits 0 (rc $rrc)" test "$rrc" -eq 0
+check "  ... its step-20 checkpoint holds θ: replica 0's weights (it joined at the run's end), or unchanged (the run over)" \
+    sg_requeued
 finish test_diloco_over
