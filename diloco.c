@@ -175,6 +175,8 @@ struct diloco {
     bool *carried;                         // per fragment, the last state taken: this replica's
                                            // late work was carried into it (adopt_state)
     bool joined_at_end;                    // diloco_join took a state at max_steps
+    bool final_theta;                      // finish_final_syncs took θ into a fragment whose
+                                           // final sync did not apply (on any rank)
     // Per fragment, where its final sync did not apply on this rank (skipped, failed, dropped
     // from it, or never held: the run was over): the inner steps of this replica's work behind
     // it; −1 where it applied or has not come (finish_final_syncs).
@@ -1915,6 +1917,7 @@ static bool finish_final_syncs(diloco *d, float *const *params, int n_params, co
     bool mine = false;
     for (int q = 0; q < P; q++) mine |= d->final_missed[q] >= 0;
     if (replica_max(d, mine ? 1.0 : 0.0) == 0.0) return false;
+    d->final_theta = true;
     strbuf fragments = {0}, steps = {0};
     sb_append(&fragments, "");
     sb_append(&steps, "");
@@ -2057,6 +2060,8 @@ bool diloco_group_over(const diloco *d) { return d->over; }
 bool diloco_join_stopped(const diloco *d) { return d && d->stopped; }
 
 bool diloco_joined_at_end(const diloco *d) { return d && d->joined_at_end; }
+
+bool diloco_final_incomplete(const diloco *d) { return d && d->final_theta; }
 
 void diloco_changed_range(const diloco *d, int64_t *offset, int64_t *numel) {
     *offset = d->changed_hi > d->changed_lo ? d->changed_lo : 0;

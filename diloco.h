@@ -100,6 +100,10 @@ bool diloco_join_stopped(const diloco *d);
 // it does nothing); it then holds the group's final θ in params and ends the run as the
 // replicas that finished it do (docs/diloco.md#membership-and-faults-tcp).
 bool diloco_joined_at_end(const diloco *d);
+// Whether some fragment's final sync did not apply on this replica (a rank of it): its weights
+// there are θ as of the last outer step it applied, not the group's final ones
+// (diloco_final_theta event).
+bool diloco_final_incomplete(const diloco *d);
 
 // The span of this rank's local values that the last diloco_join, diloco_after_step or
 // diloco_settle wrote into params (numel 0: none): one fragment's after a streaming merge or

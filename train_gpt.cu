@@ -4003,9 +4003,16 @@ static int train_run(train_config *cfg) {
         metrics_event(tr.log, "stop", tr.state.step, "\"reason\":\"signal\"");
         if (stop_signal == SIGUSR1) exit_status = EXIT_REQUEUE;
     } else if (saved_at_end) {
-        note("finished at max_steps = %lld without training a step: this replica joined the group at the run's end "
-             "and took its state; its checkpoint step_%08lld holds the group's final weights",
-             (long long)cfg->max_steps, (long long)tr.state.step);
+        if (diloco_final_incomplete(tr.outer))
+            note("finished at max_steps = %lld without training a step: this replica joined the group at the run's "
+                 "end and took its state, but some of its final syncs did not apply (the warning above): its "
+                 "checkpoint step_%08lld holds θ as of outer step %lld there, not the group's final weights, which "
+                 "are in the checkpoints of the replicas whose final syncs applied",
+                 (long long)cfg->max_steps, (long long)tr.state.step, (long long)tr.state.outer_step);
+        else
+            note("finished at max_steps = %lld without training a step: this replica joined the group at the run's "
+                 "end and took its state; its checkpoint step_%08lld holds the group's final weights",
+                 (long long)cfg->max_steps, (long long)tr.state.step);
     } else if (tr.over && !trained) {
         note("stopped at step %lld without training: the run is over (the other replicas finished it and left); "
              "%s, the final weights are in the checkpoint of the replica that finished",
