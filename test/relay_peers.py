@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-VERSION = 9
+VERSION = 10
 HELLO, AUTH, WELCOME, REFUSE = 1, 2, 3, 4
 HEARTBEAT, JOIN, JOINED, CONTRIBUTE, ROUND, EVICTED = 16, 17, 18, 19, 20, 21
 DATA = 32
