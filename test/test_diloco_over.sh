@@ -278,18 +278,28 @@ start_relay finals 1 10
 finals=(--max_steps 40 --ckpt_every 0 --batch_size 4 --diloco_replicas 3 --diloco_inner_steps 4
     --diloco_fragments 2 --diloco_overlap_steps 0 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
     --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0 --diloco_timeout_s 10)
-fpids=()
-for r in 0 1 2; do
-    fault=stop_in_start:0
-    [ "$r" = 1 ] && fault=$fault,diloco_late:20
-    [ "$r" = 2 ] && fault=$fault,diloco_late:19
-    TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/fin$r" "${finals[@]}"
-    fpids+=("$rpid")
-done
-all_stopped() { for p in "${fpids[@]}"; do stopped "$p" || return 1; done; }
-wait_until "the three replicas to stop themselves in their start-up" all_stopped ||
-    die "5: the replicas did not all stop in their start-up"
-kill -CONT "${fpids[@]}"
+# start_three_together NAME LATE1 LATE2 [--key value]...: replicas 0, 1 and 2 in $tmp/NAME0..2,
+# each stopped in its start-up until all three are, then continued at once (all members before
+# the first round); replica 1 late for round LATE1, replica 2 for LATE2 (diloco_late). Their
+# pids in together_pids.
+start_three_together() {
+    local name=$1 late1=$2 late2=$3 r fault
+    shift 3
+    together_pids=()
+    for r in 0 1 2; do
+        fault=stop_in_start:0
+        [ "$r" = 1 ] && fault=$fault,diloco_late:$late1
+        [ "$r" = 2 ] && fault=$fault,diloco_late:$late2
+        TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/$name$r" "$@"
+        together_pids+=("$rpid")
+    done
+    all_stopped() { for p in "${together_pids[@]}"; do stopped "$p" || return 1; done; }
+    wait_until "the three replicas to stop themselves in their start-up" all_stopped ||
+        die "$name: the replicas did not all stop in their start-up"
+    kill -CONT "${together_pids[@]}"
+}
+start_three_together fin 20 19 "${finals[@]}"
+fpids=("${together_pids[@]}")
 frc=""
 for r in 0 1 2; do
     wait_exit "${fpids[$r]}"
@@ -499,18 +509,8 @@ fi
 start_relay sg 1 10
 sg=(--max_steps 20 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_fragments 2
     --diloco_overlap_steps 0 --diloco_timeout_s 10)
-spids=()
-for r in 0 1 2; do
-    fault=stop_in_start:0
-    [ "$r" = 1 ] && fault=$fault,diloco_late:7
-    [ "$r" = 2 ] && fault=$fault,diloco_late:8
-    TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/sg$r" "${sg[@]}"
-    spids+=("$rpid")
-done
-sg_stopped() { for p in "${spids[@]}"; do stopped "$p" || return 1; done; }
-wait_until "the three replicas to stop themselves in their start-up" sg_stopped ||
-    die "9: the replicas did not all stop in their start-up"
-kill -CONT "${spids[@]}"
+start_three_together sg 7 8 "${sg[@]}"
+spids=("${together_pids[@]}")
 sg_rejoining() { grep -q 'replica 1 is out of outer step 8 .*; rejoining' "$tmp/sg1.log"; }
 wait_until "replica 1 to rejoin in the final syncs" sg_rejoining || die "9: replica 1 did not rejoin"
 kill -USR1 "${spids[1]}"
