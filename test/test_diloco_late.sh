@@ -688,13 +688,22 @@ nowork_replica() {  # nowork_replica ID [FAULT] [--key value]...: its pid in $rp
 }
 process_stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 both_stopped() { process_stopped "$1" && process_stopped "$2"; }
-nowork_replica 2 "" --stop_at_step 12
+# Replica 2 holds itself in its step 2 until replicas 0 and 1 are both members: round 0 waits for
+# it, so neither can come after a round closed (on a loaded machine one did, and joined late).
+nowork_replica 2 stop_in_step:1 --stop_at_step 12
 first=$rpid
 wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_nowork.log"
 nowork_replica 0 stop_in_step:23
 held0=$rpid
 nowork_replica 1 stop_in_step:23
 held1=$rpid
+both_members() {
+    grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_nowork.log" &&
+        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_nowork.log" && process_stopped "$first"
+}
+wait_until "replicas 0 and 1 are members, replica 2 held in its step 2" both_members ||
+    die "no work: replicas 0 and 1 did not both join before the first round"
+kill -CONT "$first"
 rc=0
 wait "$first" || rc=$?
 check "no work: replica 2 stops at step 12 (rc $rc)" test "$rc" = 0
