@@ -4690,6 +4690,50 @@ static void list_config(path_list *l, const char *config_path) {
     config_free(&cfg);
 }
 
+// A shard named twice (listed twice, a directory and a pattern over the same files, a symbolic
+// link beside its target) is upgraded once, under its first name: a second pass found it version 2
+// already and counted it twice. Files are the same when their canonical paths are (realpath: links
+// resolved); a name that cannot be resolved stays, for the header read to refuse with its reason.
+typedef struct {
+    char *real;   // NULL: not resolved
+    int index;    // in the list
+} named_file;
+
+static int compare_named(const void *a, const void *b) {
+    const named_file *x = (const named_file *)a, *y = (const named_file *)b;
+    int c = x->real && y->real ? strcmp(x->real, y->real) : (x->real != NULL) - (y->real != NULL);
+    return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+static void drop_same_files(path_list *l) {
+    named_file *f = (named_file *)xcalloc((size_t)l->count, sizeof *f);
+    for (int i = 0; i < l->count; i++) f[i] = (named_file){realpath(l->paths[i], NULL), i};
+    qsort(f, (size_t)l->count, sizeof *f, compare_named);   // sorted by file, its first name first
+    bool *again = (bool *)xcalloc((size_t)l->count, sizeof *again);
+    for (int i = 1; i < l->count; i++)
+        again[f[i].index] = f[i].real && f[i - 1].real && strcmp(f[i].real, f[i - 1].real) == 0;
+    int kept = 0;
+    for (int i = 0; i < l->count; i++) {
+        if (again[i]) free(l->paths[i]);
+        else l->paths[kept++] = l->paths[i];
+    }
+    for (int i = 0; i < l->count; i++) free(f[i].real);
+    free(f);
+    free(again);
+    l->count = kept;
+}
+
+// A file with other names (hard links): the version 2 file takes this name only (written aside,
+// renamed over it), so the others keep the version 1 file and its space. Said, not refused: the
+// names are equal shards either way, and each one listed is upgraded in turn.
+static void note_hard_links(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_nlink < 2) return;
+    note("shards upgrade: '%s' has %lu names (hard links): the version 2 file takes this one; the other name(s) "
+         "keep the version 1 file, and its space, unless upgraded too",
+         path, (unsigned long)st.st_nlink);
+}
+
 typedef struct {
     int done, total;                     // version 1 shards: written again, and to write
     uint64_t read_bytes, total_bytes;    // of their payloads
@@ -4756,6 +4800,8 @@ static int shards_upgrade_main(int argc, char **argv) {
             fail("shards upgrade: --progress_s must be a number of seconds >= 0, not '%s'", value);
     }
     if (l.count == 0) fail("shards upgrade: no shard given (see train_gpt shards upgrade --help)");
+    int named = l.count;
+    drop_same_files(&l);
     // Every header first: what there is to do, and its size for the progress lines.
     int current = 0, refused = 0, busy = 0;
     bool *todo = (bool *)xcalloc((size_t)l.count, sizeof *todo);
@@ -4770,13 +4816,18 @@ static int shards_upgrade_main(int argc, char **argv) {
         } else {
             todo[i] = true;
             p.total++;
+            note_hard_links(l.paths[i]);
             p.total_bytes += h.n_tokens * h.token_bytes;
         }
     }
     char bytes[32];
-    note("shards upgrade: %d shard%s: %d of version 1 (%s of tokens) to write again as version 2, %d of version 2 "
+    char twice[96] = "";
+    if (named > l.count)
+        snprintf(twice, sizeof twice, " (%d name%s of a shard listed before, or a link to one, left out)",
+                 named - l.count, named - l.count == 1 ? "" : "s");
+    note("shards upgrade: %d shard%s%s: %d of version 1 (%s of tokens) to write again as version 2, %d of version 2 "
          "already (left as they are)%s",
-         l.count, l.count == 1 ? "" : "s", p.total, format_bytes(p.total_bytes, bytes, sizeof bytes), current,
+         l.count, l.count == 1 ? "" : "s", twice, p.total, format_bytes(p.total_bytes, bytes, sizeof bytes), current,
          refused ? ", the refused ones above" : "");
     p.start = p.last_note = wall_seconds();
     for (int i = 0; i < l.count; i++) {

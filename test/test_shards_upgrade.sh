@@ -21,7 +21,9 @@
 #      one line naming the shard: it is byte for byte the version 1 file, no .tmp is left, the
 #      shard before it is upgraded and those after it untouched.
 #   5. A shard whose lock another process holds (flock(1)) is left to it; a symbolic link's
-#      target is upgraded and the link stays a link; a shard's permission bits are kept.
+#      target is upgraded and the link stays a link; a shard's permission bits are kept; a shard
+#      named several times (a directory, a path, a pattern, a link) is upgraded and counted once;
+#      of hard links only the name given takes the version 2 file, and a note says so.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/v1"
@@ -212,6 +214,22 @@ upgrade link "$tmp/links/train_4.bin"
 check "through a symbolic link (rc $urc): the target upgraded, the link still a link to it" \
     sh -c "[ $urc -eq 0 ] && [ -L '$tmp/links/train_4.bin' ] && [ \"\$(readlink '$tmp/links/train_4.bin')\" = '$tmp/link/train_4.bin' ] && [ \$(od -An -tu4 -j8 -N4 '$tmp/link/train_4.bin' | tr -d ' ') = 2 ]"
 check "... with its permission bits ($(stat -c %a "$tmp/link/train_4.bin"))" test "$(stat -c %a "$tmp/link/train_4.bin")" = 640
+
+# A shard named several times — its directory, its own path, a pattern and a link to it — is
+# upgraded once and counted once; hard links are each upgraded under their own name, with a note
+# that the version 2 file takes that name only.
+corpus twice
+upgrade twice "$tmp/twice" "$tmp/twice/train_3.bin" "$tmp/twice/train_[3].bin" "$tmp/links/train_4.bin" "$tmp/link/train_4.bin"
+check "named twice (rc $urc): each shard once, the names left out counted: $(grep -o '[0-9]* shards ([^)]*)' "$tmp/twice.err")" \
+    sh -c "[ $urc -eq 0 ] && grep -q 'shards upgrade: 10 shards (3 names of a shard listed before, or a link to one, left out): 9 of version 1' '$tmp/twice.err' &&
+           grep -q '^shards upgrade: 9 shards written again as version 2 (.*), 1 of version 2 already, 0 refused' '$tmp/twice.out'"
+check "... every shard of the directory version 2" all_v2 "$tmp/twice"
+corpus hard
+ln "$tmp/hard/train_5.bin" "$tmp/hard/other_5.bin"
+upgrade hard "$tmp/hard/train_5.bin"
+check "a hard link (rc $urc): the name given version 2, the other name still the version 1 file, a note says so" \
+    sh -c "[ $urc -eq 0 ] && [ $(version_of "$tmp/hard/train_5.bin") = 2 ] && cmp -s '$tmp/v1/train_5.bin' '$tmp/hard/other_5.bin' &&
+           grep -q \"'$tmp/hard/train_5.bin' has 2 names (hard links): the version 2 file takes this one\" '$tmp/hard.err'"
 
 upgrade none "$tmp/nothing_*.bin"
 check "a pattern that matches nothing: exit 1, one line" \
