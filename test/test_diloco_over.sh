@@ -85,6 +85,7 @@ stopped_over() {
     grep '"event":"stop"' "$1/metrics.jsonl" | tail -n 1 | grep -q '"reason":"run_over"' &&
         [ -d "$1/$(printf 'step_%08d' "$2")" ]
 }
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 last_step() { grep -v '"event"' "$1" | grep '"loss"' | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/'; }
 
 # ---------------------------------------------------------------- 1. back after the end
@@ -143,10 +144,28 @@ print(f"    {sys.argv[1]}: {len(model)} tensors, {len(differ)} differ from θ {d
 sys.exit(0 if model and not differ else 1)
 PY
 }
+# held_for_upload NAME LOG N PID...: the late replica of round LATE (diloco_late: its exchange
+# waits timeout_s + 1 s), its processes PID... stopped in their last step (stop_in_step), goes on
+# once LOG holds N "own upload done" lines (the on-time replica's tcp_trace:LATE): the round's
+# first contribution began before that wait, so it is late whatever the machine's speed.
+# (Started together, it was late only while the other replica reached the round less than 1 s
+# after it: on a loaded machine, where the other may lag, it was not evicted.)
+held_for_upload() {
+    local name=$1 log=$2 n=$3
+    shift 3
+    uploaded() {
+        local p
+        for p in "$@"; do stopped "$p" || return 1; done
+        [ "$(grep -c 'trace: .*own upload done' "$log" 2>/dev/null || true)" -ge "$n" ]
+    }
+    wait_until "$name: the late replica held in its last step, the other's upload done" uploaded "$@" ||
+        die "$name: the late replica did not stop in its last step, or the other did not upload"
+    kill -CONT "$@"
+}
 # over_at_rejoin NAME LATE ARGS...: min_replicas 2 (the hub holds the group until both are in:
 # with 1, replica 0 could train all 20 short steps and leave before replica 1 connected), H 5,
 # 20 steps, ARGS; replica 1 is late for round LATE, the first of the final syncs after step 20
-# (diloco_late) and evicted; replica 0 closes the final round(s) alone (skipped: one
+# (diloco_late; held_for_upload) and evicted; replica 0 closes the final round(s) alone (skipped: one
 # contributor), finishes and leaves. Replica 1's rejoin finds the run over (at once, or when
 # replica 0 leaves while it waits for a state): it stops after step 20 with the stop event
 # "run_over" and a checkpoint, exit 0. Each fragment whose final sync did not apply (on replica
@@ -158,10 +177,11 @@ over_at_rejoin() {
     shift 2
     start_relay "$name" 1
     local over=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2 "$@")
-    replica 0 "$tmp/${name}0" "${over[@]}"
+    TRAIN_GPT_FAULT=tcp_trace:$late replica 0 "$tmp/${name}0" "${over[@]}"
     local r0=$rpid
-    TRAIN_GPT_FAULT=diloco_late:$late replica 1 "$tmp/${name}1" "${over[@]}"
+    TRAIN_GPT_FAULT=stop_in_step:19,diloco_late:$late replica 1 "$tmp/${name}1" "${over[@]}"
     local r1=$rpid
+    held_for_upload "$name" "$tmp/${name}0.log" 1 "$r1"
     wait_exit "$r0"
     check "$name: replica 0 closes the last round alone and finishes (rc $rc)" test "$rc" -eq 0
     wait_exit "$r1"
@@ -202,7 +222,6 @@ TRAIN_GPT_FAULT=stop_in_step:7 replica 0 "$tmp/gone0" "${gone[@]}"
 g0=$rpid
 TRAIN_GPT_FAULT=stop_in_step:7 replica 1 "$tmp/gone1" "${gone[@]}"
 g1=$rpid
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 both_stopped() { stopped "$g0" && stopped "$g1"; }
 wait_until "both replicas stop themselves in step 7" both_stopped
 kill -STOP "$gone_relay"
@@ -241,15 +260,23 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "  its stop event says run_over" sh -c "tail -n 2 '$tmp/sh1/metrics.jsonl' | grep -q '\"reason\":\"run_over\"'"
     check "  its checkpoints are unchanged" test "$(tree_digest "$tmp/sh1" | grep -v ' ./metrics.jsonl$')" = "$before"
     # Part 3's two fragments with these replicas: replica 1 late for round 7 (the final sync of
-    # fragment 0), replica 0's final syncs skipped. Every rank takes its own group's θ into its
+    # fragment 0; held_for_upload), replica 0's final syncs skipped. Every rank takes its own group's θ into its
     # pieces of the fragments whose final sync did not apply (the replica's figures from
     # collectives that every rank makes), and both replicas' final checkpoints hold θ.
     start_relay shfinal 2
     over=(--max_steps 20 --ckpt_every 10 --diloco_min_replicas 2 --diloco_fragments 2 --diloco_overlap_steps 0)
-    sharded 0 "$tmp/shf0" "${over[@]}"
+    TRAIN_GPT_FAULT=tcp_trace:7 sharded 0 "$tmp/shf0" "${over[@]}"
     r0=$rpid
-    TRAIN_GPT_FAULT=diloco_late:7 sharded 1 "$tmp/shf1" "${over[@]}"
+    TRAIN_GPT_FAULT=stop_in_step:19,diloco_late:7 sharded 1 "$tmp/shf1" "${over[@]}"
     r1=$rpid
+    four_ranks_stopped() {   # replica 1's 4 ranks (mpirun's children) stopped themselves in step 20
+        local n=0 c
+        for c in $(pgrep -P "$r1"); do stopped "$c" || return 1; n=$((n + 1)); done
+        [ "$n" -eq 4 ]
+    }
+    wait_until "replica 1's ranks to stop in their last step" four_ranks_stopped || die "4: replica 1 did not stop"
+    # (Rank 0's trace alone: the other ranks log no notes; its shard-1 rank sends in the same step.)
+    held_for_upload shfinal "$tmp/shf0.log" 1 $(pgrep -P "$r1")
     wait_exit "$r0"
     rc0=$rc
     wait_exit "$r1"
@@ -280,15 +307,16 @@ finals=(--max_steps 40 --ckpt_every 0 --batch_size 4 --diloco_replicas 3 --diloc
     --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0 --diloco_timeout_s 10)
 # start_three_together NAME LATE1 LATE2 [--key value]...: replicas 0, 1 and 2 in $tmp/NAME0..2,
 # each stopped in its start-up until all three are, then continued at once (all members before
-# the first round); replica 1 late for round LATE1, replica 2 for LATE2 (diloco_late). Their
-# pids in together_pids.
+# the first round); replica 1 late for round LATE1, replica 2 for LATE2 (diloco_late), and
+# replica R with the faults in $EXTRA_R too (EXTRA_0, EXTRA_1) where set. Their pids in together_pids.
 start_three_together() {
     local name=$1 late1=$2 late2=$3 r fault
     shift 3
     together_pids=()
     for r in 0 1 2; do
         fault=stop_in_start:0
-        [ "$r" = 1 ] && fault=$fault,diloco_late:$late1
+        [ "$r" = 0 ] && fault=$fault${EXTRA_0:+,$EXTRA_0}
+        [ "$r" = 1 ] && fault=$fault,diloco_late:$late1${EXTRA_1:+,$EXTRA_1}
         [ "$r" = 2 ] && fault=$fault,diloco_late:$late2
         TRAIN_GPT_FAULT=$fault replica "$r" "$tmp/$name$r" "$@"
         together_pids+=("$rpid")
@@ -499,7 +527,8 @@ else
 fi
 # ---------------------------------------------------------------- 9. stopped in a final rejoin
 # Three replicas (min_replicas 1), two fragments, H 5, τ 0, 20 steps: rounds 0-6 regular, 7 and
-# 8 the final syncs (fragments 0, 1); timeouts 10 s. Replica 1 is late for round 7 and dropped;
+# 8 the final syncs (fragments 0, 1); timeouts 10 s. Replica 1 is late for round 7 and dropped
+# (held in its last step until replica 0's contribution began: held_for_upload);
 # replica 2 is late for round 8, which the hub so holds open for timeout_s, and with it replica
 # 1's rejoin (it waits for the state after round 8). SIGUSR1 reaches replica 1 in that wait:
 # its rejoin ends, and neither fragment's final sync applied on it. It writes its checkpoint at
@@ -509,8 +538,9 @@ fi
 start_relay sg 1 10
 sg=(--max_steps 20 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 1 --diloco_fragments 2
     --diloco_overlap_steps 0 --diloco_timeout_s 10)
-start_three_together sg 7 8 "${sg[@]}"
+EXTRA_0=tcp_trace:7 EXTRA_1=stop_in_step:19 start_three_together sg 7 8 "${sg[@]}"
 spids=("${together_pids[@]}")
+held_for_upload sg "$tmp/sg0.log" 1 "${spids[1]}"   # replica 1 late for round 7 whatever the machine's speed
 sg_rejoining() { grep -q 'replica 1 is out of outer step 8 .*; rejoining' "$tmp/sg1.log"; }
 wait_until "replica 1 to rejoin in the final syncs" sg_rejoining || die "9: replica 1 did not rejoin"
 kill -USR1 "${spids[1]}"
