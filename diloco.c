@@ -155,6 +155,8 @@ struct diloco {
     float *segment_scratch;                // one segment of floats for the reduction
     bool quiet;                            // no progress line per outer step (diloco-tune)
     bool over;                             // the hub said the run is over (diloco_group_over)
+    bool over_waited;                      // ... after the join had waited for the group's state (the run
+                                           // finished meanwhile), not at once: agreed by every rank
     bool stopped;                          // a stop request ended a join (diloco_join_stopped)
     int64_t changed_lo, changed_hi;        // the local values the last call changed: [lo, hi)
     // diloco_sync_every_s: when this replica's inner phase began (its last round landed, or it
@@ -1075,7 +1077,15 @@ static bool join_group_agreed(diloco *d, float *params, train_state *st, dataloa
         bool over = r == JOIN_FINISHED;
         if (d->ranks > 1) over = replica_max(d, over ? 1.0 : 0.0) > 0;
         if (over) {
+            // Over after the join had come as far as waiting for a state (on any rank, or on a
+            // rank that joined its group meanwhile, or a join again after the ranks disagreed):
+            // the run finished while this replica waited (a donor left before its state was
+            // whole, or none came after the last round). Over at once everywhere: the run was
+            // over when it came.
+            bool waited = r != JOIN_FINISHED || attempt > 0 || transport_join_waited(d->net);
+            if (d->ranks > 1) waited = replica_max(d, waited ? 1.0 : 0.0) > 0;
             d->over = true;
+            d->over_waited = waited;
             return false;
         }
         // A stop request while the hub held the join: every rank stops, none adopts a state.
@@ -1190,11 +1200,24 @@ void diloco_join(diloco *d, float *params, train_state *st, dataloader *train, b
                  diloco_replica_id(d), (long long)st->step);
         return;
     }
-    if (d->over && fresh)
+    // Started fresh and told at its join that the run is over: a new run against an old relay
+    // whose group finished (a configuration error), unless it had waited for the group's state
+    // and the run finished meanwhile (a finishing donor does not wait for its transfer, and a
+    // join after the last round close gets no donor at all). Then it came too late: nothing of
+    // its own to keep, status 0 (train_gpt.cu: stopped, the run over) as a replica resumed from
+    // a checkpoint does. Until 2026-12 that exited 1 with the line below.
+    if (d->over && fresh && !d->over_waited)
         fail("diloco: replica %d starts a run that the relay says is over (another replica of the same "
              "configuration finished it); for a new run of this configuration restart the relay, or resume this "
              "replica from its checkpoint",
              diloco_replica_id(d));
+    if (d->over && fresh) {
+        note("diloco: replica %d came too late: the run finished while it waited for the group's state; the final "
+             "weights are in the checkpoints of the replicas that finished, and it trained nothing of its own to "
+             "save; it stops",
+             diloco_replica_id(d));
+        return;
+    }
     if (d->over) {
         note("diloco: replica %d at step %lld (outer step %lld): the run is over, nothing to join; it stops",
              diloco_replica_id(d), (long long)st->step, (long long)st->outer_step);

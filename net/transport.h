@@ -183,6 +183,15 @@ join_result transport_join(transport *t, const replica_status *s, uint8_t *state
 join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *state, size_t state_capacity,
                              size_t *state_bytes);
 
+// Whether the last transport_join / transport_rejoin waited for the group's state before it
+// returned: the hub took the join as one that waits for the next boundary (JOINED(wait)), or a
+// state began to come. A JOIN_FINISHED after such a wait is a run that finished while this
+// replica waited (its donor finished and left before the state was whole — a donor does not
+// wait for its transfer — or the last round had closed), not a run that was over when the
+// replica came. tcp only (mpi: false; its replicas start together and never wait, nor hear
+// that the run is over). Over several hubs: any hub the join tried.
+bool transport_join_waited(transport *t);
+
 // Contributes payload for outer step `outer_step` and waits for the round to close (every
 // live member contributed, or the round deadline passed). false only when the transport
 // itself is gone (hub unreachable past timeout_s): the caller skips the outer step and

@@ -279,8 +279,27 @@ static int64_t follow_caught_up(hubs *x, int p, int64_t to) {
 
 static int64_t hubs_catchup_extend(void *impl, int64_t landing);
 
+static join_result hubs_join_from(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
+                                  size_t *state_bytes);
+
+// A join or rejoin: whether it waits for a state is said anew (transport_join_waited), over
+// every hub it tries, and over a join again after an aborted catch-up.
 static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
                              size_t *state_bytes) {
+    hubs *x = impl;
+    for (int i = 0; i < x->n; i++) tcp_hub_clear_waited(x->h[i].t);
+    return hubs_join_from(impl, s, state, state_capacity, state_bytes);
+}
+
+static bool hubs_join_waited(void *impl) {
+    hubs *x = impl;
+    for (int i = 0; i < x->n; i++)
+        if (tcp_hub_join_waited(x->h[i].t)) return true;
+    return false;
+}
+
+static join_result hubs_join_from(void *impl, const replica_status *s, uint8_t *state, size_t state_capacity,
+                                  size_t *state_bytes) {
     hubs *x = impl;
     join_result result = JOIN_MEMBER;
     int64_t state_round = 0;
@@ -306,7 +325,7 @@ static join_result hubs_join(void *impl, const replica_status *s, uint8_t *state
         // state (transport_options.defer_caught_up: diloco.c calls transport_catchup_extend(-1)).
         if (!x->o.defer_caught_up && hubs_catchup_extend(x, -1) < 0) {   // join again
             if (!tcp_hub_connected(x->h[p].t)) mark_dead(x, &x->h[p], "while catching up");   // else aborted
-            return hubs_join(impl, s, state, state_capacity, state_bytes);
+            return hubs_join_from(impl, s, state, state_capacity, state_bytes);
         }
         return result;
     }
@@ -650,6 +669,7 @@ static const transport_ops hubs_ops = {
     .catchup_held = hubs_catchup_held,
     .catchup_extend = hubs_catchup_extend,
     .poll = hubs_poll,
+    .join_waited = hubs_join_waited,
     .agree_stop = hubs_agree_stop,
     .leave = hubs_leave,
     .close = hubs_close,

@@ -33,6 +33,7 @@ typedef struct {
     int (*catchup_held)(void *impl, uint64_t *bytes);
     int64_t (*catchup_extend)(void *impl, int64_t round);
     void (*poll)(void *impl, double seconds);   // optional (NULL: transport_poll naps)
+    bool (*join_waited)(void *impl);            // optional (NULL: joins never wait)
 } transport_ops;
 
 // Wraps an implementation in the public handle.

@@ -117,6 +117,8 @@ struct tcp {
     wire_round round;
     char evicted_why[WIRE_MAX_TEXT_BYTES + 1];
     uint32_t joined;                // JOINED_MEMBER / JOINED_WAIT / 0
+    bool join_waited;               // since the caller's join began (tcp_join, hubs_join): the hub said
+                                    // JOINED(wait), or a state began to come (transport_join_waited)
     int64_t joined_step;            // its group_step (answering FOLLOW: the round we are expected from)
     // the mean of the round in progress, and an incoming state
     uint8_t *mean;
@@ -678,6 +680,7 @@ static bool start_state(tcp *t, int64_t step, uint64_t total) {
         fail("the donor's state is %llu bytes but this replica holds %zu: the replicas' configs differ",
              (unsigned long long)total, t->state_cap);
     t->state_started = true;
+    t->join_waited = true;
     t->state_step = step;
     t->state_total = total;
     t->state_received = 0;
@@ -719,6 +722,7 @@ static void take_mail(tcp *t) {
             if (!(bad = wire_decode_joined(m->payload, m->bytes, &j))) {
                 t->joined = j.result;
                 t->joined_step = j.group_step;
+                if (j.result == JOINED_WAIT) t->join_waited = true;
                 if (j.result == JOINED_WAIT)
                     note("diloco: replica %d waits for the group's state at the next outer boundary", t->o.replica_id);
                 if (j.result == JOINED_FINISHED)
@@ -1338,6 +1342,7 @@ static join_result tcp_join(void *impl, const replica_status *s, uint8_t *state,
     char err[256];
     join_result result = JOIN_MEMBER;
     int64_t state_round = 0;
+    t->join_waited = false;   // a wait before a lost hub counts: the join goes on in the next session
     for (;;) {
         if (!t->connected && !connect_session(t, wall_seconds() + t->o.connect_timeout_s, true, err, sizeof err)) {
             if (stop_requested(t)) return JOIN_STOPPED;
@@ -1831,6 +1836,10 @@ static void tcp_poll(void *impl, double seconds) {
 
 void tcp_hub_poll(tcp_hub *t, double seconds) { tcp_poll(t, seconds); }
 
+static bool tcp_join_waited(void *impl) { return ((tcp *)impl)->join_waited; }
+bool tcp_hub_join_waited(const tcp_hub *t) { return t->join_waited; }
+void tcp_hub_clear_waited(tcp_hub *t) { t->join_waited = false; }
+
 static const transport_ops tcp_ops = {
     .name = "tcp",
     .join = tcp_join,
@@ -1846,6 +1855,7 @@ static const transport_ops tcp_ops = {
     .catchup_held = tcp_catchup_held,
     .catchup_extend = tcp_catchup_extend,
     .poll = tcp_poll,
+    .join_waited = tcp_join_waited,
 };
 
 // With serve and a wildcard listen address, the replica reaches its own hub on loopback.

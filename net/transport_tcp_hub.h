@@ -27,6 +27,10 @@ bool tcp_hub_connect(tcp_hub *t, double deadline, bool quiet, bool stoppable, ch
 // round id the donor's state came after (JOIN_GOT_STATE). false: the hub is lost (disconnected).
 bool tcp_hub_join(tcp_hub *t, const replica_status *s, uint8_t *state, size_t state_capacity, size_t *state_bytes,
                   join_result *result, int64_t *state_round);
+// Whether a JOIN here since tcp_hub_clear_waited waited for the group's state (JOINED(wait), or
+// a state began to come): transport_join_waited.
+bool tcp_hub_join_waited(const tcp_hub *t);
+void tcp_hub_clear_waited(tcp_hub *t);
 // FOLLOW (docs/protocol.md): a member from round first_round on, without a state; *from_round
 // (may be NULL): the round the hub expects it from (later when the hub's group, founded by
 // another follower, has not begun yet, or when it has reduced part of that round without this

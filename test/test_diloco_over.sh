@@ -35,9 +35,12 @@
 #      b. fresh, catch-up transfer; c. back from an old checkpoint, with its carried work.
 #      Until 2026-12 it stopped with "nothing to do" and no checkpoint (a fresh one: none at all).
 #   7. A fresh replica that joins after the final sync (one fragment) writes a checkpoint at
-#      max_steps with the finishers' weights, exit 0.
+#      max_steps with the finishers' weights, exit 0. The same with its state cut off by the
+#      donor's finish (tcp_slow_state): told the run is over after its wait, it says it came too
+#      late, stops with run_over and no checkpoint, exit 0 (until 2026-12: exit 1, the error
+#      for a new run against an old relay's group); also over two hubs.
 #   8. Part 6a with sharded replicas (MPI; skipped without): every rank of the joiner takes
-#      part, all write the checkpoint.
+#      part, all write the checkpoint; and part 7's cut-off state: every rank stops, exit 0.
 #   9. A stop signal in a rejoin during the final syncs: three replicas, two fragments, replica
 #      1 dropped from the first final sync and SIGUSR1 while its rejoin waits. Its checkpoint at
 #      max_steps holds θ (the diloco_final_theta event names both fragments) and it exits 76,
@@ -54,8 +57,8 @@ common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" -
 replica() {  # replica ID OUT_DIR [--key value]...: one replica in the background; sets rpid
     local id=$1 out=$2
     shift 2
-    "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" --out_dir "$out" \
-        "$@" >>"$out.log" 2>&1 &
+    "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous "${RENDEZVOUS:-127.0.0.1:$port}" --diloco_replica_id "$id" \
+        --out_dir "$out" "$@" >>"$out.log" 2>&1 &
     rpid=$!
     pids+=("$rpid")
 }
@@ -364,7 +367,8 @@ model_sum() {  # model_sum OUT_DIR STEP: the cksum of its step-STEP model.safete
 # join_at_end NAME STEPS [--key value]...: replicas 0 and 1 stop in their last step, replica 2
 # starts and waits for the group's state, then 0 and 1 go on; sets jrc (the three exit
 # statuses). Out dirs $tmp/NAME0..2. OLD_AT=N: replica 2 first trains with them and stops at
-# step N (a checkpoint), and comes back from it at the end.
+# step N (a checkpoint), and comes back from it at the end. HELD_FAULT: more TRAIN_GPT_FAULT
+# hooks for replicas 0 and 1.
 join_at_end() {
     local name=$1 steps=$2
     shift 2
@@ -380,7 +384,7 @@ join_at_end() {
             die "$name: replica 2 did not found the group"
     fi
     for r in 0 1; do
-        TRAIN_GPT_FAULT=stop_in_step:$((steps - 1)) replica "$r" "$tmp/$name$r" "$@"
+        TRAIN_GPT_FAULT=stop_in_step:$((steps - 1))${HELD_FAULT:+,$HELD_FAULT} replica "$r" "$tmp/$name$r" "$@"
         held+=("$rpid")
     done
     if [ -n "$old" ]; then
@@ -467,7 +471,6 @@ check "  it took part in round 20 with its carried work" \
 check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fo2" 40
 old_kept() { same_models fo 40 && [ -d "$tmp/fo2/step_00000010" ]; }
 check "  its step-40 weights are the finishers', its step-10 checkpoint is still there" old_kept
-
 # ---------------------------------------------------------------- 7. fresh, after the final sync
 # One fragment, H 5, 20 steps: rounds 0-2 regular, 3 the final sync. Replica 2 waits at the relay
 # during round 3 and takes the state after it: nothing left to sync.
@@ -481,17 +484,60 @@ check "  it took the state after round 3 and says the final syncs were over" \
            ! grep -E 'round [4-9] closed' '$tmp/relay_fk.log'"
 check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fk2" 20
 check "  its step-20 weights are the finishers' (model.safetensors)" same_models fk 20
+# Its state cut off by the run's end: the same with a whole transfer (--catch_up 0), which the
+# donor (after round 3, the final sync) sends from a thread at one chunk of 128 KiB per 15 s
+# (tcp_slow_state: 0.25 × timeout_s; the state is 306 KiB) while it finishes; it leaves without
+# waiting for it (the usual case at 1B over 100 Mbit/s, where a state takes minutes), the relay
+# ends the transfer and, the other finisher gone too, tells replica 2 that the run is over. It
+# came too late: it says so and stops with the stop event "run_over", trains no step and writes
+# no checkpoint (nothing of its own), exit 0: a finished run to requeue.sh, as a replica back
+# from a checkpoint stops. Until 2026-12 it exited 1 with "starts a run that the relay says is
+# over", the line for a new run started against an old relay's finished group (part 1: a fresh
+# replica told so at its JOIN, without a wait, is still refused so).
+start_relay fx 1 60 --catch_up 0
+k7=(--max_steps 20 --ckpt_every 0 --diloco_replicas 3 --diloco_min_replicas 2 --diloco_timeout_s 60
+    --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
+HELD_FAULT=tcp_slow_state:0 join_at_end fx 20 "${k7[@]}"
+check "fresh, its state cut off by the run's end: the three replicas exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  the donor left before the state was whole, and the relay told replica 2 the run is over" \
+    sh -c "grep -q 'state transfer from replica [01] aborted (the donor left)' '$tmp/relay_fx.log' &&
+           grep -q 'replica 2 at outer step 0: the run is over' '$tmp/relay_fx.log'"
+# stopped_over_fresh OUT_DIR: its last stop event says run_over, it trained no step, it has no checkpoint.
+stopped_over_fresh() {
+    grep '"event":"stop"' "$1/metrics.jsonl" | tail -n 1 | grep -q '"reason":"run_over"' &&
+        ! grep -q '"loss"' "$1/metrics.jsonl" && ! ls -d "$1"/step_* >/dev/null 2>&1
+}
+came_late() {  # came_late NAME: $tmp/NAME.log says it came too late (no error), and it stopped so
+    grep -q 'replica 2 came too late: the run finished while it waited for the group.s state' "$tmp/$1.log" &&
+        ! grep -q 'error:' "$tmp/$1.log" && stopped_over_fresh "$tmp/$1"
+}
+check "  it says it came too late, stops with run_over, no step trained, no checkpoint" came_late fx2
+check "  the finishers' step-20 weights are the same" \
+    sh -c "[ -n '$(model_sum "$tmp/fx0" 20)' ] && [ '$(model_sum "$tmp/fx0" 20)' = '$(model_sum "$tmp/fx1" 20)' ]"
+# The same over two hubs (diloco_rendezvous h1,h2: the first, the primary, has the joins and
+# the state transfer).
+start_relay fhb 1 60 --catch_up 0
+second=$port
+start_relay fh 1 60 --catch_up 0
+RENDEZVOUS=127.0.0.1:$port,127.0.0.1:$second HELD_FAULT=tcp_slow_state:0 join_at_end fh 20 "${k7[@]}"
+check "two hubs, its state cut off by the run's end: the three replicas exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  the primary ended the transfer and told replica 2 the run is over" \
+    sh -c "grep -q 'state transfer from replica [01] aborted (the donor left)' '$tmp/relay_fh.log' &&
+           grep -q 'replica 2 at outer step 0: the run is over' '$tmp/relay_fh.log'"
+check "  it says it came too late, stops with run_over, no step trained, no checkpoint" came_late fh2
 
 # ---------------------------------------------------------------- 8. sharded, during the final syncs
 # Part 6a with replicas of 2 shards x 2 copies (MPI; skipped without), 20 steps: rounds 0-8
 # regular, 9 and 10 the final syncs. Every rank of replica 2 takes part in its shard's round 10
 # with no work, and all write the checkpoint together.
-if [ "$HAVE_MPI" = 1 ]; then
-    start_relay fs 2 60 --catch_up 0
-    j8=("${j6[@]}" --max_steps 20)
+# sharded_join_at_end NAME STEPS FAULT [--key value]...: join_at_end with these replicas (FAULT:
+# more TRAIN_GPT_FAULT hooks for replicas 0 and 1); sets jrc.
+sharded_join_at_end() {
+    local name=$1 steps=$2 fault=$3 r
+    shift 3
     held=()
     for r in 0 1; do
-        TRAIN_GPT_FAULT=stop_in_step:19 sharded "$r" "$tmp/fs$r" "${j8[@]}"
+        TRAIN_GPT_FAULT=stop_in_step:$((steps - 1))${fault:+,$fault} sharded "$r" "$tmp/$name$r" "$@"
         held+=("$rpid")
     done
     ranks_stopped() {   # the 8 ranks of replicas 0 and 1 (mpirun's children) stopped themselves
@@ -504,24 +550,39 @@ if [ "$HAVE_MPI" = 1 ]; then
         done
         [ "$n" -eq 8 ]
     }
-    wait_until "the ranks of replicas 0 and 1 to stop in their last step" ranks_stopped || die "8: they did not stop"
-    sharded 2 "$tmp/fs2" "${j8[@]}"
-    late=$rpid
+    wait_until "the ranks of replicas 0 and 1 to stop in their last step" ranks_stopped ||
+        die "$name: they did not stop"
+    sharded 2 "$tmp/${name}2" "$@"
+    local late=$rpid
     both_wait() {
-        [ "$(grep -c 'replica 2 joined at outer step 0 .*: waits for the group' "$tmp/relay_fs.log")" -eq 2 ]
+        [ "$(grep -c 'replica 2 joined at outer step 0 .*: waits for the group' "$tmp/relay_$name.log")" -eq 2 ]
     }
-    wait_until "replica 2 to wait at both shards' hubs" both_wait || die "8: replica 2 did not join"
+    wait_until "replica 2 to wait at both shards' hubs" both_wait || die "$name: replica 2 did not join"
     for p in "${held[@]}"; do kill -CONT $(pgrep -P "$p"); done
     jrc=""
     for p in "${held[@]}" "$late"; do
         wait_exit "$p"
         jrc="$jrc $rc"
     done
+}
+if [ "$HAVE_MPI" = 1 ]; then
+    start_relay fs 2 60 --catch_up 0
+    sharded_join_at_end fs 20 "" "${j6[@]}" --max_steps 20
     check "sharded, joined during the final syncs: exit 0 on every rank (rc$jrc)" test "$jrc" = " 0 0 0"
     check "  both shards' round 10 had it with no work" \
         test "$(grep -c 'round 10 closed: 2 contributor(s) \[0 1\], no work from \[2\]' "$tmp/relay_fs.log")" -eq 2
     check "  it says it finished with the group's final weights in its checkpoint" said_finished "$tmp/fs2" 20
     check "  its step-20 weights are the finishers'" same_models fs 20
+    # Part 7's state cut off by the run's end with these replicas: each rank's donor sends its
+    # 153 KiB at one chunk of 128 KiB per 30 s (the relay's timeout 120 s). Every rank of replica
+    # 2 is told the run is over after its wait, and the replica stops as one: exit 0, no checkpoint.
+    start_relay fsx 2 120 --catch_up 0
+    sharded_join_at_end fsx 20 tcp_slow_state:0 "${k7[@]}"
+    check "sharded, its state cut off by the run's end: exit 0 on every rank (rc$jrc)" test "$jrc" = " 0 0 0"
+    check "  both shards' hubs ended the transfer and told replica 2 the run is over" \
+        sh -c "[ \$(grep -c 'state transfer from replica [01] aborted (the donor left)' '$tmp/relay_fsx.log') -eq 2 ] &&
+               [ \$(grep -c 'replica 2 at outer step 0: the run is over' '$tmp/relay_fsx.log') -eq 2 ]"
+    check "  it says it came too late, stops with run_over, no step trained, no checkpoint" came_late fsx2
 else
     say "  skip part 8 (no MPI in this build)"
 fi
