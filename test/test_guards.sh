@@ -41,7 +41,9 @@
 # A DiLoCo replica's rollback:
 #  12. NaN in max_bad_steps steps in a row on one of two MPI replicas: its weights start over
 #      from θ (bit for bit), it stays a member, its next contribution counts the steps since,
-#      θ agrees at every outer step; stopped after the rollback and resumed: bit-exact.
+#      θ agrees at every outer step; stopped after the rollback and resumed: bit-exact. Rolled
+#      back onto a sync step, its sync there goes with tokens 0: MPI's mean leaves it out, and
+#      diloco_min_replicas does not count it.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer or MPI job running
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -444,5 +446,45 @@ PY
         sh -c "for r in 0 1; do for f in model.safetensors optimizer.safetensors outer.safetensors; do
                    cmp -s '$tmp/stream_straight/'\$r/step_00000030/\$f '$tmp/stream_resumed/'\$r/step_00000030/\$f || exit 1
                done; done"
+    # Rolled back onto a sync step: replica 1's gradients are NaN in steps 13–15, so its weights
+    # start over from θ at step 15, where it syncs with nothing trained since. Its contribution
+    # goes with tokens 0 (no work) and MPI's reduction leaves it out of the mean and of the
+    # contributors, as the tcp hub does: outer step 3 has contributors [0] on both replicas, its
+    # mean (fp32 weights: diloco_quant none, lr 1, μ 0) is replica 0's contribution byte for byte,
+    # and with diloco_min_replicas 2 the step is skipped. Counted as 1 token and a contributor
+    # (before 2026-12), the mean took replica 1's Δ = 0 and the round applied with "2" contributors.
+    onsync=(--max_steps 20 --diloco_quant none --diloco_outer_lr 1 --diloco_outer_momentum 0)
+    onsync_run() {  # onsync_run NAME [--key value]...: fault on replica 1 at steps 13-15, dumps in $tmp/NAME.dump
+        local name=$1; shift
+        mkdir -p "$tmp/$name.dump"
+        TRAIN_GPT_DILOCO_DUMP="$tmp/$name.dump" "${MPIRUN[@]}" 2 sh -c "[ \$OMPI_COMM_WORLD_RANK = 1 ] && \
+            export TRAIN_GPT_FAULT=nan_grad:12,nan_grad:13,nan_grad:14; \
+            exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}" "${restart[@]}" "${onsync[@]}" "$@") \
+            --out_dir '$tmp/$name/'\$OMPI_COMM_WORLD_RANK" >>"$tmp/$name.log" 2>&1
+    }
+    outer_line() {  # outer_line METRICS OUTER_STEP: that step's contributors, applied and tokens
+        grep "\"outer_step\":$2,.*\"contributors\"" "$1" |
+            sed -E 's/.*"contributors":\[([0-9,]*)\],"applied":([a-z]*),.*"tokens":([0-9]+).*/[\1] \2 \3/'
+    }
+    rc=0
+    onsync_run onsync || rc=$?
+    check "rollback onto a sync step (MPI): the run finishes (rc $rc), replica 1 rolls back at step 15 (5 steps dropped)" \
+        sh -c "[ $rc -eq 0 ] && grep -q '\"event\":\"rollback\",\"step\":15,\"to\":\"outer_theta\",\"outer_step\":2,\"discarded_steps\":5,' \
+               '$tmp/onsync/1/metrics.jsonl'"
+    got0=$(outer_line "$tmp/onsync/0/metrics.jsonl" 3)
+    got1=$(outer_line "$tmp/onsync/1/metrics.jsonl" 3)
+    check "... its sync there goes with tokens 0, left out: outer step 3 applied with contributors [0] (got '$got0' / '$got1')" \
+        sh -c "[ '$got0' = '[0] true 640' ] && [ '$got1' = '[0] true 0' ]"
+    check "... the mean of outer step 3 is replica 0's contribution byte for byte, on both replicas" \
+        sh -c "cmp '$tmp/onsync.dump/sent_0_00003_0.bin' '$tmp/onsync.dump/mean_0_00003_0.bin' &&
+               cmp '$tmp/onsync.dump/sent_0_00003_0.bin' '$tmp/onsync.dump/mean_1_00003_0.bin'"
+    check "... and param_hash agrees on both replicas at all 4 outer steps" \
+        all_hashes_agree 4 "$tmp/onsync/0/metrics.jsonl" "$tmp/onsync/1/metrics.jsonl"
+    rc=0
+    onsync_run onsync_min --diloco_min_replicas 2 || rc=$?
+    got0=$(outer_line "$tmp/onsync_min/0/metrics.jsonl" 3)
+    check "... with diloco_min_replicas 2 outer step 3 is skipped, one contributor (rc $rc, got '$got0')" \
+        sh -c "[ $rc -eq 0 ] && [ '$got0' = '[0] false 640' ] &&
+               grep -q '\"outer_step\":3,.*\"skipped\":\"1 contributor(s), diloco_min_replicas is 2\"' '$tmp/onsync_min/1/metrics.jsonl'"
 fi
 finish test_guards
