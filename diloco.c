@@ -751,8 +751,9 @@ static const char *carry_weights(const diloco *d, int64_t from, int64_t to, int6
                       : "the final syncs are over: no round is left to send it";
 }
 
-// Test hook: DIR/carry_<replica>_<K>_0.f32 holds θ_k, the local weights before, θ_K and the
-// local weights after (each numel fp32 values), and carry_… .bin, for each fragment in turn,
+// Test hook: DIR/carry_<replica>_<K>_0.f32 holds θ_k, the local weights before (as the join
+// found them: a fragment merge still due not yet applied), θ_K and the local weights after
+// (each numel fp32 values), and carry_… .bin, for each fragment in turn,
 // its weight w (f64, 0: not carried) and its offset and values (i64 each).
 static void dump_carry(diloco *d, int64_t to, const float *theta_from, const float *params_from, const float *params,
                        const double *w) {
@@ -875,12 +876,27 @@ static state_counters joined_counters(diloco *d, size_t got, int *means) {
     return d->caught_up_counters;
 }
 
+static void merge_fragment(diloco *d, float *const *params, int n_params, train_state *st);
+
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
     int64_t state_round = check_state(d, got).outer_step;
     int caught_up = 0;
     state_counters c = joined_counters(d, got, &caught_up);
     size_t bytes = (size_t)d->numel * sizeof(float);
+    // The local weights as the join found them, for the test dump only.
+    float *params_found = NULL;
+    if (d->dump_dir) {
+        params_found = alloc_floats((size_t)d->numel);
+        memcpy(params_found, params, bytes);
+    }
+    // A fragment merge still due (a checkpoint landed its round early, st->merge_step, and the
+    // replica came back from it) is applied first: its round is in θ_k, this replica's
+    // contribution to it too, and the merge takes (1 − α) of the local weights' difference from
+    // θ_k out, as it would have at its step. The work carried below is what the replica would
+    // have held then. Until 2026-12 the join dropped the merge and carried θ_k − x whole on
+    // that fragment: (1 − α) of its own work of that round, in θ already, counted again.
+    if (st->merge_step > 0) merge_fragment(d, &params, 1, st);
     int P = d->n_fragments;
     double *w = xcalloc((size_t)P, sizeof *w);
     int *what = xcalloc((size_t)P, sizeof *what);
@@ -911,12 +927,10 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         w_max = fmax(w_max, w[q]);
     }
     // The tensors before, for the test dump only.
-    float *theta_from = NULL, *params_from = NULL;
+    float *theta_from = NULL;
     if (w_max > 0.0 && d->dump_dir) {
         theta_from = alloc_floats((size_t)d->numel);
-        params_from = alloc_floats((size_t)d->numel);
         memcpy(theta_from, d->theta, bytes);
-        memcpy(params_from, params, bytes);
     }
     // θ_k is still in d->theta and θ_K in the state buffer: no copy of the model needed.
     for (int q = 0; q < P; q++) {
@@ -944,9 +958,9 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
     else memset(d->momentum, 0, bytes);
     if (!all_finite(d->theta, d->numel) || !all_finite(d->momentum, d->numel))
         fail("diloco: the donor's state holds NaN/Inf");
-    if (theta_from) dump_carry(d, c.outer_step, theta_from, params_from, params, w);
+    if (theta_from) dump_carry(d, c.outer_step, theta_from, params_found, params, w);
     free(theta_from);
-    free(params_from);
+    free(params_found);
     if (d->residual) memset(d->residual, 0, bytes);
     int64_t was = st->step, was_outer = st->outer_step;
     int64_t skip = (int64_t)replica_min(d, (double)joiner_skip(d, &c));

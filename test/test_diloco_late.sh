@@ -16,6 +16,8 @@
 #   - with diloco_carry_late = 0 the same scenario carries nothing (the event says why);
 #   - with two fragments, a replica whose contribution to the round it missed was counted keeps
 #     its work on the other fragment (carried per fragment, below).
+#   - with streaming (τ 2), a replica back from a checkpoint with a fragment merge still due
+#     applies that merge before it carries its work (numpy: not the whole θ_k − x again).
 # Every move waits for a line a process wrote, never for a time or a step count.
 . "$(dirname "$0")/lib.sh"
 require_tcp
@@ -720,4 +722,96 @@ check "no work: replica 2's final sync of fragment 1 carries its work, weighted 
     grep -q 'round 12 closed: 3 contributor(s) \[0 1 2\], weighted by tokens \[256 256 128\]' "$tmp/relay_nowork.log"
 check "no work: its final sync of fragment 2 goes with no work (it carried none there)" \
     grep -q 'round 13 closed: 2 contributor(s) \[0 1\], no work from \[2\]' "$tmp/relay_nowork.log"
+
+# ---------------------------------------------------------------- carried with a merge still due
+# 3 replicas, P 2, H 6, τ 2, max_steps 24: fragment 0 syncs after steps 3, 9, 15, 21, fragment 1
+# after 6, 12, 18, each lands 2 steps later and merges into the local weights there (α 0.5).
+# Replica 2 stops at step 10 (stop_at_step): its checkpoint lands round 2 (fragment 0, begun
+# after step 9) early, and the merge stays due at step 11 (state.json's outer_merge_step).
+# Replicas 0 and 1 go on (round 3, fragment 1, without it) and hold themselves in step 15;
+# replica 2 comes back from its checkpoint, waits for the group, and takes the state at round
+# 4's close (fragment 0): outer step 5, one applied round of each fragment missed, w = 1/2 on
+# both. The merge still due is applied first, then the work carried: on fragment 0
+# x ← θ_K − w·(θ_k − (α·x + (1 − α)·θ_k)), as if it had merged at step 11 and been dropped then,
+# on fragment 1 x ← θ_K − w·(θ_k − x) (numpy, from the dumped tensors). The join used to drop the
+# merge and carry θ_k − x whole on fragment 0: the (1 − α) share the merge takes out — its own
+# round-2 work, in θ_k already through that round's mean, less the group's outer step — counted
+# again in its next contribution.
+merge=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 --threads 1 --log_every 1000
+    --ckpt_keep 0 --ckpt_every 0 --diloco_replicas 3 --diloco_inner_steps 6 --diloco_transport tcp
+    --diloco_secret_file "$tmp/secret" --diloco_timeout_s 60 --diloco_connect_timeout_s 30 --max_steps 24
+    --diloco_min_replicas 2 --diloco_fragments 2 --diloco_overlap_steps 2 --diloco_merge_alpha 0.5
+    --diloco_quant none --diloco_outer_lr 1 --diloco_outer_momentum 0)
+start_relay merge 1 60 --catch_up 0
+merge_replica() {  # merge_replica ID [FAULT] [--key value]...: its pid in $rpid
+    local id=$1 fault=${2:-}
+    shift 2
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${merge[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" \
+        --out_dir "$tmp/merge/$id" "$@" >>"$tmp/merge$id.log" 2>&1 &
+    rpid=$!
+    pids+=($!)
+}
+merge_replica 2 stop_in_step:1 --stop_at_step 10
+first=$rpid
+wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_merge.log"
+merge_replica 0 stop_in_step:14
+held0=$rpid
+merge_replica 1 stop_in_step:14
+held1=$rpid
+both_members() {
+    grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_merge.log" &&
+        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_merge.log" && process_stopped "$first"
+}
+wait_until "replicas 0 and 1 are members, replica 2 held in its step 2" both_members ||
+    die "merge due: replicas 0 and 1 did not both join before the first round"
+kill -CONT "$first"
+rc=0
+wait "$first" || rc=$?
+check "merge due: replica 2 stops at step 10 with the merge of fragment 0 due at step 11 (rc $rc)" sh -c "[ $rc = 0 ] &&
+    grep -q '\"outer_merge_step\": 11,' '$tmp/merge/2/step_00000010/state.json' &&
+    grep -q '\"outer_merge_fragment\": 0,' '$tmp/merge/2/step_00000010/state.json'"
+wait_until "replicas 0 and 1 hold themselves in step 15" both_stopped "$held0" "$held1"
+mkdir -p "$tmp/dump_merge"
+TRAIN_GPT_DILOCO_DUMP="$tmp/dump_merge" merge_replica 2 ""
+late=$rpid
+wait_until "replica 2 waits for the group" \
+    grep -q 'replica 2 joined at outer step 3 .*: waits for the group' "$tmp/relay_merge.log"
+kill -CONT "$held0" "$held1"
+rc=0
+for p in "$held0" "$held1" "$late"; do wait "$p" || rc=$?; done
+check "merge due: the three exit 0 (rc $rc)" test "$rc" = 0
+merge_carried() {
+    "$PYTHON" - "$tmp/dump_merge" "$tmp/merge/2/metrics.jsonl" <<'PY'
+import glob, json, sys
+import numpy as np
+join = [json.loads(l) for l in open(sys.argv[2]) if '"diloco_join"' in l]
+files = glob.glob(sys.argv[1] + "/carry_2_*_0.f32")
+if len(join) != 1 or len(files) != 1 or not join[0]["carried"]:
+    print(f"    joins {join}, carry dumps {files}")
+    sys.exit(1)
+c = join[0]["carried"]
+t = np.fromfile(files[0], dtype=np.float32).reshape(4, -1).astype(np.float64)
+rec = np.fromfile(files[0][:-4] + ".bin", dtype=np.uint8).reshape(-1, 24)
+theta_k, x, theta_K, after = t
+alpha, ok = 0.5, True
+for p, r in enumerate(rec):
+    w = float(r[:8].view("<f8")[0])
+    o, n = (int(v) for v in r[8:].view("<i8"))
+    sl = slice(o, o + n)
+    base = x[sl]
+    if p == 0:   # the merge still due: x ← fp32(α·x + (1 − α)·θ_k), then carried
+        base = (alpha * x[sl] + (1 - alpha) * theta_k[sl]).astype(np.float32).astype(np.float64)
+    want = (theta_K[sl] - w * (theta_k[sl] - base)).astype(np.float32).astype(np.float64)
+    err = np.max(np.abs(after[sl] - want)) / max(np.max(np.abs(want)), 1e-30)
+    moved = np.max(np.abs(theta_k[sl] - x[sl]))
+    print(f"    fragment {p}: w {w}, max |θ_k − x| {moved:.3g}, relative error {err:.3g}")
+    ok = ok and w == 0.5 and moved > 0 and err <= 6e-8
+print(f"    join: outer step {join[0]['outer_step']}, from {c['from_outer_step']}, weights {c['fragment_weights']}")
+sys.exit(0 if ok and join[0]["outer_step"] == 5 and c["from_outer_step"] == 3 and len(rec) == 2 else 1)
+PY
+}
+check "merge due: replica 2's join applies the merge still due on fragment 0, then carries its work at w = 1/2 (numpy)" \
+    merge_carried
+check "merge due: param_hash equal on the three at every applied outer step" \
+    all_hashes_agree 4 "$tmp"/merge/*/metrics.jsonl
 finish test_diloco_late
