@@ -198,7 +198,14 @@ sys.exit(0 if join and any(r["applied"] and r["outer_step"] > join[-1]["outer_st
                            and r["contributors"] == [0, 1, 2] for r in rounds) else 1)
 PY
 }
-wait_until "replica 2 lost a round's result, rejoined, and all three contributed again" three_after_join frag
+# A state taken after the hook's line: a replica 2 that came after round 0 (a loaded machine;
+# min_replicas 2 starts the group without it) took the state once already, and that join alone
+# passed the wait (its diloco_join event is written before the note).
+lost_then_three() {
+    awk '/tcp_lose_mean_after_full: the session died/ { lost = 1 } /took the group.s state/ && lost { took = 1 }
+         END { exit !took }' "$tmp/frag_2.log" && three_after_join frag
+}
+wait_until "replica 2 lost a round's result, rejoined, and all three contributed again" lost_then_three
 rc=0
 for p in "${fpids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${fpids[@]}"; do wait "$p" || rc=$?; done
