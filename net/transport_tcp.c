@@ -1372,13 +1372,14 @@ static bool round_done(tcp *t) {
 }
 
 static bool upload_finished(tcp *t) { return upload_done(t); }
-// A state's upload: also over when the caller asks to stop or cancels it (its donor does not
-// wait for it).
-static bool state_cancelled(const tcp *t) {
-    const state_hooks *h = t->job_hooks;
+// A state's sending, whole (hooks: job_hooks) or catch-up (cu_hooks): also over when the caller
+// asks to stop or cancels it (its donor does not wait for it). Until 2026-12 the catch-up sender
+// read job_hooks (NULL then): a donor leaving at the run's end, stop_at_step or the walltime
+// guard (a cancel, no signal) sent on until its joiners had caught up.
+static bool state_cancelled(const tcp *t, const state_hooks *h) {
     return stop_requested(t) || (h && h->cancelled && h->cancelled(h->arg));
 }
-static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || state_cancelled(t); }
+static bool state_sent_or_stopping(tcp *t) { return upload_done(t) || state_cancelled(t, t->job_hooks); }
 
 // Test hook (TRAIN_GPT_FAULT=tcp_blackhole:K, once): at the exchange for outer step K the path
 // to the hub goes dead without a FIN, as at a firewall's failover or a NAT's flushed table:
@@ -1553,7 +1554,7 @@ static bool hold_state_done(tcp *t) { return t->state_cut || wall_seconds() > ho
 // thread takes the pump between them (and moves the state after its payload). Returns when the
 // hub ends the transfer (STATE_END: every joiner caught up and trains; STATE_ABORT), the session
 // goes, the caller cancels, or a stop is requested.
-static bool catchup_sender_done(tcp *t) { return t->cu_over || state_cancelled(t); }
+static bool catchup_sender_done(tcp *t) { return t->cu_over || state_cancelled(t, t->cu_hooks); }
 static void send_state_whole(tcp *t, const uint8_t *state, size_t bytes, const state_hooks *hooks);
 
 // Called holding the pump, returns holding it (gives it up between slices).

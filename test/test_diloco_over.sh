@@ -38,7 +38,8 @@
 #      max_steps with the finishers' weights, exit 0. The same with its state cut off by the
 #      donor's finish (tcp_slow_state): told the run is over after its wait, it says it came too
 #      late, stops with run_over and no checkpoint, exit 0 (until 2026-12: exit 1, the error
-#      for a new run against an old relay's group); also over two hubs.
+#      for a new run against an old relay's group); also over two hubs, and by a catch-up
+#      transfer (until 2026-12 its donor sent on until the joiner had caught up).
 #   8. Part 6a with sharded replicas (MPI; skipped without): every rank of the joiner takes
 #      part, all write the checkpoint; and part 7's cut-off state: every rank stops, exit 0.
 #   9. A stop signal in a rejoin during the final syncs: three replicas, two fragments, replica
@@ -514,6 +515,21 @@ came_late() {  # came_late NAME: $tmp/NAME.log says it came too late (no error),
 check "  it says it came too late, stops with run_over, no step trained, no checkpoint" came_late fx2
 check "  the finishers' step-20 weights are the same" \
     sh -c "[ -n '$(model_sum "$tmp/fx0" 20)' ] && [ '$(model_sum "$tmp/fx0" 20)' = '$(model_sum "$tmp/fx1" 20)' ]"
+# The same with a catch-up transfer (the relay's default, --catch_up 1), sent at the same pace
+# from the donor's sender thread: leaving, the donor stops sending (its log says so) as a whole
+# transfer's donor does, the relay ends the transfer before the state was whole, and replica 2
+# came too late. Until 2026-12 a catch-up donor's sender missed the cancel of its leave (it read
+# a whole transfer's hooks; only a stop signal ended it): the donor sent on until replica 2 had
+# the state and caught up, its exit waiting for its transfer (at 14B over 100 Mbit/s: hours, at
+# the run's end, stop_at_step or the walltime guard), and replica 2 wrote a checkpoint.
+start_relay fxc 1 60
+HELD_FAULT=tcp_slow_state:0 join_at_end fxc 20 "${k7[@]}"
+check "catch-up, its state cut off by the run's end: the three replicas exit 0 (rc$jrc)" test "$jrc" = " 0 0 0"
+check "  the donor stopped sending as it left, before the state was whole; replica 2 told the run is over" \
+    sh -c "grep -q 'replica [01] stops sending its state: it stops or leaves' '$tmp/fxc0.log' '$tmp/fxc1.log' &&
+           grep -q 'state transfer from replica [01] aborted (the donor left)' '$tmp/relay_fxc.log' &&
+           grep -q 'replica 2 at outer step 0: the run is over' '$tmp/relay_fxc.log'"
+check "  it says it came too late, stops with run_over, no step trained, no checkpoint" came_late fxc2
 # The same over two hubs (diloco_rendezvous h1,h2: the first, the primary, has the joins and
 # the state transfer).
 start_relay fhb 1 60 --catch_up 0
