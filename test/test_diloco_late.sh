@@ -687,37 +687,48 @@ nowork=(test/configs/tiny_test.conf --n_layer 3 --train_data "$tmp/train.bin" --
     --diloco_min_replicas 2 --diloco_fragments 3 --diloco_overlap_steps 0 --diloco_outer_lr 0.7
     --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
 start_relay nowork 1 60 --catch_up 0
-nowork_replica() {  # nowork_replica ID [FAULT] [--key value]...: its pid in $rpid
-    local id=$1 fault=${2:-}
-    shift 2
-    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${nowork[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" \
-        --out_dir "$tmp/nowork/$id" "$@" >>"$tmp/nowork$id.log" 2>&1 &
+# relay_replica NAME ID [FAULT] [--key value]...: replica ID with the options of array NAME,
+# through the last relay started, in $tmp/NAME/ID, its output appended to $tmp/NAMEID.log; its
+# pid in $rpid.
+relay_replica() {
+    local -n options=$1
+    local name=$1 id=$2 fault=${3:-}
+    shift 3
+    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${options[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" \
+        --out_dir "$tmp/$name/$id" "$@" >>"$tmp/$name$id.log" 2>&1 &
     rpid=$!
     pids+=($!)
 }
 process_stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 both_stopped() { process_stopped "$1" && process_stopped "$2"; }
-# Replica 2 holds itself in its step 2 until replicas 0 and 1 are both members: round 0 waits for
-# it, so neither can come after a round closed (on a loaded machine one did, and joined late).
-nowork_replica 2 stop_in_step:1 --stop_at_step 12
-first=$rpid
-wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_nowork.log"
-nowork_replica 0 stop_in_step:23
-held0=$rpid
-nowork_replica 1 stop_in_step:23
-held1=$rpid
-both_members() {
-    grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_nowork.log" &&
-        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_nowork.log" && process_stopped "$first"
+# founder_then_two NAME STOP HOLD: replica 2 founds the group of relay NAME (relay_replica NAME)
+# and stops at step STOP; replicas 0 and 1 join as members and stop themselves in step HOLD + 1.
+# Replica 2 holds itself in its step 2
+# until both are members: round 0 waits for it, so neither can come after a round closed (on a
+# loaded machine one did, and joined late). Pids in first, held0, held1.
+founder_then_two() {
+    local name=$1 stop=$2 hold=$3
+    relay_replica "$name" 2 stop_in_step:1 --stop_at_step "$stop"
+    first=$rpid
+    wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_$name.log"
+    relay_replica "$name" 0 "stop_in_step:$hold"
+    held0=$rpid
+    relay_replica "$name" 1 "stop_in_step:$hold"
+    held1=$rpid
+    wait_until "replicas 0 and 1 are members, replica 2 held in its step 2" two_members_held "$name" ||
+        die "$name: replicas 0 and 1 did not both join before the first round"
+    kill -CONT "$first"
 }
-wait_until "replicas 0 and 1 are members, replica 2 held in its step 2" both_members ||
-    die "no work: replicas 0 and 1 did not both join before the first round"
-kill -CONT "$first"
+two_members_held() {
+    grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_$1.log" &&
+        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_$1.log" && process_stopped "$first"
+}
+founder_then_two nowork 12 23
 rc=0
 wait "$first" || rc=$?
 check "no work: replica 2 stops at step 12 (rc $rc)" test "$rc" = 0
 wait_until "replicas 0 and 1 stop in step 24" both_stopped "$held0" "$held1"
-nowork_replica 2 ""
+relay_replica nowork 2 ""
 late=$rpid
 wait_until "replica 2 waits for the group" \
     grep -q 'replica 2 joined at outer step [0-9]* .*: waits for the group' "$tmp/relay_nowork.log"
@@ -750,28 +761,7 @@ merge=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_every 0 -
     --diloco_min_replicas 2 --diloco_fragments 2 --diloco_overlap_steps 2 --diloco_merge_alpha 0.5
     --diloco_quant none --diloco_outer_lr 1 --diloco_outer_momentum 0)
 start_relay merge 1 60 --catch_up 0
-merge_replica() {  # merge_replica ID [FAULT] [--key value]...: its pid in $rpid
-    local id=$1 fault=${2:-}
-    shift 2
-    TRAIN_GPT_FAULT=$fault "$TRAIN_GPT" "${merge[@]}" --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$id" \
-        --out_dir "$tmp/merge/$id" "$@" >>"$tmp/merge$id.log" 2>&1 &
-    rpid=$!
-    pids+=($!)
-}
-merge_replica 2 stop_in_step:1 --stop_at_step 10
-first=$rpid
-wait_until "replica 2 founds the group" grep -q 'replica 2 joined: founds the group' "$tmp/relay_merge.log"
-merge_replica 0 stop_in_step:14
-held0=$rpid
-merge_replica 1 stop_in_step:14
-held1=$rpid
-both_members() {
-    grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_merge.log" &&
-        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_merge.log" && process_stopped "$first"
-}
-wait_until "replicas 0 and 1 are members, replica 2 held in its step 2" both_members ||
-    die "merge due: replicas 0 and 1 did not both join before the first round"
-kill -CONT "$first"
+founder_then_two merge 10 14
 rc=0
 wait "$first" || rc=$?
 check "merge due: replica 2 stops at step 10 with the merge of fragment 0 due at step 11 (rc $rc)" sh -c "[ $rc = 0 ] &&
@@ -779,7 +769,7 @@ check "merge due: replica 2 stops at step 10 with the merge of fragment 0 due at
     grep -q '\"outer_merge_fragment\": 0,' '$tmp/merge/2/step_00000010/state.json'"
 wait_until "replicas 0 and 1 hold themselves in step 15" both_stopped "$held0" "$held1"
 mkdir -p "$tmp/dump_merge"
-TRAIN_GPT_DILOCO_DUMP="$tmp/dump_merge" merge_replica 2 ""
+TRAIN_GPT_DILOCO_DUMP="$tmp/dump_merge" relay_replica merge 2 ""
 late=$rpid
 wait_until "replica 2 waits for the group" \
     grep -q 'replica 2 joined at outer step 3 .*: waits for the group' "$tmp/relay_merge.log"
