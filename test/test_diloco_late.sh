@@ -719,6 +719,18 @@ founder_then_two() {
         die "$name: replicas 0 and 1 did not both join before the first round"
     kill -CONT "$first"
 }
+# back_and_finish NAME OUTER: replica 2 comes back (relay_replica NAME 2), the relay's log says it
+# joined at outer step OUTER (a grep pattern) and waits for the group, then replicas 0 and 1 go
+# on; the worst exit status of the three in rc.
+back_and_finish() {
+    relay_replica "$1" 2 ""
+    local late=$rpid p
+    wait_until "replica 2 waits for the group" \
+        grep -q "replica 2 joined at outer step $2 .*: waits for the group" "$tmp/relay_$1.log"
+    kill -CONT "$held0" "$held1"
+    rc=0
+    for p in "$held0" "$held1" "$late"; do wait "$p" || rc=$?; done
+}
 two_members_held() {
     grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_$1.log" &&
         grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_$1.log" && process_stopped "$first"
@@ -728,13 +740,7 @@ rc=0
 wait "$first" || rc=$?
 check "no work: replica 2 stops at step 12 (rc $rc)" test "$rc" = 0
 wait_until "replicas 0 and 1 stop in step 24" both_stopped "$held0" "$held1"
-relay_replica nowork 2 ""
-late=$rpid
-wait_until "replica 2 waits for the group" \
-    grep -q 'replica 2 joined at outer step [0-9]* .*: waits for the group' "$tmp/relay_nowork.log"
-kill -CONT "$held0" "$held1"
-rc=0
-for p in "$held0" "$held1" "$late"; do wait "$p" || rc=$?; done
+back_and_finish nowork '[0-9]*'
 check "no work: the three exit 0 (rc $rc)" test "$rc" = 0
 check "no work: replica 2's final sync of fragment 1 carries its work, weighted one inner step" \
     grep -q 'round 12 closed: 3 contributor(s) \[0 1 2\], weighted by tokens \[256 256 128\]' "$tmp/relay_nowork.log"
@@ -769,13 +775,7 @@ check "merge due: replica 2 stops at step 10 with the merge of fragment 0 due at
     grep -q '\"outer_merge_fragment\": 0,' '$tmp/merge/2/step_00000010/state.json'"
 wait_until "replicas 0 and 1 hold themselves in step 15" both_stopped "$held0" "$held1"
 mkdir -p "$tmp/dump_merge"
-TRAIN_GPT_DILOCO_DUMP="$tmp/dump_merge" relay_replica merge 2 ""
-late=$rpid
-wait_until "replica 2 waits for the group" \
-    grep -q 'replica 2 joined at outer step 3 .*: waits for the group' "$tmp/relay_merge.log"
-kill -CONT "$held0" "$held1"
-rc=0
-for p in "$held0" "$held1" "$late"; do wait "$p" || rc=$?; done
+TRAIN_GPT_DILOCO_DUMP="$tmp/dump_merge" back_and_finish merge 3
 check "merge due: the three exit 0 (rc $rc)" test "$rc" = 0
 merge_carried() {
     "$PYTHON" - "$tmp/dump_merge" "$tmp/merge/2/metrics.jsonl" <<'PY'
