@@ -29,6 +29,7 @@ join_result transport_rejoin(transport *t, const replica_status *s, uint8_t *sta
 }
 
 bool transport_join_waited(transport *t) { return t->ops->join_waited && t->ops->join_waited(t->impl); }
+
 size_t payload_spec_up_bytes(const payload_spec *s) {
     return quant_segmented_bytes(s->up_codec, s->values, s->block, s->segment);
 }

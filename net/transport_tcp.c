@@ -722,9 +722,10 @@ static void take_mail(tcp *t) {
             if (!(bad = wire_decode_joined(m->payload, m->bytes, &j))) {
                 t->joined = j.result;
                 t->joined_step = j.group_step;
-                if (j.result == JOINED_WAIT) t->join_waited = true;
-                if (j.result == JOINED_WAIT)
+                if (j.result == JOINED_WAIT) {
+                    t->join_waited = true;
                     note("diloco: replica %d waits for the group's state at the next outer boundary", t->o.replica_id);
+                }
                 if (j.result == JOINED_FINISHED)
                     note("diloco: the hub at %s says the run is over: replica %llu finished it at outer step %lld and "
                          "left, and no replica is training; its checkpoint holds the final weights",
