@@ -46,15 +46,17 @@ else
 endif
 
 # ---------------------------------------------------------------- BLAS
-OPENBLAS_OMP_DIR := $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-openmp))
+# Debian's OpenMP OpenBLAS: its library (libopenblas0-openmp) and its headers (-dev) both, or
+# neither is used (the library alone left "-I" with no directory, which ate the "-I." after it).
+OPENBLAS_OMP_INC := $(firstword $(wildcard /usr/include/*-linux-gnu/openblas-openmp))
+OPENBLAS_OMP_DIR := $(if $(OPENBLAS_OMP_INC),$(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-openmp)))
 ifeq ($(NO_BLAS),1)
   BLAS_CFLAGS :=
   BLAS_LIBS :=
   MSG_BLAS := ✗ BLAS (NO_BLAS=1: the slow built-in gemm)
 else ifndef BLAS_LIBS
   ifneq ($(OPENBLAS_OMP_DIR),)
-    BLAS_INC := $(firstword $(wildcard /usr/include/*-linux-gnu/openblas-openmp))
-    BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS -I$(BLAS_INC)
+    BLAS_CFLAGS := -DUSE_CBLAS -DUSE_OPENBLAS -I$(OPENBLAS_OMP_INC)
     BLAS_LIBS := -L$(OPENBLAS_OMP_DIR) -Wl,-rpath,$(OPENBLAS_OMP_DIR) -lopenblas
     MSG_BLAS := ✓ BLAS: OpenBLAS (OpenMP) in $(OPENBLAS_OMP_DIR)
   else ifneq ($(shell pkg-config --exists openblas 2>/dev/null && echo 1),)
