@@ -208,6 +208,34 @@ wait_until() {
     done
 }
 
+# stopped PID: the process is stopped (SIGSTOP, e.g. TRAIN_GPT_FAULT=stop_in_step).
+stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+# ranks_stopped PID N: the N ranks of the mpirun PID (its children) are all stopped.
+ranks_stopped() {
+    local n=0 c
+    for c in $(pgrep -P "$1"); do stopped "$c" || return 1; n=$((n + 1)); done
+    [ "$n" -eq "$2" ]
+}
+
+# held_for_upload NAME LOG N PID...: the late replica of round LATE (diloco_late: its exchange
+# waits timeout_s + 1 s), its processes PID... stopped in their last step (stop_in_step), goes on
+# once LOG holds N "own upload done" lines (the on-time replica's tcp_trace:LATE): the round's
+# first contribution began before that wait, so it is late whatever the machine's speed.
+# (Started together, it was late only while the other replica reached the round less than 1 s
+# after it: on a loaded machine, where the other may lag, it was not evicted.)
+held_for_upload() {
+    local name=$1 log=$2 n=$3
+    shift 3
+    uploaded() {
+        local p
+        for p in "$@"; do stopped "$p" || return 1; done
+        [ "$(grep -c 'trace: .*own upload done' "$log" 2>/dev/null || true)" -ge "$n" ]
+    }
+    wait_until "$name: the late replica held in its last step, the other's upload done" uploaded "$@" ||
+        die "$name: the late replica did not stop in its last step, or the other did not upload"
+    kill -CONT "$@"
+}
+
 # Distinct param_hash values per applied outer step over the given metrics files: "k:count"
 # lines (1 everywhere: the replicas agree).
 hashes_per_step() {

@@ -89,7 +89,6 @@ stopped_over() {
     grep '"event":"stop"' "$1/metrics.jsonl" | tail -n 1 | grep -q '"reason":"run_over"' &&
         [ -d "$1/$(printf 'step_%08d' "$2")" ]
 }
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 last_step() { grep -v '"event"' "$1" | grep '"loss"' | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/'; }
 
 # ---------------------------------------------------------------- 1. back after the end
@@ -147,24 +146,6 @@ differ = [k for k in model if model[k] != theta.get(k)]
 print(f"    {sys.argv[1]}: {len(model)} tensors, {len(differ)} differ from θ {differ[:3]}")
 sys.exit(0 if model and not differ else 1)
 PY
-}
-# held_for_upload NAME LOG N PID...: the late replica of round LATE (diloco_late: its exchange
-# waits timeout_s + 1 s), its processes PID... stopped in their last step (stop_in_step), goes on
-# once LOG holds N "own upload done" lines (the on-time replica's tcp_trace:LATE): the round's
-# first contribution began before that wait, so it is late whatever the machine's speed.
-# (Started together, it was late only while the other replica reached the round less than 1 s
-# after it: on a loaded machine, where the other may lag, it was not evicted.)
-held_for_upload() {
-    local name=$1 log=$2 n=$3
-    shift 3
-    uploaded() {
-        local p
-        for p in "$@"; do stopped "$p" || return 1; done
-        [ "$(grep -c 'trace: .*own upload done' "$log" 2>/dev/null || true)" -ge "$n" ]
-    }
-    wait_until "$name: the late replica held in its last step, the other's upload done" uploaded "$@" ||
-        die "$name: the late replica did not stop in its last step, or the other did not upload"
-    kill -CONT "$@"
 }
 # over_at_rejoin NAME LATE ARGS...: min_replicas 2 (the hub holds the group until both are in:
 # with 1, replica 0 could train all 20 short steps and leave before replica 1 connected), H 5,
@@ -273,12 +254,7 @@ if [ "$HAVE_MPI" = 1 ]; then
     r0=$rpid
     TRAIN_GPT_FAULT=stop_in_step:19,diloco_late:7 sharded 1 "$tmp/shf1" "${over[@]}"
     r1=$rpid
-    four_ranks_stopped() {   # replica 1's 4 ranks (mpirun's children) stopped themselves in step 20
-        local n=0 c
-        for c in $(pgrep -P "$r1"); do stopped "$c" || return 1; n=$((n + 1)); done
-        [ "$n" -eq 4 ]
-    }
-    wait_until "replica 1's ranks to stop in their last step" four_ranks_stopped || die "4: replica 1 did not stop"
+    wait_until "replica 1's ranks (4) to stop in their last step" ranks_stopped "$r1" 4 || die "4: replica 1 did not stop"
     # (Rank 0's trace alone: the other ranks log no notes; its shard-1 rank sends in the same step.)
     held_for_upload shfinal "$tmp/shf0.log" 1 $(pgrep -P "$r1")
     wait_exit "$r0"
@@ -556,17 +532,8 @@ sharded_join_at_end() {
         TRAIN_GPT_FAULT=stop_in_step:$((steps - 1))${fault:+,$fault} sharded "$r" "$tmp/$name$r" "$@"
         held+=("$rpid")
     done
-    ranks_stopped() {   # the 8 ranks of replicas 0 and 1 (mpirun's children) stopped themselves
-        local n=0 p c
-        for p in "${held[@]}"; do
-            for c in $(pgrep -P "$p"); do
-                stopped "$c" || return 1
-                n=$((n + 1))
-            done
-        done
-        [ "$n" -eq 8 ]
-    }
-    wait_until "the ranks of replicas 0 and 1 to stop in their last step" ranks_stopped ||
+    held_stopped() { ranks_stopped "${held[0]}" 4 && ranks_stopped "${held[1]}" 4; }
+    wait_until "the ranks of replicas 0 and 1 to stop in their last step" held_stopped ||
         die "$name: they did not stop"
     sharded 2 "$tmp/${name}2" "$@"
     local late=$rpid

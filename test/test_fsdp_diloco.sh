@@ -244,12 +244,15 @@ check "SIGTERM to every rank: both replicas checkpoint and exit 0 (rc $rc0, $rc1
 # every rank's θ follows its group, and so do its local weights (rank 0's piece takes θ, rank
 # 1's stays), param_hash stays equal.
 # Outer step 8: rank 1 of replica 1 is late and evicted from group 1 while its rank 0 applied
-# in group 0: every rank of replica 1 rejoins and takes its group's state.
-mpmd_replica() {  # mpmd_replica ID FAULT: ranks 0 and 1 of replica ID, rank 1 with TRAIN_GPT_FAULT=FAULT
+# in group 0: every rank of replica 1 rejoins and takes its group's state. Replica 1's ranks
+# hold themselves in step 40 until replica 0's upload of outer step 8 is done (rank 0's trace;
+# its rank 1 sends in the same step): rank 1's late contribution then misses group 1's round
+# whatever the machine's load (started together, a replica 0 more than 1 s behind let it in).
+mpmd_replica() {  # mpmd_replica ID FAULT1 [FAULT0]: ranks 0 and 1 of replica ID, rank 1 with TRAIN_GPT_FAULT=FAULT1, rank 0 FAULT0
     local args=("${common[@]}" --fsdp_size 2 --diloco_rendezvous "127.0.0.1:$port" --diloco_replica_id "$1"
         --out_dir "$tmp/split_$1" --diloco_quant int8 --diloco_min_replicas 2 --max_steps 60
         --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9 --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0)
-    TRAIN_GPT_DILOCO_DUMP="$tmp/split_dump" \
+    TRAIN_GPT_DILOCO_DUMP="$tmp/split_dump" TRAIN_GPT_FAULT="${3:-}" \
         "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${args[@]}" : -np 1 env TRAIN_GPT_FAULT="$2" "$TRAIN_GPT" "${args[@]}" \
         >"$tmp/split_$1.log" 2>&1 &
     rpid=$!
@@ -257,8 +260,10 @@ mpmd_replica() {  # mpmd_replica ID FAULT: ranks 0 and 1 of replica ID, rank 1 w
 }
 start_relay split 2
 mkdir -p "$tmp/split_dump"
-mpmd_replica 0 diloco_nan_payload:3; s0=$rpid
-mpmd_replica 1 diloco_nan_payload:3,diloco_late:7; s1=$rpid
+mpmd_replica 0 diloco_nan_payload:3 tcp_trace:7; s0=$rpid
+mpmd_replica 1 diloco_nan_payload:3,diloco_late:7,stop_in_step:39 stop_in_step:39; s1=$rpid
+wait_until "replica 1's ranks to stop in step 40" ranks_stopped "$s1" 2 || die "6: replica 1 did not stop in step 40"
+held_for_upload split "$tmp/split_0.log" 1 $(pgrep -P "$s1")
 rc0=0; wait "$s0" || rc0=$?
 rc1=0; wait "$s1" || rc1=$?
 check "one rank's group skips, one rank is evicted: both replicas finish (rc $rc0, $rc1)" test "$rc0" -eq 0 -a "$rc1" -eq 0

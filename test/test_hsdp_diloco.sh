@@ -137,18 +137,23 @@ done
 # ---------------------------------------------------------------- 4. a rejoin, and the copies' check
 # Replica 0 (one process, grad_accum 2) stops itself at step 12 (SIGSTOP) so that it is still
 # there when replica 1, late for outer step 2, rejoins; it goes on once the hub has replica 1
-# waiting for the group's state (a logged event, not a time).
+# waiting for the group's state (a logged event, not a time). Replica 1's ranks hold themselves
+# in step 10 until replica 0's upload of outer step 2 is done (held_for_upload): then its late
+# contribution misses the round whatever the machine's load (started together, a replica 0
+# more than 1 s behind replica 1, as on a loaded machine, let it in).
 # Replica 1 starts first: the hub holds the new group until both are present (min_replicas
 # 2), and replica 1 says so while it waits (every hub timeout, 3 s here).
 start_relay late 1
-TRAIN_GPT_FAULT=diloco_late:1 replica 1 2 1 "$tmp/late_1" --diloco_quant int8 --max_steps 40 --ckpt_every 10; b=$rpid
+TRAIN_GPT_FAULT=stop_in_step:9,diloco_late:1 replica 1 2 1 "$tmp/late_1" --diloco_quant int8 --max_steps 40 \
+    --ckpt_every 10; b=$rpid
 check "alone, replica 1 says it waits for the hub to answer its join (diloco_min_replicas 2)" \
     wait_until "replica 1 says it waits" \
     grep -q "replica 1 has waited [0-9]* s for the hub at .* to answer its join: it holds a new group until 2" \
     "$tmp/late_1.log"
-TRAIN_GPT_FAULT=stop_in_step:12 replica 1 1 0 "$tmp/late_0" --grad_accum 2 --diloco_quant int8 --max_steps 40 \
-    --ckpt_every 10; a=$rpid
-stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
+TRAIN_GPT_FAULT=stop_in_step:12,tcp_trace:1 replica 1 1 0 "$tmp/late_0" --grad_accum 2 --diloco_quant int8 \
+    --max_steps 40 --ckpt_every 10; a=$rpid
+wait_until "replica 1's ranks to stop in step 10" ranks_stopped "$b" 2 || die "4: replica 1 did not stop in step 10"
+held_for_upload late "$tmp/late_0.log" 1 $(pgrep -P "$b")
 wait_until "replica 0 stops at step 12" stopped "$a"
 wait_until "replica 1 waits for the group's state" \
     grep -q "replica 1 joined at outer step .*waits for the group's state" "$tmp/relay_late.log"
