@@ -231,8 +231,12 @@ held_for_upload() {
         for p in "$@"; do stopped "$p" || return 1; done
         [ "$(grep -c 'trace: .*own upload done' "$log" 2>/dev/null || true)" -ge "$n" ]
     }
-    wait_until "$name: the late replica held in its last step, the other's upload done" uploaded "$@" ||
-        die "$name: the late replica did not stop in its last step, or the other did not upload"
+    if ! wait_until "$name: the late replica held in its last step, the other's upload done" uploaded "$@"; then
+        local p held=""
+        for p in "$@"; do if stopped "$p"; then held="$held $p:stopped"; else held="$held $p:running"; fi; done
+        die "$name: the late replica's processes ($held) not all stopped in their last step, or fewer than $n" \
+            "'own upload done' lines in $log ($(grep -c 'own upload done' "$log" 2>/dev/null || true))"
+    fi
     kill -CONT "$@"
 }
 
