@@ -94,11 +94,23 @@ make_secret() {
 # tmp=a fresh directory and pids=() for background processes; on exit every pid still running
 # is killed and tmp removed (kept, and named, with KEEP_TMP=1). A negative pid is a process group,
 # killed whole: a job started with setsid (mpirun: SIGKILL to it alone leaves its ranks running).
+# A test that exits non-zero first prints the last lines of the 8 logs in tmp written last: CI
+# keeps the test's output, not tmp, and a failure seen once under load is otherwise unexplained.
 tmp_with_processes() {
     tmp=$(mktemp -d)
     pids=()
-    trap 'for p in "${pids[@]}"; do kill -9 -- "$p" 2>/dev/null || true; wait "${p#-}" 2>/dev/null || true; done
+    trap 'tmp_status=$?
+          for p in "${pids[@]}"; do kill -9 -- "$p" 2>/dev/null || true; wait "${p#-}" 2>/dev/null || true; done
+          [ "$tmp_status" -ne 0 ] && tail_logs "$tmp"
           if [ -n "${KEEP_TMP:-}" ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi' EXIT
+}
+tail_logs() {  # tail_logs DIR: the last 15 lines of the 8 newest *.log files under DIR
+    local f
+    find "$1" -name '*.log' -type f -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 8 | cut -d' ' -f2- |
+        while IFS= read -r f; do
+            printf -- '---- the last lines of %s\n' "${f#"$1"/}"
+            tail -n 15 "$f"
+        done
 }
 
 # The DiLoCo tests' files in $tmp: train.bin and val.bin (random tokens below 64, seeds 11 and
