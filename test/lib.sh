@@ -220,8 +220,8 @@ wait_until() {
     done
 }
 
-# stopped PID: the process is stopped (SIGSTOP, e.g. TRAIN_GPT_FAULT=stop_in_step).
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+# stopped PID: the process is stopped (SIGSTOP, e.g. TRAIN_GPT_FAULT=stop_in_step); an empty PID is not.
+stopped() { [ -n "$1" ] && [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 # ranks_stopped PID N: the N ranks of the mpirun PID (its children) are all stopped.
 ranks_stopped() {
     local n=0 c
@@ -250,6 +250,15 @@ held_for_upload() {
             "'own upload done' lines in $log ($(grep -c 'own upload done' "$log" 2>/dev/null || true))"
     fi
     kill -CONT "$@"
+}
+# held_ranks_for_upload NAME LOG N PID R: held_for_upload for a late replica that is one mpirun
+# PID of R ranks (its children), once they have all stopped in their last step.
+held_ranks_for_upload() {
+    local name=$1 log=$2 n=$3 pid=$4 ranks=$5
+    wait_until "$name: the late replica's $ranks ranks to stop in their last step" ranks_stopped "$pid" "$ranks" ||
+        die "$name: the late replica's ranks (children of mpirun $pid: $(pgrep -P "$pid" | tr '\n' ' ')) did not all stop" \
+            "in their last step"
+    held_for_upload "$name" "$log" "$n" $(pgrep -P "$pid")
 }
 
 # Distinct param_hash values per applied outer step over the given metrics files: "k:count"

@@ -33,8 +33,6 @@ common=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$t
 # contributors IDS ("0,1,2").
 applied_with() { [ "$(applied_count "$1" "$2")" -gt "${3:-0}" ]; }
 applied_count() { grep -s '"applied":true' "$1" | grep -c "\"contributors\":\[$2\]" || true; }
-# stopped PID: the process is stopped (state T in /proc).
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 # joins FILE: how many times the replica took the group's state (diloco_join events).
 joins() { grep -sc '"event":"diloco_join"' "$1" || true; }
 # joined_after_stop FILE N: more than N joins (N: those before the stop; a replica that started
@@ -699,8 +697,7 @@ relay_replica() {
     rpid=$!
     pids+=($!)
 }
-process_stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
-both_stopped() { process_stopped "$1" && process_stopped "$2"; }
+both_stopped() { stopped "$1" && stopped "$2"; }
 # founder_then_two NAME STOP HOLD: replica 2 founds the group of relay NAME (relay_replica NAME)
 # and stops at step STOP; replicas 0 and 1 join as members and stop themselves in step HOLD + 1.
 # Replica 2 holds itself in its step 2
@@ -733,7 +730,7 @@ back_and_finish() {
 }
 two_members_held() {
     grep -q 'replica 0 joined: member at outer step 0' "$tmp/relay_$1.log" &&
-        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_$1.log" && process_stopped "$first"
+        grep -q 'replica 1 joined: member at outer step 0' "$tmp/relay_$1.log" && stopped "$first"
 }
 founder_then_two nowork 12 23
 rc=0

@@ -254,9 +254,8 @@ if [ "$HAVE_MPI" = 1 ]; then
     r0=$rpid
     TRAIN_GPT_FAULT=stop_in_step:19,diloco_late:7 sharded 1 "$tmp/shf1" "${over[@]}"
     r1=$rpid
-    wait_until "replica 1's ranks (4) to stop in their last step" ranks_stopped "$r1" 4 || die "4: replica 1 did not stop"
     # (Rank 0's trace alone: the other ranks log no notes; its shard-1 rank sends in the same step.)
-    held_for_upload shfinal "$tmp/shf0.log" 1 $(pgrep -P "$r1")
+    held_ranks_for_upload shfinal "$tmp/shf0.log" 1 "$r1" 4
     wait_exit "$r0"
     rc0=$rc
     wait_exit "$r1"

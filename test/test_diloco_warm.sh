@@ -100,7 +100,6 @@ if [ "$HAVE_TCP" = 1 ]; then
         --out_dir "$tmp/late/0" >"$tmp/late0.log" 2>&1 &
     p0=$!
     pids+=("$p0")
-    stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
     stopped_or_gone() { stopped "$1" || ! kill -0 "$1" 2>/dev/null; }
     wait_until "replica 0 stopped itself at step 12" stopped_or_gone "$p0"
     stopped "$p0" || die "replica 0 did not stop: $(tail -1 "$tmp/late0.log")"
@@ -175,7 +174,6 @@ if [ "$HAVE_MPI" = 1 ]; then
         done
         return 0
     }
-    stopped() { [ -n "$1" ] && [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
     both_stopped_or_gone() { { stopped "$(rank_pid 0)" && stopped "$(rank_pid 1)"; } || ! kill -0 "$job" 2>/dev/null; }
     wait_until "both ranks in their first step" both_stopped_or_gone || true
     read_bytes() { sed -n 's/^rchar: //p' "/proc/$1/io" 2>/dev/null || true; }   # all its reads so far

@@ -262,8 +262,7 @@ start_relay split 2
 mkdir -p "$tmp/split_dump"
 mpmd_replica 0 diloco_nan_payload:3 tcp_trace:7; s0=$rpid
 mpmd_replica 1 diloco_nan_payload:3,diloco_late:7,stop_in_step:39 stop_in_step:39; s1=$rpid
-wait_until "replica 1's ranks to stop in step 40" ranks_stopped "$s1" 2 || die "6: replica 1 did not stop in step 40"
-held_for_upload split "$tmp/split_0.log" 1 $(pgrep -P "$s1")
+held_ranks_for_upload split "$tmp/split_0.log" 1 "$s1" 2
 rc0=0; wait "$s0" || rc0=$?
 rc1=0; wait "$s1" || rc1=$?
 check "one rank's group skips, one rank is evicted: both replicas finish (rc $rc0, $rc1)" test "$rc0" -eq 0 -a "$rc1" -eq 0

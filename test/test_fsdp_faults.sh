@@ -148,7 +148,7 @@ pids+=("$job")
 both_stopped() {
     local r p
     for r in 0 1; do
-        p=$(rank_pid "$job" $r) && grep -q '^State:.*T' "/proc/$p/status" || return 1
+        p=$(rank_pid "$job" $r) && stopped "$p" || return 1
     done
 }
 wait_within "both ranks to stop themselves in step 3" 180 both_stopped

@@ -308,7 +308,6 @@ TRAIN_GPT_FAULT=stop_in_step:10 "$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/susp
     >"$tmp/suspended.log" 2>&1 &
 pid=$!
 pids+=($pid)
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 stopped_or_gone() { stopped "$1" || ! kill -0 "$1" 2>/dev/null; }
 wait_until "the run stopped itself in step 10" stopped_or_gone "$pid" ||
     die "6b: the run did not stop itself in step 10: $(tail -n 1 "$tmp/suspended.log")"

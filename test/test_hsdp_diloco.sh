@@ -152,8 +152,7 @@ check "alone, replica 1 says it waits for the hub to answer its join (diloco_min
     "$tmp/late_1.log"
 TRAIN_GPT_FAULT=stop_in_step:12,tcp_trace:1 replica 1 1 0 "$tmp/late_0" --grad_accum 2 --diloco_quant int8 \
     --max_steps 40 --ckpt_every 10; a=$rpid
-wait_until "replica 1's ranks to stop in step 10" ranks_stopped "$b" 2 || die "4: replica 1 did not stop in step 10"
-held_for_upload late "$tmp/late_0.log" 1 $(pgrep -P "$b")
+held_ranks_for_upload late "$tmp/late_0.log" 1 "$b" 2
 wait_until "replica 0 stops at step 12" stopped "$a"
 wait_until "replica 1 waits for the group's state" \
     grep -q "replica 1 joined at outer step .*waits for the group's state" "$tmp/relay_late.log"

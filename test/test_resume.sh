@@ -205,7 +205,6 @@ check "a resume with one more shard warns, naming both data sets" \
 TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" "${common[@]}" --max_steps 6 --out_dir "$tmp/locked" >"$tmp/locked.log" 2>&1 &
 pid=$!  # the trainer itself: it is the one that stops
 pids+=($pid)
-stopped() { case $(ps -o stat= -p "$1" 2>/dev/null) in T*) return 0 ;; *) return 1 ;; esac; }
 wait_until "the first run stops in its start" stopped "$pid" ||
     die "the first run did not stop in its start: $(tail -n 1 "$tmp/locked.log")"
 rc=0; run "$tmp/locked" --max_steps 6 >"$tmp/locked2.log" 2>&1 || rc=$?

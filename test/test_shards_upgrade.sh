@@ -76,7 +76,6 @@ hashed() {  # hashed METRICS: the end line's data_hashed_mb, in bytes
 }
 fingerprint() { "$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["data_fingerprint"])' "$1"; }
 count() { grep -c -- "$1" "$2" || true; }
-stopped() { [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 run=(test/configs/tiny_test.conf --max_steps 12 --log_every 1 --shuffle 1 --val_every 4 --val_tokens 256)
 data() { shards=(--train_data "$tmp/$1/train_*.bin" --val_data "$tmp/$1/val_*.bin"); }  # data NAME: $tmp/NAME's, in ${shards[@]}
 upgrade() {  # upgrade NAME ARGS...: shards upgrade ARGS, its stdout and stderr in $tmp/NAME.out, .err; rc in $urc

@@ -77,7 +77,7 @@ usr1_in_step() {  # usr1_in_step NAME STEP ARGS...: the run's status, SIGUSR1 se
     local pid=$!
     # In $(...): the caller's pids and exit trap do not see this run, so it is ended here if it
     # never stops (and the status is no number: the caller's check fails).
-    if ! wait_until "$name: the run stopped itself in step $at" sh -c "grep -q '^State:.*T' /proc/$pid/status" >&2; then
+    if ! wait_until "$name: the run stopped itself in step $at" stopped "$pid" >&2; then
         kill -9 "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
         echo never_stopped
@@ -103,7 +103,7 @@ TRAIN_GPT_FAULT=stop_in_start:0 "$TRAIN_GPT" test/configs/tiny_test.conf $data -
     >"$tmp/start.log" 2>&1 &
 pid=$!
 pids+=($pid)
-wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" ||
+wait_until "the run stopped itself while starting" stopped "$pid" ||
     die "SIGTERM during start-up: the run did not stop while starting: $(tail -n 1 "$tmp/start.log")"
 kill -TERM "$pid" && kill -CONT "$pid"
 rc=0
@@ -119,9 +119,9 @@ check "SIGTERM during start-up: status 0 after one step, with its checkpoint (rc
 TRAIN_GPT_FAULT=stop_in_start:0,stop_in_step:0 "$TRAIN_GPT" test/configs/tiny_test.conf $data --out_dir "$tmp/usr1term" \
     --max_steps 10 >"$tmp/usr1term.log" 2>&1 &
 pid=$!
-wait_until "the run stopped itself while starting" sh -c "grep -q '^State:.*T' /proc/$pid/status" >/dev/null
+wait_until "the run stopped itself while starting" stopped "$pid" >/dev/null
 kill -USR1 "$pid" && kill -CONT "$pid"
-in_first_step() { grep -q '"event":"start"' "$tmp/usr1term/metrics.jsonl" 2>/dev/null && grep -q '^State:.*T' "/proc/$pid/status"; }
+in_first_step() { grep -q '"event":"start"' "$tmp/usr1term/metrics.jsonl" 2>/dev/null && stopped "$pid"; }
 wait_until "the run stopped itself in its first step" in_first_step >/dev/null
 kill -TERM "$pid" && kill -CONT "$pid"
 rc=0
