@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
@@ -191,14 +192,18 @@ static bool read_spike_window(const json_value *root, spike_window *w) {
     if (!size && !count && !loss && !norm) return true;
     if (!size || !count || !loss || !norm || size->type != JSON_NUMBER || !size->is_integer || size->integer < 1 ||
         size->integer > SPIKE_WINDOW_MAX || count->type != JSON_NUMBER || !count->is_integer || count->integer < 0 ||
-        loss->type != JSON_ARRAY || norm->type != JSON_ARRAY)
+        count->integer > ((int64_t)1 << 53) || loss->type != JSON_ARRAY || norm->type != JSON_ARRAY)
         return false;
     int64_t n = count->integer < size->integer ? count->integer : size->integer;
     if ((int64_t)loss->count != n || (int64_t)norm->count != n) return false;
     for (int64_t i = 0; i < n; i++) {
         if (loss->items[i].type != JSON_NUMBER || norm->items[i].type != JSON_NUMBER) return false;
-        w->loss[i] = loss->items[i].number;
-        w->grad_norm[i] = norm->items[i].number;
+        // As spike_push keeps them: positive and finite. (A count near 2^63 overflowed at the next
+        // push and wrote outside the window; a 0 made every step a spike, blamed on training.)
+        double l = loss->items[i].number, g = norm->items[i].number;
+        if (!(l > 0.0 && l <= DBL_MAX) || !(g > 0.0 && g <= DBL_MAX)) return false;
+        w->loss[i] = l;
+        w->grad_norm[i] = g;
     }
     w->size = size->integer;
     w->count = count->integer;
@@ -828,7 +833,10 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
                          ? loss_spikes->integer
                          : 0;
     if (!read_spike_window(root, &s->spikes)) {
-        snprintf(why, why_bytes, "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm");
+        snprintf(why, why_bytes,
+                 "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm (a window of 1 .. %d, a "
+                 "count of 0 .. 2^53, min(count, window) positive finite values in each list)",
+                 SPIKE_WINDOW_MAX);
         return false;
     }
     read_window(root, &s->window);

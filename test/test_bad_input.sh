@@ -270,6 +270,18 @@ expect_error "resume = never over another run's checkpoints" "already holds chec
 "$TRAIN_GPT" "${base[@]}" --out_dir "$tmp/good" >/dev/null 2>&1
 expect_error "resume with another architecture" "d_model = 64, the config says 32" \
     "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/ck3" --resume "$tmp/good/step_00000004" --d_model 32
+# The spike guard's window in state.json, under matching checksums: a count of at most 2^53 and
+# positive finite values, as the guard keeps them. A count near 2^63 overflowed at the next
+# step (the slot went negative: a write outside the window, then checkpoints that could not be
+# read back); zeros made every step a spike and stopped the run blaming training, not the file.
+# (The window made 4, the steps the checkpoint holds, so that it is full: the guard is on.)
+for bad in 's/"spike_count": 4,/"spike_count": 9223372036854775807,/' 's/"spike_loss": \[[0-9.e+-]*,/"spike_loss": [0,/'; do
+    rm -rf "$tmp/spk" "$tmp/spk2" && cp -r "$tmp/good" "$tmp/spk"
+    sed -i -e 's/"spike_window": 100,/"spike_window": 4,/' -e "$bad" "$tmp/spk/step_00000004/state.json"
+    resum "$tmp/spk/step_00000004" state.json
+    expect_error "state.json's spike window edited ($bad) under matching checksums" "state.json: bad spike_window" \
+        "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/spk2" --resume "$tmp/spk/step_00000004" --spike_window 4
+done
 # Only step_%08lld names are checkpoints: a directory step_0008 (made by hand, a typo) was step 8
 # too, in no defined order, and ckpt_keep 1 deleted the step_00000008 just written and kept it.
 mkdir -p "$tmp/dn/step_0008" && cp -r "$tmp/good/step_00000004" "$tmp/dn/"
