@@ -604,8 +604,9 @@ static void try_reduce(relay *h) {
                 h->round_out_bytes += out_bytes;
             }
         blob_release(b);
+        // (A contribution evicted by resize_round has another, smaller count of segments.)
         for (int i = 0; i < WIRE_MAX_REPLICAS; i++)
-            if (h->contrib[i].seg && h->contrib[i].seg[c]) {
+            if (h->contrib[i].seg && c < h->contrib[i].n_segments && h->contrib[i].seg[c]) {
                 blob_release(h->contrib[i].seg[c]);
                 h->contrib[i].seg[c] = NULL;
             }
@@ -711,6 +712,19 @@ static void unjoin(relay *h, int id) {
     leave_round(h, id);
     drop_queue(r);
     send_control(h, r, WIRE_STATE_ABORT, buf, wire_encode_step(h->st.started ? h->st.step : 0, buf));
+}
+
+// A member evicted from the group (R_CONNECTED: it must JOIN again, and takes a state then)
+// receives no more of the transfer in flight; the transfer ends once nobody does. (A catch-up
+// joiner evicted as late after its CAUGHT_UP kept receiving: the transfer never ended, the
+// donor's later means piled up in h->held, and no replica that waited was given a donor.)
+static void stop_receiving(relay *h, int id) {
+    replica *r = rep(h, id);
+    if (!receives_state(r)) return;
+    r->joiner = r->catching_up = false;
+    r->caught_up_to = -1;
+    forget_lacks(r);
+    stop_transfer_without_joiners(h);
 }
 
 // Ends a replica's session: it died, left, or broke the protocol.
@@ -1283,6 +1297,7 @@ static void evict_quietly(relay *h, int id, const char *text) {
     leave_round(h, id);
     drop_queue(r);
     if (h->donor == id) abort_transfer(h, "the donor was evicted", false);
+    else stop_receiving(h, id);
 }
 
 // With several hubs: member `winner` completed outer step k (DONE) without beginning the open
@@ -1326,6 +1341,7 @@ static void evict_late(relay *h, int id) {
     leave_round(h, id);
     drop_queue(r);
     if (h->donor == id) abort_transfer(h, "the donor was evicted", false);
+    else stop_receiving(h, id);
 }
 
 // A joiner of a catch-up transfer that said CAUGHT_UP and has been sent every mean up to the
@@ -1436,6 +1452,7 @@ static void evict_from_round(relay *h, int id, const char *text) {
     leave_round(h, id);
     h->contrib[id].left = true;   // its chunks still in flight are ignored
     drop_queue(r);
+    stop_receiving(h, id);
     check_round(h);
 }
 
@@ -1476,6 +1493,7 @@ static void resize_round(relay *h, int id, uint64_t total, uint32_t chunk) {
         if (i == id || !h->contrib[i].began || h->contrib[i].left) continue;
         hub_log(h, "replica %d (%s) evicted: %s", i, rep(h, i)->peer, text);
         evict_quietly(h, i, text);
+        contribution_drop_segments(&h->contrib[i]);   // of the old size, whole or not: nothing reads them
     }
     h->round_total = total;
     h->round_chunk = chunk;
@@ -1700,6 +1718,7 @@ static void on_contribute(relay *h, int id, const wire_contribute *m) {
             r->state = R_CONNECTED;   // out of step with the group
             leave_round(h, id);
             drop_queue(r);
+            stop_receiving(h, id);
         }
         tell_evicted(h, id, m->outer_step, text);
         check_round(h);

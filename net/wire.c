@@ -482,6 +482,9 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
     if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
     if (m->up_codec > WIRE_CODEC_INT2 || m->down_codec > WIRE_CODEC_INT2) return "CONTRIBUTE: unknown codec";
+    // (The codecs take a block of at most 2^20 values, a sparse one fewer kept; a hub that asked
+    // them for more exited: quant_codec_of's check, on a peer's word.)
+    if (m->block > WIRE_MAX_BLOCK) return "CONTRIBUTE: the block is over 2^20 values";
     if (m->up_keep && (m->up_codec == WIRE_CODEC_FP32 || m->up_codec == WIRE_CODEC_BF16 || m->up_keep >= m->block))
         return "CONTRIBUTE: a sparse contribution needs codec int8, int4 or int2 and fewer values kept than a block";
     if (m->flags & ~(unsigned)(WIRE_HUB_FEEDBACK | WIRE_MULTI_HUB)) return "CONTRIBUTE: unknown flags";

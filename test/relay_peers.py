@@ -529,6 +529,82 @@ def scenario_caughtup_silent(port, secret):
     return closes_with(a, [0])
 
 
+def scenario_resized_short(port, secret):
+    # Replica 0's chunk claims a payload of one segment before any CONTRIBUTE; replica 1's
+    # CONTRIBUTE of 64 segments resizes the round and evicts replica 0, whose array of segments
+    # (one) stayed: freeing each segment once reduced, the hub read entries 1 .. 63 of it, past
+    # its end (a heap overflow; what it read was freed: the relay crashed).
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    one = int8_bytes(SMALL)
+    a.data[0].sock.sendall(a.chunk_frame(0, 0, one, one, 0, bytes(one)))
+    a.pump(time.time() + 0.3)   # (read by the hub before b's CONTRIBUTE: see poisoned_by_chunk)
+    b.contribute(0, MANY, SMALL)
+    quietly(b.upload, 0, MANY, SMALL)
+    return closes_with(b, [1], others=[a])
+
+
+def scenario_keep_claim(port, secret):
+    # A CONTRIBUTE of block 2^23 keeping 2^22 values of each (sparse int8): the codecs take blocks
+    # of at most 2^20, and the hub that asked them for this one exited (an internal check, on a
+    # peer's word). Refused: that replica is dropped, replica 1's round closes.
+    a, b = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), b.join()
+    big = 1 << 23
+    a.ctl.send(CONTRIBUTE, struct.pack("<qQIIBBBBIIfQQQQ", 0, int8_bytes(big), int8_bytes(big), 1 << 22, INT8, INT8,
+                                       HUB_FEEDBACK, 0, big, big, 0.0, big, 0, big, 1))
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept replica 0 after a CONTRIBUTE of block 2^23"
+    b.contribute(0, VALUES, SEG)
+    b.upload(0, VALUES, SEG)
+    return closes_with(b, [1])
+
+
+def scenario_caughtup_evicted(port, secret):
+    # The joiner takes its state, says CAUGHT_UP, and never contributes (caughtup_silent): it is
+    # evicted as late for round 1, and with that the transfer ends (no joiner left). It stayed
+    # on: every later mean of the donor was kept for it at the hub, without bound, and a replica
+    # that then waited was never given a donor. Here replica 2 comes after the eviction and
+    # must get a state at the next close.
+    a, b, err = catchup_donor(port, secret)
+    err = err or send_state(a, b)
+    if err:
+        return err
+    del a.got[ROUND]
+    a.contribute(1, VALUES, SEG)
+    a.upload(1, VALUES, SEG)
+    if not b.wait(lambda: EVICTED in b.got, 30, [a]):
+        return "the joiner was not evicted from round 1"
+    if not a.wait(lambda: ROUND in a.got, 10, [b]):
+        return "round 1 did not close"
+    log = os.environ.get("RELAY_LOG")
+    if log and not wait_for_line(log, "aborted (no joiner left)", 10, [a, b]):
+        return "the transfer went on after its one joiner was evicted"
+    c = Replica(port, secret, 2)
+    if not c.join(0, 0xCCC):   # another status: it waits for a state
+        return "replica 2's JOIN was not answered"
+    del a.got[ROUND]
+    a.contribute(2, VALUES, SEG)
+    a.upload(2, VALUES, SEG)
+    if not a.wait(lambda: ROUND in a.got, 30, [b, c]):
+        return "round 2 did not close"
+    flags = struct.unpack("<I", a.got[ROUND][0][8:12])[0]
+    if flags & 2 != 2:
+        return "round 2's close gave replica 2 no donor (flags %d to replica 0)" % flags
+    return None
+
+
+def wait_for_line(path, text, seconds, reps=()):
+    """The relay's log at path holds text within seconds (the replicas kept pumping)."""
+    deadline = time.time() + seconds
+    while text not in open(path, errors="replace").read():
+        if time.time() >= deadline:
+            return False
+        for r in reps:
+            r.pump(time.time() + 0.05)
+    return True
+
+
 def main():
     name, port, secret_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     secret = open(secret_file, "rb").read().rstrip()

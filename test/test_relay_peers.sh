@@ -24,6 +24,14 @@
 #   caughtup_far       a joiner saying CAUGHT_UP for round 2^62: dropped (round + 1 overflowed)
 #   caughtup_silent    a joiner that caught up and never contributes: evicted as late, the round
 #                      closes (it was held for ever)
+#   resized_short      a chunk claiming a payload of 1 segment, then another replica's CONTRIBUTE of
+#                      64: the first is evicted and the round closes (the hub read its array of
+#                      segments past its end and crashed)
+#   keep_claim         a CONTRIBUTE of block 2^23 keeping 2^22 values: refused (the hub exited on
+#                      the codecs' internal check)
+#   caughtup_evicted   a joiner that caught up and was then evicted as late ends its transfer; a
+#                      replica that waits afterwards gets a donor (the transfer stayed on for
+#                      ever: the donor's means kept without bound, nobody else given a state)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -102,6 +110,18 @@ check "caughtup_silent: the joiner evicted as late for round 1" \
 run_scenario caughtup_far
 check "caughtup_far: one line drops the joiner" \
     in_log caughtup_far "replica 1 .* dropped: said CAUGHT_UP for round 4611686018427387904, far past the last round closed (0)"
+
+run_scenario resized_short
+check "resized_short: replica 0 evicted for its chunk's size" \
+    in_log resized_short "replica 0 .* evicted: its payload for step 0 is .* but the round's first CONTRIBUTE says"
+
+run_scenario keep_claim
+check "keep_claim: one line drops replica 0" in_log keep_claim "replica 0 .* dropped: .*the block is over 2^20 values"
+
+run_scenario caughtup_evicted
+check "caughtup_evicted: the joiner evicted as late, the transfer ended, replica 2 given a donor" sh -c "
+    grep -q 'replica 1 .* evicted: late for round 1: no contribution' '$tmp/relay_caughtup_evicted.log' &&
+    grep -q 'state transfer from replica 0 aborted (no joiner left)' '$tmp/relay_caughtup_evicted.log'"
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
