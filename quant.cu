@@ -746,10 +746,20 @@ bool quant_is_finite(quant_codec c, const uint8_t *in, int64_t n, int64_t block)
         return true;
     }
     // int8 / int4 / int2, dense or sparse: a block with a NaN or Inf input has a NaN scale (the
-    // codes are bounded).
-    int64_t floats = k == QUANT_NONE ? n : quant_blocks(n, block);
-    for (int64_t i = 0; i < floats; i++)
-        if (!isfinite(scale_load(in, i))) return false;
+    // codes are bounded). A finite scale whose largest code decodes to Inf (scale · qmax above
+    // FLT_MAX: an encoded max of FLT_MAX, or a scale no encoder writes) is not finite either:
+    // taken, it passed Inf into the mean, or into Δ.
+    if (k == QUANT_NONE) {
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(scale_load(in, i))) return false;
+        return true;
+    }
+    float qmax = quant_max_code(k);
+    int64_t blocks = quant_blocks(n, block);
+    for (int64_t i = 0; i < blocks; i++) {
+        float s = scale_load(in, i);
+        if (!isfinite(s) || !isfinite(s * qmax)) return false;
+    }
     return true;
 }
 
@@ -873,7 +883,13 @@ int quant_reduce_segment(const quant_reduction *q, const uint8_t *const *in, int
             free(w);
         }
         quant_mean(q->up, finite, kept, n, q->block, bounded || q->weights ? factors : NULL, scratch);
-        encode(q->down, scratch, residual, n, q->block, out, NULL);
+        // Finite contributions can still sum past FLT_MAX: such a mean goes out as it is (NaN
+        // scales: every replica skips the step), but it must not reach the downlink residual,
+        // which would hold NaN from then on and make every later round's mean of this segment
+        // NaN too (the step skipped round after round, until the hub restarted).
+        bool mean_finite = true;
+        for (int64_t i = 0; i < n; i++) mean_finite &= isfinite(scratch[i]) != 0;
+        encode(q->down, scratch, mean_finite ? residual : NULL, n, q->block, out, NULL);
     }
     free(finite);
     free(factors);

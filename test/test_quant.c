@@ -651,6 +651,48 @@ static void test_mean(void) {
     free(x0), free(x1), free(res), free(e0), free(e1), free(em), free(mean), free(sent), free(sc);
 }
 
+// A mean that overflows, or a scale that decodes past FLT_MAX. (1) Two finite int8
+// contributions of 2e38 each: their fp32 sum is Inf. The mean goes out non-finite (every
+// replica skips the step), but the hub's downlink residual must stay as it was: it took
+// Inf − NaN = NaN and made every later round's mean of the segment NaN (the step skipped for
+// good). (2) An int8 block with a finite scale of 1e37 decodes to 127e37 = Inf: not finite,
+// so it is left out of the mean (it passed, and with the bound took factor 0 · Inf = NaN).
+static void test_mean_overflow(void) {
+    const int64_t n = 256, block = 32;
+    quant_codec c = QUANT_INT8;
+    size_t bytes = quant_encoded_bytes(c, n, block);
+    float *x0 = gaussian(n, 1e-3), *x1 = gaussian(n, 1e-3), *x2 = gaussian(n, 1e-3);
+    x0[5] = 2e38f, x1[5] = 2e38f;
+    uint8_t *e0 = (uint8_t *)xmalloc(bytes), *e1 = (uint8_t *)xmalloc(bytes), *e2 = (uint8_t *)xmalloc(bytes);
+    uint8_t *out = (uint8_t *)xmalloc(bytes);
+    quant_encode(c, x0, n, block, e0), quant_encode(c, x1, n, block, e1), quant_encode(c, x2, n, block, e2);
+    float *res = (float *)xcalloc(n, sizeof(float)), *sc = (float *)xmalloc(n * sizeof(float));
+    float *mean = (float *)xmalloc(n * sizeof(float));
+    const uint8_t *ins[3] = {e0, e1, e2};
+    quant_reduction q = {.up = c, .down = c, .block = block, .bound = 0.0f};
+    EXPECT(quant_is_finite(c, e0, n, block) && quant_is_finite(c, e1, n, block), "2e38 encodes to finite int8 blocks");
+    quant_reduce_segment(&q, ins, 3, n, res, sc, out, NULL);
+    EXPECT(!quant_is_finite(c, out, n, block), "their sum overflows: the mean is not finite (every replica skips)");
+    bool res_finite = true;
+    for (int64_t i = 0; i < n; i++) res_finite &= isfinite(res[i]) != 0;
+    EXPECT(res_finite, "... and the hub's downlink residual stays finite");
+    quant_encode(c, x2, n, block, e0), quant_encode(c, x2, n, block, e1);   // the next round: ordinary
+    quant_reduce_segment(&q, ins, 3, n, res, sc, out, NULL);
+    EXPECT(quant_is_finite(c, out, n, block), "the next round's mean of ordinary contributions is finite");
+    // (2) block 0's scale made 1e37 by hand: its codes (one of 127) decode to Inf.
+    quant_encode(c, x2, n, block, e0);
+    float big = 1e37f;
+    memcpy(e0, &big, sizeof big);
+    e0[(n + block - 1) / block * 4] = 127;   // value 0's code (after the scales)
+    EXPECT(!quant_is_finite(c, e0, n, block), "an int8 scale of 1e37 (127 · 1e37 = Inf) is not finite");
+    quant_effect eff[3];
+    quant_reduction bounded = {.up = c, .down = c, .block = block, .bound = 3.0f};
+    EXPECT(quant_reduce_segment(&bounded, ins, 3, n, NULL, sc, out, eff) == 1 && eff[0].left_out &&
+               quant_is_finite(c, out, n, block),
+           "... so it is left out of the mean, which stays finite");
+    free(x0), free(x1), free(x2), free(e0), free(e1), free(e2), free(out), free(res), free(sc), free(mean);
+}
+
 // The bound: a contribution whose norm is above bound × the lower median of the norms is
 // scaled to exactly that norm (within fp32 rounding); the others are untouched, bit for bit.
 static void test_bound(void) {
@@ -1179,6 +1221,7 @@ int main(void) {
     test_segments();
     test_bf16();
     test_mean();
+    test_mean_overflow();
     test_bound();
     test_weights();
     test_sparse_sizes();
