@@ -1961,8 +1961,16 @@ static void settle_group(relay *h) {
 // founded by the follower, with its status unknown (a later JOIN waits for a state).
 static void on_follow(relay *h, int id, const wire_follow *m) {
     replica *r = rep(h, id);
-    if (r->joiner) {
-        r->joiner = false;
+    if (!several_hubs(h)) {
+        drop_replica(h, id, "sent FOLLOW, but its diloco_rendezvous lists one hub");
+        return;
+    }
+    // A FOLLOW from a replica receiving a state here ends its join, as a JOIN would. (One still
+    // catching up kept catching_up: never caught up (no CAUGHT_UP), it was in the transfer for
+    // ever, and every round waited for it.)
+    if (r->joiner || r->catching_up) {
+        r->joiner = r->catching_up = false;
+        r->caught_up_to = -1;
         forget_lacks(r);
         drop_queue(r);
         r->state = R_CONNECTED;
@@ -2029,6 +2037,7 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
 // contributions to step k are refused (stale): the replicas that completed step k win, and
 // those that did not take their state (docs/protocol.md, "Several hubs"). Only members count:
 // a replica evicted here rejoins through its primary anyway.
+#define DONE_MAX_AHEAD 64   // outer steps: see on_done
 static void on_done(relay *h, int id, const wire_done *m) {
     replica *r = rep(h, id);
     if (!several_hubs(h)) {
@@ -2037,6 +2046,22 @@ static void on_done(relay *h, int id, const wire_done *m) {
     }
     if (h->dying_for == id && m->result == DONE_COMPLETE) die_now(h, "the replica that had the round's ROUND is done");
     if (r->state != R_MEMBER || r->joiner) return;
+    // A replica completes the steps it exchanges here, one at a time: a DONE far past anything
+    // this hub knows of it (its JOIN or FOLLOW, the rounds it began, its first round here) or
+    // of the group is a broken peer. Taken, it made every later contribution here stale and no
+    // round of this hub could close again.
+    int64_t known = r->status.outer_step;
+    int64_t seen[] = {r->began_step, step_of(h->round_step), step_of(h->last_closed_step),
+                      r->member_from == INT64_MAX ? -1 : step_of(r->member_from)};
+    for (size_t i = 0; i < sizeof seen / sizeof *seen; i++)
+        if (seen[i] > known) known = seen[i];
+    if (m->outer_step > known + DONE_MAX_AHEAD) {
+        char why[160];
+        snprintf(why, sizeof why, "said DONE for outer step %lld, far past any step it or the group has been in here (%lld)",
+                 (long long)m->outer_step, (long long)known);
+        drop_replica(h, id, why);
+        return;
+    }
     if (m->result == DONE_COMPLETE) take_completion(h, id, m->outer_step);
     else if (m->outer_step > r->done_step) r->done_step = m->outer_step;
     check_round(h);

@@ -354,7 +354,7 @@ const char *wire_decode_status(const uint8_t *p, size_t n, wire_status *m) {
     if (n != WIRE_JOIN_BYTES) return "JOIN has the wrong size";
     m->outer_step = (int64_t)get_u64(p);
     m->param_hash = get_u64(p + 8);
-    if (m->outer_step < 0) return "JOIN: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "JOIN: outer step not in 0 .. 2^53";
     return NULL;
 }
 
@@ -373,7 +373,9 @@ const char *wire_decode_follow(const uint8_t *p, size_t n, wire_follow *m) {
     m->param_hash = get_u64(p + 8);
     m->first_round = (int64_t)get_u64(p + 16);
     m->flags = get_u32(p + 24);
-    if (m->outer_step < 0 || m->first_round < 0) return "FOLLOW: negative outer step or round";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP || m->first_round < 0 ||
+        (m->first_round > WIRE_MAX_STEP && m->first_round != INT64_MAX))
+        return "FOLLOW: outer step or round not in 0 .. 2^53";
     if ((m->flags & ~(uint32_t)FOLLOW_CATCHUP) != 0 || get_u32(p + 28) != 0) return "FOLLOW: unknown flags";
     return NULL;
 }
@@ -389,7 +391,7 @@ const char *wire_decode_done(const uint8_t *p, size_t n, wire_done *m) {
     if (n != WIRE_DONE_BYTES) return "DONE has the wrong size";
     m->outer_step = (int64_t)get_u64(p);
     m->result = get_u32(p + 8);
-    if (m->outer_step < 0) return "DONE: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "DONE: outer step not in 0 .. 2^53";
     if (m->result != DONE_COMPLETE && m->result != DONE_GAVE_UP) return "DONE: unknown result";
     if (get_u32(p + 12) != 0) return "DONE: reserved field not zero";
     return NULL;
@@ -425,7 +427,7 @@ const char *wire_decode_leave(const uint8_t *p, size_t n, wire_leave *m) {
     if (n != WIRE_LEAVE_BYTES) return "LEAVE has the wrong size";
     m->outer_step = (int64_t)get_u64(p);
     m->reason = get_u32(p + 8);
-    if (m->outer_step < 0) return "LEAVE: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "LEAVE: outer step not in 0 .. 2^53";
     if (m->reason != LEAVE_STOPPED && m->reason != LEAVE_FINISHED) return "LEAVE: unknown reason";
     if (get_u32(p + 12) != 0) return "LEAVE: reserved field not zero";
     return NULL;
@@ -480,7 +482,7 @@ const char *wire_decode_contribute(const uint8_t *p, size_t n, wire_contribute *
     if (p[27] != 0) return "CONTRIBUTE: reserved field not zero";
     if (m->tokens > WIRE_MAX_TOKENS) return "CONTRIBUTE: its tokens are not in 0 .. 2^53";
     if (!(m->bound >= 0.0f && m->bound <= 1e6f)) return "CONTRIBUTE: the bound is not a number in [0, 1e6]";
-    if (m->outer_step < 0) return "CONTRIBUTE: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "CONTRIBUTE: outer step not in 0 .. 2^53";
     if (m->up_codec > WIRE_CODEC_INT2 || m->down_codec > WIRE_CODEC_INT2) return "CONTRIBUTE: unknown codec";
     // (The codecs take a block of at most 2^20 values, a sparse one fewer kept; a hub that asked
     // them for more exited: quant_codec_of's check, on a peer's word.)
@@ -513,7 +515,7 @@ const char *wire_decode_round(const uint8_t *p, size_t n, wire_round *m) {
     m->outer_step = (int64_t)get_u64(p);
     m->flags = get_u32(p + 8);
     m->n = get_u32(p + 12);
-    if (m->outer_step < 0) return "ROUND: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "ROUND: outer step not in 0 .. 2^53";
     if (m->flags & ~(uint32_t)(ROUND_APPLY | ROUND_SEND_STATE | ROUND_CATCHUP)) return "ROUND: unknown flags";
     if (m->n > WIRE_MAX_REPLICAS) return "ROUND: more contributors than replicas";
     if (n != WIRE_ROUND_HEAD_BYTES + (size_t)m->n * WIRE_ROUND_ENTRY_BYTES)
@@ -567,7 +569,7 @@ const char *wire_decode_state(const uint8_t *p, size_t n, wire_state *m) {
     m->chunk_bytes = get_u32(p + 16);
     m->donor_id = get_u32(p + 20);
     m->flags = get_u32(p + 24);
-    if (m->outer_step < 0) return "STATE: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "STATE: outer step not in 0 .. 2^53";
     if ((m->flags & ~(uint32_t)STATE_CATCHUP) != 0 || get_u32(p + 28) != 0) return "STATE: unknown flags";
     if (m->donor_id >= WIRE_MAX_REPLICAS) return "STATE: donor id out of range";
     return check_transfer(m->total_bytes, m->chunk_bytes);
@@ -581,6 +583,7 @@ size_t wire_encode_step(int64_t outer_step, uint8_t *out) {
 const char *wire_decode_step(const uint8_t *p, size_t n, int64_t *outer_step) {
     if (n != 8) return "an 8-byte step frame (STATE_ABORT, STATE_END, CAUGHT_UP) has the wrong size";
     *outer_step = (int64_t)get_u64(p);
+    if (*outer_step < -WIRE_MAX_STEP || *outer_step > WIRE_MAX_STEP) return "an 8-byte step frame's step is beyond 2^53";
     return NULL;
 }
 
@@ -637,7 +640,7 @@ const char *wire_decode_data(const uint8_t *p, size_t n, wire_data *m) {
     if (!all_zero(p + 5, 3) || get_u32(p + 36) != 0) return "DATA: reserved field not zero";
     if (m->kind < DATA_PAYLOAD || m->kind > DATA_CATCHUP) return "DATA: unknown kind";
     if (m->owner_id >= WIRE_MAX_REPLICAS) return "DATA: owner id out of range";
-    if (m->outer_step < 0) return "DATA: negative outer step";
+    if (m->outer_step < 0 || m->outer_step > WIRE_MAX_STEP) return "DATA: outer step not in 0 .. 2^53";
     const char *why = check_transfer(m->total_bytes, m->chunk_bytes);
     if (why) return why;
     if (m->offset >= m->total_bytes) return "DATA: offset past the end";

@@ -58,6 +58,7 @@ extern "C" {
 #define WIRE_MAX_STREAMS 64                              // data connections per replica
 #define WIRE_MAX_REPLICAS 256                            // = TRANSPORT_MAX_REPLICAS
 #define WIRE_MAX_TEXT_BYTES 1024u                        // the reason in REFUSE and EVICTED
+#define WIRE_MAX_STEP ((int64_t)1 << 53)                // every outer step and round id in a frame
 #define WIRE_MAX_BLOCK (1u << 20)                        // CONTRIBUTE's block: diloco_quant_block's bound
 #define WIRE_MAX_HUBS 8                                  // hubs in a replica's diloco_rendezvous
 

@@ -23,6 +23,8 @@ KIND_PAYLOAD, KIND_MEAN = 1, 3
 INT8 = 1
 HUB_FEEDBACK = 1
 BLOCK = 128
+HUBS = 1               # the hubs the peers' AUTH says their diloco_rendezvous lists (this one is hub 0)
+FOLLOW, DONE = 25, 26
 
 
 def mac(key, *parts):
@@ -105,7 +107,7 @@ def handshake(port, secret, rid, stream=0, streams=1, session=0, rcvbuf=None):
     t, p = c.read(time.time() + 10)
     assert t == HELLO, t
     nonce_h, nonce_c = p[:32], os.urandom(32)
-    fields = struct.pack("<IHHIIQQHHI", rid, stream, streams, 8, 1, 0x5EED, session, 0, 1, 0) + nonce_c
+    fields = struct.pack("<IHHIIQQHHI", rid, stream, streams, 8, 1, 0x5EED, session, 0, HUBS, 0) + nonce_c
     c.send(AUTH, fields + mac(secret, b"train_gpt auth v1\0", nonce_h, fields))
     t, p = c.read(time.time() + 10)
     if t == REFUSE:
@@ -495,15 +497,16 @@ def scenario_state_claim(port, secret):
 
 
 def scenario_caughtup_far(port, secret):
-    # The joiner says CAUGHT_UP for round 2^62 (no round near it closed; round + 1 overflowed in
-    # the hub, undefined): dropped with a line, and replica 0's round 1 closes without it.
+    # The joiner says CAUGHT_UP for round 2^40 (no round near it closed; at 2^62 round + 1
+    # overflowed in the hub, undefined; the frame's bound is now 2^53, test_wire): dropped with a
+    # line, and replica 0's round 1 closes without it.
     a, b, err = catchup_donor(port, secret)
     err = err or give_state(a, b)
     if err:
         return err
-    b.ctl.send(CAUGHT_UP, struct.pack("<q", 1 << 62))
+    b.ctl.send(CAUGHT_UP, struct.pack("<q", 1 << 40))
     if not b.wait(lambda: b.ctl.closed, 10, [a]):
-        return "the hub kept the joiner after CAUGHT_UP(2^62)"
+        return "the hub kept the joiner after CAUGHT_UP(2^40)"
     del a.got[ROUND]
     a.contribute(1, VALUES, SEG)
     a.upload(1, VALUES, SEG)
@@ -514,7 +517,10 @@ def scenario_caughtup_silent(port, secret):
     # The joiner takes its state, says CAUGHT_UP and then never contributes (its trainer hung;
     # its heartbeats go on): the rounds waited for it for ever. It is due from round 1, as the
     # joiner of a whole transfer: evicted as late about timeout_s after the round began, and
-    # replica 0's round 1 closes without it.
+    # replica 0's round 1 closes without it. With that eviction the transfer ends (no joiner
+    # left): it stayed on, every later mean of the donor was kept for it at the hub without
+    # bound, and a replica that then waited was never given a donor. Replica 2 comes after the
+    # eviction and must be given one at the next close.
     a, b, err = catchup_donor(port, secret)
     err = err or send_state(a, b)
     if err:
@@ -526,7 +532,24 @@ def scenario_caughtup_silent(port, secret):
         return "round 1 did not close within 30 s (timeout_s 3): the silent joiner held it"
     if not b.wait(lambda: EVICTED in b.got, 10):
         return "round 1 closed but the joiner was not told it was evicted"
-    return closes_with(a, [0])
+    err = closes_with(a, [0])
+    if err:
+        return err
+    log = os.environ.get("RELAY_LOG")
+    if log and not wait_for_line(log, "aborted (no joiner left)", 10, [a, b]):
+        return "the transfer went on after its one joiner was evicted"
+    c = Replica(port, secret, 2)
+    if not c.join(0, 0xCCC):   # another status: it waits for a state
+        return "replica 2's JOIN was not answered"
+    del a.got[ROUND]
+    a.contribute(2, VALUES, SEG)
+    a.upload(2, VALUES, SEG)
+    if not a.wait(lambda: ROUND in a.got, 30, [b, c]):
+        return "round 2 did not close"
+    flags = struct.unpack("<I", a.got[ROUND][0][8:12])[0]
+    if flags & 2 != 2:
+        return "round 2's close gave replica 2 no donor (flags %d to replica 0)" % flags
+    return None
 
 
 def scenario_resized_short(port, secret):
@@ -560,38 +583,63 @@ def scenario_keep_claim(port, secret):
     return closes_with(b, [1])
 
 
-def scenario_caughtup_evicted(port, secret):
-    # The joiner takes its state, says CAUGHT_UP, and never contributes (caughtup_silent): it is
-    # evicted as late for round 1, and with that the transfer ends (no joiner left). It stayed
-    # on: every later mean of the donor was kept for it at the hub, without bound, and a replica
-    # that then waited was never given a donor. Here replica 2 comes after the eviction and
-    # must get a state at the next close.
+def scenario_follow_catchup(port, secret):
+    # Several hubs: a catch-up joiner that has its state but has not said CAUGHT_UP sends FOLLOW
+    # (as to one of its other hubs). That ends its join here; it kept catching_up, was in the
+    # transfer for ever, and the donor's next round never closed (it was never evicted as late).
+    global HUBS
+    HUBS = 2
     a, b, err = catchup_donor(port, secret)
-    err = err or send_state(a, b)
+    err = err or give_state(a, b)
     if err:
         return err
+    b.ctl.send(FOLLOW, struct.pack("<qQqII", 0, 0xBBB, 0, 0, 0))   # from the next round
+    if not b.wait(lambda: len(b.got.get(JOINED, [])) >= 2, 10, [a]):   # JOINED answers a FOLLOW
+        return "the FOLLOW was not answered"
     del a.got[ROUND]
-    a.contribute(1, VALUES, SEG)
-    a.upload(1, VALUES, SEG)
-    if not b.wait(lambda: EVICTED in b.got, 30, [a]):
-        return "the joiner was not evicted from round 1"
-    if not a.wait(lambda: ROUND in a.got, 10, [b]):
-        return "round 1 did not close"
-    log = os.environ.get("RELAY_LOG")
-    if log and not wait_for_line(log, "aborted (no joiner left)", 10, [a, b]):
-        return "the transfer went on after its one joiner was evicted"
-    c = Replica(port, secret, 2)
-    if not c.join(0, 0xCCC):   # another status: it waits for a state
-        return "replica 2's JOIN was not answered"
-    del a.got[ROUND]
-    a.contribute(2, VALUES, SEG)
-    a.upload(2, VALUES, SEG)
-    if not a.wait(lambda: ROUND in a.got, 30, [b, c]):
-        return "round 2 did not close"
-    flags = struct.unpack("<I", a.got[ROUND][0][8:12])[0]
-    if flags & 2 != 2:
-        return "round 2's close gave replica 2 no donor (flags %d to replica 0)" % flags
+    a.contribute(64, VALUES, SEG)
+    a.upload(64, VALUES, SEG)
+    if not a.wait(lambda: ROUND in a.got, 30, [b]):
+        return "round 64 (step 1) did not close within 30 s (timeout_s 3): the follower held it"
     return None
+
+
+def scenario_follow_one_hub(port, secret):
+    # FOLLOW (a frame of runs with several hubs) to a hub its AUTH said is the only one: dropped,
+    # as DONE and HOLD are (it was taken: a joiner of one hub could leave its transfer hanging).
+    a, b, err = catchup_donor(port, secret)
+    err = err or give_state(a, b)
+    if err:
+        return err
+    b.ctl.send(FOLLOW, struct.pack("<qQqII", 0, 0xBBB, 0, 0, 0))
+    if not b.wait(lambda: b.ctl.closed, 10, [a]):
+        return "the hub kept replica 1 after a FOLLOW with one hub"
+    return None
+
+
+def scenario_done_far(port, secret):
+    # Several hubs: replica 1 says DONE(completed) for outer step 2^40 (2^53 is the frame's bound).
+    # Taken, every later contribution here was stale: replica 0's round 64 was refused, and no
+    # round of this hub could close again. Dropped with a line; replica 0's round 64 closes.
+    global HUBS
+    HUBS = 2
+    a, m = Replica(port, secret, 0), Replica(port, secret, 1)
+    a.join(), m.join()
+    for r in (a, m):
+        r.contribute(0, VALUES, SEG)
+        r.upload(0, VALUES, SEG)
+    err = closes_with(a, [0, 1], others=[m])
+    if err:
+        return err
+    m.ctl.send(DONE, struct.pack("<qII", 1 << 40, 1, 0))
+    if not m.wait(lambda: m.ctl.closed, 10, [a]):
+        return "the hub kept replica 1 after its DONE for step 2^40"
+    del a.got[ROUND]
+    a.contribute(64, VALUES, SEG)
+    a.upload(64, VALUES, SEG)
+    if EVICTED in a.got:
+        return "replica 0's round 64 was refused: %r" % a.got[EVICTED][0][12:]
+    return closes_with(a, [0])
 
 
 def wait_for_line(path, text, seconds, reps=()):

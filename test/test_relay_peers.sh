@@ -21,17 +21,21 @@
 #                      kept them all, without bound)
 #   state_claim        a state of 2^30 chunks: refused (a bit per chunk for each replica joining
 #                      in flight, 128 MiB copied in the hub's loop; out of memory, the relay exited)
-#   caughtup_far       a joiner saying CAUGHT_UP for round 2^62: dropped (round + 1 overflowed)
+#   caughtup_far       a joiner saying CAUGHT_UP for round 2^40: dropped (at 2^62 round + 1 overflowed)
 #   caughtup_silent    a joiner that caught up and never contributes: evicted as late, the round
-#                      closes (it was held for ever)
+#                      closes (it was held for ever), and that ends its transfer: a replica that
+#                      waits afterwards gets a donor (the transfer stayed on for ever, the
+#                      donor's means kept without bound, nobody else given a state)
 #   resized_short      a chunk claiming a payload of 1 segment, then another replica's CONTRIBUTE of
 #                      64: the first is evicted and the round closes (the hub read its array of
 #                      segments past its end and crashed)
 #   keep_claim         a CONTRIBUTE of block 2^23 keeping 2^22 values: refused (the hub exited on
 #                      the codecs' internal check)
-#   caughtup_evicted   a joiner that caught up and was then evicted as late ends its transfer; a
-#                      replica that waits afterwards gets a donor (the transfer stayed on for
-#                      ever: the donor's means kept without bound, nobody else given a state)
+#   follow_catchup     (several hubs) a catch-up joiner that sends FOLLOW before CAUGHT_UP: its join
+#                      ends, the donor's next round closes (it waited for it for ever)
+#   follow_one_hub     FOLLOW to the only hub: dropped, as DONE and HOLD are
+#   done_far           (several hubs) DONE for outer step 2^40: dropped (taken, every later round
+#                      of the hub was refused as stale: the hub's group was blocked for good)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -106,10 +110,12 @@ check "state_claim: one line refuses the donor" in_log state_claim "replica 0 .*
 run_scenario caughtup_silent
 check "caughtup_silent: the joiner evicted as late for round 1" \
     in_log caughtup_silent "replica 1 .* evicted: late for round 1: no contribution"
+check "caughtup_silent: the eviction ended the transfer" \
+    in_log caughtup_silent "state transfer from replica 0 aborted (no joiner left)"
 
 run_scenario caughtup_far
 check "caughtup_far: one line drops the joiner" \
-    in_log caughtup_far "replica 1 .* dropped: said CAUGHT_UP for round 4611686018427387904, far past the last round closed (0)"
+    in_log caughtup_far "replica 1 .* dropped: said CAUGHT_UP for round 1099511627776, far past the last round closed (0)"
 
 run_scenario resized_short
 check "resized_short: replica 0 evicted for its chunk's size" \
@@ -118,10 +124,17 @@ check "resized_short: replica 0 evicted for its chunk's size" \
 run_scenario keep_claim
 check "keep_claim: one line drops replica 0" in_log keep_claim "replica 0 .* dropped: .*the block is over 2^20 values"
 
-run_scenario caughtup_evicted
-check "caughtup_evicted: the joiner evicted as late, the transfer ended, replica 2 given a donor" sh -c "
-    grep -q 'replica 1 .* evicted: late for round 1: no contribution' '$tmp/relay_caughtup_evicted.log' &&
-    grep -q 'state transfer from replica 0 aborted (no joiner left)' '$tmp/relay_caughtup_evicted.log'"
+run_scenario follow_catchup
+check "follow_catchup: its FOLLOW ended its join and the transfer" \
+    in_log follow_catchup "state transfer from replica 0 aborted (no joiner left)"
+
+run_scenario follow_one_hub
+check "follow_one_hub: one line drops replica 1" \
+    in_log follow_one_hub "replica 1 .* dropped: sent FOLLOW, but its diloco_rendezvous lists one hub"
+
+run_scenario done_far
+check "done_far: one line drops replica 1" \
+    in_log done_far "replica 1 .* dropped: said DONE for outer step 1099511627776, far past any step"
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"

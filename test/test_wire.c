@@ -152,13 +152,20 @@ static void test_round_trips(void) {
     EXPECT(!wire_decode_done(s[15].payload, s[15].bytes, &dn) && dn.outer_step == 12 && dn.result == DONE_COMPLETE,
            "DONE decodes");
     uint8_t dbuf[WIRE_DONE_BYTES];
-    for (int i = 0; i < 3; i++) {
-        wire_done bad_done = {.outer_step = i == 0 ? -1 : 3, .result = i == 1 ? 3 : DONE_GAVE_UP};
+    for (int i = 0; i < 4; i++) {
+        wire_done bad_done = {.outer_step = i == 0 ? -1 : i == 3 ? (int64_t)1 << 62 : 3,
+                              .result = i == 1 ? 3 : DONE_GAVE_UP};
         wire_encode_done(&bad_done, dbuf);
         if (i == 2) dbuf[12] = 1;
         EXPECT(wire_decode_done(dbuf, sizeof dbuf, &dn) != NULL, "DONE with %s is refused",
-               i == 0 ? "a negative step" : i == 1 ? "an unknown result" : "a reserved field set");
+               i == 0   ? "a negative step"
+               : i == 1 ? "an unknown result"
+               : i == 2 ? "a reserved field set"
+                        : "a step of 2^62 (every step and round id of a frame is at most 2^53)");
     }
+    wire_done far = {.outer_step = WIRE_MAX_STEP, .result = DONE_COMPLETE};
+    wire_encode_done(&far, dbuf);
+    EXPECT(!wire_decode_done(dbuf, sizeof dbuf, &dn) && dn.outer_step == WIRE_MAX_STEP, "DONE of step 2^53 decodes");
     // HEARTBEAT: empty (flags 0) or u32 flags, HOLD the only one.
     uint8_t hb[WIRE_HEARTBEAT_BYTES];
     uint32_t flags = 7;
@@ -210,6 +217,11 @@ static void test_round_trips(void) {
     wire_follow flagged = {.outer_step = 3, .first_round = 192, .flags = 2};
     wire_encode_follow(&flagged, fbuf);
     EXPECT(wire_decode_follow(fbuf, sizeof fbuf, &fo) != NULL, "FOLLOW with an unknown flag is refused");
+    wire_follow none_yet = {.outer_step = 3, .first_round = INT64_MAX}, beyond = {.outer_step = 3, .first_round = (int64_t)1 << 60};
+    EXPECT(!wire_decode_follow(fbuf, wire_encode_follow(&none_yet, fbuf), &fo) && fo.first_round == INT64_MAX,
+           "FOLLOW with no first round yet (2^63 - 1) decodes");
+    EXPECT(wire_decode_follow(fbuf, wire_encode_follow(&beyond, fbuf), &fo) != NULL,
+           "FOLLOW with a first round of 2^60 is refused");
     // CONTRIBUTE says how the payload is encoded; a layout the hub could not reduce is refused.
     wire_contribute c, bad;
     uint8_t buf[WIRE_CONTRIBUTE_BYTES];
@@ -236,8 +248,9 @@ static void test_round_trips(void) {
     const char *spoiled[] = {"an unknown codec", "a segment of part blocks", "an odd segment",
                              "values past the model", "no values", "an unknown flag",
                              "a sparse fp32 payload", "a sparse keep of the whole block", "a sparse bf16 payload",
-                             "more tokens than a double holds exactly"};
-    for (int i = 0; i < 10; i++) {
+                             "more tokens than a double holds exactly", "a block of 2^23 values keeping 2^22 (the codecs' "
+                             "bound is 2^20: the hub exited on their check)", "an outer step of 2^62"};
+    for (int i = 0; i < 12; i++) {
         bad = want;
         if (i == 0) bad.down_codec = 5;
         if (i == 1) bad.segment_values = 262050;
@@ -249,6 +262,10 @@ static void test_round_trips(void) {
         if (i == 7) bad.up_keep = 100;
         if (i == 8) bad.up_codec = WIRE_CODEC_BF16, bad.up_keep = 10;
         if (i == 9) bad.tokens = WIRE_MAX_TOKENS + 1;
+        if (i == 10)
+            bad.up_codec = WIRE_CODEC_INT8, bad.block = 1u << 23, bad.segment_values = 1u << 23, bad.up_keep = 1u << 22,
+            bad.values = bad.model_values = 1u << 23, bad.value_offset = 0;
+        if (i == 11) bad.outer_step = (int64_t)1 << 62;
         wire_encode_contribute(&bad, buf);
         EXPECT(wire_decode_contribute(buf, sizeof buf, &c) != NULL, "CONTRIBUTE with %s is refused", spoiled[i]);
     }
