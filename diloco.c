@@ -817,7 +817,7 @@ static int64_t joiner_skip(const diloco *d, const state_counters *c) {
 // A catch-up join: the means of the rounds the group closed while the state came (round K + 1,
 // K + 2, .. after the state's K), each applied to the state's θ and m as the transport hands it
 // (transport_options.catchup_sink: in order, once the state is whole; index 0 again for a new
-// state), elementwise as every member applied them; the counters become those of the donor at
+// state, and -1 when a transfer whose means were handed is aborted), elementwise as every member applied them; the counters become those of the donor at
 // that landing, and the state's record of recent rounds takes it. A malformed one is fatal. The
 // joiner thus holds one mean at a time, not the j · b↓·N/P of every round closed meanwhile.
 static bool average_delta(diloco *d, const fragment *f, const round_result *r);
@@ -826,6 +826,10 @@ static void outer_update(const diloco *d, const fragment *f, float *theta, float
 static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes) {
     diloco *d = arg;
     state_counters *c = &d->caught_up_counters;
+    if (index < 0) {   // the transfer was aborted: the means taken were of a state that is gone
+        d->caught_up = 0;
+        return;
+    }
     if (index == 0) {
         *c = check_state(d, state_bytes);
         d->caught_up = 0;

@@ -40,7 +40,7 @@ ifeq ($(HAVE_OPENSSL),1)
   LDLIBS += $(OPENSSL_LIBS) -lpthread
   LIB_SRC += net/wire.c net/conn.c net/socket.c net/relay.c net/transport_tcp.c net/transport_hubs.c
   TESTS_C += test/test_wire.c test/test_transport.c
-  TESTS_SH += test/test_diloco_hubs.sh test/test_relay_peers.sh
+  TESTS_SH += test/test_diloco_hubs.sh test/test_relay_peers.sh test/test_replica_peers.sh
   MSG_OPENSSL := ✓ OpenSSL libcrypto $(shell pkg-config --modversion libcrypto) (diloco_transport = tcp, train_gpt relay)
 else
   LIB_SRC += net/transport_tcp_none.c

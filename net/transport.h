@@ -82,7 +82,8 @@ typedef struct {
     // per rank at 14B in the decay phase of docs/diloco.md's 72-replica recipe). It runs on the
     // thread in the transport's call (join, rejoin, catchup_extend, poll), with the state in
     // the buffer the join was given and state_bytes its size; index 0 again: a new state (the
-    // transfer before was aborted). NULL: the means are received and kept unread until the
+    // transfer before was aborted); index -1 (mean NULL): a transfer whose means were handed was
+    // aborted, those means count no more (a new state may come without any). NULL: the means are received and kept unread until the
     // next join.
     void (*catchup_sink)(void *arg, int index, const uint8_t *mean, size_t bytes, size_t state_bytes);
     void *catchup_arg;

@@ -665,6 +665,11 @@ static void free_patches(tcp *t) {
 }
 
 static void reset_state_progress(tcp *t) {
+    // The sink hears that the means it took belong to a state that is gone (index -1): the next
+    // state's count starts at 0 even if no mean of it comes. (A state with no means, after an
+    // aborted transfer whose means had been applied, left the count stale: the joiner exited,
+    // "applied 1 catch-up mean(s) but the hub ended its catch-up after 0".)
+    if (t->handed > 0 && t->o.catchup_sink) t->o.catchup_sink(t->o.catchup_arg, -1, NULL, 0, 0);
     t->state_started = false;
     t->state_received = 0;
     t->state_total = 0;
@@ -826,11 +831,17 @@ static catchup_in *patch_of(const tcp *t, int64_t round) {
     return NULL;
 }
 
+static int64_t state_landing(const tcp *t);
+
 // A chunk of a landed round's mean for a joiner catching up: kept by round (they are few; the
 // frames of several may interleave over several streams).
 static const char *take_catchup_chunk(tcp *t, const wire_data *d) {
     if (!t->want_state && !t->caught_up_deferred) return NULL;   // after the join: a mean it no longer needs
-    if (d->total_bytes > ((uint64_t)1 << 36)) return "a catch-up mean larger than 64 GiB";
+    // A mean is at most the model's values in fp32 and a header: below the state (θ and m). A
+    // larger one was allocated as announced (one 16 KiB frame of 2^36 bytes: out of memory, exit).
+    if (d->total_bytes > t->state_cap) return "a catch-up mean larger than this replica's whole state";
+    // The means handed start after the state's landing: one at or before it would be kept unread.
+    if (t->state_started && t->state_catchup && d->outer_step <= state_landing(t)) return NULL;
     catchup_in *p = patch_of(t, d->outer_step);
     if (!p) {
         if (t->n_patches >= 4096) return "more than 4096 catch-up means";
@@ -1801,9 +1812,13 @@ static int64_t tcp_catchup_extend(void *impl, int64_t round) {
         t->want_state = true;
         t->state_end_known = false;
         bool said = first ? say_caught_up(t) : say_caught_up_to(t, round);
-        if (said && pump(t, extended) && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
+        bool alive = said && pump(t, extended);
+        if (alive && t->state_catchup) end = t->state_end_round;   // not STATE_ABORT
         t->want_state = false;
-        if (end < 0) {
+        // A STATE_ABORT (the donor left or stalled) keeps the session: the caller joins again
+        // through it. (It was taken for a lost hub: the session cut, and with several hubs a
+        // live primary marked dead, its shares moved to the other hubs.)
+        if (!alive) {
             note("diloco: lost the hub at %s while catching up (%s)", t->hub, dead_reason(t));
             disconnect(t);
         }

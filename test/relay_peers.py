@@ -54,6 +54,7 @@ class Conn:
         self.seq_tx = self.seq_rx = 0
         self.buf = b""
         self.closed = False
+        self.next_beat = 0
 
     def frame(self, ftype, payload):
         head = b"TGPW" + struct.pack("<HBBQQ", VERSION, ftype, 0, self.seq_tx, len(payload))
@@ -62,6 +63,16 @@ class Conn:
 
     def send(self, ftype, payload=b""):
         self.sock.sendall(self.frame(ftype, payload))
+
+    def beat(self, every):
+        """A HEARTBEAT when `every` seconds have passed since the last (a failed send: closed)."""
+        now = time.time()
+        if now >= self.next_beat and not self.closed:
+            try:
+                self.send(HEARTBEAT)
+            except OSError:
+                self.closed = True
+            self.next_beat = now + every
 
     def take(self):
         """A whole frame from the buffer, or None."""
@@ -129,7 +140,6 @@ class Replica:
         self.got = {}
         self.mean_bytes = 0
         self.reading = True   # False: the data connections are not read (a receiver that stalls)
-        self.next_beat = 0
 
     def conns(self):
         return [self.ctl] + (self.data if self.reading else [])
@@ -138,12 +148,7 @@ class Replica:
         """Heartbeats, and every frame the hub has for us, until deadline (at least one look)."""
         while True:
             now = time.time()
-            if now >= self.next_beat and not self.ctl.closed:
-                try:
-                    self.ctl.send(HEARTBEAT)
-                except OSError:
-                    self.ctl.closed = True
-                self.next_beat = now + 0.3
+            self.ctl.beat(0.3)
             live = [c for c in self.conns() if not c.closed]
             if live:
                 r, _, _ = select.select([c.sock for c in live], [], [], max(0.0, min(0.1, deadline - now)))
