@@ -285,15 +285,18 @@ finals=(--max_steps 40 --ckpt_every 0 --batch_size 4 --diloco_replicas 3 --diloc
     --diloco_fragments 2 --diloco_overlap_steps 0 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9
     --diloco_plain_in_decay 0 --diloco_decay_inner_steps 0 --diloco_timeout_s 10)
 # start_three_together NAME LATE1 LATE2 [--key value]...: replicas 0, 1 and 2 in $tmp/NAME0..2,
-# each stopped in its start-up until all three are, then continued at once (all members before
-# the first round); replica 1 late for round LATE1, replica 2 for LATE2 (diloco_late), and
+# each stopped in its start-up until all three are, then continued at once, and once joined
+# stopped again in its first step until all three are (all members before the first round: a
+# round needs H steps; continued from the start-up alone, one replica on a loaded machine
+# founded the group and closed rounds 0-7 on its own while the other two were still
+# connecting, and they waited for its state: seen in CI beside two busy processes); replica 1 late for round LATE1, replica 2 for LATE2 (diloco_late), and
 # replica R with the faults in $EXTRA_R too (EXTRA_0, EXTRA_1) where set. Their pids in together_pids.
 start_three_together() {
     local name=$1 late1=$2 late2=$3 r fault
     shift 3
     together_pids=()
     for r in 0 1 2; do
-        fault=stop_in_start:0
+        fault=stop_in_start:0,stop_in_step:0
         [ "$r" = 0 ] && fault=$fault${EXTRA_0:+,$EXTRA_0}
         [ "$r" = 1 ] && fault=$fault,diloco_late:$late1${EXTRA_1:+,$EXTRA_1}
         [ "$r" = 2 ] && fault=$fault,diloco_late:$late2
@@ -303,6 +306,9 @@ start_three_together() {
     all_stopped() { for p in "${together_pids[@]}"; do stopped "$p" || return 1; done; }
     wait_until "the three replicas to stop themselves in their start-up" all_stopped ||
         die "$name: the replicas did not all stop in their start-up"
+    kill -CONT "${together_pids[@]}"
+    wait_until "the three replicas to join and stop themselves in their first step" all_stopped ||
+        die "$name: the replicas did not all stop in their first step"
     kill -CONT "${together_pids[@]}"
 }
 start_three_together fin 20 19 "${finals[@]}"
