@@ -734,6 +734,25 @@ static bool read_int_fields(const json_value *root, const int_field *f, size_t n
     return true;
 }
 
+// An optional integer at key of root into *out: absent, dflt; present, an integer in [lo, hi] or
+// false naming the key (a value outside what a save writes is a corrupt or hand-edited file, not
+// "not recorded": read as absent, it would resume on another data position or fragment).
+static bool read_optional_int(const json_value *root, const char *key, int64_t lo, int64_t hi, int64_t dflt,
+                              int64_t *out, char *why, size_t why_bytes) {
+    const json_value *v = json_get(root, key);
+    if (!v) {
+        *out = dflt;
+        return true;
+    }
+    if (v->type != JSON_NUMBER || !v->is_integer || v->integer < lo || v->integer > hi) {
+        snprintf(why, why_bytes, "state.json: '%s' is not an integer in %lld .. %lld", key, (long long)lo,
+                 (long long)hi);
+        return false;
+    }
+    *out = v->integer;
+    return true;
+}
+
 static bool config_text_value(const char *text, const char *key, char *out, size_t out_bytes);
 
 // The loader's keys a save wrote beside the position; batch_size 0 where they are not all there
@@ -784,54 +803,40 @@ static bool state_from_json(const json_value *root, train_state *s, char *why, s
                  (long long)s->data.index);
         return false;
     }
-    // Absent in checkpoints written before DiLoCo existed.
-    const json_value *outer = json_get(root, "outer_step");
-    s->outer_step = outer && outer->type == JSON_NUMBER && outer->is_integer && outer->integer >= 0 ? outer->integer : 0;
-    // Only while a streaming DiLoCo fragment has landed and not yet merged (diloco.h).
-    const json_value *merge = json_get(root, "outer_merge_step");
-    s->merge_step = merge && merge->type == JSON_NUMBER && merge->is_integer && merge->integer > 0 ? merge->integer : 0;
-    // Which fragment (absent before 2026-12: diloco.c then takes the schedule's at that step).
-    const json_value *mf = json_get(root, "outer_merge_fragment"), *mfs = json_get(root, "outer_merge_fragments");
-    bool fragment_known = s->merge_step > 0 && mf && mfs && mf->type == JSON_NUMBER && mf->is_integer &&
-                          mfs->type == JSON_NUMBER && mfs->is_integer && mfs->integer > 0 && mf->integer >= 0 &&
-                          mf->integer < mfs->integer;
-    s->merge_fragment = fragment_known ? mf->integer : 0;
-    s->merge_fragments = fragment_known ? mfs->integer : 0;
-    // Only once a DiLoCo replica took a state or rolled back (diloco.h); absent: never.
-    const json_value *restart = json_get(root, "outer_restart_step");
-    s->restart_step =
-        restart && restart->type == JSON_NUMBER && restart->is_integer && restart->integer > 0 ? restart->integer : 0;
+    const int64_t big = (int64_t)1 << 53;
+    // Absent in checkpoints written before DiLoCo existed. Only while a streaming DiLoCo fragment
+    // has landed and not yet merged: outer_merge_step, and which fragment (absent before 2026-12:
+    // diloco.c then takes the schedule's at that step). Only once a DiLoCo replica took a state or
+    // rolled back (diloco.h): outer_restart_step. The processes the data was split over: data_world
+    // (absent: not recorded).
+    if (!read_optional_int(root, "outer_step", 0, big, 0, &s->outer_step, why, why_bytes) ||
+        !read_optional_int(root, "outer_merge_step", 0, big, 0, &s->merge_step, why, why_bytes) ||
+        !read_optional_int(root, "outer_merge_fragments", 1, 1 << 20, 0, &s->merge_fragments, why, why_bytes) ||
+        !read_optional_int(root, "outer_merge_fragment", 0, s->merge_fragments > 0 ? s->merge_fragments - 1 : 0, 0,
+                           &s->merge_fragment, why, why_bytes) ||
+        !read_optional_int(root, "outer_restart_step", 0, big, 0, &s->restart_step, why, why_bytes) ||
+        !read_optional_int(root, "data_world", 1, 1 << 24, 0, &s->data_world, why, why_bytes))
+        return false;
+    if ((json_get(root, "outer_merge_fragment") != NULL) != (s->merge_fragments > 0) ||
+        (s->merge_fragments > 0 && s->merge_step == 0)) {
+        snprintf(why, why_bytes,
+                 "state.json: outer_merge_fragment and outer_merge_fragments go together, with outer_merge_step");
+        return false;
+    }
     if (s->restart_step > s->step) {
         snprintf(why, why_bytes, "state.json: outer_restart_step %lld is after step %lld", (long long)s->restart_step,
                  (long long)s->step);
-        return false;
-    }
-    const json_value *data_world = json_get(root, "data_world");  // absent: not recorded
-    s->data_world = data_world && data_world->type == JSON_NUMBER && data_world->is_integer && data_world->integer > 0
-                        ? data_world->integer
-                        : 0;
-    if (s->data_world > (1 << 24)) {
-        snprintf(why, why_bytes, "state.json: data_world %lld out of range", (long long)s->data_world);
         return false;
     }
     if (!read_data_identity(root, &s->data_id)) {
         snprintf(why, why_bytes, "state.json: bad data_tokens / data_shards / data_fingerprint");
         return false;
     }
-    const json_value *rollbacks = json_get(root, "rollbacks");  // absent: none
-    s->rollbacks = rollbacks && rollbacks->type == JSON_NUMBER && rollbacks->is_integer && rollbacks->integer > 0
-                       ? rollbacks->integer
-                       : 0;
-    const json_value *norm_spikes = json_get(root, "norm_spikes");  // absent: none
-    s->norm_spikes = norm_spikes && norm_spikes->type == JSON_NUMBER && norm_spikes->is_integer &&
-                             norm_spikes->integer > 0
-                         ? norm_spikes->integer
-                         : 0;
-    const json_value *loss_spikes = json_get(root, "loss_spikes");  // absent: none (before 2026-12: not counted)
-    s->loss_spikes = loss_spikes && loss_spikes->type == JSON_NUMBER && loss_spikes->is_integer &&
-                             loss_spikes->integer > 0
-                         ? loss_spikes->integer
-                         : 0;
+    // Counts, absent when none (loss_spikes before 2026-12: not counted).
+    if (!read_optional_int(root, "rollbacks", 0, big, 0, &s->rollbacks, why, why_bytes) ||
+        !read_optional_int(root, "norm_spikes", 0, big, 0, &s->norm_spikes, why, why_bytes) ||
+        !read_optional_int(root, "loss_spikes", 0, big, 0, &s->loss_spikes, why, why_bytes))
+        return false;
     if (!read_spike_window(root, &s->spikes)) {
         snprintf(why, why_bytes,
                  "state.json: bad spike_window / spike_count / spike_loss / spike_grad_norm (a window of 1 .. %d, a "

@@ -282,6 +282,19 @@ for bad in 's/"spike_count": 4,/"spike_count": 9223372036854775807,/' 's/"spike_
     expect_error "state.json's spike window edited ($bad) under matching checksums" "state.json: bad spike_window" \
         "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/spk2" --resume "$tmp/spk/step_00000004" --spike_window 4
 done
+# state.json's optional fields (absent in older checkpoints), present but outside what a save
+# writes, under matching checksums: refused naming the field. data_world 0 was read as "not
+# recorded" and the run resumed on the position as the current world splits it.
+for edit in 's/"data_world": 1,/"data_world": 0,/;data_world' 's/"outer_step": 0,/"outer_step": -3,/;outer_step' \
+    's/"outer_step": 0,/"outer_step": 0, "rollbacks": 1.5,/;rollbacks' \
+    's/"outer_step": 0,/"outer_step": 0, "outer_merge_fragment": 0,/;go together'; do
+    rm -rf "$tmp/opt" "$tmp/opt2" && cp -r "$tmp/good" "$tmp/opt"
+    grep -q '"data_world": 1,' "$tmp/opt/step_00000004/state.json" || die "the checkpoint has no data_world 1"
+    sed -i -e "${edit%;*}" "$tmp/opt/step_00000004/state.json"
+    resum "$tmp/opt/step_00000004" state.json
+    expect_error "state.json edited (${edit%;*}) under matching checksums" "state.json: .*${edit#*;}" \
+        "$TRAIN_GPT" "${base[@]}" --max_steps 8 --out_dir "$tmp/opt2" --resume "$tmp/opt/step_00000004"
+done
 # Only step_%08lld names are checkpoints: a directory step_0008 (made by hand, a typo) was step 8
 # too, in no defined order, and ckpt_keep 1 deleted the step_00000008 just written and kept it.
 mkdir -p "$tmp/dn/step_0008" && cp -r "$tmp/good/step_00000004" "$tmp/dn/"
