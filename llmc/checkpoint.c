@@ -956,7 +956,8 @@ bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, ch
 }
 
 // The line of checksums.xxh64 in DIR for NAME: 1 with its XXH64 in *expected; 0 when there is
-// none (no such file, or no line for the name); -1 (errno set) when the file cannot be read.
+// none (no such file, or no line for the name); -1 (errno set) when the file cannot be read; -2
+// when a line of it is not one xxhsum -H64 writes (which may have been NAME's: not "unlisted").
 static int listed_checksum(const char *dir, const char *name, uint64_t *expected) {
     char path[4300];
     size_t bytes;
@@ -965,11 +966,14 @@ static int listed_checksum(const char *dir, const char *name, uint64_t *expected
     if (!text) return errno == ENOENT ? 0 : -1;
     int found = 0;
     char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save)) {
+    for (char *line = strtok_r(text, "\n", &save); line && found == 0; line = strtok_r(NULL, "\n", &save)) {
         char listed[256];
         uint64_t value;
-        found = parse_checksum_line(line, &value, listed) && strcmp(listed, name) == 0;
-        if (found) *expected = value;
+        if (!parse_checksum_line(line, &value, listed)) found = -2;
+        else if (strcmp(listed, name) == 0) {
+            found = 1;
+            *expected = value;
+        }
     }
     free(text);
     return found;
@@ -988,7 +992,10 @@ static bool verify_weights_file(const char *path, char *why, size_t why_bytes) {
     if (slash) *slash = '\0';
     uint64_t expected;
     int listed = listed_checksum(in, name, &expected);
-    if (listed < 0) snprintf(why, why_bytes, "cannot read the checksums.xxh64 beside it: %s", strerror(errno));
+    if (listed == -1) snprintf(why, why_bytes, "cannot read the checksums.xxh64 beside it: %s", strerror(errno));
+    if (listed == -2)
+        snprintf(why, why_bytes, "the checksums.xxh64 beside it is malformed (each line: 16 hex digits, two spaces, "
+                                 "a name)");
     bool ok = listed == 0 || (listed > 0 && file_matches(file, name, expected, why, why_bytes));
     free(real);
     return ok;

@@ -161,6 +161,12 @@ check "init_from its model.safetensors alone: checked against the checksums.xxh6
     --init_from "$tmp/badmodel/step_00000020/model.safetensors"
 ln -s "$tmp/badmodel/step_00000020/model.safetensors" "$tmp/linked.safetensors"
 check "... and through a link to it" one_line_error "fails its checksum" --init_from "$tmp/linked.safetensors"
+# The corrupt file's line made malformed (its digits upper-case, as no xxhsum -H64 writes): it
+# was read as not listed, and the weights were taken unchecked.
+cp -r "$tmp/badmodel" "$tmp/badline"
+sed -i 's/^\([0-9a-f]*\)\(  model.safetensors\)$/\U\1\E\2/' "$tmp/badline/step_00000020/checksums.xxh64"
+check "... and its line in checksums.xxh64 malformed: one line" \
+    one_line_error "checksums.xxh64 beside it is malformed" --init_from "$tmp/badline/step_00000020/model.safetensors"
 if [ "$HAVE_MPI" = 1 ]; then
     rc=0
     "${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --max_steps 4 --init_from "$tmp/badopt/step_00000020" \
