@@ -1968,13 +1968,10 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     // A FOLLOW from a replica receiving a state here ends its join, as a JOIN would. (One still
     // catching up kept catching_up: never caught up (no CAUGHT_UP), it was in the transfer for
     // ever, and every round waited for it.)
-    if (r->joiner || r->catching_up) {
-        r->joiner = r->catching_up = false;
-        r->caught_up_to = -1;
-        forget_lacks(r);
+    if (receives_state(r)) {
         drop_queue(r);
         r->state = R_CONNECTED;
-        stop_transfer_without_joiners(h);
+        stop_receiving(h, id);
     }
     r->held = false;
     r->transfer_delay_s = r->follow_delay_s = 0;
