@@ -91,6 +91,7 @@ typedef struct shard_writer shard_writer;
 shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t doc_token);
 // The same with another chunk size (a power of two from SHARD_MIN_CHUNK_BYTES to
 // SHARD_MAX_CHUNK_BYTES, else errno = EINVAL), or 0: a version 1 shard (tests of old shards).
+// A doc_token at or above vocab_size (other than SHARD_NO_DOC_TOKEN) is EINVAL too.
 shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, uint32_t doc_token,
                                         uint32_t chunk_bytes);
 // false on an I/O error or a token >= vocab_size (errno = EINVAL).
@@ -172,9 +173,10 @@ int dataloader_shard_count(const dataloader *d);
 // replicas, a job's ranks and a resumed run compare it (they split or continue the same rows).
 uint64_t dataloader_fingerprint(const dataloader *d);
 // Largest vocab_size among the shard headers, and their doc_token (SHARD_NO_DOC_TOKEN when
-// absent; the first shard's when they disagree, with a warning).
+// absent). Shards that disagree on it stop the run with a line when `masking` (documents would
+// be cut at another token in some of them); else the first shard's, with a warning.
 uint32_t dataloader_vocab_size(const dataloader *d);
-uint32_t dataloader_doc_token(const dataloader *d);
+uint32_t dataloader_doc_token(const dataloader *d, bool masking);
 // Micro-batches per epoch for one process.
 int64_t dataloader_batches_per_epoch(const dataloader *d);
 // Verifies now the stream's first `tokens` tokens as reading them would (version 2: the
@@ -278,6 +280,10 @@ static bool decode_header(const uint8_t in[SHARD_HEADER_BYTES], shard_header *h,
         snprintf(why, why_bytes, "vocab_size %u does not fit %u-byte tokens", h->vocab_size, h->token_bytes);
         return false;
     }
+    if (h->doc_token != SHARD_NO_DOC_TOKEN && h->doc_token >= h->vocab_size) {   // masking would find none
+        snprintf(why, why_bytes, "doc_token %u is not below the shard's vocab_size %u", h->doc_token, h->vocab_size);
+        return false;
+    }
     return true;
 }
 
@@ -313,9 +319,9 @@ shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, uint32_t 
 
 shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, uint32_t doc_token,
                                         uint32_t chunk_bytes) {
-    if (vocab_size == 0 || (chunk_bytes != 0 && (chunk_bytes < SHARD_MIN_CHUNK_BYTES ||
-                                                 chunk_bytes > SHARD_MAX_CHUNK_BYTES ||
-                                                 (chunk_bytes & (chunk_bytes - 1)) != 0))) {
+    if (vocab_size == 0 || (doc_token != SHARD_NO_DOC_TOKEN && doc_token >= vocab_size) ||
+        (chunk_bytes != 0 && (chunk_bytes < SHARD_MIN_CHUNK_BYTES || chunk_bytes > SHARD_MAX_CHUNK_BYTES ||
+                              (chunk_bytes & (chunk_bytes - 1)) != 0))) {
         errno = EINVAL;
         return NULL;
     }
@@ -629,7 +635,9 @@ static void collect_shards(dataloader *d, const char *spec) {
         char *end = item + strlen(item);
         while (end > item && end[-1] == ' ') *--end = '\0';
         if (*item == '\0') continue;
-        if (!has_glob_chars(item)) {
+        // A file of that very name is taken as it is, as `shards upgrade` does: a path with '['
+        // in it (prepare --out 'runs[1]/x') was globbed, and matched runs1/x ... when that existed.
+        if (!has_glob_chars(item) || file_exists(item)) {
             if (!file_exists(item)) fail("%s: no such shard file '%s'", d->key, item);
             add_shard(d, &capacity, item);
             continue;
@@ -1001,14 +1009,19 @@ uint32_t dataloader_vocab_size(const dataloader *d) {
     return v;
 }
 
-uint32_t dataloader_doc_token(const dataloader *d) {
+uint32_t dataloader_doc_token(const dataloader *d, bool masking) {
     uint32_t first = d->shards[0].header.doc_token;
-    for (int i = 1; i < d->n_shards; i++)
-        if (d->shards[i].header.doc_token != first) {
-            warn("%s: shards disagree on doc_token (%u in '%s', %u in '%s'); using %u", d->key, first,
-                 d->shards[0].path, d->shards[i].header.doc_token, d->shards[i].path, first);
-            break;
-        }
+    for (int i = 1; i < d->n_shards; i++) {
+        uint32_t other = d->shards[i].header.doc_token;
+        if (other == first) continue;
+        if (masking)   // until 2026-12 a warning, and the other shards' documents cut at the wrong token
+            fail("%s: shards disagree on doc_token (%u in '%s', %u in '%s'): document masking would cut some at "
+                 "the wrong token ---> HINT: prepare them with one tokenizer and --doc_token, or doc_masking = 0",
+                 d->key, first, d->shards[0].path, other, d->shards[i].path);
+        warn("%s: shards disagree on doc_token (%u in '%s', %u in '%s'); using %u", d->key, first, d->shards[0].path,
+             other, d->shards[i].path, first);
+        break;
+    }
     return first;
 }
 

@@ -2138,7 +2138,7 @@ static void resolve_doc_token(train_config *cfg, const dataloader *train) {
     if ((int64_t)shard_vocab > m->vocab_size)
         fail("vocab_size: the train shards hold token ids up to %u, above vocab_size %lld", shard_vocab - 1,
              (long long)m->vocab_size);
-    uint32_t from_shards = dataloader_doc_token(train);
+    uint32_t from_shards = dataloader_doc_token(train, m->doc_masking);
     if (m->doc_token >= 0) {
         // Set on purpose, perhaps; but a value other than the one the shards were written with
         // cuts documents where the data has none (and misses the ones it has).
@@ -3278,7 +3278,7 @@ static dataloader *open_validation(const train_config *cfg) {
     // With document masking val_loss cuts the validation set's documents at the model's doc_token
     // (resolved from the train shards or set): val shards written with another one would be cut
     // in the wrong places, silently. Without it doc_token plays no part.
-    uint32_t val_doc_token = dataloader_doc_token(val);
+    uint32_t val_doc_token = dataloader_doc_token(val, cfg->model.doc_masking);
     uint32_t model_doc_token = cfg->model.doc_token >= 0 ? (uint32_t)cfg->model.doc_token : SHARD_NO_DOC_TOKEN;
     if (cfg->model.doc_masking && val_doc_token != model_doc_token) {
         char v[16], t[16];

@@ -25,6 +25,8 @@
 //       Prints the shard's tokens, one per line (after full verification).
 //   test_tool forge_n_tokens SHARD N
 //       Sets the header's n_tokens to N and its header checksum to match (a forged header).
+//   test_tool forge_doc_token SHARD N
+//       The same for the header's doc_token (u32).
 //   test_tool forge_token SHARD INDEX VALUE
 //       Sets token INDEX to VALUE (even one not below the header's vocab_size) and every
 //       checksum to match (payload, header, version 2's chunk table): a shard that only the
@@ -186,16 +188,17 @@ static int truncate_file(int argc, char **argv) {
     return 0;
 }
 
-// A forged header: n_tokens set to N (decimal, up to 2⁶⁴ − 1) and the header checksum made
-// to match, so that only the size check can refuse it.
-static int forge_n_tokens(int argc, char **argv) {
-    if (argc < 3) fail("usage: test_tool forge_n_tokens SHARD N");
+// A forged header: the field of `bytes` at `at` (n_tokens: 16, 8; doc_token: 36, 4) set to N
+// (decimal) and the header checksum made to match, so that only the field's own check can
+// refuse it.
+static int forge_header(int argc, char **argv, int at, int bytes) {
+    if (argc < 3) fail("usage: test_tool %s SHARD N", argv[0]);
     int fd = open(argv[1], O_RDWR);
     if (fd < 0) fail("cannot open '%s': %s", argv[1], strerror(errno));
     uint8_t h[SHARD_HEADER_BYTES];
     if (!pread_exact(fd, h, sizeof h, 0)) fail("cannot read the header of '%s'", argv[1]);
     uint64_t n = strtoull(argv[2], NULL, 10);
-    for (int i = 0; i < 8; i++) h[16 + i] = (uint8_t)(n >> (8 * i));
+    for (int i = 0; i < bytes; i++) h[at + i] = (uint8_t)(n >> (8 * i));
     uint64_t sum = xxh64(h, 56, 0);
     for (int i = 0; i < 8; i++) h[56 + i] = (uint8_t)(sum >> (8 * i));
     if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h) fail("write failed");
@@ -365,7 +368,7 @@ static int quant_reduce_case(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|forge_token|rechunk|xxh64|quant|quant_reduce ...");
+    if (argc < 2) fail("usage: test_tool shard|markov|flip|truncate|tokens|forge_n_tokens|forge_doc_token|forge_token|rechunk|xxh64|quant|quant_reduce ...");
     if (!strcmp(argv[1], "quant")) return quant_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "quant_reduce")) return quant_reduce_case(argc - 1, argv + 1);
     if (!strcmp(argv[1], "xxh64")) return print_xxh64(argc - 1, argv + 1);
@@ -374,7 +377,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "flip")) return flip_byte(argc - 1, argv + 1);
     if (!strcmp(argv[1], "truncate")) return truncate_file(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokens")) return print_tokens(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "forge_n_tokens")) return forge_n_tokens(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "forge_n_tokens")) return forge_header(argc - 1, argv + 1, 16, 8);
+    if (!strcmp(argv[1], "forge_doc_token")) return forge_header(argc - 1, argv + 1, 36, 4);
     if (!strcmp(argv[1], "forge_token")) return forge_token(argc - 1, argv + 1);
     if (!strcmp(argv[1], "rechunk")) return rechunk(argc - 1, argv + 1);
     fail("unknown test_tool command '%s'", argv[1]);

@@ -72,6 +72,9 @@ sampler *sampler_create(const train_config *cfg, const param_table *t) {
     memcpy(s->prompt + s->prompt_len, ids, count * sizeof *ids);
     s->prompt_len += count;
     free(ids);
+    if (s->prompt_len == 0)   // nothing to continue: the model's first position needs a token
+        fail("sample_prompt: it is empty and the data has no doc_token to begin with ---> HINT: give a prompt, or "
+             "sample_every = 0");
     s->max_context = t->cfg.seq_len;
     if ((int64_t)s->prompt_len >= s->max_context)
         fail("sample_prompt: %zu tokens do not fit in seq_len %lld", s->prompt_len, (long long)s->max_context);
