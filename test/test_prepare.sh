@@ -132,6 +132,14 @@ expect_error "bad --val_frac" "val_frac" --tokenizer "$R50K" --out "$T/e/x" --va
 expect_error "unmatched --val_files" "no input file is named zzz.txt" --tokenizer "$R50K" --out "$T/e/x" --val_files zzz.txt "$T/corpus/a.txt"
 expect_error "unknown --doc_token" "no special token <|nope|>" --tokenizer "$R50K" --out "$T/e/x" --doc_token '<|nope|>' "$T/corpus/a.txt"
 expect_error "no inputs" "no input files" --tokenizer "$R50K" --out "$T/e/x"
+# Integer options as the trainer takes integers: digits only (strtoull took " -1" as 2^64 - 1 and
+# "+5000" as 5000); an option given twice is refused (the last one won: --out A --out B wrote B).
+expect_error "--seed ' -1'" "seed must be an integer >= 0, not ' -1'" --tokenizer "$R50K" --out "$T/e/x" --seed " -1" "$T/corpus/a.txt"
+expect_error "--shard_tokens +5000" "shard_tokens must be an integer >= 1, not '+5000'" --tokenizer "$R50K" --out "$T/e/x" \
+    --shard_tokens +5000 "$T/corpus/a.txt"
+expect_error "--out twice" "prepare: --out is given twice" --tokenizer "$R50K" --out "$T/e/x" --out "$T/e/y" "$T/corpus/a.txt"
+expect_error "--seed twice, once as --seed=" "prepare: --seed is given twice" --tokenizer "$R50K" --out "$T/e/x" --seed=1 \
+    --seed 2 "$T/corpus/a.txt"
 [ ! -e "$T/e/x_train_000000.bin" ] && ok "failed runs leave no shard" || bad "a failed run left a shard"
 # tiktoken's loader skips blank lines: a rank file ending in "\n\n" loads (it was refused,
 # ":50257: not a tiktoken line").

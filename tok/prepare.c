@@ -33,6 +33,7 @@
 #include "tok/prepare_input.h"
 #include "tok/tokenizer.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
@@ -100,7 +101,7 @@ static uint64_t parse_count(const char *key, const char *value, uint64_t min) {
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(value, &end, 10);
-    if (errno || !end || *end || value[0] == '-' || value[0] == '\0' || v < min)
+    if (errno || !end || *end || !isdigit((unsigned char)value[0]) || v < min)   // strtoull takes " -1", "+5"
         fail("--%s must be an integer >= %llu, not '%s'", key, (unsigned long long)min, value);
     return v;
 }
@@ -142,6 +143,8 @@ static prepare_options parse_options(int argc, char **argv) {
     o.batch_bytes = (uint64_t)32 << 20;
     o.progress_s = 5;
     o.inputs = xcalloc((size_t)argc, sizeof *o.inputs);
+    char given[32][64];   // the options with a value seen so far (there are 14)
+    int n_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -179,6 +182,11 @@ static prepare_options parse_options(int argc, char **argv) {
             if (i + 1 >= argc) fail("prepare: --%s needs a value", name);
             value = argv[++i];
         }
+        // An option given twice is refused, as the trainer refuses a key set twice on its command
+        // line: the last one won, silently (--out A ... --out B wrote B).
+        for (int j = 0; j < n_given; j++)
+            if (strcmp(given[j], name) == 0) fail("prepare: --%s is given twice", name);
+        if (n_given < (int)(sizeof given / sizeof given[0])) snprintf(given[n_given++], sizeof given[0], "%s", name);
         if (strcmp(name, "tokenizer") == 0) o.tokenizer_path = value;
         else if (strcmp(name, "encoding") == 0) o.encoding = value;
         else if (strcmp(name, "out") == 0) o.out_prefix = value;
