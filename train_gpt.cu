@@ -4410,9 +4410,15 @@ static const char TUNE_USAGE[] =
     "  --dir DIR             where the runs go, one folder each [out/diloco-tune]\n"
     "  --key value           any config key, as for training\n";
 
+// --help or -h where an option's name goes: [CONFIG] then --key value or --key=value pairs (every
+// option of training, plan and diloco-tune takes a value). A value that reads "-h" is a value:
+// `--sample_prompt -h` printed the usage and exited 0, which a requeue loop takes for a run done.
 static bool asks_for_help(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return true;
+        if (strncmp(a, "--", 2) == 0 && !strchr(a, '=')) i++;   // its value follows
+    }
     return false;
 }
 

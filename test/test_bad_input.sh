@@ -161,6 +161,11 @@ expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected
 # --- data
 expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
     "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/absent.bin" --out_dir "$tmp/o1"
+# "-h" as a key's value is a value: it printed the usage and exited 0 (a requeue loop's "done").
+expect_error "sample_prompt -h is a prompt, not --help" "max_steps: expected an integer" \
+    "$TRAIN_GPT" "${base[@]}" --sample_prompt -h --max_steps 0 --out_dir "$tmp/o1"
+"$TRAIN_GPT" "${base[@]}" --lr 0.1 -h >"$tmp/help.out" 2>&1 || true
+check "... while -h where a key goes still prints the usage" grep -q "^usage: train_gpt CONFIG" "$tmp/help.out"
 expect_error "glob with no match" "train_data: no file matches" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/none_*.bin" --out_dir "$tmp/o1"
 # A path with '[' in it (prepare --out 'r[1]/x' writes such): the file of that name, not the glob's
 # r1/x.bin beside it (taken until 2026-12, silently); escaped in a glob, the same file.
