@@ -182,8 +182,8 @@ static prepare_options parse_options(int argc, char **argv) {
             if (i + 1 >= argc) fail("prepare: --%s needs a value", name);
             value = argv[++i];
         }
-        // An option given twice is refused, as the trainer refuses a key set twice on its command
-        // line: the last one won, silently (--out A ... --out B wrote B).
+        // An option given twice is refused (prepare has no config file for the command line to
+        // override, as the trainer's does): the last one won, silently (--out A ... --out B wrote B).
         for (int j = 0; j < n_given; j++)
             if (strcmp(given[j], name) == 0) fail("prepare: --%s is given twice", name);
         if (n_given < (int)(sizeof given / sizeof given[0])) snprintf(given[n_given++], sizeof given[0], "%s", name);
