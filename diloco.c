@@ -881,6 +881,7 @@ static state_counters joined_counters(diloco *d, size_t got, int *means) {
 }
 
 static void merge_fragment(diloco *d, float *const *params, int n_params, train_state *st);
+static double merge_alpha(const diloco *d, const train_state *st, int64_t begin);
 
 static void adopt_state(diloco *d, size_t got, float *params, train_state *st, dataloader *train) {
     const uint8_t *p = d->state;
@@ -1882,7 +1883,7 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
         // only). Every rank says the weights changed if any did: a GPU's upload of the weights
         // gathers the norms' gains over the replica's ranks.
         bool took = outcome == ROUND_APPLIED;
-        if (took) blend_theta(d, fr, params, n_params, d->overlap == 0 || f->final ? 0.0 : d->cfg->diloco_merge_alpha);
+        if (took) blend_theta(d, fr, params, n_params, f->final ? 0.0 : merge_alpha(d, st, f->begin_step));
         bool changed = replica_max(d, took ? 1.0 : 0.0) > 0;
         if (worst == ROUND_FAILED) {
             warn("diloco: the exchange for outer step %lld failed (%s); outer step skipped%s", (long long)k + 1,
@@ -1908,11 +1909,23 @@ static bool land_round(diloco *d, float *const *params, int n_params, train_stat
     return now;
 }
 
+// The α with which a fragment whose contribution was taken after step `begin` merges into the
+// local weights. 0 once the weights started over from θ since then (a rollback, a join:
+// st->restart_step > begin): they no longer hold the work the landed θ carries, and blending them
+// in took back α of that outer step (with one replica, α 0.5: half of it), or, where the round
+// had landed before the rollback (a checkpoint's stop lands it early), did not, so a resumed run
+// differed from the straight one. The fragment takes θ whole; its steps since the restart (at
+// most diloco_overlap_steps) are dropped with it.
+static double merge_alpha(const diloco *d, const train_state *st, int64_t begin) {
+    return d->overlap == 0 || st->restart_step > begin ? 0.0 : d->cfg->diloco_merge_alpha;
+}
+
 // The fragment that landed last merges into the local weights: θᵢ ← α·θᵢ + (1 − α)·θ, in double.
 static void merge_fragment(diloco *d, float *const *params, int n_params, train_state *st) {
     // The fragment that landed (saved with the checkpoint), not the schedule's: a resume with
     // another H would have merged a fragment whose θ never landed.
-    int p = st->merge_fragments > 0 ? (int)st->merge_fragment : fragment_due(d, st->merge_step - d->overlap);
+    int64_t begin = st->merge_step - d->overlap;
+    int p = st->merge_fragments > 0 ? (int)st->merge_fragment : fragment_due(d, begin);
     bool same_split = st->merge_fragments == 0 || st->merge_fragments == d->n_fragments;
     st->merge_step = 0;
     st->merge_fragment = st->merge_fragments = 0;
@@ -1924,7 +1937,7 @@ static void merge_fragment(diloco *d, float *const *params, int n_params, train_
         return;
     }
     const fragment *fr = &d->fragments[p];
-    double a = d->cfg->diloco_merge_alpha;
+    double a = merge_alpha(d, st, begin);
     FILE *dump = dump_open(d, "merge", st->outer_step, p);
     if (dump) {
         dump_tensor(dump, params[0] + fr->offset, fr->numel);

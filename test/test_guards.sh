@@ -44,6 +44,9 @@
 #      θ agrees at every outer step; stopped after the rollback and resumed: bit-exact. Rolled
 #      back onto a sync step, its sync there goes with tokens 0: MPI's mean leaves it out, and
 #      diloco_min_replicas does not count it.
+#  15. A rollback while a streaming fragment's exchange is in flight: when it lands, the fragment
+#      takes θ whole (the weights hold none of the work it carries), and a run stopped between
+#      the fragment's start and the rollback resumes bit-exact.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer or MPI job running
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -485,5 +488,40 @@ PY
     check "... with diloco_min_replicas 2 outer step 3 is skipped, one contributor (rc $rc, got '$got0')" \
         sh -c "[ $rc -eq 0 ] && [ '$got0' = '[0] false 640' ] &&
                grep -q '\"outer_step\":3,.*\"skipped\":\"1 contributor(s), diloco_min_replicas is 2\"' '$tmp/onsync_min/1/metrics.jsonl'"
+
+# 15. One replica (mpi transport, one process), H 16 in 4 fragments, each exchange overlapping 3
+#     inner steps: fragment 0 begins after step 4 and lands after step 7. Steps 5-7 are NaN, so
+#     the rollback to θ comes at step 7, before the landing. The merge blended the rolled-back
+#     weights (the old θ) in with α 0.5: half of an outer step taken back (with one replica, lr 1
+#     and μ 0 the merge is θ exactly). And a run stopped at step 5 or 6 (its checkpoint lands the
+#     fragment early, so its rollback took the new θ) ended elsewhere than the straight run.
+    inflight=(--n_layer 4 --diloco_inner_steps 16 --diloco_fragments 4 --diloco_overlap_steps 3 --max_steps 24
+        --diloco_replicas 1 --diloco_transport mpi --max_bad_steps 3 --ckpt_every 1000)
+    inflight_run() {  # inflight_run NAME [--key value]...: NaN in steps 5-7, dumps in $tmp/NAME.dump
+        mkdir -p "$tmp/$1.dump"
+        TRAIN_GPT_DILOCO_DUMP="$tmp/$1.dump" TRAIN_GPT_FAULT=nan_grad:4,nan_grad:5,nan_grad:6 \
+            "$TRAIN_GPT" "${common[@]}" "${inflight[@]}" "${@:2}" --out_dir "$tmp/$1" >>"$tmp/$1.log" 2>&1
+    }
+    rc=0
+    inflight_run inflight --diloco_quant none --diloco_outer_lr 1 --diloco_outer_momentum 0 || rc=$?
+    merged_is_theta() {  # the merge dump: weights before, θ, weights after; after = θ bit for bit
+        "$PYTHON" -c "
+import sys
+raw = open(sys.argv[1], 'rb').read(); n = len(raw) // 3
+sys.exit(0 if n > 0 and raw[n:2 * n] == raw[2 * n:] else 1)" "$1"
+    }
+    check "rollback in flight: the run finishes (rc $rc), rolled back at step 7" \
+        sh -c "[ $rc -eq 0 ] && grep -q '\"event\":\"rollback\",\"step\":7,\"to\":\"outer_theta\"' '$tmp/inflight/metrics.jsonl'"
+    check "... fragment 0 lands after it and takes θ bit for bit (one replica, lr 1, μ 0)" \
+        merged_is_theta "$tmp/inflight.dump/merge_0_00001_0.f32"
+    q8=(--diloco_quant int8 --diloco_outer_lr 0.7 --diloco_outer_momentum 0.9)
+    inflight_run q8_straight "${q8[@]}" || rc=$?
+    for stop in 5 6; do
+        inflight_run "q8_stop$stop" "${q8[@]}" --stop_at_step "$stop" || rc=$?
+        inflight_run "q8_stop$stop" "${q8[@]}" || rc=$?
+        check "... int8, μ 0.9: stopped at step $stop (fragment in flight) and resumed: byte-identical at step 24 (rc $rc)" \
+            sh -c "for f in model.safetensors optimizer.safetensors outer.safetensors; do
+                       cmp -s '$tmp/q8_straight/step_00000024/'\$f '$tmp/q8_stop$stop/step_00000024/'\$f || exit 1; done"
+    done
 fi
 finish test_guards
