@@ -207,7 +207,14 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
         errno = 0;
         char *end;
         double v = strtod(text, &end);
-        if (errno || end == text || *end != '\0' || !isfinite(v)) {
+        // Decimal as the integers are: strtod also takes leading blanks, a '+' and hex floats
+        // ("0x1p-10"). A subnormal (1e-310) is a number; ERANGE there is only its precision.
+        const char *digits = text[0] == '-' ? text + 1 : text;
+        bool plain = ((digits[0] >= '0' && digits[0] <= '9') || (digits[0] == '.' && digits[1] >= '0' &&
+                                                                 digits[1] <= '9')) &&
+                     !strpbrk(text, "xX");
+        if (errno == ERANGE && v != 0.0 && fabs(v) < 1.0) errno = 0;
+        if (errno || end == text || *end != '\0' || !isfinite(v) || !plain) {
             snprintf(why, sizeof why, "expected a number%s%s, got '%s'", or_word, word, text);
             return why;
         }

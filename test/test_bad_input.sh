@@ -71,6 +71,13 @@ expect_error "a line break in a command-line value (the config a checkpoint save
     "\-\-sample_prompt: a value cannot hold a line break" "$TRAIN_GPT" plan "${base[@]}" --sample_prompt "$(printf 'say\nhi')"
 expect_error "an integer with a '+'" "\-\-n_layer: expected an integer, got '+2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer +2
 expect_error "an integer after a blank" "\-\-n_layer: expected an integer, got ' 2'" "$TRAIN_GPT" plan "${base[@]}" --n_layer " 2"
+# Numbers as integers are: decimal, no '+', no leading blank, no hex float (strtod took all
+# three); a subnormal is a number (it was "expected a number, got '1e-310'").
+expect_error "a number with a '+'" "\-\-lr: expected a number, got '+1e-3'" "$TRAIN_GPT" plan "${base[@]}" --lr +1e-3
+expect_error "a number after a blank" "\-\-lr: expected a number, got ' 1e-3'" "$TRAIN_GPT" plan "${base[@]}" --lr " 1e-3"
+expect_error "a hex float" "\-\-lr: expected a number, got '0x1p-10'" "$TRAIN_GPT" plan "${base[@]}" --lr 0x1p-10
+"$TRAIN_GPT" plan "${base[@]}" --norm_eps 1e-310 --lr .5 >/dev/null 2>"$tmp/sub.err" || true
+check "a subnormal norm_eps and lr .5 are numbers" sh -c "! grep -q error '$tmp/sub.err'"
 check "leading zeros are decimal: n_layer 010 is 10 layers" sh -c \
     "'$TRAIN_GPT' plan test/configs/tiny_test.conf --train_data x --n_layer 010 2>/dev/null | grep -q 'model: 10 layers'"
 { printf '\357\273\277'; cat test/configs/tiny_test.conf; } >"$tmp/bom.conf"
