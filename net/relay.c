@@ -2044,12 +2044,14 @@ static void on_done(relay *h, int id, const wire_done *m) {
     if (h->dying_for == id && m->result == DONE_COMPLETE) die_now(h, "the replica that had the round's ROUND is done");
     if (r->state != R_MEMBER || r->joiner) return;
     // A replica completes the steps it exchanges here, one at a time: a DONE far past anything
-    // this hub knows of it (its JOIN or FOLLOW, the rounds it began, its first round here) or
-    // of the group is a broken peer. Taken, it made every later contribution here stale and no
-    // round of this hub could close again.
+    // this hub knows of it (its JOIN or FOLLOW, the rounds it began, its first round here, its
+    // last DONE) or of the group (its rounds, the completions it was told) is a broken peer.
+    // Taken, it made every later contribution here stale and no round of this hub could close
+    // again. (A hub with no share of a small payload has no round: without the DONEs counted,
+    // its replicas were dropped at their 65th step, test_transport hubfew.)
     int64_t known = r->status.outer_step;
     int64_t seen[] = {r->began_step, step_of(h->round_step), step_of(h->last_closed_step),
-                      r->member_from == INT64_MAX ? -1 : step_of(r->member_from)};
+                      r->member_from == INT64_MAX ? -1 : step_of(r->member_from), r->done_step, h->completed_step};
     for (size_t i = 0; i < sizeof seen / sizeof *seen; i++)
         if (seen[i] > known) known = seen[i];
     if (m->outer_step > known + DONE_MAX_AHEAD) {

@@ -1407,11 +1407,20 @@ static void blackhole(tcp *t) {
 }
 
 // After the session died: reconnect (this replica was dropped, so it must rejoin) or give up.
+// One hub of several gives up at once: the share fails over to the next live hub, as for a dead
+// one, and the hub is taken back at a later step (transport_hubs.c). Reconnected here, a hub
+// restarted within timeout_s (a supervisor's restart) made every replica's step "evicted": all of
+// them rejoined, the group was founded again at that step, and the hubs that had closed its other
+// shares refused them as closed, round after round, with no end (test_transport hubquick).
 static bool recover(tcp *t, round_result *r, double t0) {
     char err[256], name[128];
     warn("diloco: lost the hub at %s during the exchange for %s: %s", t->hub,
          exchange_name(t, r->outer_step, name, sizeof name), dead_reason(t));
     disconnect(t);
+    if (t->multi_hub) {
+        r->sync_s = wall_seconds() - t0;
+        return false;
+    }
     bool back = connect_session(t, wall_seconds() + t->o.timeout_s, false, err, sizeof err);
     r->evicted = back;
     r->sync_s = wall_seconds() - t0;
@@ -1426,6 +1435,7 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
     memset(r, 0, sizeof *r);
     r->outer_step = outer_step;
     if (!t->connected) {
+        if (t->multi_hub) return false;   // as recover: the share goes to another hub
         char err[256];
         bool back = connect_session(t, t0 + t->o.timeout_s, false, err, sizeof err);
         if (!back) warn("diloco: cannot reconnect to the hub at %s: %s", t->hub, err);

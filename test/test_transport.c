@@ -77,6 +77,16 @@
 //   hubs3      three hubs; kill -9 the second, then the third: the shares move on within
 //              timeout + 5 s; a replica listing the hubs in another order is refused (one line);
 //              restarted, each takes its share again
+//   hubfew     two hubs, a payload of one segment (the second hub has no share): 80 steps, and
+//              the share-less hub drops nobody (its DONE bound once dropped all at step 65)
+//   hubfewkill the same; kill -9 the first hub after step 70: share 0 moves to the second,
+//              nobody is evicted
+//   hubquick   three hubs; kill -9 the second and restart it on its port at once (a supervisor's
+//              restart, within timeout_s), three times: the replicas go on, nobody evicted (each
+//              replica reconnected inside the exchange, took the step as evicted, and the group,
+//              founded again, had its other shares refused as closed for ever)
+//   hubtwo     three hubs; kill -9 the second and third together: both shares move to the first;
+//              restarted, each takes its share again
 //   cli        relay_main's argument errors
 // `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
@@ -2052,6 +2062,161 @@ static void test_hubs_three(void) {
     finish(&c);
 }
 
+// Two hubs and a payload of one segment: the second hub has no share and no round, only the
+// replicas' FOLLOW and DONEs (hubfew).
+static void test_hubs_few(void) {
+    static scenario s, second;
+    open_reports(&s, "hubfew");
+    start_hub(&s, NULL);
+    start_second_hub(&s, &second, "hubfew_second", NULL);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.values = SEGMENT_VALUES;   // one segment: share 0 only
+        c.steps = 80;
+        c.inner_s = 0.01;
+        start_replica(&s, &c);
+    }
+    for (int id = 0; id < 3; id++) EXPECT(await(&s, id, "done", 80, 120), "hubfew: replica %d finishes", id);
+    for (int id = 0; id < 3; id++) EXPECT(wait_exit(s.pids[id], 10) == 0, "hubfew: replica %d exits 0", id);
+    EXPECT(!file_has(second.hub_log, "far past"), "hubfew: the share-less hub drops nobody for DONE far past");
+    check_hub_rounds(&s, "hubfew");
+    stop_hub(&s);
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
+// One segment, two hubs; after step 70 kill -9 the first hub (the only one with a share): share 0
+// moves to the second, as in hubkill, and nobody is evicted (hubfewkill). Before, the second
+// hub had dropped every replica at step 65, unnoticed, and all of them rejoined here.
+static void test_hubs_few_kill(void) {
+    static scenario s, second;
+    open_reports(&s, "hubfewkill");
+    start_hub(&s, NULL);
+    start_second_hub(&s, &second, "hubfewkill_second", NULL);
+    char stop_path[400];
+    snprintf(stop_path, sizeof stop_path, "%s/hubfewkill.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg c = default_cfg(&s, id);
+        c.values = SEGMENT_VALUES;
+        c.steps = 100000;
+        c.inner_s = 0.01;
+        c.stop_file = stop_path;
+        c.partial = ANY_SHARE;
+        start_replica(&s, &c);
+    }
+    const rec *r = await(&s, 0, "round", 70, 60);
+    EXPECT(r != NULL, "hubfewkill: 70 rounds");
+    kill(s.hub, SIGKILL);
+    waitpid(s.hub, NULL, 0);
+    double killed = wall_seconds();
+    long long k = last_round_step(&s);
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 3, 60), "hubfewkill: replica %d goes on through the second hub", id);
+    printf("hubfewkill: three rounds more %.2f s after the kill\n", wall_seconds() - killed);
+    stop_replicas(&s, stop_path, "hubfewkill");
+    int ev = 0;
+    for (int i = 0; i < s.n_lines; i++) ev += !strcmp(s.lines[i].ev, "evicted");
+    EXPECT(ev == 0, "hubfewkill: nobody evicted (%d evictions)", ev);
+    check_hub_rounds(&s, "hubfewkill");
+    stop_hub(&second);
+    finish(&s);
+    finish(&second);
+}
+
+// Three hubs; kill -9 the second and restart it on its port at once (well within timeout_s, as a
+// supervisor would), three times: the replicas go on, nobody evicted, every step the same mean,
+// none twice (hubquick).
+static void test_hubs_quick(void) {
+    static scenario s, b, c;
+    open_reports(&s, "hubquick");
+    start_hub(&s, NULL);
+    memset(&b, 0, sizeof b);
+    b.name = "hubquick_b";
+    start_hub(&b, NULL);
+    memset(&c, 0, sizeof c);
+    c.name = "hubquick_c";
+    start_hub(&c, NULL);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
+    char listen_b[64], stop_path[400];
+    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubquick.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg cfg = default_cfg(&s, id);
+        cfg.steps = 100000;
+        cfg.stop_file = stop_path;
+        cfg.partial = ANY_SHARE;
+        start_replica(&s, &cfg);
+    }
+    EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubquick: training");
+    for (int rep = 0; rep < 3; rep++) {
+        kill(b.hub, SIGKILL);
+        waitpid(b.hub, NULL, 0);
+        start_hub_on(&b, listen_b, NULL);
+        long long k = last_round_step(&s);
+        for (int id = 0; id < 3; id++)
+            EXPECT(await(&s, id, "round", k + 4, 40), "hubquick: rep %d: replica %d goes on", rep, id);
+    }
+    stop_replicas(&s, stop_path, "hubquick");
+    int ev = 0;
+    for (int i = 0; i < s.n_lines; i++) ev += !strcmp(s.lines[i].ev, "evicted");
+    EXPECT(ev == 0, "hubquick: nobody evicted (%d evictions)", ev);
+    check_hub_rounds(&s, "hubquick");
+    stop_hub(&s);
+    stop_hub(&b);
+    stop_hub(&c);
+    finish(&s);
+    finish(&b);
+    finish(&c);
+}
+
+// Three hubs; kill -9 the second and third at the same moment: both shares move to the first;
+// restarted, each takes its share again (hubtwo).
+static void test_hubs_two_die(void) {
+    static scenario s, b, c;
+    open_reports(&s, "hubtwo");
+    start_hub(&s, NULL);
+    memset(&b, 0, sizeof b);
+    b.name = "hubtwo_b";
+    start_hub(&b, NULL);
+    memset(&c, 0, sizeof c);
+    c.name = "hubtwo_c";
+    start_hub(&c, NULL);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
+    char listen_b[64], listen_c[64], stop_path[400];
+    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
+    snprintf(listen_c, sizeof listen_c, "127.0.0.1:%d", c.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubtwo.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg cfg = default_cfg(&s, id);
+        cfg.steps = 100000;
+        cfg.stop_file = stop_path;
+        cfg.partial = ANY_SHARE;
+        start_replica(&s, &cfg);
+    }
+    EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubtwo: training");
+    kill(b.hub, SIGKILL);
+    kill(c.hub, SIGKILL);
+    waitpid(b.hub, NULL, 0);
+    waitpid(c.hub, NULL, 0);
+    long long k = last_round_step(&s);
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 3, 30), "hubtwo: replica %d goes on through the first hub", id);
+    size_t before_b = strlen(slurp(b.hub_log)), before_c = strlen(slurp(c.hub_log));
+    start_hub_on(&b, listen_b, NULL);
+    start_hub_on(&c, listen_c, NULL);
+    EXPECT(await_log_after(b.hub_log, before_b, "share 1) closed: 3 contributor(s) [0 1 2]", 30), "hubtwo: b back");
+    EXPECT(await_log_after(c.hub_log, before_c, "share 2) closed: 3 contributor(s) [0 1 2]", 30), "hubtwo: c back");
+    stop_replicas(&s, stop_path, "hubtwo");
+    check_hub_rounds(&s, "hubtwo");
+    stop_hub(&s);
+    stop_hub(&b);
+    stop_hub(&c);
+    finish(&s);
+    finish(&b);
+    finish(&c);
+}
+
 // ---------------------------------------------------------------- evil peers
 // Connects and reads the hub's HELLO.
 static int evil_connect(scenario *s, conn *c, wire_hello *hello) {
@@ -2472,7 +2637,9 @@ int main(int argc, char **argv) {
                  {"slowsetup", test_slow_setup}, {"evil", test_evil},
                  {"hubs", test_hubs},       {"hubsmean", test_hubs_mean},
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
-                 {"hubs3", test_hubs_three}, {"stopjoin", test_stop_in_join}};
+                 {"hubs3", test_hubs_three}, {"hubfew", test_hubs_few},
+                 {"hubfewkill", test_hubs_few_kill}, {"hubquick", test_hubs_quick},
+                 {"hubtwo", test_hubs_two_die}, {"stopjoin", test_stop_in_join}};
     bool known = only == NULL;
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
     if (!known) {
