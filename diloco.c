@@ -2016,14 +2016,15 @@ static bool finish_final_syncs(diloco *d, float *const *params, int n_params, co
     return true;
 }
 
-bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps) {
+bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps, bool stop) {
     double T = d->cfg->diloco_sync_every_s;
     if (T <= 0 || d->local) return false;
     // Only where a sync is due (the same step on every rank): no collective on other steps.
     if (st->step != max_steps && fragment_due(d, st->step) < 0) return false;
     bool mine = wall_seconds() - d->phase_start_s < T;
-    // A sharded replica's ranks step together: one more step if any rank's clock says so.
-    return replica_max(d, mine ? 1.0 : 0.0) > 0;
+    // A sharded replica's ranks step together: one more step if any rank's clock says so, none
+    // if any rank must stop (2 outranks 1).
+    return replica_max(d, stop ? 2.0 : mine ? 1.0 : 0.0) == 1.0;
 }
 
 void diloco_count_extra_step(diloco *d) { d->extra_steps++; }

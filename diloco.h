@@ -139,7 +139,9 @@ int64_t diloco_next_due(const diloco *d, const train_state *st, int64_t max_step
 // since the phase began. The caller then trains one step that does not advance st->step (at the
 // learning rate of the phase's last step) and calls diloco_count_extra_step; the contribution
 // then counts H + extra inner steps and their tokens. A collective of a sharded replica's ranks.
-bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps);
+// `stop`: this rank must stop (a signal, the walltime guard): no more extra steps on any rank of
+// the replica, whatever their clocks say.
+bool diloco_wants_extra_step(diloco *d, const train_state *st, int64_t max_steps, bool stop);
 void diloco_count_extra_step(diloco *d);
 
 // After inner step st->step: lands the fragment in flight when its τ steps are done, merges

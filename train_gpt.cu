@@ -2084,7 +2084,8 @@ typedef struct {
     double peak_tflops;  // for MFU; 0 = unknown (mfu logged as null)
     bool quiet;          // no validation line on stdout (diloco-tune's runs)
     double ckpt_s;       // how long the last checkpoint took (0: none yet); the walltime guard's
-    double slowest_step_s;  // and the slowest step so far, outer work included
+    double slowest_step_s;  // and the slowest step so far, outer work included, and the slowest
+    double slowest_extra_s; // validation and sample (which come after the guard's check passed)
 } trainer;
 
 // More threads than the CPUs this process may run on (its affinity mask) share cores, and every
@@ -3366,7 +3367,7 @@ static bool walltime_near(const trainer *tr, double end, double *left_s) {
     if (end <= 0) return false;
     const train_config *cfg = tr->cfg;
     double ckpt_s = tr->ckpt_s > 0 ? tr->ckpt_s : (double)tr->table.numel * 12.0 / 100e6;  // weights + 2 moments
-    double need_s = (tr->slowest_step_s + ckpt_s) * cfg->walltime_safety + cfg->stop_before_s;
+    double need_s = (tr->slowest_step_s + tr->slowest_extra_s + ckpt_s) * cfg->walltime_safety + cfg->stop_before_s;
     *left_s = end - (double)time(NULL);
     return *left_s < need_s;
 }
@@ -3565,6 +3566,12 @@ static step_metrics train_step(trainer *tr, bool extra) {
         if (fault_requested("grad_spike", s)) backend_poison_grad(tr->be, 1e4f);
         while (fault_requested("hang_in_step", s)) sleep(1);
         if (fault_requested("stop_in_step", s)) raise(SIGSTOP);   // resumed by SIGCONT (a test's)
+    } else {
+        static bool stopped_once;   // the first extra step of that phase only
+        if (!stopped_once && fault_requested("stop_in_extra_step", s)) {
+            stopped_once = true;
+            raise(SIGSTOP);
+        }
     }
     step_metrics m = {};
     m.lr = lr_at_step(cfg, s);
@@ -3868,11 +3875,17 @@ static int train_run(train_config *cfg) {
             m.has_stall = true;
             // diloco_sync_every_s: a replica done with its phase's steps early trains on until
             // the phase's time is up (steps that count toward its contribution, not the step count).
-            double extra_t0 = wall_seconds();
+            // A signal or the walltime guard ends them (T may be as long as SLURM's warning before
+            // the job's end: until 2026-12 a SIGUSR1 waited for the phase's end, and the guard,
+            // checked after it, stopped the run past the walltime).
+            double extra_t0 = wall_seconds(), left_s = 0.0;
             while (cfg->diloco_sync_every_s > 0 &&
-                   first_copy_says(&tr, tr.outer && diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps))) {
+                   first_copy_says(&tr, tr.outer && diloco_wants_extra_step(tr.outer, &tr.state, cfg->max_steps,
+                                                                             stop_signal != 0 ||
+                                                                                 walltime_near(&tr, job_end, &left_s)))) {
                 watchdog_phase("an extra inner step", tr.state.step);  // each its own: T may be long
                 step_metrics x = train_step(&tr, true);
+                if (x.step_ms / 1e3 > tr.slowest_step_s) tr.slowest_step_s = x.step_ms / 1e3;
                 // A skipped step (the outlier guard) ends the extra steps: the phase syncs now
                 // rather than pile up skips at the same step (max_bad_steps in a row stop a run).
                 if (x.rolled_back || x.skipped) break;
@@ -3907,10 +3920,15 @@ static int train_run(train_config *cfg) {
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
         int64_t step = tr.state.step;
         watchdog_phase("validation", step);
+        double extra_t0 = wall_seconds();
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
         watchdog_phase("a sample", step);
         if (tr.samples && due(step, cfg->sample_every, cfg->max_steps))
             sampler_run(tr.samples, tr.be, step, tr.log);
+        // The guard's check below comes after them, the next step's before: a step where they are
+        // due needs their time too (until 2026-12 not counted: a long validation ran past the
+        // walltime).
+        if (wall_seconds() - extra_t0 > tr.slowest_extra_s) tr.slowest_extra_s = wall_seconds() - extra_t0;
         double left_s = 0.0;
         bool walltime = step < cfg->max_steps && walltime_near(&tr, job_end, &left_s);
         bool stop_here = stop_signal || step == cfg->stop_at_step || walltime || tr.over;
@@ -3964,10 +3982,11 @@ static int train_run(train_config *cfg) {
                 note("stopped by signal %d after step %lld; checkpoint written, run the same command to resume",
                      (int)stop_signal, (long long)step);
             else if (walltime)
-                note("stopped after step %lld: %.0f s left before the job's end, less than the slowest step (%.3g s) "
-                     "and a checkpoint (%.2f s) take with walltime_safety %g and stop_before_s %g; checkpoint "
-                     "written, requeue the job to resume",
-                     (long long)step, left_s, tr.slowest_step_s, tr.ckpt_s, cfg->walltime_safety, cfg->stop_before_s);
+                note("stopped after step %lld: %.0f s left before the job's end, less than the slowest step (%.3g s), "
+                     "validation and sample (%.3g s) and a checkpoint (%.2f s) take with walltime_safety %g and "
+                     "stop_before_s %g; checkpoint written, requeue the job to resume",
+                     (long long)step, left_s, tr.slowest_step_s, tr.slowest_extra_s, tr.ckpt_s, cfg->walltime_safety,
+                     cfg->stop_before_s);
             else
                 note("stopped after step %lld (%s); checkpoint written, run again to resume", (long long)step,
                      step == cfg->stop_at_step ? "stop_at_step" : "another replica was stopped");

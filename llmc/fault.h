@@ -60,6 +60,8 @@
 //                       lines only (test/test_tensorboard.sh)
 //   tb_enospc           TensorBoard record STEP (0-based, this file's) meets a full disk after
 //                       half its bytes: the file ends at its last whole record
+//   stop_in_extra_step  SIGSTOP in the first extra inner step (diloco_sync_every_s) after step
+//                       STEP (0-based: the phase's last), once (test/test_slurm.sh)
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor
 //                       only, then SIGKILL itself once that replica says DONE (net/relay.c)

@@ -10,6 +10,8 @@
 #   5. SIGUSR1 in the last step, or in the step stop_at_step ends: status 0, not 76; SIGUSR1
 #      with a checkpoint that cannot be written: 75 (requeued, counted), not 1; SIGTERM during
 #      start-up: 0 after one step, not 143; SIGUSR1 then SIGTERM: 76, not 0;
+#      a DiLoCo replica in the extra inner steps of a timed phase (diloco_sync_every_s): SIGUSR1
+#      and the walltime guard stop it after the step in progress, not at the phase's end;
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept, and on an out-of-memory kill (253);
@@ -134,6 +136,39 @@ check "SIGUSR1, then SIGTERM: status 76 after step 1, the requeue request stands
 rc=$(FILE_LIMIT=64 usr1_in_step unwritable 2 --max_steps 10)
 check "SIGUSR1, and its checkpoint cannot be written: status 75, one line saying why (rc $rc)" \
     sh -c "[ $rc -eq 75 ] && [ \$(grep -c 'error: the checkpoint at step 3 could not be written' '$tmp/unwritable.log') -eq 1 ]"
+
+# 5b. A DiLoCo replica whose phases run on wall time (diloco_sync_every_s, an hour here) trains
+# extra inner steps until the phase's time is up: SIGUSR1 in them (the replica stops itself in
+# the first) stops it after that step, status 76, and the walltime guard (the job's end 25 s
+# ahead) stops it before the end. Both waited for the phase's end (an hour) until 2026-12.
+detect_mpi
+if [ "$HAVE_MPI" = 1 ]; then
+    phases=(--max_steps 20 --diloco_replicas 1 --diloco_transport mpi --diloco_inner_steps 5 --diloco_sync_every_s 3600)
+    TRAIN_GPT_FAULT=stop_in_extra_step:4 "$TRAIN_GPT" test/configs/tiny_test.conf $data "${phases[@]}" \
+        --out_dir "$tmp/extra" >"$tmp/extra.log" 2>&1 &
+    p=$!
+    stopped_or_gone() { stopped "$1" || ! kill -0 "$1" 2>/dev/null; }
+    wait_until "the replica stopped in its first extra step" stopped_or_gone "$p"
+    kill -USR1 "$p"
+    kill -CONT "$p"
+    gone() { ! kill -0 "$1" 2>/dev/null; }
+    wait_until "the replica signalled in its extra steps exits" gone "$p"
+    rc=0
+    wait "$p" || rc=$?
+    check "SIGUSR1 in the extra inner steps of a timed phase: status 76 at step 5, not the phase's end (rc $rc)" \
+        sh -c "[ $rc -eq 76 ] && grep -q 'stopped by signal 10 after step 5' '$tmp/extra.log'"
+    end=$(( $(date +%s) + 25 ))
+    rc=0
+    SLURM_JOB_END_TIME=$end "$TRAIN_GPT" test/configs/tiny_test.conf $data "${phases[@]}" --stop_before_s 2 \
+        --out_dir "$tmp/extra_wall" >"$tmp/extra_wall.log" 2>&1 &
+    p=$!
+    wait_until "the replica in a timed phase stops for the walltime" gone "$p"
+    wait "$p" || rc=$?
+    done_at=$(date +%s)
+    check "... and the walltime guard in them: status 76, $(( end - done_at )) s before the job's end (rc $rc)" \
+        sh -c "[ $rc -eq 76 ] && [ $done_at -le $end ] &&
+               grep -q '\"event\":\"stop\",\"step\":5,\"reason\":\"walltime\"' '$tmp/extra_wall/metrics.jsonl'"
+fi
 
 # 6. A walltime_end already past: one line, status 1 (not 76): every requeued job inherits it,
 # and each trained one step and asked to be requeued.
