@@ -2045,15 +2045,21 @@ static void on_done(relay *h, int id, const wire_done *m) {
     if (r->state != R_MEMBER || r->joiner) return;
     // A replica completes the steps it exchanges here, one at a time: a DONE far past anything
     // this hub knows of it (its JOIN or FOLLOW, the rounds it began, its first round here, its
-    // last DONE) or of the group (its rounds, the completions it was told) is a broken peer.
-    // Taken, it made every later contribution here stale and no round of this hub could close
-    // again. (A hub with no share of a small payload has no round: without the DONEs counted,
-    // its replicas were dropped at their 65th step, test_transport hubfew.)
-    int64_t known = r->status.outer_step;
+    // last DONE) or of the group (its rounds, the other members' DONEs) is a broken peer. Taken,
+    // it made every later contribution here stale and no round of this hub could close again.
+    // (A hub with no share of a small payload has no round: without the DONEs counted, its
+    // replicas were dropped at their 65th step, test_transport hubfew.) Its own DONEs let it
+    // go on alone; the group's completed step, which makes every member's rounds up to it stale,
+    // moves only within 64 steps of what the group shows (one peer's DONEs, 64 steps further
+    // each, could have walked it anywhere).
+    int64_t group = r->status.outer_step;
     int64_t seen[] = {r->began_step, step_of(h->round_step), step_of(h->last_closed_step),
-                      r->member_from == INT64_MAX ? -1 : step_of(r->member_from), r->done_step, h->completed_step};
+                      r->member_from == INT64_MAX ? -1 : step_of(r->member_from)};
     for (size_t i = 0; i < sizeof seen / sizeof *seen; i++)
-        if (seen[i] > known) known = seen[i];
+        if (seen[i] > group) group = seen[i];
+    for (int j = 0; j < WIRE_MAX_REPLICAS; j++)
+        if (j != id && h->reps[j].state == R_MEMBER && h->reps[j].done_step > group) group = h->reps[j].done_step;
+    int64_t known = r->done_step > group ? r->done_step : group;
     if (m->outer_step > known + DONE_MAX_AHEAD) {
         char why[160];
         snprintf(why, sizeof why, "said DONE for outer step %lld, far past any step it or the group has been in here (%lld)",
@@ -2061,7 +2067,7 @@ static void on_done(relay *h, int id, const wire_done *m) {
         drop_replica(h, id, why);
         return;
     }
-    if (m->result == DONE_COMPLETE) take_completion(h, id, m->outer_step);
+    if (m->result == DONE_COMPLETE && m->outer_step <= group + DONE_MAX_AHEAD) take_completion(h, id, m->outer_step);
     else if (m->outer_step > r->done_step) r->done_step = m->outer_step;
     check_round(h);
 }

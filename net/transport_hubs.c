@@ -522,9 +522,14 @@ static bool hubs_exchange(void *impl, int64_t outer_step, const payload_spec *sp
     set_next_step(x, outer_step + 1);
     take_back(x, outer_step);
     if (live_hubs(x) == 0) {
-        warn("diloco: none of the %d hubs is reachable", x->n);
+        // Every hub was lost (restarted together, a link flap here): the revivers follow them
+        // from a later step than this one, which a replica that skips this step's exchange never
+        // reaches (until 2026-12, "none reachable" at every step for good). It rejoins instead:
+        // the join takes back any hub found back, or waits connect_timeout_s for one.
+        warn("diloco: none of the %d hubs is reachable; rejoining once one is back", x->n);
+        r->evicted = true;
         r->sync_s = wall_seconds() - t0;
-        return false;
+        return true;
     }
     size_t mean_bytes = payload_spec_down_bytes(spec);
     if (mean_bytes > x->mean_cap) {

@@ -87,6 +87,7 @@
 //              founded again, had its other shares refused as closed for ever)
 //   hubtwo     three hubs; kill -9 the second and third together: both shares move to the first;
 //              restarted, each takes its share again
+//   hubboth    two hubs, both kill -9'd and restarted at once: the replicas rejoin and go on
 //   cli        relay_main's argument errors
 // `build/test_transport NAME` runs one scenario; TEST_TRANSPORT_KEEP=1 keeps the logs.
 #include "llmc/common.h"
@@ -2170,6 +2171,57 @@ static void test_hubs_quick(void) {
     finish(&c);
 }
 
+// Two hubs, both killed and restarted on their ports at once (one host's supervisor, or a link
+// flap here): every share fails, no hub is live, and the replicas rejoin once the hubs are back
+// (hubboth). They exchanged "none of the hubs is reachable" at every step for good: the hubs'
+// revivers followed them from a later step than the one they kept trying.
+static void test_hubs_both(void) {
+    static scenario s, b;
+    open_reports(&s, "hubboth");
+    start_hub(&s, NULL);
+    memset(&b, 0, sizeof b);
+    b.name = "hubboth_b";
+    start_hub(&b, NULL);
+    char listen_a[64], listen_b[64], stop_path[400], addr[sizeof s.hub_addr];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d,127.0.0.1:%d", s.port, b.port);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "%s", addr);
+    snprintf(listen_a, sizeof listen_a, "127.0.0.1:%d", s.port);
+    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
+    snprintf(stop_path, sizeof stop_path, "%s/hubboth.stop", dir);
+    for (int id = 0; id < 3; id++) {
+        replica_cfg cfg = default_cfg(&s, id);
+        cfg.steps = 100000;
+        cfg.stop_file = stop_path;
+        cfg.partial = ANY_SHARE;
+        start_replica(&s, &cfg);
+    }
+    EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubboth: training");
+    kill(s.hub, SIGKILL);
+    kill(b.hub, SIGKILL);
+    waitpid(s.hub, NULL, 0);
+    waitpid(b.hub, NULL, 0);
+    start_hub_on(&s, listen_a, NULL);
+    start_hub_on(&b, listen_b, NULL);
+    snprintf(s.hub_addr, sizeof s.hub_addr, "%s", addr);
+    long long k = last_round_step(&s);
+    for (int id = 0; id < 3; id++)
+        EXPECT(await(&s, id, "round", k + 4, 60), "hubboth: replica %d goes on once both hubs are back", id);
+    stop_replicas(&s, stop_path, "hubboth");
+    // The exchange in flight when both died fails (no hub for its shares): not the others.
+    bool ok = true;
+    int failed = 0;
+    for (int id = 0; id < 3; id++) rounds_of(&s, id, -1, &ok);
+    for (int i = 0; i < s.n_lines; i++) failed += !strcmp(s.lines[i].ev, "failed");
+    EXPECT(ok, "hubboth: every round every replica saw was exact");
+    EXPECT(failed <= 3, "hubboth: one failed exchange per replica at most (%d)", failed);
+    EXPECT(means_disagree(&s) == 0, "hubboth: the replicas of a round receive the same bytes");
+    EXPECT(steps_disagree(&s) == 0, "hubboth: every replica that takes a step takes the same mean, once");
+    stop_hub(&s);
+    stop_hub(&b);
+    finish(&s);
+    finish(&b);
+}
+
 // Three hubs; kill -9 the second and third at the same moment: both shares move to the first;
 // restarted, each takes its share again (hubtwo).
 static void test_hubs_two_die(void) {
@@ -2639,7 +2691,7 @@ int main(int argc, char **argv) {
                  {"hubkill", test_hubs_kill}, {"hubmixed", test_hubs_mixed},
                  {"hubs3", test_hubs_three}, {"hubfew", test_hubs_few},
                  {"hubfewkill", test_hubs_few_kill}, {"hubquick", test_hubs_quick},
-                 {"hubtwo", test_hubs_two_die}, {"stopjoin", test_stop_in_join}};
+                 {"hubtwo", test_hubs_two_die}, {"hubboth", test_hubs_both}, {"stopjoin", test_stop_in_join}};
     bool known = only == NULL;
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) known |= only && strcmp(only, tests[i].name) == 0;
     if (!known) {
