@@ -957,7 +957,8 @@ bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, ch
 
 // The line of checksums.xxh64 in DIR for NAME: 1 with its XXH64 in *expected; 0 when there is
 // none (no such file, or no line for the name); -1 (errno set) when the file cannot be read; -2
-// when a line of it is not one xxhsum -H64 writes (which may have been NAME's: not "unlisted").
+// when the line that names NAME (its end, a CR aside) is not one xxhsum -H64 writes: not
+// "unlisted". Lines of other names this parser does not read (a space in the name) are not its.
 static int listed_checksum(const char *dir, const char *name, uint64_t *expected) {
     char path[4300];
     size_t bytes;
@@ -969,8 +970,11 @@ static int listed_checksum(const char *dir, const char *name, uint64_t *expected
     for (char *line = strtok_r(text, "\n", &save); line && found == 0; line = strtok_r(NULL, "\n", &save)) {
         char listed[256];
         uint64_t value;
-        if (!parse_checksum_line(line, &value, listed)) found = -2;
-        else if (strcmp(listed, name) == 0) {
+        if (!parse_checksum_line(line, &value, listed)) {
+            size_t len = strlen(line), n = strlen(name);
+            if (len > 0 && line[len - 1] == '\r') len--;
+            if (len > n && strncmp(line + len - n, name, n) == 0 && line[len - n - 1] == ' ') found = -2;
+        } else if (strcmp(listed, name) == 0) {
             found = 1;
             *expected = value;
         }
