@@ -224,6 +224,7 @@ uint64_t dataloader_bytes_hashed(const dataloader *d);
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -331,7 +332,17 @@ shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, u
     w->path = xstrdup(path);
     w->tmp_path = xmalloc(strlen(path) + 5);
     sprintf(w->tmp_path, "%s.tmp", path);
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Created anew, never through what is there: a NAME.tmp left by a killed writer goes, and a
+    // symbolic link of that name is removed, not followed (it once had its target overwritten).
+    if (unlink(w->tmp_path) != 0 && errno != ENOENT) {
+        int e = errno;
+        free(w->path);
+        free(w->tmp_path);
+        free(w);
+        errno = e;
+        return NULL;
+    }
+    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;
         free(w->path);
@@ -434,7 +445,13 @@ static void writer_free(shard_writer *w) {
     free(w);
 }
 
-bool shard_writer_close(shard_writer *w) {
+// shard_writer_close, with `may_rename` (when not NULL) asked right before the rename, after the
+// fsync: false leaves PATH as it is (PATH.tmp removed) and returns false.
+static bool writer_close_if(shard_writer *w, bool (*may_rename)(void *), void *ctx);
+
+bool shard_writer_close(shard_writer *w) { return writer_close_if(w, NULL, NULL); }
+
+static bool writer_close_if(shard_writer *w, bool (*may_rename)(void *), void *ctx) {
     bool ok = flush_buffer(w);
     if (w->header.chunk_bytes) {   // the last, shorter chunk, then the table after the payload
         if (w->chunk_fill > 0) end_chunk(w);
@@ -448,6 +465,8 @@ bool shard_writer_close(shard_writer *w) {
     int e = errno;
     ok = close(w->fd) == 0 && ok;
     if (ok && fault_requested("shard_rename_eio", (int64_t)w->index)) ok = false, errno = EIO;
+    if (ok && may_rename && fault_requested("stop_before_rename", (int64_t)w->index)) raise(SIGSTOP);
+    if (ok && may_rename && !may_rename(ctx)) ok = false;
     ok = ok && rename(w->tmp_path, w->path) == 0;
     if (!ok) {
         e = errno ? errno : e;
@@ -1056,6 +1075,18 @@ static bool names_file(const char *path, const struct stat *st) {
     return stat(path, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
 }
 
+typedef struct {
+    const char *path;
+    const struct stat *st;
+    bool replaced;   // set when the name no longer leads to the file
+} name_check;
+
+static bool still_names(void *ctx) {
+    name_check *c = (name_check *)ctx;
+    c->replaced = !names_file(c->path, c->st);
+    return !c->replaced;
+}
+
 // The XXH64 of a shard's whole payload (after a bad token: corrupt bytes explain a wild token,
 // not the other way round, so the checksum decides which one is said). false on a read error.
 static bool payload_checksum(int fd, const shard_header *h, uint8_t *piece, size_t piece_bytes, uint64_t *sum) {
@@ -1080,7 +1111,7 @@ static shard_upgrade_result upgrade_payload(int fd, const char *real, const stru
     uint8_t *piece = xmalloc(piece_bytes);
     uint32_t width = h->token_bytes;
     uint64_t payload = h->n_tokens * width, at = 0, bad = UINT64_MAX;
-    bool read_ok = true, write_ok = true;
+    bool read_ok = true, write_ok = true, replaced = false;
     while (at < payload && read_ok && write_ok && bad == UINT64_MAX) {
         size_t n = payload - at < piece_bytes ? (size_t)(payload - at) : piece_bytes;
         read_ok = pread_exact(fd, piece, n, SHARD_HEADER_BYTES + at);
@@ -1121,24 +1152,38 @@ static shard_upgrade_result upgrade_payload(int fd, const char *real, const stru
         snprintf(why, why_bytes, "payload checksum mismatch (corrupt data)");
         r = SHARD_REFUSED;
     } else if (!names_file(real, st)) {
-        snprintf(why, why_bytes, "another program wrote a new file under its name while it was read; that one is left "
-                 "as it is");
         r = SHARD_REFUSED;
-    } else if (fchmod(w->fd, st->st_mode & 07777) != 0) {
-        snprintf(why, why_bytes, "cannot set the permissions of '%s.tmp': %s", real, strerror(errno));
-        r = SHARD_FAILED;
+        replaced = true;
+    } else {
+        // The owner and group kept where this user may set them (root; a member of the group),
+        // then the permission bits (a chown clears set-id bits): the file's owner could be left
+        // without access to a copy that root wrote as its own.
+        if (fchown(w->fd, st->st_uid, st->st_gid) != 0) (void)!fchown(w->fd, (uid_t)-1, st->st_gid);
+        if (fchmod(w->fd, st->st_mode & 07777) != 0) {
+            snprintf(why, why_bytes, "cannot set the permissions of '%s.tmp': %s", real, strerror(errno));
+            r = SHARD_FAILED;
+        }
     }
     free(piece);
     if (r != SHARD_UPGRADED) {
         shard_writer_abort(w);
-        return r;
+    } else {
+        // The name is checked again right before the rename, after the fsync (seconds for a
+        // large shard): a file another program put there meanwhile was replaced by the old
+        // data's copy.
+        name_check c = {real, st, false};
+        if (!writer_close_if(w, still_names, &c)) {
+            replaced = c.replaced;
+            r = replaced ? SHARD_REFUSED : SHARD_FAILED;
+            if (!replaced)
+                snprintf(why, why_bytes, "cannot finish '%s.tmp' (write, fsync or rename over the shard): %s", real,
+                         strerror(errno));
+        }
     }
-    if (!shard_writer_close(w)) {
-        snprintf(why, why_bytes, "cannot finish '%s.tmp' (write, fsync or rename over the shard): %s", real,
-                 strerror(errno));
-        return SHARD_FAILED;
-    }
-    return SHARD_UPGRADED;
+    if (replaced)
+        snprintf(why, why_bytes, "another program wrote a new file under its name while it was read; that one is left "
+                 "as it is");
+    return r;
 }
 
 shard_upgrade_result shard_upgrade(const char *path, shard_header *h, void (*progress)(void *ctx, uint64_t bytes),
@@ -1164,6 +1209,16 @@ shard_upgrade_result shard_upgrade(const char *path, shard_header *h, void (*pro
         }
         // Where the file system has no flock (ENOLCK, EINVAL, EBADF: some NFS mounts), unlocked.
         if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+            // A file of several hard links: the holder may be upgrading another of its names,
+            // which takes the version 2 file alone. This name waits for it and is upgraded after
+            // (it was left "to the other process" and stayed version 1, the command saying 0).
+            if (st.st_nlink > 1 && flock(fd, LOCK_EX) == 0) {
+                if (!names_file(real, &st) && tries < 3) {
+                    close(fd);
+                    fd = -1;
+                }
+                continue;
+            }
             close(fd);
             free(real);
             snprintf(why, why_bytes, "another process holds its lock (upgrading it)");

@@ -62,6 +62,8 @@
 //                       half its bytes: the file ends at its last whole record
 //   stop_in_extra_step  SIGSTOP in the first extra inner step (diloco_sync_every_s) after step
 //                       STEP (0-based: the phase's last), once (test/test_slurm.sh)
+//   stop_before_rename  shards upgrade: SIGSTOP with writer STEP's new file fsynced, before the
+//                       name is checked a last time and the file renamed (test_shards_upgrade)
 //   relay_die_in_close  the relay (STEP = N): at the close of the first round with two or more
 //                       contributors after N such rounds, ROUND to the lowest-id contributor
 //                       only, then SIGKILL itself once that replica says DONE (net/relay.c)

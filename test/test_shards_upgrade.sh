@@ -23,7 +23,10 @@
 #   5. A shard whose lock another process holds (flock(1)) is left to it; a symbolic link's
 #      target is upgraded and the link stays a link; a shard's permission bits are kept; a shard
 #      named several times (a directory, a path, a pattern, a link) is upgraded and counted once;
-#      of hard links only the name given takes the version 2 file, and a note says so.
+#      of hard links only the name given takes the version 2 file, and a note says so; one whose
+#      other name another upgrade holds waits for it.
+#   6. A NAME.tmp link is not followed; a file put under the name before the rename is left as it
+#      is; as root, owner and group are kept.
 . "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/v1"
@@ -229,6 +232,61 @@ upgrade hard "$tmp/hard/train_5.bin"
 check "a hard link (rc $urc): the name given version 2, the other name still the version 1 file, a note says so" \
     sh -c "[ $urc -eq 0 ] && [ $(version_of "$tmp/hard/train_5.bin") = 2 ] && cmp -s '$tmp/v1/train_5.bin' '$tmp/hard/other_5.bin' &&
            grep -q \"'$tmp/hard/train_5.bin' has 2 names (hard links): the version 2 file takes this one\" '$tmp/hard.err'"
+
+# ... and a hard link whose other name another upgrade holds (two array jobs, one per name): it
+# waits for that one and is upgraded after it. It was left "to the other process", exit 0, and
+# stayed version 1. (The holder here: flock(1) on the other name, released once the upgrade
+# waits for the lock, or has left without waiting.)
+corpus hard2
+ln "$tmp/hard2/train_5.bin" "$tmp/hard2/other_5.bin"
+flock "$tmp/hard2/train_5.bin" sh -c "touch '$tmp/hard2.held'; while [ ! -e '$tmp/hard2.release' ]; do sleep 0.05; done" &
+holder=$!
+wait_until "the holder has the lock" test -e "$tmp/hard2.held"
+"$TRAIN_GPT" shards upgrade --quiet "$tmp/hard2/other_5.bin" >"$tmp/hard2.out" 2>"$tmp/hard2.err" &
+up=$!
+waits_or_left() { ! kill -0 "$up" 2>/dev/null || ! [ -r "/proc/$up/wchan" ] || grep -q lock "/proc/$up/wchan"; }
+wait_until "the upgrade waits for the lock" waits_or_left
+touch "$tmp/hard2.release"
+wait "$holder"
+urc=0
+wait "$up" || urc=$?
+check "a hard link whose other name is locked (rc $urc): upgraded once the lock is free" \
+    sh -c "[ $urc -eq 0 ] && [ $(version_of "$tmp/hard2/other_5.bin") = 2 ]"
+
+# 6. What the upgrade writes and renames: a NAME.tmp that is a symbolic link is removed, not
+# followed (its target was overwritten with the new shard: any file, were root to run it in a
+# shared directory); a file another program puts under the shard's name between the new file's
+# fsync and the rename (TRAIN_GPT_FAULT=stop_before_rename) is left as it is, the shard refused
+# (it was replaced by the old data's copy, exit 0); run as root, the owner and group are kept
+# (root's copy locked the owner out of a 0640 shard).
+corpus tmpl
+echo "precious" >"$tmp/victim.txt"
+ln -s "$tmp/victim.txt" "$tmp/tmpl/train_0.bin.tmp"
+upgrade tmpl "$tmp/tmpl/train_0.bin"
+check "a NAME.tmp link (rc $urc): its target left alone, the shard a version 2 file, no .tmp" \
+    sh -c "[ $urc -eq 0 ] && [ \"\$(cat '$tmp/victim.txt')\" = precious ] && [ ! -L '$tmp/tmpl/train_0.bin' ] &&
+           [ $(version_of "$tmp/tmpl/train_0.bin") = 2 ] && ! [ -e '$tmp/tmpl/train_0.bin.tmp' ]"
+corpus race
+TRAIN_GPT_FAULT=stop_before_rename:0 "$TRAIN_GPT" shards upgrade --quiet "$tmp/race/train_0.bin" \
+    >"$tmp/race.out" 2>"$tmp/race.err" &
+up=$!
+stopped_or_gone() { stopped "$up" || ! kill -0 "$up" 2>/dev/null; }
+wait_until "the upgrade stopped before its rename" stopped_or_gone
+cp "$tmp/v1/train_7.bin" "$tmp/race/new.bin" && mv "$tmp/race/new.bin" "$tmp/race/train_0.bin"
+kill -CONT "$up" 2>/dev/null || true
+urc=0
+wait "$up" || urc=$?
+check "a new file under the name before the rename (rc $urc): refused, that file left as it is" \
+    sh -c "[ $urc -eq 1 ] && cmp -s '$tmp/v1/train_7.bin' '$tmp/race/train_0.bin' && ! ls '$tmp/race' | grep -q '\.tmp\$' &&
+           grep -q 'another program wrote a new file under its name' '$tmp/race.err'"
+if [ "$(id -u)" -eq 0 ]; then
+    corpus own
+    chown 1234:2345 "$tmp/own/train_0.bin" && chmod 640 "$tmp/own/train_0.bin"
+    upgrade own "$tmp/own/train_0.bin"
+    check "as root (rc $urc): owner, group and bits kept ($(stat -c '%u:%g %a' "$tmp/own/train_0.bin"))" \
+        sh -c "[ $urc -eq 0 ] && [ \"\$(stat -c '%u:%g %a' '$tmp/own/train_0.bin')\" = '1234:2345 640' ] &&
+               [ $(version_of "$tmp/own/train_0.bin") = 2 ]"
+fi
 
 upgrade none "$tmp/nothing_*.bin"
 check "a pattern that matches nothing: exit 1, one line" \
