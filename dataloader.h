@@ -334,15 +334,10 @@ shard_writer *shard_writer_open_chunked(const char *path, uint32_t vocab_size, u
     sprintf(w->tmp_path, "%s.tmp", path);
     // Created anew, never through what is there: a NAME.tmp left by a killed writer goes, and a
     // symbolic link of that name is removed, not followed (it once had its target overwritten).
-    if (unlink(w->tmp_path) != 0 && errno != ENOENT) {
-        int e = errno;
-        free(w->path);
-        free(w->tmp_path);
-        free(w);
-        errno = e;
-        return NULL;
-    }
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (unlink(w->tmp_path) == 0 || errno == ENOENT)
+        w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    else
+        w->fd = -1;
     if (w->fd < 0) {
         int e = errno;
         free(w->path);

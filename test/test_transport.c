@@ -1983,6 +1983,44 @@ static void test_hubs_mixed(void) {
     finish(&second);
 }
 
+// Three hubs (s's and b's and c's, named NAME_b and NAME_c), s.hub_addr listing them; b's and
+// c's listen addresses (to restart them on their ports) and a stop file for the replicas.
+static void start_three_hubs(scenario *s, scenario *b, scenario *c, const char *name_b, const char *name_c,
+                             char listen_b[64], char listen_c[64], char *stop_path, size_t stop_bytes) {
+    start_hub(s, NULL);
+    memset(b, 0, sizeof *b);
+    b->name = name_b;
+    start_hub(b, NULL);
+    memset(c, 0, sizeof *c);
+    c->name = name_c;
+    start_hub(c, NULL);
+    snprintf(s->hub_addr, sizeof s->hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s->port, b->port, c->port);
+    snprintf(listen_b, 64, "127.0.0.1:%d", b->port);
+    snprintf(listen_c, 64, "127.0.0.1:%d", c->port);
+    snprintf(stop_path, stop_bytes, "%s/%s.stop", dir, s->name);
+}
+
+// Stops the three hubs of start_three_hubs and reports their checks.
+static void stop_three_hubs(scenario *s, scenario *b, scenario *c) {
+    stop_hub(s);
+    stop_hub(b);
+    stop_hub(c);
+    finish(s);
+    finish(b);
+    finish(c);
+}
+
+// Three replicas that exchange until the stop file appears (stop_replicas), any share partial.
+static void start_endless_replicas(scenario *s, const char *stop_path) {
+    for (int id = 0; id < 3; id++) {
+        replica_cfg cfg = default_cfg(s, id);
+        cfg.steps = 100000;
+        cfg.stop_file = stop_path;
+        cfg.partial = ANY_SHARE;
+        start_replica(s, &cfg);
+    }
+}
+
 // Three hubs: kill -9 the second (not the primary): its share moves to the third within
 // timeout + 5 s; then kill -9 the third: both shares move to the first. A replica that lists the
 // hubs in another order is refused with one line. Restarted, the second and third hubs each
@@ -1991,25 +2029,9 @@ static void test_hubs_mixed(void) {
 static void test_hubs_three(void) {
     static scenario s, b, c;
     open_reports(&s, "hubs3");
-    start_hub(&s, NULL);
-    memset(&b, 0, sizeof b);
-    b.name = "hubs3_b";
-    start_hub(&b, NULL);
-    memset(&c, 0, sizeof c);
-    c.name = "hubs3_c";
-    start_hub(&c, NULL);
-    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
     char listen_b[64], listen_c[64], stop_path[400];
-    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
-    snprintf(listen_c, sizeof listen_c, "127.0.0.1:%d", c.port);
-    snprintf(stop_path, sizeof stop_path, "%s/hubs3.stop", dir);
-    for (int id = 0; id < 3; id++) {
-        replica_cfg cfg = default_cfg(&s, id);
-        cfg.steps = 100000;
-        cfg.stop_file = stop_path;
-        cfg.partial = ANY_SHARE;
-        start_replica(&s, &cfg);
-    }
+    start_three_hubs(&s, &b, &c, "hubs3_b", "hubs3_c", listen_b, listen_c, stop_path, sizeof stop_path);
+    start_endless_replicas(&s, stop_path);
     const rec *r = await(&s, 0, "round", 2, 20);
     EXPECT(r != NULL, "hubs3: training");
     EXPECT(file_has(c.hub_log, "(step 2, attempt 0, share 2) closed: 3 contributor(s) [0 1 2]"),
@@ -2055,12 +2077,7 @@ static void test_hubs_three(void) {
            "hubs3: restarted, the third hub takes its share again");
     stop_replicas(&s, stop_path, "hubs3");
     check_hub_rounds(&s, "hubs3");
-    stop_hub(&s);
-    stop_hub(&b);
-    stop_hub(&c);
-    finish(&s);
-    finish(&b);
-    finish(&c);
+    stop_three_hubs(&s, &b, &c);
 }
 
 // Two hubs and a payload of one segment: the second hub has no share and no round, only the
@@ -2131,24 +2148,9 @@ static void test_hubs_few_kill(void) {
 static void test_hubs_quick(void) {
     static scenario s, b, c;
     open_reports(&s, "hubquick");
-    start_hub(&s, NULL);
-    memset(&b, 0, sizeof b);
-    b.name = "hubquick_b";
-    start_hub(&b, NULL);
-    memset(&c, 0, sizeof c);
-    c.name = "hubquick_c";
-    start_hub(&c, NULL);
-    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
-    char listen_b[64], stop_path[400];
-    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
-    snprintf(stop_path, sizeof stop_path, "%s/hubquick.stop", dir);
-    for (int id = 0; id < 3; id++) {
-        replica_cfg cfg = default_cfg(&s, id);
-        cfg.steps = 100000;
-        cfg.stop_file = stop_path;
-        cfg.partial = ANY_SHARE;
-        start_replica(&s, &cfg);
-    }
+    char listen_b[64], listen_c[64], stop_path[400];
+    start_three_hubs(&s, &b, &c, "hubquick_b", "hubquick_c", listen_b, listen_c, stop_path, sizeof stop_path);
+    start_endless_replicas(&s, stop_path);
     EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubquick: training");
     for (int rep = 0; rep < 3; rep++) {
         kill(b.hub, SIGKILL);
@@ -2163,12 +2165,7 @@ static void test_hubs_quick(void) {
     for (int i = 0; i < s.n_lines; i++) ev += !strcmp(s.lines[i].ev, "evicted");
     EXPECT(ev == 0, "hubquick: nobody evicted (%d evictions)", ev);
     check_hub_rounds(&s, "hubquick");
-    stop_hub(&s);
-    stop_hub(&b);
-    stop_hub(&c);
-    finish(&s);
-    finish(&b);
-    finish(&c);
+    stop_three_hubs(&s, &b, &c);
 }
 
 // Two hubs, both killed and restarted on their ports at once (one host's supervisor, or a link
@@ -2188,13 +2185,7 @@ static void test_hubs_both(void) {
     snprintf(listen_a, sizeof listen_a, "127.0.0.1:%d", s.port);
     snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
     snprintf(stop_path, sizeof stop_path, "%s/hubboth.stop", dir);
-    for (int id = 0; id < 3; id++) {
-        replica_cfg cfg = default_cfg(&s, id);
-        cfg.steps = 100000;
-        cfg.stop_file = stop_path;
-        cfg.partial = ANY_SHARE;
-        start_replica(&s, &cfg);
-    }
+    start_endless_replicas(&s, stop_path);
     EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubboth: training");
     kill(s.hub, SIGKILL);
     kill(b.hub, SIGKILL);
@@ -2227,25 +2218,9 @@ static void test_hubs_both(void) {
 static void test_hubs_two_die(void) {
     static scenario s, b, c;
     open_reports(&s, "hubtwo");
-    start_hub(&s, NULL);
-    memset(&b, 0, sizeof b);
-    b.name = "hubtwo_b";
-    start_hub(&b, NULL);
-    memset(&c, 0, sizeof c);
-    c.name = "hubtwo_c";
-    start_hub(&c, NULL);
-    snprintf(s.hub_addr, sizeof s.hub_addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", s.port, b.port, c.port);
     char listen_b[64], listen_c[64], stop_path[400];
-    snprintf(listen_b, sizeof listen_b, "127.0.0.1:%d", b.port);
-    snprintf(listen_c, sizeof listen_c, "127.0.0.1:%d", c.port);
-    snprintf(stop_path, sizeof stop_path, "%s/hubtwo.stop", dir);
-    for (int id = 0; id < 3; id++) {
-        replica_cfg cfg = default_cfg(&s, id);
-        cfg.steps = 100000;
-        cfg.stop_file = stop_path;
-        cfg.partial = ANY_SHARE;
-        start_replica(&s, &cfg);
-    }
+    start_three_hubs(&s, &b, &c, "hubtwo_b", "hubtwo_c", listen_b, listen_c, stop_path, sizeof stop_path);
+    start_endless_replicas(&s, stop_path);
     EXPECT(await(&s, 0, "round", 3, 20) != NULL, "hubtwo: training");
     kill(b.hub, SIGKILL);
     kill(c.hub, SIGKILL);
@@ -2261,12 +2236,7 @@ static void test_hubs_two_die(void) {
     EXPECT(await_log_after(c.hub_log, before_c, "share 2) closed: 3 contributor(s) [0 1 2]", 30), "hubtwo: c back");
     stop_replicas(&s, stop_path, "hubtwo");
     check_hub_rounds(&s, "hubtwo");
-    stop_hub(&s);
-    stop_hub(&b);
-    stop_hub(&c);
-    finish(&s);
-    finish(&b);
-    finish(&c);
+    stop_three_hubs(&s, &b, &c);
 }
 
 // ---------------------------------------------------------------- evil peers
