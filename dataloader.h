@@ -1106,7 +1106,7 @@ static shard_upgrade_result upgrade_payload(int fd, const char *real, const stru
     uint8_t *piece = xmalloc(piece_bytes);
     uint32_t width = h->token_bytes;
     uint64_t payload = h->n_tokens * width, at = 0, bad = UINT64_MAX;
-    bool read_ok = true, write_ok = true, replaced = false;
+    bool read_ok = true, write_ok = true;
     while (at < payload && read_ok && write_ok && bad == UINT64_MAX) {
         size_t n = payload - at < piece_bytes ? (size_t)(payload - at) : piece_bytes;
         read_ok = pread_exact(fd, piece, n, SHARD_HEADER_BYTES + at);
@@ -1146,9 +1146,6 @@ static shard_upgrade_result upgrade_payload(int fd, const char *real, const stru
     } else if (xxh64_digest(&w->hash) != h->payload_xxh64) {   // of every byte written
         snprintf(why, why_bytes, "payload checksum mismatch (corrupt data)");
         r = SHARD_REFUSED;
-    } else if (!names_file(real, st)) {
-        r = SHARD_REFUSED;
-        replaced = true;
     } else {
         // The owner and group kept where this user may set them (root; a member of the group),
         // then the permission bits (a chown clears set-id bits): the file's owner could be left
@@ -1168,16 +1165,15 @@ static shard_upgrade_result upgrade_payload(int fd, const char *real, const stru
         // data's copy.
         name_check c = {real, st, false};
         if (!writer_close_if(w, still_names, &c)) {
-            replaced = c.replaced;
-            r = replaced ? SHARD_REFUSED : SHARD_FAILED;
-            if (!replaced)
+            r = c.replaced ? SHARD_REFUSED : SHARD_FAILED;
+            if (c.replaced)
+                snprintf(why, why_bytes, "another program wrote a new file under its name while it was read; that one "
+                         "is left as it is");
+            else
                 snprintf(why, why_bytes, "cannot finish '%s.tmp' (write, fsync or rename over the shard): %s", real,
                          strerror(errno));
         }
     }
-    if (replaced)
-        snprintf(why, why_bytes, "another program wrote a new file under its name while it was read; that one is left "
-                 "as it is");
     return r;
 }
 

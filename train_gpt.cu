@@ -3920,7 +3920,7 @@ static int train_run(train_config *cfg) {
         if (due(m.step, cfg->log_every, cfg->max_steps) || m.skipped) print_progress(&tr, &m, mean_step_s);
         int64_t step = tr.state.step;
         watchdog_phase("validation", step);
-        double extra_t0 = wall_seconds();
+        double eval_t0 = wall_seconds();
         if (tr.val && due(step, cfg->val_every, cfg->max_steps)) validate(&tr);
         watchdog_phase("a sample", step);
         if (tr.samples && due(step, cfg->sample_every, cfg->max_steps))
@@ -3928,7 +3928,7 @@ static int train_run(train_config *cfg) {
         // The guard's check below comes after them, the next step's before: a step where they are
         // due needs their time too (until 2026-12 not counted: a long validation ran past the
         // walltime).
-        if (wall_seconds() - extra_t0 > tr.slowest_extra_s) tr.slowest_extra_s = wall_seconds() - extra_t0;
+        tr.slowest_extra_s = fmax(tr.slowest_extra_s, wall_seconds() - eval_t0);
         double left_s = 0.0;
         bool walltime = step < cfg->max_steps && walltime_near(&tr, job_end, &left_s);
         bool stop_here = stop_signal || step == cfg->stop_at_step || walltime || tr.over;

@@ -171,6 +171,14 @@ static bool choice_allowed(const char *choices, const char *value) {
     return false;
 }
 
+// Plain decimal, as a number is written: an optional '-', then a digit or '.' and a digit, and no
+// hex. strtoll and strtod also take leading blanks, a '+' and (strtod) "0x1p-10", which a value
+// from the command line ('--n_layer " 2"') could carry unseen.
+static bool plain_decimal(const char *text) {
+    const char *d = text[0] == '-' ? text + 1 : text;
+    return ((d[0] >= '0' && d[0] <= '9') || (d[0] == '.' && d[1] >= '0' && d[1] <= '9')) && !strpbrk(text, "xX");
+}
+
 // Parses `text` into the key's field; on failure returns a message (static buffer).
 static const char *set_value(train_config *cfg, const key_spec *k, const char *text) {
     static char why[256];
@@ -188,10 +196,8 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
         errno = 0;
         char *end;
         long long v = strtoll(text, &end, 10);
-        // Plain decimal: strtoll also takes leading blanks and a '+', which a value from the
-        // command line ('--n_layer " 2"') could carry unseen; leading zeros stay decimal.
-        bool plain = (text[0] >= '0' && text[0] <= '9') || (text[0] == '-' && text[1] >= '0' && text[1] <= '9');
-        if (errno || end == text || *end != '\0' || !plain) {
+        // Leading zeros stay decimal.
+        if (errno || end == text || *end != '\0' || !plain_decimal(text)) {
             snprintf(why, sizeof why, "expected an integer%s%s, got '%s'", or_word, word, text);
             return why;
         }
@@ -207,14 +213,9 @@ static const char *set_value(train_config *cfg, const key_spec *k, const char *t
         errno = 0;
         char *end;
         double v = strtod(text, &end);
-        // Decimal as the integers are: strtod also takes leading blanks, a '+' and hex floats
-        // ("0x1p-10"). A subnormal (1e-310) is a number; ERANGE there is only its precision.
-        const char *digits = text[0] == '-' ? text + 1 : text;
-        bool plain = ((digits[0] >= '0' && digits[0] <= '9') || (digits[0] == '.' && digits[1] >= '0' &&
-                                                                 digits[1] <= '9')) &&
-                     !strpbrk(text, "xX");
+        // A subnormal (1e-310) is a number; ERANGE there is only its precision.
         if (errno == ERANGE && v != 0.0 && fabs(v) < 1.0) errno = 0;
-        if (errno || end == text || *end != '\0' || !isfinite(v) || !plain) {
+        if (errno || end == text || *end != '\0' || !isfinite(v) || !plain_decimal(text)) {
             snprintf(why, sizeof why, "expected a number%s%s, got '%s'", or_word, word, text);
             return why;
         }
