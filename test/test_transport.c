@@ -80,7 +80,7 @@
 //   hubfew     two hubs, a payload of one segment (the second hub has no share): 80 steps, and
 //              the share-less hub drops nobody (its DONE bound once dropped all at step 65)
 //   hubfewkill the same; kill -9 the first hub after step 70: share 0 moves to the second,
-//              nobody is evicted
+//              nobody is evicted (but, if the kill fell in a close, the mixed case's losers)
 //   hubquick   three hubs; kill -9 the second and restart it on its port at once (a supervisor's
 //              restart, within timeout_s), three times: the replicas go on, nobody evicted (each
 //              replica reconnected inside the exchange, took the step as evicted, and the group,
@@ -1913,6 +1913,34 @@ static void stop_replicas(scenario *s, const char *stop_path, const char *name) 
     for (int id = 0; id < 3; id++) EXPECT(wait_exit(s->pids[id], 10) == 0, "%s: replica %d exits 0", name, id);
 }
 
+// Whether the hub's log says replica id was evicted from its round of outer step k because
+// other replicas completed that step (the mixed case: relay.c abort_round, or on_contribute's
+// refusal).
+static bool evicted_for_completers(const char *path, int id, long long k) {
+    char *t = slurp(path), abort_at[80], refused[80], step[48];
+    snprintf(abort_at, sizeof abort_at, " completed step %lld without it; its contributor(s) [", k);
+    snprintf(refused, sizeof refused, "replica %d: contribution to round ", id);
+    snprintf(step, sizeof step, "(step %lld, ", k);
+    bool yes = false;
+    for (char *line = strtok(t, "\n"); line && !yes; line = strtok(NULL, "\n")) {
+        const char *a = strstr(line, abort_at);
+        if (a) {
+            for (const char *p = a + strlen(abort_at); *p && *p != ']'; ) {
+                char *end;
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                yes |= v == id;
+                p = end;
+            }
+        } else if (strstr(line, refused) && strstr(line, step) &&
+                   strstr(line, "other replicas completed that outer step")) {
+            yes = true;
+        }
+    }
+    free(t);
+    return yes;
+}
+
 // Two hubs; the second (not the primary) dies the mixed way (TRAIN_GPT_FAULT relay_die_in_close):
 // at the close of its round of some step k it sends ROUND to replica 0 only, and dies once
 // replica 0 has completed step k. Replica 0 takes step k; replicas 1 and 2, without that
@@ -1965,9 +1993,12 @@ static void test_hubs_mixed(void) {
         EXPECT(await(&s, id, "evicted", k, 1) && await(&s, id, "gotstate", k, 1),
                "hubmixed: replica %d is evicted from step %lld and takes the group's state", id, k);
     }
-    EXPECT(file_has(s.hub_log, "aborted: replica 0 completed step") ||
-               file_has(s.hub_log, "other replicas completed that outer step without this round"),
-           "hubmixed: the first hub refuses the redo of a share that replica 0 completed the step without");
+    for (int id = 1; id < 3; id++) {
+        const rec *e = await(&s, id, "evicted", k, 1);
+        EXPECT(e && evicted_for_completers(s.hub_log, id, e->k),
+               "hubmixed: the first hub aborts or refuses replica %d's redo of a share that replica 0 completed the "
+               "step without", id);
+    }
     size_t before = strlen(slurp(second.hub_log));
     start_hub_fault(&second, listen, NULL, NULL);
     EXPECT(await_log_after(second.hub_log, before, "closed: 3 contributor(s) [0 1 2]", 30),
@@ -2104,9 +2135,31 @@ static void test_hubs_few(void) {
     finish(&second);
 }
 
+// Counts the replicas' evictions (into *all) and returns those that no hub's log explains as the
+// mixed case's (evicted_for_completers), naming each.
+static int evictions_not_for_completers(const scenario *s, const char **logs, int n_logs, const char *name,
+                                        int *all) {
+    int other = 0;
+    *all = 0;
+    for (int i = 0; i < s->n_lines; i++) {
+        if (strcmp(s->lines[i].ev, "evicted")) continue;
+        ++*all;
+        bool explained = false;
+        for (int j = 0; j < n_logs && !explained; j++)
+            explained = evicted_for_completers(logs[j], s->lines[i].id, s->lines[i].k);
+        if (!explained) {
+            other++;
+            printf("%s: replica %d evicted at step %lld, and no hub's log says other replicas completed that step\n",
+                   name, s->lines[i].id, (long long)s->lines[i].k);
+        }
+    }
+    return other;
+}
+
 // One segment, two hubs; after step 70 kill -9 the first hub (the only one with a share): share 0
-// moves to the second, as in hubkill, and nobody is evicted (hubfewkill). Before, the second
-// hub had dropped every replica at step 65, unnoticed, and all of them rejoined here.
+// moves to the second, as in hubkill, and nobody is evicted but the mixed case's losers
+// (hubfewkill). Before, the second hub had dropped every replica at step 65, unnoticed, and all
+// of them rejoined here.
 static void test_hubs_few_kill(void) {
     static scenario s, second;
     open_reports(&s, "hubfewkill");
@@ -2133,9 +2186,15 @@ static void test_hubs_few_kill(void) {
         EXPECT(await(&s, id, "round", k + 3, 60), "hubfewkill: replica %d goes on through the second hub", id);
     printf("hubfewkill: three rounds more %.2f s after the kill\n", wall_seconds() - killed);
     stop_replicas(&s, stop_path, "hubfewkill");
-    int ev = 0;
-    for (int i = 0; i < s.n_lines; i++) ev += !strcmp(s.lines[i].ev, "evicted");
-    EXPECT(ev == 0, "hubfewkill: nobody evicted (%d evictions)", ev);
+    EXPECT(!file_has(second.hub_log, "far past"), "hubfewkill: the second hub drops nobody for DONE far past");
+    // An eviction is right only in the mixed case: the kill came after some replicas had the
+    // first hub's ROUND and others had not, and the others' redo at the second hub was aborted
+    // or refused for the completers (docs/protocol.md, "Several hubs"; the official CI's
+    // machine met it once in 2026-12). Any other is the bug this scenario is for.
+    const char *logs[] = {second.hub_log};
+    int ev = 0, other = evictions_not_for_completers(&s, logs, 1, "hubfewkill", &ev);
+    EXPECT(other == 0 && ev < 3, "hubfewkill: nobody evicted but the mixed case's losers (%d evictions, %d of "
+           "them not for replicas that completed the step)", ev, other);
     check_hub_rounds(&s, "hubfewkill");
     stop_hub(&second);
     finish(&s);
@@ -2143,8 +2202,8 @@ static void test_hubs_few_kill(void) {
 }
 
 // Three hubs; kill -9 the second and restart it on its port at once (well within timeout_s, as a
-// supervisor would), three times: the replicas go on, nobody evicted, every step the same mean,
-// none twice (hubquick).
+// supervisor would), three times: the replicas go on, nobody evicted (but a mixed step's losers),
+// every step the same mean, none twice (hubquick).
 static void test_hubs_quick(void) {
     static scenario s, b, c;
     open_reports(&s, "hubquick");
@@ -2161,9 +2220,13 @@ static void test_hubs_quick(void) {
             EXPECT(await(&s, id, "round", k + 4, 40), "hubquick: rep %d: replica %d goes on", rep, id);
     }
     stop_replicas(&s, stop_path, "hubquick");
-    int ev = 0;
-    for (int i = 0; i < s.n_lines; i++) ev += !strcmp(s.lines[i].ev, "evicted");
-    EXPECT(ev == 0, "hubquick: nobody evicted (%d evictions)", ev);
+    // As in hubfewkill, a kill in a close (or replicas that disagree for a moment on whether the
+    // hub is back) may evict the losers of a mixed step; before, every replica was evicted at
+    // every kill, and 1154 times in all.
+    const char *logs[] = {s.hub_log, b.hub_log, c.hub_log};
+    int ev = 0, other = evictions_not_for_completers(&s, logs, 3, "hubquick", &ev);
+    EXPECT(other == 0 && ev <= 6, "hubquick: nobody evicted but the mixed case's losers (%d evictions, %d of them "
+           "not for replicas that completed the step)", ev, other);
     check_hub_rounds(&s, "hubquick");
     stop_three_hubs(&s, &b, &c);
 }
