@@ -166,10 +166,12 @@ void metrics_val(metrics_log *log, int64_t step, double val_loss, int64_t val_to
     if (log) tb_scalar(log->tb, "val/loss", step, val_loss);
 }
 
-// The events TensorBoard shows or needs: a sample's text, and the restarts of resume and
-// rollback.
+// The events TensorBoard shows or needs: a sample's text, and the restarts of a fresh start (at
+// step 0: a run that died before its first checkpoint may have left its steps in this
+// directory's older files), resume and rollback.
 static void tensorboard_event(tb_writer *tb, const char *name, int64_t step, const char *extra_json) {
     bool sample = strcmp(name, "sample") == 0, rollback = strcmp(name, "rollback") == 0;
+    if (strcmp(name, "start") == 0) tb_restart(tb, step);
     if (strcmp(name, "resume") == 0) tb_restart(tb, step + 1);
     if (!sample && !rollback) return;
     json_doc doc;

@@ -11,7 +11,9 @@
 #   2. A flipped byte in a record's data or in its length, or a cut file: the reader says so.
 #   3. tensorboard = 0 (the default), and diloco_transport = local: no event file.
 #   4. Resume after losing the newest checkpoint (steps 11-12 run twice): a second file with a
-#      restart at step 11; TensorBoard's view of the two files equals metrics.jsonl's.
+#      restart at step 11; TensorBoard's view of the two files equals metrics.jsonl's. A fresh
+#      start over a run that died before its first checkpoint: its restart at step 0 drops the
+#      dead run's points.
 #   5. Rollback (bad data at steps 34-36, back to step 30): a restart at step 31; the views equal.
 #   6. DiLoCo (M = 1 over TCP): diloco/* at each outer step, equal to the outer lines; and
 #      train/stall_ms.
@@ -51,7 +53,9 @@ for line in text.splitlines():
     d = json.loads(line)
     numbers = {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if "event" in d:
-        if d["event"] == "resume":
+        if d["event"] == "start":  # a fresh run in this directory: only it counts
+            drop_after(-1)
+        elif d["event"] == "resume":
             drop_after(d["step"])
         elif d["event"] == "rollback":
             drop_after(d["to_step"])
@@ -111,11 +115,12 @@ check "one event file, named events.out.tfevents.<10-digit unix time>.<host> ($n
     sh -c "[ $(count_files "$tmp/a") -eq 1 ] && echo '$name' | grep -Eq '^events\.out\.tfevents\.[0-9]{10}\.[A-Za-z0-9._-]+$'"
 check "... said where it is on stderr" grep -q "tensorboard: writing $file" "$tmp/a.log"
 "${READER[@]}" "$file" >"$tmp/a.events" 2>"$tmp/a.err" || true
-check "all 27 records (file_version, 20 steps, 4 validations, 2 samples): CRCs good, messages as documented ($(cat "$tmp/a.err"))" \
-    sh -c "[ ! -s '$tmp/a.err' ] && [ \$(wc -l <'$tmp/a.events') -eq 27 ]"
-check "the first record (only) is file_version brain.Event:2" \
+check "all 28 records (file_version, the start's restart, 20 steps, 4 validations, 2 samples): CRCs good, messages as documented ($(cat "$tmp/a.err"))" \
+    sh -c "[ ! -s '$tmp/a.err' ] && [ \$(wc -l <'$tmp/a.events') -eq 28 ]"
+check "the first record (only) is file_version brain.Event:2, the second a restart at step 0" \
     sh -c "head -n 1 '$tmp/a.events' | grep -q '\"file_version\": \"brain.Event:2\"' &&
-           [ \$(grep -c file_version '$tmp/a.events') -eq 1 ]"
+           [ \$(grep -c file_version '$tmp/a.events') -eq 1 ] &&
+           sed -n 2p '$tmp/a.events' | grep -q '\"kind\": \"restart\".*\"step\": 0,'"
 check "every scalar and text = metrics.jsonl (train/*, val/loss, samples at the same steps)" \
     same_as_metrics "$tmp/a" train/loss train/z_loss train/lr train/grad_norm train/tok_per_s train/step_ms \
     train/tokens val/loss samples
@@ -179,6 +184,16 @@ check "... which restarts at step 11 (resumed from step 10): file_version, then 
     sh -c "sed -n 2p '$tmp/resumed.events' | grep -q '\"kind\": \"restart\".*\"step\": 11,'"
 check "... steps 11 and 12 logged twice; TensorBoard's view of both files = metrics.jsonl's" \
     same_as_metrics "$tmp/resumed" train/loss val/loss
+
+# A run that died before its first checkpoint, then a fresh start in the same directory (resume
+# = auto finds nothing): the dead run's steps 9-20 must not stay in TensorBoard's view (before,
+# they did: only resume and rollback wrote a restart).
+run "$tmp/fresh" --tensorboard 1 --ckpt_every 0 --max_steps 20 || cat "$tmp/fresh.log"
+rm -rf "$tmp/fresh"/step_*  # as if the run had died before writing one
+run "$tmp/fresh" --tensorboard 1 --ckpt_every 0 --max_steps 8 || cat "$tmp/fresh.log"
+check "fresh start over a dead run: two files, metrics.jsonl's two starts" \
+    sh -c "[ $(count_files "$tmp/fresh") -eq 2 ] && [ \$(grep -c '\"event\":\"start\"' '$tmp/fresh/metrics.jsonl') -eq 2 ]"
+check "... TensorBoard's view = the second run's alone (steps 1-8)" same_as_metrics "$tmp/fresh" train/loss val/loss
 
 # ---------------------------------------------------------------- 5. rollback
 TRAIN_GPT_FAULT=nan_batch:33,nan_batch:34,nan_batch:35 run "$tmp/roll" --tensorboard 1 --ckpt_every 10 \
