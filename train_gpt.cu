@@ -4266,10 +4266,20 @@ typedef struct {
 } tune_options;
 
 typedef struct {
-    char name[64];
+    char name[96];
     double lr, mu;       // NaN for the baselines
     local_result r;
 } tune_run;
+
+// x in the fewest significant digits that read back as x: run names and printed settings
+// (%g's 6 digits named 0.90000001 and 0.90000009 alike: one folder for both runs).
+static const char *shortest(double x, char *buf, size_t bytes) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, bytes, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return buf;
+}
 
 static int parse_list(const char *flag, const char *text, double *out, int max, double lo, double hi) {
     int n = 0;
@@ -4280,6 +4290,8 @@ static int parse_list(const char *flag, const char *text, double *out, int max, 
         if (end == tok || *end || !(v >= lo && v <= hi) || n == max)
             fail("diloco-tune: %s: '%s' is not a comma-separated list of at most %d numbers in [%g, %g]", flag, text,
                  max, lo, hi);
+        for (int i = 0; i < n; i++)
+            if (out[i] == v) fail("diloco-tune: %s: %g is listed twice in '%s'", flag, v, text);
         out[n++] = v;
     }
     free(copy);
@@ -4297,6 +4309,21 @@ static int64_t tune_int(const char *flag, const char *text, int64_t lo, int64_t 
     return v;
 }
 
+// Whether argv[*i] is the tuner's flag `name`, as --name value or --name=value; *value is then
+// its value (NULL: missing) and *i its last word.
+static bool tune_flag(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *a = argv[*i];
+    size_t len = strlen(name);
+    if (strncmp(a, name, len) != 0) return false;
+    if (a[len] == '=') {
+        *value = a + len + 1;
+        return true;
+    }
+    if (a[len] != '\0') return false;
+    *value = *i + 1 < argc ? argv[++*i] : NULL;
+    return true;
+}
+
 // Splits the tuner's own flags from the config overrides (which stay in argv, compacted).
 static tune_options parse_tune_options(int *argc, char **argv) {
     tune_options o = {};
@@ -4305,24 +4332,28 @@ static tune_options parse_tune_options(int *argc, char **argv) {
     o.dir = "out/diloco-tune";
     o.n_lr = parse_list("--outer_lr", "0.7,1.0,1.4", o.lrs, 16, 0, 10);
     o.n_mu = parse_list("--outer_momentum", "0,0.5,0.9", o.mus, 16, 0, 0.999999);
+    static const char *const flags[] = {"--replicas", "--inner_steps", "--rounds", "--proxy",
+                                        "--dir",      "--outer_lr",    "--outer_momentum"};
     int kept = 0;
     for (int i = 0; i < *argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
-        bool ours = true;
-        if (!strcmp(a, "--replicas") && v) o.replicas = (int)tune_int(a, v, 2, 256);
-        else if (!strcmp(a, "--inner_steps") && v) o.inner_steps = tune_int(a, v, 1, 1000000);
-        else if (!strcmp(a, "--rounds") && v) o.rounds = tune_int(a, v, 2, 1000);
-        else if (!strcmp(a, "--proxy") && v) o.proxy = tune_int(a, v, 0, 1) != 0;
-        else if (!strcmp(a, "--dir") && v) o.dir = v;
-        else if (!strcmp(a, "--outer_lr") && v) o.n_lr = parse_list(a, v, o.lrs, 16, 0, 10);
-        else if (!strcmp(a, "--outer_momentum") && v) o.n_mu = parse_list(a, v, o.mus, 16, 0, 0.999999);
-        else ours = false;
-        if (ours) {
-            i++;
+        const char *v = NULL;
+        int f = 0;
+        while (f < 7 && !tune_flag(*argc, argv, &i, flags[f], &v)) f++;
+        if (f == 7) {
+            argv[kept++] = argv[i];
             continue;
         }
-        argv[kept++] = argv[i];
+        const char *a = flags[f];
+        if (!v) fail("diloco-tune: %s needs a value", a);
+        switch (f) {
+        case 0: o.replicas = (int)tune_int(a, v, 2, 256); break;
+        case 1: o.inner_steps = tune_int(a, v, 1, 1000000); break;
+        case 2: o.rounds = tune_int(a, v, 2, 1000); break;
+        case 3: o.proxy = tune_int(a, v, 0, 1) != 0; break;
+        case 4: o.dir = v; break;
+        case 5: o.n_lr = parse_list(a, v, o.lrs, 16, 0, 10); break;
+        default: o.n_mu = parse_list(a, v, o.mus, 16, 0, 0.999999); break;
+        }
     }
     *argc = kept;
     if (o.replicas < 2 || o.replicas > 256) fail("diloco-tune: --replicas M (2 .. 256) is required");
@@ -4352,14 +4383,16 @@ static void tune_streaming(const tune_options *o, const train_config *user, int6
 static void tune_config(train_config *cfg, const char *path, int argc, char **argv, const tune_options *o,
                         const train_config *user, const char *name, int replicas, int64_t batch, double lr,
                         double mu) {
-    char buf[40][512];
-    char *args[256];
+    char *buf[48];   // the values written here (a path may be long: --dir, out_dir)
+    char **args = (char **)xcalloc((size_t)argc + 2 * 48, sizeof *args);
     int n = 0, b = 0;
-    for (int i = 0; i < argc && n < 150; i++) args[n++] = argv[i];
+    for (int i = 0; i < argc; i++) args[n++] = argv[i];
 #define ARG(key, ...)                                          \
     do {                                                       \
         args[n++] = (char *)key;                               \
-        snprintf(buf[b], sizeof buf[b], __VA_ARGS__);          \
+        int len_ = snprintf(NULL, 0, __VA_ARGS__);             \
+        buf[b] = (char *)xmalloc((size_t)len_ + 1);            \
+        snprintf(buf[b], (size_t)len_ + 1, __VA_ARGS__);       \
         args[n++] = buf[b++];                                  \
     } while (0)
     int64_t steps = o->rounds * o->inner_steps;
@@ -4401,6 +4434,17 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--diloco_inner_steps", "%lld", (long long)(replicas > 1 ? o->inner_steps : steps));
     int64_t fragments, overlap;
     tune_streaming(o, user, &fragments, &overlap);
+    if (replicas == 1) {
+        // The baselines are plain training (M = 1, lr 1, μ 0, one outer step at the end), bit for
+        // bit: nothing streamed (a fragment synced mid-run and merged back with
+        // diloco_merge_alpha dropped part of its own training, and skewed every "vs" figure),
+        // quantized, sparsified or bounded.
+        fragments = 1, overlap = 0;
+        ARG("--diloco_quant", "none");
+        ARG("--diloco_topk", "1");
+        ARG("--diloco_error_feedback", "0");
+        ARG("--diloco_bound", "0");
+    }
     ARG("--diloco_fragments", "%lld", (long long)fragments);
     ARG("--diloco_overlap_steps", "%lld", (long long)overlap);
     // One H throughout: the tuned lr and μ are those of the phases before the decay (which
@@ -4412,6 +4456,8 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--out_dir", "%s/%s", o->dir, name);
 #undef ARG
     config_load(cfg, path, n, args);
+    for (int i = 0; i < b; i++) free(buf[i]);
+    free(args);
 }
 
 static double tune_vs(double x, double ref) { return 100.0 * (x / ref - 1.0); }
@@ -4501,11 +4547,11 @@ static int diloco_tune_main(int argc, char **argv) {
         } else {
             r->lr = o.lrs[(k - 2) / o.n_mu];
             r->mu = o.mus[(k - 2) % o.n_mu];
-            snprintf(r->name, sizeof r->name, "lr%g-mu%g", r->lr, r->mu);
+            char lr[32], mu[32];
+            snprintf(r->name, sizeof r->name, "lr%s-mu%s", shortest(r->lr, lr, sizeof lr), shortest(r->mu, mu, sizeof mu));
         }
         train_config cfg;
         tune_config(&cfg, path, n_args, args, &o, &user, r->name, replicas, batch, r->lr, r->mu);
-        if (k < 2) cfg.diloco_quant = xstrdup("none");  // the baselines exchange nothing: keep them exact
         char metrics[4200];
         snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg.out_dir);
         unlink(metrics);
@@ -4525,16 +4571,23 @@ static int diloco_tune_main(int argc, char **argv) {
     printf("\n| outer lr | momentum | val_loss | vs one worker | vs data parallel |\n|---|---|---|---|---|\n");
     printf("| (one worker) | | %.4f | | %+.2f %% |\n", one, tune_vs(one, dp));
     printf("| (data parallel, %d x batch) | | %.4f | %+.2f %% | |\n", o.replicas, dp, tune_vs(dp, one));
+    char lr[32], mu[32];
     for (int k = 2; k < total; k++)
-        printf("| %g | %g | %.4f | %+.2f %% | %+.2f %% |%s\n", runs[k].lr, runs[k].mu, runs[k].r.val_loss,
-               tune_vs(runs[k].r.val_loss, one), tune_vs(runs[k].r.val_loss, dp), k == best ? " best" : "");
+        printf("| %s | %s | %.4f | %+.2f %% | %+.2f %% |%s\n", shortest(runs[k].lr, lr, sizeof lr),
+               shortest(runs[k].mu, mu, sizeof mu), runs[k].r.val_loss, tune_vs(runs[k].r.val_loss, one),
+               tune_vs(runs[k].r.val_loss, dp), k == best ? " best" : "");
     const tune_run *b = &runs[best];
-    bool edge_lr = b->lr == o.lrs[0] || b->lr == o.lrs[o.n_lr - 1];
+    double lr_min = o.lrs[0], lr_max = o.lrs[0];   // the grid's range, whatever the list's order
+    for (int i = 1; i < o.n_lr; i++) {
+        lr_min = fmin(lr_min, o.lrs[i]);
+        lr_max = fmax(lr_max, o.lrs[i]);
+    }
+    bool edge_lr = b->lr == lr_min || b->lr == lr_max;
     printf("\n# diloco-tune: M = %d, H = %lld: best of %d settings, %+.2f %% against data parallel, %+.2f %% against "
            "one worker\n",
            o.replicas, (long long)o.inner_steps, total - 2, tune_vs(b->r.val_loss, dp), tune_vs(b->r.val_loss, one));
-    printf("diloco_replicas = %d\ndiloco_inner_steps = %lld\ndiloco_outer_lr = %g\ndiloco_outer_momentum = %g\n",
-           o.replicas, (long long)o.inner_steps, b->lr, b->mu);
+    printf("diloco_replicas = %d\ndiloco_inner_steps = %lld\ndiloco_outer_lr = %s\ndiloco_outer_momentum = %s\n",
+           o.replicas, (long long)o.inner_steps, shortest(b->lr, lr, sizeof lr), shortest(b->mu, mu, sizeof mu));
     if (o.n_lr > 1 && edge_lr)
         printf("# the best outer lr is at the edge of the grid: widen --outer_lr and run again\n");
     if (b->r.val_loss >= one)

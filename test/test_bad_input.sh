@@ -138,6 +138,12 @@ expect_error "diloco-tune --inner_steps 1e9" "diloco-tune: --inner_steps: expect
     "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 1e9
 expect_error "diloco-tune --proxy yes" "diloco-tune: --proxy: expected an integer in \[0, 1\], got 'yes'" \
     "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 10 --proxy yes
+expect_error "diloco-tune --outer_lr 0.7,1,0.7 (two runs in one folder)" "diloco-tune: --outer_lr: 0.7 is listed twice in '0.7,1,0.7'" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 10 --outer_lr 0.7,1,0.7
+expect_error "diloco-tune --rounds=1 (its flags take --flag=value too)" "diloco-tune: --rounds: expected an integer in \[2, 1000\], got '1'" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps 10 --rounds=1
+expect_error "diloco-tune ... --inner_steps (no value)" "diloco-tune: --inner_steps needs a value" \
+    "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4 --inner_steps
 expect_error "prepare --threads 100000" "\-\-threads must be an integer in \[1, 4096\], not '100000'" \
     "$TRAIN_GPT" prepare --threads 100000 --input "$tmp/none.txt" --out_dir "$tmp/o_prep"
 
