@@ -4226,6 +4226,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         if (stop_signal) {
             note("stopped by signal %d after step %lld (a simulated run writes no checkpoint)", (int)stop_signal,
                  (long long)lead->state.step);
+            metrics_event(log, "stop", lead->state.step, "\"reason\":\"signal\"");
             break;
         }
         if (stop_at) {
@@ -4238,6 +4239,15 @@ static local_result train_local(train_config *cfg, bool quiet) {
     }
     free(round);
     diloco_close(outer);
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {   // the end line, of what a simulated run has
+        double state_mb = 0.0;
+        for (int i = 0; i < M; i++) state_mb += (double)reps[i].shard.local_numel * 16.0 / 1048576.0;
+        char extra[128];
+        snprintf(extra, sizeof extra, "\"peak_rss_mb\":%.1f,\"state_mb\":%.6f", (double)usage.ru_maxrss / 1024.0,
+                 state_mb);
+        metrics_event(log, "end", lead->state.step, extra);
+    }
     for (int i = 0; i < M; i++) release(&reps[i]);
     dataloader_close(val);
     metrics_close(log);

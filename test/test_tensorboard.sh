@@ -9,7 +9,8 @@
 #      read as strict UTF-8); wall times within
 #      the run.
 #   2. A flipped byte in a record's data or in its length, or a cut file: the reader says so.
-#   3. tensorboard = 0 (the default), and diloco_transport = local: no event file.
+#   3. tensorboard = 0 (the default), and diloco_transport = local: no event file; the simulated
+#      run's metrics.jsonl ends with its end line, after a stop event when SIGTERM stopped it.
 #   4. Resume after losing the newest checkpoint (steps 11-12 run twice): a second file with a
 #      restart at step 11; TensorBoard's view of the two files equals metrics.jsonl's. A fresh
 #      start over a run that died before its first checkpoint: its restart at step 0 drops the
@@ -172,6 +173,19 @@ run "$tmp/local" --max_steps 4 --tensorboard 1 --diloco_replicas 2 --diloco_inne
     || cat "$tmp/local.log"
 check "diloco_transport = local: no event file" \
     sh -c "[ -s '$tmp/local/metrics.jsonl' ] && [ $(count_files "$tmp/local") -eq 0 ]"
+# ... and metrics.jsonl's events as any run's: an end line last, and a signal's stop (before, a
+# simulated run wrote neither).
+check "... its metrics.jsonl ends with an end line (peak_rss_mb, state_mb)" \
+    sh -c "tail -n 1 '$tmp/local/metrics.jsonl' | grep -q '^{\"event\":\"end\",\"step\":4,\"peak_rss_mb\":[0-9.]*,\"state_mb\":[0-9.]*}$'"
+"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/local_sig" --max_steps 100000 --diloco_replicas 2 --diloco_inner_steps 2 \
+    --diloco_transport local >"$tmp/local_sig.log" 2>&1 &
+pid=$!
+wait_until "a step line of the simulated run" grep -q '"loss"' "$tmp/local_sig/metrics.jsonl" 2>/dev/null
+kill -TERM "$pid"
+rc=0; wait "$pid" || rc=$?
+check "... stopped by SIGTERM (rc $rc): a stop event with reason signal, then the end line" \
+    sh -c "[ $rc -eq 0 ] && tail -n 2 '$tmp/local_sig/metrics.jsonl' | head -n 1 | grep -q '\"event\":\"stop\".*\"reason\":\"signal\"' &&
+           tail -n 1 '$tmp/local_sig/metrics.jsonl' | grep -q '\"event\":\"end\"'"
 
 # ---------------------------------------------------------------- 4. resume
 run "$tmp/resumed" --tensorboard 1 --ckpt_every 5 --stop_at_step 12 || cat "$tmp/resumed.log"
