@@ -3632,12 +3632,13 @@ static step_metrics train_step(trainer *tr, bool extra) {
 }
 
 static void print_progress(const trainer *tr, const step_metrics *m, double mean_step_s) {
-    char eta[32], mfu[32] = "";
+    char eta[32], mfu[32] = "", rate[32] = "-";   // a rolled-back step has no throughput (NaN)
     format_duration(mean_step_s * (double)(tr->cfg->max_steps - m->step), eta, sizeof eta);
     if (isfinite(m->mfu)) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * m->mfu);
-    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | %.0f ms | ETA %s%s\n",
-           (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, m->tok_per_s, mfu,
-           m->step_ms, eta, m->skipped ? " | SKIPPED" : "");
+    if (isfinite(m->tok_per_s)) snprintf(rate, sizeof rate, "%.0f", m->tok_per_s);
+    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | %.0f ms | ETA %s%s\n",
+           (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, rate, mfu, m->step_ms, eta,
+           m->rolled_back ? " | SKIPPED, ROLLED BACK" : m->skipped ? " | SKIPPED" : "");
     fflush(stdout);
 }
 

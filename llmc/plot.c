@@ -21,6 +21,7 @@
 #include "llmc/json.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,9 +337,12 @@ static bool data_extent(const panel *p, bool want_y, bool log_y, double *lo, dou
 
 static void x_range(double *lo, double *hi) {
     if (*lo > 0 && *lo < 0.2 * *hi) *lo = 0;  // a run that starts at the start: show the origin
-    if (*hi <= *lo) {
-        *lo -= 0.5;
-        *hi += 0.5;
+    if (*hi <= *lo) {   // one x: widen by its size (±0.5 vanished at 1e16 tokens: x="-nan" in the SVG)
+        double half = fmax(0.5, 0.1 * fabs(*lo));
+        *lo -= half;
+        *hi += half;
+        if (!isfinite(*hi)) *hi = DBL_MAX;
+        if (!isfinite(*lo)) *lo = -DBL_MAX;
     }
 }
 
@@ -440,7 +444,7 @@ static int linear_ticks(double lo, double hi, int target, bool integer, tick *ou
     int n = 0;
     for (int k = 0; n < MAX_TICKS; k++) {
         double v = (first + k) * step;
-        if (v > hi + step * 1e-9) break;
+        if (!isfinite(v) || v > hi + step * 1e-9) break;   // (past DBL_MAX: inf)
         if (fabs(v) < step * 1e-9) v = 0;
         out[n++].v = v;
     }

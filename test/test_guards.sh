@@ -129,6 +129,8 @@ check "bad data: rolled back from step 36 to the step-30 checkpoint, skipping mi
     "$tmp/roll/metrics.jsonl"
 check "... and finished (step 60, rollbacks 1 in state.json)" \
     sh -c "grep -q '\"rollbacks\": 1' '$tmp/roll/step_00000060/state.json'"
+check "... its console line for step 36 says it, with no throughput ('- tok/s', not 'nan tok/s')" \
+    sh -c "grep -q '^step *36/60 | .* | - tok/s | .* | SKIPPED, ROLLED BACK$' '$tmp/roll.log' && ! grep -q 'nan tok/s' '$tmp/roll.log'"
 # The same in an out_dir named with a quote and a backslash: the event's checkpoint path is a
 # JSON string (it was written raw: the line did not parse, and TensorBoard lost the restart).
 odd="$tmp/ro\"ll\\x"

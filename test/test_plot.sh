@@ -225,4 +225,13 @@ printf '{"step":%d,"loss":%s,"lr":0.001}\n' 1 1e38 2 2e38 3 3e38 >"$tmp/huge/met
 "$TRAIN_GPT" plot "$tmp/huge" >"$tmp/huge.log" 2>&1 || cat "$tmp/huge.log"
 check "a loss of 3e38: the loss panel's tick labels are numbers up to the top" \
     svg_check "$tmp/huge/dashboard.svg" "len(ticks('loss')) >= 2" "max(ticks('loss')) >= 2.5e38"
+# One point at a huge x (tokens 1e16, 1e308): the axis widens by the value's size; ±0.5 vanished
+# there, and coordinates and tick labels came out nan and inf.
+for x in 1e16 1e308 1.7e308; do
+    mkdir -p "$tmp/x$x"
+    printf '{"step":1,"loss":4.0,"lr":0.001,"tokens":%s}\n' "$x" >"$tmp/x$x/metrics.jsonl"
+    "$TRAIN_GPT" plot "$tmp/x$x" >"$tmp/x$x.log" 2>&1 || cat "$tmp/x$x.log"
+    check "one point at tokens $x: no nan or inf in the SVG" \
+        svg_check "$tmp/x$x/dashboard.svg" "not re.search(r'nan|inf', open(sys.argv[1]).read(), re.I)"
+done
 finish test_plot
