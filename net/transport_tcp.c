@@ -89,6 +89,8 @@ struct tcp {
     int hub_index, hubs;            // this hub's place in diloco_rendezvous, and how many it lists
     bool quiet;                     // connect_session does not say it waits (a background retry)
     bool had_session;               // a session with this hub was ever up (connect_session)
+    double refused_since;           // the first of the refusals since then, none in between (handshake; 0: none)
+    int refusals;                   // how many
     bool not_a_hub;                 // the last try's answer was no train_gpt hub's HELLO (connect_session)
     relay *served;
     // the session
@@ -344,6 +346,30 @@ static void *io_thread(void *arg) {
 // ---------------------------------------------------------------- connecting
 typedef enum { HS_OK, HS_RETRY, HS_DUPLICATE, HS_NOT_HUB } handshake_result;
 
+// An answer that says this replica's own configuration is wrong (a REFUSE for its secret,
+// fingerprint, id or hub order; a WELCOME whose proof is not of our secret). At start it ends
+// the run: the user's error, said at once. Once this replica has had a session with the hub it
+// is a lost hub until it lasts: those answers carry no proof (a REFUSE cannot: the hub that
+// sends it does not share our secret, or has not yet checked it), so anything listening on the
+// hub's port while the relay restarts (any local user of a shared login node, or a machine on
+// the path) could otherwise end every replica of the run with one frame. Fatal when every
+// try has been refused for diloco_connect_timeout_s, three tries at least: a relay really
+// restarted with another secret or run, said as at start.
+static handshake_result refused(tcp *t, const char *what, char *err, size_t err_bytes) {
+    if (!t->had_session) fail("%s", what);
+    double now = wall_seconds();
+    if (t->refusals++ == 0) t->refused_since = now;
+    if (t->refusals >= 3 && now - t->refused_since >= t->o.connect_timeout_s)
+        fail("%s (every answer for %.0f s, %d tries, since this replica's last session with it)", what,
+             now - t->refused_since, t->refusals);
+    if (t->refusals == 1)
+        warn("diloco: %s; taken for a lost hub until it lasts diloco_connect_timeout_s = %g s (no proof comes "
+             "with it: maybe not the relay but something else on its port while the relay restarts)",
+             what, t->o.connect_timeout_s);
+    snprintf(err, err_bytes, "taken for a lost hub: %.160s%s", what, strlen(what) > 160 ? "..." : "");
+    return HS_RETRY;
+}
+
 // The handshake on one connection (docs/protocol.md). Errors of this replica's own
 // configuration are fatal here; anything else asks for another try.
 static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session_id, char *err, size_t err_bytes) {
@@ -390,18 +416,21 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
             return HS_RETRY;
         }
         wire_printable(rf.text, rf.text_bytes, text, sizeof text);
+        char what[WIRE_MAX_TEXT_BYTES + 600];
         switch (rf.code) {
         case REFUSE_SECRET:
-            fail("diloco_secret_file: the hub at %s refused our secret (the relay's --secret_file and every "
-                 "replica's diloco_secret_file must hold the same bytes)",
-                 t->hub);
+            snprintf(what, sizeof what, "diloco_secret_file: the hub at %s refused our secret (the relay's "
+                     "--secret_file and every replica's diloco_secret_file must hold the same bytes)", t->hub);
+            return refused(t, what, err, err_bytes);
         case REFUSE_DUPLICATE: snprintf(err, err_bytes, "%s", text); return HS_DUPLICATE;
         case REFUSE_FINGERPRINT:
-            fail("the hub at %s refused replica %d: %s; the fields it hashes are in every replica's "
-                 "diloco_fingerprint event (metrics.jsonl)",
-                 t->hub, t->o.replica_id, text);
+            snprintf(what, sizeof what, "the hub at %s refused replica %d: %s; the fields it hashes are in every "
+                     "replica's diloco_fingerprint event (metrics.jsonl)", t->hub, t->o.replica_id, text);
+            return refused(t, what, err, err_bytes);
         case REFUSE_HUB_ORDER:
-        case REFUSE_BAD_ID: fail("the hub at %s refused replica %d: %s", t->hub, t->o.replica_id, text);
+        case REFUSE_BAD_ID:
+            snprintf(what, sizeof what, "the hub at %s refused replica %d: %s", t->hub, t->o.replica_id, text);
+            return refused(t, what, err, err_bytes);
         default: snprintf(err, err_bytes, "the hub refused the connection: %s", text); return HS_RETRY;
         }
     }
@@ -413,10 +442,12 @@ static handshake_result handshake(tcp *t, conn *c, int stream, uint64_t *session
     uint8_t proof[32];
     wire_welcome_proof(t->secret, t->o.secret_bytes, hello.nonce_h, a.nonce_c, f.payload, WIRE_WELCOME_PROVEN_BYTES,
                        proof);
-    if (!wire_equal32(proof, w.proof))
-        fail("diloco_secret_file: the hub at %s could not prove it knows our secret (another service, or a relay "
-             "started with a different --secret_file)",
-             t->hub);
+    if (!wire_equal32(proof, w.proof)) {
+        char what[600];
+        snprintf(what, sizeof what, "diloco_secret_file: the hub at %s could not prove it knows our secret (another "
+                 "service, or a relay started with a different --secret_file)", t->hub);
+        return refused(t, what, err, err_bytes);
+    }
     if (stream > 0 && w.session_id != *session_id) {
         snprintf(err, err_bytes, "the hub answered a data stream with another session");
         return HS_RETRY;
@@ -587,6 +618,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
             for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
             t->connected = true;
             t->had_session = true;
+            t->refusals = 0;
             t->session_serial++;
             return true;
         }

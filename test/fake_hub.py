@@ -31,8 +31,8 @@ class Failed(Exception):
     pass
 
 
-def accept(lsock, secret, session, deadline):
-    """One connection's handshake, the hub's side: HELLO, AUTH, WELCOME and the session keys."""
+def hello(lsock, deadline):
+    """A connection's handshake up to the replica's AUTH: (the connection, nonce_h, AUTH's payload)."""
     r, _, _ = select.select([lsock], [], [], max(0.0, deadline - time.time()))
     if not r:
         raise Failed("no connection from the replica")
@@ -46,6 +46,12 @@ def accept(lsock, secret, session, deadline):
     t, p = c.read(deadline)
     if t != AUTH:
         raise Failed("expected AUTH, got frame %d" % t)
+    return c, nonce_h, p
+
+
+def accept(lsock, secret, session, deadline):
+    """One connection's handshake, the hub's side: HELLO, AUTH, WELCOME and the session keys."""
+    c, nonce_h, p = hello(lsock, deadline)
     stream, streams = struct.unpack("<HH", p[4:8])
     nonce_c = p[40:72]
     fields = struct.pack("<QII", session, 10000, 0)
@@ -195,6 +201,57 @@ def scenario_huge_mean(hub, n):
     hub.data_frame(KIND_CATCHUP, 6, 1 << 36, 0, bytes(16 << 10), chunk=16 << 10)
     hub.session()
     hub.expect(JOIN, "JOIN on a new session")
+
+
+def squat(hub, answer):
+    """Something else on the hub's port, without the secret: it takes the replica's next
+    connection and answers its AUTH with REFUSE(code) ('welcome': a WELCOME whose proof is not
+    of the secret), then closes it."""
+    c, nonce_h, p = hello(hub.l, time.time() + DEADLINE_S)
+    if answer == "welcome":
+        fields = struct.pack("<QII", 0x5EED, 10000, 0)
+        c.send(WELCOME, fields + bytes(32))
+    else:
+        text = b"refused by a squatter"
+        c.send(rp.REFUSE, struct.pack("<II", answer, len(text)) + text)
+    c.sock.close()
+
+
+def lose_session(hub):
+    """The relay dies: every connection of the session closes."""
+    hub.ctl.sock.close()
+    for d in hub.data:
+        d.sock.close()
+
+
+def scenario_squatter(hub, n):
+    # The relay dies mid-join, and while it is down something without the secret holds its port
+    # and answers each AUTH with a refusal that would be fatal at start (secret 1, fingerprint 2,
+    # bad id 4, hub order 7) or a WELCOME without our secret's proof. The replica exited on the
+    # first: anyone on the login node could end a run. It must take each for a lost hub and join
+    # the relay once it is back.
+    hub.expect(JOIN, "JOIN")
+    lose_session(hub)
+    for answer in (1, 2, 4, 7, "welcome"):
+        squat(hub, answer)
+    hub.session()
+    hub.expect(JOIN, "JOIN on a new session after the squatter's answers")
+
+
+def scenario_squatter_forever(hub, n):
+    # The same refusal at every try (a relay really restarted with another secret): the replica
+    # ends the run once it has lasted diloco_connect_timeout_s, saying so.
+    hub.expect(JOIN, "JOIN")
+    lose_session(hub)
+    deadline = time.time() + DEADLINE_S
+    while "error:" not in open(os.environ["REPLICA_LOG"], errors="replace").read():
+        if time.time() > deadline:
+            raise Failed("the replica never gave up on the refusals")
+        if select.select([hub.l], [], [], 0.05)[0]:
+            try:
+                squat(hub, 1)
+            except (rp.Closed, OSError, Failed):
+                pass   # the replica gave up during this try (its log says so next)
 
 
 def main():
