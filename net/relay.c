@@ -78,6 +78,7 @@ _Static_assert(WIRE_MAX_REPLICAS == TRANSPORT_MAX_REPLICAS, "wire and transport 
 
 #define MAX_CONNS 2048
 #define MAX_HANDSHAKES 128
+#define ACCEPTS_PER_LOOP 64   // then back to poll: the members' frames and heartbeats go on under a flood
 #define STATE_BACKLOG_BYTES ((uint64_t)64 << 20)   // per joiner: pause the donor above this
 #define QUEUE_DEPTH_FRAMES 2                        // frames handed to a data connection at once
 #define WINDOW_SEGMENTS 16        // a contributor may run this many segments ahead of the reduction
@@ -2429,8 +2430,12 @@ static void out_of_descriptors(relay *h, int err) {
     h->fd_warned_s = now;
 }
 
+// Takes the connections waiting, at most ACCEPTS_PER_LOOP: a flood of connections (no secret
+// needed) kept the loop here, no frame read and no heartbeat sent, until the members were
+// dropped as silent; and the connections it cut as the oldest in the handshake, swept only
+// after the loop, counted toward MAX_CONNS ("too many connections" with ~130 live).
 static void accept_all(relay *h) {
-    for (;;) {
+    for (int accepted = 0; accepted < ACCEPTS_PER_LOOP; accepted++) {
         char peer[96];
         int fd = net_accept(h->listen_fd, peer, sizeof peer);
         if (fd < 0) {
@@ -2444,16 +2449,18 @@ static void accept_all(relay *h) {
         // Connections that never speak (no secret needed) then cannot keep a replica out for
         // timeout_s: a replica's handshake takes a round trip, and only a flood of
         // MAX_HANDSHAKES connections within it pushes it out.
-        int handshakes = 0;
+        int handshakes = 0, live = 0;
         hub_conn *oldest = NULL;
         for (int i = 0; i < h->n_conns; i++) {
             hub_conn *hc = h->conns[i];
-            if (hc->dead || hc->role != ROLE_HANDSHAKE) continue;
+            if (hc->dead) continue;
+            live++;
+            if (hc->role != ROLE_HANDSHAKE) continue;
             handshakes++;
             if (!oldest || hc->opened_s < oldest->opened_s) oldest = hc;
         }
-        if (h->n_conns >= MAX_CONNS) {
-            hub_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, h->n_conns, handshakes);
+        if (live >= MAX_CONNS) {
+            hub_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, live, handshakes);
             close(fd);
             continue;
         }

@@ -1,0 +1,25 @@
+#!/bin/bash
+# bench/diloco/relay_flood/run.sh [TRAIN_GPT] — a relay (--timeout_s 4) under a connect flood
+# without the secret, with one authenticated member heartbeating: the longest gap between the
+# hub's frames to the member, whether the hub dropped it as silent, and how many connections it
+# rejected as "too many". The relay runs under strace, which slows its system calls: it stands in
+# for an attacker with more CPU or bandwidth than the relay's one thread (on 2 cores, the flood
+# alone does not outrun it). Before ACCEPTS_PER_LOOP (net/relay.c), the relay stayed in its
+# accept loop for seconds: no heartbeat went out, the member was dropped, and the connections it
+# had cut counted toward MAX_CONNS. Needs strace and cc.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${1:-$here/../../../train_gpt}
+tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+cc -O2 -o "$tmp/flood" "$here/flood.c"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"; chmod 600 "$tmp/secret"
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+strace -f -o /dev/null "$bin" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 4 >"$tmp/relay.log" 2>&1 &
+until grep -q 'listening on' "$tmp/relay.log" 2>/dev/null; do sleep 0.1; done
+/usr/bin/python3 "$here/member.py" "$port" "$tmp/secret" 14 >"$tmp/member.log" 2>&1 &
+member=$!
+until grep -q 'member: connected' "$tmp/member.log" 2>/dev/null; do sleep 0.1; done
+"$tmp/flood" "$port" 8
+wait "$member" || true
+cat "$tmp/member.log"
+echo "relay: $(grep -c 'too many connections' "$tmp/relay.log" || true) connections rejected as too many; $(grep -c 'dropped: silent' "$tmp/relay.log" || true) member(s) dropped as silent"
