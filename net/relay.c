@@ -2144,6 +2144,12 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
         refuse(h, hc, REFUSE_BAD_ID, why, why);
         return;
     }
+    if (h->o.replicas > 0 && (int)a.min_replicas > h->o.replicas) {   // a quorum no group can reach here
+        snprintf(why, sizeof why, "replica %d asks for min_replicas %u, but the relay was started with --replicas %d",
+                 id, a.min_replicas, h->o.replicas);
+        refuse(h, hc, REFUSE_BAD_ID, why, why);
+        return;
+    }
     replica *r = rep(h, id);
     bool anyone = false;
     for (int i = 0; i < WIRE_MAX_REPLICAS; i++) anyone |= h->reps[i].state != R_FREE;

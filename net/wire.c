@@ -295,6 +295,7 @@ const char *wire_decode_auth(const uint8_t *p, size_t n, wire_auth *m) {
     if (m->replica_id >= WIRE_MAX_REPLICAS) return "AUTH: replica id out of range";
     if (m->replicas == 0 || m->replicas > WIRE_MAX_REPLICAS) return "AUTH: replicas out of range";
     if (m->replica_id >= m->replicas) return "AUTH: replica id not below replicas";
+    if (m->min_replicas == 0 || m->min_replicas > m->replicas) return "AUTH: min_replicas not in 1 .. replicas";
     if (m->streams == 0 || m->streams > WIRE_MAX_STREAMS) return "AUTH: streams out of range";
     if (m->stream_index > m->streams) return "AUTH: stream index above streams";
     if ((m->stream_index == 0) != (m->session_id == 0)) return "AUTH: session id and stream index disagree";

@@ -113,12 +113,12 @@ class Conn:
                 self.fill()
 
 
-def handshake(port, secret, rid, stream=0, streams=1, session=0, rcvbuf=None):
+def handshake(port, secret, rid, stream=0, streams=1, session=0, rcvbuf=None, min_replicas=1):
     c = Conn(port, rcvbuf)
     t, p = c.read(time.time() + 10)
     assert t == HELLO, t
     nonce_h, nonce_c = p[:32], os.urandom(32)
-    fields = struct.pack("<IHHIIQQHHI", rid, stream, streams, 8, 1, 0x5EED, session, 0, HUBS, 0) + nonce_c
+    fields = struct.pack("<IHHIIQQHHI", rid, stream, streams, 8, min_replicas, 0x5EED, session, 0, HUBS, 0) + nonce_c
     c.send(AUTH, fields + mac(secret, b"train_gpt auth v1\0", nonce_h, fields))
     t, p = c.read(time.time() + 10)
     if t == REFUSE:
@@ -645,6 +645,23 @@ def scenario_done_far(port, secret):
     if EVICTED in a.got:
         return "replica 0's round 64 was refused: %r" % a.got[EVICTED][0][12:]
     return closes_with(a, [0])
+
+
+def scenario_bad_quorum(port, secret):
+    # An AUTH (of 8 replicas) asking for min_replicas 0, 9 (more than its 8) or 3 (more than the
+    # relay's --replicas 2, run with it): refused in one line, code 4. Taken, the group's every
+    # join waited for a quorum it could never reach, without a word.
+    for q, why in ((0, "min_replicas not in 1 .. replicas"), (9, "min_replicas not in 1 .. replicas"),
+                   (3, "asks for min_replicas 3, but the relay was started with --replicas 2")):
+        try:
+            handshake(port, secret, 0, min_replicas=q)
+        except RuntimeError as e:
+            if why not in str(e):
+                return "min_replicas %d: refused, but for %s" % (q, e)
+            continue
+        return "an AUTH asking for min_replicas %d was welcomed" % q
+    handshake(port, secret, 0, min_replicas=2)   # and a reachable one is welcomed
+    return None
 
 
 def wait_for_line(path, text, seconds, reps=()):

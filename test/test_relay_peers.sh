@@ -36,6 +36,8 @@
 #   follow_one_hub     FOLLOW to the only hub: dropped, as DONE and HOLD are
 #   done_far           (several hubs) DONE for outer step 2^40: dropped (taken, every later round
 #                      of the hub was refused as stale: the hub's group was blocked for good)
+#   bad_quorum         (--replicas 2) AUTHs asking for min_replicas 0, 9 of 8, or 3: refused in
+#                      one line (the group's joins waited for ever for a quorum it cannot reach)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -43,13 +45,15 @@ tmp_with_processes
 make_secret "$tmp/secret"
 PEERS="$(dirname "$0")/relay_peers.py"
 
-# run_scenario NAME [PREFIX...]: a fresh relay (under PREFIX, e.g. prlimit), the scenario
-# against it; the relay must still be running afterwards. Leaves its log in $tmp/relay_NAME.log.
+# run_scenario NAME [PREFIX...]: a fresh relay (under PREFIX, e.g. prlimit; with the options in
+# $relay_args too), the scenario against it; the relay must still be running afterwards. Leaves
+# its log in $tmp/relay_NAME.log.
+relay_args=()
 run_scenario() {
     local name=$1 rc=0 relay
     shift
     port=$(free_port)
-    "$@" "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 \
+    "$@" "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 "${relay_args[@]}" \
         >"$tmp/relay_$name.log" 2>&1 &
     relay=$!
     pids+=("$relay")
@@ -135,6 +139,12 @@ check "follow_one_hub: one line drops replica 1" \
 run_scenario done_far
 check "done_far: one line drops replica 1" \
     in_log done_far "replica 1 .* dropped: said DONE for outer step 1099511627776, far past any step"
+
+relay_args=(--replicas 2)
+run_scenario bad_quorum
+relay_args=()
+check "bad_quorum: one line for each refusal" \
+    test "$(grep -c 'rejected 127.0.0.1:[0-9]*: .*min_replicas' "$tmp/relay_bad_quorum.log")" -eq 3
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
