@@ -2292,7 +2292,10 @@ static void on_data_frame(relay *h, hub_conn *hc, const wire_frame *f) {
     if (bad) drop_replica(h, id, bad);
     else if (d.kind == DATA_PAYLOAD) on_payload_chunk(h, hc, &d);
     else if (d.kind == DATA_CATCHUP) on_catchup_chunk(h, id, &d);
-    else on_state_chunk(h, id, &d);
+    else if (d.kind == DATA_STATE) on_state_chunk(h, id, &d);
+    // DATA_MEAN goes from the hub to replicas only: taken as a state chunk, it was counted into the
+    // joiners' state and relayed as a mean, which they ignore as stale: their state never completed.
+    else drop_replica(h, id, "sent DATA of kind 3 (a mean: the hub's to send, not a replica's)");
 }
 
 // Reads what the connection has (a bounded number of frames, to stay fair).

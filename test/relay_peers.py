@@ -647,6 +647,22 @@ def scenario_done_far(port, secret):
     return closes_with(a, [0])
 
 
+def scenario_mean_from_donor(port, secret):
+    # A donor sends a chunk of its state as DATA kind 3 (a mean: hub to replica only). It was
+    # taken as a state chunk, counted into the joiner's state and relayed as kind 3, which a
+    # replica ignores as a stale mean: the joiner's state never completed while the hub held it
+    # whole. The donor is dropped with a line.
+    a, b, err = catchup_donor(port, secret)
+    if err:
+        return err
+    total, chunk = 2048, 1024
+    a.ctl.send(STATE, struct.pack("<qQIIII", 0, total, chunk, 0, 1, 0))
+    a.data[0].sock.sendall(a.data[0].frame(DATA, data_head(0, 3, 0, total, chunk, chunk) + bytes(chunk)))
+    if not a.wait(lambda: a.ctl.closed, 10, [b]):
+        return "the hub kept the donor after its DATA of kind 3"
+    return None
+
+
 def scenario_bad_quorum(port, secret):
     # An AUTH (of 8 replicas) asking for min_replicas 0, 9 (more than its 8) or 3 (more than the
     # relay's --replicas 2, run with it): refused in one line, code 4. Taken, the group's every

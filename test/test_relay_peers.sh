@@ -36,6 +36,8 @@
 #   follow_one_hub     FOLLOW to the only hub: dropped, as DONE and HOLD are
 #   done_far           (several hubs) DONE for outer step 2^40: dropped (taken, every later round
 #                      of the hub was refused as stale: the hub's group was blocked for good)
+#   mean_from_donor    a donor's state chunk sent as DATA of kind 3 (a mean, the hub's to send):
+#                      dropped (it was relayed as a mean, and the joiner's state never completed)
 #   bad_quorum         (--replicas 2) AUTHs asking for min_replicas 0, 9 of 8, or 3: refused in
 #                      one line (the group's joins waited for ever for a quorum it cannot reach)
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
@@ -139,6 +141,9 @@ check "follow_one_hub: one line drops replica 1" \
 run_scenario done_far
 check "done_far: one line drops replica 1" \
     in_log done_far "replica 1 .* dropped: said DONE for outer step 1099511627776, far past any step"
+
+run_scenario mean_from_donor
+check "mean_from_donor: one line drops the donor" in_log mean_from_donor "replica 0 .* dropped: sent DATA of kind 3"
 
 relay_args=(--replicas 2)
 run_scenario bad_quorum
