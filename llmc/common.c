@@ -322,14 +322,31 @@ const char *format_duration(double seconds, char *buf, size_t bytes) {
     return buf;
 }
 
+static bool secret_blank(char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; }
+
+// A regular file of at most SECRET_MAX_BYTES: a FIFO without a writer blocked the start for
+// ever, and /dev/zero was read until memory ran out. Blanks at either end are not the secret
+// (leading newlines counted toward the 16 bytes).
+#define SECRET_MAX_BYTES 65536
 uint8_t *read_secret_file(const char *path, const char *what, size_t *bytes) {
+    struct stat st;
+    if (stat(path, &st) != 0) fail("%s: cannot read '%s': %s", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        fail("%s: '%s' is not a regular file; a secret is a file of 16 or more bytes (e.g. openssl rand -hex 32 > "
+             "FILE; chmod 600 FILE)", what, path);
+    if (st.st_size > SECRET_MAX_BYTES)
+        fail("%s: '%s' holds %lld bytes; a secret is at most %d (e.g. openssl rand -hex 32)", what, path,
+             (long long)st.st_size, SECRET_MAX_BYTES);
     size_t n = 0;
     char *text = read_file_or_null(path, &n);
     if (!text) fail("%s: cannot read '%s': %s", what, path, strerror(errno));
-    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ' || text[n - 1] == '\t')) n--;
+    size_t first = 0;
+    while (first < n && secret_blank(text[first])) first++;
+    while (n > first && secret_blank(text[n - 1])) n--;
+    n -= first;
+    memmove(text, text + first, n);
     if (n < 16) fail("%s: '%s' holds %zu bytes; use at least 16 (e.g. openssl rand -hex 32)", what, path, n);
-    struct stat st;
-    if (stat(path, &st) == 0 && (st.st_mode & 077)) warn("%s: '%s' can be read by other users (chmod 600 it)", what, path);
+    if (st.st_mode & 077) warn("%s: '%s' can be read by other users (chmod 600 it)", what, path);
     *bytes = n;
     return (uint8_t *)text;
 }

@@ -2708,11 +2708,25 @@ static const char relay_usage[] =
     "One line per event on stdout: connections, joins, evictions, rounds, state transfers, rejected peers.\n"
     "Protocol: docs/protocol.md.\n";
 
+// A plain decimal number (digits, one point, an exponent): strtod's hex, inf and nan are not
+// what a user means (--timeout_s 0x10 was 16 s).
 static double parse_number(const char *name, const char *value, double lo, double hi) {
     char *end = NULL;
     double v = strtod(value, &end);
-    if (!*value || *end || !(v >= lo && v <= hi)) fail("relay: --%s %s: expected a number from %g to %g", name, value, lo, hi);
+    bool plain = strspn(value, "0123456789.eE+-") == strlen(value);
+    if (!*value || *end || !plain || !(v >= lo && v <= hi))
+        fail("relay: --%s %s: expected a number from %g to %g", name, value, lo, hi);
     return v;
+}
+
+// A whole number, digits only (--replicas 2.5 was 2, --catch_up 0.5 was on).
+static int parse_integer(const char *name, const char *value, int lo, int hi) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (!*value || strspn(value, "0123456789") != strlen(value) || errno || *end || v < lo || v > hi)
+        fail("relay: --%s %s: expected a whole number from %d to %d", name, value, lo, hi);
+    return (int)v;
 }
 
 // --shards N: hubs 1 .. N−1 on ports PORT+1 .. PORT+N−1, each a thread of its own (hub 0 runs
@@ -2767,7 +2781,8 @@ static void raise_open_file_limit(relay *h, int shards) {
 int relay_main(int argc, char **argv) {
     relay_options o = {.timeout_s = 60, .min_replicas = 1, .catch_up = true, .join_in_flight = true};
     const char *secret_path = NULL;
-    int shards = 1;
+    int shards = 1, n_seen = 0;
+    char seen[16][64];
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -2786,15 +2801,20 @@ int relay_main(int argc, char **argv) {
             if (i + 1 >= argc) fail("relay: --%s needs a value", name);
             value = argv[++i];
         }
+        // An option given twice is refused, as a config key set twice is: which one counts is
+        // not obvious to someone reading a long launch line (the last won, silently).
+        for (int j = 0; j < n_seen; j++)
+            if (strcmp(seen[j], name) == 0) fail("relay: --%s is given twice", name);
+        if (n_seen < (int)(sizeof seen / sizeof seen[0])) snprintf(seen[n_seen++], sizeof seen[0], "%s", name);
         if (strcmp(name, "listen") == 0) o.listen = value;
         else if (strcmp(name, "secret_file") == 0) secret_path = value;
         else if (strcmp(name, "timeout_s") == 0) o.timeout_s = parse_number(name, value, 0.1, 1e6);
-        else if (strcmp(name, "min_replicas") == 0) o.min_replicas = (int)parse_number(name, value, 1, 256);
-        else if (strcmp(name, "replicas") == 0) o.replicas = (int)parse_number(name, value, 1, 256);
-        else if (strcmp(name, "shards") == 0) shards = (int)parse_number(name, value, 1, 1024);
+        else if (strcmp(name, "min_replicas") == 0) o.min_replicas = parse_integer(name, value, 1, 256);
+        else if (strcmp(name, "replicas") == 0) o.replicas = parse_integer(name, value, 1, 256);
+        else if (strcmp(name, "shards") == 0) shards = parse_integer(name, value, 1, 1024);
         else if (strcmp(name, "max_hold_s") == 0) o.max_hold_s = parse_number(name, value, 0, 1e9);
-        else if (strcmp(name, "catch_up") == 0) o.catch_up = parse_number(name, value, 0, 1) != 0;
-        else if (strcmp(name, "join_in_flight") == 0) o.join_in_flight = parse_number(name, value, 0, 1) != 0;
+        else if (strcmp(name, "catch_up") == 0) o.catch_up = parse_integer(name, value, 0, 1) != 0;
+        else if (strcmp(name, "join_in_flight") == 0) o.join_in_flight = parse_integer(name, value, 0, 1) != 0;
         else fail("relay: unknown option --%s (see train_gpt relay --help)", name);
     }
     if (!o.listen) fail("relay: --listen HOST:PORT is required (see train_gpt relay --help)");

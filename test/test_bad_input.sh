@@ -168,8 +168,34 @@ for rdv in "127.0.0.1:$(free_port)" "127.0.0.1:$(free_port),127.0.0.1:$(free_por
 done
 expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5
-expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a number from 0 to 1" \
+expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a whole number from 0 to 1" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --catch_up 2
+# Whole numbers are whole (--replicas 2.5 was 2, --catch_up 0.5 turned it on), numbers decimal
+# (--timeout_s 0x10 was 16 s), and an option given twice is refused (the last won, silently).
+expect_error "relay --replicas 2.5" "relay: --replicas 2.5: expected a whole number from 1 to 256" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2.5
+expect_error "relay --catch_up 0.5" "relay: --catch_up 0.5: expected a whole number from 0 to 1" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --catch_up 0.5
+expect_error "relay --timeout_s 0x10" "relay: --timeout_s 0x10: expected a number from 0.1 to 1e+06" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --timeout_s 0x10
+expect_error "relay --listen given twice" "relay: --listen is given twice" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --listen=127.0.0.1:1
+# The secret file: a regular file of 16 to 65536 bytes, blanks at either end not counted (a FIFO
+# without a writer blocked the start for ever; /dev/zero was read until memory ran out; leading
+# newlines counted toward the 16).
+mkfifo "$tmp/secret_fifo"
+expect_error "relay --secret_file a FIFO" "is not a regular file" \
+    timeout 20 "$TRAIN_GPT" relay --listen 127.0.0.1:0 --secret_file "$tmp/secret_fifo"
+expect_error "relay --secret_file /dev/zero" "'/dev/zero' is not a regular file" \
+    timeout 20 "$TRAIN_GPT" relay --listen 127.0.0.1:0 --secret_file /dev/zero
+head -c 70000 /dev/zero | tr '\0' 'x' >"$tmp/secret_big"
+expect_error "relay --secret_file of 70000 bytes" "holds 70000 bytes; a secret is at most 65536" \
+    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --secret_file "$tmp/secret_big"
+printf '\n\n\n\n\n\n\n\n\n\n\nshort\n' >"$tmp/secret_blank"
+chmod 600 "$tmp/secret_big" "$tmp/secret_blank"
+expect_error "diloco_secret_file of 5 bytes after 11 newlines" "holds 5 bytes; use at least 16" \
+    "$TRAIN_GPT" "${base[@]}" --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport tcp \
+    --diloco_rendezvous 127.0.0.1:1 --diloco_secret_file "$tmp/secret_blank" --out_dir "$tmp/o_blank"
 
 # --- data
 expect_error "missing train_data file" "train_data: no such shard file '$tmp/absent.bin'" \
