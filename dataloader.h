@@ -640,6 +640,44 @@ static void add_shard(dataloader *d, int *capacity, const char *path) {
 
 static bool has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    int index;
+} shard_identity;
+
+static int compare_shard_identity(const void *a, const void *b) {
+    const shard_identity *x = (const shard_identity *)a, *y = (const shard_identity *)b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return x->index - y->index;
+}
+
+// A file listed more than once (a name and a glob that matches it, a hard link, two spellings
+// of one path) is read that many times per epoch: a way to weight a source, or a mistake, so it
+// is said, not refused (until 2026-12 nothing was said).
+static void note_repeated_shards(const dataloader *d) {
+    shard_identity *ids = (shard_identity *)xmalloc((size_t)d->n_shards * sizeof *ids);
+    int n = 0;
+    for (int i = 0; i < d->n_shards; i++) {
+        struct stat st;
+        if (stat(d->shards[i].path, &st) == 0) ids[n++] = (shard_identity){st.st_dev, st.st_ino, i};
+    }
+    qsort(ids, (size_t)n, sizeof *ids, compare_shard_identity);
+    int repeated = 0, a = -1, b = -1, times = 0;   // the first such file's first two places, and count
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && ids[j].dev == ids[i].dev && ids[j].ino == ids[i].ino) j++;
+        if (j - i > 1 && repeated++ == 0) a = ids[i].index, b = ids[i + 1].index, times = j - i;
+        i = j;
+    }
+    if (repeated > 0)
+        note("%s: %d shard file(s) listed more than once are read that many times per epoch (e.g. shard %d '%s' "
+             "is shard %d '%s' too, %d times in all)",
+             d->key, repeated, a + 1, d->shards[a].path, b + 1, d->shards[b].path, times);
+    free(ids);
+}
+
 static void collect_shards(dataloader *d, const char *spec) {
     int capacity = 0;
     char *copy = xstrdup(spec);
@@ -665,6 +703,7 @@ static void collect_shards(dataloader *d, const char *spec) {
     }
     free(copy);
     if (d->n_shards == 0) fail("%s: no shard files given", d->key);
+    note_repeated_shards(d);
     xxh64_state h;
     xxh64_init(&h, 0);
     for (int i = 0; i < d->n_shards; i++) {

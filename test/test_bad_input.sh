@@ -217,6 +217,16 @@ for spec in "$tmp/r[1]/x.bin" "$tmp/r\\[1\\]/x*.bin"; do
     check "train_data '$spec': the 20000 tokens of r[1]/x.bin ($(grep -o '[0-9]* train tokens' "$tmp/br.out"))" \
         grep -q "data: 20000 train tokens" "$tmp/br.out"
 done
+# A shard listed twice (its name and a glob that matches it) is read twice per epoch: one note
+# says so (nothing did), and none for the glob alone.
+"$TRAIN_GPT" "${base[@]}" --train_data "$tmp/r1/x.bin,$tmp/r1/*.bin" --max_steps 1 --warmup_steps 0 \
+    --out_dir "$tmp/o_twice" >"$tmp/twice.out" 2>&1 || true
+check "train_data listing r1/x.bin twice: 10000 train tokens, and one note naming it" \
+    sh -c "grep -q 'data: 10000 train tokens' '$tmp/twice.out' &&
+           [ \$(grep -c \"1 shard file(s) listed more than once are read that many times per epoch (e.g. shard 1 '$tmp/r1/x.bin' is shard 2\" '$tmp/twice.out') -eq 1 ]"
+"$TRAIN_GPT" "${base[@]}" --train_data "$tmp/r1/*.bin" --max_steps 1 --warmup_steps 0 --out_dir "$tmp/o_once" \
+    >"$tmp/once.out" 2>&1 || true
+check "... the glob alone: no such note" sh -c "grep -q 'data: 5000 train tokens' '$tmp/once.out' && ! grep -q 'more than once' '$tmp/once.out'"
 cp "$tmp/train.bin" "$tmp/trunc.bin"; "$TOOL" truncate "$tmp/trunc.bin" -3
 expect_error "truncated shard" "truncated shard" "$TRAIN_GPT" "${base[@]}" --train_data "$tmp/trunc.bin" --out_dir "$tmp/o1"
 # A forged header whose n_tokens · 2 wraps past 2⁶⁴ to the file's size (2⁶³ + 20000 tokens):
