@@ -2781,8 +2781,7 @@ static void raise_open_file_limit(relay *h, int shards) {
 int relay_main(int argc, char **argv) {
     relay_options o = {.timeout_s = 60, .min_replicas = 1, .catch_up = true, .join_in_flight = true};
     const char *secret_path = NULL;
-    int shards = 1, n_seen = 0;
-    char seen[16][64];
+    int shards = 1;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -2801,11 +2800,6 @@ int relay_main(int argc, char **argv) {
             if (i + 1 >= argc) fail("relay: --%s needs a value", name);
             value = argv[++i];
         }
-        // An option given twice is refused, as a config key set twice is: which one counts is
-        // not obvious to someone reading a long launch line (the last won, silently).
-        for (int j = 0; j < n_seen; j++)
-            if (strcmp(seen[j], name) == 0) fail("relay: --%s is given twice", name);
-        if (n_seen < (int)(sizeof seen / sizeof seen[0])) snprintf(seen[n_seen++], sizeof seen[0], "%s", name);
         if (strcmp(name, "listen") == 0) o.listen = value;
         else if (strcmp(name, "secret_file") == 0) secret_path = value;
         else if (strcmp(name, "timeout_s") == 0) o.timeout_s = parse_number(name, value, 0.1, 1e6);

@@ -1,10 +1,10 @@
 // net/transport_mpi.c — DiLoCo replicas as the ranks of one MPI world (see net/transport.h).
 //
 // Every exchange is the hub's reduction spread over the ranks: segment s of the payload
-// (llmc/quant.h) is reduced by rank s mod M. In waves of M segments, an MPI_Alltoallv hands
+// (llmc/quant.h) is reduced by rank s mod M. In waves of M segments, an MPI_Ialltoallv hands
 // each rank the M contributions to its segment, the rank sums them in rank order and encodes
 // the mean (quant_reduce_segment, with its share of the downlink residual), and an
-// MPI_Allgatherv hands every rank the M encoded means of the wave. The ranks' tokens (the
+// MPI_Iallgatherv hands every rank the M encoded means of the wave. The ranks' tokens (the
 // mean's weights) are all-gathered first. The arithmetic is the
 // hub's, so tcp and mpi give the same θ bit for bit; a rank holds its payload, the mean and
 // one wave (M segments in, M out), never M payloads. The membership is fixed: MPI cannot survive a dead
@@ -257,8 +257,11 @@ static void check_same_spec(mpi_transport *t, const payload_spec *sp) {
     int64_t mine[9] = {sp->up_codec, sp->down_codec, sp->down_feedback, sp->block, sp->segment, sp->values,
                        sp->offset, sp->model_values, bound_bits};
     int64_t lo[9], hi[9];
-    comm_mpi_check(MPI_Allreduce(mine, lo, 9, MPI_INT64_T, MPI_MIN, t->exchange_comm), "MPI_Allreduce");
-    comm_mpi_check(MPI_Allreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm), "MPI_Allreduce");
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallreduce(mine, lo, 9, MPI_INT64_T, MPI_MIN, t->exchange_comm, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' payload layouts, at an outer step");
+    comm_mpi_check(MPI_Iallreduce(mine, hi, 9, MPI_INT64_T, MPI_MAX, t->exchange_comm, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' payload layouts, at an outer step");
     if (memcmp(lo, hi, sizeof lo) != 0)
         fail("diloco (mpi): the ranks encode their outer gradients differently (diloco_quant, diloco_quant_block, "
              "diloco_topk, diloco_downlink or the model differ between their configs)");
@@ -302,8 +305,10 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
     // left out of the mean and of the contributors, as the tcp hub leaves it out (until 2026-12
     // it weighed 1 token here: a Δ = 0 in the mean, and a contributor for min_replicas).
     uint64_t my_tokens = sp->no_work ? 0 : sp->tokens ? sp->tokens : 1, tokens[TRANSPORT_MAX_REPLICAS];
-    comm_mpi_check(MPI_Allgather(&my_tokens, 1, MPI_UINT64_T, tokens, 1, MPI_UINT64_T, t->exchange_comm),
-                   "MPI_Allgather");
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallgather(&my_tokens, 1, MPI_UINT64_T, tokens, 1, MPI_UINT64_T, t->exchange_comm, &rq),
+                   "MPI_Iallgather");
+    comm_mpi_wait_world(&rq, "the replicas' tokens, at an outer step");
     double weights[TRANSPORT_MAX_REPLICAS];
     for (int p = 0; p < t->size; p++) weights[p] = (double)tokens[p];
     double arrived = wall_seconds();
@@ -346,8 +351,10 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
         // The wave's segments are contiguous in the payload: displacements from its start.
         const uint8_t *wave = payload + (size_t)base * up_chunk;
         for (int q = 1; q < M; q++) sdispls[q] = sdispls[q - 1] + scounts[q - 1];
-        comm_mpi_check(MPI_Alltoallv(wave, scounts, sdispls, MPI_BYTE, in, rcounts, rdispls, MPI_BYTE, t->exchange_comm),
-                  "MPI_Alltoallv");
+        comm_mpi_check(MPI_Ialltoallv(wave, scounts, sdispls, MPI_BYTE, in, rcounts, rdispls, MPI_BYTE,
+                                      t->exchange_comm, &rq),
+                       "MPI_Ialltoallv");
+        comm_mpi_wait_world(&rq, "the outer gradients' segments, at an outer step");
         size_t my_down = 0;
         if (my_len) {
             for (int p = 0; p < M; p++) ins[p] = in + (size_t)p * up_chunk;
@@ -385,9 +392,10 @@ static bool mpi_exchange(void *impl, int64_t outer_step, const payload_spec *sp,
                 r->bytes_recv += (uint64_t)rcounts[q];
             }
         }
-        comm_mpi_check(MPI_Allgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts, rdispls,
-                                 MPI_BYTE, t->exchange_comm),
-                  "MPI_Allgatherv");
+        comm_mpi_check(MPI_Iallgatherv(out, (int)my_down, MPI_BYTE, t->mean + (size_t)base * down_chunk, rcounts,
+                                       rdispls, MPI_BYTE, t->exchange_comm, &rq),
+                       "MPI_Iallgatherv");
+        comm_mpi_wait_world(&rq, "the means' segments, at an outer step");
         // A wave moved: progress for the watchdog, which watches the outer work from its last
         // progress (a 14B model's exchange at 100 Mbit/s takes longer than watchdog_s).
         watchdog_progress();
@@ -495,10 +503,17 @@ static bool mpi_restore_reducer(void *impl, const uint8_t *b, size_t n, char *wh
     return true;
 }
 
+// Every collective of a step and an exchange waits at most comm_timeout_s (comm_mpi_wait_world),
+// as the start's do: a replica that hung or died under a launcher that lets the others run on
+// (srun without --kill-on-bad-exit) left them in MPI_Allreduce here, or in the exchange, for
+// ever with watchdog_s = 0 and 30 minutes by default; now they exit with status 75 after
+// comm_timeout_s, naming the collective.
 static bool mpi_agree_stop(void *impl, bool local_stop) {
     (void)impl;
     int mine = local_stop, any = 0;
-    comm_mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    MPI_Request rq;
+    comm_mpi_check(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    comm_mpi_wait_world(&rq, "the replicas' stop agreement, at a step");
     return any != 0;
 }
 

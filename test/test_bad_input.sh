@@ -171,15 +171,13 @@ expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is
 expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a whole number from 0 to 1" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --catch_up 2
 # Whole numbers are whole (--replicas 2.5 was 2, --catch_up 0.5 turned it on), numbers decimal
-# (--timeout_s 0x10 was 16 s), and an option given twice is refused (the last won, silently).
+# (--timeout_s 0x10 was 16 s).
 expect_error "relay --replicas 2.5" "relay: --replicas 2.5: expected a whole number from 1 to 256" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2.5
 expect_error "relay --catch_up 0.5" "relay: --catch_up 0.5: expected a whole number from 0 to 1" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --catch_up 0.5
 expect_error "relay --timeout_s 0x10" "relay: --timeout_s 0x10: expected a number from 0.1 to 1e+06" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --timeout_s 0x10
-expect_error "relay --listen given twice" "relay: --listen is given twice" \
-    "$TRAIN_GPT" relay --listen 127.0.0.1:0 --listen=127.0.0.1:1
 # The secret file: a regular file of 16 to 65536 bytes, blanks at either end not counted (a FIFO
 # without a writer blocked the start for ever; /dev/zero was read until memory ran out; leading
 # newlines counted toward the 16).

@@ -13,6 +13,9 @@
 #  6. More MPI ranks than DiLoCo replicas: the line that says so.
 #  7. Ranks that see different checkpoints in out_dir resume from the same one (rank 0's list).
 #  8. SIGUSR1 on one rank, SIGTERM on the other: the job stops with status 76 (a requeue).
+#  9. DiLoCo over mpi, one replica stopped (SIGSTOP) mid-run, under a launcher that lets the
+#     others run on: the other exits within comm_timeout_s, status 75, naming the collective
+#     (it waited in the step's stop agreement for ever with watchdog_s 0).
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -160,4 +163,27 @@ wait "$job" || rc=$?
 check "SIGUSR1 on rank 0, SIGTERM on rank 1: the job stops after step 3 with status 76 (rc $rc)" \
     sh -c "[ $rc -eq 76 ] && grep -q 'stopped by signal 10 after step 3;' '$tmp/signals.log' &&
            test -d '$tmp/signals/step_00000003'"
+# 9. A hung DiLoCo replica (mpi transport), the launcher told not to end the job on a rank's
+# exit: rank 0 waits at most comm_timeout_s (5 s) in a step's or an exchange's collective.
+rm -rf "$tmp/dhung"
+"${MPIRUN[@]}" 2 --mca orte_abort_on_non_zero_status 0 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${args[@]}") \
+    --diloco_replicas 2 --diloco_transport mpi --diloco_inner_steps 5 --watchdog_s 0 \
+    --out_dir '$tmp/dhung/'\$OMPI_COMM_WORLD_RANK" >"$tmp/dhung.log" 2>&1 &
+job=$!
+pids+=("$job")
+wait_within "replica 1's first checkpoint" 180 eval '[ -n "$(ls -d "$tmp"/dhung/1/step_* 2>/dev/null)" ]'
+wait_within "rank 1's pid" 30 rank_pid "$job" 1
+victim=$(rank_pid "$job" 1)
+r0=$(rank_pid "$job" 0)
+kill -STOP "$victim"
+t0=$SECONDS
+rank0_gone() { ! kill -0 "$r0" 2>/dev/null; }
+wait_within "rank 0 to give up on the hung replica" 65 rank0_gone
+took=$((SECONDS - t0))
+kill -9 "$victim" 2>/dev/null || true
+kill "$job" 2>/dev/null || true   # mpirun told not to abort waits on after a rank's SIGKILL
+wait "$job" 2>/dev/null || true
+check "hung DiLoCo replica (mpi): rank 0 exits after ${took}s with status 75, naming the collective it waited in" \
+    grep -Eq 'comm: rank 0 of 2 waited [0-9]+ s for the other ranks \((the replicas. stop agreement, at a step|the replicas. payload layouts, at an outer step|the replicas. tokens, at an outer step|the outer gradients. segments, at an outer step|the means. segments, at an outer step)\).*comm_timeout_s = 5\); exiting with status 75' "$tmp/dhung.log"
+
 finish test_fsdp_faults
