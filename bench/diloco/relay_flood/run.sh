@@ -10,11 +10,14 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/../../../train_gpt}
-tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+tmp=$(mktemp -d)
+# strace detaches on SIGTERM and leaves its tracee running: the relay itself is stopped too.
+trap 'pkill -P "$tracer" 2>/dev/null; kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 cc -O2 -o "$tmp/flood" "$here/flood.c"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"; chmod 600 "$tmp/secret"
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 strace -f -o /dev/null "$bin" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 4 >"$tmp/relay.log" 2>&1 &
+tracer=$!
 until grep -q 'listening on' "$tmp/relay.log" 2>/dev/null; do sleep 0.1; done
 /usr/bin/python3 "$here/member.py" "$port" "$tmp/secret" 14 >"$tmp/member.log" 2>&1 &
 member=$!
