@@ -6,6 +6,7 @@
 #include "llmc/fault.h"
 #include "llmc/json.h"
 #include "llmc/optim.h"
+#include "llmc/plan.h"
 #include "llmc/quant.h"
 #include "net/transport.h"
 
@@ -64,6 +65,7 @@
 #define STATE_PHASE_MS 56         // where phase_ms is
 #define STATE_FINAL_NEXT 64       // where final_next is
 #define STATE_HEADER_BYTES (STATE_COUNTERS_BYTES + RECENT_ROUNDS * ROUND_RECORD_BYTES)
+_Static_assert(STATE_HEADER_BYTES == PLAN_STATE_HEADER_BYTES, "llmc/plan.h's state header size is diloco.c's");
 // θ and m live in one block laid out as that state, the header just before θ, so a donor sends
 // them where they are (no 8 B/param copy): [padding][header][θ][m], θ 64-byte aligned.
 #define STATE_THETA_OFFSET ((STATE_HEADER_BYTES + 63) / 64 * 64)

@@ -2586,7 +2586,7 @@ static int64_t catchup_rounds(double s, double sync_s, double mean_s) {
 }
 
 // What a replica that joins late or rejoins receives over tcp: θ and the outer momentum in fp32
-// (diloco.c's state: 448 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
+// (diloco.c's state: 456 header bytes + 8 B/param per rank, 4 B/param where m is zero), the
 // time that takes on a link of `link` bytes/s, and, with inner_s (the inner phase), what a
 // transfer longer than the inner phase costs: the relay's catch-up (its default; with several
 // hubs through the joiner's primary) lets the rounds go on, and the joiner takes the means of
@@ -2597,7 +2597,7 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
     if (strcmp(cfg->diloco_transport, "tcp") != 0) return;
     bool with_m = cfg->diloco_outer_momentum != 0.0;
     int ranks = world > 0 ? world : 1;
-    int64_t theta_bytes = 448 * (int64_t)ranks + 4 * plan_pieces(t, ranks);
+    int64_t theta_bytes = PLAN_STATE_HEADER_BYTES * (int64_t)ranks + 4 * plan_pieces(t, ranks);
     int64_t bytes = theta_bytes + (with_m ? 4 * plan_pieces(t, ranks) : 0);
     double s = (double)bytes / link;
     char a[32], b[32], c[32];
@@ -2709,21 +2709,41 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
     double N = (double)t->numel, M = (double)cfg->diloco_replicas, link = link_mbps * 1e6 / 8;  // bytes/s
     char topk[48] = "";
     if (cfg->diloco_topk < 1) snprintf(topk, sizeof topk, " top %g", cfg->diloco_topk);
-    printf("train_gpt | diloco: per replica per outer step (%lld replicas, H = %lld, %lld fragment(s)): %.3f GB up (%s%s, "
-           "%.3f B/param, %lld bytes) and %.3f GB down (%.3f B/param, %lld bytes), framing (%.2f MB each way) included\n",
-           (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
-           (double)x.up / 1e9, cfg->diloco_quant, topk, (double)x.up / N, (long long)x.up, (double)x.down / 1e9,
-           (double)x.down / N, (long long)x.down,
-           (double)x.framing / 1e6);
-    double up_s = (double)x.up / link, down_s = (double)x.down / link;
-    int hubs = plan_hubs(cfg);   // each of K hubs reduces 1/K of the segments
     char a[32], b[32];
-    printf("train_gpt | diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
-           "goes on); through each of %d hub(s) per outer step %.1f GB in, %.1f GB out: a hub link of %g Mbit/s "
-           "each way keeps up\n",
-           link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
-           M * (double)x.up / 1e9 / hubs, M * (double)x.down / 1e9 / hubs, M * link_mbps / hubs);
-    print_hub_load(t, cfg, world, up_s > down_s ? up_s : down_s);
+    double up_s, down_s;
+    if (strcmp(cfg->diloco_transport, "mpi") == 0) {
+        // No hub and no framing: each rank reduces the segments s mod M, so it sends the others'
+        // segments of its payload and its means to the others, and takes theirs: (M − 1)/M of
+        // the payload up and of the mean down, each way (a rank whose share holds one segment
+        // more moves that more; until 2026-12 this printed the tcp hub's figures).
+        double each_way = (M - 1) / M * (double)(x.payload_up + x.payload_down);
+        printf("train_gpt | diloco: per replica per outer step over mpi (%lld replicas, H = %lld, %lld fragment(s)): "
+               "%.3f GB (%.0f bytes) each way on average over the ranks, (M - 1)/M of the payload (%s%s, %.3f "
+               "B/param) and of the mean (%.3f B/param): an all-to-all of the segments, then an all-gather of the "
+               "means; no hub\n",
+               (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
+               each_way / 1e9, each_way, cfg->diloco_quant, topk, (double)x.payload_up / N, (double)x.payload_down / N);
+        up_s = down_s = each_way / link;
+        printf("train_gpt | diloco: on a %g Mbit/s link per rank: %s each way\n", link_mbps,
+               format_duration(up_s, a, sizeof a));
+    } else {
+        printf("train_gpt | diloco: per replica per outer step (%lld replicas, H = %lld, %lld fragment(s)): %.3f GB up "
+               "(%s%s, %.3f B/param, %lld bytes) and %.3f GB down (%.3f B/param, %lld bytes), framing (%.2f MB each way) "
+               "included%s\n",
+               (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
+               (double)x.up / 1e9, cfg->diloco_quant, topk, (double)x.up / N, (long long)x.up, (double)x.down / 1e9,
+               (double)x.down / N, (long long)x.down, (double)x.framing / 1e6,
+               strcmp(cfg->diloco_transport, "local") == 0 ? " (simulated: diloco_transport = local sends nothing)"
+                                                           : "");
+        up_s = (double)x.up / link, down_s = (double)x.down / link;
+        int hubs = plan_hubs(cfg);   // each of K hubs reduces 1/K of the segments
+        printf("train_gpt | diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
+               "goes on); through each of %d hub(s) per outer step %.1f GB in, %.1f GB out: a hub link of %g Mbit/s "
+               "each way keeps up\n",
+               link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
+               M * (double)x.up / 1e9 / hubs, M * (double)x.down / 1e9 / hubs, M * link_mbps / hubs);
+        print_hub_load(t, cfg, world, up_s > down_s ? up_s : down_s);
+    }
     int64_t H = cfg->diloco_inner_steps, Hd = cfg->diloco_decay_inner_steps, D = decay_start_step(cfg);
     bool decay_syncs = Hd > 0 && cfg->max_steps > D;
     if (decay_syncs) {  // whole-model syncs: every H to D, then every H_d, and the final one
@@ -4437,6 +4457,8 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
     ARG("--resume", "never");
     if (o->proxy) ARG("--init_from", "%s", "");  // the user's weights have the user's shape
     ARG("--diloco_transport", "local");
+    ARG("--fsdp_size", "0");      // the run's sharding (its replicas are jobs of several ranks): the
+    ARG("--dp_replicate", "0");   // simulated replicas are unsharded, in one process
     ARG("--diloco_sync_every_s", "0");  // the simulated replicas take turns: no wall-time phases
     ARG("--diloco_replicas", "%d", replicas);
     // A replica's own config names its replica, which the simulated replicas do not read and
@@ -5014,6 +5036,10 @@ int main(int argc, char **argv) {
             fail("plan: --world %d contradicts fsdp_size %lld: --world is the FSDP group, which fsdp_size sets (the job's "
                  "processes are fsdp_size x dp_replicate); drop one of them",
                  world, (long long)cfg.fsdp_size);
+        if (world > 1 && cfg.diloco_replicas > 0 && strcmp(cfg.diloco_transport, "local") == 0)
+            fail("plan: --world %d: diloco_transport = local simulates the replicas in one process, unsharded; plan "
+                 "the run's own transport (tcp) for a group of %d ranks",
+                 world, world);
         int group = cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : world > 0 ? world : 1;
         rc = train_plan(&cfg, group, (int64_t)group * (cfg.dp_replicate > 1 ? cfg.dp_replicate : 1), gpu_row, link_mbps);
     }

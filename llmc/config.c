@@ -600,6 +600,11 @@ void config_finish(train_config *cfg) {
              "diloco_sync_every_s", "%g cannot be combined with streaming (diloco_fragments %lld, "
              "diloco_overlap_steps %lld): a phase on wall time is the whole model's", cfg->diloco_sync_every_s,
              (long long)cfg->diloco_fragments, (long long)cfg->diloco_overlap_steps);
+        RULE(strcmp(cfg->diloco_transport, "local") != 0 || (cfg->fsdp_size <= 1 && cfg->dp_replicate <= 1),
+             cfg->fsdp_size > 1 ? "fsdp_size" : "dp_replicate",
+             "%lld: diloco_transport = local simulates the replicas in this one process, unsharded (it trained so, "
+             "saying nothing); set fsdp_size and dp_replicate for the run over tcp, or leave them at 0 here",
+             (long long)(cfg->fsdp_size > 1 ? cfg->fsdp_size : cfg->dp_replicate));
         RULE(cfg->diloco_sync_every_s == 0 || strcmp(cfg->diloco_transport, "local") != 0, "diloco_sync_every_s",
              "%g has no meaning with diloco_transport = local (the simulated replicas run one after another)",
              cfg->diloco_sync_every_s);

@@ -84,6 +84,14 @@ rank_memory plan_rank_memory(const param_table *t, plan_split s, activation_plan
             if (2 * embed + map.units[tied].piece > held_grads) held_grads = 2 * embed + map.units[tied].piece;
         }
         m.gathered_grads = held_grads * 4;
+        if (s.copies > 1) {
+            // HSDP: comm_allreduce of the copies' gradient pieces, in chunks of at most 2²² values
+            // padded to a multiple of the copies, and this rank's 1/copies of a chunk (docs/fsdp.md's
+            // "HSDP all-reduce" row; the plan left it out on the CPU).
+            int64_t chunk = map.local_numel < ((int64_t)1 << 22) ? map.local_numel : (int64_t)1 << 22;
+            int64_t per = ceil_div(chunk, s.copies);
+            m.gathered_grads += (per * s.copies + per) * 4;
+        }
     }
     if (s.gpu) {
         // The GPU's collective buffers: the all-to-all's receive buffer (the largest unit under
@@ -172,7 +180,7 @@ static void diloco_codecs(const train_config *cfg, quant_codec *up, quant_codec 
 // transport_mpi.c) allocate for a rank's n pieces:
 //   θ, m, Δ: 4n each (m whatever diloco_outer_momentum: the buffer is always there);
 //   the residual: 4n with diloco_error_feedback and a quantized uplink;
-//   the join state: a 448-byte header and θ, m (8n) as a joining replica receives them (tcp:
+//   the join state: a 456-byte header and θ, m (8n) as a joining replica receives them (tcp:
 //   allocated for the join and freed after it, so a peak at a join; a donor sends its θ and m
 //   where they are; mpi: membership is fixed, nothing is received);
 //   the payload: the largest fragment encoded in the uplink codec, held by diloco.c and (tcp)
@@ -222,7 +230,7 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
     bool tcp = strcmp(cfg->diloco_transport, "tcp") == 0;
     d.theta = d.momentum = d.delta = 4 * n;
     d.residual = cfg->diloco_error_feedback && up != QUANT_NONE ? 4 * n : 0;
-    d.join_state = tcp ? 448 + 8 * n : 0;
+    d.join_state = tcp ? PLAN_STATE_HEADER_BYTES + 8 * n : 0;
     int64_t payload = (int64_t)quant_segmented_bytes(up, largest, block, segment);
     int64_t mean = (int64_t)quant_segmented_bytes(down, largest, block, segment);
     d.payload = tcp ? 2 * payload : payload;

@@ -90,6 +90,10 @@ diloco_memory plan_diloco_memory(const train_config *cfg, const param_table *t, 
 // divides its budget by it, and plan does the same.
 int plan_replicas_in_process(const train_config *cfg);
 
+// diloco.c's state header (its counters and 8 recent rounds' records), before θ and m in a
+// state transfer; diloco.c checks it equals its own STATE_HEADER_BYTES (the plan said 448).
+#define PLAN_STATE_HEADER_BYTES 456
+
 // The tcp transport's framing (docs/protocol.md, "A replica's side"; test_wire checks both
 // against net/wire.h): around each segment, the 40-byte DATA head, the 24-byte frame header
 // and the 32-byte tag; and one CONTRIBUTE frame per exchange on the way up.

@@ -131,6 +131,13 @@ expect_error "... counting the processes" "1024 x 32 tokens x 1048576 grad_accum
 expect_error "a run beyond 2^53 tokens" "max_steps: 1000000000000 steps of 3.36e+07 tokens = 3.36e+19 tokens: more than 2^53" \
     "$TRAIN_GPT" plan "${base[@]}" --batch_size 1024 --grad_accum 1024 --max_steps 1000000000000
 
+# diloco_transport = local simulates the replicas in one process: sharding keys are refused (the
+# run trained unsharded, saying nothing; plan planned an FSDP split).
+expect_error "fsdp_size with diloco_transport = local" "fsdp_size: 4: diloco_transport = local simulates the replicas" \
+    "$TRAIN_GPT" "${base[@]}" --fsdp_size 4 --diloco_replicas 3 --diloco_transport local --out_dir "$tmp/o_local"
+expect_error "plan --world 4 with diloco_transport = local" "plan: --world 4: diloco_transport = local simulates" \
+    "$TRAIN_GPT" plan "${base[@]}" --world 4 --diloco_replicas 3 --diloco_transport local
+
 # --- subcommands' own flags: strict numbers, in range
 expect_error "diloco-tune --replicas 4x" "diloco-tune: --replicas: expected an integer in \[2, 256\], got '4x'" \
     "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --replicas 4x --inner_steps 10

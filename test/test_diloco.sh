@@ -72,6 +72,14 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "3 replicas over MPI: param_hash equal on every replica at all 8 outer steps" \
         all_hashes_agree 8 "$tmp"/mpi3/*/metrics.jsonl
     check "3 replicas over MPI: loss falls" loss_falls "$tmp/mpi3/0/metrics.jsonl"
+    # plan's figure for mpi: (M − 1)/M of the payload and of the mean each way, on average over
+    # the ranks (it printed the tcp hub's: a payload up and a mean down, and a hub there is not).
+    planned=$("$TRAIN_GPT" plan "${common[@]}" "${three[@]}" --diloco_transport mpi --diloco_quant none |
+        sed -n 's/.*per replica per outer step over mpi.* GB (\([0-9]*\) bytes) each way.*/\1/p')
+    measured=$(grep -h '"outer_step":1,' "$tmp"/mpi3/*/metrics.jsonl |
+        sed -E 's/.*"bytes_sent":([0-9]+).*/\1/' | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+    check "3 replicas over MPI: plan's bytes each way ($planned) = the ranks' mean bytes_sent at outer step 1 ($measured)" \
+        test -n "$planned" -a "$planned" = "$measured"
     check "outer step = Nesterov on θ − mean θᵢ (numpy: the reducer's fp32 mean byte for byte, 1e-6), MPI, fp32 Δ" \
         "$PYTHON" test/diloco_check.py "$tmp/dump_mpi" 0.7 0.9 none
     # The reducer's mean in the other codecs, against numpy byte for byte: int4 in odd blocks

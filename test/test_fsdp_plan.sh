@@ -65,6 +65,13 @@ check "HSDP, fsdp_size 8 x dp_replicate 8: the batch line and the time at 40 % M
     sh -c "grep -q 'x 64 process(es) = 134217728 tokens/step' '$tmp/hsdp.txt' && grep -q 'at 40% MFU .*, [0-9a-z]* on 64\$' '$tmp/hsdp.txt'"
 check "HSDP, fsdp_size 8 x dp_replicate 8: a rank's memory is an FSDP group of 8's" \
     grep -q "per rank, FSDP over 8 (" "$tmp/hsdp.txt"
+# On the CPU, HSDP's all-reduce of the copies' gradient pieces holds a chunk of 2^22 values padded
+# to the copies and its 1/copies share: 4 x (2^22 + 2^19) bytes = 0.02 GiB more unit gradients
+# than one copy's plan (the CPU row left it out).
+"$TRAIN_GPT" plan configs/boom-14b.conf --fsdp_size 8 --dp_replicate 1 >"$tmp/hsdp1.txt" 2>&1 || true
+unit_grads() { sed -n 's/.*cpu backend (fp32).* + \([0-9.]*\) unit gradients.*/\1/p' "$1"; }
+check "HSDP on the CPU: the copies' all-reduce buffers, $(unit_grads "$tmp/hsdp.txt") against $(unit_grads "$tmp/hsdp1.txt") GiB of unit gradients" \
+    "$PYTHON" -c "import sys; sys.exit(0 if abs($(unit_grads "$tmp/hsdp.txt") - $(unit_grads "$tmp/hsdp1.txt") - 0.02) < 0.006 else 1)"
 check "--world 64 beside fsdp_size 8: refused in one line" \
     fails_with "plan: --world 64 contradicts fsdp_size 8" --world 64 --fsdp_size 8 --dp_replicate 8
 "$TRAIN_GPT" plan configs/boom-14b.conf --batch_size 1 --world=40 --gpu h100-64gb >"$tmp/plan_after.txt" 2>&1 || true

@@ -171,7 +171,7 @@ down = "none" if quant == "none" or downlink == "fp32" else "bf16" if downlink =
 payload, mean = segmented(quant, largest), segmented(down, largest)
 theta = momentum = delta = 4*n
 residual = 4*n if ef and quant != "none" else 0
-join = 448 + 8*n if transport == "tcp" else 0   # received by a joiner (header + θ + m); mpi never joins
+join = 456 + 8*n if transport == "tcp" else 0   # received by a joiner (header + θ + m); mpi never joins
 if transport == "tcp":
     payload *= 2                       # diloco.c's and the transport's copy; one hub: the mean once
 else:                                  # mpi: each replica reduces: downlink feedback on the segments
@@ -210,7 +210,7 @@ check "DiLoCo row counted in the cpu total, beside the gpu's" sh -c "
     '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 --diloco_transport mpi \
         2>&1 | grep -q 'cpu backend (fp32), recompute .* + [0-9.]* DiLoCo\$'"
 check "no DiLoCo row without DiLoCo" sh -c "! grep -q 'diloco outer state' '$tmp/plan1.txt'"
-# A joiner's state over tcp: every rank's 448-byte header + θ and m (8 B per value of its pieces,
+# A joiner's state over tcp: every rank's 456-byte header + θ and m (8 B per value of its pieces,
 # ⌈unit/40⌉ of every unit), all ranks together; 4 B without outer momentum. On a 100 Mbit/s
 # link 116.2 GB take 2h34m56s; an inner phase of 10 steps at 40 % of 989 TFLOP/s (2,097,152
 # tokens x 93.279 GFLOP per step and GPU: 494.6 s a step) is 1h22m26s. Through one hub the
@@ -227,14 +227,14 @@ n = sum(math.ceil(u / 40) for u in [V*C] + [layer]*L + [C + V*C])   # one rank's
 S, block = 262144, 128
 enc = lambda m: math.ceil(m / block) * 4 + m
 down = 40 * ((n // S) * enc(S) + (enc(n % S) if n % S else 0) + math.ceil(n / S) * 96)
-state = 40 * (448 + 8 * n)
+state = 40 * (456 + 8 * n)
 inner = 10 * 2097152 * 93.279e9 / (0.4 * 989e12)
 rounds = math.ceil(state / 12.5e6 / (inner - down / 12.5e6))
 s = int(rounds * down / 12.5e6 + 0.5)
-decay = math.ceil(40 * (448 + 4 * n) / 12.5e6 / (inner / 2 - down / 12.5e6))   # θ alone: plain averaging
+decay = math.ceil(40 * (456 + 4 * n) / 12.5e6 / (inner / 2 - down / 12.5e6))   # θ alone: plain averaging
 d = int(decay * down / 12.5e6 + 0.5)
 held = math.ceil(state / 12.5e6 / inner)   # the donor's unsent means at the end of the first pass
-print(state, 40 * (448 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60),
+print(state, 40 * (456 + 4 * n), rounds, '%.3f' % (rounds * down / 1e9), '%dm%02ds' % (s // 60, s % 60),
       decay, '%.3f' % (decay * down / 1e9), '%dh%02dm' % (d // 3600, d % 3600 // 60),
       held, '%.3f' % (held * down / 1e9), '%.3f' % (held * down / 1e9 / 40))")
 read -r join_bytes join_bytes_no_m join_rounds join_gb join_more decay_rounds decay_gb decay_more \
@@ -253,7 +253,7 @@ join_line 10 0.9 5 "$one" --diloco_plain_in_decay 0 >"$tmp/join10dm.txt"
 join_line 100 0.9 0 "$one" >"$tmp/join100.txt"
 join_line 10 0 0 "$one" >"$tmp/join_no_m.txt"
 say "  joiner's state, H 10, one hub: $(sed 's/.*diloco: //' "$tmp/join10.txt")"
-check "a joiner's state over tcp at 40 ranks: 40 x 448 + 8 B/param bytes, 2h34m at 100 Mbit/s" \
+check "a joiner's state over tcp at 40 ranks: 40 x 456 + 8 B/param bytes, 2h34m at 100 Mbit/s" \
     grep -q "(${join_bytes} bytes, every rank its pieces over its own connection), 2h34m on the link" "$tmp/join10.txt"
 check "one hub, a transfer longer than the inner phase: catch-up, the means of $join_rounds rounds ($join_gb GB, $join_more)" \
     grep -q "does not hold the rounds for it: the joiner then takes the means of about $join_rounds round(s) closed meanwhile ($join_gb GB, $join_more more)" \
@@ -280,7 +280,7 @@ check "4 fragments, a state shorter than the inner phase but longer than a sync 
            grep -q 'the donor holds the means it has not sent yet' '$tmp/join20p4.txt'"
 check "a transfer shorter than the inner phase (H 100): the group does not wait" \
     grep -q "the group does not wait" "$tmp/join100.txt"
-check "without outer momentum the state is θ alone: 40 x 448 + 4 B/param" \
+check "without outer momentum the state is θ alone: 40 x 456 + 4 B/param" \
     grep -q "θ (no outer momentum) in fp32: [0-9.]* GB (${join_bytes_no_m} bytes" "$tmp/join_no_m.txt"
 check "no joiner's line over mpi (its replicas never join late)" sh -c "
     ! '$TRAIN_GPT' plan configs/boom-14b.conf --world 40 --diloco_replicas 2 --diloco_replica_id 0 \
