@@ -2176,16 +2176,22 @@ static bool backend_activations(const param_table *t, const train_config *cfg, b
 
 // One rank's plan for an FSDP group of `ranks` with this config's split and DiLoCo settings, on
 // the CPU backend (fp32) or a GPU (bf16 gathered weights), under recompute r; false as above.
-static bool rank_plan(const param_table *t, const train_config *cfg, int ranks, bool gpu, recompute_setting r,
-                      rank_memory *m) {
-    activation_plan a;
-    if (!backend_activations(t, cfg, gpu, r, &a)) return false;
+// A rank's plan at `ranks` with the backend's activations `a` (which do not depend on ranks).
+static rank_memory rank_plan_with(const param_table *t, const train_config *cfg, int ranks, bool gpu,
+                                  activation_plan a) {
     plan_split s = {ranks, cfg->fsdp_reshard_after_forward, cfg->fsdp_prefetch, gpu,
                     cfg->dp_replicate > 1 ? (int)cfg->dp_replicate : 1};
     // diloco_transport = local: the process's outer state, 1/M of it in each replica's plan (the
     // budget is divided by M too: resolve_recompute).
     int64_t outer = plan_diloco_memory(cfg, t, ranks).total, share = plan_replicas_in_process(cfg);
-    *m = plan_rank_memory(t, s, a, (outer + share - 1) / share);
+    return plan_rank_memory(t, s, a, (outer + share - 1) / share);
+}
+
+static bool rank_plan(const param_table *t, const train_config *cfg, int ranks, bool gpu, recompute_setting r,
+                      rank_memory *m) {
+    activation_plan a;
+    if (!backend_activations(t, cfg, gpu, r, &a)) return false;
+    *m = rank_plan_with(t, cfg, ranks, gpu, a);
     return true;
 }
 
@@ -2397,21 +2403,16 @@ static void print_banner(const trainer *tr) {
 // under recompute r; 0: none.
 static int smallest_fitting_world(const param_table *t, const train_config *cfg, recompute_setting r, int64_t bytes,
                                   int max_ranks) {
-    // A rank's total only falls as the group grows (its pieces shrink, the rest stays): a binary
-    // search, ~10 plans. Trying every n up to max_ranks, each plan O(layers²), took minutes for a
-    // deep model that fits no group (1024 plans per GPU row: L = 256 took 22 s, L = 1024 >300 s).
-    rank_memory m;
+    // Every n in turn: a rank's total is not monotone in n (its pieces shrink, but the GPU's
+    // gathered norm gains and collective buffers grow with the ranks). The backend's activations,
+    // the same at every n, are sized once: sized per n (a model built twice, O(layers²)), a deep
+    // model that fits no group took minutes (1024 plans per GPU row: L = 256 took 22 s).
+    activation_plan a;
+    if (!backend_activations(t, cfg, true, r, &a)) return 0;
     int64_t budget = gpu_memory_budget_bytes(bytes);
-#define FITS(n) (rank_plan(t, cfg, (n), true, r, &m) && m.total <= budget)
-    if (!FITS(max_ranks)) return 0;
-    int lo = 1, hi = max_ranks;   // hi fits
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (FITS(mid)) hi = mid;
-        else lo = mid + 1;
-    }
-#undef FITS
-    return hi;
+    for (int n = 1; n <= max_ranks; n++)
+        if (rank_plan_with(t, cfg, n, true, a).total <= budget) return n;
+    return 0;
 }
 
 // The GPUs of llmc/device.h's table that hold `total` (+ the headroom): "A100 80GB, H200 141GB"
@@ -4485,6 +4486,7 @@ static void tune_config(train_config *cfg, const char *path, int argc, char **ar
         // quantized, sparsified or bounded.
         fragments = 1, overlap = 0;
         ARG("--diloco_quant", "none");
+        ARG("--diloco_downlink", "same");   // fp32 with none (a config's bf16 was refused beside none)
         ARG("--diloco_topk", "1");
         ARG("--diloco_error_feedback", "0");
         ARG("--diloco_bound", "0");

@@ -592,6 +592,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
         if (resolve_hub(t, &addresses, why, sizeof why))
             fd = net_connect_to(&addresses, attempt_deadline, why, sizeof why);
         handshake_result hs = HS_RETRY;
+        int refusals_before = t->refusals;
         if (fd >= 0) {
             conn_init(&t->ctl, fd, t->hub);
             hs = handshake(t, &t->ctl, 0, &session, why, sizeof why);
@@ -614,6 +615,7 @@ static bool connect_session(tcp *t, double deadline, bool stoppable, char *err, 
             }
             if (hs == HS_OK && session_dead(t, why, sizeof why)) hs = HS_RETRY;
         }
+        if (t->refusals == refusals_before) t->refusals = 0;   // a try that was no such refusal (refused())
         if (hs == HS_OK) {
             for (int s = 0; s < t->o.streams; s++) t->data[s].allowed_rx = CONN_ALLOW(WIRE_DATA);
             t->connected = true;

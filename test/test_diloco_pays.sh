@@ -187,7 +187,8 @@ check "diloco-tune: recommends the grid's best row ($(best_row "$tmp/tune.log") 
     test "$(best_row "$tmp/tune.log")" = "$(recommended "$tmp/tune.log")"
 
 # The same tuning from a streaming run's config (2 fragments, 2 steps in flight, top-k with error
-# feedback), the tuner's own flags as --flag=value: its baselines are the same plain training,
+# feedback, an int8 uplink with a bf16 downlink: refused in the baselines beside their quant none),
+# the tuner's own flags as --flag=value: its baselines are the same plain training,
 # to the last digit (the baselines took the streaming: a fragment synced mid-run and merged back
 # with diloco_merge_alpha moved them by 1 %, and every "vs" figure with them). The lrs listed out
 # of order: the edge-of-grid warning is there exactly when the best lr is the smallest or the
@@ -195,7 +196,8 @@ check "diloco-tune: recommends the grid's best row ($(best_row "$tmp/tune.log") 
 "$TRAIN_GPT" diloco-tune test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" \
     --val_tokens 8192 --warmup_steps 0 --threads 1 --replicas=2 --inner_steps=5 --rounds=4 --proxy=0 \
     --outer_lr=1.4,0.7,1.0 --outer_momentum=0 --dir="$tmp/tune_streamed" --diloco_fragments 2 \
-    --diloco_overlap_steps 2 --diloco_topk 0.5 --diloco_error_feedback 1 >"$tmp/tune_streamed.log" 2>&1 ||
+    --diloco_overlap_steps 2 --diloco_topk 0.5 --diloco_error_feedback 1 --diloco_quant int8 --diloco_downlink bf16 \
+    >"$tmp/tune_streamed.log" 2>&1 ||
     die "diloco-tune (streamed): $(tail -1 "$tmp/tune_streamed.log")"
 check "diloco-tune on a streaming config: the baselines are the same plain training ($(final_val "$tmp/tune_streamed/one-worker"), $(final_val "$tmp/tune_streamed/data-parallel"))" \
     test "$(final_val "$tmp/tune_streamed/one-worker")" = "$(final_val "$tmp/tune/one-worker")" -a \

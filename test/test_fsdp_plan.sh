@@ -72,6 +72,18 @@ check "HSDP, fsdp_size 8 x dp_replicate 8: a rank's memory is an FSDP group of 8
 unit_grads() { sed -n 's/.*cpu backend (fp32).* + \([0-9.]*\) unit gradients.*/\1/p' "$1"; }
 check "HSDP on the CPU: the copies' all-reduce buffers, $(unit_grads "$tmp/hsdp.txt") against $(unit_grads "$tmp/hsdp1.txt") GiB of unit gradients" \
     "$PYTHON" -c "import sys; sys.exit(0 if abs($(unit_grads "$tmp/hsdp.txt") - $(unit_grads "$tmp/hsdp1.txt") - 0.02) < 0.006 else 1)"
+# The smallest group that fits a GPU, for a model whose rank total is not monotone in the group's
+# size (1024 layers of 12288-wide norms: a GPU rank holds every gain, and collective buffers per
+# rank): 2 ranks (a binary search from the largest group, where it does not fit, said "none").
+printf 'vocab_size = 256\nn_layer = 1024\nd_model = 12288\nn_head = 1\nn_kv_head = 1\nhead_dim = 64\nd_ff = 64\nseq_len = 64\nbatch_size = 1\nlr = 1e-3\nmax_steps = 10\nwarmup_steps = 0\n' \
+    >"$tmp/gains.conf"
+"$TRAIN_GPT" plan "$tmp/gains.conf" --train_data "$tmp/train.bin" --gpu h100-80 --world 8 >"$tmp/gains.txt" 2>&1 || true
+if grep -q "gpu: this build has no CUDA model" "$tmp/gains.txt"; then
+    say "  skip the smallest fitting group (no CUDA model in this build)"
+else
+    check "the smallest group that fits an H100 80GB when the rank total is not monotone: 2 ranks, recompute none" \
+        grep -q '^train_gpt |   none .* fits; 2$' "$tmp/gains.txt"
+fi
 check "--world 64 beside fsdp_size 8: refused in one line" \
     fails_with "plan: --world 64 contradicts fsdp_size 8" --world 64 --fsdp_size 8 --dp_replicate 8
 "$TRAIN_GPT" plan configs/boom-14b.conf --batch_size 1 --world=40 --gpu h100-64gb >"$tmp/plan_after.txt" 2>&1 || true

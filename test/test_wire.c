@@ -391,7 +391,7 @@ static void test_decoders_refuse_nonsense(void) {
     EXPECT(wire_decode_data(d, WIRE_DATA_HEAD_BYTES + 100, &got) != NULL, "DATA chunk size under the minimum");
 
     uint8_t a[WIRE_AUTH_BYTES];
-    wire_auth auth = {.replica_id = 3, .streams = 1, .replicas = 3, .hubs = 1};
+    wire_auth auth = {.replica_id = 3, .streams = 1, .replicas = 3, .min_replicas = 1, .hubs = 1};
     wire_auth ga;
     wire_encode_auth(&auth, a);
     EXPECT(wire_decode_auth(a, sizeof a, &ga) != NULL, "AUTH id 3 of 3 replicas");
