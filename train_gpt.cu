@@ -4377,12 +4377,13 @@ static tune_options parse_tune_options(int *argc, char **argv) {
     o.n_mu = parse_list("--outer_momentum", "0,0.5,0.9", o.mus, 16, 0, 0.999999);
     static const char *const flags[] = {"--replicas", "--inner_steps", "--rounds", "--proxy",
                                         "--dir",      "--outer_lr",    "--outer_momentum"};
+    const int n_flags = (int)(sizeof flags / sizeof flags[0]);
     int kept = 0;
     for (int i = 0; i < *argc; i++) {
         const char *v = NULL;
         int f = 0;
-        while (f < 7 && !tune_flag(*argc, argv, &i, flags[f], &v)) f++;
-        if (f == 7) {
+        while (f < n_flags && !tune_flag(*argc, argv, &i, flags[f], &v)) f++;
+        if (f == n_flags) {
             argv[kept++] = argv[i];
             continue;
         }

@@ -28,7 +28,8 @@ say "the training loop against a float64 replay:"
 replay() {  # replay NAME [--key value]...: test/torch_train_replay.py's verdict is the check
     local name=$1
     shift
-    check "training loop, $name" "$PYTHON" test/torch_train_replay.py "$tmp/replay" "$name" "$@"
+    check "training loop, $name" env TOOL="$TOOL" TRAIN_GPT="$TRAIN_GPT" "$PYTHON" test/torch_train_replay.py \
+        "$tmp/replay" "$name" "$@"
 }
 replay base
 replay accum --grad_accum 3
