@@ -322,6 +322,14 @@ const char *format_duration(double seconds, char *buf, size_t bytes) {
     return buf;
 }
 
+// Plain decimal, as a number is written: an optional '-', then a digit or '.' and a digit, and no
+// hex. strtoll and strtod also take leading blanks, a '+' and (strtod) "0x1p-10", which a value
+// from the command line ('--n_layer " 2"') could carry unseen.
+bool plain_decimal(const char *text) {
+    const char *d = text[0] == '-' ? text + 1 : text;
+    return ((d[0] >= '0' && d[0] <= '9') || (d[0] == '.' && d[1] >= '0' && d[1] <= '9')) && !strpbrk(text, "xX");
+}
+
 static bool secret_blank(char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; }
 
 // A regular file of at most SECRET_MAX_BYTES: a FIFO without a writer blocked the start for

@@ -83,6 +83,10 @@ const char *format_count(double n, char *buf, size_t bytes);
 const char *format_bytes(uint64_t n, char *buf, size_t bytes);
 // "1h02m", "3m10s", "12s" into buf.
 const char *format_duration(double seconds, char *buf, size_t bytes);
+// Whether text is a number as people write it (config values, command-line options): an
+// optional '-', a digit or '.' and a digit first, no hex; the caller's strtod/strtol checks the rest.
+bool plain_decimal(const char *text);
+
 // The UTF-8 character at p (NUL-terminated text): its length in bytes (1-4) when it is well
 // formed (no overlong forms, surrogates or code points above U+10FFFF), else 0 with *bad =
 // the length of the maximal ill-formed subsequence there (at least 1), the bytes Unicode's

@@ -171,14 +171,6 @@ static bool choice_allowed(const char *choices, const char *value) {
     return false;
 }
 
-// Plain decimal, as a number is written: an optional '-', then a digit or '.' and a digit, and no
-// hex. strtoll and strtod also take leading blanks, a '+' and (strtod) "0x1p-10", which a value
-// from the command line ('--n_layer " 2"') could carry unseen.
-static bool plain_decimal(const char *text) {
-    const char *d = text[0] == '-' ? text + 1 : text;
-    return ((d[0] >= '0' && d[0] <= '9') || (d[0] == '.' && d[1] >= '0' && d[1] <= '9')) && !strpbrk(text, "xX");
-}
-
 // Parses `text` into the key's field; on failure returns a message (static buffer).
 static const char *set_value(train_config *cfg, const key_spec *k, const char *text) {
     static char why[256];

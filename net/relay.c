@@ -2713,8 +2713,7 @@ static const char relay_usage[] =
 static double parse_number(const char *name, const char *value, double lo, double hi) {
     char *end = NULL;
     double v = strtod(value, &end);
-    bool plain = strspn(value, "0123456789.eE+-") == strlen(value);
-    if (!*value || *end || !plain || !(v >= lo && v <= hi))
+    if (!*value || *end || !plain_decimal(value) || !(v >= lo && v <= hi))
         fail("relay: --%s %s: expected a number from %g to %g", name, value, lo, hi);
     return v;
 }
@@ -2724,7 +2723,7 @@ static int parse_integer(const char *name, const char *value, int lo, int hi) {
     char *end = NULL;
     errno = 0;
     long v = strtol(value, &end, 10);
-    if (!*value || strspn(value, "0123456789") != strlen(value) || errno || *end || v < lo || v > hi)
+    if (!*value || !plain_decimal(value) || errno || *end || v < lo || v > hi)
         fail("relay: --%s %s: expected a whole number from %d to %d", name, value, lo, hi);
     return (int)v;
 }
