@@ -215,6 +215,13 @@ struct relay {
     double listen_paused_until_s;
     double fd_warned_s;             // the last warning (one per 10 s)
     uint64_t fd_refused;            // connections refused since
+    // Lines about connections that have not proven the secret (anyone can open them, thousands a
+    // second): the first UNPROVEN_LINES of each UNPROVEN_WINDOW_S, then the rest counted and said
+    // in one line (unproven_log).
+    double unproven_window_s;       // when the current window began
+    int unproven_lines;             // lines written in it
+    uint64_t unproven_quiet;        // lines held back in it
+    char unproven_last[320];        // the last of them
     int wake[2];                    // a byte here wakes the loop (stop)
     atomic_bool stop;
     atomic_int sessions;            // replicas connected (for relay_wait_until_empty)
@@ -312,6 +319,44 @@ static void PRINTF_LIKE(2, 3) hub_log(relay *h, const char *fmt, ...) {
         if (*p == '\n') *p = ' ';
     fprintf(h->log, "%s [%9.3fs] %s\n", h->o.name ? h->o.name : "relay", wall_seconds() - h->t0, line);
     fflush(h->log);
+}
+
+#define UNPROVEN_LINES 20
+#define UNPROVEN_WINDOW_S 60.0
+
+// Says how many lines about connections without the secret were held back in the window that
+// ends, and opens the next.
+static void unproven_window(relay *h, double now) {
+    if (h->unproven_quiet)
+        hub_log(h, "%llu more connections without the secret were refused in the last %.0f s, not logged one by "
+                   "one (the last: %s)",
+                (unsigned long long)h->unproven_quiet, now - h->unproven_window_s, h->unproven_last);
+    h->unproven_window_s = now;
+    h->unproven_lines = 0;
+    h->unproven_quiet = 0;
+}
+
+// A line about a connection that has not proven the secret: a flood of them wrote a line each
+// (bench/diloco/relay_flood: 98,654 lines, 13.7 MB in 8 s, on the login node's disk) and buried
+// the members' lines.
+static void PRINTF_LIKE(2, 3) unproven_log(relay *h, const char *fmt, ...) {
+    double now = wall_seconds();
+    if (now - h->unproven_window_s >= UNPROVEN_WINDOW_S) unproven_window(h, now);
+    char line[sizeof h->unproven_last];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (h->unproven_lines < UNPROVEN_LINES) {
+        if (++h->unproven_lines == UNPROVEN_LINES)
+            hub_log(h, "%s (the last such line for up to %.0f s: the others are counted)", line,
+                    UNPROVEN_WINDOW_S - (now - h->unproven_window_s));
+        else
+            hub_log(h, "%s", line);
+    } else {
+        h->unproven_quiet++;
+        memcpy(h->unproven_last, line, sizeof line);
+    }
 }
 
 // ---------------------------------------------------------------- connections
@@ -2097,8 +2142,10 @@ static void on_hold(relay *h, int id, uint32_t what) {
 }
 
 // ---------------------------------------------------------------- the handshake
-static void refuse(relay *h, hub_conn *hc, uint32_t code, const char *text, const char *log_why) {
-    hub_log(h, "rejected %s: %s", hc->c.peer, log_why);
+// proven: the peer has shown it holds the secret (else its line may be held back: unproven_log).
+static void refuse(relay *h, hub_conn *hc, uint32_t code, const char *text, const char *log_why, bool proven) {
+    if (proven) hub_log(h, "rejected %s: %s", hc->c.peer, log_why);
+    else unproven_log(h, "rejected %s: %s", hc->c.peer, log_why);
     uint8_t buf[8 + WIRE_MAX_TEXT_BYTES];
     conn_send(&hc->c, WIRE_REFUSE, buf, wire_encode_refuse(code, text, buf), NULL, 0, NULL);
     close_after_flush(hc);
@@ -2130,24 +2177,24 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     char why[300];
     if (!wire_equal32(proof, a.proof)) {
         snprintf(why, sizeof why, "wrong secret (its proof does not match; it says it is replica %u)", a.replica_id);
-        refuse(h, hc, REFUSE_SECRET, "the hub refused your secret", why);
+        refuse(h, hc, REFUSE_SECRET, "the hub refused your secret", why, false);
         return;
     }
     if (malformed) {
         snprintf(why, sizeof why, "malformed AUTH: %s", malformed);
-        refuse(h, hc, REFUSE_BAD_ID, malformed, why);
+        refuse(h, hc, REFUSE_BAD_ID, malformed, why, true);
         return;
     }
     int id = (int)a.replica_id;
     if (h->o.replicas > 0 && id >= h->o.replicas) {
         snprintf(why, sizeof why, "replica id %d, but the relay was started with --replicas %d", id, h->o.replicas);
-        refuse(h, hc, REFUSE_BAD_ID, why, why);
+        refuse(h, hc, REFUSE_BAD_ID, why, why, true);
         return;
     }
     if (h->o.replicas > 0 && (int)a.min_replicas > h->o.replicas) {   // a quorum no group can reach here
         snprintf(why, sizeof why, "replica %d asks for min_replicas %u, but the relay was started with --replicas %d",
                  id, a.min_replicas, h->o.replicas);
-        refuse(h, hc, REFUSE_BAD_ID, why, why);
+        refuse(h, hc, REFUSE_BAD_ID, why, why, true);
         return;
     }
     replica *r = rep(h, id);
@@ -2160,7 +2207,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
                  "every replica must share (the model, seq_len, max_steps, shuffle, seed, a diloco_ key, or its "
                  "train data: the shards' tokens; docs/diloco.md#replicas-of-different-sizes)",
                  id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
-        refuse(h, hc, REFUSE_FINGERPRINT, why, why);
+        refuse(h, hc, REFUSE_FINGERPRINT, why, why, true);
         return;
     }
     if (h->order_set && (a.hub_index != h->hub_index || a.hubs != h->hubs)) {
@@ -2168,14 +2215,14 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
                  "replica %d lists this hub as hub %u of %u in its diloco_rendezvous, but replica %d lists it as hub "
                  "%u of %u: every replica must list the same hubs in the same order",
                  id, a.hub_index + 1u, a.hubs, h->order_by, h->hub_index + 1u, h->hubs);
-        refuse(h, hc, REFUSE_HUB_ORDER, why, why);
+        refuse(h, hc, REFUSE_HUB_ORDER, why, why, true);
         return;
     }
     if (a.stream_index == 0) {
         if (r->state != R_FREE) {
             if (session_alive(h, r)) {
                 snprintf(why, sizeof why, "duplicate replica id %d: it is already connected from %s", id, r->peer);
-                refuse(h, hc, REFUSE_DUPLICATE, why, why);
+                refuse(h, hc, REFUSE_DUPLICATE, why, why, true);
                 return;
             }
             drop_replica(h, id, "replaced by a new connection with the same id");
@@ -2217,7 +2264,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     if (r->state == R_FREE || r->session_id != a.session_id || a.stream_index > r->streams ||
         r->data[a.stream_index]) {
         snprintf(why, sizeof why, "data stream %u for replica %d names no session the hub has", a.stream_index, id);
-        refuse(h, hc, REFUSE_NO_SESSION, why, why);
+        refuse(h, hc, REFUSE_NO_SESSION, why, why, true);
         return;
     }
     r->data[a.stream_index] = hc;
@@ -2314,8 +2361,8 @@ static void read_conn(relay *h, hub_conn *hc) {
         }
         const char *what = r == CONN_CLOSED ? "connection closed" : err;
         if (hc->role == ROLE_HANDSHAKE) {
-            if (r == CONN_CLOSED) hub_log(h, "%s closed the connection during the handshake", hc->c.peer);
-            else hub_log(h, "rejected %s: %s", hc->c.peer, what);
+            if (r == CONN_CLOSED) unproven_log(h, "%s closed the connection during the handshake", hc->c.peer);
+            else unproven_log(h, "rejected %s: %s", hc->c.peer, what);
             hc->dead = true;
         } else {
             char why[420];
@@ -2343,11 +2390,12 @@ static void write_conn(relay *h, hub_conn *hc) {
 // ---------------------------------------------------------------- timers
 static void housekeeping(relay *h) {
     double now = wall_seconds();
+    if (h->unproven_quiet && now - h->unproven_window_s >= UNPROVEN_WINDOW_S) unproven_window(h, now);
     for (int i = 0; i < h->n_conns; i++) {
         hub_conn *hc = h->conns[i];
         if (hc->dead) continue;
         if (hc->role == ROLE_HANDSHAKE && now - hc->opened_s > h->o.timeout_s) {
-            hub_log(h, "rejected %s: no authentication within %.1f s", hc->c.peer, h->o.timeout_s);
+            unproven_log(h, "rejected %s: no authentication within %.1f s", hc->c.peer, h->o.timeout_s);
             hc->dead = true;
         } else if (hc->role == ROLE_CLOSING && (now > hc->closing_deadline_s || !hc->c.out_head)) {
             hc->dead = true;
@@ -2469,12 +2517,12 @@ static void accept_all(relay *h) {
             if (!oldest || hc->opened_s < oldest->opened_s) oldest = hc;
         }
         if (live >= MAX_CONNS) {
-            hub_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, live, handshakes);
+            unproven_log(h, "rejected %s: too many connections (%d, %d in the handshake)", peer, live, handshakes);
             close(fd);
             continue;
         }
         if (handshakes >= MAX_HANDSHAKES && oldest) {
-            hub_log(h, "cut off %s: not authenticated after %.1f s, the oldest of %d connections in the handshake "
+            unproven_log(h, "cut off %s: not authenticated after %.1f s, the oldest of %d connections in the handshake "
                        "(%s takes its place)",
                     oldest->c.peer, wall_seconds() - oldest->opened_s, handshakes, peer);
             oldest->dead = true;
@@ -2552,6 +2600,7 @@ static void run_loop(relay *h) {
         sweep_conns(h);
     }
     free(fds);
+    if (h->unproven_quiet) unproven_window(h, wall_seconds());   // the count of the window cut short
 }
 
 // ---------------------------------------------------------------- start and stop
@@ -2579,6 +2628,7 @@ static relay *relay_create(const relay_options *o, char *err, size_t err_bytes) 
     if (h->o.min_replicas < 1) h->o.min_replicas = 1;
     h->log = o->log ? o->log : stdout;
     h->t0 = wall_seconds();
+    h->unproven_window_s = h->t0;
     h->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
     h->listen_fd = fd;
     h->port = net_local_port(fd);

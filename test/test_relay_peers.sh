@@ -40,6 +40,9 @@
 #                      dropped (it was relayed as a mean, and the joiner's state never completed)
 #   bad_quorum         (--replicas 2) AUTHs asking for min_replicas 0, 9 of 8, or 3: refused in
 #                      one line (the group's joins waited for ever for a quorum it cannot reach)
+#   unproven_flood     200 connections without the secret, each refused: 20 lines and one that
+#                      counts the other 180 (a line each: 13.7 MB of log in an 8 s flood); the
+#                      lines of a replica with the secret are all written
 #   emfile             out of file descriptors (a limit of 40, 60 silent connections): one line,
 #                      no busy loop (it spun silently), a replica gets in afterwards
 source "$(dirname "$0")/lib.sh"
@@ -153,6 +156,19 @@ check "bad_quorum: one line for each refusal" \
 
 run_scenario handshake_flood
 check "handshake_flood: the oldest are cut off with a line" in_log handshake_flood "cut off 127.0.0.1:.* the oldest of 128"
+
+run_scenario unproven_flood
+# The count is per minute: on a machine slow enough to take more than one, the sum over windows.
+unproven_lines=$(grep -v 'more connections without the secret' "$tmp/relay_unproven_flood.log" |
+    grep -c 'rejected 127.0.0.1:[0-9]*: bad magic')
+unproven_counted=$(sed -n 's/.* \([0-9]*\) more connections without the secret were refused .*/\1/p' \
+    "$tmp/relay_unproven_flood.log" | awk '{ n += $1 } END { print n + 0 }')
+unproven_windows=$(grep -c 'more connections without the secret were refused' "$tmp/relay_unproven_flood.log")
+check "unproven_flood: 20 lines a minute ($unproven_lines over $unproven_windows counted windows)" \
+    test "$unproven_lines" -le $((20 * unproven_windows)) -a "$unproven_windows" -ge 1
+check "unproven_flood: the lines and the counts add up to 200 ($unproven_lines + $unproven_counted)" \
+    test $((unproven_lines + unproven_counted)) -eq 200
+check "unproven_flood: the replica's lines are written" in_log unproven_flood "replica 0 connected from"
 
 if command -v prlimit >/dev/null; then
     run_scenario emfile prlimit --nofile=40:40
