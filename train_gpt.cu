@@ -3177,6 +3177,24 @@ static bool inside_dir(const char *path, const char *dir) {
     return inside;
 }
 
+// A resume that init_from would not start: the checkpoint's run began from other weights (or
+// from none). A requeue gives the same init_from again and goes on; a new phase in the same
+// out_dir (a warm-up's, as docs/diloco.md's recipe once had it) was resumed silently, the
+// init_from unread, the step count and schedule the old run's. Refused: the two runs would mix.
+static void refuse_ignored_init_from(const train_config *cfg, const char *from) {
+    char was[4200];
+    if (!checkpoint_config_value(from, "init_from", was, sizeof was) || strcmp(was, cfg->init_from) == 0) return;
+    char *a = was[0] ? realpath(was, NULL) : NULL, *b = realpath(cfg->init_from, NULL);
+    bool same = a && b && strcmp(a, b) == 0;   // the same file spelt otherwise
+    free(a);
+    free(b);
+    if (same) return;
+    fail("init_from: out_dir '%s' holds checkpoints of a run that began %s%s%s, and this run would resume '%s' "
+         "without reading '%s': give this run its own out_dir (a run that starts from another's weights), or leave "
+         "init_from out to go on with that run",
+         cfg->out_dir, was[0] ? "from '" : "without init_from", was, was[0] ? "'" : "", from, cfg->init_from);
+}
+
 // Fresh init, init_from, or a checkpoint, as `resume` and `init_from` say. Returns whether
 // a checkpoint was loaded.
 static bool restore_or_init(trainer *tr) {
@@ -3223,6 +3241,7 @@ static bool restore_or_init(trainer *tr) {
                      cfg->out_dir, (long long)named, cfg->resume, cfg->resume);
         }
     }
+    if (from && cfg->init_from[0]) refuse_ignored_init_from(cfg, from);
     if (from) {
         note("resuming from '%s' at step %lld", from, (long long)tr->state.step);
         int64_t was_max = tr->state.saved_max_steps, at = tr->state.step;
@@ -3270,6 +3289,10 @@ static bool restore_or_init(trainer *tr) {
              cfg->out_dir);
     if (cfg->init_from[0]) {
         char why[512], weights[4200];
+        // Checked here, not with the config: a resume (a requeue) does not read it, and its
+        // source may be gone (a warm-up's 168-336 GB checkpoint deleted once the run went on).
+        if (!dir_exists(cfg->init_from) && !file_exists(cfg->init_from))
+            fail("init_from: no such file or checkpoint directory '%s'", cfg->init_from);
         bool from_checkpoint = dir_exists(cfg->init_from);
         snprintf(weights, sizeof weights, from_checkpoint ? "%s/model.safetensors" : "%s", cfg->init_from);
         // A checkpoint directory's weights were verified with its state.json; a file alone is

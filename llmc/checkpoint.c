@@ -906,6 +906,19 @@ int checkpoint_config_changes(const char *dir, const train_config *cfg, const ch
     return changed;
 }
 
+bool checkpoint_config_value(const char *dir, const char *key, char *out, size_t out_bytes) {
+    json_doc doc;
+    char why[256];
+    out[0] = '\0';
+    if (!parse_state(dir, &doc, why, sizeof why)) return false;
+    const json_value *saved = json_get(&doc.root, "config");
+    bool found = saved && saved->type == JSON_STRING && config_text_value(saved->string, key, out, out_bytes);
+    json_free(&doc);
+    return found;
+}
+
+static int64_t step_of_name(const char *dir);
+
 // checkpoint_data_origin of one process: the weights and state.json verified, state.json read.
 static bool read_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
     memset(o, 0, sizeof *o);
@@ -924,6 +937,12 @@ static bool read_data_origin(const char *dir, data_origin *o, char *why, size_t 
     o->data_id = s.data_id;
     if (ok && s.window.batch_size == 0) {
         snprintf(why, why_bytes, "state.json: bad or missing batch_size, seq_len, seed or shuffle");
+        ok = false;
+    }
+    int64_t named = step_of_name(dir);
+    if (ok && named >= 0 && named != s.step) {   // as a resume refuses it (load_verified)
+        snprintf(why, why_bytes, "its name says step %lld, its state.json says step %lld (a copied or renamed checkpoint)",
+                 (long long)named, (long long)s.step);
         ok = false;
     }
     const json_value *config = json_get(&doc.root, "config");

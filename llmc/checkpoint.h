@@ -82,8 +82,13 @@ typedef struct {
     data_identity data_id;      // its train data (tokens 0: not recorded)
 } data_origin;
 
+// The value KEY had in the configuration DIR's state.json records (its `key = value` line, quotes
+// taken off); false when the checkpoint or the key is not there (checkpoints before the key).
+bool checkpoint_config_value(const char *dir, const char *key, char *out, size_t out_bytes);
+
 // Verifies DIR's weights and state.json against its checksums.xxh64 (not the moments or the
-// outer state, which init_from does not use) and reads its state.json into o. false with a
+// outer state, which init_from does not use) and reads its state.json into o; a directory named
+// for another step than its state.json's is refused, as a resume refuses it. false with a
 // reason in why. job (NULL: this process alone): rank 0 reads and verifies, every rank gets its
 // answer (collective).
 bool checkpoint_data_origin(const char *dir, const comm *job, data_origin *o, char *why, size_t why_bytes);

@@ -626,9 +626,7 @@ void config_check_files(const train_config *cfg) {
     if (strcmp(cfg->resume, "auto") && strcmp(cfg->resume, "never"))
         RULE(dir_exists(cfg->resume), "resume", "'%s' is not auto, never, or an existing checkpoint directory",
              cfg->resume);
-    if (cfg->init_from[0])
-        RULE(file_exists(cfg->init_from) || dir_exists(cfg->init_from), "init_from", "no such file or checkpoint directory '%s'",
-             cfg->init_from);
+    // init_from is checked where it is read (restore_or_init): a resume does not need it.
     if (cfg->tokenizer[0]) RULE(file_exists(cfg->tokenizer), "tokenizer", "no such file '%s'", cfg->tokenizer);
     if (cfg->diloco_replicas > 0 && cfg->diloco_secret_file[0] && strcmp(cfg->diloco_transport, "tcp") == 0)
         RULE(file_exists(cfg->diloco_secret_file), "diloco_secret_file", "no such file '%s'", cfg->diloco_secret_file);
@@ -748,6 +746,21 @@ bool model_config_from_json(const char *json, model_config *m, const char **why)
         }
     }
     json_free(&doc);
+    // The rules between keys too (config_finish's): each value must be one a config file could
+    // give its key, 0 for n_kv_head and head_dim meaning what it means there.
+    model_config *w = &wrapper.model;
+    if (ok && w->n_kv_head == 0) w->n_kv_head = w->n_head;
+    if (ok && w->head_dim == 0 && w->d_model % w->n_head == 0) w->head_dim = w->d_model / w->n_head;
+    const char *rule = !ok                                   ? NULL
+                       : w->n_head % w->n_kv_head != 0      ? "n_kv_head (n_head must be a multiple of it)"
+                       : w->head_dim == 0 || w->head_dim % 2 ? "head_dim (d_model not divisible by n_head, or odd)"
+                       : w->doc_token >= w->vocab_size       ? "doc_token (not below vocab_size)"
+                       : !(w->norm_eps > 0)                  ? "norm_eps (must be > 0)"
+                                                             : NULL;
+    if (rule) {
+        snprintf(msg, sizeof msg, "model config has a bad value for %s", rule);
+        ok = false;
+    }
     if (ok) *m = wrapper.model;
     else *why = msg;
     return ok;

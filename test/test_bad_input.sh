@@ -409,6 +409,34 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
 PY
 expect_error "init_from a file with a tensor the config does not use" "init_from: '$tmp/bare.safetensors': the file holds 25 tensors, the config needs 24" \
     "$TRAIN_GPT" "${base[@]}" --tie_embeddings 1 --out_dir "$tmp/tied" --init_from "$tmp/bare.safetensors"
+# A model_config's values must be ones a config file could give, the rules between keys too
+# (norm_eps 0 and a doc_token past the vocabulary were taken); 0 for head_dim means d_model /
+# n_head, as in a config (it was read as 0: "trained with head_dim = 0").
+model_config_edit() {  # model_config_edit OUT KEY=JSON...: the untied checkpoint's weights, model_config edited
+    "$PYTHON" - "$tmp/untied/step_00000004/model.safetensors" "$@" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+mc = json.loads(header["__metadata__"]["model_config"])
+for kv in sys.argv[3:]:
+    k, v = kv.split("=", 1)
+    mc[k] = json.loads(v)
+header["__metadata__"]["model_config"] = json.dumps(mc)
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+}
+model_config_edit "$tmp/eps0.safetensors" norm_eps=0
+expect_error "init_from a model_config with norm_eps 0" "init_from: '$tmp/eps0.safetensors': .*bad value for norm_eps" \
+    "$TRAIN_GPT" "${base[@]}" --tie_embeddings 0 --out_dir "$tmp/eps0" --init_from "$tmp/eps0.safetensors"
+model_config_edit "$tmp/doc999.safetensors" doc_token=999
+expect_error "init_from a model_config with doc_token past vocab_size" "init_from: '$tmp/doc999.safetensors': .*bad value for doc_token" \
+    "$TRAIN_GPT" "${base[@]}" --tie_embeddings 0 --out_dir "$tmp/doc999" --init_from "$tmp/doc999.safetensors"
+model_config_edit "$tmp/hd0.safetensors" head_dim=0
+check "init_from a model_config with head_dim 0 (= d_model / n_head, as in a config): taken" \
+    "$TRAIN_GPT" "${base[@]}" --tie_embeddings 0 --out_dir "$tmp/hd0" --init_from "$tmp/hd0.safetensors" --max_steps 1 --warmup_steps 0
 
 # An out_dir where no checkpoint can be written (read-only, its metrics.jsonl writable) stops
 # the run at its start, not after training when the final checkpoint fails. Root ignores

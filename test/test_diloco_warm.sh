@@ -20,6 +20,11 @@
 #      np 2 too. Until 2026-12 every rank hashed every file of the checkpoint (168-336 GB each
 #      at 14B). A model.safetensors named alone is checked against the checksums.xxh64 beside
 #      it (through a link too): until 2026-12 a flipped byte was loaded without a word.
+#   7. init_from and a resume: into an out_dir that holds a run begun otherwise (the warm-up's
+#      own, as docs/diloco.md's BOOM recipe had it) is refused in one line (it resumed that
+#      run without a word, init_from unread); a requeue (the same init_from again) resumes even
+#      once the file it began from is gone (it stopped: "no such file"); a checkpoint renamed
+#      to another step is refused, as a resume refuses it (it was taken).
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
 "$TOOL" shard "$tmp/train.bin" 64 0 60000 11
@@ -213,4 +218,28 @@ if [ "$HAVE_MPI" = 1 ]; then
     check "np 2: ... and named alone (rc $rc)" \
         sh -c "[ $rc -ne 0 ] && grep -q \"error: init_from: '$tmp/badmodel/step_00000020/model.safetensors': model.safetensors fails its checksum\" '$tmp/badfile2.log'"
 fi
+# 7. init_from and a resume.
+rc=0
+"$TRAIN_GPT" "${common[@]}" --out_dir "$tmp/warm" --init_from "$ckpt" --max_steps 30 >"$tmp/samedir.log" 2>&1 || rc=$?
+check "init_from into the out_dir of a run begun without it: refused in one line (rc $rc)" \
+    sh -c "[ $rc -ne 0 ] && [ \$(grep -c 'error:' '$tmp/samedir.log') -eq 1 ] &&
+        grep -q \"init_from: out_dir '$tmp/warm' holds checkpoints of a run that began without init_from\" '$tmp/samedir.log'"
+check "... and the warm-up's checkpoints are as they were (newest step 20)" \
+    sh -c "[ \"\$(ls '$tmp/warm' | grep -c '^step_')\" -ge 1 ] && [ ! -e '$tmp/warm/step_00000030' ]"
+cp "$ckpt/model.safetensors" "$tmp/begin.safetensors"
+requeue=("${common[@]}" --max_steps 6 --init_from "$tmp/begin.safetensors" --out_dir "$tmp/requeue")
+"$TRAIN_GPT" "${requeue[@]}" --stop_at_step 3 >"$tmp/requeue1.log" 2>&1 || die "init_from, stopped at 3: $(tail -1 "$tmp/requeue1.log")"
+[ -d "$tmp/requeue/step_00000003" ] || die "the stop at step 3 left no checkpoint"
+rm "$tmp/begin.safetensors"
+rc=0
+"$TRAIN_GPT" "${requeue[@]}" >"$tmp/requeue2.log" 2>&1 || rc=$?
+check "a requeue resumes though the file it began from is gone (rc $rc: $(grep -m1 error "$tmp/requeue2.log"))" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'resuming from .*step_00000003' '$tmp/requeue2.log' && [ -d '$tmp/requeue/step_00000006' ]"
+check "... and with another init_from, the same out_dir is refused in one line" \
+    one_line_error "holds checkpoints of a run that began from '$tmp/begin.safetensors'" \
+    --max_steps 8 --out_dir "$tmp/requeue" --init_from "$ckpt/model.safetensors"
+mkdir -p "$tmp/renamed"
+cp -r "$ckpt" "$tmp/renamed/step_00000010"
+check "init_from a checkpoint renamed to another step: one line" \
+    one_line_error "its name says step 10, its state.json says step 20" --init_from "$tmp/renamed/step_00000010"
 finish test_diloco_warm
