@@ -4054,6 +4054,13 @@ static int train_run(train_config *cfg) {
             // unless the run is done anyway (its last step, or the stop_at_step asked for): a
             // requeue then trained on past stop_at_step, or started a finished run again.
             if ((stop_signal == SIGUSR1 || walltime) && !done) exit_status = EXIT_REQUEUE;
+            if (strcmp(cfg->resume, "never") == 0 && !done) {
+                // The same command again refuses the checkpoint just written (resume = never:
+                // "out_dir already holds checkpoints"): a requeue ended the job chain in an error.
+                note("resume = never: %sthe same command would refuse this checkpoint; to go on, run it with --resume "
+                     "auto", exit_status == EXIT_REQUEUE ? "status 0, not 76 (no requeue): " : "");
+                if (exit_status == EXIT_REQUEUE) exit_status = 0;
+            }
             break;
         }
     }

@@ -15,9 +15,14 @@
 #   6. a walltime_end already past: status 1 and one line;
 #   7. a glob in the templates' ARGS reaches train_gpt whole.
 #   8. requeue.sh when the failure count cannot be kept, and on an out-of-memory kill (253);
+#      SIGTERM to requeue.sh while the step runs (SLURM's at the time limit): the step's 76 is
+#      still requeued (the script died: no requeue); the count goes when the chain ends (a
+#      later manual requeue started at MAX_FAILURES); resume = never stopped by SIGUSR1:
+#      status 0 and a line, not 76 (the requeued job refused its own checkpoint);
 #   9. diloco-relay.sh started from another directory with a relative secret path: its relay
 #      reads the secret and listens; a crashed relay is restarted; SIGTERM to the relay, Ctrl-C,
-#      and SIGTERM to the script alone stop it for good;
+#      and SIGTERM to the script alone stop it for good; a train_gpt that dies of SIGILL, or
+#      crashes at once every time, is not restarted for ever;
 #  10. every template hands srun the job's --cpus-per-task.
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes   # a check that fails leaves no trainer (stopped) or relay running
@@ -217,6 +222,38 @@ SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=80 bash scripts/slurm/requeue.sh sh -c '
 check "requeue.sh: status 253 (an OOM kill): not requeued, one line naming host memory and --mem (rc $rc)" \
     sh -c "[ $rc -eq 253 ] && ! grep -q '^requeue job 80' '$tmp/count.shim/calls' && [ \$(wc -l <'$tmp/oom.log') -eq 1 ] &&
            grep -q 'ran out of host memory (status 253.*not requeueing.*raise the job.s --mem' '$tmp/oom.log'"
+# SLURM's SIGTERM reaches the batch shell (requeue.sh) too, e.g. at the time limit while a
+# SIGUSR1 stop writes its checkpoint: the script died (143) and the step's 76 was never acted on.
+# The step here waits for a file, so that the SIGTERM surely comes while it runs.
+: >"$tmp/count.shim/calls"
+rc=0
+SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=81 bash scripts/slurm/requeue.sh \
+    sh -c "touch '$tmp/step81.started'; while [ ! -e '$tmp/step81.go' ]; do sleep 0.05; done; exit 76" \
+    >"$tmp/term.log" 2>&1 &
+rq=$!
+pids+=("$rq")
+step_started() { [ -e "$tmp/step81.started" ]; }
+wait_until "requeue.sh's step to start" step_started >/dev/null
+kill -TERM "$rq"
+touch "$tmp/step81.go"
+wait "$rq" || rc=$?
+check "requeue.sh gets SIGTERM while its step runs: the step's status 76 is still requeued (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && grep -q '^requeue job 81' '$tmp/count.shim/calls' && grep -q 'SIGTERM: waiting for the step' '$tmp/term.log'"
+# The chain's end takes the count with it: a job requeued by hand afterwards (the same id) has
+# MAX_FAILURES − 1 requeues again, not none.
+for i in 1 2 3; do MAX_FAILURES=3 SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=82 bash scripts/slurm/requeue.sh sh -c 'exit 75' \
+    >"$tmp/chain$i.log" 2>&1 || true; done
+rc=0
+MAX_FAILURES=3 SHIM_DIR="$tmp/count.shim" SLURM_JOB_ID=82 bash scripts/slurm/requeue.sh sh -c 'exit 75' >"$tmp/chain4.log" 2>&1 || rc=$?
+check "requeue.sh: the third failure ends the chain and its count; a job requeued by hand then counts from 1 (rc $rc)" \
+    sh -c "grep -q '3 times in a row' '$tmp/chain3.log' && grep -q '(1 of MAX_FAILURES 3 in a row)' '$tmp/chain4.log' && [ $rc -eq 0 ]"
+# resume = never, stopped by SIGUSR1: the requeued job (the same command) refused its own
+# checkpoint ("holds checkpoints of another run") and ended the chain with status 1. Now the
+# stop says so and exits 0: nothing is requeued into that error.
+rc=$(usr1_in_step never 2 --max_steps 10 --resume never)
+check "resume = never, SIGUSR1 in an early step: status 0 (not 76) and a line saying how to go on (rc $rc)" \
+    sh -c "[ $rc -eq 0 ] && test -d '$tmp/never/step_00000003' &&
+           grep -q 'resume = never: status 0, not 76 (no requeue).*run it with --resume auto' '$tmp/never.log'"
 
 # 9. diloco-relay.sh cds to the repository root (its ./train_gpt, relay.log) and once made a
 # relative secret path unreadable from there. A copy in a root of its own, started from another
@@ -281,6 +318,24 @@ if [ "$HAVE_TCP" = 1 ]; then   # a relay needs OpenSSL: skipped without it, said
     stop_relay_script INT group 3 "Ctrl-C (SIGINT to its process group)"
     relay_script
     stop_relay_script TERM script 4 "SIGTERM to the script alone (kill PID after nohup ... &)"
+    # A train_gpt that cannot run here: SIGILL (a -march=native build from another CPU) ends the
+    # script at once with a line; a crash right at start, every time, after 5 in a row. Both were
+    # restarted for ever (107 times in 2 s at RESTART_DELAY_S=0).
+    for kind in ILL SEGV; do
+        mkdir -p "$tmp/crash_$kind/scripts/slurm"
+        cp scripts/slurm/diloco-relay.sh "$tmp/crash_$kind/scripts/slurm/"
+        printf '#!/bin/sh\nkill -%s $$\n' "$kind" >"$tmp/crash_$kind/train_gpt"
+        chmod +x "$tmp/crash_$kind/train_gpt"
+        rc=0
+        RESTART_DELAY_S=0 timeout 120 bash "$tmp/crash_$kind/scripts/slurm/diloco-relay.sh" "$relay_port" \
+            "$tmp/elsewhere/my.secret" >"$tmp/crash_$kind.log" 2>&1 || rc=$?
+        restarts=$(grep -c 'restarting in' "$tmp/crash_$kind/relay.log" || true)
+        eval "crash_${kind}_rc=$rc crash_${kind}_restarts=$restarts"
+    done
+    check "diloco-relay.sh: a train_gpt that dies of SIGILL is not restarted (rc $crash_ILL_rc, $crash_ILL_restarts restarts)" \
+        sh -c "[ $crash_ILL_rc -eq 132 ] && [ $crash_ILL_restarts -eq 0 ] && grep -q 'make NATIVE=0' '$tmp/crash_ILL.log'"
+    check "diloco-relay.sh: one that crashes at once every time, after 5 in a row (rc $crash_SEGV_rc, $crash_SEGV_restarts restarts)" \
+        sh -c "[ $crash_SEGV_rc -eq 139 ] && [ $crash_SEGV_restarts -eq 4 ] && grep -q '5 times in a row' '$tmp/crash_SEGV.log'"
 else
     say "  skip 9 (diloco-relay.sh's relay): no OpenSSL in this build"
 fi

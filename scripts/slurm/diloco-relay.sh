@@ -37,7 +37,10 @@ stop_relay() {
     [ -z "$relay_pid" ] || kill -TERM "$relay_pid" 2>/dev/null
 }
 trap stop_relay INT TERM
+quick_crashes=0   # crashes in a row within QUICK_S of the start: a relay that cannot run here
+QUICK_S=10
 while :; do
+    started_s=$SECONDS
     ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1 &
     relay_pid=$!
     [ "$stopping" = 0 ] || kill -TERM "$relay_pid" 2>/dev/null   # the signal came before relay_pid was set
@@ -55,6 +58,18 @@ while :; do
     [ "$rc" -eq 1 ] && { echo "diloco-relay.sh: the relay stopped with an error (see relay.log)" >&2; exit 1; }
     # 126/127: no runnable ./train_gpt here (missing, or built for another machine): no restart helps.
     [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ] && { echo "diloco-relay.sh: ./train_gpt cannot run here (status $rc)" >&2; exit "$rc"; }
+    # 132 (SIGILL): built with -march=native on another CPU; and any crash at start that comes
+    # back every time (5 in a row within QUICK_S s of their start): it was restarted for ever,
+    # RESTART_DELAY_S apart (107 times in 2 s at 0).
+    [ "$rc" -eq 132 ] && {
+        echo "diloco-relay.sh: ./train_gpt died of SIGILL (status 132): built for another CPU (-march=native); rebuild here, or with make NATIVE=0" | tee -a relay.log >&2
+        exit "$rc"
+    }
+    if [ $((SECONDS - started_s)) -lt "$QUICK_S" ]; then quick_crashes=$((quick_crashes + 1)); else quick_crashes=0; fi
+    if [ "$quick_crashes" -ge 5 ]; then
+        echo "diloco-relay.sh: the relay crashed (status $rc) within $QUICK_S s of its start 5 times in a row; not restarting (see relay.log)" | tee -a relay.log >&2
+        exit "$rc"
+    fi
     echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in $restart_delay_s s" >>relay.log
     sleep "$restart_delay_s" &
     wait $! || { kill $! 2>/dev/null; [ "$stopping" = 0 ] || stopped "diloco-relay.sh got SIGINT or SIGTERM"; }

@@ -30,8 +30,20 @@ job=${SLURM_JOB_ID:?requeue.sh runs inside a SLURM job}
 count_file="${REQUEUE_STATE_DIR:-${SLURM_SUBMIT_DIR:-.}}/.train_gpt_failures.$job"
 say() { echo "requeue.sh: $(date '+%F %T') job $job: $*"; }
 
+# SLURM's SIGTERM (the time limit, after --signal=USR1 and a checkpoint slower than its lead;
+# or scancel) reaches this shell too: it killed the script while the step was writing its
+# checkpoint, and the step's status 76 was never acted on. Trapped, it waits for the step's own
+# status (bash runs the trap once the step has ended); SIGKILL follows after SLURM's KillWait.
+trap 'say "SIGTERM: waiting for the step to end (a stop by SIGUSR1 still requeues)"' TERM
 "$@"
 rc=$?
+trap - TERM
+# The chain ends here (its last job): the count goes, or a later `scontrol requeue` of the same
+# job id by hand would start from it (its first failure the MAX_FAILURES-th).
+give_up() {
+    rm -f "$count_file" 2>/dev/null
+    exit "$1"
+}
 requeue() {
     say "$1; requeueing"
     if ! scontrol requeue "$job"; then
@@ -69,13 +81,13 @@ case $rc in
         fi
         if [ "$n" -ge "$max_failures" ]; then
             say "train_gpt failed with status $rc, $n times in a row (MAX_FAILURES $max_failures): not requeueing"
-            exit "$rc"
+            give_up "$rc"
         fi
         requeue "train_gpt failed with status $rc ($n of MAX_FAILURES $max_failures in a row)" ;;
     253)
         say "train_gpt ran out of host memory (status 253: SLURM's memory limit, an OOM kill): not requeueing, it would run out again; raise the job's --mem (or --mem-per-gpu), or lower the run's memory plan (./train_gpt plan CONFIG)"
-        exit "$rc" ;;
+        give_up "$rc" ;;
     *)
         say "train_gpt stopped with an error (status $rc): not requeueing; fix it and resubmit"
-        exit "$rc" ;;
+        give_up "$rc" ;;
 esac
