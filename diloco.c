@@ -1573,9 +1573,9 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
     if (d->streaming)
         snprintf(frag, sizeof frag, " | fragment %d/%d, %lld steps in flight", fl->fragment, d->n_fragments,
                  (long long)(st->step - fl->begin_step));
-    printf("outer %4lld | step %6lld%s | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err "
+    printf("%souter %4lld | step %6lld%s | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err "
            "%.2e | hash %016llx%s%s\n",
-           (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s, r->wait_s,
+           console_tag(), (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s, r->wait_s,
            quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
     fflush(stdout);
     sb_free(&ids);

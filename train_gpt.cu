@@ -49,6 +49,7 @@
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -3384,7 +3385,8 @@ static double validate(trainer *tr) {
     double loss = ce / (double)tokens;
     metrics_val(tr->log, tr->state.step, loss, tokens);
     if (!tr->quiet) {
-        printf("step %6lld | val_loss %.4f (%lld tokens)\n", (long long)tr->state.step, loss, (long long)tokens);
+        printf("%sstep %6lld | val_loss %.4f (%lld tokens)\n", console_tag(), (long long)tr->state.step, loss,
+               (long long)tokens);
         fflush(stdout);
     }
     return loss;
@@ -3443,6 +3445,19 @@ static bool shift_streak(const trainer *tr) { return tr->state.norm_spikes >= tr
 // bound: a checkpoint written in the streak, the weights that caused it, was taken.)
 static int64_t rollback_bound(const trainer *tr, int64_t s) { return s - tr->state.bad_steps; }
 
+// A warning about what every rank of a job decided alike (from all-reduced values: a skipped
+// step, a rollback, a shift of the loss): said once, by rank 0 (a job of 64 ranks printed each 64
+// times). Each DiLoCo replica over MPI is a job of its own and says its own.
+static void PRINTF_LIKE(2, 3) job_warn(const trainer *tr, const char *fmt, ...) {
+    if (tr->rank != 0) return;
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    warn("%s", line);
+}
+
 // Rollback: back to the newest valid checkpoint in out_dir from before the bad steps
 // (rollback_bound) with its weights, moments, counters and spike window, but with the data
 // where it is now, so the batches taken since that checkpoint (among them the ones that led
@@ -3475,16 +3490,23 @@ static bool roll_back(trainer *tr, int64_t s) {
     strbuf extra = {};
     sb_printf(&extra, "\"to_step\":%lld,\"checkpoint\":", (long long)st.step);
     sb_json_string(&extra, dir);
-    sb_printf(&extra, ",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],\"skipped_batches\":%lld,\"rollbacks\":%lld",
+    // The positions and skipped_batches count each process's micro-batches (as state.json's
+    // data_index); skipped_rows is the job's: every process skipped as many.
+    int64_t rows = skipped * tr->world * cfg->batch_size;
+    sb_printf(&extra, ",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],\"skipped_batches\":%lld,\"rollbacks\":%lld,"
+              "\"skipped_rows\":%lld",
               (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
-              (long long)skipped, (long long)rollbacks);
+              (long long)skipped, (long long)rollbacks, (long long)rows);
     metrics_event(tr->log, "rollback", s + 1, extra.data);
     sb_free(&extra);
-    warn("step %lld: %lld bad steps in a row; rolled back to '%s' (step %lld), skipping the %lld micro-batches "
-         "taken since it (epoch %lld batch %lld up to epoch %lld batch %lld); rollback %lld of max_rollbacks %lld",
-         (long long)s + 1, (long long)tr->state.bad_steps, dir, (long long)st.step, (long long)skipped,
-         (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
-         (long long)rollbacks, (long long)cfg->max_rollbacks);
+    char each[96] = "";
+    if (tr->world > 1) snprintf(each, sizeof each, " by each of the %d processes", tr->world);
+    job_warn(tr, "step %lld: %lld bad steps in a row; rolled back to '%s' (step %lld), skipping the %lld micro-batches "
+             "taken%s since it (epoch %lld batch %lld up to epoch %lld batch %lld; %lld rows of %lld tokens in all); "
+             "rollback %lld of max_rollbacks %lld",
+             (long long)s + 1, (long long)tr->state.bad_steps, dir, (long long)st.step, (long long)skipped, each,
+             (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
+             (long long)rows, (long long)cfg->model.seq_len, (long long)rollbacks, (long long)cfg->max_rollbacks);
     free(dir);
     checkpoint_set_aside_after(cfg->out_dir, st.step, tr->job);   // those up to the bound the load passed over
     st.data = here;
@@ -3522,7 +3544,7 @@ static bool restart_replica(trainer *tr, int64_t s) {
     snprintf(extra, sizeof extra, "\"to\":\"outer_theta\",\"outer_step\":%lld,\"discarded_steps\":%lld,\"rollbacks\":%lld",
              (long long)tr->state.outer_step, (long long)discarded, (long long)rollbacks);
     metrics_event(tr->log, "rollback", s + 1, extra);
-    warn("step %lld: %lld bad steps in a row; this DiLoCo replica's weights start over from the group's θ of outer "
+    job_warn(tr, "step %lld: %lld bad steps in a row; this DiLoCo replica's weights start over from the group's θ of outer "
          "step %lld (the work of its last %lld inner step(s) dropped; its next contribution counts the steps from "
          "here); rollback %lld of max_rollbacks %lld",
          (long long)s + 1, (long long)cfg->max_bad_steps, (long long)tr->state.outer_step, (long long)discarded,
@@ -3554,12 +3576,12 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
     tr->state.bad_steps++;
     if (spike) {
         spike_event(tr, "spike", m, limits, s);
-        warn("step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped (%lld in a "
+        job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped (%lld in a "
              "row, max_bad_steps %lld)",
              (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
              (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     } else {
-        warn("step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
+        job_warn(tr, "step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
              (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     }
     if (tr->state.bad_steps < cfg->max_bad_steps) return false;
@@ -3587,7 +3609,7 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
 // `spike_shift` event and a warning.
 static void accept_shift(trainer *tr, const step_metrics *m, const step_limits *limits, int64_t s) {
     spike_event(tr, "spike_shift", m, limits, s);
-    warn("step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g), above a limit for the %lld steps before "
+    job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g), above a limit for the %lld steps before "
          "it too and within %.0fx (loss) and %.0fx (norm) of them: a lasting shift, not a spike; step applied, the spike "
          "guard's window starts over",
          (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
@@ -3691,7 +3713,7 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
     format_duration(mean_step_s * (double)(tr->cfg->max_steps - m->step), eta, sizeof eta);
     if (isfinite(m->mfu)) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * m->mfu);
     if (isfinite(m->tok_per_s)) snprintf(rate, sizeof rate, "%.0f", m->tok_per_s);
-    printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | %.0f ms | ETA %s%s\n",
+    printf("%sstep %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | %.0f ms | ETA %s%s\n", console_tag(),
            (long long)m->step, (long long)tr->cfg->max_steps, m->loss, m->lr, m->grad_norm, rate, mfu, m->step_ms, eta,
            m->rolled_back ? " | SKIPPED, ROLLED BACK" : m->skipped ? " | SKIPPED" : "");
     fflush(stdout);
@@ -3822,6 +3844,19 @@ static bool skip_final_checkpoint(const trainer *tr) {
     return skip;
 }
 
+// Which process of a launch says each line, from the first (the device's and the threads'
+// lines came from every rank, untagged, before setup_job): a job's ranks as setup_job says
+// (notes from rank 0 alone), several DiLoCo replicas over MPI by their replica id (their step
+// lines on stdout too: they were interleaved, none saying whose).
+static void tag_process_lines(const train_config *cfg) {
+    launch_info l = launch_detect();
+    if (l.size <= 1) return;
+    bool diloco = cfg->diloco_replicas > 0;
+    if (!diloco || cfg->fsdp_size > 1 || cfg->dp_replicate > 1) log_set_rank(l.rank, l.rank == 0);
+    else if (strcmp(cfg->diloco_transport, "mpi") == 0)
+        log_set_replica(l.rank);   // its replica id (another is refused: transport_mpi)
+}
+
 // Runs the whole training; returns the process exit code (0 = finished or stopped cleanly
 // with a checkpoint). User errors are fatal inside (one line, exit 1).
 static int train_run(train_config *cfg) {
@@ -3833,6 +3868,7 @@ static int train_run(train_config *cfg) {
     // signal's default action (status 143 for a SIGTERM, which the job scripts requeue as a
     // failure).
     install_signal_handlers();
+    tag_process_lines(cfg);
     config_check_files(cfg);
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);

@@ -11,13 +11,22 @@
 #include <time.h>
 #include <unistd.h>
 
-static int log_rank = -1;     // a job of several ranks: which one says it
+static char log_tag[32];      // "rank 3", "replica 1": which process of a launch says it
+static char console_prefix[32];
 static bool log_notes = true;
 
 void log_set_rank(int rank, bool notes) {
-    log_rank = rank;
+    snprintf(log_tag, sizeof log_tag, "rank %d", rank);
     log_notes = notes;
 }
+
+void log_set_replica(int replica) {
+    snprintf(log_tag, sizeof log_tag, "replica %d", replica);
+    snprintf(console_prefix, sizeof console_prefix, "replica %d | ", replica);
+    log_notes = true;
+}
+
+const char *console_tag(void) { return console_prefix; }
 
 static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
     char line[4096];
@@ -25,7 +34,7 @@ static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
     // One line per message: the whole point is that a log grep finds it.
     for (char *p = line; *p; p++)
         if (*p == '\n') *p = ' ';
-    if (log_rank >= 0) fprintf(stderr, "train_gpt: rank %d: %s%s\n", log_rank, prefix, line);
+    if (log_tag[0]) fprintf(stderr, "train_gpt: %s: %s%s\n", log_tag, prefix, line);
     else fprintf(stderr, "train_gpt: %s%s\n", prefix, line);
     fflush(stderr);
 }

@@ -36,6 +36,11 @@ void warn(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // A job of several ranks: errors and warnings name the rank; notes only where notes is true
 // (rank 0 says what the job does, the others stay quiet unless something is wrong).
 void log_set_rank(int rank, bool notes);
+// Several DiLoCo replicas in one MPI job (diloco_transport = mpi): every line on stderr names
+// the replica ("train_gpt: replica 1: ..."), notes included, and so do the step and outer lines
+// on stdout (console_tag(): "replica 1 | ", else "").
+void log_set_replica(int replica);
+const char *console_tag(void);
 // Prints "train_gpt: ..." to stderr (progress and notices; stdout stays for step lines).
 void note(const char *fmt, ...) PRINTF_LIKE(1, 2);
 

@@ -137,7 +137,7 @@ if [ "$HAVE_MPI" = 1 ]; then
         --diloco_transport mpi --max_steps \$((30 + OMPI_COMM_WORLD_RANK)) --out_dir '$tmp/mismatch/'\$OMPI_COMM_WORLD_RANK" \
         2>&1 >/dev/null) && rc=0 || rc=$?
     check "MPI: replicas with different max_steps are refused, naming the field that differs (rc $rc)" \
-        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"train_gpt: error: diloco (mpi): the ranks disagree on the run: rank 1 has 'max_steps 31' where rank 0 has 'max_steps 30' (every replica must share the model, seq_len, max_steps, shuffle, seed\"" _ "$out"
+        sh -c "[ $rc -ne 0 ] && printf '%s\n' \"\$1\" | grep -q \"train_gpt: replica [01]: error: diloco (mpi): the ranks disagree on the run: rank 1 has 'max_steps 31' where rank 0 has 'max_steps 30' (every replica must share the model, seq_len, max_steps, shuffle, seed\"" _ "$out"
     # Replica 1's copy of the data holds one more shard.
     out=$("${MPIRUN[@]}" 2 sh -c "exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") --diloco_replicas 2 \
         --diloco_transport mpi --max_steps 30 --train_data \"\$([ \$OMPI_COMM_WORLD_RANK = 0 ] && echo '$tmp/train.bin' || echo '$tmp/train.bin,$tmp/more.bin')\" \

@@ -307,7 +307,7 @@ refused() {  # refused PATTERN NP [--key value]...: the job fails with a one-lin
     shift 2
     out=$("${MPIRUN[@]}" "$np" "$TRAIN_GPT" "${common[@]}" --diloco_rendezvous 127.0.0.1:1 --diloco_replica_id 0 \
         --out_dir "$tmp/refused" "$@" 2>&1) || rc=$?
-    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep "^train_gpt: error: $pattern" >/dev/null
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep "^train_gpt: rank [0-9]*: error: $pattern" >/dev/null
 }
 check "refused: a sharded replica over the mpi transport" refused "diloco_transport mpi: a DiLoCo replica of 2" 2 \
     --fsdp_size 2 --diloco_transport mpi

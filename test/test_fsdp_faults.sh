@@ -16,6 +16,13 @@
 #  9. DiLoCo over mpi, one replica stopped (SIGSTOP) mid-run, under a launcher that lets the
 #     others run on: the other exits within comm_timeout_s, status 75, naming the collective
 #     (it waited in the step's stop agreement for ever with watchdog_s 0).
+# 10. What a job's ranks print: NaN gradients on rank 1 (two steps, max_bad_steps 2) skip the
+#     steps and roll back; each skip and the rollback is said once, by rank 0 (every rank said
+#     it: 64 lines a step at 64 ranks); every line on stderr names its rank, from the first
+#     (the device's and the threads' lines came from every rank untagged, before the job was
+#     set up); the rollback event's skipped_rows counts the job's rows (skipped_batches is each
+#     process's). Several DiLoCo replicas over mpi: every line, step lines too, names its
+#     replica (two "step 5/10" lines with different losses, neither saying whose).
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -185,5 +192,37 @@ kill "$job" 2>/dev/null || true   # mpirun told not to abort waits on after a ra
 wait "$job" 2>/dev/null || true
 check "hung DiLoCo replica (mpi): rank 0 exits after ${took}s with status 75, naming the collective it waited in" \
     grep -Eq 'comm: rank 0 of 2 waited [0-9]+ s for the other ranks \((the replicas. stop agreement, at a step|the replicas. payload layouts, at an outer step|the replicas. tokens, at an outer step|the outer gradients. segments, at an outer step|the means. segments, at an outer step)\).*comm_timeout_s = 5\); exiting with status 75' "$tmp/dhung.log"
+
+# 10. What a job's ranks print.
+rm -rf "$tmp/lines"
+lines_args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 12 --ckpt_every 5 --max_bad_steps 2
+    --max_rollbacks 1 --threads 1 --device auto --out_dir "$tmp/lines")
+# (The fault comes back after the rollback, at the same steps: the second pass ends the run,
+# max_rollbacks 1, with an error from each rank.)
+"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${lines_args[@]}" : -np 1 -x TRAIN_GPT_FAULT=nan_grad:6,nan_grad:7 "$TRAIN_GPT" "${lines_args[@]}" \
+    >"$tmp/lines.log" 2>&1 || true
+grep -q 'error: stopping: 2 steps in a row were skipped' "$tmp/lines.log" ||
+    die "np 2, NaN on rank 1: not the guard's end: $(grep -m1 'error:' "$tmp/lines.log")"
+check "np 2: the device line once, from rank 0 ($(grep -c 'device = auto' "$tmp/lines.log") lines)" \
+    sh -c "[ \$(grep -c 'device = auto' '$tmp/lines.log') -eq 1 ] && grep -q '^train_gpt: rank 0: device = auto' '$tmp/lines.log'"
+check "np 2: every line on stderr names its rank" \
+    sh -c "! grep '^train_gpt: ' '$tmp/lines.log' | grep -v '^train_gpt: rank [01]: '"
+check "np 2: each skip said once a pass, by rank 0 (step 7: $(grep -c 'step 7: .*update skipped' "$tmp/lines.log") lines in 2 passes)" \
+    sh -c "[ \$(grep -c 'step 7: .*update skipped' '$tmp/lines.log') -eq 2 ] && [ \$(grep -c 'step 8: .*update skipped' '$tmp/lines.log') -eq 2 ] &&
+           ! grep -q '^train_gpt: rank 1: warning: step' '$tmp/lines.log'"
+check "np 2: the rollback said once, with the job's rows" \
+    sh -c "[ \$(grep -c 'rolled back to' '$tmp/lines.log') -eq 1 ] &&
+           grep -q 'skipping the 3 micro-batches taken by each of the 2 processes since it (epoch 0 batch 5 up to epoch 0 batch 8; 24 rows of 32 tokens in all)' '$tmp/lines.log'"
+check "np 2: the rollback event's skipped_rows is the job's (3 micro-batches x 2 processes x 4 rows)" \
+    grep -q '"event":"rollback",.*"skipped_batches":3,"rollbacks":1,"skipped_rows":24' "$tmp/lines/metrics.jsonl"
+"${MPIRUN[@]}" 2 "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 10 --threads 1 \
+    --log_every 5 --diloco_replicas 2 --diloco_transport mpi --diloco_inner_steps 5 --out_dir "$tmp/dlines" \
+    >"$tmp/dlines.log" 2>&1 || die "2 DiLoCo replicas over mpi: $(grep -m1 error "$tmp/dlines.log")"
+check "DiLoCo over mpi: each replica's step lines name it" \
+    sh -c "grep -q '^replica 0 | step *5/10 | loss' '$tmp/dlines.log' && grep -q '^replica 1 | step *5/10 | loss' '$tmp/dlines.log' &&
+           grep -q '^replica 1 | outer *1 | step' '$tmp/dlines.log' && ! grep -q '^step \|^outer ' '$tmp/dlines.log'"
+check "DiLoCo over mpi: every line on stderr names its replica" \
+    sh -c "grep -q '^train_gpt: replica 1: checkpoint step_00000010 written' '$tmp/dlines.log' &&
+           ! grep '^train_gpt: ' '$tmp/dlines.log' | grep -v '^train_gpt: replica [01]: '"
 
 finish test_fsdp_faults

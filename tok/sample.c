@@ -139,7 +139,7 @@ void sampler_run(sampler *s, backend *b, int64_t step, metrics_log *log) {
     memcpy(whole, prompt, prompt_bytes);
     memcpy(whole + prompt_bytes, text, gen_bytes);
     char *shown = sample_printable(whole, prompt_bytes + gen_bytes);
-    printf("step %6lld | sample: %s\n", (long long)step, shown);
+    printf("%sstep %6lld | sample: %s\n", console_tag(), (long long)step, shown);
     fflush(stdout);
     strbuf extra = {0};
     sb_append(&extra, "\"text\":");
