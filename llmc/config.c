@@ -794,6 +794,7 @@ void config_print_help(void) {
            "       train_gpt relay --listen HOST:PORT --secret_file F ...  a DiLoCo hub (docs/protocol.md)\n"
            "       train_gpt diloco-tune CONFIG --replicas M --inner_steps H ...  outer lr (docs/diloco.md)\n"
            "       train_gpt plot OUT_DIR... [-o FILE.svg]             the dashboard (docs/plot.md)\n"
+           "       train_gpt shards upgrade PATH...                    version 1 shards to version 2 (docs/data.md)\n"
            "       train_gpt --help | --version\n\n"
            "keys (default in brackets; 'required' has none):\n");
     for (int i = 0; i < N_KEYS; i++) {

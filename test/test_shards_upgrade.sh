@@ -291,4 +291,6 @@ fi
 upgrade none "$tmp/nothing_*.bin"
 check "a pattern that matches nothing: exit 1, one line" \
     sh -c "[ $urc -eq 1 ] && [ $(count 'error:' "$tmp/none.err") -eq 1 ] && grep -q \"no file matches '$tmp/nothing_\\*.bin'\" '$tmp/none.err'"
+# --help names the command (README and docs/data.md use it; it was left out of the usage).
+check "train_gpt --help lists shards upgrade" sh -c "'$TRAIN_GPT' --help | grep -q '^ *train_gpt shards upgrade PATH'"
 finish test_shards_upgrade
