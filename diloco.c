@@ -1575,8 +1575,8 @@ static void log_outer_step(diloco *d, const train_state *st, const round_result 
                  (long long)(st->step - fl->begin_step));
     printf("%souter %4lld | step %6lld%s | replicas [%s] | sent %sB recv %sB | sync %.2f s (wait %.2f s) | quant err "
            "%.2e | hash %016llx%s%s\n",
-           console_tag(), (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s, r->wait_s,
-           quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
+           console_tag(), (long long)st->outer_step, (long long)st->step, frag, ids.data, sent, recv, r->sync_s,
+           r->wait_s, quant_err, (unsigned long long)theta_hash, reason ? " | SKIPPED: " : "", reason ? reason : "");
     fflush(stdout);
     sb_free(&ids);
 }

@@ -3493,8 +3493,9 @@ static bool roll_back(trainer *tr, int64_t s) {
     // The positions and skipped_batches count each process's micro-batches (as state.json's
     // data_index); skipped_rows is the job's: every process skipped as many.
     int64_t rows = skipped * tr->world * cfg->batch_size;
-    sb_printf(&extra, ",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],\"skipped_batches\":%lld,\"rollbacks\":%lld,"
-              "\"skipped_rows\":%lld",
+    sb_printf(&extra,
+              ",\"skipped_from\":[%lld,%lld],\"skipped_to\":[%lld,%lld],\"skipped_batches\":%lld,"
+              "\"rollbacks\":%lld,\"skipped_rows\":%lld",
               (long long)st.data.epoch, (long long)st.data.index, (long long)here.epoch, (long long)here.index,
               (long long)skipped, (long long)rollbacks, (long long)rows);
     metrics_event(tr->log, "rollback", s + 1, extra.data);
@@ -3544,11 +3545,11 @@ static bool restart_replica(trainer *tr, int64_t s) {
     snprintf(extra, sizeof extra, "\"to\":\"outer_theta\",\"outer_step\":%lld,\"discarded_steps\":%lld,\"rollbacks\":%lld",
              (long long)tr->state.outer_step, (long long)discarded, (long long)rollbacks);
     metrics_event(tr->log, "rollback", s + 1, extra);
-    job_warn(tr, "step %lld: %lld bad steps in a row; this DiLoCo replica's weights start over from the group's θ of outer "
-         "step %lld (the work of its last %lld inner step(s) dropped; its next contribution counts the steps from "
-         "here); rollback %lld of max_rollbacks %lld",
-         (long long)s + 1, (long long)cfg->max_bad_steps, (long long)tr->state.outer_step, (long long)discarded,
-         (long long)rollbacks, (long long)cfg->max_rollbacks);
+    job_warn(tr, "step %lld: %lld bad steps in a row; this DiLoCo replica's weights start over from the group's θ "
+             "of outer step %lld (the work of its last %lld inner step(s) dropped; its next contribution counts the "
+             "steps from here); rollback %lld of max_rollbacks %lld",
+             (long long)s + 1, (long long)cfg->max_bad_steps, (long long)tr->state.outer_step, (long long)discarded,
+             (long long)rollbacks, (long long)cfg->max_rollbacks);
     return true;
 }
 
@@ -3576,13 +3577,14 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
     tr->state.bad_steps++;
     if (spike) {
         spike_event(tr, "spike", m, limits, s);
-        job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped (%lld in a "
-             "row, max_bad_steps %lld)",
-             (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
-             (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+        job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g): a spike, update skipped "
+                 "(%lld in a row, max_bad_steps %lld)",
+                 (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
+                 (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
     } else {
         job_warn(tr, "step %lld: loss %g, gradient norm %g: update skipped (%lld in a row, max_bad_steps %lld)",
-             (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps, (long long)cfg->max_bad_steps);
+                 (long long)s + 1, m->loss, m->grad_norm, (long long)tr->state.bad_steps,
+                 (long long)cfg->max_bad_steps);
     }
     if (tr->state.bad_steps < cfg->max_bad_steps) return false;
     // Simulated replicas (diloco_transport = local) stop: they write no checkpoints, and one
@@ -3609,11 +3611,11 @@ static bool count_bad_step(trainer *tr, const step_metrics *m, const step_limits
 // `spike_shift` event and a warning.
 static void accept_shift(trainer *tr, const step_metrics *m, const step_limits *limits, int64_t s) {
     spike_event(tr, "spike_shift", m, limits, s);
-    job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g), above a limit for the %lld steps before "
-         "it too and within %.0fx (loss) and %.0fx (norm) of them: a lasting shift, not a spike; step applied, the spike "
-         "guard's window starts over",
-         (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
-         (long long)tr->state.norm_spikes, SPIKE_SHIFT_MAX_LOSS_RATIO, SPIKE_SHIFT_MAX_RATIO);
+    job_warn(tr, "step %lld: loss %.4f (limit %.4f), gradient norm %.4g (limit %.4g), above a limit for the %lld "
+             "steps before it too and within %.0fx (loss) and %.0fx (norm) of them: a lasting shift, not a spike; step "
+             "applied, the spike guard's window starts over",
+             (long long)s + 1, m->loss, limits->max_loss, m->grad_norm, limits->max_grad_norm,
+             (long long)tr->state.norm_spikes, SPIKE_SHIFT_MAX_LOSS_RATIO, SPIKE_SHIFT_MAX_RATIO);
     tr->state.spikes.count = 0;
 }
 

@@ -917,7 +917,27 @@ bool checkpoint_config_value(const char *dir, const char *key, char *out, size_t
     return found;
 }
 
-static int64_t step_of_name(const char *dir);
+// The step DIR's last component names when it is a save's name (step_%08lld); -1 for any other
+// name (a directory the user named for resume).
+static int64_t step_of_name(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s", dir);
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = '\0';
+    const char *slash = strrchr(path, '/');
+    int64_t step;
+    return canonical_step(slash ? slash + 1 : path, "step_", &step) ? step : -1;
+}
+
+// false (why says so) when DIR's name is a save's name of another step than its state.json's:
+// a copy under another step's name, which would be resumed (or taken by init_from) as one step
+// and train from another, and ckpt_keep would order by the wrong one.
+static bool named_for_step(const char *dir, int64_t step, char *why, size_t why_bytes) {
+    int64_t named = step_of_name(dir);
+    if (named < 0 || named == step) return true;
+    snprintf(why, why_bytes, "its name says step %lld, its state.json says step %lld (a copied or renamed checkpoint)",
+             (long long)named, (long long)step);
+    return false;
+}
 
 // checkpoint_data_origin of one process: the weights and state.json verified, state.json read.
 static bool read_data_origin(const char *dir, data_origin *o, char *why, size_t why_bytes) {
@@ -939,12 +959,7 @@ static bool read_data_origin(const char *dir, data_origin *o, char *why, size_t 
         snprintf(why, why_bytes, "state.json: bad or missing batch_size, seq_len, seed or shuffle");
         ok = false;
     }
-    int64_t named = step_of_name(dir);
-    if (ok && named >= 0 && named != s.step) {   // as a resume refuses it (load_verified)
-        snprintf(why, why_bytes, "its name says step %lld, its state.json says step %lld (a copied or renamed checkpoint)",
-                 (long long)named, (long long)s.step);
-        ok = false;
-    }
+    ok = ok && named_for_step(dir, s.step, why, why_bytes);   // as a resume refuses it (load_verified)
     const json_value *config = json_get(&doc.root, "config");
     if (ok && config && config->type == JSON_STRING)
         config_text_value(config->string, "train_data", o->train_data, sizeof o->train_data);
@@ -1029,17 +1044,6 @@ bool checkpoint_verify_weights_file(const char *path, const comm *job, char *why
     return share_verdict(job, ok, why, why_bytes);
 }
 
-// The step DIR's last component names when it is a save's name (step_%08lld); -1 for any other
-// name (a directory the user named for resume).
-static int64_t step_of_name(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s", dir);
-    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = '\0';
-    const char *slash = strrchr(path, '/');
-    int64_t step;
-    return canonical_step(slash ? slash + 1 : path, "step_", &step) ? step : -1;
-}
-
 static bool open_in(const char *dir, const char *file, st_file *f, char *why, size_t why_bytes) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -1061,14 +1065,7 @@ static bool load_verified(const char *dir, const model_buffers *b, const shard_m
          holds_only(&f, "optimizer.safetensors", 2 * b->table->count, why, why_bytes);
     safetensors_close(&f);
     if (!ok || !read_state(dir, s, why, why_bytes)) return false;
-    int64_t named = step_of_name(dir);
-    if (named >= 0 && named != s->step) {
-        // A copy under another step's name: resuming it would say one step and train from
-        // another, and ckpt_keep would order it by the wrong one.
-        snprintf(why, why_bytes, "its name says step %lld, its state.json says step %lld (a copied or renamed checkpoint)",
-                 (long long)named, (long long)s->step);
-        return false;
-    }
+    if (!named_for_step(dir, s->step, why, why_bytes)) return false;
     int64_t n = split->local_numel;
     if (!all_finite(b->params, n)) {
         snprintf(why, why_bytes, "the weights hold NaN/Inf");
