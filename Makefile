@@ -77,10 +77,24 @@ else ifndef BLAS_LIBS
     MSG_BLAS := ✗ BLAS (using the slow built-in gemm; install libopenblas-openmp-dev)
   endif
 else
-  MSG_BLAS := ✓ BLAS: $(BLAS_LIBS) (from the command line)
+  # BLAS_LIBS alone: the CBLAS calls are what it is for (without -DUSE_CBLAS the built-in gemm
+  # was compiled while the line said ✓).
+  BLAS_CFLAGS ?= -DUSE_CBLAS
+  ifneq ($(findstring -DUSE_CBLAS,$(BLAS_CFLAGS)),)
+    MSG_BLAS := ✓ BLAS: $(BLAS_LIBS) (from the command line)
+  else
+    MSG_BLAS := ✗ BLAS: BLAS_LIBS given, but BLAS_CFLAGS lacks -DUSE_CBLAS (the slow built-in gemm)
+  endif
 endif
 CFLAGS_BASE += $(BLAS_CFLAGS)
 LDLIBS += $(BLAS_LIBS)
+
+# ---------------------------------------------------------------- pkg-config
+# PCRE2, zlib, libzstd and OpenSSL are found with it: without it each was reported missing
+# ("install ...-dev") though installed.
+ifeq ($(shell pkg-config --version >/dev/null 2>&1 && echo 1),)
+  MSG_PKG_CONFIG := ✗ pkg-config (not found: PCRE2, zlib, libzstd and OpenSSL are looked for with it; install pkg-config)
+endif
 
 # ---------------------------------------------------------------- PCRE2
 ifeq ($(NO_PCRE2),1)
@@ -174,6 +188,7 @@ all: info train_gpt
 
 info:
 	@echo "train_gpt build:"
+	$(if $(MSG_PKG_CONFIG),@echo "  $(MSG_PKG_CONFIG)")
 	@echo "  $(MSG_OPENMP)"
 	@echo "  $(MSG_BLAS)"
 	@echo "  $(MSG_PCRE2)"

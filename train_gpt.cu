@@ -2108,6 +2108,11 @@ static int setup_threads(const train_config *cfg) {
 #ifdef _OPENMP
     if (cfg->threads > 0) omp_set_num_threads((int)cfg->threads);
     threads = omp_get_max_threads();
+#else
+    if (cfg->threads > 1)   // it was dropped without a word
+        warn("threads = %lld: this train_gpt was built without OpenMP and runs on 1 thread; rebuild with a compiler "
+             "that has it (gcc: libgomp; clang: libomp-dev)",
+             (long long)cfg->threads);
 #endif
     gemm_set_threads(threads);
     warn_threads_over_cpus(threads);
@@ -3872,6 +3877,8 @@ static int train_run(train_config *cfg) {
     install_signal_handlers();
     tag_process_lines(cfg);
     config_check_files(cfg);
+    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "tcp") == 0) transport_tcp_check_built();
+    if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_built();
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
     setup_job(&tr);

@@ -26,7 +26,7 @@ ifneq ($(MPICC),)
   endif
 endif
 ifneq ($(HAVE_MPI),1)
-  MSG_MPI := ✗ MPI (diloco_transport = mpi unavailable: install libopenmpi-dev)
+  MSG_MPI := ✗ MPI (diloco_transport = mpi unavailable: $(if $(filter 1,$(NO_MPI)),NO_MPI=1,install libopenmpi-dev))
 endif
 MPIRUN := $(shell command -v mpirun 2>/dev/null)
 
@@ -44,7 +44,7 @@ ifeq ($(HAVE_OPENSSL),1)
   MSG_OPENSSL := ✓ OpenSSL libcrypto $(shell pkg-config --modversion libcrypto) (diloco_transport = tcp, train_gpt relay)
 else
   LIB_SRC += net/transport_tcp_none.c
-  MSG_OPENSSL := ✗ OpenSSL libcrypto (no tcp transport, no relay: install libssl-dev)
+  MSG_OPENSSL := ✗ OpenSSL libcrypto (no tcp transport, no relay: $(if $(filter 1,$(NO_OPENSSL)),NO_OPENSSL=1,install libssl-dev))
 endif
 
 # This file is included before the Makefile's `all`; keep `all` the default goal.

@@ -160,6 +160,11 @@ typedef struct {
 // error when the hub cannot be reached within connect_timeout_s or the handshake fails.
 transport *transport_tcp_open(const transport_options *o);
 transport *transport_mpi_open(const transport_options *o);
+// Fatal with the one-line error of a build that lacks it (tcp: OpenSSL; mpi: MPI), before the
+// run writes anything (out_dir's lock and metrics.jsonl were made first, then the open failed).
+void transport_tcp_check_built(void);
+void transport_mpi_check_built(void);
+bool transport_tcp_built(void);   // whether this build has the tcp transport (OpenSSL)
 // This process's rank in the MPI world (initializing MPI); fatal without MPI in the build.
 int transport_mpi_world_rank(void);
 // With diloco_transport = mpi every rank of the world is a replica, and each needs its own

@@ -547,10 +547,19 @@ static const transport_ops MPI_OPS = {.name = "mpi",
                                       .reducer_state = mpi_reducer_state,
                                       .restore_reducer = mpi_restore_reducer};
 
+void transport_mpi_check_built(void) {}
+
 #else  // no MPI in this build
 
+void transport_mpi_check_built(void) {
+    fail("diloco_transport: mpi, but this build has no MPI (install libopenmpi-dev or load your cluster's MPI "
+         "module, then rebuild)%s",
+         transport_tcp_built() ? "; or use diloco_transport = tcp" : "");
+}
+
 int transport_mpi_world_rank(void) {
-    fail("diloco_replica_id: -1 means 'the MPI rank', but this build has no MPI; set diloco_replica_id");
+    transport_mpi_check_built();
+    return -1;
 }
 
 char *transport_mpi_replica_out_dir(const char *out_dir, int replica_id) {   // no MPI world to share one
@@ -561,8 +570,8 @@ char *transport_mpi_replica_out_dir(const char *out_dir, int replica_id) {   // 
 
 transport *transport_mpi_open(const transport_options *o) {
     (void)o;
-    fail("diloco_transport: mpi, but this build has no MPI (install libopenmpi-dev or load your cluster's MPI "
-         "module, then rebuild); or use diloco_transport = tcp");
+    transport_mpi_check_built();
+    return NULL;
 }
 
 #endif

@@ -7,10 +7,17 @@
 
 #define INSTALL_HINT "install OpenSSL's libcrypto (Debian/Ubuntu: libssl-dev, RHEL: openssl-devel) and rebuild"
 
-transport *transport_tcp_open(const transport_options *o) {
-    (void)o;
+void transport_tcp_check_built(void) {
     fail("diloco_transport = tcp: this train_gpt was built without OpenSSL, which authenticates the replicas: "
          INSTALL_HINT);
+}
+
+bool transport_tcp_built(void) { return false; }
+
+transport *transport_tcp_open(const transport_options *o) {
+    (void)o;
+    transport_tcp_check_built();
+    return NULL;
 }
 
 int relay_main(int argc, char **argv) {

@@ -44,10 +44,12 @@ fi
 objects=""
 for s in $sources; do objects="$objects $dir/${s%.cu}.o"; done
 
-# 0. The build. MAKEFLAGS cleared: the caller's variables and jobserver are not this build's.
+# 0. The build. MAKEFLAGS cleared: the caller's jobserver is not this build's; and NO_CUDA= on
+# the command line, since `make test NO_CUDA=1` leaves NO_CUDA=1 in the environment (g++ then
+# compiled cuda/*.cu: "cuda_bf16.h: no such file").
 t0=$(date +%s)
 mkdir "$tmp/tmpdir"
-if TMPDIR="$tmp/tmpdir" MAKEFLAGS= MFLAGS= make --no-print-directory -j"$(nproc)" BUILD="$dir" HIP=1 HIP_CHECK=1 \
+if TMPDIR="$tmp/tmpdir" MAKEFLAGS= MFLAGS= make --no-print-directory -j"$(nproc)" BUILD="$dir" NO_CUDA= HIP=1 HIP_CHECK=1 \
     HIP_WERROR=1 HIP_ARCH="--offload-arch=$ARCH" $objects "$HIP_BIN" >"$tmp/build" 2>&1; then ok=0; else ok=1; fi
 [ "$ok" -eq 0 ] || tail -n 40 "$tmp/build"
 runs=$(grep -c -- "--offload-arch=$ARCH" "$tmp/build" || true)
@@ -101,7 +103,7 @@ else
 fi
 
 # 3. What `make HIP=1` says about this machine: the backend, or why not, in one line.
-line=$(MAKEFLAGS= MFLAGS= make --no-print-directory BUILD="$tmp/info" HIP=1 info 2>/dev/null | grep 'hipcc' || true)
+line=$(MAKEFLAGS= MFLAGS= make --no-print-directory BUILD="$tmp/info" NO_CUDA= HIP=1 info 2>/dev/null | grep 'hipcc' || true)
 if [ -n "$blaslt" ]; then want='✓ hipcc'; else want='✗ hipcc .* no hipblaslt/hipblaslt.h'; fi
 check "make HIP=1 reports it: $(echo $line)" sh -c "printf '%s\n' \"\$1\" | grep -q \"\$2\"" _ "$line" "$want"
 

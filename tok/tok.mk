@@ -20,7 +20,7 @@ ifeq ($(HAVE_ZLIB),1)
   LDLIBS += $(shell pkg-config --libs zlib)
   MSG_ZLIB := ✓ zlib $(shell pkg-config --modversion zlib) (prepare reads .gz)
 else
-  MSG_ZLIB := ✗ zlib (prepare cannot read .gz: install zlib1g-dev)
+  MSG_ZLIB := ✗ zlib (prepare cannot read .gz: $(if $(filter 1,$(NO_ZLIB)),NO_ZLIB=1,install zlib1g-dev))
 endif
 ifneq ($(NO_ZSTD),1)
   HAVE_ZSTD := $(shell pkg-config --exists libzstd 2>/dev/null && echo 1)
@@ -30,7 +30,7 @@ ifeq ($(HAVE_ZSTD),1)
   LDLIBS += $(shell pkg-config --libs libzstd)
   MSG_ZSTD := ✓ libzstd $(shell pkg-config --modversion libzstd) (prepare reads .zst)
 else
-  MSG_ZSTD := ✗ libzstd (prepare cannot read .zst: install libzstd-dev)
+  MSG_ZSTD := ✗ libzstd (prepare cannot read .zst: $(if $(filter 1,$(NO_ZSTD)),NO_ZSTD=1,install libzstd-dev))
 endif
 # A build with other choices (make NO_ZSTD=1, a library installed since) recompiles
 # prepare_stream.o: MSG_ZLIB and MSG_ZSTD are in the Makefile's BUILD_CONFIG.
