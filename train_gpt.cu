@@ -3191,10 +3191,16 @@ static void refuse_ignored_init_from(const train_config *cfg, const char *from) 
     char was[4200];
     if (!checkpoint_config_value(from, "init_from", was, sizeof was) || strcmp(was, cfg->init_from) == 0) return;
     char *a = was[0] ? realpath(was, NULL) : NULL, *b = realpath(cfg->init_from, NULL);
-    bool same = a && b && strcmp(a, b) == 0;   // the same file spelt otherwise
+    bool same = a && b && strcmp(a, b) == 0, gone = !b;   // the same file spelt otherwise; not there
     free(a);
     free(b);
     if (same) return;
+    if (gone) {   // a requeue that spells it otherwise, once the source was deleted, cannot be told apart
+        warn("init_from: '%s' is not there (deleted since the run began?); going on with out_dir's run, which began "
+             "%s%s%s",
+             cfg->init_from, was[0] ? "from '" : "without init_from", was, was[0] ? "'" : "");
+        return;
+    }
     fail("init_from: out_dir '%s' holds checkpoints of a run that began %s%s%s, and this run would resume '%s' "
          "without reading '%s': give this run its own out_dir (a run that starts from another's weights), or leave "
          "init_from out to go on with that run",
@@ -3452,9 +3458,9 @@ static int64_t rollback_bound(const trainer *tr, int64_t s) { return s - tr->sta
 
 // A warning about what every rank of a job decided alike (from all-reduced values: a skipped
 // step, a rollback, a shift of the loss): said once, by rank 0 (a job of 64 ranks printed each 64
-// times). Each DiLoCo replica over MPI is a job of its own and says its own.
+// times). Each DiLoCo replica decides on its own data and says its own: rank 0 of its job.
 static void PRINTF_LIKE(2, 3) job_warn(const trainer *tr, const char *fmt, ...) {
-    if (tr->rank != 0) return;
+    if (tr->job && comm_rank(tr->job) != 0) return;   // (tr->rank counts the replicas too)
     char line[4096];
     va_list ap;
     va_start(ap, fmt);

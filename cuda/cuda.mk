@@ -121,13 +121,11 @@ ifneq ($(HIPCC_USED),)
     HIP_LIB_DIR := $(sort $(dir $(HIP_BLASLT_LIB)) $(dir $(HIP_RUNTIME_LIB)))
     MSG_HIP := ✓ hipcc $(HIPCC_USED) (HIP $(HIPCC_VERSION)) + hipBLASLt: the HIP backend for $(HIP_ARCH_NAMES)
   endif
-  # nvcc's line says what became of it: asked away (HIP=1), or absent (hipcc chosen for that).
-  ifeq ($(HIP),1)
-    ifneq ($(NVCC),)
-      MSG_NVCC := ✗ nvcc $(NVCC) (not used: HIP=1)
+  # nvcc absent, hipcc chosen for that (with HIP=1 nvcc's line says so above: "not used").
+  ifneq ($(HIP),1)
+    ifeq ($(HAVE_HIP),1)
+      MSG_NVCC := ✗ nvcc (not found: hipcc builds the GPU backend)
     endif
-  else ifeq ($(HAVE_HIP),1)
-    MSG_NVCC := ✗ nvcc (not found: hipcc builds the GPU backend)
   endif
 else ifneq ($(HIPCC),)
   MSG_HIP := ✗ hipcc $(HIPCC) (not used: $(if $(NVCC),nvcc builds the GPU backend; HIP=1 would use it,NO_CUDA=1))

@@ -23,7 +23,8 @@
 #   7. init_from and a resume: into an out_dir that holds a run begun otherwise (the warm-up's
 #      own, as docs/diloco.md's BOOM recipe had it) is refused in one line (it resumed that
 #      run without a word, init_from unread); a requeue (the same init_from again) resumes even
-#      once the file it began from is gone (it stopped: "no such file"); a checkpoint renamed
+#      once the file it began from is gone (it stopped: "no such file"), also spelt otherwise
+#      (with a warning: it was refused, no path left to compare); a checkpoint renamed
 #      to another step is refused, as a resume refuses it (it was taken).
 . "$(dirname "$0")/lib.sh"
 tmp_with_processes
@@ -235,6 +236,10 @@ rc=0
 "$TRAIN_GPT" "${requeue[@]}" >"$tmp/requeue2.log" 2>&1 || rc=$?
 check "a requeue resumes though the file it began from is gone (rc $rc: $(grep -m1 error "$tmp/requeue2.log"))" \
     sh -c "[ $rc -eq 0 ] && grep -q 'resuming from .*step_00000003' '$tmp/requeue2.log' && [ -d '$tmp/requeue/step_00000006' ]"
+"$TRAIN_GPT" "${common[@]}" --max_steps 6 --init_from "$tmp/./begin.safetensors" --out_dir "$tmp/requeue" \
+    >"$tmp/requeue3.log" 2>&1 && rc=0 || rc=$?
+check "... and spelt otherwise once it is gone: resumed with a warning (rc $rc; it was refused: no realpath to compare)" \
+    sh -c "[ $rc -eq 0 ] && grep -q \"init_from: '$tmp/./begin.safetensors' is not there\" '$tmp/requeue3.log'"
 check "... and with another init_from, the same out_dir is refused in one line" \
     one_line_error "holds checkpoints of a run that began from '$tmp/begin.safetensors'" \
     --max_steps 8 --out_dir "$tmp/requeue" --init_from "$ckpt/model.safetensors"

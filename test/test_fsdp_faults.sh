@@ -215,9 +215,14 @@ check "np 2: the rollback said once, with the job's rows" \
            grep -q 'skipping the 3 micro-batches taken by each of the 2 processes since it (epoch 0 batch 5 up to epoch 0 batch 8; 24 rows of 32 tokens in all)' '$tmp/lines.log'"
 check "np 2: the rollback event's skipped_rows is the job's (3 micro-batches x 2 processes x 4 rows)" \
     grep -q '"event":"rollback",.*"skipped_batches":3,"rollbacks":1,"skipped_rows":24' "$tmp/lines/metrics.jsonl"
-"${MPIRUN[@]}" 2 "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 10 --threads 1 \
-    --log_every 5 --diloco_replicas 2 --diloco_transport mpi --diloco_inner_steps 5 --out_dir "$tmp/dlines" \
-    >"$tmp/dlines.log" 2>&1 || die "2 DiLoCo replicas over mpi: $(grep -m1 error "$tmp/dlines.log")"
+# A NaN gradient on replica 1 (its own data: its own decision, its own warning; the one-line
+# guard messages once printed only where the job-wide rank was 0, i.e. by replica 0 alone).
+dlines_args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 10 --threads 1 --log_every 5
+    --diloco_replicas 2 --diloco_transport mpi --diloco_inner_steps 5 --max_bad_steps 3 --out_dir "$tmp/dlines")
+"${MPIRUN[@]}" 1 "$TRAIN_GPT" "${dlines_args[@]}" : -np 1 -x TRAIN_GPT_FAULT=nan_grad:6 "$TRAIN_GPT" "${dlines_args[@]}" \
+    >"$tmp/dlines.log" 2>&1 || die "2 DiLoCo replicas over mpi: $(grep -m1 'error:' "$tmp/dlines.log")"
+check "DiLoCo over mpi: replica 1 says its own skipped step" \
+    grep -q '^train_gpt: replica 1: warning: step 7: .*update skipped' "$tmp/dlines.log"
 check "DiLoCo over mpi: each replica's step lines name it" \
     sh -c "grep -q '^replica 0 | step *5/10 | loss' '$tmp/dlines.log' && grep -q '^replica 1 | step *5/10 | loss' '$tmp/dlines.log' &&
            grep -q '^replica 1 | outer *1 | step' '$tmp/dlines.log' && ! grep -q '^step \|^outer ' '$tmp/dlines.log'"
