@@ -3737,14 +3737,19 @@ static void print_progress(const trainer *tr, const step_metrics *m, double mean
 // DiLoCo and fsdp_size > 1 or dp_replicate > 1 the job is one DiLoCo replica of all its ranks
 // (FSDP, HSDP: docs/fsdp.md#diloco-over-sharded-replicas); with DiLoCo and neither, every rank
 // is a replica of its own, as before.
+// Whether a launch's ranks are one job (one model sharded over them; with DiLoCo, one sharded
+// replica) rather than DiLoCo replicas of their own.
+static bool ranks_are_one_job(const train_config *cfg) {
+    return cfg->diloco_replicas == 0 || cfg->fsdp_size > 1 || cfg->dp_replicate > 1;
+}
+
 static void setup_job(trainer *tr) {
     train_config *cfg = tr->cfg;
     launch_info l = launch_detect();
-    bool diloco = cfg->diloco_replicas > 0;
-    bool sharded_replica = diloco && (cfg->fsdp_size > 1 || cfg->dp_replicate > 1);
+    bool sharded_replica = cfg->diloco_replicas > 0 && ranks_are_one_job(cfg);
     // Also the deadline of the start's collectives of DiLoCo over mpi (its replicas are no job).
     comm_set_timeout(cfg->comm_timeout_s);
-    if (l.size <= 1 || (diloco && !sharded_replica)) {
+    if (l.size <= 1 || !ranks_are_one_job(cfg)) {
         if (cfg->fsdp_size > 1 || cfg->dp_replicate > 1)
             fail("fsdp_size %lld / dp_replicate %lld: this process is the job's only rank; start the ranks with srun "
                  "or mpirun",
@@ -3864,8 +3869,7 @@ static bool skip_final_checkpoint(const trainer *tr) {
 static void tag_process_lines(const train_config *cfg) {
     launch_info l = launch_detect();
     if (l.size <= 1) return;
-    bool diloco = cfg->diloco_replicas > 0;
-    if (!diloco || cfg->fsdp_size > 1 || cfg->dp_replicate > 1) log_set_rank(l.rank, l.rank == 0);
+    if (ranks_are_one_job(cfg)) log_set_rank(l.rank, l.rank == 0);
     else if (strcmp(cfg->diloco_transport, "mpi") == 0)
         log_set_replica(l.rank);   // its replica id (another is refused: transport_mpi)
 }

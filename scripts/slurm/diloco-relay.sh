@@ -23,9 +23,9 @@ esac
 # relative one unreadable).
 case $secret in /*) ;; *) secret=$PWD/$secret ;; esac
 cd "$(dirname "$0")/../.."
-stopped() {
+stopped() {  # stopped WHY [STATUS]: the script ends (status 0 unless given), its relay not restarted
     echo "diloco-relay.sh: $(date '+%F %T') $1; not restarting" | tee -a relay.log >&2
-    exit 0
+    exit "${2:-0}"
 }
 # SIGINT or SIGTERM to this script stops its relay too: killed alone (`kill <pid>` after nohup),
 # the script once ended and left the relay running, holding the port. The relay runs in the
@@ -37,8 +37,9 @@ stop_relay() {
     [ -z "$relay_pid" ] || kill -TERM "$relay_pid" 2>/dev/null
 }
 trap stop_relay INT TERM
-quick_crashes=0   # crashes in a row within QUICK_S of the start: a relay that cannot run here
+quick_crashes=0   # crashes in a row within QUICK_S of the start: QUICK_MAX of them, a relay that cannot run here
 QUICK_S=10
+QUICK_MAX=5
 while :; do
     started_s=$SECONDS
     ./train_gpt relay --listen "0.0.0.0:$port" --secret_file "$secret" ${extra[@]+"${extra[@]}"} >>relay.log 2>&1 &
@@ -59,17 +60,12 @@ while :; do
     # 126/127: no runnable ./train_gpt here (missing, or built for another machine): no restart helps.
     [ "$rc" -eq 126 ] || [ "$rc" -eq 127 ] && { echo "diloco-relay.sh: ./train_gpt cannot run here (status $rc)" >&2; exit "$rc"; }
     # 132 (SIGILL): built with -march=native on another CPU; and any crash at start that comes
-    # back every time (5 in a row within QUICK_S s of their start): it was restarted for ever,
-    # RESTART_DELAY_S apart (107 times in 2 s at 0).
-    [ "$rc" -eq 132 ] && {
-        echo "diloco-relay.sh: ./train_gpt died of SIGILL (status 132): built for another CPU (-march=native); rebuild here, or with make NATIVE=0" | tee -a relay.log >&2
-        exit "$rc"
-    }
+    # back every time (QUICK_MAX in a row within QUICK_S s of their start): it was restarted for
+    # ever, RESTART_DELAY_S apart (107 times in 2 s at 0).
+    [ "$rc" -eq 132 ] && stopped "./train_gpt died of SIGILL (status 132): built for another CPU (-march=native); rebuild here, or with make NATIVE=0" "$rc"
     if [ $((SECONDS - started_s)) -lt "$QUICK_S" ]; then quick_crashes=$((quick_crashes + 1)); else quick_crashes=0; fi
-    if [ "$quick_crashes" -ge 5 ]; then
-        echo "diloco-relay.sh: the relay crashed (status $rc) within $QUICK_S s of its start 5 times in a row; not restarting (see relay.log)" | tee -a relay.log >&2
-        exit "$rc"
-    fi
+    [ "$quick_crashes" -ge "$QUICK_MAX" ] &&
+        stopped "the relay crashed (status $rc) within $QUICK_S s of its start $QUICK_MAX times in a row (see relay.log)" "$rc"
     echo "diloco-relay.sh: $(date '+%F %T') the relay ended (status $rc); restarting in $restart_delay_s s" >>relay.log
     sleep "$restart_delay_s" &
     wait $! || { kill $! 2>/dev/null; [ "$stopping" = 0 ] || stopped "diloco-relay.sh got SIGINT or SIGTERM"; }
