@@ -362,6 +362,13 @@ clean:
 BUILD_CONFIG_TEXT := CC=$(CC) | CFLAGS=$(CFLAGS) | CXX=$(CXX) | CXXFLAGS=$(CXXFLAGS) | LDLIBS=$(LDLIBS) | \
     NVCC=$(NVCC) | NVCC_FLAGS=$(NVCC_FLAGS) | CUDA_MODE=$(CUDA_MODE) | NCCL=$(MSG_NCCL) | MPI=$(MSG_MPI) | OPENSSL=$(MSG_OPENSSL) | \
     PCRE2=$(MSG_PCRE2) | BLAS=$(MSG_BLAS) | ZLIB=$(MSG_ZLIB) | ZSTD=$(MSG_ZSTD)
+# Not written by a dry run (make -n) or by goals that build nothing (make info, make clean): a
+# `make info NO_BLAS=1` would otherwise leave the next plain `make` to rebuild everything.
+BUILD_CONFIG_QUIET := $(and $(MAKECMDGOALS),$(if $(filter-out info clean,$(MAKECMDGOALS)),,1))
+ifeq ($(findstring n,$(firstword -$(MAKEFLAGS)))$(BUILD_CONFIG_QUIET),)
 BUILD_CONFIG_WRITTEN := $(shell mkdir -p $(BUILD) && \
     printf '%s\n' '$(subst ','"'"',$(BUILD_CONFIG_TEXT))' | sed 's/ *| */\n/g' > $(BUILD_CONFIG).new && \
     { cmp -s $(BUILD_CONFIG).new $(BUILD_CONFIG) && rm -f $(BUILD_CONFIG).new || mv $(BUILD_CONFIG).new $(BUILD_CONFIG); })
+endif
+# (a dry run in a fresh BUILD has none yet: this rule lets it list the build)
+$(BUILD_CONFIG): ;
