@@ -283,12 +283,12 @@ static void profile_end_step(kernel_profile *p) {
 static void profile_print(const kernel_profile *p) {
     int64_t n = p->steps - 1;
     if (n < 1) {
-        printf("train_gpt | kernel profile: needs at least 2 steps (the first is left out)\n");
+        banner("kernel profile: needs at least 2 steps (the first is left out)\n");
         return;
     }
     double total = 0.0;
     for (int f = 0; f < K_FAMILY_COUNT; f++) total += p->total_ms[f];
-    printf("train_gpt | kernel time per step (TRAIN_GPT_PROFILE, CUDA events, mean of %lld steps after the first):\n",
+    banner("kernel time per step (TRAIN_GPT_PROFILE, CUDA events, mean of %lld steps after the first):\n",
            (long long)n);
     int order[K_FAMILY_COUNT];
     for (int f = 0; f < K_FAMILY_COUNT; f++) order[f] = f;
@@ -300,10 +300,10 @@ static void profile_print(const kernel_profile *p) {
         }
     for (int i = 0; i < K_FAMILY_COUNT; i++) {
         int f = order[i];
-        printf("train_gpt |   %-30s %9.2f ms %6.1f %%\n", family_names[f], p->total_ms[f] / (double)n,
+        banner("  %-30s %9.2f ms %6.1f %%\n", family_names[f], p->total_ms[f] / (double)n,
                total > 0 ? 100.0 * p->total_ms[f] / total : 0.0);
     }
-    printf("train_gpt |   %-30s %9.2f ms\n", "total (first mark to last)", total / (double)n);
+    banner("  %-30s %9.2f ms\n", "total (first mark to last)", total / (double)n);
     fflush(stdout);
 }
 
@@ -735,12 +735,12 @@ static cuda_model *create(const param_table *t, int64_t B, int64_t T, recompute_
     }
     bool tiled_d = m->dims.D == 32 || m->dims.D == 64 || m->dims.D == 128;
     if (!sizing_only && m->attention == cuda_model::ATT_FA2 && HAVE_MMA_SYNC)
-        printf("train_gpt | attention: the register-resident kernels (cuda/attention_fa2.cuh)\n");
+        banner("attention: the register-resident kernels (cuda/attention_fa2.cuh)\n");
     else if (!sizing_only && m->attention != cuda_model::ATT_SIMPLE && tiled_d && attention_mfma_available())
-        printf("train_gpt | attention: the MFMA kernels (cuda/attention_mfma.cuh: AMD matrix cores; not yet run on "
+        banner("attention: the MFMA kernels (cuda/attention_mfma.cuh: AMD matrix cores; not yet run on "
                "an AMD GPU)\n");
     else if (!sizing_only && (m->attention == cuda_model::ATT_SIMPLE || !HAVE_NVIDIA_TENSOR_CORES))
-        printf("train_gpt | attention: the portable one-warp-per-row kernels (%s: slow at long sequences)\n",
+        banner("attention: the portable one-warp-per-row kernels (%s: slow at long sequences)\n",
                m->attention == cuda_model::ATT_SIMPLE ? "TRAIN_GPT_ATTENTION=simple"
                : HAVE_MFMA && tiled_d                 ? "this GPU has no v_mfma_f32_16x16x16bf16_1k"
                : HAVE_MFMA                            ? "head_dim other than 32, 64, 128"
@@ -1809,7 +1809,7 @@ static step_result gpu_step(backend *b, double lr, int64_t rows, const train_con
     if (g->steps_done == 1) {
         // The plan counts train_gpt's own buffers; the device also holds the CUDA context,
         // cuBLASLt's workspace and the allocator's own memory.
-        printf("train_gpt | gpu memory in use after the first step: %.2f GiB (cudaMemGetInfo; plan %.2f GiB)\n",
+        banner("gpu memory in use after the first step: %.2f GiB (cudaMemGetInfo; plan %.2f GiB)\n",
                (double)cuda_device_used_bytes() / 1073741824.0,
                (double)cuda_model_device_bytes(g->model) / 1073741824.0);
         fflush(stdout);
@@ -2302,27 +2302,27 @@ static void print_model_summary(const param_table *t, const train_config *cfg, i
     double state_gib = (double)t->numel * 16 / 1073741824.0;
     recompute_setting recompute = config_recompute(cfg);
     double act_gib = (double)cpu_model_plan_bytes(t, cfg->batch_size, m->seq_len, recompute) / 1073741824.0;
-    printf("train_gpt | model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
+    banner("model: %lld layers, d_model %lld, %lld/%lld heads of %lld, d_ff %lld, vocab %lld, seq %lld\n",
            (long long)m->n_layer, (long long)m->d_model, (long long)m->n_head, (long long)m->n_kv_head,
            (long long)m->head_dim, (long long)m->d_ff, (long long)m->vocab_size, (long long)m->seq_len);
     char all[32], matmul[32];
-    printf("train_gpt | parameters: %s (%s in matmuls, LM head counted once); %.3f GFLOP/token "
+    banner("parameters: %s (%s in matmuls, LM head counted once); %.3f GFLOP/token "
            "(6N + 12·L·Hq·D·T)\n",
            format_count((double)t->numel, all, sizeof all), format_count((double)model_matmul_params(t), matmul,
            sizeof matmul), model_flops_per_token(t) / 1e9);
     char label[64];
     plan_recompute_label(recompute, label, sizeof label);
-    printf("train_gpt | cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
+    banner("cpu memory: %.2f GiB weights+grads+AdamW (16 B/param) + %.2f GiB activations (recompute %s%s) "
            "= %.2f GiB\n",
            state_gib, act_gib, label, config_recompute_auto(cfg) ? "'s; auto: each mode below" : "",
            state_gib + act_gib);
     int64_t gpu_bytes = gpu_plan_bytes(t, cfg->batch_size, m->seq_len, config_recompute(cfg));  // -1: no CUDA backend
     if (gpu_bytes >= 0)
-        printf("train_gpt | gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
+        banner("gpu memory: %.2f GiB (fp32 weights, grads and AdamW + bf16 weights + activations, one "
                "device)\n",
                (double)gpu_bytes / 1073741824.0);
     char run_tokens[32];
-    printf("train_gpt | batch: %lld x %lld tokens x %lld accum x %lld process(es) = %lld tokens/step; %lld steps = "
+    banner("batch: %lld x %lld tokens x %lld accum x %lld process(es) = %lld tokens/step; %lld steps = "
            "%s tokens\n",
            (long long)cfg->batch_size, (long long)m->seq_len, (long long)cfg->grad_accum, (long long)processes,
            (long long)tokens_per_step, (long long)cfg->max_steps,
@@ -2354,13 +2354,13 @@ static void describe_inner(const train_config *cfg, char *out, size_t n) {
 
 static void print_banner(const trainer *tr) {
     print_model_summary(&tr->table, tr->cfg, tr->world);
-    printf("train_gpt | data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
+    banner("data: %llu train tokens (%lld micro-batches per epoch per process)%s\n",
            (unsigned long long)dataloader_total_tokens(tr->train), (long long)dataloader_batches_per_epoch(tr->train),
            tr->val ? "" : ", no validation set");
-    printf("train_gpt | cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
+    banner("cpu: %d threads, %s\n", tr->threads, gemm_backend_name());
     if (backend_device_bytes(tr->be) > 0) {
         const gpu_info *g = gpu_probe();
-        printf("train_gpt | gpu: %s (sm_%d%d, %.1f GiB), model %.2f GiB on the GPU, MFU against %.1f TFLOP/s%s\n",
+        banner("gpu: %s (sm_%d%d, %.1f GiB), model %.2f GiB on the GPU, MFU against %.1f TFLOP/s%s\n",
                g->name, g->cc_major, g->cc_minor, (double)g->memory_bytes / 1073741824.0,
                (double)backend_device_bytes(tr->be) / 1073741824.0, tr->peak_tflops,
                tr->peak_tflops > 0 ? "" : " (unknown: mfu is logged as null)");
@@ -2379,13 +2379,13 @@ static void print_banner(const trainer *tr) {
         if (gpu)
             snprintf(measured, sizeof measured, "; allocated on this GPU: %.2f MiB",
                      (double)backend_device_bytes(tr->be) / 1048576.0);
-        printf("train_gpt | fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s%s\n",
+        banner("fsdp: rank %d of %d, FSDP over %lld, %lld cop%s; planned per rank: %s%s\n",
                comm_rank(tr->job), comm_size(tr->job), (long long)cfg->fsdp_size, (long long)cfg->dp_replicate,
                cfg->dp_replicate == 1 ? "y" : "ies", line, measured);
     } else if (tr->device == DEVICE_CPU) {
         rank_memory plan = cpu_rank_plan(&tr->table, cfg, 1);
         plan_describe(&plan, line, sizeof line);
-        printf("train_gpt | planned memory: %s\n", line);
+        banner("planned memory: %s\n", line);
     }
     if (tr->outer) {
         char topk[48] = "";
@@ -2393,13 +2393,13 @@ static void print_banner(const trainer *tr) {
         char outer[256], inner[112];
         describe_outer(cfg, outer, sizeof outer);
         describe_inner(cfg, inner, sizeof inner);
-        printf("train_gpt | diloco: replica %d of %d, %s, %s, %s transport, %s outer gradients%s%s\n",
+        banner("diloco: replica %d of %d, %s, %s, %s transport, %s outer gradients%s%s\n",
                (int)cfg->diloco_replica_id, (int)cfg->diloco_replicas, inner, outer,
                cfg->diloco_transport, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         diloco_memory d = plan_diloco_memory(cfg, &tr->table, tr->group ? comm_size(tr->group) : 1);
         if (d.total > 0) {
             plan_describe_diloco(&d, line, sizeof line);
-            printf("train_gpt | diloco: outer state planned per rank (host memory): %s\n", line);
+            banner("diloco: outer state planned per rank (host memory): %s\n", line);
         }
     }
     fflush(stdout);
@@ -2450,11 +2450,11 @@ static void print_mode_table(const param_table *t, const train_config *cfg, int 
     double u = small ? 1048576.0 : 1073741824.0;
     const char *title = small ? "recompute (MiB)" : "recompute (GiB)";
     if (gpu_row >= 0)
-        printf("train_gpt |   %-22s %12s %10s %12s %10s   %s at %d (+ %.0f GiB headroom); the smallest group\n", title,
+        banner("  %-22s %12s %10s %12s %10s   %s at %d (+ %.0f GiB headroom); the smallest group\n", title,
                "cpu: activ.", "cpu: total", "gpu: activ.", "gpu: total", gpu_memory_name(gpu_row), world,
                gib(GPU_MEMORY_HEADROOM_BYTES));
     else
-        printf("train_gpt |   %-22s %12s %10s %12s %10s   GPUs that hold a rank (+ %.0f GiB headroom)\n", title,
+        banner("  %-22s %12s %10s %12s %10s   GPUs that hold a rank (+ %.0f GiB headroom)\n", title,
                "cpu: activ.", "cpu: total", "gpu: activ.", "gpu: total", gib(GPU_MEMORY_HEADROOM_BYTES));
     for (int i = 0; i < count; i++) {
         char label[64], fits[512];
@@ -2462,7 +2462,7 @@ static void print_mode_table(const param_table *t, const train_config *cfg, int 
         rank_memory cpu, gpu;
         rank_plan(t, cfg, world, false, modes[i], &cpu);
         if (!have_gpu || !rank_plan(t, cfg, world, true, modes[i], &gpu)) {
-            printf("train_gpt |   %-22s %12.2f %10.2f %12s %10s\n", label, (double)cpu.activations / u,
+            banner("  %-22s %12.2f %10.2f %12s %10s\n", label, (double)cpu.activations / u,
                    (double)cpu.total / u, "-", "-");
             continue;
         }
@@ -2477,7 +2477,7 @@ static void print_mode_table(const param_table *t, const train_config *cfg, int 
         } else {
             fitting_gpus(gpu.total, fits, sizeof fits);
         }
-        printf("train_gpt |   %-22s %12.2f %10.2f %12.2f %10.2f   %s\n", label, (double)cpu.activations / u,
+        banner("  %-22s %12.2f %10.2f %12.2f %10.2f   %s\n", label, (double)cpu.activations / u,
                (double)cpu.total / u, (double)gpu.activations / u, (double)gpu.total / u, fits);
     }
 }
@@ -2488,7 +2488,7 @@ static void print_mode_table(const param_table *t, const train_config *cfg, int 
 // smallest group each GPU needs. gpu_row: a row of llmc/device.h's table to single out, or -1.
 static void print_rank_plans(const param_table *t, const train_config *cfg, int world, int gpu_row) {
     char line[512], a[32], b[32];
-    printf("train_gpt | per rank, FSDP over %d (fsdp_reshard_after_forward %d, fsdp_prefetch %d; one micro-batch "
+    banner("per rank, FSDP over %d (fsdp_reshard_after_forward %d, fsdp_prefetch %d; one micro-batch "
            "of %lld x %lld):\n",
            world, (int)cfg->fsdp_reshard_after_forward, (int)cfg->fsdp_prefetch, (long long)cfg->batch_size,
            (long long)cfg->model.seq_len);
@@ -2497,11 +2497,11 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     if (d.total > 0) {
         plan_describe_diloco(&d, line, sizeof line);
         if (replicas > 1)
-            printf("train_gpt |   diloco outer state (host memory, this process's, shared by its %d replicas; 1/%d in "
+            banner("  diloco outer state (host memory, this process's, shared by its %d replicas; 1/%d in "
                    "each replica's cpu totals): %s\n",
                    replicas, replicas, line);
         else
-            printf("train_gpt |   diloco outer state (host memory, this rank's pieces; in the cpu totals): %s\n", line);
+            banner("  diloco outer state (host memory, this rank's pieces; in the cpu totals): %s\n", line);
     }
     rank_memory probe;
     bool have_gpu = rank_plan(t, cfg, world, true, RECOMPUTE_OFF, &probe);
@@ -2523,10 +2523,10 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     char label[64];
     plan_recompute_label(cpu_auto, label, sizeof label);
     if (pick >= 0)
-        printf("train_gpt |   recompute = auto on the cpu backend: %s (%s per rank; fits %s = %s)\n", label,
+        banner("  recompute = auto on the cpu backend: %s (%s per rank; fits %s = %s)\n", label,
                bytes_text(cpu_pick.total, a, sizeof a), where, bytes_text(budget, b, sizeof b));
     else
-        printf("train_gpt |   recompute = auto on the cpu backend: no mode fits %s = %s (a run stops with an error)\n",
+        banner("  recompute = auto on the cpu backend: no mode fits %s = %s (a run stops with an error)\n",
                where, bytes_text(budget, b, sizeof b));
     if (have_gpu && gpu_row >= 0) {
         int64_t gpu_budget = gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) / replicas;
@@ -2535,10 +2535,10 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
         char would_label[64];
         if (would >= 0) {
             plan_recompute_label(c[would], would_label, sizeof would_label);
-            printf("train_gpt |   recompute = auto on %s: %s (%s per rank; fits %s)\n", gpu_memory_name(gpu_row),
+            banner("  recompute = auto on %s: %s (%s per rank; fits %s)\n", gpu_memory_name(gpu_row),
                    would_label, bytes_text(gpu_pick.total, a, sizeof a), bytes_text(gpu_budget, b, sizeof b));
         } else {
-            printf("train_gpt |   recompute = auto on %s: no mode fits %s (a run stops with an error)\n",
+            banner("  recompute = auto on %s: no mode fits %s (a run stops with an error)\n",
                    gpu_memory_name(gpu_row), bytes_text(gpu_budget, b, sizeof b));
         }
     }
@@ -2549,9 +2549,9 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     rank_plan(t, cfg, world, false, cpu_mode, &cpu);
     plan_describe(&cpu, line, sizeof line);
     plan_recompute_label(cpu_mode, label, sizeof label);
-    printf("train_gpt |   cpu backend (fp32), recompute %s: %s\n", label, line);
+    banner("  cpu backend (fp32), recompute %s: %s\n", label, line);
     if (!have_gpu) {
-        printf("train_gpt |   gpu: this build has no CUDA model to size the activations (build with nvcc)\n");
+        banner("  gpu: this build has no CUDA model to size the activations (build with nvcc)\n");
         return;
     }
     recompute_setting gpu_mode = config_recompute(cfg);
@@ -2566,12 +2566,12 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     rank_plan(t, cfg, world, true, gpu_mode, &gpu);
     plan_describe(&gpu, line, sizeof line);
     plan_recompute_label(gpu_mode, label, sizeof label);
-    printf("train_gpt |   gpu (bf16 gathered weights%s), recompute %s: %s\n",
+    banner("  gpu (bf16 gathered weights%s), recompute %s: %s\n",
            world > 1 ? ", as the CUDA backend allocates them" : "", label, line);
     gpu_memory_fit(gpu.total, line, sizeof line);
-    printf("train_gpt |   fits each rank's GPU (plan + %.0f GiB headroom): %s\n", gib(GPU_MEMORY_HEADROOM_BYTES), line);
+    banner("  fits each rank's GPU (plan + %.0f GiB headroom): %s\n", gib(GPU_MEMORY_HEADROOM_BYTES), line);
     enum { MAX_RANKS = 1024 };
-    printf("train_gpt |   the smallest FSDP group that fits (same micro-batch, recompute %s):", label);
+    banner("  the smallest FSDP group that fits (same micro-batch, recompute %s):", label);
     for (int i = 0; i < gpu_memory_rows(); i++) {
         if (gpu_row >= 0 && i != gpu_row) continue;
         int n = smallest_fitting_world(t, cfg, gpu_mode, gpu_memory_bytes(i), MAX_RANKS);
@@ -2582,7 +2582,7 @@ static void print_rank_plans(const param_table *t, const train_config *cfg, int 
     }
     printf("\n");
     if (gpu_row >= 0)
-        printf("train_gpt |   %s at %d rank(s), recompute %s: %s\n", gpu_memory_name(gpu_row), world, label,
+        banner("  %s at %d rank(s), recompute %s: %s\n", gpu_memory_name(gpu_row), world, label,
                gpu.total <= gpu_memory_budget_bytes(gpu_memory_bytes(gpu_row)) ? "fits" : "does not fit");
 }
 
@@ -2619,7 +2619,7 @@ static void print_join_transfer(const param_table *t, const train_config *cfg, i
     int64_t bytes = theta_bytes + (with_m ? 4 * plan_pieces(t, ranks) : 0);
     double s = (double)bytes / link;
     char a[32], b[32], c[32];
-    printf("train_gpt | diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
+    banner("diloco: a replica that joins late or rejoins receives the group's state, θ%s in fp32: "
            "%.3f GB (%lld bytes%s), %s on the link",
            with_m ? " and the outer momentum" : " (no outer momentum)", (double)bytes / 1e9, (long long)bytes,
            ranks > 1 ? ", every rank its pieces over its own connection" : "", format_duration(s, a, sizeof a));
@@ -2700,7 +2700,7 @@ static void print_hub_load(const param_table *t, const train_config *cfg, int wo
     if (h.relays > 1)
         snprintf(relays, sizeof relays, "`relay --shards %d` (a thread per rank of a replica, ports p .. p + %d)",
                  h.relays, h.relays - 1);
-    printf("train_gpt | diloco: each of %d hub host(s) runs %s: about %s of CPU per outer step at the measured "
+    banner("diloco: each of %d hub host(s) runs %s: about %s of CPU per outer step at the measured "
            "%.1f GB of contributions per core-second (%s per thread); memory about %s (%s downlink residual + %s of "
            "segments on their way); ",
            h.hubs, relays, format_duration(h.cpu_s, a, sizeof a), PLAN_HUB_BYTES_PER_CORE_S / 1e9,
@@ -2735,17 +2735,17 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
         // the payload up and of the mean down, each way (a rank whose share holds one segment
         // more moves that more; until 2026-12 this printed the tcp hub's figures).
         double each_way = (M - 1) / M * (double)(x.payload_up + x.payload_down);
-        printf("train_gpt | diloco: per replica per outer step over mpi (%lld replicas, H = %lld, %lld fragment(s)): "
+        banner("diloco: per replica per outer step over mpi (%lld replicas, H = %lld, %lld fragment(s)): "
                "%.3f GB (%.0f bytes) each way on average over the ranks, (M - 1)/M of the payload (%s%s, %.3f "
                "B/param) and of the mean (%.3f B/param): an all-to-all of the segments, then an all-gather of the "
                "means; no hub\n",
                (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
                each_way / 1e9, each_way, cfg->diloco_quant, topk, (double)x.payload_up / N, (double)x.payload_down / N);
         up_s = down_s = each_way / link;
-        printf("train_gpt | diloco: on a %g Mbit/s link per rank: %s each way\n", link_mbps,
+        banner("diloco: on a %g Mbit/s link per rank: %s each way\n", link_mbps,
                format_duration(up_s, a, sizeof a));
     } else {
-        printf("train_gpt | diloco: per replica per outer step (%lld replicas, H = %lld, %lld fragment(s)): %.3f GB up "
+        banner("diloco: per replica per outer step (%lld replicas, H = %lld, %lld fragment(s)): %.3f GB up "
                "(%s%s, %.3f B/param, %lld bytes) and %.3f GB down (%.3f B/param, %lld bytes), framing (%.2f MB each way) "
                "included%s\n",
                (long long)cfg->diloco_replicas, (long long)cfg->diloco_inner_steps, (long long)cfg->diloco_fragments,
@@ -2755,7 +2755,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                                                            : "");
         up_s = (double)x.up / link, down_s = (double)x.down / link;
         int hubs = plan_hubs(cfg);   // each of K hubs reduces 1/K of the segments
-        printf("train_gpt | diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
+        banner("diloco: on a %g Mbit/s replica link: %s up, %s down (the mean comes back while the upload "
                "goes on); through each of %d hub(s) per outer step %.1f GB in, %.1f GB out: a hub link of %g Mbit/s "
                "each way keeps up\n",
                link_mbps, format_duration(up_s, a, sizeof a), format_duration(down_s, b, sizeof b), hubs,
@@ -2766,7 +2766,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
     bool decay_syncs = Hd > 0 && cfg->max_steps > D;
     if (decay_syncs) {  // whole-model syncs: every H to D, then every H_d, and the final one
         int64_t with = D / H + (cfg->max_steps - D + Hd - 1) / Hd, without = (cfg->max_steps + H - 1) / H;
-        printf("train_gpt | diloco: diloco_decay_inner_steps %lld: an outer step every %lld inner steps from step %lld "
+        banner("diloco: diloco_decay_inner_steps %lld: an outer step every %lld inner steps from step %lld "
                "(the decay phase): %lld outer steps in the run instead of %lld (%.2f× the bytes)\n",
                (long long)Hd, (long long)Hd, (long long)D, (long long)with, (long long)without,
                (double)with / (double)without);
@@ -2775,7 +2775,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
         double tokens = (double)(cfg->batch_size * cfg->model.seq_len * cfg->grad_accum) * (double)processes;
         double inner_s = inner_phase_s(t, cfg, world);  // tokens / GPUs: the same at any count
         double exchange_s = up_s > down_s ? up_s : down_s;
-        printf("train_gpt | diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %lld GPU(s) "
+        banner("diloco: the %lld inner steps take %s at 40%% MFU of %.0f TFLOP/s per GPU on %lld GPU(s) "
                "(%.0f tokens a step): the exchange is %.2f× the inner phase%s\n",
                (long long)cfg->diloco_inner_steps, format_duration(inner_s, a, sizeof a), cfg->peak_tflops,
                (long long)processes,
@@ -2783,7 +2783,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
                exchange_s > inner_s ? " — longer than the compute: larger H, a smaller codec or top-k" : "");
         if (decay_syncs) {
             double decay_s = inner_s * (double)Hd / (double)H;
-            printf("train_gpt | diloco: in the decay phase the %lld inner steps take %s: the exchange is %.2f× them%s\n",
+            banner("diloco: in the decay phase the %lld inner steps take %s: the exchange is %.2f× them%s\n",
                    (long long)Hd, format_duration(decay_s, a, sizeof a), exchange_s / decay_s,
                    exchange_s > decay_s ? " — training waits there" : "");
         }
@@ -2791,7 +2791,7 @@ static void print_diloco_traffic(const param_table *t, const train_config *cfg, 
         double step_s = inner_s / (double)cfg->diloco_inner_steps;
         double frag_s = (double)(x.fragment_up > x.fragment_down ? x.fragment_up : x.fragment_down) / link;
         double window_s = (double)cfg->diloco_overlap_steps * step_s;
-        printf("train_gpt | diloco: the largest of %lld fragment sync(s) takes %s on the link; diloco_overlap_steps "
+        banner("diloco: the largest of %lld fragment sync(s) takes %s on the link; diloco_overlap_steps "
                "%lld = %s of inner steps: %s\n",
                (long long)cfg->diloco_fragments, format_duration(frag_s, a, sizeof a),
                (long long)cfg->diloco_overlap_steps, format_duration(window_s, b, sizeof b),
@@ -2819,7 +2819,7 @@ static int train_plan(train_config *cfg, int world, int64_t processes, int gpu_r
     if (gpu_bytes >= 0) {
         char fit[512];
         gpu_memory_fit(gpu_bytes, fit, sizeof fit);
-        printf("train_gpt | fits one GPU (plan + %.0f GiB headroom): %s\n",
+        banner("fits one GPU (plan + %.0f GiB headroom): %s\n",
                (double)GPU_MEMORY_HEADROOM_BYTES / 1073741824.0, fit);
     }
     print_rank_plans(&t, cfg, world, gpu_row);
@@ -2829,7 +2829,7 @@ static int train_plan(train_config *cfg, int world, int64_t processes, int gpu_r
                         (double)cfg->max_steps;
         double seconds_at_40 = tokens * model_flops_per_token(&t) / (0.4 * cfg->peak_tflops * 1e12);
         char d[32], dw[32];
-        printf("train_gpt | at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s per device, the run takes %s on one device",
+        banner("at 40%% MFU of %.0f TFLOP/s: %.0f tokens/s per device, the run takes %s on one device",
                cfg->peak_tflops, 0.4 * cfg->peak_tflops * 1e12 / model_flops_per_token(&t),
                format_duration(seconds_at_40, d, sizeof d));
         if (processes > 1)
@@ -4280,7 +4280,7 @@ static local_result train_local(train_config *cfg, bool quiet) {
         char outer[256], inner[112];
         describe_outer(cfg, outer, sizeof outer);
         describe_inner(cfg, inner, sizeof inner);
-        printf("train_gpt | diloco (simulated in this process): %d replicas one after another, %s, %s, %s outer "
+        banner("diloco (simulated in this process): %d replicas one after another, %s, %s, %s outer "
                "gradients%s%s; validation on the global weights\n",
                M, inner, outer, cfg->diloco_quant, topk, cfg->diloco_error_feedback ? " with error feedback" : "");
         fflush(stdout);

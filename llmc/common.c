@@ -28,6 +28,14 @@ void log_set_replica(int replica) {
 
 const char *console_tag(void) { return console_prefix; }
 
+void banner(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("train_gpt | %s", console_prefix);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
 static void vprint_line(const char *prefix, const char *fmt, va_list ap) {
     char line[4096];
     vsnprintf(line, sizeof line, fmt, ap);

@@ -41,6 +41,9 @@ void log_set_rank(int rank, bool notes);
 // on stdout (console_tag(): "replica 1 | ", else "").
 void log_set_replica(int replica);
 const char *console_tag(void);
+// Prints "train_gpt | " and the line to stdout (what the run is, its plan and its memory): with
+// several DiLoCo replicas in one MPI job each says whose ("train_gpt | replica 1 | model: ...").
+void banner(const char *fmt, ...) PRINTF_LIKE(1, 2);
 // Prints "train_gpt: ..." to stderr (progress and notices; stdout stays for step lines).
 void note(const char *fmt, ...) PRINTF_LIKE(1, 2);
 

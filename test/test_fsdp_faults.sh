@@ -22,7 +22,8 @@
 #     (the device's and the threads' lines came from every rank untagged, before the job was
 #     set up); the rollback event's skipped_rows counts the job's rows (skipped_batches is each
 #     process's). Several DiLoCo replicas over mpi: every line, step lines too, names its
-#     replica (two "step 5/10" lines with different losses, neither saying whose).
+#     replica (two "step 5/10" lines with different losses, neither saying whose), and so does
+#     each replica's banner (two "train_gpt | model:" blocks interleaved).
 # The bounds wait for events (a checkpoint directory, the job's exit); the only clock is the
 # deadline for the job's end after the fault: comm_timeout_s (5 s) plus a margin of 60 s for
 # a loaded machine — a hang (the bug this guards against) never ends.
@@ -226,6 +227,9 @@ check "DiLoCo over mpi: replica 1 says its own skipped step" \
 check "DiLoCo over mpi: each replica's step lines name it" \
     sh -c "grep -q '^replica 0 | step *5/10 | loss' '$tmp/dlines.log' && grep -q '^replica 1 | step *5/10 | loss' '$tmp/dlines.log' &&
            grep -q '^replica 1 | outer *1 | step' '$tmp/dlines.log' && ! grep -q '^step \|^outer ' '$tmp/dlines.log'"
+check "DiLoCo over mpi: each replica's banner (model, plan, diloco lines) names it" \
+    sh -c "grep -q '^train_gpt | replica 1 | model: ' '$tmp/dlines.log' && grep -q '^train_gpt | replica 0 | diloco: replica 0 of 2' '$tmp/dlines.log' &&
+           ! grep '^train_gpt | ' '$tmp/dlines.log' | grep -v '^train_gpt | replica [01] | '"
 check "DiLoCo over mpi: every line on stderr names its replica" \
     sh -c "grep -q '^train_gpt: replica 1: checkpoint step_00000010 written' '$tmp/dlines.log' &&
            ! grep '^train_gpt: ' '$tmp/dlines.log' | grep -v '^train_gpt: replica [01]: '"
