@@ -9,6 +9,7 @@
 #include "llmc/plan.h"
 #include "llmc/quant.h"
 #include "net/transport.h"
+#include "net/wire.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -362,6 +363,34 @@ static char *rendezvous_of_rank(const char *rendezvous, int rank) {
 }
 
 static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes);
+
+// A sparse codec of few values per large block (diloco_topk 0.001, diloco_quant_block 4096,
+// int4: 960-byte chunks) made chunks the hub refused at every outer step: the replicas
+// rejoined, trained alone and exited 0 with no outer step applied.
+void diloco_check_chunks(const train_config *cfg) {
+    int kind = quant_kind_from_name(cfg->diloco_quant);
+    if (cfg->diloco_replicas <= 0 || kind < 0) return;
+    int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
+    int64_t keep = kind != QUANT_NONE && cfg->diloco_topk < 1 ? quant_topk_keep(cfg->diloco_topk, block) : 0;
+    size_t chunk = quant_encoded_bytes(quant_codec_of((quant_kind)kind, keep), segment, block);
+    if (strcmp(cfg->diloco_transport, "tcp") == 0 && chunk < WIRE_MIN_CHUNK_BYTES) {
+        int64_t least = keep;
+        while (least + 1 < block &&
+               quant_encoded_bytes(quant_codec_of((quant_kind)kind, least), segment, block) < WIRE_MIN_CHUNK_BYTES)
+            least++;
+        config_refuse("diloco_topk",
+                      "%g with diloco_quant_block %lld and diloco_quant %s keeps %lld value(s) a block: chunks of "
+                      "%zu bytes, under the tcp wire's least of %u (the hub refuses them); raise diloco_topk to %g or "
+                      "more, or lower diloco_quant_block",
+                      cfg->diloco_topk, (long long)block, cfg->diloco_quant, (long long)keep, chunk,
+                      WIRE_MIN_CHUNK_BYTES, (double)least / (double)block);
+    }
+    if (strcmp(cfg->diloco_transport, "mpi") == 0 && (uint64_t)cfg->diloco_replicas * chunk >= (uint64_t)INT32_MAX)
+        config_refuse("diloco_quant_block",
+                      "%lld with diloco_quant %s: the %lld replicas' chunks of a segment (%zu bytes each) pass "
+                      "MPI's int counts; lower diloco_quant_block",
+                      (long long)block, cfg->diloco_quant, (long long)cfg->diloco_replicas, chunk);
+}
 
 diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_identity *data, comm *group, metrics_log *log,
                     const volatile sig_atomic_t *stop) {

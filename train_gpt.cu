@@ -3889,6 +3889,7 @@ static int train_run(train_config *cfg) {
     config_check_files(cfg);
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "tcp") == 0) transport_tcp_check_built();
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_built();
+    diloco_check_chunks(cfg);
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
     setup_job(&tr);

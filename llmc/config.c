@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,18 +405,22 @@ static const char *source_of(const char *name) {
     return key_source[index][0] ? key_source[index] : "config";
 }
 
+void config_refuse(const char *key, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *src = source_of(key);
+    if (strncmp(src, "--", 2) == 0) fail("%s: %s", src, msg);
+    if (strcmp(src, "default") == 0) fail("%s (the default): %s", key, msg);
+    fail("%s: %s: %s", src, key, msg);
+}
+
 // A cross-key rule broke: name the first key and where it was set.
-#define RULE(ok, key, ...)                                                   \
-    do {                                                                     \
-        if (!(ok)) {                                                         \
-            char msg_[512];                                                  \
-            snprintf(msg_, sizeof msg_, __VA_ARGS__);                        \
-            const char *src_ = source_of(key);                               \
-            if (strncmp(src_, "--", 2) == 0) fail("%s: %s", src_, msg_);     \
-            if (strcmp(src_, "default") == 0)                                \
-                fail("%s (the default): %s", key, msg_);                     \
-            fail("%s: %s: %s", src_, key, msg_);                             \
-        }                                                                    \
+#define RULE(ok, key, ...)                   \
+    do {                                     \
+        if (!(ok)) config_refuse(key, __VA_ARGS__); \
     } while (0)
 
 // The outer optimizer's auto values. lr and μ both auto: Nesterov μ 0.9 at lr 0.2 for a run

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "llmc/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -169,6 +171,9 @@ void config_check_files(const train_config *cfg);
 // run's max_steps of them 2^53 (tokens_seen's bound in state.json). config_finish checks one
 // process; training and `train_gpt plan` check again with their processes.
 void config_check_tokens(const train_config *cfg, int64_t processes);
+// A rule across keys broke: fatal, naming `key`, where it was set (the command line, the file's
+// line, the default) and the message.
+NORETURN void config_refuse(const char *key, const char *fmt, ...) PRINTF_LIKE(2, 3);
 // The first step of the WSD schedule's decay phase: max_steps - round(decay_frac * max_steps),
 // rounded half away from zero; max_steps when there is none. config_finish refuses a
 // warmup_steps past it.

@@ -173,6 +173,30 @@ for rdv in "127.0.0.1:$(free_port)" "127.0.0.1:$(free_port),127.0.0.1:$(free_por
         sh -c "[ $rc -eq 75 ] && [ \$(grep -c '^train_gpt: error: cannot reach' '$tmp/err.txt') -eq 1 ] &&
                [ \$(grep -c '^train_gpt: error:' '$tmp/err.txt') -eq 1 ]"
 done
+# Payload chunks the wire refuses: a sparse codec of few values per large block (int4, 5 of 4096
+# kept: 960-byte chunks, under the least of 1024) was accepted, and the hub dropped the replica at
+# every outer step; both replicas trained alone and exited 0. Refused before out_dir is touched;
+# the least diloco_topk it names passes the check (the run then looks for its hub, status 75).
+rm -rf "$tmp/o_tcp"   # the runs above made it
+sparse=(--diloco_quant int4 --diloco_quant_block 4096 --diloco_error_feedback 1 --diloco_downlink bf16)
+expect_error "sparse chunks under the tcp wire's least" \
+    "\-\-diloco_topk: 0.001 with diloco_quant_block 4096 and diloco_quant int4 keeps 5 value(s) a block: chunks of 960 bytes, under the tcp wire's least of 1024 (the hub refuses them); raise diloco_topk to 0.00146484 or more" \
+    "$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_rendezvous "127.0.0.1:$(free_port)" "${sparse[@]}" --diloco_topk 0.001
+check "... and out_dir is not created" test ! -e "$tmp/o_tcp"
+rc=0
+"$TRAIN_GPT" "${base[@]}" "${tcp[@]}" --diloco_connect_timeout_s 1 --diloco_rendezvous "127.0.0.1:$(free_port)" \
+    "${sparse[@]}" --diloco_topk 0.00146484 >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+check "... the diloco_topk it names passes (the run goes on to look for its hub: rc $rc)" \
+    sh -c "[ $rc -eq 75 ] && grep -q '^train_gpt: error: cannot reach' '$tmp/err.txt'"
+rm -rf "$tmp/o_tcp"
+detect_mpi
+if [ "$HAVE_MPI" = 1 ]; then
+    expect_error "256 replicas' fp32 chunks past MPI's int counts" \
+        "\-\-diloco_quant_block: 1048576 with diloco_quant none: the 256 replicas' chunks of a segment (8388608 bytes each) pass MPI's int counts" \
+        "$TRAIN_GPT" "${base[@]}" --diloco_replicas 256 --diloco_transport mpi --diloco_quant none \
+        --diloco_quant_block 1048576 --out_dir "$tmp/o_mpi"
+    check "... and out_dir is not created" test ! -e "$tmp/o_mpi"
+fi
 expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5
 expect_error "relay --catch_up other than 0 or 1" "relay: --catch_up 2: expected a whole number from 0 to 1" \
