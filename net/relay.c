@@ -1918,6 +1918,48 @@ static int held_members(relay *h) {
 // Whether the group is being founded: it has closed no round and none is open.
 static bool founding(relay *h) { return h->status_known && h->last_closed_step < 0 && !h->round_open; }
 
+// A group being founded (no round yet) that a replica ahead of its founder joins is founded anew
+// from that replica. The founder may be a replica requeued from an older checkpoint that reached
+// a restarted relay first (or the hub lost every member): the others, further on, took its state
+// and the whole group went back to its outer step, saying nothing. The members of the old
+// founding leave the group: one held (no JOINED yet) is told to wait for the state; one already
+// training has its first contribution refused (not a member) and rejoins, taking the state then.
+static void refound_ahead(relay *h, int id) {
+    char ids[1200] = "";
+    int n = 0, held[WIRE_MAX_REPLICAS], n_held = 0;
+    int64_t was = h->status.outer_step;
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        replica *o = rep(h, i);
+        if (i == id || o->state != R_MEMBER) continue;
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, "%s%d", n++ ? " " : "", i);
+        if (o->held) {
+            o->held = false;
+            o->state = R_WAITING;
+            held[n_held++] = i;
+        } else {
+            o->state = R_CONNECTED;
+        }
+    }
+    found_group(h, id);
+    make_member(h, id);
+    rep(h, id)->held = true;
+    hub_log(h, "replica %d joined at outer step %lld (hash %016llx), ahead of the group being founded at outer step "
+               "%lld (no round yet): it founds the group anew; replica(s) [%s] take its state",
+            id, (long long)h->status.outer_step, (unsigned long long)h->status.param_hash, (long long)was, ids);
+    for (int k = 0; k < n_held; k++) send_joined(h, rep(h, held[k]), JOINED_WAIT);
+    // Those waiting already that are where the new founder is are members with it (settle_group).
+    for (int i = 0; i < WIRE_MAX_REPLICAS; i++) {
+        replica *o = rep(h, i);
+        if (o->state == R_WAITING && same_status(&o->status, &h->status)) {
+            make_member(h, i);
+            o->held = true;
+        }
+    }
+    release_held(h);
+    join_in_flight(h);
+}
+
 static void on_join(relay *h, int id, const wire_status *s) {
     replica *r = rep(h, id);
     // A JOIN from a member or a waiting replica starts its join over (it may have missed a
@@ -1957,6 +1999,8 @@ static void on_join(relay *h, int id, const wire_status *s) {
         hub_log(h, "replica %d joined: founds the group at outer step %lld (hash %016llx)", id,
                 (long long)s->outer_step, (unsigned long long)s->param_hash);
         release_held(h);
+    } else if (founding(h) && s->outer_step > h->status.outer_step) {
+        refound_ahead(h, id);
     } else if (h->status_known && same_status(s, &h->status) && !(h->round_open && h->contrib[id].left)) {
         make_member(h, id);
         r->held = founding(h) && held_members(h) > 0;
@@ -1970,6 +2014,15 @@ static void on_join(relay *h, int id, const wire_status *s) {
         hub_log(h, "replica %d joined at outer step %lld (hash %016llx): waits for the group's state at the next "
                    "round",
                 id, (long long)s->outer_step, (unsigned long long)s->param_hash);
+        // Ahead of the group (its last closed round's outer step + 1): the founder was behind and
+        // the group has had rounds since (refound_ahead is too late); it goes back.
+        int64_t closed = several_hubs(h) ? step_of(h->last_closed_step) : h->last_closed_step;
+        int64_t group = h->last_closed_step < 0 ? -1 : closed + 1;
+        if (group >= 0 && s->outer_step > group)
+            hub_log(h, "warning: replica %d is at outer step %lld, ahead of the group's %lld: it takes the group's "
+                       "state and loses %lld outer step(s) (the group was founded by a replica behind it: "
+                       "docs/diloco.md#membership-and-faults-tcp)",
+                    id, (long long)s->outer_step, (long long)group, (long long)(s->outer_step - group));
         join_in_flight(h);
     }
 }
