@@ -25,3 +25,5 @@ result=bench/results/$(date -u +%F)-attention-$gpu.txt
 } | tee "$result"
 [ -n "${OUT:-}" ] && cp "$result" "$OUT/"
 echo "bench/gpu/attention.sh: wrote $result"
+# Either side failing or timed out fails the script (the file keeps what ran).
+! grep -q '^# exit [1-9]' "$result"

@@ -222,3 +222,6 @@ emit "$(printf '%-12s %5s %3s %-6s %6s %6s | %10s %6s %8s %7s | %11s %6s %8s %14
     "${torch_mem:--} (${torch_alloc:--})" "${torch_attention:--}" "$ratio" \
     "$steps+$warmup $(date -u +%H:%MZ) $commit")"
 echo "bench/gpu: appended to $result"
+# The row is kept either way; the status says whether both sides ran (scripts/gpu_session.sh's
+# summary showed "exit 0" for rows that said failed).
+case "$ours_tps $torch_tps" in *failed* | *timeout*) exit 1 ;; esac
