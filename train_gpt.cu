@@ -1896,6 +1896,20 @@ static void probe_gpu(gpu_info *info) {
         snprintf(info->why, sizeof info->why,
                  "the " GPU_RUNTIME_NAME " runtime reports error %d (insufficient driver): this machine has no usable "
                  GPU_VENDOR " driver", (int)e);
+#if defined(__CUDACC__) && !defined(__HIPCC__) && defined(CUDART_VERSION)
+        // Error 35 also when there is a driver, older than this runtime (a CUDA 13 build needs
+        // 580 or newer; clusters run 535-570): "no driver" then sent users to look for one that
+        // nvidia-smi shows them.
+        int driver = 0;
+        if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+            snprintf(info->why, sizeof info->why,
+                     "the NVIDIA driver here supports CUDA up to %d.%d, and this binary was built with CUDA %d.%d "
+                     "(error 35, insufficient driver): build it with the toolkit the driver supports (module load "
+                     "cuda/%d.x; make clean && make) or update the driver",
+                     driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, driver / 1000);
+            info->present = true;
+        }
+#endif
         return;
     }
     if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
@@ -1948,7 +1962,23 @@ static void probe_gpu(gpu_info *info) {
     }
     cudaFuncAttributes attr;
     e = cudaFuncGetAttributes(&attr, probe_kernel);
+    // Only a missing kernel image asks for a rebuild; another error here is the GPU's (another
+    // process holds it in exclusive mode, it is full, an ECC error): it was told to rebuild.
+    bool no_image = e == cudaErrorNoKernelImageForDevice;
+#if defined(__HIPCC__)
+    no_image = no_image || e == hipErrorInvalidDeviceFunction;
+#elif defined(__CUDACC__)
+    no_image = no_image || e == cudaErrorInvalidDeviceFunction;
+#endif
+    if (e != cudaSuccess && !no_image) {
+        const char *hint = cuda_error_hint(e);
+        snprintf(info->why, sizeof info->why, "GPU %d (%s) cannot run this binary's kernels: error %d (%s)%s%s", dev,
+                 prop.name, (int)e, cudaGetErrorString(e), hint ? ": " : "", hint ? hint : "");
+        cudaGetLastError();
+        return;
+    }
     if (e != cudaSuccess) {
+        info->present = true;
 #if defined(__HIPCC__)
         snprintf(info->why, sizeof info->why,
                  "this binary has no kernels for GPU %d (%s, %s): error %d (%s); rebuild with "
@@ -3791,6 +3821,25 @@ static void setup_job(trainer *tr) {
     cfg->fsdp_size = fsdp;
     cfg->dp_replicate = copies;
     log_set_rank(rank, rank == 0);
+    // One backend for the job's ranks: a rank without a usable GPU (device = auto on a node or
+    // task given none, a driver too old) trained on the CPU while the others waited for it in
+    // NCCL's start, and after comm_timeout_s every rank blamed a dead rank (status 75: requeued,
+    // the same again).
+    double on_gpu = tr->device == DEVICE_CUDA ? 1.0 : 0.0;
+    double any_gpu = comm_max(tr->job, on_gpu), all_gpu = -comm_max(tr->job, -on_gpu);
+    if (any_gpu != all_gpu) {
+        if (on_gpu == 0.0 && strcmp(cfg->device, "cpu") == 0)
+            fail("device = cpu on this rank, but other ranks of the job train on a GPU; every rank trains on one "
+                 "backend: give them all the same device");
+        if (on_gpu == 0.0)
+            fail("device = %s: this rank has no usable GPU (the line above says why) and would train on the CPU, "
+                 "but other ranks of the job have one; every rank trains on one backend: give each rank a GPU (srun "
+                 "--gpus-per-task=1, or --gpus-per-node = tasks per node) or set device = cpu",
+                 cfg->device);
+        fail("device = %s: this rank trains on its GPU, but another rank of the job has none (its own line says "
+             "why); every rank trains on one backend",
+             cfg->device);
+    }
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fail("cannot silence rank %d's stdout", rank);
     note("job: %d ranks (%s), FSDP over %lld, %lld cop%s (HSDP)%s", size, l.launcher, (long long)fsdp,
          (long long)copies, copies == 1 ? "y" : "ies", sharded_replica ? ": one DiLoCo replica" : "");

@@ -142,6 +142,11 @@ device_kind device_choose(const char *key, const gpu_info *g, char *why, size_t 
                  g->cc_major, g->cc_minor, (double)g->memory_bytes / 1073741824.0, g->sm_count);
         return DEVICE_CUDA;
     }
+    if (want_auto && g->present) {
+        snprintf(why, why_bytes, "device = auto: this node has a GPU this binary cannot use: %s (set device = cpu to "
+                 "train on the CPU anyway)", g->why);
+        return DEVICE_ERROR;
+    }
     if (want_auto) {
         snprintf(why, why_bytes, "device = auto: no usable GPU (%s); training on the CPU", g->why);
         return DEVICE_CPU;

@@ -5,7 +5,10 @@
 //   cpu   → the CPU.
 //   auto  → the GPU if this build has the CUDA backend and the CUDA runtime finds a usable
 //           device (a driver, a device, compute capability ≥ 8.0, a kernel image for it);
-//           otherwise the CPU, with the reason (the caller prints it as a notice).
+//           otherwise the CPU, with the reason (the caller prints it as a notice) — but an
+//           error where a GPU is there that this binary cannot use for a reason the user can
+//           fix (gpu_info.present: a driver older than the runtime, no kernel image): a 1B
+//           model on the CPU of a GPU node looks like a hang.
 //   cuda  → the GPU, or DEVICE_ERROR with the reason (the caller makes it a fatal error).
 // On a machine without an NVIDIA driver the runtime returns error 35
 // (cudaErrorInsufficientDriver), and the probe makes that a one-line reason, not a crash; a
@@ -35,6 +38,9 @@ typedef enum {
 typedef struct {
     bool compiled;               // this build has the CUDA backend
     bool usable;                 // the CUDA backend can run on it
+    bool present;                // not usable, but a GPU is there that a driver update or a rebuild
+                                 // would let it use (a driver older than the runtime, no kernel
+                                 // image for it): auto refuses rather than train on the CPU
     char name[256];              // "NVIDIA H100 80GB HBM3"
     int cc_major, cc_minor;      // compute capability
     int64_t memory_bytes;        // total device memory

@@ -105,6 +105,24 @@ static void test_choose(void) {
     }
 }
 
+// A GPU there that this binary cannot use for a reason the user can fix (a driver older than the
+// CUDA runtime: error 35 with a driver version): auto refuses instead of training on the CPU
+// (a 1B model on a GPU node's CPU looked like a hang, after one note line).
+static void test_present_unusable(void) {
+    char why[700];
+    gpu_info old_driver = {0};
+    old_driver.compiled = true;
+    old_driver.present = true;
+    snprintf(old_driver.why, sizeof old_driver.why,
+             "the NVIDIA driver here supports CUDA up to 12.4, and this binary was built with CUDA 13.0");
+    EXPECT(device_choose("auto", &old_driver, why, sizeof why) == DEVICE_ERROR,
+           "auto with a GPU it cannot use (driver too old): an error, not the CPU");
+    EXPECT(strstr(why, "supports CUDA up to 12.4") && strstr(why, "device = cpu"), "auto's error says why and how to "
+           "train on the CPU anyway: %s", why);
+    EXPECT(device_choose("cpu", &old_driver, why, sizeof why) == DEVICE_CPU, "cpu stays the CPU");
+    EXPECT(device_choose("cuda", &old_driver, why, sizeof why) == DEVICE_ERROR, "cuda: an error");
+}
+
 static void test_mfu_peak(void) {
     char why[512];
     gpu_info h100 = usable_h100(), l40s = usable_h100();
@@ -183,6 +201,7 @@ int main(void) {
     test_memory_fit();
     test_memory_rows();
     test_choose();
+    test_present_unusable();
     test_mfu_peak();
     return check_summary("test_device");
 }

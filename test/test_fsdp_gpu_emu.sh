@@ -222,4 +222,15 @@ check "  param_hash equal on both replicas at every outer step (>= 3)" \
     all_hashes_agree 3 "$tmp/hs0/metrics.jsonl" "$tmp/hs1/metrics.jsonl"
 check "  the copies' weights agreed at every checkpoint (steps 2 to 8 written)" \
     test -d "$tmp/hs0/step_00000002" -a -d "$tmp/hs0/step_00000006" -a -d "$tmp/hs1/step_00000008"
+# A job whose ranks are on different backends (one rank without a usable GPU: device = auto on a
+# task given none) is refused at the start, by each rank in one line, status 1: the GPU ranks
+# waited in NCCL's start for the CPU one, and after comm_timeout_s every rank blamed a dead rank
+# (status 75, which the job scripts requeue). comm_timeout_s 120: a hang is a failure, not a wait.
+rc=0
+mixed=("${common[@]}" --grad_accum 2 --comm_timeout_s 120 --out_dir "$tmp/mixed")
+timeout 300 "${MPIRUN[@]}" 1 "$EMU" "${mixed[@]}" --device cuda : -np 1 "$EMU" "${mixed[@]}" --device cpu \
+    >"$tmp/mixed.log" 2>&1 || rc=$?
+check "ranks on a GPU and on the CPU: refused at the start, status 1 (rc $rc), each rank saying which it is" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'rank 1: error: device = cpu on this rank, but other ranks of the job train on a GPU' '$tmp/mixed.log' &&
+           grep -q 'rank 0: error: device = cuda: this rank trains on its GPU, but another rank of the job has none' '$tmp/mixed.log'"
 finish test_fsdp_gpu_emu
