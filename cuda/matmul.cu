@@ -236,8 +236,12 @@ static matmul_plan *plan_for(matmul_context *mc, const matmul_key *key) {
 #endif
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(mc->handle, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result,
-                                                &found));
+    // No algorithm comes back as CUBLAS_STATUS_NOT_SUPPORTED more often than as found = 0: both
+    // get the shape and the hint below (CUBLAS_CHECK's was that the GPU lacks bf16 tensor cores).
+    cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(mc->handle, p->desc, p->a, p->b, p->c, p->d, pref, 1,
+                                                              &result, &found);
+    if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+    else CUBLAS_CHECK(heuristic);
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) {
         fprintf(stderr,
