@@ -442,9 +442,7 @@ static void *take_bytes(cuda_model *m, int64_t bytes) {
     bytes = (bytes + 255) / 256 * 256;
     m->device_bytes += bytes;
     if (m->sizing_only || bytes == 0) return NULL;
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, (size_t)bytes));
-    return p;
+    return cuda_alloc((size_t)bytes, "the model's buffers", m->device_bytes - bytes);
 }
 #define TAKE(m, type, count) ((type *)take_bytes((m), (int64_t)(count) * (int64_t)sizeof(type)))
 

@@ -12,6 +12,7 @@
 #define TRAIN_GPT_CUDA_COMMON_CUH
 
 #include "cuda/portable.cuh"
+#include "llmc/common.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -48,6 +49,31 @@ inline void cuda_check_failed(cudaError_t e, const char *expr, const char *file,
     if (hint) fprintf(stderr, "---> HINT: %s\n", hint);
     fflush(stderr);
     exit(1);
+}
+
+// cudaMalloc of `bytes` for `what`: out of memory, one error line naming the bytes asked for,
+// those already held (held_bytes; -1 when not counted), the GPU's free memory, and what to
+// change (the runtime's own error named none of them, and the plan does not count what NCCL,
+// the CUDA context or another process holds). Other errors as CUDA_CHECK.
+inline void *cuda_alloc(size_t bytes, const char *what, int64_t held_bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaSuccess) return p;
+    if (e != cudaErrorMemoryAllocation) cuda_check_failed(e, what, __FILE__, __LINE__);
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) free_bytes = total_bytes = 0;
+    cudaGetLastError();
+    char asked[32], held[48] = "", free_s[32], total_s[32];
+    if (held_bytes >= 0) {
+        char n[32];
+        snprintf(held, sizeof held, ", with %s already taken", format_bytes((uint64_t)held_bytes, n, sizeof n));
+    }
+    fail("out of GPU memory: %s more asked for (%s)%s; the GPU has %s free of %s (NCCL, the CUDA context and other "
+         "processes hold some): lower batch_size (raise grad_accum to keep the tokens per step), set recompute = "
+         "selective or full, or shard the model (fsdp_size); `train_gpt plan CONFIG` shows the plan",
+         format_bytes(bytes, asked, sizeof asked), what, held, format_bytes(free_bytes, free_s, sizeof free_s),
+         format_bytes(total_bytes, total_s, sizeof total_s));
 }
 
 #define CUDA_CHECK(call)                                                           \

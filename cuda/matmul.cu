@@ -153,7 +153,7 @@ matmul_context *matmul_create(void) {
         exit(1);
     }
     CUBLAS_CHECK(cublasLtCreate(&mc->handle));
-    CUDA_CHECK(cudaMalloc(&mc->workspace, MATMUL_WORKSPACE_BYTES));
+    mc->workspace = cuda_alloc(MATMUL_WORKSPACE_BYTES, "the matmuls' workspace", -1);
     return mc;
 }
 

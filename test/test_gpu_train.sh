@@ -188,4 +188,14 @@ if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
         sh -c "[ $rc -eq 1 ] && grep -q '^train_gpt: error: .* has no algorithm for a [NT][NT] matmul m=[0-9]* n=[0-9]* k=' '$tmp/noalgo.log' &&
                ! grep -q 'tensor cores (compute capability' '$tmp/noalgo.log'"
 fi
+# Out of GPU memory: one error line naming the bytes asked for and for what, the GPU's free
+# memory, and what to change (the generic CUDA error named none). The emulator fails every
+# allocation over 64 KiB on request (the matmuls' 32 MiB workspace is the first).
+if [ "${GPU_TRAIN_EMULATED:-0}" = 1 ]; then
+    rc=0
+    TRAIN_GPT_EMU_MALLOC_MAX=65536 run "$tmp/oom" cuda --max_steps 1 --warmup_steps 0 --ckpt_every 0 || rc=$?
+    check "out of GPU memory: status 1 ($rc), one line with the bytes asked, held and free, and what to change" \
+        sh -c "[ $rc -eq 1 ] && [ \$(grep -c '^train_gpt: error:' '$tmp/oom.log') -eq 1 ] &&
+               grep -q '^train_gpt: error: out of GPU memory: .* more asked for (.*); the GPU has .* free of .*recompute = selective or full' '$tmp/oom.log'"
+fi
 finish test_gpu_train

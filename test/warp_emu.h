@@ -565,6 +565,9 @@ inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
     return cudaSuccess;
 }
 template <typename T> cudaError_t cudaMalloc(T **p, size_t bytes) {
+    // TRAIN_GPT_EMU_MALLOC_MAX=N: an allocation of more than N bytes fails, as on a full GPU.
+    static const char *max_env = getenv("TRAIN_GPT_EMU_MALLOC_MAX");
+    if (max_env && bytes > (size_t)strtoull(max_env, NULL, 10)) return *p = NULL, cudaErrorMemoryAllocation;
     *p = (T *)malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
