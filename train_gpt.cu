@@ -1926,7 +1926,11 @@ static void probe_gpu(gpu_info *info) {
     // A job of several ranks on a node: each rank takes the GPU of its rank on the node (where
     // the launcher shows each rank one GPU, that is GPU 0), before anything makes a context.
     launch_info l = launch_detect();
-    int dev = l.size > 1 && count > 1 ? l.local_rank % count : 0;
+    int dev = gpu_for_rank(l.local_rank, l.node_ranks, l.size, count, info->why, sizeof info->why);
+    if (dev < 0) {
+        info->present = true;
+        return;
+    }
     if (dev != 0) {
         e = cudaSetDevice(dev);
         if (e != cudaSuccess) {

@@ -155,6 +155,22 @@ device_kind device_choose(const char *key, const gpu_info *g, char *why, size_t 
     return DEVICE_ERROR;
 }
 
+int gpu_for_rank(int local_rank, int node_ranks, int size, int count, char *why, size_t why_bytes) {
+    if (why_bytes) why[0] = 0;
+    if (size <= 1 || count <= 1) return 0;
+    if (node_ranks > count) {
+        snprintf(why, why_bytes,
+                 "this node runs %d ranks of the job but shows %d GPUs: rank %d of the node would share GPU %d with "
+                 "rank %d, and each plans its memory as if it had the GPU alone; give every rank its own GPU (srun "
+                 "--gpus-per-node=%d, or --gpus-per-task=1) or run %d ranks per node",
+                 node_ranks, count, local_rank, local_rank % count, local_rank < count ? local_rank + count
+                                                                                        : local_rank - count,
+                 node_ranks, count);
+        return -1;
+    }
+    return local_rank % count;
+}
+
 double device_mfu_peak(device_kind kind, double configured, const gpu_info *g, char *why, size_t why_bytes) {
     if (why_bytes) why[0] = 0;
     if (configured > 0) return configured;

@@ -54,6 +54,13 @@ typedef struct {
 // used, or the error.
 device_kind device_choose(const char *device_key, const gpu_info *gpu, char *why, size_t why_bytes);
 
+// Which of the `count` GPUs this process sees a rank takes: its rank on the node (local_rank of
+// node_ranks; GPU 0 for a job of one rank, or where each rank sees one GPU, as under srun
+// --gpus-per-task=1). -1, with the reason in why, when the node runs more ranks than it shows
+// GPUs (count > 1): two ranks would share one GPU, each planning its memory as if it had it alone
+// (they ran out of memory, or NCCL refused the duplicate GPU with an unhelpful error).
+int gpu_for_rank(int local_rank, int node_ranks, int size, int count, char *why, size_t why_bytes);
+
 // Dense bf16 TFLOP/s of one device (one GCD for MI250X); false if the GPU is unknown.
 bool gpu_peak_tflops(const char *name, int cc_major, int cc_minor, double *tflops);
 

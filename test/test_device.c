@@ -123,6 +123,19 @@ static void test_present_unusable(void) {
     EXPECT(device_choose("cuda", &old_driver, why, sizeof why) == DEVICE_ERROR, "cuda: an error");
 }
 
+// A rank's GPU: its rank on the node; GPU 0 alone or where each rank sees one GPU; refused where
+// the node runs more ranks than it shows GPUs (local_rank % count wrapped round, silently).
+static void test_gpu_for_rank(void) {
+    char why[600];
+    EXPECT(gpu_for_rank(0, 1, 1, 8, why, sizeof why) == 0 && !why[0], "a job of one rank: GPU 0");
+    EXPECT(gpu_for_rank(3, 4, 8, 4, why, sizeof why) == 3, "4 ranks on a node of 4 GPUs: rank 3 takes GPU 3");
+    EXPECT(gpu_for_rank(3, 4, 8, 1, why, sizeof why) == 0, "--gpus-per-task=1 (each sees one GPU): GPU 0");
+    EXPECT(gpu_for_rank(5, 8, 16, 4, why, sizeof why) == -1, "8 ranks on a node of 4 GPUs: refused");
+    EXPECT(strstr(why, "8 ranks of the job but shows 4 GPUs") && strstr(why, "share GPU 1 with rank 1") &&
+               strstr(why, "--gpus-per-node=8"),
+           "the refusal names the ranks, the GPU they share and the fix: %s", why);
+}
+
 static void test_mfu_peak(void) {
     char why[512];
     gpu_info h100 = usable_h100(), l40s = usable_h100();
@@ -202,6 +215,7 @@ int main(void) {
     test_memory_rows();
     test_choose();
     test_present_unusable();
+    test_gpu_for_rank();
     test_mfu_peak();
     return check_summary("test_device");
 }
