@@ -114,6 +114,9 @@ inline ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
 inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) { return *e = ncclSuccess, ncclSuccess; }
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                   cudaStream_t stream) {
+    // NCCL_EMU_REMOTE_ERROR=1: the gather answers as NCCL does when a peer or the network is
+    // gone (test/test_fsdp_gpu_emu.sh: the trainer must exit 75, which requeues).
+    if (getenv("NCCL_EMU_REMOTE_ERROR")) return ncclRemoteError;
     MPI_Datatype t = nccl_emu::mpi_type(type);
     size_t bytes = count * nccl_emu::type_bytes(type);
     emu::enqueue(stream, [=] {

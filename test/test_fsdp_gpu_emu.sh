@@ -233,4 +233,12 @@ timeout 300 "${MPIRUN[@]}" 1 "$EMU" "${mixed[@]}" --device cuda : -np 1 "$EMU" "
 check "ranks on a GPU and on the CPU: refused at the start, status 1 (rc $rc), each rank saying which it is" \
     sh -c "[ $rc -eq 1 ] && grep -q 'rank 1: error: device = cpu on this rank, but other ranks of the job train on a GPU' '$tmp/mixed.log' &&
            grep -q 'rank 0: error: device = cuda: this rank trains on its GPU, but another rank of the job has none' '$tmp/mixed.log'"
+# A collective that fails for a peer or the network (ncclRemoteError, ncclSystemError) exits 75,
+# which the job scripts requeue, as the same loss seen asynchronously does (it exited 1: the
+# requeue chain ended).
+rc=0
+timeout 300 "${MPIRUN[@]}" 2 -x NCCL_EMU_REMOTE_ERROR=1 "$EMU" "${common[@]}" --device cuda --grad_accum 2 \
+    --out_dir "$tmp/remote" >"$tmp/remote.log" 2>&1 || rc=$?
+check "a collective's remote error: status 75 (rc $rc), the call and the group named" \
+    sh -c "[ $rc -eq 75 ] && grep -q 'rank [01]: error: NCCL: .* failed on rank [01] of the fsdp group: .*exiting with status 75' '$tmp/remote.log'"
 finish test_fsdp_gpu_emu
