@@ -197,9 +197,12 @@ typedef struct {
     // before (one bit each), which the donor sends again after the rest (STATE_AGAIN). NULL: none.
     uint8_t *lacks;
     // With several hubs: a replica that caught up through its primary follows this hub
-    // (FOLLOW_CATCHUP): its first round here waits for it until it begins a contribution, as the
-    // primary's does (it began its inner phase a catch-up mean after the others).
+    // (FOLLOW_CATCHUP): its first round here waits for it as the primary's does (it began its
+    // inner phase a catch-up mean after the others), timeout_s plus as long as its state took
+    // (transfer_delay_s, from follow_waiting_since_s), not until it begins a contribution.
     bool follow_held;
+    // When its FOLLOW of no round came (it waits for its state through its primary); 0: none.
+    double follow_waiting_since_s;
 } replica;
 
 struct relay {
@@ -1406,7 +1409,7 @@ static bool catchup_delivered(const relay *h, const replica *r) {
 static bool in_transfer(const relay *h, int id) {
     const replica *r = &h->reps[id];
     return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) ||
-           (r->catching_up && !catchup_delivered(h, r)) || r->state_draining || r->donating || r->follow_held;
+           (r->catching_up && !catchup_delivered(h, r)) || r->state_draining || r->donating;
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -2091,6 +2094,15 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     make_member(h, id);
     r->member_from = m->first_round;
     r->follow_held = (m->flags & FOLLOW_CATCHUP) && m->first_round != INT64_MAX;
+    // Its first round here waits, past timeout_s, as long as its state took through its primary
+    // (from its FOLLOW of no round to this one), as the primary's rounds wait for a catch-up
+    // joiner (transfer_delay_s): a bound. Held until it began a contribution, a joiner whose
+    // trainer hung while its heartbeats went on held this hub's rounds for ever, and the others'
+    // uploads counted as held, not stuck.
+    double now_s = wall_seconds();
+    if (r->follow_held && r->follow_waiting_since_s > 0) r->transfer_delay_s = now_s - r->follow_waiting_since_s;
+    if (m->first_round != INT64_MAX) r->follow_waiting_since_s = 0;
+    else if (r->follow_waiting_since_s == 0) r->follow_waiting_since_s = now_s;
     // The replicas that find a hub back follow it at about the same moment (each from a step or
     // two after its own next one): until the group has had a round, they all start from its
     // founder's first round, so that they agree on the step the hub takes its share again.

@@ -642,6 +642,33 @@ def scenario_follow_catchup(port, secret):
     return None
 
 
+def scenario_follow_held_silent(port, secret):
+    # Several hubs: replica 1 follows this hub after catching up through its primary (FOLLOW's
+    # catch-up flag), having followed it from no round while its state came (1 s), and then never
+    # contributes (its trainer hung; its heartbeats go on). Its first round waited until it began
+    # a contribution, for ever; now timeout_s plus the time its state took: round 0 closes
+    # without it, and it is told it was evicted.
+    global HUBS
+    HUBS = 2
+    a = Replica(port, secret, 0)
+    a.join(0, 0xAAA)
+    b = Replica(port, secret, 1)
+    b.ctl.send(FOLLOW, struct.pack("<qQqII", 0, 0xBBB, (1 << 63) - 1, 0, 0))   # from no round: waits for its state
+    if not b.wait(lambda: len(b.got.get(JOINED, [])) >= 1, 10, [a]):
+        return "the first FOLLOW was not answered"
+    b.pump(time.time() + 1.0)   # its state takes 1 s through its primary
+    b.ctl.send(FOLLOW, struct.pack("<qQqII", 0, 0xBBB, 0, 1, 0))   # caught up: from round 0, held
+    if not b.wait(lambda: len(b.got.get(JOINED, [])) >= 2, 10, [a]):
+        return "the catch-up FOLLOW was not answered"
+    a.contribute(0, VALUES, SEG)
+    a.upload(0, VALUES, SEG)
+    if not a.wait(lambda: ROUND in a.got, 30, [b]):
+        return "round 0 did not close within 30 s (timeout_s 3, its state 1 s): the silent follower held it"
+    if not b.wait(lambda: EVICTED in b.got, 10, [a]):
+        return "round 0 closed but the follower was not told it was evicted"
+    return closes_with(a, [0])
+
+
 def scenario_follow_one_hub(port, secret):
     # FOLLOW (a frame of runs with several hubs) to a hub its AUTH said is the only one: dropped,
     # as DONE and HOLD are (it was taken: a joiner of one hub could leave its transfer hanging).

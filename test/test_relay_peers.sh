@@ -31,6 +31,8 @@
 #                      segments past its end and crashed)
 #   keep_claim         a CONTRIBUTE of block 2^23 keeping 2^22 values: refused (the hub exited on
 #                      the codecs' internal check)
+#   follow_held_silent (several hubs) a follower that caught up through its primary and never
+#                      contributes: its first round waits timeout_s plus its state's time, not for ever
 #   follow_catchup     (several hubs) a catch-up joiner that sends FOLLOW before CAUGHT_UP: its join
 #                      ends, the donor's next round closes (it waited for it for ever)
 #   follow_one_hub     FOLLOW to the only hub: dropped, as DONE and HOLD are
@@ -133,6 +135,9 @@ check "resized_short: replica 0 evicted for its chunk's size" \
 run_scenario keep_claim
 check "keep_claim: one line drops replica 0" in_log keep_claim "replica 0 .* dropped: .*the block is over 2^20 values"
 
+run_scenario follow_held_silent
+check "follow_held_silent: the follower evicted as late for round 0" \
+    in_log follow_held_silent "replica 1 .* evicted: late for round 0 .*: no contribution"
 run_scenario follow_catchup
 check "follow_catchup: its FOLLOW ended its join and the transfer" \
     in_log follow_catchup "state transfer from replica 0 aborted (no joiner left)"
