@@ -264,13 +264,46 @@ void gpu_alltoall(gpu_comm *g, const float *send, int64_t n, float *recv, cudaSt
     nccl_check(g, nccl.group_end(), "ncclGroupEnd");
 }
 
+// Aborting a communicator after a peer died may block (NCCL may wait for the node's other ranks
+// to abort too, or for a kernel of another communicator still spinning), and so may the exit's
+// teardown: nothing else timed it, and the job sat until its walltime instead of exiting 75 to
+// be requeued. A thread ends the process with status EXIT_TEMPFAIL comm_timeout_s after this.
+typedef struct {
+    double seconds;
+    int rank;
+    const char *name;
+} abort_deadline;
+
+static void *abort_deadline_thread(void *arg) {
+    const abort_deadline *d = (const abort_deadline *)arg;
+    struct timespec nap = {(time_t)d->seconds, (long)((d->seconds - (double)(time_t)d->seconds) * 1e9)};
+    nanosleep(&nap, NULL);
+    fprintf(stderr, "train_gpt: error: fsdp: rank %d of the %s group: aborting its " GPU_COLLECTIVES " communicators "
+            "took more than %.0f s (comm_timeout_s); exiting with status %d so that the job can be requeued\n",
+            d->rank, d->name, d->seconds, EXIT_TEMPFAIL);
+    fflush(stderr);
+    _exit(EXIT_TEMPFAIL);
+    return NULL;
+}
+
+static void abort_within_deadline(gpu_comm *g, gpu_comm *also) {
+    static abort_deadline d;   // once: the process ends after it
+    d.seconds = comm_timeout() > 0 ? comm_timeout() : 600.0;
+    d.rank = g ? g->rank : -1;
+    d.name = g ? g->name : "?";
+    pthread_t t;
+    if (pthread_create(&t, NULL, abort_deadline_thread, &d) == 0) pthread_detach(t);
+    if (g) nccl.comm_abort(g->nccl);
+    if (also) nccl.comm_abort(also->nccl);
+}
+
 // NCCL's asynchronous error of g, if any: the communicator is aborted and the run ends with one line.
 static void check_async(gpu_comm *g, const char *what) {
     ncclResult_t async = ncclSuccess;
     if (!g || nccl.comm_get_async_error(g->nccl, &async) != ncclSuccess || async == ncclSuccess ||
         async == ncclInProgress)
         return;
-    nccl.comm_abort(g->nccl);
+    abort_within_deadline(g, NULL);
     fail_with_status(EXIT_TEMPFAIL,
                      GPU_COLLECTIVES ": %s: rank %d of the %s group: %s (a rank of the job died or its link failed); "
                      "exiting with status %d so that the job can be requeued",
@@ -288,8 +321,7 @@ void gpu_comm_wait(gpu_comm *g, gpu_comm *also, cudaEvent_t done, const char *wh
         check_async(g, what);
         check_async(also, what);
         if (wall_seconds() - t0 > timeout) {
-            nccl.comm_abort(g->nccl);
-            if (also) nccl.comm_abort(also->nccl);
+            abort_within_deadline(g, also);
             fail_with_status(EXIT_TEMPFAIL,
                              "fsdp: rank %d of the %s group waited %.0f s (comm_timeout_s) for %s: another rank died "
                              "or hangs; exiting with status %d so that the job can be requeued",

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -110,8 +111,16 @@ inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     delete comm;
     return ncclSuccess;
 }
-inline ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
-inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) { return *e = ncclSuccess, ncclSuccess; }
+// NCCL_EMU_ASYNC_ERROR=1: every communicator reports a peer's loss asynchronously;
+// NCCL_EMU_ABORT_HANGS=1: aborting one then never returns (as NCCL's abort may, when a peer died:
+// test/test_fsdp_gpu_emu.sh: the trainer must still exit 75 within comm_timeout_s).
+inline ncclResult_t ncclCommAbort(ncclComm_t) {
+    while (getenv("NCCL_EMU_ABORT_HANGS")) pause();
+    return ncclSuccess;
+}
+inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t *e) {
+    return *e = getenv("NCCL_EMU_ASYNC_ERROR") ? ncclRemoteError : ncclSuccess, ncclSuccess;
+}
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                   cudaStream_t stream) {
     // NCCL_EMU_REMOTE_ERROR=1: the gather answers as NCCL does when a peer or the network is

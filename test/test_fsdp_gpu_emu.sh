@@ -241,4 +241,14 @@ timeout 300 "${MPIRUN[@]}" 2 -x NCCL_EMU_REMOTE_ERROR=1 "$EMU" "${common[@]}" --
     --out_dir "$tmp/remote" >"$tmp/remote.log" 2>&1 || rc=$?
 check "a collective's remote error: status 75 (rc $rc), the call and the group named" \
     sh -c "[ $rc -eq 75 ] && grep -q 'rank [01]: error: NCCL: .* failed on rank [01] of the fsdp group: .*exiting with status 75' '$tmp/remote.log'"
+# A peer's loss seen asynchronously, and the communicator's abort then blocking (as NCCL's may
+# when a peer died): the rank still exits 75 within comm_timeout_s of the abort (it sat until the
+# job's walltime). comm_timeout_s 5; the outer timeout of 120 s is the hang's verdict. (The
+# model's stream deferred: the host's wait finds its event not ready and looks for NCCL's
+# asynchronous error, as on a GPU.)
+rc=0
+timeout 120 "${MPIRUN[@]}" 2 -x NCCL_EMU_ASYNC_ERROR=1 -x NCCL_EMU_ABORT_HANGS=1 -x TRAIN_GPT_EMU_DEFER=first "$EMU" "${common[@]}" --device cuda \
+    --grad_accum 2 --comm_timeout_s 5 --out_dir "$tmp/abort" >"$tmp/abort.log" 2>&1 || rc=$?
+check "an abort that blocks after a peer's loss: status 75 (rc $rc), said in one line" \
+    sh -c "[ $rc -eq 75 ] && grep -q 'error: fsdp: rank [01] of the fsdp group: aborting its NCCL communicators took more than 5 s (comm_timeout_s); exiting with status 75' '$tmp/abort.log'"
 finish test_fsdp_gpu_emu
