@@ -198,11 +198,15 @@ typedef struct {
     uint8_t *lacks;
     // With several hubs: a replica that caught up through its primary follows this hub
     // (FOLLOW_CATCHUP): its first round here waits for it as the primary's does (it began its
-    // inner phase a catch-up mean after the others), timeout_s plus as long as its state took
-    // (transfer_delay_s, from follow_waiting_since_s), not until it begins a contribution.
+    // inner phase a catch-up mean after the others): timeout_s plus as long as its state took
+    // where that is known (follow_bounded), else until it begins a contribution.
     bool follow_held;
     // When its FOLLOW of no round came (it waits for its state through its primary); 0: none.
+    // follow_bounded: that time was known at its catch-up FOLLOW, and its first round waits
+    // timeout_s plus it (transfer_delay_s); unknown (a first join follows no hub before its state
+    // comes), the round waits until it begins, as before 2026-12.
     double follow_waiting_since_s;
+    bool follow_bounded;
 } replica;
 
 struct relay {
@@ -1409,7 +1413,8 @@ static bool catchup_delivered(const relay *h, const replica *r) {
 static bool in_transfer(const relay *h, int id) {
     const replica *r = &h->reps[id];
     return (h->donor >= 0 && ((id == h->donor && !h->catchup) || r->joiner)) ||
-           (r->catching_up && !catchup_delivered(h, r)) || r->state_draining || r->donating;
+           (r->catching_up && !catchup_delivered(h, r)) || r->state_draining || r->donating ||
+           (r->follow_held && !r->follow_bounded);
 }
 
 // Whether member id, due in the open round and not yet begun, is one the round waits for past
@@ -1601,7 +1606,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
         r->transfer_delay_s = r->follow_delay_s = 0;
-        r->donating = r->state_draining = r->follow_held = false;
+        r->donating = r->state_draining = r->follow_held = r->follow_bounded = false;
         if (r->catching_up) {
             r->catching_up = false;
             end_catchup_if_done(h);
@@ -1977,7 +1982,8 @@ static void on_join(relay *h, int id, const wire_status *s) {
     r->held = false;
     r->transfer_delay_s = r->follow_delay_s = 0;
     r->state_draining = r->donating = false;
-    r->catching_up = r->follow_held = false;
+    r->catching_up = r->follow_held = r->follow_bounded = false;
+    r->follow_waiting_since_s = 0;   // it joins here now: a later FOLLOW of no round starts its own wait
     r->caught_up_to = -1;
     if (h->donor == id) abort_transfer(h, "the donor joins again", false);
     stop_transfer_without_joiners(h);
@@ -2098,9 +2104,11 @@ static void on_follow(relay *h, int id, const wire_follow *m) {
     // (from its FOLLOW of no round to this one), as the primary's rounds wait for a catch-up
     // joiner (transfer_delay_s): a bound. Held until it began a contribution, a joiner whose
     // trainer hung while its heartbeats went on held this hub's rounds for ever, and the others'
-    // uploads counted as held, not stuck.
+    // uploads counted as held, not stuck. (A first join sends no FOLLOW of no round: the time is
+    // not known, and the round waits until it begins, as before.)
     double now_s = wall_seconds();
-    if (r->follow_held && r->follow_waiting_since_s > 0) r->transfer_delay_s = now_s - r->follow_waiting_since_s;
+    r->follow_bounded = r->follow_held && r->follow_waiting_since_s > 0;
+    if (r->follow_bounded) r->transfer_delay_s = now_s - r->follow_waiting_since_s;
     if (m->first_round != INT64_MAX) r->follow_waiting_since_s = 0;
     else if (r->follow_waiting_since_s == 0) r->follow_waiting_since_s = now_s;
     // The replicas that find a hub back follow it at about the same moment (each from a step or
