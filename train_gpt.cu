@@ -1885,6 +1885,18 @@ static void say(gpu_info *info, const char *fmt, cudaError_t e) {
     snprintf(info->why, sizeof info->why, fmt, (int)e, cudaGetErrorString(e));
 }
 
+#if defined(__CUDACC__) && !defined(__HIPCC__) && defined(CUDART_VERSION)
+// Whether the NVIDIA kernel driver lists a GPU (/proc/driver/nvidia/gpus/<bus id>).
+static bool nvidia_gpu_listed(void) {
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (!d) return false;
+    bool any = false;
+    for (struct dirent *e; !any && (e = readdir(d));) any = e->d_name[0] != '.';
+    closedir(d);
+    return any;
+}
+#endif
+
 static void probe_gpu(gpu_info *info) {
     memset(info, 0, sizeof *info);
     info->compiled = true;
@@ -1898,8 +1910,10 @@ static void probe_gpu(gpu_info *info) {
         // Error 35 also when there is a driver, older than this runtime (a CUDA 13 build needs
         // 580 or newer; clusters run 535-570): "no driver" then sent users to look for one that
         // nvidia-smi shows them.
+        // (A GPU there: the kernel driver lists one. A node without GPUs may have the driver's
+        // library, which reports its version all the same.)
         int driver = 0;
-        if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+        if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 && nvidia_gpu_listed()) {
             snprintf(info->why, sizeof info->why,
                      "the NVIDIA driver here supports CUDA up to %d.%d, and this binary was built with CUDA %d.%d "
                      "(error 35, insufficient driver): build it with the toolkit the driver supports (module load "
@@ -1926,7 +1940,8 @@ static void probe_gpu(gpu_info *info) {
     // A job of several ranks on a node: each rank takes the GPU of its rank on the node (where
     // the launcher shows each rank one GPU, that is GPU 0), before anything makes a context.
     launch_info l = launch_detect();
-    int dev = gpu_for_rank(l.local_rank, l.node_ranks, l.size, count, info->why, sizeof info->why);
+    int dev = gpu_for_rank(l.local_rank, l.node_ranks_known ? l.node_ranks : 0, l.size, count, info->why,
+                           sizeof info->why);
     if (dev < 0) {
         info->present = true;
         return;
@@ -2099,6 +2114,7 @@ typedef struct {
     shard_map shard;
     float *params, *exp_avg, *exp_avg_sq;  // the host's copy: checkpoints and DiLoCo
     device_kind device;
+    char device_error[640];                // a rank of a job that cannot use its device: why (setup_job)
     backend *be;                           // does the math, on the CPU or the GPU
     dataloader *train, *val;
     int32_t *inputs, *targets;
@@ -2152,11 +2168,22 @@ static int setup_threads(const train_config *cfg) {
 }
 
 // device = auto | cpu | cuda, decided once (llmc/device.h), and the peak that MFU is against.
+static bool ranks_are_one_job(const train_config *cfg);
+
 static device_kind select_device(trainer *tr) {
     const train_config *cfg = tr->cfg;
     char why[600];
     device_kind kind = device_choose(cfg->device, gpu_probe(), why, sizeof why);
-    if (kind == DEVICE_ERROR) fail("device: %s", why);
+    if (kind == DEVICE_ERROR) {
+        // In a job of several ranks the error waits for setup_job, where the ranks agree on it and
+        // all exit 1: a rank failing here alone left the others blocked in MPI's start, which has
+        // no deadline (a node with no usable GPU among several that have one).
+        if (launch_detect().size > 1 && ranks_are_one_job(cfg)) {
+            snprintf(tr->device_error, sizeof tr->device_error, "%s", why);
+            return DEVICE_CPU;
+        }
+        fail("device: %s", why);
+    }
     if (kind == DEVICE_CUDA || strcmp(cfg->device, "auto") == 0) note("%s", why);
     tr->peak_tflops = device_mfu_peak(kind, cfg->peak_tflops, gpu_probe(), why, sizeof why);
     if (why[0]) warn("%s", why);
@@ -3827,6 +3854,11 @@ static void setup_job(trainer *tr) {
     // task given none, a driver too old) trained on the CPU while the others waited for it in
     // NCCL's start, and after comm_timeout_s every rank blamed a dead rank (status 75: requeued,
     // the same again).
+    double cannot = tr->device_error[0] ? 1.0 : 0.0;
+    if (comm_max(tr->job, cannot) > 0) {
+        if (cannot > 0) fail("device: %s", tr->device_error);
+        fail("device: another rank of the job cannot use its device (its own line says why)");
+    }
     double on_gpu = tr->device == DEVICE_CUDA ? 1.0 : 0.0;
     double any_gpu = comm_max(tr->job, on_gpu), all_gpu = -comm_max(tr->job, -on_gpu);
     if (any_gpu != all_gpu) {

@@ -234,4 +234,15 @@ check "DiLoCo over mpi: every line on stderr names its replica" \
     sh -c "grep -q '^train_gpt: replica 1: checkpoint step_00000010 written' '$tmp/dlines.log' &&
            ! grep '^train_gpt: ' '$tmp/dlines.log' | grep -v '^train_gpt: replica [01]: '"
 
+# A rank that cannot have its device (device = cuda where there is no usable GPU) fails with the
+# others, after the job's start, each rank in one line: alone before MPI's start, it left the
+# others blocked there (no deadline), under srun without --kill-on-bad-exit until the walltime.
+rc=0
+dev_args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 4 --threads 1 --comm_timeout_s 120
+    --out_dir "$tmp/devices")
+timeout 300 "${MPIRUN[@]}" 1 "$TRAIN_GPT" "${dev_args[@]}" --device cuda : -np 1 "$TRAIN_GPT" "${dev_args[@]}" --device cpu \
+    >"$tmp/devices.log" 2>&1 || rc=$?
+check "a rank without its device: every rank exits 1 (rc $rc) after the start, each saying why" \
+    sh -c "[ $rc -eq 1 ] && grep -q '^train_gpt: rank 0: error: device: cuda was asked for, but' '$tmp/devices.log' &&
+           grep -q '^train_gpt: rank 1: error: device: another rank of the job cannot use its device' '$tmp/devices.log'"
 finish test_fsdp_faults
