@@ -385,11 +385,16 @@ void diloco_check_chunks(const train_config *cfg) {
                       cfg->diloco_topk, (long long)block, cfg->diloco_quant, (long long)keep, chunk,
                       WIRE_MIN_CHUNK_BYTES, (double)least / (double)block);
     }
-    if (strcmp(cfg->diloco_transport, "mpi") == 0 && (uint64_t)cfg->diloco_replicas * chunk >= (uint64_t)INT32_MAX)
+    // The mean comes back dense (diloco_open's d->down): fp32 at 2^21 values is 8 MiB a chunk.
+    quant_kind down = kind == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+                      : strcmp(cfg->diloco_downlink, "bf16") == 0                    ? QUANT_BF16
+                                                                                     : (quant_kind)kind;
+    size_t down_chunk = quant_encoded_bytes(down, segment, block), most = chunk > down_chunk ? chunk : down_chunk;
+    if (strcmp(cfg->diloco_transport, "mpi") == 0 && (uint64_t)cfg->diloco_replicas * most >= (uint64_t)INT32_MAX)
         config_refuse("diloco_quant_block",
-                      "%lld with diloco_quant %s: the %lld replicas' chunks of a segment (%zu bytes each) pass "
-                      "MPI's int counts; lower diloco_quant_block",
-                      (long long)block, cfg->diloco_quant, (long long)cfg->diloco_replicas, chunk);
+                      "%lld with diloco_quant %s and diloco_downlink %s: the %lld replicas' chunks of a segment (%zu "
+                      "bytes each) pass MPI's int counts; lower diloco_quant_block",
+                      (long long)block, cfg->diloco_quant, cfg->diloco_downlink, (long long)cfg->diloco_replicas, most);
 }
 
 diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_identity *data, comm *group, metrics_log *log,

@@ -160,12 +160,15 @@ struct gpu_comm {
     const char *name;   // "fsdp" or "hsdp" (messages)
 };
 
-// A peer or the network gone (ncclRemoteError, ncclSystemError) is a temporary failure, as the
-// same loss seen through check_async is: status EXIT_TEMPFAIL, which the job scripts requeue
-// (status 1 ended the requeue chain). The others (invalid usage, an internal error) are not.
+// In a collective, a peer or the network gone (ncclRemoteError, ncclSystemError) is a temporary
+// failure, as the same loss seen through check_async is: status EXIT_TEMPFAIL, which the job
+// scripts requeue (status 1 ended the requeue chain). The others (invalid usage, an internal
+// error), and any at the communicator's start (a system error there is mostly the setup's: a
+// small /dev/shm, a wrong NCCL_SOCKET_IFNAME, which a requeue meets again), are not.
 static void nccl_check(const gpu_comm *g, ncclResult_t r, const char *what) {
     if (r == ncclSuccess) return;
-    bool temporary = r == ncclRemoteError || r == ncclSystemError;
+    bool starting = strcmp(what, "ncclGetUniqueId") == 0 || strcmp(what, "ncclCommInitRank") == 0;
+    bool temporary = !starting && (r == ncclRemoteError || r == ncclSystemError);
     fail_with_status(temporary ? EXIT_TEMPFAIL : 1, GPU_COLLECTIVES ": %s failed on rank %d of the %s group: %s%s",
                      what, g ? g->rank : -1, g ? g->name : "?", nccl.error_string(r),
                      temporary ? " (a peer or the network: exiting with status 75, which requeues)" : "");

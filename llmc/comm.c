@@ -68,25 +68,26 @@ static int slurm_node_ranks(void) {
 }
 
 launch_info launch_detect(void) {
-    launch_info l = {0, 1, 0, 1, 0, "none"};
+    launch_info l = {0, 1, 0, 1, 0, "none", false};
     // Open MPI's mpirun, and MPICH's / Intel MPI's hydra (MPI_LOCALRANKID), come before SLURM's
     // variables: under mpirun inside a SLURM allocation, the batch step's SLURM_PROCID = 0 and
     // SLURM_NTASKS reach every rank, which all took rank 0 and GPU 0. srun sets its own (and,
     // with --mpi=pmi2, PMI_RANK without MPI_LOCALRANKID: SLURM's then say the local rank).
     if (getenv("OMPI_COMM_WORLD_RANK"))
         l = (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
-                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), 0, "openmpi"};
+                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), 0, "openmpi", false};
     else if (getenv("PMI_RANK") && getenv("MPI_LOCALRANKID"))
         l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0),
-                          env_hint("MPI_LOCALNRANKS"), 0, "pmi"};
+                          env_hint("MPI_LOCALNRANKS"), 0, "pmi", false};
     else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS"))
         l = (launch_info){env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", 0),
-                          env_hint("SLURM_NTASKS_PER_NODE"), 0, "slurm"};
+                          env_hint("SLURM_NTASKS_PER_NODE"), 0, "slurm", false};
     else if (getenv("PMI_RANK"))
-        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), 0, 0, 0, "pmi"};
+        l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), 0, 0, 0, "pmi", false};
     if (l.size < 1 || l.rank >= l.size)
         fail("launcher (%s): rank %d of %d ranks is not a rank of the job", l.launcher, l.rank, l.size);
     int listed = strcmp(l.launcher, "slurm") == 0 && l.local_size <= 0 ? slurm_node_ranks() : 0;
+    l.node_ranks_known = (l.local_size > 0 && l.local_size <= l.size) || (listed > 0 && listed <= l.size);
     if (l.local_size <= 0 || l.local_size > l.size) l.local_size = l.size;
     l.node_ranks = listed > 0 && listed <= l.size ? listed : l.local_size;
     return l;

@@ -29,6 +29,7 @@ typedef struct {
                                 // SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("4(x2),3"): the ranks
                                 // that share this node's memory (the CPU budget), which may differ by node
     const char *launcher;       // "slurm", "openmpi", "pmi" or "none"
+    bool node_ranks_known;      // the launcher said node_ranks (else it is the job's size: a guess)
 } launch_info;
 launch_info launch_detect(void);
 // The tasks on node `node` (0-based) of SLURM's per-node list, "4(x2),3" (4 on nodes 0 and 1,

@@ -160,12 +160,10 @@ int gpu_for_rank(int local_rank, int node_ranks, int size, int count, char *why,
     if (size <= 1 || count <= 1) return 0;
     if (node_ranks > count) {
         snprintf(why, why_bytes,
-                 "this node runs %d ranks of the job but shows %d GPUs: rank %d of the node would share GPU %d with "
-                 "rank %d, and each plans its memory as if it had the GPU alone; give every rank its own GPU (srun "
-                 "--gpus-per-node=%d, or --gpus-per-task=1) or run %d ranks per node",
-                 node_ranks, count, local_rank, local_rank % count, local_rank < count ? local_rank + count
-                                                                                        : local_rank - count,
-                 node_ranks, count);
+                 "this node runs %d ranks of the job but shows %d GPUs: ranks would share a GPU, each planning its "
+                 "memory as if it had the GPU alone; give every rank its own GPU (srun --gpus-per-node=%d, or "
+                 "--gpus-per-task=1) or run %d ranks per node",
+                 node_ranks, count, node_ranks, count);
         return -1;
     }
     return local_rank % count;

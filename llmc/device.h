@@ -57,8 +57,11 @@ device_kind device_choose(const char *device_key, const gpu_info *gpu, char *why
 // Which of the `count` GPUs this process sees a rank takes: its rank on the node (local_rank of
 // node_ranks; GPU 0 for a job of one rank, or where each rank sees one GPU, as under srun
 // --gpus-per-task=1). -1, with the reason in why, when the node runs more ranks than it shows
-// GPUs (count > 1): two ranks would share one GPU, each planning its memory as if it had it alone
+// GPUs (count > 1): ranks would share a GPU, each planning its memory as if it had it alone
 // (they ran out of memory, or NCCL refused the duplicate GPU with an unhelpful error).
+// node_ranks 0: the launcher did not say (no check). One GPU seen by several ranks is not
+// refused: srun --gpus-per-task=1 shows each its own as GPU 0, which only a device's bus id
+// would tell apart from one GPU shared.
 int gpu_for_rank(int local_rank, int node_ranks, int size, int count, char *why, size_t why_bytes);
 
 // Dense bf16 TFLOP/s of one device (one GCD for MI250X); false if the GPU is unknown.

@@ -168,6 +168,10 @@ dry_check() {  # dry_check NAME COMMAND...: its scripts exist and its build/ tar
 # the GPU, beside the next item, for up to its own limit.)
 in_session() {
     local sid rc=0 left
+    # Without job control the background command is no process group's leader, so setsid makes
+    # it a session's in place (its pid is the session's id); with it (set -m), setsid would fork.
+    local -
+    set +m
     setsid "$@" &
     sid=$!
     wait "$sid" || rc=$?

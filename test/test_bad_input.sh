@@ -192,10 +192,15 @@ rm -rf "$tmp/o_tcp"
 detect_mpi
 if [ "$HAVE_MPI" = 1 ]; then
     expect_error "256 replicas' fp32 chunks past MPI's int counts" \
-        "\-\-diloco_quant_block: 1048576 with diloco_quant none: the 256 replicas' chunks of a segment (8388608 bytes each) pass MPI's int counts" \
+        "\-\-diloco_quant_block: 1048576 with diloco_quant none and diloco_downlink same: the 256 replicas' chunks of a segment (8388608 bytes each) pass MPI's int counts" \
         "$TRAIN_GPT" "${base[@]}" --diloco_replicas 256 --diloco_transport mpi --diloco_quant none \
         --diloco_quant_block 1048576 --out_dir "$tmp/o_mpi"
     check "... and out_dir is not created" test ! -e "$tmp/o_mpi"
+    # The mean's chunks too: int8 up, fp32 down (8 MiB a chunk at 2^21 values).
+    expect_error "256 replicas' fp32 mean chunks past MPI's int counts" \
+        "\-\-diloco_quant_block: 1048576 with diloco_quant int8 and diloco_downlink fp32: the 256 replicas' chunks of a segment (8388608 bytes each)" \
+        "$TRAIN_GPT" "${base[@]}" --diloco_replicas 256 --diloco_transport mpi --diloco_quant int8 \
+        --diloco_downlink fp32 --diloco_quant_block 1048576 --out_dir "$tmp/o_mpi"
 fi
 expect_error "relay --min_replicas above --replicas" "relay: --min_replicas 5 is more than --replicas 2" \
     "$TRAIN_GPT" relay --listen 127.0.0.1:0 --replicas 2 --min_replicas 5

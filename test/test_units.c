@@ -1176,9 +1176,19 @@ static void test_slurm_tasks_per_node(void) {
     l = launch_detect();
     EXPECT(l.local_size == 5 && l.node_ranks == 5, "SLURM_NTASKS_PER_NODE first: 5, got %d, %d", l.local_size,
            l.node_ranks);
+    EXPECT(l.node_ranks_known, "SLURM_NTASKS_PER_NODE: the node's ranks are known");
     const char *set[] = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_NODEID",
                          "SLURM_NTASKS_PER_NODE"};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) unsetenv(set[i]);
+    // A launcher that gives the rank alone (PMI_RANK, PMI_SIZE: Cray PALS): node_ranks is the job's
+    // size, a guess, not the node's (the GPU check took 16 ranks of 4 nodes for one node's).
+    setenv("PMI_RANK", "5", 1);
+    setenv("PMI_SIZE", "16", 1);
+    l = launch_detect();
+    EXPECT(l.size == 16 && !l.node_ranks_known, "PMI_RANK alone: the node's ranks are not known (node_ranks %d)",
+           l.node_ranks);
+    unsetenv("PMI_RANK");
+    unsetenv("PMI_SIZE");
 }
 
 int main(void) {
