@@ -1056,7 +1056,8 @@ static void adopt_state(diloco *d, size_t got, float *params, train_state *st, d
         warn("diloco: replica %d went back %lld outer step(s): the group it joined is at outer step %lld, its own "
              "state was at %lld (a replica behind the others founded the group after the hub lost it: "
              "docs/diloco.md#membership-and-faults-tcp)",
-             diloco_replica_id(d), (long long)(was_outer - c.outer_step), (long long)c.outer_step, (long long)was_outer);
+             diloco_replica_id(d), (long long)(was_outer - c.outer_step), (long long)c.outer_step,
+             (long long)was_outer);
     if (caught_up > 0) {
         char size[32];
         note("diloco: replica %d caught up: the state of outer step %lld, then the means of the %d round(s) the group "

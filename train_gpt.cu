@@ -1909,16 +1909,16 @@ static void probe_gpu(gpu_info *info) {
 #if defined(__CUDACC__) && !defined(__HIPCC__) && defined(CUDART_VERSION)
         // Error 35 also when there is a driver, older than this runtime (a CUDA 13 build needs
         // 580 or newer; clusters run 535-570): "no driver" then sent users to look for one that
-        // nvidia-smi shows them.
-        // (A GPU there: the kernel driver lists one. A node without GPUs may have the driver's
-        // library, which reports its version all the same.)
+        // nvidia-smi shows them. Only where the kernel driver lists a GPU: a node without GPUs
+        // may have the driver's library, which reports its version all the same.
         int driver = 0;
         if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 && nvidia_gpu_listed()) {
             snprintf(info->why, sizeof info->why,
                      "the NVIDIA driver here supports CUDA up to %d.%d, and this binary was built with CUDA %d.%d "
                      "(error 35, insufficient driver): build it with the toolkit the driver supports (module load "
                      "cuda/%d.x; make clean && make) or update the driver",
-                     driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, driver / 1000);
+                     driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
+                     driver / 1000);
             info->present = true;
         }
 #endif
@@ -2167,9 +2167,9 @@ static int setup_threads(const train_config *cfg) {
     return threads;
 }
 
-// device = auto | cpu | cuda, decided once (llmc/device.h), and the peak that MFU is against.
 static bool ranks_are_one_job(const train_config *cfg);
 
+// device = auto | cpu | cuda, decided once (llmc/device.h), and the peak that MFU is against.
 static device_kind select_device(trainer *tr) {
     const train_config *cfg = tr->cfg;
     char why[600];

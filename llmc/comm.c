@@ -75,7 +75,8 @@ launch_info launch_detect(void) {
     // with --mpi=pmi2, PMI_RANK without MPI_LOCALRANKID: SLURM's then say the local rank).
     if (getenv("OMPI_COMM_WORLD_RANK"))
         l = (launch_info){env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1),
-                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), 0, "openmpi", false};
+                          env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_hint("OMPI_COMM_WORLD_LOCAL_SIZE"), 0, "openmpi",
+                          false};
     else if (getenv("PMI_RANK") && getenv("MPI_LOCALRANKID"))
         l = (launch_info){env_int("PMI_RANK", 0), env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", 0),
                           env_hint("MPI_LOCALNRANKS"), 0, "pmi", false};

@@ -250,7 +250,9 @@ lease() {
     # between real warps (what the CPU's warp emulator cannot show for fa2); initcheck later.
     # Not after test_gpu_kernels hung: they run the same kernels, slower.
     local tool sanitize=1
-    case "$kernels_hung" in 124 | 137) sanitize=0; echo "==== the sanitizers: skipped (test_gpu_kernels timed out)" ;; esac
+    case "$kernels_hung" in
+    124 | 137) sanitize=0 && echo "==== the sanitizers: skipped (test_gpu_kernels timed out)" ;;
+    esac
     for tool in memcheck racecheck; do
         [ "$sanitize" = 1 ] || break
         item "$tool" 40 "$([ "$tool" = memcheck ] && echo 60 || echo 120)" \
