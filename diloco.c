@@ -364,6 +364,14 @@ static char *rendezvous_of_rank(const char *rendezvous, int rank) {
 
 static void take_catchup_mean(void *arg, int index, const uint8_t *p, size_t bytes, size_t state_bytes);
 
+// The mean goes back dense: "same" is the uplink's kind without its sparsity (docs/quant.md,
+// "Sparse outer gradients", says why).
+static quant_kind downlink_kind(const train_config *cfg, quant_kind up) {
+    return up == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
+           : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
+                                                                         : up;
+}
+
 // A sparse codec of few values per large block (diloco_topk 0.001, diloco_quant_block 4096,
 // int4: 960-byte chunks) made chunks the hub refused at every outer step: the replicas
 // rejoined, trained alone and exited 0 with no outer step applied.
@@ -385,11 +393,8 @@ void diloco_check_chunks(const train_config *cfg) {
                       cfg->diloco_topk, (long long)block, cfg->diloco_quant, (long long)keep, chunk,
                       WIRE_MIN_CHUNK_BYTES, (double)least / (double)block);
     }
-    // The mean comes back dense (diloco_open's d->down): fp32 at 2^21 values is 8 MiB a chunk.
-    quant_kind down = kind == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
-                      : strcmp(cfg->diloco_downlink, "bf16") == 0                    ? QUANT_BF16
-                                                                                     : (quant_kind)kind;
-    size_t down_chunk = quant_encoded_bytes(down, segment, block), most = chunk > down_chunk ? chunk : down_chunk;
+    // The mean comes back dense: fp32 at 2^21 values is 8 MiB a chunk.
+    size_t down_chunk = quant_encoded_bytes(downlink_kind(cfg, (quant_kind)kind), segment, block), most = chunk > down_chunk ? chunk : down_chunk;
     if (strcmp(cfg->diloco_transport, "mpi") == 0 && (uint64_t)cfg->diloco_replicas * most >= (uint64_t)INT32_MAX)
         config_refuse("diloco_quant_block",
                       "%lld with diloco_quant %s and diloco_downlink %s: the %lld replicas' chunks of a segment (%zu "
@@ -421,11 +426,7 @@ diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_
     quant_kind kind = (quant_kind)quant_kind_from_name(cfg->diloco_quant);
     d->quant = quant_codec_of(kind, kind == QUANT_NONE ? 0 : quant_topk_keep(cfg->diloco_topk, d->block));
     d->segment = quant_segment_values(d->block);
-    // The mean goes back dense: "same" is the uplink's kind without its sparsity (docs/quant.md,
-    // "Sparse outer gradients", says why).
-    d->down = kind == QUANT_NONE || strcmp(cfg->diloco_downlink, "fp32") == 0 ? QUANT_NONE
-              : strcmp(cfg->diloco_downlink, "bf16") == 0                   ? QUANT_BF16
-                                                                            : kind;
+    d->down = downlink_kind(cfg, kind);
     d->down_feedback = cfg->diloco_downlink_feedback && d->down != QUANT_NONE;
     d->bound = d->quant == QUANT_NONE ? 0.0f : (float)cfg->diloco_bound;
     d->overlap = cfg->diloco_overlap_steps;
