@@ -37,7 +37,7 @@
 //                       the next checkpoint must stop the run: test/test_hsdp_diloco.sh)
 //   tcp_slow_read, tcp_die_in_state, tcp_slow_state, tcp_slow_means, tcp_slow_upload,
 //   tcp_die_in_upload, tcp_die_in_upload_after_full, tcp_lose_mean_after_full, tcp_trace, tcp_join_late,
-//   tcp_caught_up_late, tcp_slow_resolve, tcp_slow_stream, tcp_blackhole, tcp_hold_state
+//   tcp_caught_up_late, tcp_slow_resolve, tcp_slow_stream, tcp_blackhole, tcp_hold_state, tcp_foreign_chunk
 //                       the tcp transport's own hooks for its tests (test/test_transport.c, test/*.sh; see
 //                       net/transport_tcp.c and docs/protocol.md)
 //   prepare_term_after_shard  `train_gpt prepare` sends itself SIGTERM once train shard STEP

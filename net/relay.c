@@ -97,6 +97,7 @@ typedef struct {
     int64_t last_seg;
     uint64_t seg_round;
     double opened_s, closing_deadline_s;
+    bool linger;                    // closing: only at closing_deadline_s (a dropped replica's data stream)
     bool dead;                      // swept at the end of the loop iteration
 } hub_conn;
 
@@ -780,14 +781,36 @@ static void stop_receiving(relay *h, int id) {
     stop_transfer_without_joiners(h);
 }
 
-// Ends a replica's session: it died, left, or broke the protocol.
-static void drop_replica(relay *h, int id, const char *why) {
+// Ends a replica's session: it left (code 0), broke the protocol (REFUSE_PROTOCOL: drop_replica)
+// or was given up for another reason (REFUSE_DROPPED: lose_replica; silent, too slow, the hub out
+// of memory, a broken connection). A live control connection is told why in a REFUSE of that
+// code (tagged with the session's key: proven, unlike a handshake's) and closed after it; the
+// data streams linger as long, without their unsent frames, so that the replica reads the reason
+// before it sees a stream close. Told nothing, a replica rejoined without a word of why, and one
+// that broke the protocol the same way at every step did so for the rest of the run.
+static void end_session(relay *h, int id, uint32_t code, const char *why) {
     replica *r = rep(h, id);
     if (r->state == R_FREE) return;
-    hub_log(h, "replica %d (%s) %s%s", id, r->peer, strncmp(why, "left", 4) == 0 ? "" : "dropped: ", why);
-    if (r->control) r->control->dead = true;
-    for (int s = 1; s <= r->streams; s++)
-        if (r->data[s]) r->data[s]->dead = true;
+    hub_log(h, "replica %d (%s) %s%s", id, r->peer, code ? "dropped: " : "", why);
+    bool tell = code && r->control && !r->control->dead;
+    if (tell) {
+        uint8_t buf[8 + WIRE_MAX_TEXT_BYTES];
+        conn_send(&r->control->c, WIRE_REFUSE, buf, wire_encode_refuse(code, why, buf), NULL, 0, NULL);
+        close_after_flush(r->control);
+    } else if (r->control) {
+        r->control->dead = true;
+    }
+    for (int s = 1; s <= r->streams; s++) {
+        hub_conn *d = r->data[s];
+        if (!d) continue;
+        if (tell) {
+            conn_drop_unsent(&d->c);
+            close_after_flush(d);
+            d->linger = true;
+        } else {
+            d->dead = true;
+        }
+    }
     drop_queue(r);
     leave_round(h, id);
     bool was_donor = h->donor == id;
@@ -799,6 +822,9 @@ static void drop_replica(relay *h, int id, const char *why) {
     check_round(h);
     settle_group(h);
 }
+
+static void drop_replica(relay *h, int id, const char *why) { end_session(h, id, REFUSE_PROTOCOL, why); }
+static void lose_replica(relay *h, int id, const char *why) { end_session(h, id, REFUSE_DROPPED, why); }
 
 // ---------------------------------------------------------------- the state transfer
 // Ends the transfer in flight before its state is whole: its joiners wait again (STATE_ABORT;
@@ -1458,7 +1484,7 @@ static void check_round(relay *h) {
         if (r->up.started && !moving) {
             char why[96];
             snprintf(why, sizeof why, "its upload stalled for %.1f s", now - r->up.last_progress_s);
-            drop_replica(h, i, why);   // calls check_round again
+            lose_replica(h, i, why);   // calls check_round again
             return;
         }
         if (deadline && !moving && !between_rounds(h, i)) evict_late(h, i);
@@ -1601,7 +1627,7 @@ static bool start_contribution(relay *h, int id, int64_t step, uint64_t total, u
         k->n_segments = h->n_segments;
         k->seg = calloc((size_t)k->n_segments, sizeof *k->seg);
         if (!k->seg) {
-            drop_replica(h, id, "the hub is out of memory for its contribution");
+            lose_replica(h, id, "the hub is out of memory for its contribution");
             return false;
         }
         if (h->first_began_s < 0) h->first_began_s = wall_seconds();
@@ -1839,7 +1865,7 @@ static void on_payload_chunk(relay *h, hub_conn *hc, const wire_data *d) {
     }
     blob *b = blob_new((size_t)d->chunk_len);
     if (!b) {
-        drop_replica(h, id, "the hub is out of memory for its chunk");
+        lose_replica(h, id, "the hub is out of memory for its chunk");
         return;
     }
     memcpy(b->data, d->bytes, (size_t)d->chunk_len);
@@ -2247,7 +2273,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     const char *malformed = wire_decode_auth(f->payload, (size_t)f->payload_bytes, &a);
     uint8_t proof[32];
     wire_auth_proof(h->secret, h->o.secret_bytes, hc->nonce_h, f->payload, WIRE_AUTH_PROVEN_BYTES, proof);
-    char why[300];
+    char why[640];
     if (!wire_equal32(proof, a.proof)) {
         snprintf(why, sizeof why, "wrong secret (its proof does not match; it says it is replica %u)", a.replica_id);
         refuse(h, hc, REFUSE_SECRET, "the hub refused your secret", why, false);
@@ -2277,8 +2303,9 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
     if (h->fingerprint_set && a.run_fingerprint != h->fingerprint) {
         snprintf(why, sizeof why,
                  "replica %d has run_fingerprint %016llx but the group has %016llx: its config differs in a key "
-                 "every replica must share (the model, seq_len, max_steps, shuffle, seed, a diloco_ key, or its "
-                 "train data: the shards' tokens; docs/diloco.md#replicas-of-different-sizes)",
+                 "every replica must share (the model, seq_len, max_steps, shuffle, seed, a diloco_ key, its "
+                 "train data: the shards' tokens, or its ranks: fsdp_size, a sharded replica's rank j meeting rank "
+                 "j of the others only; docs/diloco.md#replicas-of-different-sizes)",
                  id, (unsigned long long)a.run_fingerprint, (unsigned long long)h->fingerprint);
         refuse(h, hc, REFUSE_FINGERPRINT, why, why, true);
         return;
@@ -2298,7 +2325,7 @@ static void on_auth(relay *h, hub_conn *hc, const wire_frame *f) {
                 refuse(h, hc, REFUSE_DUPLICATE, why, why, true);
                 return;
             }
-            drop_replica(h, id, "replaced by a new connection with the same id");
+            lose_replica(h, id, "replaced by a new connection with the same id");
         }
         h->fingerprint_set = true;
         h->fingerprint = a.run_fingerprint;
@@ -2398,7 +2425,7 @@ static void on_control_frame(relay *h, hub_conn *hc, const wire_frame *f) {
             h->finished_step = m.outer_step;
             h->finished_fingerprint = h->fingerprint;
         }
-        drop_replica(h, id, finished ? "left: it finished the run" : "left (goodbye)");
+        end_session(h, id, 0, finished ? "left: it finished the run" : "left (goodbye)");
         return;
     }
     }
@@ -2441,7 +2468,8 @@ static void read_conn(relay *h, hub_conn *hc) {
             char why[420];
             snprintf(why, sizeof why, "%s %s: %s", hc->role == ROLE_CONTROL ? "control connection" : "data stream",
                      hc->c.peer, what);
-            drop_replica(h, hc->replica, why);
+            hc->dead = true;   // broken: nothing more goes out on it
+            lose_replica(h, hc->replica, why);
         }
         return;
     }
@@ -2454,7 +2482,8 @@ static void write_conn(relay *h, hub_conn *hc) {
     if (hc->role == ROLE_CONTROL || hc->role == ROLE_DATA) {
         char why[320];
         snprintf(why, sizeof why, "%s", err);
-        drop_replica(h, hc->replica, why);
+        hc->dead = true;
+        lose_replica(h, hc->replica, why);
     } else {
         hc->dead = true;
     }
@@ -2470,7 +2499,7 @@ static void housekeeping(relay *h) {
         if (hc->role == ROLE_HANDSHAKE && now - hc->opened_s > h->o.timeout_s) {
             unproven_log(h, "rejected %s: no authentication within %.1f s", hc->c.peer, h->o.timeout_s);
             hc->dead = true;
-        } else if (hc->role == ROLE_CLOSING && (now > hc->closing_deadline_s || !hc->c.out_head)) {
+        } else if (hc->role == ROLE_CLOSING && (now > hc->closing_deadline_s || (!hc->linger && !hc->c.out_head))) {
             hc->dead = true;
         }
     }
@@ -2482,7 +2511,7 @@ static void housekeeping(relay *h) {
         if (silent > h->o.timeout_s) {
             char why[96];
             snprintf(why, sizeof why, "silent for %.1f s (no heartbeat)", silent);
-            drop_replica(h, id, why);
+            lose_replica(h, id, why);
             continue;
         }
         // A receiver that takes nothing of the mean (or of a state) for timeout_s: the reduction
@@ -2497,7 +2526,7 @@ static void housekeeping(relay *h) {
             char why[160], b[32];
             snprintf(why, sizeof why, "its data streams took nothing of what the hub sends it for %.1f s (%s waiting)",
                      now - r->down_progress_s, format_bytes(backlog, b, sizeof b));
-            drop_replica(h, id, why);
+            lose_replica(h, id, why);
             continue;
         }
         if (now >= r->next_heartbeat_s) {

@@ -110,6 +110,9 @@ struct tcp {
     msg *mail_head, *mail_tail;
     bool dead;                      // under mailbox_lock
     char dead_why[1024];
+    uint32_t refused_code;          // the REFUSE that ended the session (0: none; the I/O thread's until joined)
+    bool foreign_chunk;             // test hook tcp_foreign_chunk
+    int protocol_drops;             // sessions in a row the hub ended with REFUSE_PROTOCOL, no round completed between
     double hub_held_s;              // under mailbox_lock: the last HEARTBEAT_HOLD (the hub holds
                                     // the round for a state transfer: an upload held back is not stuck)
     // what the training thread learnt from the mailbox
@@ -330,6 +333,17 @@ static void *io_thread(void *arg) {
                 }
                 continue;
             }
+            if (r == CONN_FRAME && f.type == WIRE_REFUSE) {   // the hub ends the session, and says why
+                wire_refuse rf;
+                char text[WIRE_MAX_TEXT_BYTES + 1] = "";
+                const char *bad = wire_decode_refuse(f.payload, (size_t)f.payload_bytes, &rf);
+                if (!bad) wire_printable(rf.text, rf.text_bytes, text, sizeof text);
+                t->refused_code = bad ? 0 : rf.code;
+                snprintf(why, sizeof why, "the hub at %s dropped replica %d%s: %s", t->hub, t->o.replica_id,
+                         t->refused_code == REFUSE_PROTOCOL ? " for breaking the protocol" : "", bad ? bad : text);
+                post_dead(t, why);
+                return NULL;
+            }
             if (r == CONN_FRAME) {
                 post_frame(t, &f);
                 continue;
@@ -486,6 +500,14 @@ static void disconnect(tcp *t) {
         pthread_join(t->io, NULL);
         t->io_running = false;
     }
+    // A replica the hub drops for breaking the protocol rejoins, as after any lost session; the
+    // third time in a row without a round it completed between is a bug that rejoining does not
+    // mend (our own, or a relay of another build): said, and the run ends here.
+    if (t->refused_code == REFUSE_PROTOCOL && ++t->protocol_drops >= 3)
+        fail("diloco: %s (the third time in a row, with no round completed between: a bug of train_gpt's that "
+             "rejoining does not mend; please report it with this log and the relay's)",
+             t->dead_why);
+    t->refused_code = 0;
     if (t->ctl.fd >= 0) conn_close(&t->ctl);
     t->ctl.fd = -1;
     for (int s = 0; s < t->o.streams; s++) {
@@ -521,7 +543,7 @@ static bool resolve_hub(tcp *t, net_addresses *addresses, char *err, size_t err_
 static void start_io(tcp *t) {
     t->ctl.allowed_rx = CONN_ALLOW(WIRE_HEARTBEAT) | CONN_ALLOW(WIRE_JOINED) | CONN_ALLOW(WIRE_ROUND) |
                         CONN_ALLOW(WIRE_EVICTED) | CONN_ALLOW(WIRE_STATE) | CONN_ALLOW(WIRE_STATE_ABORT) |
-                        CONN_ALLOW(WIRE_STATE_END) | CONN_ALLOW(WIRE_STATE_AGAIN);
+                        CONN_ALLOW(WIRE_STATE_END) | CONN_ALLOW(WIRE_STATE_AGAIN) | CONN_ALLOW(WIRE_REFUSE);
     t->ctl.last_rx_s = wall_seconds();
     atomic_store(&t->io_stop, false);
     int rc = pthread_create(&t->io, NULL, io_thread, t);
@@ -1168,6 +1190,10 @@ static void feed_upload(tcp *t) {
             wire_data d = {.owner_id = (uint32_t)t->o.replica_id, .kind = t->job_kind, .outer_step = t->job_step,
                            .total_bytes = t->job_total, .offset = at, .chunk_bytes = t->job_chunk,
                            .chunk_len = len};
+            // Test hook (TRAIN_GPT_FAULT=tcp_foreign_chunk:0): every payload's last chunk is
+            // claimed as the next replica's, a protocol error the hub drops the replica for.
+            if (t->job_kind == DATA_PAYLOAD && at + len == t->job_total && t->foreign_chunk)
+                d.owner_id = (uint32_t)((t->o.replica_id + 1) % t->o.replicas);
             uint8_t head[WIRE_DATA_HEAD_BYTES];
             wire_encode_data_head(&d, head);
             conn_send(c, WIRE_DATA, head, sizeof head, t->job_buf + at, (size_t)len, NULL);
@@ -1575,6 +1601,7 @@ static bool exchange_locked(tcp *t, int64_t outer_step, const payload_spec *spec
         post_dead(t, "test hook tcp_lose_mean_after_full: the session died as the round's result came in");
         return recover(t, r, t0);
     }
+    t->protocol_drops = 0;
     r->n = (int)t->round.n;
     for (int i = 0; i < r->n; i++) r->ids[i] = (int)t->round.ids[i];
     r->mean = t->mean;
@@ -1948,6 +1975,7 @@ static tcp *tcp_new(const transport_options *o, const char *address) {
     t->heartbeat_s = o->timeout_s / 4 < 2.0 ? o->timeout_s / 4 : 2.0;
     t->ctl.fd = -1;
     t->cu_again_early = -1;
+    t->foreign_chunk = fault_requested("tcp_foreign_chunk", 0);
     for (int s = 0; s < WIRE_MAX_STREAMS; s++) t->data[s].fd = -1;
     pthread_mutex_init(&t->ctl_send, NULL);
     pthread_mutex_init(&t->mailbox_lock, NULL);

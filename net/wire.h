@@ -199,6 +199,11 @@ typedef enum {
     REFUSE_BUSY = 6,            // too many connections
     REFUSE_HUB_ORDER = 7,       // the replica lists this hub at another place (or among another number
                                 // of hubs) than the group's replicas do
+    // In a session (tagged with its key): the hub ends it and closes.
+    REFUSE_DROPPED = 8,         // given up: silent, too slow to take the mean, a broken stream, the
+                                // hub out of memory (the replica rejoins)
+    REFUSE_PROTOCOL = 9,        // the replica broke the protocol (it rejoins; the third in a row
+                                // without a round between ends it)
 } wire_refuse_code;
 
 typedef struct {

@@ -199,6 +199,23 @@ class Replica:
             self.data[stream_of(c)].sock.sendall(self.chunk_frame(stream_of(c), step, total, chunk, c, bytes(size)))
 
 
+DROPPED, PROTOCOL = 8, 9   # REFUSE codes in a session: given up; broke the protocol
+
+
+def told(rep, code, text, seconds=10, others=()):
+    """The hub ended rep's session with a REFUSE of code saying text (docs/protocol.md), then closed."""
+    if not rep.wait(lambda: rep.ctl.closed, seconds, others):
+        return "the hub kept replica %d's session" % rep.rid
+    got = rep.got.get(REFUSE, [])
+    if not got:
+        return "the hub closed replica %d's session without a REFUSE saying why" % rep.rid
+    c, n = struct.unpack("<II", got[0][:8])
+    said = got[0][8:8 + n].decode(errors="replace")
+    if c != code or text not in said:
+        return "replica %d was told REFUSE %d %r, expected %d with %r" % (rep.rid, c, said, code, text)
+    return None
+
+
 def segmented_bytes(values, segment):
     full, rest = divmod(values, segment)
     return full * int8_bytes(segment) + (int8_bytes(rest) if rest else 0)
@@ -337,7 +354,8 @@ def scenario_nonreader(port, secret):
     mean = segmented_bytes(values, seg)
     if not a.wait(lambda: a.mean_bytes == mean, 10):
         return "replica 0 has %d of the mean's %d bytes" % (a.mean_bytes, mean)
-    return None
+    b.reading = True   # its data streams close too: read them to the end
+    return told(b, DROPPED, "its data streams took nothing of what the hub sends it for")
 
 
 def cpu_seconds(pid):
@@ -715,8 +733,9 @@ def scenario_done_far(port, secret):
     if err:
         return err
     m.ctl.send(DONE, struct.pack("<qII", 1 << 40, 1, 0))
-    if not m.wait(lambda: m.ctl.closed, 10, [a]):
-        return "the hub kept replica 1 after its DONE for step 2^40"
+    err = told(m, PROTOCOL, "said DONE for outer step 1099511627776, far past any step", others=[a])
+    if err:
+        return err
     del a.got[ROUND]
     a.contribute(64, VALUES, SEG)
     a.upload(64, VALUES, SEG)

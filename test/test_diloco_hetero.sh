@@ -164,7 +164,7 @@ if [ "$HAVE_TCP" = 1 ]; then
     pids+=($first)
     wait_until "replica 0 joined the relay" grep -q 'replica 0 joined' "$tmp/relay_second.log"
     check "tcp: a replica with another seed is refused with one line naming the keys" \
-        one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed' \
+        one_line_error 'refused replica 1: replica 1 has run_fingerprint [0-9a-f]* but the group has [0-9a-f]*: its config differs in a key every replica must share (the model, seq_len, max_steps, shuffle, seed, a diloco_ key, its train data: the shards. tokens, or its ranks: fsdp_size, a sharded replica.s rank j meeting rank j of the others only; docs' \
         "${tcp[@]}" --diloco_replica_id 1 --max_steps 100000000 --seed 7
     check "tcp: the refused replica points to the diloco_fingerprint events" \
         one_line_error "refused replica 1: .*; the fields it hashes are in every replica's diloco_fingerprint event" \

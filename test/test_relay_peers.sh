@@ -11,7 +11,8 @@
 #                      a window ahead (the hub kept every segment: the window counted the prefix)
 #   window_reorder     while two streams in order, one far ahead of the other, are fine
 #   nonreader          a receiver that reads none of the mean is dropped timeout_s later and
-#                      the others' round closes (it stalled forever, without a line)
+#                      the others' round closes (it stalled forever, without a line); it is told
+#                      why (REFUSE 8 in its session)
 #   handshake_flood    300 connections that never speak do not keep a replica out: a new one
 #                      takes the place of the oldest in the handshake (it was refused until
 #                      the silent ones timed out)
@@ -37,7 +38,8 @@
 #                      ends, the donor's next round closes (it waited for it for ever)
 #   follow_one_hub     FOLLOW to the only hub: dropped, as DONE and HOLD are
 #   done_far           (several hubs) DONE for outer step 2^40: dropped (taken, every later round
-#                      of the hub was refused as stale: the hub's group was blocked for good)
+#                      of the hub was refused as stale: the hub's group was blocked for good), and
+#                      told why (REFUSE 9: it broke the protocol)
 #   mean_from_donor    a donor's state chunk sent as DATA of kind 3 (a mean, the hub's to send):
 #                      dropped (it was relayed as a mean, and the joiner's state never completed)
 #   bad_quorum         (--replicas 2) AUTHs asking for min_replicas 0, 9 of 8, or 3: refused in
