@@ -152,7 +152,7 @@ TESTS_C := test/test_units.c test/test_ops.c test/test_quant.c test/test_fsdp.c 
 TESTS_CXX := test/test_attention_fa2_emu.cc test/test_attention_mfma_emu.cc
 # Shell tests run after the C ones, with TRAIN_GPT and BUILD set.
 TESTS_SH := test/test_torch_reference.sh test/test_learning.sh test/test_resume.sh test/test_ckpt_space.sh test/test_bad_input.sh test/test_data_verify.sh test/test_shards_upgrade.sh \
-            test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_refound.sh test/test_diloco_told.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
+            test/test_configs.sh test/test_builtin_gemm.sh test/test_diloco.sh test/test_diloco_hetero.sh test/test_diloco_late.sh test/test_diloco_refound.sh test/test_diloco_told.sh test/test_diloco_stop_one.sh test/test_diloco_sparse.sh test/test_diloco_scale.sh test/test_diloco_pays.sh test/test_guards.sh test/test_slurm.sh \
             test/test_tensorboard.sh test/test_plot.sh test/test_build.sh test/test_fsdp.sh test/test_fsdp_faults.sh test/test_fsdp_plan.sh \
             test/test_fsdp_diloco.sh test/test_hsdp_diloco.sh test/test_diloco_over.sh test/test_recompute.sh test/test_diloco_warm.sh test/test_plan.sh \
             test/test_docs.sh test/test_layout.sh test/test_gpu_session.sh test/test_gpu_train_emu.sh test/test_fsdp_gpu_emu.sh

@@ -2093,6 +2093,19 @@ static sig_atomic_t signal_of_stop_reason(double code) {
     return code >= 200.0 ? SIGUSR1 : (sig_atomic_t)(code - 100.0);
 }
 
+// A stop shared by a DiLoCo replica's ranks at once, where some wait outside any collective:
+// ranks in a join the hub holds (a quorum, a donor's state; transport_tcp polls it), the other
+// HSDP copies waiting for the first's answer (a collective's naps poll it). A signal that
+// reached one rank only (a kill on one node) left the others waiting, with no deadline, until
+// a replica came. A rank that has a signal tells the others; one told takes the signal as its
+// own (SIGUSR1 outranking: the job's status is 76 on every rank).
+static comm_flag *job_stop;
+static void poll_job_stop(void) {
+    if (stop_signal) comm_flag_raise(job_stop, stop_signal);
+    int told = comm_flag_test(job_stop);
+    if (told && (stop_signal == 0 || told == SIGUSR1)) stop_signal = told;
+}
+
 static void install_signal_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -4001,6 +4014,10 @@ static int train_run(train_config *cfg) {
     tr.copies_follow = cfg->diloco_replicas > 0 && tr.copies && comm_size(tr.copies) > 1;
     // The signal handlers are in place (the top): a signal while the hub is retried
     // (diloco_connect_timeout_s) stops the replica at its join (status 0, or 76 for SIGUSR1).
+    if (tr.job && cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "tcp") == 0) {
+        job_stop = comm_flag_open(tr.job);
+        comm_set_stop_poll(poll_job_stop);
+    }
     if (!tr.copies_follow || comm_rank(tr.copies) == 0) {
         data_identity data = data_identity_of(tr.train);
         tr.outer = diloco_open(cfg, &tr.shard, &data, tr.group, tr.log, &stop_signal);
@@ -4274,6 +4291,11 @@ static int train_run(train_config *cfg) {
     metrics_close(tr.log);
     dataloader_close(tr.val);
     release(&tr);
+    if (job_stop) {
+        comm_set_stop_poll(NULL);
+        comm_flag_close(job_stop);
+        job_stop = NULL;
+    }
     if (tr.job) {
         leave_job(&tr);
         comm_finish();

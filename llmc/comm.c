@@ -8,6 +8,7 @@
 #include "llmc/common.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,36 @@ void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg) {
     idle_arg = arg;
 }
 
+static _Thread_local void (*stop_poll_fn)(void);
+
+static _Thread_local bool stop_polling;   // fn runs collectives' waits itself: not again inside them
+
+void comm_set_stop_poll(void (*fn)(void)) { stop_poll_fn = fn; }
+void comm_poll_stop(void) {
+    if (!stop_poll_fn || stop_polling) return;
+    stop_polling = true;
+    stop_poll_fn();
+    stop_polling = false;
+}
+
+static void gather_doubles(const comm *c, double x, double *all);
+
+struct comm_flag {
+    const comm *c;
+    int value;                 // the kept value (0: not raised)
+    int sent;                  // the value this rank has told the others (0: none)
+#ifdef HAVE_MPI
+    MPI_Comm mpi;              // a duplicate of c's: its messages meet no other traffic
+    MPI_Request recv;          // the next raise from any other rank
+    int incoming, received;
+    int out[2], raises;        // what this rank told the others: at most twice (a value, then SIGUSR1)
+    MPI_Request *sends;        // raises × (size − 1)
+#endif
+};
+
+// The value kept of two raises: the first, unless the second is SIGUSR1 (a requeue).
+static int flag_keep(int kept, int v) { return kept == 0 || (v == SIGUSR1 && kept != SIGUSR1) ? v : kept; }
+
 #ifdef HAVE_MPI
 
 // Waits for req, polling: MPI_Wait would wait forever for a rank that was killed under a
@@ -184,6 +215,7 @@ static void timed_wait(const comm *c, MPI_Request *req, const char *what) {
                              "stalls (comm_timeout_s = %g); exiting with status %d so that the job can be requeued "
                              "and resume from its checkpoint",
                              c->rank, c->size, waited, what, wait_limit_s, EXIT_TEMPFAIL);
+        comm_poll_stop();
         if (idle_fn) {
             idle_fn(idle_arg, nap_s);
         } else {
@@ -268,6 +300,95 @@ void comm_free(comm *c) {
     free(c);
 }
 
+comm_flag *comm_flag_open(const comm *c) {
+    comm_flag *f = xcalloc(1, sizeof *f);
+    f->c = c;
+    f->mpi = MPI_COMM_NULL;
+    f->recv = MPI_REQUEST_NULL;
+    if (c->size == 1) return f;
+    comm_mpi_check(MPI_Comm_dup(c->mpi, &f->mpi), "MPI_Comm_dup");
+    f->sends = xmalloc(2 * (size_t)c->size * sizeof *f->sends);
+    comm_mpi_check(MPI_Irecv(&f->incoming, 1, MPI_INT, MPI_ANY_SOURCE, 0, f->mpi, &f->recv), "MPI_Irecv");
+    return f;
+}
+
+void comm_flag_raise(comm_flag *f, int value) {
+    f->value = flag_keep(f->value, value);
+    int tell = flag_keep(f->sent, value);
+    if (tell == f->sent) return;
+    f->sent = tell;
+    if (f->mpi == MPI_COMM_NULL) return;
+    int *v = &f->out[f->raises];
+    *v = tell;
+    for (int r = 0; r < f->c->size; r++)
+        if (r != f->c->rank)
+            comm_mpi_check(MPI_Isend(v, 1, MPI_INT, r, 0, f->mpi, &f->sends[f->raises * (f->c->size - 1) + r - (r > f->c->rank)]),
+                           "MPI_Isend");
+    f->raises++;
+}
+
+// Waits for one of the flag's requests as timed_wait does, without its stop poll (which tests
+// this flag: a wait inside it would complete the request under the caller).
+static void flag_wait(comm_flag *f, MPI_Request *req) {
+    double t0 = wall_seconds();
+    for (;;) {
+        int done = 0;
+        comm_mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) return;
+        if (wall_seconds() - t0 > wait_limit_s)
+            fail_with_status(EXIT_TEMPFAIL,
+                             "comm: rank %d of %d waited %.0f s for the other ranks (the job's stop flag): one of "
+                             "them died, hung or stalls (comm_timeout_s = %g); exiting with status %d so that the job "
+                             "can be requeued and resume from its checkpoint",
+                             f->c->rank, f->c->size, wall_seconds() - t0, wait_limit_s, EXIT_TEMPFAIL);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+// Takes the raises that have come (blocking: until `until` of them have).
+static void flag_take(comm_flag *f, int until) {
+    while (f->recv != MPI_REQUEST_NULL) {
+        int done = 0;
+        if (f->received < until) {
+            flag_wait(f, &f->recv);
+            done = 1;
+        } else {
+            comm_mpi_check(MPI_Test(&f->recv, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        }
+        if (!done) break;
+        f->value = flag_keep(f->value, f->incoming);
+        f->received++;
+        comm_mpi_check(MPI_Irecv(&f->incoming, 1, MPI_INT, MPI_ANY_SOURCE, 0, f->mpi, &f->recv), "MPI_Irecv");
+    }
+}
+
+int comm_flag_test(comm_flag *f) {
+    flag_take(f, 0);
+    return f->value;
+}
+
+// Every raise sent is received before the communicator goes (an MPI may keep a finalize waiting
+// for a message nobody takes): the ranks count them.
+void comm_flag_close(comm_flag *f) {
+    if (!f) return;
+    if (f->mpi != MPI_COMM_NULL) {
+        double *all = xmalloc((size_t)f->c->size * sizeof *all);
+        gather_doubles(f->c, (double)f->raises, all);
+        int expect = 0;
+        for (int r = 0; r < f->c->size; r++)
+            if (r != f->c->rank) expect += (int)all[r];
+        free(all);
+        flag_take(f, expect);
+        MPI_Cancel(&f->recv);
+        MPI_Wait(&f->recv, MPI_STATUS_IGNORE);
+        for (int i = 0; i < f->raises * (f->c->size - 1); i++) flag_wait(f, &f->sends[i]);
+        MPI_Comm_free(&f->mpi);
+    }
+    free(f->sends);
+    free(f);
+}
+
 #else  // no MPI in the build: a world of one
 
 void comm_mpi_check(int rc, const char *what) {
@@ -301,6 +422,14 @@ void comm_free(comm *c) {
     if (c && c->owned) free(c);
 }
 
+comm_flag *comm_flag_open(const comm *c) {
+    comm_flag *f = xcalloc(1, sizeof *f);
+    f->c = c;
+    return f;
+}
+void comm_flag_raise(comm_flag *f, int value) { f->value = f->sent = flag_keep(f->value, value); }
+int comm_flag_test(comm_flag *f) { return f->value; }
+void comm_flag_close(comm_flag *f) { free(f); }
 #endif
 
 int comm_rank(const comm *c) { return c->rank; }

@@ -88,6 +88,25 @@ double comm_timeout(void);
 // training never set it.
 void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg);
 
+// A flag any rank of c can raise with a value (a signal's number) and every rank can test
+// without a collective: how the ranks of a job share a stop while some wait outside any
+// collective (a DiLoCo join the hub holds). Raised once for good (a stop ends the run), so a
+// raise is never taken back; the value of the first raise that reaches this rank is kept (a
+// later SIGUSR1 replaces another: a requeue outranks a plain stop). Open and close are
+// collective over c; raise and test are not. Without MPI, or a group of one: the flag holds
+// only this rank's own raise.
+typedef struct comm_flag comm_flag;
+comm_flag *comm_flag_open(const comm *c);
+void comm_flag_raise(comm_flag *f, int value);   // tells the other ranks (once per value kind)
+int comm_flag_test(comm_flag *f);                // 0: nobody raised it (as far as this rank has heard)
+void comm_flag_close(comm_flag *f);   // collective; every raise sent is taken (unset the stop poll first)
+
+// While this thread waits a long time (a collective's naps, a DiLoCo join the hub holds:
+// net/transport_tcp.c), fn runs between polls: train_gpt.cu's share of a job's stop. Per
+// thread; NULL: none. comm_poll_stop runs it.
+void comm_set_stop_poll(void (*fn)(void));
+void comm_poll_stop(void);
+
 // MPI's thread level after initialising it (MPI_THREAD_* value), -1 without MPI in the build;
 // and a one-line fatal error for a failed MPI call. Shared with net/transport_mpi.c.
 int comm_mpi_init(void);

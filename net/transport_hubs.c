@@ -46,6 +46,7 @@
 #include "net/transport_tcp_hub.h"
 #include "net/wire.h"
 
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/quant.h"
 
@@ -213,7 +214,10 @@ static int live_hubs(hubs *x) {
     return n;
 }
 
-static bool stop_requested(const hubs *x) { return x->o.stop && *x->o.stop; }
+static bool stop_requested(const hubs *x) {
+    comm_poll_stop();   // as transport_tcp's
+    return x->o.stop && *x->o.stop;
+}
 
 // Waits (up to connect_timeout_s) until some hub is back (true), or the caller asks to stop
 // (false); fatal if none comes.

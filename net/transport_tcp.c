@@ -27,6 +27,7 @@
 #include "net/transport_impl.h"
 #include "net/transport_tcp_hub.h"
 
+#include "llmc/comm.h"
 #include "llmc/common.h"
 #include "llmc/quant.h"
 #include "net/conn.h"
@@ -525,7 +526,12 @@ static void disconnect(tcp *t) {
     t->member = false;
 }
 
-static bool stop_requested(const tcp *t) { return t->o.stop && *t->o.stop; }
+// The caller's stop request; first the job's shared stop (comm_poll_stop: another rank's signal
+// becomes this one's), since a join may wait here for hours outside any collective.
+static bool stop_requested(const tcp *t) {
+    comm_poll_stop();
+    return t->o.stop && *t->o.stop;
+}
 
 // The hub's address, looked up once per try of connect_session for all 1 + streams connections.
 // Test hook (TRAIN_GPT_FAULT=tcp_slow_resolve:0): each lookup takes 0.4 × timeout_s longer, as
