@@ -374,10 +374,14 @@ static quant_kind downlink_kind(const train_config *cfg, quant_kind up) {
 
 // A sparse codec of few values per large block (diloco_topk 0.001, diloco_quant_block 4096,
 // int4: 960-byte chunks) made chunks the hub refused at every outer step: the replicas
-// rejoined, trained alone and exited 0 with no outer step applied.
-void diloco_check_chunks(const train_config *cfg) {
+// rejoined, trained alone and exited 0 with no outer step applied. The hub list was checked
+// only as the transport opened: `train_gpt plan` passed what the run then refused.
+void diloco_check_config(const train_config *cfg) {
+    if (cfg->diloco_replicas <= 0) return;
+    if (strcmp(cfg->diloco_transport, "tcp") == 0 && cfg->diloco_rendezvous && cfg->diloco_rendezvous[0])
+        transport_tcp_check_rendezvous(cfg->diloco_rendezvous, cfg->diloco_serve);
     int kind = quant_kind_from_name(cfg->diloco_quant);
-    if (cfg->diloco_replicas <= 0 || kind < 0) return;
+    if (kind < 0) return;
     int64_t block = cfg->diloco_quant_block, segment = quant_segment_values(block);
     int64_t keep = kind != QUANT_NONE && cfg->diloco_topk < 1 ? quant_topk_keep(cfg->diloco_topk, block) : 0;
     size_t chunk = quant_encoded_bytes(quant_codec_of((quant_kind)kind, keep), segment, block);

@@ -69,11 +69,13 @@ typedef struct diloco diloco;
 // (diloco_join_stopped). data: the train data this replica reads (NULL: none to compare), part
 // of the run's fingerprint, since replicas split the same rows (dataloader.h): a replica whose
 // copy of the shards differs would read rows another reads and miss others.
-// Fatal (a one-line error naming the key) when the payload's chunks (quant_segment_values'
-// segments, one chunk each) do not fit the transport: under the tcp wire's least chunk
-// (WIRE_MIN_CHUNK_BYTES: a sparse codec of few values per large block), or, over mpi, the
-// replicas' chunks of a segment past MPI's int counts. Called before out_dir is touched.
-void diloco_check_chunks(const train_config *cfg);
+// The DiLoCo rules that need no file nor peer, said by `train_gpt plan` and by a run before
+// out_dir is touched; fatal with one line. The tcp hub list (transport_tcp_check_rendezvous),
+// and the payload's chunks (quant_segment_values' segments, one chunk each) against the
+// transport: under the tcp wire's least chunk (WIRE_MIN_CHUNK_BYTES: a sparse codec of few
+// values per large block, naming diloco_topk), or, over mpi, the replicas' chunks of a segment
+// past MPI's int counts (naming diloco_quant_block).
+void diloco_check_config(const train_config *cfg);
 diloco *diloco_open(const train_config *cfg, const shard_map *shard, const data_identity *data, comm *group, metrics_log *log,
                     const volatile sig_atomic_t *stop);
 

@@ -3985,7 +3985,7 @@ static int train_run(train_config *cfg) {
     config_check_files(cfg);
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "tcp") == 0) transport_tcp_check_built();
     if (cfg->diloco_replicas > 0 && strcmp(cfg->diloco_transport, "mpi") == 0) transport_mpi_check_built();
-    diloco_check_chunks(cfg);
+    diloco_check_config(cfg);
     tr.device = select_device(&tr);
     tr.threads = setup_threads(cfg);
     setup_job(&tr);
@@ -5245,6 +5245,7 @@ int main(int argc, char **argv) {
             fail("plan: --world %d: diloco_transport = local simulates the replicas in one process, unsharded; plan "
                  "the run's own transport (tcp) for a group of %d ranks",
                  world, world);
+        diloco_check_config(&cfg);   // what the run would refuse at its start
         int group = cfg.fsdp_size > 0 ? (int)cfg.fsdp_size : world > 0 ? world : 1;
         rc = train_plan(&cfg, group, (int64_t)group * (cfg.dp_replicate > 1 ? cfg.dp_replicate : 1), gpu_row, link_mbps);
     }

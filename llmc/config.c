@@ -80,7 +80,7 @@ static const key_spec KEYS[] = {
     {"spike_window", KEY_INT, T(spike_window), "100", 2, 1024, NULL, false, "spike guard: applied steps whose loss and gradient norm set the limits (it acts once the window is full and the lr warm-up is over)"},
     {"max_rollbacks", KEY_INT, T(max_rollbacks), "3", 0, 1 << 30, NULL, false, "after max_bad_steps skipped steps in a row, go back to the newest checkpoint from before them and skip the data since it, at most this many times in a run; 0 = stop instead"},
     {"walltime_end", KEY_FLOAT, T(walltime_end), "0", 0, 1e12, NULL, false, "unix time at which the job ends; 0 = SLURM_JOB_END_TIME when set, else no walltime guard"},
-    {"walltime_safety", KEY_FLOAT, T(walltime_safety), "2", 1, 1000, NULL, false, "checkpoint and stop (exit status 76) once the time left is below (slowest step + checkpoint time) times this, plus stop_before_s"},
+    {"walltime_safety", KEY_FLOAT, T(walltime_safety), "2", 1, 1000, NULL, false, "checkpoint and stop (exit status 76) once the time left is below (slowest step + slowest validation and sample + checkpoint time) times this, plus stop_before_s"},
     {"stop_before_s", KEY_FLOAT, T(stop_before_s), "60", 0, 1e9, NULL, false, "seconds the walltime guard keeps in hand beyond that (process exit, srun and job script)"},
     {"watchdog_s", KEY_FLOAT, T(watchdog_s), "1800", 0, 1e9, NULL, false, "end the process (exit status 75) when a step, DiLoCo's outer work, validation or a checkpoint makes no progress for this long; 0 = off"},
     {"peak_tflops", KEY_FLOAT, T(peak_tflops), "0", 0, 1e9, NULL, false, "peak dense TFLOP/s for MFU; 0 = unknown (on the CPU: mfu is logged as null)"},

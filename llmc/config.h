@@ -164,8 +164,10 @@ const char *recompute_name(recompute_mode mode);
 void config_load(train_config *cfg, const char *path, int argc, char **argv);
 // Resolves derived values (n_kv_head, head_dim defaults) and checks cross-key rules.
 void config_finish(train_config *cfg);
-// Checks that the files the config names (resume, init_from, tokenizer) exist; fatal
-// otherwise. Separate from config_load so that `train_gpt plan` works without them.
+// Checks that the files the config names (resume, tokenizer, diloco_secret_file) exist; fatal
+// otherwise. Separate from config_load so that `train_gpt plan` works without them. Not
+// init_from: a resume does not read it (it may be gone by a requeue); restore_or_init says so
+// where it is read, after out_dir's lock and metrics.jsonl were made.
 void config_check_files(const train_config *cfg);
 // Fatal when a step of batch_size x seq_len x grad_accum x processes tokens passes 2^40, or the
 // run's max_steps of them 2^53 (tokens_seen's bound in state.json). config_finish checks one

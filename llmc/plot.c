@@ -30,7 +30,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define PLOT_USAGE "usage: train_gpt plot OUT_DIR [OUT_DIR...] [-o FILE.svg]"
+#define PLOT_USAGE "usage: train_gpt plot OUT_DIR [OUT_DIR...] [-o|--out FILE.svg]"
 
 // A growing array: PUSH(v, value) appends.
 #define VEC(T)       \

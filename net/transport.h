@@ -165,6 +165,11 @@ transport *transport_mpi_open(const transport_options *o);
 void transport_tcp_check_built(void);
 void transport_mpi_check_built(void);
 bool transport_tcp_built(void);   // whether this build has the tcp transport (OpenSSL)
+// Fatal with one line for a diloco_rendezvous the tcp transport cannot take (an address that
+// is not host:port, an empty one, more than TRANSPORT_MAX_HUBS, a hub listed twice; serve with
+// several hubs), without connecting: said by `train_gpt plan` and before a run writes anything.
+// Nothing in a build without the tcp transport (transport_tcp_check_built says that).
+void transport_tcp_check_rendezvous(const char *list, bool serve);
 // This process's rank in the MPI world (initializing MPI); fatal without MPI in the build.
 int transport_mpi_world_rank(void);
 // With diloco_transport = mpi every rank of the world is a replica, and each needs its own

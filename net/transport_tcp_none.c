@@ -14,6 +14,8 @@ void transport_tcp_check_built(void) {
 
 bool transport_tcp_built(void) { return false; }
 
+void transport_tcp_check_rendezvous(const char *list, bool serve) { (void)list, (void)serve; }
+
 transport *transport_tcp_open(const transport_options *o) {
     (void)o;
     transport_tcp_check_built();

@@ -189,6 +189,23 @@ rc=0
 check "... the diloco_topk it names passes (the run goes on to look for its hub: rc $rc)" \
     sh -c "[ $rc -eq 75 ] && grep -q '^train_gpt: error: cannot reach' '$tmp/err.txt'"
 rm -rf "$tmp/o_tcp"
+# `train_gpt plan` refuses what the run refuses at its start (it passed them, and the job died on
+# its first line after its wait in the queue): the hub list, the chunk sizes.
+hubs9=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4,127.0.0.1:5,127.0.0.1:6,127.0.0.1:7,127.0.0.1:8,127.0.0.1:9
+expect_error "plan: 9 hubs in diloco_rendezvous" "diloco_rendezvous '$hubs9': at most 8 hubs" \
+    "$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous "$hubs9"
+expect_error "plan: a hub listed twice" "the hub 127.0.0.1:1 is listed twice" \
+    "$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,127.0.0.1:1
+expect_error "plan: a hub that is not host:port" "diloco_rendezvous: 'nohost': expected host:port" \
+    "$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous nohost
+expect_error "plan: diloco_serve with several hubs" "diloco_serve: a replica can host one hub" \
+    "$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,127.0.0.1:2 --diloco_serve 1
+expect_error "plan: sparse chunks under the tcp wire's least" "\-\-diloco_topk: 0.001 with diloco_quant_block 4096" \
+    "$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1 "${sparse[@]}" --diloco_topk 0.001
+rc=0
+"$TRAIN_GPT" plan "${base[@]}" "${tcp[@]}" --diloco_rendezvous 127.0.0.1:1,127.0.0.1:2 >"$tmp/out.txt" 2>&1 || rc=$?
+check "plan: two good hubs pass (rc $rc)" [ "$rc" -eq 0 ]
+check "... and plan touches no out_dir" test ! -e "$tmp/o_tcp"
 detect_mpi
 if [ "$HAVE_MPI" = 1 ]; then
     expect_error "256 replicas' fp32 chunks past MPI's int counts" \
