@@ -220,6 +220,19 @@ wait_until() {
     done
 }
 
+# rank_pid MPIRUN_PID RANK: the pid of rank RANK of the job mpirun MPIRUN_PID started (its
+# children, told apart by the rank their environment names); none yet: status 1.
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$1"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # stopped PID: the process is stopped (SIGSTOP, e.g. TRAIN_GPT_FAULT=stop_in_step); an empty PID is not.
 stopped() { [ -n "$1" ] && [ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
 # ranks_stopped PID N: the N ranks of the mpirun PID (its children) are all stopped.

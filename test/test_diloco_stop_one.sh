@@ -9,6 +9,7 @@
 #   2. the same with the signal to rank 0;
 #   3. HSDP, 1 shard × 2 copies, SIGTERM to the second copy (which never talks to the hub): the
 #      job exits 0.
+# (4., below: replicas of their own in one launch are warned of their collision.)
 # Before: the ranks told nothing waited for the hub with no deadline (until a second replica
 # came), and the job never ended. Every wait is for an event (relay lines, the job's exit).
 . "$(dirname "$0")/lib.sh"
@@ -22,16 +23,6 @@ common=(test/configs/tiny_test.conf --device cpu --train_data "$tmp/train.bin" -
     --diloco_secret_file "$tmp/secret" --diloco_timeout_s 3 --diloco_connect_timeout_s 30 --diloco_min_replicas 2
     --max_steps 40)
 
-rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
-    local p
-    for p in $(pgrep -P "$1"); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
 founds() { [ "$(grep -c 'replica 0 joined: founds the group' "$1")" -ge "$2" ]; }
 gone() { ! kill -0 "$1" 2>/dev/null; }
 
@@ -58,4 +49,14 @@ scenario() {  # scenario NAME SHARDS COPIES RANK SIGNAL STATUS
 scenario fsdp_rank1 2 1 1 USR1 76
 scenario fsdp_rank0 2 1 0 USR1 76
 scenario hsdp_copy 1 2 1 TERM 0
+# 4. Ranks of one launch that are replicas of their own over tcp (fsdp_size 1, dp_replicate 0)
+#    with one command line: each rank warns that they collide on the out_dir and the id (the
+#    second read only that out_dir was "in use by another run"), and the launch fails.
+rc=0
+"${MPIRUN[@]}" 2 "$TRAIN_GPT" "${common[@]}" --fsdp_size 1 --diloco_rendezvous "127.0.0.1:$(free_port)" \
+    --diloco_connect_timeout_s 1 --diloco_replica_id 0 --out_dir "$tmp/own" >"$tmp/own.log" 2>&1 || rc=$?
+check "replicas of their own with one command line: the launch fails (rc $rc)" [ "$rc" -ne 0 ]
+# (At least one line: the rank that fails first may end the launch before the other says it.)
+check "  a rank warns that they collide" grep -q "warning: the launcher says this launch has 2 ranks, and \
+fsdp_size and dp_replicate are 0 or 1: each rank is a DiLoCo replica of its own" "$tmp/own.log"
 finish test_diloco_stop_one

@@ -192,18 +192,12 @@ if [ "$HAVE_MPI" = 1 ]; then
         --out_dir "$tmp/reads2" >"$tmp/reads2.log" 2>&1 &
     job=$!
     pids+=("$job")
-    rank_pid() {  # rank_pid R: the pid of rank R of the job
-        local p
-        for p in $(pgrep -P "$job"); do
-            { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
-        done
-        return 0
-    }
-    both_stopped_or_gone() { { stopped "$(rank_pid 0)" && stopped "$(rank_pid 1)"; } || ! kill -0 "$job" 2>/dev/null; }
+    rank_of() { rank_pid "$job" "$1" || true; }   # lib.sh's, empty while not found
+    both_stopped_or_gone() { { stopped "$(rank_of 0)" && stopped "$(rank_of 1)"; } || ! kill -0 "$job" 2>/dev/null; }
     wait_until "both ranks in their first step" both_stopped_or_gone || true
     read_bytes() { sed -n 's/^rchar: //p' "/proc/$1/io" 2>/dev/null || true; }   # all its reads so far
-    r0=$(read_bytes "$(rank_pid 0)") r1=$(read_bytes "$(rank_pid 1)")
-    for r in 0 1; do p=$(rank_pid $r); [ -z "$p" ] || kill -CONT "$p"; done
+    r0=$(read_bytes "$(rank_of 0)") r1=$(read_bytes "$(rank_of 1)")
+    for r in 0 1; do p=$(rank_of $r); [ -z "$p" ] || kill -CONT "$p"; done
     rc=0; wait "$job" || rc=$?
     weights=$(stat -c %s "$ckpt/model.safetensors")
     check "np 2: only rank 0 hashed the weights: it read ${r0:-?} bytes, rank 1 ${r1:-?}, at least $((weights / 2)) fewer (rc $rc)" \

@@ -176,13 +176,6 @@ rounds_after() {  # rounds_after DIR AFTER CONTRIBUTORS: applied outer steps > A
     grep -o '"outer_step":[0-9]*,"step":[0-9]*,"contributors":\['"$3"'\],"applied":true' "$1/metrics.jsonl" 2>/dev/null |
         sed 's/"outer_step":\([0-9]*\).*/\1/' | awk -v a="$2" '$1 > a' | wc -l
 }
-rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank of the job
-    local k
-    for k in $(pgrep -P "$1"); do
-        tr '\0' '\n' <"/proc/$k/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null && { echo "$k"; return 0; }
-    done
-    return 1
-}
 replica 2 0 "$tmp/fault_0" "${fault[@]}"; f0=$rpid
 replica 2 1 "$tmp/fault_1" "${fault[@]}"; f1=$rpid
 wait_until "replica 1 has 10 outer steps and a checkpoint" \

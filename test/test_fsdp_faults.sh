@@ -34,17 +34,6 @@ tmp_with_processes
 args=(test/configs/tiny_test.conf --train_data "$tmp/train.bin" --max_steps 1000000 --ckpt_every 5 --ckpt_keep 2
     --log_every 1 --threads 1 --comm_timeout_s 5 --out_dir "$tmp/run")
 
-# The pid of rank R of the job started by mpirun MPIRUN_PID (its environment says which rank).
-rank_pid() {
-    local p
-    for p in $(pgrep -P "$1"); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
 wait_within() {  # wait_within WHAT SECONDS COMMAND...: lib.sh's wait_until with this deadline, or the test fails
     local what=$1 limit=$2
     shift 2
