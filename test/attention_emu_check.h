@@ -31,7 +31,9 @@ static int checks, failures;
 struct tolerance {
     double max_rel, l2_rel;
 };
-static const tolerance FORWARD = {2e-2, 1e-2}, BACKWARD = {5e-2, 2e-2}, LSE = {1e-3, 1e-4};
+// As test_gpu_kernels.cu's emulated ATTENTION and ATTENTION_BWD (measured there and here: forward
+// max_rel ≤ 2.9e-3, L2 ≤ 1.9e-3; backward ≤ 5.5e-3, ≤ 4.3e-3; about 2.5× over them).
+static const tolerance FORWARD = {8e-3, 5e-3}, BACKWARD = {1.2e-2, 8e-3}, LSE = {1e-3, 1e-4};
 static const double ABS_FLOOR = 1e-5;
 
 static void compare(const char *name, const std::vector<float> &got, const std::vector<float> &want, tolerance tol) {

@@ -98,9 +98,11 @@ if [ "$HAVE_TCP" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- 2b. phases on wall time
-# diloco_sync_every_s 0.3: replicas of batch 4, 16 and 4 (the second about 4x slower per step)
-# each train at least 0.3 s per phase; the fast ones fill it with extra inner steps, which their
-# contributions count (tokens) and the weighted mean takes in.
+# diloco_sync_every_s 1: replicas of batch 4, 16 and 4 (the second slower per step) each train at
+# least 1 s per phase; the fast ones fill it with extra inner steps, which their contributions
+# count (tokens) and the weighted mean takes in. (At 0.3 s, H = 5 steps of a fast replica fill a
+# phase once a step takes 60 ms, as under a load average of 13 on 2 cores (40 ms measured): then
+# no extra step. 1 s leaves 200 ms a step.)
 inner_total() {  # inner_total FILE: the inner steps of every applied outer step, summed
     "$PYTHON" -c 'import json, sys; print(sum(d["inner_steps"] for d in map(json.loads, open(sys.argv[1])) if d.get("applied")))' "$1"
 }
@@ -117,7 +119,7 @@ if [ "$HAVE_MPI" = 1 ]; then
         set -- $(printf "'%s' " "${timed[@]}")
         r=\$OMPI_COMM_WORLD_RANK; shift \$r
         exec '$TRAIN_GPT' $(printf "'%s' " "${common[@]}") \$1 --diloco_transport mpi --diloco_quant int8 \
-            --diloco_error_feedback 1 --diloco_sync_every_s 0.3 --out_dir '$tmp/timed/'\$r" \
+            --diloco_error_feedback 1 --diloco_sync_every_s 1 --out_dir '$tmp/timed/'\$r" \
         >"$tmp/timed.log" 2>&1 || cat "$tmp/timed.log"
     check "sync_every_s: param_hash equal on the 3 replicas at all 6 outer steps" \
         all_hashes_agree 6 "$tmp"/timed/*/metrics.jsonl

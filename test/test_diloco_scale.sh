@@ -23,11 +23,8 @@ detect_mpi
 # round waits for every member to begin.
 over_tcp() {
     local name=$1 m=$2 port r
-    port=$(free_port)
-    "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 120 \
-        >"$tmp/relay_$name.log" 2>&1 &
-    local relay=$!
-    pids+=($relay)
+    start_relay "$name" 1 120   # lib.sh's: listening before the replicas start (a taken port: another)
+    local relay=${pids[-1]}
     local mine=()
     for ((r = 0; r < m; r++)); do
         "$TRAIN_GPT" "${common[@]}" --diloco_replicas "$m" --diloco_replica_id "$r" --diloco_min_replicas "$m" \

@@ -172,11 +172,7 @@ TRAIN_GPT_FSDP_UNITS=1 run 1 "$EMU" cuda "$tmp/units1"
 check "TRAIN_GPT_FSDP_UNITS=1: one rank through the sharded passes, losses as np 4's within 5e-4" \
     close "$tmp/units1" "$tmp/np4" 5e-4
 make_secret "$tmp/secret"
-port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 --shards 2 \
-    >"$tmp/relay.log" 2>&1 &
-pids+=($!)
-wait_until "the relay listens on 2 ports" sh -c "[ \$(grep -c 'listening on' '$tmp/relay.log') -ge 2 ]"
+start_relay sharded 2 10   # lib.sh's: another port when port or port + 1 is taken meanwhile
 dl=(--diloco_replicas 2 --diloco_inner_steps 4 --diloco_transport tcp --diloco_secret_file "$tmp/secret"
     --diloco_rendezvous "127.0.0.1:$port" --diloco_quant int8 --diloco_error_feedback 1 --diloco_min_replicas 2
     --diloco_timeout_s 10 --diloco_connect_timeout_s 60 --fsdp_size 2 --ckpt_every 0)
@@ -199,11 +195,7 @@ check "  both outer steps applied with both replicas" \
 check "  param_hash equal on both replicas at every outer step (2)" \
     all_hashes_agree 2 "$tmp/dl0/metrics.jsonl" "$tmp/dl1/metrics.jsonl"
 # 8b. HSDP replicas: 1 shard x 2 copies each (relay of 1 hub); the second copy follows the first.
-port=$(free_port)
-"$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 10 \
-    >"$tmp/relay_hsdp.log" 2>&1 &
-pids+=($!)
-wait_until "the relay listens" grep -q 'listening on' "$tmp/relay_hsdp.log"
+start_relay hsdp 1 10
 two_replicas hd --diloco_rendezvous "127.0.0.1:$port" --fsdp_size 1 --dp_replicate 2 --ckpt_every 4
 check "DiLoCo, 2 replicas x (1 GPU shard x 2 copies): both exit 0 (rc $rc)" test "$rc" -eq 0
 check "  both outer steps applied with both replicas" \

@@ -12,7 +12,8 @@
 //   ~n·2^-24 relative: fp32 outputs are checked at 1e-4 (FP32_OUT). Attention rounds P to
 //   bf16 before P·V and its inputs are sums of many such products: checked at 2 % of the
 //   largest magnitude and 1 % in L2 (ATTENTION); its backward subtracts nearly equal terms
-//   (dP − δ), checked at 5 % and 2 % (ATTENTION_BWD). A wrong index or a missing factor
+//   (dP − δ), checked at 5 % and 2 % (ATTENTION_BWD); under the emulator, where they were
+//   measured, at about 2.5× what they reach (below). A wrong index or a missing factor
 //   gives errors of order 100 %, far outside all of these.
 //   AdamW (ADAMW) is fp32 element-wise on both sides, about 12 roundings per element (the
 //   moments, the bias corrections, sqrt, the division, the decay); either compiler may
@@ -57,8 +58,19 @@ struct tolerance {
 static const tolerance EXACT = {0.0, 0.0};
 static const tolerance FP32_OUT = {1e-4, 1e-5};
 static const tolerance BF16_OUT = {1e-2, 5e-3};
+#if defined(TRAIN_GPT_EMULATION)
+// Measured under the emulator (make test, 2026-12): forward max_rel ≤ 2.9e-3, L2 ≤ 1.9e-3;
+// backward (dq, dk, dv) max_rel ≤ 5.5e-3, L2 ≤ 4.3e-3 over this file's and the fa2/mfma emulated
+// tests' shapes: bf16's rounding (its fp32 sums are the CPU's, in another order). About 2.5× over
+// them; dq off by 1 % (a wrong scale) reads L2 1.0e-2 and fails, as it passed at 5 % / 2 %.
+static const tolerance ATTENTION = {8e-3, 5e-3};
+static const tolerance ATTENTION_BWD = {1.2e-2, 8e-3};
+#else
+// On a GPU the same bf16 roundings with the GPU's own fp32 order: not yet measured on one, so the
+// first bounds stand until a lease measures them (bench/results/).
 static const tolerance ATTENTION = {2e-2, 1e-2};
 static const tolerance ATTENTION_BWD = {5e-2, 2e-2};
+#endif
 static const tolerance ADAMW = {1e-6, 1e-6};
 
 static void compare(const char *name, const float *got, const float *want, int64_t n, tolerance tol) {

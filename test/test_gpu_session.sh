@@ -31,12 +31,14 @@ fi
 # which the item's timeout does not signal; in_session kills what the item left in its session
 # (it ran on beside the next item, on the GPU).
 sed -n '/^in_session() {/,/^}/p' scripts/gpu_session.sh >"$tmp/in_session.sh"
-printf 'timeout 300 sleep 297 &\nwait\n' >"$tmp/inner.sh"
+# (The sleep's length names this run: two checkouts tested at once on one host must not see or
+# kill each other's.)
+printf 'timeout 300 sleep 297.%s &\nwait\n' "$$" >"$tmp/inner.sh"
 rc=0
 (. "$tmp/in_session.sh" && in_session timeout -k 2 1 bash "$tmp/inner.sh") >"$tmp/session.txt" 2>&1 || rc=$?
 check "an item cut at its cap: status 124 ($rc), and what it left running is killed" \
-    sh -c "[ $rc -eq 124 ] && grep -q 'left running in its session' '$tmp/session.txt' && ! pgrep -f 'sleep 29[7]' >/dev/null"
-pkill -f 'sleep 297' 2>/dev/null || true
+    sh -c "[ $rc -eq 124 ] && grep -q 'left running in its session' '$tmp/session.txt' && ! pgrep -f 'sleep 29[7]\.$$' >/dev/null"
+pkill -f "sleep 297\.$$" 2>/dev/null || true
 
 # A second call on a fresh machine goes on from LEASE_DONE (the first reply's "lease done:" list):
 # with a lease of 1 s every item not done is skipped, the two given are "done in an earlier call",

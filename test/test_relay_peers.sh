@@ -61,14 +61,18 @@ relay_args=()
 run_scenario() {
     local name=$1 rc=0 relay
     shift
-    port=$(free_port)
-    "$@" "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 "${relay_args[@]}" \
-        >"$tmp/relay_$name.log" 2>&1 &
-    relay=$!
-    pids+=("$relay")
-    while ! grep -q 'listening on' "$tmp/relay_$name.log" 2>/dev/null; do
-        kill -0 "$relay" 2>/dev/null || { cat "$tmp/relay_$name.log"; die "$name: the relay did not start"; }
-        sleep 0.05
+    local try
+    for try in 1 2 3 4 5; do   # a port taken between free_port and the relay's bind: another
+        port=$(free_port)
+        "$@" "$TRAIN_GPT" relay --listen "127.0.0.1:$port" --secret_file "$tmp/secret" --timeout_s 3 \
+            "${relay_args[@]}" >"$tmp/relay_$name.log" 2>&1 &
+        relay=$!
+        pids+=("$relay")
+        while ! grep -q 'listening on' "$tmp/relay_$name.log" 2>/dev/null && kill -0 "$relay" 2>/dev/null; do
+            sleep 0.05
+        done
+        grep -q 'listening on' "$tmp/relay_$name.log" && break
+        [ "$try" -lt 5 ] || { cat "$tmp/relay_$name.log"; die "$name: the relay did not start"; }
     done
     RELAY_PID=$relay RELAY_LOG="$tmp/relay_$name.log" "$PYTHON" "$PEERS" "$name" "$port" "$tmp/secret" \
         >"$tmp/$name.out" 2>&1 || rc=$?

@@ -41,14 +41,9 @@ scenario() {
     wait_until "$name: the fake hub listens" grep -qs 'hub: listening' "$tmp/$name.hub" || die "$name: no fake hub"
     rendezvous=127.0.0.1:$port
     if [ "${2:-}" = relay ]; then
-        local port2
-        port2=$(free_port)
-        "$TRAIN_GPT" relay --listen "127.0.0.1:$port2" --secret_file "$tmp/secret" --timeout_s 10 \
-            >"$tmp/$name.relay" 2>&1 &
-        relay=$!
-        pids+=("$relay")
-        wait_until "$name: the relay listens" grep -qs 'listening on' "$tmp/$name.relay" || die "$name: no relay"
-        rendezvous=$rendezvous,127.0.0.1:$port2
+        start_relay "$name" 1 10   # lib.sh's (another port if this one is taken meanwhile): sets port
+        relay=${pids[-1]}
+        rendezvous=$rendezvous,127.0.0.1:$port
     fi
     "$TRAIN_GPT" test/configs/tiny_test.conf --train_data "$tmp/train.bin" --val_data "$tmp/val.bin" --val_every 0 \
         --threads 1 --ckpt_every 0 --max_steps 1000 --diloco_replicas 2 --diloco_replica_id 1 \

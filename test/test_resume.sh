@@ -20,7 +20,39 @@ run() {  # run OUT_DIR [--key value]...
 same_as() {  # same_as REFERENCE_DIR OUT_DIR FINAL_STEP_DIR_NAME
     [ "$(loss_table "$1/metrics.jsonl")" = "$(loss_table "$2/metrics.jsonl")" ] &&
         cmp -s "$1/$3/model.safetensors" "$2/$3/model.safetensors" &&
-        cmp -s "$1/$3/optimizer.safetensors" "$2/$3/optimizer.safetensors"
+        cmp -s "$1/$3/optimizer.safetensors" "$2/$3/optimizer.safetensors" &&
+        same_state "$1" "$2" "$3"
+}
+# same_state A B STEP_DIR: the final state.json alike but for when it was saved and the config
+# (its out_dir and stop_at_step differ), and every step line alike in what a resume must carry on
+# (lr, grad_norm, tokens, skipped; not the timings). A resume that forgot tokens_seen passed the
+# losses and the weights, and logged every later step's tokens wrong.
+same_state() {
+    "$PYTHON" - "$1" "$2" "$3" <<'PY'
+import json, sys
+a, b, step = sys.argv[1:4]
+def state(d):
+    s = json.load(open("%s/%s/state.json" % (d, step)))
+    for k in ("saved_at_unix", "config"):
+        s.pop(k, None)
+    return s
+def steps(d):
+    last = {}
+    for line in open(d + "/metrics.jsonl"):
+        m = json.loads(line)
+        if "loss" in m and "step" in m and "lr" in m:
+            last[m["step"]] = tuple(m.get(k) for k in ("lr", "grad_norm", "tokens", "skipped"))
+    return last
+sa, sb = state(a), state(b)
+bad = [k for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
+if bad:
+    sys.exit("state.json differs in %s: %s against %s" % (bad, [sa.get(k) for k in bad], [sb.get(k) for k in bad]))
+ta, tb = steps(a), steps(b)
+bad = [s for s in sorted(set(ta) & set(tb)) if ta[s] != tb[s]]
+if bad or set(ta) != set(tb):
+    sys.exit("step lines differ at steps %s (first: %s against %s)" % (bad[:5] or sorted(set(ta) ^ set(tb))[:5],
+             ta.get(bad[0]) if bad else None, tb.get(bad[0]) if bad else None))
+PY
 }
 state_index() { sed -nE 's/.*"data_(epoch|index)": ([0-9]+).*/\2/p' "$1/state.json" | tr '\n' ' ' | sed 's/ $//'; }
 same_as_straight() { same_as "$tmp/straight" "$1" step_00000020; }
