@@ -4003,12 +4003,13 @@ static int train_run(train_config *cfg) {
     // dp_replicate 0 or 1) get one command line from srun: one out_dir for all (the lock below
     // stops the second rank, which named only "another run"), and a diloco_replica_id given the
     // same for all. Said on every rank: an MPMD launch may give each its own.
-    if (cfg->diloco_replicas > 0 && !tr.job && strcmp(cfg->diloco_transport, "tcp") == 0 && launch_detect().size > 1)
+    int launched = launch_detect().size;
+    if (cfg->diloco_replicas > 0 && !tr.job && strcmp(cfg->diloco_transport, "tcp") == 0 && launched > 1)
         warn("the launcher says this launch has %d ranks, and fsdp_size and dp_replicate are 0 or 1: each rank is a "
              "DiLoCo replica of its own (this one replica %lld, out_dir '%s'); ranks given one command line (srun) "
              "collide on the out_dir and on a diloco_replica_id given: start one job per replica, give each rank "
              "its own out_dir and id, or make the ranks one sharded replica (fsdp_size %d)",
-             launch_detect().size, (long long)cfg->diloco_replica_id, cfg->out_dir, launch_detect().size);
+             launched, (long long)cfg->diloco_replica_id, cfg->out_dir, launched);
     checkpoint_lock_out_dir(cfg->out_dir, tr.job);  // before anything writes there: metrics, the hub's join
     tr.train = dataloader_open_split(cfg->train_data, "train_data", cfg->batch_size, cfg->model.seq_len, cfg->shuffle,
                                      (uint64_t)cfg->seed, tr.split);

@@ -8,8 +8,8 @@
 #include "llmc/common.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -162,14 +162,9 @@ void comm_set_idle(void (*fn)(void *arg, double seconds), void *arg) {
 
 static _Thread_local void (*stop_poll_fn)(void);
 
-static _Thread_local bool stop_polling;   // fn runs collectives' waits itself: not again inside them
-
 void comm_set_stop_poll(void (*fn)(void)) { stop_poll_fn = fn; }
 void comm_poll_stop(void) {
-    if (!stop_poll_fn || stop_polling) return;
-    stop_polling = true;
-    stop_poll_fn();
-    stop_polling = false;
+    if (stop_poll_fn) stop_poll_fn();
 }
 
 static void gather_doubles(const comm *c, double x, double *all);
@@ -320,30 +315,10 @@ void comm_flag_raise(comm_flag *f, int value) {
     if (f->mpi == MPI_COMM_NULL) return;
     int *v = &f->out[f->raises];
     *v = tell;
+    MPI_Request *sends = f->sends + f->raises * (f->c->size - 1);
     for (int r = 0; r < f->c->size; r++)
-        if (r != f->c->rank)
-            comm_mpi_check(MPI_Isend(v, 1, MPI_INT, r, 0, f->mpi, &f->sends[f->raises * (f->c->size - 1) + r - (r > f->c->rank)]),
-                           "MPI_Isend");
+        if (r != f->c->rank) comm_mpi_check(MPI_Isend(v, 1, MPI_INT, r, 0, f->mpi, sends++), "MPI_Isend");
     f->raises++;
-}
-
-// Waits for one of the flag's requests as timed_wait does, without its stop poll (which tests
-// this flag: a wait inside it would complete the request under the caller).
-static void flag_wait(comm_flag *f, MPI_Request *req) {
-    double t0 = wall_seconds();
-    for (;;) {
-        int done = 0;
-        comm_mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) return;
-        if (wall_seconds() - t0 > wait_limit_s)
-            fail_with_status(EXIT_TEMPFAIL,
-                             "comm: rank %d of %d waited %.0f s for the other ranks (the job's stop flag): one of "
-                             "them died, hung or stalls (comm_timeout_s = %g); exiting with status %d so that the job "
-                             "can be requeued and resume from its checkpoint",
-                             f->c->rank, f->c->size, wall_seconds() - t0, wait_limit_s, EXIT_TEMPFAIL);
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
 }
 
 // Takes the raises that have come (blocking: until `until` of them have).
@@ -351,7 +326,7 @@ static void flag_take(comm_flag *f, int until) {
     while (f->recv != MPI_REQUEST_NULL) {
         int done = 0;
         if (f->received < until) {
-            flag_wait(f, &f->recv);
+            timed_wait(f->c, &f->recv, "the job's stop flag");   // (closing: the stop poll is unset)
             done = 1;
         } else {
             comm_mpi_check(MPI_Test(&f->recv, &done, MPI_STATUS_IGNORE), "MPI_Test");
@@ -382,7 +357,8 @@ void comm_flag_close(comm_flag *f) {
         flag_take(f, expect);
         MPI_Cancel(&f->recv);
         MPI_Wait(&f->recv, MPI_STATUS_IGNORE);
-        for (int i = 0; i < f->raises * (f->c->size - 1); i++) flag_wait(f, &f->sends[i]);
+        for (int i = 0; i < f->raises * (f->c->size - 1); i++)
+            timed_wait(f->c, &f->sends[i], "the job's stop flag");
         MPI_Comm_free(&f->mpi);
     }
     free(f->sends);

@@ -709,16 +709,12 @@ static int parse_hubs(const char *list, char out[TRANSPORT_MAX_HUBS][300]) {
     }
 }
 
-static void check_serve(const char *list, int hubs, bool serve) {
-    if (serve && hubs > 1)
+void transport_tcp_check_rendezvous(const char *list, bool serve) {
+    char addresses[TRANSPORT_MAX_HUBS][300];
+    if (parse_hubs(list, addresses) > 1 && serve)
         fail("diloco_serve: a replica can host one hub, but diloco_rendezvous lists several (%s): run relays "
              "(train_gpt relay) for them",
              list);
-}
-
-void transport_tcp_check_rendezvous(const char *list, bool serve) {
-    char addresses[TRANSPORT_MAX_HUBS][300];
-    check_serve(list, parse_hubs(list, addresses), serve);
 }
 
 static void *connect_one(void *arg) {
@@ -733,7 +729,7 @@ static void *connect_one(void *arg) {
 }
 
 transport *transport_hubs_open(const transport_options *o) {
-    check_serve(o->rendezvous, 2, o->serve);   // several: this function's
+    transport_tcp_check_rendezvous(o->rendezvous, o->serve);
     char addresses[TRANSPORT_MAX_HUBS][300];
     hubs *x = xcalloc(1, sizeof *x);
     x->o = *o;
